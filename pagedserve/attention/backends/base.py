@@ -1,0 +1,45 @@
+"""The interface every attention backend implements, and the batch description they all start from."""
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class CommonAttentionMetadata:
+    """One step's batch, flattened: request i owns query tokens
+    [query_start_loc[i], query_start_loc[i + 1]) and, after this step, seq_lens[i] tokens of K/V.
+    The model runner puts the `num_decodes` single-token requests first."""
+
+    query_start_loc: list[int]  # [num_reqs + 1]
+    seq_lens: list[int]  # [num_reqs]
+    block_tables: torch.Tensor  # [num_reqs, max_blocks_per_req] int64, padded with the null block 0
+    slot_mapping: torch.Tensor  # [num_tokens] int64: block_id * block_size + offset
+    num_decodes: int
+    block_size: int
+
+
+@dataclass
+class AttentionLayerSpec:
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scale: float
+
+
+class AttentionBackend(ABC):
+    """Writes the step's new K/V into the paged cache and attends over block tables."""
+
+    name: str
+
+    @abstractmethod
+    def build_metadata(self, common: CommonAttentionMetadata) -> Any:
+        """Precompute, once per step, what `forward` needs in every layer."""
+
+    @abstractmethod
+    def forward(self, spec: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], metadata: Any) -> torch.Tensor:
+        """q [T, num_heads * head_dim], k/v [T, num_kv_heads * head_dim]; kv_cache is this layer's
+        (key_cache, value_cache), each [num_blocks, block_size, num_kv_heads, head_dim].
+        Returns [T, num_heads * head_dim]."""

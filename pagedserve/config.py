@@ -1,0 +1,266 @@
+"""Engine configuration: EngineArgs (user-facing, vLLM's names) -> frozen, validated EngineConfig.
+
+CLI flags are generated from EngineArgs' fields, so every entry point accepts the same flags.
+"""
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from pagedserve.errors import ConfigError
+from pagedserve.logger import init_logger
+from pagedserve.utils import parse_bytes
+from pagedserve.utils.gguf_cache import gguf_hf_folder
+from pagedserve.utils.default_model import DEFAULT_MODEL_NAME, default_model_path
+
+logger = init_logger(__name__)
+
+SUPPORTED_BLOCK_SIZES = (8, 16, 32)
+SUPPORTED_DTYPES = ("auto", "float32", "float16", "bfloat16")
+_MODEL_TYPE_TO_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                       "qwen2": "Qwen2ForCausalLM"}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str  # folder, GGUF file or hub id
+    gguf_file: str | None  # set when loading from a GGUF file
+    hf_config: Any  # transformers.PretrainedConfig
+    architecture: str
+    dtype: str  # resolved: float32 | float16 | bfloat16
+    max_model_len: int
+    served_model_name: str
+    seed: int
+    load_format: str  # auto | dummy
+    tokenizer: str | None
+    max_logprobs: int
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf_config.vocab_size
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int
+    gpu_memory_utilization: float
+    kv_cache_memory: int | None  # bytes; explicit budget (the way to size on CPU)
+    num_gpu_blocks_override: int | None
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+
+
+@dataclass(frozen=True)
+class KVCacheConfig:
+    """The sized KV cache: decided at startup from measured memory, never written into EngineConfig."""
+
+    num_blocks: int  # including the reserved null block
+    block_size: int
+    bytes_per_block: int
+
+    @property
+    def capacity_tokens(self) -> int:
+        return (self.num_blocks - 1) * self.block_size
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig
+    cache: CacheConfig
+    scheduler: SchedulerConfig
+    parallel: ParallelConfig
+    device: str  # cpu | cuda
+    enforce_eager: bool
+
+
+def _arg(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class EngineArgs:
+    """Every engine setting, with vLLM's names. `create_engine_config()` validates and resolves them."""
+
+    model: str | None = _arg(None, "Model: HF folder, GGUF file or hub id. Default: the embedded "
+                                   f"{DEFAULT_MODEL_NAME}.")
+    tokenizer: str | None = _arg(None, "Tokenizer folder or id (default: the model's).")
+    dtype: str = _arg("auto", "Weights and activations dtype. auto: the checkpoint's on GPU, float32 "
+                              "on CPU.", choices=SUPPORTED_DTYPES)
+    max_model_len: int | None = _arg(None, "Context length (prompt + output). Default: the model's.")
+    block_size: int = _arg(16, "Tokens per KV-cache block.", choices=SUPPORTED_BLOCK_SIZES)
+    gpu_memory_utilization: float = _arg(0.9, "Fraction of GPU memory for this engine (weights, "
+                                               "activations, KV cache). Does not apply on CPU.")
+    kv_cache_memory: str | None = _arg(None, "Explicit KV-cache budget, e.g. '4GiB'. On CPU the default "
+                                             "is the smaller of 4 GiB and a quarter of free RAM.")
+    num_gpu_blocks_override: int | None = _arg(None, "Use exactly this many KV blocks (for tests).")
+    max_num_seqs: int = _arg(256, "Maximum requests in one step.")
+    max_num_batched_tokens: int | None = _arg(None, "Token budget of one step (default 2048, at least "
+                                                    "max_num_seqs); longer prompts are chunked.")
+    tensor_parallel_size: int = _arg(1, "Number of tensor-parallel ranks.")
+    seed: int = _arg(0, "Random seed for sampling without a per-request seed.")
+    max_logprobs: int = _arg(20, "Largest logprobs / prompt_logprobs a request may ask for.")
+    enforce_eager: bool = _arg(False, "Disable CUDA graphs.")
+    served_model_name: str | None = _arg(None, "Model name in the API (default: the model argument).")
+    load_format: str = _arg("auto", "auto: read the checkpoint; dummy: random weights.",
+                            choices=("auto", "dummy"))
+    device: str = _arg("auto", "auto | cpu | cuda.", choices=("auto", "cpu", "cuda"))
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> "EngineArgs":
+        """Build from keyword arguments; unknown names are an error, not silently dropped."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise ConfigError(f"Unknown engine argument(s): {', '.join(unknown)}. "
+                              f"Supported: {', '.join(sorted(names))}.")
+        return cls(**kwargs)
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        """One flag per field, with vLLM's spelling (--max-model-len)."""
+        for f in dataclasses.fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            kwargs: dict[str, Any] = {"dest": f.name, "default": f.default, "help": f.metadata["help"]}
+            if f.type is bool or f.type == "bool":
+                kwargs["action"] = argparse.BooleanOptionalAction
+            else:
+                kwargs["type"] = _cli_type(f.type)
+                if "choices" in f.metadata:
+                    kwargs["choices"] = f.metadata["choices"]
+            parser.add_argument(flag, **kwargs)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+    def create_engine_config(self) -> EngineConfig:
+        """Validate every setting once and resolve defaults. Raises ConfigError naming the flag."""
+        device = _resolve_device(self.device)
+        model_config = self._model_config(device)
+        if self.block_size not in SUPPORTED_BLOCK_SIZES:
+            raise ConfigError(f"block_size={self.block_size} is not supported; --block-size must be one "
+                              f"of {', '.join(map(str, SUPPORTED_BLOCK_SIZES))}.")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(f"gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1] "
+                              "(--gpu-memory-utilization).")
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"max_num_seqs={self.max_num_seqs} must be at least 1 (--max-num-seqs).")
+        batched = self.max_num_batched_tokens or max(2048, self.max_num_seqs)
+        if batched < 1:
+            raise ConfigError(f"max_num_batched_tokens={batched} must be at least 1 "
+                              "(--max-num-batched-tokens).")
+        if self.tensor_parallel_size < 1:
+            raise ConfigError(f"tensor_parallel_size={self.tensor_parallel_size} must be at least 1.")
+        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 2:
+            raise ConfigError("num_gpu_blocks_override must be at least 2 (one block is reserved).")
+        kv_bytes = None if self.kv_cache_memory is None else parse_bytes(self.kv_cache_memory,
+                                                                         "--kv-cache-memory")
+        return EngineConfig(
+            model=model_config,
+            cache=CacheConfig(self.block_size, self.gpu_memory_utilization, kv_bytes,
+                              self.num_gpu_blocks_override),
+            scheduler=SchedulerConfig(self.max_num_seqs, batched, model_config.max_model_len),
+            parallel=ParallelConfig(self.tensor_parallel_size),
+            device=device,
+            enforce_eager=self.enforce_eager,
+        )
+
+    def _model_config(self, device: str) -> ModelConfig:
+        model = self.model
+        if model is None:
+            model = default_model_path()
+            logger.info("No model given: using the embedded default %s (%s).", DEFAULT_MODEL_NAME, model)
+        hf_config, gguf_file = _load_hf_config(model)
+        archs = getattr(hf_config, "architectures", None) or [
+            _MODEL_TYPE_TO_ARCH.get(hf_config.model_type, hf_config.model_type)]
+        model_len = hf_config.max_position_embeddings
+        window = _sliding_window(hf_config)
+        if window and window < model_len:
+            logger.info("Sliding-window attention is not implemented: context capped at the window, "
+                        "%d tokens.", window)
+            model_len = window
+        max_model_len = self.max_model_len or model_len
+        if max_model_len > model_len:
+            key = "sliding_window" if model_len != hf_config.max_position_embeddings else \
+                "max_position_embeddings"
+            raise ConfigError(f"max_model_len={max_model_len} is larger than the model's "
+                              f"{key}={model_len} (config.json); lower --max-model-len.")
+        if max_model_len < 1:
+            raise ConfigError(f"max_model_len={max_model_len} must be at least 1 (--max-model-len).")
+        name = self.served_model_name or (DEFAULT_MODEL_NAME if self.model is None else self.model)
+        return ModelConfig(model=model, gguf_file=gguf_file, hf_config=hf_config, architecture=archs[0],
+                           dtype=_resolve_dtype(self.dtype, hf_config, device),
+                           max_model_len=max_model_len, served_model_name=name, seed=self.seed,
+                           load_format=self.load_format, tokenizer=self.tokenizer,
+                           max_logprobs=self.max_logprobs)
+
+
+def _sliding_window(hf_config: Any) -> int | None:
+    if hf_config.model_type == "mistral" or getattr(hf_config, "use_sliding_window", False):
+        return getattr(hf_config, "sliding_window", None)
+    return None
+
+
+def _cli_type(annotation: Any) -> Any:
+    text = str(annotation)
+    if "int" in text and "str" not in text:
+        return int
+    if "float" in text:
+        return float
+    return str
+
+
+def _resolve_device(device: str) -> str:
+    import torch  # NOTE: lazy, so core/ (which imports this module) stays free of torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda was asked for but no CUDA GPU is visible.")
+    return device
+
+
+def _resolve_dtype(dtype: str, hf_config: Any, device: str) -> str:
+    if dtype not in SUPPORTED_DTYPES:
+        raise ConfigError(f"dtype={dtype!r} is not supported; --dtype must be one of "
+                          f"{', '.join(SUPPORTED_DTYPES)}.")
+    if dtype != "auto":
+        return dtype
+    if device == "cpu":
+        return "float32"
+    checkpoint = str(getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None) or "")
+    checkpoint = checkpoint.replace("torch.", "")
+    return checkpoint if checkpoint in ("float16", "bfloat16") else "bfloat16"
+
+
+def _load_hf_config(model: str) -> tuple[Any, str | None]:
+    """config.json of a folder, the metadata of a GGUF file, or a hub id (offline cache)."""
+    from transformers import AutoConfig
+
+    gguf_file = None
+    if model.endswith(".gguf"):
+        if not os.path.isfile(model):
+            raise ConfigError(f"GGUF file {model} does not exist (--model).")
+        gguf_file = model
+    elif os.path.isdir(model) and not os.path.isfile(os.path.join(model, "config.json")):
+        ggufs = sorted(f for f in os.listdir(model) if f.endswith(".gguf"))
+        if not ggufs:
+            raise ConfigError(f"Model folder {model} has neither config.json nor a .gguf file (--model).")
+        gguf_file = os.path.join(model, ggufs[0])
+    try:
+        if gguf_file:
+            return AutoConfig.from_pretrained(gguf_hf_folder(gguf_file)), gguf_file
+        return AutoConfig.from_pretrained(model), None
+    except OSError as exc:
+        raise ConfigError(f"Cannot load the model config of {model!r}: {exc}") from exc

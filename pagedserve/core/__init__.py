@@ -1,0 +1,1 @@
+"""Scheduling and KV-cache bookkeeping. Pure Python: never imports torch."""

@@ -1,0 +1,69 @@
+"""The engine core's view of one request."""
+import enum
+
+from pagedserve.protocol import EngineCoreRequest, FinishReason
+from pagedserve.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    FINISHED = enum.auto()
+
+
+class Request:
+    """Token state of one request. `num_computed_tokens` counts tokens whose K/V are in the cache;
+    the tokens in [num_computed_tokens, num_tokens) are still to be computed."""
+
+    def __init__(self, request: EngineCoreRequest) -> None:
+        self.request_id = request.request_id
+        self.prompt_token_ids = request.prompt_token_ids
+        self.sampling_params: SamplingParams = request.sampling_params
+        self.eos_token_id = request.eos_token_id
+        self.arrival_time = request.arrival_time
+        self.max_tokens: int = request.sampling_params.max_tokens  # resolved by the frontend
+        self.all_token_ids: list[int] = list(request.prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.num_preemptions = 0
+        self.status = RequestStatus.WAITING
+        self.finish_reason: FinishReason | None = None
+        self.stop_reason: int | str | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[len(self.prompt_token_ids):]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.all_token_ids.append(token_id)
+
+    def check_stop(self, max_model_len: int) -> bool:
+        """Set the finish reason if the last token ends the request. Stop *strings* are checked by
+        the frontend, which sees text; here only token-level conditions."""
+        params = self.sampling_params
+        last = self.all_token_ids[-1]
+        if self.num_output_tokens >= params.min_tokens:
+            if last == self.eos_token_id and not params.ignore_eos:
+                self.finish_reason = FinishReason.STOP
+            elif last in params.stop_token_ids:
+                self.finish_reason, self.stop_reason = FinishReason.STOP, last
+        if self.finish_reason is None and (self.num_output_tokens >= self.max_tokens
+                                           or self.num_tokens >= max_model_len):
+            self.finish_reason = FinishReason.LENGTH
+        return self.finish_reason is not None

@@ -1,0 +1,54 @@
+"""What the scheduler tells the workers each step, and what they answer. No tensors here."""
+from dataclasses import dataclass, field
+
+from pagedserve.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class NewRequestData:
+    """A request the workers have not seen (or must rebuild after preemption): sent in full."""
+
+    request_id: str
+    token_ids: list[int]  # every token known now: prompt plus outputs of a resumed request
+    num_prompt_tokens: int
+    sampling_params: SamplingParams
+    eos_token_id: int | None
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass(slots=True)
+class CachedRequestData:
+    """A request the workers already hold: only what changed."""
+
+    request_id: str
+    new_token_ids: list[int]  # tokens sampled since the workers last saw this request
+    new_block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's plan. Requests are computed in the order new, then cached."""
+
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: list[CachedRequestData]
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    # Requests the workers must forget: finished, aborted or preempted since the last step.
+    finished_req_ids: set[str] = field(default_factory=set)
+
+    @property
+    def is_empty(self) -> bool:
+        return self.total_num_scheduled_tokens == 0
+
+
+@dataclass
+class ModelRunnerOutput:
+    """Sampled tokens of the requests whose scheduled tokens reached their end this step."""
+
+    sampled_token_ids: dict[str, int]
+    # request id -> {token id: logprob}: the sampled token first, then the top-k.
+    logprobs: dict[str, dict[int, float]] = field(default_factory=dict)
+    # request id -> logprobs of the prompt positions computed this step (first position: None).
+    prompt_logprobs: dict[str, list[dict[int, float] | None]] = field(default_factory=dict)

@@ -1,0 +1,1 @@
+"""The engine: EngineCore (scheduler + KV manager + executor) and the frontend around it."""

@@ -1,0 +1,73 @@
+"""EngineCore: owns the scheduler, the KV-cache manager and the executor. One `step()` is
+schedule -> execute -> update. Only EngineCoreRequest / EngineCoreOutputs cross its boundary."""
+from pagedserve.config import EngineConfig, KVCacheConfig
+from pagedserve.core.kv_cache_manager import KVCacheManager
+from pagedserve.core.request import Request
+from pagedserve.core.scheduler import Scheduler
+from pagedserve.errors import ConfigError
+from pagedserve.executor.base import get_executor_class
+from pagedserve.logger import init_logger
+from pagedserve.protocol import EngineCoreOutputs, EngineCoreRequest
+from pagedserve.utils import cdiv, format_bytes
+
+logger = init_logger(__name__)
+
+
+class EngineCore:
+    """Runs the model on whatever requests were added. Not thread-safe: one caller drives it."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.executor = get_executor_class(config)(config)
+        self.kv_cache_config = self._size_kv_cache()
+        self.executor.initialize_kv_cache(self.kv_cache_config.num_blocks)
+        self.scheduler = Scheduler(config.scheduler, KVCacheManager(self.kv_cache_config.num_blocks,
+                                                                    config.cache.block_size))
+
+    def _size_kv_cache(self) -> KVCacheConfig:
+        cache, block_size = self.config.cache, self.config.cache.block_size
+        bytes_per_block = self.executor.kv_cache_bytes_per_block()
+        if cache.num_gpu_blocks_override is not None:
+            num_blocks, source = cache.num_gpu_blocks_override, "num_gpu_blocks_override"
+            weights = None
+        else:
+            report = self.executor.determine_kv_memory()
+            num_blocks, source = report.kv_cache_bytes // bytes_per_block, report.detail
+            weights = report.weights_bytes
+        kv = KVCacheConfig(num_blocks, block_size, bytes_per_block)
+        max_model_len = self.config.model.max_model_len
+        if weights is not None:
+            logger.info("Model weights: %s.", format_bytes(weights))
+        logger.info("KV cache (%s): %s per token, %s per block of %d tokens, %d blocks (+1 reserved), "
+                    "%s in all, capacity %d tokens.", source, format_bytes(bytes_per_block // block_size),
+                    format_bytes(bytes_per_block), block_size, num_blocks - 1,
+                    format_bytes(bytes_per_block * num_blocks), kv.capacity_tokens)
+        logger.info("Maximum concurrency for %d tokens per request: %.2fx", max_model_len,
+                    kv.capacity_tokens / max_model_len)
+        if num_blocks < 2 or cdiv(max_model_len, block_size) > num_blocks - 1:
+            raise ConfigError(
+                f"The KV cache holds {kv.capacity_tokens} tokens, fewer than one request of "
+                f"max_model_len={max_model_len} tokens needs; the largest max_model_len that fits is "
+                f"{kv.capacity_tokens}. Raise --kv-cache-memory (or --gpu-memory-utilization on a GPU) "
+                "or lower --max-model-len.")
+        return kv
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        self.scheduler.add_request(Request(request))
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        self.scheduler.abort_requests(request_ids)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> EngineCoreOutputs:
+        if not self.scheduler.has_unfinished_requests():
+            return EngineCoreOutputs()
+        scheduler_output = self.scheduler.schedule()
+        runner_output = self.executor.execute_model(scheduler_output)
+        outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        return EngineCoreOutputs(outputs, self.scheduler.get_stats())
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()

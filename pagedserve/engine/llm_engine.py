@@ -1,0 +1,63 @@
+"""LLMEngine: the in-process engine behind `LLM`, with the public add_request / step / abort_request /
+has_unfinished_requests API. Tokenizes and detokenizes around an EngineCore in the same process."""
+import time
+from dataclasses import replace
+from typing import Any
+
+import msgspec
+
+from pagedserve.config import EngineArgs
+from pagedserve.engine.core import EngineCore
+from pagedserve.engine.input_processor import InputProcessor, PromptType
+from pagedserve.engine.output_processor import OutputProcessor
+from pagedserve.engine.tokenizer import load_tokenizer
+from pagedserve.errors import InvalidRequestError
+from pagedserve.outputs import RequestOutput
+from pagedserve.sampling_params import SamplingParams
+
+
+class LLMEngine:
+    def __init__(self, engine_args: EngineArgs) -> None:
+        self.config = engine_args.create_engine_config()
+        self.tokenizer = load_tokenizer(self.config.model)
+        self.input_processor = InputProcessor(self.config.model, self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.engine_core = EngineCore(self.config)
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
+        return cls(engine_args)
+
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
+                    arrival_time: float | None = None) -> None:
+        """Validate and queue a request. Raises InvalidRequestError; nothing invalid is queued."""
+        if request_id in self.output_processor.requests:
+            raise InvalidRequestError(f"Request id {request_id!r} is already in use.", param="request_id")
+        text, request = self.input_processor.process(request_id, prompt, params, arrival_time or time.time())
+        child_ids = self.output_processor.add_request(request_id, text, request.prompt_token_ids,
+                                                      request.sampling_params, request.arrival_time)
+        for index, child_id in enumerate(child_ids):
+            child_params = request.sampling_params
+            if params.seed is not None and len(child_ids) > 1:
+                child_params = replace(child_params, seed=params.seed + index)
+            self.engine_core.add_request(msgspec.structs.replace(request, request_id=child_id,
+                                                                sampling_params=child_params))
+
+    def step(self) -> list[RequestOutput]:
+        """Run one engine step; returns the requests that progressed (with `finished` set on the last)."""
+        outputs = self.engine_core.step()
+        request_outputs, to_abort = self.output_processor.process_outputs(outputs.outputs)
+        if to_abort:
+            self.engine_core.abort_requests(to_abort)
+        return request_outputs
+
+    def abort_request(self, request_ids: str | list[str]) -> None:
+        ids = [request_ids] if isinstance(request_ids, str) else request_ids
+        children = [cid for rid in ids for cid in self.output_processor.abort_request(rid)]
+        self.engine_core.abort_requests(children)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.output_processor.requests)
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer

@@ -1,0 +1,78 @@
+"""The offline API: `LLM(model).generate(prompts, sampling_params)`."""
+import itertools
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from pagedserve.config import EngineArgs
+from pagedserve.engine.input_processor import PromptType
+from pagedserve.engine.llm_engine import LLMEngine
+from pagedserve.errors import InvalidRequestError
+from pagedserve.outputs import RequestOutput
+from pagedserve.sampling_params import SamplingParams
+
+ChatMessages = list[dict[str, Any]]
+
+
+class LLM:
+    """An engine in this process. `model=None` loads the embedded default (SmolLM2-135M-Instruct);
+    every other keyword is an engine argument with vLLM's name; unknown ones raise."""
+
+    def __init__(self, model: str | None = None, **engine_args: Any) -> None:
+        self.llm_engine = LLMEngine(EngineArgs.from_kwargs(model=model, **engine_args))
+        self._request_counter = itertools.count()
+
+    def get_tokenizer(self) -> Any:
+        return self.llm_engine.tokenizer
+
+    def generate(self, prompts: PromptType | Sequence[PromptType],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in input order."""
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
+                                                 and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = sampling_params or SamplingParams()
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise InvalidRequestError(f"Got {len(prompts)} prompts but {len(params)} sampling params: pass "
+                                      "one SamplingParams, or one per prompt.", param="sampling_params")
+        request_ids = [str(next(self._request_counter)) for _ in prompts]
+        added = []
+        try:
+            for request_id, prompt, p in zip(request_ids, prompts, params):
+                self.llm_engine.add_request(request_id, prompt, p)
+                added.append(request_id)
+        except Exception:
+            self.llm_engine.abort_request(added)  # nothing half-submitted stays in the engine
+            raise
+        return self._run_engine(request_ids, use_tqdm)
+
+    def chat(self, messages: ChatMessages | Sequence[ChatMessages],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = True, chat_template: str | None = None,
+             add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """Apply the tokenizer's chat template to each conversation, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        tokenizer = self.get_tokenizer()
+        prompts = [{"prompt_token_ids": list(tokenizer.apply_chat_template(
+            conversation, chat_template=chat_template, add_generation_prompt=add_generation_prompt,
+            tokenize=True, return_dict=False))} for conversation in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        finished: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(request_ids), desc="Processed prompts", disable=not use_tqdm, unit="req")
+        start, num_tokens = time.perf_counter(), 0
+        while self.llm_engine.has_unfinished_requests():
+            for output in self.llm_engine.step():
+                if output.finished:
+                    finished[output.request_id] = output
+                    num_tokens += sum(len(o.token_ids) for o in output.outputs)
+                    bar.update(1)
+                    bar.set_postfix_str(f"output {num_tokens / (time.perf_counter() - start):.1f} tok/s")
+        bar.close()
+        return [finished[request_id] for request_id in request_ids]

@@ -1,0 +1,20 @@
+"""The Attention layer models use: q/k/v in, attention over the paged cache out."""
+import torch
+from torch import nn
+
+from pagedserve.attention.backends.base import AttentionBackend, AttentionLayerSpec
+from pagedserve.attention.forward_context import get_attention_metadata
+
+
+class Attention(nn.Module):
+    """Delegates to the engine's backend; `kv_cache` is bound by the model runner after allocation."""
+
+    def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int) -> None:
+        super().__init__()
+        self.spec = AttentionLayerSpec(num_heads, num_kv_heads, head_dim, scale)
+        self.backend: AttentionBackend | None = None
+        self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        assert self.backend is not None and self.kv_cache is not None, "KV cache not bound"
+        return self.backend.forward(self.spec, q, k, v, self.kv_cache, get_attention_metadata())

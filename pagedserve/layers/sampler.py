@@ -1,0 +1,105 @@
+"""Batched sampling: every request's logits processed together as tensors, never a loop per request
+(except for drawing seeded noise, one generator per seeded request)."""
+from dataclasses import dataclass
+
+import torch
+
+_NEG_INF = float("-inf")
+
+
+@dataclass
+class SamplingMetadata:
+    """Per-row sampling settings of one step's logits (row i = the i-th sampled request)."""
+
+    temperature: torch.Tensor  # [R] float32; 0 = greedy
+    all_greedy: bool
+    top_k: torch.Tensor | None  # [R] int64, vocab size = off
+    top_p: torch.Tensor | None  # [R] float32, 1 = off
+    min_p: torch.Tensor | None  # [R] float32, 0 = off
+    seeds: dict[int, int]  # row -> seed for this token (reproducible per request)
+    max_num_logprobs: int | None
+    # Penalties: [R] tensors plus the token counts they act on, None when no row uses them.
+    presence_penalty: torch.Tensor | None = None
+    frequency_penalty: torch.Tensor | None = None
+    repetition_penalty: torch.Tensor | None = None
+    output_token_counts: torch.Tensor | None = None  # [R, V] counts of generated tokens
+    prompt_token_mask: torch.Tensor | None = None  # [R, V] bool: token occurs in the prompt
+    # Additive biases (logit_bias, and -inf for stop tokens before min_tokens): [R, V] or None.
+    logit_bias: torch.Tensor | None = None
+
+
+@dataclass
+class SamplerOutput:
+    sampled_token_ids: torch.Tensor  # [R]
+    logprob_token_ids: torch.Tensor | None  # [R, 1 + k]: sampled token, then the top-k
+    logprobs: torch.Tensor | None  # [R, 1 + k]
+
+
+class Sampler:
+    """logits [R, V] float32 -> one token per row, plus the logprobs of the raw model distribution."""
+
+    def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
+        raw_logprobs = None if meta.max_num_logprobs is None else torch.log_softmax(logits, dim=-1)
+        logits = self._apply_penalties_and_bias(logits, meta)
+        if meta.all_greedy:
+            sampled = logits.argmax(dim=-1)
+        else:
+            sampled = self._sample(logits, meta)
+        if raw_logprobs is None:
+            return SamplerOutput(sampled, None, None)
+        token_ids, values = gather_logprobs(raw_logprobs, meta.max_num_logprobs, sampled)
+        return SamplerOutput(sampled, token_ids, values)
+
+    def _apply_penalties_and_bias(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        if meta.repetition_penalty is not None:
+            seen = meta.prompt_token_mask | (meta.output_token_counts > 0)
+            penalty = torch.where(seen, meta.repetition_penalty[:, None], 1.0)
+            logits = torch.where(logits > 0, logits / penalty, logits * penalty)
+        if meta.frequency_penalty is not None:
+            counts = meta.output_token_counts
+            logits = logits - meta.frequency_penalty[:, None] * counts
+            logits = logits - meta.presence_penalty[:, None] * (counts > 0)
+        if meta.logit_bias is not None:
+            logits = logits + meta.logit_bias
+        return logits
+
+    def _sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        greedy = logits.argmax(dim=-1)
+        temperature = torch.where(meta.temperature > 0, meta.temperature, 1.0)
+        logits = logits / temperature[:, None]
+        if meta.top_k is not None or meta.top_p is not None:
+            logits = _apply_top_k_top_p(logits, meta.top_k, meta.top_p)
+        probs = logits.softmax(dim=-1)
+        if meta.min_p is not None:
+            threshold = probs.amax(dim=-1, keepdim=True) * meta.min_p[:, None]
+            probs = probs.masked_fill(probs < threshold, 0.0)
+        # Gumbel-style sampling: argmax(p / q), q ~ Exp(1), is a draw from p.
+        noise = torch.empty_like(probs).exponential_()
+        for row, seed in meta.seeds.items():
+            noise[row].exponential_(generator=torch.Generator(probs.device).manual_seed(seed))
+        sampled = (probs / noise).argmax(dim=-1)
+        return torch.where(meta.temperature > 0, sampled, greedy)
+
+
+def _apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+                       ) -> torch.Tensor:
+    sorted_logits, order = logits.sort(dim=-1, descending=False)
+    if top_k is not None:
+        kth = sorted_logits.gather(1, (logits.shape[1] - top_k).clamp(min=0)[:, None])
+        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, _NEG_INF)
+    if top_p is not None:
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop = cumulative <= 1 - top_p[:, None]
+        drop[:, -1] = False  # always keep the most likely token
+        sorted_logits = sorted_logits.masked_fill(drop, _NEG_INF)
+    return sorted_logits.scatter(1, order, sorted_logits)
+
+
+def gather_logprobs(logprobs: torch.Tensor, num_top: int, token_ids: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """logprobs [N, V], token_ids [N] -> ids and values [N, 1 + num_top]: the given token, then top-k."""
+    chosen = logprobs.gather(1, token_ids[:, None])
+    if num_top == 0:
+        return token_ids[:, None], chosen
+    top_values, top_ids = logprobs.topk(num_top, dim=-1)
+    return torch.cat([token_ids[:, None], top_ids], dim=1), torch.cat([chosen, top_values], dim=1)

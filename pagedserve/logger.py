@@ -1,0 +1,16 @@
+"""Package-wide logging setup: one handler on the `pagedserve` logger, level from PAGEDSERVE_LOGGING_LEVEL."""
+import logging
+import os
+
+_FORMAT = "%(levelname)s %(asctime)s [%(name)s] %(message)s"
+
+
+def init_logger(name: str) -> logging.Logger:
+    root = logging.getLogger("pagedserve")
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%m-%d %H:%M:%S"))
+        root.addHandler(handler)
+        root.setLevel(os.environ.get("PAGEDSERVE_LOGGING_LEVEL", "INFO").upper())
+        root.propagate = False
+    return logging.getLogger(name)

@@ -1,0 +1,54 @@
+"""Construct the model on its device in its dtype, then load (or randomize) its weights."""
+import os
+
+import torch
+from torch import nn
+
+from pagedserve.config import ModelConfig
+from pagedserve.errors import ConfigError
+from pagedserve.logger import init_logger
+from pagedserve.model_loader.gguf import iterate_gguf
+from pagedserve.model_loader.safetensors import iterate_safetensors
+from pagedserve.models.registry import get_model_class
+
+logger = init_logger(__name__)
+
+
+def load_model(config: ModelConfig, device: torch.device) -> nn.Module:
+    dtype = getattr(torch, config.dtype)
+    model_class = get_model_class(config.architecture)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = model_class(config.hf_config)
+    finally:
+        torch.set_default_dtype(previous)
+    if config.load_format == "dummy":
+        _init_dummy(model, config.seed)
+        return model.eval()
+    hf = config.hf_config
+    if config.gguf_file:
+        weights = iterate_gguf(config.gguf_file, hf.num_attention_heads, hf.num_key_value_heads)
+    elif os.path.isdir(config.model):
+        weights = iterate_safetensors(config.model)
+    else:
+        raise ConfigError(f"Model {config.model!r} is not a local folder or GGUF file; pagedserve does "
+                          "not download models: pass a local path (--model).")
+    loaded = model.load_weights(weights)
+    expected = {name for name, _ in model.named_parameters()}
+    missing = expected - loaded
+    if missing:
+        raise ConfigError(f"The checkpoint of {config.model} lacks {len(missing)} weights, e.g. "
+                          f"{sorted(missing)[:3]}.")
+    return model.eval()
+
+
+def _init_dummy(model: nn.Module, seed: int) -> None:
+    """Random weights of a small scale (norms stay at one), without reading a checkpoint."""
+    generator = torch.Generator().manual_seed(seed)
+    for name, param in model.named_parameters():
+        if "norm" in name:
+            continue
+        values = torch.empty(param.shape, dtype=torch.float32).uniform_(-1e-3, 1e-3, generator=generator)
+        param.data.copy_(values)

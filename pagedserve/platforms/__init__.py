@@ -1,0 +1,1 @@
+"""How much memory the KV cache may take, per device kind."""

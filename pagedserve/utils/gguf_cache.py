@@ -1,0 +1,32 @@
+"""A GGUF file's config and tokenizer, converted by transformers once and kept as a HF folder.
+
+NOTE: transformers re-parses the whole GGUF (tens of thousands of vocabulary strings) for the config
+and again for the tokenizer, several seconds each; the converted folder loads in milliseconds.
+"""
+import hashlib
+import os
+
+from transformers import AutoConfig, AutoTokenizer
+
+_CACHE_ROOT = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pagedserve",
+                           "gguf")
+
+
+def gguf_hf_folder(gguf_file: str) -> str:
+    """A folder with config.json and tokenizer files for `gguf_file`, created on first use."""
+    stat = os.stat(gguf_file)
+    key = hashlib.sha256(f"{os.path.abspath(gguf_file)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    folder = os.path.join(os.environ.get("PAGEDSERVE_CACHE_DIR", _CACHE_ROOT), key.hexdigest()[:16])
+    if os.path.isfile(os.path.join(folder, "done")):
+        return folder
+    directory, name = os.path.split(gguf_file)
+    tmp = f"{folder}.tmp{os.getpid()}"
+    AutoConfig.from_pretrained(directory or ".", gguf_file=name).save_pretrained(tmp)
+    AutoTokenizer.from_pretrained(directory or ".", gguf_file=name).save_pretrained(tmp)
+    open(os.path.join(tmp, "done"), "w").close()
+    os.makedirs(os.path.dirname(folder), exist_ok=True)
+    try:
+        os.rename(tmp, folder)
+    except OSError:  # another process finished first
+        pass
+    return folder

@@ -1,0 +1,101 @@
+"""Runs one step: scheduler output -> batch tensors -> forward -> sampled tokens."""
+import torch
+
+from pagedserve.attention.backends import get_attention_backend
+from pagedserve.attention.forward_context import set_forward_context
+from pagedserve.config import EngineConfig
+from pagedserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from pagedserve.layers.attention import Attention
+from pagedserve.layers.sampler import Sampler, SamplerOutput, gather_logprobs
+from pagedserve.model_loader import load_model
+from pagedserve.worker.input_batch import (BatchInputs, CachedRequestState, build_batch,
+                                           build_sampling_metadata, update_states)
+
+
+class ModelRunner:
+    """Owns the model, the KV cache tensors and the worker's copy of every scheduled request."""
+
+    def __init__(self, config: EngineConfig, device: torch.device) -> None:
+        self.config = config
+        self.device = device
+        self.block_size = config.cache.block_size
+        self.model = load_model(config.model, device)
+        self.dtype = getattr(torch, config.model.dtype)
+        self.vocab_size = config.model.vocab_size
+        self.backend = get_attention_backend("torch")
+        self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        for layer in self.attention_layers:
+            layer.backend = self.backend
+        self.sampler = Sampler()
+        self.states: dict[str, CachedRequestState] = {}
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def kv_cache_bytes_per_block(self) -> int:
+        """K and V of `block_size` tokens in every layer of this rank."""
+        per_token = sum(2 * layer.spec.num_kv_heads * layer.spec.head_dim for layer in self.attention_layers)
+        return per_token * self.block_size * self.dtype.itemsize
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate one K and one V tensor [num_blocks, block_size, num_kv_heads, head_dim] per layer."""
+        self.kv_caches = []
+        # NOTE: attention reads padding slots (masked out, but 0 * NaN is NaN), so the cache must start
+        # finite. On CPU a large torch.empty is fresh mmap'd memory, which the kernel zero-fills lazily:
+        # no 4 GiB memset at startup, and RSS grows only as blocks are used. Block 0 is zeroed anyway.
+        alloc = torch.empty if self.device.type == "cpu" else torch.zeros
+        for layer in self.attention_layers:
+            shape = (num_blocks, self.block_size, layer.spec.num_kv_heads, layer.spec.head_dim)
+            layer.kv_cache = (alloc(shape, dtype=self.dtype, device=self.device),
+                              alloc(shape, dtype=self.dtype, device=self.device))
+            for tensor in layer.kv_cache:
+                tensor[0].zero_()
+            self.kv_caches.append(layer.kv_cache)
+
+    @torch.inference_mode()
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        update_states(self.states, scheduler_output)
+        if scheduler_output.is_empty:
+            return ModelRunnerOutput({})
+        batch = build_batch(self.states, scheduler_output, self.block_size, self.device)
+        with set_forward_context(self.backend.build_metadata(batch.attention)):
+            hidden = self.model(batch.input_ids, batch.positions)  # [T, hidden]
+        output = ModelRunnerOutput({})
+        self._prompt_logprobs(batch, hidden, output)
+        if not batch.sample_rows:
+            return output
+        requests = [self.states[batch.request_ids[row]] for row in batch.sample_rows]
+        logits = self.model.compute_logits(hidden[batch.logits_indices]).float()  # [R, vocab]
+        sampled = self.sampler(logits, build_sampling_metadata(requests, self.vocab_size, self.device))
+        self._fill_output(requests, sampled, output)
+        return output
+
+    def _fill_output(self, requests: list[CachedRequestState], sampled: SamplerOutput,
+                     output: ModelRunnerOutput) -> None:
+        token_ids = sampled.sampled_token_ids.tolist()
+        ids = values = None
+        if sampled.logprobs is not None:
+            ids, values = sampled.logprob_token_ids.tolist(), sampled.logprobs.tolist()
+        for i, request in enumerate(requests):
+            output.sampled_token_ids[request.request_id] = token_ids[i]
+            num = request.sampling_params.logprobs
+            if num is not None and ids is not None:
+                output.logprobs[request.request_id] = dict(zip(ids[i][:num + 1], values[i][:num + 1]))
+
+    def _prompt_logprobs(self, batch: BatchInputs, hidden: torch.Tensor, output: ModelRunnerOutput) -> None:
+        """Logprob of each prompt token given the ones before it (and the top-k), for the prompt
+        positions computed this step. The first prompt token has none."""
+        for row, request_id in enumerate(batch.request_ids):
+            state = self.states[request_id]
+            num_top = state.sampling_params.prompt_logprobs
+            end = state.num_computed_tokens
+            start = end - (batch.attention.query_start_loc[row + 1] - batch.attention.query_start_loc[row])
+            if num_top is None or start >= state.num_prompt_tokens:
+                continue
+            last = min(end, state.num_prompt_tokens - 1)  # position p predicts prompt token p + 1
+            first_row = batch.attention.query_start_loc[row]
+            result: list[dict[int, float] | None] = [None] if start == 0 else []
+            if last > start:
+                logits = self.model.compute_logits(hidden[first_row:first_row + last - start]).float()
+                targets = torch.tensor(state.token_ids[start + 1:last + 1], device=self.device)
+                ids, values = gather_logprobs(torch.log_softmax(logits, dim=-1), num_top, targets)
+                result += [dict(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+            output.prompt_logprobs[request_id] = result

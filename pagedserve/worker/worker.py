@@ -1,0 +1,59 @@
+"""A worker: one rank's device, model runner and KV memory budget."""
+import os
+
+import torch
+
+from pagedserve.config import EngineConfig
+from pagedserve.core.sched_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from pagedserve.platforms.memory import MemoryReport, cpu_kv_budget, cuda_kv_budget
+from pagedserve.sampling_params import SamplingParams
+from pagedserve.utils import cdiv
+from pagedserve.worker.model_runner import ModelRunner
+
+
+class Worker:
+    """Loads the model on its device; reports the KV budget in blocks; runs steps."""
+
+    def __init__(self, config: EngineConfig, rank: int = 0) -> None:
+        self.config = config
+        self.rank = rank
+        if config.device == "cuda":
+            self.device = torch.device("cuda", rank)
+            torch.cuda.set_device(self.device)
+            self._free_at_start = torch.cuda.mem_get_info(self.device)[0]
+        else:
+            self.device = torch.device("cpu")
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.parallel.tensor_parallel_size))
+        torch.manual_seed(config.model.seed)
+        self.model_runner = ModelRunner(config, self.device)
+        self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model_runner.model.parameters())
+
+    def kv_cache_bytes_per_block(self) -> int:
+        return self.model_runner.kv_cache_bytes_per_block()
+
+    def determine_kv_memory(self) -> MemoryReport:
+        if self.device.type == "cuda":
+            return cuda_kv_budget(self.config.cache, self.weights_bytes, self.device, self._profile_run,
+                                  self._free_at_start)
+        return cpu_kv_budget(self.config.cache, self.weights_bytes)
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        self.model_runner.initialize_kv_cache(num_blocks)
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.model_runner.execute_model(scheduler_output)
+
+    def _profile_run(self) -> None:
+        """One prefill of max_num_batched_tokens tokens through the real step path, on a temporary
+        KV cache just large enough for it."""
+        # NOTE: one request, so no longer than max_model_len (positions past it have no rotary entry).
+        num_tokens = min(self.config.scheduler.max_num_batched_tokens, self.config.model.max_model_len)
+        num_blocks = cdiv(num_tokens, self.config.cache.block_size)
+        self.initialize_kv_cache(num_blocks + 1)
+        request = NewRequestData("profile", [0] * num_tokens, num_tokens, SamplingParams(temperature=0),
+                                 None, list(range(1, num_blocks + 1)), 0)
+        self.execute_model(SchedulerOutput([request], [], {"profile": num_tokens}, num_tokens))
+        self.execute_model(SchedulerOutput([], [], {}, 0, {"profile"}))
+        self.model_runner.kv_caches = []
+        for layer in self.model_runner.attention_layers:
+            layer.kv_cache = None

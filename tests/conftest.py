@@ -1,0 +1,75 @@
+"""Shared fixtures: tiny random-weight HF checkpoints of each architecture, built on the fly."""
+import os
+import shutil
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from pagedserve.utils.default_model import default_model_path  # noqa: E402
+from pagedserve.utils.gguf_cache import gguf_hf_folder  # noqa: E402
+
+
+def _tokenizer_folder() -> str:
+    """The SmolLM2 tokenizer (converted from the default GGUF), reused by every tiny model."""
+    return gguf_hf_folder(default_model_path())
+
+
+def build_tiny_model(path: str, architecture: str, **overrides: object) -> str:
+    """Save a random-weight checkpoint (safetensors + tokenizer) of `architecture` into `path`."""
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, AutoModelForCausalLM
+
+    config_class = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}[architecture]
+    settings = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                    initializer_range=0.1, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+                    tie_word_embeddings=False)
+    settings.update(overrides)
+    config = config_class(**settings)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # HF initializes biases to zero: make them count
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_(0.0, 0.1)
+    model.save_pretrained(path)
+    for name in os.listdir(_tokenizer_folder()):
+        if name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy(os.path.join(_tokenizer_folder(), name), path)
+    return path
+
+
+TINY_MODELS = {
+    "llama": dict(rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                   "original_max_position_embeddings": 64}),
+    "llama-tied-mha": dict(num_key_value_heads=4, tie_word_embeddings=True),
+    "mistral": dict(sliding_window=None),
+    "qwen2": dict(num_key_value_heads=1),
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory):
+    cache: dict[str, str] = {}
+
+    def make(name: str) -> str:
+        if name not in cache:
+            architecture = name.split("-")[0]
+            cache[name] = build_tiny_model(str(tmp_path_factory.mktemp(name)), architecture,
+                                           **TINY_MODELS[name])
+        return cache[name]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_model_factory) -> str:
+    return tiny_model_factory("llama")
+
+
+@pytest.fixture(scope="session")
+def default_model() -> str:
+    return default_model_path()
