@@ -56,9 +56,14 @@ class SchedulerConfig:
     max_model_len: int
 
 
+EXECUTOR_BACKENDS = ("uni", "mp", "ray")
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     tensor_parallel_size: int = 1
+    distributed_executor_backend: str = "uni"  # resolved: uni (in-process) | mp | ray
+    distributed_timeout_s: float = 600.0  # longest a call to the workers (a step, a collective) may take
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,13 @@ class EngineArgs:
     max_num_batched_tokens: int | None = _arg(None, "Token budget of one step (default 2048, at least "
                                                     "max_num_seqs); longer prompts are chunked.")
     tensor_parallel_size: int = _arg(1, "Number of tensor-parallel ranks.")
+    pipeline_parallel_size: int = _arg(1, "Number of pipeline-parallel stages. Only 1 is supported yet.")
+    distributed_executor_backend: str | None = _arg(
+        None, "How the ranks run: uni (this process, tp=1 only), mp (one process per rank on this "
+              "machine) or ray (Ray actors, across the nodes of a Ray cluster). Default: uni at tp=1, mp "
+              "when all ranks fit on this machine, else ray.", choices=EXECUTOR_BACKENDS)
+    distributed_timeout: float = _arg(600.0, "Seconds one call to the workers (loading, a step, a "
+                                             "collective) may take before the engine is declared dead.")
     seed: int = _arg(0, "Random seed for sampling without a per-request seed.")
     max_logprobs: int = _arg(20, "Largest logprobs / prompt_logprobs a request may ask for.")
     enforce_eager: bool = _arg(False, "Disable CUDA graphs.")
@@ -128,21 +140,11 @@ class EngineArgs:
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
-        """One flag per field, with vLLM's spelling (--max-model-len)."""
-        for f in dataclasses.fields(cls):
-            flag = "--" + f.name.replace("_", "-")
-            kwargs: dict[str, Any] = {"dest": f.name, "default": f.default, "help": f.metadata["help"]}
-            if f.type is bool or f.type == "bool":
-                kwargs["action"] = argparse.BooleanOptionalAction
-            else:
-                kwargs["type"] = _cli_type(f.type)
-                if "choices" in f.metadata:
-                    kwargs["choices"] = f.metadata["choices"]
-            parser.add_argument(flag, **kwargs)
+        add_dataclass_cli_args(cls, parser)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
-        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+        return dataclass_from_cli_args(cls, args)
 
     def create_engine_config(self) -> EngineConfig:
         """Validate every setting once and resolve defaults. Raises ConfigError naming the flag."""
@@ -160,8 +162,7 @@ class EngineArgs:
         if batched < 1:
             raise ConfigError(f"max_num_batched_tokens={batched} must be at least 1 "
                               "(--max-num-batched-tokens).")
-        if self.tensor_parallel_size < 1:
-            raise ConfigError(f"tensor_parallel_size={self.tensor_parallel_size} must be at least 1.")
+        parallel = self._parallel_config(device, model_config.hf_config)
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 2:
             raise ConfigError("num_gpu_blocks_override must be at least 2 (one block is reserved).")
         kv_bytes = None if self.kv_cache_memory is None else parse_bytes(self.kv_cache_memory,
@@ -171,10 +172,25 @@ class EngineArgs:
             cache=CacheConfig(self.block_size, self.gpu_memory_utilization, kv_bytes,
                               self.num_gpu_blocks_override),
             scheduler=SchedulerConfig(self.max_num_seqs, batched, model_config.max_model_len),
-            parallel=ParallelConfig(self.tensor_parallel_size),
+            parallel=parallel,
             device=device,
             enforce_eager=self.enforce_eager,
         )
+
+    def _parallel_config(self, device: str, hf_config: Any) -> ParallelConfig:
+        tp = self.tensor_parallel_size
+        if self.pipeline_parallel_size != 1:
+            raise ConfigError(f"pipeline_parallel_size={self.pipeline_parallel_size} is not supported yet: "
+                              "use --pipeline-parallel-size 1 and split the model with "
+                              "--tensor-parallel-size instead.")
+        if tp < 1:
+            raise ConfigError(f"tensor_parallel_size={tp} must be at least 1 (--tensor-parallel-size).")
+        if self.distributed_timeout <= 0:
+            raise ConfigError(f"distributed_timeout={self.distributed_timeout} must be positive "
+                              "(--distributed-timeout, seconds).")
+        _check_tensor_parallel(hf_config, tp)
+        return ParallelConfig(tp, _resolve_backend(self.distributed_executor_backend, tp, device),
+                              float(self.distributed_timeout))
 
     def _model_config(self, device: str) -> ModelConfig:
         model = self.model
@@ -210,6 +226,61 @@ def _sliding_window(hf_config: Any) -> int | None:
     if hf_config.model_type == "mistral" or getattr(hf_config, "use_sliding_window", False):
         return getattr(hf_config, "sliding_window", None)
     return None
+
+
+def _check_tensor_parallel(hf_config: Any, tp: int) -> None:
+    """Heads and the MLP must split evenly over the ranks; KV heads may instead be replicated."""
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
+    sizes = {"num_attention_heads": hf_config.num_attention_heads,
+             "intermediate_size": hf_config.intermediate_size}
+    uneven = [f"{name}={size}" for name, size in sizes.items() if size % tp]
+    if kv_heads % tp and tp % kv_heads:
+        uneven.append(f"num_key_value_heads={kv_heads} (nor is {tp} a multiple of it)")
+    if uneven:
+        raise ConfigError(f"tensor_parallel_size={tp} does not divide the model's {', '.join(uneven)}; "
+                          "choose a --tensor-parallel-size that does.")
+
+
+def _resolve_backend(backend: str | None, tp: int, device: str) -> str:
+    """uni at tp=1, mp when every rank has a device on this machine, else ray."""
+    import importlib.util
+
+    import torch
+
+    local_devices = torch.cuda.device_count() if device == "cuda" else tp  # CPU ranks share the host
+    if backend is None:
+        backend = "uni" if tp == 1 else "mp" if tp <= local_devices else "ray"
+    if backend == "uni" and tp > 1:
+        raise ConfigError(f"--distributed-executor-backend uni runs one rank, but tensor_parallel_size={tp}; "
+                          "use mp (this machine) or ray.")
+    if backend == "mp" and tp > local_devices:
+        raise ConfigError(f"--distributed-executor-backend mp needs {tp} GPUs on this machine, found "
+                          f"{local_devices}; lower --tensor-parallel-size or use "
+                          "--distributed-executor-backend ray across nodes.")
+    if backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError("--distributed-executor-backend ray needs Ray, which is not installed: "
+                          "pip install 'pagedserve[ray]'.")
+    return backend
+
+
+def add_dataclass_cli_args(cls: type, parser: argparse.ArgumentParser) -> None:
+    """One flag per field of the dataclass `cls`, with vLLM's spelling (--max-model-len). Each field's
+    metadata holds its `help` and, optionally, its `choices`; bool fields get --flag / --no-flag."""
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        kwargs: dict[str, Any] = {"dest": f.name, "default": f.default, "help": f.metadata["help"]}
+        if f.type is bool or f.type == "bool":
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = _cli_type(f.type)
+            if "choices" in f.metadata:
+                kwargs["choices"] = f.metadata["choices"]
+        parser.add_argument(flag, **kwargs)
+
+
+def dataclass_from_cli_args(cls: type, args: argparse.Namespace) -> Any:
+    """The dataclass `cls` built from the flags `add_dataclass_cli_args` added."""
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
 
 def _cli_type(annotation: Any) -> Any:

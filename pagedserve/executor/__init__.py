@@ -1,1 +1,2 @@
-"""Executors run the workers: in this process (uniproc), or one process per rank."""
+"""Executors run the workers: in this process (uniproc), one process per rank (multiproc), or one Ray
+actor per rank (ray)."""

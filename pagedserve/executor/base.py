@@ -1,5 +1,7 @@
 """The interface the EngineCore drives, whatever runs the workers."""
 from abc import ABC, abstractmethod
+from dataclasses import replace
+from typing import Any
 
 from pagedserve.config import EngineConfig
 from pagedserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
@@ -7,37 +9,56 @@ from pagedserve.platforms.memory import MemoryReport
 
 
 class Executor(ABC):
-    """Runs every rank's worker. Rank 0's output is the engine's."""
+    """Runs every rank's worker in lockstep. Rank 0's output is the engine's (only rank 0 samples)."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
 
     @abstractmethod
+    def collective_rpc(self, method: str, args: tuple[Any, ...] = (),
+                       unique_reply_rank: int | None = None) -> list[Any]:
+        """Call `Worker.<method>(*args)` on every rank at once and return the results in rank order; with
+        `unique_reply_rank`, only that rank's result is sent back (a one-item list), the others only
+        acknowledge. Raises EngineDeadError naming the rank when a worker died, raised, or did not answer
+        within --distributed-timeout (the executor is then dead: every later call raises it again);
+        a ConfigError raised by a worker passes through unchanged."""
+
     def kv_cache_bytes_per_block(self) -> int:
-        """Bytes of one KV block on one rank."""
+        """Bytes of one KV block on the rank that needs the most."""
+        return max(self.collective_rpc("kv_cache_bytes_per_block"))
 
-    @abstractmethod
     def determine_kv_memory(self) -> MemoryReport:
-        """The KV budget of the tightest rank."""
+        """The KV budget of the tightest rank: every rank then allocates the same, smallest, block count."""
+        reports: list[MemoryReport] = self.collective_rpc("determine_kv_memory")
+        if len(reports) == 1:
+            return reports[0]
+        rank = min(range(len(reports)), key=lambda r: reports[r].kv_cache_bytes)
+        return replace(reports[rank], detail=f"rank {rank}, the tightest of {len(reports)}: "
+                                             f"{reports[rank].detail}")
 
-    @abstractmethod
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate `num_blocks` blocks on every rank."""
+        self.collective_rpc("initialize_kv_cache", (num_blocks,))
 
-    @abstractmethod
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one step on every rank."""
+        """Run one step on every rank; rank 0's sampled tokens come back."""
+        return self.collective_rpc("execute_model", (scheduler_output,), unique_reply_rank=0)[0]
 
     def shutdown(self) -> None:
-        """Release workers (processes, if any)."""
+        """Release workers (processes, actors, a Ray instance started for the run). Idempotent."""
 
 
 def get_executor_class(config: EngineConfig) -> type[Executor]:
-    if config.parallel.tensor_parallel_size == 1:
-        from pagedserve.executor.uniproc import UniProcExecutor
+    """The executor of --distributed-executor-backend (resolved in the config: uni | mp | ray)."""
+    backend = config.parallel.distributed_executor_backend
+    if backend == "mp":
+        from pagedserve.executor.multiproc import MultiprocExecutor
 
-        return UniProcExecutor
-    from pagedserve.errors import ConfigError
+        return MultiprocExecutor
+    if backend == "ray":
+        from pagedserve.executor.ray import RayExecutor
 
-    raise ConfigError(f"tensor_parallel_size={config.parallel.tensor_parallel_size} is not supported yet; "
-                      "use --tensor-parallel-size 1.")
+        return RayExecutor
+    from pagedserve.executor.uniproc import UniProcExecutor
+
+    return UniProcExecutor

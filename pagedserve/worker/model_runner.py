@@ -5,6 +5,7 @@ from pagedserve.attention.backends import get_attention_backend
 from pagedserve.attention.forward_context import set_forward_context
 from pagedserve.config import EngineConfig
 from pagedserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from pagedserve.distributed import get_tp_rank
 from pagedserve.layers.attention import Attention
 from pagedserve.layers.sampler import Sampler, SamplerOutput, gather_logprobs
 from pagedserve.model_loader import load_model
@@ -64,6 +65,8 @@ class ModelRunner:
             return output
         requests = [self.states[batch.request_ids[row]] for row in batch.sample_rows]
         logits = self.model.compute_logits(hidden[batch.logits_indices]).float()  # [R, vocab]
+        if get_tp_rank() != 0:  # NOTE: only rank 0 samples; computing logits above is a collective
+            return output
         sampled = self.sampler(logits, build_sampling_metadata(requests, self.vocab_size, self.device))
         self._fill_output(requests, sampled, output)
         return output

@@ -5,6 +5,7 @@ import torch
 
 from pagedserve.config import EngineConfig
 from pagedserve.core.sched_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from pagedserve.distributed import init_tp_group
 from pagedserve.platforms.memory import MemoryReport, cpu_kv_budget, cuda_kv_budget
 from pagedserve.sampling_params import SamplingParams
 from pagedserve.utils import cdiv
@@ -12,13 +13,16 @@ from pagedserve.worker.model_runner import ModelRunner
 
 
 class Worker:
-    """Loads the model on its device; reports the KV budget in blocks; runs steps."""
+    """Loads its shard of the model on its device; reports the KV budget in blocks; runs steps.
+    At tp > 1 the process must have joined the process group (init_distributed_environment) first.
+    `local_rank`: the CUDA device index on this machine (default: `rank`)."""
 
-    def __init__(self, config: EngineConfig, rank: int = 0) -> None:
+    def __init__(self, config: EngineConfig, rank: int = 0, local_rank: int | None = None) -> None:
         self.config = config
         self.rank = rank
+        init_tp_group(rank, config.parallel.tensor_parallel_size)  # NOTE: layers read it when built
         if config.device == "cuda":
-            self.device = torch.device("cuda", rank)
+            self.device = torch.device("cuda", rank if local_rank is None else local_rank)
             torch.cuda.set_device(self.device)
             self._free_at_start = torch.cuda.mem_get_info(self.device)[0]
         else:
@@ -42,6 +46,10 @@ class Worker:
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.model_runner.execute_model(scheduler_output)
+
+    def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The shape of every parameter this rank holds (its shards)."""
+        return {name: tuple(p.shape) for name, p in self.model_runner.model.named_parameters()}
 
     def _profile_run(self) -> None:
         """One prefill of max_num_batched_tokens tokens through the real step path, on a temporary

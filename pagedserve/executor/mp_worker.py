@@ -1,0 +1,111 @@
+"""The worker side of the multiprocess executor: one process per rank, serving calls from a pipe.
+
+Protocol (one pickle per call, the same bytes written to every rank's pipe):
+engine -> worker: (method, args, unique_reply_rank); worker -> engine: (True, result) or (False, failure).
+"""
+import ctypes
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from pagedserve.config import EngineConfig
+from pagedserve.distributed import DistributedInit, init_distributed_environment
+from pagedserve.errors import ConfigError
+from pagedserve.logger import init_logger
+from pagedserve.worker.worker import Worker
+
+logger = init_logger(__name__)
+
+SHUTDOWN = "__shutdown__"  # a method name that ends the serving loop
+_PR_SET_PDEATHSIG = 1
+_PARENT_POLL_S = 1.0
+
+
+@dataclass(frozen=True)
+class WorkerProcessSpec:
+    """Everything a worker process needs; pickled once into the spawned process."""
+
+    config: EngineConfig
+    rank: int
+    init: DistributedInit
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    """Why a rank stopped: a summary for the engine's error; a ConfigError travels as itself."""
+
+    summary: str  # "ValueError: ..."
+    config_error: ConfigError | None
+
+
+def dumps(message: Any) -> bytes:
+    return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def run_worker(spec: WorkerProcessSpec, conn: Connection) -> None:
+    """Entry point of a worker process: join the group, build the Worker, answer calls until SHUTDOWN or
+    until the engine's end of the pipe closes. A failing call is reported, then the process exits: its
+    peers are out of lockstep, and the engine stops every rank."""
+    _die_with_parent()
+    # NOTE: Ctrl-C reaches the whole process group; the engine decides when workers stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        init_distributed_environment(spec.init, spec.rank)
+        worker = Worker(spec.config, spec.rank)
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported to the engine
+        _report_failure(conn, spec.rank, "startup", exc)
+        return
+    conn.send_bytes(dumps((True, None)))
+    _serve(worker, spec.rank, conn)
+
+
+def _serve(worker: Worker, rank: int, conn: Connection) -> None:
+    import torch.distributed as dist
+
+    while True:
+        try:
+            method, args, unique_reply_rank = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return  # the engine is gone
+        if method == SHUTDOWN:
+            dist.destroy_process_group()
+            return
+        try:
+            result = getattr(worker, method)(*args)
+        except BaseException as exc:  # noqa: BLE001
+            _report_failure(conn, rank, method, exc)
+            return
+        conn.send_bytes(dumps((True, result if unique_reply_rank in (None, rank) else None)))
+
+
+def _report_failure(conn: Connection, rank: int, call: str, exc: BaseException) -> None:
+    logger.exception("Tensor-parallel rank %d failed during %s.", rank, call)
+    failure = WorkerFailure(f"{type(exc).__name__}: {exc}", exc if isinstance(exc, ConfigError) else None)
+    try:
+        conn.send_bytes(dumps((False, failure)))
+    except OSError:
+        pass  # the engine is gone too
+
+
+def _die_with_parent() -> None:
+    """Never outlive the engine. The parent is the executor's forkserver, which exits when the engine
+    process does. On Linux the kernel sends SIGKILL when the parent dies (PR_SET_PDEATHSIG); a thread also
+    polls the parent, which covers other systems and a parent that died before prctl ran.
+    NOTE: PDEATHSIG follows the parent *thread* that forked us: the forkserver's only thread, which lives
+    as long as it does."""
+    parent_pid = os.getppid()
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    threading.Thread(target=_watch_parent, args=(parent_pid,), name="parent-watch", daemon=True).start()
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(_PARENT_POLL_S)
+    os.kill(os.getpid(), signal.SIGKILL)  # NOTE: not sys.exit: the main thread may sit in a collective

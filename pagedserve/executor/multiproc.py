@@ -1,0 +1,171 @@
+"""Multiprocess executor: one spawned worker process per rank on this machine, joined by torch.distributed
+(gloo on CPU, NCCL on CUDA) with every socket on 127.0.0.1. The engine keeps no model: it pickles each
+call once, writes the bytes to every rank's pipe, and waits on the pipes and the processes' sentinels
+together, so a dead or hung rank becomes an EngineDeadError instead of a silent hang."""
+import multiprocessing
+import os
+import pickle
+import shutil
+import tempfile
+import time
+import weakref
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from pagedserve.config import EngineConfig
+from pagedserve.distributed import DistributedInit
+from pagedserve.errors import EngineDeadError
+from pagedserve.executor.base import Executor
+from pagedserve.executor.failure import GRACE_S, RankFailures, describe_exit
+from pagedserve.executor.mp_worker import SHUTDOWN, WorkerFailure, WorkerProcessSpec, dumps, run_worker
+from pagedserve.logger import init_logger
+
+logger = init_logger(__name__)
+
+_SHUTDOWN_JOIN_S = 5.0
+
+
+@dataclass
+class _WorkerHandle:
+    rank: int
+    process: BaseProcess
+    conn: Connection  # duplex pipe to the worker
+
+
+class MultiprocExecutor(Executor):
+    """All ranks as child processes (vLLM v1's layout): the engine loop only sends and receives."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        parallel = config.parallel
+        self.timeout_s = parallel.distributed_timeout_s
+        self._failure: EngineDeadError | None = None
+        self._rendezvous = tempfile.mkdtemp(prefix="pagedserve-tp-")
+        # NOTE: a file rendezvous opens no port; tcp:// would listen on every interface.
+        init = DistributedInit(f"file://{os.path.join(self._rendezvous, 'store')}", parallel.tensor_parallel_size,
+                               "nccl" if config.device == "cuda" else "gloo", self.timeout_s,
+                               loopback_only=True)
+        context = _worker_context(config)
+        self.workers: list[_WorkerHandle] = []
+        for rank in range(parallel.tensor_parallel_size):
+            ours, theirs = context.Pipe(duplex=True)
+            spec = WorkerProcessSpec(config, rank, init)
+            process = context.Process(target=run_worker, args=(spec, theirs), daemon=True,
+                                      name=f"pagedserve-tp{rank}")
+            process.start()
+            theirs.close()
+            self.workers.append(_WorkerHandle(rank, process, ours))
+        self._finalizer = weakref.finalize(self, _stop_workers, self.workers, self._rendezvous, True)
+        self._gather("startup")  # each rank answers once its Worker is built
+        logger.info("Started %d tensor-parallel worker processes (pids %s).", len(self.workers),
+                    ", ".join(str(w.process.pid) for w in self.workers))
+
+    def collective_rpc(self, method: str, args: tuple[Any, ...] = (),
+                       unique_reply_rank: int | None = None) -> list[Any]:
+        if self._failure is not None:
+            raise self._failure
+        data = dumps((method, args, unique_reply_rank))  # one pickle, whatever the number of ranks
+        for worker in self.workers:
+            try:
+                worker.conn.send_bytes(data)
+            except OSError:
+                break  # its process is gone: _gather names it
+        results = self._gather(method)
+        return results if unique_reply_rank is None else [results[unique_reply_rank]]
+
+    def worker_pids(self) -> list[int]:
+        """The process id of each rank, in rank order."""
+        return [w.process.pid for w in self.workers if w.process.pid is not None]
+
+    def shutdown(self) -> None:
+        self._finalizer()
+
+    def _gather(self, call: str) -> list[Any]:
+        """Every rank's answer, in rank order. On the first death, failure or silence past the timeout,
+        stops every worker and raises (EngineDeadError, or a worker's ConfigError)."""
+        results: dict[int, Any] = {}
+        failures = RankFailures(call, self.timeout_s)
+        deadline = time.monotonic() + self.timeout_s
+        while len(results) < len(self.workers) and not failures:
+            waiting = [w for w in self.workers if w.rank not in results]
+            ready = wait([w.conn for w in waiting] + [w.process.sentinel for w in waiting],
+                         timeout=max(0.0, deadline - time.monotonic()))
+            failures.timed_out = not ready
+            for worker in waiting:
+                self._read(worker, ready, results, failures)
+        if failures:
+            self._fail(failures, results)
+        return [results[w.rank] for w in self.workers]
+
+    def _read(self, worker: _WorkerHandle, ready: list[Any], results: dict[int, Any],
+              failures: RankFailures) -> None:
+        """Take one rank's answer, failure report or death from the `ready` objects of wait()."""
+        if worker.conn in ready or (worker.process.sentinel in ready and worker.conn.poll()):
+            try:
+                ok, payload = pickle.loads(worker.conn.recv_bytes())
+            except (EOFError, OSError):  # the process is exiting: its sentinel follows at once
+                worker.process.join(1.0)
+                failures.died[worker.rank] = describe_exit(worker.process.pid, worker.process.exitcode)
+                return
+            if ok:
+                results[worker.rank] = payload
+            else:
+                assert isinstance(payload, WorkerFailure)
+                failures.raised[worker.rank] = payload.summary
+                failures.config_error = failures.config_error or payload.config_error
+        elif worker.process.sentinel in ready:
+            worker.process.join(1.0)
+            failures.died[worker.rank] = describe_exit(worker.process.pid, worker.process.exitcode)
+
+    def _fail(self, failures: RankFailures, results: dict[int, Any]) -> None:
+        """Give the other ranks a moment to report (a peer's error is often the consequence of a death
+        the sentinel shows a little later), stop every worker, and raise."""
+        grace_end = time.monotonic() + (0.0 if failures.timed_out else GRACE_S)
+        pending = [w for w in self.workers if w.rank not in results and not failures.resolved(w.rank)]
+        while pending and time.monotonic() < grace_end:
+            ready = wait([w.conn for w in pending] + [w.process.sentinel for w in pending],
+                         timeout=max(0.0, grace_end - time.monotonic()))
+            for worker in pending:
+                self._read(worker, ready, results, failures)
+            pending = [w for w in pending if w.rank not in results and not failures.resolved(w.rank)]
+        failures.silent = [w.rank for w in pending]
+        self._finalizer.detach()
+        _stop_workers(self.workers, self._rendezvous, graceful=False)
+        error = failures.error()
+        self._failure = error if isinstance(error, EngineDeadError) else EngineDeadError(str(error))
+        logger.error("%s", error)
+        raise error
+
+
+def _worker_context(config: EngineConfig) -> multiprocessing.context.BaseContext:
+    """Workers are forked from a forkserver that has imported the worker code once.
+    NOTE: never fork the engine process itself: it may hold CUDA state and threads (ZMQ, tokenizers).
+    The forkserver is a fresh single-threaded interpreter started on first use; each worker forked from
+    it skips the seconds of importing torch that spawn would cost per rank. It keeps the environment it
+    was started with, and exits when this process does (its workers then follow, see mp_worker)."""
+    context = multiprocessing.get_context("forkserver")
+    # NOTE: the HF config class's module too: unpickling it costs each worker a second of imports.
+    context.set_forkserver_preload(["pagedserve.executor.mp_worker", type(config.model.hf_config).__module__])
+    return context
+
+
+def _stop_workers(workers: list[_WorkerHandle], rendezvous: str | None, graceful: bool) -> None:
+    """Ask each worker to leave (graceful), then kill whatever is still running. Idempotent."""
+    if graceful:
+        for worker in workers:
+            try:
+                worker.conn.send_bytes(dumps((SHUTDOWN, (), None)))
+            except OSError:
+                pass
+        deadline = time.monotonic() + _SHUTDOWN_JOIN_S
+        for worker in workers:
+            worker.process.join(max(0.0, deadline - time.monotonic()))
+    for worker in workers:
+        if worker.process.is_alive():
+            worker.process.kill()
+        worker.process.join(1.0)
+        worker.conn.close()
+    if rendezvous is not None:
+        shutil.rmtree(rendezvous, ignore_errors=True)
