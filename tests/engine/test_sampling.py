@@ -1,0 +1,124 @@
+"""Sampling: logprobs against HF, seeded reproducibility across batch compositions, stop conditions."""
+import pytest
+import torch
+
+from pagedserve import LLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama: str) -> LLM:
+    return LLM(tiny_llama, max_model_len=256, kv_cache_memory="16MiB", block_size=8)
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_llama: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
+
+
+def test_logprobs_equal_hf_log_softmax(llm: LLM, hf_model) -> None:
+    prompt = [11, 500, 7, 9000, 42, 42, 3000]
+    params = SamplingParams(temperature=0.0, max_tokens=6, logprobs=5, prompt_logprobs=3, ignore_eos=True)
+    output = llm.generate([prompt], params, use_tqdm=False)[0]
+    completion = output.outputs[0]
+    ids = torch.tensor([prompt + completion.token_ids])
+    with torch.no_grad():
+        reference = torch.log_softmax(hf_model(ids).logits[0].float(), dim=-1)
+    for step, (token, logprobs) in enumerate(zip(completion.token_ids, completion.logprobs)):
+        row = reference[len(prompt) - 1 + step]
+        assert next(iter(logprobs)) == token  # the sampled token comes first
+        top = row.topk(5)
+        assert set(top.indices.tolist()) <= set(logprobs)
+        for token_id, value in logprobs.items():
+            assert value == pytest.approx(row[token_id].item(), abs=1e-4)
+    assert completion.cumulative_logprob == pytest.approx(
+        sum(reference[len(prompt) - 1 + i, t].item() for i, t in enumerate(completion.token_ids)), abs=1e-3)
+    assert output.prompt_logprobs[0] is None and len(output.prompt_logprobs) == len(prompt)
+    for position in range(1, len(prompt)):
+        entry = output.prompt_logprobs[position]
+        assert entry[prompt[position]] == pytest.approx(reference[position - 1, prompt[position]].item(), abs=1e-4)
+        assert len(entry) >= 3
+
+
+def test_prompt_logprobs_across_chunks(tiny_llama: str, llm: LLM) -> None:
+    prompt = list(range(100, 160))
+    params = SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=1)
+    whole = llm.generate([prompt], params, use_tqdm=False)[0].prompt_logprobs
+    chunked_llm = LLM(tiny_llama, max_model_len=256, kv_cache_memory="16MiB", max_num_batched_tokens=16)
+    chunked = chunked_llm.generate([prompt], params, use_tqdm=False)[0].prompt_logprobs
+    assert len(chunked) == len(whole) == len(prompt)
+    for a, b in zip(whole[1:], chunked[1:]):
+        assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], abs=1e-4) for k in a)
+
+
+def test_seeded_sampling_independent_of_batch(llm: LLM) -> None:
+    target = [5, 6, 7, 8]
+    params = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=1234, max_tokens=10, ignore_eos=True)
+    alone = llm.generate([target], params, use_tqdm=False)[0].outputs[0].token_ids
+    others = [SamplingParams(temperature=1.0, max_tokens=7, ignore_eos=True),
+              SamplingParams(temperature=0.5, seed=7, max_tokens=12, ignore_eos=True)]
+    batch = llm.generate([[1000, 2000], target, [3] * 30], [others[0], params, others[1]], use_tqdm=False)
+    assert batch[1].outputs[0].token_ids == alone
+    other_seed = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=99, max_tokens=10, ignore_eos=True)
+    assert llm.generate([target], other_seed, use_tqdm=False)[0].outputs[0].token_ids != alone
+
+
+def test_n_samples_are_distinct_and_reproducible(llm: LLM) -> None:
+    params = SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=8, ignore_eos=True)
+    first = llm.generate([[5, 6, 7]], params, use_tqdm=False)[0]
+    again = llm.generate([[5, 6, 7]], params, use_tqdm=False)[0]
+    assert [o.index for o in first.outputs] == [0, 1, 2]
+    assert [o.token_ids for o in first.outputs] == [o.token_ids for o in again.outputs]
+    assert len({tuple(o.token_ids) for o in first.outputs}) > 1
+
+
+def test_top_k_one_is_greedy(llm: LLM) -> None:
+    greedy = llm.generate([[9, 8, 7]], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
+                          use_tqdm=False)[0].outputs[0].token_ids
+    top1 = llm.generate([[9, 8, 7]], SamplingParams(temperature=1.3, top_k=1, max_tokens=8, ignore_eos=True),
+                        use_tqdm=False)[0].outputs[0].token_ids
+    assert top1 == greedy
+
+
+def test_stop_strings_and_tokens(llm: LLM) -> None:
+    base = llm.generate([[9, 8, 7]], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
+                        use_tqdm=False)[0].outputs[0]
+    stop_text = base.text[len(base.text) // 2:][:3]
+    cut = base.text.index(stop_text)
+    stopped = llm.generate([[9, 8, 7]], SamplingParams(temperature=0.0, max_tokens=12, stop=[stop_text]),
+                           use_tqdm=False)[0].outputs[0]
+    assert stopped.finish_reason == "stop" and stopped.stop_reason == stop_text
+    assert stopped.text == base.text[:cut]
+    included = llm.generate([[9, 8, 7]], SamplingParams(temperature=0.0, max_tokens=12, stop=[stop_text],
+                                                        include_stop_str_in_output=True), use_tqdm=False)
+    assert included[0].outputs[0].text == base.text[:cut + len(stop_text)]
+    token = base.token_ids[4]
+    by_token = llm.generate([[9, 8, 7]], SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=[token]),
+                            use_tqdm=False)[0].outputs[0]
+    assert by_token.token_ids == base.token_ids[:base.token_ids.index(token) + 1]
+    assert by_token.stop_reason == token and by_token.finish_reason == "stop"
+
+
+def test_penalties_and_logit_bias(llm: LLM) -> None:
+    prompt = [9, 8, 7]
+    base = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
+                        use_tqdm=False)[0].outputs[0].token_ids
+    biased = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True,
+                                                   logit_bias={777: 100.0}), use_tqdm=False)[0].outputs[0]
+    assert biased.token_ids == [777] * 8
+    assert len(set(base)) < len(base), "the tiny model repeats itself greedily"
+    penalized = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True,
+                                                      frequency_penalty=2.0, presence_penalty=2.0,
+                                                      repetition_penalty=2.0), use_tqdm=False)
+    assert len(set(penalized[0].outputs[0].token_ids)) > len(set(base))
+
+
+def test_max_tokens_none_fills_context_and_min_tokens(llm: LLM) -> None:
+    output = llm.generate([[5] * 250], SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True),
+                          use_tqdm=False)[0].outputs[0]
+    assert len(output.token_ids) == 6 and output.finish_reason == "length"
+    eos = llm.get_tokenizer().eos_token_id
+    forced = llm.generate([[5, 6]], SamplingParams(temperature=0.0, max_tokens=6, min_tokens=6,
+                                                   logit_bias={eos: 100.0}), use_tqdm=False)[0].outputs[0]
+    assert len(forced.token_ids) == 6 and eos not in forced.token_ids[:5]

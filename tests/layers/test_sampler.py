@@ -1,0 +1,82 @@
+"""The batched sampler against a plain per-row reference on random logits."""
+import torch
+
+from pagedserve.layers.sampler import Sampler, SamplingMetadata
+
+VOCAB = 64
+
+
+def reference_row(logits: torch.Tensor, prompt: list[int], output: list[int], presence: float,
+                  frequency: float, repetition: float, bias: dict[int, float]) -> torch.Tensor:
+    logits = logits.clone()
+    for token in set(prompt) | set(output):
+        logits[token] = logits[token] / repetition if logits[token] > 0 else logits[token] * repetition
+    for token in set(output):
+        logits[token] -= frequency * output.count(token) + presence
+    for token, value in bias.items():
+        logits[token] += value
+    return logits
+
+
+def test_penalties_and_bias_match_reference() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(3, VOCAB) * 3
+    prompts, outputs = [[1, 2, 3], [4, 4], [5]], [[2, 2, 9], [], [5, 6, 6, 6]]
+    presence, frequency, repetition = [0.5, 0.0, 1.0], [0.3, 0.0, 0.7], [1.2, 1.0, 2.0]
+    biases = [{7: 5.0}, {}, {8: -3.0}]
+    counts = torch.zeros(3, VOCAB)
+    prompt_mask = torch.zeros(3, VOCAB, dtype=torch.bool)
+    bias = torch.zeros(3, VOCAB)
+    for i in range(3):
+        for t in outputs[i]:
+            counts[i, t] += 1
+        prompt_mask[i, prompts[i]] = True
+        for t, v in biases[i].items():
+            bias[i, t] = v
+    meta = SamplingMetadata(temperature=torch.zeros(3), all_greedy=True, top_k=None, top_p=None, min_p=None,
+                            seeds={}, max_num_logprobs=None, presence_penalty=torch.tensor(presence),
+                            frequency_penalty=torch.tensor(frequency),
+                            repetition_penalty=torch.tensor(repetition), output_token_counts=counts,
+                            prompt_token_mask=prompt_mask, logit_bias=bias)
+    processed = Sampler()._apply_penalties_and_bias(logits, meta)
+    for i in range(3):
+        expected = reference_row(logits[i], prompts[i], outputs[i], presence[i], frequency[i], repetition[i],
+                                 biases[i])
+        torch.testing.assert_close(processed[i], expected)
+    assert torch.equal(Sampler()(logits, meta).sampled_token_ids, processed.argmax(dim=-1))
+
+
+def test_top_k_top_p_min_p_restrict_the_support() -> None:
+    torch.manual_seed(1)
+    logits = torch.randn(4, VOCAB)
+    meta = SamplingMetadata(temperature=torch.ones(4), all_greedy=False,
+                            top_k=torch.tensor([3, VOCAB, VOCAB, 2]), top_p=torch.tensor([1.0, 0.3, 1.0, 1.0]),
+                            min_p=torch.tensor([0.0, 0.0, 0.5, 0.0]), seeds={}, max_num_logprobs=None)
+    probs = logits.softmax(-1)
+    allowed = [set(logits[0].topk(3).indices.tolist()), None,
+               {t for t in range(VOCAB) if probs[2, t] >= 0.5 * probs[2].max()},
+               set(logits[3].topk(2).indices.tolist())]
+    order = probs[1].sort(descending=True)
+    cumulative, nucleus = 0.0, set()
+    for p, t in zip(order.values.tolist(), order.indices.tolist()):
+        nucleus.add(t)
+        cumulative += p
+        if cumulative >= 0.3:
+            break
+    allowed[1] = nucleus
+    sampler = Sampler()
+    for _ in range(200):
+        sampled = sampler(logits, meta).sampled_token_ids.tolist()
+        for row, token in enumerate(sampled):
+            assert token in allowed[row], (row, token)
+
+
+def test_sampling_follows_the_distribution() -> None:
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]]))
+    meta = SamplingMetadata(temperature=torch.ones(1), all_greedy=False, top_k=None, top_p=None, min_p=None,
+                            seeds={}, max_num_logprobs=None)
+    counts = torch.zeros(3)
+    torch.manual_seed(0)
+    for _ in range(3000):
+        counts[Sampler()(logits, meta).sampled_token_ids[0]] += 1
+    torch.testing.assert_close(counts / 3000, torch.tensor([0.7, 0.2, 0.1]), atol=0.03, rtol=0)
