@@ -1,8 +1,23 @@
-"""pagedserve: LLM inference and serving with a paged KV cache and continuous batching."""
-from pagedserve.config import EngineArgs
-from pagedserve.entrypoints.llm import LLM
-from pagedserve.outputs import CompletionOutput, RequestOutput
-from pagedserve.sampling_params import SamplingParams
+"""pagedserve: LLM inference and serving with a paged KV cache and continuous batching.
+
+The public names load lazily, so `import pagedserve.core` (pure Python) never pulls in torch.
+"""
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "EngineArgs", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
+
+_EXPORTS = {
+    "LLM": "pagedserve.entrypoints.llm",
+    "EngineArgs": "pagedserve.config",
+    "SamplingParams": "pagedserve.sampling_params",
+    "RequestOutput": "pagedserve.outputs",
+    "CompletionOutput": "pagedserve.outputs",
+}
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'pagedserve' has no attribute {name!r}")

@@ -6,8 +6,6 @@ and again for the tokenizer, several seconds each; the converted folder loads in
 import hashlib
 import os
 
-from transformers import AutoConfig, AutoTokenizer
-
 _CACHE_ROOT = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pagedserve",
                            "gguf")
 
@@ -19,6 +17,7 @@ def gguf_hf_folder(gguf_file: str) -> str:
     folder = os.path.join(os.environ.get("PAGEDSERVE_CACHE_DIR", _CACHE_ROOT), key.hexdigest()[:16])
     if os.path.isfile(os.path.join(folder, "done")):
         return folder
+    from transformers import AutoConfig, AutoTokenizer
     directory, name = os.path.split(gguf_file)
     tmp = f"{folder}.tmp{os.getpid()}"
     AutoConfig.from_pretrained(directory or ".", gguf_file=name).save_pretrained(tmp)
