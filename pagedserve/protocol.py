@@ -15,6 +15,14 @@ class FinishReason(enum.IntEnum):
         return self.name.lower()
 
 
+class EngineCoreRequestType(bytes, enum.Enum):
+    """The first frame of each message to the EngineCore process; the second is the payload."""
+
+    ADD = b"\x00"  # payload: list[EngineCoreRequest]
+    ABORT = b"\x01"  # payload: list[str], engine-core request ids
+    SHUTDOWN = b"\x02"  # no payload
+
+
 class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     """A tokenized, validated request. `max_tokens` is resolved (never None here)."""
 
@@ -53,5 +61,10 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
+    """One step's outputs. `scheduled_request_ids`: requests scheduled for the first time in this step,
+    which began at `timestamp` (time.time() in the engine), so the frontend can measure queue time."""
+
     outputs: list[EngineCoreOutput] = []
     scheduler_stats: SchedulerStats | None = None
+    timestamp: float = 0.0
+    scheduled_request_ids: list[str] = []

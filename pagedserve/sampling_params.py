@@ -1,4 +1,5 @@
 """SamplingParams: vLLM's field names and defaults, validated on construction."""
+import enum
 from dataclasses import dataclass, field
 
 from pagedserve.errors import InvalidRequestError
@@ -7,6 +8,14 @@ from pagedserve.errors import InvalidRequestError
 def _check(ok: bool, param: str, message: str) -> None:
     if not ok:
         raise InvalidRequestError(f"{param} {message}", param=param)
+
+
+class RequestOutputKind(enum.IntEnum):
+    """What each RequestOutput of a request carries (vLLM's names)."""
+
+    CUMULATIVE = 0  # everything generated so far (the offline LLM)
+    DELTA = 1  # only what is new since the previous output (streaming)
+    FINAL_ONLY = 2  # one output, when the request finishes
 
 
 @dataclass
@@ -34,6 +43,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None
     truncate_prompt_tokens: int | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -1,5 +1,7 @@
 """EngineCore: owns the scheduler, the KV-cache manager and the executor. One `step()` is
 schedule -> execute -> update. Only EngineCoreRequest / EngineCoreOutputs cross its boundary."""
+import time
+
 from pagedserve.config import EngineConfig, KVCacheConfig
 from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
@@ -7,7 +9,7 @@ from pagedserve.core.scheduler import Scheduler
 from pagedserve.errors import ConfigError
 from pagedserve.executor.base import get_executor_class
 from pagedserve.logger import init_logger
-from pagedserve.protocol import EngineCoreOutputs, EngineCoreRequest
+from pagedserve.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from pagedserve.utils import cdiv, format_bytes
 
 logger = init_logger(__name__)
@@ -62,12 +64,21 @@ class EngineCore:
         return self.scheduler.has_unfinished_requests()
 
     def step(self) -> EngineCoreOutputs:
+        """Schedule, run the model, update. The stats are taken after the update (finished requests'
+        blocks already freed)."""
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs()
+        timestamp = time.time()
         scheduler_output = self.scheduler.schedule()
+        # A request resumed after preemption is "new" to the workers again, but it left the queue before.
+        first_scheduled = [new.request_id for new in scheduler_output.scheduled_new_reqs
+                           if self.scheduler.requests[new.request_id].num_preemptions == 0]
         runner_output = self.executor.execute_model(scheduler_output)
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
-        return EngineCoreOutputs(outputs, self.scheduler.get_stats())
+        return EngineCoreOutputs(outputs, self.scheduler.get_stats(), timestamp, first_scheduled)
+
+    def get_stats(self) -> SchedulerStats:
+        return self.scheduler.get_stats()
 
     def shutdown(self) -> None:
         self.executor.shutdown()

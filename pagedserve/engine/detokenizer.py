@@ -18,6 +18,11 @@ class IncrementalDetokenizer:
         self.prefix_offset = 0
         self.read_offset = len(self.tokens)
         self.output_text = ""
+        # NOTE: a stop string may begin in text already handed out and end in later text, and then it must
+        # not have been shown: unfinished outputs hold back len(longest stop) - 1 characters. With
+        # include_stop_str_in_output the cut is after the stop string, never before what was shown.
+        self.stop_buffer_length = max(map(len, stop)) - 1 if stop and not include_stop_str_in_output else 0
+        self._sent_offset = 0  # characters of output_text already returned as deltas
 
     def _decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=self.skip_special_tokens)
@@ -33,6 +38,18 @@ class IncrementalDetokenizer:
                 self.output_text += text[len(prefix):]
                 self.prefix_offset, self.read_offset = self.read_offset, len(self.tokens)
         return self._check_stop(start)
+
+    def get_next_output_text(self, finished: bool, delta: bool) -> str:
+        """The text to show now: everything (delta=False) or only what is new since the previous delta
+        call, minus the stop-string hold-back while the sample is unfinished."""
+        end = len(self.output_text) - (0 if finished else self.stop_buffer_length)
+        if not delta:
+            return self.output_text[:max(end, 0)]
+        start = self._sent_offset
+        if end <= start:
+            return ""
+        self._sent_offset = end
+        return self.output_text[start:end]
 
     def _check_stop(self, new_text_start: int) -> str | None:
         for stop in self.stop:

@@ -3,6 +3,8 @@ import time
 from dataclasses import replace
 from typing import Any
 
+import msgspec
+
 from pagedserve.config import ModelConfig
 from pagedserve.errors import InvalidRequestError
 from pagedserve.protocol import EngineCoreRequest
@@ -75,3 +77,16 @@ class InputProcessor:
             if not 0 <= token < vocab:
                 raise InvalidRequestError(f"Token id {token} in logit_bias or stop_token_ids is out of "
                                           f"vocabulary (valid ids: 0 to {vocab - 1}).", param="logit_bias")
+
+
+def split_samples(request: EngineCoreRequest, child_ids: list[str]) -> list[EngineCoreRequest]:
+    """One engine-core request per sample (`child_ids` from OutputProcessor.add_request). Sample i of a
+    seeded request samples with seed + i: the samples differ, and the request stays reproducible."""
+    params = request.sampling_params
+    children = []
+    for index, child_id in enumerate(child_ids):
+        child_params = params
+        if params.seed is not None and len(child_ids) > 1:
+            child_params = replace(params, seed=params.seed + index)
+        children.append(msgspec.structs.replace(request, request_id=child_id, sampling_params=child_params))
+    return children

@@ -1,14 +1,11 @@
 """LLMEngine: the in-process engine behind `LLM`, with the public add_request / step / abort_request /
 has_unfinished_requests API. Tokenizes and detokenizes around an EngineCore in the same process."""
 import time
-from dataclasses import replace
 from typing import Any
-
-import msgspec
 
 from pagedserve.config import EngineArgs
 from pagedserve.engine.core import EngineCore
-from pagedserve.engine.input_processor import InputProcessor, PromptType
+from pagedserve.engine.input_processor import InputProcessor, PromptType, split_samples
 from pagedserve.engine.output_processor import OutputProcessor
 from pagedserve.engine.tokenizer import load_tokenizer
 from pagedserve.errors import InvalidRequestError
@@ -36,17 +33,13 @@ class LLMEngine:
         text, request = self.input_processor.process(request_id, prompt, params, arrival_time or time.time())
         child_ids = self.output_processor.add_request(request_id, text, request.prompt_token_ids,
                                                       request.sampling_params, request.arrival_time)
-        for index, child_id in enumerate(child_ids):
-            child_params = request.sampling_params
-            if params.seed is not None and len(child_ids) > 1:
-                child_params = replace(child_params, seed=params.seed + index)
-            self.engine_core.add_request(msgspec.structs.replace(request, request_id=child_id,
-                                                                sampling_params=child_params))
+        for child in split_samples(request, child_ids):
+            self.engine_core.add_request(child)
 
     def step(self) -> list[RequestOutput]:
         """Run one engine step; returns the requests that progressed (with `finished` set on the last)."""
         outputs = self.engine_core.step()
-        request_outputs, to_abort = self.output_processor.process_outputs(outputs.outputs)
+        request_outputs, to_abort = self.output_processor.process_outputs(outputs)
         if to_abort:
             self.engine_core.abort_requests(to_abort)
         return request_outputs

@@ -1,12 +1,17 @@
-"""EngineCoreOutputs -> RequestOutputs: detokenize, apply stop strings, gather the n samples."""
+"""EngineCoreOutputs -> RequestOutputs: detokenize, apply stop strings, gather the n samples, measure.
+
+Serves both the offline LLMEngine (cumulative outputs) and AsyncLLM (deltas for streaming, or only the
+final output): each request's `SamplingParams.output_kind` decides.
+"""
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from pagedserve.engine.detokenizer import IncrementalDetokenizer
+from pagedserve.metrics.stats import FinishedRequestStats, IterationStats
 from pagedserve.outputs import CompletionOutput, RequestOutput
-from pagedserve.protocol import EngineCoreOutput, FinishReason
-from pagedserve.sampling_params import SamplingParams
+from pagedserve.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason
+from pagedserve.sampling_params import RequestOutputKind, SamplingParams
 
 
 @dataclass
@@ -20,10 +25,18 @@ class SampleState:
     cumulative_logprob: float | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    num_sent_tokens: int = 0  # tokens already handed out as deltas
+    last_token_time: float | None = None
 
-    def completion(self) -> CompletionOutput:
-        return CompletionOutput(self.index, self.detokenizer.output_text, list(self.token_ids),
-                                self.cumulative_logprob, self.logprobs, self.finish_reason, self.stop_reason)
+    def completion(self, delta: bool) -> CompletionOutput:
+        """Everything so far, or (delta) only what is new since the previous delta."""
+        start = self.num_sent_tokens if delta else 0
+        if delta:
+            self.num_sent_tokens = len(self.token_ids)
+        text = self.detokenizer.get_next_output_text(self.finish_reason is not None, delta)
+        logprobs = None if self.logprobs is None else self.logprobs[start:]
+        return CompletionOutput(self.index, text, self.token_ids[start:], self.cumulative_logprob, logprobs,
+                                self.finish_reason, self.stop_reason)
 
 
 @dataclass
@@ -33,19 +46,37 @@ class RequestState:
     prompt_token_ids: list[int]
     samples: list[SampleState]
     arrival_time: float
+    output_kind: RequestOutputKind
     prompt_logprobs: list[dict[int, float] | None] | None = None
     first_token_time: float | None = None
+    scheduled_time: float | None = None
+    num_outputs_sent: int = 0
 
     @property
     def finished(self) -> bool:
         return all(s.finish_reason is not None for s in self.samples)
 
-    def to_output(self) -> RequestOutput:
+    def to_output(self, updated: list[SampleState]) -> RequestOutput | None:
+        """The output due after `updated` samples progressed, per `output_kind`; None if none is due."""
+        kind = self.output_kind
+        if kind is RequestOutputKind.FINAL_ONLY and not self.finished:
+            return None
+        delta = kind is RequestOutputKind.DELTA
+        samples = sorted(updated, key=lambda s: s.index) if delta else self.samples
+        # NOTE: deltas carry the prompt logprobs once, in the first output (prefill is complete by then).
+        prompt_logprobs = None if delta and self.num_outputs_sent else self.prompt_logprobs
+        self.num_outputs_sent += 1
         metrics = {"arrival_time": self.arrival_time}
-        if self.first_token_time is not None:
-            metrics["first_token_time"] = self.first_token_time
-        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, self.prompt_logprobs,
-                             [s.completion() for s in self.samples], self.finished, metrics)
+        for name in ("scheduled_time", "first_token_time"):
+            if getattr(self, name) is not None:
+                metrics[name] = getattr(self, name)
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, prompt_logprobs,
+                             [s.completion(delta) for s in samples], self.finished, metrics)
+
+    def finished_stats(self, now: float, reason: str | None = None) -> FinishedRequestStats:
+        return FinishedRequestStats(reason or self.samples[0].finish_reason or str(FinishReason.ABORT),
+                                    now - self.arrival_time, len(self.prompt_token_ids),
+                                    sum(len(s.token_ids) for s in self.samples))
 
 
 def child_request_id(request_id: str, index: int, n: int) -> str:
@@ -53,7 +84,7 @@ def child_request_id(request_id: str, index: int, n: int) -> str:
 
 
 class OutputProcessor:
-    """Tracks every request in flight on the frontend side."""
+    """Tracks every request in flight on the frontend side. Not thread-safe: one caller drives it."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
@@ -69,7 +100,7 @@ class OutputProcessor:
                                logprobs=[] if params.logprobs is not None else None,
                                cumulative_logprob=0.0 if params.logprobs is not None else None)
                    for i in range(params.n)]
-        state = RequestState(request_id, prompt, prompt_token_ids, samples, arrival_time,
+        state = RequestState(request_id, prompt, prompt_token_ids, samples, arrival_time, params.output_kind,
                              [] if params.prompt_logprobs is not None else None)
         self.requests[request_id] = state
         child_ids = [child_request_id(request_id, i, params.n) for i in range(params.n)]
@@ -77,42 +108,77 @@ class OutputProcessor:
             self.child_to_parent[child_id] = (state, sample)
         return child_ids
 
-    def process_outputs(self, outputs: list[EngineCoreOutput]) -> tuple[list[RequestOutput], list[str]]:
-        """Returns the updated requests and the engine-core ids to abort (stopped by a stop string)."""
-        updated: dict[str, RequestState] = {}
+    def process_outputs(self, core_outputs: EngineCoreOutputs, stats: IterationStats | None = None
+                        ) -> tuple[list[RequestOutput], list[str]]:
+        """Returns the outputs due (per each request's output_kind) and the engine-core ids to abort
+        (stopped by a stop string). Adds token counts and latencies to `stats` when given."""
+        stats = stats if stats is not None else IterationStats()
+        self._record_scheduled(core_outputs, stats)
+        updated: dict[str, tuple[RequestState, list[SampleState]]] = {}
         to_abort: list[str] = []
         now = time.time()
-        for output in outputs:
+        for output in core_outputs.outputs:
             entry = self.child_to_parent.get(output.request_id)
             if entry is None:
                 continue
             state, sample = entry
-            if output.new_token_ids and state.first_token_time is None:
-                state.first_token_time = now
             if output.prompt_logprobs is not None and sample.index == 0 and state.prompt_logprobs is not None:
                 state.prompt_logprobs.extend(output.prompt_logprobs)
-            sample.token_ids.extend(output.new_token_ids)
-            for logprobs in output.new_logprobs or []:
-                sample.logprobs.append(logprobs)
-                sample.cumulative_logprob += next(iter(logprobs.values()))
-            stop = sample.detokenizer.update(output.new_token_ids)
-            if stop is not None and not output.finished:
-                sample.finish_reason, sample.stop_reason = "stop", stop
+            if not output.new_token_ids and not output.finished:
+                continue  # a prompt chunk: nothing to show yet
+            self._record_tokens(state, sample, output, now, stats)
+            if self._update_sample(sample, output):
                 to_abort.append(output.request_id)
-            elif output.finish_reason is not None:
-                sample.finish_reason, sample.stop_reason = str(output.finish_reason), output.stop_reason
-                if stop is not None:
-                    sample.finish_reason, sample.stop_reason = "stop", stop
             if sample.finish_reason is not None:
                 del self.child_to_parent[output.request_id]
-            updated[state.request_id] = state
-        results = [state.to_output() for state in updated.values()]
-        for state in updated.values():
+            updated.setdefault(state.request_id, (state, []))[1].append(sample)
+        results = []
+        for state, samples in updated.values():
+            result = state.to_output(samples)
+            if result is not None:
+                results.append(result)
             if state.finished:
                 del self.requests[state.request_id]
+                stats.finished_requests.append(state.finished_stats(now))
         return results, to_abort
 
-    def abort_request(self, request_id: str) -> list[str]:
+    @staticmethod
+    def _update_sample(sample: SampleState, output: EngineCoreOutput) -> bool:
+        """Append the output to the sample; True when a stop string ended it before the engine did."""
+        sample.token_ids.extend(output.new_token_ids)
+        for logprobs in output.new_logprobs or []:
+            sample.logprobs.append(logprobs)
+            sample.cumulative_logprob += next(iter(logprobs.values()))
+        stop = sample.detokenizer.update(output.new_token_ids)
+        if stop is not None:
+            sample.finish_reason, sample.stop_reason = "stop", stop
+            return not output.finished
+        if output.finish_reason is not None:
+            sample.finish_reason, sample.stop_reason = str(output.finish_reason), output.stop_reason
+        return False
+
+    @staticmethod
+    def _record_tokens(state: RequestState, sample: SampleState, output: EngineCoreOutput, now: float,
+                       stats: IterationStats) -> None:
+        if not output.new_token_ids:
+            return
+        if state.first_token_time is None:
+            state.first_token_time = now
+            stats.time_to_first_tokens.append(now - state.arrival_time)
+            stats.num_prompt_tokens += len(state.prompt_token_ids)
+        elif sample.last_token_time is not None:
+            stats.inter_token_latencies.append(now - sample.last_token_time)
+        sample.last_token_time = now
+        stats.num_generation_tokens += len(output.new_token_ids)
+
+    def _record_scheduled(self, core_outputs: EngineCoreOutputs, stats: IterationStats) -> None:
+        for child_id in core_outputs.scheduled_request_ids:
+            entry = self.child_to_parent.get(child_id)
+            if entry is not None and entry[0].scheduled_time is None:
+                entry[0].scheduled_time = core_outputs.timestamp
+                stats.queue_times.append(core_outputs.timestamp - entry[0].arrival_time)
+
+    def abort_request(self, request_id: str, stats: IterationStats | None = None) -> list[str]:
         """Forget a request; returns the engine-core ids still to abort."""
         state = self.requests.pop(request_id, None)
         if state is None:
@@ -121,4 +187,6 @@ class OutputProcessor:
         for child_id in child_ids:
             self.child_to_parent[child_id][1].finish_reason = str(FinishReason.ABORT)
             del self.child_to_parent[child_id]
+        if stats is not None:
+            stats.finished_requests.append(state.finished_stats(time.time(), str(FinishReason.ABORT)))
         return child_ids

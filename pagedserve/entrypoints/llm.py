@@ -9,6 +9,7 @@ from tqdm.auto import tqdm
 from pagedserve.config import EngineArgs
 from pagedserve.engine.input_processor import PromptType
 from pagedserve.engine.llm_engine import LLMEngine
+from pagedserve.entrypoints.chat_utils import apply_chat_template
 from pagedserve.errors import InvalidRequestError
 from pagedserve.outputs import RequestOutput
 from pagedserve.sampling_params import SamplingParams
@@ -58,9 +59,9 @@ class LLM:
         """Apply the tokenizer's chat template to each conversation, then generate."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tokenizer = self.get_tokenizer()
-        prompts = [{"prompt_token_ids": list(tokenizer.apply_chat_template(
-            conversation, chat_template=chat_template, add_generation_prompt=add_generation_prompt,
-            tokenize=True, return_dict=False))} for conversation in conversations]
+        prompts = [{"prompt_token_ids": apply_chat_template(tokenizer, conversation, chat_template,
+                                                            add_generation_prompt)}
+                   for conversation in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:

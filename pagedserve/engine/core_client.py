@@ -1,0 +1,110 @@
+"""The API server's side of the EngineCore process: starts it, sends requests and aborts, receives
+outputs (asyncio + ZMQ + msgspec). See core_proc.py for the wire protocol."""
+import atexit
+import multiprocessing
+import shutil
+import tempfile
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from pagedserve.config import EngineConfig
+from pagedserve.engine.core_proc import EngineCoreHandshake, run_engine_core
+from pagedserve.errors import ConfigError, EngineDeadError
+from pagedserve.logger import init_logger
+from pagedserve.protocol import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType
+
+logger = init_logger(__name__)
+
+# How long an output wait lasts before checking that the engine process still lives.
+_DEATH_CHECK_MS = 200
+_SHUTDOWN_TIMEOUT_S = 5.0
+
+
+class MPClient:
+    """Owns the EngineCore process. Use from one event loop; `shutdown()` is idempotent."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self._ipc_dir = tempfile.mkdtemp(prefix="pagedserve-")
+        input_address, output_address = f"ipc://{self._ipc_dir}/input", f"ipc://{self._ipc_dir}/output"
+        self._context = zmq.asyncio.Context()
+        self._input_socket = self._context.socket(zmq.PUSH)
+        self._input_socket.bind(input_address)
+        self._output_socket = self._context.socket(zmq.PULL)
+        self._output_socket.bind(output_address)
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
+        # NOTE: not daemonic, so the engine core may start worker processes of its own (tensor
+        # parallelism); shutdown() (also run at exit, before multiprocessing joins its children) ends it.
+        self.process = multiprocessing.get_context("spawn").Process(
+            target=run_engine_core, args=(config, input_address, output_address), name="EngineCore")
+        self.process.start()
+        self._closed = False
+        atexit.register(self.shutdown)
+        logger.info("Started the engine core process (pid %d).", self.process.pid)
+
+    def is_alive(self) -> bool:
+        return not self._closed and self.process.is_alive()
+
+    def dead_error(self) -> EngineDeadError:
+        return EngineDeadError(f"The engine core process (pid {self.process.pid}) died with exit code "
+                               f"{self.process.exitcode}; see the server log. The server must be restarted.")
+
+    async def _recv(self) -> bytes:
+        """The next output message; raises EngineDeadError once the process is gone and nothing is left."""
+        while not await self._output_socket.poll(_DEATH_CHECK_MS):
+            if not self.process.is_alive():
+                raise self.dead_error()
+        return await self._output_socket.recv(copy=True)
+
+    async def wait_until_ready(self) -> EngineCoreHandshake:
+        """Wait (however long loading takes) for the engine to report its KV cache. Raises ConfigError
+        for bad settings, EngineDeadError if the process fails otherwise."""
+        handshake = msgspec.msgpack.decode(await self._recv(), type=EngineCoreHandshake)
+        if handshake.error is not None:
+            if handshake.config_error:
+                raise ConfigError(handshake.error)
+            raise EngineDeadError(f"The engine core failed to start: {handshake.error}")
+        return handshake
+
+    async def get_output(self) -> EngineCoreOutputs:
+        """The next EngineCoreOutputs. Raises EngineDeadError when the process has died."""
+        return self._decoder.decode(await self._recv())
+
+    async def add_requests(self, requests: list[EngineCoreRequest]) -> None:
+        await self._send(EngineCoreRequestType.ADD, self._encoder.encode(requests))
+
+    async def abort_requests(self, request_ids: list[str]) -> None:
+        if request_ids:
+            await self._send(EngineCoreRequestType.ABORT, self._encoder.encode(request_ids))
+
+    async def _send(self, kind: EngineCoreRequestType, payload: bytes) -> None:
+        if not self.is_alive():
+            raise self.dead_error()
+        await self._input_socket.send_multipart([kind.value, payload], copy=False)
+
+    def shutdown(self) -> None:
+        """Ask the process to stop, then terminate it if it does not within a few seconds."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.shutdown)
+        if self.process.is_alive():
+            try:
+                self._input_socket.send_multipart([EngineCoreRequestType.SHUTDOWN.value, b""],
+                                                  flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass  # its queue is full or gone: terminate below
+            self.process.join(_SHUTDOWN_TIMEOUT_S)
+            if self.process.is_alive():
+                logger.warning("The engine core did not stop within %.0f s: terminating it.",
+                               _SHUTDOWN_TIMEOUT_S)
+                self.process.terminate()
+                self.process.join(_SHUTDOWN_TIMEOUT_S)
+                if self.process.is_alive():
+                    self.process.kill()
+                    self.process.join()
+        self._context.destroy(linger=0)
+        shutil.rmtree(self._ipc_dir, ignore_errors=True)
+

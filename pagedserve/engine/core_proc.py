@@ -1,0 +1,123 @@
+"""The EngineCore in its own process (spawned by core_client.MPClient), so HTTP handling and Python
+tokenization never steal the model's time.
+
+Wire protocol over two ZMQ PUSH/PULL sockets, both bound by the client:
+- input (client -> core): multipart [EngineCoreRequestType, msgpack payload];
+- output (core -> client): first one EngineCoreHandshake, then one msgpack EngineCoreOutputs per message.
+"""
+import multiprocessing
+import signal
+import sys
+import time
+
+import msgspec
+import zmq
+
+from pagedserve.config import EngineConfig
+from pagedserve.engine.core import EngineCore
+from pagedserve.errors import ConfigError
+from pagedserve.logger import init_logger
+from pagedserve.protocol import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType
+
+logger = init_logger(__name__)
+
+# How often the loop checks that the API server still lives (it may have been SIGKILLed).
+PARENT_CHECK_INTERVAL_S = 1.0
+
+
+class EngineCoreHandshake(msgspec.Struct, omit_defaults=True):
+    """The first output message: the engine is ready (KV cache sized), or why it failed to start."""
+
+    num_blocks: int = 0
+    block_size: int = 0
+    error: str | None = None
+    config_error: bool = False  # the error is the user's settings (ConfigError), not a crash
+
+
+class EngineCoreProc:
+    """The busy loop: take every pending input, step while there is work, push the outputs."""
+
+    def __init__(self, engine_core: EngineCore, input_socket: zmq.Socket, output_socket: zmq.Socket) -> None:
+        self.engine_core = engine_core
+        self.input_socket = input_socket
+        self.output_socket = output_socket
+        self.encoder = msgspec.msgpack.Encoder()
+        self.add_decoder = msgspec.msgpack.Decoder(list[EngineCoreRequest])
+        self.abort_decoder = msgspec.msgpack.Decoder(list[str])
+        self.shutdown_requested = False
+
+    def run_busy_loop(self) -> None:
+        """Returns on a SHUTDOWN message or when the parent process is gone."""
+        last_parent_check = time.monotonic()
+        while not self.shutdown_requested:
+            busy = self.engine_core.has_unfinished_requests()
+            got_input = self._process_input(0 if busy else int(PARENT_CHECK_INTERVAL_S * 1000))
+            if self.shutdown_requested:
+                return
+            if self.engine_core.has_unfinished_requests():
+                self._send(self.engine_core.step())
+            elif got_input:
+                # NOTE: e.g. an abort emptied the engine: report the freed blocks now, not at the next step.
+                self._send(EngineCoreOutputs(scheduler_stats=self.engine_core.get_stats(),
+                                             timestamp=time.time()))
+            if time.monotonic() - last_parent_check >= PARENT_CHECK_INTERVAL_S:
+                last_parent_check = time.monotonic()
+                parent = multiprocessing.parent_process()
+                if parent is not None and not parent.is_alive():
+                    logger.error("The API server process is gone: the engine core exits.")
+                    return
+
+    def _process_input(self, timeout_ms: int) -> bool:
+        """Wait up to `timeout_ms` for input, then handle all of it. True if there was any."""
+        if not self.input_socket.poll(timeout_ms):
+            return False
+        while True:
+            try:
+                frames = self.input_socket.recv_multipart(flags=zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                return True
+            kind = EngineCoreRequestType(frames[0])
+            if kind is EngineCoreRequestType.ADD:
+                for request in self.add_decoder.decode(frames[1]):
+                    self.engine_core.add_request(request)
+            elif kind is EngineCoreRequestType.ABORT:
+                self.engine_core.abort_requests(self.abort_decoder.decode(frames[1]))
+            else:
+                self.shutdown_requested = True
+                return True
+
+    def _send(self, outputs: EngineCoreOutputs) -> None:
+        self.output_socket.send(self.encoder.encode(outputs), copy=False)
+
+
+def run_engine_core(config: EngineConfig, input_address: str, output_address: str) -> None:
+    """Process entry point: build the EngineCore, report readiness, run the busy loop. Exits 0 after a
+    SHUTDOWN, 1 when the engine fails to start or crashes (the traceback goes to the log)."""
+    # NOTE: Ctrl-C reaches the whole process group; the API server then shuts this process down cleanly.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    context = zmq.Context()
+    input_socket = context.socket(zmq.PULL)
+    input_socket.connect(input_address)
+    output_socket = context.socket(zmq.PUSH)
+    output_socket.connect(output_address)
+    encoder = msgspec.msgpack.Encoder()
+    engine_core = None
+    try:
+        engine_core = EngineCore(config)
+        output_socket.send(encoder.encode(EngineCoreHandshake(engine_core.kv_cache_config.num_blocks,
+                                                              engine_core.kv_cache_config.block_size)))
+        EngineCoreProc(engine_core, input_socket, output_socket).run_busy_loop()
+    except Exception as exc:
+        if engine_core is None:  # failed to start: tell the client why
+            if not isinstance(exc, ConfigError):
+                logger.exception("The engine core failed to start.")
+            output_socket.send(encoder.encode(EngineCoreHandshake(error=str(exc),
+                                                                  config_error=isinstance(exc, ConfigError))))
+        else:
+            logger.exception("The engine core crashed.")
+        output_socket.close(linger=2000)
+        sys.exit(1)
+    finally:
+        if engine_core is not None:
+            engine_core.shutdown()
+    context.destroy(linger=0)

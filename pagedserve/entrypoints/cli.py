@@ -1,0 +1,55 @@
+"""The `pagedserve` command. Each subcommand registers its parser and handler in SUBCOMMANDS, so
+`bench` and `plan` can join `serve` without touching the rest."""
+import argparse
+import sys
+from collections.abc import Callable
+
+from pagedserve import __version__
+from pagedserve.errors import ConfigError
+
+# name -> function that adds the subcommand's parser and sets `handler` (Namespace -> exit status).
+SubcommandInit = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+
+
+def _init_serve(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    from pagedserve.entrypoints.openai.cli_args import make_arg_parser
+
+    parser = subparsers.add_parser(
+        "serve", help="Start the OpenAI-compatible server.",
+        description="Start the OpenAI-compatible server (the same flags as "
+                    "`python -m pagedserve.entrypoints.openai.api_server`, vLLM's names).")
+    parser.add_argument("model_tag", nargs="?", default=None,
+                        help="The model to serve (like --model). Default: the embedded SmolLM2-135M-Instruct.")
+    make_arg_parser(parser)
+    parser.set_defaults(handler=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from pagedserve.entrypoints.openai.api_server import run
+
+    if args.model_tag is not None:
+        if args.model is not None and args.model != args.model_tag:
+            raise ConfigError(f"Two models given: {args.model_tag!r} and --model {args.model!r}; give one.")
+        args.model = args.model_tag
+    return run(args)
+
+
+SUBCOMMANDS: dict[str, SubcommandInit] = {"serve": _init_serve}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pagedserve", description="LLM inference and serving with a paged "
+                                                                    "KV cache and continuous batching.")
+    parser.add_argument("--version", action="version", version=f"pagedserve {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for init in SUBCOMMANDS.values():
+        init(subparsers)
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except ConfigError as exc:
+        parser.exit(2, f"pagedserve: error: {exc}\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""The server's flags: EngineArgs' (one source of truth for the engine) plus ServerArgs', both generated
+from their dataclasses, with vLLM's names, so `pagedserve serve` and
+`python -m pagedserve.entrypoints.openai.api_server` accept the same command lines."""
+import argparse
+from dataclasses import dataclass, field
+
+from pagedserve import envs
+from pagedserve.config import EngineArgs, add_dataclass_cli_args, dataclass_from_cli_args
+
+UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    """HTTP-side settings (the engine's are EngineArgs)."""
+
+    host: str = field(default="0.0.0.0", metadata={"help": "Address to listen on."})
+    port: int = field(default=8000, metadata={"help": "Port to listen on."})
+    api_key: str | None = field(default=None, metadata={
+        "help": "Require this key (`Authorization: Bearer KEY`) on the /v1 routes. Default: the "
+                "PAGEDSERVE_API_KEY environment variable, else no key."})
+    chat_template: str | None = field(default=None, metadata={
+        "help": "Chat template for /v1/chat/completions: a file, or the Jinja template itself. "
+                "Default: the tokenizer's."})
+    disable_log_stats: bool = field(default=False, metadata={
+        "help": "Do not log the periodic stats line (throughput, queue, KV-cache usage)."})
+    disable_log_requests: bool = field(default=False, metadata={
+        "help": "Do not log each request as it is added or aborted."})
+    uvicorn_log_level: str = field(default="info", metadata={
+        "help": "Log level of uvicorn (HTTP access log included).", "choices": UVICORN_LOG_LEVELS})
+
+    def resolved_api_key(self) -> str | None:
+        return self.api_key or envs.api_key()
+
+
+def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add every engine and server flag to `parser`."""
+    EngineArgs.add_cli_args(parser)
+    add_dataclass_cli_args(ServerArgs, parser)
+    return parser
+
+
+def args_from_namespace(args: argparse.Namespace) -> tuple[EngineArgs, ServerArgs]:
+    return EngineArgs.from_cli_args(args), dataclass_from_cli_args(ServerArgs, args)

@@ -1,0 +1,92 @@
+"""The one place errors become HTTP responses: OpenAI-style bodies
+{"error": {"message", "type", "param", "code"}}, where `type` names the OpenAI client's exception class
+and `code` is the HTTP status (as vLLM does)."""
+import json
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pagedserve.errors import CapacityError, EngineDeadError, InvalidRequestError, PagedServeError
+from pagedserve.logger import init_logger
+
+logger = init_logger(__name__)
+
+_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
+          404: "NotFoundError", 405: "MethodNotAllowedError", 429: "RateLimitError",
+          500: "InternalServerError", 503: "ServiceUnavailableError"}
+
+
+def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": _TYPES.get(status, "APIError"), "param": param,
+                      "code": status}}
+
+
+def error_response(message: str, status: int, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, status, param), status_code=status, headers=headers)
+
+
+def exception_status(exc: BaseException) -> tuple[int, str | None, dict[str, str] | None]:
+    """(HTTP status, param, extra headers) of an exception."""
+    if isinstance(exc, InvalidRequestError):
+        return exc.status_code, exc.param, None
+    if isinstance(exc, CapacityError):
+        return 503, None, {"Retry-After": str(max(1, round(exc.retry_after_s)))}
+    if isinstance(exc, EngineDeadError):
+        return 503, None, None
+    return 500, None, None
+
+
+def exception_response(exc: BaseException) -> JSONResponse:
+    status, param, headers = exception_status(exc)
+    message = str(exc) if isinstance(exc, PagedServeError) else f"Internal server error: {exc!r}"
+    return error_response(message, status, param, headers)
+
+
+def stream_error_event(exc: BaseException) -> str:
+    """An SSE event carrying the error; the OpenAI client raises it as an APIError."""
+    status, param, _ = exception_status(exc)
+    message = str(exc) if isinstance(exc, PagedServeError) else f"Internal server error: {exc!r}"
+    return f"data: {json.dumps(error_body(message, status, param))}\n\n"
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """pydantic's errors -> one message naming each bad field, and the first field as `param`."""
+    parts, params = [], []
+    for error in exc.errors():
+        loc = [str(part) for part in error.get("loc", ()) if part != "body"]
+        field = ".".join(loc) or "body"
+        params.append(field)
+        if error.get("type") == "extra_forbidden":
+            parts.append(f"{field}: unknown field (not supported by this server); remove it")
+        elif error.get("type") == "json_invalid":
+            params[-1] = "body"
+            parts.append(f"the request body is not valid JSON ({error.get('ctx', {}).get('error', '')})")
+        else:
+            parts.append(f"{field}: {error.get('msg')}")
+    return "Invalid request: " + "; ".join(parts) + ".", params[0] if params else None
+
+
+def register_error_handlers(app: FastAPI) -> None:
+    """400 (not FastAPI's 422) for bad bodies; OpenAI-style bodies for every error, 500 included."""
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return error_response(message, 400, param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(str(exc.detail), exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(PagedServeError)
+    async def on_pagedserve_error(_: Request, exc: PagedServeError) -> JSONResponse:
+        return exception_response(exc)
+
+    @app.exception_handler(Exception)
+    async def on_unexpected_error(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("Unexpected error while serving a request.")
+        return exception_response(exc)

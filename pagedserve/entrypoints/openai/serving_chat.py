@@ -1,0 +1,101 @@
+"""POST /v1/chat/completions: a conversation through the chat template, n samples, streamed or not."""
+import time
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from fastapi.responses import StreamingResponse
+
+from pagedserve.entrypoints.chat_utils import apply_chat_template, normalize_messages
+from pagedserve.entrypoints.openai.errors import stream_error_event
+from pagedserve.entrypoints.openai.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest,
+                                                    ChatCompletionResponse, ChatLogprobs, ChatResponseMessage,
+                                                    ChatStreamChoice, ChatTokenLogprob, DeltaMessage,
+                                                    TopLogprob)
+from pagedserve.entrypoints.openai.serving_engine import (SSE_DONE, OpenAIServing, random_id, sse,
+                                                          usage_info)
+from pagedserve.engine.async_llm import AsyncLLM
+from pagedserve.outputs import CompletionOutput, RequestOutput
+
+# JSON has no -inf: vLLM's floor for the logprob of an impossible token.
+_MIN_LOGPROB = -9999.0
+
+
+class OpenAIServingChat(OpenAIServing):
+    def __init__(self, engine: AsyncLLM, model_name: str, chat_template: str | None) -> None:
+        super().__init__(engine, model_name)
+        self.chat_template = chat_template
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
+        """The prompt token ids of a conversation. Raises InvalidRequestError."""
+        return apply_chat_template(self.tokenizer, normalize_messages(messages), self.chat_template,
+                                   add_generation_prompt)
+
+    async def create_chat_completion(self, request: ChatCompletionRequest
+                                     ) -> ChatCompletionResponse | StreamingResponse:
+        """Raises InvalidRequestError before anything reaches the engine."""
+        self.check_model(request.model)
+        request.check_supported()
+        prompt_ids = self.render([m.model_dump() for m in request.messages], request.add_generation_prompt)
+        max_tokens = request.max_tokens if request.max_completion_tokens is None else request.max_completion_tokens
+        params = request.to_sampling_params(max_tokens, request.num_logprobs())
+        request_id = random_id("chatcmpl")
+        core = self.engine.process_inputs(request_id, {"prompt_token_ids": prompt_ids}, params)
+        outputs = self.engine.generate(core, params, request_id)
+        if request.stream:
+            return StreamingResponse(self._stream(request, request_id, len(prompt_ids), outputs),
+                                     media_type="text/event-stream")
+        final: RequestOutput | None = None
+        async for final in outputs:
+            pass
+        assert final is not None  # generate() always ends with a finished output or raises
+        choices = [ChatChoice(index=s.index, message=ChatResponseMessage(content=s.text),
+                              logprobs=self._logprobs(request, s), finish_reason=s.finish_reason,
+                              stop_reason=s.stop_reason) for s in final.outputs]
+        return ChatCompletionResponse(id=request_id, model=self.model_name, choices=choices,
+                                      usage=usage_info(len(prompt_ids), sum(len(s.token_ids) for s in final.outputs)))
+
+    async def _stream(self, request: ChatCompletionRequest, request_id: str, num_prompt_tokens: int,
+                      outputs: AsyncGenerator[RequestOutput, None]) -> AsyncGenerator[str, None]:
+        """First a role chunk per choice, then content deltas, the finish reason with the last one."""
+        created = int(time.time())
+
+        def chunk(choice: ChatStreamChoice) -> str:
+            return sse(ChatCompletionChunk(id=request_id, created=created, model=self.model_name,
+                                           choices=[choice]))
+
+        num_generated = 0
+        try:
+            for index in range(request.n):
+                yield chunk(ChatStreamChoice(index=index, delta=DeltaMessage(role="assistant", content="")))
+            async for output in outputs:
+                for sample in output.outputs:
+                    num_generated += len(sample.token_ids)
+                    logprobs = self._logprobs(request, sample)
+                    if not sample.text and sample.finish_reason is None and logprobs is None:
+                        continue  # text held back (a stop string may be starting): nothing to send yet
+                    yield chunk(ChatStreamChoice(index=sample.index, delta=DeltaMessage(content=sample.text),
+                                                 logprobs=logprobs, finish_reason=sample.finish_reason,
+                                                 stop_reason=sample.stop_reason))
+            if request.include_usage_in_stream():
+                yield sse(ChatCompletionChunk(id=request_id, created=created, model=self.model_name, choices=[],
+                                              usage=usage_info(num_prompt_tokens, num_generated)))
+        except Exception as exc:  # e.g. the engine died: tell the client in the stream
+            yield stream_error_event(exc)
+        yield SSE_DONE
+
+    def _logprobs(self, request: ChatCompletionRequest, sample: CompletionOutput) -> ChatLogprobs | None:
+        """Per generated token: its logprob and the `top_logprobs` most likely tokens."""
+        if not request.logprobs or sample.logprobs is None:
+            return None
+        num_top = request.top_logprobs or 0
+        content = []
+        for token_id, entry in zip(sample.token_ids, sample.logprobs):
+            top = sorted(entry.items(), key=lambda item: item[1], reverse=True)[:num_top]
+            content.append(ChatTokenLogprob(**self._top(token_id, entry[token_id]),
+                                            top_logprobs=[TopLogprob(**self._top(t, v)) for t, v in top]))
+        return ChatLogprobs(content=content)
+
+    def _top(self, token_id: int, logprob: float) -> dict[str, Any]:
+        token = self.token_string(token_id)
+        return {"token": token, "logprob": max(logprob, _MIN_LOGPROB), "bytes": list(token.encode("utf-8"))}
+

@@ -1,0 +1,146 @@
+"""POST /v1/completions: one or many prompts (text or token ids), n samples each, streamed or not."""
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+
+from fastapi.responses import StreamingResponse
+
+from pagedserve.engine.input_processor import PromptType
+from pagedserve.entrypoints.openai.errors import stream_error_event
+from pagedserve.entrypoints.openai.protocol import (CompletionChoice, CompletionLogProbs, CompletionRequest,
+                                                    CompletionResponse)
+from pagedserve.entrypoints.openai.serving_engine import (SSE_DONE, OpenAIServing, random_id, sse,
+                                                          usage_info)
+from pagedserve.entrypoints.utils import merge_async_iterators
+from pagedserve.errors import InvalidRequestError
+from pagedserve.outputs import CompletionOutput, RequestOutput
+from pagedserve.protocol import EngineCoreRequest
+
+Logprobs = list[dict[int, float] | None]
+
+
+@dataclass
+class _Batch:
+    """One completions request after validation: an engine request per prompt."""
+
+    request: CompletionRequest
+    request_id: str
+    created: int
+    core_requests: list[EngineCoreRequest]
+    echo_texts: list[str] | None  # per prompt, when echo is on
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(len(r.prompt_token_ids) for r in self.core_requests)
+
+
+def _split_prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[PromptType]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise InvalidRequestError("prompt must not be empty.", param="prompt")
+    if isinstance(prompt[0], int):
+        return [prompt]
+    return list(prompt)
+
+
+class OpenAIServingCompletion(OpenAIServing):
+    async def create_completion(self, request: CompletionRequest) -> CompletionResponse | StreamingResponse:
+        """Raises InvalidRequestError (every prompt is checked before any reaches the engine)."""
+        self.check_model(request.model)
+        request.check_supported()
+        num_logprobs = request.logprobs
+        params = request.to_sampling_params(request.max_tokens, num_logprobs,
+                                            num_logprobs if request.echo else None)
+        request_id = random_id("cmpl")
+        prompts = _split_prompts(request.prompt)
+        core_requests = [self.engine.process_inputs(f"{request_id}-{i}", prompt, params)
+                         for i, prompt in enumerate(prompts)]
+        echo_texts = None
+        if request.echo:
+            echo_texts = [prompt if isinstance(prompt, str) and request.truncate_prompt_tokens is None
+                          else self.tokenizer.decode(core.prompt_token_ids, skip_special_tokens=True)
+                          for prompt, core in zip(prompts, core_requests)]
+        batch = _Batch(request, request_id, int(time.time()), core_requests, echo_texts)
+        outputs = merge_async_iterators(*[self.engine.generate(core, params, core.request_id)
+                                          for core in core_requests])
+        if request.stream:
+            return StreamingResponse(self._stream(batch, outputs), media_type="text/event-stream")
+        return await self._full(batch, outputs)
+
+    async def _full(self, batch: _Batch, outputs: AsyncGenerator[tuple[int, RequestOutput], None]
+                    ) -> CompletionResponse:
+        finals: dict[int, RequestOutput] = {}
+        async for prompt_index, output in outputs:
+            finals[prompt_index] = output
+        choices, num_generated = [], 0
+        for prompt_index in sorted(finals):
+            output = finals[prompt_index]
+            for sample in output.outputs:
+                num_generated += len(sample.token_ids)
+                choices.append(self._choice(batch, prompt_index, sample, output.prompt_logprobs, 0))
+        return CompletionResponse(id=batch.request_id, created=batch.created, model=self.model_name,
+                                  choices=choices, usage=usage_info(batch.num_prompt_tokens, num_generated))
+
+    async def _stream(self, batch: _Batch, outputs: AsyncGenerator[tuple[int, RequestOutput], None]
+                      ) -> AsyncGenerator[str, None]:
+        """SSE chunks, one choice each; the usage chunk when asked; errors as an SSE error event."""
+        n = batch.request.n
+        text_offsets = [0] * (len(batch.core_requests) * n)
+        started = [False] * len(text_offsets)
+        prompt_logprobs: dict[int, Logprobs | None] = {}
+        num_generated = 0
+        try:
+            async for prompt_index, output in outputs:
+                prompt_logprobs.setdefault(prompt_index, output.prompt_logprobs)
+                for sample in output.outputs:
+                    index = prompt_index * n + sample.index
+                    num_generated += len(sample.token_ids)
+                    echo = None if started[index] else prompt_logprobs[prompt_index]
+                    choice = self._choice(batch, prompt_index, sample, echo, text_offsets[index],
+                                          first=not started[index])
+                    started[index] = True
+                    if not choice.text and choice.finish_reason is None and choice.logprobs is None:
+                        continue  # text held back (a stop string may be starting): nothing to send yet
+                    text_offsets[index] += len(choice.text)
+                    yield sse(CompletionResponse(id=batch.request_id, created=batch.created,
+                                                 model=self.model_name, choices=[choice]))
+            if batch.request.include_usage_in_stream():
+                yield sse(CompletionResponse(id=batch.request_id, created=batch.created, model=self.model_name,
+                                             choices=[], usage=usage_info(batch.num_prompt_tokens, num_generated)))
+        except Exception as exc:  # e.g. the engine died: tell the client in the stream
+            yield stream_error_event(exc)
+        yield SSE_DONE
+
+    def _choice(self, batch: _Batch, prompt_index: int, sample: CompletionOutput,
+                prompt_logprobs: Logprobs | None, text_offset: int, first: bool = True) -> CompletionChoice:
+        """A choice of `sample` (whole, or a delta); the echoed prompt goes first in a choice's first one."""
+        text, token_ids, logprobs = sample.text, sample.token_ids, sample.logprobs
+        if batch.echo_texts is not None and first:
+            text = batch.echo_texts[prompt_index] + text
+            token_ids = batch.core_requests[prompt_index].prompt_token_ids + token_ids
+            if logprobs is not None:
+                logprobs = list(prompt_logprobs or []) + logprobs
+        choice_logprobs = None
+        if batch.request.logprobs is not None and logprobs is not None:
+            choice_logprobs = self._logprobs(token_ids, logprobs, text_offset)
+        return CompletionChoice(index=prompt_index * batch.request.n + sample.index, text=text,
+                                logprobs=choice_logprobs, finish_reason=sample.finish_reason,
+                                stop_reason=sample.stop_reason)
+
+    def _logprobs(self, token_ids: list[int], logprobs: Logprobs, text_offset: int) -> CompletionLogProbs:
+        """The legacy completions format: per token its text, offset, logprob and the top alternatives
+        (the sampled token included). The first prompt token has no logprob (None)."""
+        result = CompletionLogProbs()
+        for token_id, entry in zip(token_ids, logprobs):
+            token = self.token_string(token_id)
+            result.tokens.append(token)
+            result.text_offset.append(text_offset)
+            text_offset += len(token)
+            if entry is None:
+                result.token_logprobs.append(None)
+                result.top_logprobs.append(None)
+                continue
+            result.token_logprobs.append(entry.get(token_id))
+            result.top_logprobs.append({self.token_string(t): value for t, value in entry.items()})
+        return result

@@ -1,0 +1,52 @@
+"""Stat loggers: each receives every batch of statistics; `log()` is called every few seconds."""
+import time
+from abc import ABC, abstractmethod
+
+from pagedserve.logger import init_logger
+from pagedserve.metrics.stats import IterationStats
+from pagedserve.protocol import SchedulerStats
+
+logger = init_logger(__name__)
+
+
+class StatLoggerBase(ABC):
+    """Interface of a consumer of serving statistics. Called from the event loop only."""
+
+    @abstractmethod
+    def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats) -> None:
+        """Account for one batch of engine-core outputs (`scheduler_stats` is the engine's latest view)."""
+
+    def log(self) -> None:
+        """Periodic hook (every PAGEDSERVE_LOG_STATS_INTERVAL seconds); nothing by default."""
+
+
+class LoggingStatLogger(StatLoggerBase):
+    """One INFO line per interval while the engine is busy: throughputs, queue, KV usage, preemptions."""
+
+    def __init__(self) -> None:
+        self.scheduler_stats = SchedulerStats()
+        self.num_prompt_tokens = 0
+        self.num_generation_tokens = 0
+        self.last_log_time = time.monotonic()
+        self.last_preemptions_total = 0
+
+    def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats) -> None:
+        if scheduler_stats is not None:
+            self.scheduler_stats = scheduler_stats
+        self.num_prompt_tokens += iteration_stats.num_prompt_tokens
+        self.num_generation_tokens += iteration_stats.num_generation_tokens
+
+    def log(self) -> None:
+        now = time.monotonic()
+        elapsed, self.last_log_time = now - self.last_log_time, now
+        stats = self.scheduler_stats
+        active = stats.num_running_reqs or stats.num_waiting_reqs
+        if not (active or self.num_prompt_tokens or self.num_generation_tokens):
+            return  # idle: nothing to say
+        logger.info("Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
+                    "Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Preemptions: %d "
+                    "(total %d)", self.num_prompt_tokens / elapsed, self.num_generation_tokens / elapsed,
+                    stats.num_running_reqs, stats.num_waiting_reqs, stats.kv_cache_usage * 100,
+                    stats.num_preemptions_total - self.last_preemptions_total, stats.num_preemptions_total)
+        self.num_prompt_tokens = self.num_generation_tokens = 0
+        self.last_preemptions_total = stats.num_preemptions_total

@@ -1,0 +1,25 @@
+"""What the frontend measures from the engine-core outputs, one batch of outputs at a time."""
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class FinishedRequestStats:
+    """One request that ended (its first sample's reason stands for the request)."""
+
+    finish_reason: str  # stop | length | abort
+    e2e_latency: float  # seconds from arrival to the end
+    num_prompt_tokens: int
+    num_generation_tokens: int
+
+
+@dataclass
+class IterationStats:
+    """What one batch of engine-core outputs added: token counts and latency samples, in seconds.
+    Prompt tokens are counted when a request's first token arrives (its prefill is then done)."""
+
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    time_to_first_tokens: list[float] = field(default_factory=list)
+    inter_token_latencies: list[float] = field(default_factory=list)
+    queue_times: list[float] = field(default_factory=list)
+    finished_requests: list[FinishedRequestStats] = field(default_factory=list)
