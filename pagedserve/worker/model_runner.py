@@ -1,4 +1,7 @@
 """Runs one step: scheduler output -> batch tensors -> forward -> sampled tokens."""
+import math
+import mmap
+
 import torch
 
 from pagedserve.attention.backends import get_attention_backend
@@ -40,9 +43,10 @@ class ModelRunner:
         """Allocate one K and one V tensor [num_blocks, block_size, num_kv_heads, head_dim] per layer."""
         self.kv_caches = []
         # NOTE: attention reads padding slots (masked out, but 0 * NaN is NaN), so the cache must start
-        # finite. On CPU a large torch.empty is fresh mmap'd memory, which the kernel zero-fills lazily:
-        # no 4 GiB memset at startup, and RSS grows only as blocks are used. Block 0 is zeroed anyway.
-        alloc = torch.empty if self.device.type == "cpu" else torch.zeros
+        # finite. On CPU an anonymous mmap is zero-filled lazily by the kernel: no 4 GiB memset at startup,
+        # and RSS grows only as blocks are used. (torch.empty is not enough: below glibc's mmap threshold,
+        # which grows to 32 MiB after weights are loaded, it reuses freed heap memory holding NaN bits.)
+        alloc = _lazy_zeros if self.device.type == "cpu" else torch.zeros
         for layer in self.attention_layers:
             shape = (num_blocks, self.block_size, layer.spec.num_kv_heads, layer.spec.head_dim)
             layer.kv_cache = (alloc(shape, dtype=self.dtype, device=self.device),
@@ -102,3 +106,9 @@ class ModelRunner:
                 ids, values = gather_logprobs(torch.log_softmax(logits, dim=-1), num_top, targets)
                 result += [dict(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
             output.prompt_logprobs[request_id] = result
+
+
+def _lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero-filled CPU tensor whose pages are committed only when first touched."""
+    buffer = mmap.mmap(-1, math.prod(shape) * dtype.itemsize)
+    return torch.frombuffer(buffer, dtype=dtype).view(shape)
