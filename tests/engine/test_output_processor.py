@@ -1,0 +1,65 @@
+"""OutputProcessor: deltas for streaming (with the stop-string hold-back), final-only outputs, stats."""
+import pytest
+
+from pagedserve.engine.output_processor import OutputProcessor
+from pagedserve.metrics.stats import IterationStats
+from pagedserve.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason
+from pagedserve.sampling_params import RequestOutputKind, SamplingParams
+
+TEXT = "Hello world, this is a test of streaming"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_llama: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_llama)
+
+
+def run(tokenizer, params: SamplingParams, token_ids: list[int]) -> tuple[list, list[str], IterationStats]:
+    """Feed `token_ids` one per step; returns the outputs, the ids to abort and the stats."""
+    processor = OutputProcessor(tokenizer)
+    processor.add_request("r", None, [1, 2], params, arrival_time=0.0)
+    results, aborts, stats = [], [], IterationStats()
+    processor.process_outputs(EngineCoreOutputs([], None, 0.5, ["r"]), stats)
+    for index, token in enumerate(token_ids):
+        last = index == len(token_ids) - 1
+        output = EngineCoreOutput("r", [token], finish_reason=FinishReason.LENGTH if last else None)
+        outputs, to_abort = processor.process_outputs(EngineCoreOutputs([output]), stats)
+        results += outputs
+        aborts += to_abort
+        if to_abort:
+            break
+    assert not processor.requests
+    return results, aborts, stats
+
+
+def test_deltas_never_show_a_stop_string(tokenizer) -> None:
+    tokens = tokenizer.encode(TEXT)
+    stop = "o world"  # spans two tokens
+    results, aborts, _ = run(tokenizer, SamplingParams(stop=stop, output_kind=RequestOutputKind.DELTA), tokens)
+    deltas = [r.outputs[0].text for r in results]
+    assert "".join(deltas) == "Hell" and aborts == ["r"]
+    assert results[-1].finished and results[-1].outputs[0].stop_reason == stop
+    assert all(len(r.outputs[0].token_ids) == 1 for r in results)  # tokens are never held back
+
+
+def test_deltas_add_up_to_the_cumulative_text(tokenizer) -> None:
+    tokens = tokenizer.encode(TEXT)
+    cumulative = run(tokenizer, SamplingParams(stop="zzz"), tokens)[0][-1].outputs[0].text
+    deltas = run(tokenizer, SamplingParams(stop="zzz", output_kind=RequestOutputKind.DELTA), tokens)[0]
+    assert cumulative == TEXT == "".join(r.outputs[0].text for r in deltas)
+    included = run(tokenizer, SamplingParams(stop="world", include_stop_str_in_output=True,
+                                             output_kind=RequestOutputKind.DELTA), tokens)[0]
+    assert "".join(r.outputs[0].text for r in included) == "Hello world"
+
+
+def test_final_only_and_stats(tokenizer) -> None:
+    tokens = tokenizer.encode(TEXT)
+    results, _, stats = run(tokenizer, SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY), tokens)
+    assert len(results) == 1 and results[0].finished and results[0].outputs[0].text == TEXT
+    assert results[0].outputs[0].token_ids == tokens
+    assert stats.queue_times == [0.5] and len(stats.time_to_first_tokens) == 1
+    assert len(stats.inter_token_latencies) == len(tokens) - 1
+    assert (stats.num_prompt_tokens, stats.num_generation_tokens) == (2, len(tokens))
+    assert [f.finish_reason for f in stats.finished_requests] == ["length"]
