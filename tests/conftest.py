@@ -46,6 +46,8 @@ TINY_MODELS = {
                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                    "original_max_position_embeddings": 64}),
     "llama-tied-mha": dict(num_key_value_heads=4, tie_word_embeddings=True),
+    # Fewer KV heads than tensor-parallel ranks (replicated) and a vocab-parallel tied head.
+    "llama-1kv-tied": dict(num_key_value_heads=1, tie_word_embeddings=True),
     "mistral": dict(sliding_window=None),
     "qwen2": dict(num_key_value_heads=1),
 }

@@ -5,6 +5,16 @@ from dataclasses import dataclass, field
 from pagedserve.errors import EngineDeadError
 
 GRACE_S = 2.0  # after a first failure: how long the other ranks get to report theirs (the root cause)
+_MAX_SUMMARY_CHARS = 200
+
+
+def summarize(exc: BaseException) -> str:
+    """'RuntimeError: <first line, at most 200 characters>' (the full traceback goes to the log)."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else ""
+    if len(text) > _MAX_SUMMARY_CHARS:
+        text = text[:_MAX_SUMMARY_CHARS] + "..."
+    return f"{type(exc).__name__}: {text}"
 
 
 def describe_exit(pid: int | None, exitcode: int | None) -> str:

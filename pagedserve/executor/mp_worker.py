@@ -17,6 +17,7 @@ from typing import Any
 from pagedserve.config import EngineConfig
 from pagedserve.distributed import DistributedInit, init_distributed_environment
 from pagedserve.errors import ConfigError
+from pagedserve.executor.failure import summarize
 from pagedserve.logger import init_logger
 from pagedserve.worker.worker import Worker
 
@@ -40,7 +41,7 @@ class WorkerProcessSpec:
 class WorkerFailure:
     """Why a rank stopped: a summary for the engine's error; a ConfigError travels as itself."""
 
-    summary: str  # "ValueError: ..."
+    summary: str  # summarize(exc)
     config_error: ConfigError | None
 
 
@@ -86,7 +87,7 @@ def _serve(worker: Worker, rank: int, conn: Connection) -> None:
 
 def _report_failure(conn: Connection, rank: int, call: str, exc: BaseException) -> None:
     logger.exception("Tensor-parallel rank %d failed during %s.", rank, call)
-    failure = WorkerFailure(f"{type(exc).__name__}: {exc}", exc if isinstance(exc, ConfigError) else None)
+    failure = WorkerFailure(summarize(exc), exc if isinstance(exc, ConfigError) else None)
     try:
         conn.send_bytes(dumps((False, failure)))
     except OSError:

@@ -4,19 +4,24 @@ instance started for the run with every port on 127.0.0.1. Ray is optional (pip 
 and imported only here, lazily."""
 import os
 import shutil
+import sys
 import tempfile
 import weakref
 from typing import Any
+
+import psutil
 
 from pagedserve.config import EngineConfig
 from pagedserve.distributed import DistributedInit, init_distributed_environment
 from pagedserve.errors import ConfigError, EngineDeadError
 from pagedserve.executor.base import Executor
-from pagedserve.executor.failure import GRACE_S, RankFailures
+from pagedserve.executor.failure import GRACE_S, RankFailures, summarize
 from pagedserve.logger import init_logger
 from pagedserve.worker.worker import Worker
 
 logger = init_logger(__name__)
+
+_SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 class RayWorker:
@@ -56,14 +61,14 @@ class RayExecutor(Executor):
     stop every actor and raise EngineDeadError naming the rank."""
 
     def __init__(self, config: EngineConfig) -> None:
-        import ray
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
         super().__init__(config)
         self.timeout_s = config.parallel.distributed_timeout_s
         self._failure: EngineDeadError | None = None
         size = config.parallel.tensor_parallel_size
-        owns_ray = _connect(size)
+        owns_ray = _connect(size)  # NOTE: before this module's first `import ray`
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
         bundle = {"CPU": 1.0, "GPU": 1.0} if config.device == "cuda" else {"CPU": 1.0}
         self._placement_group = ray.util.placement_group([bundle] * size, strategy="PACK")
         self._rendezvous = tempfile.mkdtemp(prefix="pagedserve-tp-")
@@ -149,7 +154,7 @@ def _take(ref: Any, rank: int, failures: RankFailures) -> None:
         failures.died[rank] = f"its Ray actor died: {str(exc).splitlines()[0]}"
     except ray.exceptions.RayTaskError as exc:
         cause = exc.cause
-        failures.raised[rank] = f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+        failures.raised[rank] = summarize(cause)
         if isinstance(cause, ConfigError):
             failures.config_error = cause
 
@@ -157,20 +162,34 @@ def _take(ref: Any, rank: int, failures: RankFailures) -> None:
 def _connect(num_workers: int) -> bool:
     """Use this process's Ray, else join a running cluster, else start a local instance on 127.0.0.1
     for this run. Returns True when the instance was started here (so shutdown stops it)."""
+    joining = bool(os.environ.get("RAY_ADDRESS")) or _raylet_running()
+    if not joining and "ray" not in sys.modules:
+        # NOTE: Ray rewrites a 127.0.0.1 node address to the LAN one, and binds its servers there, unless
+        # it runs in single-machine mode, which it reads from this variable when first imported.
+        os.environ.setdefault(_SINGLE_MACHINE_ENV, "0")
     import ray
 
     if ray.is_initialized():
         return False
-    try:
+    if joining:
         ray.init(address="auto")
         return False
-    except ConnectionError:
-        pass
-    # NOTE: _node_ip_address keeps the GCS, raylet, object store and workers on loopback.
+    if os.environ.get(_SINGLE_MACHINE_ENV) != "0":
+        logger.warning("Ray was imported before %s=0 was set: the local Ray instance will listen on this "
+                       "machine's LAN address. Set it in the environment to keep Ray on 127.0.0.1.",
+                       _SINGLE_MACHINE_ENV)
     ray.init(_node_ip_address="127.0.0.1", include_dashboard=False,
              num_cpus=max(num_workers, os.cpu_count() or 1))
     logger.info("Started a local Ray instance on 127.0.0.1 for %d workers.", num_workers)
     return True
+
+
+def _raylet_running() -> bool:
+    """Whether this machine is a node of a running Ray cluster (every node runs a raylet)."""
+    for process in psutil.process_iter(["name"]):
+        if process.info["name"] == "raylet":
+            return True
+    return False
 
 
 def _release(actors: list[Any], placement_group: Any, owns_ray: bool, rendezvous: str) -> None:
