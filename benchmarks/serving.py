@@ -18,7 +18,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -132,8 +132,10 @@ def summarize(results: list[RequestResult], duration: float) -> dict[str, float]
     return summary
 
 
-ROWS = [("Successful requests", "successful_requests", "{:.0f}"), ("Failed requests", "failed_requests", "{:.0f}"),
-        ("Benchmark duration (s)", "duration_s", "{:.2f}"), ("Total input tokens", "total_input_tokens", "{:.0f}"),
+ROWS = [("Successful requests", "successful_requests", "{:.0f}"),
+        ("Failed requests", "failed_requests", "{:.0f}"),
+        ("Benchmark duration (s)", "duration_s", "{:.2f}"),
+        ("Total input tokens", "total_input_tokens", "{:.0f}"),
         ("Total generated tokens", "total_output_tokens", "{:.0f}"),
         ("Request throughput (req/s)", "request_throughput", "{:.2f}"),
         ("Output token throughput (tok/s)", "output_throughput", "{:.2f}"),

@@ -70,7 +70,8 @@ class AsyncLLM:
         if self.errored:
             raise self.dead_error or self.engine_core.dead_error()
 
-    def process_inputs(self, request_id: str, prompt: PromptType, params: SamplingParams) -> EngineCoreRequest:
+    def process_inputs(self, request_id: str, prompt: PromptType, params: SamplingParams
+                       ) -> EngineCoreRequest:
         """Validate and tokenize without queuing anything (so a request of several prompts can be checked
         whole before any of it reaches the engine). Raises InvalidRequestError."""
         return self.input_processor.process(request_id, prompt, params)[1]

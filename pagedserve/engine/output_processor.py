@@ -146,9 +146,11 @@ class OutputProcessor:
     def _update_sample(sample: SampleState, output: EngineCoreOutput) -> bool:
         """Append the output to the sample; True when a stop string ended it before the engine did."""
         sample.token_ids.extend(output.new_token_ids)
-        for logprobs in output.new_logprobs or []:
-            sample.logprobs.append(logprobs)
-            sample.cumulative_logprob += next(iter(logprobs.values()))
+        if output.new_logprobs and sample.logprobs is not None:
+            for logprobs in output.new_logprobs:
+                sample.logprobs.append(logprobs)
+                # The sampled token comes first in each dict.
+                sample.cumulative_logprob = (sample.cumulative_logprob or 0.0) + next(iter(logprobs.values()))
         stop = sample.detokenizer.update(output.new_token_ids)
         if stop is not None:
             sample.finish_reason, sample.stop_reason = "stop", stop

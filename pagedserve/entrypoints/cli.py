@@ -19,7 +19,8 @@ def _init_serve(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]
         description="Start the OpenAI-compatible server (the same flags as "
                     "`python -m pagedserve.entrypoints.openai.api_server`, vLLM's names).")
     parser.add_argument("model_tag", nargs="?", default=None,
-                        help="The model to serve (like --model). Default: the embedded SmolLM2-135M-Instruct.")
+                        help="The model to serve (like --model). Default: the embedded "
+                             "SmolLM2-135M-Instruct.")
     make_arg_parser(parser)
     parser.set_defaults(handler=_serve)
 

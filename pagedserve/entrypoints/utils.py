@@ -2,7 +2,7 @@
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from starlette.requests import Request

@@ -37,7 +37,8 @@ def run(tokenizer, params: SamplingParams, token_ids: list[int]) -> tuple[list, 
 def test_deltas_never_show_a_stop_string(tokenizer) -> None:
     tokens = tokenizer.encode(TEXT)
     stop = "o world"  # spans two tokens
-    results, aborts, _ = run(tokenizer, SamplingParams(stop=stop, output_kind=RequestOutputKind.DELTA), tokens)
+    params = SamplingParams(stop=stop, output_kind=RequestOutputKind.DELTA)
+    results, aborts, _ = run(tokenizer, params, tokens)
     deltas = [r.outputs[0].text for r in results]
     assert "".join(deltas) == "Hell" and aborts == ["r"]
     assert results[-1].finished and results[-1].outputs[0].stop_reason == stop

@@ -8,7 +8,8 @@ from pagedserve.sampling_params import RequestOutputKind, SamplingParams
 
 def test_engine_core_request_roundtrip() -> None:
     params = SamplingParams(n=2, temperature=0.7, seed=5, stop=["x", "yz"], stop_token_ids=[7],
-                            logit_bias={11: -3.5}, max_tokens=9, logprobs=2, output_kind=RequestOutputKind.DELTA)
+                            logit_bias={11: -3.5}, max_tokens=9, logprobs=2,
+                            output_kind=RequestOutputKind.DELTA)
     request = EngineCoreRequest("r1", [1, 2, 3], params, 2, 123.5)
     decoded = msgspec.msgpack.decode(msgspec.msgpack.encode([request]), type=list[EngineCoreRequest])[0]
     assert decoded == request
@@ -18,7 +19,7 @@ def test_engine_core_request_roundtrip() -> None:
 
 
 def test_engine_core_outputs_roundtrip() -> None:
-    outputs = EngineCoreOutputs([EngineCoreOutput("r1", [5], [{5: -0.1, 6: -2.0}], None, FinishReason.STOP, "x")],
-                                SchedulerStats(1, 2, 0.25, 3), 99.0, ["r1"])
+    output = EngineCoreOutput("r1", [5], [{5: -0.1, 6: -2.0}], None, FinishReason.STOP, "x")
+    outputs = EngineCoreOutputs([output], SchedulerStats(1, 2, 0.25, 3), 99.0, ["r1"])
     decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(outputs), type=EngineCoreOutputs)
     assert decoded == outputs and decoded.outputs[0].finish_reason is FinishReason.STOP

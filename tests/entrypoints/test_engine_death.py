@@ -19,8 +19,10 @@ MODEL = "tiny-f16"
 def server(tiny_llama: str):
     executable = shutil.which("pagedserve")
     assert executable, "the `pagedserve` console script is not installed (pip install -e .)"
-    server = RemoteServer([executable, "serve"], [tiny_llama, "--dtype", "float16", "--gpu-memory-utilization", "0.90",
-                                    "--max-model-len", "256", "--kv-cache-memory", "4MiB", "--served-model-name", MODEL])
+    # vLLM's flags as a vLLM user writes them (float16 runs on CPU too), plus a small KV cache.
+    args = [tiny_llama, "--dtype", "float16", "--gpu-memory-utilization", "0.90", "--max-model-len", "256",
+            "--kv-cache-memory", "4MiB", "--served-model-name", MODEL]
+    server = RemoteServer([executable, "serve"], args)
     yield server
     server.stop()
 

@@ -15,9 +15,11 @@ PROMPTS = ["Hello, my name is", "The capital of France is", "1 2 3 4"]
 
 @pytest.fixture(scope="module")
 def server(tiny_llama: str):
-    server = RemoteServer(API_SERVER, ["--model", tiny_llama, "--served-model-name", MODEL, "--kv-cache-memory",
-                                       "4MiB", "--max-logprobs", "5", "--uvicorn-log-level", "warning"],
-                          api_key=API_KEY, env={"PAGEDSERVE_API_KEY": API_KEY, "PAGEDSERVE_LOG_STATS_INTERVAL": "1"})
+    args = ["--model", tiny_llama, "--served-model-name", MODEL, "--kv-cache-memory", "4MiB",
+            "--max-logprobs", "5", "--uvicorn-log-level", "warning"]
+    # The key comes from the environment (the server's --api-key default); stats every second.
+    env = {"PAGEDSERVE_API_KEY": API_KEY, "PAGEDSERVE_LOG_STATS_INTERVAL": "1"}
+    server = RemoteServer(API_SERVER, args, api_key=API_KEY, env=env)
     yield server
     server.stop()
 
@@ -52,9 +54,8 @@ def test_completions_greedy_equal_offline(client: openai.OpenAI, llm: LLM) -> No
     by_ids = client.completions.create(model=MODEL, prompt=ids, max_tokens=16, temperature=0)
     assert by_ids.choices[0].text == response.choices[0].text
     assert response.usage.prompt_tokens == sum(len(llm.get_tokenizer().encode(p)) for p in PROMPTS)
-    assert response.usage.completion_tokens == sum(
-        len(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=16),
-                                                         use_tqdm=False))
+    offline = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)
+    assert response.usage.completion_tokens == sum(len(o.outputs[0].token_ids) for o in offline)
 
 
 def test_completion_stream_equals_full(client: openai.OpenAI) -> None:
@@ -102,11 +103,12 @@ def test_n_samples_and_seed(client: openai.OpenAI) -> None:
 
 
 def test_stop_strings(client: openai.OpenAI) -> None:
-    base = client.completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=16, temperature=0).choices[0].text
+    common = dict(model=MODEL, prompt=PROMPTS[2], max_tokens=16, temperature=0)
+    base = client.completions.create(**common).choices[0].text
     stop = base[len(base) // 2:][:3]
     cut = base.index(stop)
     for stream in (False, True):
-        kwargs = dict(model=MODEL, prompt=PROMPTS[2], max_tokens=16, temperature=0, stop=[stop], stream=stream)
+        kwargs = dict(common, stop=[stop], stream=stream)
         if stream:
             chunks = [c.choices[0] for c in client.completions.create(**kwargs)]
             text, last = "".join(c.text for c in chunks), chunks[-1]
@@ -115,20 +117,20 @@ def test_stop_strings(client: openai.OpenAI) -> None:
             text = last.text
         assert text == base[:cut] and last.finish_reason == "stop"
         assert last.model_extra["stop_reason"] == stop
-    included = client.completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=16, temperature=0, stop=stop,
+    included = client.completions.create(**common, stop=stop,
                                          extra_body={"include_stop_str_in_output": True})
     assert included.choices[0].text == base[:cut + len(stop)]
 
 
 def test_completion_logprobs_and_echo(client: openai.OpenAI) -> None:
-    response = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=5, temperature=0, logprobs=2)
+    common = dict(model=MODEL, prompt=PROMPTS[0], max_tokens=5, temperature=0)
+    response = client.completions.create(**common, logprobs=2)
     logprobs = response.choices[0].logprobs
     assert len(logprobs.tokens) == len(logprobs.token_logprobs) == 5
     assert "".join(logprobs.tokens) == response.choices[0].text
     for value, top in zip(logprobs.token_logprobs, logprobs.top_logprobs):
         assert value <= 0 and 2 <= len(top) <= 3 and max(top.values()) >= value
-    echoed = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=5, temperature=0, logprobs=1,
-                                       echo=True).choices[0]
+    echoed = client.completions.create(**common, logprobs=1, echo=True).choices[0]
     assert echoed.text == PROMPTS[0] + response.choices[0].text
     assert echoed.logprobs.token_logprobs[0] is None and len(echoed.logprobs.tokens) > 5
 
@@ -152,7 +154,8 @@ def post(server: RemoteServer, path: str, body: object, key: str | None = API_KE
 
 
 BAD_REQUESTS = [  # (path, body, status, param, words in the message)
-    ("/v1/completions", {"prompt": "hi", "max_tokens": 600}, 400, "max_tokens", "maximum context length is 512"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 600}, 400, "max_tokens",
+     "maximum context length is 512"),
     ("/v1/completions", {"prompt": "hi " * 600}, 400, "prompt", "maximum context length"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000}, 400,
      "max_tokens", "maximum context length"),
@@ -168,7 +171,8 @@ BAD_REQUESTS = [  # (path, body, status, param, words in the message)
      "stream"),
     ("/v1/completions", {"prompt": "hi", "model": "gpt-4"}, 404, "model", "does not exist"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages", "at least one"),
-    ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].role", "tool"),
+    ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].role",
+     "tool"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
      "messages[0].content", "text parts"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400,
@@ -187,8 +191,8 @@ def test_errors_are_openai_style_and_never_reach_the_engine(server: RemoteServer
         assert set(error) == {"message", "type", "param", "code"} and error["code"] == status
         assert error["param"] == param and words in error["message"], (body, error)
     after = server.metrics()
-    for name in ("pagedserve:prompt_tokens_total", 'pagedserve:request_success_total{finished_reason="abort"}',
-                 "pagedserve:request_queue_time_seconds_count"):
+    for name in ("pagedserve:prompt_tokens_total", "pagedserve:request_queue_time_seconds_count",
+                 'pagedserve:request_success_total{finished_reason="abort"}'):
         assert after[name] == before[name], name
 
 
@@ -239,8 +243,8 @@ def test_disconnect_aborts_and_frees_blocks(server: RemoteServer) -> None:
     server.wait_for(lambda: kv_idle(server), 10, "the stream's blocks to be freed")
     # Not streamed: the client gives up (read timeout) and the server aborts the request as well.
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.base_url + "/v1/completions", json={**body, "stream": False}, headers=server.headers(),
-                   timeout=httpx.Timeout(30, read=1.5))
+        httpx.post(server.base_url + "/v1/completions", json={**body, "stream": False},
+                   headers=server.headers(), timeout=httpx.Timeout(30, read=1.5))
     server.wait_for(lambda: kv_idle(server), 10, "the non-streamed request's blocks to be freed")
     after = server.metrics()
     assert after['pagedserve:request_success_total{finished_reason="abort"}'] == aborted + 2

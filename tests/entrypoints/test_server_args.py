@@ -34,9 +34,10 @@ def test_every_setting_has_a_documented_flag() -> None:
     for cls in (EngineArgs, ServerArgs):
         for field in dataclasses.fields(cls):
             assert "--" + field.name.replace("_", "-") in flags and field.metadata["help"]
-    engine, server = parse("--kv-cache-memory 1GiB --block-size 32 --max-num-seqs 8 --seed 3 --max-logprobs 2 "
-                           "--served-model-name m --api-key k --chat-template t.jinja --disable-log-stats "
-                           "--disable-log-requests --uvicorn-log-level debug --host 127.0.0.1".split())
+    engine, server = parse("--kv-cache-memory 1GiB --block-size 32 --max-num-seqs 8 --seed 3 "
+                           "--max-logprobs 2 --served-model-name m --api-key k --chat-template t.jinja "
+                           "--disable-log-stats --disable-log-requests --uvicorn-log-level debug "
+                           "--host 127.0.0.1".split())
     assert (engine.kv_cache_memory, engine.block_size, engine.served_model_name) == ("1GiB", 32, "m")
     assert server.disable_log_stats and server.disable_log_requests and server.uvicorn_log_level == "debug"
 

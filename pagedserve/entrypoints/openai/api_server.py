@@ -92,7 +92,8 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, metrics: PrometheusStat
     return app
 
 
-def _add_generation_routes(app: FastAPI, completion: OpenAIServingCompletion, chat: OpenAIServingChat) -> None:
+def _add_generation_routes(app: FastAPI, completion: OpenAIServingCompletion,
+                           chat: OpenAIServingChat) -> None:
     @app.post("/v1/completions", response_model=None)
     @with_cancellation
     async def create_completion(request: CompletionRequest, raw_request: Request

@@ -80,7 +80,7 @@ def register_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(str(exc.detail), exc.status_code, headers=exc.headers)
+        return error_response(str(exc.detail), exc.status_code, headers=dict(exc.headers or {}))
 
     @app.exception_handler(PagedServeError)
     async def on_pagedserve_error(_: Request, exc: PagedServeError) -> JSONResponse:

@@ -4,12 +4,20 @@ Unknown request fields are errors (400), not silently dropped. Ranges are checke
 SamplingParams; here only types and what SamplingParams cannot know.
 """
 import time
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from pagedserve.errors import InvalidRequestError
 from pagedserve.sampling_params import RequestOutputKind, SamplingParams
+
+
+T = TypeVar("T")
+
+
+def _or(value: T | None, default: T) -> T:
+    """OpenAI's default for a field the client left out (or sent as null)."""
+    return default if value is None else value
 
 
 class OpenAIBaseModel(BaseModel):
@@ -64,17 +72,18 @@ class SamplingRequest(OpenAIBaseModel):
             except ValueError as exc:
                 raise InvalidRequestError(f"logit_bias keys must be token ids (integers as strings): {exc}.",
                                           param="logit_bias") from exc
-        unset = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
-                 "presence_penalty": 0.0, "frequency_penalty": 0.0}
-        values = {name: default if getattr(self, name) is None else getattr(self, name)
-                  for name, default in unset.items()}
         return SamplingParams(
-            n=self.n, seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
-            ignore_eos=self.ignore_eos, max_tokens=max_tokens, min_tokens=self.min_tokens,
-            logprobs=logprobs, prompt_logprobs=prompt_logprobs, skip_special_tokens=self.skip_special_tokens,
+            n=self.n, temperature=_or(self.temperature, 1.0), top_p=_or(self.top_p, 1.0),
+            top_k=_or(self.top_k, 0), min_p=_or(self.min_p, 0.0),
+            repetition_penalty=_or(self.repetition_penalty, 1.0),
+            presence_penalty=_or(self.presence_penalty, 0.0),
+            frequency_penalty=_or(self.frequency_penalty, 0.0),
+            seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
+            max_tokens=max_tokens, min_tokens=self.min_tokens, logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs, skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output, logit_bias=bias,
             truncate_prompt_tokens=self.truncate_prompt_tokens,
-            output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY, **values)
+            output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY)
 
 
 class CompletionRequest(SamplingRequest):

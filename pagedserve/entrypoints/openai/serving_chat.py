@@ -36,7 +36,9 @@ class OpenAIServingChat(OpenAIServing):
         self.check_model(request.model)
         request.check_supported()
         prompt_ids = self.render([m.model_dump() for m in request.messages], request.add_generation_prompt)
-        max_tokens = request.max_tokens if request.max_completion_tokens is None else request.max_completion_tokens
+        max_tokens = request.max_completion_tokens
+        if max_tokens is None:
+            max_tokens = request.max_tokens
         params = request.to_sampling_params(max_tokens, request.num_logprobs())
         request_id = random_id("chatcmpl")
         core = self.engine.process_inputs(request_id, {"prompt_token_ids": prompt_ids}, params)
@@ -44,15 +46,14 @@ class OpenAIServingChat(OpenAIServing):
         if request.stream:
             return StreamingResponse(self._stream(request, request_id, len(prompt_ids), outputs),
                                      media_type="text/event-stream")
-        final: RequestOutput | None = None
-        async for final in outputs:
-            pass
-        assert final is not None  # generate() always ends with a finished output or raises
+        samples: list[CompletionOutput] = []
+        async for output in outputs:  # FINAL_ONLY: one output, the finished one
+            samples = output.outputs
         choices = [ChatChoice(index=s.index, message=ChatResponseMessage(content=s.text),
                               logprobs=self._logprobs(request, s), finish_reason=s.finish_reason,
-                              stop_reason=s.stop_reason) for s in final.outputs]
-        return ChatCompletionResponse(id=request_id, model=self.model_name, choices=choices,
-                                      usage=usage_info(len(prompt_ids), sum(len(s.token_ids) for s in final.outputs)))
+                              stop_reason=s.stop_reason) for s in samples]
+        usage = usage_info(len(prompt_ids), sum(len(s.token_ids) for s in samples))
+        return ChatCompletionResponse(id=request_id, model=self.model_name, choices=choices, usage=usage)
 
     async def _stream(self, request: ChatCompletionRequest, request_id: str, num_prompt_tokens: int,
                       outputs: AsyncGenerator[RequestOutput, None]) -> AsyncGenerator[str, None]:
@@ -77,8 +78,8 @@ class OpenAIServingChat(OpenAIServing):
                                                  logprobs=logprobs, finish_reason=sample.finish_reason,
                                                  stop_reason=sample.stop_reason))
             if request.include_usage_in_stream():
-                yield sse(ChatCompletionChunk(id=request_id, created=created, model=self.model_name, choices=[],
-                                              usage=usage_info(num_prompt_tokens, num_generated)))
+                yield sse(ChatCompletionChunk(id=request_id, created=created, model=self.model_name,
+                                              choices=[], usage=usage_info(num_prompt_tokens, num_generated)))
         except Exception as exc:  # e.g. the engine died: tell the client in the stream
             yield stream_error_event(exc)
         yield SSE_DONE

@@ -1,6 +1,6 @@
 """POST /v1/completions: one or many prompts (text or token ids), n samples each, streamed or not."""
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 
 from fastapi.responses import StreamingResponse
@@ -16,7 +16,7 @@ from pagedserve.errors import InvalidRequestError
 from pagedserve.outputs import CompletionOutput, RequestOutput
 from pagedserve.protocol import EngineCoreRequest
 
-Logprobs = list[dict[int, float] | None]
+Logprobs = Sequence[dict[int, float] | None]
 
 
 @dataclass
@@ -106,8 +106,9 @@ class OpenAIServingCompletion(OpenAIServing):
                     yield sse(CompletionResponse(id=batch.request_id, created=batch.created,
                                                  model=self.model_name, choices=[choice]))
             if batch.request.include_usage_in_stream():
-                yield sse(CompletionResponse(id=batch.request_id, created=batch.created, model=self.model_name,
-                                             choices=[], usage=usage_info(batch.num_prompt_tokens, num_generated)))
+                usage = usage_info(batch.num_prompt_tokens, num_generated)
+                yield sse(CompletionResponse(id=batch.request_id, created=batch.created,
+                                             model=self.model_name, choices=[], usage=usage))
         except Exception as exc:  # e.g. the engine died: tell the client in the stream
             yield stream_error_event(exc)
         yield SSE_DONE
@@ -115,12 +116,13 @@ class OpenAIServingCompletion(OpenAIServing):
     def _choice(self, batch: _Batch, prompt_index: int, sample: CompletionOutput,
                 prompt_logprobs: Logprobs | None, text_offset: int, first: bool = True) -> CompletionChoice:
         """A choice of `sample` (whole, or a delta); the echoed prompt goes first in a choice's first one."""
-        text, token_ids, logprobs = sample.text, sample.token_ids, sample.logprobs
+        text, token_ids = sample.text, sample.token_ids
+        logprobs: Logprobs | None = sample.logprobs
         if batch.echo_texts is not None and first:
             text = batch.echo_texts[prompt_index] + text
             token_ids = batch.core_requests[prompt_index].prompt_token_ids + token_ids
             if logprobs is not None:
-                logprobs = list(prompt_logprobs or []) + logprobs
+                logprobs = [*(prompt_logprobs or []), *logprobs]
         choice_logprobs = None
         if batch.request.logprobs is not None and logprobs is not None:
             choice_logprobs = self._logprobs(token_ids, logprobs, text_offset)

@@ -23,7 +23,8 @@ class OpenAIServingTokenization(OpenAIServing):
         if (request.prompt is None) == (request.messages is None):
             raise InvalidRequestError("Give exactly one of prompt and messages.", param="prompt")
         if request.messages is not None:
-            tokens = self.render_chat([m.model_dump() for m in request.messages], request.add_generation_prompt)
+            messages = [m.model_dump() for m in request.messages]
+            tokens = self.render_chat(messages, request.add_generation_prompt)
         else:
             tokens = self.tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
         return TokenizeResponse(count=len(tokens), max_model_len=self.max_model_len, tokens=list(tokens))
@@ -34,6 +35,6 @@ class OpenAIServingTokenization(OpenAIServing):
         vocab = self.engine.config.model.vocab_size
         bad = [t for t in request.tokens if not 0 <= t < vocab]
         if bad:
-            raise InvalidRequestError(f"Token id {bad[0]} is out of vocabulary (valid ids: 0 to {vocab - 1}).",
-                                      param="tokens")
+            raise InvalidRequestError(f"Token id {bad[0]} is out of vocabulary (valid ids: 0 to "
+                                      f"{vocab - 1}).", param="tokens")
         return DetokenizeResponse(prompt=self.tokenizer.decode(request.tokens))
