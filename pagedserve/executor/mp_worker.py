@@ -30,7 +30,7 @@ _PARENT_POLL_S = 1.0
 
 @dataclass(frozen=True)
 class WorkerProcessSpec:
-    """Everything a worker process needs; pickled once into the spawned process."""
+    """Everything a worker process needs; pickled into it when it starts."""
 
     config: EngineConfig
     rank: int

@@ -1,4 +1,4 @@
-"""Multiprocess executor: one spawned worker process per rank on this machine, joined by torch.distributed
+"""Multiprocess executor: one worker process per rank on this machine, joined by torch.distributed
 (gloo on CPU, NCCL on CUDA) with every socket on 127.0.0.1. The engine keeps no model: it pickles each
 call once, writes the bytes to every rank's pipe, and waits on the pipes and the processes' sentinels
 together, so a dead or hung rank becomes an EngineDeadError instead of a silent hang."""
@@ -44,7 +44,8 @@ class MultiprocExecutor(Executor):
         self._failure: EngineDeadError | None = None
         self._rendezvous = tempfile.mkdtemp(prefix="pagedserve-tp-")
         # NOTE: a file rendezvous opens no port; tcp:// would listen on every interface.
-        init = DistributedInit(f"file://{os.path.join(self._rendezvous, 'store')}", parallel.tensor_parallel_size,
+        store = os.path.join(self._rendezvous, "store")
+        init = DistributedInit(f"file://{store}", parallel.tensor_parallel_size,
                                "nccl" if config.device == "cuda" else "gloo", self.timeout_s,
                                loopback_only=True)
         context = _worker_context(config)
@@ -75,9 +76,9 @@ class MultiprocExecutor(Executor):
         results = self._gather(method)
         return results if unique_reply_rank is None else [results[unique_reply_rank]]
 
-    def worker_pids(self) -> list[int]:
+    def worker_pids(self) -> list[int | None]:
         """The process id of each rank, in rank order."""
-        return [w.process.pid for w in self.workers if w.process.pid is not None]
+        return [w.process.pid for w in self.workers]
 
     def shutdown(self) -> None:
         self._finalizer()
@@ -151,7 +152,7 @@ def _worker_context(config: EngineConfig) -> multiprocessing.context.BaseContext
     return context
 
 
-def _stop_workers(workers: list[_WorkerHandle], rendezvous: str | None, graceful: bool) -> None:
+def _stop_workers(workers: list[_WorkerHandle], rendezvous: str, graceful: bool) -> None:
     """Ask each worker to leave (graceful), then kill whatever is still running. Idempotent."""
     if graceful:
         for worker in workers:
@@ -167,5 +168,4 @@ def _stop_workers(workers: list[_WorkerHandle], rendezvous: str | None, graceful
             worker.process.kill()
         worker.process.join(1.0)
         worker.conn.close()
-    if rendezvous is not None:
-        shutil.rmtree(rendezvous, ignore_errors=True)
+    shutil.rmtree(rendezvous, ignore_errors=True)

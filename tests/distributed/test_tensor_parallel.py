@@ -89,7 +89,8 @@ def _config(**kwargs) -> None:
 def test_pipeline_parallel_rejected(tiny_llama: str) -> None:
     parser = argparse.ArgumentParser()
     EngineArgs.add_cli_args(parser)
-    args = EngineArgs.from_cli_args(parser.parse_args(["--model", tiny_llama, "--pipeline-parallel-size", "2"]))
+    flags = ["--model", tiny_llama, "--pipeline-parallel-size", "2"]
+    args = EngineArgs.from_cli_args(parser.parse_args(flags))
     with pytest.raises(ConfigError, match=r"pipeline_parallel_size=2 is not supported yet.*"
                                           r"--pipeline-parallel-size 1"):
         args.create_engine_config()
