@@ -21,8 +21,12 @@ class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.executor = get_executor_class(config)(config)
-        self.kv_cache_config = self._size_kv_cache()
-        self.executor.initialize_kv_cache(self.kv_cache_config.num_blocks)
+        try:
+            self.kv_cache_config = self._size_kv_cache()
+            self.executor.initialize_kv_cache(self.kv_cache_config.num_blocks)
+        except BaseException:
+            self.executor.shutdown()  # no worker outlives a failed start
+            raise
         self.scheduler = Scheduler(config.scheduler, KVCacheManager(self.kv_cache_config.num_blocks,
                                                                     config.cache.block_size))
 
