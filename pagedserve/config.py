@@ -18,7 +18,8 @@ logger = init_logger(__name__)
 
 SUPPORTED_BLOCK_SIZES = (8, 16, 32)
 SUPPORTED_DTYPES = ("auto", "float32", "float16", "bfloat16")
-_MODEL_TYPE_TO_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+# model_type -> architecture: every supported family (models/<model_type>.py defines the class).
+MODEL_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                        "qwen2": "Qwen2ForCausalLM"}
 
 
@@ -199,7 +200,10 @@ class EngineArgs:
             logger.info("No model given: using the embedded default %s (%s).", DEFAULT_MODEL_NAME, model)
         hf_config, gguf_file = _load_hf_config(model)
         archs = getattr(hf_config, "architectures", None) or [
-            _MODEL_TYPE_TO_ARCH.get(hf_config.model_type, hf_config.model_type)]
+            MODEL_ARCHITECTURES.get(hf_config.model_type, hf_config.model_type)]
+        if archs[0] not in MODEL_ARCHITECTURES.values():
+            raise ConfigError(f"Model architecture {archs[0]!r} is not supported. Supported architectures: "
+                              f"{', '.join(sorted(MODEL_ARCHITECTURES.values()))}.")
         model_len = hf_config.max_position_embeddings
         window = _sliding_window(hf_config)
         if window and window < model_len:

@@ -111,7 +111,7 @@ def test_bad_kv_cache_memory_string(tiny_llama: str) -> None:
 def test_unsupported_architecture(tmp_path) -> None:
     from transformers import GPT2Config
 
-    GPT2Config(n_layer=1, n_embd=32, n_head=2).save_pretrained(tmp_path)
+    GPT2Config(n_layer=1, n_embd=32, n_head=2, architectures=["GPT2LMHeadModel"]).save_pretrained(tmp_path)
     with pytest.raises(ConfigError, match="'GPT2LMHeadModel' is not supported. Supported architectures: "
                                           "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM"):
         LLM(str(tmp_path))
