@@ -40,7 +40,8 @@ def _inv_freq(head_dim: int, params: dict[str, Any]) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotates q and k by position; cos/sin are precomputed in float32 for every position."""
+    """Rotates q and k by position; cos/sin are precomputed in float32 for every position. One instance
+    serves every layer of a model: the step's cos/sin rows are gathered once, by the first layer."""
 
     def __init__(self, head_dim: int, max_position: int, params: dict[str, Any]) -> None:
         super().__init__()
@@ -49,12 +50,16 @@ class RotaryEmbedding(nn.Module):
         # [max_position, head_dim // 2] each
         self.register_buffer("cos_cache", freqs.cos(), persistent=False)
         self.register_buffer("sin_cache", freqs.sin(), persistent=False)
+        self._step: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # positions, cos, sin
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T]; q [T, num_heads * head_dim]; k [T, num_kv_heads * head_dim]."""
-        cos = self.cos_cache[positions].repeat(1, 2).unsqueeze(1).to(q.dtype)  # [T, 1, head_dim]
-        sin = self.sin_cache[positions].repeat(1, 2).unsqueeze(1).to(q.dtype)
+        if self._step is None or self._step[0] is not positions:
+            cos = self.cos_cache[positions].repeat(1, 2).unsqueeze(1).to(q.dtype)  # [T, 1, head_dim]
+            sin = self.sin_cache[positions].repeat(1, 2).unsqueeze(1).to(q.dtype)
+            self._step = (positions, cos, sin)
+        _, cos, sin = self._step
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

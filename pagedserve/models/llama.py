@@ -25,16 +25,20 @@ class LlamaMLP(nn.Module):
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
+def _head_dim(config: Any) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 class LlamaAttention(nn.Module):
-    def __init__(self, config: Any, qkv_bias: bool) -> None:
+    def __init__(self, config: Any, qkv_bias: bool, rotary_emb: RotaryEmbedding) -> None:
         super().__init__()
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        head_dim = _head_dim(config)
         self.qkv_proj = QKVParallelLinear(config.hidden_size, head_dim, config.num_attention_heads,
                                           config.num_key_value_heads, bias=qkv_bias)
         self.q_size = self.qkv_proj.num_heads * head_dim
         self.kv_size = self.qkv_proj.num_kv_heads * head_dim
         self.o_proj = RowParallelLinear(config.num_attention_heads * head_dim, config.hidden_size)
-        self.rotary_emb = RotaryEmbedding(head_dim, config.max_position_embeddings, rope_parameters(config))
+        self.rotary_emb = rotary_emb
         self.attn = Attention(self.qkv_proj.num_heads, head_dim, head_dim**-0.5, self.qkv_proj.num_kv_heads)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
@@ -44,9 +48,9 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: Any, qkv_bias: bool) -> None:
+    def __init__(self, config: Any, qkv_bias: bool, rotary_emb: RotaryEmbedding) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, qkv_bias)
+        self.self_attn = LlamaAttention(config, qkv_bias, rotary_emb)
         self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -66,7 +70,9 @@ class LlamaModel(nn.Module):
     def __init__(self, config: Any, qkv_bias: bool) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, qkv_bias)
+        rotary_emb = RotaryEmbedding(_head_dim(config), config.max_position_embeddings,
+                                     rope_parameters(config))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, qkv_bias, rotary_emb)
                                     for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
