@@ -11,6 +11,9 @@ _EXPORTS = {
     "LLM": "pagedserve.entrypoints.llm",
     "EngineArgs": "pagedserve.config",
     "SamplingParams": "pagedserve.sampling_params",
+    "BeamSearchParams": "pagedserve.sampling_params",
+    "BeamSearchOutput": "pagedserve.outputs",
+    "BeamSearchSequence": "pagedserve.outputs",
     "RequestOutput": "pagedserve.outputs",
     "CompletionOutput": "pagedserve.outputs",
 }

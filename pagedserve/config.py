@@ -48,6 +48,11 @@ class CacheConfig:
     gpu_memory_utilization: float
     kv_cache_memory: int | None  # bytes; explicit budget (the way to size on CPU)
     num_gpu_blocks_override: int | None
+    enable_prefix_caching: bool = True
+    swap_space_bytes: int = 0  # host memory per worker for swapped-out KV blocks
+
+
+PREEMPTION_MODES = ("recompute", "swap")
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,7 @@ class SchedulerConfig:
     max_num_seqs: int
     max_num_batched_tokens: int
     max_model_len: int
+    preemption_mode: str | None = None  # None: swap groups that share blocks, recompute the others
 
 
 EXECUTOR_BACKENDS = ("uni", "mp", "ray")
@@ -74,6 +80,7 @@ class KVCacheConfig:
     num_blocks: int  # including the reserved null block
     block_size: int
     bytes_per_block: int
+    num_host_blocks: int = 0  # swap space, per worker
 
     @property
     def capacity_tokens(self) -> int:
@@ -110,6 +117,14 @@ class EngineArgs:
     kv_cache_memory: str | None = _arg(None, "Explicit KV-cache budget, e.g. '4GiB'. On CPU the default "
                                              "is the smaller of 4 GiB and a quarter of free RAM.")
     num_gpu_blocks_override: int | None = _arg(None, "Use exactly this many KV blocks (for tests).")
+    enable_prefix_caching: bool = _arg(True, "Reuse the KV blocks of earlier requests that start with the "
+                                             "same tokens (automatic prefix caching).")
+    swap_space: float = _arg(4.0, "Host memory (GiB) per worker for the KV blocks of preempted requests "
+                                  "that are swapped out rather than recomputed.")
+    preemption_mode: str | None = _arg(
+        None, "What happens to preempted requests: recompute (drop their KV, compute it again later) or "
+              "swap (copy it to --swap-space host memory). Default: swap for groups that share blocks "
+              "(parallel samples, beams), recompute for single requests.", choices=PREEMPTION_MODES)
     max_num_seqs: int = _arg(256, "Maximum requests in one step.")
     max_num_batched_tokens: int | None = _arg(None, "Token budget of one step (default 2048, at least "
                                                     "max_num_seqs); longer prompts are chunked.")
@@ -171,12 +186,24 @@ class EngineArgs:
         return EngineConfig(
             model=model_config,
             cache=CacheConfig(self.block_size, self.gpu_memory_utilization, kv_bytes,
-                              self.num_gpu_blocks_override),
-            scheduler=SchedulerConfig(self.max_num_seqs, batched, model_config.max_model_len),
+                              self.num_gpu_blocks_override, self.enable_prefix_caching, self._swap_bytes()),
+            scheduler=SchedulerConfig(self.max_num_seqs, batched, model_config.max_model_len,
+                                      self.preemption_mode),
             parallel=parallel,
             device=device,
             enforce_eager=self.enforce_eager,
         )
+
+    def _swap_bytes(self) -> int:
+        if self.swap_space < 0:
+            raise ConfigError(f"swap_space={self.swap_space} GiB must not be negative (--swap-space).")
+        if self.preemption_mode not in (None, *PREEMPTION_MODES):
+            raise ConfigError(f"preemption_mode={self.preemption_mode!r} is not supported; "
+                              f"--preemption-mode must be one of {', '.join(PREEMPTION_MODES)}.")
+        if self.preemption_mode == "swap" and self.swap_space == 0:
+            raise ConfigError("--preemption-mode swap needs host memory to swap to: set --swap-space "
+                              "(GiB) above 0, or use --preemption-mode recompute.")
+        return int(self.swap_space * 2**30)
 
     def _parallel_config(self, device: str, hf_config: Any) -> ParallelConfig:
         tp = self.tensor_parallel_size

@@ -32,3 +32,21 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class BeamSearchSequence:
+    """One final beam of `LLM.beam_search` (vLLM's layout): `tokens` holds the prompt's and the generated
+    token ids, `text` their decoded text."""
+
+    tokens: list[int]
+    text: str
+    cum_logprob: float
+    finish_reason: str | None = None  # "stop" (EOS) | "length"
+
+
+@dataclass
+class BeamSearchOutput:
+    """The best beams of one prompt, best first (by cumulative logprob / length ** length_penalty)."""
+
+    sequences: list[BeamSearchSequence]

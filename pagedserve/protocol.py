@@ -3,7 +3,7 @@ import enum
 
 import msgspec
 
-from pagedserve.sampling_params import SamplingParams
+from pagedserve.sampling_params import BeamSearchParams, SamplingParams
 
 
 class FinishReason(enum.IntEnum):
@@ -21,16 +21,26 @@ class EngineCoreRequestType(bytes, enum.Enum):
     ADD = b"\x00"  # payload: list[EngineCoreRequest]
     ABORT = b"\x01"  # payload: list[str], engine-core request ids
     SHUTDOWN = b"\x02"  # no payload
+    BLOCK_SNAPSHOT = b"\x04"  # no payload; answered by an EngineCoreOutputs carrying `block_snapshot`
+    RESET_PREFIX_CACHE = b"\x03"  # no payload
 
 
 class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
-    """A tokenized, validated request. `max_tokens` is resolved (never None here)."""
+    """A tokenized, validated request. `max_tokens` is resolved (never None here).
+
+    `cache_salt`: prefix-cache hits only between requests with the same salt (tenants).
+    `group_id`: the frontend request this is one sample of (n / best_of > 1); samples of one group
+    share the prompt's KV blocks. `beam_search`: run a beam search; its `sampling_params.n` best
+    beams come back as the outputs of `child_request_id(request_id, i, n)`."""
 
     request_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     eos_token_id: int | None
     arrival_time: float
+    cache_salt: str | None = None
+    group_id: str | None = None
+    beam_search: BeamSearchParams | None = None
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -43,6 +53,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     prompt_logprobs: list[dict[int, float] | None] | None = None
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
+    cumulative_logprob: float | None = None  # set on the final outputs of a beam search
 
     @property
     def finished(self) -> bool:
@@ -56,8 +67,37 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
     num_waiting_reqs: int = 0
     kv_cache_usage: float = 0.0  # fraction of blocks in use
     num_preemptions_total: int = 0  # cumulative: consumers take differences
+    # Slots of the blocks in the requests' block tables (a shared block counts once per holder), and
+    # the tokens the running requests have computed: the difference is paging's waste.
     num_kv_slots_allocated: int = 0
     num_kv_tokens_stored: int = 0
+    num_shared_blocks: int = 0  # blocks held by more than one request
+    num_blocks_saved: int = 0  # blocks the holders would need on top if nothing were shared
+    num_swapped_reqs: int = 0
+    # Prefix cache, cumulative (consumers take differences): prompt tokens looked up, and found.
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+
+
+def child_request_id(request_id: str, index: int, n: int) -> str:
+    """The engine-core id of sample `index` of a request with `n` samples (or of its index-th best
+    beam): the request's own id when there is only one."""
+    return request_id if n == 1 else f"{index}_{request_id}"
+
+
+class BlockSnapshot(msgspec.Struct, array_like=True):
+    """The KV block pool at one moment (engine/block_state.py), for the dashboard. `cells`: one per
+    `blocks_per_cell` usable blocks: 0 free, -1 free but holding a revivable cached prefix, -2 shared
+    by several requests, k >= 1 held by `request_ids[k - 1]` alone."""
+
+    num_blocks: int  # usable (the reserved null block left out)
+    block_size: int
+    blocks_per_cell: int
+    cells: list[int]
+    request_ids: list[str]
+    num_free_blocks: int  # cached ones included: they are evicted on demand
+    num_cached_blocks: int
+    num_shared_blocks: int
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -68,3 +108,4 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
     scheduler_stats: SchedulerStats | None = None
     timestamp: float = 0.0
     scheduled_request_ids: list[str] = []
+    block_snapshot: BlockSnapshot | None = None  # only in the answer to BLOCK_SNAPSHOT

@@ -24,6 +24,7 @@ class SamplingParams:
     the context window. Raises InvalidRequestError naming the field and its allowed range."""
 
     n: int = 1
+    best_of: int | None = None  # sample this many, return the n with the highest cumulative logprob
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -58,6 +59,8 @@ class SamplingParams:
 
     def _validate(self) -> None:
         _check(self.n >= 1, "n", f"must be at least 1, got {self.n}.")
+        if self.best_of is not None:
+            _check(self.best_of >= self.n, "best_of", f"must be at least n={self.n}, got {self.best_of}.")
         _check(self.temperature >= 0.0, "temperature", f"must be non-negative, got {self.temperature}.")
         _check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}.")
         _check(self.top_k >= -1, "top_k", f"must be -1 or 0 (disable), or at least 1, got {self.top_k}.")
@@ -87,3 +90,31 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def num_samples(self) -> int:
+        """How many sequences the engine generates: best_of when set, else n."""
+        return self.best_of or self.n
+
+
+@dataclass
+class BeamSearchParams:
+    """Beam search with HF transformers' semantics (`num_beams=beam_width`, `length_penalty`,
+    `early_stopping`): each step keeps the `beam_width` best continuations by cumulative logprob;
+    a beam that emits EOS (unless `ignore_eos`) or reaches `max_tokens` becomes a hypothesis scored
+    cumulative_logprob / generated_length ** length_penalty. `early_stopping`: True stops once
+    `beam_width` hypotheses exist; False (HF's default) stops when the best running beam, scored at
+    its current length, cannot beat the worst hypothesis; "never" scores it at `max_tokens` instead
+    (when length_penalty > 0). Raises InvalidRequestError naming the field."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+
+    def __post_init__(self) -> None:
+        _check(self.beam_width >= 1, "beam_width", f"must be at least 1, got {self.beam_width}.")
+        _check(self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}.")
+        _check(self.early_stopping in (True, False, "never"), "early_stopping",
+               f"must be true, false or 'never', got {self.early_stopping!r}.")

@@ -1,20 +1,30 @@
-"""The pool of KV-cache blocks: ids, reference counts and a free list."""
-from collections import deque
-from collections.abc import Iterable
+"""The pool of KV-cache blocks: ids, reference counts, a free queue and the prefix cache's hash table."""
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from pagedserve.core.hashing import BlockHash
 
 
 @dataclass(slots=True)
 class KVCacheBlock:
-    """One block of `block_size` token slots in every layer's K and V tensors."""
+    """One block of `block_size` token slots in every layer's K and V tensors. `ref_cnt` counts the
+    requests whose block table holds it (sharing: prefix hits, forks of parallel samples and beams)."""
 
     block_id: int
     ref_cnt: int = 0
+    # Set while the block is full, computed and findable in the prefix cache.
+    block_hash: BlockHash | None = None
+    token_ids: tuple[int, ...] | None = None  # the block's tokens, to verify a hit
 
 
 class BlockPool:
     """Hands out blocks from a fixed pool. Block 0 is the reserved null block: it pads block tables
-    and is never allocated, so a stray write through padding can never corrupt a live request."""
+    and is never allocated, so a stray write through padding can never corrupt a live request.
+
+    Free blocks wait in one queue, first out first reused. A freed block that is in the prefix cache
+    joins the back (it stays revivable, and the least recently used one is evicted first); a freed
+    block without a hash joins the front (nothing is lost by reusing it at once)."""
 
     def __init__(self, num_blocks: int) -> None:
         assert num_blocks >= 2, "one null block plus at least one usable block"
@@ -22,32 +32,93 @@ class BlockPool:
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.null_block = self.blocks[0]
         self.null_block.ref_cnt = 1
-        self._free: deque[KVCacheBlock] = deque(self.blocks[1:])
+        self._free: OrderedDict[int, KVCacheBlock] = OrderedDict((b.block_id, b) for b in self.blocks[1:])
+        self.cached: dict[BlockHash, KVCacheBlock] = {}
+        # Counters for the sharing metrics, kept up to date on every reference change (O(1) reads).
+        self._num_refs = 0  # sum of ref_cnt over usable blocks
+        self._num_used = 0  # usable blocks with ref_cnt > 0
+        self.num_shared_blocks = 0  # usable blocks with ref_cnt > 1
 
     @property
     def num_usable_blocks(self) -> int:
         return self.num_blocks - 1
 
     def get_num_free_blocks(self) -> int:
+        """Blocks no request holds, revivable cached ones included (they are evicted on demand)."""
         return len(self._free)
 
     def allocate(self, num_blocks: int) -> list[KVCacheBlock]:
-        """Take `num_blocks` free blocks (ref_cnt 1). The caller checks availability first."""
+        """Take `num_blocks` blocks from the front of the free queue (ref_cnt 1), evicting their hashes.
+        The caller checks availability first."""
         assert num_blocks <= len(self._free), f"asked {num_blocks} blocks, {len(self._free)} free"
-        blocks = [self._free.popleft() for _ in range(num_blocks)]
+        blocks = [self._free.popitem(last=False)[1] for _ in range(num_blocks)]
         for block in blocks:
-            assert block.ref_cnt == 0, f"block {block.block_id} allocated while in use"
-            block.ref_cnt = 1
+            self._evict(block)
+            self._incref(block)
         return blocks
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Add one reference to each block (a prefix hit, a fork); a free cached block is revived."""
+        for block in blocks:
+            if block.ref_cnt == 0:
+                del self._free[block.block_id]
+            self._incref(block)
 
     def free(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference to each block; a block whose count reaches zero is free again."""
         for block in blocks:
             assert block.ref_cnt > 0 and block is not self.null_block, f"double free of {block.block_id}"
             block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                self._free.append(block)
+            self._num_refs -= 1
+            if block.ref_cnt == 1:
+                self.num_shared_blocks -= 1
+            elif block.ref_cnt == 0:
+                self._num_used -= 1
+                self._free[block.block_id] = block
+                if block.block_hash is None:
+                    self._free.move_to_end(block.block_id, last=False)
+
+    def lookup(self, block_hash: BlockHash, token_ids: Sequence[int]) -> KVCacheBlock | None:
+        """The cached block with this hash whose tokens are exactly `token_ids`, else None."""
+        block = self.cached.get(block_hash)
+        if block is None or block.token_ids != tuple(token_ids):
+            return None
+        return block
+
+    def cache(self, block: KVCacheBlock, block_hash: BlockHash, token_ids: Sequence[int]) -> None:
+        """Make a full, computed block findable. A block whose content is already cached (computed
+        twice, e.g. by two requests admitted before either finished it) stays private."""
+        if block.block_hash is None and block_hash not in self.cached:
+            block.block_hash, block.token_ids = block_hash, tuple(token_ids)
+            self.cached[block_hash] = block
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every hash (blocks in use stay allocated, just no longer findable). Returns how many
+        blocks were in the cache."""
+        num_cached = len(self.cached)
+        for block in self.cached.values():
+            block.block_hash = block.token_ids = None
+        self.cached.clear()
+        return num_cached
 
     def usage(self) -> float:
         """Fraction of usable blocks in use."""
-        return 1.0 - len(self._free) / self.num_usable_blocks
+        return self._num_used / self.num_usable_blocks
+
+    @property
+    def num_blocks_saved(self) -> int:
+        """Blocks that the current owners would need on top of the used ones if nothing were shared."""
+        return self._num_refs - self._num_used
+
+    def _incref(self, block: KVCacheBlock) -> None:
+        if block.ref_cnt == 0:
+            self._num_used += 1
+        elif block.ref_cnt == 1:
+            self.num_shared_blocks += 1
+        block.ref_cnt += 1
+        self._num_refs += 1
+
+    def _evict(self, block: KVCacheBlock) -> None:
+        if block.block_hash is not None:
+            del self.cached[block.block_hash]
+            block.block_hash = block.token_ids = None

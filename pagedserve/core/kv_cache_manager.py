@@ -1,37 +1,126 @@
-"""Per-request block tables over the block pool."""
+"""Per-request block tables over the block pool: allocation, prefix caching, forks and copy-on-write."""
+from collections import Counter
+
 from pagedserve.core.block_pool import BlockPool, KVCacheBlock
+from pagedserve.core.hashing import extend_block_hashes
 from pagedserve.core.request import Request
 from pagedserve.utils import cdiv
 
+Plan = list[tuple[Request, int]]  # (request, number of new tokens to compute this step)
+
 
 class KVCacheManager:
-    """Owns every request's block list. Blocks are allocated only as a request grows, so waste is at
-    most one partly filled block per request, and all of them return to the pool when it ends."""
+    """Owns every request's block table. Blocks are allocated only as a request grows, so waste is at
+    most one partly filled block per request, and all of them return to the pool when it ends.
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    Sharing: a block may sit in several tables (`ref_cnt`). Full blocks are shared through the prefix
+    cache (content hashes, `enable_caching`) and through forks; they are never written again. A partly
+    filled block is shared only by a fork; whoever writes into it while others still hold it gets a
+    copy first (copy-on-write): `take_block_copies()` lists the (src, dst) copies the workers must make
+    before the step's forward, and `rewritten` the requests whose table changed other than by
+    appending (the workers need their whole table again)."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
         self.block_size = block_size
+        self.enable_caching = enable_caching
         self.block_pool = BlockPool(num_blocks)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.num_cached_blocks: dict[str, int] = {}  # leading blocks of each table already offered to the cache
+        self.rewritten: set[str] = set()
+        self._copies: list[tuple[int, int]] = []
+        self.prefix_cache_queries = 0  # tokens looked up (cumulative)
+        self.prefix_cache_hits = 0  # tokens found
 
-    def allocate_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:
-        """Make room for `num_new_tokens` more tokens of `request` after its computed ones.
-        Returns the ids of newly allocated blocks (maybe empty), or None when the pool is short:
-        the caller then preempts someone or waits."""
-        blocks = self.req_to_blocks.setdefault(request.request_id, [])
-        num_needed = cdiv(request.num_computed_tokens + num_new_tokens, self.block_size) - len(blocks)
-        if num_needed <= 0:
-            return []
-        if num_needed > self.block_pool.get_num_free_blocks():
+    def get_computed_blocks(self, request: Request) -> list[KVCacheBlock] | None:
+        """The longest run of cached blocks that starts the request's tokens, verified token by token.
+        It never covers the last token, so at least one is computed (its logits are sampled). None (no
+        lookup) when caching is off, or for a request that wants prompt logprobs (every position must
+        be computed)."""
+        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
             return None
-        new_blocks = self.block_pool.allocate(num_needed)
+        size, tokens = self.block_size, request.all_token_ids
+        max_blocks = (request.num_tokens - 1) // size
+        extend_block_hashes(request.block_hashes, tokens, size, max_blocks, request.cache_salt)
+        hits: list[KVCacheBlock] = []
+        for index, block_hash in enumerate(request.block_hashes[:max_blocks]):
+            block = self.block_pool.lookup(block_hash, tokens[index * size:(index + 1) * size])
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       new_computed_blocks: list[KVCacheBlock] | None = None) -> list[int] | None:
+        """Make room for `num_new_tokens` more tokens of `request` after its computed ones (and after
+        `new_computed_blocks`, the prefix hits of a request being admitted, which the caller then counts
+        as computed). Copies a shared, partly filled block before it is written. Returns the ids of the
+        blocks appended to the table (maybe none), or None when the pool is short: nothing changed then,
+        and the caller preempts someone or waits."""
+        hits = new_computed_blocks or []
+        blocks = self.req_to_blocks.get(request.request_id, [])
+        start = request.num_computed_tokens + len(hits) * self.block_size
+        num_new_blocks = max(0, cdiv(start + num_new_tokens, self.block_size) - len(blocks) - len(hits))
+        shared = self._shared_block_written(blocks, start, num_new_tokens)
+        revived = sum(1 for block in hits if block.ref_cnt == 0)
+        if num_new_blocks + (shared is not None) + revived > self.block_pool.get_num_free_blocks():
+            return None
+        self.block_pool.touch(hits)
+        blocks = self.req_to_blocks.setdefault(request.request_id, [])
+        blocks.extend(hits)
+        if shared is not None:
+            self._copy_on_write(request.request_id, blocks, start // self.block_size)
+        new_blocks = self.block_pool.allocate(num_new_blocks)
         blocks.extend(new_blocks)
-        return [block.block_id for block in new_blocks]
+        if new_computed_blocks is not None:
+            self.prefix_cache_queries += request.num_tokens
+            self.prefix_cache_hits += len(hits) * self.block_size
+        self._cache_full_blocks(request, blocks, start + num_new_tokens)
+        return [block.block_id for block in hits + new_blocks]
+
+    def num_blocks_needed(self, plan: Plan, tables: dict[str, list[KVCacheBlock]] | None = None) -> int:
+        """Free blocks that `allocate_slots` needs to grow every (request, num_new_tokens) of `plan`,
+        in order, copies on write included. For requests that already hold their blocks: in this
+        manager, or in `tables` (swapped out: blocks of another pool with the same sharing)."""
+        tables = self.req_to_blocks if tables is None else tables
+        total, writers = 0, Counter[int]()
+        shared: dict[int, KVCacheBlock] = {}
+        for request, num_new in plan:
+            blocks = tables.get(request.request_id, [])
+            total += max(0, cdiv(request.num_computed_tokens + num_new, self.block_size) - len(blocks))
+            block = self._shared_block_written(blocks, request.num_computed_tokens, num_new)
+            if block is not None:
+                writers[block.block_id] += 1
+                shared[block.block_id] = block
+        # NOTE: of k writers into a block with ref_cnt c, each copies while others hold it; the last
+        # one writes in place when c == k.
+        return total + sum(k - (shared[bid].ref_cnt == k) for bid, k in writers.items())
+
+    def fork(self, parent: Request, child: Request, num_tokens: int) -> None:
+        """Let `child` (holding no blocks) share the blocks of `parent` that hold its first
+        `num_tokens` tokens: one more reference each, no copy until someone writes."""
+        blocks = self.req_to_blocks.get(parent.request_id, [])[:cdiv(num_tokens, self.block_size)]
+        self.block_pool.touch(blocks)
+        self.req_to_blocks[child.request_id] = list(blocks)
+        self.num_cached_blocks[child.request_id] = min(self.num_cached_blocks.get(parent.request_id, 0),
+                                                       num_tokens // self.block_size)
 
     def free(self, request: Request) -> None:
-        """Return all blocks of a finished, aborted or preempted request to the pool."""
+        """Drop the request's references (finished, aborted, preempted or swapped out). Blocks nobody
+        else holds return to the pool; hashed ones stay revivable."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
-        # NOTE: tail blocks first, so the most request-specific blocks are reused first.
+        self.num_cached_blocks.pop(request.request_id, None)
+        self.rewritten.discard(request.request_id)
+        # NOTE: tail blocks first, so the most request-specific blocks are evicted first.
         self.block_pool.free(reversed(blocks))
+
+    def take_block_copies(self) -> list[tuple[int, int]]:
+        """The copies on write decided since the last call, (src, dst) block ids, in order."""
+        copies, self._copies = self._copies, []
+        return copies
+
+    def reset_prefix_cache(self) -> int:
+        """Make every cached block unfindable (running requests keep theirs). Returns how many were."""
+        return self.block_pool.reset_prefix_cache()
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [block.block_id for block in self.req_to_blocks.get(request_id, [])]
@@ -43,4 +132,36 @@ class KVCacheManager:
         return self.block_pool.usage()
 
     def num_allocated_slots(self) -> int:
+        """Slots in the requests' tables; a shared block counts once per holder."""
         return self.block_size * sum(len(blocks) for blocks in self.req_to_blocks.values())
+
+    def _shared_block_written(self, blocks: list[KVCacheBlock], start: int, num_new_tokens: int
+                              ) -> KVCacheBlock | None:
+        """The block that token `start` goes into, if it exists and others hold it too."""
+        index = start // self.block_size
+        if num_new_tokens > 0 and index < len(blocks) and blocks[index].ref_cnt > 1:
+            return blocks[index]
+        return None
+
+    def _copy_on_write(self, request_id: str, blocks: list[KVCacheBlock], index: int) -> None:
+        shared, copy = blocks[index], self.block_pool.allocate(1)[0]
+        self._copies.append((shared.block_id, copy.block_id))
+        blocks[index] = copy
+        self.block_pool.free([shared])
+        self.rewritten.add(request_id)
+
+    def _cache_full_blocks(self, request: Request, blocks: list[KVCacheBlock], num_tokens: int) -> None:
+        """Offer the blocks that `num_tokens` fill to the prefix cache. NOTE: done at schedule time: the
+        step computes them before any later step can read them, and within the step every layer writes
+        all new K/V before attending."""
+        if not self.enable_caching:
+            return
+        size, start = self.block_size, self.num_cached_blocks.get(request.request_id, 0)
+        num_full = num_tokens // size
+        if num_full <= start:
+            return
+        extend_block_hashes(request.block_hashes, request.all_token_ids, size, num_full, request.cache_salt)
+        for index in range(start, num_full):
+            self.block_pool.cache(blocks[index], request.block_hashes[index],
+                                  request.all_token_ids[index * size:(index + 1) * size])
+        self.num_cached_blocks[request.request_id] = num_full

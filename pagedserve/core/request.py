@@ -1,6 +1,8 @@
 """The engine core's view of one request."""
+import copy
 import enum
 
+from pagedserve.core.hashing import BlockHash
 from pagedserve.protocol import EngineCoreRequest, FinishReason
 from pagedserve.sampling_params import SamplingParams
 
@@ -9,12 +11,14 @@ class RequestStatus(enum.Enum):
     WAITING = enum.auto()
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()
+    SWAPPED = enum.auto()  # preempted with its KV copied to host memory
     FINISHED = enum.auto()
 
 
 class Request:
     """Token state of one request. `num_computed_tokens` counts tokens whose K/V are in the cache;
-    the tokens in [num_computed_tokens, num_tokens) are still to be computed."""
+    the tokens in [num_computed_tokens, num_tokens) are still to be computed. Requests with the same
+    `group_id` (the samples of one prompt, the beams of one beam search) share KV blocks."""
 
     def __init__(self, request: EngineCoreRequest) -> None:
         self.request_id = request.request_id
@@ -29,6 +33,10 @@ class Request:
         self.status = RequestStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.stop_reason: int | str | None = None
+        self.cache_salt = request.cache_salt
+        self.group_id = request.group_id
+        self.beam_search = request.beam_search
+        self.block_hashes: list[BlockHash] = []  # chained hashes of the first full blocks (prefix cache)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -49,6 +57,16 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
+
+    def fork(self, request_id: str) -> "Request":
+        """A copy under a new id, with its own token list (a new beam): the same tokens and computed
+        count; the caller shares the KV blocks."""
+        child = copy.copy(self)
+        child.request_id = request_id
+        child.all_token_ids = list(self.all_token_ids)
+        child.block_hashes = list(self.block_hashes)
+        child.num_preemptions = 0
+        return child
 
     def append_token(self, token_id: int) -> None:
         self.all_token_ids.append(token_id)

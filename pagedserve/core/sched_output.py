@@ -27,9 +27,15 @@ class CachedRequestData:
     num_computed_tokens: int
 
 
+BlockPairs = list[tuple[int, int]]  # (source block id, destination block id)
+
+
 @dataclass
 class SchedulerOutput:
-    """One step's plan. Requests are computed in the order new, then cached."""
+    """One step's plan. Requests are computed in the order new, then cached. Before the forward the
+    workers move K/V blocks, in every layer, in this order: swap out (device -> host blocks), swap in
+    (host -> device), copy (device -> device, copy-on-write). A step may move blocks and compute
+    nothing."""
 
     scheduled_new_reqs: list[NewRequestData]
     scheduled_cached_reqs: list[CachedRequestData]
@@ -37,6 +43,13 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int
     # Requests the workers must forget: finished, aborted or preempted since the last step.
     finished_req_ids: set[str] = field(default_factory=set)
+    blocks_to_swap_out: BlockPairs = field(default_factory=list)
+    blocks_to_swap_in: BlockPairs = field(default_factory=list)
+    blocks_to_copy: BlockPairs = field(default_factory=list)
+
+    @property
+    def has_block_ops(self) -> bool:
+        return bool(self.blocks_to_swap_out or self.blocks_to_swap_in or self.blocks_to_copy)
 
     @property
     def is_empty(self) -> bool:

@@ -1,119 +1,231 @@
-"""Continuous batching: every step hands one token budget to running requests first, then to waiting ones.
+"""Continuous batching: every step hands one token budget to running requests first, then to swapped-out
+ones coming back, then to waiting ones.
 
 There are no prefill/decode phases: a request has `num_computed_tokens` and `num_tokens`, and a step
 computes some of the difference (a decode is a request with one new token; a long prompt is chunked).
+Requests of one group (the samples of a prompt, the beams of a search) share KV blocks and are preempted
+together.
 """
-import time
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from pagedserve.config import SchedulerConfig
-from pagedserve.core.kv_cache_manager import KVCacheManager
+from pagedserve.core.beam_search import BeamSearchManager
+from pagedserve.core.kv_cache_manager import KVCacheManager, Plan
+from pagedserve.core.parallel_sampling import ParallelSampling
 from pagedserve.core.request import Request, RequestStatus
 from pagedserve.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                           SchedulerOutput)
+from pagedserve.core.swap import SwapSpace
 from pagedserve.logger import init_logger
 from pagedserve.protocol import EngineCoreOutput, FinishReason, SchedulerStats
 
 logger = init_logger(__name__)
 
 
+@dataclass
+class _Step:
+    """What one schedule() call has decided so far."""
+
+    budget: int
+    new_reqs: list[NewRequestData] = field(default_factory=list)
+    cached_reqs: list[CachedRequestData] = field(default_factory=list)
+    num_scheduled: dict[str, int] = field(default_factory=dict)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
+    preempted: bool = False
+
+
 class Scheduler:
     """Decides, each step, which requests compute how many tokens, within `max_num_seqs`,
-    `max_num_batched_tokens` and the free KV blocks. Preempts the newest running request
-    (recompute) when a running one needs a block and none is free."""
+    `max_num_batched_tokens` and the free KV blocks. When running requests need blocks and none are
+    free, the newest group is preempted: swapped out to host memory (`swap_space`) or recomputed later
+    (`config.preemption_mode`; by default groups that share blocks swap, single requests recompute)."""
 
-    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> None:
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager,
+                 swap_space: SwapSpace | None = None) -> None:
         self.config = config
         self.kv_cache_manager = kv_cache_manager
+        self.swap_space = swap_space
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.swapped: deque[list[Request]] = deque()  # groups, oldest first
+        self.parallel_sampling = ParallelSampling()
+        self.beam_search = BeamSearchManager()
         self.num_preemptions_total = 0
         self._forget_req_ids: set[str] = set()  # the workers must drop these next step
         self._num_tokens_sent: dict[str, int] = {}  # how many tokens each worker copy holds
 
     def add_request(self, request: Request) -> None:
+        if request.beam_search is not None:
+            self.beam_search.add(request)  # renames it: the search's first beam
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        if not self.parallel_sampling.hold(request):
+            self.waiting.append(request)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
     def schedule(self) -> SchedulerOutput:
-        budget = self.config.max_num_batched_tokens
-        new_reqs: list[NewRequestData] = []
-        cached_reqs: list[CachedRequestData] = []
-        num_scheduled: dict[str, int] = {}
-        preempted = False
-
-        index = 0
-        while index < len(self.running) and budget > 0:
-            request = self.running[index]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            new_block_ids = self.kv_cache_manager.allocate_slots(request, num_new)
-            while new_block_ids is None:
-                victim = self.running.pop()  # the newest running request
-                self._preempt(victim)
-                preempted = True
-                if victim is request:
-                    break
-                new_block_ids = self.kv_cache_manager.allocate_slots(request, num_new)
-            if new_block_ids is None:
-                break
-            if request.request_id in self._num_tokens_sent:
-                cached_reqs.append(self._cached_data(request, new_block_ids))
-            else:  # resumed after preemption: the workers rebuild it
-                new_reqs.append(self._new_data(request))
-            num_scheduled[request.request_id] = num_new
-            budget -= num_new
-            index += 1
-
-        # NOTE: admit nobody in a step that had to preempt: memory is short already.
-        while (self.waiting and budget > 0 and not preempted
-               and len(self.running) < self.config.max_num_seqs):
-            request = self.waiting[0]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if self.kv_cache_manager.allocate_slots(request, num_new) is None:
-                break
-            self.waiting.popleft()
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            new_reqs.append(self._new_data(request))
-            num_scheduled[request.request_id] = num_new
-            budget -= num_new
-
-        for request_id, num_new in num_scheduled.items():
+        step = _Step(self.config.max_num_batched_tokens)
+        self._fork_ready_samples()
+        self._schedule_running(step)
+        # NOTE: nobody comes back or is admitted in a step that had to preempt: memory is short already.
+        if not step.preempted:
+            self._swap_in(step)
+            if not self.swapped:
+                self._admit_waiting(step)
+        for request_id, num_new in step.num_scheduled.items():
             self.requests[request_id].num_computed_tokens += num_new
-        output = SchedulerOutput(new_reqs, cached_reqs, num_scheduled,
-                                 self.config.max_num_batched_tokens - budget, self._forget_req_ids)
+        output = SchedulerOutput(step.new_reqs, step.cached_reqs, step.num_scheduled,
+                                 self.config.max_num_batched_tokens - step.budget, self._forget_req_ids,
+                                 step.swap_out, step.swap_in, self.kv_cache_manager.take_block_copies())
         self._forget_req_ids = set()
         return output
 
-    def _new_data(self, request: Request) -> NewRequestData:
-        self._num_tokens_sent[request.request_id] = request.num_tokens
-        return NewRequestData(request.request_id, list(request.all_token_ids), request.num_prompt_tokens,
-                              request.sampling_params, request.eos_token_id,
-                              self.kv_cache_manager.get_block_ids(request.request_id),
-                              request.num_computed_tokens)
+    def _fork_ready_samples(self) -> None:
+        """Samples whose leader computed the prompt share its blocks, then queue first to compute the
+        last prompt token themselves."""
+        for leader, samples in self.parallel_sampling.ready():
+            for sample in reversed(samples):
+                self.kv_cache_manager.fork(leader, sample, sample.num_prompt_tokens - 1)
+                sample.num_computed_tokens = sample.num_prompt_tokens - 1
+                self.waiting.appendleft(sample)
 
-    def _cached_data(self, request: Request, new_block_ids: list[int]) -> CachedRequestData:
-        num_sent = self._num_tokens_sent[request.request_id]
-        self._num_tokens_sent[request.request_id] = request.num_tokens
-        return CachedRequestData(request.request_id, request.all_token_ids[num_sent:], new_block_ids,
-                                 request.num_computed_tokens)
+    def _schedule_running(self, step: _Step) -> None:
+        """Grow the running groups in order; when the blocks run out, preempt the newest group."""
+        kv = self.kv_cache_manager
+        groups = self._running_groups()
+        index = 0
+        while index < len(groups) and step.budget > 0:
+            group = groups[index]
+            plan = self._plan(group, step.budget)
+            while kv.num_blocks_needed(plan) > kv.num_free_blocks():
+                victim = groups.pop()
+                # NOTE: a group that cannot grow even alone is recomputed, request by request.
+                self._preempt(victim, step, swap_allowed=bool(groups))
+                if victim is group:
+                    return
+            for request, num_new in plan:
+                self._record(step, request, num_new, kv.allocate_slots(request, num_new))
+            index += 1
 
-    def _preempt(self, request: Request) -> None:
-        """Recompute preemption: drop the request's KV, put it at the head of the waiting queue."""
-        self.kv_cache_manager.free(request)
-        request.status = RequestStatus.PREEMPTED
-        request.num_computed_tokens = 0
-        request.num_preemptions += 1
+    def _swap_in(self, step: _Step) -> None:
+        """Bring swapped-out groups back, oldest first, while blocks and seats suffice."""
+        swap, kv = self.swap_space, self.kv_cache_manager
+        while self.swapped and step.budget > 0:
+            assert swap is not None, "only a swap space holds swapped-out requests"
+            group = self.swapped[0]
+            plan = self._plan(group, step.budget)
+            if (len(self.running) + len(group) > self.config.max_num_seqs
+                    or swap.num_blocks_to_resume(group, plan, kv) > kv.num_free_blocks()):
+                if not self.running:  # it will never fit whole: recompute it request by request
+                    self.swapped.popleft()
+                    self._requeue(group, swap.discard)
+                return
+            step.swap_in += swap.swap_in(group, kv)
+            self.swapped.popleft()
+            for request in group:
+                request.status = RequestStatus.RUNNING
+            self.running += group
+            for request, num_new in plan:
+                self._record(step, request, num_new, kv.allocate_slots(request, num_new))
+
+    def _admit_waiting(self, step: _Step) -> None:
+        """Admit waiting requests FCFS, reusing their longest cached prefix."""
+        kv = self.kv_cache_manager
+        while self.waiting and step.budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            # NOTE: a forked sample already holds its computed blocks; everyone else looks them up.
+            hits = kv.get_computed_blocks(request) if request.num_computed_tokens == 0 else None
+            num_cached = len(hits or []) * kv.block_size
+            num_new = min(request.num_tokens - request.num_computed_tokens - num_cached, step.budget)
+            new_block_ids = kv.allocate_slots(request, num_new, hits)
+            if new_block_ids is None:
+                return
+            self.waiting.popleft()
+            request.num_computed_tokens += num_cached
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            self._record(step, request, num_new, new_block_ids)
+
+    def _running_groups(self) -> list[list[Request]]:
+        """The running requests by group (a request without one is its own), oldest group first."""
+        groups: dict[tuple[bool, str], list[Request]] = {}
+        for request in self.running:
+            key = (request.group_id is not None, request.group_id or request.request_id)
+            groups.setdefault(key, []).append(request)
+        return list(groups.values())
+
+    @staticmethod
+    def _plan(group: list[Request], budget: int) -> Plan:
+        """Who in `group` computes how many tokens within `budget` (beams waiting for their siblings
+        compute nothing)."""
+        plan: Plan = []
+        for request in group:
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if num_new > 0:
+                plan.append((request, num_new))
+                budget -= num_new
+        return plan
+
+    def _record(self, step: _Step, request: Request, num_new: int, new_block_ids: list[int] | None) -> None:
+        assert new_block_ids is not None, "the caller checked the free blocks"
+        request_id = request.request_id
+        # NOTE: a copy on write replaced a block mid-table: the workers get the whole request again.
+        if request_id in self._num_tokens_sent and request_id not in self.kv_cache_manager.rewritten:
+            num_sent = self._num_tokens_sent[request_id]
+            step.cached_reqs.append(CachedRequestData(request_id, request.all_token_ids[num_sent:],
+                                                      new_block_ids, request.num_computed_tokens))
+        else:
+            self.kv_cache_manager.rewritten.discard(request_id)
+            step.new_reqs.append(NewRequestData(
+                request_id, list(request.all_token_ids), request.num_prompt_tokens, request.sampling_params,
+                request.eos_token_id, self.kv_cache_manager.get_block_ids(request_id),
+                request.num_computed_tokens))
+        self._num_tokens_sent[request_id] = request.num_tokens
+        step.num_scheduled[request_id] = num_new
+        step.budget -= num_new
+
+    def _preempt(self, group: list[Request], step: _Step, swap_allowed: bool) -> None:
+        """Swap the group out (its KV to host blocks) when the mode says so and the host blocks
+        suffice; else drop its KV and queue it first for recompute."""
+        step.preempted = True
+        ids = {request.request_id for request in group}
+        self.running = [r for r in self.running if r.request_id not in ids]
+        for request in group:
+            self._forget(request.request_id)
+            request.num_preemptions += 1
         self.num_preemptions_total += 1
-        self._forget(request.request_id)
-        self.waiting.appendleft(request)
-        logger.info("Preempted request %s (recompute, %d tokens): no free KV block for the running "
-                    "requests. Total preemptions: %d.", request.request_id, request.num_tokens,
+        mode = self.config.preemption_mode or ("swap" if len(group) > 1 else "recompute")
+        pairs = None
+        if mode == "swap" and swap_allowed and self.swap_space is not None:
+            pairs = self.swap_space.swap_out(group, self.kv_cache_manager)
+        if pairs is not None:
+            step.swap_out += pairs
+            for request in group:
+                request.status = RequestStatus.SWAPPED
+            self.swapped.appendleft(group)
+        else:
+            self._requeue(group, self.kv_cache_manager.free)
+        how = "swap" if pairs is not None else "recompute"
+        if mode == "swap" and pairs is None:
+            how += (", too large to swap whole" if not swap_allowed else
+                    ", the swap space (--swap-space) is full" if self.swap_space else ", no --swap-space")
+        logger.info("Preempted %d request(s) (%s; %d tokens): no free KV block for the running requests. "
+                    "Total preemptions: %d.", len(group), how, sum(r.num_tokens for r in group),
                     self.num_preemptions_total)
+
+    def _requeue(self, group: list[Request], drop_kv: Callable[[Request], None]) -> None:
+        """Recompute preemption: drop the KV (`drop_kv`), queue the group first."""
+        for request in reversed(group):
+            drop_kv(request)
+            self.beam_search.forget_report(request)
+            request.status = RequestStatus.PREEMPTED
+            request.num_computed_tokens = 0
+            self.waiting.appendleft(request)
 
     def _forget(self, request_id: str) -> None:
         if self._num_tokens_sent.pop(request_id, None) is not None:
@@ -121,7 +233,8 @@ class Scheduler:
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
-        """Append sampled tokens, apply token-level stop conditions, free finished requests."""
+        """Append sampled tokens, apply token-level stop conditions, free finished requests, advance
+        beam searches."""
         outputs: list[EngineCoreOutput] = []
         finished: list[Request] = []
         for request_id in scheduler_output.num_scheduled_tokens:
@@ -134,20 +247,32 @@ class Scheduler:
                 if prompt_logprobs is not None:
                     outputs.append(EngineCoreOutput(request_id, [], prompt_logprobs=prompt_logprobs))
                 continue
-            request.append_token(token_id)
             logprobs = runner_output.logprobs.get(request_id)
+            if self.beam_search.report(request, logprobs):
+                continue  # a beam: its search picks the continuations
+            request.append_token(token_id)
             output = EngineCoreOutput(request_id, [token_id], [logprobs] if logprobs else None,
                                       prompt_logprobs)
             if request.check_stop(self.config.max_model_len):
                 output.finish_reason, output.stop_reason = request.finish_reason, request.stop_reason
                 finished.append(request)
             outputs.append(output)
-        if finished:
-            self._finish(finished)
-        return outputs
+        pruned, beam_outputs = self.beam_search.advance(self._fork_beam)
+        self._finish(finished + pruned)
+        return outputs + beam_outputs
+
+    def _fork_beam(self, parent: Request, request_id: str) -> Request:
+        assert parent.status is RequestStatus.RUNNING, "a beam forks right after it reported"
+        child = parent.fork(request_id)
+        self.kv_cache_manager.fork(parent, child, parent.num_computed_tokens)
+        self.requests[request_id] = child
+        self.running.append(child)
+        return child
 
     def abort_requests(self, request_ids: list[str]) -> None:
-        """End requests wherever they are (waiting or running) and free their blocks at once."""
+        """End requests wherever they are (held, waiting, running, swapped) and free their blocks at
+        once. A beam search's request id or output ids end the whole search."""
+        request_ids = self.beam_search.take_aborted(request_ids)
         requests = [self.requests[rid] for rid in request_ids if rid in self.requests]
         for request in requests:
             request.finish_reason = FinishReason.ABORT
@@ -158,13 +283,33 @@ class Scheduler:
         self.running = [r for r in self.running if r.request_id not in gone]
         if any(r.status is not RequestStatus.RUNNING for r in requests):
             self.waiting = deque(r for r in self.waiting if r.request_id not in gone)
+            groups = ([r for r in group if r.request_id not in gone] for group in self.swapped)
+            self.swapped = deque(group for group in groups if group)
+        released: list[Request] = []
         for request in requests:
+            if request.status is RequestStatus.SWAPPED:
+                self.swap_space.discard(request)
+            else:
+                self.kv_cache_manager.free(request)
             request.status = RequestStatus.FINISHED
-            self.kv_cache_manager.free(request)
+            released += self.parallel_sampling.forget(request)
             self._forget(request.request_id)
             del self.requests[request.request_id]
+        # NOTE: samples whose leader ended before they forked compute the prompt themselves.
+        self.waiting.extendleft(reversed([r for r in released if r.request_id not in gone]))
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block hash; returns how many blocks were cached."""
+        return self.kv_cache_manager.reset_prefix_cache()
 
     def get_stats(self) -> SchedulerStats:
-        stored = sum(r.num_computed_tokens for r in self.running)
-        return SchedulerStats(len(self.running), len(self.waiting), self.kv_cache_manager.usage(),
-                              self.num_preemptions_total, self.kv_cache_manager.num_allocated_slots(), stored)
+        kv = self.kv_cache_manager
+        stored = sum(self.requests[request_id].num_computed_tokens for request_id in kv.req_to_blocks)
+        return SchedulerStats(
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting) + self.parallel_sampling.num_held(),
+            kv_cache_usage=kv.usage(), num_preemptions_total=self.num_preemptions_total,
+            num_kv_slots_allocated=kv.num_allocated_slots(), num_kv_tokens_stored=stored,
+            num_shared_blocks=kv.block_pool.num_shared_blocks, num_blocks_saved=kv.block_pool.num_blocks_saved,
+            num_swapped_reqs=sum(len(group) for group in self.swapped),
+            prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits)

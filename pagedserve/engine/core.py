@@ -6,6 +6,7 @@ from pagedserve.config import EngineConfig, KVCacheConfig
 from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
 from pagedserve.core.scheduler import Scheduler
+from pagedserve.core.swap import SwapSpace
 from pagedserve.errors import ConfigError
 from pagedserve.executor.base import get_executor_class
 from pagedserve.logger import init_logger
@@ -23,12 +24,16 @@ class EngineCore:
         self.executor = get_executor_class(config)(config)
         try:
             self.kv_cache_config = self._size_kv_cache()
-            self.executor.initialize_kv_cache(self.kv_cache_config.num_blocks)
+            self.executor.initialize_kv_cache(self.kv_cache_config.num_blocks,
+                                              self.kv_cache_config.num_host_blocks)
         except BaseException:
             self.executor.shutdown()  # no worker outlives a failed start
             raise
-        self.scheduler = Scheduler(config.scheduler, KVCacheManager(self.kv_cache_config.num_blocks,
-                                                                    config.cache.block_size))
+        kv = self.kv_cache_config
+        swap_space = SwapSpace(kv.num_host_blocks) if kv.num_host_blocks else None
+        self.scheduler = Scheduler(config.scheduler, KVCacheManager(kv.num_blocks, kv.block_size,
+                                                                    config.cache.enable_prefix_caching),
+                                   swap_space)
 
     def _size_kv_cache(self) -> KVCacheConfig:
         cache, block_size = self.config.cache, self.config.cache.block_size
@@ -40,7 +45,7 @@ class EngineCore:
             report = self.executor.determine_kv_memory()
             num_blocks, source = report.kv_cache_bytes // bytes_per_block, report.detail
             weights = report.weights_bytes
-        kv = KVCacheConfig(num_blocks, block_size, bytes_per_block)
+        kv = KVCacheConfig(num_blocks, block_size, bytes_per_block, cache.swap_space_bytes // bytes_per_block)
         max_model_len = self.config.model.max_model_len
         if weights is not None:
             logger.info("Model weights: %s.", format_bytes(weights))
@@ -50,6 +55,9 @@ class EngineCore:
                     format_bytes(bytes_per_block * num_blocks), kv.capacity_tokens)
         logger.info("Maximum concurrency for %d tokens per request: %.2fx", max_model_len,
                     kv.capacity_tokens / max_model_len)
+        logger.info("Swap space: %d host blocks (%s, --swap-space); prefix caching %s.", kv.num_host_blocks,
+                    format_bytes(kv.num_host_blocks * bytes_per_block),
+                    "on" if cache.enable_prefix_caching else "off (--no-enable-prefix-caching)")
         if num_blocks < 2 or cdiv(max_model_len, block_size) > num_blocks - 1:
             raise ConfigError(
                 f"The KV cache holds {kv.capacity_tokens} tokens, fewer than one request of "
@@ -80,6 +88,11 @@ class EngineCore:
         runner_output = self.executor.execute_model(scheduler_output)
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         return EngineCoreOutputs(outputs, self.scheduler.get_stats(), timestamp, first_scheduled)
+
+    def reset_prefix_cache(self) -> bool:
+        """Make every cached KV block unfindable (blocks in use stay with their requests)."""
+        logger.info("Prefix cache reset: %d cached blocks forgotten.", self.scheduler.reset_prefix_cache())
+        return True
 
     def get_stats(self) -> SchedulerStats:
         return self.scheduler.get_stats()

@@ -1,6 +1,6 @@
 """Prompt + SamplingParams -> a validated EngineCoreRequest. Nothing invalid reaches the engine."""
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
@@ -8,25 +8,37 @@ import msgspec
 from pagedserve.config import ModelConfig
 from pagedserve.errors import InvalidRequestError
 from pagedserve.protocol import EngineCoreRequest
-from pagedserve.sampling_params import SamplingParams
+from pagedserve.sampling_params import BeamSearchParams, SamplingParams
 
 # A prompt: text, token ids, or {"prompt": text} / {"prompt_token_ids": ids}.
 PromptType = str | list[int] | dict[str, Any]
 
 
+@dataclass(frozen=True)
+class EngineLimits:
+    """What the started engine can hold, for the checks that depend on it (beam search)."""
+
+    max_num_seqs: int
+    num_kv_blocks: int  # usable
+    block_size: int
+
+
 class InputProcessor:
-    def __init__(self, model_config: ModelConfig, tokenizer: Any) -> None:
+    """`limits`: set once the engine is started (None skips the capacity checks)."""
+
+    def __init__(self, model_config: ModelConfig, tokenizer: Any, limits: EngineLimits | None = None) -> None:
         self.model_config = model_config
         self.tokenizer = tokenizer
         self.eos_token_id = tokenizer.eos_token_id
+        self.limits = limits
 
     def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
-        """Returns (prompt text or None, prompt token ids)."""
+        """Returns (prompt text or None, prompt token ids). A dict prompt may also carry `cache_salt`."""
         if isinstance(prompt, dict):
-            unknown = set(prompt) - {"prompt", "prompt_token_ids"}
+            unknown = set(prompt) - {"prompt", "prompt_token_ids", "cache_salt"}
             if unknown:
                 raise InvalidRequestError(f"Unknown prompt field(s) {sorted(unknown)}; use 'prompt' or "
-                                          "'prompt_token_ids'.", param="prompt")
+                                          "'prompt_token_ids' (and optionally 'cache_salt').", param="prompt")
             if "prompt_token_ids" in prompt:
                 return prompt.get("prompt"), list(prompt["prompt_token_ids"])
             prompt = prompt.get("prompt", "")
@@ -38,9 +50,13 @@ class InputProcessor:
                                   "or 'prompt_token_ids'.", param="prompt")
 
     def process(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                arrival_time: float | None = None) -> tuple[str | None, EngineCoreRequest]:
-        """Validate and resolve: truncation, max_tokens (None = the rest of the context), limits."""
+                arrival_time: float | None = None, beam_search: BeamSearchParams | None = None
+                ) -> tuple[str | None, EngineCoreRequest]:
+        """Validate and resolve: truncation, max_tokens (None = the rest of the context), limits. With
+        `beam_search`, its max_tokens wins and `params.n` best beams come back."""
         text, token_ids = self.tokenize(prompt)
+        if beam_search is not None:
+            params = replace(params, max_tokens=beam_search.max_tokens, ignore_eos=beam_search.ignore_eos)
         if params.truncate_prompt_tokens is not None:
             token_ids = token_ids[-params.truncate_prompt_tokens:]
         self._validate(token_ids, params)
@@ -52,8 +68,29 @@ class InputProcessor:
                 f"{len(token_ids) + max_tokens} tokens ({len(token_ids)} in the messages, {max_tokens} in "
                 "the completion). Please reduce the length of the messages or completion.",
                 param="max_tokens")
+        if beam_search is not None:
+            self._validate_beam_search(beam_search, params, len(token_ids) + max_tokens)
         return text, EngineCoreRequest(request_id, token_ids, replace(params, max_tokens=max_tokens),
-                                       self.eos_token_id, arrival_time or time.time())
+                                       self.eos_token_id, arrival_time or time.time(),
+                                       cache_salt=_cache_salt(prompt), beam_search=beam_search)
+
+    def _validate_beam_search(self, beam: BeamSearchParams, params: SamplingParams, max_len: int) -> None:
+        """Its beams run in lockstep, all at once: they must fit in a step and, at worst unshared, in
+        the KV cache."""
+        if params.n > beam.beam_width:
+            raise InvalidRequestError(f"n={params.n} beams were asked for, more than the beam width "
+                                      f"{beam.beam_width}; raise best_of / beam_width or lower n.", param="n")
+        if self.limits is None:
+            return
+        if beam.beam_width > self.limits.max_num_seqs:
+            raise InvalidRequestError(f"beam_width={beam.beam_width} is more than the engine runs at once "
+                                      f"(--max-num-seqs {self.limits.max_num_seqs}).", param="beam_width")
+        need = beam.beam_width * -(-max_len // self.limits.block_size)
+        if need > self.limits.num_kv_blocks:
+            raise InvalidRequestError(
+                f"A beam search of width {beam.beam_width} over {max_len} tokens may need {need} KV blocks; "
+                f"the KV cache has {self.limits.num_kv_blocks}. Lower beam_width or max_tokens, or raise "
+                "--kv-cache-memory (--gpu-memory-utilization on a GPU).", param="beam_width")
 
     def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
         max_model_len, vocab = self.model_config.max_model_len, self.model_config.vocab_size
@@ -79,14 +116,27 @@ class InputProcessor:
                                           f"vocabulary (valid ids: 0 to {vocab - 1}).", param="logit_bias")
 
 
+def _cache_salt(prompt: PromptType) -> str | None:
+    salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise InvalidRequestError("cache_salt must be a non-empty string.", param="cache_salt")
+    return salt
+
+
 def split_samples(request: EngineCoreRequest, child_ids: list[str]) -> list[EngineCoreRequest]:
-    """One engine-core request per sample (`child_ids` from OutputProcessor.add_request). Sample i of a
-    seeded request samples with seed + i: the samples differ, and the request stays reproducible."""
+    """One engine-core request per sample (`child_ids` from OutputProcessor.add_request), all in one
+    group (they share the prompt's KV blocks). Sample i of a seeded request samples with seed + i: the
+    samples differ, and the request stays reproducible. A beam search stays one request."""
+    if request.beam_search is not None:
+        return [request]  # the core forks the beams; its n best come back under `child_ids`
+    if len(child_ids) == 1:
+        return [msgspec.structs.replace(request, request_id=child_ids[0])]
     params = request.sampling_params
+    if params.best_of is not None and params.best_of > params.n and params.logprobs is None:
+        params = replace(params, logprobs=0)  # NOTE: the n best are picked by cumulative logprob
     children = []
     for index, child_id in enumerate(child_ids):
-        child_params = params
-        if params.seed is not None and len(child_ids) > 1:
-            child_params = replace(params, seed=params.seed + index)
-        children.append(msgspec.structs.replace(request, request_id=child_id, sampling_params=child_params))
+        child_params = params if params.seed is None else replace(params, seed=params.seed + index)
+        children.append(msgspec.structs.replace(request, request_id=child_id, sampling_params=child_params,
+                                                group_id=request.request_id))
     return children

@@ -5,32 +5,36 @@ from typing import Any
 
 from pagedserve.config import EngineArgs
 from pagedserve.engine.core import EngineCore
-from pagedserve.engine.input_processor import InputProcessor, PromptType, split_samples
+from pagedserve.engine.input_processor import EngineLimits, InputProcessor, PromptType, split_samples
 from pagedserve.engine.output_processor import OutputProcessor
 from pagedserve.engine.tokenizer import load_tokenizer
 from pagedserve.errors import InvalidRequestError
 from pagedserve.outputs import RequestOutput
-from pagedserve.sampling_params import SamplingParams
+from pagedserve.sampling_params import BeamSearchParams, SamplingParams
 
 
 class LLMEngine:
     def __init__(self, engine_args: EngineArgs) -> None:
         self.config = engine_args.create_engine_config()
         self.tokenizer = load_tokenizer(self.config.model)
-        self.input_processor = InputProcessor(self.config.model, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.engine_core = EngineCore(self.config)
+        kv = self.engine_core.kv_cache_config
+        self.input_processor = InputProcessor(self.config.model, self.tokenizer, EngineLimits(
+            self.config.scheduler.max_num_seqs, kv.num_blocks - 1, kv.block_size))
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
         return cls(engine_args)
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                    arrival_time: float | None = None) -> None:
-        """Validate and queue a request. Raises InvalidRequestError; nothing invalid is queued."""
+                    arrival_time: float | None = None, beam_search: BeamSearchParams | None = None) -> None:
+        """Validate and queue a request (a beam search with `beam_search`: its `params.n` best beams
+        come back). Raises InvalidRequestError; nothing invalid is queued."""
         if request_id in self.output_processor.requests:
             raise InvalidRequestError(f"Request id {request_id!r} is already in use.", param="request_id")
-        text, request = self.input_processor.process(request_id, prompt, params, arrival_time or time.time())
+        text, request = self.input_processor.process(request_id, prompt, params, arrival_time or time.time(),
+                                                     beam_search)
         child_ids = self.output_processor.add_request(request_id, text, request.prompt_token_ids,
                                                       request.sampling_params, request.arrival_time)
         for child in split_samples(request, child_ids):
@@ -51,6 +55,10 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.output_processor.requests)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached KV block (e.g. after changing weights, or between benchmark runs)."""
+        return self.engine_core.reset_prefix_cache()
 
     def get_tokenizer(self) -> Any:
         return self.tokenizer

@@ -1,22 +1,23 @@
-"""EngineCoreOutputs -> RequestOutputs: detokenize, apply stop strings, gather the n samples, measure.
+"""EngineCoreOutputs -> RequestOutputs: detokenize, apply stop strings, gather the n samples (the n best
+of best_of), measure.
 
 Serves both the offline LLMEngine (cumulative outputs) and AsyncLLM (deltas for streaming, or only the
 final output): each request's `SamplingParams.output_kind` decides.
 """
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pagedserve.engine.detokenizer import IncrementalDetokenizer
 from pagedserve.metrics.stats import FinishedRequestStats, IterationStats
 from pagedserve.outputs import CompletionOutput, RequestOutput
-from pagedserve.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason
+from pagedserve.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason, child_request_id
 from pagedserve.sampling_params import RequestOutputKind, SamplingParams
 
 
 @dataclass
 class SampleState:
-    """One of a request's n samples (one engine-core request each)."""
+    """One of a request's samples (one engine-core request each), or one of its best beams."""
 
     index: int
     detokenizer: IncrementalDetokenizer
@@ -47,6 +48,7 @@ class RequestState:
     samples: list[SampleState]
     arrival_time: float
     output_kind: RequestOutputKind
+    num_returned: int  # n: fewer than the samples when best_of > n
     prompt_logprobs: list[dict[int, float] | None] | None = None
     first_token_time: float | None = None
     scheduled_time: float | None = None
@@ -59,7 +61,8 @@ class RequestState:
     def to_output(self, updated: list[SampleState]) -> RequestOutput | None:
         """The output due after `updated` samples progressed, per `output_kind`; None if none is due."""
         kind = self.output_kind
-        if kind is RequestOutputKind.FINAL_ONLY and not self.finished:
+        picking = len(self.samples) > self.num_returned  # the best n are known only at the end
+        if (kind is RequestOutputKind.FINAL_ONLY or picking) and not self.finished:
             return None
         delta = kind is RequestOutputKind.DELTA
         samples = sorted(updated, key=lambda s: s.index) if delta else self.samples
@@ -70,17 +73,17 @@ class RequestState:
         for name in ("scheduled_time", "first_token_time"):
             if getattr(self, name) is not None:
                 metrics[name] = getattr(self, name)
+        completions = [s.completion(delta) for s in samples]
+        if picking:
+            best = sorted(completions, key=lambda c: -(c.cumulative_logprob or float("-inf")))
+            completions = [replace(c, index=i) for i, c in enumerate(best[:self.num_returned])]
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, prompt_logprobs,
-                             [s.completion(delta) for s in samples], self.finished, metrics)
+                             completions, self.finished, metrics)
 
     def finished_stats(self, now: float, reason: str | None = None) -> FinishedRequestStats:
         return FinishedRequestStats(reason or self.samples[0].finish_reason or str(FinishReason.ABORT),
                                     now - self.arrival_time, len(self.prompt_token_ids),
                                     sum(len(s.token_ids) for s in self.samples))
-
-
-def child_request_id(request_id: str, index: int, n: int) -> str:
-    return request_id if n == 1 else f"{index}_{request_id}"
 
 
 class OutputProcessor:
@@ -93,17 +96,18 @@ class OutputProcessor:
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                     params: SamplingParams, arrival_time: float) -> list[str]:
-        """Register a request; returns the engine-core ids of its n samples."""
+        """Register a request; returns the engine-core ids of its samples (best_of, else n)."""
+        num_samples = params.num_samples
         samples = [SampleState(i, IncrementalDetokenizer(self.tokenizer, prompt_token_ids,
                                                          params.skip_special_tokens, params.stop_strings,
                                                          params.include_stop_str_in_output),
                                logprobs=[] if params.logprobs is not None else None,
                                cumulative_logprob=0.0 if params.logprobs is not None else None)
-                   for i in range(params.n)]
+                   for i in range(num_samples)]
         state = RequestState(request_id, prompt, prompt_token_ids, samples, arrival_time, params.output_kind,
-                             [] if params.prompt_logprobs is not None else None)
+                             params.n, [] if params.prompt_logprobs is not None else None)
         self.requests[request_id] = state
-        child_ids = [child_request_id(request_id, i, params.n) for i in range(params.n)]
+        child_ids = [child_request_id(request_id, i, num_samples) for i in range(num_samples)]
         for child_id, sample in zip(child_ids, samples):
             self.child_to_parent[child_id] = (state, sample)
         return child_ids
@@ -146,11 +150,13 @@ class OutputProcessor:
     def _update_sample(sample: SampleState, output: EngineCoreOutput) -> bool:
         """Append the output to the sample; True when a stop string ended it before the engine did."""
         sample.token_ids.extend(output.new_token_ids)
-        if output.new_logprobs and sample.logprobs is not None:
-            for logprobs in output.new_logprobs:
+        for logprobs in output.new_logprobs or []:
+            if sample.logprobs is not None:
                 sample.logprobs.append(logprobs)
-                # The sampled token comes first in each dict.
-                sample.cumulative_logprob = (sample.cumulative_logprob or 0.0) + next(iter(logprobs.values()))
+            # The sampled token comes first in each dict.
+            sample.cumulative_logprob = (sample.cumulative_logprob or 0.0) + next(iter(logprobs.values()))
+        if output.cumulative_logprob is not None:  # a beam search's final beam
+            sample.cumulative_logprob = output.cumulative_logprob
         stop = sample.detokenizer.update(output.new_token_ids)
         if stop is not None:
             sample.finish_reason, sample.stop_reason = "stop", stop

@@ -11,8 +11,8 @@ from pagedserve.engine.input_processor import PromptType
 from pagedserve.engine.llm_engine import LLMEngine
 from pagedserve.entrypoints.chat_utils import apply_chat_template
 from pagedserve.errors import InvalidRequestError
-from pagedserve.outputs import RequestOutput
-from pagedserve.sampling_params import SamplingParams
+from pagedserve.outputs import BeamSearchOutput, BeamSearchSequence, RequestOutput
+from pagedserve.sampling_params import BeamSearchParams, SamplingParams
 
 ChatMessages = list[dict[str, Any]]
 
@@ -31,21 +31,43 @@ class LLM:
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
-        """Generate for every prompt; outputs come back in input order."""
-        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
-                                                 and isinstance(prompts[0], int)):
-            prompts = [prompts]
+        """Generate for every prompt; outputs come back in input order. A dict prompt may carry a
+        `cache_salt`: prefix-cache hits only between prompts with the same salt."""
+        prompts = _as_prompt_list(prompts)
         params = sampling_params or SamplingParams()
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise InvalidRequestError(f"Got {len(prompts)} prompts but {len(params)} sampling params: pass "
                                       "one SamplingParams, or one per prompt.", param="sampling_params")
+        return self._run(prompts, params, use_tqdm)
+
+    def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
+                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """Beam search for every prompt (HF transformers' rules, see BeamSearchParams); each output holds
+        `beam_width` sequences, best first. The beams share KV blocks, copying on write."""
+        prompts = _as_prompt_list(prompts)
+        sampling = SamplingParams(n=params.beam_width, temperature=0.0, max_tokens=params.max_tokens,
+                                  ignore_eos=params.ignore_eos)
+        outputs = self._run(prompts, [sampling] * len(prompts), use_tqdm, params)
+        tokenizer = self.get_tokenizer()
+        return [BeamSearchOutput([BeamSearchSequence(
+            output.prompt_token_ids + beam.token_ids,
+            tokenizer.decode(output.prompt_token_ids + beam.token_ids, skip_special_tokens=True),
+            beam.cumulative_logprob or 0.0, beam.finish_reason) for beam in output.outputs])
+            for output in outputs]
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached KV block: later requests compute their prompts from scratch."""
+        return self.llm_engine.reset_prefix_cache()
+
+    def _run(self, prompts: list[PromptType], params: list[SamplingParams], use_tqdm: bool,
+             beam_search: BeamSearchParams | None = None) -> list[RequestOutput]:
         request_ids = [str(next(self._request_counter)) for _ in prompts]
         added = []
         try:
             for request_id, prompt, p in zip(request_ids, prompts, params):
-                self.llm_engine.add_request(request_id, prompt, p)
+                self.llm_engine.add_request(request_id, prompt, p, beam_search=beam_search)
                 added.append(request_id)
         except Exception:
             self.llm_engine.abort_request(added)  # nothing half-submitted stays in the engine
@@ -77,3 +99,10 @@ class LLM:
                     bar.set_postfix_str(f"output {num_tokens / (time.perf_counter() - start):.1f} tok/s")
         bar.close()
         return [finished[request_id] for request_id in request_ids]
+
+
+def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
+    if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
+                                             and isinstance(prompts[0], int)):
+        return [prompts]
+    return list(prompts)

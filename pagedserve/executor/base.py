@@ -36,9 +36,10 @@ class Executor(ABC):
         return replace(reports[rank], detail=f"rank {rank}, the tightest of {len(reports)}: "
                                              f"{reports[rank].detail}")
 
-    def initialize_kv_cache(self, num_blocks: int) -> None:
-        """Allocate `num_blocks` blocks on every rank."""
-        self.collective_rpc("initialize_kv_cache", (num_blocks,))
+    def initialize_kv_cache(self, num_blocks: int, num_host_blocks: int = 0) -> None:
+        """Allocate `num_blocks` device blocks, and `num_host_blocks` host blocks of swap space, on every
+        rank."""
+        self.collective_rpc("initialize_kv_cache", (num_blocks, num_host_blocks))
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step on every rank; rank 0's sampled tokens come back."""

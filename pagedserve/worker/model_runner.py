@@ -12,6 +12,7 @@ from pagedserve.distributed import get_tp_rank
 from pagedserve.layers.attention import Attention
 from pagedserve.layers.sampler import Sampler, SamplerOutput, gather_logprobs
 from pagedserve.model_loader import load_model
+from pagedserve.worker.block_ops import KVBlockMover
 from pagedserve.worker.input_batch import (BatchInputs, CachedRequestState, build_batch,
                                            build_sampling_metadata, update_states)
 
@@ -33,6 +34,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.states: dict[str, CachedRequestState] = {}
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.block_mover: KVBlockMover | None = None
 
     def kv_cache_bytes_per_block(self) -> int:
         """K and V of `block_size` tokens in every layer of this rank."""
@@ -55,9 +57,26 @@ class ModelRunner:
                 tensor[0].zero_()
             self.kv_caches.append(layer.kv_cache)
 
+    def initialize_swap_space(self, num_host_blocks: int) -> None:
+        """Host copies of the KV cache for `num_host_blocks` swapped-out blocks (after initialize_kv_cache;
+        pinned memory on CUDA, a second lazily zeroed pool on CPU)."""
+        def allocate(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+            if self.device.type == "cpu":
+                return _lazy_zeros(shape, dtype, self.device)
+            return torch.empty(shape, dtype=dtype, pin_memory=True)
+
+        self.block_mover = KVBlockMover(self.kv_caches, num_host_blocks, allocate)
+
+    def apply_block_ops(self, scheduler_output: SchedulerOutput) -> None:
+        """The step's swaps and copies on write, before its forward reads or overwrites those blocks."""
+        if scheduler_output.has_block_ops:
+            assert self.block_mover is not None, "initialize_swap_space comes with initialize_kv_cache"
+            self.block_mover.apply(scheduler_output)
+
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         update_states(self.states, scheduler_output)
+        self.apply_block_ops(scheduler_output)
         if scheduler_output.is_empty:
             return ModelRunnerOutput({})
         batch = build_batch(self.states, scheduler_output, self.block_size, self.device)

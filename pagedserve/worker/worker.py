@@ -41,8 +41,9 @@ class Worker:
                                   self._free_at_start)
         return cpu_kv_budget(self.config.cache, self.weights_bytes)
 
-    def initialize_kv_cache(self, num_blocks: int) -> None:
+    def initialize_kv_cache(self, num_blocks: int, num_host_blocks: int = 0) -> None:
         self.model_runner.initialize_kv_cache(num_blocks)
+        self.model_runner.initialize_swap_space(num_host_blocks)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.model_runner.execute_model(scheduler_output)

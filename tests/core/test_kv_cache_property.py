@@ -1,7 +1,9 @@
 """Property test: random add / grow / finish / abort sequences through the real Scheduler and
-KVCacheManager (no model: a fake token per step). No block leaks, no block owned twice, and the free
+KVCacheManager (no model: a fake token per step). Prompts share prefixes, so the prefix cache shares
+blocks: every block's ref_cnt equals the number of tables holding it, nothing leaks, and the free
 count returns to the total."""
 import time
+from collections import Counter
 
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -26,10 +28,10 @@ class SchedulerMachine(RuleBasedStateMachine):
                                                    max_model_len=MAX_MODEL_LEN), self.kv)
         self.next_id = 0
 
-    @rule(prompt_len=st.integers(1, 40), max_tokens=st.integers(1, 20))
-    def add(self, prompt_len: int, max_tokens: int) -> None:
+    @rule(prompt_len=st.integers(1, 40), max_tokens=st.integers(1, 20), token=st.sampled_from([5, 6]))
+    def add(self, prompt_len: int, max_tokens: int, token: int) -> None:
         max_tokens = min(max_tokens, MAX_MODEL_LEN - prompt_len)
-        request = EngineCoreRequest(str(self.next_id), [5] * prompt_len,
+        request = EngineCoreRequest(str(self.next_id), [token] * prompt_len,
                                     SamplingParams(max_tokens=max_tokens), None, time.time())
         self.next_id += 1
         self.scheduler.add_request(Request(request))
@@ -59,11 +61,12 @@ class SchedulerMachine(RuleBasedStateMachine):
     @invariant()
     def blocks_are_consistent(self) -> None:
         owned = [b for blocks in self.kv.req_to_blocks.values() for b in blocks]
-        ids = [b.block_id for b in owned]
-        assert len(ids) == len(set(ids)), "a block is owned twice"
-        assert 0 not in ids, "the null block was handed out"
-        assert all(b.ref_cnt == 1 for b in owned)
-        assert len(owned) + self.kv.num_free_blocks() == NUM_BLOCKS - 1, "a block leaked"
+        holders = Counter(b.block_id for b in owned)
+        assert 0 not in holders, "the null block was handed out"
+        assert all(b.ref_cnt == holders[b.block_id] for b in owned), "ref_cnt is not the number of holders"
+        assert len(holders) + self.kv.num_free_blocks() == NUM_BLOCKS - 1, "a block leaked"
+        for blocks in self.kv.req_to_blocks.values():
+            assert len({b.block_id for b in blocks}) == len(blocks), "a table holds a block twice"
         assert set(self.kv.req_to_blocks) <= set(self.scheduler.requests)
 
     def teardown(self) -> None:
