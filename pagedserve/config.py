@@ -5,6 +5,7 @@ CLI flags are generated from EngineArgs' fields, so every entry point accepts th
 import argparse
 import dataclasses
 import os
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,7 +175,7 @@ class EngineArgs:
                               "(--gpu-memory-utilization).")
         if self.max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs={self.max_num_seqs} must be at least 1 (--max-num-seqs).")
-        batched = self.max_num_batched_tokens or max(2048, self.max_num_seqs)
+        batched = self.max_num_batched_tokens or default_max_num_batched_tokens(self.max_num_seqs)
         if batched < 1:
             raise ConfigError(f"max_num_batched_tokens={batched} must be at least 1 "
                               "(--max-num-batched-tokens).")
@@ -294,10 +295,19 @@ def _resolve_backend(backend: str | None, tp: int, device: str) -> str:
     return backend
 
 
-def add_dataclass_cli_args(cls: type, parser: argparse.ArgumentParser) -> None:
-    """One flag per field of the dataclass `cls`, with vLLM's spelling (--max-model-len). Each field's
-    metadata holds its `help` and, optionally, its `choices`; bool fields get --flag / --no-flag."""
+def default_max_num_batched_tokens(max_num_seqs: int) -> int:
+    """The step's token budget when --max-num-batched-tokens is not given."""
+    return max(2048, max_num_seqs)
+
+
+def add_dataclass_cli_args(cls: type, parser: argparse.ArgumentParser, only: Collection[str] | None = None
+                           ) -> None:
+    """One flag per field of the dataclass `cls` (or per field named in `only`), with vLLM's spelling
+    (--max-model-len). Each field's metadata holds its `help` and, optionally, its `choices`; bool
+    fields get --flag / --no-flag."""
     for f in dataclasses.fields(cls):
+        if only is not None and f.name not in only:
+            continue
         flag = "--" + f.name.replace("_", "-")
         kwargs: dict[str, Any] = {"dest": f.name, "default": f.default, "help": f.metadata["help"]}
         if f.type is bool or f.type == "bool":

@@ -1,61 +1,75 @@
 """AsyncLLM: the engine behind the API server. Tokenizes, detokenizes and applies stop strings in this
 process; the EngineCore runs its busy loop in another (core_proc.py) behind an MPClient."""
 import asyncio
+import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
 from pagedserve.config import EngineConfig
+from pagedserve.engine.admission import AdmissionControl, Deadlines, ServingLimits, apply_token_budgets
 from pagedserve.engine.core_client import MPClient
 from pagedserve.engine.core_proc import EngineCoreHandshake
-from pagedserve.engine.input_processor import InputProcessor, PromptType, split_samples
+from pagedserve.engine.input_processor import EngineLimits, InputProcessor, PromptType, split_samples
 from pagedserve.engine.output_processor import OutputProcessor
 from pagedserve.engine.tokenizer import load_tokenizer
-from pagedserve.errors import EngineDeadError, InvalidRequestError
+from pagedserve.engine.watchdog import FRONTEND_GRACE_S, poll_interval_s, stall_message
+from pagedserve.errors import CapacityError, EngineDeadError, InvalidRequestError
 from pagedserve.logger import init_logger
 from pagedserve.metrics.loggers import StatLoggerBase
 from pagedserve.metrics.stats import IterationStats
 from pagedserve.outputs import RequestOutput
-from pagedserve.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
-from pagedserve.sampling_params import SamplingParams
+from pagedserve.protocol import BlockSnapshot, EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+from pagedserve.sampling_params import BeamSearchParams, SamplingParams
 
 logger = init_logger(__name__)
 
 _MAX_LOGGED_REQUESTS = 20  # in-flight requests listed by name when the engine dies
+_SNAPSHOT_TIMEOUT_S = 5.0  # a block snapshot waits at most this long for the engine's step to end
 
 
 class AsyncLLM:
-    """Serves many concurrent `generate()` calls from one event loop. Build it with `create()`."""
+    """Serves many concurrent `generate()` calls from one event loop, within `limits` (admission,
+    token budgets, deadlines, the stall watchdog). Build it with `create()`."""
 
     def __init__(self, config: EngineConfig, stat_loggers: list[StatLoggerBase], log_requests: bool,
-                 log_stats_interval_s: float) -> None:
+                 log_stats_interval_s: float, limits: ServingLimits) -> None:
         self.config = config
+        self.limits = limits
+        self.admission = AdmissionControl(limits)
         self.tokenizer = load_tokenizer(config.model)
         self.input_processor = InputProcessor(config.model, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.stat_loggers = stat_loggers
         self.log_requests = log_requests
         self.log_stats_interval_s = log_stats_interval_s
-        self.engine_core = MPClient(config)
+        self.engine_core = MPClient(config, limits.engine_stall_timeout)
         self.handshake: EngineCoreHandshake | None = None
         self.dead_error: EngineDeadError | None = None
         self.dead_event = asyncio.Event()  # set once the engine has died
         self._queues: dict[str, asyncio.Queue[RequestOutput | Exception]] = {}
         self._last_scheduler_stats = SchedulerStats()
         self._tasks: list[asyncio.Task[None]] = []
+        self._last_progress = time.monotonic()  # the engine's last output, or when work arrived
+        self._snapshot: asyncio.Future[BlockSnapshot] | None = None
 
     @classmethod
     async def create(cls, config: EngineConfig, stat_loggers: list[StatLoggerBase], log_requests: bool = True,
-                     log_stats_interval_s: float = 10.0) -> "AsyncLLM":
+                     log_stats_interval_s: float = 10.0, limits: ServingLimits | None = None) -> "AsyncLLM":
         """Start the engine process and wait until it is ready. Raises ConfigError (bad settings) or
         EngineDeadError (failed to start); the process is gone either way."""
-        engine = cls(config, stat_loggers, log_requests, log_stats_interval_s)
+        engine = cls(config, stat_loggers, log_requests, log_stats_interval_s, limits or ServingLimits())
         try:
             engine.handshake = await engine.engine_core.wait_until_ready()
+            engine.input_processor.limits = EngineLimits(config.scheduler.max_num_seqs,
+                                                         engine.handshake.num_blocks - 1,
+                                                         engine.handshake.block_size)
         except BaseException:
             engine.shutdown()
             raise
         engine._tasks = [asyncio.create_task(engine._run_output_handler()),
                          asyncio.create_task(engine._run_stat_logging())]
+        if engine.limits.engine_stall_timeout > 0:
+            engine._tasks.append(asyncio.create_task(engine._run_stall_watchdog()))
         return engine
 
     def get_tokenizer(self) -> Any:
@@ -70,66 +84,163 @@ class AsyncLLM:
         if self.errored:
             raise self.dead_error or self.engine_core.dead_error()
 
-    def process_inputs(self, request_id: str, prompt: PromptType, params: SamplingParams
-                       ) -> EngineCoreRequest:
-        """Validate and tokenize without queuing anything (so a request of several prompts can be checked
-        whole before any of it reaches the engine). Raises InvalidRequestError."""
-        return self.input_processor.process(request_id, prompt, params)[1]
+    @property
+    def num_requests_in_flight(self) -> int:
+        return len(self._queues)
 
-    async def generate(self, prompt: PromptType | EngineCoreRequest, params: SamplingParams, request_id: str
-                       ) -> AsyncGenerator[RequestOutput, None]:
+    def process_inputs(self, request_id: str, prompt: PromptType, params: SamplingParams,
+                       beam_search: BeamSearchParams | None = None) -> EngineCoreRequest:
+        """Validate and tokenize without queuing anything (so a request of several prompts can be checked
+        whole before any of it reaches the engine), within the token budgets; with `beam_search`, a beam
+        search whose `params.n` best beams come back. Raises InvalidRequestError."""
+        return self._process(request_id, prompt, params, beam_search)[1]
+
+    async def reset_prefix_cache(self) -> None:
+        """Make the engine forget its cached KV blocks. Raises EngineDeadError."""
+        self.check_health()
+        await self.engine_core.reset_prefix_cache()
+
+    def _process(self, request_id: str, prompt: PromptType, params: SamplingParams,
+                 beam_search: BeamSearchParams | None = None) -> tuple[str | None, EngineCoreRequest]:
+        text, request = self.input_processor.process(request_id, prompt, params, beam_search=beam_search)
+        return text, apply_token_budgets(request, params, self.limits)
+
+    def check_admission(self, requests: list[EngineCoreRequest]) -> None:
+        """Raises CapacityError (503) at once if `requests` would not be admitted now, EngineDeadError if
+        the engine is dead; call before a response starts, so a refusal is a status, not a stream."""
+        self.check_health()
+        try:
+            self.admission.check(len(requests), sum(len(r.prompt_token_ids) for r in requests))
+        except CapacityError:
+            self._record(None, IterationStats(num_rejected_requests=len(requests)))
+            raise
+
+    async def generate(self, prompt: PromptType | EngineCoreRequest, params: SamplingParams, request_id: str,
+                       timeout_s: float | None = None) -> AsyncGenerator[RequestOutput, None]:
         """Yield the request's outputs (cumulative, deltas or only the final one, per
         `params.output_kind`), the last with `finished=True`. `prompt` may be what process_inputs()
         returned for the same `params` and `request_id`. Raises InvalidRequestError before anything
-        reaches the engine, EngineDeadError if the engine dies meanwhile. Closing or cancelling the
-        generator before the end aborts the request in the engine at once (its KV blocks are freed)."""
+        reaches the engine, CapacityError when the queue is full or the request waited past
+        --max-queue-time, EngineDeadError if the engine dies meanwhile. Past its deadline (`timeout_s`,
+        --request-timeout) the request is aborted and its last output has finish_reason "abort".
+        Closing or cancelling the generator before the end aborts the request in the engine at once
+        (its KV blocks are freed)."""
         self.check_health()
-        if isinstance(prompt, EngineCoreRequest):
-            text, request = None, prompt
-        else:
-            text, request = self.input_processor.process(request_id, prompt, params)
+        text, request = (None, prompt) if isinstance(prompt, EngineCoreRequest) else \
+            self._process(request_id, prompt, params)
         if request_id in self._queues:
             raise InvalidRequestError(f"Request id {request_id!r} is already in use.", param="request_id")
-        child_ids = self.output_processor.add_request(request_id, text, request.prompt_token_ids,
-                                                      request.sampling_params, request.arrival_time)
+        self._enqueue(request_id, len(request.prompt_token_ids))
         queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
         self._queues[request_id] = queue
+        deadlines = Deadlines.start(self.limits, timeout_s)
         finished = False
         try:
+            child_ids = self.output_processor.add_request(request_id, text, request.prompt_token_ids,
+                                                          request.sampling_params, request.arrival_time)
             await self.engine_core.add_requests(split_samples(request, child_ids))
             if self.log_requests:
                 logger.info("Added request %s: %d prompt tokens, %s.", request_id,
                             len(request.prompt_token_ids), _describe(request.sampling_params))
             while not finished:
-                item = await queue.get()
-                if isinstance(item, Exception):
+                item = await self._next_output(request_id, queue, deadlines)
+                if isinstance(item, EngineDeadError):
                     finished = True  # the engine is gone: nothing to abort
+                if isinstance(item, Exception):
                     raise item
                 finished = item.finished
                 yield item
         finally:
             self._queues.pop(request_id, None)
+            self.admission.dequeue(request_id, started=False)
             if not finished:
                 await self.abort(request_id)
 
-    async def abort(self, request_id: str) -> None:
-        """End a request wherever it is; a no-op for one that already ended."""
+    def _enqueue(self, request_id: str, num_tokens: int) -> None:
+        try:
+            self.admission.enqueue(request_id, num_tokens)
+        except CapacityError:
+            self._record(None, IterationStats(num_rejected_requests=1))
+            raise
+        if not self._queues:
+            self._last_progress = time.monotonic()  # the stall clock starts with the work
+
+    async def _next_output(self, request_id: str, queue: "asyncio.Queue[RequestOutput | Exception]",
+                           deadlines: Deadlines) -> RequestOutput | Exception:
+        """The request's next output; a CapacityError past --max-queue-time; the final, aborted output
+        past its deadline."""
+        while True:
+            if not queue.empty():
+                return queue.get_nowait()
+            try:
+                return await asyncio.wait_for(queue.get(), deadlines.wait_s(request_id in self.admission.queued))
+            except TimeoutError:
+                pass
+            if request_id in self.admission.queued and deadlines.queue_expired():
+                self._record(None, IterationStats(num_rejected_requests=1))
+                limit = self.limits.max_queue_time
+                logger.info("Request %s timed out in the queue after %.1f s (--max-queue-time).", request_id,
+                            limit)
+                return CapacityError(f"The request waited {limit:g} s for the engine without being started "
+                                     f"(--max-queue-time {limit:g}): the server is overloaded. Retry later.",
+                                     self.admission.retry_after_s())
+            if deadlines.expired():
+                return await self._expire(request_id, deadlines)
+
+    async def _expire(self, request_id: str, deadlines: Deadlines) -> RequestOutput | Exception:
+        """Abort a request past its deadline; its final output carries what it generated."""
+        state = self.output_processor.requests.get(request_id)
+        if state is None:
+            return EngineDeadError(f"Request {request_id} vanished before its deadline.")
+        num_generated = sum(len(sample.token_ids) for sample in state.samples)
+        await self.abort(request_id, f"its deadline of {deadlines.timeout_s:g} s ({deadlines.timeout_source}) "
+                                     f"passed after {num_generated} generated tokens")
+        return state.to_output(state.samples) or EngineDeadError(f"Request {request_id} has no output.")
+
+    async def abort(self, request_id: str, reason: str | None = None) -> None:
+        """End a request wherever it is; a no-op for one that already ended. A `reason` is logged."""
         stats = IterationStats()
         child_ids = self.output_processor.abort_request(request_id, stats)
         self._queues.pop(request_id, None)
+        self.admission.dequeue(request_id, started=False)
         if not child_ids:
             return
         self._record(None, stats)
-        if self.log_requests:
+        if reason is not None:
+            logger.info("Aborted request %s: %s.", request_id, reason)
+        elif self.log_requests:
             logger.info("Aborted request %s.", request_id)
         if self.engine_core.is_alive():
             await self.engine_core.abort_requests(child_ids)
+
+    async def abort_all(self, error: Exception) -> int:
+        """Fail every request in flight with `error` (its handler raises it) and abort it in the engine.
+        Returns how many there were."""
+        request_ids = list(self._queues)
+        for request_id in request_ids:
+            queue = self._queues[request_id]
+            await self.abort(request_id, str(error))
+            queue.put_nowait(error)
+        return len(request_ids)
+
+    async def get_block_snapshot(self) -> BlockSnapshot | None:
+        """The KV block pool's state, asked of the engine (answered between two steps); None if the
+        engine did not answer within a few seconds. Raises EngineDeadError."""
+        self.check_health()
+        if self._snapshot is None or self._snapshot.done():
+            self._snapshot = asyncio.get_running_loop().create_future()
+            await self.engine_core.request_block_snapshot()
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._snapshot), _SNAPSHOT_TIMEOUT_S)
+        except TimeoutError:
+            return None
 
     async def _run_output_handler(self) -> None:
         """Route the engine's outputs to the requests' queues, until the engine dies."""
         try:
             while True:
                 core_outputs = await self.engine_core.get_output()
+                self._last_progress = time.monotonic()
                 to_abort = self._process_outputs(core_outputs)
                 if to_abort:
                     await self.engine_core.abort_requests(to_abort)
@@ -141,6 +252,13 @@ class AsyncLLM:
 
     def _process_outputs(self, core_outputs: EngineCoreOutputs) -> list[str]:
         stats = IterationStats()
+        # NOTE: before the outputs: a request that ends in its first step is forgotten by them.
+        for child_id in core_outputs.scheduled_request_ids:
+            entry = self.output_processor.child_to_parent.get(child_id)
+            if entry is not None:
+                self.admission.dequeue(entry[0].request_id, started=True)
+        if core_outputs.block_snapshot is not None and self._snapshot is not None and not self._snapshot.done():
+            self._snapshot.set_result(core_outputs.block_snapshot)
         request_outputs, to_abort = self.output_processor.process_outputs(core_outputs, stats)
         for output in request_outputs:
             queue = self._queues.get(output.request_id)
@@ -161,8 +279,24 @@ class AsyncLLM:
             for stat_logger in self.stat_loggers:
                 stat_logger.log()
 
+    async def _run_stall_watchdog(self) -> None:
+        """The API server's side of --engine-stall-timeout: an engine process that sends nothing while
+        requests are in flight (frozen, so its own watchdog cannot fire) is killed and declared dead."""
+        timeout_s = self.limits.engine_stall_timeout + FRONTEND_GRACE_S
+        while self.dead_error is None:
+            await asyncio.sleep(poll_interval_s(timeout_s))
+            silent_s = time.monotonic() - self._last_progress
+            if self._queues and silent_s > timeout_s:
+                logger.error("The engine process sent nothing for %.0f s while %d request(s) were in flight: it "
+                             "is unresponsive (--engine-stall-timeout %g) and is killed.", silent_s,
+                             len(self._queues), self.limits.engine_stall_timeout)
+                self.engine_core.kill()
+                self._on_engine_dead(EngineDeadError(stall_message(self.limits.engine_stall_timeout)))
+
     def _on_engine_dead(self, error: EngineDeadError) -> None:
-        """Fail every request in flight (none may hang) and say in the log what was lost."""
+        """Fail every request in flight (none may hang) and say in the log what was lost. Idempotent."""
+        if self.dead_error is not None:
+            return
         self.dead_error = error
         states = list(self.output_processor.requests.values())
         stats = self._last_scheduler_stats

@@ -7,11 +7,11 @@ from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
 from pagedserve.core.scheduler import Scheduler
 from pagedserve.core.swap import SwapSpace
-from pagedserve.errors import ConfigError
 from pagedserve.executor.base import get_executor_class
 from pagedserve.logger import init_logger
 from pagedserve.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
-from pagedserve.utils import cdiv, format_bytes
+from pagedserve.sizing import check_fits, kv_cache_config, max_concurrency
+from pagedserve.utils import format_bytes
 
 logger = init_logger(__name__)
 
@@ -43,7 +43,9 @@ class EngineCore:
             weights = None
         else:
             report = self.executor.determine_kv_memory()
-            num_blocks, source = report.kv_cache_bytes // bytes_per_block, report.detail
+            # NOTE: the same arithmetic as `pagedserve plan` (sizing.py), so its figures match this log.
+            num_blocks = kv_cache_config(report.kv_cache_bytes, bytes_per_block, block_size).num_blocks
+            source = report.detail
             weights = report.weights_bytes
         kv = KVCacheConfig(num_blocks, block_size, bytes_per_block, cache.swap_space_bytes // bytes_per_block)
         max_model_len = self.config.model.max_model_len
@@ -54,16 +56,11 @@ class EngineCore:
                     format_bytes(bytes_per_block), block_size, num_blocks - 1,
                     format_bytes(bytes_per_block * num_blocks), kv.capacity_tokens)
         logger.info("Maximum concurrency for %d tokens per request: %.2fx", max_model_len,
-                    kv.capacity_tokens / max_model_len)
+                    max_concurrency(kv, max_model_len))
         logger.info("Swap space: %d host blocks (%s, --swap-space); prefix caching %s.", kv.num_host_blocks,
                     format_bytes(kv.num_host_blocks * bytes_per_block),
                     "on" if cache.enable_prefix_caching else "off (--no-enable-prefix-caching)")
-        if num_blocks < 2 or cdiv(max_model_len, block_size) > num_blocks - 1:
-            raise ConfigError(
-                f"The KV cache holds {kv.capacity_tokens} tokens, fewer than one request of "
-                f"max_model_len={max_model_len} tokens needs; the largest max_model_len that fits is "
-                f"{kv.capacity_tokens}. Raise --kv-cache-memory (or --gpu-memory-utilization on a GPU) "
-                "or lower --max-model-len.")
+        check_fits(kv, max_model_len)
         return kv
 
     def add_request(self, request: EngineCoreRequest) -> None:

@@ -11,6 +11,7 @@ import zmq.asyncio
 
 from pagedserve.config import EngineConfig
 from pagedserve.engine.core_proc import EngineCoreHandshake, run_engine_core
+from pagedserve.engine.watchdog import STALL_EXIT_CODE, stall_message
 from pagedserve.errors import ConfigError, EngineDeadError
 from pagedserve.logger import init_logger
 from pagedserve.protocol import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType
@@ -23,9 +24,11 @@ _SHUTDOWN_TIMEOUT_S = 5.0
 
 
 class MPClient:
-    """Owns the EngineCore process. Use from one event loop; `shutdown()` is idempotent."""
+    """Owns the EngineCore process. Use from one event loop; `shutdown()` is idempotent.
+    `stall_timeout_s`: the engine's own watchdog (--engine-stall-timeout; 0: none)."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, stall_timeout_s: float = 0.0) -> None:
+        self.stall_timeout_s = stall_timeout_s
         self._ipc_dir = tempfile.mkdtemp(prefix="pagedserve-")
         input_address, output_address = f"ipc://{self._ipc_dir}/input", f"ipc://{self._ipc_dir}/output"
         self._context = zmq.asyncio.Context()
@@ -38,7 +41,8 @@ class MPClient:
         # NOTE: not daemonic, so the engine core may start worker processes of its own (tensor
         # parallelism); shutdown() (also run at exit, before multiprocessing joins its children) ends it.
         self.process = multiprocessing.get_context("spawn").Process(
-            target=run_engine_core, args=(config, input_address, output_address), name="EngineCore")
+            target=run_engine_core, args=(config, input_address, output_address, stall_timeout_s),
+            name="EngineCore")
         self.process.start()
         self._closed = False
         atexit.register(self.shutdown)
@@ -48,6 +52,8 @@ class MPClient:
         return not self._closed and self.process.is_alive()
 
     def dead_error(self) -> EngineDeadError:
+        if self.process.exitcode == STALL_EXIT_CODE:
+            return EngineDeadError(stall_message(self.stall_timeout_s))
         return EngineDeadError(f"The engine core process (pid {self.process.pid}) died with exit code "
                                f"{self.process.exitcode}; see the server log. The server must be restarted.")
 
@@ -78,6 +84,20 @@ class MPClient:
     async def abort_requests(self, request_ids: list[str]) -> None:
         if request_ids:
             await self._send(EngineCoreRequestType.ABORT, self._encoder.encode(request_ids))
+
+    async def reset_prefix_cache(self) -> None:
+        """Make the engine forget its cached KV blocks (handled in order with the other inputs)."""
+        await self._send(EngineCoreRequestType.RESET_PREFIX_CACHE, b"")
+
+    async def request_block_snapshot(self) -> None:
+        """Ask for the KV block pool's state; it comes back as an output with `block_snapshot` set."""
+        await self._send(EngineCoreRequestType.BLOCK_SNAPSHOT, b"")
+
+    def kill(self) -> None:
+        """End an unresponsive engine process at once (it may be stopped or stuck)."""
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(_SHUTDOWN_TIMEOUT_S)
 
     async def _send(self, kind: EngineCoreRequestType, payload: bytes) -> None:
         if not self.is_alive():

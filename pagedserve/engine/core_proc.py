@@ -5,24 +5,28 @@ Wire protocol over two ZMQ PUSH/PULL sockets, both bound by the client:
 - input (client -> core): multipart [EngineCoreRequestType, msgpack payload];
 - output (core -> client): first one EngineCoreHandshake, then one msgpack EngineCoreOutputs per message.
 """
-import multiprocessing
 import signal
 import sys
 import time
+from types import FrameType
 
 import msgspec
 import zmq
 
 from pagedserve.config import EngineConfig
+from pagedserve.engine.block_state import snapshot_blocks
 from pagedserve.engine.core import EngineCore
+from pagedserve.engine.watchdog import StallWatchdog
 from pagedserve.errors import ConfigError
 from pagedserve.logger import init_logger
 from pagedserve.protocol import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType
+from pagedserve.utils.process import die_with_parent
 
 logger = init_logger(__name__)
 
-# How often the loop checks that the API server still lives (it may have been SIGKILLed).
-PARENT_CHECK_INTERVAL_S = 1.0
+# How long the loop waits for input when idle.
+IDLE_POLL_S = 1.0
+_MAX_LOGGED_REQUESTS = 20  # running requests listed by name when a step stalls
 
 
 class EngineCoreHandshake(msgspec.Struct, omit_defaults=True):
@@ -37,7 +41,8 @@ class EngineCoreHandshake(msgspec.Struct, omit_defaults=True):
 class EngineCoreProc:
     """The busy loop: take every pending input, step while there is work, push the outputs."""
 
-    def __init__(self, engine_core: EngineCore, input_socket: zmq.Socket, output_socket: zmq.Socket) -> None:
+    def __init__(self, engine_core: EngineCore, input_socket: zmq.Socket, output_socket: zmq.Socket,
+                 stall_timeout_s: float = 0.0) -> None:
         self.engine_core = engine_core
         self.input_socket = input_socket
         self.output_socket = output_socket
@@ -45,27 +50,40 @@ class EngineCoreProc:
         self.add_decoder = msgspec.msgpack.Decoder(list[EngineCoreRequest])
         self.abort_decoder = msgspec.msgpack.Decoder(list[str])
         self.shutdown_requested = False
+        self.watchdog = StallWatchdog(stall_timeout_s, self._describe_state) if stall_timeout_s > 0 else None
 
     def run_busy_loop(self) -> None:
-        """Returns on a SHUTDOWN message or when the parent process is gone."""
-        last_parent_check = time.monotonic()
+        """Returns on a SHUTDOWN message. (When the API server dies, this process gets SIGTERM.)"""
         while not self.shutdown_requested:
             busy = self.engine_core.has_unfinished_requests()
-            got_input = self._process_input(0 if busy else int(PARENT_CHECK_INTERVAL_S * 1000))
+            got_input = self._process_input(0 if busy else int(IDLE_POLL_S * 1000))
             if self.shutdown_requested:
                 return
             if self.engine_core.has_unfinished_requests():
-                self._send(self.engine_core.step())
+                self._send(self._step())
             elif got_input:
                 # NOTE: e.g. an abort emptied the engine: report the freed blocks now, not at the next step.
                 self._send(EngineCoreOutputs(scheduler_stats=self.engine_core.get_stats(),
                                              timestamp=time.time()))
-            if time.monotonic() - last_parent_check >= PARENT_CHECK_INTERVAL_S:
-                last_parent_check = time.monotonic()
-                parent = multiprocessing.parent_process()
-                if parent is not None and not parent.is_alive():
-                    logger.error("The API server process is gone: the engine core exits.")
-                    return
+
+    def _step(self) -> EngineCoreOutputs:
+        if self.watchdog is None:
+            return self.engine_core.step()
+        self.watchdog.step_started()
+        try:
+            return self.engine_core.step()
+        finally:
+            self.watchdog.step_finished()
+
+    def _describe_state(self) -> str:
+        """The scheduler's state for the stall log: queues, KV usage, the requests of the step."""
+        scheduler = self.engine_core.scheduler
+        stats = scheduler.get_stats()
+        running = ", ".join(f"{r.request_id} ({r.num_computed_tokens}/{r.num_tokens} tokens computed)"
+                            for r in list(scheduler.running)[:_MAX_LOGGED_REQUESTS])
+        return (f"Running: {stats.num_running_reqs} requests, waiting: {stats.num_waiting_reqs}, KV cache "
+                f"{stats.kv_cache_usage:.1%} used ({scheduler.kv_cache_manager.num_free_blocks()} free "
+                f"blocks). The step in progress computes: {running or 'nothing'}.")
 
     def _process_input(self, timeout_ms: int) -> bool:
         """Wait up to `timeout_ms` for input, then handle all of it. True if there was any."""
@@ -82,19 +100,36 @@ class EngineCoreProc:
                     self.engine_core.add_request(request)
             elif kind is EngineCoreRequestType.ABORT:
                 self.engine_core.abort_requests(self.abort_decoder.decode(frames[1]))
-            else:
+            elif kind is EngineCoreRequestType.RESET_PREFIX_CACHE:
+                self.engine_core.reset_prefix_cache()
+            elif kind is EngineCoreRequestType.BLOCK_SNAPSHOT:
+                self._send(EngineCoreOutputs(
+                    scheduler_stats=self.engine_core.get_stats(), timestamp=time.time(),
+                    block_snapshot=snapshot_blocks(self.engine_core.scheduler.kv_cache_manager)))
+            elif kind is EngineCoreRequestType.SHUTDOWN:
                 self.shutdown_requested = True
                 return True
+            else:
+                logger.error("Ignored an input of unknown type %r.", kind)
 
     def _send(self, outputs: EngineCoreOutputs) -> None:
         self.output_socket.send(self.encoder.encode(outputs), copy=False)
 
 
-def run_engine_core(config: EngineConfig, input_address: str, output_address: str) -> None:
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(f"signal {signum}")  # unwinds through run_engine_core's cleanup (the workers)
+
+
+def run_engine_core(config: EngineConfig, input_address: str, output_address: str,
+                    stall_timeout_s: float = 0.0) -> None:
     """Process entry point: build the EngineCore, report readiness, run the busy loop. Exits 0 after a
-    SHUTDOWN, 1 when the engine fails to start or crashes (the traceback goes to the log)."""
+    SHUTDOWN, 1 when the engine fails to start or crashes (the traceback goes to the log), STALL_EXIT_CODE
+    when a step runs past `stall_timeout_s` (0: no watchdog). Dies with the API server, whatever kills
+    it: SIGTERM then (a clean stop of the workers), SIGKILL if that does not end it."""
     # NOTE: Ctrl-C reaches the whole process group; the API server then shuts this process down cleanly.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    die_with_parent(signal.SIGTERM)
     context = zmq.Context()
     input_socket = context.socket(zmq.PULL)
     input_socket.connect(input_address)
@@ -106,7 +141,7 @@ def run_engine_core(config: EngineConfig, input_address: str, output_address: st
         engine_core = EngineCore(config)
         output_socket.send(encoder.encode(EngineCoreHandshake(engine_core.kv_cache_config.num_blocks,
                                                               engine_core.kv_cache_config.block_size)))
-        EngineCoreProc(engine_core, input_socket, output_socket).run_busy_loop()
+        EngineCoreProc(engine_core, input_socket, output_socket, stall_timeout_s).run_busy_loop()
     except Exception as exc:
         if engine_core is None:  # failed to start: tell the client why
             if not isinstance(exc, ConfigError):

@@ -35,7 +35,19 @@ def _serve(args: argparse.Namespace) -> int:
     return run(args)
 
 
-SUBCOMMANDS: dict[str, SubcommandInit] = {"serve": _init_serve}
+def _init_plan(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    from pagedserve.entrypoints.plan import add_plan_args, run_plan
+
+    parser = subparsers.add_parser(
+        "plan", help="Plan the KV-cache budget of a model and workload (no weights loaded).",
+        description="Weights, KV bytes per token, blocks, capacity and the concurrency that fits, with the "
+                    "engine's own arithmetic; the flags to serve the workload with, or what would fit. "
+                    "Exit status 1 when it does not fit.")
+    add_plan_args(parser)
+    parser.set_defaults(handler=run_plan)
+
+
+SUBCOMMANDS: dict[str, SubcommandInit] = {"serve": _init_serve, "plan": _init_plan}
 
 
 def main(argv: list[str] | None = None) -> int:

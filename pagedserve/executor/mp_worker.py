@@ -3,13 +3,8 @@
 Protocol (one pickle per call, the same bytes written to every rank's pipe):
 engine -> worker: (method, args, unique_reply_rank); worker -> engine: (True, result) or (False, failure).
 """
-import ctypes
-import os
 import pickle
 import signal
-import sys
-import threading
-import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -19,13 +14,12 @@ from pagedserve.distributed import DistributedInit, init_distributed_environment
 from pagedserve.errors import ConfigError
 from pagedserve.executor.failure import summarize
 from pagedserve.logger import init_logger
+from pagedserve.utils.process import die_with_parent
 from pagedserve.worker.worker import Worker
 
 logger = init_logger(__name__)
 
 SHUTDOWN = "__shutdown__"  # a method name that ends the serving loop
-_PR_SET_PDEATHSIG = 1
-_PARENT_POLL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -53,7 +47,8 @@ def run_worker(spec: WorkerProcessSpec, conn: Connection) -> None:
     """Entry point of a worker process: join the group, build the Worker, answer calls until SHUTDOWN or
     until the engine's end of the pipe closes. A failing call is reported, then the process exits: its
     peers are out of lockstep, and the engine stops every rank."""
-    _die_with_parent()
+    # NOTE: the parent is the executor's forkserver, which exits when the engine process does.
+    die_with_parent(signal.SIGKILL)
     # NOTE: Ctrl-C reaches the whole process group; the engine decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -92,21 +87,3 @@ def _report_failure(conn: Connection, rank: int, call: str, exc: BaseException) 
         conn.send_bytes(dumps((False, failure)))
     except OSError:
         pass  # the engine is gone too
-
-
-def _die_with_parent() -> None:
-    """Never outlive the engine. The parent is the executor's forkserver, which exits when the engine
-    process does. On Linux the kernel sends SIGKILL when the parent dies (PR_SET_PDEATHSIG); a thread also
-    polls the parent, which covers other systems and a parent that died before prctl ran.
-    NOTE: PDEATHSIG follows the parent *thread* that forked us: the forkserver's only thread, which lives
-    as long as it does."""
-    parent_pid = os.getppid()
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    threading.Thread(target=_watch_parent, args=(parent_pid,), name="parent-watch", daemon=True).start()
-
-
-def _watch_parent(parent_pid: int) -> None:
-    while os.getppid() == parent_pid:
-        time.sleep(_PARENT_POLL_S)
-    os.kill(os.getpid(), signal.SIGKILL)  # NOTE: not sys.exit: the main thread may sit in a collective

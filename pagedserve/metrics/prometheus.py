@@ -31,6 +31,8 @@ class PrometheusStatLogger(StatLoggerBase):
                               "usage.", labels, registry=registry).labels(model_name)
         self.preemptions = Counter("pagedserve:num_preemptions", "Cumulative number of preemptions from "
                                    "the engine.", labels, registry=registry).labels(model_name)
+        self.rejected = Counter("pagedserve:num_requests_rejected", "Requests refused by admission control "
+                                "(queue limits, queue time): 503.", labels, registry=registry).labels(model_name)
         self.prompt_tokens = Counter("pagedserve:prompt_tokens", "Number of prefill tokens processed.",
                                      labels, registry=registry).labels(model_name)
         self.generation_tokens = Counter("pagedserve:generation_tokens", "Number of generation tokens "
@@ -60,6 +62,7 @@ class PrometheusStatLogger(StatLoggerBase):
             # The engine's count is cumulative: add what is new since the last report.
             self.preemptions.inc(max(0, scheduler_stats.num_preemptions_total - self.last_preemptions_total))
             self.last_preemptions_total = scheduler_stats.num_preemptions_total
+        self.rejected.inc(iteration_stats.num_rejected_requests)
         self.prompt_tokens.inc(iteration_stats.num_prompt_tokens)
         self.generation_tokens.inc(iteration_stats.num_generation_tokens)
         for histogram, values in ((self.ttft, iteration_stats.time_to_first_tokens),

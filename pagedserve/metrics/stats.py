@@ -23,3 +23,4 @@ class IterationStats:
     inter_token_latencies: list[float] = field(default_factory=list)
     queue_times: list[float] = field(default_factory=list)
     finished_requests: list[FinishedRequestStats] = field(default_factory=list)
+    num_rejected_requests: int = 0  # refused by admission control (queue full, or waited too long)

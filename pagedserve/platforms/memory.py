@@ -9,6 +9,7 @@ import torch
 from pagedserve.config import CacheConfig
 from pagedserve.errors import ConfigError
 from pagedserve.logger import init_logger
+from pagedserve.sizing import gpu_kv_budget
 from pagedserve.utils import format_bytes
 
 logger = init_logger(__name__)
@@ -56,7 +57,7 @@ def cuda_kv_budget(cache: CacheConfig, weights_bytes: int, device: torch.device,
     peak_activations = torch.cuda.max_memory_allocated(device) - before
     free_after, _ = torch.cuda.mem_get_info(device)
     non_torch = max(0, (free_at_start - free_after) - torch.cuda.memory_reserved(device))
-    kv_bytes = requested - weights_bytes - peak_activations - non_torch
+    kv_bytes = gpu_kv_budget(total, cache.gpu_memory_utilization, weights_bytes, peak_activations, non_torch)
     detail = (f"total {format_bytes(total)} x gpu_memory_utilization {cache.gpu_memory_utilization} = "
               f"{format_bytes(requested)}; weights {format_bytes(weights_bytes)}, peak activations "
               f"{format_bytes(peak_activations)}, non-torch {format_bytes(non_torch)}")

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from pagedserve.config import EngineArgs
+from pagedserve.engine.admission import ServingLimits
 from pagedserve.entrypoints.cli import main as cli_main
 from pagedserve.entrypoints.openai.api_server import _bind_socket
 from pagedserve.entrypoints.openai.cli_args import ServerArgs, args_from_namespace, make_arg_parser
@@ -18,7 +19,7 @@ VLLM_LINE = ("--model PATH --dtype float16 --gpu-memory-utilization 0.90 --max-m
 
 
 def parse(argv: list[str]) -> tuple[EngineArgs, ServerArgs]:
-    return args_from_namespace(make_arg_parser(argparse.ArgumentParser()).parse_args(argv))
+    return args_from_namespace(make_arg_parser(argparse.ArgumentParser()).parse_args(argv))[:2]
 
 
 def test_vllm_command_line_parses_as_written() -> None:
@@ -31,7 +32,7 @@ def test_vllm_command_line_parses_as_written() -> None:
 def test_every_setting_has_a_documented_flag() -> None:
     parser = make_arg_parser(argparse.ArgumentParser())
     flags = {option for action in parser._actions for option in action.option_strings}
-    for cls in (EngineArgs, ServerArgs):
+    for cls in (EngineArgs, ServerArgs, ServingLimits):
         for field in dataclasses.fields(cls):
             assert "--" + field.name.replace("_", "-") in flags and field.metadata["help"]
     engine, server = parse("--kv-cache-memory 1GiB --block-size 32 --max-num-seqs 8 --seed 3 "

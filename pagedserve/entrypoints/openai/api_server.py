@@ -2,9 +2,11 @@
 
     python -m pagedserve.entrypoints.openai.api_server --model PATH [flags]   (or: pagedserve serve PATH)
 
-The port is bound first (a taken port fails fast), then the engine process starts, and only once it is
-ready does the server accept connections. If the engine dies, requests in flight end with an error,
-/health answers 503, and the process exits with status 1 shortly after, for a supervisor to restart it.
+The port is bound first (a taken port fails fast) and the server answers at once: GET /health (liveness)
+200 and GET /ready (readiness) 503 while the engine process loads the model, 200 once it serves (see
+lifecycle.py). If the engine dies or stalls (--engine-stall-timeout), requests in flight end with an
+error, /health answers 503, and the process exits with status 1 shortly after, for a supervisor to
+restart it. SIGTERM drains: no new requests, those in flight get --shutdown-timeout seconds, exit 0.
 """
 import argparse
 import asyncio
@@ -12,6 +14,7 @@ import secrets
 import signal
 import socket
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
@@ -21,11 +24,14 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pagedserve import __version__, envs
-from pagedserve.config import EngineArgs
+from pagedserve.config import EngineArgs, EngineConfig
+from pagedserve.engine.admission import ServingLimits
 from pagedserve.engine.async_llm import AsyncLLM
 from pagedserve.entrypoints.chat_utils import load_chat_template
 from pagedserve.entrypoints.openai.cli_args import ServerArgs, args_from_namespace, make_arg_parser
+from pagedserve.entrypoints.openai.dashboard import add_dashboard_routes
 from pagedserve.entrypoints.openai.errors import error_response, register_error_handlers
+from pagedserve.entrypoints.openai.lifecycle import LifecycleServer, ServerLifecycle
 from pagedserve.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCompletionResponse,
                                                     CompletionRequest, CompletionResponse, DetokenizeRequest,
                                                     DetokenizeResponse, ModelCard, ModelList,
@@ -36,6 +42,7 @@ from pagedserve.entrypoints.openai.serving_tokenization import OpenAIServingToke
 from pagedserve.entrypoints.utils import with_cancellation
 from pagedserve.errors import PagedServeError
 from pagedserve.logger import init_logger
+from pagedserve.metrics.dashboard import DashboardStatLogger
 from pagedserve.metrics.loggers import LoggingStatLogger, StatLoggerBase
 from pagedserve.metrics.prometheus import CONTENT_TYPE, PrometheusStatLogger
 
@@ -47,9 +54,21 @@ ENGINE_DEATH_GRACE_S = 2.0
 _GRACEFUL_SHUTDOWN_S = 5
 
 
+@dataclass(frozen=True)
+class StatLoggers:
+    """The server's consumers of statistics: Prometheus (/metrics), the dashboard, the log line."""
+
+    metrics: PrometheusStatLogger
+    dashboard: DashboardStatLogger
+    log_line: LoggingStatLogger | None
+
+    def all(self) -> list[StatLoggerBase]:
+        return [self.metrics, self.dashboard, *([self.log_line] if self.log_line else [])]
+
+
 class ApiKeyMiddleware:
-    """401 on the /v1 routes unless `Authorization: Bearer <key>`; /health, /metrics, /version and the
-    tokenizer routes stay open. Pure ASGI, so streamed responses and disconnects pass untouched."""
+    """401 on the /v1 routes unless `Authorization: Bearer <key>`; /health, /ready, /metrics, /version,
+    /dashboard and the tokenizer routes stay open. Pure ASGI, so streamed responses and disconnects pass untouched."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
@@ -67,9 +86,9 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
 
-def build_app(engine: AsyncLLM, server_args: ServerArgs, metrics: PrometheusStatLogger,
+def build_app(engine: AsyncLLM, server_args: ServerArgs, loggers: StatLoggers,
               chat_template: str | None) -> FastAPI:
-    """The FastAPI application around a started engine."""
+    """The FastAPI application around a started engine (the probes are ServerLifecycle's)."""
     app = FastAPI(title="pagedserve", version=__version__)
     register_error_handlers(app)
     api_key = server_args.resolved_api_key()
@@ -78,7 +97,8 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, metrics: PrometheusStat
     model_name = engine.config.model.served_model_name
     chat = OpenAIServingChat(engine, model_name, chat_template)
     _add_generation_routes(app, OpenAIServingCompletion(engine, model_name), chat)
-    _add_info_routes(app, engine, metrics)
+    _add_info_routes(app, engine, loggers.metrics)
+    add_dashboard_routes(app, engine, loggers.dashboard)
     tokenization = OpenAIServingTokenization(engine, model_name, chat.render)
 
     @app.post("/tokenize")
@@ -110,15 +130,15 @@ def _add_generation_routes(app: FastAPI, completion: OpenAIServingCompletion,
 def _add_info_routes(app: FastAPI, engine: AsyncLLM, metrics: PrometheusStatLogger) -> None:
     model = engine.config.model
 
-    @app.get("/health")
-    async def health() -> Response:
-        if engine.errored:
-            return error_response("The engine is dead; the server is shutting down.", 503)
-        return Response(status_code=200)
-
     @app.get("/version")
     async def version() -> dict[str, str]:
         return {"version": __version__}
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> Response:
+        """Make the engine forget its cached KV blocks (vLLM's route)."""
+        await engine.reset_prefix_cache()
+        return Response(status_code=200)
 
     @app.get("/metrics")
     async def get_metrics() -> Response:
@@ -152,31 +172,53 @@ async def _exit_when_engine_dies(engine: AsyncLLM, server: uvicorn.Server) -> No
     server.should_exit = True
 
 
-async def run_server(engine_args: EngineArgs, server_args: ServerArgs) -> int:
+async def _start_engine(config: EngineConfig, limits: ServingLimits, server_args: ServerArgs,
+                        loggers: StatLoggers, serving: "asyncio.Task[None]") -> AsyncLLM | None:
+    """Start the engine while the server already answers the probes; None if the server was stopped
+    (SIGTERM) before the engine was ready (its process is then gone)."""
+    loading = asyncio.create_task(AsyncLLM.create(config, loggers.all(), not server_args.disable_log_requests,
+                                                  envs.log_stats_interval_s(), limits))
+    await asyncio.wait({loading, serving}, return_when=asyncio.FIRST_COMPLETED)
+    if loading.done():
+        return loading.result()
+    logger.info("Stopped while the model was loading.")
+    loading.cancel()
+    await asyncio.gather(loading, return_exceptions=True)
+    return None
+
+
+async def run_server(engine_args: EngineArgs, server_args: ServerArgs, limits: ServingLimits | None = None
+                     ) -> int:
     """Serve until stopped (status 0) or until the engine dies (status 1). Raises PagedServeError
     (ConfigError included) when the settings cannot be served."""
     config = engine_args.create_engine_config()
     chat_template = load_chat_template(server_args.chat_template)
     sock = _bind_socket(server_args.host, server_args.port)
-    metrics = PrometheusStatLogger(config.model.served_model_name)
-    stat_loggers: list[StatLoggerBase] = [metrics]
-    if not server_args.disable_log_stats:
-        stat_loggers.append(LoggingStatLogger())
-    engine = await AsyncLLM.create(config, stat_loggers, not server_args.disable_log_requests,
-                                   envs.log_stats_interval_s())
+    loggers = StatLoggers(PrometheusStatLogger(config.model.served_model_name), DashboardStatLogger(),
+                          None if server_args.disable_log_stats else LoggingStatLogger())
+    lifecycle = ServerLifecycle(server_args.shutdown_timeout)
+    server = LifecycleServer(uvicorn.Config(lifecycle, log_level=server_args.uvicorn_log_level, lifespan="off",
+                                            timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S), lifecycle)
+    server.loop = asyncio.get_running_loop()
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    engine = None
     try:
-        app = build_app(engine, server_args, metrics, chat_template)
-        server = uvicorn.Server(uvicorn.Config(app, log_level=server_args.uvicorn_log_level,
-                                               timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S))
+        engine = await _start_engine(config, limits or ServingLimits(), server_args, loggers, serving)
+        if engine is None:
+            return 0
+        lifecycle.serve(build_app(engine, server_args, loggers, chat_template), engine)
         watchdog = asyncio.create_task(_exit_when_engine_dies(engine, server))
         logger.info("Serving %s at http://%s:%d (OpenAI API under /v1).", config.model.served_model_name,
                     server_args.host, server_args.port)
-        await server.serve(sockets=[sock])
+        await serving
         watchdog.cancel()
     finally:
-        engine.shutdown()
+        server.should_exit = True
+        await asyncio.gather(serving, return_exceptions=True)
+        if engine is not None:
+            engine.shutdown()
         sock.close()
-    return 1 if engine.dead_error is not None else 0
+    return 1 if engine is not None and engine.dead_error is not None else 0
 
 
 def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
@@ -185,11 +227,12 @@ def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the server from parsed flags; returns the process exit status."""
-    # NOTE: SIGTERM unwinds like Ctrl-C, so the engine process is shut down rather than orphaned.
+    # NOTE: SIGTERM before the server runs (and after) unwinds like Ctrl-C, so no engine process is
+    # orphaned; while it runs, LifecycleServer drains on SIGTERM instead.
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-    engine_args, server_args = args_from_namespace(args)
     try:
-        return asyncio.run(run_server(engine_args, server_args))
+        engine_args, server_args, limits = args_from_namespace(args)
+        return asyncio.run(run_server(engine_args, server_args, limits))
     except PagedServeError as exc:
         logger.error("%s", exc)
         return 1

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from pagedserve import envs
 from pagedserve.config import EngineArgs, add_dataclass_cli_args, dataclass_from_cli_args
+from pagedserve.engine.admission import ServingLimits
 
 UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
@@ -28,17 +29,23 @@ class ServerArgs:
         "help": "Do not log each request as it is added or aborted."})
     uvicorn_log_level: str = field(default="info", metadata={
         "help": "Log level of uvicorn (HTTP access log included).", "choices": UVICORN_LOG_LEVELS})
+    shutdown_timeout: float = field(default=30.0, metadata={
+        "help": "Seconds the requests in flight get to finish after SIGTERM (new ones get 503 meanwhile); "
+                "the rest are then aborted with an error and the server exits 0."})
 
     def resolved_api_key(self) -> str | None:
         return self.api_key or envs.api_key()
 
 
 def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add every engine and server flag to `parser`."""
+    """Add every engine, server and serving-limit flag to `parser`."""
     EngineArgs.add_cli_args(parser)
     add_dataclass_cli_args(ServerArgs, parser)
+    add_dataclass_cli_args(ServingLimits, parser)
     return parser
 
 
-def args_from_namespace(args: argparse.Namespace) -> tuple[EngineArgs, ServerArgs]:
-    return EngineArgs.from_cli_args(args), dataclass_from_cli_args(ServerArgs, args)
+def args_from_namespace(args: argparse.Namespace) -> tuple[EngineArgs, ServerArgs, ServingLimits]:
+    """The parsed flags as settings. Raises ConfigError for an out-of-range limit."""
+    return (EngineArgs.from_cli_args(args), dataclass_from_cli_args(ServerArgs, args),
+            dataclass_from_cli_args(ServingLimits, args))

@@ -53,6 +53,8 @@ class SamplingRequest(OpenAIBaseModel):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     truncate_prompt_tokens: int | None = None
+    # Seconds this request may run; then it is aborted and returns what it has (finish_reason "abort").
+    timeout: float | None = Field(default=None, gt=0)
 
     def check_stream_options(self) -> None:
         if self.stream_options is not None and not self.stream:

@@ -42,7 +42,8 @@ class OpenAIServingChat(OpenAIServing):
         params = request.to_sampling_params(max_tokens, request.num_logprobs())
         request_id = random_id("chatcmpl")
         core = self.engine.process_inputs(request_id, {"prompt_token_ids": prompt_ids}, params)
-        outputs = self.engine.generate(core, params, request_id)
+        self.engine.check_admission([core])  # NOTE: a full queue is a 503, not a broken stream
+        outputs = self.engine.generate(core, params, request_id, request.timeout)
         if request.stream:
             return StreamingResponse(self._stream(request, request_id, len(prompt_ids), outputs),
                                      media_type="text/event-stream")

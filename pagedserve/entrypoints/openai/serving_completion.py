@@ -62,7 +62,8 @@ class OpenAIServingCompletion(OpenAIServing):
                           else self.tokenizer.decode(core.prompt_token_ids, skip_special_tokens=True)
                           for prompt, core in zip(prompts, core_requests)]
         batch = _Batch(request, request_id, int(time.time()), core_requests, echo_texts)
-        outputs = merge_async_iterators(*[self.engine.generate(core, params, core.request_id)
+        self.engine.check_admission(core_requests)  # NOTE: a full queue is a 503, not a broken stream
+        outputs = merge_async_iterators(*[self.engine.generate(core, params, core.request_id, request.timeout)
                                           for core in core_requests])
         if request.stream:
             return StreamingResponse(self._stream(batch, outputs), media_type="text/event-stream")

@@ -1,0 +1,133 @@
+"""The server's life: loading -> serving -> draining (SIGTERM) -> stopped, or dead (the engine died).
+
+`ServerLifecycle` is the outermost ASGI app. It answers the probes itself, in every phase:
+- `GET /health` (liveness): 200 while the process is sound, model loading and draining included; 503
+  once the engine is dead (a supervisor should restart the server). A Kubernetes livenessProbe.
+- `GET /ready` (readiness): 200 only while serving; 503 while the model loads, while draining, and
+  once the engine is dead. A Kubernetes readinessProbe, and what scripts should poll before sending.
+While loading, every other route answers 503 (Retry-After). While draining, new generation requests
+(POST /v1/...) get 503 and the requests in flight get up to --shutdown-timeout seconds to finish; the
+rest are aborted with an error, then the server exits 0.
+"""
+import asyncio
+import enum
+import signal
+import time
+from types import FrameType
+
+import uvicorn
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from pagedserve.engine.async_llm import AsyncLLM
+from pagedserve.entrypoints.openai.errors import error_response
+from pagedserve.errors import CapacityError
+from pagedserve.logger import init_logger
+
+logger = init_logger(__name__)
+
+_LOADING_RETRY_AFTER_S = 5
+_DRAIN_POLL_S = 0.1
+_FLUSH_S = 0.5  # after aborting: time for the handlers to send their error responses
+
+
+class Phase(enum.Enum):
+    LOADING = "loading"
+    SERVING = "ready"
+    DRAINING = "draining"
+
+
+class ServerLifecycle:
+    """Probes and phase gate in front of the API app (set by `serve()` once the engine is ready)."""
+
+    def __init__(self, shutdown_timeout_s: float) -> None:
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self.phase = Phase.LOADING
+        self.app: ASGIApp | None = None
+        self.engine: AsyncLLM | None = None
+        self._drain_task: asyncio.Task[None] | None = None
+
+    def serve(self, app: ASGIApp, engine: AsyncLLM) -> None:
+        self.app, self.engine, self.phase = app, engine, Phase.SERVING
+
+    @property
+    def dead(self) -> bool:
+        return self.engine is not None and self.engine.errored
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            if self.app is not None:
+                await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        if path in ("/health", "/ready"):
+            response = self._health() if path == "/health" else self._ready()
+        elif self.phase is Phase.LOADING or self.app is None:
+            response = error_response("The server is starting: the model is still loading. Poll GET /ready "
+                                      "and send requests once it answers 200.", 503,
+                                      headers={"Retry-After": str(_LOADING_RETRY_AFTER_S)})
+        elif self.phase is Phase.DRAINING and path.startswith("/v1/") and scope["method"] == "POST":
+            response = error_response("The server is shutting down (SIGTERM) and takes no new requests; "
+                                      "send this one to another replica.", 503,
+                                      headers={"Retry-After": "1", "Connection": "close"})
+        else:
+            await self.app(scope, receive, send)
+            return
+        await response(scope, receive, send)
+
+    def _health(self) -> JSONResponse:
+        if self.dead:
+            return error_response("The engine is dead; the server is shutting down.", 503)
+        return JSONResponse({"status": self.phase.value})
+
+    def _ready(self) -> JSONResponse:
+        if self.dead:
+            return error_response("Not ready: the engine is dead; the server is shutting down.", 503)
+        if self.phase is Phase.SERVING:
+            return JSONResponse({"status": "ready"})
+        why = "the model is loading" if self.phase is Phase.LOADING else "the server is shutting down"
+        return error_response(f"Not ready: {why}.", 503)
+
+    def start_drain(self, server: uvicorn.Server) -> None:
+        """Stop taking requests; let those in flight finish (up to the timeout); then stop `server`."""
+        if self.phase is not Phase.SERVING:
+            return
+        self.phase = Phase.DRAINING
+        self._drain_task = asyncio.get_running_loop().create_task(self._drain(server))
+
+    async def _drain(self, server: uvicorn.Server) -> None:
+        engine = self.engine
+        assert engine is not None, "serving has an engine"
+        logger.info("SIGTERM: no new requests; %d in flight get up to %g s to finish (--shutdown-timeout).",
+                    engine.num_requests_in_flight, self.shutdown_timeout_s)
+        deadline = time.monotonic() + self.shutdown_timeout_s
+        while engine.num_requests_in_flight and time.monotonic() < deadline and not engine.errored:
+            await asyncio.sleep(_DRAIN_POLL_S)
+        if engine.num_requests_in_flight and not engine.errored:
+            error = CapacityError(f"The server is shutting down: the request did not finish within "
+                                  f"--shutdown-timeout {self.shutdown_timeout_s:g} s and was aborted; retry it.")
+            logger.warning("Shutdown: %d request(s) still in flight after %g s are aborted.",
+                           await engine.abort_all(error), self.shutdown_timeout_s)
+            await asyncio.sleep(_FLUSH_S)
+        else:
+            logger.info("Shutdown: every request in flight finished.")
+        server.should_exit = True
+
+
+class LifecycleServer(uvicorn.Server):
+    """uvicorn, but SIGTERM while serving drains first (ServerLifecycle) instead of stopping at once.
+    A second SIGTERM, or SIGINT (Ctrl-C), stops at once; another SIGINT forces the exit."""
+
+    def __init__(self, config: uvicorn.Config, lifecycle: ServerLifecycle) -> None:
+        super().__init__(config)
+        self.lifecycle = lifecycle
+        self.loop: asyncio.AbstractEventLoop | None = None  # set by the caller before serve()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # NOTE: runs in a signal handler: only thread-safe calls into the event loop.
+        if sig == signal.SIGTERM and self.lifecycle.phase is Phase.SERVING and self.loop is not None:
+            self.loop.call_soon_threadsafe(self.lifecycle.start_drain, self)
+        elif self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        else:
+            self.should_exit = True

@@ -1,0 +1,275 @@
+"""`pagedserve plan`: the KV budget an operator otherwise works out by hand. From a model's config.json
+alone (no weights loaded) and the accelerator's memory: weights, KV bytes per token, blocks, capacity,
+the concurrency that fits, recommended flags, or plainly that the workload does not fit and what would.
+
+Every figure comes from sizing.py, the arithmetic the engine's startup log uses, so with the same
+settings (e.g. --kv-cache-memory, which both accept) the numbers are the engine's own. On a GPU the
+engine measures the peak activations with a profiling run; the plan estimates them (and says so).
+"""
+import argparse
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from pagedserve.config import (EngineArgs, ModelConfig, add_dataclass_cli_args, dataclass_from_cli_args,
+                               default_max_num_batched_tokens)
+from pagedserve.errors import ConfigError
+from pagedserve.sizing import DTYPE_BYTES, ModelShape, gpu_kv_budget, kv_cache_config, max_concurrency, \
+    max_full_requests
+from pagedserve.utils import cdiv, format_bytes, parse_bytes
+
+# The engine flags the plan takes, with the engine's names, help and defaults.
+ENGINE_FLAGS = ("dtype", "max_model_len", "block_size", "gpu_memory_utilization", "kv_cache_memory",
+                "tensor_parallel_size", "max_num_batched_tokens")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+# Memory a GPU engine uses outside torch's allocator (NCCL buffers, cuBLAS workspaces): an estimate.
+NON_TORCH_BYTES = 512 * 2**20
+MAX_UTILIZATION = 0.95  # the most the plan recommends: leave the driver and other processes room
+TP_SIZES = (1, 2, 4, 8)
+
+
+def _arg(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass(frozen=True)
+class PlanArgs:
+    """The workload and the accelerator (the engine's own flags come from EngineArgs)."""
+
+    model: str = _arg("", "Model: HF folder (its config.json), a config.json file or a GGUF file.")
+    gpu_memory: str | None = _arg(None, "Memory of one accelerator, e.g. 80GiB. Default: the local GPU's.")
+    kv_cache_dtype: str = _arg("auto", "KV-cache dtype. auto: the model dtype (what pagedserve runs today); "
+                                       "fp8 shows what vLLM's --kv-cache-dtype fp8 would give.",
+                               choices=KV_CACHE_DTYPES)
+    concurrency: int = _arg(1, "Requests to serve at once.")
+    input_tokens: int | None = _arg(None, "Prompt tokens per request (default: the context less "
+                                          "--output-tokens).")
+    output_tokens: int | None = _arg(None, "Generated tokens per request (default 0).")
+    json: bool = _arg(False, "Print one JSON object instead of the table.")
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Everything the figures depend on, resolved."""
+
+    shape: ModelShape
+    model_config: ModelConfig
+    tp: int
+    dtype_bytes: int
+    kv_dtype_bytes: int
+    block_size: int
+    gpu_memory: int | None  # bytes of one GPU; None with an explicit KV budget
+    utilization: float
+    kv_cache_memory: int | None
+    max_num_batched_tokens: int
+    concurrency: int
+    request_tokens: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The figures, per GPU (rank), as the engine's startup log gives them."""
+
+    weights_bytes: int
+    kv_bytes_per_token: int
+    bytes_per_block: int
+    activation_bytes: int  # estimated (0 with an explicit KV budget)
+    non_torch_bytes: int
+    kv_budget_bytes: int
+    num_blocks: int  # usable, the reserved null block not counted
+    capacity_tokens: int
+    max_concurrency_at_max_model_len: float
+    max_requests_at_request_tokens: int
+    fits: bool
+
+
+def compute_plan(inputs: PlanInputs) -> Plan:
+    """The engine's arithmetic (sizing.py) on `inputs`."""
+    shape, tp = inputs.shape, inputs.tp
+    weights = shape.num_parameters(tp) * inputs.dtype_bytes
+    per_token = shape.kv_bytes_per_token(tp, inputs.kv_dtype_bytes)
+    per_block = per_token * inputs.block_size
+    activations = non_torch = 0
+    if inputs.kv_cache_memory is not None:
+        budget = inputs.kv_cache_memory
+    else:
+        assert inputs.gpu_memory is not None, "resolve_inputs sets one of the two"
+        # NOTE: the engine profiles one request of this many tokens (worker._profile_run).
+        num_tokens = min(inputs.max_num_batched_tokens, inputs.model_config.max_model_len)
+        activations = shape.activation_bytes(num_tokens, tp, inputs.dtype_bytes)
+        non_torch = NON_TORCH_BYTES
+        budget = gpu_kv_budget(inputs.gpu_memory, inputs.utilization, weights, activations, non_torch)
+    kv = kv_cache_config(budget, per_block, inputs.block_size)
+    max_model_len = inputs.model_config.max_model_len
+    fitting = max_full_requests(kv, inputs.request_tokens)
+    fits = fitting >= inputs.concurrency and max_full_requests(kv, max_model_len) >= 1
+    usable = max(0, kv.num_blocks - 1)
+    return Plan(weights, per_token, per_block, activations, non_torch, budget, usable,
+                usable * inputs.block_size, max(0.0, max_concurrency(kv, max_model_len)), fitting, fits)
+
+
+def needed_utilization(inputs: PlanInputs, plan: Plan) -> float | None:
+    """The smallest --gpu-memory-utilization (0.01 steps) at which the workload fits; None without a GPU
+    size."""
+    if inputs.gpu_memory is None:
+        return None
+    blocks = inputs.concurrency * cdiv(inputs.request_tokens, inputs.block_size) + 1  # + the null block
+    needed = plan.weights_bytes + plan.activation_bytes + plan.non_torch_bytes + blocks * plan.bytes_per_block
+    return math.ceil(needed / inputs.gpu_memory * 100) / 100
+
+
+def recommendations(inputs: PlanInputs, plan: Plan) -> dict[str, Any]:
+    """The flags to serve this workload with (when it fits)."""
+    flags: dict[str, Any] = {"--max-model-len": inputs.model_config.max_model_len,
+                             "--max-num-seqs": inputs.concurrency,
+                             "--max-num-batched-tokens": inputs.max_num_batched_tokens,
+                             "--tensor-parallel-size": inputs.tp}
+    needed = needed_utilization(inputs, plan)
+    if needed is not None:
+        # NOTE: keep the asked-for share when it fits: the extra KV absorbs bursts.
+        flags["--gpu-memory-utilization"] = max(needed, inputs.utilization)
+    else:
+        flags["--kv-cache-memory"] = inputs.kv_cache_memory
+    return flags
+
+
+def alternatives(inputs: PlanInputs) -> list[str]:
+    """What would fit a workload that does not: more GPUs, a shorter context, fewer requests, an 8-bit
+    KV cache and weights, a higher utilization."""
+    found: list[str] = []
+    for tp in TP_SIZES:
+        if tp > inputs.tp and _divides(inputs.shape, tp) and compute_plan(replace(inputs, tp=tp)).fits:
+            found.append(f"--tensor-parallel-size {tp} ({tp} GPUs)")
+            break
+    plan = compute_plan(inputs)
+    usable = plan.num_blocks // max(1, inputs.concurrency)
+    if usable >= 1:
+        found.append(f"requests of at most {usable * inputs.block_size} tokens (--max-model-len, "
+                     f"--input-tokens + --output-tokens) for {inputs.concurrency} at once")
+    if plan.max_requests_at_request_tokens >= 1:
+        found.append(f"--concurrency {plan.max_requests_at_request_tokens} (--max-num-seqs) at "
+                     f"{inputs.request_tokens} tokens each")
+    if compute_plan(replace(inputs, kv_dtype_bytes=1, dtype_bytes=1)).fits:
+        found.append("8-bit weights and an fp8 KV cache (vLLM's --quantization fp8 --kv-cache-dtype fp8; "
+                     "not in pagedserve yet)")
+    needed = needed_utilization(inputs, plan)
+    if needed is not None and needed <= MAX_UTILIZATION and needed > inputs.utilization:
+        found.append(f"--gpu-memory-utilization {needed:.2f}")
+    return found
+
+
+def _divides(shape: ModelShape, tp: int) -> bool:
+    kv_ok = shape.num_kv_heads % tp == 0 or tp % shape.num_kv_heads == 0
+    return shape.num_heads % tp == 0 and shape.intermediate_size % tp == 0 and kv_ok
+
+
+def resolve_inputs(args: PlanArgs, engine_args: EngineArgs) -> PlanInputs:
+    """Read the model's config (no weights) and resolve defaults as the engine does. Raises ConfigError."""
+    if args.concurrency < 1:
+        raise ConfigError(f"--concurrency {args.concurrency} must be at least 1.")
+    # NOTE: dtype "auto" resolves as on a GPU: the checkpoint's.
+    model_config = engine_args._model_config("cuda")
+    shape = ModelShape.from_hf_config(model_config.hf_config, model_config.architecture)
+    tp = engine_args.tensor_parallel_size
+    if tp < 1 or not _divides(shape, tp):
+        raise ConfigError(f"--tensor-parallel-size {tp} does not divide the model's heads and MLP; choose "
+                          f"one of {', '.join(str(t) for t in TP_SIZES if _divides(shape, t))}.")
+    request_tokens = _request_tokens(args, model_config.max_model_len)
+    if engine_args.max_model_len is None:  # the recommended context: what the workload needs
+        model_config = replace(model_config, max_model_len=request_tokens)
+    dtype_bytes = DTYPE_BYTES[model_config.dtype]
+    kv_dtype_bytes = dtype_bytes if args.kv_cache_dtype == "auto" else DTYPE_BYTES[args.kv_cache_dtype]
+    kv_memory = (None if engine_args.kv_cache_memory is None
+                 else parse_bytes(engine_args.kv_cache_memory, "--kv-cache-memory"))
+    gpu_memory = None if kv_memory is not None else _gpu_memory(args.gpu_memory)
+    batched = engine_args.max_num_batched_tokens or default_max_num_batched_tokens(args.concurrency)
+    return PlanInputs(shape, model_config, tp, dtype_bytes, kv_dtype_bytes, engine_args.block_size, gpu_memory,
+                      engine_args.gpu_memory_utilization, kv_memory, batched, args.concurrency, request_tokens)
+
+
+def _request_tokens(args: PlanArgs, max_model_len: int) -> int:
+    output = args.output_tokens or 0
+    total = (args.input_tokens if args.input_tokens is not None else max_model_len - output) + output
+    if total < 1 or total > max_model_len:
+        raise ConfigError(f"--input-tokens + --output-tokens = {total} must be between 1 and the model's "
+                          f"context, {max_model_len} tokens (--max-model-len).")
+    return total
+
+
+def _gpu_memory(value: str | None) -> int:
+    if value is not None:
+        return parse_bytes(value, "--gpu-memory")
+    import torch  # NOTE: only to read the local GPU's size
+
+    if not torch.cuda.is_available():
+        raise ConfigError("No GPU is visible here: give the accelerator's memory with --gpu-memory (e.g. "
+                          "80GiB), or an explicit KV budget with --kv-cache-memory.")
+    return torch.cuda.mem_get_info()[1]
+
+
+def report(inputs: PlanInputs, plan: Plan) -> dict[str, Any]:
+    """The whole plan as one JSON-able object."""
+    return {"model": inputs.model_config.model, "architecture": inputs.model_config.architecture,
+            "dtype": inputs.model_config.dtype, "kv_cache_dtype_bytes": inputs.kv_dtype_bytes,
+            "tensor_parallel_size": inputs.tp, "block_size": inputs.block_size,
+            "gpu_memory_bytes": inputs.gpu_memory, "gpu_memory_utilization": inputs.utilization,
+            "num_parameters": inputs.shape.num_parameters(1),
+            "num_parameters_per_gpu": inputs.shape.num_parameters(inputs.tp),
+            "max_model_len": inputs.model_config.max_model_len, "concurrency": inputs.concurrency,
+            "request_tokens": inputs.request_tokens, **asdict(plan),
+            "recommended_flags": recommendations(inputs, plan) if plan.fits else None,
+            "would_fit": [] if plan.fits else alternatives(inputs)}
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The plan as a two-column table, then the verdict and the flags (or what would fit)."""
+    gib = lambda key: format_bytes(result[key])  # noqa: E731
+    rows = [("model", f"{result['model']} ({result['architecture']}, {result['dtype']})"),
+            ("parameters", f"{result['num_parameters']:,} ({result['num_parameters_per_gpu']:,} per GPU, "
+                           f"tp={result['tensor_parallel_size']})"),
+            ("weights per GPU", f"{result['weights_bytes']:,} B ({gib('weights_bytes')})"),
+            ("KV bytes per token", f"{result['kv_bytes_per_token']:,} B per GPU"),
+            ("KV bytes per block", f"{result['bytes_per_block']:,} B ({result['block_size']} tokens)")]
+    if result["gpu_memory_bytes"] is not None:
+        rows += [("GPU memory", f"{gib('gpu_memory_bytes')} x {result['gpu_memory_utilization']}"),
+                 ("peak activations", f"{gib('activation_bytes')} (estimated; the engine profiles it)"),
+                 ("outside torch", f"{gib('non_torch_bytes')} (estimated)")]
+    rows += [("KV cache budget", f"{result['kv_budget_bytes']:,} B ({gib('kv_budget_bytes')})"),
+             ("KV blocks", f"{result['num_blocks']:,} (+1 reserved)"),
+             ("KV capacity", f"{result['capacity_tokens']:,} tokens"),
+             (f"max concurrency at {result['max_model_len']} tokens",
+              f"{result['max_concurrency_at_max_model_len']:.2f}x"),
+             (f"requests of {result['request_tokens']} tokens at once",
+              f"{result['max_requests_at_request_tokens']:,}")]
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{name:<{width}}  {value}" for name, value in rows]
+    if result["recommended_flags"] is not None:
+        lines.append(f"\nFITS: {result['concurrency']} concurrent requests of {result['request_tokens']} "
+                     "tokens. Recommended flags:")
+        lines.append("  " + " ".join(f"{flag} {value}" for flag, value in result["recommended_flags"].items()))
+    else:
+        why = ("the weights and activations alone take more than the GPU's share"
+               if result["kv_budget_bytes"] <= 0 else "they need more KV cache than this leaves")
+        lines.append(f"\nDOES NOT FIT: {result['concurrency']} concurrent requests of "
+                     f"{result['request_tokens']} tokens: {why}. What would fit:")
+        lines += [f"  - {option}" for option in result["would_fit"]] or ["  - nothing in reach: a larger GPU"]
+    return "\n".join(lines)
+
+
+def add_plan_args(parser: argparse.ArgumentParser) -> None:
+    """The plan's flags, and the engine flags it shares (same names, help and defaults as `serve`)."""
+    parser.add_argument("model", help=PlanArgs.__dataclass_fields__["model"].metadata["help"])
+    add_dataclass_cli_args(PlanArgs, parser, only=[f.name for f in fields(PlanArgs) if f.name != "model"])
+    add_dataclass_cli_args(EngineArgs, parser, only=ENGINE_FLAGS)
+
+
+def run_plan(namespace: argparse.Namespace) -> int:
+    """Print the plan; exit status 0 when the workload fits, 1 when it does not."""
+    args = dataclass_from_cli_args(PlanArgs, namespace)
+    model = args.model[:-len("config.json")] or "." if args.model.endswith("config.json") else args.model
+    engine_args = EngineArgs(model=model, **{name: getattr(namespace, name) for name in ENGINE_FLAGS})
+    inputs = resolve_inputs(args, engine_args)
+    result = report(inputs, compute_plan(inputs))
+    print(json.dumps(result, indent=2) if args.json else format_table(result))
+    return 0 if result["recommended_flags"] is not None else 1
