@@ -17,9 +17,9 @@ def _tokenizer_folder() -> str:
     return gguf_hf_folder(default_model_path())
 
 
-def build_tiny_model(path: str, architecture: str, **overrides: object) -> str:
-    """Save a random-weight checkpoint (safetensors + tokenizer) of `architecture` into `path`."""
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, AutoModelForCausalLM
+def tiny_hf_config(architecture: str, **overrides: object):
+    """The transformers config of a tiny model of `architecture` (llama | mistral | qwen2)."""
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
     config_class = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}[architecture]
     settings = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -27,7 +27,14 @@ def build_tiny_model(path: str, architecture: str, **overrides: object) -> str:
                     initializer_range=0.1, bos_token_id=1, eos_token_id=2, pad_token_id=2,
                     tie_word_embeddings=False)
     settings.update(overrides)
-    config = config_class(**settings)
+    return config_class(**settings)
+
+
+def build_tiny_model(path: str, architecture: str, **overrides: object) -> str:
+    """Save a random-weight checkpoint (safetensors + tokenizer) of `architecture` into `path`."""
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_hf_config(architecture, **overrides)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # HF initializes biases to zero: make them count

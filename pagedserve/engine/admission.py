@@ -125,6 +125,14 @@ class AdmissionControl:
         return float(min(_MAX_RETRY_AFTER_S, max(1, round(len(self.queued) * _RATE_WINDOW_S / recent))))
 
 
+def check_num_samples(params: SamplingParams, max_num_seqs: int) -> None:
+    """Each of a request's n (best_of) samples is a request in the engine: one request may not ask for
+    more than the engine runs at once. Raises InvalidRequestError."""
+    if params.num_samples > max_num_seqs:
+        raise InvalidRequestError(f"{params.num_samples} samples (n / best_of) are more than the engine runs at "
+                                  f"once, {max_num_seqs} (--max-num-seqs); lower n or best_of.", param="n")
+
+
 def apply_token_budgets(request: EngineCoreRequest, asked: SamplingParams, limits: ServingLimits
                         ) -> EngineCoreRequest:
     """Check `request` (validated, max_tokens resolved) against --max-input-tokens and

@@ -6,7 +6,8 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from pagedserve.config import EngineConfig
-from pagedserve.engine.admission import AdmissionControl, Deadlines, ServingLimits, apply_token_budgets
+from pagedserve.engine.admission import (AdmissionControl, Deadlines, ServingLimits, apply_token_budgets,
+                                         check_num_samples)
 from pagedserve.engine.core_client import MPClient
 from pagedserve.engine.core_proc import EngineCoreHandshake
 from pagedserve.engine.input_processor import EngineLimits, InputProcessor, PromptType, split_samples
@@ -102,6 +103,7 @@ class AsyncLLM:
 
     def _process(self, request_id: str, prompt: PromptType, params: SamplingParams,
                  beam_search: BeamSearchParams | None = None) -> tuple[str | None, EngineCoreRequest]:
+        check_num_samples(params, self.config.scheduler.max_num_seqs)
         text, request = self.input_processor.process(request_id, prompt, params, beam_search=beam_search)
         return text, apply_token_budgets(request, params, self.limits)
 

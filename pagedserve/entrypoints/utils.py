@@ -42,6 +42,31 @@ async def merge_async_iterators(*iterators: AsyncGenerator[T, None]) -> AsyncGen
                 await iterator.aclose()
 
 
+async def started(iterator: AsyncGenerator[T, None]) -> AsyncGenerator[T, None]:
+    """Run `iterator` up to its first item now, and return a generator of all its items. For streamed
+    responses: a refusal before the first output (a full queue, the queue time, a dead engine) is then
+    raised here, before the response starts, and becomes an HTTP status instead of an error event in
+    a 200 stream. Closing the returned generator closes `iterator`."""
+    try:
+        head = [await anext(iterator)]
+    except StopAsyncIteration:
+        head = []
+    except BaseException:
+        await iterator.aclose()
+        raise
+
+    async def chained() -> AsyncGenerator[T, None]:
+        try:
+            for item in head:
+                yield item
+            async for item in iterator:
+                yield item
+        finally:
+            await iterator.aclose()
+
+    return chained()
+
+
 async def _wait_for_disconnect(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass

@@ -30,7 +30,7 @@ from pagedserve.engine.async_llm import AsyncLLM
 from pagedserve.entrypoints.chat_utils import load_chat_template
 from pagedserve.entrypoints.openai.cli_args import ServerArgs, args_from_namespace, make_arg_parser
 from pagedserve.entrypoints.openai.dashboard import add_dashboard_routes
-from pagedserve.entrypoints.openai.errors import error_response, register_error_handlers
+from pagedserve.entrypoints.openai.errors import ERROR_RESPONSES, error_response, register_error_handlers
 from pagedserve.entrypoints.openai.lifecycle import LifecycleServer, ServerLifecycle
 from pagedserve.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCompletionResponse,
                                                     CompletionRequest, CompletionResponse, DetokenizeRequest,
@@ -101,26 +101,33 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, loggers: StatLoggers,
     add_dashboard_routes(app, engine, loggers.dashboard)
     tokenization = OpenAIServingTokenization(engine, model_name, chat.render)
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", responses=ERROR_RESPONSES)
     async def tokenize(request: TokenizeRequest) -> TokenizeResponse:
         return tokenization.tokenize(request)
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", responses=ERROR_RESPONSES)
     async def detokenize(request: DetokenizeRequest) -> DetokenizeResponse:
         return tokenization.detokenize(request)
 
     return app
 
 
+def _responses(model: type) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI responses of a generation route: JSON, or server-sent events when streaming."""
+    return {200: {"model": model, "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                  "description": "The result (JSON), or with stream=true its chunks as server-sent events"},
+            **ERROR_RESPONSES}
+
+
 def _add_generation_routes(app: FastAPI, completion: OpenAIServingCompletion,
                            chat: OpenAIServingChat) -> None:
-    @app.post("/v1/completions", response_model=None)
+    @app.post("/v1/completions", response_model=None, responses=_responses(CompletionResponse))
     @with_cancellation
     async def create_completion(request: CompletionRequest, raw_request: Request
                                 ) -> CompletionResponse | StreamingResponse:
         return await completion.create_completion(request)
 
-    @app.post("/v1/chat/completions", response_model=None)
+    @app.post("/v1/chat/completions", response_model=None, responses=_responses(ChatCompletionResponse))
     @with_cancellation
     async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request
                                      ) -> ChatCompletionResponse | StreamingResponse:

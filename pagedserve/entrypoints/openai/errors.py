@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pagedserve.errors import CapacityError, EngineDeadError, InvalidRequestError, PagedServeError
@@ -17,6 +18,27 @@ logger = init_logger(__name__)
 _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
           404: "NotFoundError", 405: "MethodNotAllowedError", 429: "RateLimitError",
           500: "InternalServerError", 503: "ServiceUnavailableError"}
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: int
+
+
+class ErrorResponse(BaseModel):
+    """The body of every error (declared in the OpenAPI schema)."""
+
+    error: ErrorInfo
+
+
+# The error statuses of the API routes, for their OpenAPI `responses`.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": description} for status, description in (
+        (400, "Invalid request (what was wrong, the limit, the field to change)"),
+        (401, "Missing or wrong API key"), (404, "Unknown model"),
+        (503, "At capacity (Retry-After), loading, shutting down, or the engine is dead"))}
 
 
 def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from pagedserve.entrypoints.openai.protocol import (ChatChoice, ChatCompletionCh
 from pagedserve.entrypoints.openai.serving_engine import (SSE_DONE, OpenAIServing, random_id, sse,
                                                           usage_info)
 from pagedserve.engine.async_llm import AsyncLLM
+from pagedserve.entrypoints.utils import started
 from pagedserve.outputs import CompletionOutput, RequestOutput
 
 # JSON has no -inf: vLLM's floor for the logprob of an impossible token.
@@ -45,7 +46,8 @@ class OpenAIServingChat(OpenAIServing):
         self.engine.check_admission([core])  # NOTE: a full queue is a 503, not a broken stream
         outputs = self.engine.generate(core, params, request_id, request.timeout)
         if request.stream:
-            return StreamingResponse(self._stream(request, request_id, len(prompt_ids), outputs),
+            # NOTE: started: a refusal before the first output is a status, not an event in a 200 stream.
+            return StreamingResponse(self._stream(request, request_id, len(prompt_ids), await started(outputs)),
                                      media_type="text/event-stream")
         samples: list[CompletionOutput] = []
         async for output in outputs:  # FINAL_ONLY: one output, the finished one

@@ -11,7 +11,7 @@ from pagedserve.entrypoints.openai.protocol import (CompletionChoice, Completion
                                                     CompletionResponse)
 from pagedserve.entrypoints.openai.serving_engine import (SSE_DONE, OpenAIServing, random_id, sse,
                                                           usage_info)
-from pagedserve.entrypoints.utils import merge_async_iterators
+from pagedserve.entrypoints.utils import merge_async_iterators, started
 from pagedserve.errors import InvalidRequestError
 from pagedserve.outputs import CompletionOutput, RequestOutput
 from pagedserve.protocol import EngineCoreRequest
@@ -66,7 +66,8 @@ class OpenAIServingCompletion(OpenAIServing):
         outputs = merge_async_iterators(*[self.engine.generate(core, params, core.request_id, request.timeout)
                                           for core in core_requests])
         if request.stream:
-            return StreamingResponse(self._stream(batch, outputs), media_type="text/event-stream")
+            # NOTE: started: a refusal before the first output is a status, not an event in a 200 stream.
+            return StreamingResponse(self._stream(batch, await started(outputs)), media_type="text/event-stream")
         return await self._full(batch, outputs)
 
     async def _full(self, batch: _Batch, outputs: AsyncGenerator[tuple[int, RequestOutput], None]

@@ -1,0 +1,194 @@
+"""Overload on a real server with a small KV cache: every request completes or is refused clearly (503
+with Retry-After, 400 with the numbers, or aborted at its deadline), nothing hangs, memory comes back;
+each limit by status and message; the live dashboard in headless Chromium; schemathesis against the
+OpenAPI schema; and, last, a SIGTERM drain that ends the module's server."""
+import asyncio
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+
+import httpx
+import pytest
+from server_utils import API_SERVER, RemoteServer
+
+MODEL = "tiny"
+MAX_MODEL_LEN = 256
+NUM_BLOCKS = 64  # usable: 1024 tokens, four requests of max_model_len
+BURST = 32  # eight times what fits at full length
+SERVER_FLAGS = ["--max-model-len", str(MAX_MODEL_LEN), "--num-gpu-blocks-override", str(NUM_BLOCKS + 1),
+                "--max-num-seqs", "8", "--max-num-queued-requests", "8", "--max-queue-time", "3",
+                "--request-timeout", "30", "--max-input-tokens", "200", "--max-output-tokens", "128",
+                "--shutdown-timeout", "2", "--served-model-name", MODEL, "--uvicorn-log-level", "warning"]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama: str):
+    server = RemoteServer(API_SERVER, ["--model", tiny_llama, *SERVER_FLAGS])
+    yield server
+    server.stop()
+
+
+def completion(server: RemoteServer, **body: object) -> httpx.Response:
+    return httpx.post(f"{server.base_url}/v1/completions", json={"model": MODEL, **body}, timeout=60)
+
+
+def error_message(response: httpx.Response) -> str:
+    body = response.json()
+    assert set(body["error"]) == {"message", "type", "param", "code"} and body["error"]["code"] == response.status_code
+    return body["error"]["message"]
+
+
+def wait_idle(server: RemoteServer) -> dict:
+    """The dashboard state once the engine has no request left (the blocks are back by then)."""
+    states: list[dict] = []
+
+    def idle() -> bool:
+        states.append(httpx.get(f"{server.base_url}/dashboard/state", timeout=10).json())
+        scheduler = states[-1]["scheduler"]
+        return not scheduler.get("num_running_reqs") and not scheduler.get("num_waiting_reqs")
+
+    server.wait_for(idle, 30, "the engine to become idle")
+    return states[-1]
+
+
+async def _one_burst_request(client: httpx.AsyncClient, rng: random.Random, index: int) -> tuple:
+    total = rng.randint(16, MAX_MODEL_LEN)
+    num_prompt = rng.randint(1, total - 1)
+    body = {"model": MODEL, "prompt": [rng.randint(100, 40000) for _ in range(num_prompt)],
+            "max_tokens": total - num_prompt, "ignore_eos": True, "temperature": 0, "stream": index % 3 == 0}
+    start = time.monotonic()
+    async with client.stream("POST", "/v1/completions", json=body) as response:
+        raw = (await response.aread()).decode()
+    return body, response.status_code, dict(response.headers), raw, time.monotonic() - start
+
+
+def _check_burst_result(body: dict, status: int, headers: dict, raw: str) -> str:
+    """Classify one burst outcome, asserting that it is a correct completion or a clear refusal."""
+    if status == 200 and body["stream"]:
+        events = [line[6:] for line in raw.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]", raw[-300:]
+        chunks = [json.loads(e) for e in events[:-1]]
+        if "error" in chunks[-1]:  # refused after the stream began: still a clear error
+            assert "--max-queue-time" in chunks[-1]["error"]["message"], chunks[-1]
+            return "timeout"
+        assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+        return "completed"
+    if status == 200:
+        result = json.loads(raw)
+        assert result["choices"][0]["finish_reason"] == "length"
+        assert result["usage"]["completion_tokens"] == body["max_tokens"]
+        return "completed"
+    message = json.loads(raw)["error"]["message"]
+    if status == 503:
+        assert int(headers["retry-after"]) >= 1
+        assert "(--max-num-queued-requests)" in message or "(--max-queue-time" in message, message
+        return "rejected"
+    assert status == 400, raw
+    assert re.search(r"--max-input-tokens|--max-output-tokens|maximum context length is 256", message), message
+    return "invalid"
+
+
+def test_burst_completes_or_refuses_clearly_and_frees_every_block(server: RemoteServer) -> None:
+    async def burst() -> list[tuple]:
+        rng = random.Random(5)
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=90) as client:
+            return await asyncio.gather(*[_one_burst_request(client, rng, i) for i in range(BURST)])
+
+    started = time.monotonic()
+    results = asyncio.run(asyncio.wait_for(burst(), 120))
+    assert time.monotonic() - started < 120
+    outcomes = [_check_burst_result(body, status, headers, raw) for body, status, headers, raw, _ in results]
+    assert outcomes.count("completed") >= 4 and outcomes.count("rejected") >= 1, outcomes
+    state = wait_idle(server)
+    assert state["scheduler"]["kv_cache_usage"] == 0.0
+    assert state["blocks"]["num_free_blocks"] == state["blocks"]["num_blocks"] == NUM_BLOCKS
+    assert state["queue"] == {"requests": 0, "tokens": 0, "in_flight": 0}
+    metrics = server.metrics()
+    assert metrics["pagedserve:kv_cache_usage_perc"] == 0.0
+    assert metrics["pagedserve:num_requests_rejected_total"] >= outcomes.count("rejected")
+    after = completion(server, prompt="Still serving?", max_tokens=4)  # the server keeps serving
+    assert after.status_code == 200 and after.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_token_budgets_and_context_limit(server: RemoteServer) -> None:
+    too_long = completion(server, prompt=[100] * 201, max_tokens=4)
+    assert too_long.status_code == 400 and "201 tokens, more than this server's limit of 200 input tokens " \
+                                            "(--max-input-tokens)" in error_message(too_long)
+    truncated = completion(server, prompt=[100] * 240, max_tokens=4, truncate_prompt_tokens=100)
+    assert truncated.status_code == 200 and truncated.json()["usage"]["prompt_tokens"] == 100
+    too_many = completion(server, prompt="Hi", max_tokens=129)
+    assert too_many.status_code == 400 and "max_tokens=129 is more than this server's limit of 128 output " \
+                                           "tokens (--max-output-tokens)" in error_message(too_many)
+    context = completion(server, prompt=[100] * 150, max_tokens=120)
+    assert context.status_code == 400 and "maximum context length is 256 tokens. However, you requested 270 " \
+                                          "tokens (150 in the messages, 120" in error_message(context)
+    samples = completion(server, prompt="Hi", max_tokens=2, n=9)
+    assert samples.status_code == 400 and "(--max-num-seqs)" in error_message(samples)
+    chat = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=60, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "Talk."}], "ignore_eos": True})
+    assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] == 128  # capped, no max_tokens
+
+
+def test_deadline_aborts_with_what_was_generated(server: RemoteServer) -> None:
+    """The engine is stopped after the first tokens: the request's deadline ends it, with its tokens."""
+    engine, chunks = server.engine_pid(), []
+    body = {"model": MODEL, "prompt": [100] * 100, "max_tokens": 100, "ignore_eos": True, "stream": True,
+            "timeout": 1.0}
+    try:
+        with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=30) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    chunks.append(json.loads(line[6:]))
+                    if len(chunks) == 1:
+                        os.kill(engine, signal.SIGSTOP)
+    finally:
+        os.kill(engine, signal.SIGCONT)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "abort"
+    assert 1 <= sum(len(c["choices"][0]["text"]) > 0 for c in chunks)
+    assert re.search(r"Aborted request cmpl-\S+: its deadline of 1 s \(the request's timeout field\) passed "
+                     r"after \d+ generated tokens", server.log())
+    bad = completion(server, prompt="Hi", max_tokens=2, timeout=0)
+    assert bad.status_code == 400 and "timeout" in error_message(bad)
+
+
+def test_queue_limits_and_queue_time_while_the_engine_is_frozen(server: RemoteServer) -> None:
+    """With the engine stopped (SIGSTOP) everything queues: the 9th request is refused at once, the
+    queued ones time out after --max-queue-time, a request's own deadline ends it first."""
+    engine = server.engine_pid()
+    results: list[httpx.Response | None] = [None] * 8
+    num_added = server.log().count("Added request")
+
+    def queued(index: int) -> None:
+        results[index] = completion(server, prompt=f"Queued {index}", max_tokens=4,
+                                    **({"timeout": 2.0} if index == 0 else {}))
+
+    os.kill(engine, signal.SIGSTOP)
+    try:
+        threads = [threading.Thread(target=queued, args=(i,)) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        server.wait_for(lambda: server.log().count("Added request") >= num_added + 8, 10, "eight queued requests")
+        started = time.monotonic()
+        full = completion(server, prompt="One too many", max_tokens=4)
+        assert time.monotonic() - started < 1.5  # refused at once, not queued
+        assert full.status_code == 503 and int(full.headers["retry-after"]) >= 1
+        assert "8 requests are waiting for the engine, the limit is 8 (--max-num-queued-requests)" in \
+            error_message(full)
+        for thread in threads:
+            thread.join(15)
+    finally:
+        os.kill(engine, signal.SIGCONT)
+    deadline, *timed_out = results
+    assert deadline is not None and deadline.status_code == 200
+    assert deadline.json()["choices"][0]["finish_reason"] == "abort"
+    for response in timed_out:
+        assert response is not None and response.status_code == 503 and "retry-after" in response.headers
+        assert "waited 3 s for the engine without being started (--max-queue-time 3)" in error_message(response)
+    assert completion(server, prompt="Back", max_tokens=2).status_code == 200

@@ -1,0 +1,98 @@
+"""`pagedserve plan` against hand-computed figures for Llama-2-7B, Llama-3-8B and Llama-3-70B (their
+config.json files ship in tests/data), and against the engine's own sizing of a tiny model."""
+import json
+import os
+
+import pytest
+
+from pagedserve import LLM
+from pagedserve.entrypoints.cli import main as cli_main
+from pagedserve.sizing import ModelShape
+
+DATA = os.path.join(os.path.dirname(__file__), os.pardir, "data")
+GiB = 2**30
+
+
+def plan(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]:
+    status = cli_main(["plan", *args, "--json"])
+    return status, json.loads(capsys.readouterr().out)
+
+
+def test_llama_2_7b_fp16_explicit_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    status, result = plan(capsys, os.path.join(DATA, "llama-2-7b", "config.json"), "--kv-cache-memory", "64GiB")
+    # Embeddings and LM head 2 x 32000 x 4096; per layer 4 x 4096^2 (q, k, v, o) + 3 x 4096 x 11008 (MLP)
+    # + 2 x 4096 (norms), 32 layers; the final norm 4096.
+    params = 2 * 32000 * 4096 + 32 * (4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096) + 4096
+    assert params == 6_738_415_616 == result["num_parameters"]
+    assert result["dtype"] == "float16" and result["weights_bytes"] == 2 * params
+    assert result["kv_bytes_per_token"] == 2 * 32 * 32 * 128 * 2 == 524_288  # K+V, layers, heads, head_dim, fp16
+    assert result["bytes_per_block"] == 16 * 524_288
+    assert result["num_blocks"] == 64 * GiB // (16 * 524_288) - 1 == 8191  # one block is reserved
+    assert result["capacity_tokens"] == 8191 * 16 == 131_056
+    assert result["max_model_len"] == 4096 and result["max_requests_at_request_tokens"] == 8191 // 256 == 31
+    assert result["max_concurrency_at_max_model_len"] == pytest.approx(131_056 / 4096)
+    assert status == 0 and result["recommended_flags"]["--max-model-len"] == 4096
+
+
+def test_llama_3_8b_on_an_80gib_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    status, result = plan(capsys, os.path.join(DATA, "llama-3-8b"), "--gpu-memory", "80GiB", "--concurrency", "32",
+                          "--input-tokens", "2048", "--output-tokens", "512")
+    params = 2 * 128256 * 4096 + 32 * (2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096) + 4096
+    assert params == 8_030_261_248 == result["num_parameters"]
+    weights = 2 * params  # bfloat16, the checkpoint's dtype
+    assert result["kv_bytes_per_token"] == 2 * 32 * 8 * 128 * 2 == 131_072  # GQA: 8 KV heads
+    # Estimated activations of the 2048-token profiling forward: per token 3 x hidden + qkv + attention
+    # output + 3 x intermediate, in bf16, plus one float32 row of logits.
+    activations = 2048 * (3 * 4096 + 48 * 128 + 32 * 128 + 3 * 14336) * 2 + 4 * 128256
+    budget = int(80 * GiB * 0.9) - weights - activations - 512 * 2**20
+    assert (result["activation_bytes"], result["kv_budget_bytes"]) == (activations, budget) == (
+        268_948_480, 60_443_069_440)
+    assert result["num_blocks"] == budget // (16 * 131_072) - 1 == 28_820
+    assert result["capacity_tokens"] == 28_820 * 16 == 461_120
+    assert result["max_requests_at_request_tokens"] == 28_820 // 160 == 180  # 2560 tokens = 160 blocks
+    flags = result["recommended_flags"]
+    assert status == 0 and flags["--max-model-len"] == 2560 and flags["--max-num-seqs"] == 32
+    assert flags["--gpu-memory-utilization"] == 0.9  # it fits: the asked-for share stays
+
+
+def test_llama_3_70b_does_not_fit_one_gpu_but_four(capsys: pytest.CaptureFixture[str]) -> None:
+    config = os.path.join(DATA, "llama-3-70b", "config.json")
+    workload = ["--gpu-memory", "80GiB", "--concurrency", "64", "--input-tokens", "4096", "--output-tokens", "1024"]
+    status, result = plan(capsys, config, *workload)
+    assert result["num_parameters"] == 70_553_706_496 and result["kv_bytes_per_token"] == 2 * 80 * 8 * 128 * 2
+    assert status == 1 and not result["fits"] and result["recommended_flags"] is None
+    assert result["would_fit"][0] == "--tensor-parallel-size 4 (4 GPUs)"
+    status, result = plan(capsys, config, *workload, "--tensor-parallel-size", "4")
+    # Per GPU: a quarter of the heads (2 of the 8 KV heads), of the MLP and of the vocabulary.
+    per_layer = 8192 * (16 + 2 * 2) * 128 + 16 * 128 * 8192 + 3 * 8192 * (28672 // 4) + 2 * 8192
+    assert result["num_parameters_per_gpu"] == 2 * (128256 // 4) * 8192 + 80 * per_layer + 8192
+    assert result["kv_bytes_per_token"] == 2 * 80 * 2 * 128 * 2 == 81_920
+    assert status == 0 and result["max_requests_at_request_tokens"] >= 64
+    capsys.readouterr()
+    assert cli_main(["plan", config, *workload]) == 1
+    assert "DOES NOT FIT" in capsys.readouterr().out
+
+
+def test_plan_numbers_are_the_engines(tiny_llama: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Same model and settings: the plan's figures equal what the engine sized (and logs)."""
+    llm = LLM(tiny_llama, kv_cache_memory="1MiB", max_model_len=256, dtype="float32")
+    core = llm.llm_engine.engine_core
+    kv = core.kv_cache_config
+    _, result = plan(capsys, tiny_llama, "--kv-cache-memory", "1MiB", "--max-model-len", "256",
+                     "--dtype", "float32")
+    assert result["weights_bytes"] == core.executor.worker.weights_bytes
+    assert result["bytes_per_block"] == kv.bytes_per_block
+    assert (result["num_blocks"], result["capacity_tokens"]) == (kv.num_blocks - 1, kv.capacity_tokens)
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama-tied-mha"])
+def test_parameter_count_formula_matches_the_model(name: str) -> None:
+    """Biases (Qwen2) and a tied head count as the model's parameters do."""
+    from conftest import TINY_MODELS, tiny_hf_config
+    from transformers import AutoModelForCausalLM
+
+    architecture = name.split("-")[0]
+    config = tiny_hf_config(architecture, **TINY_MODELS[name])
+    model = AutoModelForCausalLM.from_config(config)
+    shape = ModelShape.from_hf_config(config, {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}[architecture])
+    assert shape.num_parameters() == sum(p.numel() for p in model.parameters())
