@@ -29,6 +29,7 @@ class LoggingStatLogger(StatLoggerBase):
         self.num_generation_tokens = 0
         self.last_log_time = time.monotonic()
         self.last_preemptions_total = 0
+        self.last_prefix_cache = (0, 0)  # cumulative (queries, hits) at the last log line
 
     def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats) -> None:
         if scheduler_stats is not None:
@@ -43,10 +44,14 @@ class LoggingStatLogger(StatLoggerBase):
         active = stats.num_running_reqs or stats.num_waiting_reqs
         if not (active or self.num_prompt_tokens or self.num_generation_tokens):
             return  # idle: nothing to say
+        queries = stats.prefix_cache_queries - self.last_prefix_cache[0]
+        hits = stats.prefix_cache_hits - self.last_prefix_cache[1]
         logger.info("Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
-                    "Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Preemptions: %d "
-                    "(total %d)", self.num_prompt_tokens / elapsed, self.num_generation_tokens / elapsed,
-                    stats.num_running_reqs, stats.num_waiting_reqs, stats.kv_cache_usage * 100,
+                    "Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: "
+                    "%.1f%%, Preemptions: %d (total %d)", self.num_prompt_tokens / elapsed,
+                    self.num_generation_tokens / elapsed, stats.num_running_reqs, stats.num_waiting_reqs,
+                    stats.kv_cache_usage * 100, 100 * hits / queries if queries else 0.0,
                     stats.num_preemptions_total - self.last_preemptions_total, stats.num_preemptions_total)
+        self.last_prefix_cache = (stats.prefix_cache_queries, stats.prefix_cache_hits)
         self.num_prompt_tokens = self.num_generation_tokens = 0
         self.last_preemptions_total = stats.num_preemptions_total

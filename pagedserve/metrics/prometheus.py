@@ -49,6 +49,11 @@ class PrometheusStatLogger(StatLoggerBase):
         self.queue_time = self._histogram("request_queue_time_seconds", "Time spent waiting in the queue",
                                           _LATENCY_BUCKETS, model_name)
         self.last_preemptions_total = 0
+        # The engine's prefix-cache counts (tokens) are cumulative too.
+        self.prefix_cache = {name: Counter(f"pagedserve:{name}", f"Prefix-cache {kind}, in tokens.", labels,
+                                           registry=registry).labels(model_name)
+                             for name, kind in (("prefix_cache_queries", "queries"), ("prefix_cache_hits", "hits"))}
+        self.last_prefix_cache = dict.fromkeys(self.prefix_cache, 0)
 
     def _histogram(self, name: str, description: str, buckets: list[float], model_name: str) -> Histogram:
         return Histogram(f"pagedserve:{name}", f"Histogram of {description.lower()} in seconds.",
@@ -62,6 +67,10 @@ class PrometheusStatLogger(StatLoggerBase):
             # The engine's count is cumulative: add what is new since the last report.
             self.preemptions.inc(max(0, scheduler_stats.num_preemptions_total - self.last_preemptions_total))
             self.last_preemptions_total = scheduler_stats.num_preemptions_total
+            for name, counter in self.prefix_cache.items():
+                total = getattr(scheduler_stats, name)
+                counter.inc(max(0, total - self.last_prefix_cache[name]))
+                self.last_prefix_cache[name] = total
         self.rejected.inc(iteration_stats.num_rejected_requests)
         self.prompt_tokens.inc(iteration_stats.num_prompt_tokens)
         self.generation_tokens.inc(iteration_stats.num_generation_tokens)

@@ -6,7 +6,7 @@ import openai
 import pytest
 from server_utils import API_SERVER, RemoteServer
 
-from pagedserve import LLM, SamplingParams
+from pagedserve import LLM, BeamSearchParams, SamplingParams
 
 API_KEY = "test-key"
 MODEL = "tiny"
@@ -282,3 +282,34 @@ def test_stats_log_line(server: RemoteServer) -> None:
     line = next(line for line in server.log().splitlines() if "Avg generation throughput" in line)
     for words in ("Avg prompt throughput", "Running:", "Waiting:", "KV cache usage:", "Preemptions:"):
         assert words in line
+
+
+def test_prefix_cache_metrics_reset_and_salt(server: RemoteServer, client: openai.OpenAI) -> None:
+    prompt = " ".join(PROMPTS) * 6  # several full blocks
+
+    def hits_after(**extra: object) -> float:
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0, extra_body=extra)
+        return server.metrics()["pagedserve:prefix_cache_hits_total"]
+
+    first = hits_after()
+    assert hits_after() > first and server.metrics()["pagedserve:prefix_cache_queries_total"] > 0
+    assert httpx.post(server.base_url + "/reset_prefix_cache", timeout=10).status_code == 200
+    hits = hits_after()
+    assert hits == hits_after(cache_salt="tenant-a") < hits_after(cache_salt="tenant-a")
+
+
+def test_best_of_and_beam_search(server: RemoteServer, client: openai.OpenAI, llm: LLM) -> None:
+    best = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=6, n=2, best_of=4, seed=5,
+                                     temperature=1.0)
+    assert sorted(c.index for c in best.choices) == [0, 1]
+    beams = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=6, n=2, best_of=3,
+                                      extra_body={"use_beam_search": True, "ignore_eos": True})
+    offline = llm.beam_search(PROMPTS[0], BeamSearchParams(beam_width=3, max_tokens=6, ignore_eos=True))[0]
+    num_prompt = len(llm.get_tokenizer().encode(PROMPTS[0]))
+    expected = [llm.get_tokenizer().decode(s.tokens[num_prompt:], skip_special_tokens=True)
+                for s in offline.sequences[:2]]
+    assert [c.text for c in sorted(beams.choices, key=lambda c: c.index)] == expected
+    for body in ({"best_of": 3, "n": 2, "stream": True}, {"use_beam_search": True, "stream": True},
+                 {"best_of": 1, "n": 2}):
+        response = post(server, "/v1/completions", {"prompt": "hi", **body})
+        assert response.status_code == 400 and response.json()["error"]["param"] in ("stream", "best_of"), body

@@ -8,8 +8,9 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pagedserve.engine.input_processor import PromptType
 from pagedserve.errors import InvalidRequestError
-from pagedserve.sampling_params import RequestOutputKind, SamplingParams
+from pagedserve.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 
 T = TypeVar("T")
@@ -55,6 +56,7 @@ class SamplingRequest(OpenAIBaseModel):
     truncate_prompt_tokens: int | None = None
     # Seconds this request may run; then it is aborted and returns what it has (finish_reason "abort").
     timeout: float | None = Field(default=None, gt=0)
+    cache_salt: str | None = None  # prefix-cache hits only between requests with the same salt
 
     def check_stream_options(self) -> None:
         if self.stream_options is not None and not self.stream:
@@ -64,8 +66,15 @@ class SamplingRequest(OpenAIBaseModel):
     def include_usage_in_stream(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def prompt_with_salt(self, prompt: PromptType) -> PromptType:
+        """The prompt as the engine takes it, with this request's cache_salt."""
+        if self.cache_salt is None:
+            return prompt
+        key = "prompt_token_ids" if isinstance(prompt, list) else "prompt"
+        return {key: prompt, "cache_salt": self.cache_salt}
+
     def to_sampling_params(self, max_tokens: int | None, logprobs: int | None,
-                           prompt_logprobs: int | None = None) -> SamplingParams:
+                           prompt_logprobs: int | None = None, best_of: int | None = None) -> SamplingParams:
         """Raises InvalidRequestError naming the field that is out of range."""
         bias = None
         if self.logit_bias:
@@ -75,7 +84,7 @@ class SamplingRequest(OpenAIBaseModel):
                 raise InvalidRequestError(f"logit_bias keys must be token ids (integers as strings): {exc}.",
                                           param="logit_bias") from exc
         return SamplingParams(
-            n=self.n, temperature=_or(self.temperature, 1.0), top_p=_or(self.top_p, 1.0),
+            n=self.n, best_of=best_of, temperature=_or(self.temperature, 1.0), top_p=_or(self.top_p, 1.0),
             top_k=_or(self.top_k, 0), min_p=_or(self.min_p, 0.0),
             repetition_penalty=_or(self.repetition_penalty, 1.0),
             presence_penalty=_or(self.presence_penalty, 0.0),
@@ -95,14 +104,30 @@ class CompletionRequest(SamplingRequest):
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
+    # vLLM's beam search fields: a search of width best_of (default n) returning the n best beams.
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    early_stopping: bool = False
 
     def check_supported(self) -> None:
         self.check_stream_options()
         if self.suffix:
             raise InvalidRequestError("suffix is not supported.", param="suffix")
-        if self.best_of is not None and self.best_of != self.n:
-            raise InvalidRequestError(f"best_of={self.best_of} is not supported: only best_of equal to n "
-                                      f"(n={self.n}).", param="best_of")
+        if self.best_of is not None and self.best_of < self.n:
+            raise InvalidRequestError(f"best_of={self.best_of} must be at least n={self.n}.", param="best_of")
+        if self.stream and (self.use_beam_search or (self.best_of or self.n) > self.n):
+            raise InvalidRequestError("best_of > n and use_beam_search cannot be streamed: their outputs "
+                                      "are known only at the end; set stream to false.", param="stream")
+
+    def beam_search_params(self) -> BeamSearchParams | None:
+        """The beam search asked for (use_beam_search), else None. Raises InvalidRequestError."""
+        if not self.use_beam_search:
+            return None
+        if self.max_tokens is None:
+            raise InvalidRequestError("use_beam_search needs max_tokens.", param="max_tokens")
+        return BeamSearchParams(beam_width=self.best_of or self.n, max_tokens=self.max_tokens,
+                                ignore_eos=self.ignore_eos, length_penalty=self.length_penalty,
+                                early_stopping=self.early_stopping)
 
 
 class ChatMessage(OpenAIBaseModel):

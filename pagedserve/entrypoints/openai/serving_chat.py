@@ -42,7 +42,7 @@ class OpenAIServingChat(OpenAIServing):
             max_tokens = request.max_tokens
         params = request.to_sampling_params(max_tokens, request.num_logprobs())
         request_id = random_id("chatcmpl")
-        core = self.engine.process_inputs(request_id, {"prompt_token_ids": prompt_ids}, params)
+        core = self.engine.process_inputs(request_id, request.prompt_with_salt(prompt_ids), params)
         self.engine.check_admission([core])  # NOTE: a full queue is a 503, not a broken stream
         outputs = self.engine.generate(core, params, request_id, request.timeout)
         if request.stream:

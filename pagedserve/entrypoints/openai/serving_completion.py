@@ -50,11 +50,14 @@ class OpenAIServingCompletion(OpenAIServing):
         self.check_model(request.model)
         request.check_supported()
         num_logprobs = request.logprobs
+        beam_search = request.beam_search_params()
         params = request.to_sampling_params(request.max_tokens, num_logprobs,
-                                            num_logprobs if request.echo else None)
+                                            num_logprobs if request.echo else None,
+                                            None if beam_search else request.best_of)
         request_id = random_id("cmpl")
         prompts = _split_prompts(request.prompt)
-        core_requests = [self.engine.process_inputs(f"{request_id}-{i}", prompt, params)
+        core_requests = [self.engine.process_inputs(f"{request_id}-{i}", request.prompt_with_salt(prompt),
+                                                    params, beam_search)
                          for i, prompt in enumerate(prompts)]
         echo_texts = None
         if request.echo:

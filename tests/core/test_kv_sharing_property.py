@@ -1,0 +1,156 @@
+"""Property test of block sharing: random add (with prefix hits) / fork / append / free / swap-out /
+swap-in sequences on the real KVCacheManager and SwapSpace, with a fake KV store that plays the worker
+(writes each token into its slot, makes the copies and swaps the manager asks for). Every request always
+reads back exactly its own tokens (copy-on-write never lets one see another's), every cached block holds
+the tokens it is cached for, ref counts equal the holders in both pools, and nothing leaks."""
+import time
+from collections import Counter
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from pagedserve.core.block_pool import BlockPool, KVCacheBlock
+from pagedserve.core.kv_cache_manager import KVCacheManager
+from pagedserve.core.request import Request
+from pagedserve.core.swap import SwapSpace
+from pagedserve.protocol import EngineCoreRequest
+from pagedserve.sampling_params import SamplingParams
+
+NUM_BLOCKS, NUM_HOST_BLOCKS, BLOCK_SIZE, MAX_LEN = 20, 12, 4, 32
+Store = dict[int, int | None]  # slot -> the token whose K/V it holds
+
+
+def read(store: Store, table: list[KVCacheBlock], num_tokens: int) -> list[int | None]:
+    return [store.get(table[p // BLOCK_SIZE].block_id * BLOCK_SIZE + p % BLOCK_SIZE) for p in range(num_tokens)]
+
+
+def move(source: Store, target: Store, pairs: list[tuple[int, int]]) -> None:
+    blocks = {src: [source.get(src * BLOCK_SIZE + o) for o in range(BLOCK_SIZE)] for src, _ in pairs}
+    for src, dst in pairs:  # all sources read first, as the worker does
+        for offset, value in enumerate(blocks[src]):
+            target[dst * BLOCK_SIZE + offset] = value
+
+
+def check_pool(pool: BlockPool, tables: dict[str, list[KVCacheBlock]], total: int) -> None:
+    holders = Counter(block.block_id for table in tables.values() for block in table)
+    assert 0 not in holders, "the null block was handed out"
+    for table in tables.values():
+        for block in table:
+            assert block.ref_cnt == holders[block.block_id], "ref_cnt is not the number of holders"
+    assert len(holders) + pool.get_num_free_blocks() == total, "a block leaked"
+    assert pool.num_blocks_saved == sum(holders.values()) - len(holders)
+    assert pool.num_shared_blocks == sum(1 for count in holders.values() if count > 1)
+
+
+class SharingMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.kv = KVCacheManager(NUM_BLOCKS, BLOCK_SIZE)
+        self.swap = SwapSpace(NUM_HOST_BLOCKS)
+        self.device: Store = {}
+        self.host: Store = {}
+        self.live: dict[str, Request] = {}
+        self.swapped: dict[str, Request] = {}
+        self.next_id = 0
+
+    def _new_id(self) -> str:
+        self.next_id += 1
+        return str(self.next_id)
+
+    def _write(self, request: Request, start: int) -> None:
+        move(self.device, self.device, self.kv.take_block_copies())  # copies on write come first
+        table = self.kv.req_to_blocks[request.request_id]
+        for position in range(start, request.num_tokens):
+            block = table[position // BLOCK_SIZE]
+            assert block.ref_cnt == 1, "a write into a block someone else holds"
+            self.device[block.block_id * BLOCK_SIZE + position % BLOCK_SIZE] = request.all_token_ids[position]
+        request.num_computed_tokens = request.num_tokens
+
+    @rule(tokens=st.lists(st.integers(0, 2), min_size=1, max_size=14))
+    def add(self, tokens: list[int]) -> None:
+        request = Request(EngineCoreRequest(self._new_id(), tokens, SamplingParams(), None, time.time()))
+        hits = self.kv.get_computed_blocks(request)
+        cached = len(hits or []) * BLOCK_SIZE
+        if self.kv.allocate_slots(request, len(tokens) - cached, hits) is None:
+            return
+        self.live[request.request_id] = request
+        self._write(request, cached)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def fork(self, data: st.DataObject) -> None:
+        parent = self.live[data.draw(st.sampled_from(sorted(self.live)))]
+        child = parent.fork(self._new_id())
+        self.kv.fork(parent, child, parent.num_computed_tokens)
+        self.live[child.request_id] = child
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), token=st.integers(0, 2))
+    def append(self, data: st.DataObject, token: int) -> None:
+        request = self.live[data.draw(st.sampled_from(sorted(self.live)))]
+        if request.num_tokens >= MAX_LEN:
+            return
+        request.append_token(token)
+        if self.kv.allocate_slots(request, 1) is None:
+            request.all_token_ids.pop()
+            return
+        self._write(request, request.num_tokens - 1)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def free(self, data: st.DataObject) -> None:
+        self.kv.free(self.live.pop(data.draw(st.sampled_from(sorted(self.live)))))
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def swap_out(self, data: st.DataObject) -> None:
+        ids = data.draw(st.lists(st.sampled_from(sorted(self.live)), min_size=1, max_size=3, unique=True))
+        group = [self.live[request_id] for request_id in ids]
+        pairs = self.swap.swap_out(group, self.kv)
+        if pairs is None:
+            return
+        move(self.device, self.host, pairs)
+        for request in group:
+            self.swapped[request.request_id] = self.live.pop(request.request_id)
+
+    @precondition(lambda self: self.swapped)
+    @rule(data=st.data())
+    def swap_in(self, data: st.DataObject) -> None:
+        request = self.swapped[data.draw(st.sampled_from(sorted(self.swapped)))]
+        if self.swap.num_blocks_to_resume([request], [], self.kv) > self.kv.num_free_blocks():
+            return
+        move(self.host, self.device, self.swap.swap_in([request], self.kv))
+        self.live[request.request_id] = self.swapped.pop(request.request_id)
+
+    @invariant()
+    def everyone_reads_its_own_tokens(self) -> None:
+        for request in self.live.values():
+            table = self.kv.req_to_blocks[request.request_id]
+            assert read(self.device, table, request.num_tokens) == request.all_token_ids
+        for request in self.swapped.values():
+            assert read(self.host, self.swap.tables[request.request_id], request.num_tokens) == request.all_token_ids
+
+    @invariant()
+    def cached_blocks_hold_their_tokens(self) -> None:
+        for block in self.kv.block_pool.cached.values():
+            assert tuple(read(self.device, [block], BLOCK_SIZE)) == block.token_ids
+
+    @invariant()
+    def pools_are_consistent(self) -> None:
+        check_pool(self.kv.block_pool, self.kv.req_to_blocks, NUM_BLOCKS - 1)
+        check_pool(self.swap.pool, self.swap.tables, NUM_HOST_BLOCKS)
+        assert set(self.kv.req_to_blocks) == set(self.live)
+        assert set(self.swap.tables) == set(self.swapped)
+
+    def teardown(self) -> None:
+        for request in self.live.values():
+            self.kv.free(request)
+        for request in self.swapped.values():
+            self.swap.discard(request)
+        assert self.kv.num_free_blocks() == NUM_BLOCKS - 1 and self.kv.block_pool.num_blocks_saved == 0
+        assert self.swap.num_free_blocks() == NUM_HOST_BLOCKS
+
+
+TestSharing = SharingMachine.TestCase
+TestSharing.settings = settings(max_examples=80, stateful_step_count=40, deadline=None)
