@@ -22,7 +22,6 @@ class EngineCoreRequestType(bytes, enum.Enum):
     ABORT = b"\x01"  # payload: list[str], engine-core request ids
     SHUTDOWN = b"\x02"  # no payload
     BLOCK_SNAPSHOT = b"\x04"  # no payload; answered by an EngineCoreOutputs carrying `block_snapshot`
-    BLOCK_SNAPSHOT = b"\x04"  # no payload; answered by an EngineCoreOutputs carrying `block_snapshot`
     RESET_PREFIX_CACHE = b"\x03"  # no payload
 
 
@@ -101,21 +100,6 @@ class BlockSnapshot(msgspec.Struct, array_like=True):
     num_shared_blocks: int
 
 
-class BlockSnapshot(msgspec.Struct, array_like=True):
-    """The KV block pool at one moment (engine/block_state.py), for the dashboard. `cells`: one per
-    `blocks_per_cell` usable blocks: 0 free, -1 free but holding a revivable cached prefix, -2 shared
-    by several requests, k >= 1 held by `request_ids[k - 1]` alone."""
-
-    num_blocks: int  # usable (the reserved null block left out)
-    block_size: int
-    blocks_per_cell: int
-    cells: list[int]
-    request_ids: list[str]
-    num_free_blocks: int  # cached ones included: they are evicted on demand
-    num_cached_blocks: int
-    num_shared_blocks: int
-
-
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
     """One step's outputs. `scheduled_request_ids`: requests scheduled for the first time in this step,
     which began at `timestamp` (time.time() in the engine), so the frontend can measure queue time."""
@@ -124,5 +108,4 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
     scheduler_stats: SchedulerStats | None = None
     timestamp: float = 0.0
     scheduled_request_ids: list[str] = []
-    block_snapshot: BlockSnapshot | None = None  # only in the answer to BLOCK_SNAPSHOT
     block_snapshot: BlockSnapshot | None = None  # only in the answer to BLOCK_SNAPSHOT
