@@ -37,12 +37,13 @@ class ParallelSampling:
     def forget(self, request: Request) -> list[Request]:
         """A request ended. A held sample is dropped; a leader that ends before its samples forked
         releases them, returned for the caller to queue (they compute the prompt themselves)."""
-        group = self._groups.get(request.group_id) if request.group_id is not None else None
-        if group is None:
+        group_id = request.group_id
+        group = self._groups.get(group_id) if group_id is not None else None
+        if group_id is None or group is None:
             return []
         leader, held = group
         if leader is request:
-            del self._groups[request.group_id]
+            del self._groups[group_id]
             return held
         if request in held:
             held.remove(request)

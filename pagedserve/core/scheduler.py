@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from pagedserve.config import SchedulerConfig
 from pagedserve.core.beam_search import BeamSearchManager
-from pagedserve.core.kv_cache_manager import KVCacheManager, Plan
+from pagedserve.core.groups import groups_of, plan_group
+from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.parallel_sampling import ParallelSampling
 from pagedserve.core.request import Request, RequestStatus
 from pagedserve.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
@@ -97,11 +98,11 @@ class Scheduler:
     def _schedule_running(self, step: _Step) -> None:
         """Grow the running groups in order; when the blocks run out, preempt the newest group."""
         kv = self.kv_cache_manager
-        groups = self._running_groups()
+        groups = groups_of(self.running)  # oldest first
         index = 0
         while index < len(groups) and step.budget > 0:
             group = groups[index]
-            plan = self._plan(group, step.budget)
+            plan = plan_group(group, step.budget)
             while kv.num_blocks_needed(plan) > kv.num_free_blocks():
                 victim = groups.pop()
                 # NOTE: a group that cannot grow even alone is recomputed, request by request.
@@ -118,7 +119,7 @@ class Scheduler:
         while self.swapped and step.budget > 0:
             assert swap is not None, "only a swap space holds swapped-out requests"
             group = self.swapped[0]
-            plan = self._plan(group, step.budget)
+            plan = plan_group(group, step.budget)
             if (len(self.running) + len(group) > self.config.max_num_seqs
                     or swap.num_blocks_to_resume(group, plan, kv) > kv.num_free_blocks()):
                 if not self.running:  # it will never fit whole: recompute it request by request
@@ -150,26 +151,6 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             self._record(step, request, num_new, new_block_ids)
-
-    def _running_groups(self) -> list[list[Request]]:
-        """The running requests by group (a request without one is its own), oldest group first."""
-        groups: dict[tuple[bool, str], list[Request]] = {}
-        for request in self.running:
-            key = (request.group_id is not None, request.group_id or request.request_id)
-            groups.setdefault(key, []).append(request)
-        return list(groups.values())
-
-    @staticmethod
-    def _plan(group: list[Request], budget: int) -> Plan:
-        """Who in `group` computes how many tokens within `budget` (beams waiting for their siblings
-        compute nothing)."""
-        plan: Plan = []
-        for request in group:
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if num_new > 0:
-                plan.append((request, num_new))
-                budget -= num_new
-        return plan
 
     def _record(self, step: _Step, request: Request, num_new: int, new_block_ids: list[int] | None) -> None:
         assert new_block_ids is not None, "the caller checked the free blocks"
@@ -288,6 +269,7 @@ class Scheduler:
         released: list[Request] = []
         for request in requests:
             if request.status is RequestStatus.SWAPPED:
+                assert self.swap_space is not None
                 self.swap_space.discard(request)
             else:
                 self.kv_cache_manager.free(request)

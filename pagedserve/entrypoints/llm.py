@@ -61,7 +61,7 @@ class LLM:
         """Forget every cached KV block: later requests compute their prompts from scratch."""
         return self.llm_engine.reset_prefix_cache()
 
-    def _run(self, prompts: list[PromptType], params: list[SamplingParams], use_tqdm: bool,
+    def _run(self, prompts: list[PromptType], params: Sequence[SamplingParams], use_tqdm: bool,
              beam_search: BeamSearchParams | None = None) -> list[RequestOutput]:
         request_ids = [str(next(self._request_counter)) for _ in prompts]
         added = []
