@@ -10,12 +10,12 @@ import re
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 
 import httpx
 import pytest
+from browser_utils import chromium, read_png, run_chromium, text_by_id
 from server_utils import API_SERVER, RemoteServer
 
 MODEL = "tiny"
@@ -25,7 +25,7 @@ BURST = 32  # eight times what fits at full length
 SERVER_FLAGS = ["--max-model-len", str(MAX_MODEL_LEN), "--num-gpu-blocks-override", str(NUM_BLOCKS + 1),
                 "--max-num-seqs", "8", "--max-num-queued-requests", "8", "--max-queue-time", "3",
                 "--request-timeout", "30", "--max-input-tokens", "200", "--max-output-tokens", "128",
-                "--shutdown-timeout", "2", "--served-model-name", MODEL, "--uvicorn-log-level", "warning"]
+                "--shutdown-timeout", "10", "--served-model-name", MODEL, "--uvicorn-log-level", "warning"]
 
 
 @pytest.fixture(scope="module")
@@ -192,3 +192,85 @@ def test_queue_limits_and_queue_time_while_the_engine_is_frozen(server: RemoteSe
         assert response is not None and response.status_code == 503 and "retry-after" in response.headers
         assert "waited 3 s for the engine without being started (--max-queue-time 3)" in error_message(response)
     assert completion(server, prompt="Back", max_tokens=2).status_code == 200
+
+
+
+def _load(server: RemoteServer, stop: threading.Event, index: int) -> None:
+    """Long generations, one after another, until `stop`."""
+    while not stop.is_set():
+        completion(server, prompt=[200 + index] * 120, max_tokens=40, ignore_eos=True)
+
+
+@pytest.mark.skipif(chromium() is None, reason="chromium is not installed (.ci/run installs it)")
+def test_dashboard_shows_blocks_in_use_and_the_metrics(server: RemoteServer, tmp_path) -> None:
+    """Headless Chromium loads /dashboard during a load run: its grid shows held blocks (colored cells);
+    once the load is over, the numbers on the page are those of /metrics."""
+    url = f"{server.base_url}/dashboard"
+    stop = threading.Event()
+    threads = [threading.Thread(target=_load, args=(server, stop, i)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        server.wait_for(lambda: server.metrics()["pagedserve:kv_cache_usage_perc"] > 0.2, 30, "blocks in use")
+        screenshot = str(tmp_path / "dashboard.png")
+        run_chromium(url, f"--screenshot={screenshot}", virtual_time_ms=2500)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    image = read_png(screenshot)
+    colorful = (image[..., :3].max(-1).astype(int) - image[..., :3].min(-1)) > 80  # held cells are saturated
+    cell_area = 17 * 17  # 64 blocks are drawn 18 px apart
+    assert colorful.sum() >= 8 * cell_area, f"only {colorful.sum()} colored pixels: no block in use drawn"
+    wait_idle(server)
+    dom, metrics = run_chromium(url, "--dump-dom", virtual_time_ms=2500), server.metrics()
+    number = lambda element_id: float(text_by_id(dom, element_id).replace(",", "").rstrip("%"))  # noqa: E731
+    assert number("running") == metrics["pagedserve:num_requests_running"] == 0
+    assert number("waiting") == metrics["pagedserve:num_requests_waiting"] == 0
+    assert number("kv-usage") == 100 * metrics["pagedserve:kv_cache_usage_perc"] == 0
+    assert number("preemptions") == metrics["pagedserve:num_preemptions_total"]
+    assert number("prompt-tokens") == metrics["pagedserve:prompt_tokens_total"] > 0
+    assert number("generation-tokens") == metrics["pagedserve:generation_tokens_total"] > 0
+    assert number("rejected") == metrics["pagedserve:num_requests_rejected_total"]
+    finished = sum(v for k, v in metrics.items() if k.startswith("pagedserve:request_success_total"))
+    assert number("finished") == finished
+    assert number("free-blocks") == number("num-blocks") == NUM_BLOCKS
+
+
+def test_openapi_fuzzing_finds_no_server_error(server: RemoteServer, tmp_path) -> None:
+    """schemathesis against /openapi.json (SSE and error bodies declared): no 5xx on any generated input,
+    and every response matches its declared content type and schema. Bounded in time."""
+    executable = shutil.which("schemathesis")
+    assert executable, "schemathesis is not installed (pip install -e '.[test]')"
+    result = subprocess.run(
+        [executable, "run", f"{server.base_url}/openapi.json", "--checks",
+         "not_a_server_error,content_type_conformance,response_schema_conformance", "--phases", "examples,fuzzing",
+         "--max-examples", "8", "--max-time", "25", "--workers", "1", "--request-timeout", "40", "--seed", "1",
+         "--generation-database", "none", "--suppress-health-check", "all", "--no-shrink"],
+        capture_output=True, text=True, timeout=150, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-6000:]
+    assert completion(server, prompt="Still fine", max_tokens=2).status_code == 200
+
+
+def test_sigterm_drains_then_exits_zero(server: RemoteServer) -> None:
+    """Runs last (it stops the module's server): SIGTERM stops new requests (503) and readiness, lets the
+    request in flight finish, and the process exits 0."""
+    engine, chunks = server.engine_pid(), []
+    body = {"model": MODEL, "prompt": [100] * 50, "max_tokens": 100, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=30) as response:
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunks.append(json.loads(line[6:]))
+            if len(chunks) == 1:  # hold the engine so that the request is still in flight after SIGTERM
+                os.kill(engine, signal.SIGSTOP)
+                server.proc.send_signal(signal.SIGTERM)
+                server.wait_for(lambda: httpx.get(f"{server.base_url}/ready", timeout=5).status_code == 503, 10,
+                                "/ready to answer 503")
+                assert httpx.get(f"{server.base_url}/health", timeout=5).status_code == 200  # still alive
+                refused = completion(server, prompt="New", max_tokens=2)
+                assert refused.status_code == 503 and "shutting down" in error_message(refused)
+                os.kill(engine, signal.SIGCONT)
+    assert chunks[-1].get("choices", [{}])[0].get("finish_reason") == "length", chunks[-1]  # it finished
+    assert server.proc.wait(timeout=30) == 0
+    assert "every request in flight finished" in server.log()

@@ -19,7 +19,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -141,13 +141,13 @@ def _add_info_routes(app: FastAPI, engine: AsyncLLM, metrics: PrometheusStatLogg
     async def version() -> dict[str, str]:
         return {"version": __version__}
 
-    @app.post("/reset_prefix_cache")
+    @app.post("/reset_prefix_cache", response_class=Response, responses={200: {"description": "Done (no body)"}})
     async def reset_prefix_cache() -> Response:
         """Make the engine forget its cached KV blocks (vLLM's route)."""
         await engine.reset_prefix_cache()
         return Response(status_code=200)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def get_metrics() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 

@@ -1,0 +1,55 @@
+"""The server's phases without a model: probes while loading, and a drain whose requests outlast
+--shutdown-timeout (they are aborted with an error naming it)."""
+import asyncio
+
+import httpx
+
+from pagedserve.entrypoints.openai.lifecycle import Phase, ServerLifecycle
+from pagedserve.errors import CapacityError
+
+
+class _StuckEngine:
+    """An engine whose one request never finishes."""
+
+    errored = False
+
+    def __init__(self) -> None:
+        self.num_requests_in_flight = 1
+        self.errors: list[Exception] = []
+
+    async def abort_all(self, error: Exception) -> int:
+        self.errors.append(error)
+        self.num_requests_in_flight = 0
+        return 1
+
+
+class _Server:
+    should_exit = False
+
+
+def test_probes_while_loading() -> None:
+    async def probe() -> list[httpx.Response]:
+        lifecycle = ServerLifecycle(1.0)
+        transport = httpx.ASGITransport(app=lifecycle)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return [await client.get("/health"), await client.get("/ready"),
+                    await client.post("/v1/completions", json={})]
+
+    health, ready, generate = asyncio.run(probe())
+    assert health.status_code == 200 and health.json() == {"status": "loading"}
+    assert ready.status_code == 503 and "the model is loading" in ready.json()["error"]["message"]
+    assert generate.status_code == 503 and generate.headers["retry-after"] == "5"
+
+
+def test_drain_aborts_what_outlasts_the_timeout() -> None:
+    async def drain() -> tuple[ServerLifecycle, _StuckEngine, _Server]:
+        lifecycle, engine, server = ServerLifecycle(0.3), _StuckEngine(), _Server()
+        lifecycle.serve(app=None, engine=engine)  # type: ignore[arg-type]
+        lifecycle.start_drain(server)  # type: ignore[arg-type]
+        assert lifecycle.phase is Phase.DRAINING
+        await asyncio.wait_for(lifecycle._drain_task, 5)
+        return lifecycle, engine, server
+
+    lifecycle, engine, server = asyncio.run(drain())
+    assert server.should_exit and len(engine.errors) == 1 and isinstance(engine.errors[0], CapacityError)
+    assert "did not finish within --shutdown-timeout 0.3 s" in str(engine.errors[0])
