@@ -145,10 +145,13 @@ def _worker_context(config: EngineConfig) -> multiprocessing.context.BaseContext
     NOTE: never fork the engine process itself: it may hold CUDA state and threads (ZMQ, tokenizers).
     The forkserver is a fresh single-threaded interpreter started on first use; each worker forked from
     it skips the seconds of importing torch that spawn would cost per rank. It keeps the environment it
-    was started with, and exits when this process does (its workers then follow, see mp_worker)."""
+    was started with, and dies with this process (forkserver_guard; its workers then follow, see
+    mp_worker)."""
     context = multiprocessing.get_context("forkserver")
     # NOTE: the HF config class's module too: unpickling it costs each worker a second of imports.
-    context.set_forkserver_preload(["pagedserve.executor.mp_worker", type(config.model.hf_config).__module__])
+    # forkserver_guard makes the forkserver die with this process (see there why that matters).
+    context.set_forkserver_preload(["pagedserve.executor.forkserver_guard", "pagedserve.executor.mp_worker",
+                                    type(config.model.hf_config).__module__])
     return context
 
 

@@ -245,7 +245,7 @@ def test_openapi_fuzzing_finds_no_server_error(server: RemoteServer, tmp_path) -
     result = subprocess.run(
         [executable, "run", f"{server.base_url}/openapi.json", "--checks",
          "not_a_server_error,content_type_conformance,response_schema_conformance", "--phases", "examples,fuzzing",
-         "--max-examples", "8", "--max-time", "25", "--workers", "1", "--request-timeout", "40", "--seed", "1",
+         "--max-examples", "8", "--max-time", "20", "--workers", "1", "--request-timeout", "40", "--seed", "1",
          "--generation-database", "none", "--suppress-health-check", "all", "--no-shrink"],
         capture_output=True, text=True, timeout=150, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-6000:]
