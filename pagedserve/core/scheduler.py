@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pagedserve.config import SchedulerConfig
 from pagedserve.core.beam_search import BeamSearchManager
 from pagedserve.core.groups import groups_of, plan_group
+from pagedserve.core.kv_admission import KVAdmissionPolicy
 from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.parallel_sampling import ParallelSampling
 from pagedserve.core.request import Request, RequestStatus
@@ -42,11 +43,13 @@ class Scheduler:
     """Decides, each step, which requests compute how many tokens, within `max_num_seqs`,
     `max_num_batched_tokens` and the free KV blocks. When running requests need blocks and none are
     free, the newest group is preempted: swapped out to host memory (`swap_space`) or recomputed later
-    (`config.preemption_mode`; by default groups that share blocks swap, single requests recompute)."""
+    (`config.preemption_mode`; by default groups that share blocks swap, single requests recompute).
+    Waiting requests are admitted only as far as `admission` allows (KV-aware: preemptions stay rare)."""
 
     def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager,
-                 swap_space: SwapSpace | None = None) -> None:
+                 swap_space: SwapSpace | None = None, admission: KVAdmissionPolicy | None = None) -> None:
         self.config = config
+        self.admission = admission or KVAdmissionPolicy()
         self.kv_cache_manager = kv_cache_manager
         self.swap_space = swap_space
         self.requests: dict[str, Request] = {}
@@ -56,6 +59,7 @@ class Scheduler:
         self.parallel_sampling = ParallelSampling()
         self.beam_search = BeamSearchManager()
         self.num_preemptions_total = 0
+        self.num_recomputed_tokens_total = 0  # computed tokens whose KV a preemption dropped
         self._forget_req_ids: set[str] = set()  # the workers must drop these next step
         self._num_tokens_sent: dict[str, int] = {}  # how many tokens each worker copy holds
 
@@ -143,6 +147,9 @@ class Scheduler:
             hits = kv.get_computed_blocks(request) if request.num_computed_tokens == 0 else None
             num_cached = len(hits or []) * kv.block_size
             num_new = min(request.num_tokens - request.num_computed_tokens - num_cached, step.budget)
+            if not self.admission.admits(request, request.num_computed_tokens + num_cached + num_new, hits,
+                                         self.running, kv):
+                return
             new_block_ids = kv.allocate_slots(request, num_new, hits)
             if new_block_ids is None:
                 return
@@ -195,9 +202,11 @@ class Scheduler:
         if mode == "swap" and pairs is None:
             how += (", too large to swap whole" if not swap_allowed else
                     ", the swap space (--swap-space) is full" if self.swap_space else ", no --swap-space")
-        logger.info("Preempted %d request(s) (%s; %d tokens): no free KV block for the running requests. "
-                    "Total preemptions: %d.", len(group), how, sum(r.num_tokens for r in group),
-                    self.num_preemptions_total)
+        for request in group:
+            logger.info("Preempted request %s (%s; %d tokens): no free KV block for the running requests "
+                        "(%d free after it). Total preemptions: %d, recomputed tokens: %d.", request.request_id,
+                        how, request.num_tokens, self.kv_cache_manager.num_free_blocks(),
+                        self.num_preemptions_total, self.num_recomputed_tokens_total)
 
     def _requeue(self, group: list[Request], drop_kv: Callable[[Request], None]) -> None:
         """Recompute preemption: drop the KV (`drop_kv`), queue the group first."""
@@ -205,6 +214,7 @@ class Scheduler:
             drop_kv(request)
             self.beam_search.forget_report(request)
             request.status = RequestStatus.PREEMPTED
+            self.num_recomputed_tokens_total += request.num_computed_tokens
             request.num_computed_tokens = 0
             self.waiting.appendleft(request)
 
@@ -291,6 +301,7 @@ class Scheduler:
             num_running_reqs=len(self.running),
             num_waiting_reqs=len(self.waiting) + self.parallel_sampling.num_held(),
             kv_cache_usage=kv.usage(), num_preemptions_total=self.num_preemptions_total,
+            num_recomputed_tokens_total=self.num_recomputed_tokens_total,
             num_kv_slots_allocated=kv.num_allocated_slots(), num_kv_tokens_stored=stored,
             num_shared_blocks=kv.block_pool.num_shared_blocks, num_blocks_saved=kv.block_pool.num_blocks_saved,
             num_swapped_reqs=sum(len(group) for group in self.swapped),

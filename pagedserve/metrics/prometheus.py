@@ -31,6 +31,9 @@ class PrometheusStatLogger(StatLoggerBase):
                               "usage.", labels, registry=registry).labels(model_name)
         self.preemptions = Counter("pagedserve:num_preemptions", "Cumulative number of preemptions from "
                                    "the engine.", labels, registry=registry).labels(model_name)
+        self.recomputed = Counter("pagedserve:num_recomputed_tokens", "Cumulative number of computed tokens "
+                                  "whose KV cache preemptions dropped (computed again).", labels,
+                                  registry=registry).labels(model_name)
         self.rejected = Counter("pagedserve:num_requests_rejected", "Requests refused by admission control "
                                 "(queue limits, queue time): 503.", labels, registry=registry).labels(model_name)
         self.prompt_tokens = Counter("pagedserve:prompt_tokens", "Number of prefill tokens processed.",
@@ -49,6 +52,7 @@ class PrometheusStatLogger(StatLoggerBase):
         self.queue_time = self._histogram("request_queue_time_seconds", "Time spent waiting in the queue",
                                           _LATENCY_BUCKETS, model_name)
         self.last_preemptions_total = 0
+        self.last_recomputed_total = 0
         # The engine's prefix-cache counts (tokens) are cumulative too.
         self.prefix_cache = {name: Counter(f"pagedserve:{name}", f"Prefix-cache {kind}, in tokens.", labels,
                                            registry=registry).labels(model_name)
@@ -67,6 +71,8 @@ class PrometheusStatLogger(StatLoggerBase):
             # The engine's count is cumulative: add what is new since the last report.
             self.preemptions.inc(max(0, scheduler_stats.num_preemptions_total - self.last_preemptions_total))
             self.last_preemptions_total = scheduler_stats.num_preemptions_total
+            self.recomputed.inc(max(0, scheduler_stats.num_recomputed_tokens_total - self.last_recomputed_total))
+            self.last_recomputed_total = scheduler_stats.num_recomputed_tokens_total
             for name, counter in self.prefix_cache.items():
                 total = getattr(scheduler_stats, name)
                 counter.inc(max(0, total - self.last_prefix_cache[name]))
