@@ -35,6 +35,7 @@ class RequestResult:
 
     ok: bool = False
     error: str = ""
+    status: int = 0  # HTTP status (0: no response)
     prompt_len: int = 0
     output_tokens: int = 0
     ttft: float = 0.0
@@ -56,6 +57,7 @@ async def stream_request(client: httpx.AsyncClient, url: str, body: dict[str, An
     start = last = time.perf_counter()
     try:
         async with client.stream("POST", url, json=body) as response:
+            result.status = response.status_code
             if response.status_code != 200:
                 result.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
                 return result
