@@ -65,6 +65,8 @@ class SchedulerConfig:
 
 
 EXECUTOR_BACKENDS = ("uni", "mp", "ray")
+# --attention-backend choices; each name but auto is registered in attention/backends/__init__.py.
+ATTENTION_BACKENDS = ("auto", "torch", "cpu")
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,7 @@ class EngineConfig:
     parallel: ParallelConfig
     device: str  # cpu | cuda
     enforce_eager: bool
+    attention_backend: str = "auto"  # one of ATTENTION_BACKENDS; auto is resolved by the worker
 
 
 def _arg(default: Any, help: str, **extra: Any) -> Any:
@@ -144,6 +147,10 @@ class EngineArgs:
     load_format: str = _arg("auto", "auto: read the checkpoint; dummy: random weights.",
                             choices=("auto", "dummy"))
     device: str = _arg("auto", "auto | cpu | cuda.", choices=("auto", "cpu", "cuda"))
+    attention_backend: str = _arg(
+        "auto", "Attention kernels. auto: cpu on CPU when its native kernel builds, else torch; torch: "
+                "plain PyTorch (the reference); cpu: native C++ decode kernel (CPU only).",
+        choices=ATTENTION_BACKENDS)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "EngineArgs":
@@ -193,6 +200,7 @@ class EngineArgs:
             parallel=parallel,
             device=device,
             enforce_eager=self.enforce_eager,
+            attention_backend=self._attention_backend(device),
         )
 
     def _swap_bytes(self) -> int:
@@ -205,6 +213,15 @@ class EngineArgs:
             raise ConfigError("--preemption-mode swap needs host memory to swap to: set --swap-space "
                               "(GiB) above 0, or use --preemption-mode recompute.")
         return int(self.swap_space * 2**30)
+
+    def _attention_backend(self, device: str) -> str:
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ConfigError(f"attention_backend={self.attention_backend!r} is not supported; "
+                              f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}.")
+        if self.attention_backend == "cpu" and device != "cpu":
+            raise ConfigError(f"--attention-backend cpu runs on the CPU only, but the device is {device}; "
+                              "use --attention-backend auto, or --device cpu.")
+        return self.attention_backend
 
     def _parallel_config(self, device: str, hf_config: Any) -> ParallelConfig:
         tp = self.tensor_parallel_size

@@ -19,3 +19,11 @@ def log_stats_interval_s() -> float:
 def api_key() -> str | None:
     """PAGEDSERVE_API_KEY: the server's API key when --api-key is not given."""
     return os.environ.get("PAGEDSERVE_API_KEY") or None
+
+
+def cpu_kernels_enabled() -> bool:
+    """PAGEDSERVE_CPU_KERNELS: 0 keeps the native CPU kernels unbuilt and unused (default 1)."""
+    raw = os.environ.get("PAGEDSERVE_CPU_KERNELS", "1")
+    if raw not in ("0", "1"):
+        raise ConfigError(f"PAGEDSERVE_CPU_KERNELS={raw!r} must be 0 (disable the native CPU kernels) or 1.")
+    return raw == "1"

@@ -4,7 +4,7 @@ import mmap
 
 import torch
 
-from pagedserve.attention.backends import get_attention_backend
+from pagedserve.attention.backends import select_attention_backend
 from pagedserve.attention.forward_context import set_forward_context
 from pagedserve.config import EngineConfig
 from pagedserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
@@ -27,7 +27,7 @@ class ModelRunner:
         self.model = load_model(config.model, device)
         self.dtype = getattr(torch, config.model.dtype)
         self.vocab_size = config.model.vocab_size
-        self.backend = get_attention_backend("torch")
+        self.backend = select_attention_backend(config.attention_backend, device)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         for layer in self.attention_layers:
             layer.backend = self.backend

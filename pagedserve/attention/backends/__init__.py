@@ -1,11 +1,58 @@
-"""Backend registry. Optional backends (triton) are imported lazily so the CPU install imports cleanly."""
+"""Backend registry. Backends are imported lazily: optional libraries (triton) stay unimported on a CPU
+install, and the native CPU kernels are built only when the cpu backend is chosen."""
+from collections.abc import Callable
+
+import torch
+
+from pagedserve import envs
 from pagedserve.attention.backends.base import AttentionBackend
+from pagedserve.logger import init_logger
+
+logger = init_logger(__name__)
+
+
+def _torch() -> AttentionBackend:
+    from pagedserve.attention.backends.torch_paged import TorchPagedAttentionBackend
+
+    return TorchPagedAttentionBackend()
+
+
+def _cpu() -> AttentionBackend:
+    from pagedserve.attention.backends.cpu_native import CpuNativeAttentionBackend
+
+    return CpuNativeAttentionBackend()
+
+
+# name -> constructor; config.ATTENTION_BACKENDS lists the same names (plus auto) for --attention-backend.
+_BACKENDS: dict[str, Callable[[], AttentionBackend]] = {"torch": _torch, "cpu": _cpu}
 
 
 def get_attention_backend(name: str) -> AttentionBackend:
-    """`name`: torch (reference; CPU and GPU)."""
-    if name == "torch":
-        from pagedserve.attention.backends.torch_paged import TorchPagedAttentionBackend
+    """`name`: torch (reference; CPU and GPU) | cpu (native CPU decode kernel; CPU tensors only).
+    Raises ValueError for any other name."""
+    if name not in _BACKENDS:
+        raise ValueError(f"Unknown attention backend {name!r}; supported: {', '.join(_BACKENDS)}.")
+    return _BACKENDS[name]()
 
-        return TorchPagedAttentionBackend()
-    raise ValueError(f"Unknown attention backend {name!r}; supported: torch.")
+
+def select_attention_backend(requested: str, device: torch.device) -> AttentionBackend:
+    """The backend for `requested` (auto or a registered name) on `device`, with the choice logged.
+
+    auto is cpu on a CPU device and torch elsewhere. cpu needs the native kernels: when they are
+    disabled (PAGEDSERVE_CPU_KERNELS=0) or fail to build, torch is used instead, with the reason in
+    the log (a warning unless auto and disabled on purpose). Never raises for a kernel failure.
+    """
+    name = requested
+    if requested == "auto":
+        name = "cpu" if device.type == "cpu" else "torch"
+    if name == "cpu":
+        from pagedserve.kernels.cpu import load_cpu_kernels
+
+        error = load_cpu_kernels().error
+        if error is not None:
+            disabled_on_purpose = requested == "auto" and not envs.cpu_kernels_enabled()
+            (logger.info if disabled_on_purpose else logger.warning)(
+                "Attention backend: torch (the native CPU kernels are unavailable: %s).", error)
+            return get_attention_backend("torch")
+    logger.info("Attention backend: %s.", name)
+    return get_attention_backend(name)

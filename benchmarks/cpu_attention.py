@@ -1,0 +1,89 @@
+"""Decode attention of one layer on CPU: the torch backend (gather K/V through the block tables into a
+padded copy, then SDPA) against the native kernel (K/V read in place), on the same batch.
+
+Geometry defaults to SmolLM2-135M's (9 query heads, 3 KV heads, head_dim 64), float32, block size 16,
+block tables shuffled like a cache that has been in use. Times are medians per layer call; the
+per-step metadata (built once for all layers) is excluded.
+
+    python benchmarks/cpu_attention.py --threads 2 --batch-sizes 1 16 64 --contexts 128 512
+"""
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from pagedserve.attention.backends.base import AttentionLayerSpec, CommonAttentionMetadata
+from pagedserve.attention.backends.cpu_native import CpuNativeAttentionBackend
+from pagedserve.attention.backends.torch_paged import SdpaPrefillBackend, TorchPagedAttentionBackend
+from pagedserve.kernels.cpu import load_cpu_kernels
+
+
+def decode_batch(batch: int, context: int, block_size: int) -> tuple[CommonAttentionMetadata, int]:
+    """`batch` decodes of `context` tokens each over shuffled blocks; returns it and the cache's blocks."""
+    per_request = -(-context // block_size)
+    num_blocks = batch * per_request + 1  # + the null block
+    tables = (torch.randperm(num_blocks - 1)[:batch * per_request] + 1).view(batch, per_request)
+    common = CommonAttentionMetadata(list(range(batch + 1)), [context] * batch, tables,
+                                     torch.zeros(batch, dtype=torch.int64), batch, block_size)
+    return common, num_blocks
+
+
+def median_ms(call: Callable[[], object], iterations: int) -> float:
+    for _ in range(3):
+        call()
+    times = []
+    for _ in range(iterations):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def layer_ms(backend: SdpaPrefillBackend, spec: AttentionLayerSpec, batch: int, context: int,
+             args: argparse.Namespace) -> float:
+    common, num_blocks = decode_batch(batch, context, args.block_size)
+    shape = (num_blocks, args.block_size, spec.num_kv_heads, spec.head_dim)
+    key_cache, value_cache = torch.randn(shape), torch.randn(shape)
+    q = torch.randn(batch, spec.num_heads, spec.head_dim)
+    decode = backend.build_decode_metadata(common)
+    return median_ms(lambda: backend.attend_decodes(spec, q, key_cache, value_cache, decode), args.iterations)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--contexts", type=int, nargs="+", default=[128, 512])
+    parser.add_argument("--num-heads", type=int, default=9)
+    parser.add_argument("--num-kv-heads", type=int, default=3)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--iterations", type=int, default=30)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    kernels = load_cpu_kernels()
+    if kernels.module is None:
+        raise SystemExit(f"The native CPU kernels are unavailable: {kernels.error}")
+    spec = AttentionLayerSpec(args.num_heads, args.num_kv_heads, args.head_dim, args.head_dim ** -0.5)
+    print(f"Decode attention per layer, float32, {args.threads} threads, heads {args.num_heads}/"
+          f"{args.num_kv_heads} kv, head_dim {args.head_dim}, block size {args.block_size}; "
+          f"torch {torch.__version__}, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
+    print("| batch | context | K/V read MB | torch gather+SDPA ms | native kernel ms | speed-up |")
+    print("|---|---|---|---|---|---|")
+    for batch in args.batch_sizes:
+        for context in args.contexts:
+            torch_ms = layer_ms(TorchPagedAttentionBackend(), spec, batch, context, args)
+            native_ms = layer_ms(CpuNativeAttentionBackend(), spec, batch, context, args)
+            megabytes = 2 * batch * context * args.num_kv_heads * args.head_dim * 4 / 1e6
+            print(f"| {batch} | {context} | {megabytes:.1f} | {torch_ms:.3f} | {native_ms:.3f} | "
+                  f"{torch_ms / native_ms:.1f}x |")
+    print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()

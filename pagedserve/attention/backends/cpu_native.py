@@ -1,0 +1,35 @@
+"""CPU backend: decodes through the native paged-attention kernel, everything else as the torch backend.
+
+The kernel reads each decode's K/V in place through its block table, where the torch backend first
+gathers every request's K/V into a padded copy (per layer) and then reads that copy again. K/V writes
+and prefill chunks (query length > 1) are the torch backend's, inherited from `SdpaPrefillBackend`.
+"""
+from dataclasses import dataclass
+
+import torch
+
+from pagedserve.attention.backends.base import AttentionLayerSpec, CommonAttentionMetadata
+from pagedserve.attention.backends.torch_paged import SdpaPrefillBackend
+from pagedserve.kernels import cpu as cpu_kernels
+
+
+@dataclass
+class NativeDecodeMetadata:
+    block_tables: torch.Tensor  # [num_decodes, max_blocks] int64
+    seq_lens: torch.Tensor  # [num_decodes] int64
+
+
+class CpuNativeAttentionBackend(SdpaPrefillBackend[NativeDecodeMetadata]):
+    """Needs the native CPU kernels (`pagedserve.kernels.cpu.load_cpu_kernels()` without error);
+    `attend_decodes` raises RuntimeError otherwise."""
+
+    name = "cpu"
+
+    def build_decode_metadata(self, common: CommonAttentionMetadata) -> NativeDecodeMetadata:
+        nd = common.num_decodes
+        return NativeDecodeMetadata(common.block_tables[:nd], torch.tensor(common.seq_lens[:nd]))
+
+    def attend_decodes(self, spec: AttentionLayerSpec, q: torch.Tensor, key_cache: torch.Tensor,
+                       value_cache: torch.Tensor, decode: NativeDecodeMetadata) -> torch.Tensor:
+        return cpu_kernels.paged_attention_decode(q, key_cache, value_cache, decode.block_tables,
+                                                  decode.seq_lens, spec.scale)

@@ -1,0 +1,103 @@
+"""Native CPU kernels (C++/OpenMP), compiled with torch.utils.cpp_extension on first use.
+
+The build is cached in torch's extensions folder ($TORCH_EXTENSIONS_DIR, default
+~/.cache/torch_extensions), so only the first process on a machine pays for it; later loads are
+instant. Importing this module compiles nothing: `load_cpu_kernels()` does, once per process.
+"""
+import functools
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from pagedserve import envs
+from pagedserve.logger import init_logger
+
+logger = init_logger(__name__)
+
+_SOURCES = [str(Path(__file__).with_name("paged_attention.cpp"))]
+
+
+@dataclass(frozen=True)
+class CpuKernels:
+    """The loaded extension, or why there is none (`error`: one line, for logs and test skips)."""
+
+    module: ModuleType | None
+    error: str | None = None
+
+
+@functools.cache
+def load_cpu_kernels() -> CpuKernels:
+    """Build (first time on this machine) and load the extension, once per process. A failure (disabled
+    by PAGEDSERVE_CPU_KERNELS=0, no compiler, missing headers, no ninja) comes back as `error`, never
+    raised; only a malformed PAGEDSERVE_CPU_KERNELS raises ConfigError."""
+    if not envs.cpu_kernels_enabled():
+        return CpuKernels(None, "disabled by PAGEDSERVE_CPU_KERNELS=0")
+    start = time.perf_counter()
+    try:
+        from torch.utils import cpp_extension
+
+        module = cpp_extension.load(
+            # NOTE: cpp_extension's cache key (sources + flags) cannot tell CPUs apart, "-march=native"
+            # reading the same everywhere; the capability in the name at least keeps a shared extensions
+            # folder from handing an AVX-512 build to an AVX2-only CPU.
+            name=f"pagedserve_cpu_kernels_{torch.backends.cpu.get_cpu_capability().lower()}",
+            # NOTE: -fno-trapping-math lets GCC vectorize the float->int conversion in the softmax's exp;
+            # -ffp-contract=fast fuses multiply-adds (GCC leaves them apart in ISO C++ mode).
+            sources=_SOURCES, extra_cflags=["-O3", "-ffp-contract=fast", "-fno-trapping-math", "-fopenmp",
+                                            *_arch_flags()],
+            extra_ldflags=["-fopenmp"], verbose=False)
+    except Exception as exc:  # noqa: BLE001 (whatever the build breaks on, torch attention still works)
+        return CpuKernels(None, _one_line(exc))
+    logger.info("Native CPU kernels ready in %.1f s.", time.perf_counter() - start)
+    return CpuKernels(module)
+
+
+def paged_attention_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """Attention of one query token per request over its K/V, read in place through its block table.
+
+    q [num_decodes, num_heads, head_dim]; key_cache/value_cache [num_blocks, block_size, num_kv_heads,
+    head_dim], contiguous, q's dtype (float32, float16 or bfloat16; softmax and sums in float32);
+    block_tables [num_decodes, max_blocks] int64 or int32; seq_lens [num_decodes], each in
+    [1, max_blocks * block_size]. Returns [num_decodes, num_heads, head_dim] in q's dtype.
+    Raises RuntimeError when the kernels are unavailable or an input breaks this contract.
+    """
+    kernels = load_cpu_kernels()
+    if kernels.module is None:
+        raise RuntimeError(f"The native CPU kernels are unavailable: {kernels.error}")
+    return kernels.module.paged_attention_decode(q, key_cache, value_cache, block_tables, seq_lens, scale)
+
+
+def _arch_flags() -> list[str]:
+    """-march=native where the compiler takes it, else AVX2+FMA where this CPU has them, else none."""
+    if _compiler_accepts(["-march=native"]):
+        return ["-march=native"]
+    has_avx2 = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    if has_avx2 and _compiler_accepts(["-mavx2", "-mfma"]):
+        return ["-mavx2", "-mfma"]
+    return []
+
+
+def _compiler_accepts(flags: list[str]) -> bool:
+    compiler = os.environ.get("CXX", "c++")  # the compiler cpp_extension will use
+    try:
+        subprocess.run([compiler, *flags, "-x", "c++", "-c", "-o", os.devnull, "-"], input=b"int main() {}",
+                       capture_output=True, check=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return True
+
+
+def _one_line(exc: Exception) -> str:
+    """The exception's first line and, from a compiler log, its most telling line (the first with
+    "error", else the last that is neither a command nor ninja's own)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+    head = lines[0].split(": [", 1)[0]  # drop the echoed compiler command
+    log = [line for line in lines[1:] if not line.startswith(("FAILED", "ninja:")) and " -o " not in line]
+    detail = next((line for line in log if "error" in line.lower()), log[-1] if log else None)
+    return f"{head}: {detail}" if detail else head

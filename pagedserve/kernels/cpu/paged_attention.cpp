@@ -1,0 +1,317 @@
+// Paged-attention decode on CPU: one query token per request, K/V read in place through the block
+// tables (no gather into a padded copy), float32 softmax and accumulation for every storage dtype.
+//
+// Work item = (request, kv head): the G = num_heads / num_kv_heads query heads of that kv head are
+// attended together, so each K/V row is read from memory once and used G times. Two passes per item,
+// block by block with the next block prefetched: scores q.k for every token (kept in a per-thread scratch
+// buffer), the max-subtracted softmax, then sum_t p_t * v_t. Items are spread over OpenMP threads with
+// dynamic scheduling because their costs follow the (uneven) sequence lengths.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+struct Geometry {
+  int64_t num_kv_heads;
+  int64_t group;  // query heads per kv head
+  int64_t head_dim;
+  int64_t block_size;
+  int64_t max_blocks;  // columns of block_tables
+};
+
+// Eight float lanes: one AVX2 register. GCC and Clang lower it to whatever the target has (two SSE
+// registers, or scalars), so the loops below are vectorized by construction, not by the optimizer's luck.
+using Vec = float __attribute__((vector_size(32)));
+constexpr int64_t kLanes = 8;
+constexpr int64_t kTile = 8 * kLanes;  // head_dim columns whose accumulators stay in registers
+
+inline Vec load(const float* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof v);  // an unaligned vector load
+  return v;
+}
+
+inline void store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
+
+// The sum of a vector's lanes as a tree (halves, then pairs): fewer, independent adds than lane by lane.
+inline float hsum(Vec v) {
+  using Half = float __attribute__((vector_size(sizeof(Vec) / 2)));
+  Half low, high;
+  std::memcpy(&low, &v, sizeof low);
+  std::memcpy(&high, reinterpret_cast<const char*>(&v) + sizeof low, sizeof high);
+  const Half s = low + high;
+  return (s[0] + s[2]) + (s[1] + s[3]);
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  Vec acc0 = {}, acc1 = {};  // two accumulators: consecutive FMAs do not wait on each other
+  int64_t i = 0;
+  for (; i + 2 * kLanes <= n; i += 2 * kLanes) {
+    acc0 += load(a + i) * load(b + i);
+    acc1 += load(a + i + kLanes) * load(b + i + kLanes);
+  }
+  for (; i + kLanes <= n; i += kLanes) acc0 += load(a + i) * load(b + i);
+  float sum = hsum(acc0 + acc1);
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+// e^x for softmax numerators (x <= 0) without a libm call, so the loop over it vectorizes: Cephes' expf,
+// 2^n * (1 + r + r^2 P(r)) with x = n ln2 + r, |r| <= ln2 / 2; within 2 ulp of expf. x below -87 (where
+// e^x is below float's normal range) gives e^-87, as good as 0 next to the max term's 1.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.f);
+  const float n = std::floor(x * 1.44269504f + 0.5f);  // in [-126, 0]
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;  // ln2 in two parts: r is exact
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const int32_t two_to_n_bits = (static_cast<int32_t>(n) + 127) << 23;
+  float two_to_n;
+  std::memcpy(&two_to_n, &two_to_n_bits, sizeof two_to_n);  // a bit_cast that C++17 builds (older torch) take
+  return (p * r * r + r + 1.f) * two_to_n;
+}
+
+// The rows of one kv head in one block: n tokens, `stride` elements apart, head_dim elements each.
+template <typename T>
+struct Rows {
+  const T* data;
+  int64_t n;
+  int64_t stride;
+};
+
+// The rows as float32: float32 rows are read in place, others are widened into `buffer` (n * D floats).
+template <typename T>
+inline Rows<float> widen(Rows<T> rows, int64_t D, float* buffer) {
+  if constexpr (std::is_same_v<T, float>) {
+    return rows;
+  } else {
+    for (int64_t t = 0; t < rows.n; ++t) {
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) buffer[t * D + d] = static_cast<float>(rows.data[t * rows.stride + d]);
+    }
+    return {buffer, rows.n, D};
+  }
+}
+
+// acc[0:D] += sum_t p[t] * v[t]. Column tiles outermost, so a tile's accumulators stay in registers over
+// all of the block's rows (which stay in L1) instead of being loaded and stored once per row.
+inline void accumulate(const float* p, Rows<float> v, float* acc, int64_t D) {
+  int64_t c = 0;
+  for (; c + kTile <= D; c += kTile) {
+    Vec a[kTile / kLanes];
+    for (int64_t j = 0; j < kTile / kLanes; ++j) a[j] = load(acc + c + j * kLanes);
+    for (int64_t t = 0; t < v.n; ++t) {
+      const float* row = v.data + t * v.stride + c;
+      for (int64_t j = 0; j < kTile / kLanes; ++j) a[j] += p[t] * load(row + j * kLanes);
+    }
+    for (int64_t j = 0; j < kTile / kLanes; ++j) store(acc + c + j * kLanes, a[j]);
+  }
+  for (; c + kLanes <= D; c += kLanes) {
+    Vec a = load(acc + c);
+    for (int64_t t = 0; t < v.n; ++t) a += p[t] * load(v.data + t * v.stride + c);
+    store(acc + c, a);
+  }
+  for (; c < D; ++c) {
+    for (int64_t t = 0; t < v.n; ++t) acc[c] += p[t] * v.data[t * v.stride + c];
+  }
+}
+
+// Asks for a block's rows ahead of their use. NOTE: the rows of one kv head are strided (the other heads'
+// rows lie between them), which the hardware prefetchers follow poorly.
+template <typename T>
+inline void prefetch(Rows<T> rows, int64_t D) {
+  for (int64_t t = 0; t < rows.n; ++t) {
+    const char* row = reinterpret_cast<const char*>(rows.data + t * rows.stride);
+    for (int64_t byte = 0; byte < D * static_cast<int64_t>(sizeof(T)); byte += 64) {
+      __builtin_prefetch(row + byte);
+    }
+  }
+}
+
+// Calls fn(first_token, rows) for each block of one kv head's `seq_len` tokens, in order, prefetching
+// the next block's rows first.
+template <typename T, typename Index, typename Fn>
+inline void for_each_block(const T* cache, const Index* block_table, int64_t seq_len, int64_t kv_head,
+                           const Geometry& g, Fn&& fn) {
+  const int64_t stride = g.num_kv_heads * g.head_dim;  // between the tokens of a block
+  const auto block = [&](int64_t b) {
+    const int64_t first_row = static_cast<int64_t>(block_table[b]) * g.block_size;
+    return Rows<T>{cache + first_row * stride + kv_head * g.head_dim,
+                   std::min(g.block_size, seq_len - b * g.block_size), stride};
+  };
+  const int64_t num_blocks = (seq_len + g.block_size - 1) / g.block_size;
+  prefetch(block(0), g.head_dim);
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    if (b + 1 < num_blocks) prefetch(block(b + 1), g.head_dim);
+    fn(b * g.block_size, block(b));
+  }
+}
+
+// Attends the G query heads q[G, D] of one kv head over seq_len tokens; writes out[G, D].
+template <typename T, typename Index>
+void attend(const T* q, const T* key_cache, const T* value_cache, const Index* block_table,
+            int64_t seq_len, int64_t kv_head, float scale, const Geometry& g,
+            std::vector<float>& scratch, T* out) {
+  const int64_t G = g.group, D = g.head_dim;
+  scratch.resize(2 * G * D + g.block_size * D + G * seq_len + 2 * G);
+  float* qf = scratch.data();  // [G, D], pre-scaled
+  float* acc = qf + G * D;  // [G, D]
+  float* block_buffer = acc + G * D;  // [block_size, D]: a block widened to float32
+  float* scores = block_buffer + g.block_size * D;  // [G, seq_len], then the softmax numerators
+  float* max_score = scores + G * seq_len;  // [G]
+  float* denom = max_score + G;  // [G]
+  for (int64_t i = 0; i < G * D; ++i) qf[i] = static_cast<float>(q[i]) * scale;
+  std::fill(acc, acc + G * D, 0.f);
+  std::fill(max_score, max_score + G, -std::numeric_limits<float>::infinity());
+
+  for_each_block(key_cache, block_table, seq_len, kv_head, g, [&](int64_t start, Rows<T> rows) {
+    const Rows<float> k = widen(rows, D, block_buffer);
+    for (int64_t h = 0; h < G; ++h) {
+      for (int64_t t = 0; t < k.n; ++t) {
+        const float s = dot(qf + h * D, k.data + t * k.stride, D);
+        scores[h * seq_len + start + t] = s;
+        max_score[h] = std::max(max_score[h], s);
+      }
+    }
+  });
+  for (int64_t h = 0; h < G; ++h) {
+    float* p = scores + h * seq_len;
+    const float max = max_score[h];
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t t = 0; t < seq_len; ++t) {
+      p[t] = exp_nonpositive(p[t] - max);
+      sum += p[t];
+    }
+    denom[h] = sum;
+  }
+  for_each_block(value_cache, block_table, seq_len, kv_head, g, [&](int64_t start, Rows<T> rows) {
+    const Rows<float> v = widen(rows, D, block_buffer);
+    for (int64_t h = 0; h < G; ++h) accumulate(scores + h * seq_len + start, v, acc + h * D, D);
+  });
+  for (int64_t h = 0; h < G; ++h) {
+    const float inv = 1.f / denom[h];  // denom >= 1: the max term contributes exp(0)
+    for (int64_t d = 0; d < D; ++d) out[h * D + d] = static_cast<T>(acc[h * D + d] * inv);
+  }
+}
+
+template <typename T, typename Index>
+void run(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
+         const at::Tensor& block_tables, const std::vector<int64_t>& seq_lens, float scale,
+         const Geometry& g, at::Tensor& out) {
+  const int64_t num_items = q.size(0) * g.num_kv_heads;
+  const T* q_ptr = q.data_ptr<T>();
+  const T* k_ptr = key_cache.data_ptr<T>();
+  const T* v_ptr = value_cache.data_ptr<T>();
+  const Index* tables = block_tables.data_ptr<Index>();
+  T* out_ptr = out.data_ptr<T>();
+  const int64_t head_stride = g.group * g.head_dim;  // q/out elements per kv head
+  // NOTE: ATen's thread count (torch.set_num_threads), not OpenMP's default, so the kernel uses
+  // exactly the threads the matmuls around it use.
+#pragma omp parallel num_threads(at::get_num_threads())
+  {
+    std::vector<float> scratch;  // per thread, grown to the longest sequence it meets
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < num_items; ++item) {
+      const int64_t request = item / g.num_kv_heads, kv_head = item % g.num_kv_heads;
+      const int64_t offset = item * head_stride;  // == (request * num_heads + kv_head * G) * D
+      attend<T, Index>(q_ptr + offset, k_ptr, v_ptr, tables + request * g.max_blocks,
+                       seq_lens[request], kv_head, scale, g, scratch, out_ptr + offset);
+    }
+  }
+}
+
+template <typename T>
+void run_any_index(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                   const at::Tensor& block_tables, const std::vector<int64_t>& seq_lens, float scale,
+                   const Geometry& g, at::Tensor& out) {
+  if (block_tables.scalar_type() == at::kLong) {
+    run<T, int64_t>(q, key_cache, value_cache, block_tables, seq_lens, scale, g, out);
+  } else {
+    run<T, int32_t>(q, key_cache, value_cache, block_tables, seq_lens, scale, g, out);
+  }
+}
+
+// Checks everything the threads will index, so no error can arise inside the parallel region.
+Geometry check_inputs(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                      const at::Tensor& block_tables, const std::vector<int64_t>& seq_lens) {
+  for (const at::Tensor* t : {&q, &key_cache, &value_cache, &block_tables}) {
+    TORCH_CHECK(t->device().is_cpu(), "paged_attention_decode: every tensor must be on the CPU");
+  }
+  TORCH_CHECK(q.dim() == 3, "q must be [num_decodes, num_heads, head_dim], got ", q.sizes());
+  TORCH_CHECK(key_cache.dim() == 4 && key_cache.sizes() == value_cache.sizes(),
+              "key_cache and value_cache must both be [num_blocks, block_size, num_kv_heads, head_dim], "
+              "got ", key_cache.sizes(), " and ", value_cache.sizes());
+  TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "the KV caches must be contiguous");
+  TORCH_CHECK(q.scalar_type() == key_cache.scalar_type() && q.scalar_type() == value_cache.scalar_type(),
+              "q, key_cache and value_cache must share one dtype");
+  const int64_t num_blocks = key_cache.size(0), num_kv_heads = key_cache.size(2);
+  const int64_t head_dim = key_cache.size(3), num_heads = q.size(1), num_decodes = q.size(0);
+  TORCH_CHECK(num_kv_heads > 0 && key_cache.size(1) > 0, "the KV caches have no kv heads or an empty block");
+  TORCH_CHECK(q.size(2) == head_dim, "q head_dim ", q.size(2), " != cache head_dim ", head_dim);
+  TORCH_CHECK(num_heads % num_kv_heads == 0, "num_heads ", num_heads,
+              " is not a multiple of num_kv_heads ", num_kv_heads);
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == num_decodes,
+              "block_tables must be [num_decodes, max_blocks], got ", block_tables.sizes());
+  TORCH_CHECK(block_tables.scalar_type() == at::kLong || block_tables.scalar_type() == at::kInt,
+              "block_tables must be int32 or int64");
+  TORCH_CHECK(static_cast<int64_t>(seq_lens.size()) == num_decodes, "seq_lens must have num_decodes entries");
+  const Geometry g{num_kv_heads, num_heads / num_kv_heads, head_dim, key_cache.size(1), block_tables.size(1)};
+  const at::Tensor ids = block_tables.to(at::kLong).contiguous();
+  const int64_t* id_ptr = ids.data_ptr<int64_t>();
+  for (int64_t r = 0; r < num_decodes; ++r) {
+    const int64_t seq_len = seq_lens[r];
+    TORCH_CHECK(seq_len >= 1 && seq_len <= g.max_blocks * g.block_size, "seq_lens[", r, "] = ", seq_len,
+                " must be in [1, max_blocks * block_size = ", g.max_blocks * g.block_size, "]");
+    for (int64_t b = 0; b < (seq_len + g.block_size - 1) / g.block_size; ++b) {
+      const int64_t id = id_ptr[r * g.max_blocks + b];
+      TORCH_CHECK(id >= 0 && id < num_blocks, "block_tables[", r, ", ", b, "] = ", id,
+                  " is outside the cache's ", num_blocks, " blocks");
+    }
+  }
+  return g;
+}
+
+}  // namespace
+
+// q [num_decodes, num_heads, head_dim]; key_cache/value_cache [num_blocks, block_size, num_kv_heads,
+// head_dim] (same dtype as q: float32, float16 or bfloat16); block_tables [num_decodes, max_blocks]
+// int32/int64; seq_lens [num_decodes] (tokens of K/V each request attends to, >= 1).
+// Returns softmax(scale * q k^T) v as [num_decodes, num_heads, head_dim] in q's dtype.
+at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& key_cache,
+                                  const at::Tensor& value_cache, const at::Tensor& block_tables,
+                                  const at::Tensor& seq_lens, double scale) {
+  TORCH_CHECK(seq_lens.dim() == 1, "seq_lens must be 1-D");
+  const at::Tensor lens = seq_lens.to(at::kCPU, at::kLong).contiguous();
+  const std::vector<int64_t> lens_vec(lens.data_ptr<int64_t>(), lens.data_ptr<int64_t>() + lens.numel());
+  const Geometry g = check_inputs(q, key_cache, value_cache, block_tables, lens_vec);
+  const at::Tensor q_c = q.contiguous();
+  const at::Tensor tables = block_tables.contiguous();
+  at::Tensor out = at::empty_like(q_c);
+  const float scale_f = static_cast<float>(scale);
+#define PAGEDSERVE_RUN \
+  [&] { run_any_index<scalar_t>(q_c, key_cache, value_cache, tables, lens_vec, scale_f, g, out); }
+  AT_DISPATCH_SWITCH(q.scalar_type(), "paged_attention_decode",
+                     AT_DISPATCH_CASE(at::kFloat, PAGEDSERVE_RUN)
+                     AT_DISPATCH_CASE(at::kHalf, PAGEDSERVE_RUN)
+                     AT_DISPATCH_CASE(at::kBFloat16, PAGEDSERVE_RUN));
+#undef PAGEDSERVE_RUN
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_attention_decode", &paged_attention_decode,
+        "Paged-attention decode over block tables (K/V read in place).");
+}

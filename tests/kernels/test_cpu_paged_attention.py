@@ -1,0 +1,160 @@
+"""The native CPU paged-attention decode kernel and the cpu backend, against the torch reference backend."""
+import random
+from typing import Any
+
+import pytest
+import torch
+
+from pagedserve import LLM, SamplingParams
+from pagedserve.attention.backends import select_attention_backend
+from pagedserve.attention.backends.base import AttentionLayerSpec, CommonAttentionMetadata
+from pagedserve.attention.backends.cpu_native import CpuNativeAttentionBackend
+from pagedserve.attention.backends.torch_paged import SdpaPrefillBackend, TorchPagedAttentionBackend
+from pagedserve.config import EngineArgs
+from pagedserve.errors import ConfigError
+from pagedserve.kernels import cpu as cpu_kernels
+
+NUM_BLOCKS = 64
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}  # abs for fp32, else rel
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels_built() -> None:
+    error = cpu_kernels.load_cpu_kernels().error
+    if error is not None:
+        pytest.skip(f"native CPU kernels unavailable: {error}")
+
+
+def make_batch(requests: list[tuple[int, int]], block_size: int, seed: int) -> CommonAttentionMetadata:
+    """(cached tokens, new tokens) per request, decodes (1 new token) first. Blocks are drawn from a
+    shuffled pool, so tables are non-contiguous; rows are padded with the null block 0."""
+    rng = random.Random(seed)
+    pool = list(range(1, NUM_BLOCKS))
+    rng.shuffle(pool)
+    max_blocks = max(-(-(c + n) // block_size) for c, n in requests) + 1  # + a padding column
+    tables = torch.zeros(len(requests), max_blocks, dtype=torch.int64)
+    query_start_loc, seq_lens, slots = [0], [], []
+    for row, (cached, new) in enumerate(requests):
+        num = -(-(cached + new) // block_size)
+        tables[row, :num] = torch.tensor([pool.pop() for _ in range(num)])
+        slots += [int(tables[row, p // block_size]) * block_size + p % block_size
+                  for p in range(cached, cached + new)]
+        query_start_loc.append(query_start_loc[-1] + new)
+        seq_lens.append(cached + new)
+    return CommonAttentionMetadata(query_start_loc, seq_lens, tables, torch.tensor(slots),
+                                   num_decodes=sum(1 for _, n in requests if n == 1), block_size=block_size)
+
+
+def random_cache(block_size: int, spec: AttentionLayerSpec,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    shape = (NUM_BLOCKS, block_size, spec.num_kv_heads, spec.head_dim)
+    return torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
+
+
+def decode_lens(block_size: int) -> list[int]:
+    """Length 1, block ends, and mid-block ends."""
+    return [1, block_size, 3 * block_size, block_size + 1, 2 * block_size - 1, 5 * block_size + 3]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(8, 2), (4, 4)], ids=["gqa", "mha"])
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+def test_kernel_matches_torch_backend(block_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                                      dtype: torch.dtype) -> None:
+    torch.manual_seed(block_size + head_dim + num_heads)
+    spec = AttentionLayerSpec(num_heads, num_kv_heads, head_dim, scale=head_dim ** -0.5)
+    common = make_batch([(n - 1, 1) for n in decode_lens(block_size)], block_size, seed=head_dim)
+    key_cache, value_cache = random_cache(block_size, spec, dtype)
+    q = torch.randn(common.num_decodes, num_heads, head_dim).to(dtype)
+
+    out = cpu_kernels.paged_attention_decode(q, key_cache, value_cache, common.block_tables,
+                                             torch.tensor(common.seq_lens), spec.scale)
+    torch_backend = TorchPagedAttentionBackend()  # reference in float32 on the same (rounded) values
+    expected = torch_backend.attend_decodes(spec, q.float(), key_cache.float(), value_cache.float(),
+                                            torch_backend.build_decode_metadata(common))
+    assert out.dtype == dtype and out.shape == q.shape
+    error = (out.float() - expected).abs().max().item()
+    if dtype != torch.float32:
+        error /= expected.abs().max().item()
+    assert error < TOLERANCE[dtype]
+
+
+def test_kernel_takes_int32_and_strided_inputs() -> None:
+    spec = AttentionLayerSpec(6, 2, 64, scale=0.125)
+    common = make_batch([(20, 1), (0, 1), (40, 1)], 16, seed=1)
+    key_cache, value_cache = random_cache(16, spec, torch.float32)
+    q = torch.randn(3, 6, 64)
+    lens = torch.tensor(common.seq_lens)
+    tables = common.block_tables
+    expected = cpu_kernels.paged_attention_decode(q, key_cache, value_cache, tables, lens, 0.125)
+    column_major = tables.t().contiguous().t()
+    for variant in (tables.int(), column_major, column_major.int()):
+        assert torch.equal(cpu_kernels.paged_attention_decode(q, key_cache, value_cache, variant, lens, 0.125),
+                           expected)
+    strided_q = torch.randn(6, 3, 64).transpose(0, 1)
+    assert torch.equal(cpu_kernels.paged_attention_decode(strided_q, key_cache, value_cache, tables, lens, 0.125),
+                       cpu_kernels.paged_attention_decode(strided_q.contiguous(), key_cache, value_cache, tables,
+                                                          lens, 0.125))
+
+
+def test_kernel_rejects_block_ids_outside_the_cache() -> None:
+    spec = AttentionLayerSpec(4, 4, 64, scale=0.125)
+    key_cache, value_cache = random_cache(8, spec, torch.float32)
+    tables = torch.tensor([[3, NUM_BLOCKS]])
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        cpu_kernels.paged_attention_decode(torch.randn(1, 4, 64), key_cache, value_cache, tables,
+                                           torch.tensor([9]), 0.125)
+
+
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+def test_mixed_batch_through_backend_matches_torch(block_size: int) -> None:
+    """Decodes, a prefill chunk over a cached prefix and a fresh prefill, in one step: same outputs and
+    the same K/V written."""
+    torch.manual_seed(block_size)
+    spec = AttentionLayerSpec(8, 2, 64, scale=0.125)
+    common = make_batch([(0, 1), (37, 1), (block_size - 1, 1), (19, 13), (0, 21)], block_size, seed=2)
+    num_tokens = common.query_start_loc[-1]
+    q = torch.randn(num_tokens, spec.num_heads * spec.head_dim)
+    k, v = (torch.randn(num_tokens, spec.num_kv_heads * spec.head_dim) for _ in range(2))
+    caches = random_cache(block_size, spec, torch.float32)
+    outputs, written = [], []
+    backends: list[SdpaPrefillBackend[Any]] = [TorchPagedAttentionBackend(), CpuNativeAttentionBackend()]
+    for backend in backends:
+        cache = (caches[0].clone(), caches[1].clone())
+        outputs.append(backend.forward(spec, q, k, v, cache, backend.build_metadata(common)))
+        written.append(cache)
+    assert (outputs[0] - outputs[1]).abs().max().item() < 1e-5
+    assert all(torch.equal(a, b) for a, b in zip(*written))
+
+
+def test_llm_greedy_tokens_equal_torch_backend(tiny_llama: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    kernel = cpu_kernels.paged_attention_decode
+
+    def counted(*args: Any) -> torch.Tensor:
+        calls.append(args)
+        return kernel(*args)
+
+    monkeypatch.setattr(cpu_kernels, "paged_attention_decode", counted)
+    prompts = [{"prompt_token_ids": [(7 * i + 3) % 49000 + 3 for i in range(n)]} for n in (3, 17, 40, 64)]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    tokens = {}
+    for backend in ("torch", "cpu"):
+        llm = LLM(tiny_llama, attention_backend=backend, block_size=8, kv_cache_memory="16MiB")
+        tokens[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert calls, "the cpu backend never ran the native kernel"
+    assert tokens["cpu"] == tokens["torch"]
+
+
+def test_auto_picks_cpu_unless_disabled(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert select_attention_backend("auto", torch.device("cpu")).name == "cpu"
+    monkeypatch.setenv("PAGEDSERVE_CPU_KERNELS", "0")
+    monkeypatch.setattr(cpu_kernels, "load_cpu_kernels", cpu_kernels.load_cpu_kernels.__wrapped__)
+    assert select_attention_backend("auto", torch.device("cpu")).name == "torch"
+    assert select_attention_backend("cpu", torch.device("cpu")).name == "torch"  # falls back, warns
+
+
+def test_unknown_attention_backend_names_the_flag(tiny_llama: str) -> None:
+    with pytest.raises(ConfigError, match="--attention-backend must be one of auto, torch, cpu"):
+        EngineArgs(model=tiny_llama, attention_backend="flash").create_engine_config()
