@@ -164,7 +164,7 @@ class AsyncLLM:
         except CapacityError:
             self._record(None, IterationStats(num_rejected_requests=1))
             raise
-        if not self._queues:
+        if not self.output_processor.requests:
             self._last_progress = time.monotonic()  # the stall clock starts with the work
 
     async def _next_output(self, request_id: str, queue: "asyncio.Queue[RequestOutput | Exception]",
@@ -288,10 +288,12 @@ class AsyncLLM:
         while self.dead_error is None:
             await asyncio.sleep(poll_interval_s(timeout_s))
             silent_s = time.monotonic() - self._last_progress
-            if self._queues and silent_s > timeout_s:
+            # NOTE: the engine's unfinished requests, not _queues: a slow reader's finished stream is no work.
+            unfinished = len(self.output_processor.requests)
+            if unfinished and silent_s > timeout_s:
                 logger.error("The engine process sent nothing for %.0f s while %d request(s) were in flight: it "
-                             "is unresponsive (--engine-stall-timeout %g) and is killed.", silent_s,
-                             len(self._queues), self.limits.engine_stall_timeout)
+                             "is unresponsive (--engine-stall-timeout %g) and is killed.", silent_s, unfinished,
+                             self.limits.engine_stall_timeout)
                 self.engine_core.kill()
                 self._on_engine_dead(EngineDeadError(stall_message(self.limits.engine_stall_timeout)))
 
