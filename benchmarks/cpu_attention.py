@@ -9,9 +9,7 @@ per-step metadata (built once for all layers) is excluded.
 """
 import argparse
 import os
-import statistics
-import time
-from collections.abc import Callable
+import sys
 
 import torch
 
@@ -19,6 +17,9 @@ from pagedserve.attention.backends.base import AttentionLayerSpec, CommonAttenti
 from pagedserve.attention.backends.cpu_native import CpuNativeAttentionBackend
 from pagedserve.attention.backends.torch_paged import SdpaPrefillBackend, TorchPagedAttentionBackend
 from pagedserve.kernels.cpu import load_cpu_kernels
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # timing, however this file is run
+from timing import median_seconds  # noqa: E402
 
 
 def decode_batch(batch: int, context: int, block_size: int) -> tuple[CommonAttentionMetadata, int]:
@@ -31,17 +32,6 @@ def decode_batch(batch: int, context: int, block_size: int) -> tuple[CommonAtten
     return common, num_blocks
 
 
-def median_ms(call: Callable[[], object], iterations: int) -> float:
-    for _ in range(3):
-        call()
-    times = []
-    for _ in range(iterations):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
-
-
 def layer_ms(backend: SdpaPrefillBackend, spec: AttentionLayerSpec, batch: int, context: int,
              args: argparse.Namespace) -> float:
     common, num_blocks = decode_batch(batch, context, args.block_size)
@@ -49,7 +39,8 @@ def layer_ms(backend: SdpaPrefillBackend, spec: AttentionLayerSpec, batch: int, 
     key_cache, value_cache = torch.randn(shape), torch.randn(shape)
     q = torch.randn(batch, spec.num_heads, spec.head_dim)
     decode = backend.build_decode_metadata(common)
-    return median_ms(lambda: backend.attend_decodes(spec, q, key_cache, value_cache, decode), args.iterations)
+    return 1e3 * median_seconds(lambda: backend.attend_decodes(spec, q, key_cache, value_cache, decode),
+                                args.iterations)
 
 
 def main() -> None:

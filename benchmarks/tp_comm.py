@@ -23,6 +23,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported
 
 import torch  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # timing, however this file is run
+from timing import median_seconds  # noqa: E402
+
 
 def collective_times(rank: int, args: argparse.Namespace, store: str, queue: Any) -> None:
     """One of two ranks: time all-reduce and all-gather per batch size; rank 0 puts (batch, µs, µs)."""
@@ -36,22 +39,12 @@ def collective_times(rank: int, args: argparse.Namespace, store: str, queue: Any
         hidden = torch.randn(batch, args.hidden_size)
         logits = torch.randn(batch, args.vocab_size // 2)
         parts = [torch.empty_like(logits) for _ in range(2)]
-        reduce_us = _median_us(lambda: dist.all_reduce(hidden), args.iterations)
-        gather_us = _median_us(lambda: dist.all_gather(parts, logits), args.iterations)
+        reduce_us = 1e6 * median_seconds(lambda: dist.all_reduce(hidden), args.iterations, warmup=10)
+        gather_us = 1e6 * median_seconds(lambda: dist.all_gather(parts, logits), args.iterations,
+                                       warmup=10)  # gloo connects lazily
         if rank == 0:
             queue.put((batch, reduce_us, gather_us))
     dist.destroy_process_group()
-
-
-def _median_us(call: Any, iterations: int) -> float:
-    for _ in range(10):  # warm-up: gloo connects lazily
-        call()
-    times = []
-    for _ in range(iterations):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
 
 
 def measure_collectives(args: argparse.Namespace) -> dict[int, tuple[float, float]]:
