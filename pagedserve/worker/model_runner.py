@@ -53,8 +53,6 @@ class ModelRunner:
             shape = (num_blocks, self.block_size, layer.spec.num_kv_heads, layer.spec.head_dim)
             layer.kv_cache = (alloc(shape, dtype=self.dtype, device=self.device),
                               alloc(shape, dtype=self.dtype, device=self.device))
-            for tensor in layer.kv_cache:
-                tensor[0].zero_()
             self.kv_caches.append(layer.kv_cache)
 
     def initialize_swap_space(self, num_host_blocks: int) -> None:
