@@ -21,7 +21,10 @@ SUPPORTED_BLOCK_SIZES = (8, 16, 32)
 SUPPORTED_DTYPES = ("auto", "float32", "float16", "bfloat16")
 # model_type -> architecture: every supported family (models/<model_type>.py defines the class).
 MODEL_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                       "qwen2": "Qwen2ForCausalLM"}
+                       "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
+                       "gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
+                       "falcon": "FalconForCausalLM", "mixtral": "MixtralForCausalLM",
+                       "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 
 
 @dataclass(frozen=True)
@@ -250,17 +253,10 @@ class EngineArgs:
             raise ConfigError(f"Model architecture {archs[0]!r} is not supported. Supported architectures: "
                               f"{', '.join(sorted(MODEL_ARCHITECTURES.values()))}.")
         model_len = hf_config.max_position_embeddings
-        window = _sliding_window(hf_config)
-        if window and window < model_len:
-            logger.info("Sliding-window attention is not implemented: context capped at the window, "
-                        "%d tokens.", window)
-            model_len = window
         max_model_len = self.max_model_len or model_len
         if max_model_len > model_len:
-            key = "sliding_window" if model_len != hf_config.max_position_embeddings else \
-                "max_position_embeddings"
             raise ConfigError(f"max_model_len={max_model_len} is larger than the model's "
-                              f"{key}={model_len} (config.json); lower --max-model-len.")
+                              f"max_position_embeddings={model_len} (config.json); lower --max-model-len.")
         if max_model_len < 1:
             raise ConfigError(f"max_model_len={max_model_len} must be at least 1 (--max-model-len).")
         name = self.served_model_name or (DEFAULT_MODEL_NAME if self.model is None else self.model)
@@ -271,17 +267,15 @@ class EngineArgs:
                            max_logprobs=self.max_logprobs)
 
 
-def _sliding_window(hf_config: Any) -> int | None:
-    if hf_config.model_type == "mistral" or getattr(hf_config, "use_sliding_window", False):
-        return getattr(hf_config, "sliding_window", None)
-    return None
-
-
 def _check_tensor_parallel(hf_config: Any, tp: int) -> None:
     """Heads and the MLP must split evenly over the ranks; KV heads may instead be replicated."""
-    kv_heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
-    sizes = {"num_attention_heads": hf_config.num_attention_heads,
-             "intermediate_size": hf_config.intermediate_size}
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or getattr(hf_config, "num_kv_heads", None) \
+        or hf_config.num_attention_heads
+    sizes = {"num_attention_heads": hf_config.num_attention_heads}
+    for key in ("intermediate_size", "ffn_hidden_size", "moe_intermediate_size",
+                "shared_expert_intermediate_size"):  # the dense, Falcon, expert and shared-expert MLPs
+        if getattr(hf_config, key, None):
+            sizes[key] = getattr(hf_config, key)
     uneven = [f"{name}={size}" for name, size in sizes.items() if size % tp]
     if kv_heads % tp and tp % kv_heads:
         uneven.append(f"num_key_value_heads={kv_heads} (nor is {tp} a multiple of it)")
