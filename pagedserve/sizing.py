@@ -12,37 +12,70 @@ from typing import Any
 from pagedserve.config import KVCacheConfig
 from pagedserve.errors import ConfigError
 from pagedserve.utils import cdiv
+from pagedserve.utils.hf_config import (falcon_parallel_attention, falcon_two_layernorms, is_sparse_layer,
+                                        num_kv_heads)
 
 # Bytes per element of each dtype the engine or the planner knows.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
-# Architectures whose q/k/v projections carry a bias (models/qwen2.py).
-_QKV_BIAS_ARCHITECTURES = frozenset({"Qwen2ForCausalLM"})
+# Architectures whose q/k/v projections carry a bias (models/qwen2.py, qwen2_moe.py).
+_QKV_BIAS_ARCHITECTURES = frozenset({"Qwen2ForCausalLM", "Qwen2MoeForCausalLM"})
+# ... with an RMSNorm over each head of q and k (models/qwen3.py, gemma3_text.py, qwen3_moe.py).
+_QK_NORM_ARCHITECTURES = frozenset({"Qwen3ForCausalLM", "Gemma3ForCausalLM", "Qwen3MoeForCausalLM"})
+# ... with four norms per layer (models/gemma2.py).
+_GEMMA_ARCHITECTURES = frozenset({"Gemma2ForCausalLM", "Gemma3ForCausalLM"})
 
 
 @dataclass(frozen=True)
 class ModelShape:
-    """The sizes of a Llama-family model (Llama, Mistral, Qwen2) that memory depends on."""
+    """The sizes of a model that memory depends on (every supported family: dense or mixture-of-experts
+    MLPs, all experts resident)."""
 
     vocab_size: int
     hidden_size: int
-    intermediate_size: int
+    intermediate_size: int  # of the dense MLP layers
     num_layers: int
     num_heads: int
     num_kv_heads: int
     head_dim: int
     tie_word_embeddings: bool
     qkv_bias: bool
+    qk_norm: bool = False
+    norms_per_layer: int = 2
+    norm_params: int = 1  # per element of a norm: 1 (RMSNorm), 2 (LayerNorm with bias: Falcon)
+    mlp_matrices: int = 3  # gate, up, down (gated) or up, down (Falcon)
+    linear_bias: bool = False  # Falcon's `bias`: o_proj and the MLP too
+    num_moe_layers: int = 0
+    num_experts: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
 
     @classmethod
     def from_hf_config(cls, hf_config: Any, architecture: str) -> "ModelShape":
         """Read a transformers config (config.json's fields)."""
-        heads = hf_config.num_attention_heads
+        heads, layers = hf_config.num_attention_heads, hf_config.num_hidden_layers
+        falcon = architecture == "FalconForCausalLM"
+        num_experts = getattr(hf_config, "num_local_experts", None) or getattr(hf_config, "num_experts", 0) or 0
+        if architecture == "MixtralForCausalLM":
+            num_moe_layers, moe_size = layers, hf_config.intermediate_size
+        elif num_experts:
+            num_moe_layers = sum(is_sparse_layer(hf_config, i) for i in range(layers))
+            moe_size = hf_config.moe_intermediate_size
+        else:
+            num_moe_layers, moe_size = 0, 0
         return cls(vocab_size=hf_config.vocab_size, hidden_size=hf_config.hidden_size,
-                   intermediate_size=hf_config.intermediate_size, num_layers=hf_config.num_hidden_layers,
-                   num_heads=heads, num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or heads,
+                   intermediate_size=(hf_config.ffn_hidden_size or 4 * hf_config.hidden_size) if falcon
+                   else hf_config.intermediate_size, num_layers=layers,
+                   num_heads=heads, num_kv_heads=num_kv_heads(hf_config, architecture),
                    head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads,
                    tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
-                   qkv_bias=architecture in _QKV_BIAS_ARCHITECTURES)
+                   qkv_bias=architecture in _QKV_BIAS_ARCHITECTURES or (falcon and hf_config.bias),
+                   qk_norm=architecture in _QK_NORM_ARCHITECTURES,
+                   norms_per_layer=4 if architecture in _GEMMA_ARCHITECTURES else
+                   _falcon_layernorms(hf_config) if falcon else 2,
+                   norm_params=2 if falcon else 1, mlp_matrices=2 if falcon else 3,
+                   linear_bias=falcon and hf_config.bias, num_moe_layers=num_moe_layers,
+                   num_experts=num_experts if num_moe_layers else 0, moe_intermediate_size=moe_size,
+                   shared_expert_intermediate_size=getattr(hf_config, "shared_expert_intermediate_size", 0) or 0)
 
     def kv_heads_per_rank(self, tp: int) -> int:
         """KV heads are split over the ranks, or replicated (one per rank) when there are fewer."""
@@ -50,15 +83,26 @@ class ModelShape:
 
     def num_parameters(self, tp: int = 1) -> int:
         """Parameters held by one of `tp` ranks: the vocabulary split (padded) over the ranks, linear
-        layers split, norms replicated, a tied LM head counted once."""
+        layers (experts included) split, norms and MoE routers replicated, a tied LM head counted once."""
         hidden, head_dim = self.hidden_size, self.head_dim
         qkv_out = (self.num_heads // tp + 2 * self.kv_heads_per_rank(tp)) * head_dim
-        per_layer = (hidden * qkv_out + (qkv_out if self.qkv_bias else 0)  # qkv_proj
+        attention = (hidden * qkv_out + (qkv_out if self.qkv_bias else 0)  # qkv_proj
                      + self.num_heads * head_dim // tp * hidden  # o_proj
-                     + 3 * hidden * (self.intermediate_size // tp)  # gate_up_proj + down_proj
-                     + 2 * hidden)  # the two RMSNorms
+                     + (hidden if self.linear_bias else 0) + (2 * head_dim if self.qk_norm else 0))
+        dense_mlp = self._mlp(self.intermediate_size, tp)
+        moe = self.num_experts * (hidden + self._mlp(self.moe_intermediate_size, tp))  # router + experts
+        if self.shared_expert_intermediate_size:
+            moe += self._mlp(self.shared_expert_intermediate_size, tp) + hidden  # shared expert + its gate
+        norm = self.norm_params * hidden
+        layers = (self.num_layers * (attention + self.norms_per_layer * norm)
+                  + (self.num_layers - self.num_moe_layers) * dense_mlp + self.num_moe_layers * moe)
         vocab = cdiv(self.vocab_size, tp) * hidden
-        return vocab * (1 if self.tie_word_embeddings else 2) + self.num_layers * per_layer + hidden
+        return vocab * (1 if self.tie_word_embeddings else 2) + layers + norm
+
+    def _mlp(self, intermediate_size: int, tp: int) -> int:
+        per_rank = intermediate_size // tp
+        bias = per_rank + self.hidden_size if self.linear_bias else 0
+        return self.mlp_matrices * self.hidden_size * per_rank + bias
 
     def kv_bytes_per_token(self, tp: int, kv_dtype_bytes: int) -> int:
         """K and V of one token in every layer of one rank."""
@@ -70,8 +114,13 @@ class ModelShape:
         attention outputs, the MLP's gate/up output and its activation, and one row of float32 logits."""
         qkv = (self.num_heads // tp + 2 * self.kv_heads_per_rank(tp)) * self.head_dim
         per_token = 3 * self.hidden_size + qkv + self.num_heads // tp * self.head_dim \
-            + 3 * self.intermediate_size // tp
+            + 3 * max(self.intermediate_size, self.moe_intermediate_size) // tp
         return num_tokens * per_token * dtype_bytes + 4 * self.vocab_size
+
+
+def _falcon_layernorms(hf_config: Any) -> int:
+    """Falcon's LayerNorms per layer: one before parallel attention and MLP, else two."""
+    return 1 if falcon_parallel_attention(hf_config) and not falcon_two_layernorms(hf_config) else 2
 
 
 def gpu_kv_budget(total: int, utilization: float, weights: int, peak_activations: int, non_torch: int) -> int:

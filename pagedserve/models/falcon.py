@@ -16,23 +16,13 @@ from pagedserve.layers.layernorm import LayerNorm
 from pagedserve.layers.linear import ColumnParallelLinear, RowParallelLinear
 from pagedserve.layers.rotary import RotaryEmbedding, rope_parameters
 from pagedserve.models.llama import AttentionOptions, LlamaAttention, LlamaForCausalLM, ParamShard, head_dim
+from pagedserve.utils.hf_config import falcon_parallel_attention, falcon_two_layernorms, num_kv_heads
 
 # HF Falcon names -> ours (the Llama attention's, and the model's embed_tokens / layers / norm).
 _RENAMES = [(r"^transformer\.word_embeddings\.", "model.embed_tokens."),
             (r"^transformer\.h\.", "model.layers."), (r"^transformer\.ln_f\.", "model.norm."),
             (r"\.self_attention\.query_key_value\.", ".self_attn.qkv_proj."),
             (r"\.self_attention\.dense\.", ".self_attn.o_proj.")]
-
-
-def falcon_kv_heads(config: Any) -> int:
-    """HF's rule: grouped KV with the new architecture, one KV head for multi-query, else one per head."""
-    if config.new_decoder_architecture or not config.multi_query:
-        return config.num_kv_heads or config.num_attention_heads
-    return 1
-
-
-def _two_layernorms(config: Any) -> bool:
-    return config.new_decoder_architecture and (config.num_ln_in_parallel_attn or 2) == 2
 
 
 class FalconMLP(nn.Module):
@@ -52,8 +42,8 @@ class FalconDecoderLayer(nn.Module):
         self.self_attn = self_attn
         self.mlp = FalconMLP(config)
         size, eps = config.hidden_size, config.layer_norm_epsilon
-        self.two_layernorms = _two_layernorms(config)
-        self.parallel = config.new_decoder_architecture or config.parallel_attn
+        self.two_layernorms = falcon_two_layernorms(config)
+        self.parallel = falcon_parallel_attention(config)
         if self.two_layernorms:
             self.ln_attn, self.ln_mlp = LayerNorm(size, eps), LayerNorm(size, eps)
         else:
@@ -94,7 +84,7 @@ class FalconForCausalLM(LlamaForCausalLM):
                               "supported: pagedserve runs the rotary Falcon models (7B, 40B, 180B).")
         rotary_emb = RotaryEmbedding(head_dim(config), config.max_position_embeddings,
                                      rope_parameters(config))
-        options = AttentionOptions(qkv_bias=config.bias, o_bias=config.bias, num_kv_heads=falcon_kv_heads(config))
+        options = AttentionOptions(qkv_bias=config.bias, o_bias=config.bias, num_kv_heads=num_kv_heads(config, "FalconForCausalLM"))
         return FalconModel(config, [FalconDecoderLayer(config, LlamaAttention(config, options, rotary_emb))
                                     for _ in range(config.num_hidden_layers)])
 
@@ -111,7 +101,7 @@ class FalconForCausalLM(LlamaForCausalLM):
         then one key and one value head; multi-query: every query head, then the key, then the value;
         else per head, its query, key and value."""
         config, dim = self.config, head_dim(self.config)
-        heads, kv_heads = config.num_attention_heads, falcon_kv_heads(config)
+        heads, kv_heads = config.num_attention_heads, num_kv_heads(config, "FalconForCausalLM")
         rows = tensor.view(-1, dim, *tensor.shape[1:])  # [fused heads, head_dim, (hidden)]
         if config.new_decoder_architecture:
             grouped = rows.view(kv_heads, heads // kv_heads + 2, *rows.shape[1:])

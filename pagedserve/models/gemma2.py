@@ -10,7 +10,8 @@ from torch import nn
 from pagedserve.layers.layernorm import GemmaRMSNorm
 from pagedserve.layers.rotary import RotaryEmbedding, rope_parameters
 from pagedserve.models.llama import (AttentionOptions, LlamaAttention, LlamaForCausalLM, LlamaMLP, LlamaModel,
-                                     add_and_norm, head_dim, layer_sliding_window)
+                                     add_and_norm, head_dim)
+from pagedserve.utils.hf_config import layer_sliding_window
 
 
 class Gemma2DecoderLayer(nn.Module):
@@ -43,7 +44,7 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
     def attention_options(self, config: Any, layer_idx: int) -> AttentionOptions:
         return AttentionOptions(qkv_bias=getattr(config, "attention_bias", False), qk_norm=self.qk_norm,
                                 scale=config.query_pre_attn_scalar**-0.5,
-                                sliding_window=layer_sliding_window(config, layer_idx, True),
+                                sliding_window=layer_sliding_window(config, layer_idx, type(self).__name__),
                                 logits_soft_cap=getattr(config, "attn_logit_softcapping", None))
 
     def make_mlp(self, config: Any, layer_idx: int) -> nn.Module:

@@ -14,6 +14,7 @@ from pagedserve.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from pagedserve.layers.layernorm import RMSNorm
 from pagedserve.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from pagedserve.layers.rotary import RotaryEmbedding, rope_parameters
+from pagedserve.utils.hf_config import layer_sliding_window
 
 # (our parameter name, checkpoint tensor, shard id for the parameter's weight_loader)
 ParamShard = tuple[str, torch.Tensor, object]
@@ -32,17 +33,6 @@ class LlamaMLP(nn.Module):
 
 def head_dim(config: Any) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
-def layer_sliding_window(config: Any, layer_idx: int, by_layer_types: bool) -> int | None:
-    """The sliding window of layer `layer_idx`, as HF decides it: from `layer_types` ("sliding_attention")
-    for the families that list them (Qwen2/3, Gemma 2/3), else `sliding_window` on every layer (Mistral,
-    Mixtral, Phi-3, Qwen3-MoE)."""
-    window = getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None)
-    if by_layer_types and layer_types is not None:
-        return window if layer_types[layer_idx] == "sliding_attention" else None
-    return window
 
 
 @dataclass(frozen=True)
@@ -138,7 +128,6 @@ class LlamaForCausalLM(nn.Module):
 
     qkv_bias = False
     qk_norm: type[RMSNorm] | None = None
-    windows_by_layer_types = True  # see layer_sliding_window
     # checkpoint name fragment -> (our fused parameter fragment, shard id)
     stacked_params = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"),
                       "v_proj": ("qkv_proj", "v"), "gate_proj": ("gate_up_proj", 0),
@@ -159,8 +148,7 @@ class LlamaForCausalLM(nn.Module):
 
     def attention_options(self, config: Any, layer_idx: int) -> AttentionOptions:
         return AttentionOptions(qkv_bias=self.qkv_bias, qk_norm=self.qk_norm,
-                                sliding_window=layer_sliding_window(config, layer_idx,
-                                                                    self.windows_by_layer_types))
+                                sliding_window=layer_sliding_window(config, layer_idx, type(self).__name__))
 
     def make_mlp(self, config: Any, layer_idx: int) -> nn.Module:
         return LlamaMLP(config.hidden_size, config.intermediate_size, getattr(config, "hidden_act", "silu"))

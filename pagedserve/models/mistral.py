@@ -3,4 +3,4 @@ from pagedserve.models.llama import LlamaForCausalLM
 
 
 class MistralForCausalLM(LlamaForCausalLM):
-    windows_by_layer_types = False
+    pass

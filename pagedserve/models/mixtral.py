@@ -55,7 +55,6 @@ def expert_tensors(name: str, tensor: torch.Tensor) -> ParamShard | None:
 
 
 class MixtralForCausalLM(LlamaForCausalLM):
-    windows_by_layer_types = False
     moe_module_name = "block_sparse_moe"  # where HF's checkpoint keeps the experts
 
     def make_mlp(self, config: Any, layer_idx: int) -> nn.Module:

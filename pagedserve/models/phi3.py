@@ -16,7 +16,6 @@ def split_qkv(config: Any, tensor: torch.Tensor) -> list[tuple[torch.Tensor, str
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):
-    windows_by_layer_types = False
 
     def checkpoint_tensors(self, name: str, tensor: torch.Tensor) -> Iterator[ParamShard]:
         if ".qkv_proj." in name:

@@ -6,16 +6,11 @@ from torch import nn
 
 from pagedserve.models.llama import LlamaMLP
 from pagedserve.models.mixtral import MixtralForCausalLM, SparseMoeBlock
-
-
-def is_sparse_layer(config: Any, layer_idx: int) -> bool:
-    return (layer_idx not in (config.mlp_only_layers or []) and config.num_experts > 0
-            and (layer_idx + 1) % config.decoder_sparse_step == 0)
+from pagedserve.utils.hf_config import is_sparse_layer
 
 
 class Qwen2MoeForCausalLM(MixtralForCausalLM):
     qkv_bias = True
-    windows_by_layer_types = True
     moe_module_name = "mlp"
 
     def make_mlp(self, config: Any, layer_idx: int) -> nn.Module:

@@ -7,4 +7,3 @@ from pagedserve.models.qwen2_moe import Qwen2MoeForCausalLM
 class Qwen3MoeForCausalLM(Qwen2MoeForCausalLM):
     qkv_bias = False
     qk_norm = RMSNorm
-    windows_by_layer_types = False

@@ -4,6 +4,7 @@ import json
 import os
 
 import pytest
+import torch
 
 from pagedserve import LLM
 from pagedserve.entrypoints.cli import main as cli_main
@@ -85,14 +86,21 @@ def test_plan_numbers_are_the_engines(tiny_llama: str, capsys: pytest.CaptureFix
     assert (result["num_blocks"], result["capacity_tokens"]) == (kv.num_blocks - 1, kv.capacity_tokens)
 
 
-@pytest.mark.parametrize("name", ["qwen2", "llama-tied-mha"])
+@pytest.mark.parametrize("name", ["qwen2", "llama-tied-mha", "qwen3", "gemma2", "gemma3_text", "phi3",
+                                  "falcon-7b", "falcon-40b", "mixtral", "qwen2_moe", "qwen3_moe"])
 def test_parameter_count_formula_matches_the_model(name: str) -> None:
-    """Biases (Qwen2) and a tied head count as the model's parameters do."""
+    """Every family's parameters (biases, q/k norms, Gemma's four norms, Falcon's LayerNorms, every
+    expert, routers and shared experts, a tied head) count as HF's model of it, and as ours at tp=1."""
     from conftest import TINY_MODELS, tiny_hf_config
     from transformers import AutoModelForCausalLM
 
-    architecture = name.split("-")[0]
-    config = tiny_hf_config(architecture, **TINY_MODELS[name])
+    from pagedserve.models.registry import get_model_class
+
+    config = tiny_hf_config(name.split("-")[0], **TINY_MODELS[name])
     model = AutoModelForCausalLM.from_config(config)
-    shape = ModelShape.from_hf_config(config, {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}[architecture])
+    architecture = config.architectures[0] if config.architectures else type(model).__name__
+    shape = ModelShape.from_hf_config(config, architecture)
     assert shape.num_parameters() == sum(p.numel() for p in model.parameters())
+    with torch.device("meta"):
+        ours = get_model_class(architecture)(config)
+    assert shape.num_parameters() == sum(p.numel() for p in ours.parameters())
