@@ -29,7 +29,7 @@ def load_model(config: ModelConfig, device: torch.device) -> nn.Module:
         return model.eval()
     hf = config.hf_config
     if config.gguf_file:
-        weights = iterate_gguf(config.gguf_file, hf.num_attention_heads, hf.num_key_value_heads)
+        weights = iterate_gguf(config.gguf_file, hf)
     elif os.path.isdir(config.model):
         weights = iterate_safetensors(config.model)
     else:

@@ -105,3 +105,27 @@ def test_low_precision_runs_close_to_hf(tiny_llama: str, dtype: str) -> None:
     model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=getattr(torch, dtype))
     theirs = hf_greedy(model, prompts, MAX_TOKENS)
     assert [tokens[0] for tokens, _ in ours] == [tokens[0] for tokens, _ in theirs]
+
+
+@pytest.mark.parametrize("name,overrides", [
+    # Gemma's norms stored as 1 + w, its extra norms' names, the window read from the file.
+    ("gemma2", dict(head_dim=16, query_pre_attn_scalar=256, sliding_window=24, tie_word_embeddings=True,
+                    layer_types=["sliding_attention", "full_attention"])),
+    # q/k/v and gate/up fused in the file.
+    ("phi3", dict()),
+])
+def test_gguf_matches_hf(tmp_path, name: str, overrides: dict) -> None:
+    """A GGUF file laid out as llama.cpp's converter writes it, read by pagedserve and by transformers'
+    own GGUF support: the same greedy tokens and logprobs."""
+    from gguf_writer import write_gguf
+    from transformers import AutoModelForCausalLM
+
+    from conftest import build_tiny_model
+
+    folder = build_tiny_model(str(tmp_path / "hf"), name, **overrides)
+    path = write_gguf(folder, name, str(tmp_path / f"{name}.gguf"))
+    prompts = make_prompts(2, [5, 40])
+    ours, _ = run(path, prompts, block_size=16, kv_cache_memory="16MiB")
+    model = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=f"{name}.gguf", dtype=torch.float32,
+                                                 attn_implementation="eager")
+    assert_matches(ours, hf_greedy(model, prompts, MAX_TOKENS))
