@@ -134,19 +134,41 @@ def kv_cache_config(kv_bytes: int, bytes_per_block: int, block_size: int) -> KVC
     return KVCacheConfig(max(0, kv_bytes) // bytes_per_block, block_size, bytes_per_block)
 
 
-def max_concurrency(kv: KVCacheConfig, max_model_len: int) -> float:
+@dataclass(frozen=True)
+class SlidingWindowReach:
+    """Every layer has a window (the widest: `window`): the KV manager frees the blocks before a request's
+    last `window` tokens as it grows, so a request holds at most the window, one step's new tokens
+    (`max_chunk`, the step's token budget) and a partly filled block at each end."""
+
+    window: int
+    max_chunk: int
+
+    def max_blocks(self, num_tokens: int, block_size: int) -> int:
+        """Blocks a request of `num_tokens` tokens holds at most: a decode (one new token) holds
+        ceil(window / block_size) + 1; a prefill chunk of n tokens ceil((window - 1 + n) / block_size) + 1."""
+        chunk = min(self.max_chunk, num_tokens)
+        return min(cdiv(num_tokens, block_size), cdiv(self.window - 1 + chunk, block_size) + 1)
+
+
+def _blocks_per_request(kv: KVCacheConfig, num_tokens: int, reach: SlidingWindowReach | None) -> int:
+    return cdiv(num_tokens, kv.block_size) if reach is None else reach.max_blocks(num_tokens, kv.block_size)
+
+
+def max_concurrency(kv: KVCacheConfig, max_model_len: int, reach: SlidingWindowReach | None = None) -> float:
     """How many requests of `max_model_len` tokens the cache holds at once, as the startup log says."""
-    return kv.capacity_tokens / max_model_len
+    if reach is None:
+        return kv.capacity_tokens / max_model_len
+    return max(0, kv.num_blocks - 1) / reach.max_blocks(max_model_len, kv.block_size)
 
 
-def max_full_requests(kv: KVCacheConfig, num_tokens: int) -> int:
+def max_full_requests(kv: KVCacheConfig, num_tokens: int, reach: SlidingWindowReach | None = None) -> int:
     """How many requests of `num_tokens` tokens fit at once, whole blocks each."""
-    return max(0, kv.num_blocks - 1) // cdiv(num_tokens, kv.block_size)
+    return max(0, kv.num_blocks - 1) // _blocks_per_request(kv, num_tokens, reach)
 
 
-def check_fits(kv: KVCacheConfig, max_model_len: int) -> None:
+def check_fits(kv: KVCacheConfig, max_model_len: int, reach: SlidingWindowReach | None = None) -> None:
     """Raises ConfigError (numbers and flags) when one request of `max_model_len` tokens cannot fit."""
-    if kv.num_blocks < 2 or max_full_requests(kv, max_model_len) < 1:
+    if kv.num_blocks < 2 or max_full_requests(kv, max_model_len, reach) < 1:
         raise ConfigError(
             f"The KV cache holds {kv.capacity_tokens} tokens, fewer than one request of "
             f"max_model_len={max_model_len} tokens needs; the largest max_model_len that fits is "

@@ -17,6 +17,13 @@ def layer_sliding_window(config: Any, layer_idx: int, architecture: str) -> int 
     return window
 
 
+def kv_sliding_window(config: Any, architecture: str) -> int | None:
+    """The reach of the model's attention when every layer has a window: the widest window (KV older than
+    it is never read again, so its blocks can be freed); None when any layer attends to everything."""
+    windows = [layer_sliding_window(config, i, architecture) for i in range(config.num_hidden_layers)]
+    return None if not windows or None in windows else max(windows)
+
+
 def num_kv_heads(config: Any, architecture: str) -> int:
     """KV heads of the model. Falcon (HF's rule): grouped KV with the new architecture, one KV head for
     multi-query, else one per head."""

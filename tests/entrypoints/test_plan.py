@@ -104,3 +104,25 @@ def test_parameter_count_formula_matches_the_model(name: str) -> None:
     with torch.device("meta"):
         ours = get_model_class(architecture)(config)
     assert shape.num_parameters() == sum(p.numel() for p in ours.parameters())
+
+
+MISTRAL_7B_V01 = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096,
+                  "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+                  "num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 32768,
+                  "sliding_window": 4096, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"}
+
+
+def test_sliding_window_model_counts_the_freed_blocks(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    """Mistral 7B v0.1 runs at its full 32k context; a request holds at most its 4096-token window, one
+    step's chunk (2048 tokens) and a partly filled block at each end: ceil((4096 - 1 + 2048) / 16) + 1 =
+    385 blocks instead of 32768 / 16 = 2048."""
+    (tmp_path / "config.json").write_text(json.dumps(MISTRAL_7B_V01))
+    status, result = plan(capsys, str(tmp_path), "--kv-cache-memory", "8GiB", "--max-model-len", "32768",
+                          "--max-num-batched-tokens", "2048", "--concurrency", "8", "--input-tokens", "30000",
+                          "--output-tokens", "2768")
+    assert result["sliding_window"] == 4096 and result["max_model_len"] == 32768
+    assert result["kv_bytes_per_token"] == 2 * 32 * 8 * 128 * 2
+    assert result["num_blocks"] == 8 * GiB // (16 * 131_072) - 1 == 4095
+    assert result["max_concurrency_at_max_model_len"] == pytest.approx(4095 / 385)
+    assert result["max_requests_at_request_tokens"] == 4095 // 385 == 10  # without freeing: 4095 // 2048 = 1
+    assert status == 0
