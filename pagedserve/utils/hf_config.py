@@ -20,8 +20,13 @@ def layer_sliding_window(config: Any, layer_idx: int, architecture: str) -> int 
 def kv_sliding_window(config: Any, architecture: str) -> int | None:
     """The reach of the model's attention when every layer has a window: the widest window (KV older than
     it is never read again, so its blocks can be freed); None when any layer attends to everything."""
-    windows = [layer_sliding_window(config, i, architecture) for i in range(config.num_hidden_layers)]
+    windows = layer_windows(config, architecture)
     return None if not windows or None in windows else max(windows)
+
+
+def layer_windows(config: Any, architecture: str) -> list[int | None]:
+    """Every layer's sliding window (None: full attention)."""
+    return [layer_sliding_window(config, i, architecture) for i in range(config.num_hidden_layers)]
 
 
 def num_kv_heads(config: Any, architecture: str) -> int:
