@@ -6,11 +6,13 @@ from pagedserve.config import EngineConfig, KVCacheConfig
 from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
 from pagedserve.core.scheduler import Scheduler
+from pagedserve.core.sliding_window import SlidingWindowPolicy
 from pagedserve.core.swap import SwapSpace
 from pagedserve.executor.base import get_executor_class
 from pagedserve.logger import init_logger
 from pagedserve.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
-from pagedserve.sizing import check_fits, kv_cache_config, max_concurrency
+from pagedserve.sizing import SlidingWindowReach, check_fits, kv_cache_config, max_concurrency
+from pagedserve.utils.hf_config import layer_windows
 from pagedserve.utils import format_bytes
 
 logger = init_logger(__name__)
@@ -31,9 +33,19 @@ class EngineCore:
             raise
         kv = self.kv_cache_config
         swap_space = SwapSpace(kv.num_host_blocks) if kv.num_host_blocks else None
-        self.scheduler = Scheduler(config.scheduler, KVCacheManager(kv.num_blocks, kv.block_size,
-                                                                    config.cache.enable_prefix_caching),
-                                   swap_space)
+        manager = KVCacheManager(kv.num_blocks, kv.block_size, config.cache.enable_prefix_caching,
+                                 self._window_policy())
+        self.scheduler = Scheduler(config.scheduler, manager, swap_space)
+
+    def _window_policy(self) -> SlidingWindowPolicy:
+        model = self.config.model
+        return SlidingWindowPolicy.from_layer_windows(layer_windows(model.hf_config, model.architecture),
+                                                      self.config.cache.block_size)
+
+    def _window_reach(self) -> SlidingWindowReach | None:
+        """What a window on every layer saves, for the capacity figures (sizing.py)."""
+        reach = self._window_policy().reach
+        return None if reach is None else SlidingWindowReach(reach, self.config.scheduler.max_num_batched_tokens)
 
     def _size_kv_cache(self) -> KVCacheConfig:
         cache, block_size = self.config.cache, self.config.cache.block_size
@@ -55,12 +67,16 @@ class EngineCore:
                     "%s in all, capacity %d tokens.", source, format_bytes(bytes_per_block // block_size),
                     format_bytes(bytes_per_block), block_size, num_blocks - 1,
                     format_bytes(bytes_per_block * num_blocks), kv.capacity_tokens)
+        reach = self._window_reach()
+        if reach is not None:
+            logger.info("Sliding window of %d tokens on every layer: blocks out of its reach are freed as "
+                        "requests grow.", reach.window)
         logger.info("Maximum concurrency for %d tokens per request: %.2fx", max_model_len,
-                    max_concurrency(kv, max_model_len))
+                    max_concurrency(kv, max_model_len, reach))
         logger.info("Swap space: %d host blocks (%s, --swap-space); prefix caching %s.", kv.num_host_blocks,
                     format_bytes(kv.num_host_blocks * bytes_per_block),
                     "on" if cache.enable_prefix_caching else "off (--no-enable-prefix-caching)")
-        check_fits(kv, max_model_len)
+        check_fits(kv, max_model_len, reach)
         return kv
 
     def add_request(self, request: EngineCoreRequest) -> None:
