@@ -9,6 +9,7 @@ from pagedserve.config import ModelConfig
 from pagedserve.errors import InvalidRequestError
 from pagedserve.protocol import EngineCoreRequest
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams
+from pagedserve.utils import cdiv
 
 # A prompt: text, token ids, or {"prompt": text} / {"prompt_token_ids": ids}.
 PromptType = str | list[int] | dict[str, Any]
@@ -85,7 +86,7 @@ class InputProcessor:
         if beam.beam_width > self.limits.max_num_seqs:
             raise InvalidRequestError(f"beam_width={beam.beam_width} is more than the engine runs at once "
                                       f"(--max-num-seqs {self.limits.max_num_seqs}).", param="beam_width")
-        need = beam.beam_width * -(-max_len // self.limits.block_size)
+        need = beam.beam_width * cdiv(max_len, self.limits.block_size)
         if need > self.limits.num_kv_blocks:
             raise InvalidRequestError(
                 f"A beam search of width {beam.beam_width} over {max_len} tokens may need {need} KV blocks; "
