@@ -82,3 +82,13 @@ def tiny_llama(tiny_model_factory) -> str:
 @pytest.fixture(scope="session")
 def default_model() -> str:
     return default_model_path()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`gpu`-marked tests need a CUDA GPU: skipped, visibly (-ra), without one."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (gpu marker)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
