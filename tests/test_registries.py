@@ -4,7 +4,6 @@ import sys
 from typing import get_args
 
 import pytest
-from torch import nn
 
 from pagedserve.attention.backends import ATTENTION_BACKENDS
 from pagedserve.attention.backends.base import AttentionBackend
@@ -12,13 +11,14 @@ from pagedserve.config import MODEL_ARCHITECTURES, AttentionBackendName, Executo
 from pagedserve.errors import ConfigError
 from pagedserve.executor import EXECUTORS
 from pagedserve.executor.base import Executor
+from pagedserve.models.interface import CausalLM
 from pagedserve.models.registry import MODELS
 from pagedserve.utils.registry import Registry
 
 REGISTRIES = [
     (ATTENTION_BACKENDS, set(get_args(AttentionBackendName)) - {"auto"}, AttentionBackend),
     (EXECUTORS, set(get_args(ExecutorBackend)), Executor),
-    (MODELS, set(MODEL_ARCHITECTURES.values()), nn.Module),
+    (MODELS, set(MODEL_ARCHITECTURES.values()), CausalLM),
 ]
 
 

@@ -44,7 +44,8 @@ def add_dataclass_cli_args(cls: type, parser: argparse.ArgumentParser, only: Col
 
 def dataclass_from_cli_args(cls: type[T], args: argparse.Namespace) -> T:
     """The dataclass `cls` built from the flags `add_dataclass_cli_args` added."""
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})  # type: ignore[call-arg]
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]  # NOTE: T is a dataclass
+    return cls(**{name: getattr(args, name) for name in names})
 
 
 def cli_type(annotation: Any) -> tuple[type, tuple[Any, ...] | None]:

@@ -111,7 +111,7 @@ class InputProcessor:
             if value is not None and value > self.model_config.max_logprobs:
                 raise InvalidRequestError(f"{name}={value} exceeds the server's limit of "
                                           f"{self.model_config.max_logprobs} (--max-logprobs).", param=name)
-        for token in list(params.logit_bias or {}) + list(params.stop_token_ids):
+        for token in list(params.logit_bias or {}) + list(params.stop_token_ids or []):
             if not 0 <= token < vocab:
                 raise InvalidRequestError(f"Token id {token} in logit_bias or stop_token_ids is out of "
                                           f"vocabulary (valid ids: 0 to {vocab - 1}).", param="logit_bias")

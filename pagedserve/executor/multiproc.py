@@ -141,7 +141,7 @@ class MultiprocExecutor(Executor):
         raise error
 
 
-def _worker_context(config: EngineConfig) -> multiprocessing.context.BaseContext:
+def _worker_context(config: EngineConfig) -> multiprocessing.context.ForkServerContext:
     """Workers are forked from a forkserver that has imported the worker code once.
     NOTE: never fork the engine process itself: it may hold CUDA state and threads (ZMQ, tokenizers).
     The forkserver is a fresh single-threaded interpreter started on first use; each worker forked from

@@ -82,7 +82,7 @@ class RayExecutor(Executor):
             self.shutdown()
             raise ConfigError(f"The Ray cluster cannot place {size} workers needing {bundle} each within "
                               f"--distributed-timeout={self.timeout_s:g}s (available: "
-                              f"{ray.available_resources()}); add nodes or lower --tensor-parallel-size.")
+                              f"{ray.available_resources()}); add nodes or lower --tensor-parallel-size.") from None
         actor_class = ray.remote(RayWorker)
         for rank in range(size):
             strategy = PlacementGroupSchedulingStrategy(placement_group=self._placement_group,

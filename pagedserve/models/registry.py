@@ -1,10 +1,9 @@
 """Architecture name (config.json's `architectures`) -> model class, imported on demand. Family `t`
 lives in models/t.py; config.MODEL_ARCHITECTURES lists the same architectures (a test checks it)."""
-from torch import nn
-
+from pagedserve.models.interface import CausalLM
 from pagedserve.utils.registry import Registry
 
-MODELS: Registry[nn.Module] = Registry("Model architecture", "--model")
+MODELS: Registry[CausalLM] = Registry("Model architecture", "--model")
 MODELS.register("LlamaForCausalLM", "pagedserve.models.llama:LlamaForCausalLM")
 MODELS.register("MistralForCausalLM", "pagedserve.models.mistral:MistralForCausalLM")
 MODELS.register("Qwen2ForCausalLM", "pagedserve.models.qwen2:Qwen2ForCausalLM")
@@ -14,6 +13,6 @@ def supported_architectures() -> list[str]:
     return MODELS.names()
 
 
-def get_model_class(architecture: str) -> type[nn.Module]:
+def get_model_class(architecture: str) -> type[CausalLM]:
     """Raises ConfigError naming the supported architectures."""
     return MODELS.load(architecture)

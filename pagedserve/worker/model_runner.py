@@ -84,13 +84,14 @@ class ModelRunner:
     def _fill_output(self, requests: list[CachedRequestState], sampled: SamplerOutput,
                      output: ModelRunnerOutput) -> None:
         token_ids = sampled.sampled_token_ids.tolist()
-        ids = values = None
-        if sampled.logprobs is not None:
+        ids: list[list[int]] = []
+        values: list[list[float]] = []
+        if sampled.logprobs is not None and sampled.logprob_token_ids is not None:
             ids, values = sampled.logprob_token_ids.tolist(), sampled.logprobs.tolist()
         for i, request in enumerate(requests):
             output.sampled_token_ids[request.request_id] = token_ids[i]
             num = request.sampling_params.logprobs
-            if num is not None and ids is not None:
+            if num is not None and ids:
                 output.logprobs[request.request_id] = dict(zip(ids[i][:num + 1], values[i][:num + 1]))
 
     def _prompt_logprobs(self, batch: BatchInputs, hidden: torch.Tensor, output: ModelRunnerOutput) -> None:
