@@ -86,7 +86,7 @@ class EngineArgs:
                                                      "collective) may take before the engine is declared dead.")
     seed: int = config_field(0, "Random seed for sampling without a per-request seed.")
     max_logprobs: int = config_field(20, "Largest logprobs / prompt_logprobs a request may ask for.")
-    enforce_eager: bool = config_field(False, "Disable CUDA graphs.")
+    enforce_eager: bool = config_field(False, "Disable CUDA graphs (planned: no effect yet).")
     served_model_name: str | None = config_field(None, "Model name in the API (default: the model "
                                                        "argument).")
     load_format: LoadFormat = config_field("auto", "auto: read the checkpoint; dummy: random weights.")
