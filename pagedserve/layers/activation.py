@@ -1,4 +1,6 @@
 """Gated activations."""
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -25,8 +27,9 @@ class GeluAndMul(nn.Module):
 
 
 # HF's `hidden_act` / `hidden_activation` names -> the gated activation of a gate_up projection.
-_GATED = {"silu": SiluAndMul, "swish": SiluAndMul, "gelu_pytorch_tanh": lambda: GeluAndMul("tanh"),
-          "gelu_new": lambda: GeluAndMul("tanh"), "gelu": GeluAndMul}
+_GATED: dict[str, Callable[[], nn.Module]] = {
+    "silu": SiluAndMul, "swish": SiluAndMul, "gelu_pytorch_tanh": lambda: GeluAndMul("tanh"),
+    "gelu_new": lambda: GeluAndMul("tanh"), "gelu": GeluAndMul}
 
 
 def gated_activation(name: str) -> nn.Module:

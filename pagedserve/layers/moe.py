@@ -9,7 +9,7 @@ from torch import nn
 
 from pagedserve.distributed import get_tp_rank, get_tp_world_size, tensor_model_parallel_all_reduce
 from pagedserve.layers.activation import gated_activation
-from pagedserve.layers.linear import _divide
+from pagedserve.layers.linear import _divide, set_weight_loader
 
 
 def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool
@@ -39,7 +39,7 @@ class FusedMoE(nn.Module):
         self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, self.intermediate),
                                       requires_grad=False)
         for param in (self.w13_weight, self.w2_weight):
-            param.weight_loader = self.weight_loader
+            set_weight_loader(param, self.weight_loader)
         self.act_fn = gated_activation(hidden_act)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object) -> None:

@@ -91,6 +91,9 @@ class RotaryEmbedding(nn.Module):
         self.head_dim = head_dim
         self.rotary_dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
         cos, sin = _cos_sin(self.rotary_dim, max_position, params)
+        # [max_position, rotary_dim // 2] each
+        self.cos_cache: torch.Tensor
+        self.sin_cache: torch.Tensor
         self.register_buffer("cos_cache", cos, persistent=False)
         self.register_buffer("sin_cache", sin, persistent=False)
         self._step: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # positions, cos, sin

@@ -84,7 +84,8 @@ class FalconForCausalLM(LlamaForCausalLM):
                               "supported: pagedserve runs the rotary Falcon models (7B, 40B, 180B).")
         rotary_emb = RotaryEmbedding(head_dim(config), config.max_position_embeddings,
                                      rope_parameters(config))
-        options = AttentionOptions(qkv_bias=config.bias, o_bias=config.bias, num_kv_heads=num_kv_heads(config, "FalconForCausalLM"))
+        options = AttentionOptions(qkv_bias=config.bias, o_bias=config.bias,
+                                   num_kv_heads=num_kv_heads(config, "FalconForCausalLM"))
         return FalconModel(config, [FalconDecoderLayer(config, LlamaAttention(config, options, rotary_emb))
                                     for _ in range(config.num_hidden_layers)])
 

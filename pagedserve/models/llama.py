@@ -14,6 +14,7 @@ from pagedserve.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from pagedserve.layers.layernorm import RMSNorm
 from pagedserve.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from pagedserve.layers.rotary import RotaryEmbedding, rope_parameters
+from pagedserve.models.interface import CausalLM
 from pagedserve.utils.hf_config import layer_sliding_window
 
 # (our parameter name, checkpoint tensor, shard id for the parameter's weight_loader)
@@ -122,7 +123,7 @@ class LlamaModel(nn.Module):
         return hidden
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(CausalLM):
     """input_ids [T] and positions [T] of a flattened batch -> hidden states [T, hidden];
     `compute_logits` turns the selected rows into logits."""
 
@@ -139,7 +140,9 @@ class LlamaForCausalLM(nn.Module):
         self.model = self.make_model(config)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if getattr(config, "tie_word_embeddings", False):
-            self.lm_head.weight = self.model.embed_tokens.weight
+            embed_tokens = self.model.get_submodule("embed_tokens")
+            assert isinstance(embed_tokens, VocabParallelEmbedding), "every family names its embedding so"
+            self.lm_head.weight = embed_tokens.weight
 
     def make_model(self, config: Any) -> nn.Module:
         rotary_emb = RotaryEmbedding(head_dim(config), config.max_position_embeddings,

@@ -20,8 +20,8 @@ def layer_sliding_window(config: Any, layer_idx: int, architecture: str) -> int 
 def kv_sliding_window(config: Any, architecture: str) -> int | None:
     """The reach of the model's attention when every layer has a window: the widest window (KV older than
     it is never read again, so its blocks can be freed); None when any layer attends to everything."""
-    windows = layer_windows(config, architecture)
-    return None if not windows or None in windows else max(windows)
+    windows = [window for window in layer_windows(config, architecture) if window is not None]
+    return max(windows) if windows and len(windows) == config.num_hidden_layers else None
 
 
 def layer_windows(config: Any, architecture: str) -> list[int | None]:
