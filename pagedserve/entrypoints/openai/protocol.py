@@ -55,7 +55,7 @@ class SamplingRequest(OpenAIBaseModel):
     skip_special_tokens: bool = True
     truncate_prompt_tokens: int | None = None
     # Seconds this request may run; then it is aborted and returns what it has (finish_reason "abort").
-    timeout: float | None = Field(default=None, gt=0)
+    timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     cache_salt: str | None = None  # prefix-cache hits only between requests with the same salt
 
     def check_stream_options(self) -> None:
@@ -134,7 +134,7 @@ class ChatCompletionRequest(SamplingRequest):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(default=None, ge=0)  # the upper bound is --max-logprobs
     add_generation_prompt: bool = True
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
