@@ -12,7 +12,12 @@ from hypothesis import strategies as st
 from pagedserve.errors import InvalidRequestError
 from pagedserve.layers.sampler import Sampler
 from pagedserve.protocol import EngineCoreRequest
-from pagedserve.sampling_params import INT64_MAX, INT64_MIN, BeamSearchParams, SamplingParams
+from pagedserve.sampling_params import (
+    INT64_MAX,
+    INT64_MIN,
+    BeamSearchParams,
+    SamplingParams,
+)
 from pagedserve.worker.input_batch import CachedRequestState, build_sampling_metadata
 
 VOCAB = 32

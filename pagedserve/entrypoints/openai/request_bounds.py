@@ -9,8 +9,12 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pagedserve.entrypoints.openai.errors import error_response
-from pagedserve.entrypoints.openai.protocol import (ChatCompletionRequest, ChatMessage, CompletionRequest,
-                                                    SamplingRequest)
+from pagedserve.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    SamplingRequest,
+)
 from pagedserve.errors import ConfigError, InvalidRequestError
 
 
