@@ -4,6 +4,7 @@ CLI flags are generated from EngineArgs' fields, so every entry point accepts th
 """
 import argparse
 import dataclasses
+import json
 import os
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -77,6 +78,49 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (vLLM's `speculative_config`): n-gram prompt lookup proposes up to
+    `num_speculative_tokens` drafts per step, verified in one forward of the model."""
+
+    method: str  # ngram
+    num_speculative_tokens: int
+    prompt_lookup_max: int
+    prompt_lookup_min: int
+
+    @classmethod
+    def from_user(cls, value: "dict[str, Any] | str") -> "SpeculativeConfig":
+        """From a dict, or its JSON text (--speculative-config). Raises ConfigError naming the key."""
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"--speculative-config is not valid JSON: {exc}") from exc
+        if not isinstance(value, dict):
+            raise ConfigError("speculative_config must be a JSON object, e.g. "
+                              '{"method": "ngram", "num_speculative_tokens": 4}.')
+        known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "model"}
+        if set(value) - known:
+            raise ConfigError(f"Unknown speculative_config key(s): {', '.join(sorted(set(value) - known))}; "
+                              f"supported: {', '.join(sorted(known))}.")
+        method = value.get("method") or ("draft_model" if value.get("model") else None)
+        if method != "ngram":
+            raise ConfigError(f"speculative_config method {method!r} is not supported; the supported method "
+                              'is "ngram" (prompt lookup). Draft models are planned.')
+        k, low, high = (value.get(key) for key in ("num_speculative_tokens", "prompt_lookup_min",
+                                                   "prompt_lookup_max"))
+        # vLLM's defaults: both bounds 5 when neither is given, else the one given for both.
+        low, high = (5, 5) if low is None and high is None else (low or high, high or low)
+        for key, number in (("num_speculative_tokens", k), ("prompt_lookup_min", low),
+                            ("prompt_lookup_max", high)):
+            if not isinstance(number, int) or isinstance(number, bool) or not 1 <= number <= 64:
+                raise ConfigError(f"speculative_config {key}={number!r} must be an integer in [1, 64].")
+        if low > high:
+            raise ConfigError(f"speculative_config prompt_lookup_min={low} is larger than "
+                              f"prompt_lookup_max={high}.")
+        return cls(method, k, high, low)
+
+
+@dataclass(frozen=True)
 class KVCacheConfig:
     """The sized KV cache: decided at startup from measured memory, never written into EngineConfig."""
 
@@ -99,6 +143,7 @@ class EngineConfig:
     device: str  # cpu | cuda
     enforce_eager: bool
     attention_backend: str = "auto"  # one of ATTENTION_BACKENDS; auto is resolved by the worker
+    speculative: SpeculativeConfig | None = None
 
 
 def _arg(default: Any, help: str, **extra: Any) -> Any:
@@ -151,6 +196,10 @@ class EngineArgs:
         "auto", "Attention kernels. auto: cpu on CPU when its native kernel builds, else torch; torch: "
                 "plain PyTorch (the reference); cpu: native C++ decode kernel (CPU only).",
         choices=ATTENTION_BACKENDS)
+    speculative_config: dict[str, Any] | str | None = _arg(
+        None, 'Speculative decoding, JSON: {"method": "ngram", "num_speculative_tokens": 4, '
+              '"prompt_lookup_max": 4, "prompt_lookup_min": 2} proposes drafts by prompt lookup; greedy '
+              "outputs stay identical, sampled ones keep their distribution.")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "EngineArgs":
@@ -201,6 +250,8 @@ class EngineArgs:
             device=device,
             enforce_eager=self.enforce_eager,
             attention_backend=self._attention_backend(device),
+            speculative=None if self.speculative_config is None else
+            SpeculativeConfig.from_user(self.speculative_config),
         )
 
     def _swap_bytes(self) -> int:

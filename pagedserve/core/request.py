@@ -37,6 +37,7 @@ class Request:
         self.group_id = request.group_id
         self.beam_search = request.beam_search
         self.block_hashes: list[BlockHash] = []  # chained hashes of the first full blocks (prefix cache)
+        self.spec_token_ids: list[int] = []  # draft tokens to verify next step (speculative decoding)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -45,6 +46,10 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return len(self.all_token_ids) + len(self.spec_token_ids)
 
     @property
     def num_output_tokens(self) -> int:
@@ -65,6 +70,7 @@ class Request:
         child.request_id = request_id
         child.all_token_ids = list(self.all_token_ids)
         child.block_hashes = list(self.block_hashes)
+        child.spec_token_ids = []
         child.num_preemptions = 0
         return child
 

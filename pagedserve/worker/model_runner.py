@@ -2,6 +2,7 @@
 import math
 import mmap
 
+import numpy as np
 import torch
 
 from pagedserve.attention.backends import select_attention_backend
@@ -10,6 +11,7 @@ from pagedserve.config import EngineConfig
 from pagedserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagedserve.distributed import get_tp_rank
 from pagedserve.layers.attention import Attention
+from pagedserve.layers.rejection_sampler import rejection_sample
 from pagedserve.layers.sampler import Sampler, SamplerOutput, gather_logprobs
 from pagedserve.model_loader import load_model
 from pagedserve.worker.block_ops import KVBlockMover
@@ -85,12 +87,36 @@ class ModelRunner:
         if not batch.sample_rows:
             return output
         requests = [self.states[batch.request_ids[row]] for row in batch.sample_rows]
-        logits = self.model.compute_logits(hidden[batch.logits_indices]).float()  # [R, vocab]
+        logits = self.model.compute_logits(hidden[batch.logits_indices]).float()  # [positions, vocab]
         if get_tp_rank() != 0:  # NOTE: only rank 0 samples; computing logits above is a collective
             return output
-        sampled = self.sampler(logits, build_sampling_metadata(requests, self.vocab_size, self.device))
-        self._fill_output(requests, sampled, output)
+        if any(batch.draft_token_ids):
+            self._verify_drafts(requests, batch.draft_token_ids, logits, output)
+        else:
+            sampled = self.sampler(logits, build_sampling_metadata(requests, self.vocab_size, self.device))
+            self._fill_output(requests, sampled, output)
         return output
+
+    def _verify_drafts(self, requests: list[CachedRequestState], drafts: list[list[int]], logits: torch.Tensor,
+                       output: ModelRunnerOutput) -> None:
+        """Requests with draft tokens go through the rejection sampler (one logits row per verified
+        position); the others sample as usual."""
+        first_rows = np.cumsum([0] + [len(draft) + 1 for draft in drafts])[:-1]
+        plain = [i for i, draft in enumerate(drafts) if not draft]
+        if plain:
+            plain_requests = [requests[i] for i in plain]
+            sampled = self.sampler(logits[first_rows[plain]], build_sampling_metadata(
+                plain_requests, self.vocab_size, self.device))
+            self._fill_output(plain_requests, sampled, output)
+        spec = [i for i, draft in enumerate(drafts) if draft]
+        rows = [first_rows[i] + j for i in spec for j in range(len(drafts[i]) + 1)]
+        expanded = [requests[i] for i in spec for _ in range(len(drafts[i]) + 1)]
+        offsets = [j for i in spec for j in range(len(drafts[i]) + 1)]
+        meta = build_sampling_metadata(expanded, self.vocab_size, self.device, offsets)
+        tokens = rejection_sample(self.sampler, logits[rows], meta, [drafts[i] for i in spec])
+        for i, request_tokens in zip(spec, tokens):
+            output.sampled_token_ids[requests[i].request_id] = request_tokens[0]
+            output.extra_token_ids[requests[i].request_id] = request_tokens[1:]
 
     def _fill_output(self, requests: list[CachedRequestState], sampled: SamplerOutput,
                      output: ModelRunnerOutput) -> None:
