@@ -38,6 +38,7 @@ class Request:
         self.beam_search = request.beam_search
         self.block_hashes: list[BlockHash] = []  # chained hashes of the first full blocks (prefix cache)
         self.spec_token_ids: list[int] = []  # draft tokens to verify next step (speculative decoding)
+        self.num_spec_tokens = 2**31  # the most drafts it gets next step (spec_decode.adapt_num_spec_tokens)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -19,7 +19,7 @@ from pagedserve.core.parallel_sampling import ParallelSampling
 from pagedserve.core.request import Request, RequestStatus
 from pagedserve.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                           SchedulerOutput)
-from pagedserve.core.spec_decode import NgramProposer, num_drafts_allowed
+from pagedserve.core.spec_decode import NgramProposer, adapt_num_spec_tokens, num_drafts_allowed
 from pagedserve.core.swap import SwapSpace
 from pagedserve.logger import init_logger
 from pagedserve.protocol import EngineCoreOutput, FinishReason, SchedulerStats
@@ -280,6 +280,8 @@ class Scheduler:
         self.spec_num_drafts += 1
         self.spec_num_draft_tokens += len(drafts)
         self.spec_num_accepted_tokens += num_accepted
+        assert self.proposer is not None, "only a proposer makes drafts"
+        adapt_num_spec_tokens(request, len(drafts), num_accepted, self.proposer.spec.num_speculative_tokens)
         request.spec_token_ids = []
         request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens - 1)
         if request.finish_reason is None:

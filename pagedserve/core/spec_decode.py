@@ -18,8 +18,18 @@ def num_drafts_allowed(request: Request, k: int, max_model_len: int) -> int:
             or params.repetition_penalty != 1.0 or request.num_output_tokens < params.min_tokens):
         return 0
     # The token after k accepted drafts is the (k+1)-th new one; every draft needs a position.
-    return max(0, min(k, request.max_tokens - request.num_output_tokens - 1,
+    return max(0, min(k, request.num_spec_tokens, request.max_tokens - request.num_output_tokens - 1,
                       max_model_len - request.num_tokens))
+
+
+def adapt_num_spec_tokens(request: Request, num_drafts: int, num_accepted: int, k: int) -> None:
+    """Per-request draft length: one more after a step whose drafts were all accepted (up to k), the
+    accepted count plus one after a rejection. A request whose drafts keep failing verifies one draft per
+    step (a small extra cost) instead of k."""
+    if num_accepted == num_drafts:
+        request.num_spec_tokens = min(k, request.num_spec_tokens + 1)
+    else:
+        request.num_spec_tokens = num_accepted + 1
 
 
 class NgramProposer:

@@ -103,3 +103,17 @@ def test_vllm_defaults() -> None:
     assert (spec.prompt_lookup_min, spec.prompt_lookup_max) == (5, 5)
     spec = SpeculativeConfig.from_user({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4})
     assert (spec.prompt_lookup_min, spec.prompt_lookup_max) == (4, 4)
+
+
+def test_draft_length_adapts_to_what_verification_accepts() -> None:
+    scheduler = scheduler_with_spec(num_blocks=64)
+    scheduler.add_request(request("a", [1, 2, 3, 4, 5, 6, 7, 8, 1, 2]))
+    scheduler.update_from_output(scheduler.schedule(), ModelRunnerOutput({"a": 3}))
+    a = scheduler.requests["a"]
+    assert a.spec_token_ids == [4, 5, 6, 7]
+    # The model rejects the first draft (it says 1): next step one draft only, 2 (after the latest 1).
+    scheduler.update_from_output(scheduler.schedule(), ModelRunnerOutput({"a": 1}))
+    assert a.num_spec_tokens == 1 and a.spec_token_ids == [2]
+    # It accepts it and says 3: one more draft next time.
+    scheduler.update_from_output(scheduler.schedule(), ModelRunnerOutput({"a": 2}, extra_token_ids={"a": [3]}))
+    assert a.num_spec_tokens == 2 and a.spec_token_ids == [1, 2]  # ... 1 2 3 [1 2] 3: the latest match
