@@ -79,13 +79,15 @@ class ParallelConfig:
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """Speculative decoding (vLLM's `speculative_config`): n-gram prompt lookup proposes up to
-    `num_speculative_tokens` drafts per step, verified in one forward of the model."""
+    """Speculative decoding (vLLM's `speculative_config`): n-gram prompt lookup or a draft model proposes
+    up to `num_speculative_tokens` drafts per step, verified in one forward of the model."""
 
-    method: str  # ngram
+    method: str  # ngram | draft_model
     num_speculative_tokens: int
-    prompt_lookup_max: int
-    prompt_lookup_min: int
+    prompt_lookup_max: int = 5
+    prompt_lookup_min: int = 5
+    model: str | None = None  # the draft model (method draft_model)
+    draft_model_config: "ModelConfig | None" = None  # resolved by EngineArgs.create_engine_config
 
     @classmethod
     def from_user(cls, value: "dict[str, Any] | str") -> "SpeculativeConfig":
@@ -103,9 +105,12 @@ class SpeculativeConfig:
             raise ConfigError(f"Unknown speculative_config key(s): {', '.join(sorted(set(value) - known))}; "
                               f"supported: {', '.join(sorted(known))}.")
         method = value.get("method") or ("draft_model" if value.get("model") else None)
-        if method != "ngram":
-            raise ConfigError(f"speculative_config method {method!r} is not supported; the supported method "
-                              'is "ngram" (prompt lookup). Draft models are planned.')
+        if method not in ("ngram", "draft_model"):
+            raise ConfigError(f"speculative_config method {method!r} is not supported; supported: \"ngram\" "
+                              '(prompt lookup) and "draft_model" (with "model": a folder or GGUF file).')
+        if (method == "draft_model") != isinstance(value.get("model"), str):
+            raise ConfigError('speculative_config needs "model" (a path) with method "draft_model", and '
+                              "only then.")
         k, low, high = (value.get(key) for key in ("num_speculative_tokens", "prompt_lookup_min",
                                                    "prompt_lookup_max"))
         # vLLM's defaults: both bounds 5 when neither is given, else the one given for both.
@@ -117,7 +122,7 @@ class SpeculativeConfig:
         if low > high:
             raise ConfigError(f"speculative_config prompt_lookup_min={low} is larger than "
                               f"prompt_lookup_max={high}.")
-        return cls(method, k, high, low)
+        return cls(method, k, high, low, value.get("model"))
 
 
 @dataclass(frozen=True)
@@ -250,9 +255,26 @@ class EngineArgs:
             device=device,
             enforce_eager=self.enforce_eager,
             attention_backend=self._attention_backend(device),
-            speculative=None if self.speculative_config is None else
-            SpeculativeConfig.from_user(self.speculative_config),
+            speculative=self._speculative_config(device, model_config, parallel),
         )
+
+    def _speculative_config(self, device: str, target: ModelConfig, parallel: ParallelConfig
+                            ) -> SpeculativeConfig | None:
+        if self.speculative_config is None:
+            return None
+        spec = SpeculativeConfig.from_user(self.speculative_config)
+        if spec.method != "draft_model":
+            return spec
+        if parallel.tensor_parallel_size != 1:
+            raise ConfigError("A draft model (speculative_config) runs with --tensor-parallel-size 1 only; "
+                              'use {"method": "ngram"} with tensor parallelism.')
+        draft = dataclasses.replace(self, model=spec.model, tokenizer=None, served_model_name=None,
+                                    max_model_len=target.max_model_len, dtype=target.dtype,
+                                    speculative_config=None)._model_config(device)
+        if draft.vocab_size != target.vocab_size:
+            raise ConfigError(f"The draft model {spec.model} has a vocabulary of {draft.vocab_size} tokens, the "
+                              f"model {target.vocab_size}: a draft model must share the model's tokenizer.")
+        return dataclasses.replace(spec, draft_model_config=draft)
 
     def _swap_bytes(self) -> int:
         if self.swap_space < 0:

@@ -70,6 +70,8 @@ class ModelRunnerOutput:
     # Speculative decoding: request id -> the further tokens of this step after sampled_token_ids[id]
     # (accepted drafts, then the token sampled after them).
     extra_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    # Speculative decoding with a draft model: request id -> the tokens it proposes for the next step.
+    draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
     # request id -> {token id: logprob}: the sampled token first, then the top-k.
     logprobs: dict[str, dict[int, float]] = field(default_factory=dict)
     # request id -> logprobs of the prompt positions computed this step (first position: None).

@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pagedserve.config import SchedulerConfig
+from pagedserve.config import SchedulerConfig, SpeculativeConfig
 from pagedserve.core.beam_search import BeamSearchManager
 from pagedserve.core.groups import groups_of, plan_group
 from pagedserve.core.kv_admission import KVAdmissionPolicy
@@ -50,7 +50,7 @@ class Scheduler:
 
     def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager,
                  swap_space: SwapSpace | None = None, admission: KVAdmissionPolicy | None = None,
-                 proposer: NgramProposer | None = None) -> None:
+                 speculative: SpeculativeConfig | None = None) -> None:
         self.config = config
         self.admission = admission or KVAdmissionPolicy()
         self.kv_cache_manager = kv_cache_manager
@@ -66,7 +66,8 @@ class Scheduler:
         self._forget_req_ids: set[str] = set()  # the workers must drop these next step
         self._num_tokens_sent: dict[str, int] = {}  # how many tokens each worker copy holds
         self._num_dropped_blocks: dict[str, int] = {}  # blocks trimmed since the workers last heard
-        self.proposer = proposer
+        self.speculative = speculative
+        self.ngram = NgramProposer(speculative) if speculative and speculative.method == "ngram" else None
         # Speculative decoding, cumulative: steps with drafts, draft tokens verified, drafts accepted.
         self.spec_num_drafts = self.spec_num_draft_tokens = self.spec_num_accepted_tokens = 0
 
@@ -270,8 +271,8 @@ class Scheduler:
             outputs.append(output)
         pruned, beam_outputs = self.beam_search.advance(self._fork_beam)
         self._finish(finished + pruned)
-        if self.proposer is not None:
-            self._propose_drafts()
+        if self.speculative is not None:
+            self._propose_drafts(runner_output.draft_token_ids)
         return outputs + beam_outputs
 
     def _settle_drafts(self, request: Request, drafts: list[int], num_accepted: int) -> None:
@@ -280,8 +281,8 @@ class Scheduler:
         self.spec_num_drafts += 1
         self.spec_num_draft_tokens += len(drafts)
         self.spec_num_accepted_tokens += num_accepted
-        assert self.proposer is not None, "only a proposer makes drafts"
-        adapt_num_spec_tokens(request, len(drafts), num_accepted, self.proposer.spec.num_speculative_tokens)
+        assert self.speculative is not None, "drafts come with a speculative config"
+        adapt_num_spec_tokens(request, len(drafts), num_accepted, self.speculative.num_speculative_tokens)
         request.spec_token_ids = []
         request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens - 1)
         if request.finish_reason is None:
@@ -290,12 +291,17 @@ class Scheduler:
                 self._num_dropped_blocks[request.request_id] = \
                     self._num_dropped_blocks.get(request.request_id, 0) + dropped
 
-    def _propose_drafts(self) -> None:
-        assert self.proposer is not None
-        k = self.proposer.spec.num_speculative_tokens
+    def _propose_drafts(self, draft_model_proposals: dict[str, list[int]]) -> None:
+        """Draft tokens for the next step: n-gram prompt lookup here, or the draft model's proposals."""
+        assert self.speculative is not None
         for request in self.running:
-            num = num_drafts_allowed(request, k, self.config.max_model_len)
-            request.spec_token_ids = self.proposer.propose(request.all_token_ids, num) if num else []
+            num = num_drafts_allowed(request, self.speculative.num_speculative_tokens, self.config.max_model_len)
+            if not num:
+                request.spec_token_ids = []
+            elif self.ngram is not None:
+                request.spec_token_ids = self.ngram.propose(request.all_token_ids, num)
+            else:
+                request.spec_token_ids = draft_model_proposals.get(request.request_id, [])[:num]
 
     def _fork_beam(self, parent: Request, request_id: str) -> Request:
         assert parent.status is RequestStatus.RUNNING, "a beam forks right after it reported"

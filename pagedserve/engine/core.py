@@ -6,7 +6,6 @@ from pagedserve.config import EngineConfig, KVCacheConfig
 from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
 from pagedserve.core.scheduler import Scheduler
-from pagedserve.core.spec_decode import NgramProposer
 from pagedserve.core.swap import SwapSpace
 from pagedserve.executor.base import get_executor_class
 from pagedserve.logger import init_logger
@@ -34,8 +33,7 @@ class EngineCore:
         swap_space = SwapSpace(kv.num_host_blocks) if kv.num_host_blocks else None
         self.scheduler = Scheduler(config.scheduler, KVCacheManager(kv.num_blocks, kv.block_size,
                                                                     config.cache.enable_prefix_caching),
-                                   swap_space,
-                                   proposer=NgramProposer(config.speculative) if config.speculative else None)
+                                   swap_space, speculative=config.speculative)
 
     def _size_kv_cache(self) -> KVCacheConfig:
         cache, block_size = self.config.cache, self.config.cache.block_size

@@ -15,6 +15,7 @@ from pagedserve.layers.rejection_sampler import rejection_sample
 from pagedserve.layers.sampler import Sampler, SamplerOutput, gather_logprobs
 from pagedserve.model_loader import load_model
 from pagedserve.worker.block_ops import KVBlockMover
+from pagedserve.worker.draft_proposer import DraftModelProposer
 from pagedserve.worker.input_batch import (BatchInputs, CachedRequestState, build_batch,
                                            build_sampling_metadata, update_states)
 
@@ -31,6 +32,12 @@ class ModelRunner:
         self.vocab_size = config.model.vocab_size
         self.backend = select_attention_backend(config.attention_backend, device)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        spec = config.speculative
+        self.drafter = None
+        if spec is not None and spec.draft_model_config is not None:
+            self.drafter = DraftModelProposer(spec.draft_model_config, spec.num_speculative_tokens,
+                                              config.scheduler.max_num_seqs, self.block_size, device)
+            self.attention_layers += self.drafter.attention_layers
         for layer in self.attention_layers:
             layer.backend = self.backend
         self.sampler = Sampler()
@@ -51,8 +58,12 @@ class ModelRunner:
         # and RSS grows only as blocks are used. (torch.empty is not enough: below glibc's mmap threshold,
         # which grows to 32 MiB after weights are loaded, it reuses freed heap memory holding NaN bits.)
         alloc = _lazy_zeros if self.device.type == "cpu" else torch.zeros
+        draft_layers = set(map(id, self.drafter.attention_layers)) if self.drafter else set()
+        if self.drafter:
+            self.drafter.scratch_start = num_blocks
         for layer in self.attention_layers:
-            shape = (num_blocks, self.block_size, layer.spec.num_kv_heads, layer.spec.head_dim)
+            blocks = num_blocks + (self.drafter.num_scratch_blocks if id(layer) in draft_layers else 0)
+            shape = (blocks, self.block_size, layer.spec.num_kv_heads, layer.spec.head_dim)
             layer.kv_cache = (alloc(shape, dtype=self.dtype, device=self.device),
                               alloc(shape, dtype=self.dtype, device=self.device))
             self.kv_caches.append(layer.kv_cache)
@@ -82,6 +93,8 @@ class ModelRunner:
         batch = build_batch(self.states, scheduler_output, self.block_size, self.device)
         with set_forward_context(self.backend.build_metadata(batch.attention)):
             hidden = self.model(batch.input_ids, batch.positions)  # [T, hidden]
+            if self.drafter is not None:  # its K/V of the same tokens, for its proposals
+                self.drafter.model(batch.input_ids, batch.positions)
         output = ModelRunnerOutput({})
         self._prompt_logprobs(batch, hidden, output)
         if not batch.sample_rows:
@@ -95,7 +108,19 @@ class ModelRunner:
         else:
             sampled = self.sampler(logits, build_sampling_metadata(requests, self.vocab_size, self.device))
             self._fill_output(requests, sampled, output)
+        if self.drafter is not None:
+            self._propose(requests, output)
         return output
+
+    def _propose(self, requests: list[CachedRequestState], output: ModelRunnerOutput) -> None:
+        """The draft model's proposals for the next step, from each request's last new token."""
+        new_tokens = [[output.sampled_token_ids[r.request_id], *output.extra_token_ids.get(r.request_id, [])]
+                      for r in requests]
+        assert self.drafter is not None
+        proposals = self.drafter.propose(self.backend, [r.block_ids for r in requests],
+                                         [tokens[-1] for tokens in new_tokens],
+                                         [len(r.token_ids) + len(tokens) - 1 for r, tokens in zip(requests, new_tokens)])
+        output.draft_token_ids = {r.request_id: p for r, p in zip(requests, proposals)}
 
     def _verify_drafts(self, requests: list[CachedRequestState], drafts: list[list[int]], logits: torch.Tensor,
                        output: ModelRunnerOutput) -> None:

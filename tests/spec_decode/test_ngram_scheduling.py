@@ -31,8 +31,7 @@ def request(rid: str, prompt: list[int], max_tokens: int = 32, **params) -> Requ
 
 
 def scheduler_with_spec(num_blocks: int = 32, block_size: int = 4) -> Scheduler:
-    return Scheduler(SchedulerConfig(8, 64, 256), KVCacheManager(num_blocks, block_size),
-                     proposer=NgramProposer(SPEC))
+    return Scheduler(SchedulerConfig(8, 64, 256), KVCacheManager(num_blocks, block_size), speculative=SPEC)
 
 
 def test_rejected_drafts_release_their_blocks_and_the_workers_hear_of_it() -> None:
@@ -90,6 +89,8 @@ def test_requests_whose_sampling_depends_on_every_token_get_no_drafts(params: di
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
      "larger than"),
     ({"method": "eagle", "num_speculative_tokens": 2}, "not supported"),
+    ({"method": "draft_model", "num_speculative_tokens": 2}, 'needs "model"'),
+    ({"method": "ngram", "model": "/some/draft", "num_speculative_tokens": 2}, 'needs "model"'),
     ({"method": "ngram", "num_speculative_tokens": 2, "bogus": 1}, "Unknown speculative_config key"),
     ([1, 2], "must be a JSON object"),
 ])
