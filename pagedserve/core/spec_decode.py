@@ -49,5 +49,5 @@ class NgramProposer:
             starts = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
             if len(starts):
                 start = int(starts[-1]) + n
-                return tokens[start:start + num_tokens].tolist()
+                return [int(token) for token in tokens[start:start + num_tokens]]
         return []

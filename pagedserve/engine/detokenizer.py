@@ -28,7 +28,7 @@ class WindowDecoder:
         self.read_offset = len(self.tokens)
 
     def _decode(self, tokens: list[int]) -> str:
-        return self.tokenizer.decode(tokens, skip_special_tokens=self.skip_special_tokens)
+        return str(self.tokenizer.decode(tokens, skip_special_tokens=self.skip_special_tokens))
 
     def step(self, token: int) -> str:
         self.tokens.append(token)
