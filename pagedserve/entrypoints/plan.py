@@ -9,7 +9,7 @@ engine measures the peak activations with a profiling run; the plan estimates th
 import argparse
 import json
 import math
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from pagedserve.config import (EngineArgs, ModelConfig, add_dataclass_cli_args, dataclass_from_cli_args,
