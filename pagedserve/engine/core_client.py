@@ -2,8 +2,8 @@
 outputs (asyncio + ZMQ + msgspec). See core_proc.py for the wire protocol."""
 import atexit
 import multiprocessing
-import shutil
-import tempfile
+import os
+import uuid
 
 import msgspec
 import zmq
@@ -29,8 +29,9 @@ class MPClient:
 
     def __init__(self, config: EngineConfig, stall_timeout_s: float = 0.0) -> None:
         self.stall_timeout_s = stall_timeout_s
-        self._ipc_dir = tempfile.mkdtemp(prefix="pagedserve-")
-        input_address, output_address = f"ipc://{self._ipc_dir}/input", f"ipc://{self._ipc_dir}/output"
+        # NOTE: abstract Unix sockets ("@", Linux): no file to leave behind, even when SIGKILLed.
+        name = f"ipc://@pagedserve-{os.getpid()}-{uuid.uuid4().hex}"
+        input_address, output_address = f"{name}-input", f"{name}-output"
         self._context = zmq.asyncio.Context()
         self._input_socket = self._context.socket(zmq.PUSH)
         self._input_socket.bind(input_address)
@@ -126,5 +127,4 @@ class MPClient:
                     self.process.kill()
                     self.process.join()
         self._context.destroy(linger=0)
-        shutil.rmtree(self._ipc_dir, ignore_errors=True)
 

@@ -43,8 +43,7 @@ class RemoteServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"The server exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                # NOTE: /ready, not /health: /health (liveness) is 200 while the model loads.
-                if httpx.get(f"{self.base_url}/ready", timeout=2).status_code == 200:
+                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
                     return
             except httpx.TransportError:
                 pass
