@@ -27,3 +27,17 @@ def cpu_kernels_enabled() -> bool:
     if raw not in ("0", "1"):
         raise ConfigError(f"PAGEDSERVE_CPU_KERNELS={raw!r} must be 0 (disable the native CPU kernels) or 1.")
     return raw == "1"
+
+
+def cpu_kernels_build_timeout_s() -> float:
+    """PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT: seconds the native CPU kernels may take to build (or to wait
+    for another process's build) before the torch attention backend is used instead (default 600). A build
+    lock older than this is a killed build's and is removed."""
+    raw = os.environ.get("PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT", "600")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise ConfigError(f"PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT={raw!r} must be a positive number of seconds.")
+    return value
