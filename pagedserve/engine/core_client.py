@@ -1,7 +1,6 @@
 """The API server's side of the EngineCore process: starts it, sends requests and aborts, receives
 outputs (asyncio + ZMQ + msgspec). See core_proc.py for the wire protocol."""
 import atexit
-import multiprocessing
 import os
 import uuid
 
@@ -15,6 +14,7 @@ from pagedserve.engine.watchdog import STALL_EXIT_CODE, stall_message
 from pagedserve.errors import ConfigError, EngineDeadError
 from pagedserve.logger import init_logger
 from pagedserve.protocol import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType
+from pagedserve.utils.child_process import ChildProcess
 
 logger = init_logger(__name__)
 
@@ -39,12 +39,10 @@ class MPClient:
         self._output_socket.bind(output_address)
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
-        # NOTE: not daemonic, so the engine core may start worker processes of its own (tensor
-        # parallelism); shutdown() (also run at exit, before multiprocessing joins its children) ends it.
-        self.process = multiprocessing.get_context("spawn").Process(
-            target=run_engine_core, args=(config, input_address, output_address, stall_timeout_s),
-            name="EngineCore")
-        self.process.start()
+        # NOTE: a fresh interpreter, not multiprocessing: the user's __main__ is never re-imported there.
+        # shutdown() (also run at exit) ends it.
+        self.process = ChildProcess(run_engine_core, (config, input_address, output_address, stall_timeout_s),
+                                    "EngineCore")
         self._closed = False
         atexit.register(self.shutdown)
         logger.info("Started the engine core process (pid %d).", self.process.pid)

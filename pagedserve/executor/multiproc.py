@@ -2,7 +2,6 @@
 (gloo on CPU, NCCL on CUDA) with every socket on 127.0.0.1. The engine keeps no model: it pickles each
 call once, writes the bytes to every rank's pipe, and waits on the pipes and the processes' sentinels
 together, so a dead or hung rank becomes an EngineDeadError instead of a silent hang."""
-import multiprocessing
 import os
 import pickle
 import shutil
@@ -11,7 +10,6 @@ import time
 import weakref
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from multiprocessing.process import BaseProcess
 from typing import Any
 
 from pagedserve.config import EngineConfig
@@ -21,6 +19,7 @@ from pagedserve.executor.base import Executor
 from pagedserve.executor.failure import GRACE_S, RankFailures, describe_exit
 from pagedserve.executor.mp_worker import SHUTDOWN, WorkerFailure, WorkerProcessSpec, dumps, run_worker
 from pagedserve.logger import init_logger
+from pagedserve.utils.child_process import ChildProcess
 
 logger = init_logger(__name__)
 
@@ -30,7 +29,7 @@ _SHUTDOWN_JOIN_S = 5.0
 @dataclass
 class _WorkerHandle:
     rank: int
-    process: BaseProcess
+    process: ChildProcess
     conn: Connection  # duplex pipe to the worker
 
 
@@ -48,16 +47,11 @@ class MultiprocExecutor(Executor):
         init = DistributedInit(f"file://{store}", parallel.tensor_parallel_size,
                                "nccl" if config.device == "cuda" else "gloo", self.timeout_s,
                                loopback_only=True)
-        context = _worker_context(config)
         self.workers: list[_WorkerHandle] = []
         for rank in range(parallel.tensor_parallel_size):
-            ours, theirs = context.Pipe(duplex=True)
-            spec = WorkerProcessSpec(config, rank, init)
-            process = context.Process(target=run_worker, args=(spec, theirs), daemon=True,
-                                      name=f"pagedserve-tp{rank}")
-            process.start()
-            theirs.close()
-            self.workers.append(_WorkerHandle(rank, process, ours))
+            # NOTE: fresh interpreters, not multiprocessing: the user's __main__ is never re-imported.
+            process = ChildProcess(run_worker, (WorkerProcessSpec(config, rank, init),), f"pagedserve-tp{rank}")
+            self.workers.append(_WorkerHandle(rank, process, process.conn))
         self._finalizer = weakref.finalize(self, _stop_workers, self.workers, self._rendezvous, True)
         self._gather("startup")  # each rank answers once its Worker is built
         logger.info("Started %d tensor-parallel worker processes (pids %s).", len(self.workers),
@@ -138,21 +132,6 @@ class MultiprocExecutor(Executor):
         self._failure = error if isinstance(error, EngineDeadError) else EngineDeadError(str(error))
         logger.error("%s", error)
         raise error
-
-
-def _worker_context(config: EngineConfig) -> multiprocessing.context.BaseContext:
-    """Workers are forked from a forkserver that has imported the worker code once.
-    NOTE: never fork the engine process itself: it may hold CUDA state and threads (ZMQ, tokenizers).
-    The forkserver is a fresh single-threaded interpreter started on first use; each worker forked from
-    it skips the seconds of importing torch that spawn would cost per rank. It keeps the environment it
-    was started with, and dies with this process (forkserver_guard; its workers then follow, see
-    mp_worker)."""
-    context = multiprocessing.get_context("forkserver")
-    # NOTE: the HF config class's module too: unpickling it costs each worker a second of imports.
-    # forkserver_guard makes the forkserver die with this process (see there why that matters).
-    context.set_forkserver_preload(["pagedserve.executor.forkserver_guard", "pagedserve.executor.mp_worker",
-                                    type(config.model.hf_config).__module__])
-    return context
 
 
 def _stop_workers(workers: list[_WorkerHandle], rendezvous: str, graceful: bool) -> None:

@@ -77,9 +77,9 @@ class RemoteServer:
         return samples
 
     def engine_pid(self) -> int:
-        """The EngineCore process: the server's multiprocessing (spawn) child."""
+        """The EngineCore process: the server's child (python -m pagedserve.utils.child_main FD EngineCore)."""
         children = psutil.Process(self.proc.pid).children()
-        engines = [c.pid for c in children if "spawn_main" in " ".join(c.cmdline())]
+        engines = [c.pid for c in children if c.cmdline()[-1:] == ["EngineCore"]]
         assert len(engines) == 1, f"expected one engine process among {children}"
         return engines[0]
 
