@@ -2,7 +2,6 @@
 notebooks write it: offline (LLM) and as a server. The worker and engine processes are fresh
 interpreters that never re-import the script; when the script ends, none of them is left running."""
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -12,7 +11,7 @@ import httpx
 import psutil
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "entrypoints"))
-from server_utils import free_port  # noqa: E402
+from server_utils import RemoteServer  # noqa: E402
 
 _OFFLINE = """
 import sys
@@ -28,7 +27,7 @@ import sys
 from pagedserve.entrypoints.openai.api_server import main
 print("SCRIPT RUNS", flush=True)
 main(["--model", sys.argv[1], "--tensor-parallel-size", "2", "--kv-cache-memory", "4MiB", "--max-model-len",
-      "64", "--host", "127.0.0.1", "--port", sys.argv[2]])
+      "64", *sys.argv[2:]])  # --host and --port
 """
 
 
@@ -68,30 +67,15 @@ def test_offline_tp2_from_an_unguarded_script(tiny_llama: str, tmp_path) -> None
 
 
 def test_server_tp2_from_an_unguarded_script(tiny_llama: str, tmp_path) -> None:
-    marker, port = uuid.uuid4().hex, free_port()
-    proc = subprocess.Popen([sys.executable, _write(tmp_path, _SERVER), tiny_llama, str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PAGEDSERVE_TEST_MARKER": marker})
+    marker = uuid.uuid4().hex
+    server = RemoteServer([sys.executable, _write(tmp_path, _SERVER)], [tiny_llama],
+                          env={"PAGEDSERVE_TEST_MARKER": marker})  # returns once /health answers 200
     try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert proc.poll() is None, proc.communicate()[0][-3000:]
-            assert time.monotonic() < deadline, "the server never answered /health 200"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.25)
         assert len(_marked(marker)) >= 4  # the script, the engine core, two workers
-        response = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
+        response = httpx.post(f"{server.base_url}/v1/completions", timeout=60,
                               json={"model": tiny_llama, "prompt": "Hello", "max_tokens": 4, "ignore_eos": True})
         assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 4
-        proc.send_signal(signal.SIGTERM)
-        output = proc.communicate(timeout=60)[0]
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0 and output.count("SCRIPT RUNS") == 1, output[-3000:]
+        server.stop()  # SIGTERM: drains, then exits 0
+    assert server.proc.returncode == 0 and server.log().count("SCRIPT RUNS") == 1, server.log()[-3000:]
     _wait_gone(marker)
