@@ -5,7 +5,6 @@ together, so a dead or hung rank becomes an EngineDeadError instead of a silent 
 import os
 import pickle
 import shutil
-import tempfile
 import time
 import weakref
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pagedserve.executor.failure import GRACE_S, RankFailures, describe_exit
 from pagedserve.executor.mp_worker import SHUTDOWN, WorkerFailure, WorkerProcessSpec, dumps, run_worker
 from pagedserve.logger import init_logger
 from pagedserve.utils.child_process import ChildProcess
+from pagedserve.utils.run_dir import make_run_dir
 
 logger = init_logger(__name__)
 
@@ -41,7 +41,7 @@ class MultiprocExecutor(Executor):
         parallel = config.parallel
         self.timeout_s = parallel.distributed_timeout_s
         self._failure: EngineDeadError | None = None
-        self._rendezvous = tempfile.mkdtemp(prefix="pagedserve-tp-")
+        self._rendezvous = make_run_dir("tp")
         # NOTE: a file rendezvous opens no port; tcp:// would listen on every interface.
         store = os.path.join(self._rendezvous, "store")
         init = DistributedInit(f"file://{store}", parallel.tensor_parallel_size,

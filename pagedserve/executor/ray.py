@@ -5,7 +5,6 @@ and imported only here, lazily."""
 import os
 import shutil
 import sys
-import tempfile
 import weakref
 from typing import Any
 
@@ -15,6 +14,7 @@ from pagedserve.errors import ConfigError, EngineDeadError
 from pagedserve.executor.base import Executor
 from pagedserve.executor.failure import GRACE_S, RankFailures, summarize
 from pagedserve.logger import init_logger
+from pagedserve.utils.run_dir import make_run_dir
 from pagedserve.worker.worker import Worker
 
 logger = init_logger(__name__)
@@ -69,7 +69,7 @@ class RayExecutor(Executor):
 
         bundle = {"CPU": 1.0, "GPU": 1.0} if config.device == "cuda" else {"CPU": 1.0}
         self._placement_group = ray.util.placement_group([bundle] * size, strategy="PACK")
-        self._rendezvous = tempfile.mkdtemp(prefix="pagedserve-tp-")
+        self._rendezvous = make_run_dir("tp")
         self.actors: list[Any] = []
         self._finalizer = weakref.finalize(self, _release, self.actors, self._placement_group, owns_ray,
                                            self._rendezvous)
