@@ -24,6 +24,7 @@ from pagedserve.utils.run_dir import make_run_dir
 logger = init_logger(__name__)
 
 _SHUTDOWN_JOIN_S = 5.0
+_STARTUP_TIMEOUT_S = 600.0  # the least time a rank gets to start (--distributed-timeout when longer)
 
 
 @dataclass
@@ -53,7 +54,9 @@ class MultiprocExecutor(Executor):
             process = ChildProcess(run_worker, (WorkerProcessSpec(config, rank, init),), f"pagedserve-tp{rank}")
             self.workers.append(_WorkerHandle(rank, process, process.conn))
         self._finalizer = weakref.finalize(self, _stop_workers, self.workers, self._rendezvous, True)
-        self._gather("startup")  # each rank answers once its Worker is built
+        # NOTE: each rank answers once its Worker is built: a fresh interpreter imports torch and loads the
+        # weights first, which may take longer than a step may (a death is still seen at once).
+        self._gather("startup", max(self.timeout_s, _STARTUP_TIMEOUT_S))
         logger.info("Started %d tensor-parallel worker processes (pids %s).", len(self.workers),
                     ", ".join(str(w.process.pid) for w in self.workers))
 
@@ -77,12 +80,14 @@ class MultiprocExecutor(Executor):
     def shutdown(self) -> None:
         self._finalizer()
 
-    def _gather(self, call: str) -> list[Any]:
-        """Every rank's answer, in rank order. On the first death, failure or silence past the timeout,
-        stops every worker and raises (EngineDeadError, or a worker's ConfigError)."""
+    def _gather(self, call: str, timeout_s: float | None = None) -> list[Any]:
+        """Every rank's answer, in rank order. On the first death, failure or silence past the timeout
+        (default --distributed-timeout), stops every worker and raises (EngineDeadError, or a worker's
+        ConfigError)."""
+        timeout_s = timeout_s or self.timeout_s
         results: dict[int, Any] = {}
-        failures = RankFailures(call, self.timeout_s)
-        deadline = time.monotonic() + self.timeout_s
+        failures = RankFailures(call, timeout_s)
+        deadline = time.monotonic() + timeout_s
         while len(results) < len(self.workers) and not failures:
             waiting = [w for w in self.workers if w.rank not in results]
             ready = wait([w.conn for w in waiting] + [w.process.sentinel for w in waiting],
