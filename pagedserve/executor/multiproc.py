@@ -18,6 +18,7 @@ from pagedserve.executor.base import Executor
 from pagedserve.executor.failure import GRACE_S, RankFailures, describe_exit
 from pagedserve.executor.mp_worker import SHUTDOWN, WorkerFailure, WorkerProcessSpec, dumps, run_worker
 from pagedserve.logger import init_logger
+from pagedserve.platforms import get_platform
 from pagedserve.utils.child_process import ChildProcess
 from pagedserve.utils.run_dir import make_run_dir
 
@@ -46,7 +47,7 @@ class MultiprocExecutor(Executor):
         # NOTE: a file rendezvous opens no port; tcp:// would listen on every interface.
         store = os.path.join(self._rendezvous, "store")
         init = DistributedInit(f"file://{store}", parallel.tensor_parallel_size,
-                               "nccl" if config.device == "cuda" else "gloo", self.timeout_s,
+                               get_platform(config.device).dist_backend, self.timeout_s,
                                loopback_only=True)
         self.workers: list[_WorkerHandle] = []
         for rank in range(parallel.tensor_parallel_size):
