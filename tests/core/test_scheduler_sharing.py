@@ -124,3 +124,16 @@ def test_a_group_too_large_to_fit_alone_is_recomputed_request_by_request() -> No
     outputs = run_to_end(scheduler)
     assert scheduler.num_preemptions_total > 0 and not any(out.blocks_to_swap_out for out in outputs)
     assert_no_leaks(scheduler)
+
+
+def test_host_block_ids_are_the_workers_rows() -> None:
+    """A group that fills the host pool exactly gets host ids 0..N-1, the rows the workers allocate."""
+    scheduler = make_scheduler(32, num_host_blocks=3)
+    kv, swap = scheduler.kv_cache_manager, scheduler.swap_space
+    request = make_request("r", 12, 4)  # 3 blocks of 4
+    kv.allocate_slots(request, 12)
+    pairs = swap.swap_out([request], kv)
+    assert pairs is not None and sorted(host for _, host in pairs) == [0, 1, 2]
+    assert swap.num_free_blocks() == 0
+    swap.discard(request)
+    assert swap.num_free_blocks() == 3
