@@ -137,3 +137,48 @@ def test_host_block_ids_are_the_workers_rows() -> None:
     assert swap.num_free_blocks() == 0
     swap.discard(request)
     assert swap.num_free_blocks() == 3
+
+
+def drive(scheduler: Scheduler, max_steps: int = 100) -> dict[str, tuple[str, int]]:
+    """Run to the end (sampling token 7); each step must advance someone. Returns each request's finish
+    reason and number of generated tokens."""
+    generated: dict[str, int] = {}
+    ended: dict[str, tuple[str, int]] = {}
+    for _ in range(max_steps):
+        if not scheduler.has_unfinished_requests():
+            return ended
+        out = scheduler.schedule()
+        assert not out.is_empty or out.finished_req_ids or out.has_block_ops, "a step advanced nobody"
+        sampled = {rid: 7 for rid in out.num_scheduled_tokens
+                   if scheduler.requests[rid].num_computed_tokens == scheduler.requests[rid].num_tokens}
+        for output in scheduler.update_from_output(out, ModelRunnerOutput(sampled)):
+            generated[output.request_id] = generated.get(output.request_id, 0) + len(output.new_token_ids)
+            if output.finished:
+                ended[output.request_id] = (str(output.finish_reason), generated[output.request_id])
+    raise AssertionError(f"not done after {max_steps} steps")
+
+
+@pytest.mark.parametrize("group_first", [False, True])
+def test_forked_samples_never_block_the_queue(group_first: bool) -> None:
+    """8 blocks of 4 tokens, a request (prompt 4, max 8) and an n=2 group (prompt 24, max 8): the forked
+    samples used to wait in the queue holding the blocks its head needed, and every step was empty."""
+    scheduler = make_scheduler(9)  # 8 usable blocks
+    single = [make_request("a", 4, 8)]
+    group = [make_request(f"{i}_g", 24, 8, group_id="g", first_token=50) for i in range(2)]
+    for request in group + single if group_first else single + group:
+        scheduler.add_request(request)
+    assert drive(scheduler) == {rid: ("length", 8) for rid in ("a", "0_g", "1_g")}
+    assert_no_leaks(scheduler)
+
+
+def test_a_request_that_outgrows_the_whole_pool_ends_with_length() -> None:
+    """7 usable blocks hold 28 tokens: the samples (24 + 8) can never be computed whole; they end early
+    with finish_reason 'length' instead of waiting forever, and the other request finishes."""
+    scheduler = make_scheduler(8)
+    scheduler.add_request(make_request("a", 4, 8))
+    for index in range(2):
+        scheduler.add_request(make_request(f"{index}_g", 24, 8, group_id="g", first_token=50))
+    ended = drive(scheduler)
+    assert ended["a"] == ("length", 8)
+    assert {ended["0_g"][0], ended["1_g"][0]} == {"length"} and max(ended["0_g"][1], ended["1_g"][1]) < 8
+    assert_no_leaks(scheduler)
