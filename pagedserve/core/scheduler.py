@@ -91,6 +91,17 @@ class Scheduler:
         self._forget_req_ids = set()
         return output
 
+    def started_request_ids(self, output: SchedulerOutput) -> list[str]:
+        """The frontend's ids (output ids) of the requests `output` starts for the first time. A request
+        resumed after preemption is "new" to the workers again, but it left the queue before; a beam
+        search is started by its first beam, under its first output id (its forks map to that id too)."""
+        started: dict[str, None] = {}
+        for new in output.scheduled_new_reqs:
+            request = self.requests[new.request_id]
+            if request.num_preemptions == 0:
+                started[self.beam_search.output_id_of(request) or request.request_id] = None
+        return list(started)
+
     def _fork_ready_samples(self) -> None:
         """Samples whose leader computed the prompt share its blocks and join it in `running` (one group,
         preempted together), each to compute the last prompt token itself. NOTE: never in `waiting`: a

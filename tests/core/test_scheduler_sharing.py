@@ -11,7 +11,7 @@ from pagedserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagedserve.core.scheduler import Scheduler
 from pagedserve.core.swap import SwapSpace
 from pagedserve.protocol import EngineCoreRequest
-from pagedserve.sampling_params import SamplingParams
+from pagedserve.sampling_params import BeamSearchParams, SamplingParams
 
 
 def make_request(request_id: str, prompt_len: int, max_tokens: int, group_id: str | None = None,
@@ -182,3 +182,21 @@ def test_a_request_that_outgrows_the_whole_pool_ends_with_length() -> None:
     assert ended["a"] == ("length", 8)
     assert {ended["0_g"][0], ended["1_g"][0]} == {"length"} and max(ended["0_g"][1], ended["1_g"][1]) < 8
     assert_no_leaks(scheduler)
+
+
+def test_max_num_seqs_counts_the_forks_of_every_beam_search() -> None:
+    """Two searches of width 3 under --max-num-seqs 4: the second starts only once the first has ended
+    (its forks would make 6 running beams)."""
+    scheduler = Scheduler(SchedulerConfig(4, 64, 64), KVCacheManager(64, 4), None)
+    for name in ("x", "y"):
+        params = SamplingParams(n=3, temperature=0.0, max_tokens=6)
+        scheduler.add_request(Request(EngineCoreRequest(name, [3, 4, 5], params, None, time.time(),
+                                                        beam_search=BeamSearchParams(3, 6, ignore_eos=True))))
+    most_running, searches_at_once = 0, 0
+    while scheduler.has_unfinished_requests():
+        out = scheduler.schedule()
+        most_running = max(most_running, len(scheduler.running))
+        searches_at_once = max(searches_at_once, len({r.group_id for r in scheduler.running}))
+        logprobs = {rid: {3: -1.0, 4: -1.5, 5: -2.0, 6: -2.5, 7: -3.0, 8: -3.5} for rid in out.num_scheduled_tokens}
+        scheduler.update_from_output(out, ModelRunnerOutput({rid: 3 for rid in logprobs}, logprobs))
+    assert most_running == 3 and searches_at_once == 1
