@@ -90,7 +90,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                                         for token in (EOS, 3, 4, 5, 6, 7)}
         for output in scheduler.update_from_output(out, ModelRunnerOutput(sampled, logprobs)):
             if output.finished:
-                for request_id, pending in self.expected.items():
+                for pending in self.expected.values():
                     pending.discard(output.request_id)
         self.expected = {rid: pending for rid, pending in self.expected.items() if pending}
         advanced = self._progress() != before or bool(out.finished_req_ids)
