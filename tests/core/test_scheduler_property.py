@@ -88,7 +88,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 # a beam ranks 2 * width candidates; EOS competes
                 logprobs[request_id] = {token: -0.1 * ((token * 7 + request.num_tokens) % 11) - 0.01 * token
                                         for token in (EOS, 3, 4, 5, 6, 7)}
-        for output in scheduler.update_from_output(out, ModelRunnerOutput(sampled, logprobs)):
+        for output in scheduler.update_from_output(out, ModelRunnerOutput(sampled, logprobs=logprobs)):
             if output.finished:
                 for pending in self.expected.values():
                     pending.discard(output.request_id)
