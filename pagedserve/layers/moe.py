@@ -51,11 +51,11 @@ class FusedMoE(nn.Module):
         size, start = self.intermediate, self.tp_rank * self.intermediate
         target = param.data if expert is None else param.data[expert]
         if part == "down":
-            target.copy_(loaded.narrow(-1, start, size))
+            target.copy_(loaded.narrow(len(loaded.shape) - 1, start, size))
         elif part == "gate_up":
             full = loaded.shape[-2] // 2
-            target[:, :size].copy_(loaded[:, start:start + size])
-            target[:, size:].copy_(loaded[:, full + start:full + start + size])
+            target[:, :size].copy_(loaded.narrow(1, start, size))
+            target[:, size:].copy_(loaded.narrow(1, full + start, size))
         else:
             offset = 0 if part == "gate" else size
             target[offset:offset + size].copy_(loaded.narrow(0, start, size))

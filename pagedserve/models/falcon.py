@@ -103,7 +103,8 @@ class FalconForCausalLM(LlamaForCausalLM):
         else per head, its query, key and value."""
         config, dim = self.config, head_dim(self.config)
         heads, kv_heads = config.num_attention_heads, num_kv_heads(config, "FalconForCausalLM")
-        rows = tensor.view(-1, dim, *tensor.shape[1:])  # [fused heads, head_dim, (hidden)]
+        # [fused heads, head_dim, (hidden)]; NOTE: a torch function reads a lazy checkpoint tensor
+        rows = torch.reshape(tensor, (-1, dim, *tensor.shape[1:]))
         if config.new_decoder_architecture:
             grouped = rows.view(kv_heads, heads // kv_heads + 2, *rows.shape[1:])
             q, k, v = grouped[:, :-2], grouped[:, -2], grouped[:, -1]

@@ -12,7 +12,7 @@ def split_qkv(config: Any, tensor: torch.Tensor) -> list[tuple[torch.Tensor, str
     """A fused [q; k; v] tensor (rows) -> its three parts with their shard ids."""
     dim = head_dim(config)
     sizes = [config.num_attention_heads * dim] + [config.num_key_value_heads * dim] * 2
-    return list(zip(tensor.split(sizes), "qkv"))
+    return list(zip(torch.split(tensor, sizes), "qkv"))  # NOTE: a torch function reads a lazy tensor
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):
@@ -21,6 +21,6 @@ class Phi3ForCausalLM(LlamaForCausalLM):
         if ".qkv_proj." in name:
             yield from ((name, part, shard) for part, shard in split_qkv(self.config, tensor))
         elif ".gate_up_proj." in name:
-            yield from ((name, part, shard) for shard, part in enumerate(tensor.chunk(2)))
+            yield from ((name, part, shard) for shard, part in enumerate(torch.chunk(tensor, 2)))
         else:
             yield from super().checkpoint_tensors(name, tensor)

@@ -126,3 +126,18 @@ def test_sliding_window_model_counts_the_freed_blocks(capsys: pytest.CaptureFixt
     assert result["max_concurrency_at_max_model_len"] == pytest.approx(4095 / 385)
     assert result["max_requests_at_request_tokens"] == 4095 // 385 == 10  # without freeing: 4095 // 2048 = 1
     assert status == 0
+
+
+def test_model_as_flag_like_serve(capsys: pytest.CaptureFixture[str]) -> None:
+    """`plan --model M` is `plan M` (as `serve` takes both); two different models are refused."""
+    config = os.path.join(DATA, "llama-2-7b", "config.json")
+    workload = ["--gpu-memory", "80GiB", "--concurrency", "4", "--input-tokens", "1000"]
+    positional = plan(capsys, config, *workload)
+    flag = plan(capsys, "--model", config, *workload)
+    assert flag == positional and flag[1]["num_blocks"] > 0
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["plan", config, "--model", os.path.join(DATA, "llama-3-8b", "config.json")])
+    assert exc.value.code == 2 and "Two models given" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli_main(["plan", *workload])
+    assert "No model given" in capsys.readouterr().err
