@@ -66,7 +66,7 @@ class SchedulerConfig:
 
 EXECUTOR_BACKENDS = ("uni", "mp", "ray")
 # --attention-backend choices; each name but auto is registered in attention/backends/__init__.py.
-ATTENTION_BACKENDS = ("auto", "torch", "cpu")
+ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
 
 
 @dataclass(frozen=True)
@@ -148,8 +148,9 @@ class EngineArgs:
                             choices=("auto", "dummy"))
     device: str = _arg("auto", "auto | cpu | cuda.", choices=("auto", "cpu", "cuda"))
     attention_backend: str = _arg(
-        "auto", "Attention kernels. auto: cpu on CPU when its native kernel builds, else torch; torch: "
-                "plain PyTorch (the reference); cpu: native C++ decode kernel (CPU only).",
+        "auto", "Attention kernels. auto: cpu on CPU when its native kernel builds, else torch; triton on "
+                "CUDA; torch: plain PyTorch (the reference); cpu: native C++ decode kernel (CPU only); "
+                "triton: Triton kernels (CUDA), mixed prefill+decode batches, split-K decode.",
         choices=ATTENTION_BACKENDS)
 
     @classmethod

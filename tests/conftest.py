@@ -82,3 +82,13 @@ def tiny_llama(tiny_model_factory) -> str:
 @pytest.fixture(scope="session")
 def default_model() -> str:
     return default_model_path()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`gpu`-marked tests need CUDA: without a GPU they are skipped, with the reason in the summary."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (gpu marker); run benchmarks/gpu_check.sh on one")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)

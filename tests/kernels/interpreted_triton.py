@@ -1,0 +1,39 @@
+"""Import pagedserve's Triton kernels so that they run here: compiled on a CUDA machine, through Triton's
+interpreter (TRITON_INTERPRET=1) on CPU.
+
+Triton decides interpreter or compiler when a kernel is *defined* (at `@triton.jit`), so the variable
+must be set before `pagedserve.kernels.triton` is imported. It is set only around that import and
+removed again, so it never leaks into other tests or the processes they start (servers, workers):
+those keep seeing the environment they had. The interpreted kernels stay in sys.modules, which is the
+only way a CPU process can run them anyway.
+"""
+import importlib
+import os
+import sys
+from types import ModuleType
+
+import torch
+
+KERNELS = "pagedserve.kernels.triton"
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def import_triton_kernels() -> ModuleType:
+    if DEVICE.type == "cuda":
+        return importlib.import_module(KERNELS)
+    previous = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        stale = [name for name in sys.modules if name.startswith(KERNELS)]
+        if stale and not sys.modules[KERNELS].INTERPRETED:  # defined earlier for a GPU: redefine
+            for name in stale:
+                del sys.modules[name]
+        # NOTE: triton imports gluon lazily at the first launch and asserts the interpreter mode then:
+        # import it now, while the variable is set.
+        importlib.import_module("triton.experimental.gluon")
+        return importlib.import_module(KERNELS)
+    finally:
+        if previous is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = previous
