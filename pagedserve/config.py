@@ -99,6 +99,7 @@ class EngineConfig:
     device: str  # cpu | cuda
     enforce_eager: bool
     attention_backend: str = "auto"  # one of ATTENTION_BACKENDS; auto is resolved by the worker
+    cuda_graph_sizes: tuple[int, ...] = ()  # decode batch sizes captured in CUDA graphs, ascending
 
 
 def _arg(default: Any, help: str, **extra: Any) -> Any:
@@ -142,7 +143,11 @@ class EngineArgs:
                                              "collective) may take before the engine is declared dead.")
     seed: int = _arg(0, "Random seed for sampling without a per-request seed.")
     max_logprobs: int = _arg(20, "Largest logprobs / prompt_logprobs a request may ask for.")
-    enforce_eager: bool = _arg(False, "Disable CUDA graphs.")
+    enforce_eager: bool = _arg(False, "Disable CUDA graphs (decode steps then run eagerly).")
+    cuda_graph_sizes: str | list[int] = _arg(
+        "512", "Decode batch sizes to capture in CUDA graphs (vLLM's): one number N captures 1, 2, 4 and "
+               "every multiple of 8 up to N; several (comma-separated, or a list) capture exactly those. "
+               "Capped at --max-num-seqs; larger decode batches run eagerly.")
     served_model_name: str | None = _arg(None, "Model name in the API (default: the model argument).")
     load_format: str = _arg("auto", "auto: read the checkpoint; dummy: random weights.",
                             choices=("auto", "dummy"))
@@ -202,6 +207,7 @@ class EngineArgs:
             device=device,
             enforce_eager=self.enforce_eager,
             attention_backend=self._attention_backend(device),
+            cuda_graph_sizes=cuda_graph_capture_sizes(self.cuda_graph_sizes, self.max_num_seqs),
         )
 
     def _swap_bytes(self) -> int:
@@ -311,6 +317,24 @@ def _resolve_backend(backend: str | None, tp: int, device: str) -> str:
         raise ConfigError("--distributed-executor-backend ray needs Ray, which is not installed: "
                           "pip install 'pagedserve[ray]'.")
     return backend
+
+
+def cuda_graph_capture_sizes(sizes: str | list[int], max_num_seqs: int) -> tuple[int, ...]:
+    """--cuda-graph-sizes resolved as vLLM does: [N] -> 1, 2, 4, 8, 16, ..., N (multiples of 8); several
+    sizes -> those; then capped at max_num_seqs (no decode batch is larger; it becomes the largest size)."""
+    try:
+        values = [int(v) for v in (sizes.split(",") if isinstance(sizes, str) else sizes)]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise ConfigError(f"cuda_graph_sizes={sizes!r} must be positive integers, e.g. 512 or 1,2,4,8 "
+                          "(--cuda-graph-sizes).")
+    if len(values) == 1:
+        values = [v for v in (1, 2, 4) if v <= values[0]] + list(range(8, values[0] + 1, 8))
+    capped = {v for v in values if v <= max_num_seqs}
+    if max(values) > max_num_seqs:
+        capped.add(max_num_seqs)
+    return tuple(sorted(capped))
 
 
 def default_max_num_batched_tokens(max_num_seqs: int) -> int:

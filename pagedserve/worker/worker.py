@@ -42,8 +42,10 @@ class Worker:
         return cpu_kv_budget(self.config.cache, self.weights_bytes)
 
     def initialize_kv_cache(self, num_blocks: int, num_host_blocks: int = 0) -> None:
+        """Allocate the KV cache and swap space, then capture the decode CUDA graphs over them."""
         self.model_runner.initialize_kv_cache(num_blocks)
         self.model_runner.initialize_swap_space(num_host_blocks)
+        self.model_runner.capture_cuda_graphs()
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.model_runner.execute_model(scheduler_output)
@@ -58,7 +60,8 @@ class Worker:
         # NOTE: one request, so no longer than max_model_len (positions past it have no rotary entry).
         num_tokens = min(self.config.scheduler.max_num_batched_tokens, self.config.model.max_model_len)
         num_blocks = cdiv(num_tokens, self.config.cache.block_size)
-        self.initialize_kv_cache(num_blocks + 1)
+        self.model_runner.initialize_kv_cache(num_blocks + 1)  # NOTE: no graphs over this temporary cache
+        self.model_runner.initialize_swap_space(0)
         request = NewRequestData("profile", [0] * num_tokens, num_tokens, SamplingParams(temperature=0),
                                  None, list(range(1, num_blocks + 1)), 0)
         self.execute_model(SchedulerOutput([request], [], {"profile": num_tokens}, num_tokens))
