@@ -100,8 +100,11 @@ class CudaGraphRunner:
         torch.cuda.synchronize()
 
     def bucket(self, batch: BatchInputs) -> int | None:
-        """The graph that runs `batch`: decode-only batches within the largest size; else None (eager)."""
-        if batch.attention.num_decodes != len(batch.request_ids):
+        """The graph that runs `batch`: decode-only batches within the largest size whose block tables fit
+        the buffers; else None (eager)."""
+        common = batch.attention
+        if common.num_decodes != len(batch.request_ids) or \
+                common.block_tables.shape[1] > self.buffers.block_tables.shape[1]:
             return None
         return graph_bucket(len(batch.request_ids), self.sizes)
 

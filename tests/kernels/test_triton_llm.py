@@ -1,5 +1,8 @@
 """`LLM(attention_backend="triton")` end to end: the same greedy tokens as the torch backend, through
 chunked prefill, prefix-cache hits and mixed prefill+decode steps (on CPU in Triton's interpreter)."""
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -36,3 +39,14 @@ def test_greedy_tokens_equal_torch_backend(tiny_llama: str, monkeypatch: pytest.
         tokens[backend] = [o.outputs[0].token_ids for o in outputs]
     assert True in launches and False in launches  # decode-only and mixed steps both ran the kernel
     assert tokens["triton"] == tokens["torch"]
+
+
+def test_triton_on_cpu_without_the_interpreter_is_refused_clearly() -> None:
+    """A fresh process (no TRITON_INTERPRET): asking for triton on CPU names the problem and the flag."""
+    code = ("import torch\nfrom pagedserve.attention.backends import select_attention_backend\n"
+            "select_attention_backend('triton', torch.device('cpu'))")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode != 0
+    assert "--attention-backend triton cannot run here" in result.stderr
+    assert "TRITON_INTERPRET=1" in result.stderr and "--attention-backend auto or torch" in result.stderr
