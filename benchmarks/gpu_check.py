@@ -50,6 +50,8 @@ def run_throughput(workload: Workload, out: str, tokenizer: str | None, dry: boo
             os.path.join(HERE, "configs", workload.name), "--load-format", "dummy",
             "--input-len-min", "16", "--input-len-max", str(workload.input_len_max), "--json", result,
             "--max-model-len", "2048", "--dtype", "float32" if dry else "bfloat16"]
+    if not dry:  # HF's copy of the model and its generate run in the same process, after pagedserve
+        args += ["--gpu-memory-utilization", "0.5"]
     if batch1:  # one request alone: every step after its prefill is a batch-1 decode step
         args += ["--num-prompts", "1", "--output-len", str(8 if dry else 256), "--max-num-seqs", "1", "--skip-hf"]
     else:

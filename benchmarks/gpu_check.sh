@@ -86,7 +86,7 @@ if [[ $DRY_RUN -eq 1 ]]; then
   TESTS=(tests/gpu)  # skipped on CPU; the interpreter tests run in CI
 fi
 set +e
-timeout 300 "$PYTHON" -m pytest -q -p no:cacheprovider "${TESTS[@]}" --junitxml "$XML" 2>&1 | tee "$OUT/gpu_tests.log"
+timeout 420 "$PYTHON" -m pytest -q -p no:cacheprovider "${TESTS[@]}" --junitxml "$XML" 2>&1 | tee "$OUT/gpu_tests.log"
 set -e
 
 DRY_ARGS=()

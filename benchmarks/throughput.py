@@ -13,6 +13,7 @@ both engines random weights of that config (pagedserve's dummy loader; HF's `fro
 embedded SmolLM2 tokenizer unless --tokenizer says otherwise.
 """
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -189,6 +190,9 @@ def main() -> None:
     if not args.skip_pagedserve:
         ours, trace = run_pagedserve(args, prompts)
         results.append(ours)
+        gc.collect()  # the engine, its KV cache included, before HF loads its copy of the model
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     if not args.skip_hf:
         hf_model, device = load_model(args.model, args.dtype, dummy=args.load_format == "dummy")
         if args.hf_single_prompts > 0:

@@ -31,7 +31,7 @@ def test_greedy_tokens_equal_torch_backend(tiny_llama: str, monkeypatch: pytest.
     for backend in ("torch", "triton"):
         # 32 tokens per step: the 45-token prompt is chunked and shares steps with decodes.
         llm = LLM(tiny_llama, attention_backend=backend, block_size=8, kv_cache_memory="8MiB",
-                  max_num_batched_tokens=32, max_num_seqs=4, device=DEVICE.type)
+                  max_num_batched_tokens=32, max_num_seqs=4, device=DEVICE.type, dtype="float32")
         outputs = llm.generate(first, params, use_tqdm=False)
         hits = llm.llm_engine.engine_core.scheduler.get_stats().prefix_cache_hits
         outputs += llm.generate(second, params, use_tqdm=False)
