@@ -16,6 +16,7 @@ from types import ModuleType
 import torch
 
 KERNELS = "pagedserve.kernels.triton"
+BACKEND = "pagedserve.attention.backends.triton"  # holds references to the kernels' functions
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
@@ -25,9 +26,8 @@ def import_triton_kernels() -> ModuleType:
     previous = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     try:
-        stale = [name for name in sys.modules if name.startswith(KERNELS)]
-        if stale and not sys.modules[KERNELS].INTERPRETED:  # defined earlier for a GPU: redefine
-            for name in stale:
+        if KERNELS in sys.modules and not sys.modules[KERNELS].INTERPRETED:  # defined for a GPU: redefine
+            for name in [n for n in sys.modules if n.startswith((KERNELS, BACKEND))]:
                 del sys.modules[name]
         # NOTE: triton imports gluon lazily at the first launch and asserts the interpreter mode then:
         # import it now, while the variable is set.
