@@ -7,7 +7,7 @@ over one *split* of the keys. Keys are gathered TILE_N at a time through the blo
 size works. With NUM_SPLITS > 1 (decodes over long contexts, few programs) each split writes a partial
 result and its log-sum-exp, and `_combine_splits_kernel` merges them (split-K / flash-decoding).
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -144,13 +144,11 @@ class PagedBatch:
     num_splits: int  # key splits per query tile (1: no split-K)
     decode_only: bool  # every request has one query token: one tile per request, no tile table
     query_start_loc_host: list[int] | None = None  # for the tile tables of mixed batches
-    _tiles: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
+    _tiles: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
 
     def tiles(self, block_q: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(request, first query token) of every query tile of `block_q` tokens; built once per step and
         tile size, shared by every layer."""
-        if self._tiles is None:
-            self._tiles = {}
         if block_q not in self._tiles:
             assert self.query_start_loc_host is not None, "mixed batches carry their query_start_loc"
             self._tiles[block_q] = query_tiles(self.query_start_loc_host, block_q, self.seq_lens.device)
