@@ -86,7 +86,7 @@ class CudaGraphRunner:
         pool = None
         for size in sorted(self.sizes, reverse=True):
             b = self.buffers
-            metadata = self.backend.build_graph_metadata(  # type: ignore[attr-defined]
+            metadata = self.backend.build_graph_metadata(
                 b.query_start_loc[:size + 1], b.seq_lens[:size], b.block_tables[:size], b.slot_mapping[:size],
                 self.block_size, self.max_model_len)
             with set_forward_context(metadata):

@@ -87,7 +87,7 @@ class ModelRunner:
             reason = f"the device is {self.device.type}"
         elif self.config.enforce_eager:
             reason = "--enforce-eager"
-        elif not getattr(self.backend, "supports_cuda_graphs", False):
+        elif not self.backend.supports_cuda_graphs:
             reason = f"the {self.backend.name} attention backend cannot be captured (triton can)"
         elif self.config.parallel.tensor_parallel_size > 1:
             reason = "not supported yet at --tensor-parallel-size > 1"
@@ -107,9 +107,10 @@ class ModelRunner:
 
     def _forward(self, batch: BatchInputs) -> torch.Tensor:
         """Hidden states [T, hidden]: replayed from a CUDA graph for decode-only batches that fit one."""
-        size = self.cuda_graphs.bucket(batch) if self.cuda_graphs is not None else None
-        if size is not None:
-            return self.cuda_graphs.run(batch, size)
+        if self.cuda_graphs is not None:
+            size = self.cuda_graphs.bucket(batch)
+            if size is not None:
+                return self.cuda_graphs.run(batch, size)
         with set_forward_context(self.backend.build_metadata(batch.attention)):
             return self.model(batch.input_ids, batch.positions)
 

@@ -37,9 +37,8 @@ class TritonAttentionBackend(AttentionBackend):
     def build_graph_metadata(self, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                              block_tables: torch.Tensor, slot_mapping: torch.Tensor, block_size: int,
                              max_seq_len: int) -> TritonAttentionMetadata:
-        """Decode-only metadata over the static buffers of a CUDA graph: the kernels read whatever the
-        buffers hold at replay. Split-K is sized for `max_seq_len`, since the lengths change between
-        replays of the same graph."""
+        """The kernels read whatever the buffers hold at replay. Split-K is sized for `max_seq_len`,
+        since the lengths change between replays of the same graph."""
         num_requests = seq_lens.shape[0]
         batch = PagedBatch(query_start_loc, seq_lens, block_tables, block_size,
                            choose_num_splits(num_requests, max_seq_len, decode_only=True), decode_only=True)
