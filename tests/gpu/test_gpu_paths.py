@@ -90,7 +90,7 @@ def test_cuda_graphs_on_equal_off(tiny_llama: str) -> None:
 def test_profiled_kv_budget_stays_within_the_share(tiny_llama: str) -> None:
     utilization = 0.05  # NOTE: small: the tiny model has 512-byte tokens, and every block is a Python object
     reserved_before = torch.cuda.memory_reserved()  # earlier tests' engines, if not yet collected
-    llm = LLM(tiny_llama, dtype="bfloat16", gpu_memory_utilization=utilization, enforce_eager=True)
+    llm = LLM(tiny_llama, dtype="float32", gpu_memory_utilization=utilization, enforce_eager=True)
     worker = engine_worker(llm)
     kv = llm.llm_engine.engine_core.kv_cache_config
     total = torch.cuda.mem_get_info()[1]
