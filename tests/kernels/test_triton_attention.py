@@ -93,23 +93,26 @@ def test_split_k_equals_one_split() -> None:
     assert (results[0] - results[1]).abs().max().item() < 1e-5
 
 
-def reference_window_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, window: int,
-                               scale: float) -> torch.Tensor:
-    """Plain attention of the last len(q) positions over all keys, each query seeing itself and the
-    window - 1 keys before it. q [L, H, D]; keys/values [S, H_kv, D]."""
+def reference_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, window: int | None,
+                        soft_cap: float | None, scale: float) -> torch.Tensor:
+    """Plain attention of the last len(q) positions over all keys, each query seeing itself and (with a
+    window) the window - 1 keys before it; scores soft-capped (Gemma 2). q [L, H, D]; keys/values
+    [S, H_kv, D]."""
     group = q.shape[1] // keys.shape[1]
     keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
     scores = torch.einsum("qhd,khd->hqk", q, keys) * scale
+    if soft_cap is not None:
+        scores = soft_cap * torch.tanh(scores / soft_cap)
     query_pos = torch.arange(keys.shape[0] - q.shape[0], keys.shape[0])[:, None]
     key_pos = torch.arange(keys.shape[0])[None, :]
-    allowed = (key_pos <= query_pos) & (key_pos > query_pos - window)
+    allowed = (key_pos <= query_pos) & (key_pos > query_pos - (window or keys.shape[0]))
     weights = scores.masked_fill(~allowed.to(q.device), float("-inf")).softmax(-1)
     return torch.einsum("hqk,khd->qhd", weights, values)
 
 
-@pytest.mark.parametrize("window", [5, 16, 40])
-def test_sliding_window_matches_reference(window: int) -> None:
-    torch.manual_seed(window)
+@pytest.mark.parametrize("window,soft_cap", [(5, None), (16, None), (40, None), (None, 2.0), (12, 1.5)])
+def test_sliding_window_and_soft_cap_match_reference(window: int | None, soft_cap: float | None) -> None:
+    torch.manual_seed(window or 0)
     block_size = 8
     spec = AttentionLayerSpec(4, 2, 32, scale=0.15)
     requests = [(30, 1), (0, 1), (25, 20)]
@@ -118,13 +121,14 @@ def test_sliding_window_matches_reference(window: int) -> None:
     q = torch.randn(common.query_start_loc[-1], 4, 32, device=DEVICE)
     out = torch.empty_like(q)
     kernels.paged_attention(out, q, key_cache, value_cache,
-                            TritonAttentionBackend().build_metadata(common).batch, 0.15, sliding_window=window)
+                            TritonAttentionBackend().build_metadata(common).batch, 0.15, sliding_window=window,
+                            logits_soft_cap=soft_cap)
     for i, seq_len in enumerate(common.seq_lens):
         rows = slice(common.query_start_loc[i], common.query_start_loc[i + 1])
         blocks = common.block_tables[i, :-(-seq_len // block_size)]
         keys = key_cache[blocks].flatten(0, 1)[:seq_len]
         values = value_cache[blocks].flatten(0, 1)[:seq_len]
-        expected = reference_window_attention(q[rows], keys, values, window, 0.15)
+        expected = reference_attention(q[rows], keys, values, window, soft_cap, 0.15)
         assert (out[rows] - expected).abs().max().item() < 1e-5
 
 

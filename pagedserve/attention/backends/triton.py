@@ -50,13 +50,14 @@ class TritonAttentionBackend(AttentionBackend):
         num_tokens = q.shape[0]
         q = q.view(num_tokens, spec.num_heads, spec.head_dim)
         key_cache, value_cache = kv_cache
-        # HOOK: the sliding window and fp8 KV scales, once AttentionLayerSpec carries them.
+        # HOOK: the sliding window, the soft cap and fp8 KV scales, once AttentionLayerSpec carries them.
         sliding_window = getattr(spec, "sliding_window", None)
+        soft_cap = getattr(spec, "logits_soft_cap", None)
         k_scale, v_scale = getattr(spec, "k_scale", 1.0), getattr(spec, "v_scale", 1.0)
         reshape_and_cache(k.view(num_tokens, spec.num_kv_heads, spec.head_dim),
                           v.view(num_tokens, spec.num_kv_heads, spec.head_dim), key_cache, value_cache,
                           metadata.slot_mapping, k_scale, v_scale)
         out = torch.empty_like(q)
-        paged_attention(out, q, key_cache, value_cache, metadata.batch, spec.scale, sliding_window,
+        paged_attention(out, q, key_cache, value_cache, metadata.batch, spec.scale, sliding_window, soft_cap,
                         k_scale, v_scale)
         return out.view(num_tokens, -1)

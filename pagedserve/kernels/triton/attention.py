@@ -19,20 +19,20 @@ MIN_DOT = 16  # tl.dot needs at least 16 rows and a reduction of at least 16 on 
 MAX_SPLITS = 16
 MIN_KEYS_PER_SPLIT = 512
 TARGET_PROGRAMS = 128  # about one wave of programs on a large GPU (132 SMs on an H100/H200)
-LOG2E = 1.4426950408889634
+LOG2E_CONST = tl.constexpr(1.4426950408889634)  # the softmax runs in exp2: scores are scaled by log2(e)
 
 
 @triton.jit
 def _paged_attention_kernel(
         out_ptr, q_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, seq_lens_ptr,
         query_start_loc_ptr, tile_request_ptr, tile_q_start_ptr, partial_out_ptr, partial_lse_ptr,
-        scale_log2, k_scale, v_scale, sliding_window, num_heads,
+        scale, softcap, k_scale, v_scale, sliding_window, num_heads,
         stride_q_token, stride_q_head, stride_o_token, stride_o_head,
         stride_cache_block, stride_cache_slot, stride_cache_head, stride_bt_row,
         NUM_QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE: tl.constexpr,
         NUM_SPLITS: tl.constexpr, DECODE_ONLY: tl.constexpr, USE_WINDOW: tl.constexpr,
-        KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
+        USE_SOFTCAP: tl.constexpr, KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
     tile_id = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -86,7 +86,10 @@ def _paged_attention_kernel(
         if KV_FP8:  # fp8 KV cache hook: the cache holds value / scale
             k = (k.to(tl.float32) * k_scale).to(q.dtype)
             v = (v.to(tl.float32) * v_scale).to(q.dtype)
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2  # [BLOCK_M, TILE], log2 units
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale  # [BLOCK_M, TILE]
+        if USE_SOFTCAP:  # Gemma 2: softcap * tanh(s / softcap), tanh(x) = 2 sigmoid(2x) - 1
+            s = softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0)
+        s = s * LOG2E_CONST  # exp2 below
         allowed = n_valid[None, :] & (n[None, :] <= q_pos[:, None])
         if USE_WINDOW:
             allowed = allowed & (n[None, :] > q_pos[:, None] - sliding_window)
@@ -182,10 +185,11 @@ def prefill_block_q(num_queries_per_kv: int) -> int:
 
 def paged_attention(out: torch.Tensor, q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                     batch: PagedBatch, scale: float, sliding_window: int | None = None,
-                    k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+                    logits_soft_cap: float | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """out, q [T, num_heads, head_dim]; caches [num_blocks, block_size, num_kv_heads, head_dim] (K/V of
     this step already written). Fills `out`. sliding_window: each token attends to itself and the
-    window - 1 keys before it. An fp8 cache holds K / k_scale and V / v_scale."""
+    window - 1 keys before it. logits_soft_cap c: scores s become c * tanh(s / c). An fp8 cache holds
+    K / k_scale and V / v_scale."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = key_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -210,13 +214,13 @@ def paged_attention(out: torch.Tensor, q: torch.Tensor, key_cache: torch.Tensor,
     _paged_attention_kernel[(num_tiles, num_kv_heads, splits)](
         out, q, key_cache, value_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
         tile_request, tile_q_start, partial_out, partial_lse,
-        scale * LOG2E, k_scale, v_scale, sliding_window or 0, num_heads,
+        scale, logits_soft_cap or 1.0, k_scale, v_scale, sliding_window or 0, num_heads,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), batch.block_tables.stride(0),
         NUM_QUERIES_PER_KV=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_SIZE=batch.block_size,
         BLOCK_Q=block_q, BLOCK_M=max(MIN_DOT, triton.next_power_of_2(block_q * group)), TILE=TILE_N,
         NUM_SPLITS=splits, DECODE_ONLY=batch.decode_only, USE_WINDOW=sliding_window is not None,
-        KV_FP8=key_cache.dtype.itemsize == 1,
+        USE_SOFTCAP=logits_soft_cap is not None, KV_FP8=key_cache.dtype.itemsize == 1,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
     if splits > 1:
         _combine_splits_kernel[(num_tokens, num_heads)](
