@@ -86,11 +86,22 @@ def default_model() -> str:
     return default_model_path()
 
 
+# Folders whose tests start servers, CLIs or worker processes.
+_SLOW_FOLDERS = ("entrypoints", "distributed")
+# Fixtures that build a model, so the test runs a real engine.
+_MODEL_FIXTURES = {"tiny_llama", "tiny_model_factory", "default_model"}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`gpu`-marked tests need CUDA: without a GPU they are skipped, with the reason in the summary."""
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (gpu marker); run benchmarks/gpu_check.sh on one")
+    """`slow`: server, process and end-to-end tests (a folder above, or a model fixture), so that
+    `-m "not slow"` runs the millisecond tests alone. `gpu`: skipped, visibly (-ra), without a CUDA GPU."""
+    skip_gpu = None if torch.cuda.is_available() else pytest.mark.skip(
+        reason="needs a CUDA GPU (gpu marker); run benchmarks/gpu_check.sh on one")
     for item in items:
-        if item.get_closest_marker("gpu") is not None:
-            item.add_marker(skip)
+        folder = os.path.basename(os.path.dirname(str(item.path)))
+        if folder in _SLOW_FOLDERS or _MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+        # NOTE: the marker itself, not `"gpu" in item.keywords`: keywords include the names of the
+        # folders above the test, and a checkout under a folder named gpu would skip every test.
+        if skip_gpu is not None and item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip_gpu)

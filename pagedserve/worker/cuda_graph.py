@@ -8,6 +8,7 @@ The backend must build its metadata over the buffers (`build_graph_metadata`: th
 """
 import bisect
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass
 
 import torch
@@ -71,7 +72,7 @@ class DecodeBuffers:
 class CudaGraphRunner:
     """Captures `model` at every size of `sizes` and replays it for decode-only batches."""
 
-    def __init__(self, model: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], backend: AttentionBackend,
+    def __init__(self, model: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], backend: AttentionBackend[Any],
                  sizes: tuple[int, ...], block_size: int, max_model_len: int, device: torch.device) -> None:
         self.model = model
         self.backend = backend

@@ -4,6 +4,7 @@ import random
 import torch
 
 from pagedserve.attention.backends.base import AttentionLayerSpec, CommonAttentionMetadata
+from pagedserve.utils import cdiv
 
 NUM_BLOCKS = 64
 
@@ -15,11 +16,11 @@ def make_batch(requests: list[tuple[int, int]], block_size: int, seed: int,
     rng = random.Random(seed)
     pool = list(range(1, num_blocks))
     rng.shuffle(pool)
-    max_blocks = max(-(-(c + n) // block_size) for c, n in requests) + 1  # + a padding column
+    max_blocks = max(cdiv(c + n, block_size) for c, n in requests) + 1  # + a padding column
     tables = torch.zeros(len(requests), max_blocks, dtype=torch.int64)
     query_start_loc, seq_lens, slots = [0], [], []
     for row, (cached, new) in enumerate(requests):
-        num = -(-(cached + new) // block_size)
+        num = cdiv(cached + new, block_size)
         tables[row, :num] = torch.tensor([pool.pop() for _ in range(num)])
         slots += [int(tables[row, p // block_size]) * block_size + p % block_size
                   for p in range(cached, cached + new)]

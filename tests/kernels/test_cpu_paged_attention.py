@@ -12,6 +12,7 @@ from pagedserve.attention.backends.torch_paged import SdpaPrefillBackend, TorchP
 from pagedserve.config import EngineArgs
 from pagedserve.errors import ConfigError
 from pagedserve.kernels import cpu as cpu_kernels
+from pagedserve.platforms.cpu import CpuPlatform
 from paged_batches import NUM_BLOCKS, make_batch, random_cache
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}  # abs for fp32, else rel
@@ -121,11 +122,11 @@ def test_llm_greedy_tokens_equal_torch_backend(tiny_llama: str, monkeypatch: pyt
 
 
 def test_auto_picks_cpu_unless_disabled(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert select_attention_backend("auto", torch.device("cpu")).name == "cpu"
+    assert select_attention_backend("auto", CpuPlatform()).name == "cpu"
     monkeypatch.setenv("PAGEDSERVE_CPU_KERNELS", "0")
     monkeypatch.setattr(cpu_kernels, "load_cpu_kernels", cpu_kernels.load_cpu_kernels.__wrapped__)
-    assert select_attention_backend("auto", torch.device("cpu")).name == "torch"
-    assert select_attention_backend("cpu", torch.device("cpu")).name == "torch"  # falls back, warns
+    assert select_attention_backend("auto", CpuPlatform()).name == "torch"
+    assert select_attention_backend("cpu", CpuPlatform()).name == "torch"  # falls back, warns
 
 
 def test_unknown_attention_backend_names_the_flag(tiny_llama: str) -> None:

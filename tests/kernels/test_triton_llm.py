@@ -43,8 +43,9 @@ def test_greedy_tokens_equal_torch_backend(tiny_llama: str, monkeypatch: pytest.
 
 def test_triton_on_cpu_without_the_interpreter_is_refused_clearly() -> None:
     """A fresh process (no TRITON_INTERPRET): asking for triton on CPU names the problem and the flag."""
-    code = ("import torch\nfrom pagedserve.attention.backends import select_attention_backend\n"
-            "select_attention_backend('triton', torch.device('cpu'))")
+    code = ("from pagedserve.attention.backends import select_attention_backend\n"
+            "from pagedserve.platforms import get_platform\n"
+            "select_attention_backend('triton', get_platform('cpu'))")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode != 0

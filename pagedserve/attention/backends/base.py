@@ -1,7 +1,7 @@
 """The interface every attention backend implements, and the batch description they all start from."""
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Generic, TypeVar
 
 import torch
 
@@ -20,6 +20,14 @@ class CommonAttentionMetadata:
     block_size: int
 
 
+class AttentionMetadata:
+    """Base of every backend's per-step metadata (what its `build_metadata` precomputes and every
+    layer's `forward` reads through the forward context)."""
+
+
+MetadataT = TypeVar("MetadataT", bound=AttentionMetadata)
+
+
 @dataclass
 class AttentionLayerSpec:
     num_heads: int
@@ -28,7 +36,7 @@ class AttentionLayerSpec:
     scale: float
 
 
-class AttentionBackend(ABC):
+class AttentionBackend(ABC, Generic[MetadataT]):
     """Writes the step's new K/V into the paged cache and attends over block tables."""
 
     name: str
@@ -36,19 +44,19 @@ class AttentionBackend(ABC):
     supports_cuda_graphs: bool = False
 
     @abstractmethod
-    def build_metadata(self, common: CommonAttentionMetadata) -> Any:
+    def build_metadata(self, common: CommonAttentionMetadata) -> MetadataT:
         """Precompute, once per step, what `forward` needs in every layer."""
 
     def build_graph_metadata(self, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                              block_tables: torch.Tensor, slot_mapping: torch.Tensor, block_size: int,
-                             max_seq_len: int) -> Any:
+                             max_seq_len: int) -> MetadataT:
         """For backends that support CUDA graphs: decode-only metadata over a graph's static buffers
         (one query token per request; slot < 0 marks a padding row), valid for any contents of them."""
         raise NotImplementedError(f"the {self.name} attention backend does not support CUDA graphs")
 
     @abstractmethod
     def forward(self, spec: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: tuple[torch.Tensor, torch.Tensor], metadata: Any) -> torch.Tensor:
+                kv_cache: tuple[torch.Tensor, torch.Tensor], metadata: MetadataT) -> torch.Tensor:
         """q [T, num_heads * head_dim], k/v [T, num_kv_heads * head_dim]; kv_cache is this layer's
         (key_cache, value_cache), each [num_blocks, block_size, num_kv_heads, head_dim].
         Returns [T, num_heads * head_dim]."""

@@ -8,18 +8,18 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedserve.attention.backends.base import (AttentionBackend, AttentionLayerSpec,
+from pagedserve.attention.backends.base import (AttentionBackend, AttentionLayerSpec, AttentionMetadata,
                                                 CommonAttentionMetadata)
 from pagedserve.kernels.triton import PagedBatch, choose_num_splits, paged_attention, reshape_and_cache
 
 
 @dataclass
-class TritonAttentionMetadata:
+class TritonAttentionMetadata(AttentionMetadata):
     slot_mapping: torch.Tensor  # [T] int64; < 0: a padding token whose K/V is not written
     batch: PagedBatch
 
 
-class TritonAttentionBackend(AttentionBackend):
+class TritonAttentionBackend(AttentionBackend[TritonAttentionMetadata]):
     name = "triton"
     supports_cuda_graphs = True
 
