@@ -184,6 +184,8 @@ def main() -> None:
                      f"{fmt(step_ms, ' ms')} = {fmt(step_ratio)}", f"<= {target}x" if target else "",
                      verdict(step_ratio, target, higher_is_better=False)))
     table = build_table(test_summary(args.tests_xml), rows)
+    if args.dry_run:
+        table = "DRY RUN (CPU, tiny config): checks the script only; the figures and verdicts mean nothing\n" + table
     print(table)
     with open(os.path.join(args.out, "gpu_check.md"), "w") as f:
         f.write(table + "\n")
