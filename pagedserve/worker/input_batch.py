@@ -10,6 +10,8 @@ from pagedserve.core.sched_output import SchedulerOutput
 from pagedserve.layers.sampler import SamplingMetadata
 from pagedserve.sampling_params import SamplingParams
 
+_UINT64_MASK = 2**64 - 1
+
 
 @dataclass(slots=True)
 class CachedRequestState:
@@ -94,11 +96,12 @@ def build_sampling_metadata(requests: list[CachedRequestState], vocab_size: int,
     def column(values: Sequence[float], dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=device)
 
-    top_k = [p.top_k if p.top_k > 0 else vocab_size for p in params]
+    # NOTE: a top_k at or above the vocabulary keeps every token (and fits int64 whatever was asked).
+    top_k = [min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size for p in params]
     # NOTE: a seeded request's noise depends only on (seed, output position): reproducible whatever
-    # else is in the batch, and across preemptions.
-    seeds = {i: p.seed * 1_000_003 + len(r.token_ids) for i, (p, r) in enumerate(zip(params, requests))
-             if p.seed is not None and p.temperature > 0}
+    # else is in the batch, and across preemptions. Masked to 64 bits, what manual_seed takes, for any seed.
+    seeds = {i: (p.seed * 1_000_003 + len(r.token_ids)) & _UINT64_MASK
+             for i, (p, r) in enumerate(zip(params, requests)) if p.seed is not None and p.temperature > 0}
     logprobs = [p.logprobs for p in params if p.logprobs is not None]
     meta = SamplingMetadata(
         temperature=column([p.temperature for p in params]),

@@ -293,7 +293,7 @@ def test_prefix_cache_metrics_reset_and_salt(server: RemoteServer, client: opena
 
     first = hits_after()
     assert hits_after() > first and server.metrics()["pagedserve:prefix_cache_queries_total"] > 0
-    assert httpx.post(server.base_url + "/reset_prefix_cache", timeout=10).status_code == 200
+    assert httpx.post(server.base_url + "/reset_prefix_cache", headers=server.headers(), timeout=10).status_code == 200
     hits = hits_after()
     assert hits == hits_after(cache_salt="tenant-a") < hits_after(cache_salt="tenant-a")
 
