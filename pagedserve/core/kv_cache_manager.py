@@ -74,7 +74,8 @@ class KVCacheManager:
         if new_computed_blocks is not None:
             self.prefix_cache_queries += request.num_tokens
             self.prefix_cache_hits += len(hits) * self.block_size
-        self._cache_full_blocks(request, blocks, start + num_new_tokens)
+        # NOTE: draft tokens (past num_tokens) are not known to be the request's: never cached.
+        self._cache_full_blocks(request, blocks, min(start + num_new_tokens, request.num_tokens))
         return [block.block_id for block in hits + new_blocks]
 
     def num_blocks_needed(self, plan: Plan, tables: dict[str, list[KVCacheBlock]] | None = None) -> int:
@@ -112,6 +113,16 @@ class KVCacheManager:
         self.rewritten.discard(request.request_id)
         # NOTE: tail blocks first, so the most request-specific blocks are evicted first.
         self.block_pool.free(reversed(blocks))
+
+    def trim(self, request: Request) -> int:
+        """Release the blocks past those holding the request's tokens (they held only rejected draft
+        tokens). Returns how many were released."""
+        blocks = self.req_to_blocks.get(request.request_id, [])
+        keep = cdiv(request.num_tokens, self.block_size)
+        released = blocks[keep:]
+        del blocks[keep:]
+        self.block_pool.free(reversed(released))
+        return len(released)
 
     def take_block_copies(self) -> list[tuple[int, int]]:
         """The copies on write decided since the last call, (src, dst) block ids, in order."""

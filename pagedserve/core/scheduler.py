@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pagedserve.config import SchedulerConfig
+from pagedserve.config import SchedulerConfig, SpeculativeConfig
 from pagedserve.core.beam_search import BeamSearchManager
 from pagedserve.core.groups import groups_of, plan_group
 from pagedserve.core.kv_admission import KVAdmissionPolicy
@@ -19,6 +19,7 @@ from pagedserve.core.parallel_sampling import ParallelSampling
 from pagedserve.core.request import Request, RequestStatus
 from pagedserve.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                           SchedulerOutput)
+from pagedserve.core.spec_decode import NgramProposer, adapt_num_spec_tokens, num_drafts_allowed
 from pagedserve.core.swap import SwapSpace
 from pagedserve.logger import init_logger
 from pagedserve.protocol import EngineCoreOutput, FinishReason, SchedulerStats
@@ -36,6 +37,7 @@ class _Step:
     num_scheduled: dict[str, int] = field(default_factory=dict)
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
+    spec_tokens: dict[str, list[int]] = field(default_factory=dict)
     preempted: bool = False
 
 
@@ -47,7 +49,8 @@ class Scheduler:
     Waiting requests are admitted only as far as `admission` allows (KV-aware: preemptions stay rare)."""
 
     def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager,
-                 swap_space: SwapSpace | None = None, admission: KVAdmissionPolicy | None = None) -> None:
+                 swap_space: SwapSpace | None = None, admission: KVAdmissionPolicy | None = None,
+                 speculative: SpeculativeConfig | None = None) -> None:
         self.config = config
         self.admission = admission or KVAdmissionPolicy()
         self.kv_cache_manager = kv_cache_manager
@@ -62,6 +65,11 @@ class Scheduler:
         self.num_recomputed_tokens_total = 0  # computed tokens whose KV a preemption dropped
         self._forget_req_ids: set[str] = set()  # the workers must drop these next step
         self._num_tokens_sent: dict[str, int] = {}  # how many tokens each worker copy holds
+        self._num_dropped_blocks: dict[str, int] = {}  # blocks trimmed since the workers last heard
+        self.speculative = speculative
+        self.ngram = NgramProposer(speculative) if speculative and speculative.method == "ngram" else None
+        # Speculative decoding, cumulative: steps with drafts, draft tokens verified, drafts accepted.
+        self.spec_num_drafts = self.spec_num_draft_tokens = self.spec_num_accepted_tokens = 0
 
     def add_request(self, request: Request) -> None:
         if request.beam_search is not None:
@@ -86,7 +94,8 @@ class Scheduler:
             self.requests[request_id].num_computed_tokens += num_new
         output = SchedulerOutput(step.new_reqs, step.cached_reqs, step.num_scheduled,
                                  self.config.max_num_batched_tokens - step.budget, self._forget_req_ids,
-                                 step.swap_out, step.swap_in, self.kv_cache_manager.take_block_copies())
+                                 step.swap_out, step.swap_in, self.kv_cache_manager.take_block_copies(),
+                                 step.spec_tokens)
         self._forget_req_ids = set()
         return output
 
@@ -166,14 +175,19 @@ class Scheduler:
         if request_id in self._num_tokens_sent and request_id not in self.kv_cache_manager.rewritten:
             num_sent = self._num_tokens_sent[request_id]
             step.cached_reqs.append(CachedRequestData(request_id, request.all_token_ids[num_sent:],
-                                                      new_block_ids, request.num_computed_tokens))
+                                                      new_block_ids, request.num_computed_tokens,
+                                                      self._num_dropped_blocks.pop(request_id, 0)))
         else:
             self.kv_cache_manager.rewritten.discard(request_id)
+            self._num_dropped_blocks.pop(request_id, None)
             step.new_reqs.append(NewRequestData(
                 request_id, list(request.all_token_ids), request.num_prompt_tokens, request.sampling_params,
                 request.eos_token_id, self.kv_cache_manager.get_block_ids(request_id),
                 request.num_computed_tokens))
         self._num_tokens_sent[request_id] = request.num_tokens
+        num_drafts = request.num_computed_tokens + num_new - request.num_tokens
+        if num_drafts > 0:
+            step.spec_tokens[request_id] = request.spec_token_ids[:num_drafts]
         step.num_scheduled[request_id] = num_new
         step.budget -= num_new
 
@@ -186,6 +200,7 @@ class Scheduler:
         for request in group:
             self._forget(request.request_id)
             request.num_preemptions += 1
+            request.spec_token_ids = []
         self.num_preemptions_total += 1
         mode = self.config.preemption_mode or ("swap" if len(group) > 1 else "recompute")
         pairs = None
@@ -219,6 +234,7 @@ class Scheduler:
             self.waiting.appendleft(request)
 
     def _forget(self, request_id: str) -> None:
+        self._num_dropped_blocks.pop(request_id, None)
         if self._num_tokens_sent.pop(request_id, None) is not None:
             self._forget_req_ids.add(request_id)
 
@@ -241,16 +257,51 @@ class Scheduler:
             logprobs = runner_output.logprobs.get(request_id)
             if self.beam_search.report(request, logprobs):
                 continue  # a beam: its search picks the continuations
-            request.append_token(token_id)
-            output = EngineCoreOutput(request_id, [token_id], [logprobs] if logprobs else None,
-                                      prompt_logprobs)
-            if request.check_stop(self.config.max_model_len):
-                output.finish_reason, output.stop_reason = request.finish_reason, request.stop_reason
-                finished.append(request)
+            output = EngineCoreOutput(request_id, [], [logprobs] if logprobs else None, prompt_logprobs)
+            for token in [token_id, *runner_output.extra_token_ids.get(request_id, ())]:
+                request.append_token(token)
+                output.new_token_ids.append(token)
+                if request.check_stop(self.config.max_model_len):
+                    output.finish_reason, output.stop_reason = request.finish_reason, request.stop_reason
+                    finished.append(request)
+                    break
+            drafts = scheduler_output.scheduled_spec_decode_tokens.get(request_id)
+            if drafts:
+                self._settle_drafts(request, drafts, len(output.new_token_ids) - 1)
             outputs.append(output)
         pruned, beam_outputs = self.beam_search.advance(self._fork_beam)
         self._finish(finished + pruned)
+        if self.speculative is not None:
+            self._propose_drafts(runner_output.draft_token_ids)
         return outputs + beam_outputs
+
+    def _settle_drafts(self, request: Request, drafts: list[int], num_accepted: int) -> None:
+        """After verification: the rejected drafts' K/V were computed but are not the request's. Their
+        slots are written again from num_computed_tokens on; blocks holding nothing else are released."""
+        self.spec_num_drafts += 1
+        self.spec_num_draft_tokens += len(drafts)
+        self.spec_num_accepted_tokens += num_accepted
+        assert self.speculative is not None, "drafts come with a speculative config"
+        adapt_num_spec_tokens(request, len(drafts), num_accepted, self.speculative.num_speculative_tokens)
+        request.spec_token_ids = []
+        request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens - 1)
+        if request.finish_reason is None:
+            dropped = self.kv_cache_manager.trim(request)
+            if dropped:
+                self._num_dropped_blocks[request.request_id] = \
+                    self._num_dropped_blocks.get(request.request_id, 0) + dropped
+
+    def _propose_drafts(self, draft_model_proposals: dict[str, list[int]]) -> None:
+        """Draft tokens for the next step: n-gram prompt lookup here, or the draft model's proposals."""
+        assert self.speculative is not None
+        for request in self.running:
+            num = num_drafts_allowed(request, self.speculative.num_speculative_tokens, self.config.max_model_len)
+            if not num:
+                request.spec_token_ids = []
+            elif self.ngram is not None:
+                request.spec_token_ids = self.ngram.propose(request.all_token_ids, num)
+            else:
+                request.spec_token_ids = draft_model_proposals.get(request.request_id, [])[:num]
 
     def _fork_beam(self, parent: Request, request_id: str) -> Request:
         assert parent.status is RequestStatus.RUNNING, "a beam forks right after it reported"
@@ -305,4 +356,6 @@ class Scheduler:
             num_kv_slots_allocated=kv.num_allocated_slots(), num_kv_tokens_stored=stored,
             num_shared_blocks=kv.block_pool.num_shared_blocks, num_blocks_saved=kv.block_pool.num_blocks_saved,
             num_swapped_reqs=sum(len(group) for group in self.swapped),
-            prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits)
+            prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits,
+            spec_decode_num_drafts=self.spec_num_drafts, spec_decode_num_draft_tokens=self.spec_num_draft_tokens,
+            spec_decode_num_accepted_tokens=self.spec_num_accepted_tokens)

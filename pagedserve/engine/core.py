@@ -34,7 +34,7 @@ class EngineCore:
         swap_space = SwapSpace(kv.num_host_blocks) if kv.num_host_blocks else None
         self.scheduler = Scheduler(config.scheduler, KVCacheManager(kv.num_blocks, kv.block_size,
                                                                     config.cache.enable_prefix_caching),
-                                   swap_space)
+                                   swap_space, speculative=config.speculative)
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.scheduler.add_request(Request(request))

@@ -214,6 +214,8 @@ def test_dashboard_shows_blocks_in_use_and_the_metrics(server: RemoteServer, tmp
         server.wait_for(lambda: server.metrics()["pagedserve:kv_cache_usage_perc"] > 0.2, 30, "blocks in use")
         screenshot = str(tmp_path / "dashboard.png")
         run_chromium(url, f"--screenshot={screenshot}", virtual_time_ms=2500)
+        swatches = re.findall(r'class="swatch" style="background:\s*([^;"]+)', run_chromium(
+            url, "--dump-dom", virtual_time_ms=2500))
     finally:
         stop.set()
         for thread in threads:
@@ -222,6 +224,8 @@ def test_dashboard_shows_blocks_in_use_and_the_metrics(server: RemoteServer, tmp
     colorful = (image[..., :3].max(-1).astype(int) - image[..., :3].min(-1)) > 80  # held cells are saturated
     cell_area = 17 * 17  # 64 blocks are drawn 18 px apart
     assert colorful.sum() >= 8 * cell_area, f"only {colorful.sum()} colored pixels: no block in use drawn"
+    # Each request holding blocks has its own color.
+    assert len(swatches) >= 2 and len(set(swatches)) == len(swatches), swatches
     wait_idle(server)
     dom, metrics = run_chromium(url, "--dump-dom", virtual_time_ms=2500), server.metrics()
     number = lambda element_id: float(text_by_id(dom, element_id).replace(",", "").rstrip("%"))  # noqa: E731
@@ -235,6 +239,8 @@ def test_dashboard_shows_blocks_in_use_and_the_metrics(server: RemoteServer, tmp
     finished = sum(v for k, v in metrics.items() if k.startswith("pagedserve:request_success_total"))
     assert number("finished") == finished
     assert number("free-blocks") == number("num-blocks") == NUM_BLOCKS
+    # No request finished in the last interval: no mean to show, not a misleading 0.000.
+    assert text_by_id(dom, "ttft") == text_by_id(dom, "e2e") == "\u2014"
 
 
 def test_openapi_fuzzing_finds_no_server_error(server: RemoteServer, tmp_path) -> None:

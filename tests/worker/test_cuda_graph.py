@@ -51,7 +51,7 @@ def decode_batch(cached_lens: list[int], block_size: int) -> BatchInputs:
     n = len(cached_lens)
     return BatchInputs(input_ids=torch.arange(100, 100 + n), positions=torch.tensor(cached_lens),
                        attention=common, request_ids=[f"r{i}" for i in range(n)], sample_rows=list(range(n)),
-                       logits_indices=torch.arange(n))
+                       logits_indices=torch.arange(n), draft_token_ids=[[] for _ in range(n)])
 
 
 def test_fill_copies_the_batch_and_pads_the_bucket() -> None:
