@@ -52,9 +52,7 @@ class EngineCore:
             return EngineCoreOutputs()
         timestamp = time.time()
         scheduler_output = self.scheduler.schedule()
-        # A request resumed after preemption is "new" to the workers again, but it left the queue before.
-        first_scheduled = [new.request_id for new in scheduler_output.scheduled_new_reqs
-                           if self.scheduler.requests[new.request_id].num_preemptions == 0]
+        first_scheduled = self.scheduler.started_request_ids(scheduler_output)
         runner_output = self.executor.execute_model(scheduler_output)
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         return EngineCoreOutputs(outputs, self.scheduler.get_stats(), timestamp, first_scheduled)
