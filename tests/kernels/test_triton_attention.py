@@ -8,6 +8,7 @@ from paged_batches import make_batch, random_cache
 
 from pagedserve.attention.backends.base import AttentionLayerSpec, CommonAttentionMetadata
 from pagedserve.attention.backends.torch_paged import TorchPagedAttentionBackend, write_kv
+from pagedserve.utils import cdiv
 
 kernels = import_triton_kernels()
 from pagedserve.attention.backends.triton import TritonAttentionBackend  # noqa: E402
@@ -110,6 +111,20 @@ def reference_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
     return torch.einsum("hqk,khd->qhd", weights, values)
 
 
+def attention_over_cache(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                         common: CommonAttentionMetadata, scale: float, window: int | None = None,
+                         soft_cap: float | None = None) -> torch.Tensor:
+    """`reference_attention` of every request of the batch over its keys in the (float) cache."""
+    out = torch.empty_like(q)
+    for i, seq_len in enumerate(common.seq_lens):
+        rows = slice(common.query_start_loc[i], common.query_start_loc[i + 1])
+        blocks = common.block_tables[i, :cdiv(seq_len, common.block_size)]
+        keys = key_cache[blocks].flatten(0, 1)[:seq_len]
+        values = value_cache[blocks].flatten(0, 1)[:seq_len]
+        out[rows] = reference_attention(q[rows], keys, values, window, soft_cap, scale)
+    return out
+
+
 @pytest.mark.parametrize("window,soft_cap", [(5, None), (16, None), (40, None), (None, 2.0), (12, 1.5)])
 def test_sliding_window_and_soft_cap_match_reference(window: int | None, soft_cap: float | None) -> None:
     torch.manual_seed(window or 0)
@@ -123,13 +138,8 @@ def test_sliding_window_and_soft_cap_match_reference(window: int | None, soft_ca
     kernels.paged_attention(out, q, key_cache, value_cache,
                             TritonAttentionBackend().build_metadata(common).batch, 0.15, sliding_window=window,
                             logits_soft_cap=soft_cap)
-    for i, seq_len in enumerate(common.seq_lens):
-        rows = slice(common.query_start_loc[i], common.query_start_loc[i + 1])
-        blocks = common.block_tables[i, :-(-seq_len // block_size)]
-        keys = key_cache[blocks].flatten(0, 1)[:seq_len]
-        values = value_cache[blocks].flatten(0, 1)[:seq_len]
-        expected = reference_attention(q[rows], keys, values, window, soft_cap, 0.15)
-        assert (out[rows] - expected).abs().max().item() < 1e-5
+    expected = attention_over_cache(q, key_cache, value_cache, common, 0.15, window, soft_cap)
+    assert (out - expected).abs().max().item() < 1e-5
 
 
 def test_reshape_and_cache_skips_padding_slots() -> None:
@@ -144,3 +154,36 @@ def test_reshape_and_cache_skips_padding_slots() -> None:
     write_kv(*expected, k[real], v[real], slots[real])
     kernels.reshape_and_cache(k, v, key_cache, value_cache, slots)
     assert torch.equal(key_cache, expected[0]) and torch.equal(value_cache, expected[1])
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_cache_is_read_through_its_scales(fp8: torch.dtype) -> None:
+    """A float8 cache holding K / k_scale and V / v_scale: attention equals the torch backend's over the
+    dequantized cache (reading fp8 is exact, so float32 tolerance)."""
+    torch.manual_seed(6)
+    spec = AttentionLayerSpec(4, 2, 32, scale=0.2)
+    common = on_device(make_batch([(20, 1), (5, 9), (0, 7)], 8, seed=1))
+    key_cache, value_cache = (c.to(DEVICE) for c in random_cache(8, spec, torch.float32))
+    quantized = ((key_cache / 0.5).to(fp8), (value_cache / 0.25).to(fp8))
+    q = torch.randn(common.query_start_loc[-1], 4, 32, device=DEVICE)
+    out = torch.empty_like(q)
+    kernels.paged_attention(out, q, *quantized, TritonAttentionBackend().build_metadata(common).batch, 0.2,
+                            k_scale=0.5, v_scale=0.25)
+    expected = attention_over_cache(q, quantized[0].float() * 0.5, quantized[1].float() * 0.25, common, 0.2)
+    assert (out - expected).abs().max().item() < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_writes_equal_torch_conversion(fp8: torch.dtype) -> None:
+    """K / k_scale rounded as torch rounds, saturated at the format's largest value (GPU: the
+    interpreter's float8 rounding differs from torch's)."""
+    torch.manual_seed(7)
+    key_cache, value_cache = (torch.zeros(64, 16, 2, 40, device=DEVICE, dtype=fp8) for _ in range(2))
+    slots = torch.tensor([5, 17, 130, 16 * 63 + 15], device=DEVICE)
+    k, v = (torch.randn(4, 2, 40, device=DEVICE) * 300 for _ in range(2))  # some beyond e4m3's 448
+    kernels.reshape_and_cache(k, v, key_cache, value_cache, slots, k_scale=0.5, v_scale=2.0)
+    limit = torch.finfo(fp8).max
+    for cache, values, scale in ((key_cache, k, 0.5), (value_cache, v, 2.0)):
+        expected = (values / scale).clamp(-limit, limit).to(fp8)
+        assert torch.equal(cache.view(-1, 2, 40)[slots].float(), expected.float())

@@ -50,10 +50,15 @@ class TritonAttentionBackend(AttentionBackend[TritonAttentionMetadata]):
         num_tokens = q.shape[0]
         q = q.view(num_tokens, spec.num_heads, spec.head_dim)
         key_cache, value_cache = kv_cache
-        # HOOK: the sliding window, the soft cap and fp8 KV scales, once AttentionLayerSpec carries them.
+        # HOOK: the sliding window, the soft cap and the fp8 KV cache (`kv_quant`: its format and scales,
+        # the cache holding the fp8 bits as uint8), read once AttentionLayerSpec carries them.
         sliding_window = getattr(spec, "sliding_window", None)
         soft_cap = getattr(spec, "logits_soft_cap", None)
-        k_scale, v_scale = getattr(spec, "k_scale", 1.0), getattr(spec, "v_scale", 1.0)
+        k_scale = v_scale = 1.0
+        quant = getattr(spec, "kv_quant", None)
+        if quant is not None:
+            key_cache, value_cache = key_cache.view(quant.fp8_dtype), value_cache.view(quant.fp8_dtype)
+            k_scale, v_scale = quant.k_scale, quant.v_scale
         reshape_and_cache(k.view(num_tokens, spec.num_kv_heads, spec.head_dim),
                           v.view(num_tokens, spec.num_kv_heads, spec.head_dim), key_cache, value_cache,
                           metadata.slot_mapping, k_scale, v_scale)
