@@ -58,6 +58,18 @@ def test_mixed_batch_matches_torch(block_size: int, group: str, dtype: torch.dty
     run_both(spec, on_device(common), dtype)
 
 
+@pytest.mark.parametrize("window,soft_cap", [(11, None), (20, 5.0)])
+@pytest.mark.parametrize("block_size", [8, 16])
+def test_window_and_soft_cap_through_the_backend_match_torch(block_size: int, window: int, soft_cap: float | None
+                                                             ) -> None:
+    """The layer's sliding window (cutting the cached prefix, the chunk and the fresh prefill) and Gemma
+    2's soft cap, from AttentionLayerSpec, as the torch backend applies them."""
+    torch.manual_seed(block_size)
+    spec = AttentionLayerSpec(8, 2, 32, scale=0.125, sliding_window=window, logits_soft_cap=soft_cap)
+    common = make_batch([(0, 1), (37, 1), (block_size - 1, 1), (19, 13), (0, 21)], block_size, seed=2)
+    run_both(spec, on_device(common), torch.float32)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_head_dim_not_a_power_of_two(dtype: torch.dtype) -> None:
     torch.manual_seed(1)

@@ -50,10 +50,8 @@ class TritonAttentionBackend(AttentionBackend[TritonAttentionMetadata]):
         num_tokens = q.shape[0]
         q = q.view(num_tokens, spec.num_heads, spec.head_dim)
         key_cache, value_cache = kv_cache
-        # HOOK: the sliding window, the soft cap and the fp8 KV cache (`kv_quant`: its format and scales,
-        # the cache holding the fp8 bits as uint8), read once AttentionLayerSpec carries them.
-        sliding_window = getattr(spec, "sliding_window", None)
-        soft_cap = getattr(spec, "logits_soft_cap", None)
+        # HOOK: the fp8 KV cache (`kv_quant`: its format and scales, the cache holding the fp8 bits as
+        # uint8), read once AttentionLayerSpec carries it.
         k_scale = v_scale = 1.0
         quant = getattr(spec, "kv_quant", None)
         if quant is not None:
@@ -63,6 +61,6 @@ class TritonAttentionBackend(AttentionBackend[TritonAttentionMetadata]):
                           v.view(num_tokens, spec.num_kv_heads, spec.head_dim), key_cache, value_cache,
                           metadata.slot_mapping, k_scale, v_scale)
         out = torch.empty_like(q)
-        paged_attention(out, q, key_cache, value_cache, metadata.batch, spec.scale, sliding_window, soft_cap,
-                        k_scale, v_scale)
+        paged_attention(out, q, key_cache, value_cache, metadata.batch, spec.scale, spec.sliding_window,
+                        spec.logits_soft_cap, k_scale, v_scale)
         return out.view(num_tokens, -1)
