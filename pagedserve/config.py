@@ -22,6 +22,10 @@ SUPPORTED_DTYPES = ("auto", "float32", "float16", "bfloat16")
 # model_type -> architecture: every supported family (models/<model_type>.py defines the class).
 MODEL_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                        "qwen2": "Qwen2ForCausalLM"}
+# --quantization names; each is registered in quantization/__init__.py. "none" loads a GGUF dequantized.
+QUANTIZATION_METHODS = ("gguf", "int8", "int4")
+# --kv-cache-dtype names (vLLM's): auto is the model's dtype; fp8 is fp8_e4m3.
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,7 @@ class ModelConfig:
     load_format: str  # auto | dummy
     tokenizer: str | None
     max_logprobs: int
+    quantization: str | None = None  # resolved: one of QUANTIZATION_METHODS, or None (unquantized)
 
     @property
     def vocab_size(self) -> int:
@@ -51,6 +56,8 @@ class CacheConfig:
     num_gpu_blocks_override: int | None
     enable_prefix_caching: bool = True
     swap_space_bytes: int = 0  # host memory per worker for swapped-out KV blocks
+    cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
+    calculate_kv_scales: bool = False  # fp8 KV: per-layer scales from the first batch, else 1.0
 
 
 PREEMPTION_MODES = ("recompute", "swap")
@@ -140,6 +147,16 @@ class EngineArgs:
               "when all ranks fit on this machine, else ray.", choices=EXECUTOR_BACKENDS)
     distributed_timeout: float = _arg(600.0, "Seconds one call to the workers (loading, a step, a "
                                              "collective) may take before the engine is declared dead.")
+    quantization: str | None = _arg(
+        None, "Weight quantization: gguf (a GGUF file's blocks kept quantized; the default for GGUF files), "
+              "int8 / int4 (online, group-wise round-to-nearest of a float checkpoint), or none (a GGUF file "
+              "dequantized). Default: what the checkpoint says (config.json's quantization_config, GGUF).",
+        choices=(*QUANTIZATION_METHODS, "none"))
+    kv_cache_dtype: str = _arg("auto", "KV-cache storage dtype. auto: the model's dtype; fp8 (= fp8_e4m3) "
+                                       "and fp8_e5m2: 1 byte per value, with a per-layer scale.",
+                               choices=KV_CACHE_DTYPES)
+    calculate_kv_scales: bool = _arg(False, "fp8 KV cache: compute each layer's K and V scales from the "
+                                            "first batch (else the checkpoint's, else 1.0).")
     seed: int = _arg(0, "Random seed for sampling without a per-request seed.")
     max_logprobs: int = _arg(20, "Largest logprobs / prompt_logprobs a request may ask for.")
     enforce_eager: bool = _arg(False, "Disable CUDA graphs.")
@@ -194,7 +211,8 @@ class EngineArgs:
         return EngineConfig(
             model=model_config,
             cache=CacheConfig(self.block_size, self.gpu_memory_utilization, kv_bytes,
-                              self.num_gpu_blocks_override, self.enable_prefix_caching, self._swap_bytes()),
+                              self.num_gpu_blocks_override, self.enable_prefix_caching, self._swap_bytes(),
+                              self._kv_cache_dtype(), self.calculate_kv_scales),
             scheduler=SchedulerConfig(self.max_num_seqs, batched, model_config.max_model_len,
                                       self.preemption_mode),
             parallel=parallel,
@@ -213,6 +231,12 @@ class EngineArgs:
             raise ConfigError("--preemption-mode swap needs host memory to swap to: set --swap-space "
                               "(GiB) above 0, or use --preemption-mode recompute.")
         return int(self.swap_space * 2**30)
+
+    def _kv_cache_dtype(self) -> str:
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported; --kv-cache-dtype "
+                              f"must be one of {', '.join(KV_CACHE_DTYPES)}.")
+        return self.kv_cache_dtype
 
     def _attention_backend(self, device: str) -> str:
         if self.attention_backend not in ATTENTION_BACKENDS:
@@ -268,7 +292,38 @@ class EngineArgs:
                            dtype=_resolve_dtype(self.dtype, hf_config, device),
                            max_model_len=max_model_len, served_model_name=name, seed=self.seed,
                            load_format=self.load_format, tokenizer=self.tokenizer,
-                           max_logprobs=self.max_logprobs)
+                           max_logprobs=self.max_logprobs,
+                           quantization=self._quantization(hf_config, gguf_file, device))
+
+    def _quantization(self, hf_config: Any, gguf_file: str | None, device: str) -> str | None:
+        """--quantization, else what the checkpoint says; None is unquantized."""
+        quant_config = getattr(hf_config, "quantization_config", None) or {}
+        shipped = quant_config.get("quant_method") if isinstance(quant_config, dict) else \
+            getattr(quant_config, "quant_method", None)
+        detected = "gguf" if gguf_file else (str(shipped) if shipped else None)
+        requested = self.quantization
+        supported = f"{', '.join(QUANTIZATION_METHODS)} or none"
+        if requested not in (None, "none", *QUANTIZATION_METHODS):
+            raise ConfigError(f"quantization={requested!r} is not supported; --quantization must be one of "
+                              f"{supported}.")
+        if detected not in (None, "gguf") and detected not in QUANTIZATION_METHODS:
+            raise ConfigError(f"The checkpoint is quantized with {detected!r} (config.json quantization_config), "
+                              f"which pagedserve does not support; supported: {supported}.")
+        if requested is None:
+            if detected == "gguf" and (device != "cpu" or self.load_format == "dummy"):
+                logger.info("GGUF weights are dequantized: the native GGUF kernels run on the CPU with "
+                            "checkpoint weights only.")
+                return None
+            return detected
+        if requested == "gguf" and not gguf_file:
+            raise ConfigError("--quantization gguf needs a GGUF file (--model *.gguf).")
+        if requested in QUANTIZATION_METHODS and device != "cpu":
+            raise ConfigError(f"--quantization {requested} has CPU kernels only; use --device cpu, or "
+                              "--quantization none (GGUF dequantized).")
+        if requested in ("int8", "int4") and detected is not None:
+            raise ConfigError(f"--quantization {requested} quantizes a float checkpoint, but this one is "
+                              f"already {detected}; use --quantization none (GGUF) or leave it unset.")
+        return None if requested == "none" else requested
 
 
 def _sliding_window(hf_config: Any) -> int | None:

@@ -10,6 +10,8 @@ from pagedserve.logger import init_logger
 from pagedserve.model_loader.gguf import iterate_gguf
 from pagedserve.model_loader.safetensors import iterate_safetensors
 from pagedserve.models.registry import get_model_class
+from pagedserve.quantization import get_quantization_config
+from pagedserve.quantization.base import set_quantization_config
 
 logger = init_logger(__name__)
 
@@ -20,7 +22,7 @@ def load_model(config: ModelConfig, device: torch.device) -> nn.Module:
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        with torch.device(device):
+        with torch.device(device), set_quantization_config(get_quantization_config(config.quantization)):
             model = model_class(config.hf_config)
     finally:
         torch.set_default_dtype(previous)
@@ -29,7 +31,8 @@ def load_model(config: ModelConfig, device: torch.device) -> nn.Module:
         return model.eval()
     hf = config.hf_config
     if config.gguf_file:
-        weights = iterate_gguf(config.gguf_file, hf.num_attention_heads, hf.num_key_value_heads)
+        weights = iterate_gguf(config.gguf_file, hf.num_attention_heads, hf.num_key_value_heads,
+                               keep_quantized=config.quantization == "gguf")
     elif os.path.isdir(config.model):
         weights = iterate_safetensors(config.model)
     else:
@@ -41,6 +44,9 @@ def load_model(config: ModelConfig, device: torch.device) -> nn.Module:
     if missing:
         raise ConfigError(f"The checkpoint of {config.model} lacks {len(missing)} weights, e.g. "
                           f"{sorted(missing)[:3]}.")
+    for module in model.modules():
+        if hasattr(module, "quant_method"):
+            module.quant_method.process_weights_after_loading(module)
     return model.eval()
 
 

@@ -100,7 +100,7 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(config, self.qkv_bias)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if getattr(config, "tie_word_embeddings", False):
-            self.lm_head.weight = self.model.embed_tokens.weight
+            self.lm_head.tie_to(self.model.embed_tokens)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)
@@ -115,7 +115,7 @@ class LlamaForCausalLM(nn.Module):
         for name, tensor in weights:
             if "rotary_emb.inv_freq" in name:
                 continue
-            if name == "lm_head.weight" and getattr(self.config, "tie_word_embeddings", False):
+            if name.startswith("lm_head.") and getattr(self.config, "tie_word_embeddings", False):
                 continue
             shard_id = None
             for fragment, (fused, shard) in self.stacked_params.items():
