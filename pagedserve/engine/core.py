@@ -51,8 +51,9 @@ class EngineCore:
         max_model_len = self.config.model.max_model_len
         if weights is not None:
             logger.info("Model weights: %s.", format_bytes(weights))
-        logger.info("KV cache (%s): %s per token, %s per block of %d tokens, %d blocks (+1 reserved), "
-                    "%s in all, capacity %d tokens.", source, format_bytes(bytes_per_block // block_size),
+        cache_dtype = self.config.model.dtype if cache.cache_dtype == "auto" else cache.cache_dtype
+        logger.info("KV cache (%s, %s): %s per token, %s per block of %d tokens, %d blocks (+1 reserved), "
+                    "%s in all, capacity %d tokens.", source, cache_dtype, format_bytes(bytes_per_block // block_size),
                     format_bytes(bytes_per_block), block_size, num_blocks - 1,
                     format_bytes(bytes_per_block * num_blocks), kv.capacity_tokens)
         logger.info("Maximum concurrency for %d tokens per request: %.2fx", max_model_len,

@@ -5,6 +5,8 @@ from typing import Any
 
 import torch
 
+from pagedserve.attention.kv_quant import KVQuantization
+
 
 @dataclass
 class CommonAttentionMetadata:
@@ -26,6 +28,8 @@ class AttentionLayerSpec:
     num_kv_heads: int
     head_dim: int
     scale: float
+    # fp8 KV cache: the format and this layer's K/V scales; None: the cache holds the model's dtype.
+    kv_quant: KVQuantization | None = None
 
 
 class AttentionBackend(ABC):
@@ -41,5 +45,6 @@ class AttentionBackend(ABC):
     def forward(self, spec: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], metadata: Any) -> torch.Tensor:
         """q [T, num_heads * head_dim], k/v [T, num_kv_heads * head_dim]; kv_cache is this layer's
-        (key_cache, value_cache), each [num_blocks, block_size, num_kv_heads, head_dim].
+        (key_cache, value_cache), each [num_blocks, block_size, num_kv_heads, head_dim], in q's dtype or,
+        when `spec.kv_quant` is set, uint8 fp8 bits to store and read through it.
         Returns [T, num_heads * head_dim]."""
