@@ -44,9 +44,11 @@ def test_fp8_cache_reads_back_the_rounded_values(backend_class: type, cache_dtyp
     rounded_v = quant.dequantize(quant.quantize(v, quant.v_scale), quant.v_scale, torch.float32)
     out = backend.forward(fp8_spec, q, k, v, fp8_cache, backend.build_metadata(common))
     expected = backend.forward(float_spec, q, rounded_k, rounded_v, float_cache, backend.build_metadata(common))
-    decodes_and_prefix = slice(0, common.query_start_loc[3])  # the fresh prompt attends its unrounded k/v
-    torch.testing.assert_close(out[decodes_and_prefix], expected[decodes_and_prefix], atol=1e-5, rtol=1e-5)
-    assert (out - expected).abs().max() < 0.1  # the fresh prompt: only the rounding of its own k/v
+    fresh = common.query_start_loc[3]  # the fresh prompt attends its own k/v as computed, not as stored
+    torch.testing.assert_close(out[:fresh], expected[:fresh], atol=1e-5, rtol=1e-5)
+    unrounded = backend.forward(float_spec, q, k, v, tuple(c.clone() for c in float_cache),
+                                backend.build_metadata(common))
+    torch.testing.assert_close(out[fresh:], unrounded[fresh:], atol=1e-5, rtol=1e-5)
 
 
 def _engine(model: str, **kwargs: object) -> LLM:
@@ -62,20 +64,28 @@ def test_fp8_holds_4x_the_float32_blocks_and_2x_bfloat16(tiny_llama: str) -> Non
     assert fp8 == 4 * float32 and bf16_fp8 == 2 * bf16, (float32, fp8, bf16, bf16_fp8)
 
 
+def _prompt_logprobs(llm: LLM, sequences: list[list[int]]) -> torch.Tensor:
+    """Teacher-forced logprob of every token after the first, all sequences concatenated."""
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
+    outputs = llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
+    return torch.tensor([entry[token] for output, sequence in zip(outputs, sequences)
+                         for entry, token in zip(output.prompt_logprobs[1:], sequence[1:])])
+
+
 @pytest.mark.parametrize("calculate_kv_scales", [False, True])
-def test_fp8_greedy_stays_close_to_the_float_cache(tiny_llama: str, calculate_kv_scales: bool) -> None:
-    prompts = [[(7 * i + 3 * j) % 1000 + 10 for j in range(5 + 3 * i)] for i in range(6)]
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=1)
-    reference = _engine(tiny_llama).generate([{"prompt_token_ids": p} for p in prompts], params,
-                                             use_tqdm=False)
-    llm = _engine(tiny_llama, kv_cache_dtype="fp8", calculate_kv_scales=calculate_kv_scales)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    agree = total = 0
-    for got, want in zip(outputs, reference):
-        got_ids, want_ids = got.outputs[0].token_ids, want.outputs[0].token_ids
-        first_difference = next((i for i, (a, b) in enumerate(zip(got_ids, want_ids)) if a != b), len(got_ids))
-        agree, total = agree + first_difference, total + len(want_ids)
-    assert agree >= 0.75 * total, f"{agree}/{total} tokens before the first difference"
+def test_fp8_logprobs_stay_close_to_the_float_cache(tiny_llama: str, calculate_kv_scales: bool) -> None:
+    """A random tiny model's logits are nearly tied, so greedy tokens would flip on any rounding: its
+    teacher-forced logprobs are compared instead (SmolLM2's greedy and perplexity: benchmarks/accuracy.py)."""
+    generator = torch.Generator().manual_seed(0)
+    sequences = [torch.randint(10, 40000, (n,), generator=generator).tolist() for n in (8, 40, 90)]
+    # NOTE: prompts chunked by 16 tokens, so later chunks attend their prefix through the cache
+    chunked = dict(max_num_batched_tokens=16, max_num_seqs=4)
+    reference = _prompt_logprobs(_engine(tiny_llama, **chunked), sequences)
+    llm = _engine(tiny_llama, kv_cache_dtype="fp8", calculate_kv_scales=calculate_kv_scales, **chunked)
+    error = (_prompt_logprobs(llm, sequences) - reference).abs()
+    print(f"fp8 KV, calculate_kv_scales={calculate_kv_scales}: |logprob error| mean {error.mean():.2e}, "
+          f"max {error.max():.2e}, reference mean {reference.mean():.2f}")
+    assert 0 < error.max() < 0.05 * reference.abs().mean()
     runner = llm.llm_engine.engine_core.executor.worker.model_runner
     quant = runner.attention_layers[0].spec.kv_quant
     assert not quant.scales_pending and (quant.k_scale != 1.0) == calculate_kv_scales
