@@ -313,3 +313,12 @@ def test_best_of_and_beam_search(server: RemoteServer, client: openai.OpenAI, ll
                  {"best_of": 1, "n": 2}):
         response = post(server, "/v1/completions", {"prompt": "hi", **body})
         assert response.status_code == 400 and response.json()["error"]["param"] in ("stream", "best_of"), body
+
+
+def test_cache_config_info(server: RemoteServer, llm: LLM) -> None:
+    info = [name for name in server.metrics() if name.startswith("pagedserve:cache_config_info")]
+    assert len(info) == 1 and server.metrics()[info[0]] == 1.0
+    blocks = llm.llm_engine.engine_core.kv_cache_config.num_blocks - 1  # the same sizing as the server's
+    for label in ('block_size="16"', 'cache_dtype="float32"', f'num_gpu_blocks="{blocks}"',
+                  'enable_prefix_caching="True"'):
+        assert label in info[0], info[0]
