@@ -65,7 +65,8 @@ def main() -> None:
             print(f"median us per call, {args.threads} threads\n{header}")
         for batch in args.batch_sizes:
             x = torch.randn(batch, k)
-            times = [1e6 * median_seconds(lambda: call(x), args.iterations) for call in calls.values()]
+            times = [1e6 * median_seconds(lambda call=call, x=x: call(x), args.iterations)
+                     for call in calls.values()]
             print(f"{f'{n} x {k}':>12s} {batch:5d} " + " ".join(f"{t:15.0f}" for t in times), flush=True)
 
 

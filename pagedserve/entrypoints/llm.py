@@ -2,7 +2,7 @@
 import itertools
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from tqdm.auto import tqdm
 
@@ -79,7 +79,8 @@ class LLM:
              use_tqdm: bool = True, chat_template: str | None = None,
              add_generation_prompt: bool = True) -> list[RequestOutput]:
         """Apply the tokenizer's chat template to each conversation, then generate."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        conversations = (cast(list[ChatMessages], [messages]) if messages and isinstance(messages[0], dict)
+                         else cast(Sequence[ChatMessages], messages))
         tokenizer = self.get_tokenizer()
         prompts = [{"prompt_token_ids": apply_chat_template(tokenizer, conversation, chat_template,
                                                             add_generation_prompt)}

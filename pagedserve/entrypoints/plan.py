@@ -9,11 +9,11 @@ engine measures the peak activations with a profiling run; the plan estimates th
 import argparse
 import json
 import math
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from pagedserve.config import (EngineArgs, ModelConfig, add_dataclass_cli_args, dataclass_from_cli_args,
-                               default_max_num_batched_tokens)
+from pagedserve.config import (EngineArgs, ModelConfig, add_dataclass_cli_args, config_field,
+                               dataclass_from_cli_args, default_max_num_batched_tokens)
 from pagedserve.errors import ConfigError
 from pagedserve.sizing import DTYPE_BYTES, ModelShape, gpu_kv_budget, kv_cache_config, max_concurrency, \
     max_full_requests
@@ -28,21 +28,17 @@ MAX_UTILIZATION = 0.95  # the most the plan recommends: leave the driver and oth
 TP_SIZES = (1, 2, 4, 8)
 
 
-def _arg(default: Any, help: str, **extra: Any) -> Any:
-    return field(default=default, metadata={"help": help, **extra})
-
-
 @dataclass(frozen=True)
 class PlanArgs:
     """The workload and the accelerator (the engine's own flags come from EngineArgs)."""
 
-    model: str = _arg("", "Model: HF folder (its config.json), a config.json file or a GGUF file.")
-    gpu_memory: str | None = _arg(None, "Memory of one accelerator, e.g. 80GiB. Default: the local GPU's.")
-    concurrency: int = _arg(1, "Requests to serve at once.")
-    input_tokens: int | None = _arg(None, "Prompt tokens per request (default: the context less "
+    model: str = config_field("", "Model: HF folder (its config.json), a config.json file or a GGUF file.")
+    gpu_memory: str | None = config_field(None, "Memory of one accelerator, e.g. 80GiB. Default: the local GPU's.")
+    concurrency: int = config_field(1, "Requests to serve at once.")
+    input_tokens: int | None = config_field(None, "Prompt tokens per request (default: the context less "
                                           "--output-tokens).")
-    output_tokens: int | None = _arg(None, "Generated tokens per request (default 0).")
-    json: bool = _arg(False, "Print one JSON object instead of the table.")
+    output_tokens: int | None = config_field(None, "Generated tokens per request (default 0).")
+    json: bool = config_field(False, "Print one JSON object instead of the table.")
 
 
 @dataclass(frozen=True)
@@ -165,7 +161,7 @@ def resolve_inputs(args: PlanArgs, engine_args: EngineArgs) -> PlanInputs:
     if args.concurrency < 1:
         raise ConfigError(f"--concurrency {args.concurrency} must be at least 1.")
     # NOTE: dtype "auto" resolves as on a GPU: the checkpoint's.
-    model_config = engine_args._model_config("cuda")
+    model_config = engine_args.model_config("cuda")
     shape = ModelShape.from_hf_config(model_config.hf_config, model_config.architecture)
     tp = engine_args.tensor_parallel_size
     if tp < 1 or not _divides(shape, tp):

@@ -2,6 +2,7 @@
 every 2-D tensor kept in its ggml blocks."""
 import re
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -69,7 +70,7 @@ def iterate_gguf(path: str, num_heads: int, num_kv_heads: int, keep_quantized: b
                     "(native: %s).", ", ".join(sorted(dequantized_types)), ", ".join(NATIVE_GGML_TYPES))
 
 
-def _native_rows(tensor: object, dequantized_types: set[str]) -> tuple[int, np.ndarray]:
+def _native_rows(tensor: Any, dequantized_types: set[str]) -> tuple[int, np.ndarray]:
     """(ggml type id, uint8 [rows, row_bytes]) of a 2-D tensor, dequantized to F32 rows if its type has no
     native kernel (its name is then added to `dequantized_types`)."""
     from gguf.quants import dequantize

@@ -9,14 +9,15 @@ from pagedserve.errors import ConfigError
 from pagedserve.logger import init_logger
 from pagedserve.model_loader.gguf import iterate_gguf
 from pagedserve.model_loader.safetensors import iterate_safetensors
+from pagedserve.models.interface import CausalLM
 from pagedserve.models.registry import get_model_class
 from pagedserve.quantization import get_quantization_config
-from pagedserve.quantization.base import set_quantization_config
+from pagedserve.quantization.base import QuantizeMethodBase, set_quantization_config
 
 logger = init_logger(__name__)
 
 
-def load_model(config: ModelConfig, device: torch.device) -> nn.Module:
+def load_model(config: ModelConfig, device: torch.device) -> CausalLM:
     dtype = getattr(torch, config.dtype)
     model_class = get_model_class(config.architecture)
     previous = torch.get_default_dtype()
@@ -45,8 +46,9 @@ def load_model(config: ModelConfig, device: torch.device) -> nn.Module:
         raise ConfigError(f"The checkpoint of {config.model} lacks {len(missing)} weights, e.g. "
                           f"{sorted(missing)[:3]}.")
     for module in model.modules():
-        if hasattr(module, "quant_method"):
-            module.quant_method.process_weights_after_loading(module)
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, QuantizeMethodBase):
+            method.process_weights_after_loading(module)
     return model.eval()
 
 

@@ -1,19 +1,15 @@
 """Weight quantization schemes, one registry (names as vLLM's --quantization where vLLM has them)."""
-from pagedserve.errors import ConfigError
 from pagedserve.quantization.base import QuantizationConfig
-from pagedserve.quantization.gguf import GGUFConfig
-from pagedserve.quantization.rtn import Int4Config, Int8Config
+from pagedserve.utils.registry import Registry
 
-# NOTE: config.QUANTIZATION_METHODS (L0, validated before torch loads) must list these same names.
-QUANTIZATION_CONFIGS: dict[str, type[QuantizationConfig]] = {
-    config.name: config for config in (GGUFConfig, Int8Config, Int4Config)}
+# NOTE: config/quantization.py's QUANTIZATION_METHODS (validated before torch loads) lists the same names.
+QUANTIZATION_CONFIGS: "Registry[QuantizationConfig]" = Registry("Quantization", "--quantization")
+QUANTIZATION_CONFIGS.register("gguf", "pagedserve.quantization.gguf:GGUFConfig")
+QUANTIZATION_CONFIGS.register("int8", "pagedserve.quantization.rtn:Int8Config")
+QUANTIZATION_CONFIGS.register("int4", "pagedserve.quantization.rtn:Int4Config")
 
 
 def get_quantization_config(name: str | None) -> QuantizationConfig | None:
-    """The scheme `name` resolved by EngineConfig (None: unquantized)."""
-    if name is None:
-        return None
-    if name not in QUANTIZATION_CONFIGS:
-        raise ConfigError(f"Quantization {name!r} is not supported; --quantization must be one of "
-                          f"{', '.join(sorted(QUANTIZATION_CONFIGS))} or none.")
-    return QUANTIZATION_CONFIGS[name]()
+    """The scheme `name` as resolved by the config (None: unquantized). Raises ConfigError for an
+    unknown name."""
+    return None if name is None else QUANTIZATION_CONFIGS.load(name)()

@@ -5,6 +5,7 @@ computes the layer's output."""
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -39,13 +40,13 @@ class UnquantizedMethod(QuantizeMethodBase):
     def create_weights(self, layer: nn.Module, input_size: int, output_size: int) -> None:
         # NOTE: zeros, not empty: an embedding's padding rows past the vocabulary are never loaded.
         layer.weight = nn.Parameter(torch.zeros(output_size, input_size), requires_grad=False)
-        layer.weight.weight_loader = layer.weight_loader
+        layer.weight.weight_loader = layer.weight_loader  # type: ignore[attr-defined]  # NOTE: read by load_weights
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, layer.weight)
+        return F.linear(x, cast(torch.Tensor, layer.weight))
 
     def embedding(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, layer.weight)
+        return F.embedding(ids, cast(torch.Tensor, layer.weight))
 
 
 class QuantizationConfig(ABC):

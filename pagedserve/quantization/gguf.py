@@ -7,7 +7,9 @@ shards of different types (files often give v a finer type than q and k): each t
 buffer through the layer's own sharding loader, and after loading the rows become one or more `parts`, one
 matmul each.
 """
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -15,6 +17,9 @@ from torch import nn
 from pagedserve.errors import ConfigError
 from pagedserve.kernels.cpu.gguf_ops import GGML_BLOCK_FORMATS, gguf_dequantize, gguf_matmul
 from pagedserve.quantization.base import QuantizationConfig, QuantizeMethodBase
+
+# (param, checkpoint tensor, shard id) -> copies this rank's shard into param: the layer's own loader
+ShardLoader = Callable[[nn.Parameter, torch.Tensor, object], object]
 
 
 def row_bytes(ggml_type: int, cols: int) -> int:
@@ -50,15 +55,16 @@ class GGUFMethod(QuantizeMethodBase):
 
     def create_weights(self, layer: nn.Module, input_size: int, output_size: int) -> None:
         self.cols, self.output_size = input_size, output_size
-        shard_loader = layer.weight_loader
-        layer.qweight = nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
-        layer.qweight.weight_loader = lambda param, loaded, shard_id=None: self._load_rows(
+        shard_loader = cast(ShardLoader, layer.weight_loader)
+        qweight = nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
+        qweight.weight_loader = lambda param, loaded, shard_id=None: self._load_rows(  # type: ignore[attr-defined]
             shard_loader, loaded, shard_id)
-        layer.qweight_type = nn.Parameter(torch.empty(0, dtype=torch.int64), requires_grad=False)
-        layer.qweight_type.weight_loader = lambda param, loaded, shard_id=None: self.pending_types.__setitem__(
-            shard_id, int(loaded))
+        qweight_type = nn.Parameter(torch.empty(0, dtype=torch.int64), requires_grad=False)
+        qweight_type.weight_loader = (  # type: ignore[attr-defined]
+            lambda param, loaded, shard_id=None: self.pending_types.__setitem__(shard_id, int(loaded)))
+        layer.qweight, layer.qweight_type = qweight, qweight_type
 
-    def _load_rows(self, shard_loader: object, loaded: torch.Tensor, shard_id: object) -> None:
+    def _load_rows(self, shard_loader: ShardLoader, loaded: torch.Tensor, shard_id: object) -> None:
         ggml_type = self.pending_types.pop(shard_id)
         if ggml_type not in self.staging:
             self.staging[ggml_type] = (

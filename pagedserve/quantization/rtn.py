@@ -6,6 +6,8 @@ NOTE: why not torch's `_weight_int8pack_mm` / `_weight_int4pack_mm_for_cpu`: the
 output channel (not group-wise), and the int4 one multiplies float32 activations far slower than our
 kernel (benchmarks/quant_kernels.py); one kernel for GGUF files and online schemes keeps one code path.
 """
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -59,7 +61,7 @@ class RTNMethod(GGUFMethod):
         if self.cols % GROUP_SIZE:
             return  # NOTE: rows that do not fill whole groups stay in float (rare: odd projection sizes)
         quantize = quantize_q8_0 if self.ggml_type == GGML_Q8_0 else quantize_q4_1
-        rows = quantize(layer.weight.data)
+        rows = quantize(cast(torch.Tensor, layer.weight).data)
         del layer.weight
         layer.qweight = nn.Parameter(rows, requires_grad=False)
         self.parts = [GGUFPart(self.ggml_type, 0, self.output_size, rows)]

@@ -1,7 +1,7 @@
 """The interface every attention backend implements, and the batch description they all start from."""
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Generic, TypeVar
 
 import torch
 
@@ -22,6 +22,14 @@ class CommonAttentionMetadata:
     block_size: int
 
 
+class AttentionMetadata:
+    """Base of every backend's per-step metadata (what its `build_metadata` precomputes and every
+    layer's `forward` reads through the forward context)."""
+
+
+MetadataT = TypeVar("MetadataT", bound=AttentionMetadata)
+
+
 @dataclass
 class AttentionLayerSpec:
     num_heads: int
@@ -32,18 +40,18 @@ class AttentionLayerSpec:
     kv_quant: KVQuantization | None = None
 
 
-class AttentionBackend(ABC):
+class AttentionBackend(ABC, Generic[MetadataT]):
     """Writes the step's new K/V into the paged cache and attends over block tables."""
 
     name: str
 
     @abstractmethod
-    def build_metadata(self, common: CommonAttentionMetadata) -> Any:
+    def build_metadata(self, common: CommonAttentionMetadata) -> MetadataT:
         """Precompute, once per step, what `forward` needs in every layer."""
 
     @abstractmethod
     def forward(self, spec: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: tuple[torch.Tensor, torch.Tensor], metadata: Any) -> torch.Tensor:
+                kv_cache: tuple[torch.Tensor, torch.Tensor], metadata: MetadataT) -> torch.Tensor:
         """q [T, num_heads * head_dim], k/v [T, num_kv_heads * head_dim]; kv_cache is this layer's
         (key_cache, value_cache), each [num_blocks, block_size, num_kv_heads, head_dim], in q's dtype or,
         when `spec.kv_quant` is set, uint8 fp8 bits to store and read through it.

@@ -1,4 +1,6 @@
 """Python entry points of the native GGUF kernels (`gguf_matmul.cpp`), registered as torch.ops.pagedserve."""
+from typing import Any
+
 import torch
 
 from pagedserve.kernels.cpu import load_cpu_kernels
@@ -10,7 +12,7 @@ GGML_BLOCK_FORMATS = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 8: (32, 34
                       13: (256, 176), 14: (256, 210)}
 
 
-def _ops() -> object:
+def _ops() -> Any:
     kernels = load_cpu_kernels()
     if kernels.module is None:
         raise RuntimeError(f"The native CPU kernels are unavailable: {kernels.error}")
