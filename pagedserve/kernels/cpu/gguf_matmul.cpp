@@ -1,11 +1,11 @@
 // Matmul on GGUF-quantized weights, kept in their file's blocks: y = x W^T with W [N, K] stored as N rows
 // of ggml blocks (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K; F32 and F16 rows as blocks of one).
 //
-// Why float activations and not llama.cpp's 8-bit ones: on this path decode is bound by the bytes of
-// weights read per token, and a row dequantized into an L1-resident buffer then dotted in float32 keeps
-// pace with that read on AVX2 (measured in benchmarks/quant_kernels.py), while quantizing activations to
-// 8 bits would move the logits by ~1e-2 relative, past the 1e-3 the engine promises against the
-// dequantized float32 path.
+// Why float activations and not llama.cpp's 8-bit ones: the engine promises the dequantized float32
+// model's logits within 1e-3 relative, and 8-bit activations round each value by up to 1/254 of its
+// block's largest. The price, measured in benchmarks/quant_kernels.py: at batch 1 this kernel is bound by
+// the dequantization's arithmetic, not yet by the weight bytes it reads (a fused nibble-to-float dot
+// without the row buffer is the next step).
 //
 // Small batches (decode): each thread dequantizes one weight row at a time into its buffer and dots it with
 // every activation row, so each weight byte is read once per step. Large batches (prefill): tiles of rows
@@ -222,7 +222,8 @@ void dequantize_into(const QuantizedRows& w, int64_t first, int64_t count, float
   });
 }
 
-// Batches up to this size take the row-wise path: measured on AVX2 it beats dequantize + GEMM there.
+// Batches up to this size take the row-wise path (each weight byte read once per step); larger ones
+// amortize a dequantized tile over enough rows for ATen's GEMM to win.
 constexpr int64_t kRowwiseMaxBatch = 8;
 constexpr int64_t kTileFloats = int64_t{1} << 20;  // 4 MiB of dequantized weights per GEMM tile
 
