@@ -15,6 +15,10 @@
 #include <c10/util/Half.h>
 #include <torch/extension.h>
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -216,11 +220,94 @@ void matmul_rowwise(const float* x, int64_t batch, const QuantizedRows& w, float
   });
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+// Q4_0, Q4_1 and Q8_0 at small batches, fused: each block's 32 values become four float vectors in
+// registers, used for every activation row, without the row buffer. Per block, sum_j (d q_j + c) x_j =
+// d (sum_j q_j x_j) + c (sum_j x_j), with c = m (Q4_1), -8 d (Q4_0) or 0 (Q8_0) and the activation's block
+// sums computed once per call.
+constexpr bool kHasFusedBlocks = true;
+
+inline bool has_fused_path(int64_t type) { return type == Q4_0 || type == Q4_1 || type == Q8_0; }
+
+inline __m256 unsigned_bytes_to_floats(__m128i bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)); }
+
+// The 32 unscaled values of a block (nibbles, or int8 for Q8_0) as four vectors of eight, in order.
+inline void block_values(int64_t type, const uint8_t* qs, __m256 values[4]) {
+  if (type == Q8_0) {
+    for (int i = 0; i < 4; ++i) {
+      const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8 * i));
+      values[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+    }
+    return;
+  }
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i low_bits = _mm_set1_epi8(0x0F);
+  const __m128i low = _mm_and_si128(bytes, low_bits);                      // weights 0..15
+  const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), low_bits);  // weights 16..31
+  values[0] = unsigned_bytes_to_floats(low);
+  values[1] = unsigned_bytes_to_floats(_mm_srli_si128(low, 8));
+  values[2] = unsigned_bytes_to_floats(high);
+  values[3] = unsigned_bytes_to_floats(_mm_srli_si128(high, 8));
+}
+
+void matmul_fused_blocks(const float* x, int64_t batch, const QuantizedRows& w, int64_t type, float* y);
+#else
+constexpr bool kHasFusedBlocks = false;
+inline bool has_fused_path(int64_t) { return false; }
+inline void matmul_fused_blocks(const float*, int64_t, const QuantizedRows&, int64_t, float*) {}
+#endif
+
 void dequantize_into(const QuantizedRows& w, int64_t first, int64_t count, float* out) {
   at::parallel_for(first, first + count, 16, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) w.dequantize_row(n, out + (n - first) * w.cols);
   });
 }
+
+#if defined(__AVX2__) && defined(__FMA__)
+void matmul_fused_blocks(const float* x, int64_t batch, const QuantizedRows& w, int64_t type, float* y) {
+  constexpr int64_t kMaxBatch = 8;  // = kRowwiseMaxBatch: the accumulators live on the stack
+  TORCH_CHECK(batch <= kMaxBatch, "fused GGUF path takes at most ", kMaxBatch, " rows");
+  const int64_t blocks = w.cols / 32;
+  std::vector<float> block_sums(batch * blocks);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t i = 0; i < blocks; ++i) {
+      float sum = 0.f;
+      for (int64_t j = 0; j < 32; ++j) sum += x[b * w.cols + 32 * i + j];
+      block_sums[b * blocks + i] = sum;
+    }
+  const int64_t values_offset = type == Q4_1 ? 4 : 2;  // after d (and m)
+  at::parallel_for(0, w.rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      __m256 acc[kMaxBatch];
+      float offsets[kMaxBatch];
+      for (int64_t b = 0; b < batch; ++b) acc[b] = _mm256_setzero_ps(), offsets[b] = 0.f;
+      const uint8_t* block = w.data + n * w.row_bytes;
+      for (int64_t i = 0; i < blocks; ++i, block += w.format.bytes) {
+        const float d = half_at(block);
+        const float c = type == Q4_1 ? half_at(block + 2) : type == Q4_0 ? -8.f * d : 0.f;
+        __m256 values[4];
+        block_values(type, block + values_offset, values);
+        const __m256 scale = _mm256_set1_ps(d);
+        for (int64_t b = 0; b < batch; ++b) {
+          const float* xb = x + b * w.cols + 32 * i;
+          __m256 dot = _mm256_mul_ps(values[0], _mm256_loadu_ps(xb));
+          dot = _mm256_fmadd_ps(values[1], _mm256_loadu_ps(xb + 8), dot);
+          dot = _mm256_fmadd_ps(values[2], _mm256_loadu_ps(xb + 16), dot);
+          dot = _mm256_fmadd_ps(values[3], _mm256_loadu_ps(xb + 24), dot);
+          acc[b] = _mm256_fmadd_ps(scale, dot, acc[b]);
+          offsets[b] += c * block_sums[b * blocks + i];
+        }
+      }
+      for (int64_t b = 0; b < batch; ++b) {
+        Vec lanes;
+        std::memcpy(&lanes, &acc[b], sizeof lanes);
+        y[b * w.rows + n] = (((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) +
+                             ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]))) + offsets[b];
+      }
+    }
+  });
+}
+#endif
 
 // Batches up to this size take the row-wise path (each weight byte read once per step); larger ones
 // amortize a dequantized tile over enough rows for ATen's GEMM to win.
@@ -237,7 +324,10 @@ at::Tensor gguf_matmul(const at::Tensor& x, const at::Tensor& qweight, int64_t t
   const int64_t batch = xc.size(0);
   at::Tensor y = at::empty({batch, w.rows}, xc.options());
   if (batch <= kRowwiseMaxBatch) {
-    matmul_rowwise(xc.data_ptr<float>(), batch, w, y.data_ptr<float>());
+    if (kHasFusedBlocks && has_fused_path(type))
+      matmul_fused_blocks(xc.data_ptr<float>(), batch, w, type, y.data_ptr<float>());
+    else
+      matmul_rowwise(xc.data_ptr<float>(), batch, w, y.data_ptr<float>());
     return y;
   }
   const int64_t tile_rows = std::max<int64_t>(64, kTileFloats / w.cols);
