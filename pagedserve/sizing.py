@@ -218,8 +218,9 @@ def size_kv_cache(config: EngineConfig, bytes_per_block: int,
         logger.info("Model weights: %s.", format_bytes(report.weights_bytes))
     kv = KVCacheConfig(num_blocks, block_size, bytes_per_block, cache.swap_space_bytes // bytes_per_block)
     max_model_len = config.model.max_model_len
-    logger.info("KV cache (%s): %s per token, %s per block of %d tokens, %d blocks (+1 reserved), "
-                "%s in all, capacity %d tokens.", source, format_bytes(bytes_per_block // block_size),
+    cache_dtype = config.model.dtype if cache.cache_dtype == "auto" else cache.cache_dtype
+    logger.info("KV cache (%s, %s): %s per token, %s per block of %d tokens, %d blocks (+1 reserved), "
+                "%s in all, capacity %d tokens.", source, cache_dtype, format_bytes(bytes_per_block // block_size),
                 format_bytes(bytes_per_block), block_size, num_blocks - 1,
                 format_bytes(bytes_per_block * num_blocks), kv.capacity_tokens)
     reach = window_reach(config)

@@ -7,6 +7,9 @@ from pagedserve.errors import ConfigError
 
 BlockSize = Literal[8, 16, 32]
 SUPPORTED_BLOCK_SIZES: tuple[int, ...] = get_args(BlockSize)
+# --kv-cache-dtype (vLLM's names): auto is the model's dtype; fp8 is fp8_e4m3 (attention/kv_quant.py).
+KVCacheDType = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
+KV_CACHE_DTYPES: tuple[str, ...] = get_args(KVCacheDType)
 
 
 @dataclass(frozen=True)
@@ -19,8 +22,13 @@ class CacheConfig:
     num_gpu_blocks_override: int | None
     enable_prefix_caching: bool = True
     swap_space: float = 0.0  # GiB of host memory per worker for swapped-out KV blocks
+    cache_dtype: KVCacheDType = "auto"
+    calculate_kv_scales: bool = False  # fp8: per-layer scales from the first batch, else 1.0
 
     def __post_init__(self) -> None:
+        if self.cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"kv_cache_dtype={self.cache_dtype!r} is not supported; --kv-cache-dtype must "
+                              f"be one of {', '.join(KV_CACHE_DTYPES)}.")
         if self.block_size not in SUPPORTED_BLOCK_SIZES:
             raise ConfigError(f"block_size={self.block_size} is not supported; --block-size must be one "
                               f"of {', '.join(map(str, SUPPORTED_BLOCK_SIZES))}.")

@@ -5,9 +5,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from pagedserve.config.cache import BlockSize, CacheConfig
+from pagedserve.config.cache import BlockSize, CacheConfig, KVCacheDType
 from pagedserve.config.cli import add_dataclass_cli_args, config_field, dataclass_from_cli_args
 from pagedserve.config.model import DType, LoadFormat, ModelConfig, load_model_config
+from pagedserve.config.quantization import QuantizationName, resolve_quantization
 from pagedserve.config.parallel import (ExecutorBackend, ParallelConfig, check_tensor_parallel,
                                         resolve_executor_backend)
 from pagedserve.config.scheduler import PreemptionMode, SchedulerConfig, default_max_num_batched_tokens
@@ -87,6 +88,15 @@ class EngineArgs:
               "when all ranks fit on this machine, else ray.")
     distributed_timeout: float = config_field(600.0, "Seconds one call to the workers (loading, a step, a "
                                                      "collective) may take before the engine is declared dead.")
+    quantization: QuantizationName | None = config_field(
+        None, "Weight quantization: gguf (a GGUF file's blocks kept quantized; the default for GGUF files), "
+              "int8 / int4 (online, group-wise round-to-nearest of a float checkpoint), or none (a GGUF file "
+              "dequantized). Default: what the checkpoint says (config.json's quantization_config, GGUF).")
+    kv_cache_dtype: KVCacheDType = config_field(
+        "auto", "KV-cache storage dtype. auto: the model's dtype; fp8 (= fp8_e4m3) and fp8_e5m2: one byte per "
+                "value with a per-layer scale (2x the blocks of float16/bfloat16, 4x float32).")
+    calculate_kv_scales: bool = config_field(False, "fp8 KV cache: compute each layer's K and V scales from "
+                                                    "the first batch (else 1.0).")
     seed: int = config_field(0, "Random seed for sampling without a per-request seed.")
     max_logprobs: int = config_field(20, "Largest logprobs / prompt_logprobs a request may ask for.")
     enforce_eager: bool = config_field(False, "Disable CUDA graphs (decode steps then run eagerly).")
@@ -135,7 +145,8 @@ class EngineArgs:
         cache = CacheConfig(self.block_size, self.gpu_memory_utilization,
                             None if self.kv_cache_memory is None else parse_bytes(self.kv_cache_memory,
                                                                                   "--kv-cache-memory"),
-                            self.num_gpu_blocks_override, self.enable_prefix_caching, self.swap_space)
+                            self.num_gpu_blocks_override, self.enable_prefix_caching, self.swap_space,
+                            self.kv_cache_dtype, self.calculate_kv_scales)
         model = self.model_config(device)
         scheduler = SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens
                                     or default_max_num_batched_tokens(self.max_num_seqs),
@@ -150,10 +161,11 @@ class EngineArgs:
 
     def model_config(self, device: str) -> ModelConfig:
         """The model's settings as they resolve on `device` (reads its config, never its weights)."""
-        return load_model_config(self.model, dtype=self.dtype, device=device, max_model_len=self.max_model_len,
-                                 served_model_name=self.served_model_name, seed=self.seed,
-                                 load_format=self.load_format, tokenizer=self.tokenizer,
-                                 max_logprobs=self.max_logprobs)
+        model = load_model_config(self.model, dtype=self.dtype, device=device, max_model_len=self.max_model_len,
+                                  served_model_name=self.served_model_name, seed=self.seed,
+                                  load_format=self.load_format, tokenizer=self.tokenizer,
+                                  max_logprobs=self.max_logprobs)
+        return dataclasses.replace(model, quantization=resolve_quantization(self.quantization, model, device))
 
     def _parallel_config(self, device: str, model: ModelConfig) -> ParallelConfig:
         tp = self.tensor_parallel_size

@@ -41,6 +41,7 @@ class ModelConfig:
     load_format: LoadFormat
     tokenizer: str | None
     max_logprobs: int
+    quantization: str | None = None  # resolved (config/quantization.py): gguf | int8 | int4, None: unquantized
 
     def __post_init__(self) -> None:
         if self.architecture not in MODEL_ARCHITECTURES.values():

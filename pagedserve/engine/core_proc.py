@@ -35,6 +35,7 @@ class EngineCoreHandshake(msgspec.Struct, omit_defaults=True):
 
     num_blocks: int = 0
     block_size: int = 0
+    num_host_blocks: int = 0  # swap space, per worker
     error: str | None = None
     config_error: bool = False  # the error is the user's settings (ConfigError), not a crash
 
@@ -141,8 +142,8 @@ def run_engine_core(launcher: Connection, config: EngineConfig, input_address: s
     engine_core = None
     try:
         engine_core = EngineCore(config)
-        output_socket.send(encoder.encode(EngineCoreHandshake(engine_core.kv_cache_config.num_blocks,
-                                                              engine_core.kv_cache_config.block_size)))
+        kv = engine_core.kv_cache_config
+        output_socket.send(encoder.encode(EngineCoreHandshake(kv.num_blocks, kv.block_size, kv.num_host_blocks)))
         EngineCoreProc(engine_core, input_socket, output_socket, stall_timeout_s).run_busy_loop()
     except Exception as exc:
         if engine_core is None:  # failed to start: tell the client why

@@ -10,7 +10,7 @@ import argparse
 import json
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Literal
+from typing import Any
 
 from pagedserve.config import (EngineArgs, ModelConfig, add_dataclass_cli_args, config_field,
                                dataclass_from_cli_args, default_max_num_batched_tokens)
@@ -23,8 +23,7 @@ from pagedserve.utils import cdiv, format_bytes, parse_bytes
 
 # The engine flags the plan takes, with the engine's names, help and defaults.
 ENGINE_FLAGS = ("dtype", "max_model_len", "block_size", "gpu_memory_utilization", "kv_cache_memory",
-                "tensor_parallel_size", "max_num_batched_tokens")
-KVCacheDType = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
+                "tensor_parallel_size", "max_num_batched_tokens", "kv_cache_dtype")
 # Memory a GPU engine uses outside torch's allocator (NCCL buffers, cuBLAS workspaces): an estimate.
 NON_TORCH_BYTES = 512 * 2**20
 MAX_UTILIZATION = 0.95  # the most the plan recommends: leave the driver and other processes room
@@ -37,9 +36,6 @@ class PlanArgs:
 
     model: str = config_field("", "Model: HF folder (its config.json), a config.json file or a GGUF file.")
     gpu_memory: str | None = config_field(None, "Memory of one accelerator, e.g. 80GiB. Default: the local GPU's.")
-    kv_cache_dtype: KVCacheDType = config_field(
-        "auto", "KV-cache dtype. auto: the model dtype (what pagedserve runs today); fp8 shows what vLLM's "
-                "--kv-cache-dtype fp8 would give.")
     concurrency: int = config_field(1, "Requests to serve at once.")
     input_tokens: int | None = config_field(None, "Prompt tokens per request (default: the context less "
                                           "--output-tokens).")
@@ -180,7 +176,8 @@ def resolve_inputs(args: PlanArgs, engine_args: EngineArgs) -> PlanInputs:
     if engine_args.max_model_len is None:  # the recommended context: what the workload needs
         model_config = replace(model_config, max_model_len=request_tokens)
     dtype_bytes = DTYPE_BYTES[model_config.dtype]
-    kv_dtype_bytes = dtype_bytes if args.kv_cache_dtype == "auto" else DTYPE_BYTES[args.kv_cache_dtype]
+    kv_cache_dtype = engine_args.kv_cache_dtype
+    kv_dtype_bytes = dtype_bytes if kv_cache_dtype == "auto" else DTYPE_BYTES[kv_cache_dtype]
     kv_memory = (None if engine_args.kv_cache_memory is None
                  else parse_bytes(engine_args.kv_cache_memory, "--kv-cache-memory"))
     gpu_memory = None if kv_memory is not None else _gpu_memory(args.gpu_memory)

@@ -21,4 +21,7 @@ class Attention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         assert self.backend is not None and self.kv_cache is not None, "KV cache not bound"
+        quant = self.spec.kv_quant
+        if quant is not None and quant.scales_pending:  # --calculate-kv-scales: from the first batch
+            quant.calculate_scales(k, v)
         return self.backend.forward(self.spec, q, k, v, self.kv_cache, get_attention_metadata())

@@ -1,11 +1,10 @@
 """Vocabulary-parallel embedding and LM head: each rank holds a contiguous slice of the vocabulary."""
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from pagedserve.distributed import (get_tp_rank, get_tp_world_size, tensor_model_parallel_all_gather,
                                     tensor_model_parallel_all_reduce)
-from pagedserve.layers.linear import set_weight_loader
+from pagedserve.quantization.base import embedding_method
 from pagedserve.utils import cdiv
 
 
@@ -18,8 +17,8 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_size = vocab_size
         self.num_per_partition = cdiv(vocab_size, self.tp_size)
         self.vocab_start = self.tp_rank * self.num_per_partition
-        self.weight = nn.Parameter(torch.zeros(self.num_per_partition, hidden_size), requires_grad=False)
-        set_weight_loader(self.weight, self.weight_loader)
+        self.quant_method = embedding_method()
+        self.quant_method.create_weights(self, hidden_size, self.num_per_partition)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
         # NOTE: the last rank's slice may run past the vocabulary: those padding rows stay zero.
@@ -28,10 +27,10 @@ class VocabParallelEmbedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
         if self.tp_size == 1:
-            return F.embedding(input_ids, self.weight)
+            return self.quant_method.embedding(self, input_ids)
         local = input_ids - self.vocab_start
         outside = (local < 0) | (local >= self.num_per_partition)
-        embeds = F.embedding(local.masked_fill(outside, 0), self.weight)
+        embeds = self.quant_method.embedding(self, local.masked_fill(outside, 0))
         embeds.masked_fill_(outside.unsqueeze(-1), 0.0)
         return tensor_model_parallel_all_reduce(embeds)
 
@@ -39,6 +38,12 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Hidden states -> logits over the full vocabulary (gathered from every rank's slice)."""
 
+    def tie_to(self, embedding: VocabParallelEmbedding) -> None:
+        """Share the embedding's weight (tie_word_embeddings): its parameters and its quant method."""
+        self.quant_method = embedding.quant_method
+        for name, param in embedding.named_parameters(recurse=False):
+            setattr(self, name, param)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
-        logits = tensor_model_parallel_all_gather(F.linear(hidden, self.weight), dim=-1)
+        logits = tensor_model_parallel_all_gather(self.quant_method.apply(self, hidden), dim=-1)
         return logits[:, : self.vocab_size]

@@ -1,12 +1,13 @@
 """Tensor-parallel linear layers. Each parameter carries a `weight_loader` that copies its own shard of a
-full checkpoint tensor, so no rank ever materializes more than its part of the model."""
+full checkpoint tensor, so no rank ever materializes more than its part of the model. How the weight is
+stored and multiplied (float, or a quantization scheme) is the layer's `quant_method`'s business."""
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from pagedserve.distributed import get_tp_rank, get_tp_world_size, tensor_model_parallel_all_reduce
+from pagedserve.quantization.base import linear_method
 
 # (param, checkpoint tensor, shard id) -> copies this rank's shard into param
 WeightLoader = Callable[[nn.Parameter, torch.Tensor, object], object]
@@ -40,8 +41,8 @@ class ColumnParallelLinear(nn.Module):
         super().__init__()
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_world_size()
         self.output_size_per_partition = _divide(output_size, self.tp_size, "output size")
-        self.weight = _param(self.output_size_per_partition, input_size)
-        set_weight_loader(self.weight, self.weight_loader)
+        self.quant_method = linear_method()
+        self.quant_method.create_weights(self, input_size, self.output_size_per_partition)
         self.bias = _param(self.output_size_per_partition) if bias else None
         if self.bias is not None:
             set_weight_loader(self.bias, self.weight_loader)
@@ -51,7 +52,8 @@ class ColumnParallelLinear(nn.Module):
         param.data.copy_(loaded.narrow(0, self.tp_rank * size, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        y = self.quant_method.apply(self, x)
+        return y if self.bias is None else y + self.bias
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -106,8 +108,8 @@ class RowParallelLinear(nn.Module):
         super().__init__()
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_world_size()
         self.input_size_per_partition = _divide(input_size, self.tp_size, "input size")
-        self.weight = _param(output_size, self.input_size_per_partition)
-        set_weight_loader(self.weight, self.weight_loader)
+        self.quant_method = linear_method()
+        self.quant_method.create_weights(self, self.input_size_per_partition, output_size)
         self.bias = _param(output_size) if bias else None
         if self.bias is not None:
             set_weight_loader(self.bias, _copy_whole)
@@ -117,5 +119,5 @@ class RowParallelLinear(nn.Module):
         param.data.copy_(loaded.narrow(1, self.tp_rank * size, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = tensor_model_parallel_all_reduce(F.linear(x, self.weight))
+        y = tensor_model_parallel_all_reduce(self.quant_method.apply(self, x))
         return y if self.bias is None else y + self.bias

@@ -2,6 +2,7 @@
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from pagedserve.config import CacheConfig
 from pagedserve.metrics.loggers import StatLoggerBase
 from pagedserve.metrics.stats import IterationStats
 from pagedserve.protocol import FinishReason, SchedulerStats
@@ -58,6 +59,17 @@ class PrometheusStatLogger(StatLoggerBase):
                                          registry=registry).labels(model_name)
                            for name, description in _CUMULATIVE_STATS.items()}
         self.last_cumulative = dict.fromkeys(self.cumulative, 0)
+
+    def record_cache_config(self, cache: CacheConfig, cache_dtype: str, num_gpu_blocks: int,
+                            num_cpu_blocks: int) -> None:
+        """`pagedserve:cache_config_info`, vLLM's `vllm:cache_config_info`: a gauge at 1 whose labels are the
+        sized KV cache (`cache_dtype` resolved: auto is the model's dtype)."""
+        labels = {"block_size": cache.block_size, "cache_dtype": cache_dtype, "num_gpu_blocks": num_gpu_blocks,
+                  "num_cpu_blocks": num_cpu_blocks, "enable_prefix_caching": cache.enable_prefix_caching,
+                  "gpu_memory_utilization": cache.gpu_memory_utilization,
+                  "swap_space_bytes": cache.swap_space_bytes, "calculate_kv_scales": cache.calculate_kv_scales}
+        Gauge("pagedserve:cache_config_info", "Information of the KV cache configuration.", list(labels),
+              registry=self.registry).labels(*map(str, labels.values())).set(1)
 
     def _histogram(self, name: str, description: str, buckets: list[float], model_name: str) -> Histogram:
         return Histogram(f"pagedserve:{name}", f"Histogram of {description.lower()} in seconds.",

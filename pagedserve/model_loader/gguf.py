@@ -1,5 +1,6 @@
-"""Checkpoint tensors of a GGUF file, dequantized and renamed to HF names, in HF's layout: the model's
-`checkpoint_tensors` then treats them as it treats a HF folder's.
+"""Checkpoint tensors of a GGUF file, renamed to HF names, in HF's layout: dequantized, or (`--quantization
+gguf`) with 2-D tensors kept in their ggml blocks. The model's `checkpoint_tensors` then treats them as it
+treats a HF folder's.
 
 llama.cpp's converters change some tensors, undone here: q/k rows permuted for its rope layout (llama,
 mistral), Gemma's norm weights stored as 1 + w, Falcon's fused q/k/v regrouped as [q; k; v], and experts
@@ -12,6 +13,10 @@ import numpy as np
 import torch
 
 from pagedserve.errors import ConfigError
+from pagedserve.kernels.cpu.gguf_ops import NATIVE_GGML_TYPES
+from pagedserve.logger import init_logger
+
+logger = init_logger(__name__)
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -98,9 +103,13 @@ def _hf_tensors(name: str, weight: np.ndarray, arch: str, hf_config: Any) -> Ite
     yield name, weight
 
 
-def iterate_gguf(path: str, hf_config: Any) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (HF name, float32 tensor) for every tensor of the file. Raises ConfigError for a mixture of
-    experts stored as arch "llama" (Mixtral): transformers reads its config as a dense Llama."""
+def iterate_gguf(path: str, hf_config: Any, keep_quantized: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (HF name, float32 tensor) for every tensor of the file. With `keep_quantized`, a 2-D tensor
+    `<x>.weight` that needs no regrouping comes instead as `<x>.qweight_type` (its ggml type id, a 0-d
+    int64 tensor) followed by `<x>.qweight` (uint8 [rows, row_bytes], its raw blocks, q/k rows in HF's
+    order); types without a native kernel are dequantized to F32 rows, with a log line. Raises
+    ConfigError for a mixture of experts stored as arch "llama" (Mixtral): transformers reads its config
+    as a dense Llama."""
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
@@ -110,10 +119,39 @@ def iterate_gguf(path: str, hf_config: Any) -> Iterator[tuple[str, torch.Tensor]
         raise ConfigError(f"{path} is a mixture of experts stored as a Llama GGUF (Mixtral): transformers "
                           "reads its config as a dense Llama, so pagedserve cannot build it; serve the HF "
                           "folder (safetensors) instead.")
+    dequantized_types: set[str] = set()
     for tensor in reader.tensors:
         name = _hf_name(tensor.name, arch, hf_config)
         if name is None:
             continue
+        permuted = arch in _PERMUTED_ARCHS and name.endswith(("q_proj.weight", "k_proj.weight"))
+        # NOTE: Falcon's fused q/k/v is regrouped row-wise in float (see _hf_tensors).
+        regrouped = arch == "falcon" and "query_key_value" in name
+        if keep_quantized and len(tensor.shape) == 2 and not regrouped:
+            ggml_type, rows = _native_rows(tensor, dequantized_types)
+            base = name.removesuffix(".weight")
+            yield f"{base}.qweight_type", torch.tensor(ggml_type)
+            if permuted:  # the same row order as _hf_tensors gives a dequantized q/k
+                rows = _unpermute(rows, hf_config.num_attention_heads if "q_proj" in name
+                                  else hf_config.num_key_value_heads)
+            yield f"{base}.qweight", torch.from_numpy(np.array(rows))
+            continue
         weight = dequantize(tensor.data, tensor.tensor_type)
         for hf_name, hf_weight in _hf_tensors(name, weight, arch, hf_config):
             yield hf_name, torch.from_numpy(np.array(hf_weight, dtype=np.float32))
+    if dequantized_types:
+        logger.info("GGUF tensors of type(s) %s have no native kernel: dequantized to float32 at load "
+                    "(native: %s).", ", ".join(sorted(dequantized_types)), ", ".join(NATIVE_GGML_TYPES))
+
+
+def _native_rows(tensor: Any, dequantized_types: set[str]) -> tuple[int, np.ndarray]:
+    """(ggml type id, uint8 [rows, row_bytes]) of a 2-D tensor, dequantized to F32 rows if its type has no
+    native kernel (its name is then added to `dequantized_types`)."""
+    from gguf.quants import dequantize
+
+    type_name = tensor.tensor_type.name
+    if type_name in NATIVE_GGML_TYPES:
+        return int(tensor.tensor_type), np.ascontiguousarray(tensor.data).view(np.uint8)
+    dequantized_types.add(type_name)
+    weight = np.ascontiguousarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+    return NATIVE_GGML_TYPES["F32"], weight.view(np.uint8)

@@ -13,6 +13,8 @@ from pagedserve.model_loader.gguf import iterate_gguf
 from pagedserve.model_loader.safetensors import iterate_safetensors
 from pagedserve.models.interface import CausalLM
 from pagedserve.models.registry import get_model_class
+from pagedserve.quantization import get_quantization_config
+from pagedserve.quantization.base import QuantizeMethodBase, set_quantization_config
 
 logger = init_logger(__name__)
 
@@ -23,7 +25,7 @@ def load_model(config: ModelConfig, device: torch.device) -> CausalLM:
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        with torch.device(device):
+        with torch.device(device), set_quantization_config(get_quantization_config(config.quantization)):
             model = model_class(config.hf_config)
     finally:
         torch.set_default_dtype(previous)
@@ -32,7 +34,7 @@ def load_model(config: ModelConfig, device: torch.device) -> CausalLM:
         return model.eval()
     hf = config.hf_config
     if config.gguf_file:
-        weights = iterate_gguf(config.gguf_file, hf)
+        weights = iterate_gguf(config.gguf_file, hf, keep_quantized=config.quantization == "gguf")
     elif os.path.isdir(config.model):
         # NOTE: CheckpointTensor stands in for a tensor (it reads itself under any torch function).
         weights = cast(Iterator[tuple[str, torch.Tensor]], iterate_safetensors(config.model))
@@ -45,6 +47,10 @@ def load_model(config: ModelConfig, device: torch.device) -> CausalLM:
     if missing:
         raise ConfigError(f"The checkpoint of {config.model} lacks {len(missing)} weights, e.g. "
                           f"{sorted(missing)[:3]}.")
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, QuantizeMethodBase):
+            method.process_weights_after_loading(module)
     return model.eval()
 
 

@@ -142,7 +142,7 @@ class LlamaForCausalLM(CausalLM):
         if getattr(config, "tie_word_embeddings", False):
             embed_tokens = self.model.get_submodule("embed_tokens")
             assert isinstance(embed_tokens, VocabParallelEmbedding), "every family names its embedding so"
-            self.lm_head.weight = embed_tokens.weight
+            self.lm_head.tie_to(embed_tokens)
 
     def make_model(self, config: Any) -> nn.Module:
         rotary_emb = RotaryEmbedding(head_dim(config), config.max_position_embeddings,
@@ -171,7 +171,8 @@ class LlamaForCausalLM(CausalLM):
         (parameter, tensor, shard id). Families with other checkpoint layouts override this."""
         if "rotary_emb.inv_freq" in name:
             return
-        if name == "lm_head.weight" and getattr(self.config, "tie_word_embeddings", False):
+        # NOTE: every lm_head tensor (a quantized head has several) when the head is the embedding.
+        if name.startswith("lm_head.") and getattr(self.config, "tie_word_embeddings", False):
             return
         for fragment, (fused, shard) in self.stacked_params.items():
             if f".{fragment}." in name:

@@ -6,6 +6,7 @@ import torch
 
 from pagedserve.attention.backends import select_attention_backend
 from pagedserve.attention.forward_context import set_forward_context
+from pagedserve.attention.kv_quant import kv_cache_storage_dtype, kv_quantization
 from pagedserve.config import EngineConfig
 from pagedserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagedserve.distributed import get_tp_rank
@@ -44,8 +45,11 @@ class ModelRunner:
             self.drafter = DraftModelProposer(spec.draft_model_config, spec.num_speculative_tokens,
                                               config.scheduler.max_num_seqs, self.block_size, device)
             self.attention_layers += self.drafter.attention_layers
+        # NOTE: fp8 caches hold uint8 bits (1 byte per value); each layer's spec says how to read them.
+        self.kv_dtype = kv_cache_storage_dtype(config.cache.cache_dtype, self.dtype)
         for layer in self.attention_layers:
             layer.backend = self.backend
+            layer.spec.kv_quant = kv_quantization(config.cache.cache_dtype, config.cache.calculate_kv_scales)
         self.sampler = Sampler()
         self.states: dict[str, CachedRequestState] = {}
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -55,7 +59,7 @@ class ModelRunner:
     def kv_cache_bytes_per_block(self) -> int:
         """K and V of `block_size` tokens in every layer of this rank."""
         per_token = sum(2 * layer.spec.num_kv_heads * layer.spec.head_dim for layer in self.attention_layers)
-        return per_token * self.block_size * self.dtype.itemsize
+        return per_token * self.block_size * self.kv_dtype.itemsize
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate one K and one V tensor [num_blocks, block_size, num_kv_heads, head_dim] per layer."""
@@ -69,7 +73,7 @@ class ModelRunner:
         for layer in self.attention_layers:
             blocks = num_blocks + scratch.get(id(layer), 0)
             shape = (blocks, self.block_size, layer.spec.num_kv_heads, layer.spec.head_dim)
-            layer.kv_cache = (alloc(shape, self.dtype, self.device), alloc(shape, self.dtype, self.device))
+            layer.kv_cache = (alloc(shape, self.kv_dtype, self.device), alloc(shape, self.kv_dtype, self.device))
             self.kv_caches.append(layer.kv_cache)
 
     def initialize_swap_space(self, num_host_blocks: int) -> None:

@@ -323,3 +323,12 @@ def test_the_queue_is_bounded_with_default_flags(server: RemoteServer, llm: LLM)
     max_requests = 2 * min(engine.config.scheduler.max_num_seqs, num_blocks)
     assert (f"Queue: at most {max_requests} requests and {2 * num_blocks * block_size} prompt tokens wait for "
             "the engine") in server.log()
+
+
+def test_cache_config_info(server: RemoteServer, llm: LLM) -> None:
+    info = [name for name in server.metrics() if name.startswith("pagedserve:cache_config_info")]
+    assert len(info) == 1 and server.metrics()[info[0]] == 1.0
+    blocks = llm.llm_engine.engine_core.kv_cache_config.num_blocks - 1  # the same sizing as the server's
+    for label in ('block_size="16"', 'cache_dtype="float32"', f'num_gpu_blocks="{blocks}"',
+                  'enable_prefix_caching="True"'):
+        assert label in info[0], info[0]

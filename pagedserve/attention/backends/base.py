@@ -5,6 +5,8 @@ from typing import Generic, TypeVar
 
 import torch
 
+from pagedserve.attention.kv_quant import KVQuantization
+
 
 @dataclass
 class CommonAttentionMetadata:
@@ -40,6 +42,8 @@ class AttentionLayerSpec:
     scale: float
     sliding_window: int | None = None
     logits_soft_cap: float | None = None
+    # fp8 KV cache: the format and this layer's K/V scales; None: the cache holds the model's dtype.
+    kv_quant: KVQuantization | None = None
 
 
 class AttentionBackend(ABC, Generic[MetadataT]):
@@ -64,5 +68,6 @@ class AttentionBackend(ABC, Generic[MetadataT]):
     def forward(self, spec: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], metadata: MetadataT) -> torch.Tensor:
         """q [T, num_heads * head_dim], k/v [T, num_kv_heads * head_dim]; kv_cache is this layer's
-        (key_cache, value_cache), each [num_blocks, block_size, num_kv_heads, head_dim].
+        (key_cache, value_cache), each [num_blocks, block_size, num_kv_heads, head_dim], in q's dtype or,
+        when `spec.kv_quant` is set, uint8 fp8 bits to store and read through it.
         Returns [T, num_heads * head_dim]."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedserve.attention.backends.base import AttentionLayerSpec, CommonAttentionMetadata
-from pagedserve.attention.backends.torch_paged import SdpaPrefillBackend
+from pagedserve.attention.backends.torch_paged import SdpaPrefillBackend, read_kv
 from pagedserve.kernels import cpu as cpu_kernels
 
 
@@ -31,6 +31,14 @@ class CpuNativeAttentionBackend(SdpaPrefillBackend[NativeDecodeMetadata]):
 
     def attend_decodes(self, spec: AttentionLayerSpec, q: torch.Tensor, key_cache: torch.Tensor,
                        value_cache: torch.Tensor, decode: NativeDecodeMetadata) -> torch.Tensor:
-        return cpu_kernels.paged_attention_decode(q, key_cache, value_cache, decode.block_tables,
+        block_tables = decode.block_tables
+        if spec.kv_quant is not None:
+            # NOTE: the kernel reads q's dtype only: an fp8 cache is dequantized here, just the blocks these
+            # decodes use, into a compact cache with renumbered block tables (a gather, as the torch
+            # backend does; reading fp8 inside the kernel would save it).
+            used, block_tables = torch.unique(block_tables, return_inverse=True)
+            key_cache = read_kv(key_cache, used, spec, q.dtype)
+            value_cache = read_kv(value_cache, used, spec, q.dtype, value=True)
+        return cpu_kernels.paged_attention_decode(q, key_cache, value_cache, block_tables,
                                                   decode.seq_lens, spec.scale, spec.sliding_window,
                                                   spec.logits_soft_cap)

@@ -98,7 +98,7 @@ class SdpaPrefillBackend(AttentionBackend[TorchAttentionMetadata[DecodeT]], Gene
         k = k.view(num_tokens, spec.num_kv_heads, spec.head_dim)
         v = v.view(num_tokens, spec.num_kv_heads, spec.head_dim)
         key_cache, value_cache = kv_cache
-        write_kv(key_cache, value_cache, k, v, metadata.slot_mapping)
+        write_kv(key_cache, value_cache, k, v, metadata.slot_mapping, spec)
         out = torch.empty_like(q)
         nd = metadata.num_decodes
         if nd:
@@ -108,8 +108,9 @@ class SdpaPrefillBackend(AttentionBackend[TorchAttentionMetadata[DecodeT]], Gene
             if chunk.context_len == 0:
                 keys, values = k[rows], v[rows]
             else:
-                keys = key_cache[chunk.block_ids].flatten(0, 1)[: chunk.seq_len]
-                values = value_cache[chunk.block_ids].flatten(0, 1)[: chunk.seq_len]
+                keys = read_kv(key_cache, chunk.block_ids, spec, q.dtype).flatten(0, 1)[: chunk.seq_len]
+                values = read_kv(value_cache, chunk.block_ids, spec, q.dtype, value=True
+                                 ).flatten(0, 1)[: chunk.seq_len]
             out[rows] = attend(spec, q[rows].transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
                                chunk.mask(spec.sliding_window)).transpose(0, 1)
         return out.view(num_tokens, -1)
@@ -149,8 +150,9 @@ class TorchPagedAttentionBackend(SdpaPrefillBackend[GatherDecodeMetadata]):
     def attend_decodes(self, spec: AttentionLayerSpec, q: torch.Tensor, key_cache: torch.Tensor,
                        value_cache: torch.Tensor, decode: GatherDecodeMetadata) -> torch.Tensor:
         nd = q.shape[0]
-        keys = key_cache[decode.block_tables].view(nd, -1, spec.num_kv_heads, spec.head_dim)
-        values = value_cache[decode.block_tables].view_as(keys)
+        keys = read_kv(key_cache, decode.block_tables, spec, q.dtype).view(nd, -1, spec.num_kv_heads,
+                                                                            spec.head_dim)
+        values = read_kv(value_cache, decode.block_tables, spec, q.dtype, value=True).view_as(keys)
         return attend(spec, q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2),
                       decode.mask(spec.sliding_window)).squeeze(2)
 
@@ -166,7 +168,21 @@ def _prefill_chunks(common: CommonAttentionMetadata) -> list[PrefillChunk]:
 
 
 def write_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    """Store token i's K/V at slot slot_mapping[i] (block_id * block_size + offset)."""
+             slot_mapping: torch.Tensor, spec: AttentionLayerSpec) -> None:
+    """Store token i's K/V at slot slot_mapping[i] (block_id * block_size + offset), as fp8 bits when
+    the layer's cache is quantized."""
+    quant = spec.kv_quant
+    if quant is not None:
+        k, v = quant.quantize(k, quant.k_scale), quant.quantize(v, quant.v_scale)
     key_cache.view(-1, *key_cache.shape[2:]).index_copy_(0, slot_mapping, k)
     value_cache.view(-1, *value_cache.shape[2:]).index_copy_(0, slot_mapping, v)
+
+
+def read_kv(cache: torch.Tensor, block_ids: torch.Tensor, spec: AttentionLayerSpec, dtype: torch.dtype,
+            value: bool = False) -> torch.Tensor:
+    """cache[block_ids] (K, or V with `value`) in `dtype`, dequantized when the layer's cache is fp8."""
+    blocks = cache[block_ids]
+    quant = spec.kv_quant
+    if quant is None:
+        return blocks
+    return quant.dequantize(blocks, quant.v_scale if value else quant.k_scale, dtype)

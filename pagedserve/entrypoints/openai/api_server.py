@@ -198,6 +198,11 @@ async def run_server(engine_args: EngineArgs, server_args: ServerArgs, limits: S
         engine = await _start_engine(config, limits or ServingLimits(), server_args, loggers, serving)
         if engine is None:
             return 0
+        handshake = engine.handshake
+        assert handshake is not None, "AsyncLLM.create returns once the engine's handshake arrived"
+        cache_dtype = config.model.dtype if config.cache.cache_dtype == "auto" else config.cache.cache_dtype
+        loggers.metrics.record_cache_config(config.cache, cache_dtype, handshake.num_blocks - 1,
+                                            handshake.num_host_blocks)
         lifecycle.serve(build_app(engine, server_args, loggers, chat_template, bounds or RequestBounds()), engine)
         watchdog = asyncio.create_task(_exit_when_engine_dies(engine, server))
         logger.info("Serving %s at http://%s:%d (OpenAI API under /v1).", config.model.served_model_name,

@@ -1,0 +1,100 @@
+"""Perplexity of SmolLM2-135M on a fixed public-domain text (benchmarks/data/opticks.txt, ~22k tokens) for
+each weight / KV-cache quantization, against the float32 reference (the GGUF's weights dequantized).
+
+The text is split into windows of --window tokens; every token but a window's first is scored with the
+engine's prompt_logprobs. int8 and int4 quantize a float32 HF folder written from the same GGUF (there is
+no other local copy of the model), so every row starts from the same weights.
+
+    python benchmarks/accuracy.py --window 1024
+"""
+import argparse
+import gc
+import math
+import os
+import shutil
+import tempfile
+import time
+
+from pagedserve import LLM, SamplingParams
+from pagedserve.utils.default_model import default_model_path
+
+TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "opticks.txt")
+# row name -> (model: "gguf" file or "hf" folder, engine arguments)
+SETTINGS = {
+    "float32 (reference)": ("gguf", dict(quantization="none")),
+    "gguf Q4_1 native": ("gguf", dict()),
+    "int8 (online, g32)": ("hf", dict(quantization="int8")),
+    "int4 (online, g32)": ("hf", dict(quantization="int4")),
+    # NOTE: prompts chunked by 128 tokens, so later chunks attend their prefix through the fp8 cache (a
+    # window prefilled in one chunk attends its fresh K/V and would never read the cache back).
+    "fp8 KV (e4m3, scale 1)": ("gguf", dict(quantization="none", kv_cache_dtype="fp8",
+                                            max_num_batched_tokens=128)),
+    "fp8 KV (e4m3, calculated)": ("gguf", dict(quantization="none", kv_cache_dtype="fp8",
+                                               calculate_kv_scales=True, max_num_batched_tokens=128)),
+}
+
+
+def float_folder(gguf_file: str, folder: str) -> str:
+    """The GGUF's weights dequantized to a float32 HF folder: the engine's own GGUF reader's tensors as
+    model.safetensors, beside the config and tokenizer converted from the file."""
+    from safetensors.torch import save_file
+    from transformers import AutoConfig
+
+    from pagedserve.model_loader.gguf import iterate_gguf
+    from pagedserve.utils.gguf_cache import gguf_hf_folder
+
+    converted = gguf_hf_folder(gguf_file)
+    for name in os.listdir(converted):
+        shutil.copy(os.path.join(converted, name), folder)
+    config = AutoConfig.from_pretrained(converted)
+    tensors = dict(iterate_gguf(gguf_file, config.num_attention_heads, config.num_key_value_heads))
+    save_file({name: tensor.contiguous() for name, tensor in tensors.items()},
+              os.path.join(folder, "model.safetensors"))
+    return folder
+
+
+def perplexity(model: str, windows: list[list[int]], engine_args: dict, window: int) -> tuple[float, float]:
+    """(perplexity, seconds) over the windows."""
+    llm = LLM(model, kv_cache_memory="512MiB", max_model_len=window + 8, **engine_args)
+    start = time.perf_counter()
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
+    outputs = llm.generate([{"prompt_token_ids": w} for w in windows], params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    total, count = 0.0, 0
+    for output, tokens in zip(outputs, windows):
+        for entry, token in zip(output.prompt_logprobs[1:], tokens[1:]):
+            value = entry[token]
+            total += getattr(value, "logprob", value)
+            count += 1
+    del llm
+    gc.collect()
+    return math.exp(-total / count), seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--window", type=int, default=1024, help="tokens per scored window")
+    parser.add_argument("--max-tokens", type=int, default=None, help="score only the text's first N tokens")
+    parser.add_argument("--only", nargs="*", default=None, help="row names to run (default: all)")
+    args = parser.parse_args()
+    gguf_file = default_model_path()
+    with tempfile.TemporaryDirectory() as folder:
+        models = {"gguf": gguf_file, "hf": float_folder(gguf_file, folder)}
+        from transformers import AutoTokenizer
+
+        tokens = AutoTokenizer.from_pretrained(folder)(open(TEXT, encoding="utf-8").read()).input_ids
+        tokens = tokens[:args.max_tokens]
+        windows = [tokens[i:i + args.window] for i in range(0, len(tokens) - 1, args.window)]
+        print(f"{len(tokens)} tokens of {os.path.basename(TEXT)} in {len(windows)} windows of {args.window}")
+        print(f"{'setting':28s} {'perplexity':>10s} {'vs float32':>10s} {'seconds':>8s}")
+        reference = None
+        for name, (kind, engine_args) in SETTINGS.items():
+            if args.only and name not in args.only and reference is not None:
+                continue
+            value, seconds = perplexity(models[kind], windows, engine_args, args.window)
+            reference = reference or value
+            print(f"{name:28s} {value:10.4f} {100 * (value / reference - 1):+9.2f}% {seconds:8.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

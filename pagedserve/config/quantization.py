@@ -1,0 +1,52 @@
+"""--quantization: the weight-quantization scheme, given or detected from the checkpoint (config.json's
+`quantization_config`, or a GGUF file). The schemes themselves live in `pagedserve/quantization/`."""
+from typing import TYPE_CHECKING, Literal, get_args
+
+from pagedserve.errors import ConfigError
+from pagedserve.logger import init_logger
+
+if TYPE_CHECKING:
+    from pagedserve.config.model import ModelConfig
+
+logger = init_logger(__name__)
+
+# Each scheme but none is registered in quantization/__init__.py (a test checks that the two agree).
+QuantizationName = Literal["gguf", "int8", "int4", "none"]
+QUANTIZATION_METHODS: tuple[str, ...] = get_args(QuantizationName)[:-1]
+_SUPPORTED = f"{', '.join(QUANTIZATION_METHODS)} or none"
+
+
+def checkpoint_quantization(model: "ModelConfig") -> str | None:
+    """What the checkpoint is quantized with: gguf for a GGUF file, else config.json's quant_method."""
+    if model.gguf_file:
+        return "gguf"
+    quant_config = getattr(model.hf_config, "quantization_config", None) or {}
+    method = quant_config.get("quant_method") if isinstance(quant_config, dict) else \
+        getattr(quant_config, "quant_method", None)
+    return str(method) if method else None
+
+
+def resolve_quantization(requested: str | None, model: "ModelConfig", device: str) -> str | None:
+    """The scheme to load `model` with (None: unquantized). Raises ConfigError naming the choices."""
+    detected = checkpoint_quantization(model)
+    if requested not in (None, *get_args(QuantizationName)):
+        raise ConfigError(f"quantization={requested!r} is not supported; --quantization must be one of "
+                          f"{_SUPPORTED}.")
+    if detected is not None and detected not in QUANTIZATION_METHODS:
+        raise ConfigError(f"The checkpoint is quantized with {detected!r} (config.json quantization_config), "
+                          f"which pagedserve does not support; supported: {_SUPPORTED}.")
+    if requested is None:
+        if detected == "gguf" and (device != "cpu" or model.load_format == "dummy"):
+            logger.info("GGUF weights are dequantized: the native GGUF kernels run on the CPU, on the "
+                        "checkpoint's weights.")
+            return None
+        return detected
+    if requested == "gguf" and not model.gguf_file:
+        raise ConfigError("--quantization gguf needs a GGUF file (--model *.gguf).")
+    if requested in QUANTIZATION_METHODS and device != "cpu":
+        raise ConfigError(f"--quantization {requested} has CPU kernels only; use --device cpu, or "
+                          "--quantization none (GGUF dequantized).")
+    if requested in ("int8", "int4") and detected is not None:
+        raise ConfigError(f"--quantization {requested} quantizes a float checkpoint, but this one is already "
+                          f"{detected}; use --quantization none (GGUF) or leave it unset.")
+    return None if requested == "none" else requested

@@ -1,0 +1,30 @@
+"""Python entry points of the native GGUF kernels (`gguf_matmul.cpp`), registered as torch.ops.pagedserve."""
+from typing import Any
+
+import torch
+
+from pagedserve.kernels.cpu import load_cpu_kernels
+
+# ggml type ids (gguf.GGMLQuantizationType) the native kernels compute on directly.
+NATIVE_GGML_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+# ggml type id -> (weights, bytes) per block, as `block_format` in gguf_matmul.cpp.
+GGML_BLOCK_FORMATS = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 8: (32, 34), 12: (256, 144),
+                      13: (256, 176), 14: (256, 210)}
+
+
+def _ops() -> Any:
+    kernels = load_cpu_kernels()
+    if kernels.module is None:
+        raise RuntimeError(f"The native CPU kernels are unavailable: {kernels.error}")
+    return torch.ops.pagedserve
+
+
+def gguf_matmul(x: torch.Tensor, qweight: torch.Tensor, ggml_type: int) -> torch.Tensor:
+    """x [B, K] float32 times W^T, W [N, K] stored as qweight [N, row_bytes] uint8 rows of ggml blocks of
+    `ggml_type` (one of NATIVE_GGML_TYPES). Returns [B, N] float32. Raises RuntimeError on a bad shape."""
+    return _ops().gguf_matmul(x, qweight, ggml_type)
+
+
+def gguf_dequantize(qweight: torch.Tensor, ggml_type: int, cols: int) -> torch.Tensor:
+    """qweight [N, row_bytes] uint8 rows of `ggml_type` blocks holding `cols` weights each -> float32 [N, cols]."""
+    return _ops().gguf_dequantize(qweight, ggml_type, cols)

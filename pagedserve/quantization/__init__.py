@@ -1,0 +1,15 @@
+"""Weight quantization schemes, one registry (names as vLLM's --quantization where vLLM has them)."""
+from pagedserve.quantization.base import QuantizationConfig
+from pagedserve.utils.registry import Registry
+
+# NOTE: config/quantization.py's QUANTIZATION_METHODS (validated before torch loads) lists the same names.
+QUANTIZATION_CONFIGS: "Registry[QuantizationConfig]" = Registry("Quantization", "--quantization")
+QUANTIZATION_CONFIGS.register("gguf", "pagedserve.quantization.gguf:GGUFConfig")
+QUANTIZATION_CONFIGS.register("int8", "pagedserve.quantization.rtn:Int8Config")
+QUANTIZATION_CONFIGS.register("int4", "pagedserve.quantization.rtn:Int4Config")
+
+
+def get_quantization_config(name: str | None) -> QuantizationConfig | None:
+    """The scheme `name` as resolved by the config (None: unquantized). Raises ConfigError for an
+    unknown name."""
+    return None if name is None else QUANTIZATION_CONFIGS.load(name)()

@@ -1,0 +1,88 @@
+"""The interface every weight-quantization scheme implements (as vLLM's `quantization/`): a
+`QuantizationConfig` (what the checkpoint or the flag says) hands each layer a `QuantizeMethodBase` that
+creates its parameters, takes the checkpoint's tensors through the layer's own sharding loaders, and
+computes the layer's output."""
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class QuantizeMethodBase(ABC):
+    """How one layer stores and applies its weight. The layer owns the tensor-parallel geometry and a
+    `weight_loader(param, loaded, shard_id)` that copies its shard of a checkpoint tensor into `param`;
+    the method owns the storage format."""
+
+    @abstractmethod
+    def create_weights(self, layer: nn.Module, input_size: int, output_size: int) -> None:
+        """Register the layer's weight parameters for an [output_size, input_size] (per rank) weight, each
+        with a `weight_loader` attribute that the model's `load_weights` calls."""
+
+    @abstractmethod
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """x [..., input_size] -> x W^T [..., output_size] (bias excluded: the layer adds it)."""
+
+    def embedding(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` [T] of the weight as [T, input_size] (embedding layers only)."""
+        raise NotImplementedError(f"{type(self).__name__} does not quantize embeddings")
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Called once every checkpoint tensor is loaded: repack, quantize online, free staging."""
+
+
+class UnquantizedMethod(QuantizeMethodBase):
+    """A plain [output, input] weight in the model's dtype."""
+
+    def create_weights(self, layer: nn.Module, input_size: int, output_size: int) -> None:
+        # NOTE: zeros, not empty: an embedding's padding rows past the vocabulary are never loaded.
+        layer.weight = nn.Parameter(torch.zeros(output_size, input_size), requires_grad=False)
+        layer.weight.weight_loader = layer.weight_loader  # type: ignore[attr-defined]  # NOTE: read by load_weights
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, cast(torch.Tensor, layer.weight))
+
+    def embedding(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, cast(torch.Tensor, layer.weight))
+
+
+class QuantizationConfig(ABC):
+    """One scheme's settings. `name` is the scheme's --quantization name (vLLM's where vLLM has one)."""
+
+    name: str
+
+    @abstractmethod
+    def get_linear_method(self) -> QuantizeMethodBase:
+        """The method of a linear (column/row/qkv/merged) layer."""
+
+    def get_embedding_method(self) -> QuantizeMethodBase:
+        """The method of the token embedding and the LM head (unquantized unless the scheme says so)."""
+        return UnquantizedMethod()
+
+
+_current: list[QuantizationConfig | None] = [None]
+
+
+@contextlib.contextmanager
+def set_quantization_config(config: QuantizationConfig | None) -> Iterator[None]:
+    """Layers built inside this context take their methods from `config` (None: unquantized), so the
+    model classes need not thread the config through every constructor."""
+    previous = _current[0]
+    _current[0] = config
+    try:
+        yield
+    finally:
+        _current[0] = previous
+
+
+def linear_method() -> QuantizeMethodBase:
+    config = _current[0]
+    return UnquantizedMethod() if config is None else config.get_linear_method()
+
+
+def embedding_method() -> QuantizeMethodBase:
+    config = _current[0]
+    return UnquantizedMethod() if config is None else config.get_embedding_method()

@@ -1,0 +1,124 @@
+"""`gguf`: a GGUF file's quantized tensors stay in their ggml blocks in memory and are multiplied by the
+native kernels (`kernels/cpu/gguf_matmul.cpp`).
+
+The loader (`model_loader/gguf.py`) yields, for every 2-D tensor, `<name>.qweight_type` (the ggml type id)
+then `<name>.qweight` (the raw rows, uint8 [rows, row_bytes]). A fused layer (q/k/v, gate/up) may get
+shards of different types (files often give v a finer type than q and k): each type is staged in its own
+buffer through the layer's own sharding loader, and after loading the rows become one or more `parts`, one
+matmul each.
+"""
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import cast
+
+import torch
+from torch import nn
+
+from pagedserve.errors import ConfigError
+from pagedserve.kernels.cpu.gguf_ops import GGML_BLOCK_FORMATS, gguf_dequantize, gguf_matmul
+from pagedserve.quantization.base import QuantizationConfig, QuantizeMethodBase
+
+# (param, checkpoint tensor, shard id) -> copies this rank's shard into param: the layer's own loader
+ShardLoader = Callable[[nn.Parameter, torch.Tensor, object], object]
+
+
+def row_bytes(ggml_type: int, cols: int) -> int:
+    """Bytes of one row of `cols` weights in ggml blocks of `ggml_type`. Raises ConfigError when `cols`
+    does not fill whole blocks (e.g. a tensor-parallel split that cuts through a block)."""
+    weights, nbytes = GGML_BLOCK_FORMATS[ggml_type]
+    if cols % weights:
+        raise ConfigError(f"A GGUF weight row of {cols} columns does not split into whole blocks of {weights} "
+                          f"(ggml type {ggml_type}); choose a --tensor-parallel-size that keeps rows whole, "
+                          "or load dequantized with --quantization none.")
+    return cols // weights * nbytes
+
+
+@dataclass(frozen=True)
+class GGUFPart:
+    """Output rows [start, end) of a layer, stored as one ggml type."""
+
+    ggml_type: int
+    start: int
+    end: int
+    rows: torch.Tensor  # uint8 [end - start, row_bytes], a view into the layer's qweight
+
+
+class GGUFMethod(QuantizeMethodBase):
+    """Linear layers, the token embedding and the LM head on ggml blocks (float32 activations)."""
+
+    def __init__(self) -> None:
+        self.cols = 0
+        self.output_size = 0
+        self.pending_types: dict[object, int] = {}  # shard id -> ggml type of the qweight that follows
+        self.staging: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # type -> (rows, rows loaded mask)
+        self.parts: list[GGUFPart] = []
+
+    def create_weights(self, layer: nn.Module, input_size: int, output_size: int) -> None:
+        self.cols, self.output_size = input_size, output_size
+        shard_loader = cast(ShardLoader, layer.weight_loader)
+        qweight = nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
+        qweight.weight_loader = lambda param, loaded, shard_id=None: self._load_rows(  # type: ignore[attr-defined]
+            shard_loader, loaded, shard_id)
+        qweight_type = nn.Parameter(torch.empty(0, dtype=torch.int64), requires_grad=False)
+        qweight_type.weight_loader = (  # type: ignore[attr-defined]
+            lambda param, loaded, shard_id=None: self.pending_types.__setitem__(shard_id, int(loaded)))
+        layer.qweight, layer.qweight_type = qweight, qweight_type
+
+    def _load_rows(self, shard_loader: ShardLoader, loaded: torch.Tensor, shard_id: object) -> None:
+        ggml_type = self.pending_types.pop(shard_id)
+        if ggml_type not in self.staging:
+            self.staging[ggml_type] = (
+                torch.zeros(self.output_size, row_bytes(ggml_type, self.cols), dtype=torch.uint8),
+                torch.zeros(self.output_size, 1, dtype=torch.uint8))
+        rows, mask = self.staging[ggml_type]
+        shard_loader(nn.Parameter(rows, requires_grad=False), loaded, shard_id)
+        if shard_id is None:  # the whole weight in one tensor
+            mask.fill_(1)
+        else:  # NOTE: the layer's own loader says which output rows this shard fills (fused layers).
+            shard_loader(nn.Parameter(mask, requires_grad=False),
+                         torch.ones(loaded.shape[0], 1, dtype=torch.uint8), shard_id)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        if not self.staging:
+            return  # a tied LM head: its embedding already finalized the shared storage
+        runs = sorted((start, end, ggml_type) for ggml_type, (_, mask) in self.staging.items()
+                      for start, end in _runs(mask.flatten().bool()))
+        pieces = [self.staging[ggml_type][0][start:end] for start, end, ggml_type in runs]
+        storage = pieces[0] if len(pieces) == 1 else torch.cat([p.flatten() for p in pieces])
+        layer.qweight.data = storage
+        offset, self.parts = 0, []
+        for (start, end, ggml_type), piece in zip(runs, pieces):
+            view = storage.view(-1)[offset:offset + piece.numel()].view(piece.shape)
+            self.parts.append(GGUFPart(ggml_type, start, end, view))
+            offset += piece.numel()
+        layer.qweight_type.data = torch.tensor([part.ggml_type for part in self.parts])
+        self.staging = {}
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.cols).float()
+        outputs = [gguf_matmul(flat, part.rows, part.ggml_type) for part in self.parts]
+        y = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+        return y.reshape(*x.shape[:-1], self.output_size).to(x.dtype)
+
+    def embedding(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        (part,) = self.parts  # an embedding is one tensor, so one type
+        return gguf_dequantize(part.rows.index_select(0, ids), part.ggml_type, self.cols)
+
+
+def _runs(mask: torch.Tensor) -> list[tuple[int, int]]:
+    """Maximal runs [start, end) of True in a 1-D bool tensor."""
+    padded = torch.cat([torch.tensor([False]), mask, torch.tensor([False])]).int()
+    edges = torch.nonzero(padded.diff()).flatten().tolist()
+    return list(zip(edges[0::2], edges[1::2]))
+
+
+class GGUFConfig(QuantizationConfig):
+    """Every 2-D tensor of the file stays in its ggml blocks: linear layers, embedding, LM head."""
+
+    name = "gguf"
+
+    def get_linear_method(self) -> QuantizeMethodBase:
+        return GGUFMethod()
+
+    def get_embedding_method(self) -> QuantizeMethodBase:
+        return GGUFMethod()

@@ -1,0 +1,72 @@
+"""Native GGUF kernels against dequantize-then-float32-matmul (gguf-py's reference dequantizer)."""
+import numpy as np
+import pytest
+import torch
+
+from pagedserve.kernels.cpu import load_cpu_kernels
+from pagedserve.kernels.cpu.gguf_ops import GGML_BLOCK_FORMATS, NATIVE_GGML_TYPES, gguf_dequantize, gguf_matmul
+
+pytestmark = pytest.mark.skipif(load_cpu_kernels().module is None,
+                                reason=f"native CPU kernels unavailable: {load_cpu_kernels().error}")
+
+# Byte offsets of the fp16 fields (scales, minimums) inside each type's block.
+_HALF_OFFSETS = {2: (0,), 3: (0, 2), 8: (0,), 12: (0, 2), 13: (0, 2), 14: (208,)}
+# SmolLM2-135M's weights as [N, K]: q, k/v, o, fused qkv, gate/up, fused gate_up, down, embedding/LM head.
+SMOLLM2_SHAPES = [(576, 576), (192, 576), (960, 576), (1536, 576), (3072, 576), (576, 1536), (49152, 576)]
+# K-quant blocks hold 256 weights: SmolLM2's K=576 does not fit them; Llama-like widths do.
+K_QUANT_SHAPES = [(576, 1536), (256, 768)]
+BATCHES = [1, 2, 8, 9, 64, 256]
+
+
+def random_rows(ggml_type: int, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """uint8 [rows, row_bytes] of random blocks whose fp16 fields are finite values of a weight's scale."""
+    if ggml_type in (0, 1):
+        dtype = np.float32 if ggml_type == 0 else np.float16
+        return rng.standard_normal((rows, cols)).astype(dtype).view(np.uint8)
+    weights, nbytes = GGML_BLOCK_FORMATS[ggml_type]
+    blocks = rng.integers(0, 256, (rows * cols // weights, nbytes), dtype=np.uint8)
+    for offset in _HALF_OFFSETS[ggml_type]:
+        halves = (rng.standard_normal(len(blocks)) * 0.01).astype(np.float16)
+        blocks[:, offset:offset + 2] = halves.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(rows, -1)
+
+
+def reference_weight(rows: np.ndarray, ggml_type: int) -> torch.Tensor:
+    from gguf.constants import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    if ggml_type in (0, 1):
+        return torch.from_numpy(rows.view(np.float32 if ggml_type == 0 else np.float16).astype(np.float32))
+    return torch.from_numpy(dequantize(rows, GGMLQuantizationType(ggml_type)).astype(np.float32))
+
+
+def _cases() -> list[tuple[str, tuple[int, int]]]:
+    cases = []
+    for name, ggml_type in NATIVE_GGML_TYPES.items():
+        shapes = K_QUANT_SHAPES if GGML_BLOCK_FORMATS[ggml_type][0] == 256 else SMOLLM2_SHAPES
+        if name in ("F32", "F16"):
+            shapes = shapes[:3]  # rows of one value: the same loop as every type, fewer shapes suffice
+        cases += [(name, shape) for shape in shapes]
+    return cases
+
+
+@pytest.mark.parametrize(("type_name", "shape"), _cases())
+def test_gguf_matmul_matches_dequantize_then_matmul(type_name: str, shape: tuple[int, int]) -> None:
+    ggml_type, (n, k) = NATIVE_GGML_TYPES[type_name], shape
+    rng = np.random.default_rng(n * 7 + k + ggml_type)
+    rows = random_rows(ggml_type, n, k, rng)
+    weight = reference_weight(rows, ggml_type)
+    qweight = torch.from_numpy(rows)
+    assert torch.equal(gguf_dequantize(qweight, ggml_type, k), weight)
+    for batch in BATCHES if n < 49152 else [1, 9, 256]:
+        x = torch.randn(batch, k, generator=torch.Generator().manual_seed(batch))
+        expected = x.double() @ weight.double().T
+        got = gguf_matmul(x, qweight, ggml_type)
+        error = ((got.double() - expected).abs().max() / expected.abs().max()).item()
+        assert error < 1e-5, f"{type_name} {shape} batch {batch}: relative error {error:.2e}"
+
+
+def test_gguf_matmul_rejects_a_row_size_that_does_not_match_the_type() -> None:
+    qweight = torch.zeros(4, 20 * 18, dtype=torch.uint8)  # Q4_1 rows of K=576
+    with pytest.raises(RuntimeError, match="bytes per row"):
+        gguf_matmul(torch.zeros(1, 576), qweight, NATIVE_GGML_TYPES["Q8_0"])

@@ -1,0 +1,54 @@
+"""SmolLM2-135M from its GGUF with the blocks kept quantized (the default) against the dequantized float32
+model (HF transformers): prompt logprobs within 1e-3 relative, greedy tokens equal, weights resident at
+about the file's size."""
+import os
+
+import pytest
+import torch
+
+from pagedserve import LLM, SamplingParams
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):",
+           "Once upon a time, in a small village, there lived a very curious cat who",
+           "<|im_start|>user\nList three colours.<|im_end|>\n<|im_start|>assistant\n"]
+
+
+@pytest.fixture(scope="module")
+def native_llm() -> LLM:
+    return LLM(kv_cache_memory="64MiB", max_model_len=512)
+
+
+@pytest.fixture(scope="module")
+def hf_model(default_model: str):
+    from transformers import AutoModelForCausalLM
+
+    folder, name = os.path.split(default_model)
+    return AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+
+
+def test_gguf_is_kept_quantized_by_default(native_llm: LLM, default_model: str) -> None:
+    assert native_llm.llm_engine.config.model.quantization == "gguf"
+    weights = native_llm.llm_engine.engine_core.executor.determine_kv_memory().weights_bytes
+    assert weights <= 1.2 * os.path.getsize(default_model), (weights, os.path.getsize(default_model))
+
+
+def test_prompt_logprobs_match_the_dequantized_model(native_llm: LLM, hf_model) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=5)
+    for output in native_llm.generate(PROMPTS, params, use_tqdm=False):
+        ids = torch.tensor([output.prompt_token_ids])
+        with torch.no_grad():
+            expected = torch.log_softmax(hf_model(ids).logits[0].double(), dim=-1)
+        worst = 0.0
+        for position, logprobs in enumerate(output.prompt_logprobs[1:]):
+            for token, value in logprobs.items():
+                reference = expected[position, token].item()
+                worst = max(worst, abs(getattr(value, "logprob", value) - reference) / max(abs(reference), 1.0))
+        assert worst < 1e-3, f"{output.prompt!r}: relative logprob error {worst:.2e}"
+
+
+def test_greedy_tokens_equal_the_dequantized_model(native_llm: LLM, hf_model) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    for output in native_llm.generate(PROMPTS, params, use_tqdm=False):
+        ids = torch.tensor([output.prompt_token_ids])
+        expected = hf_model.generate(ids, max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert output.outputs[0].token_ids == expected[0, ids.shape[1]:].tolist(), output.prompt
