@@ -3,6 +3,7 @@ import enum
 from dataclasses import dataclass, field
 
 from pagedserve.errors import InvalidRequestError
+from pagedserve.structured_outputs_params import StructuredOutputsParams
 
 
 def _check(ok: bool, param: str, message: str) -> None:
@@ -45,6 +46,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     truncate_prompt_tokens: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    structured_outputs: StructuredOutputsParams | None = None  # constrain the output (JSON schema, regex...)
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -2,6 +2,7 @@
 from dataclasses import dataclass, field
 
 from pagedserve.sampling_params import SamplingParams
+from pagedserve.structured_output.manager import GrammarBitmask
 
 
 @dataclass(slots=True)
@@ -46,6 +47,8 @@ class SchedulerOutput:
     blocks_to_swap_out: BlockPairs = field(default_factory=list)
     blocks_to_swap_in: BlockPairs = field(default_factory=list)
     blocks_to_copy: BlockPairs = field(default_factory=list)
+    # The allowed next tokens of the constrained requests that sample this step (None: none does).
+    grammar_bitmask: GrammarBitmask | None = None
 
     @property
     def has_block_ops(self) -> bool:

@@ -19,9 +19,11 @@ from pagedserve.core.parallel_sampling import ParallelSampling
 from pagedserve.core.request import Request, RequestStatus
 from pagedserve.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                           SchedulerOutput)
+from pagedserve.core.structured import StructuredOutputs
 from pagedserve.core.swap import SwapSpace
 from pagedserve.logger import init_logger
 from pagedserve.protocol import EngineCoreOutput, FinishReason, SchedulerStats
+from pagedserve.structured_output.manager import StructuredOutputManager
 
 logger = init_logger(__name__)
 
@@ -47,8 +49,10 @@ class Scheduler:
     Waiting requests are admitted only as far as `admission` allows (KV-aware: preemptions stay rare)."""
 
     def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager,
-                 swap_space: SwapSpace | None = None, admission: KVAdmissionPolicy | None = None) -> None:
+                 swap_space: SwapSpace | None = None, admission: KVAdmissionPolicy | None = None,
+                 structured_output: StructuredOutputManager | None = None) -> None:
         self.config = config
+        self.structured = StructuredOutputs(structured_output)
         self.admission = admission or KVAdmissionPolicy()
         self.kv_cache_manager = kv_cache_manager
         self.swap_space = swap_space
@@ -67,6 +71,7 @@ class Scheduler:
         if request.beam_search is not None:
             self.beam_search.add(request)  # renames it: the search's first beam
         self.requests[request.request_id] = request
+        self.structured.add(request)
         if not self.parallel_sampling.hold(request):
             self.waiting.append(request)
 
@@ -88,6 +93,7 @@ class Scheduler:
                                  self.config.max_num_batched_tokens - step.budget, self._forget_req_ids,
                                  step.swap_out, step.swap_in, self.kv_cache_manager.take_block_copies())
         self._forget_req_ids = set()
+        output.grammar_bitmask = self.structured.bitmask(self.requests[rid] for rid in step.num_scheduled)
         return output
 
     def _fork_ready_samples(self) -> None:
@@ -142,7 +148,10 @@ class Scheduler:
         """Admit waiting requests FCFS, reusing their longest cached prefix."""
         kv = self.kv_cache_manager
         while self.waiting and step.budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
+            # NOTE: a request whose grammar is still compiling keeps its place; the ones behind it go on.
+            request = next((r for r in self.waiting if self.structured.is_ready(r)), None)
+            if request is None:
+                return
             # NOTE: a forked sample already holds its computed blocks; everyone else looks them up.
             hits = kv.get_computed_blocks(request) if request.num_computed_tokens == 0 else None
             num_cached = len(hits or []) * kv.block_size
@@ -153,7 +162,7 @@ class Scheduler:
             new_block_ids = kv.allocate_slots(request, num_new, hits)
             if new_block_ids is None:
                 return
-            self.waiting.popleft()
+            self.waiting.remove(request)
             request.num_computed_tokens += num_cached
             request.status = RequestStatus.RUNNING
             self.running.append(request)
@@ -242,9 +251,10 @@ class Scheduler:
             if self.beam_search.report(request, logprobs):
                 continue  # a beam: its search picks the continuations
             request.append_token(token_id)
+            grammar_complete = self.structured.accept(request, token_id)
             output = EngineCoreOutput(request_id, [token_id], [logprobs] if logprobs else None,
                                       prompt_logprobs)
-            if request.check_stop(self.config.max_model_len):
+            if request.check_stop(self.config.max_model_len, grammar_complete):
                 output.finish_reason, output.stop_reason = request.finish_reason, request.stop_reason
                 finished.append(request)
             outputs.append(output)
@@ -284,6 +294,7 @@ class Scheduler:
             else:
                 self.kv_cache_manager.free(request)
             request.status = RequestStatus.FINISHED
+            self.structured.remove(request)
             released += self.parallel_sampling.forget(request)
             self._forget(request.request_id)
             del self.requests[request.request_id]

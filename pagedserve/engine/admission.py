@@ -16,6 +16,7 @@ import msgspec
 from pagedserve.errors import CapacityError, ConfigError, InvalidRequestError
 from pagedserve.protocol import EngineCoreRequest
 from pagedserve.sampling_params import SamplingParams
+from pagedserve.structured_output.grammar import DEFAULT_MAX_SPEC_BYTES
 
 _RATE_WINDOW_S = 10.0  # starts counted for the Retry-After estimate
 _MAX_RETRY_AFTER_S = 60
@@ -48,13 +49,16 @@ class ServingLimits:
     max_output_tokens: int | None = _arg(
         None, "Most tokens one request may generate; a larger max_tokens gets 400, and requests without "
               "max_tokens get the rest of the context capped at this. Default: the context length.")
+    max_structured_output_bytes: int = _arg(
+        DEFAULT_MAX_SPEC_BYTES, "Largest JSON schema, regex, choice list or grammar a request may constrain its "
+        "output with; larger ones get 413 (compiles are also bounded by llguidance's fuel limits).")
     engine_stall_timeout: float = _arg(
         300.0, "Seconds the engine may go without finishing a step while it has work; then it is declared "
                "dead (the state is logged, requests fail, /health answers 503, the server exits 1). "
                "0 disables the watchdog.")
 
     def __post_init__(self) -> None:
-        for name in ("max_num_queued_requests", "max_num_queued_tokens", "max_input_tokens",
+        for name in ("max_structured_output_bytes", "max_num_queued_requests", "max_num_queued_tokens", "max_input_tokens",
                      "max_output_tokens", "max_queue_time", "request_timeout"):
             value = getattr(self, name)
             if value is not None and value <= 0:

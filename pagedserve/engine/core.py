@@ -7,10 +7,12 @@ from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
 from pagedserve.core.scheduler import Scheduler
 from pagedserve.core.swap import SwapSpace
+from pagedserve.engine.tokenizer import load_tokenizer
 from pagedserve.executor.base import get_executor_class
 from pagedserve.logger import init_logger
 from pagedserve.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from pagedserve.sizing import check_fits, kv_cache_config, max_concurrency
+from pagedserve.structured_output.manager import StructuredOutputManager
 from pagedserve.utils import format_bytes
 
 logger = init_logger(__name__)
@@ -31,9 +33,13 @@ class EngineCore:
             raise
         kv = self.kv_cache_config
         swap_space = SwapSpace(kv.num_host_blocks) if kv.num_host_blocks else None
+        # NOTE: the grammars live here, next to the scheduler (vLLM v1's choice): the matchers advance where
+        # the sampled tokens arrive, and the workers only get each step's bitmask.
+        self.structured_output = StructuredOutputManager(lambda: load_tokenizer(config.model),
+                                                         config.model.vocab_size)
         self.scheduler = Scheduler(config.scheduler, KVCacheManager(kv.num_blocks, kv.block_size,
                                                                     config.cache.enable_prefix_caching),
-                                   swap_space)
+                                   swap_space, structured_output=self.structured_output)
 
     def _size_kv_cache(self) -> KVCacheConfig:
         cache, block_size = self.config.cache, self.config.cache.block_size
@@ -95,4 +101,5 @@ class EngineCore:
         return self.scheduler.get_stats()
 
     def shutdown(self) -> None:
+        self.structured_output.shutdown()
         self.executor.shutdown()

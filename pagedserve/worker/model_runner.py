@@ -10,6 +10,7 @@ from pagedserve.config import EngineConfig
 from pagedserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagedserve.distributed import get_tp_rank
 from pagedserve.layers.attention import Attention
+from pagedserve.layers.grammar_bitmask import apply_grammar_bitmask
 from pagedserve.layers.sampler import Sampler, SamplerOutput, gather_logprobs
 from pagedserve.model_loader import load_model
 from pagedserve.worker.block_ops import KVBlockMover
@@ -88,6 +89,9 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[batch.logits_indices]).float()  # [R, vocab]
         if get_tp_rank() != 0:  # NOTE: only rank 0 samples; computing logits above is a collective
             return output
+        grammar = scheduler_output.grammar_bitmask
+        if grammar is not None:
+            apply_grammar_bitmask(logits, [r.request_id for r in requests], grammar.request_ids, grammar.bitmask)
         sampled = self.sampler(logits, build_sampling_metadata(requests, self.vocab_size, self.device))
         self._fill_output(requests, sampled, output)
         return output
