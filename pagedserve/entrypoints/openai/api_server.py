@@ -95,7 +95,7 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, loggers: StatLoggers,
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     model_name = engine.config.model.served_model_name
-    chat = OpenAIServingChat(engine, model_name, chat_template)
+    chat = OpenAIServingChat(engine, model_name, chat_template, server_args.auto_tool_parser)
     _add_generation_routes(app, OpenAIServingCompletion(engine, model_name), chat)
     _add_info_routes(app, engine, loggers.metrics)
     add_dashboard_routes(app, engine, loggers.dashboard)

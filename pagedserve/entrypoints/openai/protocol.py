@@ -9,6 +9,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from pagedserve.engine.input_processor import PromptType
+from pagedserve.entrypoints.openai.structured_request import structured_outputs_from_request
 from pagedserve.errors import InvalidRequestError
 from pagedserve.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
@@ -57,6 +58,13 @@ class SamplingRequest(OpenAIBaseModel):
     # Seconds this request may run; then it is aborted and returns what it has (finish_reason "abort").
     timeout: float | None = Field(default=None, gt=0)
     cache_salt: str | None = None  # prefix-cache hits only between requests with the same salt
+    # Output constraints (structured_request.py): OpenAI's response_format, vLLM's fields.
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     def check_stream_options(self) -> None:
         if self.stream_options is not None and not self.stream:
@@ -94,6 +102,7 @@ class SamplingRequest(OpenAIBaseModel):
             prompt_logprobs=prompt_logprobs, skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output, logit_bias=bias,
             truncate_prompt_tokens=self.truncate_prompt_tokens,
+            structured_outputs=structured_outputs_from_request(self),
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY)
 
 
@@ -134,6 +143,8 @@ class ChatMessage(OpenAIBaseModel):
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -143,7 +154,6 @@ class ChatCompletionRequest(SamplingRequest):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
-    response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
 
@@ -151,12 +161,6 @@ class ChatCompletionRequest(SamplingRequest):
         self.check_stream_options()
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequestError("top_logprobs needs logprobs set to true.", param="top_logprobs")
-        if self.response_format and self.response_format.get("type") != "text":
-            raise InvalidRequestError("response_format other than {'type': 'text'} is not supported.",
-                                      param="response_format")
-        if self.tools or self.tool_choice not in (None, "none"):
-            raise InvalidRequestError("Tool calling is not supported: remove tools and tool_choice.",
-                                      param="tools")
 
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
@@ -209,6 +213,7 @@ class ChatLogprobs(OpenAIBaseModel):
 class ChatResponseMessage(OpenAIBaseModel):
     role: str = "assistant"
     content: str | None = None
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class ChatChoice(OpenAIBaseModel):
@@ -231,6 +236,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
 class DeltaMessage(OpenAIBaseModel):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class ChatStreamChoice(OpenAIBaseModel):
