@@ -88,6 +88,8 @@ class EngineCore:
         # A request resumed after preemption is "new" to the workers again, but it left the queue before.
         first_scheduled = [new.request_id for new in scheduler_output.scheduled_new_reqs
                            if self.scheduler.requests[new.request_id].num_preemptions == 0]
+        if scheduler_output.is_empty and not scheduler_output.has_block_ops:
+            self.structured_output.wait_for_compile(timeout_s=0.05)  # only grammars being compiled are left
         runner_output = self.executor.execute_model(scheduler_output)
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         return EngineCoreOutputs(outputs, self.scheduler.get_stats(), timestamp, first_scheduled)

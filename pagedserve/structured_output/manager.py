@@ -4,7 +4,7 @@ the matchers advance where the sampled tokens arrive, and the workers get one nu
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +83,13 @@ class StructuredOutputManager:
         for row, (_, grammar, output_token_ids) in enumerate(rows):
             grammar.fill_bitmask(bitmask, row, output_token_ids)
         return GrammarBitmask([request_id for request_id, _, _ in rows], bitmask)
+
+    def wait_for_compile(self, timeout_s: float) -> None:
+        """Block until a pending compile ends (or `timeout_s`): for an engine with nothing else to run,
+        rather than spinning on empty steps against the compile thread."""
+        pending = [future for future in self._compiled.values() if not future.done()]
+        if pending:
+            wait(pending, timeout_s, return_when=FIRST_COMPLETED)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

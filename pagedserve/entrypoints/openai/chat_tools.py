@@ -108,7 +108,7 @@ def _functions(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         if tool.get("type") != "function" or not isinstance(function, dict) or not isinstance(function.get("name"),
                                                                                                str):
             raise InvalidRequestError(f"tools[{index}] must be {{'type': 'function', 'function': {{'name': ..., "
-                                      "'parameters': {...}}}}.", param=f"tools[{index}]")
+                                      "'parameters': {...}}}.", param=f"tools[{index}]")
         parameters = function.get("parameters") or {"type": "object", "properties": {}}
         if not isinstance(parameters, dict):
             raise InvalidRequestError(f"tools[{index}].function.parameters must be a JSON schema object.",

@@ -8,7 +8,7 @@ _PYTHON_TAG = "<|python_tag|>"
 
 
 class Llama3JsonToolParser(ToolParser):
-    start = "{"
+    start = _PYTHON_TAG  # what streaming holds back while it may be arriving; `{` is found by find_start
 
     def find_start(self, text: str) -> int:
         """Only an output that *is* tool calls: it starts (after whitespace) with the tag or with `{`."""
