@@ -17,6 +17,7 @@ from pagedserve.attention.backends.base import AttentionLayerSpec, CommonAttenti
 from pagedserve.attention.backends.cpu_native import CpuNativeAttentionBackend
 from pagedserve.attention.backends.torch_paged import SdpaPrefillBackend, TorchPagedAttentionBackend
 from pagedserve.kernels.cpu import load_cpu_kernels
+from pagedserve.utils import cdiv
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # timing, however this file is run
 from timing import median_seconds  # noqa: E402
@@ -24,7 +25,7 @@ from timing import median_seconds  # noqa: E402
 
 def decode_batch(batch: int, context: int, block_size: int) -> tuple[CommonAttentionMetadata, int]:
     """`batch` decodes of `context` tokens each over shuffled blocks; returns it and the cache's blocks."""
-    per_request = -(-context // block_size)
+    per_request = cdiv(context, block_size)
     num_blocks = batch * per_request + 1  # + the null block
     tables = (torch.randperm(num_blocks - 1)[:batch * per_request] + 1).view(batch, per_request)
     common = CommonAttentionMetadata(list(range(batch + 1)), [context] * batch, tables,

@@ -39,8 +39,8 @@ def collective_times(rank: int, args: argparse.Namespace, store: str, queue: Any
         hidden = torch.randn(batch, args.hidden_size)
         logits = torch.randn(batch, args.vocab_size // 2)
         parts = [torch.empty_like(logits) for _ in range(2)]
-        reduce_us = 1e6 * median_seconds(lambda: dist.all_reduce(hidden), args.iterations, warmup=10)
-        gather_us = 1e6 * median_seconds(lambda: dist.all_gather(parts, logits), args.iterations,
+        reduce_us = 1e6 * median_seconds(lambda h=hidden: dist.all_reduce(h), args.iterations, warmup=10)
+        gather_us = 1e6 * median_seconds(lambda p=parts, x=logits: dist.all_gather(p, x), args.iterations,
                                        warmup=10)  # gloo connects lazily
         if rank == 0:
             queue.put((batch, reduce_us, gather_us))

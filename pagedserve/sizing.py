@@ -1,17 +1,26 @@
-"""KV-cache sizing on plain numbers (no torch): the arithmetic the engine's startup and `pagedserve plan`
-share, so the planner's figures are the engine's own.
+"""KV-cache sizing, the one module that decides the cache's size, on plain numbers (no torch): the
+arithmetic the engine's startup and `pagedserve plan` share, so the planner's figures are the engine's
+own. Each rank's platform measures its memory (platforms/: an explicit budget, a CPU default, or a
+profiled GPU); `size_kv_cache` turns those reports into the one KVCacheConfig every rank allocates.
 
 Per rank: weights = parameters x dtype bytes; KV bytes per token = 2 (K and V) x layers x KV heads on the
 rank x head_dim x KV dtype bytes; on CUDA the KV budget is total x gpu_memory_utilization - weights - peak
 activations - memory outside torch; blocks = budget // bytes per block (one of them the reserved null
 block); capacity = usable blocks x block_size tokens.
 """
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
-from pagedserve.config import KVCacheConfig
+from pagedserve.config import EngineConfig, KVCacheConfig
 from pagedserve.errors import ConfigError
-from pagedserve.utils import cdiv
+from pagedserve.logger import init_logger
+from pagedserve.utils import cdiv, format_bytes
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+logger = init_logger(__name__)
 
 # Bytes per element of each dtype the engine or the planner knows.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
@@ -34,7 +43,7 @@ class ModelShape:
     qkv_bias: bool
 
     @classmethod
-    def from_hf_config(cls, hf_config: Any, architecture: str) -> "ModelShape":
+    def from_hf_config(cls, hf_config: "PretrainedConfig", architecture: str) -> "ModelShape":
         """Read a transformers config (config.json's fields)."""
         heads = hf_config.num_attention_heads
         return cls(vocab_size=hf_config.vocab_size, hidden_size=hf_config.hidden_size,
@@ -103,3 +112,49 @@ def check_fits(kv: KVCacheConfig, max_model_len: int) -> None:
             f"max_model_len={max_model_len} tokens needs; the largest max_model_len that fits is "
             f"{kv.capacity_tokens}. Raise --kv-cache-memory (or --gpu-memory-utilization on a GPU) "
             "or lower --max-model-len.")
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """One rank's KV budget, as its platform measured it."""
+
+    kv_cache_bytes: int
+    weights_bytes: int
+    detail: str  # the breakdown, for the startup log
+
+
+def tightest(reports: Sequence[MemoryReport]) -> MemoryReport:
+    """The report of the rank with the smallest budget: every rank allocates the same block count."""
+    if len(reports) == 1:
+        return reports[0]
+    rank = min(range(len(reports)), key=lambda r: reports[r].kv_cache_bytes)
+    return MemoryReport(reports[rank].kv_cache_bytes, reports[rank].weights_bytes,
+                        f"rank {rank}, the tightest of {len(reports)}: {reports[rank].detail}")
+
+
+def size_kv_cache(config: EngineConfig, bytes_per_block: int,
+                  measure: Callable[[], Sequence[MemoryReport]]) -> KVCacheConfig:
+    """The KV cache of the engine: --num-gpu-blocks-override, else what the tightest rank's measured
+    budget (`measure()`, one report per rank) holds; swap space in blocks. Logs the breakdown and
+    raises ConfigError (numbers and flags) when one request of max_model_len tokens cannot fit."""
+    cache, block_size = config.cache, config.cache.block_size
+    if cache.num_gpu_blocks_override is not None:
+        num_blocks, source = cache.num_gpu_blocks_override, "num_gpu_blocks_override"
+    else:
+        report = tightest(measure())
+        num_blocks = kv_cache_config(report.kv_cache_bytes, bytes_per_block, block_size).num_blocks
+        source = report.detail
+        logger.info("Model weights: %s.", format_bytes(report.weights_bytes))
+    kv = KVCacheConfig(num_blocks, block_size, bytes_per_block, cache.swap_space_bytes // bytes_per_block)
+    max_model_len = config.model.max_model_len
+    logger.info("KV cache (%s): %s per token, %s per block of %d tokens, %d blocks (+1 reserved), "
+                "%s in all, capacity %d tokens.", source, format_bytes(bytes_per_block // block_size),
+                format_bytes(bytes_per_block), block_size, num_blocks - 1,
+                format_bytes(bytes_per_block * num_blocks), kv.capacity_tokens)
+    logger.info("Maximum concurrency for %d tokens per request: %.2fx", max_model_len,
+                max_concurrency(kv, max_model_len))
+    logger.info("Swap space: %d host blocks (%s, --swap-space); prefix caching %s.", kv.num_host_blocks,
+                format_bytes(kv.num_host_blocks * bytes_per_block),
+                "on" if cache.enable_prefix_caching else "off (--no-enable-prefix-caching)")
+    check_fits(kv, max_model_len)
+    return kv

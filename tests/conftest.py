@@ -82,3 +82,21 @@ def tiny_llama(tiny_model_factory) -> str:
 @pytest.fixture(scope="session")
 def default_model() -> str:
     return default_model_path()
+
+
+# Folders whose tests start servers, CLIs or worker processes.
+_SLOW_FOLDERS = ("entrypoints", "distributed")
+# Fixtures that build a model, so the test runs a real engine.
+_MODEL_FIXTURES = {"tiny_llama", "tiny_model_factory", "default_model"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`slow`: server, process and end-to-end tests (a folder above, or a model fixture), so that
+    `-m "not slow"` runs the millisecond tests alone. `gpu`: skipped, visibly (-ra), without a CUDA GPU."""
+    skip_gpu = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU (gpu marker)")
+    for item in items:
+        folder = os.path.basename(os.path.dirname(str(item.path)))
+        if folder in _SLOW_FOLDERS or _MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+        if skip_gpu is not None and "gpu" in item.keywords:
+            item.add_marker(skip_gpu)

@@ -1,4 +1,4 @@
-"""DESIGN.md's layering, enforced: import-linter contracts, and core/ importable without torch."""
+"""docs/design.md's layering, enforced: import-linter contracts, and core/ importable without torch."""
 import os
 import subprocess
 import sys

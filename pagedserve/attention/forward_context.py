@@ -2,13 +2,14 @@
 block tables: the runner sets this around the forward pass."""
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
-_METADATA: Any = None
+from pagedserve.attention.backends.base import AttentionMetadata
+
+_METADATA: AttentionMetadata | None = None
 
 
 @contextmanager
-def set_forward_context(metadata: Any) -> Iterator[None]:
+def set_forward_context(metadata: AttentionMetadata) -> Iterator[None]:
     global _METADATA
     _METADATA = metadata
     try:
@@ -17,6 +18,6 @@ def set_forward_context(metadata: Any) -> Iterator[None]:
         _METADATA = None
 
 
-def get_attention_metadata() -> Any:
+def get_attention_metadata() -> AttentionMetadata:
     assert _METADATA is not None, "attention called outside set_forward_context"
     return _METADATA

@@ -104,7 +104,7 @@ class BeamSearchGroup:
         length = num_generated
         if params.early_stopping == "never" and params.length_penalty > 0:
             length = params.max_tokens
-        return best_running / length ** params.length_penalty <= self.hypotheses[-1].score
+        return bool(best_running / length ** params.length_penalty <= self.hypotheses[-1].score)
 
     def _continue(self, running: list[_Candidate], fork: Fork) -> list[Request]:
         """Fork, extend and prune the beams; returns the pruned ones."""

@@ -27,7 +27,8 @@ class Request:
         self.sampling_params: SamplingParams = request.sampling_params
         self.eos_token_id = request.eos_token_id
         self.arrival_time = request.arrival_time
-        self.max_tokens: int = request.sampling_params.max_tokens  # resolved by the frontend
+        assert request.sampling_params.max_tokens is not None, "max_tokens is resolved by the frontend"
+        self.max_tokens: int = request.sampling_params.max_tokens
         self.all_token_ids: list[int] = list(request.prompt_token_ids)
         self.num_computed_tokens = 0
         self.num_preemptions = 0
@@ -83,7 +84,7 @@ class Request:
         elif self.num_output_tokens >= params.min_tokens:
             if last == self.eos_token_id and not params.ignore_eos:
                 self.finish_reason = FinishReason.STOP
-            elif last in params.stop_token_ids:
+            elif last in (params.stop_token_ids or ()):
                 self.finish_reason, self.stop_reason = FinishReason.STOP, last
         if self.finish_reason is None and (self.num_output_tokens >= self.max_tokens
                                            or self.num_tokens >= max_model_len):

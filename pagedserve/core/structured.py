@@ -34,7 +34,7 @@ class StructuredOutputs:
     def bitmask(self, requests: Iterable[Request]) -> GrammarBitmask | None:
         """The allowed next tokens of the constrained requests that sample this step (those whose
         scheduled tokens reach their end), or None."""
-        if not self.num_constrained:
+        if not self.num_constrained or self.manager is None:
             return None
         rows = [(r.request_id, r.grammar, r.output_token_ids) for r in requests
                 if r.grammar is not None and r.num_computed_tokens == r.num_tokens]

@@ -8,11 +8,11 @@ the limits bound what arrives, and KV-aware admission keeps preemptions rare.
 """
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 import msgspec
 
+from pagedserve.config.cli import config_field
 from pagedserve.errors import CapacityError, ConfigError, InvalidRequestError
 from pagedserve.protocol import EngineCoreRequest
 from pagedserve.sampling_params import SamplingParams
@@ -22,44 +22,40 @@ _RATE_WINDOW_S = 10.0  # starts counted for the Retry-After estimate
 _MAX_RETRY_AFTER_S = 60
 
 
-def _arg(default: Any, help: str) -> Any:
-    return field(default=default, metadata={"help": help})
-
-
 @dataclass(frozen=True)
 class ServingLimits:
     """The server's admission, budget and watchdog settings (flags generated from the fields).
     Raises ConfigError naming the flag when a value is out of range."""
 
-    max_num_queued_requests: int | None = _arg(
+    max_num_queued_requests: int | None = config_field(
         None, "Requests that may wait for the engine at once; more get 503 with Retry-After at once. "
               "Default: no limit.")
-    max_num_queued_tokens: int | None = _arg(
+    max_num_queued_tokens: int | None = config_field(
         None, "Prompt tokens that may wait for the engine at once; more get 503 with Retry-After at once. "
               "Default: no limit.")
-    max_queue_time: float | None = _arg(
+    max_queue_time: float | None = config_field(
         None, "Seconds a request may wait before the engine starts it; then it ends with a 503 timeout "
               "error. Default: no limit.")
-    request_timeout: float | None = _arg(
+    request_timeout: float | None = config_field(
         None, "Seconds a request may run in all (a request's `timeout` field may ask for less); then it is "
               "aborted and returns what it has, finish_reason 'abort'. Default: no limit.")
-    max_input_tokens: int | None = _arg(
+    max_input_tokens: int | None = config_field(
         None, "Most prompt tokens per request (after truncate_prompt_tokens); longer prompts get 400. "
               "Default: the context length.")
-    max_output_tokens: int | None = _arg(
+    max_output_tokens: int | None = config_field(
         None, "Most tokens one request may generate; a larger max_tokens gets 400, and requests without "
               "max_tokens get the rest of the context capped at this. Default: the context length.")
-    max_structured_output_bytes: int = _arg(
+    max_structured_output_bytes: int = config_field(
         DEFAULT_MAX_SPEC_BYTES, "Largest JSON schema, regex, choice list or grammar a request may constrain its "
         "output with; larger ones get 413 (compiles are also bounded by llguidance's fuel limits).")
-    engine_stall_timeout: float = _arg(
+    engine_stall_timeout: float = config_field(
         300.0, "Seconds the engine may go without finishing a step while it has work; then it is declared "
                "dead (the state is logged, requests fail, /health answers 503, the server exits 1). "
                "0 disables the watchdog.")
 
     def __post_init__(self) -> None:
-        for name in ("max_structured_output_bytes", "max_num_queued_requests", "max_num_queued_tokens", "max_input_tokens",
-                     "max_output_tokens", "max_queue_time", "request_timeout"):
+        for name in ("max_structured_output_bytes", "max_num_queued_requests", "max_num_queued_tokens",
+                     "max_input_tokens", "max_output_tokens", "max_queue_time", "request_timeout"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"{name}={value} must be positive (--{name.replace('_', '-')}); leave it "

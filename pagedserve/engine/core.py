@@ -2,18 +2,17 @@
 schedule -> execute -> update. Only EngineCoreRequest / EngineCoreOutputs cross its boundary."""
 import time
 
-from pagedserve.config import EngineConfig, KVCacheConfig
+from pagedserve.config import EngineConfig
 from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
 from pagedserve.core.scheduler import Scheduler
 from pagedserve.core.swap import SwapSpace
 from pagedserve.engine.tokenizer import load_tokenizer
-from pagedserve.executor.base import get_executor_class
+from pagedserve.executor import get_executor_class
 from pagedserve.logger import init_logger
 from pagedserve.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
-from pagedserve.sizing import check_fits, kv_cache_config, max_concurrency
+from pagedserve.sizing import size_kv_cache
 from pagedserve.structured_output.manager import StructuredOutputManager
-from pagedserve.utils import format_bytes
 
 logger = init_logger(__name__)
 
@@ -25,7 +24,9 @@ class EngineCore:
         self.config = config
         self.executor = get_executor_class(config)(config)
         try:
-            self.kv_cache_config = self._size_kv_cache()
+            # NOTE: the same arithmetic as `pagedserve plan` (sizing.py), so its figures match the log.
+            self.kv_cache_config = size_kv_cache(config, self.executor.kv_cache_bytes_per_block(),
+                                                 self.executor.determine_kv_memory)
             self.executor.initialize_kv_cache(self.kv_cache_config.num_blocks,
                                               self.kv_cache_config.num_host_blocks)
         except BaseException:
@@ -40,34 +41,6 @@ class EngineCore:
         self.scheduler = Scheduler(config.scheduler, KVCacheManager(kv.num_blocks, kv.block_size,
                                                                     config.cache.enable_prefix_caching),
                                    swap_space, structured_output=self.structured_output)
-
-    def _size_kv_cache(self) -> KVCacheConfig:
-        cache, block_size = self.config.cache, self.config.cache.block_size
-        bytes_per_block = self.executor.kv_cache_bytes_per_block()
-        if cache.num_gpu_blocks_override is not None:
-            num_blocks, source = cache.num_gpu_blocks_override, "num_gpu_blocks_override"
-            weights = None
-        else:
-            report = self.executor.determine_kv_memory()
-            # NOTE: the same arithmetic as `pagedserve plan` (sizing.py), so its figures match this log.
-            num_blocks = kv_cache_config(report.kv_cache_bytes, bytes_per_block, block_size).num_blocks
-            source = report.detail
-            weights = report.weights_bytes
-        kv = KVCacheConfig(num_blocks, block_size, bytes_per_block, cache.swap_space_bytes // bytes_per_block)
-        max_model_len = self.config.model.max_model_len
-        if weights is not None:
-            logger.info("Model weights: %s.", format_bytes(weights))
-        logger.info("KV cache (%s): %s per token, %s per block of %d tokens, %d blocks (+1 reserved), "
-                    "%s in all, capacity %d tokens.", source, format_bytes(bytes_per_block // block_size),
-                    format_bytes(bytes_per_block), block_size, num_blocks - 1,
-                    format_bytes(bytes_per_block * num_blocks), kv.capacity_tokens)
-        logger.info("Maximum concurrency for %d tokens per request: %.2fx", max_model_len,
-                    max_concurrency(kv, max_model_len))
-        logger.info("Swap space: %d host blocks (%s, --swap-space); prefix caching %s.", kv.num_host_blocks,
-                    format_bytes(kv.num_host_blocks * bytes_per_block),
-                    "on" if cache.enable_prefix_caching else "off (--no-enable-prefix-caching)")
-        check_fits(kv, max_model_len)
-        return kv
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.scheduler.add_request(Request(request))

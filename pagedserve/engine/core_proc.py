@@ -41,7 +41,7 @@ class EngineCoreHandshake(msgspec.Struct, omit_defaults=True):
 class EngineCoreProc:
     """The busy loop: take every pending input, step while there is work, push the outputs."""
 
-    def __init__(self, engine_core: EngineCore, input_socket: zmq.Socket, output_socket: zmq.Socket,
+    def __init__(self, engine_core: EngineCore, input_socket: zmq.Socket[bytes], output_socket: zmq.Socket[bytes],
                  stall_timeout_s: float = 0.0) -> None:
         self.engine_core = engine_core
         self.input_socket = input_socket

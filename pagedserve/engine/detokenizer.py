@@ -25,7 +25,7 @@ class IncrementalDetokenizer:
         self._sent_offset = 0  # characters of output_text already returned as deltas
 
     def _decode(self, tokens: list[int]) -> str:
-        return self.tokenizer.decode(tokens, skip_special_tokens=self.skip_special_tokens)
+        return str(self.tokenizer.decode(tokens, skip_special_tokens=self.skip_special_tokens))
 
     def update(self, new_token_ids: list[int]) -> str | None:
         """Append tokens to `output_text`. Returns the stop string matched (text truncated at it), if any."""

@@ -10,6 +10,7 @@ from pagedserve.engine.structured_validation import StructuredOutputValidator
 from pagedserve.errors import InvalidRequestError
 from pagedserve.protocol import EngineCoreRequest
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams
+from pagedserve.utils import cdiv
 
 # A prompt: text, token ids, or {"prompt": text} / {"prompt_token_ids": ids}.
 PromptType = str | list[int] | dict[str, Any]
@@ -88,7 +89,7 @@ class InputProcessor:
         if beam.beam_width > self.limits.max_num_seqs:
             raise InvalidRequestError(f"beam_width={beam.beam_width} is more than the engine runs at once "
                                       f"(--max-num-seqs {self.limits.max_num_seqs}).", param="beam_width")
-        need = beam.beam_width * -(-max_len // self.limits.block_size)
+        need = beam.beam_width * cdiv(max_len, self.limits.block_size)
         if need > self.limits.num_kv_blocks:
             raise InvalidRequestError(
                 f"A beam search of width {beam.beam_width} over {max_len} tokens may need {need} KV blocks; "
@@ -113,7 +114,7 @@ class InputProcessor:
             if value is not None and value > self.model_config.max_logprobs:
                 raise InvalidRequestError(f"{name}={value} exceeds the server's limit of "
                                           f"{self.model_config.max_logprobs} (--max-logprobs).", param=name)
-        for token in list(params.logit_bias or {}) + list(params.stop_token_ids):
+        for token in list(params.logit_bias or {}) + list(params.stop_token_ids or []):
             if not 0 <= token < vocab:
                 raise InvalidRequestError(f"Token id {token} in logit_bias or stop_token_ids is out of "
                                           f"vocabulary (valid ids: 0 to {vocab - 1}).", param="logit_bias")

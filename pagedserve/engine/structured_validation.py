@@ -2,6 +2,8 @@
 large one a 413) before anything reaches the engine."""
 from typing import Any
 
+import llguidance
+
 from pagedserve.errors import InvalidRequestError
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams
 from pagedserve.structured_output.grammar import DEFAULT_MAX_SPEC_BYTES, make_ll_tokenizer, validate
@@ -14,7 +16,7 @@ class StructuredOutputValidator:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_spec_bytes = max_spec_bytes
-        self._ll_tokenizer = None
+        self._ll_tokenizer: llguidance.LLTokenizer | None = None
 
     def validate(self, params: SamplingParams, beam_search: BeamSearchParams | None) -> None:
         constraint = params.structured_outputs

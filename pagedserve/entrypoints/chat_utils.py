@@ -67,8 +67,9 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
 def _template_tool_call(call: Any, index: int) -> dict[str, Any]:
     function = call.get("function") if isinstance(call, Mapping) else None
     if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
-        raise InvalidRequestError(f"messages[{index}].tool_calls entries must be {{'id': ..., 'type': 'function', "
-                                  "'function': {'name': ..., 'arguments': ...}}.", param=f"messages[{index}].tool_calls")
+        raise InvalidRequestError(f"messages[{index}].tool_calls entries must be {{'id': ..., 'type': "
+                                  "'function', 'function': {'name': ..., 'arguments': ...}}.",
+                                  param=f"messages[{index}].tool_calls")
     arguments = function.get("arguments") or {}
     if isinstance(arguments, str):
         try:

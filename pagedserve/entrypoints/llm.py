@@ -2,7 +2,7 @@
 import itertools
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from tqdm.auto import tqdm
 
@@ -81,7 +81,8 @@ class LLM:
         """Apply the tokenizer's chat template to each conversation (with `tools`, OpenAI's function list,
         as the template's `tools`), then generate. Constrain the output with
         `SamplingParams(structured_outputs=...)`."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        conversations = (cast(list[ChatMessages], [messages]) if messages and isinstance(messages[0], dict)
+                         else cast(Sequence[ChatMessages], messages))
         tokenizer = self.get_tokenizer()
         prompts = [{"prompt_token_ids": apply_chat_template(tokenizer, conversation, chat_template,
                                                             add_generation_prompt, tools)}

@@ -9,11 +9,11 @@ engine measures the peak activations with a profiling run; the plan estimates th
 import argparse
 import json
 import math
-from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Literal
 
-from pagedserve.config import (EngineArgs, ModelConfig, add_dataclass_cli_args, dataclass_from_cli_args,
-                               default_max_num_batched_tokens)
+from pagedserve.config import (EngineArgs, ModelConfig, add_dataclass_cli_args, config_field,
+                               dataclass_from_cli_args, default_max_num_batched_tokens)
 from pagedserve.errors import ConfigError
 from pagedserve.sizing import DTYPE_BYTES, ModelShape, gpu_kv_budget, kv_cache_config, max_concurrency, \
     max_full_requests
@@ -22,31 +22,27 @@ from pagedserve.utils import cdiv, format_bytes, parse_bytes
 # The engine flags the plan takes, with the engine's names, help and defaults.
 ENGINE_FLAGS = ("dtype", "max_model_len", "block_size", "gpu_memory_utilization", "kv_cache_memory",
                 "tensor_parallel_size", "max_num_batched_tokens")
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+KVCacheDType = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
 # Memory a GPU engine uses outside torch's allocator (NCCL buffers, cuBLAS workspaces): an estimate.
 NON_TORCH_BYTES = 512 * 2**20
 MAX_UTILIZATION = 0.95  # the most the plan recommends: leave the driver and other processes room
 TP_SIZES = (1, 2, 4, 8)
 
 
-def _arg(default: Any, help: str, **extra: Any) -> Any:
-    return field(default=default, metadata={"help": help, **extra})
-
-
 @dataclass(frozen=True)
 class PlanArgs:
     """The workload and the accelerator (the engine's own flags come from EngineArgs)."""
 
-    model: str = _arg("", "Model: HF folder (its config.json), a config.json file or a GGUF file.")
-    gpu_memory: str | None = _arg(None, "Memory of one accelerator, e.g. 80GiB. Default: the local GPU's.")
-    kv_cache_dtype: str = _arg("auto", "KV-cache dtype. auto: the model dtype (what pagedserve runs today); "
-                                       "fp8 shows what vLLM's --kv-cache-dtype fp8 would give.",
-                               choices=KV_CACHE_DTYPES)
-    concurrency: int = _arg(1, "Requests to serve at once.")
-    input_tokens: int | None = _arg(None, "Prompt tokens per request (default: the context less "
+    model: str = config_field("", "Model: HF folder (its config.json), a config.json file or a GGUF file.")
+    gpu_memory: str | None = config_field(None, "Memory of one accelerator, e.g. 80GiB. Default: the local GPU's.")
+    kv_cache_dtype: KVCacheDType = config_field(
+        "auto", "KV-cache dtype. auto: the model dtype (what pagedserve runs today); fp8 shows what vLLM's "
+                "--kv-cache-dtype fp8 would give.")
+    concurrency: int = config_field(1, "Requests to serve at once.")
+    input_tokens: int | None = config_field(None, "Prompt tokens per request (default: the context less "
                                           "--output-tokens).")
-    output_tokens: int | None = _arg(None, "Generated tokens per request (default 0).")
-    json: bool = _arg(False, "Print one JSON object instead of the table.")
+    output_tokens: int | None = config_field(None, "Generated tokens per request (default 0).")
+    json: bool = config_field(False, "Print one JSON object instead of the table.")
 
 
 @dataclass(frozen=True)
@@ -169,7 +165,7 @@ def resolve_inputs(args: PlanArgs, engine_args: EngineArgs) -> PlanInputs:
     if args.concurrency < 1:
         raise ConfigError(f"--concurrency {args.concurrency} must be at least 1.")
     # NOTE: dtype "auto" resolves as on a GPU: the checkpoint's.
-    model_config = engine_args._model_config("cuda")
+    model_config = engine_args.model_config("cuda")
     shape = ModelShape.from_hf_config(model_config.hf_config, model_config.architecture)
     tp = engine_args.tensor_parallel_size
     if tp < 1 or not _divides(shape, tp):

@@ -1,11 +1,10 @@
 """The interface the EngineCore drives, whatever runs the workers."""
 from abc import ABC, abstractmethod
-from dataclasses import replace
 from typing import Any
 
 from pagedserve.config import EngineConfig
 from pagedserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from pagedserve.platforms.memory import MemoryReport
+from pagedserve.sizing import MemoryReport
 
 
 class Executor(ABC):
@@ -27,14 +26,9 @@ class Executor(ABC):
         """Bytes of one KV block on the rank that needs the most."""
         return max(self.collective_rpc("kv_cache_bytes_per_block"))
 
-    def determine_kv_memory(self) -> MemoryReport:
-        """The KV budget of the tightest rank: every rank then allocates the same, smallest, block count."""
-        reports: list[MemoryReport] = self.collective_rpc("determine_kv_memory")
-        if len(reports) == 1:
-            return reports[0]
-        rank = min(range(len(reports)), key=lambda r: reports[r].kv_cache_bytes)
-        return replace(reports[rank], detail=f"rank {rank}, the tightest of {len(reports)}: "
-                                             f"{reports[rank].detail}")
+    def determine_kv_memory(self) -> list[MemoryReport]:
+        """Every rank's KV budget, in rank order (sizing.size_kv_cache takes the tightest)."""
+        return self.collective_rpc("determine_kv_memory")
 
     def initialize_kv_cache(self, num_blocks: int, num_host_blocks: int = 0) -> None:
         """Allocate `num_blocks` device blocks, and `num_host_blocks` host blocks of swap space, on every
@@ -48,18 +42,3 @@ class Executor(ABC):
     def shutdown(self) -> None:
         """Release workers (processes, actors, a Ray instance started for the run). Idempotent."""
 
-
-def get_executor_class(config: EngineConfig) -> type[Executor]:
-    """The executor of --distributed-executor-backend (resolved in the config: uni | mp | ray)."""
-    backend = config.parallel.distributed_executor_backend
-    if backend == "mp":
-        from pagedserve.executor.multiproc import MultiprocExecutor
-
-        return MultiprocExecutor
-    if backend == "ray":
-        from pagedserve.executor.ray import RayExecutor
-
-        return RayExecutor
-    from pagedserve.executor.uniproc import UniProcExecutor
-
-    return UniProcExecutor

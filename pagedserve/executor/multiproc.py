@@ -21,6 +21,7 @@ from pagedserve.executor.base import Executor
 from pagedserve.executor.failure import GRACE_S, RankFailures, describe_exit
 from pagedserve.executor.mp_worker import SHUTDOWN, WorkerFailure, WorkerProcessSpec, dumps, run_worker
 from pagedserve.logger import init_logger
+from pagedserve.platforms import get_platform
 
 logger = init_logger(__name__)
 
@@ -46,7 +47,7 @@ class MultiprocExecutor(Executor):
         # NOTE: a file rendezvous opens no port; tcp:// would listen on every interface.
         store = os.path.join(self._rendezvous, "store")
         init = DistributedInit(f"file://{store}", parallel.tensor_parallel_size,
-                               "nccl" if config.device == "cuda" else "gloo", self.timeout_s,
+                               get_platform(config.device).dist_backend, self.timeout_s,
                                loopback_only=True)
         context = _worker_context(config)
         self.workers: list[_WorkerHandle] = []
@@ -140,7 +141,7 @@ class MultiprocExecutor(Executor):
         raise error
 
 
-def _worker_context(config: EngineConfig) -> multiprocessing.context.BaseContext:
+def _worker_context(config: EngineConfig) -> multiprocessing.context.ForkServerContext:
     """Workers are forked from a forkserver that has imported the worker code once.
     NOTE: never fork the engine process itself: it may hold CUDA state and threads (ZMQ, tokenizers).
     The forkserver is a fresh single-threaded interpreter started on first use; each worker forked from

@@ -17,6 +17,7 @@ from pagedserve.errors import ConfigError, EngineDeadError
 from pagedserve.executor.base import Executor
 from pagedserve.executor.failure import GRACE_S, RankFailures, summarize
 from pagedserve.logger import init_logger
+from pagedserve.platforms import get_platform
 from pagedserve.worker.worker import Worker
 
 logger = init_logger(__name__)
@@ -69,7 +70,7 @@ class RayExecutor(Executor):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        bundle = {"CPU": 1.0, "GPU": 1.0} if config.device == "cuda" else {"CPU": 1.0}
+        bundle = get_platform(config.device).ray_bundle()
         self._placement_group = ray.util.placement_group([bundle] * size, strategy="PACK")
         self._rendezvous = tempfile.mkdtemp(prefix="pagedserve-tp-")
         self.actors: list[Any] = []
@@ -81,7 +82,7 @@ class RayExecutor(Executor):
             self.shutdown()
             raise ConfigError(f"The Ray cluster cannot place {size} workers needing {bundle} each within "
                               f"--distributed-timeout={self.timeout_s:g}s (available: "
-                              f"{ray.available_resources()}); add nodes or lower --tensor-parallel-size.")
+                              f"{ray.available_resources()}); add nodes or lower --tensor-parallel-size.") from None
         actor_class = ray.remote(RayWorker)
         for rank in range(size):
             strategy = PlacementGroupSchedulingStrategy(placement_group=self._placement_group,
@@ -98,7 +99,7 @@ class RayExecutor(Executor):
         import ray
 
         nodes = self._gather("startup", [actor.node.remote() for actor in self.actors])
-        backend = "nccl" if config.device == "cuda" else "gloo"
+        backend = get_platform(config.device).dist_backend
         size, timeout = len(self.actors), self.timeout_s
         if all(node_id == ray.get_runtime_context().get_node_id() for node_id, _ in nodes):
             return DistributedInit(f"file://{os.path.join(self._rendezvous, 'store')}", size, backend,

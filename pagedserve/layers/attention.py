@@ -1,4 +1,6 @@
 """The Attention layer models use: q/k/v in, attention over the paged cache out."""
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -12,7 +14,7 @@ class Attention(nn.Module):
     def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int) -> None:
         super().__init__()
         self.spec = AttentionLayerSpec(num_heads, num_kv_heads, head_dim, scale)
-        self.backend: AttentionBackend | None = None
+        self.backend: AttentionBackend[Any] | None = None  # NOTE: Any: each backend reads its own metadata
         self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

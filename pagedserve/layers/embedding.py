@@ -5,6 +5,7 @@ from torch import nn
 
 from pagedserve.distributed import (get_tp_rank, get_tp_world_size, tensor_model_parallel_all_gather,
                                     tensor_model_parallel_all_reduce)
+from pagedserve.layers.linear import set_weight_loader
 from pagedserve.utils import cdiv
 
 
@@ -18,7 +19,7 @@ class VocabParallelEmbedding(nn.Module):
         self.num_per_partition = cdiv(vocab_size, self.tp_size)
         self.vocab_start = self.tp_rank * self.num_per_partition
         self.weight = nn.Parameter(torch.zeros(self.num_per_partition, hidden_size), requires_grad=False)
-        self.weight.weight_loader = self.weight_loader
+        set_weight_loader(self.weight, self.weight_loader)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
         # NOTE: the last rank's slice may run past the vocabulary: those padding rows stay zero.

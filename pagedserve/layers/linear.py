@@ -1,10 +1,15 @@
 """Tensor-parallel linear layers. Each parameter carries a `weight_loader` that copies its own shard of a
 full checkpoint tensor, so no rank ever materializes more than its part of the model."""
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from pagedserve.distributed import get_tp_rank, get_tp_world_size, tensor_model_parallel_all_reduce
+
+# (param, checkpoint tensor, shard id) -> copies this rank's shard into param
+WeightLoader = Callable[[nn.Parameter, torch.Tensor, object], object]
 
 
 def _divide(numerator: int, denominator: int, what: str) -> int:
@@ -18,6 +23,16 @@ def _param(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape), requires_grad=False)
 
 
+def _copy_whole(param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+    """The loader of a replicated parameter: every rank holds all of it."""
+    param.data.copy_(loaded)
+
+
+def set_weight_loader(param: nn.Parameter, loader: WeightLoader) -> None:
+    """Attach the function that copies this rank's shard of a checkpoint tensor into `param`."""
+    param.weight_loader = loader  # type: ignore[attr-defined]  # NOTE: read by the model's load_weights
+
+
 class ColumnParallelLinear(nn.Module):
     """y = x W^T + b with W split by output rows: each rank computes its slice of y."""
 
@@ -26,10 +41,10 @@ class ColumnParallelLinear(nn.Module):
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_world_size()
         self.output_size_per_partition = _divide(output_size, self.tp_size, "output size")
         self.weight = _param(self.output_size_per_partition, input_size)
-        self.weight.weight_loader = self.weight_loader
+        set_weight_loader(self.weight, self.weight_loader)
         self.bias = _param(self.output_size_per_partition) if bias else None
         if self.bias is not None:
-            self.bias.weight_loader = self.weight_loader
+            set_weight_loader(self.bias, self.weight_loader)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
         size = param.shape[0]
@@ -92,10 +107,10 @@ class RowParallelLinear(nn.Module):
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_world_size()
         self.input_size_per_partition = _divide(input_size, self.tp_size, "input size")
         self.weight = _param(output_size, self.input_size_per_partition)
-        self.weight.weight_loader = self.weight_loader
+        set_weight_loader(self.weight, self.weight_loader)
         self.bias = _param(output_size) if bias else None
         if self.bias is not None:
-            self.bias.weight_loader = lambda param, loaded, shard_id=None: param.data.copy_(loaded)
+            set_weight_loader(self.bias, _copy_whole)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
         size = param.shape[1]

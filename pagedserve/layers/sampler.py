@@ -45,18 +45,20 @@ class Sampler:
             sampled = logits.argmax(dim=-1)
         else:
             sampled = self._sample(logits, meta)
-        if raw_logprobs is None:
+        if raw_logprobs is None or meta.max_num_logprobs is None:
             return SamplerOutput(sampled, None, None)
         token_ids, values = gather_logprobs(raw_logprobs, meta.max_num_logprobs, sampled)
         return SamplerOutput(sampled, token_ids, values)
 
     def _apply_penalties_and_bias(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         if meta.repetition_penalty is not None:
+            assert meta.prompt_token_mask is not None and meta.output_token_counts is not None
             seen = meta.prompt_token_mask | (meta.output_token_counts > 0)
             penalty = torch.where(seen, meta.repetition_penalty[:, None], 1.0)
             logits = torch.where(logits > 0, logits / penalty, logits * penalty)
         if meta.frequency_penalty is not None:
             counts = meta.output_token_counts
+            assert counts is not None and meta.presence_penalty is not None, "set with frequency_penalty"
             logits = logits - meta.frequency_penalty[:, None] * counts
             logits = logits - meta.presence_penalty[:, None] * (counts > 0)
         if meta.logit_bias is not None:

@@ -9,12 +9,13 @@ from pagedserve.errors import ConfigError
 from pagedserve.logger import init_logger
 from pagedserve.model_loader.gguf import iterate_gguf
 from pagedserve.model_loader.safetensors import iterate_safetensors
+from pagedserve.models.interface import CausalLM
 from pagedserve.models.registry import get_model_class
 
 logger = init_logger(__name__)
 
 
-def load_model(config: ModelConfig, device: torch.device) -> nn.Module:
+def load_model(config: ModelConfig, device: torch.device) -> CausalLM:
     dtype = getattr(torch, config.dtype)
     model_class = get_model_class(config.architecture)
     previous = torch.get_default_dtype()

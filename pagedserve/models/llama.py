@@ -12,6 +12,7 @@ from pagedserve.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from pagedserve.layers.layernorm import RMSNorm
 from pagedserve.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from pagedserve.layers.rotary import RotaryEmbedding, rope_parameters
+from pagedserve.models.interface import CausalLM
 
 
 class LlamaMLP(nn.Module):
@@ -84,7 +85,7 @@ class LlamaModel(nn.Module):
         return hidden
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(CausalLM):
     """input_ids [T] and positions [T] of a flattened batch -> hidden states [T, hidden];
     `compute_logits` turns the selected rows into logits."""
 

@@ -1,21 +1,18 @@
-"""Architecture name (config.json's `architectures`) -> model class, imported on demand.
-The supported set is config.MODEL_ARCHITECTURES: family `t` lives in models/t.py."""
-import importlib
+"""Architecture name (config.json's `architectures`) -> model class, imported on demand. Family `t`
+lives in models/t.py; config.MODEL_ARCHITECTURES lists the same architectures (a test checks it)."""
+from pagedserve.models.interface import CausalLM
+from pagedserve.utils.registry import Registry
 
-from torch import nn
-
-from pagedserve.config import MODEL_ARCHITECTURES
-from pagedserve.errors import ConfigError
-
-_MODULES = {arch: model_type for model_type, arch in MODEL_ARCHITECTURES.items()}
+MODELS: Registry[CausalLM] = Registry("Model architecture", "--model")
+MODELS.register("LlamaForCausalLM", "pagedserve.models.llama:LlamaForCausalLM")
+MODELS.register("MistralForCausalLM", "pagedserve.models.mistral:MistralForCausalLM")
+MODELS.register("Qwen2ForCausalLM", "pagedserve.models.qwen2:Qwen2ForCausalLM")
 
 
 def supported_architectures() -> list[str]:
-    return sorted(_MODULES)
+    return MODELS.names()
 
 
-def get_model_class(architecture: str) -> type[nn.Module]:
-    if architecture not in _MODULES:
-        raise ConfigError(f"Model architecture {architecture!r} is not supported. Supported "
-                          f"architectures: {', '.join(supported_architectures())}.")
-    return getattr(importlib.import_module(f"pagedserve.models.{_MODULES[architecture]}"), architecture)
+def get_model_class(architecture: str) -> type[CausalLM]:
+    """Raises ConfigError naming the supported architectures."""
+    return MODELS.load(architecture)

@@ -33,22 +33,22 @@ def make_ll_tokenizer(hf_tokenizer: Any, vocab_size: int) -> llguidance.LLTokeni
 def to_grammar(params: StructuredOutputsParams) -> str:
     """The llguidance grammar of one constraint. Raises InvalidRequestError for a malformed JSON schema
     (llguidance checks the rest when the grammar is validated or compiled)."""
-    kind = params.kind
-    if kind == "json_object":
+    if params.json_object:
         return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=_JSON_OPTIONS)
-    if kind == "json":
+    if params.json is not None:
         try:
             return llguidance.LLMatcher.grammar_from_json_schema(params.json, defaults=_JSON_OPTIONS)
         except (ValueError, TypeError) as exc:
             raise InvalidRequestError(f"structured_outputs.json is not a valid JSON schema: {exc}",
                                       param="structured_outputs.json") from exc
-    if kind == "regex":
+    if params.regex is not None:
         return llguidance.LLMatcher.grammar_from_regex(params.regex)
-    if kind == "choice":
+    if params.choice is not None:
         # Lark string literals take JSON escapes: any choice text is matched literally.
         return llguidance.LLMatcher.grammar_from_lark(
             "start: " + " | ".join(json.dumps(choice) for choice in params.choice))
     grammar = params.grammar
+    assert grammar is not None, "StructuredOutputsParams holds exactly one constraint"
     if "::=" in grammar:  # GBNF (llama.cpp's, also what vLLM's xgrammar backend takes)
         try:
             grammar = gbnf_to_lark(grammar)

@@ -1,4 +1,5 @@
 """The worker's copy of each request (tokens, blocks) and the step's flattened batch tensors."""
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,7 +91,7 @@ def build_sampling_metadata(requests: list[CachedRequestState], vocab_size: int,
     params = [r.sampling_params for r in requests]
     rows = len(params)
 
-    def column(values: list[float], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def column(values: Sequence[float], dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=device)
 
     top_k = [p.top_k if p.top_k > 0 else vocab_size for p in params]
@@ -129,7 +130,7 @@ def _logit_bias(requests: list[CachedRequestState], vocab_size: int, device: tor
         p = r.sampling_params
         entries = dict(p.logit_bias or {})
         if len(r.token_ids) - r.num_prompt_tokens < p.min_tokens:
-            banned = list(p.stop_token_ids) + ([] if r.eos_token_id is None else [r.eos_token_id])
+            banned = list(p.stop_token_ids or []) + ([] if r.eos_token_id is None else [r.eos_token_id])
             entries.update({token: float("-inf") for token in banned})
         if entries:
             bias = torch.zeros(len(requests), vocab_size, device=device) if bias is None else bias

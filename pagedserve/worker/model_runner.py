@@ -1,7 +1,4 @@
 """Runs one step: scheduler output -> batch tensors -> forward -> sampled tokens."""
-import math
-import mmap
-
 import torch
 
 from pagedserve.attention.backends import select_attention_backend
@@ -13,6 +10,7 @@ from pagedserve.layers.attention import Attention
 from pagedserve.layers.grammar_bitmask import apply_grammar_bitmask
 from pagedserve.layers.sampler import Sampler, SamplerOutput, gather_logprobs
 from pagedserve.model_loader import load_model
+from pagedserve.platforms import Platform
 from pagedserve.worker.block_ops import KVBlockMover
 from pagedserve.worker.input_batch import (BatchInputs, CachedRequestState, build_batch,
                                            build_sampling_metadata, update_states)
@@ -21,14 +19,15 @@ from pagedserve.worker.input_batch import (BatchInputs, CachedRequestState, buil
 class ModelRunner:
     """Owns the model, the KV cache tensors and the worker's copy of every scheduled request."""
 
-    def __init__(self, config: EngineConfig, device: torch.device) -> None:
+    def __init__(self, config: EngineConfig, device: torch.device, platform: Platform) -> None:
         self.config = config
         self.device = device
+        self.platform = platform
         self.block_size = config.cache.block_size
         self.model = load_model(config.model, device)
         self.dtype = getattr(torch, config.model.dtype)
         self.vocab_size = config.model.vocab_size
-        self.backend = select_attention_backend(config.attention_backend, device)
+        self.backend = select_attention_backend(config.attention_backend, platform)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         for layer in self.attention_layers:
             layer.backend = self.backend
@@ -45,26 +44,16 @@ class ModelRunner:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate one K and one V tensor [num_blocks, block_size, num_kv_heads, head_dim] per layer."""
         self.kv_caches = []
-        # NOTE: attention reads padding slots (masked out, but 0 * NaN is NaN), so the cache must start
-        # finite. On CPU an anonymous mmap is zero-filled lazily by the kernel: no 4 GiB memset at startup,
-        # and RSS grows only as blocks are used. (torch.empty is not enough: below glibc's mmap threshold,
-        # which grows to 32 MiB after weights are loaded, it reuses freed heap memory holding NaN bits.)
-        alloc = _lazy_zeros if self.device.type == "cpu" else torch.zeros
+        alloc = self.platform.allocate_kv_cache
         for layer in self.attention_layers:
             shape = (num_blocks, self.block_size, layer.spec.num_kv_heads, layer.spec.head_dim)
-            layer.kv_cache = (alloc(shape, dtype=self.dtype, device=self.device),
-                              alloc(shape, dtype=self.dtype, device=self.device))
+            layer.kv_cache = (alloc(shape, self.dtype, self.device), alloc(shape, self.dtype, self.device))
             self.kv_caches.append(layer.kv_cache)
 
     def initialize_swap_space(self, num_host_blocks: int) -> None:
         """Host copies of the KV cache for `num_host_blocks` swapped-out blocks (after initialize_kv_cache;
-        pinned memory on CUDA, a second lazily zeroed pool on CPU)."""
-        def allocate(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-            if self.device.type == "cpu":
-                return _lazy_zeros(shape, dtype, self.device)
-            return torch.empty(shape, dtype=dtype, pin_memory=True)
-
-        self.block_mover = KVBlockMover(self.kv_caches, num_host_blocks, allocate)
+        allocated by the platform: pinned memory on CUDA, a second lazily zeroed pool on CPU)."""
+        self.block_mover = KVBlockMover(self.kv_caches, num_host_blocks, self.platform.allocate_host_swap)
 
     def apply_block_ops(self, scheduler_output: SchedulerOutput) -> None:
         """The step's swaps and copies on write, before its forward reads or overwrites those blocks."""
@@ -99,13 +88,14 @@ class ModelRunner:
     def _fill_output(self, requests: list[CachedRequestState], sampled: SamplerOutput,
                      output: ModelRunnerOutput) -> None:
         token_ids = sampled.sampled_token_ids.tolist()
-        ids = values = None
-        if sampled.logprobs is not None:
+        ids: list[list[int]] = []
+        values: list[list[float]] = []
+        if sampled.logprobs is not None and sampled.logprob_token_ids is not None:
             ids, values = sampled.logprob_token_ids.tolist(), sampled.logprobs.tolist()
         for i, request in enumerate(requests):
             output.sampled_token_ids[request.request_id] = token_ids[i]
             num = request.sampling_params.logprobs
-            if num is not None and ids is not None:
+            if num is not None and ids:
                 output.logprobs[request.request_id] = dict(zip(ids[i][:num + 1], values[i][:num + 1]))
 
     def _prompt_logprobs(self, batch: BatchInputs, hidden: torch.Tensor, output: ModelRunnerOutput) -> None:
@@ -128,8 +118,3 @@ class ModelRunner:
                 result += [dict(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
             output.prompt_logprobs[request_id] = result
 
-
-def _lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zero-filled CPU tensor whose pages are committed only when first touched."""
-    buffer = mmap.mmap(-1, math.prod(shape) * dtype.itemsize)
-    return torch.frombuffer(buffer, dtype=dtype).view(shape)

@@ -1,13 +1,12 @@
 """A worker: one rank's device, model runner and KV memory budget."""
-import os
-
 import torch
 
 from pagedserve.config import EngineConfig
 from pagedserve.core.sched_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from pagedserve.distributed import init_tp_group
-from pagedserve.platforms.memory import MemoryReport, cpu_kv_budget, cuda_kv_budget
+from pagedserve.platforms import get_platform
 from pagedserve.sampling_params import SamplingParams
+from pagedserve.sizing import MemoryReport
 from pagedserve.utils import cdiv
 from pagedserve.worker.model_runner import ModelRunner
 
@@ -21,25 +20,21 @@ class Worker:
         self.config = config
         self.rank = rank
         init_tp_group(rank, config.parallel.tensor_parallel_size)  # NOTE: layers read it when built
-        if config.device == "cuda":
-            self.device = torch.device("cuda", rank if local_rank is None else local_rank)
-            torch.cuda.set_device(self.device)
-            self._free_at_start = torch.cuda.mem_get_info(self.device)[0]
-        else:
-            self.device = torch.device("cpu")
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.parallel.tensor_parallel_size))
+        self.platform = get_platform(config.device)
+        self.device = self.platform.init_device(rank if local_rank is None else local_rank,
+                                                config.parallel.tensor_parallel_size)
+        self._memory_baseline = self.platform.memory_baseline(self.device)
         torch.manual_seed(config.model.seed)
-        self.model_runner = ModelRunner(config, self.device)
+        self.model_runner = ModelRunner(config, self.device, self.platform)
         self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model_runner.model.parameters())
 
     def kv_cache_bytes_per_block(self) -> int:
         return self.model_runner.kv_cache_bytes_per_block()
 
     def determine_kv_memory(self) -> MemoryReport:
-        if self.device.type == "cuda":
-            return cuda_kv_budget(self.config.cache, self.weights_bytes, self.device, self._profile_run,
-                                  self._free_at_start)
-        return cpu_kv_budget(self.config.cache, self.weights_bytes)
+        """This rank's KV budget, measured by its platform (sizing.size_kv_cache decides the size)."""
+        return self.platform.kv_budget(self.config.cache, self.weights_bytes, self.device, self._profile_run,
+                                       self._memory_baseline)
 
     def initialize_kv_cache(self, num_blocks: int, num_host_blocks: int = 0) -> None:
         self.model_runner.initialize_kv_cache(num_blocks)

@@ -12,8 +12,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from pagedserve.config import SchedulerConfig
 from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
-from pagedserve.core.scheduler import Scheduler
 from pagedserve.core.sched_output import ModelRunnerOutput
+from pagedserve.core.scheduler import Scheduler
 from pagedserve.protocol import EngineCoreRequest
 from pagedserve.sampling_params import SamplingParams
 
@@ -43,7 +43,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         sampled = {rid: 7 for rid in out.num_scheduled_tokens
                    if self.scheduler.requests[rid].num_computed_tokens
                    == self.scheduler.requests[rid].num_tokens}
-        for rid, num in out.num_scheduled_tokens.items():
+        for rid in out.num_scheduled_tokens:
             request = self.scheduler.requests[rid]
             assert request.num_computed_tokens <= request.num_tokens
             blocks = self.kv.get_block_ids(rid)

@@ -163,7 +163,8 @@ def test_tool_choice_required_and_named(client: openai.OpenAI) -> None:
     jsonschema.validate(json.loads(arguments), WEATHER_TOOL["function"]["parameters"])
 
 
-HERMES_TEXT = r'Checking\. <tool_call>\{"name": "get_weather", "arguments": \{"city": "Paris", "unit": "celsius"\}\}</tool_call>'
+HERMES_TEXT = (r'Checking\. <tool_call>\{"name": "get_weather", "arguments": '
+               r'\{"city": "Paris", "unit": "celsius"\}\}</tool_call>')
 
 
 def test_tool_choice_auto_with_the_hermes_parser_streamed_and_not(client: openai.OpenAI) -> None:

@@ -13,6 +13,8 @@ from pagedserve.attention.backends.torch_paged import SdpaPrefillBackend, TorchP
 from pagedserve.config import EngineArgs
 from pagedserve.errors import ConfigError
 from pagedserve.kernels import cpu as cpu_kernels
+from pagedserve.platforms.cpu import CpuPlatform
+from pagedserve.utils import cdiv
 
 NUM_BLOCKS = 64
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}  # abs for fp32, else rel
@@ -31,11 +33,11 @@ def make_batch(requests: list[tuple[int, int]], block_size: int, seed: int) -> C
     rng = random.Random(seed)
     pool = list(range(1, NUM_BLOCKS))
     rng.shuffle(pool)
-    max_blocks = max(-(-(c + n) // block_size) for c, n in requests) + 1  # + a padding column
+    max_blocks = max(cdiv(c + n, block_size) for c, n in requests) + 1  # + a padding column
     tables = torch.zeros(len(requests), max_blocks, dtype=torch.int64)
     query_start_loc, seq_lens, slots = [0], [], []
     for row, (cached, new) in enumerate(requests):
-        num = -(-(cached + new) // block_size)
+        num = cdiv(cached + new, block_size)
         tables[row, :num] = torch.tensor([pool.pop() for _ in range(num)])
         slots += [int(tables[row, p // block_size]) * block_size + p % block_size
                   for p in range(cached, cached + new)]
@@ -148,11 +150,11 @@ def test_llm_greedy_tokens_equal_torch_backend(tiny_llama: str, monkeypatch: pyt
 
 
 def test_auto_picks_cpu_unless_disabled(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert select_attention_backend("auto", torch.device("cpu")).name == "cpu"
+    assert select_attention_backend("auto", CpuPlatform()).name == "cpu"
     monkeypatch.setenv("PAGEDSERVE_CPU_KERNELS", "0")
     monkeypatch.setattr(cpu_kernels, "load_cpu_kernels", cpu_kernels.load_cpu_kernels.__wrapped__)
-    assert select_attention_backend("auto", torch.device("cpu")).name == "torch"
-    assert select_attention_backend("cpu", torch.device("cpu")).name == "torch"  # falls back, warns
+    assert select_attention_backend("auto", CpuPlatform()).name == "torch"
+    assert select_attention_backend("cpu", CpuPlatform()).name == "torch"  # falls back, warns
 
 
 def test_unknown_attention_backend_names_the_flag(tiny_llama: str) -> None:

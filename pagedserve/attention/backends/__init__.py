@@ -1,50 +1,37 @@
 """Backend registry. Backends are imported lazily: optional libraries (triton) stay unimported on a CPU
 install, and the native CPU kernels are built only when the cpu backend is chosen."""
-from collections.abc import Callable
-
-import torch
+from typing import Any
 
 from pagedserve import envs
 from pagedserve.attention.backends.base import AttentionBackend
 from pagedserve.logger import init_logger
+from pagedserve.platforms import Platform
+from pagedserve.utils.registry import Registry
 
 logger = init_logger(__name__)
 
-
-def _torch() -> AttentionBackend:
-    from pagedserve.attention.backends.torch_paged import TorchPagedAttentionBackend
-
-    return TorchPagedAttentionBackend()
-
-
-def _cpu() -> AttentionBackend:
-    from pagedserve.attention.backends.cpu_native import CpuNativeAttentionBackend
-
-    return CpuNativeAttentionBackend()
+# --attention-backend -> backend; config.AttentionBackendName lists the same names, plus auto.
+ATTENTION_BACKENDS: "Registry[AttentionBackend[Any]]" = Registry("Attention backend", "--attention-backend")
+ATTENTION_BACKENDS.register("torch", "pagedserve.attention.backends.torch_paged:TorchPagedAttentionBackend")
+ATTENTION_BACKENDS.register("cpu", "pagedserve.attention.backends.cpu_native:CpuNativeAttentionBackend")
 
 
-# name -> constructor; config.ATTENTION_BACKENDS lists the same names (plus auto) for --attention-backend.
-_BACKENDS: dict[str, Callable[[], AttentionBackend]] = {"torch": _torch, "cpu": _cpu}
-
-
-def get_attention_backend(name: str) -> AttentionBackend:
+def get_attention_backend(name: str) -> "AttentionBackend[Any]":
     """`name`: torch (reference; CPU and GPU) | cpu (native CPU decode kernel; CPU tensors only).
-    Raises ValueError for any other name."""
-    if name not in _BACKENDS:
-        raise ValueError(f"Unknown attention backend {name!r}; supported: {', '.join(_BACKENDS)}.")
-    return _BACKENDS[name]()
+    Raises ConfigError for any other name."""
+    return ATTENTION_BACKENDS.load(name)()
 
 
-def select_attention_backend(requested: str, device: torch.device) -> AttentionBackend:
-    """The backend for `requested` (auto or a registered name) on `device`, with the choice logged.
+def select_attention_backend(requested: str, platform: Platform) -> "AttentionBackend[Any]":
+    """The backend for `requested` (auto or a registered name) on `platform`, with the choice logged.
 
-    auto is cpu on a CPU device and torch elsewhere. cpu needs the native kernels: when they are
+    auto is the platform's default (cpu on a CPU, torch elsewhere). cpu needs the native kernels: when they are
     disabled (PAGEDSERVE_CPU_KERNELS=0) or fail to build, torch is used instead, with the reason in
     the log (a warning unless auto and disabled on purpose). Never raises for a kernel failure.
     """
     name = requested
     if requested == "auto":
-        name = "cpu" if device.type == "cpu" else "torch"
+        name = platform.default_attention_backend
     if name == "cpu":
         from pagedserve.kernels.cpu import load_cpu_kernels
 

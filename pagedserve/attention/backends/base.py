@@ -1,7 +1,7 @@
 """The interface every attention backend implements, and the batch description they all start from."""
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Generic, TypeVar
 
 import torch
 
@@ -20,6 +20,14 @@ class CommonAttentionMetadata:
     block_size: int
 
 
+class AttentionMetadata:
+    """Base of every backend's per-step metadata (what its `build_metadata` precomputes and every
+    layer's `forward` reads through the forward context)."""
+
+
+MetadataT = TypeVar("MetadataT", bound=AttentionMetadata)
+
+
 @dataclass
 class AttentionLayerSpec:
     num_heads: int
@@ -28,18 +36,18 @@ class AttentionLayerSpec:
     scale: float
 
 
-class AttentionBackend(ABC):
+class AttentionBackend(ABC, Generic[MetadataT]):
     """Writes the step's new K/V into the paged cache and attends over block tables."""
 
     name: str
 
     @abstractmethod
-    def build_metadata(self, common: CommonAttentionMetadata) -> Any:
+    def build_metadata(self, common: CommonAttentionMetadata) -> MetadataT:
         """Precompute, once per step, what `forward` needs in every layer."""
 
     @abstractmethod
     def forward(self, spec: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: tuple[torch.Tensor, torch.Tensor], metadata: Any) -> torch.Tensor:
+                kv_cache: tuple[torch.Tensor, torch.Tensor], metadata: MetadataT) -> torch.Tensor:
         """q [T, num_heads * head_dim], k/v [T, num_kv_heads * head_dim]; kv_cache is this layer's
         (key_cache, value_cache), each [num_blocks, block_size, num_kv_heads, head_dim].
         Returns [T, num_heads * head_dim]."""

@@ -11,8 +11,9 @@ from typing import Generic, TypeVar
 import torch
 import torch.nn.functional as F
 
-from pagedserve.attention.backends.base import (AttentionBackend, AttentionLayerSpec,
+from pagedserve.attention.backends.base import (AttentionBackend, AttentionLayerSpec, AttentionMetadata,
                                                 CommonAttentionMetadata)
+from pagedserve.utils import cdiv
 
 
 @dataclass
@@ -34,14 +35,14 @@ DecodeT = TypeVar("DecodeT")
 
 
 @dataclass
-class TorchAttentionMetadata(Generic[DecodeT]):
+class TorchAttentionMetadata(AttentionMetadata, Generic[DecodeT]):
     slot_mapping: torch.Tensor  # [T]
     num_decodes: int
     decode: DecodeT  # built by the backend's `build_decode_metadata`, read by its `attend_decodes`
     prefills: list[PrefillChunk]
 
 
-class SdpaPrefillBackend(AttentionBackend, Generic[DecodeT]):
+class SdpaPrefillBackend(AttentionBackend[TorchAttentionMetadata[DecodeT]], Generic[DecodeT]):
     """K/V writes by slot mapping and prefill chunks through torch SDPA; subclasses say how decodes
     (the first `num_decodes` requests, one query token each) are attended."""
 
@@ -95,7 +96,7 @@ class TorchPagedAttentionBackend(SdpaPrefillBackend[GatherDecodeMetadata]):
         device = common.slot_mapping.device
         nd = common.num_decodes
         decode_lens = torch.tensor(common.seq_lens[:nd], device=device)
-        max_decode_blocks = -(-max(common.seq_lens[:nd], default=0) // common.block_size)
+        max_decode_blocks = cdiv(max(common.seq_lens[:nd], default=0), common.block_size)
         span = torch.arange(max_decode_blocks * common.block_size, device=device)
         mask = (span[None, :] < decode_lens[:, None]).view(nd, 1, 1, span.numel())
         return GatherDecodeMetadata(common.block_tables[:nd, :max_decode_blocks], mask)
@@ -116,7 +117,7 @@ def _prefill_chunks(common: CommonAttentionMetadata) -> list[PrefillChunk]:
     prefills = []
     for i in range(common.num_decodes, len(common.seq_lens)):
         start, end, seq_len = common.query_start_loc[i], common.query_start_loc[i + 1], common.seq_lens[i]
-        num_blocks = -(-seq_len // common.block_size)
+        num_blocks = cdiv(seq_len, common.block_size)
         context = seq_len - (end - start)
         mask = None
         if context > 0:  # bottom-right aligned causal mask over the cached prefix

@@ -23,14 +23,15 @@ class ToolOutput:
 
 
 class ToolStreamer(Protocol):
-    has_tool_calls: bool
+    @property
+    def has_tool_calls(self) -> bool: ...
 
     def feed(self, delta: str, finished: bool) -> tuple[str, list[ToolCallDelta]]: ...
 
 
 @dataclass
 class ChatTools:
-    """One request's tool handling. `mode`: none | auto | required | named."""
+    """One request's tool handling. `mode`: none | auto (with `parser`) | required | named (`named`)."""
 
     mode: str
     functions: dict[str, dict[str, Any]]  # name -> the function's JSON schema of parameters
@@ -39,19 +40,19 @@ class ChatTools:
 
     @property
     def constraint(self) -> StructuredOutputsParams | None:
-        if self.mode == "named":
+        if self.named is not None:
             return StructuredOutputsParams(json=self.functions[self.named])
         if self.mode == "required":
             return StructuredOutputsParams(json=_required_schema(self.functions))
         return None
 
     def output(self, text: str, finish_reason: str | None) -> ToolOutput:
-        if self.mode == "named":
+        if self.named is not None:
             return ToolOutput(None, [ParsedToolCall(self.named, text)], finish_reason)
         if self.mode == "required":
             calls = _required_calls(text)
             return ToolOutput(None, calls, self.finish_reason(finish_reason, bool(calls)))
-        if self.mode == "auto":
+        if self.parser is not None:
             extracted = self.parser.extract(text)
             return ToolOutput(extracted.content, extracted.tool_calls,
                               self.finish_reason(finish_reason, bool(extracted.tool_calls)))
@@ -65,11 +66,11 @@ class ChatTools:
         return engine_reason
 
     def streamer(self) -> ToolStreamer | None:
-        if self.mode == "named":
+        if self.named is not None:
             return _NamedStreamer(self.named)
         if self.mode == "required":
             return _RequiredStreamer()
-        return ToolCallStreamer(self.parser) if self.mode == "auto" else None
+        return ToolCallStreamer(self.parser) if self.parser is not None else None
 
 
 def resolve_chat_tools(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None,

@@ -2,44 +2,43 @@
 from their dataclasses, with vLLM's names, so `pagedserve serve` and
 `python -m pagedserve.entrypoints.openai.api_server` accept the same command lines."""
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Literal
 
 from pagedserve import envs
-from pagedserve.config import EngineArgs, add_dataclass_cli_args, dataclass_from_cli_args
+from pagedserve.config import EngineArgs, add_dataclass_cli_args, config_field, dataclass_from_cli_args
 from pagedserve.engine.admission import ServingLimits
-from pagedserve.entrypoints.openai.tool_parsers import TOOL_PARSERS
+from pagedserve.entrypoints.openai.tool_parsers import TOOL_PARSERS, ToolCallParserName
 from pagedserve.errors import ConfigError
 
-UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+UvicornLogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
 
 
 @dataclass(frozen=True)
 class ServerArgs:
     """HTTP-side settings (the engine's are EngineArgs)."""
 
-    host: str = field(default="0.0.0.0", metadata={"help": "Address to listen on."})
-    port: int = field(default=8000, metadata={"help": "Port to listen on."})
-    api_key: str | None = field(default=None, metadata={
-        "help": "Require this key (`Authorization: Bearer KEY`) on the /v1 routes. Default: the "
-                "PAGEDSERVE_API_KEY environment variable, else no key."})
-    chat_template: str | None = field(default=None, metadata={
-        "help": "Chat template for /v1/chat/completions: a file, or the Jinja template itself. "
-                "Default: the tokenizer's."})
-    disable_log_stats: bool = field(default=False, metadata={
-        "help": "Do not log the periodic stats line (throughput, queue, KV-cache usage)."})
-    disable_log_requests: bool = field(default=False, metadata={
-        "help": "Do not log each request as it is added or aborted."})
-    uvicorn_log_level: str = field(default="info", metadata={
-        "help": "Log level of uvicorn (HTTP access log included).", "choices": UVICORN_LOG_LEVELS})
-    shutdown_timeout: float = field(default=30.0, metadata={
-        "help": "Seconds the requests in flight get to finish after SIGTERM (new ones get 503 meanwhile); "
-                "the rest are then aborted with an error and the server exits 0."})
+    host: str = config_field("0.0.0.0", "Address to listen on.")
+    port: int = config_field(8000, "Port to listen on.")
+    api_key: str | None = config_field(
+        None, "Require this key (`Authorization: Bearer KEY`) on the /v1 routes. Default: the "
+              "PAGEDSERVE_API_KEY environment variable, else no key.")
+    chat_template: str | None = config_field(
+        None, "Chat template for /v1/chat/completions: a file, or the Jinja template itself. Default: the "
+              "tokenizer's.")
+    disable_log_stats: bool = config_field(
+        False, "Do not log the periodic stats line (throughput, queue, KV-cache usage).")
+    disable_log_requests: bool = config_field(False, "Do not log each request as it is added or aborted.")
+    uvicorn_log_level: UvicornLogLevel = config_field("info", "Log level of uvicorn (HTTP access log "
+                                                              "included).")
+    shutdown_timeout: float = config_field(
+        30.0, "Seconds the requests in flight get to finish after SIGTERM (new ones get 503 meanwhile); the "
+              "rest are then aborted with an error and the server exits 0.")
 
-    enable_auto_tool_choice: bool = field(default=False, metadata={
-        "help": 'Let requests use tool_choice "auto": --tool-call-parser then reads the calls in the text.'})
-    tool_call_parser: str | None = field(default=None, metadata={
-        "help": "How tool calls are written in this model's output (with --enable-auto-tool-choice).",
-        "choices": tuple(TOOL_PARSERS)})
+    enable_auto_tool_choice: bool = config_field(
+        False, 'Let requests use tool_choice "auto": --tool-call-parser then reads the calls in the text.')
+    tool_call_parser: ToolCallParserName | None = config_field(
+        None, "How tool calls are written in this model's output (with --enable-auto-tool-choice).")
 
     def __post_init__(self) -> None:
         if self.enable_auto_tool_choice and self.tool_call_parser is None:

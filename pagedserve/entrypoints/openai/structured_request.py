@@ -32,7 +32,8 @@ def structured_outputs_from_request(request: Any) -> StructuredOutputsParams | N
 
 
 def _from_response_format(response_format: dict[str, Any] | None) -> StructuredOutputsParams | None:
-    kind = (response_format or {}).get("type", "text")
+    response_format = response_format or {}
+    kind = response_format.get("type", "text")
     if kind == "text":
         return None
     if kind == "json_object":

@@ -12,5 +12,6 @@ class MistralToolParser(ToolParser):
             value = json.loads(tool_text[len(self.start):])
         except json.JSONDecodeError:
             return None
-        calls = [call_from_json(obj) for obj in (value if isinstance(value, list) else [value])]
-        return None if not calls or None in calls else calls
+        objects = value if isinstance(value, list) else [value]
+        calls = [call for call in map(call_from_json, objects) if call is not None]
+        return calls if calls and len(calls) == len(objects) else None

@@ -1,0 +1,64 @@
+"""Dataclass fields -> argparse flags, the one way every settings class (EngineArgs, ServerArgs,
+ServingLimits, PlanArgs) gets its command line. A field's flag is its name with vLLM's spelling
+(--max-model-len), its help the field's `help` metadata, its type and choices its annotation
+(`Literal[...]` gives the choices, `X | None` an optional X, bool a --flag / --no-flag pair)."""
+import argparse
+import dataclasses
+import types
+import typing
+from collections.abc import Collection
+from typing import Any, Literal, TypeVar, Union
+
+T = TypeVar("T")
+
+_SCALAR_TYPES = (int, float, str, bool)
+
+
+def config_field(default: Any, help: str) -> Any:
+    """A dataclass field with its command-line help (shown by --help)."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+def flag_name(field_name: str) -> str:
+    """The flag of a field: max_model_len -> --max-model-len."""
+    return "--" + field_name.replace("_", "-")
+
+
+def add_dataclass_cli_args(cls: type, parser: argparse.ArgumentParser, only: Collection[str] | None = None
+                           ) -> None:
+    """One flag per field of the dataclass `cls` (or per field named in `only`)."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if only is not None and f.name not in only:
+            continue
+        value_type, choices = cli_type(hints[f.name])
+        kwargs: dict[str, Any] = {"dest": f.name, "default": f.default, "help": f.metadata["help"]}
+        if value_type is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = value_type
+            if choices is not None:
+                kwargs["choices"] = choices
+        parser.add_argument(flag_name(f.name), **kwargs)
+
+
+def dataclass_from_cli_args(cls: type[T], args: argparse.Namespace) -> T:
+    """The dataclass `cls` built from the flags `add_dataclass_cli_args` added."""
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]  # NOTE: T is a dataclass
+    return cls(**{name: getattr(args, name) for name in names})
+
+
+def cli_type(annotation: Any) -> tuple[type, tuple[Any, ...] | None]:
+    """(argparse type, choices or None) of a field annotation: a scalar, a Literal, or either | None.
+    Raises TypeError for anything else (a settings field the command line cannot express)."""
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(members) != 1:
+            raise TypeError(f"{annotation} has more than one non-None type; a flag takes one.")
+        annotation = members[0]
+    if typing.get_origin(annotation) is Literal:
+        choices = typing.get_args(annotation)
+        return type(choices[0]), choices
+    if annotation in _SCALAR_TYPES:
+        return annotation, None
+    raise TypeError(f"{annotation} cannot be a command-line flag: use int, float, str, bool or a Literal.")

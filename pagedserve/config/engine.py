@@ -1,0 +1,166 @@
+"""EngineArgs (every engine flag, vLLM's names; the CLI is generated from its fields) -> the frozen,
+validated EngineConfig the whole engine is built from."""
+import argparse
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+from pagedserve.config.cache import BlockSize, CacheConfig
+from pagedserve.config.cli import add_dataclass_cli_args, config_field, dataclass_from_cli_args
+from pagedserve.config.model import DType, LoadFormat, ModelConfig, load_model_config
+from pagedserve.config.parallel import (ExecutorBackend, ParallelConfig, check_tensor_parallel,
+                                        resolve_executor_backend)
+from pagedserve.config.scheduler import PreemptionMode, SchedulerConfig, default_max_num_batched_tokens
+from pagedserve.errors import ConfigError
+from pagedserve.utils import parse_bytes
+from pagedserve.utils.default_model import DEFAULT_MODEL_NAME
+
+Device = Literal["auto", "cpu", "cuda"]
+# --attention-backend choices; each name but auto is registered in attention/backends/__init__.py.
+AttentionBackendName = Literal["auto", "torch", "cpu"]
+ATTENTION_BACKENDS: tuple[str, ...] = get_args(AttentionBackendName)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Every resolved setting, validated once; passed whole to the engine's components."""
+
+    model: ModelConfig
+    cache: CacheConfig
+    scheduler: SchedulerConfig
+    parallel: ParallelConfig
+    device: str  # resolved: cpu | cuda
+    enforce_eager: bool
+    attention_backend: AttentionBackendName = "auto"  # auto is resolved by the worker's platform
+
+    def __post_init__(self) -> None:
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError(f"device={self.device!r} is not supported; --device must be one of "
+                              f"{', '.join(get_args(Device))}.")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ConfigError(f"attention_backend={self.attention_backend!r} is not supported; "
+                              f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}.")
+        if self.attention_backend == "cpu" and self.device != "cpu":
+            raise ConfigError(f"--attention-backend cpu runs on the CPU only, but the device is "
+                              f"{self.device}; use --attention-backend auto, or --device cpu.")
+        if self.scheduler.preemption_mode == "swap" and self.cache.swap_space == 0:
+            raise ConfigError("--preemption-mode swap needs host memory to swap to: set --swap-space "
+                              "(GiB) above 0, or use --preemption-mode recompute.")
+
+
+@dataclass
+class EngineArgs:
+    """Every engine setting, with vLLM's names. `create_engine_config()` validates and resolves them."""
+
+    model: str | None = config_field(None, "Model: HF folder, GGUF file or hub id. Default: the embedded "
+                                           f"{DEFAULT_MODEL_NAME}.")
+    tokenizer: str | None = config_field(None, "Tokenizer folder or id (default: the model's).")
+    dtype: DType = config_field("auto", "Weights and activations dtype. auto: the checkpoint's on GPU, "
+                                        "float32 on CPU.")
+    max_model_len: int | None = config_field(None, "Context length (prompt + output). Default: the model's.")
+    block_size: BlockSize = config_field(16, "Tokens per KV-cache block.")
+    gpu_memory_utilization: float = config_field(0.9, "Fraction of GPU memory for this engine (weights, "
+                                                      "activations, KV cache). Does not apply on CPU.")
+    kv_cache_memory: str | None = config_field(None, "Explicit KV-cache budget, e.g. '4GiB'. On CPU the "
+                                                     "default is the smaller of 4 GiB and a quarter of free RAM.")
+    num_gpu_blocks_override: int | None = config_field(None, "Use exactly this many KV blocks (for tests).")
+    enable_prefix_caching: bool = config_field(True, "Reuse the KV blocks of earlier requests that start "
+                                                     "with the same tokens (automatic prefix caching).")
+    swap_space: float = config_field(4.0, "Host memory (GiB) per worker for the KV blocks of preempted "
+                                          "requests that are swapped out rather than recomputed.")
+    preemption_mode: PreemptionMode | None = config_field(
+        None, "What happens to preempted requests: recompute (drop their KV, compute it again later) or "
+              "swap (copy it to --swap-space host memory). Default: swap for groups that share blocks "
+              "(parallel samples, beams), recompute for single requests.")
+    max_num_seqs: int = config_field(256, "Maximum requests in one step.")
+    max_num_batched_tokens: int | None = config_field(None, "Token budget of one step (default 2048, at "
+                                                            "least max_num_seqs); longer prompts are chunked.")
+    tensor_parallel_size: int = config_field(1, "Number of tensor-parallel ranks.")
+    pipeline_parallel_size: int = config_field(1, "Number of pipeline-parallel stages. Only 1 is supported "
+                                                  "yet.")
+    distributed_executor_backend: ExecutorBackend | None = config_field(
+        None, "How the ranks run: uni (this process, tp=1 only), mp (one process per rank on this "
+              "machine) or ray (Ray actors, across the nodes of a Ray cluster). Default: uni at tp=1, mp "
+              "when all ranks fit on this machine, else ray.")
+    distributed_timeout: float = config_field(600.0, "Seconds one call to the workers (loading, a step, a "
+                                                     "collective) may take before the engine is declared dead.")
+    seed: int = config_field(0, "Random seed for sampling without a per-request seed.")
+    max_logprobs: int = config_field(20, "Largest logprobs / prompt_logprobs a request may ask for.")
+    enforce_eager: bool = config_field(False, "Disable CUDA graphs (planned: no effect yet).")
+    served_model_name: str | None = config_field(None, "Model name in the API (default: the model "
+                                                       "argument).")
+    load_format: LoadFormat = config_field("auto", "auto: read the checkpoint; dummy: random weights.")
+    device: Device = config_field("auto", "auto | cpu | cuda.")
+    attention_backend: AttentionBackendName = config_field(
+        "auto", "Attention kernels. auto: cpu on CPU when its native kernel builds, else torch; torch: "
+                "plain PyTorch (the reference); cpu: native C++ decode kernel (CPU only).")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> "EngineArgs":
+        """Build from keyword arguments; unknown names are an error, not silently dropped."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise ConfigError(f"Unknown engine argument(s): {', '.join(unknown)}. "
+                              f"Supported: {', '.join(sorted(names))}.")
+        return cls(**kwargs)
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        add_dataclass_cli_args(cls, parser)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
+        return dataclass_from_cli_args(cls, args)
+
+    def create_engine_config(self) -> EngineConfig:
+        """Resolve defaults and build every config (each validates itself). Raises ConfigError naming
+        the flag."""
+        device = resolve_device(self.device)
+        # NOTE: the cheap checks first, so a bad flag is reported before the model's config is read.
+        cache = CacheConfig(self.block_size, self.gpu_memory_utilization,
+                            None if self.kv_cache_memory is None else parse_bytes(self.kv_cache_memory,
+                                                                                  "--kv-cache-memory"),
+                            self.num_gpu_blocks_override, self.enable_prefix_caching, self.swap_space)
+        model = self.model_config(device)
+        scheduler = SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens
+                                    or default_max_num_batched_tokens(self.max_num_seqs),
+                                    model.max_model_len, self.preemption_mode)
+        return EngineConfig(model=model, cache=cache, scheduler=scheduler, parallel=self._parallel_config(
+            device, model), device=device, enforce_eager=self.enforce_eager,
+            attention_backend=self.attention_backend)
+
+    def model_config(self, device: str) -> ModelConfig:
+        """The model's settings as they resolve on `device` (reads its config, never its weights)."""
+        return load_model_config(self.model, dtype=self.dtype, device=device, max_model_len=self.max_model_len,
+                                 served_model_name=self.served_model_name, seed=self.seed,
+                                 load_format=self.load_format, tokenizer=self.tokenizer,
+                                 max_logprobs=self.max_logprobs)
+
+    def _parallel_config(self, device: str, model: ModelConfig) -> ParallelConfig:
+        tp = self.tensor_parallel_size
+        if tp >= 1:
+            check_tensor_parallel(model.hf_config, tp)
+        backend = resolve_executor_backend(self.distributed_executor_backend, tp, _local_devices(device, tp))
+        return ParallelConfig(tp, backend, float(self.distributed_timeout), self.pipeline_parallel_size)
+
+
+def resolve_device(device: str) -> str:
+    """auto -> cuda when a GPU is visible, else cpu. Raises ConfigError for cuda without a GPU."""
+    import torch  # NOTE: lazy, so core/ (which imports config) stays free of torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda was asked for but no CUDA GPU is visible.")
+    if device != "cpu":
+        raise ConfigError(f"device={device!r} is not supported; --device must be one of "
+                          f"{', '.join(get_args(Device))}.")
+    return device
+
+
+def _local_devices(device: str, tp: int) -> int:
+    """Ranks this machine can hold: its GPUs, or any number of CPU ranks (they share the host)."""
+    import torch
+
+    return torch.cuda.device_count() if device == "cuda" else tp

@@ -1,0 +1,137 @@
+"""The model: which checkpoint, which architecture, dtype and context length. `load_model_config`
+reads config.json (or a GGUF file's metadata) and resolves the defaults; ModelConfig checks itself."""
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, get_args
+
+from pagedserve.errors import ConfigError
+from pagedserve.logger import init_logger
+from pagedserve.utils.default_model import DEFAULT_MODEL_NAME, default_model_path
+from pagedserve.utils.gguf_cache import gguf_hf_folder
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+logger = init_logger(__name__)
+
+DType = Literal["auto", "float32", "float16", "bfloat16"]
+SUPPORTED_DTYPES: tuple[str, ...] = get_args(DType)
+LoadFormat = Literal["auto", "dummy"]  # auto: read the checkpoint; dummy: random weights
+# model_type -> architecture: every supported family (models/<model_type>.py defines the class, and
+# models/registry.py registers it; a test checks that the two agree).
+MODEL_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                       "qwen2": "Qwen2ForCausalLM"}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A resolved, validated model setting. Raises ConfigError naming the flag to change."""
+
+    model: str  # folder, GGUF file or hub id
+    gguf_file: str | None  # set when loading from a GGUF file
+    hf_config: "PretrainedConfig"
+    architecture: str
+    dtype: str  # resolved: float32 | float16 | bfloat16
+    max_model_len: int
+    served_model_name: str
+    seed: int
+    load_format: LoadFormat
+    tokenizer: str | None
+    max_logprobs: int
+
+    def __post_init__(self) -> None:
+        if self.architecture not in MODEL_ARCHITECTURES.values():
+            raise ConfigError(f"Model architecture {self.architecture!r} is not supported. Supported "
+                              f"architectures: {', '.join(sorted(MODEL_ARCHITECTURES.values()))}.")
+        if self.dtype not in SUPPORTED_DTYPES[1:]:
+            raise ConfigError(f"dtype={self.dtype!r} is not supported; --dtype must be one of "
+                              f"{', '.join(SUPPORTED_DTYPES)}.")
+        if self.load_format not in get_args(LoadFormat):
+            raise ConfigError(f"load_format={self.load_format!r} is not supported; --load-format must be "
+                              f"one of {', '.join(get_args(LoadFormat))}.")
+        if self.max_model_len < 1:
+            raise ConfigError(f"max_model_len={self.max_model_len} must be at least 1 (--max-model-len).")
+        limit, key = model_len_limit(self.hf_config)
+        if self.max_model_len > limit:
+            raise ConfigError(f"max_model_len={self.max_model_len} is larger than the model's "
+                              f"{key}={limit} (config.json); lower --max-model-len.")
+        if self.max_logprobs < 0:
+            raise ConfigError(f"max_logprobs={self.max_logprobs} must not be negative (--max-logprobs).")
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.hf_config.vocab_size)
+
+
+def model_len_limit(hf_config: "PretrainedConfig") -> tuple[int, str]:
+    """The longest context the model supports, and the config.json key it comes from. Sliding-window
+    attention is not implemented, so a window shorter than the positions caps the context."""
+    positions = int(hf_config.max_position_embeddings)
+    window = _sliding_window(hf_config)
+    if window and window < positions:
+        return window, "sliding_window"
+    return positions, "max_position_embeddings"
+
+
+def load_model_config(model: str | None, *, dtype: str, device: str, max_model_len: int | None,
+                      served_model_name: str | None, seed: int, load_format: LoadFormat,
+                      tokenizer: str | None, max_logprobs: int) -> ModelConfig:
+    """Read the model's config (the embedded default model when `model` is None) and resolve the
+    defaults: architecture, dtype for `device`, context length, served name."""
+    path = model
+    if path is None:
+        path = default_model_path()
+        logger.info("No model given: using the embedded default %s (%s).", DEFAULT_MODEL_NAME, path)
+    hf_config, gguf_file = _load_hf_config(path)
+    archs = getattr(hf_config, "architectures", None) or [
+        MODEL_ARCHITECTURES.get(hf_config.model_type, hf_config.model_type)]
+    limit, key = model_len_limit(hf_config)
+    if key == "sliding_window":
+        logger.info("Sliding-window attention is not implemented: context capped at the window, "
+                    "%d tokens.", limit)
+    name = served_model_name or (DEFAULT_MODEL_NAME if model is None else model)
+    return ModelConfig(model=path, gguf_file=gguf_file, hf_config=hf_config, architecture=archs[0],
+                       dtype=_resolve_dtype(dtype, hf_config, device), max_model_len=max_model_len or limit,
+                       served_model_name=name, seed=seed, load_format=load_format, tokenizer=tokenizer,
+                       max_logprobs=max_logprobs)
+
+
+def _sliding_window(hf_config: "PretrainedConfig") -> int | None:
+    if hf_config.model_type == "mistral" or getattr(hf_config, "use_sliding_window", False):
+        return getattr(hf_config, "sliding_window", None)
+    return None
+
+
+def _resolve_dtype(dtype: str, hf_config: "PretrainedConfig", device: str) -> str:
+    if dtype not in SUPPORTED_DTYPES:
+        raise ConfigError(f"dtype={dtype!r} is not supported; --dtype must be one of "
+                          f"{', '.join(SUPPORTED_DTYPES)}.")
+    if dtype != "auto":
+        return dtype
+    if device == "cpu":
+        return "float32"
+    checkpoint = str(getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None) or "")
+    checkpoint = checkpoint.replace("torch.", "")
+    return checkpoint if checkpoint in ("float16", "bfloat16") else "bfloat16"
+
+
+def _load_hf_config(model: str) -> tuple["PretrainedConfig", str | None]:
+    """config.json of a folder, the metadata of a GGUF file, or a hub id (offline cache)."""
+    from transformers import AutoConfig  # NOTE: lazy: core/ imports config, and must stay light
+
+    gguf_file = None
+    if model.endswith(".gguf"):
+        if not os.path.isfile(model):
+            raise ConfigError(f"GGUF file {model} does not exist (--model).")
+        gguf_file = model
+    elif os.path.isdir(model) and not os.path.isfile(os.path.join(model, "config.json")):
+        ggufs = sorted(f for f in os.listdir(model) if f.endswith(".gguf"))
+        if not ggufs:
+            raise ConfigError(f"Model folder {model} has neither config.json nor a .gguf file (--model).")
+        gguf_file = os.path.join(model, ggufs[0])
+    try:
+        if gguf_file:
+            return AutoConfig.from_pretrained(gguf_hf_folder(gguf_file)), gguf_file
+        return AutoConfig.from_pretrained(model), None
+    except OSError as exc:
+        raise ConfigError(f"Cannot load the model config of {model!r}: {exc}") from exc

@@ -1,0 +1,35 @@
+"""The scheduler's limits: requests and tokens per step, and what preemption does."""
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from pagedserve.errors import ConfigError
+
+PreemptionMode = Literal["recompute", "swap"]
+PREEMPTION_MODES: tuple[str, ...] = get_args(PreemptionMode)
+
+
+def default_max_num_batched_tokens(max_num_seqs: int) -> int:
+    """The step's token budget when --max-num-batched-tokens is not given."""
+    return max(2048, max_num_seqs)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Validated scheduler settings. Raises ConfigError naming the flag to change."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    preemption_mode: PreemptionMode | None = None  # None: swap groups that share blocks, recompute others
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"max_num_seqs={self.max_num_seqs} must be at least 1 (--max-num-seqs).")
+        if self.max_num_batched_tokens < 1:
+            raise ConfigError(f"max_num_batched_tokens={self.max_num_batched_tokens} must be at least 1 "
+                              "(--max-num-batched-tokens).")
+        if self.max_model_len < 1:
+            raise ConfigError(f"max_model_len={self.max_model_len} must be at least 1 (--max-model-len).")
+        if self.preemption_mode not in (None, *PREEMPTION_MODES):
+            raise ConfigError(f"preemption_mode={self.preemption_mode!r} is not supported; "
+                              f"--preemption-mode must be one of {', '.join(PREEMPTION_MODES)}.")

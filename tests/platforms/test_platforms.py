@@ -1,0 +1,54 @@
+"""What each platform decides: device, KV and swap allocation, KV budget, collectives, default backend."""
+import pytest
+import torch
+
+from pagedserve.config import CacheConfig
+from pagedserve.platforms import get_platform
+from pagedserve.platforms.cpu import CPU_DEFAULT_KV_BYTES, CpuPlatform
+from pagedserve.sizing import MemoryReport, tightest
+
+
+def test_cpu_platform_choices() -> None:
+    platform = get_platform("cpu")
+    assert isinstance(platform, CpuPlatform)
+    assert (platform.dist_backend, platform.default_attention_backend, platform.ray_bundle()) == (
+        "gloo", "cpu", {"CPU": 1.0})
+    assert platform.init_device(0, 1) == torch.device("cpu")
+
+
+def test_cpu_allocations_start_zeroed_and_writable() -> None:
+    platform = CpuPlatform()
+    kv = platform.allocate_kv_cache((4, 16, 2, 8), torch.float16, torch.device("cpu"))
+    swap = platform.allocate_host_swap((3, 16, 2, 8), torch.float32)
+    assert kv.shape == (4, 16, 2, 8) and kv.dtype == torch.float16 and not kv.any()
+    assert swap.shape == (3, 16, 2, 8) and not swap.any()
+    kv[1] = 1.0
+    assert kv.sum().item() == 16 * 2 * 8
+
+
+def test_cpu_budget_explicit_or_default() -> None:
+    platform = CpuPlatform()
+    explicit = platform.kv_budget(CacheConfig(16, 0.9, 2**20, None), 123, torch.device("cpu"),
+                                  lambda: None, 0)
+    assert explicit == MemoryReport(2**20, 123, "explicit --kv-cache-memory")
+    default = platform.kv_budget(CacheConfig(16, 0.9, None, None), 0, torch.device("cpu"), lambda: None, 0)
+    assert 0 < default.kv_cache_bytes <= CPU_DEFAULT_KV_BYTES
+
+
+def test_tightest_rank_sizes_every_rank() -> None:
+    reports = [MemoryReport(300, 1, "a"), MemoryReport(100, 1, "b"), MemoryReport(200, 1, "c")]
+    assert tightest(reports) == MemoryReport(100, 1, "rank 1, the tightest of 3: b")
+    assert tightest(reports[:1]) == reports[0]
+
+
+@pytest.mark.gpu
+def test_cuda_platform_pins_swap_and_profiles() -> None:
+    platform = get_platform("cuda")
+    device = platform.init_device(0, 1)
+    assert (platform.dist_backend, platform.default_attention_backend) == ("nccl", "torch")
+    assert platform.allocate_host_swap((2, 16, 2, 8), torch.float16).is_pinned()
+    assert not platform.allocate_kv_cache((2, 16, 2, 8), torch.float16, device).any()
+    baseline = platform.memory_baseline(device)
+    report = platform.kv_budget(CacheConfig(16, 0.5, None, None), 0, device,
+                                lambda: torch.ones(2**20, device=device).sum().item(), baseline)
+    assert 0 < report.kv_cache_bytes and "peak activations" in report.detail
