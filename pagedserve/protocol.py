@@ -78,6 +78,10 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
     # Prefix cache, cumulative (consumers take differences): prompt tokens looked up, and found.
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    # Speculative decoding, cumulative: verification steps with drafts, draft tokens, accepted drafts.
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
 
 
 def child_request_id(request_id: str, index: int, n: int) -> str:

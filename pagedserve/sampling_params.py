@@ -1,14 +1,73 @@
 """SamplingParams: vLLM's field names and defaults, validated on construction."""
 import enum
+import math
 from dataclasses import dataclass, field
 
 from pagedserve.errors import InvalidRequestError
 from pagedserve.structured_outputs_params import StructuredOutputsParams
 
 
+# Integer fields travel to the engine as 64-bit integers (msgpack, torch int64): any int outside this range
+# is refused here, naming the field, rather than failing inside the engine (vLLM bounds `seed` the same).
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# Below this temperature sampling is greedy (as in vLLM): dividing logits by a tinier one overflows.
+_SAMPLING_EPS = 1e-5
+
+
 def _check(ok: bool, param: str, message: str) -> None:
     if not ok:
         raise InvalidRequestError(f"{param} {message}", param=param)
+
+
+def _check_int(param: str, value: object, optional: bool = False) -> None:
+    """`value` is an int (not a bool) within int64, or None when `optional`."""
+    if value is None and optional:
+        return
+    _check(isinstance(value, int) and not isinstance(value, bool), param,
+           f"must be an integer, got {value!r}.")
+    _check(INT64_MIN <= value <= INT64_MAX, param,  # type: ignore[operator]
+           f"must be in [{INT64_MIN}, {INT64_MAX}] (a 64-bit integer), got {value}.")
+
+
+def _as_float(param: str, value: object) -> float:
+    """`value` (an int or float) as a finite float; NaN and infinities are refused (no range check sees NaN)."""
+    _check(isinstance(value, (int, float)) and not isinstance(value, bool), param,
+           f"must be a number, got {value!r}.")
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except OverflowError:  # an int beyond float's range
+        number = math.inf
+    _check(math.isfinite(number), param, f"must be a finite number, got {value}.")
+    return number
+
+
+def wrap_int64(value: int) -> int:
+    """`value` wrapped into the int64 range (two's complement), e.g. a derived seed."""
+    return (value - INT64_MIN) % 2**64 + INT64_MIN
+
+
+def _as_list(param: str, value: object) -> list:
+    """A list field's value as a list (None: empty), or InvalidRequestError."""
+    _check(value is None or isinstance(value, (list, tuple)), param, f"must be a list, got {value!r}.")
+    return list(value or [])  # type: ignore[call-overload]
+
+
+def _logit_bias(bias: dict[int, float] | None) -> dict[int, float] | None:
+    """Token ids as ints and biases as floats, or InvalidRequestError naming the bad entry."""
+    if not bias:
+        return None
+    if not isinstance(bias, dict):
+        raise InvalidRequestError(f"logit_bias must map token ids to biases, got {bias!r}.", param="logit_bias")
+    result = {}
+    for token, value in bias.items():
+        try:
+            token_id = int(token)
+        except (TypeError, ValueError):
+            raise InvalidRequestError(f"logit_bias keys must be token ids (integers), got {token!r}.",
+                                      param="logit_bias") from None
+        _check_int("logit_bias", token_id)
+        result[token_id] = _as_float("logit_bias", value)
+    return result
 
 
 class RequestOutputKind(enum.IntEnum):
@@ -50,16 +109,21 @@ class SamplingParams:
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            self.stop_strings = [self.stop]
-        else:
-            self.stop_strings = list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
-        if self.logit_bias:
-            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+        self.stop_strings = [self.stop] if isinstance(self.stop, str) else _as_list("stop", self.stop)
+        self.stop_token_ids = _as_list("stop_token_ids", self.stop_token_ids)
+        self.logit_bias = _logit_bias(self.logit_bias)
         self._validate()
+        if self.temperature < _SAMPLING_EPS:
+            self.temperature = 0.0  # greedy
 
     def _validate(self) -> None:
+        for name in ("n", "top_k", "min_tokens"):
+            _check_int(name, getattr(self, name))
+        for name in ("best_of", "seed", "max_tokens", "logprobs", "prompt_logprobs", "truncate_prompt_tokens"):
+            _check_int(name, getattr(self, name), optional=True)
+        for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p",
+                     "min_p"):
+            setattr(self, name, _as_float(name, getattr(self, name)))
         _check(self.n >= 1, "n", f"must be at least 1, got {self.n}.")
         if self.best_of is not None:
             _check(self.best_of >= self.n, "best_of", f"must be at least n={self.n}, got {self.best_of}.")
@@ -85,7 +149,10 @@ class SamplingParams:
         if self.truncate_prompt_tokens is not None:
             _check(self.truncate_prompt_tokens >= 1, "truncate_prompt_tokens",
                    f"must be at least 1, got {self.truncate_prompt_tokens}.")
-        _check(all(s for s in self.stop_strings), "stop", "must not contain empty strings.")
+        _check(all(isinstance(s, str) for s in self.stop_strings), "stop", "must be a string or a list of strings.")
+        _check(all(self.stop_strings), "stop", "must not contain empty strings.")
+        for token in self.stop_token_ids or ():
+            _check_int("stop_token_ids", token)
         for bias in (self.logit_bias or {}).values():
             _check(-100.0 <= bias <= 100.0, "logit_bias", f"values must be in [-100, 100], got {bias}.")
 
@@ -116,6 +183,9 @@ class BeamSearchParams:
     early_stopping: bool | str = False
 
     def __post_init__(self) -> None:
+        _check_int("beam_width", self.beam_width)
+        _check_int("max_tokens", self.max_tokens)
+        self.length_penalty = _as_float("length_penalty", self.length_penalty)
         _check(self.beam_width >= 1, "beam_width", f"must be at least 1, got {self.beam_width}.")
         _check(self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}.")
         _check(self.early_stopping in (True, False, "never"), "early_stopping",

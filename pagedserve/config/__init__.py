@@ -9,11 +9,12 @@ from pagedserve.config.model import MODEL_ARCHITECTURES, SUPPORTED_DTYPES, DType
 from pagedserve.config.parallel import EXECUTOR_BACKENDS, ExecutorBackend, ParallelConfig
 from pagedserve.config.scheduler import (PREEMPTION_MODES, PreemptionMode, SchedulerConfig,
                                          default_max_num_batched_tokens)
+from pagedserve.config.speculative import SpeculativeConfig
 
 __all__ = [
     "ATTENTION_BACKENDS", "EXECUTOR_BACKENDS", "MODEL_ARCHITECTURES", "PREEMPTION_MODES", "SUPPORTED_BLOCK_SIZES",
     "SUPPORTED_DTYPES", "AttentionBackendName", "BlockSize", "CacheConfig", "DType", "Device", "EngineArgs",
     "EngineConfig", "ExecutorBackend", "KVCacheConfig", "LoadFormat", "ModelConfig", "ParallelConfig",
-    "PreemptionMode", "SchedulerConfig", "add_dataclass_cli_args", "config_field", "dataclass_from_cli_args",
-    "default_max_num_batched_tokens",
+    "PreemptionMode", "SchedulerConfig", "SpeculativeConfig", "add_dataclass_cli_args", "config_field",
+    "dataclass_from_cli_args",    "default_max_num_batched_tokens",
 ]

@@ -11,6 +11,7 @@ from pagedserve.config.model import DType, LoadFormat, ModelConfig, load_model_c
 from pagedserve.config.parallel import (ExecutorBackend, ParallelConfig, check_tensor_parallel,
                                         resolve_executor_backend)
 from pagedserve.config.scheduler import PreemptionMode, SchedulerConfig, default_max_num_batched_tokens
+from pagedserve.config.speculative import SpeculativeConfig, resolve_speculative_config
 from pagedserve.errors import ConfigError
 from pagedserve.utils import parse_bytes
 from pagedserve.utils.default_model import DEFAULT_MODEL_NAME
@@ -32,6 +33,7 @@ class EngineConfig:
     device: str  # resolved: cpu | cuda
     enforce_eager: bool
     attention_backend: AttentionBackendName = "auto"  # auto is resolved by the worker's platform
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda"):
@@ -94,6 +96,12 @@ class EngineArgs:
     attention_backend: AttentionBackendName = config_field(
         "auto", "Attention kernels. auto: cpu on CPU when its native kernel builds, else torch; torch: "
                 "plain PyTorch (the reference); cpu: native C++ decode kernel (CPU only).")
+    # NOTE: a JSON string on the command line; from Python a dict works too.
+    speculative_config: str | None = config_field(
+        None, 'Speculative decoding, JSON: {"method": "ngram", "num_speculative_tokens": 4, '
+              '"prompt_lookup_max": 4, "prompt_lookup_min": 2} (prompt lookup) or {"model": DRAFT, '
+              '"num_speculative_tokens": 3} (a draft model with the same tokenizer). Greedy outputs stay '
+              "identical; sampled ones keep their distribution.")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "EngineArgs":
@@ -126,9 +134,11 @@ class EngineArgs:
         scheduler = SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens
                                     or default_max_num_batched_tokens(self.max_num_seqs),
                                     model.max_model_len, self.preemption_mode)
-        return EngineConfig(model=model, cache=cache, scheduler=scheduler, parallel=self._parallel_config(
-            device, model), device=device, enforce_eager=self.enforce_eager,
-            attention_backend=self.attention_backend)
+        parallel = self._parallel_config(device, model)
+        return EngineConfig(model=model, cache=cache, scheduler=scheduler, parallel=parallel, device=device,
+                            enforce_eager=self.enforce_eager, attention_backend=self.attention_backend,
+                            speculative=resolve_speculative_config(self.speculative_config, model, device,
+                                                                   parallel.tensor_parallel_size))
 
     def model_config(self, device: str) -> ModelConfig:
         """The model's settings as they resolve on `device` (reads its config, never its weights)."""

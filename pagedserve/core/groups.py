@@ -18,7 +18,7 @@ def plan_group(group: list[Request], budget: int) -> Plan:
     compute (a beam waiting for its siblings' logprobs) is left out."""
     plan: Plan = []
     for request in group:
-        num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+        num_new = min(request.num_tokens_with_spec - request.num_computed_tokens, budget)
         if num_new > 0:
             plan.append((request, num_new))
             budget -= num_new

@@ -40,6 +40,8 @@ class Request:
         self.beam_search = request.beam_search
         self.block_hashes: list[BlockHash] = []  # chained hashes of the first full blocks (prefix cache)
         self.grammar: RequestGrammar | None = None  # set by the scheduler for a structured_outputs request
+        self.spec_token_ids: list[int] = []  # draft tokens to verify next step (speculative decoding)
+        self.num_spec_tokens = 2**31  # the most drafts it gets next step (spec_decode.adapt_num_spec_tokens)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -48,6 +50,10 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return len(self.all_token_ids) + len(self.spec_token_ids)
 
     @property
     def num_output_tokens(self) -> int:
@@ -68,6 +74,7 @@ class Request:
         child.request_id = request_id
         child.all_token_ids = list(self.all_token_ids)
         child.block_hashes = list(self.block_hashes)
+        child.spec_token_ids = []
         child.num_preemptions = 0
         return child
 

@@ -26,6 +26,9 @@ class CachedRequestData:
     new_token_ids: list[int]  # tokens sampled since the workers last saw this request
     new_block_ids: list[int]
     num_computed_tokens: int
+    # Blocks released from the end of the table since the last step (they held only rejected draft
+    # tokens): dropped before new_block_ids are appended.
+    num_dropped_blocks: int = 0
 
 
 BlockPairs = list[tuple[int, int]]  # (source block id, destination block id)
@@ -47,6 +50,9 @@ class SchedulerOutput:
     blocks_to_swap_out: BlockPairs = field(default_factory=list)
     blocks_to_swap_in: BlockPairs = field(default_factory=list)
     blocks_to_copy: BlockPairs = field(default_factory=list)
+    # Speculative decoding: request id -> the draft tokens scheduled after its last token. They are
+    # computed with it; the workers return the accepted ones and the token after them.
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
     # The allowed next tokens of the constrained requests that sample this step (None: none does).
     grammar_bitmask: GrammarBitmask | None = None
 
@@ -64,6 +70,11 @@ class ModelRunnerOutput:
     """Sampled tokens of the requests whose scheduled tokens reached their end this step."""
 
     sampled_token_ids: dict[str, int]
+    # Speculative decoding: request id -> the further tokens of this step after sampled_token_ids[id]
+    # (accepted drafts, then the token sampled after them).
+    extra_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    # Speculative decoding with a draft model: request id -> the tokens it proposes for the next step.
+    draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
     # request id -> {token id: logprob}: the sampled token first, then the top-k.
     logprobs: dict[str, dict[int, float]] = field(default_factory=dict)
     # request id -> logprobs of the prompt positions computed this step (first position: None).

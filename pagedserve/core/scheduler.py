@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pagedserve.config import SchedulerConfig
+from pagedserve.config import SchedulerConfig, SpeculativeConfig
 from pagedserve.core.beam_search import BeamSearchManager
 from pagedserve.core.groups import groups_of, plan_group
 from pagedserve.core.kv_admission import KVAdmissionPolicy
@@ -20,6 +20,7 @@ from pagedserve.core.request import Request, RequestStatus
 from pagedserve.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                           SchedulerOutput)
 from pagedserve.core.structured import StructuredOutputs
+from pagedserve.core.spec_decode import NgramProposer, adapt_num_spec_tokens, num_drafts_allowed
 from pagedserve.core.swap import SwapSpace
 from pagedserve.logger import init_logger
 from pagedserve.protocol import EngineCoreOutput, FinishReason, SchedulerStats
@@ -38,6 +39,7 @@ class _Step:
     num_scheduled: dict[str, int] = field(default_factory=dict)
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
+    spec_tokens: dict[str, list[int]] = field(default_factory=dict)
     preempted: bool = False
 
 
@@ -50,7 +52,8 @@ class Scheduler:
 
     def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager,
                  swap_space: SwapSpace | None = None, admission: KVAdmissionPolicy | None = None,
-                 structured_output: StructuredOutputManager | None = None) -> None:
+                 structured_output: StructuredOutputManager | None = None,
+                 speculative: SpeculativeConfig | None = None) -> None:
         self.config = config
         self.structured = StructuredOutputs(structured_output)
         self.admission = admission or KVAdmissionPolicy()
@@ -66,6 +69,12 @@ class Scheduler:
         self.num_recomputed_tokens_total = 0  # computed tokens whose KV a preemption dropped
         self._forget_req_ids: set[str] = set()  # the workers must drop these next step
         self._num_tokens_sent: dict[str, int] = {}  # how many tokens each worker copy holds
+        self._cut_outputs: list[EngineCoreOutput] = []  # final outputs of requests that can never fit
+        self._num_dropped_blocks: dict[str, int] = {}  # blocks trimmed since the workers last heard
+        self.speculative = speculative
+        self.ngram = NgramProposer(speculative) if speculative and speculative.method == "ngram" else None
+        # Speculative decoding, cumulative: steps with drafts, draft tokens verified, drafts accepted.
+        self.spec_num_drafts = self.spec_num_draft_tokens = self.spec_num_accepted_tokens = 0
 
     def add_request(self, request: Request) -> None:
         if request.beam_search is not None:
@@ -91,19 +100,34 @@ class Scheduler:
             self.requests[request_id].num_computed_tokens += num_new
         output = SchedulerOutput(step.new_reqs, step.cached_reqs, step.num_scheduled,
                                  self.config.max_num_batched_tokens - step.budget, self._forget_req_ids,
-                                 step.swap_out, step.swap_in, self.kv_cache_manager.take_block_copies())
+                                 step.swap_out, step.swap_in, self.kv_cache_manager.take_block_copies(),
+                                 step.spec_tokens)
         self._forget_req_ids = set()
         output.grammar_bitmask = self.structured.bitmask(self.requests[rid] for rid in step.num_scheduled)
         return output
 
+    def started_request_ids(self, output: SchedulerOutput) -> list[str]:
+        """The frontend's ids (output ids) of the requests `output` starts for the first time. A request
+        resumed after preemption is "new" to the workers again, but it left the queue before; a beam
+        search is started by its first beam, under its first output id (its forks map to that id too)."""
+        started: dict[str, None] = {}
+        for new in output.scheduled_new_reqs:
+            request = self.requests[new.request_id]
+            if request.num_preemptions == 0:
+                started[self.beam_search.output_id_of(request) or request.request_id] = None
+        return list(started)
+
     def _fork_ready_samples(self) -> None:
-        """Samples whose leader computed the prompt share its blocks, then queue first to compute the
-        last prompt token themselves."""
+        """Samples whose leader computed the prompt share its blocks and join it in `running` (one group,
+        preempted together), each to compute the last prompt token itself. NOTE: never in `waiting`: a
+        waiting request holds no blocks, so that the queue's head can always be admitted once the running
+        requests are gone."""
         for leader, samples in self.parallel_sampling.ready():
-            for sample in reversed(samples):
+            for sample in samples:
                 self.kv_cache_manager.fork(leader, sample, sample.num_prompt_tokens - 1)
                 sample.num_computed_tokens = sample.num_prompt_tokens - 1
-                self.waiting.appendleft(sample)
+                sample.status = RequestStatus.RUNNING
+                self.running.append(sample)
 
     def _schedule_running(self, step: _Step) -> None:
         """Grow the running groups in order; when the blocks run out, preempt the newest group."""
@@ -115,8 +139,10 @@ class Scheduler:
             plan = plan_group(group, step.budget)
             while kv.num_blocks_needed(plan) > kv.num_free_blocks():
                 victim = groups.pop()
-                # NOTE: a group that cannot grow even alone is recomputed, request by request.
-                self._preempt(victim, step, swap_allowed=bool(groups))
+                if victim is group and not groups and len(group) == 1 and not self.beam_search.width_of(group[0]):
+                    self._cut_short(group[0])  # alone, it has the whole pool and still cannot grow
+                    return
+                self._preempt(victim, step, alone=not groups)
                 if victim is group:
                     return
             for request, num_new in plan:
@@ -130,7 +156,7 @@ class Scheduler:
             assert swap is not None, "only a swap space holds swapped-out requests"
             group = self.swapped[0]
             plan = plan_group(group, step.budget)
-            if (len(self.running) + len(group) > self.config.max_num_seqs
+            if (self._num_seats_taken() + self._num_seats(group) > self.config.max_num_seqs
                     or swap.num_blocks_to_resume(group, plan, kv) > kv.num_free_blocks()):
                 if not self.running:  # it will never fit whole: recompute it request by request
                     self.swapped.popleft()
@@ -145,28 +171,57 @@ class Scheduler:
                 self._record(step, request, num_new, kv.allocate_slots(request, num_new))
 
     def _admit_waiting(self, step: _Step) -> None:
-        """Admit waiting requests FCFS, reusing their longest cached prefix."""
+        """Admit waiting requests FCFS, reusing their longest cached prefix, while the seats
+        (--max-num-seqs, counting the forks each group will make) and the KV admission policy allow."""
         kv = self.kv_cache_manager
-        while self.waiting and step.budget > 0 and len(self.running) < self.config.max_num_seqs:
+        seats = self._num_seats_taken()
+        while self.waiting and step.budget > 0:
             # NOTE: a request whose grammar is still compiling keeps its place; the ones behind it go on.
             request = next((r for r in self.waiting if self.structured.is_ready(r)), None)
             if request is None:
                 return
-            # NOTE: a forked sample already holds its computed blocks; everyone else looks them up.
-            hits = kv.get_computed_blocks(request) if request.num_computed_tokens == 0 else None
+            mates = [r for r in self.running if request.group_id is not None and r.group_id == request.group_id]
+            more_seats = self._num_seats(mates + [request]) - (self._num_seats(mates) if mates else 0)
+            if seats + more_seats > self.config.max_num_seqs:
+                return
+            hits = kv.get_computed_blocks(request)
             num_cached = len(hits or []) * kv.block_size
-            num_new = min(request.num_tokens - request.num_computed_tokens - num_cached, step.budget)
-            if not self.admission.admits(request, request.num_computed_tokens + num_cached + num_new, hits,
-                                         self.running, kv):
+            num_new = min(request.num_tokens - num_cached, step.budget)
+            if not self.admission.admits(request, num_cached + num_new, hits, self.running, kv):
                 return
             new_block_ids = kv.allocate_slots(request, num_new, hits)
             if new_block_ids is None:
-                return
+                if self.running:
+                    return
+                self._cut_short(request)  # the pool is all free (nothing runs or is swapped) and too small
+                continue
             self.waiting.remove(request)
-            request.num_computed_tokens += num_cached
+            seats += more_seats
+            request.num_computed_tokens = num_cached
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             self._record(step, request, num_new, new_block_ids)
+
+    def _num_seats(self, group: list[Request]) -> int:
+        """Seats of --max-num-seqs that a group takes: its members, or as many as it will fork into
+        (a leader's held samples; a beam search's width), so that forks never exceed the limit."""
+        first = group[0]
+        return max(len(group), 1 + self.parallel_sampling.num_held_by(first), self.beam_search.width_of(first))
+
+    def _num_seats_taken(self) -> int:
+        return sum(self._num_seats(group) for group in groups_of(self.running))
+
+    def _cut_short(self, request: Request) -> None:
+        """End a request that can never be computed: its tokens need more KV blocks than the whole pool
+        (it grew past it, or was preempted just before). Like vLLM, it ends with finish reason 'length'."""
+        kv = self.kv_cache_manager
+        logger.warning("Request %s ends early (finish_reason 'length'): its %d tokens need more KV blocks than "
+                       "the whole cache holds, %d blocks of %d tokens. Lower max_tokens or --max-model-len, or "
+                       "raise --kv-cache-memory (--gpu-memory-utilization on a GPU, or --num-gpu-blocks-override).",
+                       request.request_id, request.num_tokens, kv.block_pool.num_usable_blocks, kv.block_size)
+        request.finish_reason = FinishReason.LENGTH
+        self._cut_outputs.append(EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.LENGTH))
+        self._finish([request])
 
     def _record(self, step: _Step, request: Request, num_new: int, new_block_ids: list[int] | None) -> None:
         assert new_block_ids is not None, "the caller checked the free blocks"
@@ -175,26 +230,39 @@ class Scheduler:
         if request_id in self._num_tokens_sent and request_id not in self.kv_cache_manager.rewritten:
             num_sent = self._num_tokens_sent[request_id]
             step.cached_reqs.append(CachedRequestData(request_id, request.all_token_ids[num_sent:],
-                                                      new_block_ids, request.num_computed_tokens))
+                                                      new_block_ids, request.num_computed_tokens,
+                                                      self._num_dropped_blocks.pop(request_id, 0)))
         else:
             self.kv_cache_manager.rewritten.discard(request_id)
+            self._num_dropped_blocks.pop(request_id, None)
             step.new_reqs.append(NewRequestData(
                 request_id, list(request.all_token_ids), request.num_prompt_tokens, request.sampling_params,
                 request.eos_token_id, self.kv_cache_manager.get_block_ids(request_id),
                 request.num_computed_tokens))
         self._num_tokens_sent[request_id] = request.num_tokens
+        num_drafts = request.num_computed_tokens + num_new - request.num_tokens
+        if num_drafts > 0:
+            step.spec_tokens[request_id] = request.spec_token_ids[:num_drafts]
         step.num_scheduled[request_id] = num_new
         step.budget -= num_new
 
-    def _preempt(self, group: list[Request], step: _Step, swap_allowed: bool) -> None:
+    def _preempt(self, group: list[Request], step: _Step, alone: bool) -> None:
         """Swap the group out (its KV to host blocks) when the mode says so and the host blocks
-        suffice; else drop its KV and queue it first for recompute."""
+        suffice; else drop its KV and queue it first for recompute. A group that cannot grow even
+        `alone` (nothing else running) is recomputed; parallel samples then go on as independent
+        requests (each fits the pool alone), else they would be admitted and preempted together forever.
+        (A beam search always fits alone: the frontend checks its worst case.)"""
         step.preempted = True
+        swap_allowed = not alone
+        if alone and self.beam_search.width_of(group[0]) == 0:
+            for request in group:
+                request.group_id = None
         ids = {request.request_id for request in group}
         self.running = [r for r in self.running if r.request_id not in ids]
         for request in group:
             self._forget(request.request_id)
             request.num_preemptions += 1
+            request.spec_token_ids = []
         self.num_preemptions_total += 1
         mode = self.config.preemption_mode or ("swap" if len(group) > 1 else "recompute")
         pairs = None
@@ -228,6 +296,7 @@ class Scheduler:
             self.waiting.appendleft(request)
 
     def _forget(self, request_id: str) -> None:
+        self._num_dropped_blocks.pop(request_id, None)
         if self._num_tokens_sent.pop(request_id, None) is not None:
             self._forget_req_ids.add(request_id)
 
@@ -235,7 +304,7 @@ class Scheduler:
                            runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """Append sampled tokens, apply token-level stop conditions, free finished requests, advance
         beam searches."""
-        outputs: list[EngineCoreOutput] = []
+        outputs, self._cut_outputs = self._cut_outputs, []
         finished: list[Request] = []
         for request_id in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(request_id)
@@ -250,17 +319,52 @@ class Scheduler:
             logprobs = runner_output.logprobs.get(request_id)
             if self.beam_search.report(request, logprobs):
                 continue  # a beam: its search picks the continuations
-            request.append_token(token_id)
-            grammar_complete = self.structured.accept(request, token_id)
-            output = EngineCoreOutput(request_id, [token_id], [logprobs] if logprobs else None,
-                                      prompt_logprobs)
-            if request.check_stop(self.config.max_model_len, grammar_complete):
-                output.finish_reason, output.stop_reason = request.finish_reason, request.stop_reason
-                finished.append(request)
+            output = EngineCoreOutput(request_id, [], [logprobs] if logprobs else None, prompt_logprobs)
+            for token in [token_id, *runner_output.extra_token_ids.get(request_id, ())]:
+                request.append_token(token)
+                output.new_token_ids.append(token)
+                grammar_complete = self.structured.accept(request, token)
+                if request.check_stop(self.config.max_model_len, grammar_complete):
+                    output.finish_reason, output.stop_reason = request.finish_reason, request.stop_reason
+                    finished.append(request)
+                    break
+            drafts = scheduler_output.scheduled_spec_decode_tokens.get(request_id)
+            if drafts:
+                self._settle_drafts(request, drafts, len(output.new_token_ids) - 1)
             outputs.append(output)
         pruned, beam_outputs = self.beam_search.advance(self._fork_beam)
         self._finish(finished + pruned)
+        if self.speculative is not None:
+            self._propose_drafts(runner_output.draft_token_ids)
         return outputs + beam_outputs
+
+    def _settle_drafts(self, request: Request, drafts: list[int], num_accepted: int) -> None:
+        """After verification: the rejected drafts' K/V were computed but are not the request's. Their
+        slots are written again from num_computed_tokens on; blocks holding nothing else are released."""
+        self.spec_num_drafts += 1
+        self.spec_num_draft_tokens += len(drafts)
+        self.spec_num_accepted_tokens += num_accepted
+        assert self.speculative is not None, "drafts come with a speculative config"
+        adapt_num_spec_tokens(request, len(drafts), num_accepted, self.speculative.num_speculative_tokens)
+        request.spec_token_ids = []
+        request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens - 1)
+        if request.finish_reason is None:
+            dropped = self.kv_cache_manager.trim(request)
+            if dropped:
+                self._num_dropped_blocks[request.request_id] = \
+                    self._num_dropped_blocks.get(request.request_id, 0) + dropped
+
+    def _propose_drafts(self, draft_model_proposals: dict[str, list[int]]) -> None:
+        """Draft tokens for the next step: n-gram prompt lookup here, or the draft model's proposals."""
+        assert self.speculative is not None
+        for request in self.running:
+            num = num_drafts_allowed(request, self.speculative.num_speculative_tokens, self.config.max_model_len)
+            if not num:
+                request.spec_token_ids = []
+            elif self.ngram is not None:
+                request.spec_token_ids = self.ngram.propose(request.all_token_ids, num)
+            else:
+                request.spec_token_ids = draft_model_proposals.get(request.request_id, [])[:num]
 
     def _fork_beam(self, parent: Request, request_id: str) -> Request:
         assert parent.status is RequestStatus.RUNNING, "a beam forks right after it reported"
@@ -316,4 +420,6 @@ class Scheduler:
             num_kv_slots_allocated=kv.num_allocated_slots(), num_kv_tokens_stored=stored,
             num_shared_blocks=kv.block_pool.num_shared_blocks, num_blocks_saved=kv.block_pool.num_blocks_saved,
             num_swapped_reqs=sum(len(group) for group in self.swapped),
-            prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits)
+            prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits,
+            spec_decode_num_drafts=self.spec_num_drafts, spec_decode_num_draft_tokens=self.spec_num_draft_tokens,
+            spec_decode_num_accepted_tokens=self.spec_num_accepted_tokens)

@@ -6,12 +6,14 @@ from pagedserve.config import EngineConfig
 from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
 from pagedserve.core.scheduler import Scheduler
+from pagedserve.core.sliding_window import SlidingWindowPolicy
 from pagedserve.core.swap import SwapSpace
 from pagedserve.engine.tokenizer import load_tokenizer
 from pagedserve.executor import get_executor_class
 from pagedserve.logger import init_logger
 from pagedserve.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from pagedserve.sizing import size_kv_cache
+from pagedserve.utils.hf_config import layer_windows
 from pagedserve.structured_output.manager import StructuredOutputManager
 
 logger = init_logger(__name__)
@@ -38,9 +40,15 @@ class EngineCore:
         # the sampled tokens arrive, and the workers only get each step's bitmask.
         self.structured_output = StructuredOutputManager(lambda: load_tokenizer(config.model),
                                                          config.model.vocab_size)
-        self.scheduler = Scheduler(config.scheduler, KVCacheManager(kv.num_blocks, kv.block_size,
-                                                                    config.cache.enable_prefix_caching),
-                                   swap_space, structured_output=self.structured_output)
+        manager = KVCacheManager(kv.num_blocks, kv.block_size, config.cache.enable_prefix_caching,
+                                 self._window_policy())
+        self.scheduler = Scheduler(config.scheduler, manager, swap_space, speculative=config.speculative,
+                                   structured_output=self.structured_output)
+
+    def _window_policy(self) -> SlidingWindowPolicy:
+        model = self.config.model
+        return SlidingWindowPolicy.from_layer_windows(layer_windows(model.hf_config, model.architecture),
+                                                      self.config.cache.block_size)
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.scheduler.add_request(Request(request))
@@ -58,9 +66,7 @@ class EngineCore:
             return EngineCoreOutputs()
         timestamp = time.time()
         scheduler_output = self.scheduler.schedule()
-        # A request resumed after preemption is "new" to the workers again, but it left the queue before.
-        first_scheduled = [new.request_id for new in scheduler_output.scheduled_new_reqs
-                           if self.scheduler.requests[new.request_id].num_preemptions == 0]
+        first_scheduled = self.scheduler.started_request_ids(scheduler_output)
         if scheduler_output.is_empty and not scheduler_output.has_block_ops:
             self.structured_output.wait_for_compile(timeout_s=0.05)  # only grammars being compiled are left
         runner_output = self.executor.execute_model(scheduler_output)

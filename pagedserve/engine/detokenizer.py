@@ -1,22 +1,86 @@
 """Incremental detokenization and stop strings (the engine core sees only token ids)."""
-from typing import Any
+import logging
+from typing import Any, Protocol
+
+from tokenizers.decoders import DecodeStream
+
+logger = logging.getLogger(__name__)
 
 # Prompt tokens kept as context so the first output token decodes with its leading space.
 _CONTEXT_TOKENS = 5
 
 
+class _TokenDecoder(Protocol):
+    def step(self, token: int) -> str:
+        """The text `token` completes (empty while a character's bytes are incomplete)."""
+        ...
+
+
+class WindowDecoder:
+    """Any tokenizer: decodes a short window twice per token and keeps what the new token added. Holds
+    back output while it ends in an incomplete character (U+FFFD)."""
+
+    def __init__(self, tokenizer: Any, context: list[int], skip_special_tokens: bool) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.tokens = list(context)
+        self.prefix_offset = 0
+        self.read_offset = len(self.tokens)
+
+    def _decode(self, tokens: list[int]) -> str:
+        return str(self.tokenizer.decode(tokens, skip_special_tokens=self.skip_special_tokens))
+
+    def step(self, token: int) -> str:
+        self.tokens.append(token)
+        prefix = self._decode(self.tokens[self.prefix_offset:self.read_offset])
+        text = self._decode(self.tokens[self.prefix_offset:])
+        if len(text) <= len(prefix) or text.endswith("\ufffd"):
+            return ""
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.tokens)
+        return text[len(prefix):]
+
+
+class StreamDecoder:
+    """Fast tokenizers: the `tokenizers` library's own DecodeStream (one decode of a few tokens per step,
+    in Rust), as vLLM v1 does. Falls back to the window decoder if the stream rejects a token sequence."""
+
+    def __init__(self, tokenizer: Any, context: list[int], skip_special_tokens: bool) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.backend = tokenizer.backend_tokenizer
+        self.context = list(context)  # the window a fallback would need
+        self.stream: DecodeStream | None = DecodeStream(ids=list(context),
+                                                       skip_special_tokens=skip_special_tokens)
+        self.fallback: WindowDecoder | None = None
+
+    def step(self, token: int) -> str:
+        if self.stream is not None:
+            try:
+                text = self.stream.step(self.backend, token)
+                self.context = (self.context + [token])[-2 * _CONTEXT_TOKENS:]
+                return text or ""
+            except Exception as error:  # noqa: BLE001 (the stream raises plain exceptions on bad prefixes)
+                logger.warning("DecodeStream failed (%s); decoding this request with the window decoder", error)
+                self.stream = None
+                self.fallback = WindowDecoder(self.tokenizer, self.context, self.skip_special_tokens)
+        assert self.fallback is not None
+        return self.fallback.step(token)
+
+
+def make_token_decoder(tokenizer: Any, context: list[int], skip_special_tokens: bool) -> _TokenDecoder:
+    if getattr(tokenizer, "is_fast", False) and hasattr(tokenizer, "backend_tokenizer"):
+        return StreamDecoder(tokenizer, context, skip_special_tokens)
+    return WindowDecoder(tokenizer, context, skip_special_tokens)
+
+
 class IncrementalDetokenizer:
-    """Turns token ids into text as they arrive; holds back bytes of an incomplete character."""
+    """Turns token ids into text as they arrive and applies stop strings."""
 
     def __init__(self, tokenizer: Any, prompt_token_ids: list[int], skip_special_tokens: bool,
                  stop: list[str], include_stop_str_in_output: bool) -> None:
-        self.tokenizer = tokenizer
-        self.skip_special_tokens = skip_special_tokens
+        self.decoder = make_token_decoder(tokenizer, prompt_token_ids[-_CONTEXT_TOKENS:], skip_special_tokens)
         self.stop = stop
         self.include_stop = include_stop_str_in_output
-        self.tokens = list(prompt_token_ids[-_CONTEXT_TOKENS:])
-        self.prefix_offset = 0
-        self.read_offset = len(self.tokens)
         self.output_text = ""
         # NOTE: a stop string may begin in text already handed out and end in later text, and then it must
         # not have been shown: unfinished outputs hold back len(longest stop) - 1 characters. With
@@ -24,19 +88,10 @@ class IncrementalDetokenizer:
         self.stop_buffer_length = max(map(len, stop)) - 1 if stop and not include_stop_str_in_output else 0
         self._sent_offset = 0  # characters of output_text already returned as deltas
 
-    def _decode(self, tokens: list[int]) -> str:
-        return str(self.tokenizer.decode(tokens, skip_special_tokens=self.skip_special_tokens))
-
     def update(self, new_token_ids: list[int]) -> str | None:
         """Append tokens to `output_text`. Returns the stop string matched (text truncated at it), if any."""
         start = len(self.output_text)
-        for token in new_token_ids:
-            self.tokens.append(token)
-            prefix = self._decode(self.tokens[self.prefix_offset:self.read_offset])
-            text = self._decode(self.tokens[self.prefix_offset:])
-            if len(text) > len(prefix) and not text.endswith("\ufffd"):
-                self.output_text += text[len(prefix):]
-                self.prefix_offset, self.read_offset = self.read_offset, len(self.tokens)
+        self.output_text += "".join(self.decoder.step(token) for token in new_token_ids)
         return self._check_stop(start)
 
     def get_next_output_text(self, finished: bool, delta: bool) -> str:

@@ -9,7 +9,7 @@ from pagedserve.config import ModelConfig
 from pagedserve.engine.structured_validation import StructuredOutputValidator
 from pagedserve.errors import InvalidRequestError
 from pagedserve.protocol import EngineCoreRequest
-from pagedserve.sampling_params import BeamSearchParams, SamplingParams
+from pagedserve.sampling_params import BeamSearchParams, SamplingParams, wrap_int64
 from pagedserve.utils import cdiv
 
 # A prompt: text, token ids, or {"prompt": text} / {"prompt_token_ids": ids}.
@@ -140,7 +140,7 @@ def split_samples(request: EngineCoreRequest, child_ids: list[str]) -> list[Engi
         params = replace(params, logprobs=0)  # NOTE: the n best are picked by cumulative logprob
     children = []
     for index, child_id in enumerate(child_ids):
-        child_params = params if params.seed is None else replace(params, seed=params.seed + index)
+        child_params = params if params.seed is None else replace(params, seed=wrap_int64(params.seed + index))
         children.append(msgspec.structs.replace(request, request_id=child_id, sampling_params=child_params,
                                                 group_id=request.request_id))
     return children

@@ -40,7 +40,7 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
         raw_logprobs = None if meta.max_num_logprobs is None else torch.log_softmax(logits, dim=-1)
-        logits = self._apply_penalties_and_bias(logits, meta)
+        logits = self.apply_penalties_and_bias(logits, meta)
         if meta.all_greedy:
             sampled = logits.argmax(dim=-1)
         else:
@@ -50,7 +50,7 @@ class Sampler:
         token_ids, values = gather_logprobs(raw_logprobs, meta.max_num_logprobs, sampled)
         return SamplerOutput(sampled, token_ids, values)
 
-    def _apply_penalties_and_bias(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    def apply_penalties_and_bias(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         if meta.repetition_penalty is not None:
             assert meta.prompt_token_mask is not None and meta.output_token_counts is not None
             seen = meta.prompt_token_mask | (meta.output_token_counts > 0)
@@ -67,6 +67,12 @@ class Sampler:
 
     def _sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         greedy = logits.argmax(dim=-1)
+        sampled = draw(self.probabilities(logits, meta), meta.seeds)
+        return torch.where(meta.temperature > 0, sampled, greedy)
+
+    def probabilities(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        """The distribution each row samples from: temperature, top-k, top-p, min-p applied (rows with
+        temperature 0 get temperature 1 here; the caller takes their argmax instead)."""
         temperature = torch.where(meta.temperature > 0, meta.temperature, 1.0)
         logits = logits / temperature[:, None]
         if meta.top_k is not None or meta.top_p is not None:
@@ -75,12 +81,22 @@ class Sampler:
         if meta.min_p is not None:
             threshold = probs.amax(dim=-1, keepdim=True) * meta.min_p[:, None]
             probs = probs.masked_fill(probs < threshold, 0.0)
-        # Gumbel-style sampling: argmax(p / q), q ~ Exp(1), is a draw from p.
-        noise = torch.empty_like(probs).exponential_()
-        for row, seed in meta.seeds.items():
-            noise[row].exponential_(generator=torch.Generator(probs.device).manual_seed(seed))
-        sampled = (probs / noise).argmax(dim=-1)
-        return torch.where(meta.temperature > 0, sampled, greedy)
+        return probs
+
+
+def row_generators(device: torch.device, seeds: dict[int, int]) -> dict[int, torch.Generator]:
+    """One generator per seeded row: its draws depend only on the request's seed and position."""
+    return {row: torch.Generator(device).manual_seed(seed) for row, seed in seeds.items()}
+
+
+def draw(probs: torch.Tensor, seeds: dict[int, int],
+         generators: dict[int, torch.Generator] | None = None) -> torch.Tensor:
+    """One token per row drawn from `probs` (rows need not be normalized)."""
+    # Gumbel-style sampling: argmax(p / q), q ~ Exp(1), is a draw from p.
+    noise = torch.empty_like(probs).exponential_()
+    for row, generator in (generators or row_generators(probs.device, seeds)).items():
+        noise[row].exponential_(generator=generator)
+    return (probs / noise).argmax(dim=-1)
 
 
 def _apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None

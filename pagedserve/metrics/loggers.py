@@ -30,6 +30,7 @@ class LoggingStatLogger(StatLoggerBase):
         self.last_log_time = time.monotonic()
         self.last_preemptions_total = 0
         self.last_prefix_cache = (0, 0)  # cumulative (queries, hits) at the last log line
+        self.last_spec = (0, 0)  # cumulative (draft tokens, accepted) at the last log line
 
     def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats) -> None:
         if scheduler_stats is not None:
@@ -46,12 +47,16 @@ class LoggingStatLogger(StatLoggerBase):
             return  # idle: nothing to say
         queries = stats.prefix_cache_queries - self.last_prefix_cache[0]
         hits = stats.prefix_cache_hits - self.last_prefix_cache[1]
+        drafted = stats.spec_decode_num_draft_tokens - self.last_spec[0]
+        accepted = stats.spec_decode_num_accepted_tokens - self.last_spec[1]
+        spec = f", Draft acceptance rate: {100 * accepted / drafted:.1f}% of {drafted}" if drafted else ""
         logger.info("Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
                     "Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: "
-                    "%.1f%%, Preemptions: %d (total %d)", self.num_prompt_tokens / elapsed,
+                    "%.1f%%, Preemptions: %d (total %d)%s", self.num_prompt_tokens / elapsed,
                     self.num_generation_tokens / elapsed, stats.num_running_reqs, stats.num_waiting_reqs,
                     stats.kv_cache_usage * 100, 100 * hits / queries if queries else 0.0,
-                    stats.num_preemptions_total - self.last_preemptions_total, stats.num_preemptions_total)
+                    stats.num_preemptions_total - self.last_preemptions_total, stats.num_preemptions_total, spec)
+        self.last_spec = (stats.spec_decode_num_draft_tokens, stats.spec_decode_num_accepted_tokens)
         self.last_prefix_cache = (stats.prefix_cache_queries, stats.prefix_cache_hits)
         self.num_prompt_tokens = self.num_generation_tokens = 0
         self.last_preemptions_total = stats.num_preemptions_total

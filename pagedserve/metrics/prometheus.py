@@ -53,11 +53,11 @@ class PrometheusStatLogger(StatLoggerBase):
                                           _LATENCY_BUCKETS, model_name)
         self.last_preemptions_total = 0
         self.last_recomputed_total = 0
-        # The engine's prefix-cache counts (tokens) are cumulative too.
-        self.prefix_cache = {name: Counter(f"pagedserve:{name}", f"Prefix-cache {kind}, in tokens.", labels,
-                                           registry=registry).labels(model_name)
-                             for name, kind in (("prefix_cache_queries", "queries"), ("prefix_cache_hits", "hits"))}
-        self.last_prefix_cache = dict.fromkeys(self.prefix_cache, 0)
+        # The engine's counts of these (SchedulerStats fields, same names) are cumulative too.
+        self.cumulative = {name: Counter(f"pagedserve:{name}", description, labels,
+                                         registry=registry).labels(model_name)
+                           for name, description in _CUMULATIVE_STATS.items()}
+        self.last_cumulative = dict.fromkeys(self.cumulative, 0)
 
     def _histogram(self, name: str, description: str, buckets: list[float], model_name: str) -> Histogram:
         return Histogram(f"pagedserve:{name}", f"Histogram of {description.lower()} in seconds.",
@@ -73,10 +73,10 @@ class PrometheusStatLogger(StatLoggerBase):
             self.last_preemptions_total = scheduler_stats.num_preemptions_total
             self.recomputed.inc(max(0, scheduler_stats.num_recomputed_tokens_total - self.last_recomputed_total))
             self.last_recomputed_total = scheduler_stats.num_recomputed_tokens_total
-            for name, counter in self.prefix_cache.items():
+            for name, counter in self.cumulative.items():
                 total = getattr(scheduler_stats, name)
-                counter.inc(max(0, total - self.last_prefix_cache[name]))
-                self.last_prefix_cache[name] = total
+                counter.inc(max(0, total - self.last_cumulative[name]))
+                self.last_cumulative[name] = total
         self.rejected.inc(iteration_stats.num_rejected_requests)
         self.prompt_tokens.inc(iteration_stats.num_prompt_tokens)
         self.generation_tokens.inc(iteration_stats.num_generation_tokens)
@@ -95,3 +95,11 @@ class PrometheusStatLogger(StatLoggerBase):
 
 
 CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
+
+_CUMULATIVE_STATS = {
+    "prefix_cache_queries": "Prefix-cache queries, in tokens.",
+    "prefix_cache_hits": "Prefix-cache hits, in tokens.",
+    "spec_decode_num_drafts": "Speculative decoding: steps that verified draft tokens, per request.",
+    "spec_decode_num_draft_tokens": "Speculative decoding: draft tokens verified.",
+    "spec_decode_num_accepted_tokens": "Speculative decoding: draft tokens accepted.",
+}

@@ -10,6 +10,8 @@ from pagedserve.core.sched_output import SchedulerOutput
 from pagedserve.layers.sampler import SamplingMetadata
 from pagedserve.sampling_params import SamplingParams
 
+_UINT64_MASK = 2**64 - 1
+
 
 @dataclass(slots=True)
 class CachedRequestState:
@@ -31,7 +33,10 @@ class BatchInputs:
     attention: CommonAttentionMetadata
     request_ids: list[str]  # [R], batch order
     sample_rows: list[int]  # indices into request_ids whose tokens reach the end: they sample
-    logits_indices: torch.Tensor  # [len(sample_rows)]: the last token of each sampling request
+    # The positions whose logits are computed: per sampling row its last token, and with draft tokens
+    # (speculative decoding) the last 1 + num_drafts tokens.
+    logits_indices: torch.Tensor
+    draft_token_ids: list[list[int]]  # per sampling row (empty: no drafts)
 
 
 def update_states(states: dict[str, CachedRequestState], out: SchedulerOutput) -> None:
@@ -44,6 +49,8 @@ def update_states(states: dict[str, CachedRequestState], out: SchedulerOutput) -
                                                     new.eos_token_id, list(new.block_ids), new.num_computed_tokens)
     for cached in out.scheduled_cached_reqs:
         state = states[cached.request_id]
+        if cached.num_dropped_blocks:
+            del state.block_ids[-cached.num_dropped_blocks:]
         state.token_ids.extend(cached.new_token_ids)
         state.block_ids.extend(cached.new_block_ids)
         state.num_computed_tokens = cached.num_computed_tokens
@@ -51,18 +58,21 @@ def update_states(states: dict[str, CachedRequestState], out: SchedulerOutput) -
 
 def build_batch(states: dict[str, CachedRequestState], out: SchedulerOutput, block_size: int,
                 device: torch.device) -> BatchInputs:
-    """Flatten the scheduled tokens and advance each state's num_computed_tokens past them."""
-    scheduled = out.num_scheduled_tokens
+    """Flatten the scheduled tokens (a request's draft tokens after its own) and advance each state's
+    num_computed_tokens past them."""
+    scheduled, spec = out.num_scheduled_tokens, out.scheduled_spec_decode_tokens
     order = sorted(scheduled, key=lambda rid: scheduled[rid] != 1)  # decodes first (stable)
     input_ids: list[int] = []
     positions, slots = [], []
     query_start_loc, seq_lens, sample_rows = [0], [], []
+    logits_indices: list[int] = []
+    drafts: list[list[int]] = []
     max_blocks = max(len(states[rid].block_ids) for rid in order)
     block_tables = np.zeros((len(order), max_blocks), dtype=np.int64)
     for row, request_id in enumerate(order):
         state, num = states[request_id], scheduled[request_id]
-        start = state.num_computed_tokens
-        input_ids.extend(state.token_ids[start:start + num])
+        start, draft = state.num_computed_tokens, spec.get(request_id, [])
+        input_ids.extend((state.token_ids + draft if draft else state.token_ids)[start:start + num])
         pos = np.arange(start, start + num)
         blocks = np.asarray(state.block_ids, dtype=np.int64)
         positions.append(pos)
@@ -71,34 +81,39 @@ def build_batch(states: dict[str, CachedRequestState], out: SchedulerOutput, blo
         query_start_loc.append(query_start_loc[-1] + num)
         seq_lens.append(start + num)
         state.num_computed_tokens = start + num
-        if start + num == len(state.token_ids):
+        if start + num == len(state.token_ids) + len(draft):
             sample_rows.append(row)
+            logits_indices += range(query_start_loc[-1] - 1 - len(draft), query_start_loc[-1])
+            drafts.append(draft)
     num_decodes = sum(1 for rid in order if scheduled[rid] == 1)
     attention = CommonAttentionMetadata(
         query_start_loc=query_start_loc, seq_lens=seq_lens,
         block_tables=torch.from_numpy(block_tables).to(device),
         slot_mapping=torch.from_numpy(np.concatenate(slots)).to(device),
         num_decodes=num_decodes, block_size=block_size)
-    logits_indices = torch.tensor([query_start_loc[row + 1] - 1 for row in sample_rows], device=device)
     return BatchInputs(torch.tensor(input_ids, device=device),
                        torch.from_numpy(np.concatenate(positions)).to(device), attention, order,
-                       sample_rows, logits_indices)
+                       sample_rows, torch.tensor(logits_indices, device=device), drafts)
 
 
-def build_sampling_metadata(requests: list[CachedRequestState], vocab_size: int,
-                            device: torch.device) -> SamplingMetadata:
-    """Stack the sampling settings of the requests that sample this step (row i = requests[i])."""
+def build_sampling_metadata(requests: list[CachedRequestState], vocab_size: int, device: torch.device,
+                            offsets: list[int] | None = None) -> SamplingMetadata:
+    """Stack the sampling settings of the requests that sample this step (row i = requests[i]). With
+    draft tokens a request has one row per verified position: `offsets[i]` is row i's position after
+    the request's last known token (0 without drafts)."""
     params = [r.sampling_params for r in requests]
     rows = len(params)
 
     def column(values: Sequence[float], dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=device)
 
-    top_k = [p.top_k if p.top_k > 0 else vocab_size for p in params]
+    # NOTE: a top_k at or above the vocabulary keeps every token (and fits int64 whatever was asked).
+    top_k = [min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size for p in params]
     # NOTE: a seeded request's noise depends only on (seed, output position): reproducible whatever
-    # else is in the batch, and across preemptions.
-    seeds = {i: p.seed * 1_000_003 + len(r.token_ids) for i, (p, r) in enumerate(zip(params, requests))
-             if p.seed is not None and p.temperature > 0}
+    # else is in the batch, and across preemptions. Masked to 64 bits, what manual_seed takes, for any seed.
+    offsets = offsets or [0] * rows
+    seeds = {i: (p.seed * 1_000_003 + len(r.token_ids) + offsets[i]) & _UINT64_MASK
+             for i, (p, r) in enumerate(zip(params, requests)) if p.seed is not None and p.temperature > 0}
     logprobs = [p.logprobs for p in params if p.logprobs is not None]
     meta = SamplingMetadata(
         temperature=column([p.temperature for p in params]),

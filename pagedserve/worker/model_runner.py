@@ -1,4 +1,5 @@
 """Runs one step: scheduler output -> batch tensors -> forward -> sampled tokens."""
+import numpy as np
 import torch
 
 from pagedserve.attention.backends import select_attention_backend
@@ -8,10 +9,12 @@ from pagedserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagedserve.distributed import get_tp_rank
 from pagedserve.layers.attention import Attention
 from pagedserve.layers.grammar_bitmask import apply_grammar_bitmask
+from pagedserve.layers.rejection_sampler import rejection_sample
 from pagedserve.layers.sampler import Sampler, SamplerOutput, gather_logprobs
 from pagedserve.model_loader import load_model
 from pagedserve.platforms import Platform
 from pagedserve.worker.block_ops import KVBlockMover
+from pagedserve.worker.draft_proposer import DraftModelProposer
 from pagedserve.worker.input_batch import (BatchInputs, CachedRequestState, build_batch,
                                            build_sampling_metadata, update_states)
 
@@ -29,6 +32,12 @@ class ModelRunner:
         self.vocab_size = config.model.vocab_size
         self.backend = select_attention_backend(config.attention_backend, platform)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        spec = config.speculative
+        self.drafter = None
+        if spec is not None and spec.draft_model_config is not None:
+            self.drafter = DraftModelProposer(spec.draft_model_config, spec.num_speculative_tokens,
+                                              config.scheduler.max_num_seqs, self.block_size, device)
+            self.attention_layers += self.drafter.attention_layers
         for layer in self.attention_layers:
             layer.backend = self.backend
         self.sampler = Sampler()
@@ -45,8 +54,14 @@ class ModelRunner:
         """Allocate one K and one V tensor [num_blocks, block_size, num_kv_heads, head_dim] per layer."""
         self.kv_caches = []
         alloc = self.platform.allocate_kv_cache
+        # The draft model's caches get its scratch blocks after the shared ones.
+        scratch = {id(layer): self.drafter.num_scratch_blocks for layer in self.drafter.attention_layers} \
+            if self.drafter else {}
+        if self.drafter:
+            self.drafter.scratch_start = num_blocks
         for layer in self.attention_layers:
-            shape = (num_blocks, self.block_size, layer.spec.num_kv_heads, layer.spec.head_dim)
+            blocks = num_blocks + scratch.get(id(layer), 0)
+            shape = (blocks, self.block_size, layer.spec.num_kv_heads, layer.spec.head_dim)
             layer.kv_cache = (alloc(shape, self.dtype, self.device), alloc(shape, self.dtype, self.device))
             self.kv_caches.append(layer.kv_cache)
 
@@ -70,20 +85,59 @@ class ModelRunner:
         batch = build_batch(self.states, scheduler_output, self.block_size, self.device)
         with set_forward_context(self.backend.build_metadata(batch.attention)):
             hidden = self.model(batch.input_ids, batch.positions)  # [T, hidden]
+            if self.drafter is not None:  # its K/V of the same tokens, for its proposals
+                self.drafter.model(batch.input_ids, batch.positions)
         output = ModelRunnerOutput({})
         self._prompt_logprobs(batch, hidden, output)
         if not batch.sample_rows:
             return output
         requests = [self.states[batch.request_ids[row]] for row in batch.sample_rows]
-        logits = self.model.compute_logits(hidden[batch.logits_indices]).float()  # [R, vocab]
+        logits = self.model.compute_logits(hidden[batch.logits_indices]).float()  # [positions, vocab]
         if get_tp_rank() != 0:  # NOTE: only rank 0 samples; computing logits above is a collective
             return output
-        grammar = scheduler_output.grammar_bitmask
-        if grammar is not None:
-            apply_grammar_bitmask(logits, [r.request_id for r in requests], grammar.request_ids, grammar.bitmask)
-        sampled = self.sampler(logits, build_sampling_metadata(requests, self.vocab_size, self.device))
-        self._fill_output(requests, sampled, output)
+        if any(batch.draft_token_ids):
+            self._verify_drafts(requests, batch.draft_token_ids, logits, output)
+        else:
+            grammar = scheduler_output.grammar_bitmask
+            if grammar is not None:
+                apply_grammar_bitmask(logits, [r.request_id for r in requests], grammar.request_ids,
+                                      grammar.bitmask)
+            sampled = self.sampler(logits, build_sampling_metadata(requests, self.vocab_size, self.device))
+            self._fill_output(requests, sampled, output)
+        if self.drafter is not None:
+            self._propose(requests, output)
         return output
+
+    def _propose(self, requests: list[CachedRequestState], output: ModelRunnerOutput) -> None:
+        """The draft model's proposals for the next step, from each request's last new token."""
+        new_tokens = [[output.sampled_token_ids[r.request_id], *output.extra_token_ids.get(r.request_id, [])]
+                      for r in requests]
+        assert self.drafter is not None
+        positions = [len(r.token_ids) + len(tokens) - 1 for r, tokens in zip(requests, new_tokens)]
+        proposals = self.drafter.propose(self.backend, [r.block_ids for r in requests],
+                                         [tokens[-1] for tokens in new_tokens], positions)
+        output.draft_token_ids = {r.request_id: p for r, p in zip(requests, proposals)}
+
+    def _verify_drafts(self, requests: list[CachedRequestState], drafts: list[list[int]], logits: torch.Tensor,
+                       output: ModelRunnerOutput) -> None:
+        """Requests with draft tokens go through the rejection sampler (one logits row per verified
+        position); the others sample as usual."""
+        first_rows = np.cumsum([0] + [len(draft) + 1 for draft in drafts])[:-1]
+        plain = [i for i, draft in enumerate(drafts) if not draft]
+        if plain:
+            plain_requests = [requests[i] for i in plain]
+            sampled = self.sampler(logits[first_rows[plain]], build_sampling_metadata(
+                plain_requests, self.vocab_size, self.device))
+            self._fill_output(plain_requests, sampled, output)
+        spec = [i for i, draft in enumerate(drafts) if draft]
+        rows = [first_rows[i] + j for i in spec for j in range(len(drafts[i]) + 1)]
+        expanded = [requests[i] for i in spec for _ in range(len(drafts[i]) + 1)]
+        offsets = [j for i in spec for j in range(len(drafts[i]) + 1)]
+        meta = build_sampling_metadata(expanded, self.vocab_size, self.device, offsets)
+        tokens = rejection_sample(self.sampler, logits[rows], meta, [drafts[i] for i in spec])
+        for i, request_tokens in zip(spec, tokens):
+            output.sampled_token_ids[requests[i].request_id] = request_tokens[0]
+            output.extra_token_ids[requests[i].request_id] = request_tokens[1:]
 
     def _fill_output(self, requests: list[CachedRequestState], sampled: SamplerOutput,
                      output: ModelRunnerOutput) -> None:

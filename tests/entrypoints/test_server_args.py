@@ -12,7 +12,8 @@ from pagedserve.engine.admission import ServingLimits
 from pagedserve.entrypoints.cli import main as cli_main
 from pagedserve.entrypoints.openai.api_server import _bind_socket
 from pagedserve.entrypoints.openai.cli_args import ServerArgs, args_from_namespace, make_arg_parser
-from pagedserve.errors import PagedServeError
+from pagedserve.entrypoints.openai.request_bounds import RequestBounds
+from pagedserve.errors import ConfigError, PagedServeError
 
 VLLM_LINE = ("--model PATH --dtype float16 --gpu-memory-utilization 0.90 --max-model-len 4096 "
              "--port 8000").split()
@@ -32,7 +33,7 @@ def test_vllm_command_line_parses_as_written() -> None:
 def test_every_setting_has_a_documented_flag() -> None:
     parser = make_arg_parser(argparse.ArgumentParser())
     flags = {option for action in parser._actions for option in action.option_strings}
-    for cls in (EngineArgs, ServerArgs, ServingLimits):
+    for cls in (EngineArgs, ServerArgs, ServingLimits, RequestBounds):
         for field in dataclasses.fields(cls):
             assert "--" + field.name.replace("_", "-") in flags and field.metadata["help"]
     engine, server = parse("--kv-cache-memory 1GiB --block-size 32 --max-num-seqs 8 --seed 3 "
@@ -47,6 +48,15 @@ def test_api_key_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PAGEDSERVE_API_KEY", "from-env")
     assert parse([])[1].resolved_api_key() == "from-env"
     assert parse(["--api-key", "flag"])[1].resolved_api_key() == "flag"
+
+
+def test_request_bounds_flags() -> None:
+    bounds = args_from_namespace(make_arg_parser(argparse.ArgumentParser()).parse_args(
+        "--max-stop-strings 3 --max-request-body-bytes 1000 --metrics-require-api-key".split()))[3]
+    assert (bounds.max_stop_strings, bounds.max_request_body_bytes, bounds.max_chat_messages) == (3, 1000, 1024)
+    assert parse(["--metrics-require-api-key"])[1].metrics_require_api_key
+    with pytest.raises(ConfigError, match=r"max_logit_bias_entries=0 must be at least 1 \(--max-logit-bias-entries\)"):
+        RequestBounds(max_logit_bias_entries=0)
 
 
 def test_serve_rejects_two_different_models(capsys: pytest.CaptureFixture[str]) -> None:

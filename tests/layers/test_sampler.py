@@ -38,7 +38,7 @@ def test_penalties_and_bias_match_reference() -> None:
                             frequency_penalty=torch.tensor(frequency),
                             repetition_penalty=torch.tensor(repetition), output_token_counts=counts,
                             prompt_token_mask=prompt_mask, logit_bias=bias)
-    processed = Sampler()._apply_penalties_and_bias(logits, meta)
+    processed = Sampler().apply_penalties_and_bias(logits, meta)
     for i in range(3):
         expected = reference_row(logits[i], prompts[i], outputs[i], presence[i], frequency[i], repetition[i],
                                  biases[i])

@@ -2,15 +2,14 @@
 
     python -m pagedserve.entrypoints.openai.api_server --model PATH [flags]   (or: pagedserve serve PATH)
 
-The port is bound first (a taken port fails fast) and the server answers at once: GET /health (liveness)
-200 and GET /ready (readiness) 503 while the engine process loads the model, 200 once it serves (see
-lifecycle.py). If the engine dies or stalls (--engine-stall-timeout), requests in flight end with an
+The port is bound first (a taken port fails fast) and the server answers at once: GET /health and
+GET /ready answer 503 while the engine process loads the model, 200 once it serves (see lifecycle.py).
+If the engine dies or stalls (--engine-stall-timeout), requests in flight end with an
 error, /health answers 503, and the process exits with status 1 shortly after, for a supervisor to
 restart it. SIGTERM drains: no new requests, those in flight get --shutdown-timeout seconds, exit 0.
 """
 import argparse
 import asyncio
-import secrets
 import signal
 import socket
 import sys
@@ -20,8 +19,6 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
-from starlette.datastructures import Headers
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pagedserve import __version__, envs
 from pagedserve.config import EngineArgs, EngineConfig
@@ -30,12 +27,14 @@ from pagedserve.engine.async_llm import AsyncLLM
 from pagedserve.entrypoints.chat_utils import load_chat_template
 from pagedserve.entrypoints.openai.cli_args import ServerArgs, args_from_namespace, make_arg_parser
 from pagedserve.entrypoints.openai.dashboard import add_dashboard_routes
-from pagedserve.entrypoints.openai.errors import ERROR_RESPONSES, error_response, register_error_handlers
+from pagedserve.entrypoints.openai.auth import ApiKeyMiddleware
+from pagedserve.entrypoints.openai.errors import ERROR_RESPONSES, register_error_handlers
 from pagedserve.entrypoints.openai.lifecycle import LifecycleServer, ServerLifecycle
 from pagedserve.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCompletionResponse,
                                                     CompletionRequest, CompletionResponse, DetokenizeRequest,
                                                     DetokenizeResponse, ModelCard, ModelList,
                                                     TokenizeRequest, TokenizeResponse)
+from pagedserve.entrypoints.openai.request_bounds import BodySizeLimitMiddleware, RequestBounds
 from pagedserve.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedserve.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedserve.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
@@ -66,44 +65,28 @@ class StatLoggers:
         return [self.metrics, self.dashboard, *([self.log_line] if self.log_line else [])]
 
 
-class ApiKeyMiddleware:
-    """401 on the /v1 routes unless `Authorization: Bearer <key>`; /health, /ready, /metrics, /version,
-    /dashboard and the tokenizer routes stay open. Pure ASGI, so streamed responses and disconnects pass untouched."""
-
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
-            given = Headers(scope=scope).get("authorization", "").encode()
-            if not secrets.compare_digest(given, self.expected):
-                response = error_response("Missing or wrong API key: send the header `Authorization: Bearer "
-                                          "<key>` with the key the server was started with (--api-key or "
-                                          "PAGEDSERVE_API_KEY).", 401)
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-def build_app(engine: AsyncLLM, server_args: ServerArgs, loggers: StatLoggers,
-              chat_template: str | None) -> FastAPI:
+def build_app(engine: AsyncLLM, server_args: ServerArgs, loggers: StatLoggers, chat_template: str | None,
+              bounds: RequestBounds) -> FastAPI:
     """The FastAPI application around a started engine (the probes are ServerLifecycle's)."""
     app = FastAPI(title="pagedserve", version=__version__)
     register_error_handlers(app)
+    # NOTE: the last added runs first: the key is checked before a body is read.
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=bounds.max_request_body_bytes)
     api_key = server_args.resolved_api_key()
     if api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key,
+                           metrics_require_api_key=server_args.metrics_require_api_key)
     model_name = engine.config.model.served_model_name
     chat = OpenAIServingChat(engine, model_name, chat_template, server_args.auto_tool_parser)
-    _add_generation_routes(app, OpenAIServingCompletion(engine, model_name), chat)
+    _add_generation_routes(app, OpenAIServingCompletion(engine, model_name), chat, bounds)
     _add_info_routes(app, engine, loggers.metrics)
     add_dashboard_routes(app, engine, loggers.dashboard)
     tokenization = OpenAIServingTokenization(engine, model_name, chat.render)
 
     @app.post("/tokenize", responses=ERROR_RESPONSES)
     async def tokenize(request: TokenizeRequest) -> TokenizeResponse:
-        return tokenization.tokenize(request)
+        bounds.check_messages(request.messages)
+        return await tokenization.tokenize(request)
 
     @app.post("/detokenize", responses=ERROR_RESPONSES)
     async def detokenize(request: DetokenizeRequest) -> DetokenizeResponse:
@@ -119,18 +102,20 @@ def _responses(model: type) -> dict[int | str, dict[str, Any]]:
             **ERROR_RESPONSES}
 
 
-def _add_generation_routes(app: FastAPI, completion: OpenAIServingCompletion,
-                           chat: OpenAIServingChat) -> None:
+def _add_generation_routes(app: FastAPI, completion: OpenAIServingCompletion, chat: OpenAIServingChat,
+                           bounds: RequestBounds) -> None:
     @app.post("/v1/completions", response_model=None, responses=_responses(CompletionResponse))
     @with_cancellation
     async def create_completion(request: CompletionRequest, raw_request: Request
                                 ) -> CompletionResponse | StreamingResponse:
+        bounds.check_completion(request)
         return await completion.create_completion(request)
 
     @app.post("/v1/chat/completions", response_model=None, responses=_responses(ChatCompletionResponse))
     @with_cancellation
     async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request
                                      ) -> ChatCompletionResponse | StreamingResponse:
+        bounds.check_chat(request)
         return await chat.create_chat_completion(request)
 
 
@@ -194,8 +179,8 @@ async def _start_engine(config: EngineConfig, limits: ServingLimits, server_args
     return None
 
 
-async def run_server(engine_args: EngineArgs, server_args: ServerArgs, limits: ServingLimits | None = None
-                     ) -> int:
+async def run_server(engine_args: EngineArgs, server_args: ServerArgs, limits: ServingLimits | None = None,
+                     bounds: RequestBounds | None = None) -> int:
     """Serve until stopped (status 0) or until the engine dies (status 1). Raises PagedServeError
     (ConfigError included) when the settings cannot be served."""
     config = engine_args.create_engine_config()
@@ -213,7 +198,7 @@ async def run_server(engine_args: EngineArgs, server_args: ServerArgs, limits: S
         engine = await _start_engine(config, limits or ServingLimits(), server_args, loggers, serving)
         if engine is None:
             return 0
-        lifecycle.serve(build_app(engine, server_args, loggers, chat_template), engine)
+        lifecycle.serve(build_app(engine, server_args, loggers, chat_template, bounds or RequestBounds()), engine)
         watchdog = asyncio.create_task(_exit_when_engine_dies(engine, server))
         logger.info("Serving %s at http://%s:%d (OpenAI API under /v1).", config.model.served_model_name,
                     server_args.host, server_args.port)
@@ -238,8 +223,7 @@ def run(args: argparse.Namespace) -> int:
     # orphaned; while it runs, LifecycleServer drains on SIGTERM instead.
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
-        engine_args, server_args, limits = args_from_namespace(args)
-        return asyncio.run(run_server(engine_args, server_args, limits))
+        return asyncio.run(run_server(*args_from_namespace(args)))
     except PagedServeError as exc:
         logger.error("%s", exc)
         return 1

@@ -8,6 +8,7 @@ from typing import Literal
 from pagedserve import envs
 from pagedserve.config import EngineArgs, add_dataclass_cli_args, config_field, dataclass_from_cli_args
 from pagedserve.engine.admission import ServingLimits
+from pagedserve.entrypoints.openai.request_bounds import RequestBounds
 from pagedserve.entrypoints.openai.tool_parsers import TOOL_PARSERS, ToolCallParserName
 from pagedserve.errors import ConfigError
 
@@ -21,8 +22,10 @@ class ServerArgs:
     host: str = config_field("0.0.0.0", "Address to listen on.")
     port: int = config_field(8000, "Port to listen on.")
     api_key: str | None = config_field(
-        None, "Require this key (`Authorization: Bearer KEY`) on the /v1 routes. Default: the "
-              "PAGEDSERVE_API_KEY environment variable, else no key.")
+        None, "Require this key (`Authorization: Bearer KEY`) on every route but /health, /ready, /version "
+              "and /metrics. Default: the PAGEDSERVE_API_KEY environment variable, else no key.")
+    metrics_require_api_key: bool = config_field(
+        False, "With an API key, require it on /metrics too (open by default, as in vLLM, for scrapers).")
     chat_template: str | None = config_field(
         None, "Chat template for /v1/chat/completions: a file, or the Jinja template itself. Default: the "
               "tokenizer's.")
@@ -55,14 +58,15 @@ class ServerArgs:
 
 
 def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add every engine, server and serving-limit flag to `parser`."""
+    """Add every engine, server, serving-limit and request-bound flag to `parser`."""
     EngineArgs.add_cli_args(parser)
-    add_dataclass_cli_args(ServerArgs, parser)
-    add_dataclass_cli_args(ServingLimits, parser)
+    for settings in (ServerArgs, ServingLimits, RequestBounds):
+        add_dataclass_cli_args(settings, parser)
     return parser
 
 
-def args_from_namespace(args: argparse.Namespace) -> tuple[EngineArgs, ServerArgs, ServingLimits]:
+def args_from_namespace(args: argparse.Namespace
+                        ) -> tuple[EngineArgs, ServerArgs, ServingLimits, RequestBounds]:
     """The parsed flags as settings. Raises ConfigError for an out-of-range limit."""
     return (EngineArgs.from_cli_args(args), dataclass_from_cli_args(ServerArgs, args),
-            dataclass_from_cli_args(ServingLimits, args))
+            dataclass_from_cli_args(ServingLimits, args), dataclass_from_cli_args(RequestBounds, args))

@@ -56,7 +56,7 @@ class SamplingRequest(OpenAIBaseModel):
     skip_special_tokens: bool = True
     truncate_prompt_tokens: int | None = None
     # Seconds this request may run; then it is aborted and returns what it has (finish_reason "abort").
-    timeout: float | None = Field(default=None, gt=0)
+    timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     cache_salt: str | None = None  # prefix-cache hits only between requests with the same salt
     # Output constraints (structured_request.py): OpenAI's response_format, vLLM's fields.
     response_format: dict[str, Any] | None = None
@@ -84,13 +84,6 @@ class SamplingRequest(OpenAIBaseModel):
     def to_sampling_params(self, max_tokens: int | None, logprobs: int | None,
                            prompt_logprobs: int | None = None, best_of: int | None = None) -> SamplingParams:
         """Raises InvalidRequestError naming the field that is out of range."""
-        bias = None
-        if self.logit_bias:
-            try:
-                bias = {int(token): value for token, value in self.logit_bias.items()}
-            except ValueError as exc:
-                raise InvalidRequestError(f"logit_bias keys must be token ids (integers as strings): {exc}.",
-                                          param="logit_bias") from exc
         return SamplingParams(
             n=self.n, best_of=best_of, temperature=_or(self.temperature, 1.0), top_p=_or(self.top_p, 1.0),
             top_k=_or(self.top_k, 0), min_p=_or(self.min_p, 0.0),
@@ -100,7 +93,9 @@ class SamplingRequest(OpenAIBaseModel):
             seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
             max_tokens=max_tokens, min_tokens=self.min_tokens, logprobs=logprobs,
             prompt_logprobs=prompt_logprobs, skip_special_tokens=self.skip_special_tokens,
-            include_stop_str_in_output=self.include_stop_str_in_output, logit_bias=bias,
+            # NOTE: JSON's string keys: SamplingParams turns them into token ids, refusing what is not one.
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            logit_bias=self.logit_bias,  # type: ignore[arg-type]
             truncate_prompt_tokens=self.truncate_prompt_tokens,
             structured_outputs=structured_outputs_from_request(self),
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY)
@@ -152,7 +147,7 @@ class ChatCompletionRequest(SamplingRequest):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(default=None, ge=0)  # the upper bound is --max-logprobs
     add_generation_prompt: bool = True
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None

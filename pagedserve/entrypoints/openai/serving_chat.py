@@ -1,4 +1,5 @@
 """POST /v1/chat/completions: a conversation through the chat template, n samples, streamed or not."""
+import asyncio
 import time
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -20,6 +21,7 @@ from pagedserve.engine.async_llm import AsyncLLM
 from pagedserve.entrypoints.utils import started
 from pagedserve.errors import InvalidRequestError
 from pagedserve.outputs import CompletionOutput, RequestOutput
+from pagedserve.protocol import EngineCoreRequest
 
 # JSON has no -inf: vLLM's floor for the logprob of an impossible token.
 _MIN_LOGPROB = -9999.0
@@ -45,8 +47,6 @@ class OpenAIServingChat(OpenAIServing):
         self.check_model(request.model)
         request.check_supported()
         tools = resolve_chat_tools(request.tools, request.tool_choice, self.tool_call_parser)
-        prompt_ids = self.render([m.model_dump() for m in request.messages], request.add_generation_prompt,
-                                 request.tools)
         max_tokens = request.max_completion_tokens
         if max_tokens is None:
             max_tokens = request.max_tokens
@@ -57,12 +57,20 @@ class OpenAIServingChat(OpenAIServing):
                                           "response_format / structured_outputs.", param="tool_choice")
             params = replace(params, structured_outputs=tools.constraint)
         request_id = random_id("chatcmpl")
-        core = self.engine.process_inputs(request_id, request.prompt_with_salt(prompt_ids), params)
+
+        def process() -> EngineCoreRequest:
+            prompt_ids = self.render([m.model_dump() for m in request.messages], request.add_generation_prompt,
+                                     request.tools)
+            return self.engine.process_inputs(request_id, request.prompt_with_salt(prompt_ids), params)
+
+        # NOTE: templating and tokenizing in a thread: a huge conversation never holds up the event loop.
+        core = await asyncio.to_thread(process)
+        num_prompt_tokens = len(core.prompt_token_ids)
         self.engine.check_admission([core])  # NOTE: a full queue is a 503, not a broken stream
         outputs = self.engine.generate(core, params, request_id, request.timeout)
         if request.stream:
             # NOTE: started: a refusal before the first output is a status, not an event in a 200 stream.
-            return StreamingResponse(self._stream(request, request_id, len(prompt_ids), tools,
+            return StreamingResponse(self._stream(request, request_id, num_prompt_tokens, tools,
                                                   await started(outputs)), media_type="text/event-stream")
         samples: list[CompletionOutput] = []
         async for output in outputs:  # FINAL_ONLY: one output, the finished one
@@ -75,7 +83,7 @@ class OpenAIServingChat(OpenAIServing):
                 for call in result.tool_calls])
             choices.append(ChatChoice(index=sample.index, message=message, logprobs=self._logprobs(request, sample),
                                       finish_reason=result.finish_reason, stop_reason=sample.stop_reason))
-        usage = usage_info(len(prompt_ids), sum(len(s.token_ids) for s in samples))
+        usage = usage_info(num_prompt_tokens, sum(len(s.token_ids) for s in samples))
         return ChatCompletionResponse(id=request_id, model=self.model_name, choices=choices, usage=usage)
 
     async def _stream(self, request: ChatCompletionRequest, request_id: str, num_prompt_tokens: int,

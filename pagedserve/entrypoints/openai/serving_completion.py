@@ -1,4 +1,5 @@
 """POST /v1/completions: one or many prompts (text or token ids), n samples each, streamed or not."""
+import asyncio
 import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
@@ -56,9 +57,13 @@ class OpenAIServingCompletion(OpenAIServing):
                                             None if beam_search else request.best_of)
         request_id = random_id("cmpl")
         prompts = _split_prompts(request.prompt)
-        core_requests = [self.engine.process_inputs(f"{request_id}-{i}", request.prompt_with_salt(prompt),
-                                                    params, beam_search)
-                         for i, prompt in enumerate(prompts)]
+
+        def process() -> list[EngineCoreRequest]:
+            return [self.engine.process_inputs(f"{request_id}-{i}", request.prompt_with_salt(prompt), params,
+                                               beam_search) for i, prompt in enumerate(prompts)]
+
+        # NOTE: tokenizing in a thread: a huge prompt never holds up the event loop (/health, other requests).
+        core_requests = await asyncio.to_thread(process)
         echo_texts = None
         if request.echo:
             echo_texts = [prompt if isinstance(prompt, str) and request.truncate_prompt_tokens is None

@@ -1,4 +1,5 @@
 """POST /tokenize and /detokenize (vLLM's extensions): what the model sees, without generating."""
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -17,11 +18,15 @@ class OpenAIServingTokenization(OpenAIServing):
         super().__init__(engine, model_name)
         self.render_chat = render_chat
 
-    def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
+    async def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
         """Raises InvalidRequestError unless exactly one of prompt and messages is given."""
         self.check_model(request.model)
         if (request.prompt is None) == (request.messages is None):
             raise InvalidRequestError("Give exactly one of prompt and messages.", param="prompt")
+        # NOTE: in a thread: a huge prompt never holds up the event loop (/health, other requests).
+        return await asyncio.to_thread(self._tokenize, request)
+
+    def _tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
         if request.messages is not None:
             messages = [m.model_dump() for m in request.messages]
             tokens = self.render_chat(messages, request.add_generation_prompt)

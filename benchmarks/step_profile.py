@@ -1,0 +1,205 @@
+"""Where one decode step's time goes: scheduler, input preparation, forward (per layer kind), logits,
+sampler, scheduler update, output processing (detokenization), at batch 1 and batch 32.
+
+The engine runs in this process (tp=1). Each phase is timed by wrapping the function that does it
+(perf_counter around the call; CPU work is synchronous), the forward's layer kinds by forward hooks on
+the leaf modules. The sum of the phases is checked against the measured step: what is left is the
+untimed glue. The server adds two hops per step (API server <-> engine process over ZMQ): with --serve
+it also measures the streamed inter-token time of one request at a time and reports the difference.
+
+    python benchmarks/step_profile.py --batch-sizes 1 32 --steps 32
+    python benchmarks/step_profile.py --model PATH --dtype float32 --serve   # + the server's overhead
+"""
+import argparse
+import collections
+import contextlib
+import functools
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from pagedserve import LLM, SamplingParams  # noqa: E402
+from pagedserve.core.scheduler import Scheduler  # noqa: E402
+from pagedserve.engine.detokenizer import IncrementalDetokenizer  # noqa: E402
+from pagedserve.engine.output_processor import OutputProcessor  # noqa: E402
+from pagedserve.worker import model_runner as model_runner_module  # noqa: E402
+
+Timings = collections.defaultdict[str, float]
+
+
+def timed(timings: Timings, phase: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            timings[phase] += time.perf_counter() - start
+    return wrapper
+
+
+@contextlib.contextmanager
+def patched(owner: Any, name: str, timings: Timings, phase: str) -> Iterator[None]:
+    original = getattr(owner, name)
+    setattr(owner, name, timed(timings, phase, original))
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def hook_leaf_modules(model: torch.nn.Module, timings: Timings) -> list[Any]:
+    """Time the whole forward, and every leaf module (linear layers, norms, rotary, attention, activation)
+    by its class name."""
+    handles, starts = [], {}
+    for module in model.modules():
+        if module is model:
+            kind = "forward (all)"
+        elif next(module.children(), None) is None:
+            kind = "forward: " + type(module).__name__
+        else:
+            continue
+
+        def before(mod: torch.nn.Module, _: Any) -> None:
+            starts[id(mod)] = time.perf_counter()
+
+        def after(mod: torch.nn.Module, _: Any, __: Any, kind: str = kind) -> None:
+            timings[kind] += time.perf_counter() - starts.pop(id(mod))
+
+        handles += [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
+    return handles
+
+
+def profile_decode(llm: LLM, batch_size: int, steps: int, prompt_len: int) -> tuple[Timings, float]:
+    """Bring `batch_size` requests past their prompt, then time `steps` pure decode steps."""
+    engine = llm.llm_engine
+    runner = engine.engine_core.executor.worker.model_runner
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True)
+    for i in range(batch_size):
+        engine.add_request(f"p{batch_size}-{i}", {"prompt_token_ids": [100 + (i + j) % 1000
+                                                                      for j in range(prompt_len)]}, params)
+    while any(len(r.output_token_ids) == 0 for r in engine.engine_core.scheduler.requests.values()) \
+            or engine.engine_core.scheduler.waiting:
+        engine.step()
+    for _ in range(3):  # warm up the decode shapes
+        engine.step()
+    timings: Timings = collections.defaultdict(float)
+    handles = hook_leaf_modules(runner.model, timings)
+    with contextlib.ExitStack() as stack:
+        for owner, name, phase in [
+            (Scheduler, "schedule", "scheduler: schedule"),
+            (Scheduler, "update_from_output", "scheduler: update"),
+            (Scheduler, "get_stats", "scheduler: stats"),
+            (model_runner_module, "update_states", "input preparation"),
+            (model_runner_module, "build_batch", "input preparation"),
+            (model_runner_module, "build_sampling_metadata", "input preparation"),
+            (runner.backend, "build_metadata", "input preparation"),
+            (runner.model, "compute_logits", "logits"),
+            (runner, "sampler", "sampler"),
+            (runner, "_prompt_logprobs", "prompt logprobs"),
+            (runner, "_fill_output", "output to lists"),
+            (OutputProcessor, "process_outputs", "output processing (all)"),
+            (IncrementalDetokenizer, "update", "detokenization"),
+        ]:
+            stack.enter_context(patched(owner, name, timings, phase))
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        total = time.perf_counter() - start
+    for handle in handles:
+        handle.remove()
+    while engine.has_unfinished_requests():
+        engine.step()
+    return timings, total
+
+
+def print_table(results: dict[int, tuple[Timings, float]], steps: int) -> None:
+    phases = sorted({p for timings, _ in results.values() for p in timings},
+                    key=lambda p: -results[min(results)][0].get(p, 0.0))
+    sizes = sorted(results)
+    print(f"\nms per decode step ({steps} steps)  " + "  ".join(f"{'batch ' + str(b):>10}" for b in sizes))
+    for phase in phases:
+        print(f"{phase:<32}" + "  ".join(f"{results[b][0].get(phase, 0.0) / steps * 1e3:>10.3f}"
+                                         for b in sizes))
+    print(f"{'step (measured)':<32}" + "  ".join(f"{results[b][1] / steps * 1e3:>10.3f}" for b in sizes))
+    for b in sizes:
+        timings, total = results[b]
+        forward = timings["forward (all)"]
+        outside = total - forward - timings["logits"]
+        print(f"batch {b}: outside the forward and logits {outside / steps * 1e3:.2f} ms per step "
+              f"({outside / total:.0%}); leaf modules cover "
+              f"{sum(v for k, v in timings.items() if k.startswith('forward: ')) / forward:.0%} of the forward")
+
+
+def server_tpot(model_args: list[str], tokens: int) -> float:
+    """Median streamed inter-token time of one request at a time through a real server."""
+    import subprocess
+
+    from openai import OpenAI
+
+    import httpx
+
+    port = 8123
+    server = subprocess.Popen([sys.executable, "-m", "pagedserve", "serve", *model_args, "--host", "127.0.0.1",
+                               "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 300
+        while not _answers(httpx, base + "/ready"):
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not become ready (exit status {server.poll()})")
+            time.sleep(0.5)
+        client = OpenAI(base_url=base + "/v1", api_key="none")
+        gaps = []
+        for _ in range(3):
+            stamps = []
+            stream = client.completions.create(model=client.models.list().data[0].id, prompt="Hello",
+                                               max_tokens=tokens, stream=True, temperature=0,
+                                               extra_body={"ignore_eos": True})
+            for _chunk in stream:
+                stamps.append(time.perf_counter())
+            gaps += [b - a for a, b in zip(stamps[1:], stamps[2:])]
+        return statistics.median(gaps)
+    finally:
+        server.terminate()
+        server.wait(60)
+
+
+def _answers(httpx: Any, url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="default: the embedded SmolLM2-135M-Instruct")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--serve", action="store_true", help="also measure the server's inter-token time")
+    args = parser.parse_args()
+    llm = LLM(args.model, dtype=args.dtype, kv_cache_memory=512 * 2**20, enable_prefix_caching=False,
+              distributed_executor_backend="uni")
+    results = {b: profile_decode(llm, b, args.steps, args.prompt_len) for b in args.batch_sizes}
+    print_table(results, args.steps)
+    if args.serve:
+        model_args = ([args.model] if args.model else []) + ["--dtype", args.dtype, "--kv-cache-memory",
+                                                             "512MiB", "--no-enable-prefix-caching"]
+        tpot = server_tpot(model_args, args.steps)
+        offline = results[min(results)][1] / args.steps if 1 in results else float("nan")
+        print(f"server, one request: {tpot * 1e3:.2f} ms per token; offline batch-1 step "
+              f"{offline * 1e3:.2f} ms: server + IPC overhead {(tpot - offline) * 1e3:.2f} ms per token")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Incremental detokenization: the library's DecodeStream path gives exactly the text of the window decoder
+(the path slow tokenizers keep) and of a full decode, over random token streams and multilingual text."""
+import random
+
+import pytest
+
+from pagedserve.engine.detokenizer import (IncrementalDetokenizer, StreamDecoder, WindowDecoder,
+                                           make_token_decoder)
+
+TEXTS = ["Hello world, this is a test of streaming",
+         "Emoji 🦙🚀 and accents: café, naïve, Zürich — «quotes»",
+         "中文测试：分页注意力。日本語のテキスト、한국어 텍스트",
+         "code:\n    def f(x):\n\treturn x ** 2  # 𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
+         "<|im_start|>user\nspecial tokens inline<|im_end|>"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_llama: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_llama)
+
+
+def stream(decoder_class, tokenizer, prompt: list[int], tokens: list[int], skip: bool) -> list[str]:
+    decoder = decoder_class(tokenizer, prompt[-5:], skip)
+    return [decoder.step(token) for token in tokens]
+
+
+def test_fast_tokenizers_take_the_stream_path(tokenizer) -> None:
+    assert isinstance(make_token_decoder(tokenizer, [], True), StreamDecoder)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+@pytest.mark.parametrize("text", TEXTS)
+def test_stream_equals_window_and_full_decode(tokenizer, text: str, skip: bool) -> None:
+    prompt = tokenizer.encode("Say something:")
+    tokens = tokenizer.encode(text)
+    fast = stream(StreamDecoder, tokenizer, prompt, tokens, skip)
+    assert fast == stream(WindowDecoder, tokenizer, prompt, tokens, skip)
+    assert "".join(fast) == tokenizer.decode(tokens, skip_special_tokens=skip)
+
+
+def test_random_token_streams(tokenizer) -> None:
+    rng = random.Random(0)
+    # Byte-level tokens (ids < 256 here) split characters: the decoders must hold back the same bytes.
+    for _ in range(40):
+        prompt = [rng.randrange(tokenizer.vocab_size) for _ in range(rng.randrange(0, 8))]
+        tokens = [rng.randrange(256) if rng.random() < 0.5 else rng.randrange(tokenizer.vocab_size)
+                  for _ in range(rng.randrange(1, 40))]
+        skip = rng.random() < 0.5
+        assert stream(StreamDecoder, tokenizer, prompt, tokens, skip) == \
+            stream(WindowDecoder, tokenizer, prompt, tokens, skip)
+
+
+@pytest.mark.parametrize("stop", ["world", "é, n", "🚀", "试：分"])
+def test_stop_strings_cut_the_same_text(tokenizer, stop: str) -> None:
+    text = " ".join(TEXTS[:3])
+    tokens = tokenizer.encode(text)
+    detokenizer = IncrementalDetokenizer(tokenizer, [1], True, [stop], False)
+    matched = None
+    for token in tokens:
+        matched = detokenizer.update([token])
+        if matched:
+            break
+    assert matched == stop
+    assert detokenizer.output_text == text[:text.index(stop)]

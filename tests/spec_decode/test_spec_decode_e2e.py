@@ -1,0 +1,89 @@
+"""Speculative decoding end to end: greedy outputs identical to decoding without it (tiny model with
+preemption, prefix caching and mixed batches; SmolLM2 on copy-heavy prompts), and sampled outputs with
+the same distribution (tiny-vocabulary model, chi-square)."""
+import collections
+
+import pytest
+from scipy.stats import chi2_contingency
+
+from pagedserve import LLM, SamplingParams
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+
+
+def run(model: str, prompts: list, params: list[SamplingParams], **engine_args) -> tuple[list, LLM]:
+    llm = LLM(model, **engine_args)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    return [[c.token_ids for c in o.outputs] for o in outputs], llm
+
+
+def test_greedy_identical_under_preemption_prefix_caching_and_mixed_batches(tiny_llama: str) -> None:
+    pattern = [[11, 12, 13, 14, 15, 16, 17, 18] * 6, [40 + i % 5 for i in range(45)]]
+    prompts = [{"prompt_token_ids": pattern[i % 2] + [100 + i]} for i in range(8)]
+    greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    params = [greedy] * 5 + [SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, repetition_penalty=1.3),
+                             SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=2),
+                             SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, seed=3)]
+    # 24 blocks of 8 tokens for 8 requests of ~90 tokens: preemptions are certain.
+    engine = dict(num_gpu_blocks_override=24, block_size=8, max_num_seqs=8, max_model_len=128)
+    expected, _ = run(tiny_llama, prompts, params, **engine)
+    actual, llm = run(tiny_llama, prompts, params, speculative_config=NGRAM, **engine)
+    assert actual == expected
+    stats = llm.llm_engine.engine_core.get_stats()
+    assert stats.spec_decode_num_accepted_tokens > 0 and stats.num_preemptions_total > 0
+    assert stats.prefix_cache_hits > 0
+
+
+def test_greedy_identical_on_smollm2_copying_text(default_model: str) -> None:
+    text = "Paged attention stores the KV cache in fixed-size blocks, so memory is allocated on demand. "
+    prompts = [f"Repeat the following text exactly.\n\n{text * 2}\n\nRepeated text:\n",
+               "def area(width, height):\n    return width * height\n\n\ndef volume(width, height, depth):\n"]
+    params = SamplingParams(temperature=0, max_tokens=32)
+    expected, _ = run(default_model, prompts, [params] * 2, max_model_len=1024, kv_cache_memory="64MiB")
+    actual, llm = run(default_model, prompts, [params] * 2, max_model_len=1024, kv_cache_memory="64MiB",
+                      speculative_config=NGRAM)
+    assert actual == expected
+    stats = llm.llm_engine.engine_core.get_stats()
+    assert stats.spec_decode_num_accepted_tokens > 0.3 * stats.spec_decode_num_draft_tokens
+
+
+@pytest.fixture(scope="module")
+def tiny_vocab_llama(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from conftest import build_tiny_model
+
+    # 8 tokens and a large init: peaked but random next-token distributions.
+    return build_tiny_model(str(tmp_path_factory.mktemp("vocab8")), "llama", vocab_size=8,
+                            initializer_range=0.5, bos_token_id=0, eos_token_id=7, pad_token_id=7)
+
+
+def test_sampled_outputs_keep_their_distribution(tiny_vocab_llama: str) -> None:
+    prompt = {"prompt_token_ids": [1, 2, 3, 1, 2, 3, 1, 2]}
+    num = 300
+    params = [SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True, seed=i) for i in range(num)]
+    base, _ = run(tiny_vocab_llama, [prompt] * num, params, max_num_seqs=num, max_model_len=64)
+    spec, llm = run(tiny_vocab_llama, [prompt] * num, params, max_num_seqs=num, max_model_len=64,
+                    speculative_config=NGRAM)
+    assert llm.llm_engine.engine_core.get_stats().spec_decode_num_draft_tokens > 0
+    for position in range(3):
+        counts = [collections.Counter(o[0][position] for o in outputs) for outputs in (base, spec)]
+        tokens = sorted(set(counts[0]) | set(counts[1]))
+        table = [[c.get(t, 0) for t in tokens] for c in counts]
+        assert chi2_contingency(table).pvalue > 0.001, (position, table)
+
+
+@pytest.mark.parametrize("draft", ["llama", "qwen2"])
+def test_draft_model_greedy_identical_under_preemption(tiny_model_factory, draft: str) -> None:
+    """A draft model sharing the tokenizer: the target itself (drafts almost always accepted) or an
+    unrelated random model (mostly rejected). Either way the output is the target's."""
+    target = tiny_model_factory("llama")
+    prompts = [{"prompt_token_ids": [30 + (i * 7 + j) % 50 for j in range(20 + 5 * i)]} for i in range(6)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    engine = dict(num_gpu_blocks_override=20, block_size=8, max_num_seqs=6, max_model_len=96)
+    expected, _ = run(target, prompts, [params] * 6, **engine)
+    spec = {"method": "draft_model", "model": tiny_model_factory(draft), "num_speculative_tokens": 3}
+    actual, llm = run(target, prompts, [params] * 6, speculative_config=spec, **engine)
+    assert actual == expected
+    stats = llm.llm_engine.engine_core.get_stats()
+    assert stats.num_preemptions_total > 0 and stats.spec_decode_num_draft_tokens > 0
+    if draft == "llama":
+        assert stats.spec_decode_num_accepted_tokens > 0.8 * stats.spec_decode_num_draft_tokens
