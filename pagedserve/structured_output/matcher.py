@@ -29,7 +29,10 @@ class RequestGrammar:
 
     @property
     def matcher(self) -> llguidance.LLMatcher:
-        assert self._matcher is not None, "the scheduler runs a constrained request only once ready()"
+        if self._matcher is None:
+            # NOTE: the scheduler admits a request only once ready(); a sample forked from its group's leader
+            # skips that check, but shares the leader's (compiled) grammar, so this does not wait.
+            self._matcher = self._compiled.result().deep_copy()
         return self._matcher
 
     def fill_bitmask(self, bitmask: np.ndarray, row: int, output_token_ids: list[int]) -> None:
