@@ -4,6 +4,7 @@ import math
 from dataclasses import dataclass, field
 
 from pagedserve.errors import InvalidRequestError
+from pagedserve.structured_outputs_params import StructuredOutputsParams
 
 
 # Integer fields travel to the engine as 64-bit integers (msgpack, torch int64): any int outside this range
@@ -104,6 +105,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     truncate_prompt_tokens: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    structured_outputs: StructuredOutputsParams | None = None  # constrain the output (JSON schema, regex...)
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

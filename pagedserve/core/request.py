@@ -5,6 +5,7 @@ import enum
 from pagedserve.core.hashing import BlockHash
 from pagedserve.protocol import EngineCoreRequest, FinishReason
 from pagedserve.sampling_params import SamplingParams
+from pagedserve.structured_output.matcher import RequestGrammar
 
 
 class RequestStatus(enum.Enum):
@@ -38,6 +39,7 @@ class Request:
         self.group_id = request.group_id
         self.beam_search = request.beam_search
         self.block_hashes: list[BlockHash] = []  # chained hashes of the first full blocks (prefix cache)
+        self.grammar: RequestGrammar | None = None  # set by the scheduler for a structured_outputs request
         self.spec_token_ids: list[int] = []  # draft tokens to verify next step (speculative decoding)
         self.num_spec_tokens = 2**31  # the most drafts it gets next step (spec_decode.adapt_num_spec_tokens)
 
@@ -79,12 +81,14 @@ class Request:
     def append_token(self, token_id: int) -> None:
         self.all_token_ids.append(token_id)
 
-    def check_stop(self, max_model_len: int) -> bool:
+    def check_stop(self, max_model_len: int, grammar_complete: bool = False) -> bool:
         """Set the finish reason if the last token ends the request. Stop *strings* are checked by
-        the frontend, which sees text; here only token-level conditions."""
+        the frontend, which sees text; here only token-level conditions (and a completed grammar)."""
         params = self.sampling_params
         last = self.all_token_ids[-1]
-        if self.num_output_tokens >= params.min_tokens:
+        if grammar_complete:
+            self.finish_reason = FinishReason.STOP
+        elif self.num_output_tokens >= params.min_tokens:
             if last == self.eos_token_id and not params.ignore_eos:
                 self.finish_reason = FinishReason.STOP
             elif last in (params.stop_token_ids or ()):

@@ -2,6 +2,7 @@
 from dataclasses import dataclass, field
 
 from pagedserve.sampling_params import SamplingParams
+from pagedserve.structured_output.manager import GrammarBitmask
 
 
 @dataclass(slots=True)
@@ -52,6 +53,8 @@ class SchedulerOutput:
     # Speculative decoding: request id -> the draft tokens scheduled after its last token. They are
     # computed with it; the workers return the accepted ones and the token after them.
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    # The allowed next tokens of the constrained requests that sample this step (None: none does).
+    grammar_bitmask: GrammarBitmask | None = None
 
     @property
     def has_block_ops(self) -> bool:

@@ -19,10 +19,12 @@ from pagedserve.core.parallel_sampling import ParallelSampling
 from pagedserve.core.request import Request, RequestStatus
 from pagedserve.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                           SchedulerOutput)
+from pagedserve.core.structured import StructuredOutputs
 from pagedserve.core.spec_decode import NgramProposer, adapt_num_spec_tokens, num_drafts_allowed
 from pagedserve.core.swap import SwapSpace
 from pagedserve.logger import init_logger
 from pagedserve.protocol import EngineCoreOutput, FinishReason, SchedulerStats
+from pagedserve.structured_output.manager import StructuredOutputManager
 
 logger = init_logger(__name__)
 
@@ -50,8 +52,10 @@ class Scheduler:
 
     def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager,
                  swap_space: SwapSpace | None = None, admission: KVAdmissionPolicy | None = None,
+                 structured_output: StructuredOutputManager | None = None,
                  speculative: SpeculativeConfig | None = None) -> None:
         self.config = config
+        self.structured = StructuredOutputs(structured_output)
         self.admission = admission or KVAdmissionPolicy()
         self.kv_cache_manager = kv_cache_manager
         self.swap_space = swap_space
@@ -76,6 +80,7 @@ class Scheduler:
         if request.beam_search is not None:
             self.beam_search.add(request)  # renames it: the search's first beam
         self.requests[request.request_id] = request
+        self.structured.add(request)
         if not self.parallel_sampling.hold(request):
             self.waiting.append(request)
 
@@ -98,6 +103,7 @@ class Scheduler:
                                  step.swap_out, step.swap_in, self.kv_cache_manager.take_block_copies(),
                                  step.spec_tokens)
         self._forget_req_ids = set()
+        output.grammar_bitmask = self.structured.bitmask(self.requests[rid] for rid in step.num_scheduled)
         return output
 
     def started_request_ids(self, output: SchedulerOutput) -> list[str]:
@@ -170,7 +176,10 @@ class Scheduler:
         kv = self.kv_cache_manager
         seats = self._num_seats_taken()
         while self.waiting and step.budget > 0:
-            request = self.waiting[0]
+            # NOTE: a request whose grammar is still compiling keeps its place; the ones behind it go on.
+            request = next((r for r in self.waiting if self.structured.is_ready(r)), None)
+            if request is None:
+                return
             mates = [r for r in self.running if request.group_id is not None and r.group_id == request.group_id]
             more_seats = self._num_seats(mates + [request]) - (self._num_seats(mates) if mates else 0)
             if seats + more_seats > self.config.max_num_seqs:
@@ -186,7 +195,7 @@ class Scheduler:
                     return
                 self._cut_short(request)  # the pool is all free (nothing runs or is swapped) and too small
                 continue
-            self.waiting.popleft()
+            self.waiting.remove(request)
             seats += more_seats
             request.num_computed_tokens = num_cached
             request.status = RequestStatus.RUNNING
@@ -314,7 +323,8 @@ class Scheduler:
             for token in [token_id, *runner_output.extra_token_ids.get(request_id, ())]:
                 request.append_token(token)
                 output.new_token_ids.append(token)
-                if request.check_stop(self.config.max_model_len):
+                grammar_complete = self.structured.accept(request, token)
+                if request.check_stop(self.config.max_model_len, grammar_complete):
                     output.finish_reason, output.stop_reason = request.finish_reason, request.stop_reason
                     finished.append(request)
                     break
@@ -388,6 +398,7 @@ class Scheduler:
             else:
                 self.kv_cache_manager.free(request)
             request.status = RequestStatus.FINISHED
+            self.structured.remove(request)
             released += self.parallel_sampling.forget(request)
             self._forget(request.request_id)
             del self.requests[request.request_id]

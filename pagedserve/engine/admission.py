@@ -16,6 +16,7 @@ from pagedserve.config.cli import config_field
 from pagedserve.errors import CapacityError, ConfigError, InvalidRequestError
 from pagedserve.protocol import EngineCoreRequest
 from pagedserve.sampling_params import SamplingParams
+from pagedserve.structured_output.grammar import DEFAULT_MAX_SPEC_BYTES
 
 UNBOUNDED = -1  # a queue limit's value for "no limit"
 _QUEUE_LIMITS = ("max_num_queued_requests", "max_num_queued_tokens")
@@ -47,6 +48,9 @@ class ServingLimits:
     max_output_tokens: int | None = config_field(
         None, "Most tokens one request may generate; a larger max_tokens gets 400, and requests without "
               "max_tokens get the rest of the context capped at this. Default: the context length.")
+    max_structured_output_bytes: int = config_field(
+        DEFAULT_MAX_SPEC_BYTES, "Largest JSON schema, regex, choice list or grammar a request may constrain its "
+        "output with; larger ones get 413 (compiles are also bounded by llguidance's fuel limits).")
     engine_stall_timeout: float = config_field(
         300.0, "Seconds the engine may go without finishing a step while it has work; then it is declared "
                "dead (the state is logged, requests fail, /health answers 503, the server exits 1). "
@@ -58,7 +62,8 @@ class ServingLimits:
             if value is not None and value <= 0 and value != UNBOUNDED:
                 raise ConfigError(f"{name}={value} must be positive, or {UNBOUNDED} for no limit "
                                   f"(--{name.replace('_', '-')}); leave it out for the default.")
-        for name in ("max_input_tokens", "max_output_tokens", "max_queue_time", "request_timeout"):
+        for name in ("max_structured_output_bytes", "max_input_tokens", "max_output_tokens", "max_queue_time",
+                     "request_timeout"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"{name}={value} must be positive (--{name.replace('_', '-')}); leave it "

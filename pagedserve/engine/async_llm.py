@@ -39,6 +39,7 @@ class AsyncLLM:
         self.admission = AdmissionControl(limits)
         self.tokenizer = load_tokenizer(config.model)
         self.input_processor = InputProcessor(config.model, self.tokenizer)
+        self.input_processor.structured_outputs.max_spec_bytes = limits.max_structured_output_bytes
         self.output_processor = OutputProcessor(self.tokenizer)
         self.stat_loggers = stat_loggers
         self.log_requests = log_requests

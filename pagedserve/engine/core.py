@@ -8,11 +8,13 @@ from pagedserve.core.request import Request
 from pagedserve.core.scheduler import Scheduler
 from pagedserve.core.sliding_window import SlidingWindowPolicy
 from pagedserve.core.swap import SwapSpace
+from pagedserve.engine.tokenizer import load_tokenizer
 from pagedserve.executor import get_executor_class
 from pagedserve.logger import init_logger
 from pagedserve.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from pagedserve.sizing import size_kv_cache
 from pagedserve.utils.hf_config import layer_windows
+from pagedserve.structured_output.manager import StructuredOutputManager
 
 logger = init_logger(__name__)
 
@@ -34,9 +36,14 @@ class EngineCore:
             raise
         kv = self.kv_cache_config
         swap_space = SwapSpace(kv.num_host_blocks) if kv.num_host_blocks else None
+        # NOTE: the grammars live here, next to the scheduler (vLLM v1's choice): the matchers advance where
+        # the sampled tokens arrive, and the workers only get each step's bitmask.
+        self.structured_output = StructuredOutputManager(lambda: load_tokenizer(config.model),
+                                                         config.model.vocab_size)
         manager = KVCacheManager(kv.num_blocks, kv.block_size, config.cache.enable_prefix_caching,
                                  self._window_policy())
-        self.scheduler = Scheduler(config.scheduler, manager, swap_space, speculative=config.speculative)
+        self.scheduler = Scheduler(config.scheduler, manager, swap_space, speculative=config.speculative,
+                                   structured_output=self.structured_output)
 
     def _window_policy(self) -> SlidingWindowPolicy:
         model = self.config.model
@@ -60,6 +67,8 @@ class EngineCore:
         timestamp = time.time()
         scheduler_output = self.scheduler.schedule()
         first_scheduled = self.scheduler.started_request_ids(scheduler_output)
+        if scheduler_output.is_empty and not scheduler_output.has_block_ops:
+            self.structured_output.wait_for_compile(timeout_s=0.05)  # only grammars being compiled are left
         runner_output = self.executor.execute_model(scheduler_output)
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         return EngineCoreOutputs(outputs, self.scheduler.get_stats(), timestamp, first_scheduled)
@@ -73,4 +82,5 @@ class EngineCore:
         return self.scheduler.get_stats()
 
     def shutdown(self) -> None:
+        self.structured_output.shutdown()
         self.executor.shutdown()

@@ -6,6 +6,7 @@ from typing import Any
 import msgspec
 
 from pagedserve.config import ModelConfig
+from pagedserve.engine.structured_validation import StructuredOutputValidator
 from pagedserve.errors import InvalidRequestError
 from pagedserve.protocol import EngineCoreRequest
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams, wrap_int64
@@ -32,6 +33,7 @@ class InputProcessor:
         self.tokenizer = tokenizer
         self.eos_token_id = tokenizer.eos_token_id
         self.limits = limits
+        self.structured_outputs = StructuredOutputValidator(tokenizer, model_config.vocab_size)
 
     def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         """Returns (prompt text or None, prompt token ids). A dict prompt may also carry `cache_salt`."""
@@ -61,6 +63,7 @@ class InputProcessor:
         if params.truncate_prompt_tokens is not None:
             token_ids = token_ids[-params.truncate_prompt_tokens:]
         self._validate(token_ids, params)
+        self.structured_outputs.validate(params, beam_search)
         max_model_len = self.model_config.max_model_len
         max_tokens = params.max_tokens if params.max_tokens is not None else max_model_len - len(token_ids)
         if len(token_ids) + max_tokens > max_model_len:

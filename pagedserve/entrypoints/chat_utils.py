@@ -1,12 +1,13 @@
 """Chat conversations -> prompt token ids through the tokenizer's (or a given) chat template.
 Shared by `LLM.chat` and the OpenAI-compatible server."""
+import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pagedserve.errors import ConfigError, InvalidRequestError
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 
 
 def load_chat_template(value: str | None) -> str | None:
@@ -42,8 +43,10 @@ def _text_content(content: Any, index: int) -> str:
                               param=f"messages[{index}].content")
 
 
-def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
-    """Check roles and flatten text-part content into strings. Raises InvalidRequestError."""
+def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Check roles and flatten text-part content into strings; keep an assistant's `tool_calls` (their
+    arguments as objects, which chat templates expect) and a tool message's `tool_call_id` and `name`.
+    Raises InvalidRequestError."""
     if not messages:
         raise InvalidRequestError("messages must contain at least one message.", param="messages")
     conversation = []
@@ -52,21 +55,43 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
         if role not in ROLES:
             raise InvalidRequestError(f"messages[{index}].role {role!r} is not supported; use one of "
                                       f"{', '.join(ROLES)}.", param=f"messages[{index}].role")
-        conversation.append({"role": role, "content": _text_content(message.get("content"), index)})
+        entry: dict[str, Any] = {"role": role, "content": _text_content(message.get("content"), index)}
+        if role == "assistant" and message.get("tool_calls"):
+            entry["tool_calls"] = [_template_tool_call(call, index) for call in message["tool_calls"]]
+        if role == "tool":
+            entry.update({key: message[key] for key in ("tool_call_id", "name") if message.get(key) is not None})
+        conversation.append(entry)
     return conversation
 
 
+def _template_tool_call(call: Any, index: int) -> dict[str, Any]:
+    function = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+        raise InvalidRequestError(f"messages[{index}].tool_calls entries must be {{'id': ..., 'type': "
+                                  "'function', 'function': {'name': ..., 'arguments': ...}}.",
+                                  param=f"messages[{index}].tool_calls")
+    arguments = function.get("arguments") or {}
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError as exc:
+            raise InvalidRequestError(f"messages[{index}].tool_calls: arguments of {function['name']!r} are not "
+                                      f"JSON: {exc}.", param=f"messages[{index}].tool_calls") from exc
+    return {"id": call.get("id"), "type": "function", "function": {"name": function["name"], "arguments": arguments}}
+
+
 def apply_chat_template(tokenizer: Any, conversation: Sequence[Mapping[str, Any]],
-                        chat_template: str | None = None, add_generation_prompt: bool = True) -> list[int]:
-    """The prompt token ids of a conversation. Raises InvalidRequestError when there is no template or it
-    rejects the conversation (e.g. roles that do not alternate)."""
+                        chat_template: str | None = None, add_generation_prompt: bool = True,
+                        tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """The prompt token ids of a conversation (`tools` go to the template's `tools`). Raises
+    InvalidRequestError when there is no template or it rejects the conversation (e.g. roles that do not alternate)."""
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
         raise InvalidRequestError("The model's tokenizer has no chat template: start the server with "
                                   "--chat-template, or use the completions API.", param="messages")
     try:
         token_ids = tokenizer.apply_chat_template(list(conversation), chat_template=chat_template,
                                                   add_generation_prompt=add_generation_prompt,
-                                                  tokenize=True, return_dict=False)
+                                                  tools=tools, tokenize=True, return_dict=False)
     except Exception as exc:  # jinja2's TemplateError (raise_exception) and friends
         raise InvalidRequestError(f"The chat template rejected the conversation: {exc}",
                                   param="messages") from exc

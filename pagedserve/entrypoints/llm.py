@@ -77,13 +77,15 @@ class LLM:
     def chat(self, messages: ChatMessages | Sequence[ChatMessages],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True, chat_template: str | None = None,
-             add_generation_prompt: bool = True) -> list[RequestOutput]:
-        """Apply the tokenizer's chat template to each conversation, then generate."""
+             add_generation_prompt: bool = True, tools: list[dict[str, Any]] | None = None) -> list[RequestOutput]:
+        """Apply the tokenizer's chat template to each conversation (with `tools`, OpenAI's function list,
+        as the template's `tools`), then generate. Constrain the output with
+        `SamplingParams(structured_outputs=...)`."""
         conversations = (cast(list[ChatMessages], [messages]) if messages and isinstance(messages[0], dict)
                          else cast(Sequence[ChatMessages], messages))
         tokenizer = self.get_tokenizer()
         prompts = [{"prompt_token_ids": apply_chat_template(tokenizer, conversation, chat_template,
-                                                            add_generation_prompt)}
+                                                            add_generation_prompt, tools)}
                    for conversation in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)
 

@@ -11,6 +11,7 @@ from pagedserve.config import EngineConfig
 from pagedserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagedserve.distributed import get_tp_rank
 from pagedserve.layers.attention import Attention
+from pagedserve.layers.grammar_bitmask import apply_grammar_bitmask
 from pagedserve.layers.rejection_sampler import rejection_sample
 from pagedserve.layers.sampler import Sampler, SamplerOutput, gather_logprobs
 from pagedserve.logger import init_logger
@@ -147,6 +148,10 @@ class ModelRunner:
         if any(batch.draft_token_ids):
             self._verify_drafts(requests, batch.draft_token_ids, logits, output)
         else:
+            grammar = scheduler_output.grammar_bitmask
+            if grammar is not None:
+                apply_grammar_bitmask(logits, [r.request_id for r in requests], grammar.request_ids,
+                                      grammar.bitmask)
             sampled = self.sampler(logits, build_sampling_metadata(requests, self.vocab_size, self.device))
             self._fill_output(requests, sampled, output)
         if self.drafter is not None:

@@ -77,7 +77,7 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, loggers: StatLoggers, c
         app.add_middleware(ApiKeyMiddleware, api_key=api_key,
                            metrics_require_api_key=server_args.metrics_require_api_key)
     model_name = engine.config.model.served_model_name
-    chat = OpenAIServingChat(engine, model_name, chat_template)
+    chat = OpenAIServingChat(engine, model_name, chat_template, server_args.auto_tool_parser)
     _add_generation_routes(app, OpenAIServingCompletion(engine, model_name), chat, bounds)
     _add_info_routes(app, engine, loggers.metrics)
     add_dashboard_routes(app, engine, loggers.dashboard)

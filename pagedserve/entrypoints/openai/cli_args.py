@@ -9,6 +9,8 @@ from pagedserve import envs
 from pagedserve.config import EngineArgs, add_dataclass_cli_args, config_field, dataclass_from_cli_args
 from pagedserve.engine.admission import ServingLimits
 from pagedserve.entrypoints.openai.request_bounds import RequestBounds
+from pagedserve.entrypoints.openai.tool_parsers import TOOL_PARSERS, ToolCallParserName
+from pagedserve.errors import ConfigError
 
 UvicornLogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
 
@@ -35,6 +37,21 @@ class ServerArgs:
     shutdown_timeout: float = config_field(
         30.0, "Seconds the requests in flight get to finish after SIGTERM (new ones get 503 meanwhile); the "
               "rest are then aborted with an error and the server exits 0.")
+
+    enable_auto_tool_choice: bool = config_field(
+        False, 'Let requests use tool_choice "auto": --tool-call-parser then reads the calls in the text.')
+    tool_call_parser: ToolCallParserName | None = config_field(
+        None, "How tool calls are written in this model's output (with --enable-auto-tool-choice).")
+
+    def __post_init__(self) -> None:
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ConfigError("--enable-auto-tool-choice needs --tool-call-parser (one of "
+                              f"{', '.join(TOOL_PARSERS)}).")
+
+    @property
+    def auto_tool_parser(self) -> str | None:
+        """The parser for tool_choice "auto", None when it is not enabled."""
+        return self.tool_call_parser if self.enable_auto_tool_choice else None
 
     def resolved_api_key(self) -> str | None:
         return self.api_key or envs.api_key()

@@ -9,6 +9,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from pagedserve.engine.input_processor import PromptType
+from pagedserve.entrypoints.openai.structured_request import structured_outputs_from_request
 from pagedserve.errors import InvalidRequestError
 from pagedserve.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
@@ -57,6 +58,13 @@ class SamplingRequest(OpenAIBaseModel):
     # Seconds this request may run; then it is aborted and returns what it has (finish_reason "abort").
     timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     cache_salt: str | None = None  # prefix-cache hits only between requests with the same salt
+    # Output constraints (structured_request.py): OpenAI's response_format, vLLM's fields.
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     def check_stream_options(self) -> None:
         if self.stream_options is not None and not self.stream:
@@ -89,6 +97,7 @@ class SamplingRequest(OpenAIBaseModel):
             include_stop_str_in_output=self.include_stop_str_in_output,
             logit_bias=self.logit_bias,  # type: ignore[arg-type]
             truncate_prompt_tokens=self.truncate_prompt_tokens,
+            structured_outputs=structured_outputs_from_request(self),
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY)
 
 
@@ -129,6 +138,8 @@ class ChatMessage(OpenAIBaseModel):
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -138,7 +149,6 @@ class ChatCompletionRequest(SamplingRequest):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0)  # the upper bound is --max-logprobs
     add_generation_prompt: bool = True
-    response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
 
@@ -146,12 +156,6 @@ class ChatCompletionRequest(SamplingRequest):
         self.check_stream_options()
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequestError("top_logprobs needs logprobs set to true.", param="top_logprobs")
-        if self.response_format and self.response_format.get("type") != "text":
-            raise InvalidRequestError("response_format other than {'type': 'text'} is not supported.",
-                                      param="response_format")
-        if self.tools or self.tool_choice not in (None, "none"):
-            raise InvalidRequestError("Tool calling is not supported: remove tools and tool_choice.",
-                                      param="tools")
 
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
@@ -204,6 +208,7 @@ class ChatLogprobs(OpenAIBaseModel):
 class ChatResponseMessage(OpenAIBaseModel):
     role: str = "assistant"
     content: str | None = None
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class ChatChoice(OpenAIBaseModel):
@@ -226,6 +231,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
 class DeltaMessage(OpenAIBaseModel):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class ChatStreamChoice(OpenAIBaseModel):

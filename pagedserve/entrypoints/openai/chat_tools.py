@@ -1,0 +1,167 @@
+"""`tools` and `tool_choice` on /v1/chat/completions: what constrains the output, and how the output
+becomes `tool_calls` (whole, or as stream deltas).
+
+- "none": tools are rendered, the output is plain content.
+- "required" / a named function: the output is constrained (a JSON schema) to valid calls, then read.
+- "auto": the model writes what it likes; the server's --tool-call-parser finds the calls in its text.
+"""
+import json
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pagedserve.entrypoints.openai.tool_parsers import ParsedToolCall, ToolParser, get_tool_parser
+from pagedserve.entrypoints.openai.tool_parsers.streaming import ToolCallDelta, ToolCallStreamer, call_deltas
+from pagedserve.errors import InvalidRequestError
+from pagedserve.structured_outputs_params import StructuredOutputsParams
+
+
+@dataclass
+class ToolOutput:
+    content: str | None
+    tool_calls: list[ParsedToolCall]
+    finish_reason: str | None  # replaces the engine's "stop" when the output is tool calls
+
+
+class ToolStreamer(Protocol):
+    @property
+    def has_tool_calls(self) -> bool: ...
+
+    def feed(self, delta: str, finished: bool) -> tuple[str, list[ToolCallDelta]]: ...
+
+
+@dataclass
+class ChatTools:
+    """One request's tool handling. `mode`: none | auto (with `parser`) | required | named (`named`)."""
+
+    mode: str
+    functions: dict[str, dict[str, Any]]  # name -> the function's JSON schema of parameters
+    named: str | None = None
+    parser: ToolParser | None = None
+
+    @property
+    def constraint(self) -> StructuredOutputsParams | None:
+        if self.named is not None:
+            return StructuredOutputsParams(json=self.functions[self.named])
+        if self.mode == "required":
+            return StructuredOutputsParams(json=_required_schema(self.functions))
+        return None
+
+    def output(self, text: str, finish_reason: str | None) -> ToolOutput:
+        if self.named is not None:
+            return ToolOutput(None, [ParsedToolCall(self.named, text)], finish_reason)
+        if self.mode == "required":
+            calls = _required_calls(text)
+            return ToolOutput(None, calls, self.finish_reason(finish_reason, bool(calls)))
+        if self.parser is not None:
+            extracted = self.parser.extract(text)
+            return ToolOutput(extracted.content, extracted.tool_calls,
+                              self.finish_reason(finish_reason, bool(extracted.tool_calls)))
+        return ToolOutput(text, [], finish_reason)
+
+    def finish_reason(self, engine_reason: str | None, has_tool_calls: bool) -> str | None:
+        """OpenAI's: "tool_calls" when the model chose to call (auto, required); a forced named call and
+        plain content keep the engine's reason."""
+        if engine_reason == "stop" and has_tool_calls and self.mode in ("auto", "required"):
+            return "tool_calls"
+        return engine_reason
+
+    def streamer(self) -> ToolStreamer | None:
+        if self.named is not None:
+            return _NamedStreamer(self.named)
+        if self.mode == "required":
+            return _RequiredStreamer()
+        return ToolCallStreamer(self.parser) if self.parser is not None else None
+
+
+def resolve_chat_tools(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None,
+                       auto_parser: str | None) -> ChatTools:
+    """Raises InvalidRequestError for malformed tools, an unknown named function, or "auto" on a server
+    started without --enable-auto-tool-choice --tool-call-parser."""
+    functions = _functions(tools or [])
+    if tool_choice is not None and tool_choice != "none" and not functions:
+        raise InvalidRequestError("tool_choice needs tools: list the functions the model may call.",
+                                  param="tool_choice")
+    if tool_choice is None:
+        tool_choice = "auto" if functions and auto_parser else "none"
+    if tool_choice == "none":
+        return ChatTools("none", functions)
+    if tool_choice == "auto":
+        if auto_parser is None:
+            raise InvalidRequestError('"auto" tool choice needs the server started with --enable-auto-tool-choice '
+                                      "and --tool-call-parser.", param="tool_choice")
+        return ChatTools("auto", functions, parser=get_tool_parser(auto_parser))
+    if tool_choice == "required":
+        return ChatTools("required", functions)
+    name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
+    if not isinstance(tool_choice, dict) or tool_choice.get("type") != "function" or name is None:
+        raise InvalidRequestError('tool_choice must be "none", "auto", "required" or {"type": "function", '
+                                  '"function": {"name": ...}}.', param="tool_choice")
+    if name not in functions:
+        raise InvalidRequestError(f"tool_choice names function {name!r}, which is not in tools "
+                                  f"({', '.join(functions)}).", param="tool_choice")
+    return ChatTools("named", functions, named=name)
+
+
+def _functions(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    functions = {}
+    for index, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if tool.get("type") != "function" or not isinstance(function, dict) or not isinstance(function.get("name"),
+                                                                                               str):
+            raise InvalidRequestError(f"tools[{index}] must be {{'type': 'function', 'function': {{'name': ..., "
+                                      "'parameters': {...}}}.", param=f"tools[{index}]")
+        parameters = function.get("parameters") or {"type": "object", "properties": {}}
+        if not isinstance(parameters, dict):
+            raise InvalidRequestError(f"tools[{index}].function.parameters must be a JSON schema object.",
+                                      param=f"tools[{index}].function.parameters")
+        functions[function["name"]] = parameters
+    return functions
+
+
+def _required_schema(functions: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A JSON array of at least one {"name": <a tool>, "parameters": <its arguments>} (vLLM's form)."""
+    calls = [{"type": "object", "properties": {"name": {"type": "string", "enum": [name]}, "parameters": schema},
+              "required": ["name", "parameters"]} for name, schema in functions.items()]
+    return {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+
+
+def _required_calls(text: str) -> list[ParsedToolCall]:
+    try:
+        calls = json.loads(text)
+    except json.JSONDecodeError:
+        return []  # cut short (max_tokens): the finish reason says so
+    return [ParsedToolCall(call["name"], json.dumps(call["parameters"], ensure_ascii=False)) for call in calls]
+
+
+class _NamedStreamer:
+    """The constrained output *is* the arguments: they stream as they come, after the name."""
+
+    has_tool_calls = True
+
+    def __init__(self, name: str) -> None:
+        self.call = ParsedToolCall(name, "")
+        self.started = False
+
+    def feed(self, delta: str, finished: bool) -> tuple[str, list[ToolCallDelta]]:
+        deltas = []
+        if not self.started:
+            self.started = True
+            deltas.append(call_deltas(0, self.call)[0])
+        if delta:
+            deltas.append(ToolCallDelta(0, arguments=delta))
+        return "", deltas
+
+
+class _RequiredStreamer:
+    """The calls are known when the array closes: they go out at the end."""
+
+    has_tool_calls = True
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def feed(self, delta: str, finished: bool) -> tuple[str, list[ToolCallDelta]]:
+        self.text += delta
+        if not finished:
+            return "", []
+        return "", [d for i, call in enumerate(_required_calls(self.text)) for d in call_deltas(i, call)]
