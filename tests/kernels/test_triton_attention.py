@@ -163,7 +163,7 @@ def test_reshape_and_cache_skips_padding_slots() -> None:
     k, v = (torch.randn(6, 2, 40, device=DEVICE) for _ in range(2))
     expected = (key_cache.clone(), value_cache.clone())
     real = slots >= 0
-    write_kv(*expected, k[real], v[real], slots[real])
+    write_kv(*expected, k[real], v[real], slots[real], spec)
     kernels.reshape_and_cache(k, v, key_cache, value_cache, slots)
     assert torch.equal(key_cache, expected[0]) and torch.equal(value_cache, expected[1])
 
