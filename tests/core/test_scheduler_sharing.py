@@ -1,30 +1,20 @@
 """The scheduler with shared blocks (no torch): parallel samples fork from their leader and copy on write,
 groups swap out and come back before new requests, preemption modes, and nothing leaks in either pool."""
-import time
-
 import pytest
 
-from pagedserve.config import SchedulerConfig
-from pagedserve.core.kv_cache_manager import KVCacheManager
-from pagedserve.core.request import Request, RequestStatus
+from pagedserve.config import PreemptionMode
+from pagedserve.core.request import RequestStatus
 from pagedserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagedserve.core.scheduler import Scheduler
-from pagedserve.core.swap import SwapSpace
-from pagedserve.protocol import EngineCoreRequest
-from pagedserve.sampling_params import SamplingParams
+
+from core.utils import make_request, make_scheduler
 
 
-def make_request(request_id: str, prompt_len: int, max_tokens: int, group_id: str | None = None,
-                 first_token: int = 3) -> Request:
-    tokens = list(range(first_token, first_token + prompt_len))
-    return Request(EngineCoreRequest(request_id, tokens, SamplingParams(max_tokens=max_tokens), None,
-                                     time.time(), group_id=group_id))
-
-
-def make_scheduler(num_blocks: int, num_host_blocks: int = 16, preemption_mode: str | None = None,
-                   block_size: int = 4) -> Scheduler:
-    return Scheduler(SchedulerConfig(8, 64, 64, preemption_mode), KVCacheManager(num_blocks, block_size),
-                     SwapSpace(num_host_blocks))
+def sharing_scheduler(num_blocks: int, preemption_mode: PreemptionMode | None = None,
+                      block_size: int = 4) -> Scheduler:
+    """Small blocks, a 64-token context and 16 host blocks of swap space."""
+    return make_scheduler(num_blocks, block_size, max_model_len=64, preemption_mode=preemption_mode,
+                          num_host_blocks=16)
 
 
 def step(scheduler: Scheduler) -> SchedulerOutput:
@@ -51,7 +41,7 @@ def assert_no_leaks(scheduler: Scheduler) -> None:
 
 
 def test_samples_fork_from_their_leader_and_copy_the_shared_block_on_write() -> None:
-    scheduler = make_scheduler(32)
+    scheduler = sharing_scheduler(32)
     kv = scheduler.kv_cache_manager
     for index in range(3):
         scheduler.add_request(make_request(f"{index}_g", 6, 4, group_id="g"))
@@ -76,7 +66,7 @@ def test_samples_fork_from_their_leader_and_copy_the_shared_block_on_write() -> 
 
 
 def test_samples_whose_leader_ends_first_compute_the_prompt_themselves() -> None:
-    scheduler = make_scheduler(32)
+    scheduler = sharing_scheduler(32)
     for index in range(2):
         scheduler.add_request(make_request(f"{index}_g", 9, 1, group_id="g"))
     step(scheduler)  # the leader computes its prompt, samples its only token and ends
@@ -87,7 +77,7 @@ def test_samples_whose_leader_ends_first_compute_the_prompt_themselves() -> None
 
 
 def test_a_group_swaps_out_and_returns_before_new_requests() -> None:
-    scheduler = make_scheduler(13)  # 12 usable blocks: 5 for solo, 9 for the group at the end
+    scheduler = sharing_scheduler(13)  # 12 usable blocks: 5 for solo, 9 for the group at the end
     scheduler.add_request(make_request("solo", 8, 12, first_token=100))
     for index in range(2):
         scheduler.add_request(make_request(f"{index}_g", 6, 12, group_id="g"))
@@ -108,7 +98,7 @@ def test_a_group_swaps_out_and_returns_before_new_requests() -> None:
 
 @pytest.mark.parametrize("mode, swapped", [("recompute", False), ("swap", True)])
 def test_preemption_mode(mode: str, swapped: bool) -> None:
-    scheduler = make_scheduler(7, preemption_mode=mode)  # 6 usable blocks
+    scheduler = sharing_scheduler(7, preemption_mode=mode)  # 6 usable blocks
     scheduler.add_request(make_request("old", 4, 12))
     scheduler.add_request(make_request("new", 4, 12, first_token=100))
     outputs = run_to_end(scheduler)
@@ -118,7 +108,7 @@ def test_preemption_mode(mode: str, swapped: bool) -> None:
 
 
 def test_a_group_too_large_to_fit_alone_is_recomputed_request_by_request() -> None:
-    scheduler = make_scheduler(9, block_size=4)  # 8 usable blocks; the group needs 2 x 5 at the end
+    scheduler = sharing_scheduler(9, block_size=4)  # 8 usable blocks; the group needs 2 x 5 at the end
     for index in range(2):
         scheduler.add_request(make_request(f"{index}_g", 6, 14, group_id="g"))
     outputs = run_to_end(scheduler)

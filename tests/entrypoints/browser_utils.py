@@ -1,4 +1,4 @@
-"""Headless Chromium (Debian's `chromium`, installed by .ci/run) for page tests, and a PNG reader."""
+"""Headless Chromium (Debian's `chromium`, installed by scripts/install_test_deps.sh) for page tests, and a PNG reader."""
 import re
 import shutil
 import struct
