@@ -1,11 +1,11 @@
 """Overload benchmark: offered load ramped from 0.5x to 8x the server's capacity, per level: goodput,
-p99 TTFT, rejected %, other errors, preemptions, recomputed tokens, and peak memory (server RSS, KV usage).
+p99 TTFT, rejected %, deadline-aborted streams, other errors, preemptions, recomputed tokens, and peak memory (server RSS, KV usage).
 
 Capacity is measured first (requests per second at saturation: --calibration-requests sent at once,
 at most --max-concurrency in flight), unless --capacity-rps gives it. Each level then sends Poisson
 arrivals at level x capacity for --level-duration seconds (vLLM's random dataset, streamed
-/v1/completions, ignore_eos). Goodput: requests per second that completed in full with TTFT within
---slo-ttft. Targets (issue 5): goodput at 8x >= 90% of the peak goodput, memory flat, no 5xx but the
+/v1/completions, ignore_eos). Goodput: requests per second that completed in full (finish_reason stop
+or length: a deadline-aborted stream is not) with TTFT within --slo-ttft. Targets (issue 5): goodput at 8x >= 90% of the peak goodput, memory flat, no 5xx but the
 deliberate 503s. With --peer-base-url the same ramp runs against a second server (e.g. one without
 admission limits) and the table adds its goodput and the ratio.
 
@@ -45,6 +45,7 @@ class Level:
     goodput_rps: float
     p99_ttft_ms: float
     rejected_pct: float  # 503 with Retry-After: the deliberate refusals
+    aborted: int  # streams cut by a deadline (finish_reason "abort"): deliberate too, and no goodput
     other_errors: int  # anything else: 5xx, timeouts, broken streams
     preemptions: int
     recomputed_tokens: int
@@ -118,7 +119,9 @@ def measure_level(factor: float, capacity: float, base_url: str, model: str, arg
     delta = lambda name: int(after.get(name, 0) - before.get(name, 0))  # noqa: E731
     return Level(factor, rate, len(results), sum(r.ok for r in results), len(good) / duration,
                  float(np.percentile(ttfts, 99)) * 1000, 100 * sum(r.status == 503 for r in results) / len(results),
-                 sum(not r.ok and r.status != 503 for r in results), delta("pagedserve:num_preemptions_total"),
+                 sum(r.finish_reason == "abort" for r in results),
+                 sum(not r.ok and r.status != 503 and r.finish_reason != "abort" for r in results),
+                 delta("pagedserve:num_preemptions_total"),
                  delta("pagedserve:num_recomputed_tokens_total"), 100 * probe.peak_kv, probe.peak_rss / 2**20)
 
 
@@ -136,14 +139,14 @@ def calibrate(base_url: str, model: str, args: argparse.Namespace) -> float:
 def print_table(title: str, levels: list[Level], peer: list[Level] | None) -> None:
     peak = max(level.goodput_rps for level in levels) or 1.0
     header = (f"{'load':>5} {'offered/s':>9} {'sent':>5} {'done':>5} {'goodput/s':>9} {'% peak':>6} "
-              f"{'p99 TTFT ms':>11} {'rejected%':>9} {'errors':>6} {'preempt':>7} {'recomputed':>10} "
+              f"{'p99 TTFT ms':>11} {'rejected%':>9} {'aborted':>7} {'errors':>6} {'preempt':>7} {'recomputed':>10} "
               f"{'peak KV%':>8} {'peak RSS MiB':>12}")
     print(title)
     print(header + (f" {'peer goodput/s':>14} {'ratio':>6}" if peer else ""))
     for index, level in enumerate(levels):
         row = (f"{level.factor:>4.1f}x {level.offered_rps:>9.2f} {level.sent:>5} {level.completed:>5} "
                f"{level.goodput_rps:>9.2f} {100 * level.goodput_rps / peak:>6.0f} {level.p99_ttft_ms:>11.0f} "
-               f"{level.rejected_pct:>9.1f} {level.other_errors:>6} {level.preemptions:>7} "
+               f"{level.rejected_pct:>9.1f} {level.aborted:>7} {level.other_errors:>6} {level.preemptions:>7} "
                f"{level.recomputed_tokens:>10} {level.peak_kv_pct:>8.1f} {level.peak_rss_mib:>12.0f}")
         if peer:
             other = peer[index].goodput_rps
@@ -156,7 +159,7 @@ def print_table(title: str, levels: list[Level], peer: list[Level] | None) -> No
 
 
 def start_server(serve: str, port: int) -> subprocess.Popen:
-    """`pagedserve serve` on 127.0.0.1; returns once it is ready (GET /ready)."""
+    """`pagedserve serve` on 127.0.0.1; returns once it serves (GET /health answers 200)."""
     command = ["pagedserve", "serve", *shlex.split(serve), "--host", "127.0.0.1", "--port", str(port),
                "--disable-log-requests", "--uvicorn-log-level", "warning"]
     process = subprocess.Popen(command)
@@ -165,7 +168,7 @@ def start_server(serve: str, port: int) -> subprocess.Popen:
         if process.poll() is not None:
             raise SystemExit(f"The server exited with {process.returncode}.")
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
                 return process
         except httpx.TransportError:
             pass

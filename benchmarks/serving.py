@@ -29,12 +29,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # throughput.py,
 from throughput import make_prompts  # noqa: E402
 
 
+COMPLETED_FINISH_REASONS = ("stop", "length")
+
+
 @dataclass
 class RequestResult:
     """One request as the client saw it. Times in seconds."""
 
-    ok: bool = False
+    ok: bool = False  # the response completed (finish_reason stop or length): an aborted one is not
     error: str = ""
+    finish_reason: str | None = None
     status: int = 0  # HTTP status (0: no response)
     prompt_len: int = 0
     output_tokens: int = 0
@@ -69,6 +73,8 @@ async def stream_request(client: httpx.AsyncClient, url: str, body: dict[str, An
                     result.error = str(chunk["error"])[:200]
                     return result
                 now = time.perf_counter()
+                if chunk.get("choices") and chunk["choices"][0].get("finish_reason"):
+                    result.finish_reason = chunk["choices"][0]["finish_reason"]
                 if chunk.get("choices") and chunk["choices"][0].get("text"):
                     if result.ttft == 0.0:
                         result.ttft = now - start
@@ -82,8 +88,11 @@ async def stream_request(client: httpx.AsyncClient, url: str, body: dict[str, An
         result.error = repr(exc)
         return result
     result.latency = time.perf_counter() - start
-    result.ok = result.ttft > 0.0
-    result.error = "" if result.ok else "no token received"
+    # NOTE: a stream cut by a deadline (finish_reason "abort", vLLM's too) got tokens but is no goodput.
+    result.ok = result.ttft > 0.0 and result.finish_reason in COMPLETED_FINISH_REASONS
+    if not result.ok:
+        result.error = ("no token received" if result.ttft == 0.0
+                        else f"ended with finish_reason {result.finish_reason!r}")
     return result
 
 

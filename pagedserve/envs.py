@@ -6,13 +6,17 @@ from pagedserve.errors import ConfigError
 
 def log_stats_interval_s() -> float:
     """PAGEDSERVE_LOG_STATS_INTERVAL: seconds between two stats log lines of the server (default 10)."""
-    raw = os.environ.get("PAGEDSERVE_LOG_STATS_INTERVAL", "10")
+    return _positive_seconds("PAGEDSERVE_LOG_STATS_INTERVAL", "10")
+
+
+def _positive_seconds(name: str, default: str) -> float:
+    raw = os.environ.get(name, default)
     try:
         value = float(raw)
     except ValueError:
         value = -1.0
     if value <= 0:
-        raise ConfigError(f"PAGEDSERVE_LOG_STATS_INTERVAL={raw!r} must be a positive number of seconds.")
+        raise ConfigError(f"{name}={raw!r} must be a positive number of seconds.")
     return value
 
 
@@ -27,3 +31,10 @@ def cpu_kernels_enabled() -> bool:
     if raw not in ("0", "1"):
         raise ConfigError(f"PAGEDSERVE_CPU_KERNELS={raw!r} must be 0 (disable the native CPU kernels) or 1.")
     return raw == "1"
+
+
+def cpu_kernels_build_timeout_s() -> float:
+    """PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT: seconds the native CPU kernels may take to build (or to wait
+    for another process's build) before the torch attention backend is used instead (default 600). A build
+    lock older than this is a killed build's and is removed."""
+    return _positive_seconds("PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT", "600")

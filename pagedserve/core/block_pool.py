@@ -19,20 +19,25 @@ class KVCacheBlock:
 
 
 class BlockPool:
-    """Hands out blocks from a fixed pool. Block 0 is the reserved null block: it pads block tables
-    and is never allocated, so a stray write through padding can never corrupt a live request.
+    """Hands out blocks from a fixed pool of ids 0..num_blocks-1. In the device pool block 0 is the
+    reserved null block: it pads block tables and is never allocated, so a stray write through padding
+    can never corrupt a live request. A pool without one (`reserve_null_block=False`, the host swap pool,
+    whose rows nothing pads) hands out every id.
 
     Free blocks wait in one queue, first out first reused. A freed block that is in the prefix cache
     joins the back (it stays revivable, and the least recently used one is evicted first); a freed
     block without a hash joins the front (nothing is lost by reusing it at once)."""
 
-    def __init__(self, num_blocks: int) -> None:
-        assert num_blocks >= 2, "one null block plus at least one usable block"
+    def __init__(self, num_blocks: int, reserve_null_block: bool = True) -> None:
+        self.num_reserved = int(reserve_null_block)
+        assert num_blocks > self.num_reserved, "at least one usable block"
         self.num_blocks = num_blocks
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
-        self.null_block = self.blocks[0]
-        self.null_block.ref_cnt = 1
-        self._free: OrderedDict[int, KVCacheBlock] = OrderedDict((b.block_id, b) for b in self.blocks[1:])
+        self.null_block = self.blocks[0] if reserve_null_block else None
+        if self.null_block is not None:
+            self.null_block.ref_cnt = 1
+        self._free: OrderedDict[int, KVCacheBlock] = OrderedDict(
+            (b.block_id, b) for b in self.blocks[self.num_reserved:])
         self.cached: dict[BlockHash, KVCacheBlock] = {}
         # Counters for the sharing metrics, kept up to date on every reference change (O(1) reads).
         self._num_refs = 0  # sum of ref_cnt over usable blocks
@@ -41,7 +46,7 @@ class BlockPool:
 
     @property
     def num_usable_blocks(self) -> int:
-        return self.num_blocks - 1
+        return self.num_blocks - self.num_reserved
 
     def get_num_free_blocks(self) -> int:
         """Blocks no request holds, revivable cached ones included (they are evicted on demand)."""

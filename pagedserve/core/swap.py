@@ -17,8 +17,8 @@ class SwapSpace:
     block several of them share is moved once, so the sharing survives the round trip."""
 
     def __init__(self, num_blocks: int) -> None:
-        # NOTE: BlockPool reserves block 0 (the device pool's null block); host block 0 stays unused.
-        self.pool = BlockPool(num_blocks + 1)
+        # NOTE: host ids are the workers' host rows 0..num_blocks-1: no null block (nothing pads them).
+        self.pool = BlockPool(num_blocks, reserve_null_block=False)
         self.tables: Tables = {}
 
     @property

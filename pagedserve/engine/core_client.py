@@ -1,9 +1,8 @@
 """The API server's side of the EngineCore process: starts it, sends requests and aborts, receives
 outputs (asyncio + ZMQ + msgspec). See core_proc.py for the wire protocol."""
 import atexit
-import multiprocessing
-import shutil
-import tempfile
+import os
+import uuid
 
 import msgspec
 import zmq
@@ -15,6 +14,7 @@ from pagedserve.engine.watchdog import STALL_EXIT_CODE, stall_message
 from pagedserve.errors import ConfigError, EngineDeadError
 from pagedserve.logger import init_logger
 from pagedserve.protocol import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType
+from pagedserve.utils.child_process import ChildProcess
 
 logger = init_logger(__name__)
 
@@ -29,8 +29,9 @@ class MPClient:
 
     def __init__(self, config: EngineConfig, stall_timeout_s: float = 0.0) -> None:
         self.stall_timeout_s = stall_timeout_s
-        self._ipc_dir = tempfile.mkdtemp(prefix="pagedserve-")
-        input_address, output_address = f"ipc://{self._ipc_dir}/input", f"ipc://{self._ipc_dir}/output"
+        # NOTE: abstract Unix sockets ("@", Linux): no file to leave behind, even when SIGKILLed.
+        name = f"ipc://@pagedserve-{os.getpid()}-{uuid.uuid4().hex}"
+        input_address, output_address = f"{name}-input", f"{name}-output"
         self._context = zmq.asyncio.Context()
         self._input_socket = self._context.socket(zmq.PUSH)
         self._input_socket.bind(input_address)
@@ -38,12 +39,10 @@ class MPClient:
         self._output_socket.bind(output_address)
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
-        # NOTE: not daemonic, so the engine core may start worker processes of its own (tensor
-        # parallelism); shutdown() (also run at exit, before multiprocessing joins its children) ends it.
-        self.process = multiprocessing.get_context("spawn").Process(
-            target=run_engine_core, args=(config, input_address, output_address, stall_timeout_s),
-            name="EngineCore")
-        self.process.start()
+        # NOTE: a fresh interpreter, not multiprocessing: the user's __main__ is never re-imported there.
+        # shutdown() (also run at exit) ends it.
+        self.process = ChildProcess(run_engine_core, (config, input_address, output_address, stall_timeout_s),
+                                    "EngineCore")
         self._closed = False
         atexit.register(self.shutdown)
         logger.info("Started the engine core process (pid %d).", self.process.pid)
@@ -126,5 +125,4 @@ class MPClient:
                     self.process.kill()
                     self.process.join()
         self._context.destroy(linger=0)
-        shutil.rmtree(self._ipc_dir, ignore_errors=True)
 

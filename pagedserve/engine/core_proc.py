@@ -1,4 +1,4 @@
-"""The EngineCore in its own process (spawned by core_client.MPClient), so HTTP handling and Python
+"""The EngineCore in its own process (started by core_client.MPClient as a ChildProcess), so HTTP handling and Python
 tokenization never steal the model's time.
 
 Wire protocol over two ZMQ PUSH/PULL sockets, both bound by the client:
@@ -8,6 +8,7 @@ Wire protocol over two ZMQ PUSH/PULL sockets, both bound by the client:
 import signal
 import sys
 import time
+from multiprocessing.connection import Connection
 from types import FrameType
 
 import msgspec
@@ -120,7 +121,7 @@ def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(f"signal {signum}")  # unwinds through run_engine_core's cleanup (the workers)
 
 
-def run_engine_core(config: EngineConfig, input_address: str, output_address: str,
+def run_engine_core(launcher: Connection, config: EngineConfig, input_address: str, output_address: str,
                     stall_timeout_s: float = 0.0) -> None:
     """Process entry point: build the EngineCore, report readiness, run the busy loop. Exits 0 after a
     SHUTDOWN, 1 when the engine fails to start or crashes (the traceback goes to the log), STALL_EXIT_CODE
@@ -130,6 +131,7 @@ def run_engine_core(config: EngineConfig, input_address: str, output_address: st
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     die_with_parent(signal.SIGTERM)
+    launcher.close()  # the socket that brought the arguments (ChildProcess): the rest goes over ZMQ
     context = zmq.Context()
     input_socket = context.socket(zmq.PULL)
     input_socket.connect(input_address)

@@ -25,13 +25,19 @@ def _init_serve(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]
     parser.set_defaults(handler=_serve)
 
 
+def take_model_tag(args: argparse.Namespace) -> None:
+    """The model given as the positional `model_tag` becomes `args.model` (it may come as --model
+    instead, like vLLM's `serve`); two different ones are a ConfigError."""
+    if args.model_tag is not None:
+        if args.model and args.model != args.model_tag:
+            raise ConfigError(f"Two models given: {args.model_tag!r} and --model {args.model!r}; give one.")
+        args.model = args.model_tag
+
+
 def _serve(args: argparse.Namespace) -> int:
     from pagedserve.entrypoints.openai.api_server import run
 
-    if args.model_tag is not None:
-        if args.model is not None and args.model != args.model_tag:
-            raise ConfigError(f"Two models given: {args.model_tag!r} and --model {args.model!r}; give one.")
-        args.model = args.model_tag
+    take_model_tag(args)
     return run(args)
 
 

@@ -9,11 +9,12 @@ engine measures the peak activations with a profiling run; the plan estimates th
 import argparse
 import json
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from pagedserve.config import (EngineArgs, ModelConfig, add_dataclass_cli_args, config_field,
                                dataclass_from_cli_args, default_max_num_batched_tokens)
+from pagedserve.entrypoints.cli import take_model_tag
 from pagedserve.errors import ConfigError
 from pagedserve.sizing import DTYPE_BYTES, ModelShape, gpu_kv_budget, kv_cache_config, max_concurrency, \
     max_full_requests
@@ -255,13 +256,17 @@ def format_table(result: dict[str, Any]) -> str:
 
 def add_plan_args(parser: argparse.ArgumentParser) -> None:
     """The plan's flags, and the engine flags it shares (same names, help and defaults as `serve`)."""
-    parser.add_argument("model", help=PlanArgs.__dataclass_fields__["model"].metadata["help"])
-    add_dataclass_cli_args(PlanArgs, parser, only=[f.name for f in fields(PlanArgs) if f.name != "model"])
+    parser.add_argument("model_tag", nargs="?", default=None, help="The model (like --model).")
+    add_dataclass_cli_args(PlanArgs, parser)
     add_dataclass_cli_args(EngineArgs, parser, only=ENGINE_FLAGS)
 
 
 def run_plan(namespace: argparse.Namespace) -> int:
     """Print the plan; exit status 0 when the workload fits, 1 when it does not."""
+    take_model_tag(namespace)
+    if not namespace.model:
+        raise ConfigError("No model given: pass it as the first argument or as --model (an HF folder, its "
+                          "config.json or a GGUF file).")
     args = dataclass_from_cli_args(PlanArgs, namespace)
     model = args.model[:-len("config.json")] or "." if args.model.endswith("config.json") else args.model
     engine_args = EngineArgs(model=model, **{name: getattr(namespace, name) for name in ENGINE_FLAGS})

@@ -43,12 +43,11 @@ def dumps(message: Any) -> bytes:
     return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def run_worker(spec: WorkerProcessSpec, conn: Connection) -> None:
+def run_worker(conn: Connection, spec: WorkerProcessSpec) -> None:
     """Entry point of a worker process: join the group, build the Worker, answer calls until SHUTDOWN or
     until the engine's end of the pipe closes. A failing call is reported, then the process exits: its
     peers are out of lockstep, and the engine stops every rank."""
-    # NOTE: the parent is the executor's forkserver, which exits when the engine process does.
-    die_with_parent(signal.SIGKILL)
+    die_with_parent(signal.SIGKILL)  # the parent: the process of the executor
     # NOTE: Ctrl-C reaches the whole process group; the engine decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:

@@ -2,16 +2,13 @@
 (gloo on CPU, NCCL on CUDA) with every socket on 127.0.0.1. The engine keeps no model: it pickles each
 call once, writes the bytes to every rank's pipe, and waits on the pipes and the processes' sentinels
 together, so a dead or hung rank becomes an EngineDeadError instead of a silent hang."""
-import multiprocessing
 import os
 import pickle
 import shutil
-import tempfile
 import time
 import weakref
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from multiprocessing.process import BaseProcess
 from typing import Any
 
 from pagedserve.config import EngineConfig
@@ -22,16 +19,19 @@ from pagedserve.executor.failure import GRACE_S, RankFailures, describe_exit
 from pagedserve.executor.mp_worker import SHUTDOWN, WorkerFailure, WorkerProcessSpec, dumps, run_worker
 from pagedserve.logger import init_logger
 from pagedserve.platforms import get_platform
+from pagedserve.utils.child_process import ChildProcess
+from pagedserve.utils.run_dir import make_run_dir
 
 logger = init_logger(__name__)
 
 _SHUTDOWN_JOIN_S = 5.0
+_STARTUP_TIMEOUT_S = 600.0  # the least time a rank gets to start (--distributed-timeout when longer)
 
 
 @dataclass
 class _WorkerHandle:
     rank: int
-    process: BaseProcess
+    process: ChildProcess
     conn: Connection  # duplex pipe to the worker
 
 
@@ -43,24 +43,21 @@ class MultiprocExecutor(Executor):
         parallel = config.parallel
         self.timeout_s = parallel.distributed_timeout_s
         self._failure: EngineDeadError | None = None
-        self._rendezvous = tempfile.mkdtemp(prefix="pagedserve-tp-")
+        self._rendezvous = make_run_dir("tp")
         # NOTE: a file rendezvous opens no port; tcp:// would listen on every interface.
         store = os.path.join(self._rendezvous, "store")
         init = DistributedInit(f"file://{store}", parallel.tensor_parallel_size,
                                get_platform(config.device).dist_backend, self.timeout_s,
                                loopback_only=True)
-        context = _worker_context(config)
         self.workers: list[_WorkerHandle] = []
         for rank in range(parallel.tensor_parallel_size):
-            ours, theirs = context.Pipe(duplex=True)
-            spec = WorkerProcessSpec(config, rank, init)
-            process = context.Process(target=run_worker, args=(spec, theirs), daemon=True,
-                                      name=f"pagedserve-tp{rank}")
-            process.start()
-            theirs.close()
-            self.workers.append(_WorkerHandle(rank, process, ours))
+            # NOTE: fresh interpreters, not multiprocessing: the user's __main__ is never re-imported.
+            process = ChildProcess(run_worker, (WorkerProcessSpec(config, rank, init),), f"pagedserve-tp{rank}")
+            self.workers.append(_WorkerHandle(rank, process, process.conn))
         self._finalizer = weakref.finalize(self, _stop_workers, self.workers, self._rendezvous, True)
-        self._gather("startup")  # each rank answers once its Worker is built
+        # NOTE: each rank answers once its Worker is built: a fresh interpreter imports torch and loads the
+        # weights first, which may take longer than a step may (a death is still seen at once).
+        self._gather("startup", max(self.timeout_s, _STARTUP_TIMEOUT_S))
         logger.info("Started %d tensor-parallel worker processes (pids %s).", len(self.workers),
                     ", ".join(str(w.process.pid) for w in self.workers))
 
@@ -84,12 +81,14 @@ class MultiprocExecutor(Executor):
     def shutdown(self) -> None:
         self._finalizer()
 
-    def _gather(self, call: str) -> list[Any]:
-        """Every rank's answer, in rank order. On the first death, failure or silence past the timeout,
-        stops every worker and raises (EngineDeadError, or a worker's ConfigError)."""
+    def _gather(self, call: str, timeout_s: float | None = None) -> list[Any]:
+        """Every rank's answer, in rank order. On the first death, failure or silence past the timeout
+        (default --distributed-timeout), stops every worker and raises (EngineDeadError, or a worker's
+        ConfigError)."""
+        timeout_s = timeout_s or self.timeout_s
         results: dict[int, Any] = {}
-        failures = RankFailures(call, self.timeout_s)
-        deadline = time.monotonic() + self.timeout_s
+        failures = RankFailures(call, timeout_s)
+        deadline = time.monotonic() + timeout_s
         while len(results) < len(self.workers) and not failures:
             waiting = [w for w in self.workers if w.rank not in results]
             ready = wait([w.conn for w in waiting] + [w.process.sentinel for w in waiting],
@@ -139,21 +138,6 @@ class MultiprocExecutor(Executor):
         self._failure = error if isinstance(error, EngineDeadError) else EngineDeadError(str(error))
         logger.error("%s", error)
         raise error
-
-
-def _worker_context(config: EngineConfig) -> multiprocessing.context.ForkServerContext:
-    """Workers are forked from a forkserver that has imported the worker code once.
-    NOTE: never fork the engine process itself: it may hold CUDA state and threads (ZMQ, tokenizers).
-    The forkserver is a fresh single-threaded interpreter started on first use; each worker forked from
-    it skips the seconds of importing torch that spawn would cost per rank. It keeps the environment it
-    was started with, and dies with this process (forkserver_guard; its workers then follow, see
-    mp_worker)."""
-    context = multiprocessing.get_context("forkserver")
-    # NOTE: the HF config class's module too: unpickling it costs each worker a second of imports.
-    # forkserver_guard makes the forkserver die with this process (see there why that matters).
-    context.set_forkserver_preload(["pagedserve.executor.forkserver_guard", "pagedserve.executor.mp_worker",
-                                    type(config.model.hf_config).__module__])
-    return context
 
 
 def _stop_workers(workers: list[_WorkerHandle], rendezvous: str, graceful: bool) -> None:

@@ -1,15 +1,12 @@
 """Ray executor: the same workers as Ray actors, one per rank, placed by a placement group across the
-nodes of a running Ray cluster (`ray start --head` / `ray start --address ...`), or on a local Ray
-instance started for the run with every port on 127.0.0.1. Ray is optional (pip install 'pagedserve[ray]')
+nodes of a running Ray cluster when RAY_ADDRESS names it (`ray start --head` / `ray start --address ...`),
+else on a private local Ray instance started for the run with every port on 127.0.0.1. Ray is optional (pip install 'pagedserve[ray]')
 and imported only here, lazily."""
 import os
 import shutil
 import sys
-import tempfile
 import weakref
 from typing import Any
-
-import psutil
 
 from pagedserve.config import EngineConfig
 from pagedserve.distributed import DistributedInit, init_distributed_environment
@@ -18,6 +15,7 @@ from pagedserve.executor.base import Executor
 from pagedserve.executor.failure import GRACE_S, RankFailures, summarize
 from pagedserve.logger import init_logger
 from pagedserve.platforms import get_platform
+from pagedserve.utils.run_dir import make_run_dir
 from pagedserve.worker.worker import Worker
 
 logger = init_logger(__name__)
@@ -72,7 +70,7 @@ class RayExecutor(Executor):
 
         bundle = get_platform(config.device).ray_bundle()
         self._placement_group = ray.util.placement_group([bundle] * size, strategy="PACK")
-        self._rendezvous = tempfile.mkdtemp(prefix="pagedserve-tp-")
+        self._rendezvous = make_run_dir("tp")
         self.actors: list[Any] = []
         self._finalizer = weakref.finalize(self, _release, self.actors, self._placement_group, owns_ray,
                                            self._rendezvous)
@@ -161,10 +159,11 @@ def _take(ref: Any, rank: int, failures: RankFailures) -> None:
 
 
 def _connect(num_workers: int) -> bool:
-    """Use this process's Ray, else join a running cluster, else start a local instance on 127.0.0.1
-    for this run. Returns True when the instance was started here (so shutdown stops it)."""
-    joining = bool(os.environ.get("RAY_ADDRESS")) or _raylet_running()
-    if not joining and "ray" not in sys.modules:
+    """Use this process's Ray, else join the cluster at RAY_ADDRESS (only when asked: a cluster that
+    merely runs on this machine may be someone else's), else start a private local instance on
+    127.0.0.1 for this run. Returns True when the instance was started here (so shutdown stops it)."""
+    address = os.environ.get("RAY_ADDRESS")
+    if not address and "ray" not in sys.modules:
         # NOTE: Ray rewrites a 127.0.0.1 node address to the LAN one, and binds its servers there, unless
         # it runs in single-machine mode, which it reads from this variable when first imported.
         os.environ.setdefault(_SINGLE_MACHINE_ENV, "0")
@@ -172,25 +171,20 @@ def _connect(num_workers: int) -> bool:
 
     if ray.is_initialized():
         return False
-    if joining:
-        ray.init(address="auto")
+    if address:
+        ray.init(address=address)
+        logger.info("Joined the Ray cluster at %s (RAY_ADDRESS).", address)
         return False
     if os.environ.get(_SINGLE_MACHINE_ENV) != "0":
         logger.warning("Ray was imported before %s=0 was set: the local Ray instance will listen on this "
                        "machine's LAN address. Set it in the environment to keep Ray on 127.0.0.1.",
                        _SINGLE_MACHINE_ENV)
-    ray.init(_node_ip_address="127.0.0.1", include_dashboard=False,
+    # NOTE: "local": a new instance even when a Ray cluster runs on this machine (ray.init() would join it).
+    ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
              num_cpus=max(num_workers, os.cpu_count() or 1))
-    logger.info("Started a local Ray instance on 127.0.0.1 for %d workers.", num_workers)
+    logger.info("Started a private local Ray instance on 127.0.0.1 for %d workers (set RAY_ADDRESS to "
+                "join a cluster).", num_workers)
     return True
-
-
-def _raylet_running() -> bool:
-    """Whether this machine is a node of a running Ray cluster (every node runs a raylet)."""
-    for process in psutil.process_iter(["name"]):
-        if process.info["name"] == "raylet":
-            return True
-    return False
 
 
 def _release(actors: list[Any], placement_group: Any, owns_ray: bool, rendezvous: str) -> None:

@@ -64,8 +64,8 @@ def test_workers_die_with_a_killed_engine_process(tiny_llama: str) -> None:
                               text=True)
     try:
         assert engine.stdout.readline().strip() == "ready"
-        descendants = psutil.Process(engine.pid).children(recursive=True)  # forkserver and workers
-        assert len(descendants) >= 3
+        descendants = psutil.Process(engine.pid).children(recursive=True)  # the two workers
+        assert len(descendants) >= 2
     finally:
         engine.kill()
         engine.wait()

@@ -43,8 +43,7 @@ class RemoteServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"The server exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                # NOTE: /ready, not /health: /health (liveness) is 200 while the model loads.
-                if httpx.get(f"{self.base_url}/ready", timeout=2).status_code == 200:
+                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
                     return
             except httpx.TransportError:
                 pass
@@ -78,9 +77,9 @@ class RemoteServer:
         return samples
 
     def engine_pid(self) -> int:
-        """The EngineCore process: the server's multiprocessing (spawn) child."""
+        """The EngineCore process: the server's child (python -m pagedserve.utils.child_main FD EngineCore)."""
         children = psutil.Process(self.proc.pid).children()
-        engines = [c.pid for c in children if "spawn_main" in " ".join(c.cmdline())]
+        engines = [c.pid for c in children if c.cmdline()[-1:] == ["EngineCore"]]
         assert len(engines) == 1, f"expected one engine process among {children}"
         return engines[0]
 

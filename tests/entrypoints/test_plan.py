@@ -96,3 +96,18 @@ def test_parameter_count_formula_matches_the_model(name: str) -> None:
     model = AutoModelForCausalLM.from_config(config)
     shape = ModelShape.from_hf_config(config, {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}[architecture])
     assert shape.num_parameters() == sum(p.numel() for p in model.parameters())
+
+
+def test_model_as_flag_like_serve(capsys: pytest.CaptureFixture[str]) -> None:
+    """`plan --model M` is `plan M` (as `serve` takes both); two different models are refused."""
+    config = os.path.join(DATA, "llama-2-7b", "config.json")
+    workload = ["--gpu-memory", "80GiB", "--concurrency", "4", "--input-tokens", "1000"]
+    positional = plan(capsys, config, *workload)
+    flag = plan(capsys, "--model", config, *workload)
+    assert flag == positional and flag[1]["num_blocks"] > 0
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["plan", config, "--model", os.path.join(DATA, "llama-3-8b", "config.json")])
+    assert exc.value.code == 2 and "Two models given" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli_main(["plan", *workload])
+    assert "No model given" in capsys.readouterr().err

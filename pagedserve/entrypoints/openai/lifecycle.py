@@ -1,10 +1,12 @@
 """The server's life: loading -> serving -> draining (SIGTERM) -> stopped, or dead (the engine died).
 
 `ServerLifecycle` is the outermost ASGI app. It answers the probes itself, in every phase:
-- `GET /health` (liveness): 200 while the process is sound, model loading and draining included; 503
-  once the engine is dead (a supervisor should restart the server). A Kubernetes livenessProbe.
+- `GET /health`, as in vLLM: 200 only once the engine can serve (draining included: the requests in
+  flight still are); 503 while the model loads and once the engine is dead or stalled (the server then
+  exits for a supervisor to restart it). What scripts poll before sending; a Kubernetes startupProbe
+  and livenessProbe.
 - `GET /ready` (readiness): 200 only while serving; 503 while the model loads, while draining, and
-  once the engine is dead. A Kubernetes readinessProbe, and what scripts should poll before sending.
+  once the engine is dead. A Kubernetes readinessProbe (a draining replica leaves the Service).
 While loading, every other route answers 503 (Retry-After). While draining, new generation requests
 (POST /v1/...) get 503 and the requests in flight get up to --shutdown-timeout seconds to finish; the
 rest are aborted with an error, then the server exits 0.
@@ -63,7 +65,7 @@ class ServerLifecycle:
         if path in ("/health", "/ready"):
             response = self._health() if path == "/health" else self._ready()
         elif self.phase is Phase.LOADING or self.app is None:
-            response = error_response("The server is starting: the model is still loading. Poll GET /ready "
+            response = error_response("The server is starting: the model is still loading. Poll GET /health "
                                       "and send requests once it answers 200.", 503,
                                       headers={"Retry-After": str(_LOADING_RETRY_AFTER_S)})
         elif self.phase is Phase.DRAINING and path.startswith("/v1/") and scope["method"] == "POST":
@@ -78,6 +80,9 @@ class ServerLifecycle:
     def _health(self) -> JSONResponse:
         if self.dead:
             return error_response("The engine is dead; the server is shutting down.", 503)
+        if self.phase is Phase.LOADING:
+            return error_response("Not healthy yet: the model is still loading.", 503,
+                                  headers={"Retry-After": str(_LOADING_RETRY_AFTER_S)})
         return JSONResponse({"status": self.phase.value})
 
     def _ready(self) -> JSONResponse:

@@ -2,11 +2,15 @@
 
 The build is cached in torch's extensions folder ($TORCH_EXTENSIONS_DIR, default
 ~/.cache/torch_extensions), so only the first process on a machine pays for it; later loads are
-instant. Importing this module compiles nothing: `load_cpu_kernels()` does, once per process.
+instant. A build runs under a time limit (PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT), a lock file older than
+that is a killed build's and is removed, and whatever fails leaves the torch attention backend in use. Importing this module compiles nothing: `load_cpu_kernels()` does, once per process.
 """
+import contextlib
 import functools
 import os
+import queue
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,19 +37,37 @@ class CpuKernels:
 @functools.cache
 def load_cpu_kernels() -> CpuKernels:
     """Build (first time on this machine) and load the extension, once per process. A failure (disabled
-    by PAGEDSERVE_CPU_KERNELS=0, no compiler, missing headers, no ninja) comes back as `error`, never
-    raised; only a malformed PAGEDSERVE_CPU_KERNELS raises ConfigError."""
+    by PAGEDSERVE_CPU_KERNELS=0, no compiler, missing headers, no ninja, a build or another process's
+    build running past PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT) comes back as `error`, never raised; only a
+    malformed environment variable raises ConfigError."""
     if not envs.cpu_kernels_enabled():
         return CpuKernels(None, "disabled by PAGEDSERVE_CPU_KERNELS=0")
+    timeout_s = envs.cpu_kernels_build_timeout_s()
     start = time.perf_counter()
+    outcome: queue.Queue[CpuKernels] = queue.Queue()
+    # NOTE: torch waits forever on another build's lock file; a daemon thread lets us stop waiting (the
+    # thread is left behind, polling, and dies with the process).
+    threading.Thread(target=lambda: outcome.put(_build(timeout_s)), name="cpu-kernels-build",
+                     daemon=True).start()
+    try:
+        kernels = outcome.get(timeout=timeout_s)
+    except queue.Empty:
+        return CpuKernels(None, f"the build did not finish within {timeout_s:g} s (another process may be "
+                                f"building them: its lock is in {_build_directory()}); raise "
+                                "PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT to wait longer")
+    if kernels.module is not None:
+        logger.info("Native CPU kernels ready in %.1f s.", time.perf_counter() - start)
+    return kernels
+
+
+def _build(timeout_s: float) -> CpuKernels:
     try:
         from torch.utils import cpp_extension
 
+        build_directory = _build_directory()
+        _remove_stale_lock(os.path.join(build_directory, "lock"), timeout_s)
         module = cpp_extension.load(
-            # NOTE: cpp_extension's cache key (sources + flags) cannot tell CPUs apart, "-march=native"
-            # reading the same everywhere; the capability in the name at least keeps a shared extensions
-            # folder from handing an AVX-512 build to an AVX2-only CPU.
-            name=f"pagedserve_cpu_kernels_{torch.backends.cpu.get_cpu_capability().lower()}",
+            name=_extension_name(), build_directory=build_directory,
             # NOTE: -fno-trapping-math lets GCC vectorize the float->int conversion in the softmax's exp;
             # -ffp-contract=fast fuses multiply-adds (GCC leaves them apart in ISO C++ mode).
             sources=_SOURCES, extra_cflags=["-O3", "-ffp-contract=fast", "-fno-trapping-math", "-fopenmp",
@@ -53,8 +75,35 @@ def load_cpu_kernels() -> CpuKernels:
             extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as exc:  # noqa: BLE001 (whatever the build breaks on, torch attention still works)
         return CpuKernels(None, _one_line(exc))
-    logger.info("Native CPU kernels ready in %.1f s.", time.perf_counter() - start)
     return CpuKernels(module)
+
+
+def _extension_name() -> str:
+    # NOTE: cpp_extension's cache key (sources + flags) cannot tell CPUs apart, "-march=native" reading
+    # the same everywhere; the capability in the name at least keeps a shared extensions folder from
+    # handing an AVX-512 build to an AVX2-only CPU.
+    return f"pagedserve_cpu_kernels_{torch.backends.cpu.get_cpu_capability().lower()}"
+
+
+def _build_directory() -> str:
+    """Where cpp_extension.load builds and caches the extension (and puts its lock file)."""
+    from torch.utils import cpp_extension
+
+    # NOTE: torch's own rule ($TORCH_EXTENSIONS_DIR or its default root); only a private function has it.
+    return cpp_extension._get_build_directory(_extension_name(), verbose=False)
+
+
+def _remove_stale_lock(lock: str, timeout_s: float) -> None:
+    """A lock older than a whole build is a killed build's: torch would wait on it forever."""
+    try:
+        age_s = time.time() - os.path.getmtime(lock)
+    except FileNotFoundError:
+        return
+    if age_s > timeout_s:
+        logger.warning("Removing the stale build lock %s (%.0f s old, longer than a build may take: "
+                       "PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT=%g).", lock, age_s, timeout_s)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(lock)
 
 
 def paged_attention_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,

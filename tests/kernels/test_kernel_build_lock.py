@@ -1,0 +1,76 @@
+"""The native CPU kernels' build never blocks a start: a lock left by a killed build is removed, a build
+that runs past its time limit or fails leaves the torch attention backend in use, with a warning. Each
+engine starts in its own process with a private TORCH_EXTENSIONS_DIR."""
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pagedserve.kernels import cpu as cpu_kernels
+
+# Build a tiny model's engine, generate, and print which attention backend decoded.
+_SCRIPT = """
+import sys
+from pagedserve import LLM, SamplingParams
+llm = LLM(sys.argv[1], max_model_len=64, kv_cache_memory="1MiB", dtype="float32")
+out = llm.generate(["Hello"], SamplingParams(max_tokens=3, temperature=0))[0].outputs[0]
+assert len(out.token_ids) == 3
+backend = type(llm.llm_engine.engine_core.executor.worker.model_runner.backend).__name__
+print("BACKEND", backend)
+"""
+_START_LIMIT_S = 240  # an engine start on this busy machine, with the build cached: well under this
+
+
+def _start_engine(model: str, extensions_dir: str, **env: str) -> tuple[str, str, float]:
+    """The backend that decoded, the log, and the seconds the start took."""
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT, model], capture_output=True, text=True,
+                          timeout=_START_LIMIT_S, env={**os.environ, "TORCH_EXTENSIONS_DIR": extensions_dir,
+                                                       **env})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    backend = next(line.split()[1] for line in proc.stdout.splitlines() if line.startswith("BACKEND"))
+    return backend, proc.stderr, time.monotonic() - start
+
+
+def _cached_build(tmp_path) -> str:
+    """A private extensions folder holding this machine's finished build (copied: no rebuild)."""
+    error = cpu_kernels.load_cpu_kernels().error
+    if error is not None:
+        pytest.skip(f"native CPU kernels unavailable: {error}")
+    build = cpu_kernels._build_directory()
+    private = tmp_path / "torch_extensions"
+    shutil.copytree(build, private / os.path.basename(build), ignore=shutil.ignore_patterns("lock"))
+    return str(private)
+
+
+def test_stale_lock_of_a_killed_build_is_removed(tiny_llama: str, tmp_path) -> None:
+    extensions = _cached_build(tmp_path)
+    lock = os.path.join(extensions, os.path.basename(cpu_kernels._build_directory()), "lock")
+    open(lock, "w").close()
+    old = time.time() - 120
+    os.utime(lock, (old, old))  # older than the 60 s a build may take here: a killed build's
+    backend, log, _ = _start_engine(tiny_llama, extensions, PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT="60")
+    assert backend == "CpuNativeAttentionBackend", log[-2000:]
+    assert "Removing the stale build lock" in log and not os.path.exists(lock)
+
+
+def test_build_held_by_another_process_times_out_to_torch(tiny_llama: str, tmp_path) -> None:
+    """A fresh lock (a build in progress elsewhere that never ends): the start waits only the time limit."""
+    extensions = _cached_build(tmp_path)
+    lock = os.path.join(extensions, os.path.basename(cpu_kernels._build_directory()), "lock")
+    open(lock, "w").close()
+    fresh = time.time() + 600
+    os.utime(lock, (fresh, fresh))  # younger than a build throughout the start (which takes seconds)
+    backend, log, _ = _start_engine(tiny_llama, extensions, PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT="3")
+    assert backend == "TorchPagedAttentionBackend", log[-2000:]
+    assert "WARNING" in log and "did not finish within 3 s" in log and "PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT" in log
+    assert os.path.exists(lock), "a live build's lock is left alone"
+
+
+def test_failing_build_falls_back_to_torch_with_a_warning(tiny_llama: str, tmp_path) -> None:
+    backend, log, _ = _start_engine(tiny_llama, str(tmp_path / "empty"), CXX="false")
+    assert backend == "TorchPagedAttentionBackend"
+    assert "WARNING" in log and "the native CPU kernels are unavailable" in log
