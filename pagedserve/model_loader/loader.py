@@ -1,5 +1,7 @@
 """Construct the model on its device in its dtype, then load (or randomize) its weights."""
 import os
+from collections.abc import Iterator
+from typing import cast
 
 import torch
 from torch import nn
@@ -32,7 +34,8 @@ def load_model(config: ModelConfig, device: torch.device) -> CausalLM:
     if config.gguf_file:
         weights = iterate_gguf(config.gguf_file, hf.num_attention_heads, hf.num_key_value_heads)
     elif os.path.isdir(config.model):
-        weights = iterate_safetensors(config.model)
+        # NOTE: a CheckpointTensor reads lazily; it offers what the weight loaders call on a Tensor.
+        weights = cast(Iterator[tuple[str, torch.Tensor]], iterate_safetensors(config.model))
     else:
         raise ConfigError(f"Model {config.model!r} is not a local folder or GGUF file; pagedserve does "
                           "not download models: pass a local path (--model).")

@@ -96,7 +96,7 @@ def _tensors(path: str, fd: int) -> Iterator[tuple[str, CheckpointTensor]]:
 
 def _pread_into(fd: int, buffer: torch.Tensor, offset: int) -> None:
     """Fill the uint8 tensor `buffer` from the file at `offset` (pread may return less than asked)."""
-    view = memoryview(buffer.numpy()).cast("B")
+    view = buffer.numpy().data.cast("B")
     done = 0
     while done < len(view):
         count = os.preadv(fd, [view[done:]], offset + done)

@@ -3,7 +3,8 @@
 The build is cached in torch's extensions folder ($TORCH_EXTENSIONS_DIR, default
 ~/.cache/torch_extensions), so only the first process on a machine pays for it; later loads are
 instant. A build runs under a time limit (PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT), a lock file older than
-that is a killed build's and is removed, and whatever fails leaves the torch attention backend in use. Importing this module compiles nothing: `load_cpu_kernels()` does, once per process.
+that is a killed build's and is removed, and whatever fails leaves the torch attention backend in use.
+Importing this module compiles nothing: `load_cpu_kernels()` does, once per process.
 """
 import contextlib
 import functools
