@@ -7,9 +7,10 @@ from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
 from pagedserve.core.scheduler import Scheduler
 from pagedserve.core.swap import SwapSpace
+from pagedserve.engine.block_state import snapshot_blocks
 from pagedserve.executor import get_executor_class
 from pagedserve.logger import init_logger
-from pagedserve.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+from pagedserve.protocol import BlockSnapshot, EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from pagedserve.sizing import size_kv_cache
 
 logger = init_logger(__name__)
@@ -52,12 +53,10 @@ class EngineCore:
             return EngineCoreOutputs()
         timestamp = time.time()
         scheduler_output = self.scheduler.schedule()
-        # A request resumed after preemption is "new" to the workers again, but it left the queue before.
-        first_scheduled = [new.request_id for new in scheduler_output.scheduled_new_reqs
-                           if self.scheduler.requests[new.request_id].num_preemptions == 0]
         runner_output = self.executor.execute_model(scheduler_output)
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
-        return EngineCoreOutputs(outputs, self.scheduler.get_stats(), timestamp, first_scheduled)
+        return EngineCoreOutputs(outputs, self.scheduler.get_stats(), timestamp,
+                                 scheduler_output.first_scheduled_req_ids)
 
     def reset_prefix_cache(self) -> bool:
         """Make every cached KV block unfindable (blocks in use stay with their requests)."""
@@ -66,6 +65,14 @@ class EngineCore:
 
     def get_stats(self) -> SchedulerStats:
         return self.scheduler.get_stats()
+
+    def describe(self, max_requests: int = 20) -> str:
+        """The scheduler's state (queues, KV usage, the running requests) for a log."""
+        return self.scheduler.describe(max_requests)
+
+    def block_snapshot(self) -> BlockSnapshot:
+        """The KV block pool as the dashboard draws it."""
+        return snapshot_blocks(self.scheduler.block_owners())
 
     def shutdown(self) -> None:
         self.executor.shutdown()
