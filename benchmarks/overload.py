@@ -7,9 +7,9 @@ at most --max-concurrency in flight), unless --capacity-rps gives it. Each level
 arrivals at level x capacity for --level-duration seconds (vLLM's random dataset, streamed
 /v1/completions, ignore_eos). Goodput: requests per second that completed in full (finish_reason stop
 or length: a deadline-aborted stream is not) with TTFT within --slo-ttft. Targets (issue 5): goodput at
-8x >= 90% of the peak goodput, memory flat, no 5xx but the deliberate 503s. With --peer-base-url the
-same ramp runs against a second server (e.g. one without admission limits) and the table adds its
-goodput and the ratio.
+8x >= 90% of the peak goodput, memory flat, no 5xx but the
+deliberate 503s. With --peer-base-url the same ramp runs against a second server (e.g. one without
+admission limits) and the table adds its goodput and the ratio.
 
 The server is started by the benchmark (--serve "MODEL FLAGS...", on 127.0.0.1, RSS measured over its
 process tree) or already running (--base-url, with --server-pid for RSS):

@@ -156,6 +156,16 @@ class BeamSearchManager:
             self._ready.append(group)
         return True
 
+    def output_id_of(self, beam: Request) -> str | None:
+        """The first output id of the search `beam` belongs to (what the frontend knows); None if no beam."""
+        group = self._beam_to_group.get(beam.request_id)
+        return None if group is None else group.output_ids[0]
+
+    def width_of(self, request: Request) -> int:
+        """The beam width of the search `request` is a beam of; 0 if it is none."""
+        group = self._beam_to_group.get(request.request_id)
+        return 0 if group is None else group.params.beam_width
+
     def forget_report(self, beam: Request) -> None:
         """A beam lost its KV (recompute preemption): it will compute and report again."""
         group = self._beam_to_group.get(beam.request_id)

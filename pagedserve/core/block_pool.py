@@ -21,7 +21,7 @@ class KVCacheBlock:
 class BlockPool:
     """Hands out blocks from a fixed pool of ids 0..num_blocks-1. In the device pool block 0 is the
     reserved null block: it pads block tables and is never allocated, so a stray write through padding
-    can never corrupt a live request. A pool without one (`reserve_null_block=False`, the host swap pool,
+    can never corrupt a live request. A pool without one (`reserve_null_block=False`: the host swap pool,
     whose rows nothing pads) hands out every id.
 
     Free blocks wait in one queue, first out first reused. A freed block that is in the prefix cache

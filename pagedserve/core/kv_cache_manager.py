@@ -174,6 +174,11 @@ class KVCacheManager:
         """Blocks in the request's table (0 for one that holds none)."""
         return len(self.req_to_blocks.get(request_id, ()))
 
+    @property
+    def num_usable_blocks(self) -> int:
+        """Blocks the requests can hold: every block but the reserved null block."""
+        return self.block_pool.num_usable_blocks
+
     def num_free_blocks(self) -> int:
         return self.block_pool.get_num_free_blocks()
 

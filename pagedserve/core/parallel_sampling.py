@@ -49,5 +49,10 @@ class ParallelSampling:
             held.remove(request)
         return []
 
+    def num_held_by(self, leader: Request) -> int:
+        """How many samples wait to fork from `leader` (0 if it leads none)."""
+        group = self._groups.get(leader.group_id) if leader.group_id is not None else None
+        return len(group[1]) if group is not None and group[0] is leader else 0
+
     def num_held(self) -> int:
         return sum(len(held) for _, held in self._groups.values())

@@ -52,8 +52,8 @@ class SchedulerOutput:
     # Speculative decoding: request id -> the draft tokens scheduled after its last token. They are
     # computed with it; the workers return the accepted ones and the token after them.
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
-    # Requests scheduled for the first time (not resumed after a preemption): they leave the frontend's
-    # queue now. The workers ignore it.
+    # The frontend's ids of the requests started for the first time (not resumed after a preemption):
+    # they leave the frontend's queue now. The workers ignore it.
     first_scheduled_req_ids: list[str] = field(default_factory=list)
 
     @property

@@ -38,7 +38,6 @@ class _Step:
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)
-    first_scheduled: list[str] = field(default_factory=list)
     spec_tokens: dict[str, list[int]] = field(default_factory=dict)
     preempted: bool = False
 
@@ -67,6 +66,7 @@ class Scheduler:
         self.num_recomputed_tokens_total = 0  # computed tokens whose KV a preemption dropped
         self._forget_req_ids: set[str] = set()  # the workers must drop these next step
         self._num_tokens_sent: dict[str, int] = {}  # how many tokens each worker copy holds
+        self._cut_outputs: list[EngineCoreOutput] = []  # final outputs of requests that can never fit
         self._num_dropped_blocks: dict[str, int] = {}  # blocks trimmed since the workers last heard
         self.speculative = speculative
         self.ngram = NgramProposer(speculative) if speculative and speculative.method == "ngram" else None
@@ -96,19 +96,33 @@ class Scheduler:
             self.requests[request_id].num_computed_tokens += num_new
         output = SchedulerOutput(step.new_reqs, step.cached_reqs, step.num_scheduled,
                                  self.config.max_num_batched_tokens - step.budget, self._forget_req_ids,
-                                 step.swap_out, step.swap_in, step.copies, step.spec_tokens,
-                                 step.first_scheduled)
+                                 step.swap_out, step.swap_in, step.copies, step.spec_tokens)
+        output.first_scheduled_req_ids = self._started_request_ids(output)
         self._forget_req_ids = set()
         return output
 
+    def _started_request_ids(self, output: SchedulerOutput) -> list[str]:
+        """The frontend's ids (output ids) of the requests `output` starts for the first time. A request
+        resumed after preemption is "new" to the workers again, but it left the queue before; a beam
+        search is started by its first beam, under its first output id (its forks map to that id too)."""
+        started: dict[str, None] = {}
+        for new in output.scheduled_new_reqs:
+            request = self.requests[new.request_id]
+            if request.num_preemptions == 0:
+                started[self.beam_search.output_id_of(request) or request.request_id] = None
+        return list(started)
+
     def _fork_ready_samples(self) -> None:
-        """Samples whose leader computed the prompt share its blocks, then queue first to compute the
-        last prompt token themselves."""
+        """Samples whose leader computed the prompt share its blocks and join it in `running` (one group,
+        preempted together), each to compute the last prompt token itself. NOTE: never in `waiting`: a
+        waiting request holds no blocks, so that the queue's head can always be admitted once the running
+        requests are gone."""
         for leader, samples in self.parallel_sampling.ready():
-            for sample in reversed(samples):
+            for sample in samples:
                 self.kv_cache_manager.fork(leader, sample, sample.num_prompt_tokens - 1)
                 sample.num_computed_tokens = sample.num_prompt_tokens - 1
-                self.waiting.appendleft(sample)
+                sample.status = RequestStatus.RUNNING
+                self.running.append(sample)
 
     def _schedule_running(self, step: _Step) -> None:
         """Grow the running groups in order; when the blocks run out, preempt the newest group."""
@@ -120,8 +134,10 @@ class Scheduler:
             plan = plan_group(group, step.budget)
             while kv.num_blocks_needed(plan) > kv.num_free_blocks():
                 victim = groups.pop()
-                # NOTE: a group that cannot grow even alone is recomputed, request by request.
-                self._preempt(victim, step, swap_allowed=bool(groups))
+                if victim is group and not groups and len(group) == 1 and not self.beam_search.width_of(group[0]):
+                    self._cut_short(group[0])  # alone, it has the whole pool and still cannot grow
+                    return
+                self._preempt(victim, step, alone=not groups)
                 if victim is group:
                     return
             for request, num_new in plan:
@@ -135,7 +151,7 @@ class Scheduler:
             assert swap is not None, "only a swap space holds swapped-out requests"
             group = self.swapped[0]
             plan = plan_group(group, step.budget)
-            if (len(self.running) + len(group) > self.config.max_num_seqs
+            if (self._num_seats_taken() + self._num_seats(group) > self.config.max_num_seqs
                     or swap.num_blocks_to_resume(group, plan, kv) > kv.num_free_blocks()):
                 if not self.running:  # it will never fit whole: recompute it request by request
                     self.swapped.popleft()
@@ -150,25 +166,54 @@ class Scheduler:
                 self._record(step, request, num_new, kv.allocate_slots(request, num_new))
 
     def _admit_waiting(self, step: _Step) -> None:
-        """Admit waiting requests FCFS, reusing their longest cached prefix."""
+        """Admit waiting requests FCFS, reusing their longest cached prefix, while the seats
+        (--max-num-seqs, counting the forks each group will make) and the KV admission policy allow."""
         kv = self.kv_cache_manager
-        while self.waiting and step.budget > 0 and len(self.running) < self.config.max_num_seqs:
+        seats = self._num_seats_taken()
+        while self.waiting and step.budget > 0:
             request = self.waiting[0]
-            # NOTE: a forked sample already holds its computed blocks; everyone else looks them up.
-            hits = kv.get_computed_blocks(request) if request.num_computed_tokens == 0 else None
+            mates = [r for r in self.running if request.group_id is not None and r.group_id == request.group_id]
+            more_seats = self._num_seats(mates + [request]) - (self._num_seats(mates) if mates else 0)
+            if seats + more_seats > self.config.max_num_seqs:
+                return
+            hits = kv.get_computed_blocks(request)
             num_cached = len(hits or []) * kv.block_size
-            num_new = min(request.num_tokens - request.num_computed_tokens - num_cached, step.budget)
-            if not self.admission.admits(request, request.num_computed_tokens + num_cached + num_new, hits,
-                                         self.running, kv):
+            num_new = min(request.num_tokens - num_cached, step.budget)
+            if not self.admission.admits(request, num_cached + num_new, hits, self.running, kv):
                 return
             allocation = kv.allocate_slots(request, num_new, hits)
             if allocation is None:
-                return
+                if self.running:
+                    return
+                self._cut_short(request)  # the pool is all free (nothing runs or is swapped) and too small
+                continue
             self.waiting.popleft()
-            request.num_computed_tokens += num_cached
+            seats += more_seats
+            request.num_computed_tokens = num_cached
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             self._record(step, request, num_new, allocation)
+
+    def _num_seats(self, group: list[Request]) -> int:
+        """Seats of --max-num-seqs that a group takes: its members, or as many as it will fork into
+        (a leader's held samples; a beam search's width), so that forks never exceed the limit."""
+        first = group[0]
+        return max(len(group), 1 + self.parallel_sampling.num_held_by(first), self.beam_search.width_of(first))
+
+    def _num_seats_taken(self) -> int:
+        return sum(self._num_seats(group) for group in groups_of(self.running))
+
+    def _cut_short(self, request: Request) -> None:
+        """End a request that can never be computed: its tokens need more KV blocks than the whole pool
+        (it grew past it, or was preempted just before). Like vLLM, it ends with finish reason 'length'."""
+        kv = self.kv_cache_manager
+        logger.warning("Request %s ends early (finish_reason 'length'): its %d tokens need more KV blocks than "
+                       "the whole cache holds, %d blocks of %d tokens. Lower max_tokens or --max-model-len, or "
+                       "raise --kv-cache-memory (--gpu-memory-utilization on a GPU, or --num-gpu-blocks-override).",
+                       request.request_id, request.num_tokens, kv.num_usable_blocks, kv.block_size)
+        request.finish_reason = FinishReason.LENGTH
+        self._cut_outputs.append(EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.LENGTH))
+        self._finish([request])
 
     def _record(self, step: _Step, request: Request, num_new: int, allocation: SlotAllocation | None) -> None:
         assert allocation is not None, "the caller checked the free blocks"
@@ -181,8 +226,6 @@ class Scheduler:
                                                       allocation.new_block_ids, request.num_computed_tokens,
                                                       self._num_dropped_blocks.pop(request_id, 0)))
         else:
-            if request_id not in self._num_tokens_sent and request.num_preemptions == 0:
-                step.first_scheduled.append(request_id)  # it leaves the queue now
             self._num_dropped_blocks.pop(request_id, None)
             step.new_reqs.append(NewRequestData(
                 request_id, list(request.all_token_ids), request.num_prompt_tokens, request.sampling_params,
@@ -195,10 +238,17 @@ class Scheduler:
         step.num_scheduled[request_id] = num_new
         step.budget -= num_new
 
-    def _preempt(self, group: list[Request], step: _Step, swap_allowed: bool) -> None:
+    def _preempt(self, group: list[Request], step: _Step, alone: bool) -> None:
         """Swap the group out (its KV to host blocks) when the mode says so and the host blocks
-        suffice; else drop its KV and queue it first for recompute."""
+        suffice; else drop its KV and queue it first for recompute. A group that cannot grow even
+        `alone` (nothing else running) is recomputed; parallel samples then go on as independent
+        requests (each fits the pool alone), else they would be admitted and preempted together forever.
+        (A beam search always fits alone: the frontend checks its worst case.)"""
         step.preempted = True
+        swap_allowed = not alone
+        if alone and self.beam_search.width_of(group[0]) == 0:
+            for request in group:
+                request.group_id = None
         ids = {request.request_id for request in group}
         self.running = [r for r in self.running if r.request_id not in ids]
         for request in group:
@@ -246,7 +296,7 @@ class Scheduler:
                            runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """Append sampled tokens, apply token-level stop conditions, free finished requests, advance
         beam searches."""
-        outputs: list[EngineCoreOutput] = []
+        outputs, self._cut_outputs = self._cut_outputs, []
         finished: list[Request] = []
         for request_id in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(request_id)

@@ -17,6 +17,8 @@ from pagedserve.errors import CapacityError, ConfigError, InvalidRequestError
 from pagedserve.protocol import EngineCoreRequest
 from pagedserve.sampling_params import SamplingParams
 
+UNBOUNDED = -1  # a queue limit's value for "no limit"
+_QUEUE_LIMITS = ("max_num_queued_requests", "max_num_queued_tokens")
 _RATE_WINDOW_S = 10.0  # starts counted for the Retry-After estimate
 _MAX_RETRY_AFTER_S = 60
 
@@ -28,10 +30,11 @@ class ServingLimits:
 
     max_num_queued_requests: int | None = config_field(
         None, "Requests that may wait for the engine at once; more get 503 with Retry-After at once. "
-              "Default: no limit.")
+              "Default: twice what the engine runs at once (the smaller of --max-num-seqs and the KV cache's "
+              "blocks); -1: no limit.")
     max_num_queued_tokens: int | None = config_field(
         None, "Prompt tokens that may wait for the engine at once; more get 503 with Retry-After at once. "
-              "Default: no limit.")
+              "Default: twice the KV cache's capacity in tokens; -1: no limit.")
     max_queue_time: float | None = config_field(
         None, "Seconds a request may wait before the engine starts it; then it ends with a 503 timeout "
               "error. Default: no limit.")
@@ -50,8 +53,12 @@ class ServingLimits:
                "0 disables the watchdog.")
 
     def __post_init__(self) -> None:
-        for name in ("max_num_queued_requests", "max_num_queued_tokens", "max_input_tokens",
-                     "max_output_tokens", "max_queue_time", "request_timeout"):
+        for name in _QUEUE_LIMITS:
+            value = getattr(self, name)
+            if value is not None and value <= 0 and value != UNBOUNDED:
+                raise ConfigError(f"{name}={value} must be positive, or {UNBOUNDED} for no limit "
+                                  f"(--{name.replace('_', '-')}); leave it out for the default.")
+        for name in ("max_input_tokens", "max_output_tokens", "max_queue_time", "request_timeout"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"{name}={value} must be positive (--{name.replace('_', '-')}); leave it "
@@ -59,6 +66,21 @@ class ServingLimits:
         if self.engine_stall_timeout < 0:
             raise ConfigError(f"engine_stall_timeout={self.engine_stall_timeout} must not be negative "
                               "(--engine-stall-timeout; 0 disables the watchdog).")
+
+
+def with_queue_defaults(limits: ServingLimits, max_num_seqs: int, num_kv_blocks: int, block_size: int
+                        ) -> ServingLimits:
+    """`limits` with the queue limits left out set to their defaults, so that the queue is bounded with
+    default flags (never OOM, never hang): twice what the engine holds at once, in requests (each
+    running request holds a KV block at least) and in tokens. Explicit values (-1 included) stay."""
+    defaults = {"max_num_queued_requests": 2 * min(max_num_seqs, num_kv_blocks),
+                "max_num_queued_tokens": 2 * num_kv_blocks * block_size}
+    return replace(limits, **{name: value for name, value in defaults.items() if getattr(limits, name) is None})
+
+
+def _bound(value: int | None) -> int | None:
+    """A queue limit, None when there is none."""
+    return None if value is None or value == UNBOUNDED else value
 
 
 class AdmissionControl:
@@ -73,24 +95,23 @@ class AdmissionControl:
     def check(self, num_requests: int, num_tokens: int) -> None:
         """Raises CapacityError (503) if `num_requests` more requests of `num_tokens` prompt tokens in
         all would exceed a queue limit now, InvalidRequestError (400) if they never could."""
-        limits = self.limits
-        if limits.max_num_queued_tokens is not None and num_tokens > limits.max_num_queued_tokens:
+        max_requests = _bound(self.limits.max_num_queued_requests)
+        max_tokens = _bound(self.limits.max_num_queued_tokens)
+        if max_tokens is not None and num_tokens > max_tokens:
             raise InvalidRequestError(
                 f"The request's {num_tokens} prompt tokens are more than may ever wait at once, "
-                f"{limits.max_num_queued_tokens} (--max-num-queued-tokens); shorten the prompt or send "
+                f"{max_tokens} (--max-num-queued-tokens); shorten the prompt or send "
                 "fewer prompts in one request.", param="prompt")
-        if (limits.max_num_queued_requests is not None
-                and len(self.queued) + num_requests > limits.max_num_queued_requests):
+        if max_requests is not None and len(self.queued) + num_requests > max_requests:
             raise CapacityError(
                 f"The server is at capacity: {len(self.queued)} requests are waiting for the engine, the "
-                f"limit is {limits.max_num_queued_requests} (--max-num-queued-requests). Retry after "
+                f"limit is {max_requests} (--max-num-queued-requests). Retry after "
                 f"{self.retry_after_s():.0f} s.", self.retry_after_s())
-        if (limits.max_num_queued_tokens is not None
-                and self.num_queued_tokens + num_tokens > limits.max_num_queued_tokens):
+        if max_tokens is not None and self.num_queued_tokens + num_tokens > max_tokens:
             raise CapacityError(
                 f"The server is at capacity: {self.num_queued_tokens} prompt tokens are waiting for the "
                 f"engine and this request adds {num_tokens}, over the limit of "
-                f"{limits.max_num_queued_tokens} (--max-num-queued-tokens). Retry after "
+                f"{max_tokens} (--max-num-queued-tokens). Retry after "
                 f"{self.retry_after_s():.0f} s.", self.retry_after_s())
 
     def enqueue(self, request_id: str, num_tokens: int) -> None:

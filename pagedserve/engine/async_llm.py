@@ -7,7 +7,7 @@ from typing import Any
 
 from pagedserve.config import EngineConfig
 from pagedserve.engine.admission import (AdmissionControl, Deadlines, ServingLimits, apply_token_budgets,
-                                         check_num_samples)
+                                         check_num_samples, with_queue_defaults)
 from pagedserve.engine.core_client import MPClient
 from pagedserve.engine.core_proc import EngineCoreHandshake
 from pagedserve.engine.input_processor import EngineLimits, InputProcessor, PromptType, split_samples
@@ -61,9 +61,13 @@ class AsyncLLM:
         engine = cls(config, stat_loggers, log_requests, log_stats_interval_s, limits or ServingLimits())
         try:
             engine.handshake = await engine.engine_core.wait_until_ready()
-            engine.input_processor.limits = EngineLimits(config.scheduler.max_num_seqs,
-                                                         engine.handshake.num_blocks - 1,
-                                                         engine.handshake.block_size)
+            num_kv_blocks, block_size = engine.handshake.num_blocks - 1, engine.handshake.block_size
+            engine.input_processor.limits = EngineLimits(config.scheduler.max_num_seqs, num_kv_blocks, block_size)
+            engine.limits = engine.admission.limits = with_queue_defaults(
+                engine.limits, config.scheduler.max_num_seqs, num_kv_blocks, block_size)
+            logger.info("Queue: at most %d requests and %d prompt tokens wait for the engine "
+                        "(--max-num-queued-requests, --max-num-queued-tokens; -1: no limit).",
+                        engine.limits.max_num_queued_requests, engine.limits.max_num_queued_tokens)
         except BaseException:
             engine.shutdown()
             raise

@@ -1,7 +1,8 @@
 """Ray executor: the same workers as Ray actors, one per rank, placed by a placement group across the
 nodes of a running Ray cluster when RAY_ADDRESS names it (`ray start --head` / `ray start --address ...`),
 else on a private local Ray instance started for the run with every port on 127.0.0.1. Ray is optional
-(pip install 'pagedserve[ray]') and imported only here, lazily."""
+(pip install 'pagedserve[ray]')
+and imported only here, lazily."""
 import os
 import shutil
 import sys

@@ -34,7 +34,7 @@ def load_model(config: ModelConfig, device: torch.device) -> CausalLM:
     if config.gguf_file:
         weights = iterate_gguf(config.gguf_file, hf.num_attention_heads, hf.num_key_value_heads)
     elif os.path.isdir(config.model):
-        # NOTE: a CheckpointTensor reads lazily; it offers what the weight loaders call on a Tensor.
+        # NOTE: CheckpointTensor stands in for a tensor (it reads itself under any torch function).
         weights = cast(Iterator[tuple[str, torch.Tensor]], iterate_safetensors(config.model))
     else:
         raise ConfigError(f"Model {config.model!r} is not a local folder or GGUF file; pagedserve does "

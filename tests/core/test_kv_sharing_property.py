@@ -34,8 +34,8 @@ def move(source: Store, target: Store, pairs: list[tuple[int, int]]) -> None:
 
 def check_pool(pool: BlockPool, tables: dict[str, list[KVCacheBlock]], total: int) -> None:
     holders = Counter(block.block_id for table in tables.values() for block in table)
-    # NOTE: only the device pool reserves a null block; the host swap pool hands out every id.
-    assert pool.null_block is None or 0 not in holders, "the null block was handed out"
+    if pool.null_block is not None:
+        assert pool.null_block.block_id not in holders, "the null block was handed out"
     for table in tables.values():
         for block in table:
             assert block.ref_cnt == holders[block.block_id], "ref_cnt is not the number of holders"
@@ -113,6 +113,7 @@ class SharingMachine(RuleBasedStateMachine):
         pairs = self.swap.swap_out(group, self.kv)
         if pairs is None:
             return
+        assert all(0 <= host < NUM_HOST_BLOCKS for _, host in pairs), "host ids are the workers' rows"
         move(self.device, self.host, pairs)
         for request in group:
             self.swapped[request.request_id] = self.live.pop(request.request_id)

@@ -7,8 +7,8 @@ import pytest
 
 from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
-from pagedserve.engine.admission import (AdmissionControl, Deadlines, ServingLimits, apply_token_budgets,
-                                         check_num_samples)
+from pagedserve.engine.admission import (UNBOUNDED, AdmissionControl, Deadlines, ServingLimits,
+                                         apply_token_budgets, check_num_samples, with_queue_defaults)
 from pagedserve.engine.block_state import CACHED, FREE, SHARED, snapshot_blocks
 from pagedserve.engine.watchdog import StallWatchdog
 from pagedserve.errors import CapacityError, ConfigError, InvalidRequestError
@@ -45,6 +45,30 @@ def test_queue_limits_refuse_with_retry_after() -> None:
     admission.dequeue("b", started=False)
     admission.dequeue("b", started=False)  # idempotent
     assert admission.num_queued_tokens == 60 and list(admission.queued) == ["c"]
+
+
+def test_the_queue_is_bounded_by_default_and_unbounded_only_when_asked() -> None:
+    with pytest.raises(ConfigError, match=r"-1 for no limit \(--max-num-queued-tokens\)"):
+        ServingLimits(max_num_queued_tokens=-2)
+    # 8 seats, 100 blocks of 16 tokens: twice the 8 requests and the 1600 tokens the engine holds at once.
+    limits = with_queue_defaults(ServingLimits(), max_num_seqs=8, num_kv_blocks=100, block_size=16)
+    assert (limits.max_num_queued_requests, limits.max_num_queued_tokens) == (16, 3200)
+    # A KV cache smaller than the seats bounds the requests (each running request holds a block).
+    assert with_queue_defaults(ServingLimits(), 256, 10, 16).max_num_queued_requests == 20
+    admission = AdmissionControl(limits)
+    for index in range(16):
+        admission.enqueue(str(index), 10)
+    with pytest.raises(CapacityError, match=r"limit is 16 \(--max-num-queued-requests\)"):
+        admission.enqueue("16", 10)
+    unbounded = with_queue_defaults(ServingLimits(max_num_queued_requests=UNBOUNDED,
+                                                  max_num_queued_tokens=UNBOUNDED), 8, 100, 16)
+    assert (unbounded.max_num_queued_requests, unbounded.max_num_queued_tokens) == (UNBOUNDED, UNBOUNDED)
+    admission = AdmissionControl(unbounded)
+    for index in range(1000):
+        admission.enqueue(str(index), 10_000)
+    assert len(admission.queued) == 1000
+    explicit = with_queue_defaults(ServingLimits(max_num_queued_requests=3), 8, 100, 16)
+    assert (explicit.max_num_queued_requests, explicit.max_num_queued_tokens) == (3, 3200)
 
 
 def test_token_budgets() -> None:

@@ -60,7 +60,9 @@ def hf_beam_search(hf, prompt: list[int], params: BeamSearchParams) -> tuple[lis
 
 @pytest.mark.parametrize("width, length_penalty, early_stopping, ignore_eos",
                          [(2, 1.0, False, False), (4, 1.0, False, False), (2, 2.0, "never", False),
-                          (4, 0.0, True, False), (4, -1.0, False, False), (2, 1.0, False, True)])
+                          (4, 0.0, True, False), (4, -1.0, False, False), (2, 1.0, False, True),
+                          (3, 1.0, True, False), (3, 2.0, True, False), (3, 0.5, "never", False),
+                          (3, -0.5, "never", False), (3, 2.0, False, False)])
 def test_beam_search_equals_hf(model, width: int, length_penalty: float, early_stopping: bool | str,
                                ignore_eos: bool) -> None:
     llm, hf = model

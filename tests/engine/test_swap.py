@@ -17,17 +17,22 @@ def make_prompts(num: int, length: int = 10) -> list[list[int]]:
 
 
 def run(llm: LLM, prompts: list[list[int]], params: SamplingParams, beam_search: BeamSearchParams | None = None
-        ) -> tuple[list[list[list[int]]], int]:
-    """Every output's token ids per prompt, and the most requests swapped out at once."""
+        ) -> tuple[list[list[list[int]]], int, int | None]:
+    """Every output's token ids per prompt, the most requests swapped out at once and the fewest free
+    host blocks at any step (None without a swap space)."""
     engine = llm.llm_engine
     for index, prompt in enumerate(prompts):
         engine.add_request(str(index), prompt, params, beam_search=beam_search)
     finished: dict[str, RequestOutput] = {}
-    most_swapped = 0
+    most_swapped, swap = 0, engine.engine_core.scheduler.swap_space
+    lowest_free = None if swap is None else swap.num_blocks
     while engine.has_unfinished_requests():
         finished.update((o.request_id, o) for o in engine.step() if o.finished)
         most_swapped = max(most_swapped, engine.engine_core.get_stats().num_swapped_reqs)
-    return [[o.token_ids for o in finished[str(i)].outputs] for i in range(len(prompts))], most_swapped
+        if swap is not None:
+            lowest_free = min(lowest_free, swap.num_free_blocks())
+    outputs = [[o.token_ids for o in finished[str(i)].outputs] for i in range(len(prompts))]
+    return outputs, most_swapped, lowest_free
 
 
 def assert_no_leaks(llm: LLM) -> None:
@@ -50,8 +55,8 @@ def tiny(tiny_llama: str) -> LLM:
 def test_parallel_samples_swap_as_a_group(roomy: LLM, tiny: LLM) -> None:
     prompts = make_prompts(2)
     params = SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=20, ignore_eos=True)
-    expected, _ = run(roomy, prompts, params)
-    ours, most_swapped = run(tiny, prompts, params)
+    expected, *_ = run(roomy, prompts, params)
+    ours, most_swapped, _ = run(tiny, prompts, params)
     assert most_swapped == 2, "the newer group (both samples) was swapped out"
     assert ours == expected
     assert_no_leaks(tiny)
@@ -61,8 +66,8 @@ def test_beams_swap_as_a_group(roomy: LLM, tiny: LLM) -> None:
     prompts = make_prompts(2, 11)
     params = SamplingParams(n=2, temperature=0.0, max_tokens=16)
     beam_search = BeamSearchParams(beam_width=2, max_tokens=16, ignore_eos=True)
-    expected, _ = run(roomy, prompts, params, beam_search)
-    ours, most_swapped = run(tiny, prompts, params, beam_search)
+    expected, *_ = run(roomy, prompts, params, beam_search)
+    ours, most_swapped, _ = run(tiny, prompts, params, beam_search)
     assert most_swapped == 2 and ours == expected
     assert_no_leaks(tiny)
 
@@ -71,7 +76,23 @@ def test_single_requests_swap_in_swap_mode(tiny_llama: str, roomy: LLM) -> None:
     llm = LLM(tiny_llama, swap_space=0.01, preemption_mode="swap", **TINY)
     prompts = make_prompts(4, 20)
     params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
-    expected, _ = run(roomy, prompts, params)
-    ours, most_swapped = run(llm, prompts, params)
+    expected, *_ = run(roomy, prompts, params)
+    ours, most_swapped, _ = run(llm, prompts, params)
     assert most_swapped > 0 and ours == expected
+    assert_no_leaks(llm)
+
+
+def test_a_full_host_pool_uses_exactly_its_rows(tiny_llama: str, roomy: LLM) -> None:
+    """A host pool of 3 blocks that a preempted request fills exactly: swap-out writes host rows 0..2,
+    never row 3 (which does not exist)."""
+    bytes_per_block = roomy.llm_engine.engine_core.kv_cache_config.bytes_per_block  # same block size
+    llm = LLM(tiny_llama, swap_space=3 * bytes_per_block / 2**30, preemption_mode="swap", **TINY)
+    swap = llm.llm_engine.engine_core.scheduler.swap_space
+    assert swap is not None and swap.num_blocks == 3
+    prompts = make_prompts(4, 20)
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    expected, *_ = run(roomy, prompts, params)
+    ours, most_swapped, lowest_free = run(llm, prompts, params)
+    assert most_swapped > 0 and lowest_free == 0, "the host pool was filled exactly"
+    assert ours == expected
     assert_no_leaks(llm)

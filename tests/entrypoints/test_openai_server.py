@@ -313,3 +313,13 @@ def test_best_of_and_beam_search(server: RemoteServer, client: openai.OpenAI, ll
                  {"best_of": 1, "n": 2}):
         response = post(server, "/v1/completions", {"prompt": "hi", **body})
         assert response.status_code == 400 and response.json()["error"]["param"] in ("stream", "best_of"), body
+
+
+def test_the_queue_is_bounded_with_default_flags(server: RemoteServer, llm: LLM) -> None:
+    """No queue flag given: the server still bounds its queue, twice what the engine holds at once."""
+    engine = llm.llm_engine
+    num_blocks = engine.engine_core.kv_cache_config.num_blocks - 1
+    block_size = engine.engine_core.kv_cache_config.block_size
+    max_requests = 2 * min(engine.config.scheduler.max_num_seqs, num_blocks)
+    assert (f"Queue: at most {max_requests} requests and {2 * num_blocks * block_size} prompt tokens wait for "
+            "the engine") in server.log()

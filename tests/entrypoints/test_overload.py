@@ -195,6 +195,34 @@ def test_queue_limits_and_queue_time_while_the_engine_is_frozen(server: RemoteSe
 
 
 
+def test_a_running_beam_search_leaves_the_queue(server: RemoteServer) -> None:
+    """A beam search counts as started once its first beam runs: frozen (SIGSTOP) for longer than
+    --max-queue-time it still completes, and it holds no queue slot (8 more requests queue)."""
+    engine, num_added = server.engine_pid(), server.log().count("Added request")
+    results: dict[str, httpx.Response] = {}
+    search = threading.Thread(target=lambda: results.update(search=completion(
+        server, prompt=[100] * 20, max_tokens=120, n=2, use_beam_search=True, ignore_eos=True)))
+    search.start()
+    server.wait_for(lambda: httpx.get(f"{server.base_url}/dashboard/state", timeout=10).json()["scheduler"]
+                    .get("num_running_reqs"), 10, "the beam search to start")
+    os.kill(engine, signal.SIGSTOP)
+    try:
+        threads = [threading.Thread(target=lambda i=i: results.update({str(i): completion(
+            server, prompt=f"Queued {i}", max_tokens=2)})) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        server.wait_for(lambda: server.log().count("Added request") >= num_added + 9, 10, "eight queued requests")
+        full = completion(server, prompt="One too many", max_tokens=2)
+        assert full.status_code == 503 and "8 requests are waiting" in error_message(full)
+        time.sleep(3.5)  # past --max-queue-time for the search (the queued ones time out)
+    finally:
+        os.kill(engine, signal.SIGCONT)
+    for thread in [search, *threads]:
+        thread.join(30)
+    assert results["search"].status_code == 200, results["search"].text
+    assert [c["finish_reason"] for c in results["search"].json()["choices"]] == ["length", "length"]
+
+
 def _load(server: RemoteServer, stop: threading.Event, index: int) -> None:
     """Long generations, one after another, until `stop`."""
     while not stop.is_set():

@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-from pagedserve import LLM, SamplingParams
+from pagedserve import LLM, BeamSearchParams, SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -12,11 +12,16 @@ def smol_llm() -> LLM:
     return LLM(kv_cache_memory="256MiB", max_model_len=1024)
 
 
-def test_default_model_greedy_matches_hf(smol_llm: LLM, default_model: str) -> None:
+@pytest.fixture(scope="module")
+def hf_smol(default_model: str):
     from transformers import AutoModelForCausalLM
 
     folder, name = os.path.split(default_model)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    return AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+
+
+def test_default_model_greedy_matches_hf(smol_llm: LLM, hf_smol) -> None:
+    model = hf_smol
     prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"
                " there lived a very curious cat who"]
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
@@ -38,3 +43,28 @@ def test_default_model_chat_stops_at_eos(smol_llm: LLM) -> None:
     assert completion.finish_reason == "stop"
     assert completion.text.strip()
     assert "<|im_end|>" not in completion.text
+
+
+def test_default_model_beam_search_with_eos_equals_hf(smol_llm: LLM, hf_smol) -> None:
+    """Issue 10's case: chat prompts whose answers end soon, num_beams=3, early_stopping=True: EOS is among
+    the candidates, beams end at different lengths. (Other early_stopping / length_penalty settings:
+    tests/engine/test_beam_search.py on tiny models.)"""
+    early_stopping, length_penalty = True, 1.0
+    tokenizer = smol_llm.get_tokenizer()
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                             tokenize=True, return_dict=True)["input_ids"]
+               for question in ("Hi", "Count to three.")]
+    params = BeamSearchParams(beam_width=3, max_tokens=10, length_penalty=length_penalty,
+                              early_stopping=early_stopping)
+    outputs = smol_llm.beam_search([{"prompt_token_ids": list(p)} for p in prompts], params)
+    ended_with_eos = 0
+    for prompt, output in zip(prompts, outputs):
+        expected = hf_smol.generate(torch.tensor([prompt]), num_beams=3, num_return_sequences=3, max_new_tokens=10,
+                                    do_sample=False, length_penalty=length_penalty, early_stopping=early_stopping,
+                                    eos_token_id=tokenizer.eos_token_id, pad_token_id=0,
+                                    return_dict_in_generate=True)
+        lengths = (expected.beam_indices != -1).sum(dim=-1).tolist()
+        beams = [seq[len(prompt):len(prompt) + n].tolist() for seq, n in zip(expected.sequences, lengths)]
+        assert [sequence.tokens[len(prompt):] for sequence in output.sequences] == beams
+        ended_with_eos += sum(beam[-1] == tokenizer.eos_token_id for beam in beams)
+    assert ended_with_eos, "EOS competed: some best beam ends with it"

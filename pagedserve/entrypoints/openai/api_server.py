@@ -4,9 +4,9 @@
 
 The port is bound first (a taken port fails fast) and the server answers at once: GET /health and
 GET /ready answer 503 while the engine process loads the model, 200 once it serves (see lifecycle.py).
-If the engine dies or stalls (--engine-stall-timeout), requests in flight end with an error, /health
-answers 503, and the process exits with status 1 shortly after, for a supervisor to restart it. SIGTERM
-drains: no new requests, those in flight get --shutdown-timeout seconds, exit 0.
+If the engine dies or stalls (--engine-stall-timeout), requests in flight end with an
+error, /health answers 503, and the process exits with status 1 shortly after, for a supervisor to
+restart it. SIGTERM drains: no new requests, those in flight get --shutdown-timeout seconds, exit 0.
 """
 import argparse
 import asyncio
