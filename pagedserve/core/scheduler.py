@@ -416,7 +416,7 @@ class Scheduler:
         kv = self.kv_cache_manager
         kv_stats = kv.stats()
         stored = sum(request.num_computed_tokens for request in self.requests.values()
-                     if kv.num_blocks_held(request.request_id))
+                     if kv.num_table_entries(request.request_id))
         return SchedulerStats(
             num_running_reqs=len(self.running),
             num_waiting_reqs=len(self.waiting) + self.parallel_sampling.num_held(),
