@@ -30,10 +30,10 @@ class KVAdmissionPolicy:
             return True
         lookahead = self.lookahead_tokens or kv.block_size
         revived = sum(1 for block in hits or [] if block.ref_cnt == 0)  # cached blocks taken from the free list
-        held = len(kv.req_to_blocks.get(request.request_id, [])) + len(hits or [])
+        held = kv.num_table_entries(request.request_id) + len(hits or [])
         need = self._blocks(request, num_tokens + lookahead, held, kv.block_size) + revived
         for other in running:
-            held = len(kv.req_to_blocks.get(other.request_id, []))
+            held = kv.num_table_entries(other.request_id)
             need += self._blocks(other, other.num_computed_tokens + lookahead, held, kv.block_size)
         return need <= kv.num_free_blocks()
 

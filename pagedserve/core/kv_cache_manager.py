@@ -1,5 +1,6 @@
 """Per-request block tables over the block pool: allocation, prefix caching, forks and copy-on-write."""
 from collections import Counter
+from dataclasses import dataclass, field
 
 from pagedserve.core.block_pool import BlockPool, KVCacheBlock
 from pagedserve.core.hashing import extend_block_hashes
@@ -10,6 +11,49 @@ from pagedserve.utils import cdiv
 Plan = list[tuple[Request, int]]  # (request, number of new tokens to compute this step)
 
 
+@dataclass(slots=True)
+class SlotAllocation:
+    """What one `allocate_slots` changed in a request's block table: the interface between the scheduler
+    and the manager, so the scheduler never reads the manager's tables."""
+
+    new_block_ids: list[int]  # appended to the table (prefix hits first)
+    # Copies on write, (src, dst) block ids, the workers must make before the step's forward.
+    copies: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def table_rewritten(self) -> bool:
+        """A copy on write replaced a block mid-table: the workers need the whole table again."""
+        return bool(self.copies)
+
+
+# Block states in a BlockOwners picture, besides k >= 1 (held by request_ids[k - 1] alone).
+FREE, CACHED, SHARED = 0, -1, -2
+
+
+@dataclass(frozen=True, slots=True)
+class BlockOwners:
+    """Who holds each usable block (the null block left out), for the dashboard."""
+
+    request_ids: list[str]
+    # Per usable block: k >= 1 (request_ids[k - 1] alone), SHARED (several requests), CACHED (free but
+    # holding a revivable cached prefix) or FREE.
+    owners: list[int]
+    block_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class KVCacheStats:
+    """The manager's counters, as the scheduler reports them."""
+
+    usage: float  # fraction of usable blocks held
+    num_free_blocks: int
+    num_allocated_slots: int  # slots in the tables; a shared block counts once per holder
+    num_shared_blocks: int  # blocks held by more than one request
+    num_blocks_saved: int  # blocks the holders would need on top if nothing were shared
+    prefix_cache_queries: int  # tokens looked up (cumulative)
+    prefix_cache_hits: int  # tokens found (cumulative)
+
+
 class KVCacheManager:
     """Owns every request's block table. Blocks are allocated only as a request grows, so waste is at
     most one partly filled block per request, and all of them return to the pool when it ends.
@@ -17,9 +61,8 @@ class KVCacheManager:
     Sharing: a block may sit in several tables (`ref_cnt`). Full blocks are shared through the prefix
     cache (content hashes, `enable_caching`) and through forks; they are never written again. A partly
     filled block is shared only by a fork; whoever writes into it while others still hold it gets a
-    copy first (copy-on-write): `take_block_copies()` lists the (src, dst) copies the workers must make
-    before the step's forward, and `rewritten` the requests whose table changed other than by
-    appending (the workers need their whole table again).
+    copy first (copy-on-write): the `SlotAllocation` that `allocate_slots` returns lists the (src, dst)
+    copies the workers must make before the step's forward.
 
     Sliding windows (`window_policy`): blocks that no layer group reads again are freed as a request
     grows and their table entries become the null block (positions keep their index), so a request whose
@@ -34,8 +77,6 @@ class KVCacheManager:
         self.block_pool = BlockPool(num_blocks)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}  # leading blocks of each table already offered to the cache
-        self.rewritten: set[str] = set()
-        self._copies: list[tuple[int, int]] = []
         self.prefix_cache_queries = 0  # tokens looked up (cumulative)
         self.prefix_cache_hits = 0  # tokens found
 
@@ -58,12 +99,12 @@ class KVCacheManager:
         return hits
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
-                       new_computed_blocks: list[KVCacheBlock] | None = None) -> list[int] | None:
+                       new_computed_blocks: list[KVCacheBlock] | None = None) -> SlotAllocation | None:
         """Make room for `num_new_tokens` more tokens of `request` after its computed ones (and after
         `new_computed_blocks`, the prefix hits of a request being admitted, which the caller then counts
-        as computed). Copies a shared, partly filled block before it is written. Returns the ids of the
-        blocks appended to the table (maybe none), or None when the pool is short: nothing changed then,
-        and the caller preempts someone or waits."""
+        as computed). Copies a shared, partly filled block before it is written. Returns what changed
+        (the blocks appended, maybe none, and the copies to make), or None when the pool is short:
+        nothing changed then, and the caller preempts someone or waits."""
         hits = new_computed_blocks or []
         blocks = self.req_to_blocks.get(request.request_id, [])
         # NOTE: blocks out of every window's reach go back first (a valid change whatever follows).
@@ -78,8 +119,7 @@ class KVCacheManager:
         blocks = self.req_to_blocks.setdefault(request.request_id, [])
         blocks.extend(hits)
         self._free_unreachable(request.request_id, blocks, start)
-        if shared is not None:
-            self._copy_on_write(request.request_id, blocks, start // self.block_size)
+        copies = [] if shared is None else [self._copy_on_write(blocks, start // self.block_size)]
         new_blocks = self.block_pool.allocate(num_new_blocks)
         blocks.extend(new_blocks)
         if new_computed_blocks is not None:
@@ -87,7 +127,7 @@ class KVCacheManager:
             self.prefix_cache_hits += len(hits) * self.block_size
         # NOTE: draft tokens (past num_tokens) are not known to be the request's: never cached.
         self._cache_full_blocks(request, blocks, min(start + num_new_tokens, request.num_tokens))
-        return [block.block_id for block in hits + new_blocks]
+        return SlotAllocation([block.block_id for block in hits + new_blocks], copies)
 
     def num_blocks_needed(self, plan: Plan, tables: dict[str, list[KVCacheBlock]] | None = None) -> int:
         """Free blocks that `allocate_slots` needs to grow every (request, num_new_tokens) of `plan`,
@@ -122,7 +162,6 @@ class KVCacheManager:
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.num_cached_blocks.pop(request.request_id, None)
         self.num_freed_leading.pop(request.request_id, None)
-        self.rewritten.discard(request.request_id)
         # NOTE: tail blocks first, so the most request-specific blocks are evicted first.
         self.block_pool.free(reversed(self._held(blocks)))
 
@@ -136,11 +175,6 @@ class KVCacheManager:
         self.block_pool.free(reversed(released))
         return len(released)
 
-    def take_block_copies(self) -> list[tuple[int, int]]:
-        """The copies on write decided since the last call, (src, dst) block ids, in order."""
-        copies, self._copies = self._copies, []
-        return copies
-
     def reset_prefix_cache(self) -> int:
         """Make every cached block unfindable (running requests keep theirs). Returns how many were."""
         return self.block_pool.reset_prefix_cache()
@@ -148,15 +182,44 @@ class KVCacheManager:
     def get_block_ids(self, request_id: str) -> list[int]:
         return [block.block_id for block in self.req_to_blocks.get(request_id, [])]
 
+    @property
+    def num_usable_blocks(self) -> int:
+        """Blocks the requests can hold: every block but the reserved null block."""
+        return self.block_pool.num_usable_blocks
+
     def num_free_blocks(self) -> int:
         return self.block_pool.get_num_free_blocks()
 
     def usage(self) -> float:
         return self.block_pool.usage()
 
+    def block_owners(self) -> BlockOwners:
+        pool = self.block_pool
+        owners = [FREE] * pool.num_usable_blocks
+        request_ids = list(self.req_to_blocks)
+        for index, request_id in enumerate(request_ids, start=1):
+            for block in self.req_to_blocks[request_id]:
+                if block.block_id > 0:
+                    owners[block.block_id - 1] = SHARED if block.ref_cnt > 1 else index
+        for block in pool.blocks[1:]:
+            if block.ref_cnt == 0 and block.block_hash is not None:
+                owners[block.block_id - 1] = CACHED
+        return BlockOwners(request_ids, owners, self.block_size)
+
+    def stats(self) -> KVCacheStats:
+        pool = self.block_pool
+        return KVCacheStats(pool.usage(), pool.get_num_free_blocks(),
+                            self.num_allocated_slots(),
+                            pool.num_shared_blocks, pool.num_blocks_saved, self.prefix_cache_queries,
+                            self.prefix_cache_hits)
+
     def num_allocated_slots(self) -> int:
         """Slots in the requests' tables; a shared block counts once per holder, a freed one not at all."""
         return self.block_size * sum(len(self._held(blocks)) for blocks in self.req_to_blocks.values())
+
+    def num_table_entries(self, request_id: str) -> int:
+        """Entries in the request's block table (those freed out of every window included)."""
+        return len(self.req_to_blocks.get(request_id, ()))
 
     def num_held_blocks(self, request_id: str) -> int:
         """Blocks the request holds (its table less the entries freed out of every window)."""
@@ -191,12 +254,12 @@ class KVCacheManager:
             return blocks[index]
         return None
 
-    def _copy_on_write(self, request_id: str, blocks: list[KVCacheBlock], index: int) -> None:
+    def _copy_on_write(self, blocks: list[KVCacheBlock], index: int) -> tuple[int, int]:
+        """Give the table its own copy of block `index`; returns the (src, dst) copy to make."""
         shared, copy = blocks[index], self.block_pool.allocate(1)[0]
-        self._copies.append((shared.block_id, copy.block_id))
         blocks[index] = copy
         self.block_pool.free([shared])
-        self.rewritten.add(request_id)
+        return shared.block_id, copy.block_id
 
     def _cache_full_blocks(self, request: Request, blocks: list[KVCacheBlock], num_tokens: int) -> None:
         """Offer the blocks that `num_tokens` fill to the prefix cache. NOTE: done at schedule time: the

@@ -55,6 +55,9 @@ class SchedulerOutput:
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
     # The allowed next tokens of the constrained requests that sample this step (None: none does).
     grammar_bitmask: GrammarBitmask | None = None
+    # The frontend's ids of the requests started for the first time (not resumed after a preemption):
+    # they leave the frontend's queue now. The workers ignore it.
+    first_scheduled_req_ids: list[str] = field(default_factory=list)
 
     @property
     def has_block_ops(self) -> bool:

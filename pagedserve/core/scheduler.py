@@ -14,7 +14,7 @@ from pagedserve.config import SchedulerConfig, SpeculativeConfig
 from pagedserve.core.beam_search import BeamSearchManager
 from pagedserve.core.groups import groups_of, plan_group
 from pagedserve.core.kv_admission import KVAdmissionPolicy
-from pagedserve.core.kv_cache_manager import KVCacheManager
+from pagedserve.core.kv_cache_manager import BlockOwners, KVCacheManager, SlotAllocation
 from pagedserve.core.parallel_sampling import ParallelSampling
 from pagedserve.core.request import Request, RequestStatus
 from pagedserve.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
@@ -39,6 +39,7 @@ class _Step:
     num_scheduled: dict[str, int] = field(default_factory=dict)
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)
     spec_tokens: dict[str, list[int]] = field(default_factory=dict)
     preempted: bool = False
 
@@ -100,13 +101,13 @@ class Scheduler:
             self.requests[request_id].num_computed_tokens += num_new
         output = SchedulerOutput(step.new_reqs, step.cached_reqs, step.num_scheduled,
                                  self.config.max_num_batched_tokens - step.budget, self._forget_req_ids,
-                                 step.swap_out, step.swap_in, self.kv_cache_manager.take_block_copies(),
-                                 step.spec_tokens)
+                                 step.swap_out, step.swap_in, step.copies, step.spec_tokens)
+        output.first_scheduled_req_ids = self._started_request_ids(output)
         self._forget_req_ids = set()
         output.grammar_bitmask = self.structured.bitmask(self.requests[rid] for rid in step.num_scheduled)
         return output
 
-    def started_request_ids(self, output: SchedulerOutput) -> list[str]:
+    def _started_request_ids(self, output: SchedulerOutput) -> list[str]:
         """The frontend's ids (output ids) of the requests `output` starts for the first time. A request
         resumed after preemption is "new" to the workers again, but it left the queue before; a beam
         search is started by its first beam, under its first output id (its forks map to that id too)."""
@@ -189,8 +190,8 @@ class Scheduler:
             num_new = min(request.num_tokens - num_cached, step.budget)
             if not self.admission.admits(request, num_cached + num_new, hits, self.running, kv):
                 return
-            new_block_ids = kv.allocate_slots(request, num_new, hits)
-            if new_block_ids is None:
+            allocation = kv.allocate_slots(request, num_new, hits)
+            if allocation is None:
                 if self.running:
                     return
                 self._cut_short(request)  # the pool is all free (nothing runs or is swapped) and too small
@@ -200,7 +201,7 @@ class Scheduler:
             request.num_computed_tokens = num_cached
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            self._record(step, request, num_new, new_block_ids)
+            self._record(step, request, num_new, allocation)
 
     def _num_seats(self, group: list[Request]) -> int:
         """Seats of --max-num-seqs that a group takes: its members, or as many as it will fork into
@@ -218,22 +219,22 @@ class Scheduler:
         logger.warning("Request %s ends early (finish_reason 'length'): its %d tokens need more KV blocks than "
                        "the whole cache holds, %d blocks of %d tokens. Lower max_tokens or --max-model-len, or "
                        "raise --kv-cache-memory (--gpu-memory-utilization on a GPU, or --num-gpu-blocks-override).",
-                       request.request_id, request.num_tokens, kv.block_pool.num_usable_blocks, kv.block_size)
+                       request.request_id, request.num_tokens, kv.num_usable_blocks, kv.block_size)
         request.finish_reason = FinishReason.LENGTH
         self._cut_outputs.append(EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.LENGTH))
         self._finish([request])
 
-    def _record(self, step: _Step, request: Request, num_new: int, new_block_ids: list[int] | None) -> None:
-        assert new_block_ids is not None, "the caller checked the free blocks"
+    def _record(self, step: _Step, request: Request, num_new: int, allocation: SlotAllocation | None) -> None:
+        assert allocation is not None, "the caller checked the free blocks"
         request_id = request.request_id
+        step.copies += allocation.copies
         # NOTE: a copy on write replaced a block mid-table: the workers get the whole request again.
-        if request_id in self._num_tokens_sent and request_id not in self.kv_cache_manager.rewritten:
+        if request_id in self._num_tokens_sent and not allocation.table_rewritten:
             num_sent = self._num_tokens_sent[request_id]
             step.cached_reqs.append(CachedRequestData(request_id, request.all_token_ids[num_sent:],
-                                                      new_block_ids, request.num_computed_tokens,
+                                                      allocation.new_block_ids, request.num_computed_tokens,
                                                       self._num_dropped_blocks.pop(request_id, 0)))
         else:
-            self.kv_cache_manager.rewritten.discard(request_id)
             self._num_dropped_blocks.pop(request_id, None)
             step.new_reqs.append(NewRequestData(
                 request_id, list(request.all_token_ids), request.num_prompt_tokens, request.sampling_params,
@@ -409,17 +410,32 @@ class Scheduler:
         """Forget every cached block hash; returns how many blocks were cached."""
         return self.kv_cache_manager.reset_prefix_cache()
 
+    def describe(self, max_requests: int) -> str:
+        """The queues, the KV usage and (the first `max_requests` of) the running requests, for a log."""
+        stats = self.get_stats()
+        running = ", ".join(f"{r.request_id} ({r.num_computed_tokens}/{r.num_tokens} tokens computed)"
+                            for r in self.running[:max_requests])
+        return (f"Running: {stats.num_running_reqs} requests, waiting: {stats.num_waiting_reqs}, KV cache "
+                f"{stats.kv_cache_usage:.1%} used ({self.kv_cache_manager.num_free_blocks()} free blocks). "
+                f"The step in progress computes: {running or 'nothing'}.")
+
+    def block_owners(self) -> BlockOwners:
+        """Who holds each KV block now."""
+        return self.kv_cache_manager.block_owners()
+
     def get_stats(self) -> SchedulerStats:
         kv = self.kv_cache_manager
-        stored = sum(self.requests[request_id].num_computed_tokens for request_id in kv.req_to_blocks)
+        kv_stats = kv.stats()
+        stored = sum(request.num_computed_tokens for request in self.requests.values()
+                     if kv.num_table_entries(request.request_id))
         return SchedulerStats(
             num_running_reqs=len(self.running),
             num_waiting_reqs=len(self.waiting) + self.parallel_sampling.num_held(),
-            kv_cache_usage=kv.usage(), num_preemptions_total=self.num_preemptions_total,
+            kv_cache_usage=kv_stats.usage, num_preemptions_total=self.num_preemptions_total,
             num_recomputed_tokens_total=self.num_recomputed_tokens_total,
-            num_kv_slots_allocated=kv.num_allocated_slots(), num_kv_tokens_stored=stored,
-            num_shared_blocks=kv.block_pool.num_shared_blocks, num_blocks_saved=kv.block_pool.num_blocks_saved,
+            num_kv_slots_allocated=kv_stats.num_allocated_slots, num_kv_tokens_stored=stored,
+            num_shared_blocks=kv_stats.num_shared_blocks, num_blocks_saved=kv_stats.num_blocks_saved,
             num_swapped_reqs=sum(len(group) for group in self.swapped),
-            prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits,
+            prefix_cache_queries=kv_stats.prefix_cache_queries, prefix_cache_hits=kv_stats.prefix_cache_hits,
             spec_decode_num_drafts=self.spec_num_drafts, spec_decode_num_draft_tokens=self.spec_num_draft_tokens,
             spec_decode_num_accepted_tokens=self.spec_num_accepted_tokens)

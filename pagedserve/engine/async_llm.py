@@ -10,7 +10,7 @@ from pagedserve.engine.admission import (AdmissionControl, Deadlines, ServingLim
                                          check_num_samples, with_queue_defaults)
 from pagedserve.engine.core_client import MPClient
 from pagedserve.engine.core_proc import EngineCoreHandshake
-from pagedserve.engine.input_processor import EngineLimits, InputProcessor, PromptType, split_samples
+from pagedserve.engine.input_processor import EngineLimits, InputProcessor, PromptType
 from pagedserve.engine.output_processor import OutputProcessor
 from pagedserve.engine.tokenizer import load_tokenizer
 from pagedserve.engine.watchdog import FRONTEND_GRACE_S, poll_interval_s, stall_message
@@ -143,9 +143,7 @@ class AsyncLLM:
         deadlines = Deadlines.start(self.limits, timeout_s)
         finished = False
         try:
-            child_ids = self.output_processor.add_request(request_id, text, request.prompt_token_ids,
-                                                          request.sampling_params, request.arrival_time)
-            await self.engine_core.add_requests(split_samples(request, child_ids))
+            await self.engine_core.add_requests(self.output_processor.register(request_id, text, request))
             if self.log_requests:
                 logger.info("Added request %s: %d prompt tokens, %s.", request_id,
                             len(request.prompt_token_ids), _describe(request.sampling_params))
@@ -169,7 +167,7 @@ class AsyncLLM:
         except CapacityError:
             self._record(None, IterationStats(num_rejected_requests=1))
             raise
-        if not self.output_processor.requests:
+        if not self.output_processor.num_unfinished:
             self._last_progress = time.monotonic()  # the stall clock starts with the work
 
     async def _next_output(self, request_id: str, queue: "asyncio.Queue[RequestOutput | Exception]",
@@ -196,7 +194,7 @@ class AsyncLLM:
 
     async def _expire(self, request_id: str, deadlines: Deadlines) -> RequestOutput | Exception:
         """Abort a request past its deadline; its final output carries what it generated."""
-        state = self.output_processor.requests.get(request_id)
+        state = self.output_processor.get(request_id)
         if state is None:
             return EngineDeadError(f"Request {request_id} vanished before its deadline.")
         num_generated = sum(len(sample.token_ids) for sample in state.samples)
@@ -261,9 +259,9 @@ class AsyncLLM:
         stats = IterationStats()
         # NOTE: before the outputs: a request that ends in its first step is forgotten by them.
         for child_id in core_outputs.scheduled_request_ids:
-            entry = self.output_processor.child_to_parent.get(child_id)
-            if entry is not None:
-                self.admission.dequeue(entry[0].request_id, started=True)
+            parent = self.output_processor.parent_of(child_id)
+            if parent is not None:
+                self.admission.dequeue(parent.request_id, started=True)
         if core_outputs.block_snapshot is not None and self._snapshot is not None and not self._snapshot.done():
             self._snapshot.set_result(core_outputs.block_snapshot)
         request_outputs, to_abort = self.output_processor.process_outputs(core_outputs, stats)
@@ -294,7 +292,7 @@ class AsyncLLM:
             await asyncio.sleep(poll_interval_s(timeout_s))
             silent_s = time.monotonic() - self._last_progress
             # NOTE: the engine's unfinished requests, not _queues: a slow reader's finished stream is no work.
-            unfinished = len(self.output_processor.requests)
+            unfinished = self.output_processor.num_unfinished
             if unfinished and silent_s > timeout_s:
                 logger.error("The engine process sent nothing for %.0f s while %d request(s) were in flight: it "
                              "is unresponsive (--engine-stall-timeout %g) and is killed.", silent_s, unfinished,
@@ -307,7 +305,7 @@ class AsyncLLM:
         if self.dead_error is not None:
             return
         self.dead_error = error
-        states = list(self.output_processor.requests.values())
+        states = self.output_processor.fail_all()
         stats = self._last_scheduler_stats
         details = ", ".join(f"{s.request_id} ({len(s.prompt_token_ids)} prompt + "
                             f"{sum(len(x.token_ids) for x in s.samples)} generated tokens)"
@@ -319,8 +317,6 @@ class AsyncLLM:
         for queue in self._queues.values():
             queue.put_nowait(error)
         self._queues.clear()
-        self.output_processor.requests.clear()
-        self.output_processor.child_to_parent.clear()
         self.dead_event.set()
 
     def shutdown(self) -> None:

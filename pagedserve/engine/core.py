@@ -9,9 +9,10 @@ from pagedserve.core.scheduler import Scheduler
 from pagedserve.core.sliding_window import SlidingWindowPolicy
 from pagedserve.core.swap import SwapSpace
 from pagedserve.engine.tokenizer import load_tokenizer
+from pagedserve.engine.block_state import snapshot_blocks
 from pagedserve.executor import get_executor_class
 from pagedserve.logger import init_logger
-from pagedserve.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+from pagedserve.protocol import BlockSnapshot, EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from pagedserve.sizing import size_kv_cache
 from pagedserve.utils.hf_config import layer_windows
 from pagedserve.structured_output.manager import StructuredOutputManager
@@ -66,12 +67,12 @@ class EngineCore:
             return EngineCoreOutputs()
         timestamp = time.time()
         scheduler_output = self.scheduler.schedule()
-        first_scheduled = self.scheduler.started_request_ids(scheduler_output)
         if scheduler_output.is_empty and not scheduler_output.has_block_ops:
             self.structured_output.wait_for_compile(timeout_s=0.05)  # only grammars being compiled are left
         runner_output = self.executor.execute_model(scheduler_output)
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
-        return EngineCoreOutputs(outputs, self.scheduler.get_stats(), timestamp, first_scheduled)
+        return EngineCoreOutputs(outputs, self.scheduler.get_stats(), timestamp,
+                                 scheduler_output.first_scheduled_req_ids)
 
     def reset_prefix_cache(self) -> bool:
         """Make every cached KV block unfindable (blocks in use stay with their requests)."""
@@ -80,6 +81,14 @@ class EngineCore:
 
     def get_stats(self) -> SchedulerStats:
         return self.scheduler.get_stats()
+
+    def describe(self, max_requests: int = 20) -> str:
+        """The scheduler's state (queues, KV usage, the running requests) for a log."""
+        return self.scheduler.describe(max_requests)
+
+    def block_snapshot(self) -> BlockSnapshot:
+        """The KV block pool as the dashboard draws it."""
+        return snapshot_blocks(self.scheduler.block_owners())
 
     def shutdown(self) -> None:
         self.structured_output.shutdown()

@@ -15,7 +15,6 @@ import msgspec
 import zmq
 
 from pagedserve.config import EngineConfig
-from pagedserve.engine.block_state import snapshot_blocks
 from pagedserve.engine.core import EngineCore
 from pagedserve.engine.watchdog import StallWatchdog
 from pagedserve.errors import ConfigError
@@ -78,14 +77,7 @@ class EngineCoreProc:
             self.watchdog.step_finished()
 
     def _describe_state(self) -> str:
-        """The scheduler's state for the stall log: queues, KV usage, the requests of the step."""
-        scheduler = self.engine_core.scheduler
-        stats = scheduler.get_stats()
-        running = ", ".join(f"{r.request_id} ({r.num_computed_tokens}/{r.num_tokens} tokens computed)"
-                            for r in list(scheduler.running)[:_MAX_LOGGED_REQUESTS])
-        return (f"Running: {stats.num_running_reqs} requests, waiting: {stats.num_waiting_reqs}, KV cache "
-                f"{stats.kv_cache_usage:.1%} used ({scheduler.kv_cache_manager.num_free_blocks()} free "
-                f"blocks). The step in progress computes: {running or 'nothing'}.")
+        return self.engine_core.describe(_MAX_LOGGED_REQUESTS)
 
     def _process_input(self, timeout_ms: int) -> bool:
         """Wait up to `timeout_ms` for input, then handle all of it. True if there was any."""
@@ -107,7 +99,7 @@ class EngineCoreProc:
             elif kind is EngineCoreRequestType.BLOCK_SNAPSHOT:
                 self._send(EngineCoreOutputs(
                     scheduler_stats=self.engine_core.get_stats(), timestamp=time.time(),
-                    block_snapshot=snapshot_blocks(self.engine_core.scheduler.kv_cache_manager)))
+                    block_snapshot=self.engine_core.block_snapshot()))
             elif kind is EngineCoreRequestType.SHUTDOWN:
                 self.shutdown_requested = True
                 return True

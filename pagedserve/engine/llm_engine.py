@@ -5,7 +5,7 @@ from typing import Any
 
 from pagedserve.config import EngineArgs
 from pagedserve.engine.core import EngineCore
-from pagedserve.engine.input_processor import EngineLimits, InputProcessor, PromptType, split_samples
+from pagedserve.engine.input_processor import EngineLimits, InputProcessor, PromptType
 from pagedserve.engine.output_processor import OutputProcessor
 from pagedserve.engine.tokenizer import load_tokenizer
 from pagedserve.errors import InvalidRequestError
@@ -31,13 +31,11 @@ class LLMEngine:
                     arrival_time: float | None = None, beam_search: BeamSearchParams | None = None) -> None:
         """Validate and queue a request (a beam search with `beam_search`: its `params.n` best beams
         come back). Raises InvalidRequestError; nothing invalid is queued."""
-        if request_id in self.output_processor.requests:
+        if request_id in self.output_processor:
             raise InvalidRequestError(f"Request id {request_id!r} is already in use.", param="request_id")
         text, request = self.input_processor.process(request_id, prompt, params, arrival_time or time.time(),
                                                      beam_search)
-        child_ids = self.output_processor.add_request(request_id, text, request.prompt_token_ids,
-                                                      request.sampling_params, request.arrival_time)
-        for child in split_samples(request, child_ids):
+        for child in self.output_processor.register(request_id, text, request):
             self.engine_core.add_request(child)
 
     def step(self) -> list[RequestOutput]:
@@ -54,7 +52,7 @@ class LLMEngine:
         self.engine_core.abort_requests(children)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.output_processor.requests)
+        return self.output_processor.num_unfinished > 0
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached KV block (e.g. after changing weights, or between benchmark runs)."""

@@ -9,9 +9,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pagedserve.engine.detokenizer import IncrementalDetokenizer
+from pagedserve.engine.input_processor import split_samples
 from pagedserve.metrics.stats import FinishedRequestStats, IterationStats
 from pagedserve.outputs import CompletionOutput, RequestOutput
-from pagedserve.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason, child_request_id
+from pagedserve.protocol import (EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason,
+                                 child_request_id)
 from pagedserve.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -91,8 +93,8 @@ class OutputProcessor:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self.requests: dict[str, RequestState] = {}
-        self.child_to_parent: dict[str, tuple[RequestState, SampleState]] = {}
+        self._requests: dict[str, RequestState] = {}
+        self._child_to_parent: dict[str, tuple[RequestState, SampleState]] = {}
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                     params: SamplingParams, arrival_time: float) -> list[str]:
@@ -106,11 +108,40 @@ class OutputProcessor:
                    for i in range(num_samples)]
         state = RequestState(request_id, prompt, prompt_token_ids, samples, arrival_time, params.output_kind,
                              params.n, [] if params.prompt_logprobs is not None else None)
-        self.requests[request_id] = state
+        self._requests[request_id] = state
         child_ids = [child_request_id(request_id, i, num_samples) for i in range(num_samples)]
         for child_id, sample in zip(child_ids, samples):
-            self.child_to_parent[child_id] = (state, sample)
+            self._child_to_parent[child_id] = (state, sample)
         return child_ids
+
+    def register(self, request_id: str, prompt: str | None, request: EngineCoreRequest) -> list[EngineCoreRequest]:
+        """Track a validated request; returns what the engine core gets: one request per sample (in one
+        group), or the beam search as one. The one way a request enters the engine."""
+        child_ids = self.add_request(request_id, prompt, request.prompt_token_ids, request.sampling_params,
+                                     request.arrival_time)
+        return split_samples(request, child_ids)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._requests
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._requests)
+
+    def get(self, request_id: str) -> RequestState | None:
+        return self._requests.get(request_id)
+
+    def parent_of(self, child_id: str) -> RequestState | None:
+        """The request an engine-core id (a sample) belongs to, while it is in flight."""
+        entry = self._child_to_parent.get(child_id)
+        return None if entry is None else entry[0]
+
+    def fail_all(self) -> list[RequestState]:
+        """Forget every request in flight (the engine died); returns them, for the log."""
+        states = list(self._requests.values())
+        self._requests.clear()
+        self._child_to_parent.clear()
+        return states
 
     def process_outputs(self, core_outputs: EngineCoreOutputs, stats: IterationStats | None = None
                         ) -> tuple[list[RequestOutput], list[str]]:
@@ -122,7 +153,7 @@ class OutputProcessor:
         to_abort: list[str] = []
         now = time.time()
         for output in core_outputs.outputs:
-            entry = self.child_to_parent.get(output.request_id)
+            entry = self._child_to_parent.get(output.request_id)
             if entry is None:
                 continue
             state, sample = entry
@@ -134,7 +165,7 @@ class OutputProcessor:
             if self._update_sample(sample, output):
                 to_abort.append(output.request_id)
             if sample.finish_reason is not None:
-                del self.child_to_parent[output.request_id]
+                del self._child_to_parent[output.request_id]
             updated.setdefault(state.request_id, (state, []))[1].append(sample)
         results = []
         for state, samples in updated.values():
@@ -142,7 +173,7 @@ class OutputProcessor:
             if result is not None:
                 results.append(result)
             if state.finished:
-                del self.requests[state.request_id]
+                del self._requests[state.request_id]
                 stats.finished_requests.append(state.finished_stats(now))
         return results, to_abort
 
@@ -181,20 +212,20 @@ class OutputProcessor:
 
     def _record_scheduled(self, core_outputs: EngineCoreOutputs, stats: IterationStats) -> None:
         for child_id in core_outputs.scheduled_request_ids:
-            entry = self.child_to_parent.get(child_id)
+            entry = self._child_to_parent.get(child_id)
             if entry is not None and entry[0].scheduled_time is None:
                 entry[0].scheduled_time = core_outputs.timestamp
                 stats.queue_times.append(core_outputs.timestamp - entry[0].arrival_time)
 
     def abort_request(self, request_id: str, stats: IterationStats | None = None) -> list[str]:
         """Forget a request; returns the engine-core ids still to abort."""
-        state = self.requests.pop(request_id, None)
+        state = self._requests.pop(request_id, None)
         if state is None:
             return []
-        child_ids = [cid for cid, (parent, _) in self.child_to_parent.items() if parent is state]
+        child_ids = [cid for cid, (parent, _) in self._child_to_parent.items() if parent is state]
         for child_id in child_ids:
-            self.child_to_parent[child_id][1].finish_reason = str(FinishReason.ABORT)
-            del self.child_to_parent[child_id]
+            self._child_to_parent[child_id][1].finish_reason = str(FinishReason.ABORT)
+            del self._child_to_parent[child_id]
         if stats is not None:
             stats.finished_requests.append(state.finished_stats(time.time(), str(FinishReason.ABORT)))
         return child_ids

@@ -1,16 +1,13 @@
 """KV-aware admission: waiting requests are admitted only while the running ones keep their next blocks,
 so an overloaded engine queues instead of thrashing (preempting and recomputing)."""
 import random
-import time
 
-from pagedserve.config import SchedulerConfig
 from pagedserve.core.kv_admission import KVAdmissionPolicy
-from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
 from pagedserve.core.sched_output import ModelRunnerOutput
 from pagedserve.core.scheduler import Scheduler
-from pagedserve.protocol import EngineCoreRequest
-from pagedserve.sampling_params import SamplingParams
+
+from core.utils import make_request, make_scheduler
 
 
 class _AdmitAll(KVAdmissionPolicy):
@@ -20,10 +17,10 @@ class _AdmitAll(KVAdmissionPolicy):
         return True
 
 
-def make_request(rid: str, prompt_len: int, max_tokens: int) -> Request:
-    first = 3 + 1000 * (sum(map(ord, rid)) % 40)  # distinct prompts: no prefix-cache hits between them
-    return Request(EngineCoreRequest(rid, list(range(first, first + prompt_len)),
-                                     SamplingParams(max_tokens=max_tokens, ignore_eos=True), 2, time.time()))
+def distinct_request(rid: str, prompt_len: int, max_tokens: int) -> Request:
+    """Distinct prompts: no prefix-cache hits between them."""
+    return make_request(rid, prompt_len, max_tokens, first_token=3 + 1000 * (sum(map(ord, rid)) % 40),
+                        ignore_eos=True)
 
 
 def run_to_completion(scheduler: Scheduler, max_steps: int = 20_000) -> int:
@@ -39,32 +36,30 @@ def run_to_completion(scheduler: Scheduler, max_steps: int = 20_000) -> int:
 
 
 def test_waiting_request_leaves_the_running_ones_their_next_block() -> None:
-    kv = KVCacheManager(9, 4)  # 8 usable blocks of 4 tokens
-    scheduler = Scheduler(SchedulerConfig(8, 64, 64), kv)
-    scheduler.add_request(make_request("running", 12, 20))  # 3 blocks, then one more every 4 tokens
+    scheduler = make_scheduler(9, 4, max_model_len=64)  # 8 usable blocks of 4 tokens
+    scheduler.add_request(distinct_request("running", 12, 20))  # 3 blocks, then one more every 4 tokens
     scheduler.update_from_output(scheduler.schedule(), ModelRunnerOutput({"running": 7}))
-    scheduler.add_request(make_request("big", 16, 4))  # 4 blocks now + 1 soon: 5 + 1 reserved > 5 free
+    scheduler.add_request(distinct_request("big", 16, 4))  # 4 blocks now + 1 soon: 5 + 1 reserved > 5 free
     out = scheduler.schedule()
     assert "big" not in out.num_scheduled_tokens and [r.request_id for r in scheduler.waiting] == ["big"]
-    scheduler.add_request(make_request("small", 4, 4))  # FCFS: it waits behind "big"
+    scheduler.add_request(distinct_request("small", 4, 4))  # FCFS: it waits behind "big"
     assert "small" not in scheduler.schedule().num_scheduled_tokens
     scheduler.abort_requests(["running"])
     assert set(scheduler.schedule().num_scheduled_tokens) == {"big", "small"}
 
 
 def test_lone_request_is_always_admitted() -> None:
-    kv = KVCacheManager(5, 4)  # exactly one request of 16 tokens
-    scheduler = Scheduler(SchedulerConfig(8, 64, 16), kv)
-    scheduler.add_request(make_request("alone", 15, 1))
+    scheduler = make_scheduler(5, 4, max_model_len=16)  # exactly one request of 16 tokens
+    scheduler.add_request(distinct_request("alone", 15, 1))
     assert scheduler.schedule().num_scheduled_tokens == {"alone": 15}
 
 
 def test_overload_preempts_far_less_than_admitting_everything() -> None:
     def preemptions(policy: KVAdmissionPolicy) -> tuple[int, int]:
         rng = random.Random(0)
-        scheduler = Scheduler(SchedulerConfig(16, 256, 256), KVCacheManager(65, 16), admission=policy)
+        scheduler = make_scheduler(65, 16, max_num_seqs=16, max_num_batched_tokens=256, admission=policy)
         for i in range(48):  # far more than 64 blocks hold
-            scheduler.add_request(make_request(f"r{i}", rng.randint(8, 120), rng.randint(8, 120)))
+            scheduler.add_request(distinct_request(f"r{i}", rng.randint(8, 120), rng.randint(8, 120)))
         run_to_completion(scheduler)
         assert scheduler.kv_cache_manager.num_free_blocks() == 64  # every block came back
         return scheduler.num_preemptions_total, scheduler.num_recomputed_tokens_total

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from pagedserve.core.block_pool import BlockPool, KVCacheBlock
-from pagedserve.core.kv_cache_manager import KVCacheManager
+from pagedserve.core.kv_cache_manager import KVCacheManager, SlotAllocation
 from pagedserve.core.request import Request
 from pagedserve.core.swap import SwapSpace
 from pagedserve.protocol import EngineCoreRequest
@@ -59,8 +59,8 @@ class SharingMachine(RuleBasedStateMachine):
         self.next_id += 1
         return str(self.next_id)
 
-    def _write(self, request: Request, start: int) -> None:
-        move(self.device, self.device, self.kv.take_block_copies())  # copies on write come first
+    def _write(self, request: Request, start: int, allocation: SlotAllocation) -> None:
+        move(self.device, self.device, allocation.copies)  # copies on write come first
         table = self.kv.req_to_blocks[request.request_id]
         for position in range(start, request.num_tokens):
             block = table[position // BLOCK_SIZE]
@@ -73,10 +73,11 @@ class SharingMachine(RuleBasedStateMachine):
         request = Request(EngineCoreRequest(self._new_id(), tokens, SamplingParams(), None, time.time()))
         hits = self.kv.get_computed_blocks(request)
         cached = len(hits or []) * BLOCK_SIZE
-        if self.kv.allocate_slots(request, len(tokens) - cached, hits) is None:
+        allocation = self.kv.allocate_slots(request, len(tokens) - cached, hits)
+        if allocation is None:
             return
         self.live[request.request_id] = request
-        self._write(request, cached)
+        self._write(request, cached, allocation)
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())
@@ -93,10 +94,11 @@ class SharingMachine(RuleBasedStateMachine):
         if request.num_tokens >= MAX_LEN:
             return
         request.append_token(token)
-        if self.kv.allocate_slots(request, 1) is None:
+        allocation = self.kv.allocate_slots(request, 1)
+        if allocation is None:
             request.all_token_ids.pop()
             return
-        self._write(request, request.num_tokens - 1)
+        self._write(request, request.num_tokens - 1, allocation)
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())

@@ -1,23 +1,15 @@
 """Prefix caching in the KV-cache manager (no torch): the hash chain, tenants, hits verified by tokens,
 never the last token, revivable blocks evicted least recently used, reset, statistics."""
-import time
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagedserve.core.hashing import extend_block_hashes, hash_block_tokens
 from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
-from pagedserve.protocol import EngineCoreRequest
-from pagedserve.sampling_params import SamplingParams
+
+from core.utils import make_request
 
 BLOCK_SIZE = 4
-
-
-def make_request(request_id: str, tokens: list[int], cache_salt: str | None = None,
-                 prompt_logprobs: int | None = None) -> Request:
-    params = SamplingParams(max_tokens=4, prompt_logprobs=prompt_logprobs)
-    return Request(EngineCoreRequest(request_id, tokens, params, None, time.time(), cache_salt=cache_salt))
 
 
 def admit(kv: KVCacheManager, request: Request) -> int:
@@ -53,10 +45,10 @@ def test_cache_salt_separates_tenants() -> None:
     tokens = list(range(10, 22))
     assert chain(tokens, "tenant-a")[0] != chain(tokens, "tenant-b")[0] != chain(tokens)[0]
     kv = KVCacheManager(32, BLOCK_SIZE)
-    admit(kv, make_request("a", tokens, "tenant-a"))
-    assert admit(kv, make_request("b", tokens, "tenant-b")) == 0
+    admit(kv, make_request("a", tokens, cache_salt="tenant-a"))
+    assert admit(kv, make_request("b", tokens, cache_salt="tenant-b")) == 0
     assert admit(kv, make_request("no-salt", tokens)) == 0
-    assert admit(kv, make_request("a2", tokens, "tenant-a")) == 8  # 12 tokens: never the last block
+    assert admit(kv, make_request("a2", tokens, cache_salt="tenant-a")) == 8  # 12 tokens: never the last block
 
 
 def test_longest_prefix_hit_never_covers_the_last_token() -> None:

@@ -1,25 +1,9 @@
 """Scheduler behaviour on constructed requests (no torch)."""
-import time
-
-from pagedserve.config import SchedulerConfig
 from pagedserve.core.block_pool import BlockPool
-from pagedserve.core.kv_cache_manager import KVCacheManager
-from pagedserve.core.request import Request
-from pagedserve.core.scheduler import Scheduler
 from pagedserve.core.sched_output import ModelRunnerOutput
-from pagedserve.protocol import EngineCoreRequest, FinishReason
-from pagedserve.sampling_params import SamplingParams
+from pagedserve.protocol import FinishReason
 
-
-def make_request(rid: str, prompt_len: int, max_tokens: int = 4, **params) -> Request:
-    return Request(EngineCoreRequest(rid, list(range(3, 3 + prompt_len)),
-                                     SamplingParams(max_tokens=max_tokens, **params), 2, time.time()))
-
-
-def make_scheduler(num_blocks: int = 64, block_size: int = 16, max_num_seqs: int = 8,
-                   max_num_batched_tokens: int = 64) -> Scheduler:
-    return Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, 256),
-                     KVCacheManager(num_blocks, block_size))
+from core.utils import make_request, make_scheduler
 
 
 def test_null_block_is_never_allocated() -> None:

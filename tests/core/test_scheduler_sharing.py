@@ -4,27 +4,21 @@ import time
 
 import pytest
 
-from pagedserve.config import SchedulerConfig
-from pagedserve.core.kv_cache_manager import KVCacheManager
+from pagedserve.config import PreemptionMode
 from pagedserve.core.request import Request, RequestStatus
 from pagedserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagedserve.core.scheduler import Scheduler
-from pagedserve.core.swap import SwapSpace
 from pagedserve.protocol import EngineCoreRequest
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams
 
-
-def make_request(request_id: str, prompt_len: int, max_tokens: int, group_id: str | None = None,
-                 first_token: int = 3) -> Request:
-    tokens = list(range(first_token, first_token + prompt_len))
-    return Request(EngineCoreRequest(request_id, tokens, SamplingParams(max_tokens=max_tokens), None,
-                                     time.time(), group_id=group_id))
+from core.utils import make_request, make_scheduler
 
 
-def make_scheduler(num_blocks: int, num_host_blocks: int = 16, preemption_mode: str | None = None,
-                   block_size: int = 4) -> Scheduler:
-    return Scheduler(SchedulerConfig(8, 64, 64, preemption_mode), KVCacheManager(num_blocks, block_size),
-                     SwapSpace(num_host_blocks))
+def sharing_scheduler(num_blocks: int, preemption_mode: PreemptionMode | None = None,
+                      block_size: int = 4, num_host_blocks: int = 16) -> Scheduler:
+    """Small blocks, a 64-token context and (by default) 16 host blocks of swap space."""
+    return make_scheduler(num_blocks, block_size, max_model_len=64, preemption_mode=preemption_mode,
+                          num_host_blocks=num_host_blocks)
 
 
 def step(scheduler: Scheduler) -> SchedulerOutput:
@@ -51,7 +45,7 @@ def assert_no_leaks(scheduler: Scheduler) -> None:
 
 
 def test_samples_fork_from_their_leader_and_copy_the_shared_block_on_write() -> None:
-    scheduler = make_scheduler(32)
+    scheduler = sharing_scheduler(32)
     kv = scheduler.kv_cache_manager
     for index in range(3):
         scheduler.add_request(make_request(f"{index}_g", 6, 4, group_id="g"))
@@ -76,7 +70,7 @@ def test_samples_fork_from_their_leader_and_copy_the_shared_block_on_write() -> 
 
 
 def test_samples_whose_leader_ends_first_compute_the_prompt_themselves() -> None:
-    scheduler = make_scheduler(32)
+    scheduler = sharing_scheduler(32)
     for index in range(2):
         scheduler.add_request(make_request(f"{index}_g", 9, 1, group_id="g"))
     step(scheduler)  # the leader computes its prompt, samples its only token and ends
@@ -87,7 +81,7 @@ def test_samples_whose_leader_ends_first_compute_the_prompt_themselves() -> None
 
 
 def test_a_group_swaps_out_and_returns_before_new_requests() -> None:
-    scheduler = make_scheduler(13)  # 12 usable blocks: 5 for solo, 9 for the group at the end
+    scheduler = sharing_scheduler(13)  # 12 usable blocks: 5 for solo, 9 for the group at the end
     scheduler.add_request(make_request("solo", 8, 12, first_token=100))
     for index in range(2):
         scheduler.add_request(make_request(f"{index}_g", 6, 12, group_id="g"))
@@ -108,7 +102,7 @@ def test_a_group_swaps_out_and_returns_before_new_requests() -> None:
 
 @pytest.mark.parametrize("mode, swapped", [("recompute", False), ("swap", True)])
 def test_preemption_mode(mode: str, swapped: bool) -> None:
-    scheduler = make_scheduler(7, preemption_mode=mode)  # 6 usable blocks
+    scheduler = sharing_scheduler(7, preemption_mode=mode)  # 6 usable blocks
     scheduler.add_request(make_request("old", 4, 12))
     scheduler.add_request(make_request("new", 4, 12, first_token=100))
     outputs = run_to_end(scheduler)
@@ -118,7 +112,7 @@ def test_preemption_mode(mode: str, swapped: bool) -> None:
 
 
 def test_a_group_too_large_to_fit_alone_is_recomputed_request_by_request() -> None:
-    scheduler = make_scheduler(9, block_size=4)  # 8 usable blocks; the group needs 2 x 5 at the end
+    scheduler = sharing_scheduler(9, block_size=4)  # 8 usable blocks; the group needs 2 x 5 at the end
     for index in range(2):
         scheduler.add_request(make_request(f"{index}_g", 6, 14, group_id="g"))
     outputs = run_to_end(scheduler)
@@ -128,7 +122,7 @@ def test_a_group_too_large_to_fit_alone_is_recomputed_request_by_request() -> No
 
 def test_host_block_ids_are_the_workers_rows() -> None:
     """A group that fills the host pool exactly gets host ids 0..N-1, the rows the workers allocate."""
-    scheduler = make_scheduler(32, num_host_blocks=3)
+    scheduler = sharing_scheduler(32, num_host_blocks=3)
     kv, swap = scheduler.kv_cache_manager, scheduler.swap_space
     request = make_request("r", 12, 4)  # 3 blocks of 4
     kv.allocate_slots(request, 12)
@@ -162,7 +156,7 @@ def drive(scheduler: Scheduler, max_steps: int = 100) -> dict[str, tuple[str, in
 def test_forked_samples_never_block_the_queue(group_first: bool) -> None:
     """8 blocks of 4 tokens, a request (prompt 4, max 8) and an n=2 group (prompt 24, max 8): the forked
     samples used to wait in the queue holding the blocks its head needed, and every step was empty."""
-    scheduler = make_scheduler(9)  # 8 usable blocks
+    scheduler = sharing_scheduler(9)  # 8 usable blocks
     single = [make_request("a", 4, 8)]
     group = [make_request(f"{i}_g", 24, 8, group_id="g", first_token=50) for i in range(2)]
     for request in group + single if group_first else single + group:
@@ -174,7 +168,7 @@ def test_forked_samples_never_block_the_queue(group_first: bool) -> None:
 def test_a_request_that_outgrows_the_whole_pool_ends_with_length() -> None:
     """7 usable blocks hold 28 tokens: the samples (24 + 8) can never be computed whole; they end early
     with finish_reason 'length' instead of waiting forever, and the other request finishes."""
-    scheduler = make_scheduler(8)
+    scheduler = sharing_scheduler(8)
     scheduler.add_request(make_request("a", 4, 8))
     for index in range(2):
         scheduler.add_request(make_request(f"{index}_g", 24, 8, group_id="g", first_token=50))
@@ -187,7 +181,7 @@ def test_a_request_that_outgrows_the_whole_pool_ends_with_length() -> None:
 def test_max_num_seqs_counts_the_forks_of_every_beam_search() -> None:
     """Two searches of width 3 under --max-num-seqs 4: the second starts only once the first has ended
     (its forks would make 6 running beams)."""
-    scheduler = Scheduler(SchedulerConfig(4, 64, 64), KVCacheManager(64, 4), None)
+    scheduler = make_scheduler(64, 4, max_num_seqs=4, max_model_len=64)
     for name in ("x", "y"):
         params = SamplingParams(n=3, temperature=0.0, max_tokens=6)
         scheduler.add_request(Request(EngineCoreRequest(name, [3, 4, 5], params, None, time.time(),

@@ -123,12 +123,12 @@ def test_block_snapshot_shows_owners_shared_and_cached() -> None:
     second = Request(core_request(8, 4, "second"))  # the same prompt: its first full block is cached
     hits = kv.get_computed_blocks(second)
     assert hits and kv.allocate_slots(second, 8 - 4 * len(hits), hits) is not None
-    snapshot = snapshot_blocks(kv)
+    snapshot = snapshot_blocks(kv.block_owners())
     assert snapshot.num_blocks == 8 and snapshot.blocks_per_cell == 1
     assert snapshot.cells.count(SHARED) == len(hits) == snapshot.num_shared_blocks
     assert snapshot.cells.count(1) == 2 - len(hits) and snapshot.cells.count(2) == 2 - len(hits)
     kv.free(first)
     kv.free(second)
-    snapshot = snapshot_blocks(kv)
+    snapshot = snapshot_blocks(kv.block_owners())
     assert snapshot.num_free_blocks == 8 and set(snapshot.cells) <= {FREE, CACHED}
     assert snapshot.cells.count(CACHED) == snapshot.num_cached_blocks >= 1

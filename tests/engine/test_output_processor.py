@@ -30,7 +30,7 @@ def run(tokenizer, params: SamplingParams, token_ids: list[int]) -> tuple[list, 
         aborts += to_abort
         if to_abort:
             break
-    assert not processor.requests
+    assert processor.num_unfinished == 0 and "r" not in processor
     return results, aborts, stats
 
 

@@ -1,4 +1,5 @@
-"""Headless Chromium (Debian's `chromium`, installed by .ci/run) for page tests, and a PNG reader."""
+"""Headless Chromium (Debian's `chromium`; scripts/install_test_deps.sh installs it) for page tests, and a
+PNG reader."""
 import re
 import shutil
 import struct

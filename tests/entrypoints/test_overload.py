@@ -229,7 +229,7 @@ def _load(server: RemoteServer, stop: threading.Event, index: int) -> None:
         completion(server, prompt=[200 + index] * 120, max_tokens=40, ignore_eos=True)
 
 
-@pytest.mark.skipif(chromium() is None, reason="chromium is not installed (.ci/run installs it)")
+@pytest.mark.skipif(chromium() is None, reason="chromium is not installed (scripts/install_test_deps.sh installs it)")
 def test_dashboard_shows_blocks_in_use_and_the_metrics(server: RemoteServer, tmp_path) -> None:
     """Headless Chromium loads /dashboard during a load run: its grid shows held blocks (colored cells);
     once the load is over, the numbers on the page are those of /metrics."""

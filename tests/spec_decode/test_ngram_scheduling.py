@@ -1,18 +1,15 @@
 """N-gram speculation in the scheduler (no torch): proposals, which requests get drafts, and the release
 of rejected drafts' KV blocks."""
-import time
-
 import pytest
 
-from pagedserve.config import SchedulerConfig, SpeculativeConfig
-from pagedserve.core.kv_cache_manager import KVCacheManager
+from pagedserve.config import SpeculativeConfig
 from pagedserve.core.request import Request
 from pagedserve.core.scheduler import Scheduler
 from pagedserve.core.sched_output import ModelRunnerOutput
 from pagedserve.core.spec_decode import NgramProposer
 from pagedserve.errors import ConfigError
-from pagedserve.protocol import EngineCoreRequest
-from pagedserve.sampling_params import SamplingParams
+
+from core.utils import make_request, make_scheduler
 
 SPEC = SpeculativeConfig("ngram", num_speculative_tokens=4, prompt_lookup_max=3, prompt_lookup_min=1)
 
@@ -26,12 +23,11 @@ def test_prompt_lookup_takes_the_longest_suffix_and_latest_occurrence() -> None:
 
 
 def request(rid: str, prompt: list[int], max_tokens: int = 32, **params) -> Request:
-    return Request(EngineCoreRequest(rid, prompt, SamplingParams(max_tokens=max_tokens, **params), 0,
-                                     time.time()))
+    return make_request(rid, prompt, max_tokens, eos_token_id=0, **params)
 
 
 def scheduler_with_spec(num_blocks: int = 32, block_size: int = 4) -> Scheduler:
-    return Scheduler(SchedulerConfig(8, 64, 256), KVCacheManager(num_blocks, block_size), speculative=SPEC)
+    return make_scheduler(num_blocks, block_size, speculative=SPEC)
 
 
 def test_rejected_drafts_release_their_blocks_and_the_workers_hear_of_it() -> None:

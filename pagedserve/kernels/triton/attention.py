@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedserve.utils import cdiv
+
 TILE_N = 32  # keys per iteration; a multiple of every supported block size (8/16/32)
 MIN_DOT = 16  # tl.dot needs at least 16 rows and a reduction of at least 16 on GPUs
 MAX_SPLITS = 16
@@ -161,7 +163,7 @@ class PagedBatch:
 def query_tiles(query_start_loc: list[int], block_q: int, device: torch.device
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     starts = np.asarray(query_start_loc, dtype=np.int64)
-    num_tiles = -(-np.diff(starts) // block_q)
+    num_tiles = -(-np.diff(starts) // block_q)  # NOTE: cdiv, elementwise over a numpy array
     request = np.repeat(np.arange(len(num_tiles)), num_tiles)
     first_tile = np.repeat(np.cumsum(num_tiles) - num_tiles, num_tiles)
     q_start = (np.arange(len(request)) - first_tile) * block_q
@@ -173,8 +175,8 @@ def choose_num_splits(num_requests: int, max_seq_len: int, decode_only: bool) ->
     """Split-K only pays when a decode batch has too few programs to fill the GPU and long contexts."""
     if not decode_only:
         return 1
-    by_length = -(-max_seq_len // MIN_KEYS_PER_SPLIT)
-    by_occupancy = -(-TARGET_PROGRAMS // max(num_requests, 1))
+    by_length = cdiv(max_seq_len, MIN_KEYS_PER_SPLIT)
+    by_occupancy = cdiv(TARGET_PROGRAMS, max(num_requests, 1))
     return max(1, min(MAX_SPLITS, by_length, by_occupancy))
 
 
