@@ -6,7 +6,9 @@ lengths in [--input-len-min, --input-len-max], token ids avoiding special tokens
 most --max-concurrency in flight, and measures TTFT, TPOT, ITL (mean, median, p99), request and token
 throughput and failures. With --peer-base-url the same workload then runs against a second server and
 the table shows both and their ratio. Prompts go as token ids (exact lengths; --text-prompts sends the
-decoded text to servers that want strings).
+decoded text to servers that want strings). --dataset copy sends copy-heavy prompts instead (functions of
+Python's standard library, to be copied out again): the workload where speculative decoding by prompt
+lookup pays.
 
     python benchmarks/serving.py --base-url http://127.0.0.1:8000 --num-prompts 32 --max-concurrency 32 \\
         --input-len-min 32 --input-len-max 512 --output-len-max 64 --ignore-eos \\
@@ -168,11 +170,33 @@ def print_table(columns: list[tuple[str, dict[str, float]]]) -> None:
         print(f"{label:34}" + "".join(f"{cell:>16}" for cell in cells))
 
 
+def copy_prompts(tokenizer: Any, num: int, seed: int) -> list[list[int]]:
+    """Prompts asking to copy a function of Python's standard library (200-1500 characters of source)."""
+    import importlib
+    import inspect
+
+    sources = []
+    for name in ("textwrap", "json.encoder", "json.decoder", "shlex", "fnmatch", "calendar", "difflib",
+                 "string", "colorsys", "heapq", "bisect", "base64"):
+        module = importlib.import_module(name)
+        for _, function in inspect.getmembers(module, inspect.isfunction):
+            if function.__module__ == name:
+                source = inspect.getsource(function)
+                if 200 <= len(source) <= 1500:
+                    sources.append(source)
+    order = np.random.default_rng(seed).permutation(len(sources))
+    return [tokenizer.encode(f"Copy the following Python code exactly.\n\n```python\n{sources[i]}```\n\n"
+                             "Copy:\n```python\n") for i in order[:num]]
+
+
 def build_workload(args: argparse.Namespace) -> Workload:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or _default_tokenizer())
-    prompts = make_prompts(tokenizer, args.num_prompts, args.input_len_min, args.input_len_max, args.seed)
+    if args.dataset == "copy":
+        prompts = copy_prompts(tokenizer, args.num_prompts, args.seed)
+    else:
+        prompts = make_prompts(tokenizer, args.num_prompts, args.input_len_min, args.input_len_max, args.seed)
     rng = np.random.default_rng(args.seed + 1)
     output_min = args.output_len_min or args.output_len_max
     output_lens = rng.integers(output_min, args.output_len_max + 1, size=args.num_prompts).tolist()
@@ -207,6 +231,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--peer-model", help="Model name for the peer (default: its first model).")
     parser.add_argument("--peer-name", default="peer", help="Column title of the peer.")
     parser.add_argument("--num-prompts", type=int, default=32)
+    parser.add_argument("--dataset", choices=("random", "copy"), default="random",
+                        help="random: vLLM's random token ids (--input-len-*); copy: copy-heavy prompts.")
     parser.add_argument("--request-rate", type=float, default=float("inf"),
                         help="Requests per second, Poisson arrivals; inf sends all at once.")
     parser.add_argument("--max-concurrency", type=int, help="Most requests in flight (default: all).")
@@ -236,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         columns.append((name, summarize(results, duration)))
         for error in sorted({r.error for r in results if not r.ok})[:5]:
             print(f"{name}: failed request: {error}", file=sys.stderr)
-    print(f"{args.num_prompts} prompts, input {args.input_len_min}-{args.input_len_max} tokens, output "
+    lengths = [len(p) for p in workload.prompts]
+    print(f"{args.num_prompts} {args.dataset} prompts, input {min(lengths)}-{max(lengths)} tokens, output "
           f"{args.output_len_min or args.output_len_max}-{args.output_len_max} tokens, request rate "
           f"{args.request_rate}, max concurrency {args.max_concurrency or args.num_prompts}")
     print_table(columns)

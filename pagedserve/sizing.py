@@ -16,6 +16,8 @@ from pagedserve.config import EngineConfig, KVCacheConfig
 from pagedserve.errors import ConfigError
 from pagedserve.logger import init_logger
 from pagedserve.utils import cdiv, format_bytes
+from pagedserve.utils.hf_config import (falcon_parallel_attention, falcon_two_layernorms, is_sparse_layer,
+                                        kv_sliding_window, num_kv_heads)
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -24,34 +26,65 @@ logger = init_logger(__name__)
 
 # Bytes per element of each dtype the engine or the planner knows.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
-# Architectures whose q/k/v projections carry a bias (models/qwen2.py).
-_QKV_BIAS_ARCHITECTURES = frozenset({"Qwen2ForCausalLM"})
+# Architectures whose q/k/v projections carry a bias (models/qwen2.py, qwen2_moe.py).
+_QKV_BIAS_ARCHITECTURES = frozenset({"Qwen2ForCausalLM", "Qwen2MoeForCausalLM"})
+# ... with an RMSNorm over each head of q and k (models/qwen3.py, gemma3_text.py, qwen3_moe.py).
+_QK_NORM_ARCHITECTURES = frozenset({"Qwen3ForCausalLM", "Gemma3ForCausalLM", "Qwen3MoeForCausalLM"})
+# ... with four norms per layer (models/gemma2.py).
+_GEMMA_ARCHITECTURES = frozenset({"Gemma2ForCausalLM", "Gemma3ForCausalLM"})
 
 
 @dataclass(frozen=True)
 class ModelShape:
-    """The sizes of a Llama-family model (Llama, Mistral, Qwen2) that memory depends on."""
+    """The sizes of a model that memory depends on (every supported family: dense or mixture-of-experts
+    MLPs, all experts resident)."""
 
     vocab_size: int
     hidden_size: int
-    intermediate_size: int
+    intermediate_size: int  # of the dense MLP layers
     num_layers: int
     num_heads: int
     num_kv_heads: int
     head_dim: int
     tie_word_embeddings: bool
     qkv_bias: bool
+    qk_norm: bool = False
+    norms_per_layer: int = 2
+    norm_params: int = 1  # per element of a norm: 1 (RMSNorm), 2 (LayerNorm with bias: Falcon)
+    mlp_matrices: int = 3  # gate, up, down (gated) or up, down (Falcon)
+    linear_bias: bool = False  # Falcon's `bias`: o_proj and the MLP too
+    num_moe_layers: int = 0
+    num_experts: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
 
     @classmethod
     def from_hf_config(cls, hf_config: "PretrainedConfig", architecture: str) -> "ModelShape":
         """Read a transformers config (config.json's fields)."""
-        heads = hf_config.num_attention_heads
+        heads, layers = hf_config.num_attention_heads, hf_config.num_hidden_layers
+        falcon = architecture == "FalconForCausalLM"
+        num_experts = getattr(hf_config, "num_local_experts", None) or getattr(hf_config, "num_experts", 0) or 0
+        if architecture == "MixtralForCausalLM":
+            num_moe_layers, moe_size = layers, hf_config.intermediate_size
+        elif num_experts:
+            num_moe_layers = sum(is_sparse_layer(hf_config, i) for i in range(layers))
+            moe_size = hf_config.moe_intermediate_size
+        else:
+            num_moe_layers, moe_size = 0, 0
         return cls(vocab_size=hf_config.vocab_size, hidden_size=hf_config.hidden_size,
-                   intermediate_size=hf_config.intermediate_size, num_layers=hf_config.num_hidden_layers,
-                   num_heads=heads, num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or heads,
+                   intermediate_size=(hf_config.ffn_hidden_size or 4 * hf_config.hidden_size) if falcon
+                   else hf_config.intermediate_size, num_layers=layers,
+                   num_heads=heads, num_kv_heads=num_kv_heads(hf_config, architecture),
                    head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads,
                    tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
-                   qkv_bias=architecture in _QKV_BIAS_ARCHITECTURES)
+                   qkv_bias=architecture in _QKV_BIAS_ARCHITECTURES or (falcon and hf_config.bias),
+                   qk_norm=architecture in _QK_NORM_ARCHITECTURES,
+                   norms_per_layer=4 if architecture in _GEMMA_ARCHITECTURES else
+                   _falcon_layernorms(hf_config) if falcon else 2,
+                   norm_params=2 if falcon else 1, mlp_matrices=2 if falcon else 3,
+                   linear_bias=falcon and hf_config.bias, num_moe_layers=num_moe_layers,
+                   num_experts=num_experts if num_moe_layers else 0, moe_intermediate_size=moe_size,
+                   shared_expert_intermediate_size=getattr(hf_config, "shared_expert_intermediate_size", 0) or 0)
 
     def kv_heads_per_rank(self, tp: int) -> int:
         """KV heads are split over the ranks, or replicated (one per rank) when there are fewer."""
@@ -59,15 +92,26 @@ class ModelShape:
 
     def num_parameters(self, tp: int = 1) -> int:
         """Parameters held by one of `tp` ranks: the vocabulary split (padded) over the ranks, linear
-        layers split, norms replicated, a tied LM head counted once."""
+        layers (experts included) split, norms and MoE routers replicated, a tied LM head counted once."""
         hidden, head_dim = self.hidden_size, self.head_dim
         qkv_out = (self.num_heads // tp + 2 * self.kv_heads_per_rank(tp)) * head_dim
-        per_layer = (hidden * qkv_out + (qkv_out if self.qkv_bias else 0)  # qkv_proj
+        attention = (hidden * qkv_out + (qkv_out if self.qkv_bias else 0)  # qkv_proj
                      + self.num_heads * head_dim // tp * hidden  # o_proj
-                     + 3 * hidden * (self.intermediate_size // tp)  # gate_up_proj + down_proj
-                     + 2 * hidden)  # the two RMSNorms
+                     + (hidden if self.linear_bias else 0) + (2 * head_dim if self.qk_norm else 0))
+        dense_mlp = self._mlp(self.intermediate_size, tp)
+        moe = self.num_experts * (hidden + self._mlp(self.moe_intermediate_size, tp))  # router + experts
+        if self.shared_expert_intermediate_size:
+            moe += self._mlp(self.shared_expert_intermediate_size, tp) + hidden  # shared expert + its gate
+        norm = self.norm_params * hidden
+        layers = (self.num_layers * (attention + self.norms_per_layer * norm)
+                  + (self.num_layers - self.num_moe_layers) * dense_mlp + self.num_moe_layers * moe)
         vocab = cdiv(self.vocab_size, tp) * hidden
-        return vocab * (1 if self.tie_word_embeddings else 2) + self.num_layers * per_layer + hidden
+        return vocab * (1 if self.tie_word_embeddings else 2) + layers + norm
+
+    def _mlp(self, intermediate_size: int, tp: int) -> int:
+        per_rank = intermediate_size // tp
+        bias = per_rank + self.hidden_size if self.linear_bias else 0
+        return self.mlp_matrices * self.hidden_size * per_rank + bias
 
     def kv_bytes_per_token(self, tp: int, kv_dtype_bytes: int) -> int:
         """K and V of one token in every layer of one rank."""
@@ -79,8 +123,13 @@ class ModelShape:
         attention outputs, the MLP's gate/up output and its activation, and one row of float32 logits."""
         qkv = (self.num_heads // tp + 2 * self.kv_heads_per_rank(tp)) * self.head_dim
         per_token = 3 * self.hidden_size + qkv + self.num_heads // tp * self.head_dim \
-            + 3 * self.intermediate_size // tp
+            + 3 * max(self.intermediate_size, self.moe_intermediate_size) // tp
         return num_tokens * per_token * dtype_bytes + 4 * self.vocab_size
+
+
+def _falcon_layernorms(hf_config: "PretrainedConfig") -> int:
+    """Falcon's LayerNorms per layer: one before parallel attention and MLP, else two."""
+    return 1 if falcon_parallel_attention(hf_config) and not falcon_two_layernorms(hf_config) else 2
 
 
 def gpu_kv_budget(total: int, utilization: float, weights: int, peak_activations: int, non_torch: int) -> int:
@@ -94,19 +143,41 @@ def kv_cache_config(kv_bytes: int, bytes_per_block: int, block_size: int) -> KVC
     return KVCacheConfig(max(0, kv_bytes) // bytes_per_block, block_size, bytes_per_block)
 
 
-def max_concurrency(kv: KVCacheConfig, max_model_len: int) -> float:
+@dataclass(frozen=True)
+class SlidingWindowReach:
+    """Every layer has a window (the widest: `window`): the KV manager frees the blocks before a request's
+    last `window` tokens as it grows, so a request holds at most the window, one step's new tokens
+    (`max_chunk`, the step's token budget) and a partly filled block at each end."""
+
+    window: int
+    max_chunk: int
+
+    def max_blocks(self, num_tokens: int, block_size: int) -> int:
+        """Blocks a request of `num_tokens` tokens holds at most: a decode (one new token) holds
+        ceil(window / block_size) + 1; a prefill chunk of n tokens ceil((window - 1 + n) / block_size) + 1."""
+        chunk = min(self.max_chunk, num_tokens)
+        return min(cdiv(num_tokens, block_size), cdiv(self.window - 1 + chunk, block_size) + 1)
+
+
+def _blocks_per_request(kv: KVCacheConfig, num_tokens: int, reach: SlidingWindowReach | None) -> int:
+    return cdiv(num_tokens, kv.block_size) if reach is None else reach.max_blocks(num_tokens, kv.block_size)
+
+
+def max_concurrency(kv: KVCacheConfig, max_model_len: int, reach: SlidingWindowReach | None = None) -> float:
     """How many requests of `max_model_len` tokens the cache holds at once, as the startup log says."""
-    return kv.capacity_tokens / max_model_len
+    if reach is None:
+        return kv.capacity_tokens / max_model_len
+    return max(0, kv.num_blocks - 1) / reach.max_blocks(max_model_len, kv.block_size)
 
 
-def max_full_requests(kv: KVCacheConfig, num_tokens: int) -> int:
+def max_full_requests(kv: KVCacheConfig, num_tokens: int, reach: SlidingWindowReach | None = None) -> int:
     """How many requests of `num_tokens` tokens fit at once, whole blocks each."""
-    return max(0, kv.num_blocks - 1) // cdiv(num_tokens, kv.block_size)
+    return max(0, kv.num_blocks - 1) // _blocks_per_request(kv, num_tokens, reach)
 
 
-def check_fits(kv: KVCacheConfig, max_model_len: int) -> None:
+def check_fits(kv: KVCacheConfig, max_model_len: int, reach: SlidingWindowReach | None = None) -> None:
     """Raises ConfigError (numbers and flags) when one request of `max_model_len` tokens cannot fit."""
-    if kv.num_blocks < 2 or max_full_requests(kv, max_model_len) < 1:
+    if kv.num_blocks < 2 or max_full_requests(kv, max_model_len, reach) < 1:
         raise ConfigError(
             f"The KV cache holds {kv.capacity_tokens} tokens, fewer than one request of "
             f"max_model_len={max_model_len} tokens needs; the largest max_model_len that fits is "
@@ -151,10 +222,20 @@ def size_kv_cache(config: EngineConfig, bytes_per_block: int,
                 "%s in all, capacity %d tokens.", source, format_bytes(bytes_per_block // block_size),
                 format_bytes(bytes_per_block), block_size, num_blocks - 1,
                 format_bytes(bytes_per_block * num_blocks), kv.capacity_tokens)
+    reach = window_reach(config)
+    if reach is not None:
+        logger.info("Sliding window of %d tokens on every layer: blocks out of its reach are freed as "
+                    "requests grow.", reach.window)
     logger.info("Maximum concurrency for %d tokens per request: %.2fx", max_model_len,
-                max_concurrency(kv, max_model_len))
+                max_concurrency(kv, max_model_len, reach))
     logger.info("Swap space: %d host blocks (%s, --swap-space); prefix caching %s.", kv.num_host_blocks,
                 format_bytes(kv.num_host_blocks * bytes_per_block),
                 "on" if cache.enable_prefix_caching else "off (--no-enable-prefix-caching)")
-    check_fits(kv, max_model_len)
+    check_fits(kv, max_model_len, reach)
     return kv
+
+
+def window_reach(config: EngineConfig) -> SlidingWindowReach | None:
+    """What a window on every layer saves (the engine frees the blocks out of its reach); None otherwise."""
+    window = kv_sliding_window(config.model.hf_config, config.model.architecture)
+    return None if window is None else SlidingWindowReach(window, config.scheduler.max_num_batched_tokens)

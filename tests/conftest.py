@@ -18,16 +18,18 @@ def _tokenizer_folder() -> str:
 
 
 def tiny_hf_config(architecture: str, **overrides: object):
-    """The transformers config of a tiny model of `architecture` (llama | mistral | qwen2)."""
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+    """The transformers config of a tiny model of `architecture`, a HF model_type (llama, mistral, qwen2,
+    qwen3, gemma2, gemma3_text, phi3, falcon, mixtral, qwen2_moe, qwen3_moe)."""
+    from transformers import AutoConfig
 
-    config_class = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}[architecture]
     settings = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                     initializer_range=0.1, bos_token_id=1, eos_token_id=2, pad_token_id=2,
                     tie_word_embeddings=False)
+    if architecture == "falcon":  # Falcon names its MLP and KV heads its own way
+        del settings["intermediate_size"], settings["num_key_value_heads"]
     settings.update(overrides)
-    return config_class(**settings)
+    return AutoConfig.for_model(architecture, **settings)
 
 
 def build_tiny_model(path: str, architecture: str, **overrides: object) -> str:
@@ -57,6 +59,32 @@ TINY_MODELS = {
     "llama-1kv-tied": dict(num_key_value_heads=1, tie_word_embeddings=True),
     "mistral": dict(sliding_window=None),
     "qwen2": dict(num_key_value_heads=1),
+    # Sliding windows (24) shorter than most test prompts, so the window really cuts.
+    "mistral-swa": dict(sliding_window=24),
+    "qwen2-swa": dict(use_sliding_window=True, sliding_window=24, max_window_layers=0),
+    # Layer 0 global, layer 1 windowed.
+    "qwen3": dict(head_dim=16, use_sliding_window=True, sliding_window=24, max_window_layers=1),
+    "gemma2": dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=24, attn_logit_softcapping=2.0,
+                   final_logit_softcapping=3.0, layer_types=["sliding_attention", "full_attention"]),
+    "gemma3_text": dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=24,
+                        layer_types=["sliding_attention", "full_attention"]),
+    # LongRoPE: the context is 4x the original (attention factor != 1); the tests stay below the original
+    # length, where HF uses the short factors for the whole sequence.
+    "phi3": dict(max_position_embeddings=512, original_max_position_embeddings=128,
+                 rope_scaling={"rope_type": "longrope", "short_factor": [1.0 + i / 8 for i in range(8)],
+                               "long_factor": [2.0 + i for i in range(8)]}),
+    # 7B layout (multi-query, parallel attention/MLP off one LayerNorm; with biases, to load them too)
+    # and the 40B/180B one (grouped KV, two LayerNorms).
+    "falcon-7b": dict(multi_query=True, parallel_attn=True, new_decoder_architecture=False, bias=True,
+                      ffn_hidden_size=128, tie_word_embeddings=True),
+    "falcon-40b": dict(new_decoder_architecture=True, num_kv_heads=2, ffn_hidden_size=128),
+    # More experts than top-k; random routers route unevenly.
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
+    # Layer 0 sparse (experts + gated shared expert, no renormalization), layer 1 dense.
+    "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=48, norm_topk_prob=False, mlp_only_layers=[1]),
+    "qwen3_moe": dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                      norm_topk_prob=True),
 }
 
 

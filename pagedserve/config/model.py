@@ -20,7 +20,10 @@ LoadFormat = Literal["auto", "dummy"]  # auto: read the checkpoint; dummy: rando
 # model_type -> architecture: every supported family (models/<model_type>.py defines the class, and
 # models/registry.py registers it; a test checks that the two agree).
 MODEL_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                       "qwen2": "Qwen2ForCausalLM"}
+                       "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
+                       "gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
+                       "falcon": "FalconForCausalLM", "mixtral": "MixtralForCausalLM",
+                       "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 
 
 @dataclass(frozen=True)
@@ -65,12 +68,8 @@ class ModelConfig:
 
 def model_len_limit(hf_config: "PretrainedConfig") -> tuple[int, str]:
     """The longest context the model supports, and the config.json key it comes from. Sliding-window
-    attention is not implemented, so a window shorter than the positions caps the context."""
-    positions = int(hf_config.max_position_embeddings)
-    window = _sliding_window(hf_config)
-    if window and window < positions:
-        return window, "sliding_window"
-    return positions, "max_position_embeddings"
+    layers attend through their window at any length, so the positions are the limit."""
+    return int(hf_config.max_position_embeddings), "max_position_embeddings"
 
 
 def load_model_config(model: str | None, *, dtype: str, device: str, max_model_len: int | None,
@@ -85,21 +84,12 @@ def load_model_config(model: str | None, *, dtype: str, device: str, max_model_l
     hf_config, gguf_file = _load_hf_config(path)
     archs = getattr(hf_config, "architectures", None) or [
         MODEL_ARCHITECTURES.get(hf_config.model_type, hf_config.model_type)]
-    limit, key = model_len_limit(hf_config)
-    if key == "sliding_window":
-        logger.info("Sliding-window attention is not implemented: context capped at the window, "
-                    "%d tokens.", limit)
+    limit, _ = model_len_limit(hf_config)
     name = served_model_name or (DEFAULT_MODEL_NAME if model is None else model)
     return ModelConfig(model=path, gguf_file=gguf_file, hf_config=hf_config, architecture=archs[0],
                        dtype=_resolve_dtype(dtype, hf_config, device), max_model_len=max_model_len or limit,
                        served_model_name=name, seed=seed, load_format=load_format, tokenizer=tokenizer,
                        max_logprobs=max_logprobs)
-
-
-def _sliding_window(hf_config: "PretrainedConfig") -> int | None:
-    if hf_config.model_type == "mistral" or getattr(hf_config, "use_sliding_window", False):
-        return getattr(hf_config, "sliding_window", None)
-    return None
 
 
 def _resolve_dtype(dtype: str, hf_config: "PretrainedConfig", device: str) -> str:

@@ -57,9 +57,13 @@ def resolve_executor_backend(backend: ExecutorBackend | None, tp: int, local_dev
 
 def check_tensor_parallel(hf_config: "PretrainedConfig", tp: int) -> None:
     """Heads and the MLP must split evenly over the ranks; KV heads may instead be replicated."""
-    kv_heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
-    sizes = {"num_attention_heads": hf_config.num_attention_heads,
-             "intermediate_size": hf_config.intermediate_size}
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or getattr(hf_config, "num_kv_heads", None) \
+        or hf_config.num_attention_heads
+    sizes = {"num_attention_heads": hf_config.num_attention_heads}
+    for key in ("intermediate_size", "ffn_hidden_size", "moe_intermediate_size",
+                "shared_expert_intermediate_size"):  # the dense, Falcon, expert and shared-expert MLPs
+        if getattr(hf_config, key, None):
+            sizes[key] = getattr(hf_config, key)
     uneven = [f"{name}={size}" for name, size in sizes.items() if size % tp]
     if kv_heads % tp and tp % kv_heads:
         uneven.append(f"num_key_value_heads={kv_heads} (nor is {tp} a multiple of it)")

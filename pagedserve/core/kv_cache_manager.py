@@ -4,6 +4,7 @@ from collections import Counter
 from pagedserve.core.block_pool import BlockPool, KVCacheBlock
 from pagedserve.core.hashing import extend_block_hashes
 from pagedserve.core.request import Request
+from pagedserve.core.sliding_window import SlidingWindowPolicy
 from pagedserve.utils import cdiv
 
 Plan = list[tuple[Request, int]]  # (request, number of new tokens to compute this step)
@@ -18,11 +19,18 @@ class KVCacheManager:
     filled block is shared only by a fork; whoever writes into it while others still hold it gets a
     copy first (copy-on-write): `take_block_copies()` lists the (src, dst) copies the workers must make
     before the step's forward, and `rewritten` the requests whose table changed other than by
-    appending (the workers need their whole table again)."""
+    appending (the workers need their whole table again).
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+    Sliding windows (`window_policy`): blocks that no layer group reads again are freed as a request
+    grows and their table entries become the null block (positions keep their index), so a request whose
+    layers all have a window W holds at most ceil(W / block_size) + 1 blocks while it decodes."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
+                 window_policy: SlidingWindowPolicy | None = None) -> None:
         self.block_size = block_size
         self.enable_caching = enable_caching
+        self.window_policy = window_policy
+        self.num_freed_leading: dict[str, int] = {}  # leading table entries already the null block
         self.block_pool = BlockPool(num_blocks)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}  # leading blocks of each table already offered to the cache
@@ -58,6 +66,8 @@ class KVCacheManager:
         and the caller preempts someone or waits."""
         hits = new_computed_blocks or []
         blocks = self.req_to_blocks.get(request.request_id, [])
+        # NOTE: blocks out of every window's reach go back first (a valid change whatever follows).
+        self._free_unreachable(request.request_id, blocks, request.num_computed_tokens)
         start = request.num_computed_tokens + len(hits) * self.block_size
         num_new_blocks = max(0, cdiv(start + num_new_tokens, self.block_size) - len(blocks) - len(hits))
         shared = self._shared_block_written(blocks, start, num_new_tokens)
@@ -67,6 +77,7 @@ class KVCacheManager:
         self.block_pool.touch(hits)
         blocks = self.req_to_blocks.setdefault(request.request_id, [])
         blocks.extend(hits)
+        self._free_unreachable(request.request_id, blocks, start)
         if shared is not None:
             self._copy_on_write(request.request_id, blocks, start // self.block_size)
         new_blocks = self.block_pool.allocate(num_new_blocks)
@@ -100,7 +111,7 @@ class KVCacheManager:
         """Let `child` (holding no blocks) share the blocks of `parent` that hold its first
         `num_tokens` tokens: one more reference each, no copy until someone writes."""
         blocks = self.req_to_blocks.get(parent.request_id, [])[:cdiv(num_tokens, self.block_size)]
-        self.block_pool.touch(blocks)
+        self.block_pool.touch(self._held(blocks))
         self.req_to_blocks[child.request_id] = list(blocks)
         self.num_cached_blocks[child.request_id] = min(self.num_cached_blocks.get(parent.request_id, 0),
                                                        num_tokens // self.block_size)
@@ -110,9 +121,10 @@ class KVCacheManager:
         else holds return to the pool; hashed ones stay revivable."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.num_cached_blocks.pop(request.request_id, None)
+        self.num_freed_leading.pop(request.request_id, None)
         self.rewritten.discard(request.request_id)
         # NOTE: tail blocks first, so the most request-specific blocks are evicted first.
-        self.block_pool.free(reversed(blocks))
+        self.block_pool.free(reversed(self._held(blocks)))
 
     def trim(self, request: Request) -> int:
         """Release the blocks past those holding the request's tokens (they held only rejected draft
@@ -143,8 +155,33 @@ class KVCacheManager:
         return self.block_pool.usage()
 
     def num_allocated_slots(self) -> int:
-        """Slots in the requests' tables; a shared block counts once per holder."""
-        return self.block_size * sum(len(blocks) for blocks in self.req_to_blocks.values())
+        """Slots in the requests' tables; a shared block counts once per holder, a freed one not at all."""
+        return self.block_size * sum(len(self._held(blocks)) for blocks in self.req_to_blocks.values())
+
+    def num_held_blocks(self, request_id: str) -> int:
+        """Blocks the request holds (its table less the entries freed out of every window)."""
+        return len(self._held(self.req_to_blocks.get(request_id, [])))
+
+    def _held(self, blocks: list[KVCacheBlock]) -> list[KVCacheBlock]:
+        return [block for block in blocks if block is not self.block_pool.null_block]
+
+    def _free_unreachable(self, request_id: str, blocks: list[KVCacheBlock], num_computed_tokens: int) -> None:
+        """Free the leading blocks no layer group reads again and put the null block in their place."""
+        if self.window_policy is None:
+            return
+        end = min(len(blocks), self.window_policy.num_unreachable_blocks(num_computed_tokens))
+        start = self.num_freed_leading.get(request_id, 0)
+        if end <= start:
+            return
+        null_block = self.block_pool.null_block
+        assert null_block is not None, "the device pool reserves the null block"
+        unreachable = self._held(blocks[start:end])
+        blocks[start:end] = [null_block] * (end - start)
+        self.num_freed_leading[request_id] = end
+        # NOTE: the oldest first, so the prefix cache evicts them before the request's recent blocks. The
+        # workers are not told: no backend reads a position out of its layer's window, so their stale ids
+        # for these entries are never read (resending whole tables would cost O(tokens) each time).
+        self.block_pool.free(unreachable)
 
     def _shared_block_written(self, blocks: list[KVCacheBlock], start: int, num_new_tokens: int
                               ) -> KVCacheBlock | None:
@@ -173,6 +210,8 @@ class KVCacheManager:
             return
         extend_block_hashes(request.block_hashes, request.all_token_ids, size, num_full, request.cache_salt)
         for index in range(start, num_full):
+            if blocks[index] is self.block_pool.null_block:  # freed out of the window (prefix hits)
+                continue
             self.block_pool.cache(blocks[index], request.block_hashes[index],
                                   request.all_token_ids[index * size:(index + 1) * size])
         self.num_cached_blocks[request.request_id] = num_full

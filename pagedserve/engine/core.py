@@ -6,11 +6,13 @@ from pagedserve.config import EngineConfig
 from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
 from pagedserve.core.scheduler import Scheduler
+from pagedserve.core.sliding_window import SlidingWindowPolicy
 from pagedserve.core.swap import SwapSpace
 from pagedserve.executor import get_executor_class
 from pagedserve.logger import init_logger
 from pagedserve.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from pagedserve.sizing import size_kv_cache
+from pagedserve.utils.hf_config import layer_windows
 
 logger = init_logger(__name__)
 
@@ -32,9 +34,14 @@ class EngineCore:
             raise
         kv = self.kv_cache_config
         swap_space = SwapSpace(kv.num_host_blocks) if kv.num_host_blocks else None
-        self.scheduler = Scheduler(config.scheduler, KVCacheManager(kv.num_blocks, kv.block_size,
-                                                                    config.cache.enable_prefix_caching),
-                                   swap_space, speculative=config.speculative)
+        manager = KVCacheManager(kv.num_blocks, kv.block_size, config.cache.enable_prefix_caching,
+                                 self._window_policy())
+        self.scheduler = Scheduler(config.scheduler, manager, swap_space, speculative=config.speculative)
+
+    def _window_policy(self) -> SlidingWindowPolicy:
+        model = self.config.model
+        return SlidingWindowPolicy.from_layer_windows(layer_windows(model.hf_config, model.architecture),
+                                                      self.config.cache.block_size)
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.scheduler.add_request(Request(request))

@@ -16,8 +16,9 @@ from pagedserve.config import (EngineArgs, ModelConfig, add_dataclass_cli_args, 
                                dataclass_from_cli_args, default_max_num_batched_tokens)
 from pagedserve.entrypoints.cli import take_model_tag
 from pagedserve.errors import ConfigError
-from pagedserve.sizing import DTYPE_BYTES, ModelShape, gpu_kv_budget, kv_cache_config, max_concurrency, \
-    max_full_requests
+from pagedserve.sizing import DTYPE_BYTES, ModelShape, SlidingWindowReach, gpu_kv_budget, kv_cache_config, \
+    max_concurrency, max_full_requests
+from pagedserve.utils.hf_config import kv_sliding_window
 from pagedserve.utils import cdiv, format_bytes, parse_bytes
 
 # The engine flags the plan takes, with the engine's names, help and defaults.
@@ -62,6 +63,7 @@ class PlanInputs:
     max_num_batched_tokens: int
     concurrency: int
     request_tokens: int
+    reach: SlidingWindowReach | None = None  # every layer windowed: out-of-window blocks are freed
 
 
 @dataclass(frozen=True)
@@ -99,11 +101,11 @@ def compute_plan(inputs: PlanInputs) -> Plan:
         budget = gpu_kv_budget(inputs.gpu_memory, inputs.utilization, weights, activations, non_torch)
     kv = kv_cache_config(budget, per_block, inputs.block_size)
     max_model_len = inputs.model_config.max_model_len
-    fitting = max_full_requests(kv, inputs.request_tokens)
-    fits = fitting >= inputs.concurrency and max_full_requests(kv, max_model_len) >= 1
+    fitting = max_full_requests(kv, inputs.request_tokens, inputs.reach)
+    fits = fitting >= inputs.concurrency and max_full_requests(kv, max_model_len, inputs.reach) >= 1
     usable = max(0, kv.num_blocks - 1)
     return Plan(weights, per_token, per_block, activations, non_torch, budget, usable,
-                usable * inputs.block_size, max(0.0, max_concurrency(kv, max_model_len)), fitting, fits)
+                usable * inputs.block_size, max(0.0, max_concurrency(kv, max_model_len, inputs.reach)), fitting, fits)
 
 
 def needed_utilization(inputs: PlanInputs, plan: Plan) -> float | None:
@@ -111,7 +113,9 @@ def needed_utilization(inputs: PlanInputs, plan: Plan) -> float | None:
     size."""
     if inputs.gpu_memory is None:
         return None
-    blocks = inputs.concurrency * cdiv(inputs.request_tokens, inputs.block_size) + 1  # + the null block
+    per_request = (cdiv(inputs.request_tokens, inputs.block_size) if inputs.reach is None
+                   else inputs.reach.max_blocks(inputs.request_tokens, inputs.block_size))
+    blocks = inputs.concurrency * per_request + 1  # + the null block
     needed = plan.weights_bytes + plan.activation_bytes + plan.non_torch_bytes + blocks * plan.bytes_per_block
     return math.ceil(needed / inputs.gpu_memory * 100) / 100
 
@@ -181,8 +185,10 @@ def resolve_inputs(args: PlanArgs, engine_args: EngineArgs) -> PlanInputs:
                  else parse_bytes(engine_args.kv_cache_memory, "--kv-cache-memory"))
     gpu_memory = None if kv_memory is not None else _gpu_memory(args.gpu_memory)
     batched = engine_args.max_num_batched_tokens or default_max_num_batched_tokens(args.concurrency)
+    window = kv_sliding_window(model_config.hf_config, model_config.architecture)
     return PlanInputs(shape, model_config, tp, dtype_bytes, kv_dtype_bytes, engine_args.block_size, gpu_memory,
-                      engine_args.gpu_memory_utilization, kv_memory, batched, args.concurrency, request_tokens)
+                      engine_args.gpu_memory_utilization, kv_memory, batched, args.concurrency, request_tokens,
+                      None if window is None else SlidingWindowReach(window, batched))
 
 
 def _request_tokens(args: PlanArgs, max_model_len: int) -> int:
@@ -214,7 +220,8 @@ def report(inputs: PlanInputs, plan: Plan) -> dict[str, Any]:
             "num_parameters": inputs.shape.num_parameters(1),
             "num_parameters_per_gpu": inputs.shape.num_parameters(inputs.tp),
             "max_model_len": inputs.model_config.max_model_len, "concurrency": inputs.concurrency,
-            "request_tokens": inputs.request_tokens, **asdict(plan),
+            "request_tokens": inputs.request_tokens,
+            "sliding_window": None if inputs.reach is None else inputs.reach.window, **asdict(plan),
             "recommended_flags": recommendations(inputs, plan) if plan.fits else None,
             "would_fit": [] if plan.fits else alternatives(inputs)}
 
@@ -232,6 +239,9 @@ def format_table(result: dict[str, Any]) -> str:
         rows += [("GPU memory", f"{gib('gpu_memory_bytes')} x {result['gpu_memory_utilization']}"),
                  ("peak activations", f"{gib('activation_bytes')} (estimated; the engine profiles it)"),
                  ("outside torch", f"{gib('non_torch_bytes')} (estimated)")]
+    if result["sliding_window"] is not None:
+        rows.append(("sliding window", f"{result['sliding_window']} tokens on every layer: older blocks are "
+                                       "freed, so a request holds at most the window's blocks"))
     rows += [("KV cache budget", f"{result['kv_budget_bytes']:,} B ({gib('kv_budget_bytes')})"),
              ("KV blocks", f"{result['num_blocks']:,} (+1 reserved)"),
              ("KV capacity", f"{result['capacity_tokens']:,} tokens"),

@@ -1,30 +1,58 @@
-"""Rotary position embeddings (neox layout, as HF Llama/Qwen2/Mistral), with linear and Llama-3 scaling."""
+"""Rotary position embeddings (neox layout, as HF Llama/Qwen2/Mistral), with linear, Llama-3 and LongRoPE
+(Phi-3's "su") scaling, over the whole head or its first `partial_rotary_factor` part."""
 import math
 from typing import Any
 
 import torch
 from torch import nn
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 
 
-def rope_parameters(hf_config: Any) -> dict[str, Any]:
+def rope_parameters(hf_config: Any, layer_type: str | None = None) -> dict[str, Any]:
     """rope_theta, rope_type and scaling fields, from transformers 5's `rope_parameters` or the older
-    `rope_theta` + `rope_scaling` pair."""
+    `rope_theta` + `rope_scaling` pair. Models whose layer types rotate differently (Gemma 3: local and
+    global layers) keep one dict per layer type: `layer_type` picks it."""
     params = dict(getattr(hf_config, "rope_parameters", None) or {})
+    if layer_type is not None and layer_type in params:
+        params = dict(params[layer_type])
     scaling = getattr(hf_config, "rope_scaling", None) or {}
     params = {**scaling, **params}
     params.setdefault("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
     params["rope_type"] = params.get("rope_type") or params.get("type") or "default"
+    if params["rope_type"] == "su":  # LongRoPE's first name
+        params["rope_type"] = "longrope"
+    params.setdefault("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0))
+    params.setdefault("max_position_embeddings", hf_config.max_position_embeddings)
+    params.setdefault("original_max_position_embeddings",
+                      getattr(hf_config, "original_max_position_embeddings", None)
+                      or hf_config.max_position_embeddings)
     if params["rope_type"] not in SUPPORTED_ROPE_TYPES:
         raise ValueError(f"rope_type={params['rope_type']!r} is not supported; supported: "
                          f"{', '.join(SUPPORTED_ROPE_TYPES)}.")
     return params
 
 
+def _exponents(rotary_dim: int) -> torch.Tensor:
+    return torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+
+
+def longrope_attention_factor(params: dict[str, Any]) -> float:
+    """LongRoPE's scaling of cos/sin: given, or sqrt(1 + ln(factor) / ln(original length)), as HF."""
+    if params.get("attention_factor") is not None:
+        return params["attention_factor"]
+    original = params["original_max_position_embeddings"]
+    factor = params.get("factor") or params["max_position_embeddings"] / original
+    return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+
+
+def longrope_inv_freq(rotary_dim: int, params: dict[str, Any], long: bool) -> torch.Tensor:
+    factors = torch.tensor(params["long_factor" if long else "short_factor"], dtype=torch.float32)
+    return 1.0 / (factors * params["rope_theta"] ** _exponents(rotary_dim))
+
+
 def _inv_freq(head_dim: int, params: dict[str, Any]) -> torch.Tensor:
-    base = params["rope_theta"]
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    inv_freq = 1.0 / (params["rope_theta"] ** _exponents(head_dim))
     if params["rope_type"] == "linear":
         return inv_freq / params["factor"]
     if params["rope_type"] == "llama3":
@@ -39,6 +67,21 @@ def _inv_freq(head_dim: int, params: dict[str, Any]) -> torch.Tensor:
     return inv_freq
 
 
+def _cos_sin(rotary_dim: int, max_position: int, params: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """[max_position, rotary_dim // 2] each. LongRoPE rotates positions below the original context with
+    its short factors and those past it with its long ones (vLLM's rule; HF switches the whole sequence
+    once it is longer than the original context)."""
+    positions = torch.arange(max_position, dtype=torch.float32)
+    if params["rope_type"] != "longrope":
+        freqs = torch.outer(positions, _inv_freq(rotary_dim, params))
+        return freqs.cos(), freqs.sin()
+    is_long = (positions >= params["original_max_position_embeddings"])[:, None]
+    freqs = torch.where(is_long, torch.outer(positions, longrope_inv_freq(rotary_dim, params, True)),
+                        torch.outer(positions, longrope_inv_freq(rotary_dim, params, False)))
+    scale = longrope_attention_factor(params)
+    return freqs.cos() * scale, freqs.sin() * scale
+
+
 class RotaryEmbedding(nn.Module):
     """Rotates q and k by position; cos/sin are precomputed in float32 for every position. One instance
     serves every layer of a model: the step's cos/sin rows are gathered once, by the first layer."""
@@ -46,12 +89,13 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_position: int, params: dict[str, Any]) -> None:
         super().__init__()
         self.head_dim = head_dim
-        freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), _inv_freq(head_dim, params))
-        # [max_position, head_dim // 2] each
+        self.rotary_dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
+        cos, sin = _cos_sin(self.rotary_dim, max_position, params)
+        # [max_position, rotary_dim // 2] each
         self.cos_cache: torch.Tensor
         self.sin_cache: torch.Tensor
-        self.register_buffer("cos_cache", freqs.cos(), persistent=False)
-        self.register_buffer("sin_cache", freqs.sin(), persistent=False)
+        self.register_buffer("cos_cache", cos, persistent=False)
+        self.register_buffer("sin_cache", sin, persistent=False)
         self._step: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # positions, cos, sin
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
@@ -67,6 +111,7 @@ class RotaryEmbedding(nn.Module):
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.view(shape[0], -1, self.head_dim)
-        half = self.head_dim // 2
+        x, passed = x[..., : self.rotary_dim], x[..., self.rotary_dim:]
+        half = self.rotary_dim // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return (x * cos + rotated * sin).view(shape)
+        return torch.cat((x * cos + rotated * sin, passed), dim=-1).view(shape)

@@ -1,26 +1,61 @@
-"""Checkpoint tensors of a GGUF file, dequantized and renamed to HF names."""
+"""Checkpoint tensors of a GGUF file, dequantized and renamed to HF names, in HF's layout: the model's
+`checkpoint_tensors` then treats them as it treats a HF folder's.
+
+llama.cpp's converters change some tensors, undone here: q/k rows permuted for its rope layout (llama,
+mistral), Gemma's norm weights stored as 1 + w, Falcon's fused q/k/v regrouped as [q; k; v], and experts
+stacked into one tensor per projection (split here into HF's per-expert tensors)."""
 import re
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
+
+from pagedserve.errors import ConfigError
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
+    "ffn_down": "mlp.down_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "attn_qkv": "self_attn.qkv_proj",
+    # Mixture of experts (Qwen2/3-MoE): the router, stacked experts, the shared expert and its gate.
+    "ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.gate_proj", "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj", "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
 }
+# Per architecture (general.architecture): names that differ from the table above.
+_ARCH_LAYER_NAMES = {
+    "phi3": {"ffn_up": "mlp.gate_up_proj"},  # gate and up fused, as in HF's checkpoint
+    "gemma2": {"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+               "post_ffw_norm": "post_feedforward_layernorm"},
+    "falcon": {"attn_norm": "input_layernorm", "attn_norm_2": "ln_mlp",
+               "attn_qkv": "self_attention.query_key_value", "attn_output": "self_attention.dense",
+               "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"},
+}
+_ARCH_LAYER_NAMES["gemma3"] = _ARCH_LAYER_NAMES["gemma2"]
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_FALCON_GLOBAL_NAMES = {"token_embd": "transformer.word_embeddings", "output_norm": "transformer.ln_f",
+                        "output": "lm_head"}
 # llama.cpp's converter permutes q/k rows of these architectures for its rope layout; we undo it.
 _PERMUTED_ARCHS = ("llama", "mistral")
+_GEMMA_ARCHS = ("gemma2", "gemma3")
 
 
-def _hf_name(name: str) -> str | None:
+def _hf_name(name: str, arch: str, hf_config: Any) -> str | None:
     base, _, suffix = name.rpartition(".")
     match = re.fullmatch(r"blk\.(\d+)\.(\w+)", base)
-    if match and match.group(2) in _LAYER_NAMES:
-        return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}.{suffix}"
+    if arch == "falcon":
+        if match and match.group(2) == "attn_norm" and hf_config.new_decoder_architecture:
+            return f"transformer.h.{match.group(1)}.ln_attn.{suffix}"
+        names = {**_LAYER_NAMES, **_ARCH_LAYER_NAMES["falcon"]}
+        if match and match.group(2) in names:
+            return f"transformer.h.{match.group(1)}.{names[match.group(2)]}.{suffix}"
+        return f"{_FALCON_GLOBAL_NAMES[base]}.{suffix}" if base in _FALCON_GLOBAL_NAMES else None
+    names = {**_LAYER_NAMES, **_ARCH_LAYER_NAMES.get(arch, {})}
+    if match and match.group(2) in names:
+        return f"model.layers.{match.group(1)}.{names[match.group(2)]}.{suffix}"
     return f"{_GLOBAL_NAMES[base]}.{suffix}" if base in _GLOBAL_NAMES else None
 
 
@@ -30,18 +65,55 @@ def _unpermute(weight: np.ndarray, num_heads: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(weight.shape))
 
 
-def iterate_gguf(path: str, num_heads: int, num_kv_heads: int) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (HF name, float32 tensor) for every tensor of the file."""
+def _falcon_qkv(weight: np.ndarray, hf_config: Any) -> np.ndarray:
+    """[q; k; v] (llama.cpp) -> per KV group its query heads, key, value (HF's new architecture)."""
+    if not hf_config.new_decoder_architecture:
+        return weight  # 7B's multi-query layout is [q; k; v] already
+    heads, kv_heads = hf_config.num_attention_heads, hf_config.num_kv_heads
+    head_dim = weight.shape[0] // (heads + 2 * kv_heads)
+    q, k, v = np.split(weight, [heads * head_dim, (heads + kv_heads) * head_dim])
+    rest = weight.shape[1:]
+    grouped = np.concatenate([q.reshape(kv_heads, heads // kv_heads, head_dim, *rest),
+                              k.reshape(kv_heads, 1, head_dim, *rest), v.reshape(kv_heads, 1, head_dim, *rest)],
+                             axis=1)
+    return grouped.reshape(weight.shape)
+
+
+def _hf_tensors(name: str, weight: np.ndarray, arch: str, hf_config: Any) -> Iterator[tuple[str, np.ndarray]]:
+    """One GGUF tensor (already under its HF name) -> HF tensors in HF's layout."""
+    if arch in _PERMUTED_ARCHS and name.endswith(("q_proj.weight", "k_proj.weight")):
+        heads = hf_config.num_attention_heads if "q_proj" in name else hf_config.num_key_value_heads
+        weight = _unpermute(weight, heads)
+    elif arch in _GEMMA_ARCHS and name.endswith("norm.weight"):
+        weight = weight - 1
+    elif arch == "falcon" and "query_key_value" in name:
+        weight = _falcon_qkv(weight, hf_config)
+    elif name.endswith("shared_expert_gate.weight"):
+        weight = weight.reshape(1, -1)
+    match = re.fullmatch(r"(.*\.experts)\.(\w+)\.weight", name)
+    if match:  # [num_experts, ...] -> one tensor per expert
+        for expert, expert_weight in enumerate(weight):
+            yield f"{match.group(1)}.{expert}.{match.group(2)}.weight", expert_weight
+        return
+    yield name, weight
+
+
+def iterate_gguf(path: str, hf_config: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (HF name, float32 tensor) for every tensor of the file. Raises ConfigError for a mixture of
+    experts stored as arch "llama" (Mixtral): transformers reads its config as a dense Llama."""
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
     reader = GGUFReader(path)
     arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    if arch == "llama" and any(t.name.endswith("ffn_gate_exps.weight") for t in reader.tensors):
+        raise ConfigError(f"{path} is a mixture of experts stored as a Llama GGUF (Mixtral): transformers "
+                          "reads its config as a dense Llama, so pagedserve cannot build it; serve the HF "
+                          "folder (safetensors) instead.")
     for tensor in reader.tensors:
-        name = _hf_name(tensor.name)
+        name = _hf_name(tensor.name, arch, hf_config)
         if name is None:
             continue
         weight = dequantize(tensor.data, tensor.tensor_type)
-        if arch in _PERMUTED_ARCHS and name.endswith(("q_proj.weight", "k_proj.weight")):
-            weight = _unpermute(weight, num_heads if "q_proj" in name else num_kv_heads)
-        yield name, torch.from_numpy(np.array(weight, dtype=np.float32))
+        for hf_name, hf_weight in _hf_tensors(name, weight, arch, hf_config):
+            yield hf_name, torch.from_numpy(np.array(hf_weight, dtype=np.float32))

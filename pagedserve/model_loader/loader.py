@@ -32,7 +32,7 @@ def load_model(config: ModelConfig, device: torch.device) -> CausalLM:
         return model.eval()
     hf = config.hf_config
     if config.gguf_file:
-        weights = iterate_gguf(config.gguf_file, hf.num_attention_heads, hf.num_key_value_heads)
+        weights = iterate_gguf(config.gguf_file, hf)
     elif os.path.isdir(config.model):
         # NOTE: CheckpointTensor stands in for a tensor (it reads itself under any torch function).
         weights = cast(Iterator[tuple[str, torch.Tensor]], iterate_safetensors(config.model))

@@ -1,84 +1,122 @@
-"""Llama family (Llama 2/3, SmolLM2, TinyLlama): GQA, rope scaling, tied embeddings.
-Qwen2 and Mistral reuse these blocks with their own switches."""
-from collections.abc import Iterable
+"""Llama family (Llama 2/3, SmolLM2, TinyLlama): GQA, rope scaling, tied embeddings. The other families
+reuse these blocks through the hooks of `LlamaForCausalLM` (attention options, the MLP of each layer, the
+layer itself, the checkpoint's names) wherever their math is Llama's."""
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from pagedserve.layers.activation import SiluAndMul
+from pagedserve.layers.activation import gated_activation
 from pagedserve.layers.attention import Attention
 from pagedserve.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from pagedserve.layers.layernorm import RMSNorm
 from pagedserve.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from pagedserve.layers.rotary import RotaryEmbedding, rope_parameters
 from pagedserve.models.interface import CausalLM
+from pagedserve.utils.hf_config import layer_sliding_window
+
+# (our parameter name, checkpoint tensor, shard id for the parameter's weight_loader)
+ParamShard = tuple[str, torch.Tensor, object]
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str = "silu") -> None:
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size)
-        self.act_fn = SiluAndMul()
+        self.act_fn = gated_activation(hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
-def _head_dim(config: Any) -> int:
+def head_dim(config: Any) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
+@dataclass(frozen=True)
+class AttentionOptions:
+    """What one family's attention adds to Llama's."""
+
+    qkv_bias: bool = False
+    o_bias: bool = False
+    num_kv_heads: int | None = None  # default config.num_key_value_heads
+    qk_norm: type[RMSNorm] | None = None  # a norm over each head of q and k before rotary (Qwen3, Gemma 3)
+    scale: float | None = None  # default head_dim ** -0.5
+    sliding_window: int | None = None
+    logits_soft_cap: float | None = None
+
+
 class LlamaAttention(nn.Module):
-    def __init__(self, config: Any, qkv_bias: bool, rotary_emb: RotaryEmbedding) -> None:
+    def __init__(self, config: Any, options: AttentionOptions, rotary_emb: RotaryEmbedding) -> None:
         super().__init__()
-        head_dim = _head_dim(config)
-        self.qkv_proj = QKVParallelLinear(config.hidden_size, head_dim, config.num_attention_heads,
-                                          config.num_key_value_heads, bias=qkv_bias)
-        self.q_size = self.qkv_proj.num_heads * head_dim
-        self.kv_size = self.qkv_proj.num_kv_heads * head_dim
-        self.o_proj = RowParallelLinear(config.num_attention_heads * head_dim, config.hidden_size)
+        dim = head_dim(config)
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, dim, config.num_attention_heads,
+                                          options.num_kv_heads or config.num_key_value_heads,
+                                          bias=options.qkv_bias)
+        self.q_size = self.qkv_proj.num_heads * dim
+        self.kv_size = self.qkv_proj.num_kv_heads * dim
+        self.head_dim = dim
+        self.o_proj = RowParallelLinear(config.num_attention_heads * dim, config.hidden_size, options.o_bias)
         self.rotary_emb = rotary_emb
-        self.attn = Attention(self.qkv_proj.num_heads, head_dim, head_dim**-0.5, self.qkv_proj.num_kv_heads)
+        if options.qk_norm is not None:
+            self.q_norm = options.qk_norm(dim, config.rms_norm_eps)
+            self.k_norm = options.qk_norm(dim, config.rms_norm_eps)
+        self.qk_norm = options.qk_norm is not None
+        self.attn = Attention(self.qkv_proj.num_heads, dim, options.scale or dim**-0.5,
+                              self.qkv_proj.num_kv_heads, options.sliding_window, options.logits_soft_cap)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.qk_norm:
+            q = self.q_norm(q.reshape(-1, self.head_dim)).view_as(q)
+            k = self.k_norm(k.reshape(-1, self.head_dim)).view_as(k)
         q, k = self.rotary_emb(positions, q, k)
         return self.o_proj(self.attn(q, k, v))
 
 
+def add_and_norm(norm: RMSNorm, hidden: torch.Tensor, residual: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(hidden + residual), hidden + residual); the first layer has no residual yet."""
+    if residual is None:
+        return norm(hidden), hidden
+    return norm(hidden, residual)
+
+
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: Any, qkv_bias: bool, rotary_emb: RotaryEmbedding) -> None:
+    def __init__(self, config: Any, self_attn: nn.Module, mlp: nn.Module) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, qkv_bias, rotary_emb)
-        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size)
+        self.self_attn = self_attn
+        self.mlp = mlp
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden, residual = add_and_norm(self.input_layernorm, hidden, residual)
         hidden = self.self_attn(positions, hidden)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: Any, qkv_bias: bool) -> None:
+    """Embedding (times `embed_scale`, Gemma's), the decoder layers `make_layer(i)` and the final norm."""
+
+    def __init__(self, config: Any, make_layer: Callable[[int], nn.Module],
+                 norm_class: type[RMSNorm] = RMSNorm, embed_scale: float | None = None) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        rotary_emb = RotaryEmbedding(_head_dim(config), config.max_position_embeddings,
-                                     rope_parameters(config))
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, qkv_bias, rotary_emb)
-                                    for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.embed_scale = embed_scale
+        self.layers = nn.ModuleList(make_layer(i) for i in range(config.num_hidden_layers))
+        self.norm = norm_class(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden, residual = self.embed_tokens(input_ids), None
+        if self.embed_scale is not None:
+            # NOTE: HF rounds the scale to the activations' dtype first.
+            hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual)
         hidden, _ = self.norm(hidden, residual)
@@ -90,6 +128,7 @@ class LlamaForCausalLM(CausalLM):
     `compute_logits` turns the selected rows into logits."""
 
     qkv_bias = False
+    qk_norm: type[RMSNorm] | None = None
     # checkpoint name fragment -> (our fused parameter fragment, shard id)
     stacked_params = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"),
                       "v_proj": ("qkv_proj", "v"), "gate_proj": ("gate_up_proj", 0),
@@ -98,10 +137,28 @@ class LlamaForCausalLM(CausalLM):
     def __init__(self, config: Any) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, self.qkv_bias)
+        self.model = self.make_model(config)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if getattr(config, "tie_word_embeddings", False):
-            self.lm_head.weight = self.model.embed_tokens.weight
+            embed_tokens = self.model.get_submodule("embed_tokens")
+            assert isinstance(embed_tokens, VocabParallelEmbedding), "every family names its embedding so"
+            self.lm_head.weight = embed_tokens.weight
+
+    def make_model(self, config: Any) -> nn.Module:
+        rotary_emb = RotaryEmbedding(head_dim(config), config.max_position_embeddings,
+                                     rope_parameters(config))
+        return LlamaModel(config, lambda i: self.make_layer(config, i, rotary_emb))
+
+    def attention_options(self, config: Any, layer_idx: int) -> AttentionOptions:
+        return AttentionOptions(qkv_bias=self.qkv_bias, qk_norm=self.qk_norm,
+                                sliding_window=layer_sliding_window(config, layer_idx, type(self).__name__))
+
+    def make_mlp(self, config: Any, layer_idx: int) -> nn.Module:
+        return LlamaMLP(config.hidden_size, config.intermediate_size, getattr(config, "hidden_act", "silu"))
+
+    def make_layer(self, config: Any, layer_idx: int, rotary_emb: RotaryEmbedding) -> nn.Module:
+        attention = LlamaAttention(config, self.attention_options(config, layer_idx), rotary_emb)
+        return LlamaDecoderLayer(config, attention, self.make_mlp(config, layer_idx))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)
@@ -109,25 +166,30 @@ class LlamaForCausalLM(CausalLM):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.compute_logits(hidden)
 
+    def checkpoint_tensors(self, name: str, tensor: torch.Tensor) -> Iterator[ParamShard]:
+        """Where a checkpoint tensor (HF name) goes: nothing for tensors not kept, else one or more
+        (parameter, tensor, shard id). Families with other checkpoint layouts override this."""
+        if "rotary_emb.inv_freq" in name:
+            return
+        if name == "lm_head.weight" and getattr(self.config, "tie_word_embeddings", False):
+            return
+        for fragment, (fused, shard) in self.stacked_params.items():
+            if f".{fragment}." in name:
+                yield name.replace(fragment, fused), tensor, shard
+                return
+        yield name, tensor, None
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy each checkpoint tensor (HF names) into its parameter shard. Returns the loaded names."""
         params = dict(self.named_parameters(remove_duplicate=False))
         loaded: set[str] = set()
-        for name, tensor in weights:
-            if "rotary_emb.inv_freq" in name:
-                continue
-            if name == "lm_head.weight" and getattr(self.config, "tie_word_embeddings", False):
-                continue
-            shard_id = None
-            for fragment, (fused, shard) in self.stacked_params.items():
-                if f".{fragment}." in name:
-                    name, shard_id = name.replace(fragment, fused), shard
-                    break
-            param = params[name]
-            loader = getattr(param, "weight_loader", None)
-            if loader is None:
-                param.data.copy_(tensor)
-            else:
-                loader(param, tensor.to(param.dtype), shard_id)
-            loaded.add(name)
+        for checkpoint_name, checkpoint_tensor in weights:
+            for name, tensor, shard_id in self.checkpoint_tensors(checkpoint_name, checkpoint_tensor):
+                param = params[name]
+                loader = getattr(param, "weight_loader", None)
+                if loader is None:
+                    param.data.copy_(tensor)
+                else:
+                    loader(param, tensor.to(param.dtype), shard_id)
+                loaded.add(name)
         return loaded

@@ -1,5 +1,4 @@
-"""Mistral: the Llama blocks. Sliding-window attention is not implemented: the context is capped at the
-window instead (config.py), so attention never silently differs from the model's."""
+"""Mistral: the Llama blocks, with `sliding_window` on every layer (HF Mistral ignores layer types)."""
 from pagedserve.models.llama import LlamaForCausalLM
 
 

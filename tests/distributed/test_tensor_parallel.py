@@ -13,8 +13,10 @@ from pagedserve.errors import ConfigError
 from pagedserve.executor.multiproc import MultiprocExecutor
 
 # llama: GQA, 2 KV heads split 1 per rank; llama-1kv-tied: 1 KV head replicated on both ranks and a
-# tied vocab-parallel LM head; qwen2: 1 KV head and q/k/v biases.
-MODELS = ["llama", "llama-1kv-tied", "qwen2"]
+# tied vocab-parallel LM head; qwen2: 1 KV head and q/k/v biases; mixtral: experts split over the ranks.
+MODELS = ["llama", "llama-1kv-tied", "qwen2", "mixtral"]
+# Also greedy-equal at tp=2: a shared expert and dense layers; sliding windows and soft caps.
+MORE_FAMILIES = ["qwen2_moe", "gemma2"]
 TP = 2
 
 
@@ -33,7 +35,7 @@ def engine(tiny_model_factory) -> Iterator[Callable[[str, int], LLM]]:
         shutdown(llm)
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODELS + MORE_FAMILIES)
 def test_tp2_greedy_equals_tp1(engine, name: str) -> None:
     llm = engine(name, TP)
     assert isinstance(llm.llm_engine.engine_core.executor, MultiprocExecutor)
@@ -42,8 +44,12 @@ def test_tp2_greedy_equals_tp1(engine, name: str) -> None:
 
 def _expected_shard(name: str, full: tuple[int, ...], hf_config) -> tuple[int, ...]:
     head_dim = hf_config.hidden_size // hf_config.num_attention_heads
-    if "norm" in name:
-        return full  # replicated
+    if "norm" in name or name.endswith("mlp.gate.weight"):
+        return full  # replicated (norms, the MoE router)
+    if name.endswith("experts.w13_weight"):  # every expert's gate/up rows split
+        return (full[0], full[1] // TP, full[2])
+    if name.endswith("experts.w2_weight"):  # every expert's down columns split
+        return (full[0], full[1], full[2] // TP)
     if "qkv_proj" in name:  # q heads split; KV heads split, or replicated when fewer than ranks
         kv_heads = max(hf_config.num_key_value_heads // TP, 1)
         return ((hf_config.num_attention_heads // TP + 2 * kv_heads) * head_dim, *full[1:])

@@ -4,6 +4,7 @@ import json
 import os
 
 import pytest
+import torch
 
 from pagedserve import LLM
 from pagedserve.entrypoints.cli import main as cli_main
@@ -85,17 +86,46 @@ def test_plan_numbers_are_the_engines(tiny_llama: str, capsys: pytest.CaptureFix
     assert (result["num_blocks"], result["capacity_tokens"]) == (kv.num_blocks - 1, kv.capacity_tokens)
 
 
-@pytest.mark.parametrize("name", ["qwen2", "llama-tied-mha"])
+@pytest.mark.parametrize("name", ["qwen2", "llama-tied-mha", "qwen3", "gemma2", "gemma3_text", "phi3",
+                                  "falcon-7b", "falcon-40b", "mixtral", "qwen2_moe", "qwen3_moe"])
 def test_parameter_count_formula_matches_the_model(name: str) -> None:
-    """Biases (Qwen2) and a tied head count as the model's parameters do."""
+    """Every family's parameters (biases, q/k norms, Gemma's four norms, Falcon's LayerNorms, every
+    expert, routers and shared experts, a tied head) count as HF's model of it, and as ours at tp=1."""
     from conftest import TINY_MODELS, tiny_hf_config
     from transformers import AutoModelForCausalLM
 
-    architecture = name.split("-")[0]
-    config = tiny_hf_config(architecture, **TINY_MODELS[name])
+    from pagedserve.models.registry import get_model_class
+
+    config = tiny_hf_config(name.split("-")[0], **TINY_MODELS[name])
     model = AutoModelForCausalLM.from_config(config)
-    shape = ModelShape.from_hf_config(config, {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}[architecture])
+    architecture = config.architectures[0] if config.architectures else type(model).__name__
+    shape = ModelShape.from_hf_config(config, architecture)
     assert shape.num_parameters() == sum(p.numel() for p in model.parameters())
+    with torch.device("meta"):
+        ours = get_model_class(architecture)(config)
+    assert shape.num_parameters() == sum(p.numel() for p in ours.parameters())
+
+
+MISTRAL_7B_V01 = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096,
+                  "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+                  "num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 32768,
+                  "sliding_window": 4096, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"}
+
+
+def test_sliding_window_model_counts_the_freed_blocks(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    """Mistral 7B v0.1 runs at its full 32k context; a request holds at most its 4096-token window, one
+    step's chunk (2048 tokens) and a partly filled block at each end: ceil((4096 - 1 + 2048) / 16) + 1 =
+    385 blocks instead of 32768 / 16 = 2048."""
+    (tmp_path / "config.json").write_text(json.dumps(MISTRAL_7B_V01))
+    status, result = plan(capsys, str(tmp_path), "--kv-cache-memory", "8GiB", "--max-model-len", "32768",
+                          "--max-num-batched-tokens", "2048", "--concurrency", "8", "--input-tokens", "30000",
+                          "--output-tokens", "2768")
+    assert result["sliding_window"] == 4096 and result["max_model_len"] == 32768
+    assert result["kv_bytes_per_token"] == 2 * 32 * 8 * 128 * 2
+    assert result["num_blocks"] == 8 * GiB // (16 * 131_072) - 1 == 4095
+    assert result["max_concurrency_at_max_model_len"] == pytest.approx(4095 / 385)
+    assert result["max_requests_at_request_tokens"] == 4095 // 385 == 10  # without freeing: 4095 // 2048 = 1
+    assert status == 0
 
 
 def test_model_as_flag_like_serve(capsys: pytest.CaptureFixture[str]) -> None:

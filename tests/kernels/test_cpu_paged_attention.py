@@ -109,12 +109,19 @@ def test_kernel_rejects_block_ids_outside_the_cache() -> None:
                                            torch.tensor([9]), 0.125)
 
 
+# (sliding_window, logits_soft_cap): plain; a window shorter than most requests (it cuts the cached prefix,
+# the chunk and the fresh prefill); Gemma 2's soft cap with a window.
+SCORING = [(None, None), (11, None), (20, 5.0)]
+
+
+@pytest.mark.parametrize("window,soft_cap", SCORING)
 @pytest.mark.parametrize("block_size", [8, 16, 32])
-def test_mixed_batch_through_backend_matches_torch(block_size: int) -> None:
+def test_mixed_batch_through_backend_matches_torch(block_size: int, window: int | None,
+                                                   soft_cap: float | None) -> None:
     """Decodes, a prefill chunk over a cached prefix and a fresh prefill, in one step: same outputs and
     the same K/V written."""
     torch.manual_seed(block_size)
-    spec = AttentionLayerSpec(8, 2, 64, scale=0.125)
+    spec = AttentionLayerSpec(8, 2, 64, scale=0.125, sliding_window=window, logits_soft_cap=soft_cap)
     common = make_batch([(0, 1), (37, 1), (block_size - 1, 1), (19, 13), (0, 21)], block_size, seed=2)
     num_tokens = common.query_start_loc[-1]
     q = torch.randn(num_tokens, spec.num_heads * spec.head_dim)
@@ -128,6 +135,44 @@ def test_mixed_batch_through_backend_matches_torch(block_size: int) -> None:
         written.append(cache)
     assert (outputs[0] - outputs[1]).abs().max().item() < 1e-5
     assert all(torch.equal(a, b) for a, b in zip(*written))
+
+
+def dense_attention(spec: AttentionLayerSpec, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                    positions: range) -> torch.Tensor:
+    """The definition, one query at a time: q [Tq, H, D] at `positions` over keys/values [Tk, Hkv, D]."""
+    group = spec.num_heads // spec.num_kv_heads
+    out = torch.empty_like(q)
+    for row, position in enumerate(positions):
+        first = 0 if spec.sliding_window is None else max(0, position + 1 - spec.sliding_window)
+        for head in range(spec.num_heads):
+            k, v = keys[first: position + 1, head // group], values[first: position + 1, head // group]
+            scores = k @ q[row, head] * spec.scale
+            if spec.logits_soft_cap is not None:
+                scores = spec.logits_soft_cap * torch.tanh(scores / spec.logits_soft_cap)
+            out[row, head] = torch.softmax(scores, dim=0) @ v
+    return out
+
+
+@pytest.mark.parametrize("window,soft_cap", SCORING)
+def test_torch_backend_matches_the_definition(window: int | None, soft_cap: float | None) -> None:
+    """The reference backend itself, windowed and soft-capped, against attention computed token by token."""
+    torch.manual_seed(3)
+    spec = AttentionLayerSpec(4, 2, 16, scale=0.25, sliding_window=window, logits_soft_cap=soft_cap)
+    requests = [(0, 1), (37, 1), (19, 13), (0, 21)]
+    common = make_batch(requests, 8, seed=4)
+    num_tokens = common.query_start_loc[-1]
+    q = torch.randn(num_tokens, spec.num_heads * spec.head_dim)
+    k, v = (torch.randn(num_tokens, spec.num_kv_heads * spec.head_dim) for _ in range(2))
+    key_cache, value_cache = random_cache(8, spec, torch.float32)
+    backend = TorchPagedAttentionBackend()
+    out = backend.forward(spec, q, k, v, (key_cache, value_cache), backend.build_metadata(common))
+    for i, (cached, new) in enumerate(requests):
+        rows = slice(common.query_start_loc[i], common.query_start_loc[i + 1])
+        keys = key_cache[common.block_tables[i]].flatten(0, 1)[: cached + new]
+        values = value_cache[common.block_tables[i]].flatten(0, 1)[: cached + new]
+        expected = dense_attention(spec, q[rows].view(new, spec.num_heads, -1), keys, values,
+                                   range(cached, cached + new))
+        assert (out[rows].view_as(expected) - expected).abs().max().item() < 1e-5
 
 
 def test_llm_greedy_tokens_equal_torch_backend(tiny_llama: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -30,10 +30,16 @@ MetadataT = TypeVar("MetadataT", bound=AttentionMetadata)
 
 @dataclass
 class AttentionLayerSpec:
+    """One attention layer's shape and math. Every backend honours each field:
+    `sliding_window` W: the query at position i attends only to positions (i - W, i] (HF's rule);
+    `logits_soft_cap` c: scores s (already scaled) become c * tanh(s / c) before the softmax (Gemma 2)."""
+
     num_heads: int
     num_kv_heads: int
     head_dim: int
     scale: float
+    sliding_window: int | None = None
+    logits_soft_cap: float | None = None
 
 
 class AttentionBackend(ABC, Generic[MetadataT]):

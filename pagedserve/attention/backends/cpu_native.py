@@ -32,4 +32,5 @@ class CpuNativeAttentionBackend(SdpaPrefillBackend[NativeDecodeMetadata]):
     def attend_decodes(self, spec: AttentionLayerSpec, q: torch.Tensor, key_cache: torch.Tensor,
                        value_cache: torch.Tensor, decode: NativeDecodeMetadata) -> torch.Tensor:
         return cpu_kernels.paged_attention_decode(q, key_cache, value_cache, decode.block_tables,
-                                                  decode.seq_lens, spec.scale)
+                                                  decode.seq_lens, spec.scale, spec.sliding_window,
+                                                  spec.logits_soft_cap)

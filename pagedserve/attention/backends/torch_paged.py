@@ -1,11 +1,12 @@
 """Plain-PyTorch paged attention: the reference every backend is tested against, and the CPU fallback.
 
 Decodes (one query token each) are attended in one batched call over K/V gathered through their
-block tables; each prefill chunk is attended with its own causal mask over its cached prefix.
+block tables; each prefill chunk is attended with its own causal mask over its cached prefix. Layers with
+a sliding window mask what lies outside it; a logits soft cap takes the plain (non-SDPA) computation.
 `SdpaPrefillBackend` (K/V writes and prefill chunks) is shared with backends that only replace decodes.
 """
 from abc import abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 import torch
@@ -22,13 +23,42 @@ class PrefillChunk:
     query_end: int
     seq_len: int  # cached prefix + this chunk
     block_ids: torch.Tensor  # [num_blocks_of_request]
-    causal_mask: torch.Tensor | None  # [query_len, seq_len] bool; None: plain causal, no prefix
+    _masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)  # per sliding window
+
+    @property
+    def context_len(self) -> int:
+        return self.seq_len - (self.query_end - self.query_start)
+
+    def mask(self, window: int | None) -> torch.Tensor | None:
+        """[query_len, seq_len] bool (True = attend): causal, bottom-right aligned over the cached prefix,
+        and within `window`; None when plain causal attention over the chunk alone is exact."""
+        if window is not None and window >= self.seq_len:
+            window = None  # the window cuts nothing
+        if self.context_len == 0 and window is None:
+            return None
+        if window not in self._masks:
+            device = self.block_ids.device
+            rows = torch.arange(self.query_end - self.query_start, device=device)[:, None] + self.context_len
+            cols = torch.arange(self.seq_len, device=device)[None, :]
+            self._masks[window] = (cols <= rows) if window is None else (cols <= rows) & (cols > rows - window)
+        return self._masks[window]
 
 
 @dataclass
 class GatherDecodeMetadata:
     block_tables: torch.Tensor  # [num_decodes, max_blocks]
-    mask: torch.Tensor  # [num_decodes, 1, 1, max_blocks * block_size] bool: True = attend
+    seq_lens: torch.Tensor  # [num_decodes, 1, 1, 1]
+    span: torch.Tensor  # [max_blocks * block_size]: the position of each gathered slot
+    _masks: dict[int | None, torch.Tensor] = field(default_factory=dict)  # per sliding window
+
+    def mask(self, window: int | None) -> torch.Tensor:
+        """[num_decodes, 1, 1, max_blocks * block_size] bool: True = attend."""
+        if window not in self._masks:
+            mask = self.span < self.seq_lens
+            if window is not None:
+                mask &= self.span >= self.seq_lens - window
+            self._masks[window] = mask
+        return self._masks[window]
 
 
 DecodeT = TypeVar("DecodeT")
@@ -75,16 +105,32 @@ class SdpaPrefillBackend(AttentionBackend[TorchAttentionMetadata[DecodeT]], Gene
             out[:nd] = self.attend_decodes(spec, q[:nd], key_cache, value_cache, metadata.decode)
         for chunk in metadata.prefills:
             rows = slice(chunk.query_start, chunk.query_end)
-            if chunk.causal_mask is None:
+            if chunk.context_len == 0:
                 keys, values = k[rows], v[rows]
             else:
                 keys = key_cache[chunk.block_ids].flatten(0, 1)[: chunk.seq_len]
                 values = value_cache[chunk.block_ids].flatten(0, 1)[: chunk.seq_len]
-            out[rows] = F.scaled_dot_product_attention(
-                q[rows].transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
-                attn_mask=chunk.causal_mask, is_causal=chunk.causal_mask is None, scale=spec.scale,
-                enable_gqa=True).transpose(0, 1)
+            out[rows] = attend(spec, q[rows].transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
+                               chunk.mask(spec.sliding_window)).transpose(0, 1)
         return out.view(num_tokens, -1)
+
+
+def attend(spec: AttentionLayerSpec, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+           mask: torch.Tensor | None) -> torch.Tensor:
+    """q [..., num_heads, Tq, D], keys/values [..., num_kv_heads, Tk, D]; mask broadcastable to
+    [..., Tq, Tk] (True = attend), None = causal. Returns [..., num_heads, Tq, D]."""
+    cap = spec.logits_soft_cap
+    if cap is None:
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None,
+                                              scale=spec.scale, enable_gqa=True)
+    # NOTE: SDPA has no soft cap: the plain computation, softmax in float32 as HF's eager Gemma 2.
+    group = q.shape[-3] // keys.shape[-3]
+    keys, values = keys.repeat_interleave(group, dim=-3), values.repeat_interleave(group, dim=-3)
+    scores = torch.tanh(q @ keys.transpose(-1, -2) * spec.scale / cap) * cap
+    if mask is None:
+        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ values
 
 
 class TorchPagedAttentionBackend(SdpaPrefillBackend[GatherDecodeMetadata]):
@@ -95,35 +141,27 @@ class TorchPagedAttentionBackend(SdpaPrefillBackend[GatherDecodeMetadata]):
     def build_decode_metadata(self, common: CommonAttentionMetadata) -> GatherDecodeMetadata:
         device = common.slot_mapping.device
         nd = common.num_decodes
-        decode_lens = torch.tensor(common.seq_lens[:nd], device=device)
+        decode_lens = torch.tensor(common.seq_lens[:nd], device=device).view(nd, 1, 1, 1)
         max_decode_blocks = cdiv(max(common.seq_lens[:nd], default=0), common.block_size)
         span = torch.arange(max_decode_blocks * common.block_size, device=device)
-        mask = (span[None, :] < decode_lens[:, None]).view(nd, 1, 1, span.numel())
-        return GatherDecodeMetadata(common.block_tables[:nd, :max_decode_blocks], mask)
+        return GatherDecodeMetadata(common.block_tables[:nd, :max_decode_blocks], decode_lens, span)
 
     def attend_decodes(self, spec: AttentionLayerSpec, q: torch.Tensor, key_cache: torch.Tensor,
                        value_cache: torch.Tensor, decode: GatherDecodeMetadata) -> torch.Tensor:
         nd = q.shape[0]
         keys = key_cache[decode.block_tables].view(nd, -1, spec.num_kv_heads, spec.head_dim)
         values = value_cache[decode.block_tables].view_as(keys)
-        return F.scaled_dot_product_attention(
-            q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=decode.mask,
-            scale=spec.scale, enable_gqa=True).squeeze(2)
+        return attend(spec, q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2),
+                      decode.mask(spec.sliding_window)).squeeze(2)
 
 
 def _prefill_chunks(common: CommonAttentionMetadata) -> list[PrefillChunk]:
-    """One chunk per request after the decodes, with its causal mask over any cached prefix."""
-    device = common.slot_mapping.device
+    """One chunk per request after the decodes (its masks are made on first use, per window)."""
     prefills = []
     for i in range(common.num_decodes, len(common.seq_lens)):
         start, end, seq_len = common.query_start_loc[i], common.query_start_loc[i + 1], common.seq_lens[i]
         num_blocks = cdiv(seq_len, common.block_size)
-        context = seq_len - (end - start)
-        mask = None
-        if context > 0:  # bottom-right aligned causal mask over the cached prefix
-            rows = torch.arange(end - start, device=device)[:, None] + context
-            mask = torch.arange(seq_len, device=device)[None, :] <= rows
-        prefills.append(PrefillChunk(start, end, seq_len, common.block_tables[i, :num_blocks], mask))
+        prefills.append(PrefillChunk(start, end, seq_len, common.block_tables[i, :num_blocks]))
     return prefills
 
 

@@ -108,19 +108,23 @@ def _remove_stale_lock(lock: str, timeout_s: float) -> None:
 
 
 def paged_attention_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                           sliding_window: int | None = None, soft_cap: float | None = None) -> torch.Tensor:
     """Attention of one query token per request over its K/V, read in place through its block table.
 
     q [num_decodes, num_heads, head_dim]; key_cache/value_cache [num_blocks, block_size, num_kv_heads,
     head_dim], contiguous, q's dtype (float32, float16 or bfloat16; softmax and sums in float32);
     block_tables [num_decodes, max_blocks] int64 or int32; seq_lens [num_decodes], each in
-    [1, max_blocks * block_size]. Returns [num_decodes, num_heads, head_dim] in q's dtype.
+    [1, max_blocks * block_size]. `sliding_window` W: attend only to each request's last W tokens (the
+    blocks before them are never read); `soft_cap` c: scores s become c * tanh(s / c).
+    Returns [num_decodes, num_heads, head_dim] in q's dtype.
     Raises RuntimeError when the kernels are unavailable or an input breaks this contract.
     """
     kernels = load_cpu_kernels()
     if kernels.module is None:
         raise RuntimeError(f"The native CPU kernels are unavailable: {kernels.error}")
-    return kernels.module.paged_attention_decode(q, key_cache, value_cache, block_tables, seq_lens, scale)
+    return kernels.module.paged_attention_decode(q, key_cache, value_cache, block_tables, seq_lens, scale,
+                                                 sliding_window or 0, soft_cap or 0.0)
 
 
 def _arch_flags() -> list[str]:

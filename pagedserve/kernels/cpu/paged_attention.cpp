@@ -27,6 +27,14 @@ struct Geometry {
   int64_t max_blocks;  // columns of block_tables
 };
 
+// How scores are made: q.k * scale, then (soft_cap > 0) soft_cap * tanh(s / soft_cap); with a sliding
+// window (window > 0) a request of seq_len tokens attends only to its last `window` tokens.
+struct Scoring {
+  float scale;
+  float soft_cap;
+  int64_t window;
+};
+
 // Eight float lanes: one AVX2 register. GCC and Clang lower it to whatever the target has (two SSE
 // registers, or scalars), so the loops below are vectorized by construction, not by the optimizer's luck.
 using Vec = float __attribute__((vector_size(32)));
@@ -140,66 +148,74 @@ inline void prefetch(Rows<T> rows, int64_t D) {
   }
 }
 
-// Calls fn(first_token, rows) for each block of one kv head's `seq_len` tokens, in order, prefetching
-// the next block's rows first.
+// Calls fn(index, rows) for the rows of one kv head's tokens [first, seq_len), block by block in order
+// (index: the first row's token - first), prefetching the next block's rows first. Blocks wholly before
+// `first` (out of a sliding window, perhaps freed) are never read.
 template <typename T, typename Index, typename Fn>
-inline void for_each_block(const T* cache, const Index* block_table, int64_t seq_len, int64_t kv_head,
-                           const Geometry& g, Fn&& fn) {
+inline void for_each_block(const T* cache, const Index* block_table, int64_t first, int64_t seq_len,
+                           int64_t kv_head, const Geometry& g, Fn&& fn) {
   const int64_t stride = g.num_kv_heads * g.head_dim;  // between the tokens of a block
   const auto block = [&](int64_t b) {
-    const int64_t first_row = static_cast<int64_t>(block_table[b]) * g.block_size;
-    return Rows<T>{cache + first_row * stride + kv_head * g.head_dim,
-                   std::min(g.block_size, seq_len - b * g.block_size), stride};
+    const int64_t start = std::max(first, b * g.block_size);
+    const int64_t row = static_cast<int64_t>(block_table[b]) * g.block_size + start - b * g.block_size;
+    return Rows<T>{cache + row * stride + kv_head * g.head_dim,
+                   std::min((b + 1) * g.block_size, seq_len) - start, stride};
   };
-  const int64_t num_blocks = (seq_len + g.block_size - 1) / g.block_size;
-  prefetch(block(0), g.head_dim);
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    if (b + 1 < num_blocks) prefetch(block(b + 1), g.head_dim);
-    fn(b * g.block_size, block(b));
+  const int64_t first_block = first / g.block_size;
+  const int64_t end_block = (seq_len + g.block_size - 1) / g.block_size;
+  prefetch(block(first_block), g.head_dim);
+  for (int64_t b = first_block; b < end_block; ++b) {
+    if (b + 1 < end_block) prefetch(block(b + 1), g.head_dim);
+    fn(std::max(first, b * g.block_size) - first, block(b));
   }
 }
 
-// Attends the G query heads q[G, D] of one kv head over seq_len tokens; writes out[G, D].
+// Attends the G query heads q[G, D] of one kv head over seq_len tokens (the last `window` of them when
+// windowed); writes out[G, D].
 template <typename T, typename Index>
 void attend(const T* q, const T* key_cache, const T* value_cache, const Index* block_table,
-            int64_t seq_len, int64_t kv_head, float scale, const Geometry& g,
+            int64_t seq_len, int64_t kv_head, const Scoring& scoring, const Geometry& g,
             std::vector<float>& scratch, T* out) {
   const int64_t G = g.group, D = g.head_dim;
-  scratch.resize(2 * G * D + g.block_size * D + G * seq_len + 2 * G);
+  const int64_t first = scoring.window > 0 ? std::max<int64_t>(0, seq_len - scoring.window) : 0;
+  const int64_t n = seq_len - first;  // tokens attended to
+  scratch.resize(2 * G * D + g.block_size * D + G * n + 2 * G);
   float* qf = scratch.data();  // [G, D], pre-scaled
   float* acc = qf + G * D;  // [G, D]
   float* block_buffer = acc + G * D;  // [block_size, D]: a block widened to float32
-  float* scores = block_buffer + g.block_size * D;  // [G, seq_len], then the softmax numerators
-  float* max_score = scores + G * seq_len;  // [G]
+  float* scores = block_buffer + g.block_size * D;  // [G, n], then the softmax numerators
+  float* max_score = scores + G * n;  // [G]
   float* denom = max_score + G;  // [G]
-  for (int64_t i = 0; i < G * D; ++i) qf[i] = static_cast<float>(q[i]) * scale;
+  for (int64_t i = 0; i < G * D; ++i) qf[i] = static_cast<float>(q[i]) * scoring.scale;
   std::fill(acc, acc + G * D, 0.f);
   std::fill(max_score, max_score + G, -std::numeric_limits<float>::infinity());
 
-  for_each_block(key_cache, block_table, seq_len, kv_head, g, [&](int64_t start, Rows<T> rows) {
+  const float cap = scoring.soft_cap;
+  for_each_block(key_cache, block_table, first, seq_len, kv_head, g, [&](int64_t start, Rows<T> rows) {
     const Rows<float> k = widen(rows, D, block_buffer);
     for (int64_t h = 0; h < G; ++h) {
       for (int64_t t = 0; t < k.n; ++t) {
-        const float s = dot(qf + h * D, k.data + t * k.stride, D);
-        scores[h * seq_len + start + t] = s;
+        float s = dot(qf + h * D, k.data + t * k.stride, D);
+        if (cap > 0.f) s = cap * std::tanh(s / cap);
+        scores[h * n + start + t] = s;
         max_score[h] = std::max(max_score[h], s);
       }
     }
   });
   for (int64_t h = 0; h < G; ++h) {
-    float* p = scores + h * seq_len;
+    float* p = scores + h * n;
     const float max = max_score[h];
     float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t t = 0; t < seq_len; ++t) {
+    for (int64_t t = 0; t < n; ++t) {
       p[t] = exp_nonpositive(p[t] - max);
       sum += p[t];
     }
     denom[h] = sum;
   }
-  for_each_block(value_cache, block_table, seq_len, kv_head, g, [&](int64_t start, Rows<T> rows) {
+  for_each_block(value_cache, block_table, first, seq_len, kv_head, g, [&](int64_t start, Rows<T> rows) {
     const Rows<float> v = widen(rows, D, block_buffer);
-    for (int64_t h = 0; h < G; ++h) accumulate(scores + h * seq_len + start, v, acc + h * D, D);
+    for (int64_t h = 0; h < G; ++h) accumulate(scores + h * n + start, v, acc + h * D, D);
   });
   for (int64_t h = 0; h < G; ++h) {
     const float inv = 1.f / denom[h];  // denom >= 1: the max term contributes exp(0)
@@ -209,7 +225,7 @@ void attend(const T* q, const T* key_cache, const T* value_cache, const Index* b
 
 template <typename T, typename Index>
 void run(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
-         const at::Tensor& block_tables, const std::vector<int64_t>& seq_lens, float scale,
+         const at::Tensor& block_tables, const std::vector<int64_t>& seq_lens, const Scoring& scoring,
          const Geometry& g, at::Tensor& out) {
   const int64_t num_items = q.size(0) * g.num_kv_heads;
   const T* q_ptr = q.data_ptr<T>();
@@ -228,19 +244,19 @@ void run(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& val
       const int64_t request = item / g.num_kv_heads, kv_head = item % g.num_kv_heads;
       const int64_t offset = item * head_stride;  // == (request * num_heads + kv_head * G) * D
       attend<T, Index>(q_ptr + offset, k_ptr, v_ptr, tables + request * g.max_blocks,
-                       seq_lens[request], kv_head, scale, g, scratch, out_ptr + offset);
+                       seq_lens[request], kv_head, scoring, g, scratch, out_ptr + offset);
     }
   }
 }
 
 template <typename T>
 void run_any_index(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
-                   const at::Tensor& block_tables, const std::vector<int64_t>& seq_lens, float scale,
-                   const Geometry& g, at::Tensor& out) {
+                   const at::Tensor& block_tables, const std::vector<int64_t>& seq_lens,
+                   const Scoring& scoring, const Geometry& g, at::Tensor& out) {
   if (block_tables.scalar_type() == at::kLong) {
-    run<T, int64_t>(q, key_cache, value_cache, block_tables, seq_lens, scale, g, out);
+    run<T, int64_t>(q, key_cache, value_cache, block_tables, seq_lens, scoring, g, out);
   } else {
-    run<T, int32_t>(q, key_cache, value_cache, block_tables, seq_lens, scale, g, out);
+    run<T, int32_t>(q, key_cache, value_cache, block_tables, seq_lens, scoring, g, out);
   }
 }
 
@@ -289,20 +305,24 @@ Geometry check_inputs(const at::Tensor& q, const at::Tensor& key_cache, const at
 // q [num_decodes, num_heads, head_dim]; key_cache/value_cache [num_blocks, block_size, num_kv_heads,
 // head_dim] (same dtype as q: float32, float16 or bfloat16); block_tables [num_decodes, max_blocks]
 // int32/int64; seq_lens [num_decodes] (tokens of K/V each request attends to, >= 1).
+// sliding_window > 0: each request attends only to its last sliding_window tokens; soft_cap > 0: scores
+// s become soft_cap * tanh(s / soft_cap).
 // Returns softmax(scale * q k^T) v as [num_decodes, num_heads, head_dim] in q's dtype.
 at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& key_cache,
                                   const at::Tensor& value_cache, const at::Tensor& block_tables,
-                                  const at::Tensor& seq_lens, double scale) {
+                                  const at::Tensor& seq_lens, double scale, int64_t sliding_window,
+                                  double soft_cap) {
   TORCH_CHECK(seq_lens.dim() == 1, "seq_lens must be 1-D");
+  TORCH_CHECK(sliding_window >= 0 && soft_cap >= 0, "sliding_window and soft_cap must be >= 0 (0: none)");
   const at::Tensor lens = seq_lens.to(at::kCPU, at::kLong).contiguous();
   const std::vector<int64_t> lens_vec(lens.data_ptr<int64_t>(), lens.data_ptr<int64_t>() + lens.numel());
   const Geometry g = check_inputs(q, key_cache, value_cache, block_tables, lens_vec);
   const at::Tensor q_c = q.contiguous();
   const at::Tensor tables = block_tables.contiguous();
   at::Tensor out = at::empty_like(q_c);
-  const float scale_f = static_cast<float>(scale);
+  const Scoring scoring{static_cast<float>(scale), static_cast<float>(soft_cap), sliding_window};
 #define PAGEDSERVE_RUN \
-  [&] { run_any_index<scalar_t>(q_c, key_cache, value_cache, tables, lens_vec, scale_f, g, out); }
+  [&] { run_any_index<scalar_t>(q_c, key_cache, value_cache, tables, lens_vec, scoring, g, out); }
   AT_DISPATCH_SWITCH(q.scalar_type(), "paged_attention_decode",
                      AT_DISPATCH_CASE(at::kFloat, PAGEDSERVE_RUN)
                      AT_DISPATCH_CASE(at::kHalf, PAGEDSERVE_RUN)

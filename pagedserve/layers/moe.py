@@ -1,0 +1,81 @@
+"""Mixture of experts: top-k routing as HF does it, and a fused experts layer that groups the step's tokens
+by expert and runs one gate/up and one down matmul per active expert (no loop over tokens).
+
+Under tensor parallelism every rank holds every expert's slice of the intermediate dimension (gate/up rows,
+down columns), as the dense MLP is split; the partial outputs are all-reduced once per layer."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pagedserve.distributed import get_tp_rank, get_tp_world_size, tensor_model_parallel_all_reduce
+from pagedserve.layers.activation import gated_activation
+from pagedserve.layers.linear import _divide, set_weight_loader
+
+
+def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """router_logits [T, num_experts] -> (weights [T, top_k] in the logits' dtype, expert ids [T, top_k]):
+    softmax in float32, the top k, renormalized to sum to one when `renormalize` (HF's order)."""
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(router_logits.dtype), ids
+
+
+class FusedMoE(nn.Module):
+    """Experts' weights stacked: w13 [num_experts, 2 * intermediate / tp, hidden] (gate rows, then up
+    rows) and w2 [num_experts, hidden, intermediate / tp]."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, hidden_act: str = "silu"
+                 ) -> None:
+        super().__init__()
+        self.tp_rank, self.tp_size = get_tp_rank(), get_tp_world_size()
+        # NOTE: the linear layers' check of the split, with its message naming the flag.
+        self.intermediate = _divide(intermediate_size, self.tp_size, "moe intermediate size")
+        self.num_experts = num_experts
+        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * self.intermediate, hidden_size),
+                                       requires_grad=False)
+        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, self.intermediate),
+                                      requires_grad=False)
+        for param in (self.w13_weight, self.w2_weight):
+            set_weight_loader(param, self.weight_loader)
+        self.act_fn = gated_activation(hidden_act)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object) -> None:
+        """shard_id (expert, part): part "gate" / "up" [intermediate, hidden] or "down" [hidden,
+        intermediate] of one expert; expert None: every expert at once ("gate_up" [E, 2 * intermediate,
+        hidden], "down" [E, hidden, intermediate]), the fused layout of newer checkpoints."""
+        assert isinstance(shard_id, tuple)
+        expert, part = shard_id
+        size, start = self.intermediate, self.tp_rank * self.intermediate
+        target = param.data if expert is None else param.data[expert]
+        if part == "down":
+            target.copy_(loaded.narrow(len(loaded.shape) - 1, start, size))
+        elif part == "gate_up":
+            full = loaded.shape[-2] // 2
+            target[:, :size].copy_(loaded.narrow(1, start, size))
+            target[:, size:].copy_(loaded.narrow(1, full + start, size))
+        else:
+            offset = 0 if part == "gate" else size
+            target[offset:offset + size].copy_(loaded.narrow(0, start, size))
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        """x [T, hidden]; topk_weights/topk_ids [T, top_k] -> sum_k weight * expert_k(x), [T, hidden]."""
+        top_k = topk_ids.shape[1]
+        flat_ids = topk_ids.flatten()  # [T * top_k]
+        order = torch.argsort(flat_ids, stable=True)  # (token, choice) pairs grouped by expert
+        tokens = order // top_k
+        counts = torch.bincount(flat_ids, minlength=self.num_experts).tolist()
+        grouped = x[tokens]  # [T * top_k, hidden]
+        outputs = torch.empty_like(grouped)
+        start = 0
+        for expert, count in enumerate(counts):
+            if count:
+                rows = slice(start, start + count)
+                hidden = self.act_fn(F.linear(grouped[rows], self.w13_weight[expert]))
+                outputs[rows] = F.linear(hidden, self.w2_weight[expert])
+                start += count
+        outputs *= topk_weights.flatten()[order, None]
+        out = torch.zeros_like(x).index_add_(0, tokens, outputs)
+        return tensor_model_parallel_all_reduce(out)

@@ -1,0 +1,116 @@
+"""Falcon, both layouts: 7B (parallel attention and MLP off one LayerNorm, multi-query attention) and the
+40B/180B `new_decoder_architecture` (grouped KV, separate LayerNorms for attention and MLP); rotary
+positions. The attention is Llama's (with biases where `bias` is set); the checkpoint's fused
+query_key_value is split into q, k and v here, whatever its layout. ALiBi variants are refused."""
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pagedserve.errors import ConfigError
+from pagedserve.layers.embedding import VocabParallelEmbedding
+from pagedserve.layers.layernorm import LayerNorm
+from pagedserve.layers.linear import ColumnParallelLinear, RowParallelLinear
+from pagedserve.layers.rotary import RotaryEmbedding, rope_parameters
+from pagedserve.models.llama import AttentionOptions, LlamaAttention, LlamaForCausalLM, ParamShard, head_dim
+from pagedserve.utils.hf_config import falcon_parallel_attention, falcon_two_layernorms, num_kv_heads
+
+# HF Falcon names -> ours (the Llama attention's, and the model's embed_tokens / layers / norm).
+_RENAMES = [(r"^transformer\.word_embeddings\.", "model.embed_tokens."),
+            (r"^transformer\.h\.", "model.layers."), (r"^transformer\.ln_f\.", "model.norm."),
+            (r"\.self_attention\.query_key_value\.", ".self_attn.qkv_proj."),
+            (r"\.self_attention\.dense\.", ".self_attn.o_proj.")]
+
+
+class FalconMLP(nn.Module):
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        ffn = config.ffn_hidden_size or 4 * config.hidden_size
+        self.dense_h_to_4h = ColumnParallelLinear(config.hidden_size, ffn, bias=config.bias)
+        self.dense_4h_to_h = RowParallelLinear(ffn, config.hidden_size, bias=config.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(x)))
+
+
+class FalconDecoderLayer(nn.Module):
+    def __init__(self, config: Any, self_attn: nn.Module) -> None:
+        super().__init__()
+        self.self_attn = self_attn
+        self.mlp = FalconMLP(config)
+        size, eps = config.hidden_size, config.layer_norm_epsilon
+        self.two_layernorms = falcon_two_layernorms(config)
+        self.parallel = falcon_parallel_attention(config)
+        if self.two_layernorms:
+            self.ln_attn, self.ln_mlp = LayerNorm(size, eps), LayerNorm(size, eps)
+        else:
+            self.input_layernorm = LayerNorm(size, eps)
+            if not self.parallel:
+                self.post_attention_layernorm = LayerNorm(size, eps)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        if self.two_layernorms:
+            attn_in, mlp_in = self.ln_attn(hidden), self.ln_mlp(hidden)
+        else:
+            attn_in = mlp_in = self.input_layernorm(hidden)
+        attn_out = self.self_attn(positions, attn_in)
+        if self.parallel:
+            return (self.mlp(mlp_in) + attn_out) + hidden  # HF's order of the sums
+        hidden = attn_out + hidden
+        return self.mlp(self.post_attention_layernorm(hidden)) + hidden
+
+
+class FalconModel(nn.Module):
+    def __init__(self, config: Any, layers: list[nn.Module]) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(layers)
+        self.norm = LayerNorm(config.hidden_size, config.layer_norm_epsilon)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            hidden = layer(positions, hidden)
+        return self.norm(hidden)
+
+
+class FalconForCausalLM(LlamaForCausalLM):
+    def make_model(self, config: Any) -> nn.Module:
+        if config.alibi:
+            raise ConfigError("Falcon with alibi=true (ALiBi position biases, e.g. falcon-rw) is not "
+                              "supported: pagedserve runs the rotary Falcon models (7B, 40B, 180B).")
+        rotary_emb = RotaryEmbedding(head_dim(config), config.max_position_embeddings,
+                                     rope_parameters(config))
+        options = AttentionOptions(qkv_bias=config.bias, o_bias=config.bias,
+                                   num_kv_heads=num_kv_heads(config, "FalconForCausalLM"))
+        return FalconModel(config, [FalconDecoderLayer(config, LlamaAttention(config, options, rotary_emb))
+                                    for _ in range(config.num_hidden_layers)])
+
+    def checkpoint_tensors(self, name: str, tensor: torch.Tensor) -> Iterator[ParamShard]:
+        for pattern, replacement in _RENAMES:
+            name = re.sub(pattern, replacement, name)
+        if ".qkv_proj." in name:
+            yield from ((name, part, shard) for part, shard in self._split_qkv(tensor))
+        elif name != "lm_head.weight" or not self.config.tie_word_embeddings:
+            yield name, tensor, None
+
+    def _split_qkv(self, tensor: torch.Tensor) -> list[tuple[torch.Tensor, str]]:
+        """query_key_value rows -> q, k, v rows. Layouts: new architecture: per KV group, its query heads
+        then one key and one value head; multi-query: every query head, then the key, then the value;
+        else per head, its query, key and value."""
+        config, dim = self.config, head_dim(self.config)
+        heads, kv_heads = config.num_attention_heads, num_kv_heads(config, "FalconForCausalLM")
+        # [fused heads, head_dim, (hidden)]; NOTE: a torch function reads a lazy checkpoint tensor
+        rows = torch.reshape(tensor, (-1, dim, *tensor.shape[1:]))
+        if config.new_decoder_architecture:
+            grouped = rows.view(kv_heads, heads // kv_heads + 2, *rows.shape[1:])
+            q, k, v = grouped[:, :-2], grouped[:, -2], grouped[:, -1]
+        elif config.multi_query:
+            q, k, v = rows[:heads], rows[heads], rows[heads + 1]
+        else:
+            per_head = rows.view(heads, 3, *rows.shape[1:])
+            q, k, v = per_head[:, 0], per_head[:, 1], per_head[:, 2]
+        return [(part.reshape(-1, *tensor.shape[1:]), shard) for part, shard in ((q, "q"), (k, "k"), (v, "v"))]

@@ -1,0 +1,55 @@
+"""What a family's HF config means, read without torch: shared by the models (which build the layers) and
+the sizing arithmetic (which counts them), so both read a config the same way."""
+from typing import Any
+
+# Families whose HF code puts `sliding_window` on every layer, ignoring any `layer_types`.
+_WINDOW_ON_EVERY_LAYER = frozenset({"MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM",
+                                    "Qwen3MoeForCausalLM"})
+
+
+def layer_sliding_window(config: Any, layer_idx: int, architecture: str) -> int | None:
+    """The sliding window of layer `layer_idx`, as HF decides it: from `layer_types` ("sliding_attention")
+    for the families that list them (Qwen2/3, Gemma 2/3), else `sliding_window` on every layer."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if architecture not in _WINDOW_ON_EVERY_LAYER and layer_types is not None:
+        return window if layer_types[layer_idx] == "sliding_attention" else None
+    return window
+
+
+def kv_sliding_window(config: Any, architecture: str) -> int | None:
+    """The reach of the model's attention when every layer has a window: the widest window (KV older than
+    it is never read again, so its blocks can be freed); None when any layer attends to everything."""
+    windows = [window for window in layer_windows(config, architecture) if window is not None]
+    return max(windows) if windows and len(windows) == config.num_hidden_layers else None
+
+
+def layer_windows(config: Any, architecture: str) -> list[int | None]:
+    """Every layer's sliding window (None: full attention)."""
+    return [layer_sliding_window(config, i, architecture) for i in range(config.num_hidden_layers)]
+
+
+def num_kv_heads(config: Any, architecture: str) -> int:
+    """KV heads of the model. Falcon (HF's rule): grouped KV with the new architecture, one KV head for
+    multi-query, else one per head."""
+    if architecture == "FalconForCausalLM":
+        if config.new_decoder_architecture or not config.multi_query:
+            return config.num_kv_heads or config.num_attention_heads
+        return 1
+    return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+
+
+def is_sparse_layer(config: Any, layer_idx: int) -> bool:
+    """Qwen-MoE: every `decoder_sparse_step`-th layer but `mlp_only_layers` is a mixture of experts."""
+    return (layer_idx not in (getattr(config, "mlp_only_layers", None) or [])
+            and config.num_experts > 0 and (layer_idx + 1) % getattr(config, "decoder_sparse_step", 1) == 0)
+
+
+def falcon_two_layernorms(config: Any) -> bool:
+    """Falcon's new architecture normalizes attention and MLP inputs apart (num_ln_in_parallel_attn 2)."""
+    return config.new_decoder_architecture and (config.num_ln_in_parallel_attn or 2) == 2
+
+
+def falcon_parallel_attention(config: Any) -> bool:
+    """Attention and MLP read the same input and their outputs are summed (7B, and the new architecture)."""
+    return config.new_decoder_architecture or config.parallel_attn

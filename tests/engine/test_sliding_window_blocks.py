@@ -1,0 +1,72 @@
+"""Sliding-window KV: blocks out of every layer group's reach go back to the pool as a request grows,
+outputs stay HF's, prefix caching stays correct, and nothing leaks."""
+import random
+
+import pytest
+
+from pagedserve import LLM, SamplingParams
+from pagedserve.sizing import SlidingWindowReach
+from pagedserve.utils import cdiv
+
+WINDOW = 24  # tests/conftest.py: mistral-swa and gemma2's local layers
+CHUNK = 16  # max_num_batched_tokens: long prompts are chunked
+
+
+def drive(llm: LLM, prompt: list[int], max_tokens: int) -> tuple[list[int], list[int], list[int]]:
+    """Run one request step by step: (its tokens, blocks held after each prefill step, after each decode)."""
+    engine = llm.llm_engine
+    manager = engine.engine_core.scheduler.kv_cache_manager
+    engine.add_request("long", {"prompt_token_ids": prompt},
+                       SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+    prefill, decode, tokens = [], [], []
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        (request_id,) = manager.req_to_blocks or [None]
+        held = manager.num_held_blocks(request_id) if request_id else 0
+        (decode if tokens else prefill).append(held)
+        if outputs:
+            tokens = list(outputs[0].outputs[0].token_ids)
+    return tokens, prefill, decode
+
+
+@pytest.mark.parametrize("block_size", [8, 32])
+def test_long_request_holds_only_its_window(tiny_model_factory, block_size: int) -> None:
+    llm = LLM(tiny_model_factory("mistral-swa"), block_size=block_size, kv_cache_memory="16MiB",
+              max_num_batched_tokens=CHUNK)
+    manager = llm.llm_engine.engine_core.scheduler.kv_cache_manager
+    prompt = [random.Random(block_size).randrange(3, 49152) for _ in range(70)]
+    tokens, prefill, decode = drive(llm, prompt, max_tokens=90)
+    bound = cdiv(WINDOW, block_size) + 1
+    assert decode and max(decode[:-1]) <= bound  # the last step finished the request: it holds nothing
+    assert max(prefill) <= SlidingWindowReach(WINDOW, CHUNK).max_blocks(160, block_size)
+    assert cdiv(160, block_size) > bound, "the request must outgrow its window"
+    assert manager.num_free_blocks() == manager.block_pool.num_usable_blocks  # all returned
+    # The same prompt again (its prefix blocks partly evicted, partly revived): the same tokens.
+    again, _, _ = drive(llm, prompt, max_tokens=90)
+    assert again == tokens
+    assert manager.num_free_blocks() == manager.block_pool.num_usable_blocks
+
+
+def test_global_layers_keep_every_block(tiny_model_factory) -> None:
+    """Gemma 2 mixes local and global layers in one table: the global ones read everything."""
+    llm = LLM(tiny_model_factory("gemma2"), block_size=8, kv_cache_memory="16MiB", max_num_batched_tokens=CHUNK)
+    prompt = [random.Random(1).randrange(3, 49152) for _ in range(50)]
+    _, _, decode = drive(llm, prompt, max_tokens=30)
+    assert max(decode) == cdiv(50 + 29, 8)
+
+
+def test_swap_preemption_with_freed_blocks_keeps_outputs(tiny_model_factory) -> None:
+    """Requests whose tables hold freed (null) entries swap out and back in: the same tokens as with room."""
+    path = tiny_model_factory("mistral-swa")
+    rng = random.Random(2)
+    prompts = [{"prompt_token_ids": [rng.randrange(3, 49152) for _ in range(n)]} for n in (60, 45, 70, 30)]
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    outputs = {}
+    for name, pool in (("roomy", dict(kv_cache_memory="16MiB")), ("tight", dict(num_gpu_blocks_override=12))):
+        llm = LLM(path, block_size=8, max_num_batched_tokens=CHUNK, preemption_mode="swap", swap_space=0.01,
+                  **pool)
+        outputs[name] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        scheduler = llm.llm_engine.engine_core.scheduler
+        if name == "tight":
+            assert scheduler.num_preemptions_total > 0, "the pool was meant to force swapping"
+    assert outputs["tight"] == outputs["roomy"]
