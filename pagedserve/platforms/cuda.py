@@ -14,7 +14,7 @@ from pagedserve.utils import format_bytes
 class CudaPlatform(Platform):
     device_type = "cuda"
     dist_backend = "nccl"
-    default_attention_backend = "torch"
+    default_attention_backend = "triton"  # torch when triton does not import (logged)
 
     def init_device(self, local_rank: int, tensor_parallel_size: int) -> torch.device:
         device = torch.device("cuda", local_rank)

@@ -1,4 +1,6 @@
 """Runs one step: scheduler output -> batch tensors -> forward -> sampled tokens."""
+import time
+
 import numpy as np
 import torch
 
@@ -10,12 +12,17 @@ from pagedserve.distributed import get_tp_rank
 from pagedserve.layers.attention import Attention
 from pagedserve.layers.rejection_sampler import rejection_sample
 from pagedserve.layers.sampler import Sampler, SamplerOutput, gather_logprobs
+from pagedserve.logger import init_logger
 from pagedserve.model_loader import load_model
 from pagedserve.platforms import Platform
+from pagedserve.utils import format_bytes
 from pagedserve.worker.block_ops import KVBlockMover
+from pagedserve.worker.cuda_graph import CudaGraphRunner
 from pagedserve.worker.draft_proposer import DraftModelProposer
 from pagedserve.worker.input_batch import (BatchInputs, CachedRequestState, build_batch,
                                            build_sampling_metadata, update_states)
+
+logger = init_logger(__name__)
 
 
 class ModelRunner:
@@ -43,6 +50,7 @@ class ModelRunner:
         self.states: dict[str, CachedRequestState] = {}
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.block_mover: KVBlockMover | None = None
+        self.cuda_graphs: CudaGraphRunner | None = None
 
     def kv_cache_bytes_per_block(self) -> int:
         """K and V of `block_size` tokens in every layer of this rank."""
@@ -76,16 +84,54 @@ class ModelRunner:
             self.block_mover.apply(scheduler_output)
 
     @torch.inference_mode()
+    def capture_cuda_graphs(self) -> None:
+        """Capture the decode graphs (after initialize_kv_cache: they bake in the cache's addresses), or
+        log why decode steps stay eager."""
+        reason = None
+        if self.device.type != "cuda":
+            reason = f"the device is {self.device.type}"
+        elif self.config.enforce_eager:
+            reason = "--enforce-eager"
+        elif not self.backend.supports_cuda_graphs:
+            reason = f"the {self.backend.name} attention backend cannot be captured (triton can)"
+        elif self.config.parallel.tensor_parallel_size > 1:
+            reason = "not supported yet at --tensor-parallel-size > 1"
+        elif self.drafter is not None:
+            reason = "not supported yet with a draft model (--speculative-config)"
+        if reason is not None:
+            logger.info("CUDA graphs: off (%s); decode steps run eagerly.", reason)
+            return
+        sizes = self.config.cuda_graph_sizes
+        free_before = torch.cuda.mem_get_info(self.device)[0]
+        start = time.perf_counter()
+        self.cuda_graphs = CudaGraphRunner(self.model, self.backend, sizes, self.block_size,
+                                           self.config.model.max_model_len, self.device)
+        self.cuda_graphs.capture()
+        used = free_before - torch.cuda.mem_get_info(self.device)[0]
+        logger.info("CUDA graphs: captured %d decode batch sizes (%s ... %s) in %.1f s, using %s "
+                    "(--cuda-graph-sizes; --enforce-eager turns them off).", len(sizes), sizes[0], sizes[-1],
+                    time.perf_counter() - start, format_bytes(max(used, 0)))
+
+    def _forward(self, batch: BatchInputs) -> torch.Tensor:
+        """Hidden states [T, hidden]: replayed from a CUDA graph for decode-only batches that fit one."""
+        if self.cuda_graphs is not None:
+            size = self.cuda_graphs.bucket(batch)
+            if size is not None:
+                return self.cuda_graphs.run(batch, size)
+        with set_forward_context(self.backend.build_metadata(batch.attention)):
+            hidden = self.model(batch.input_ids, batch.positions)
+            if self.drafter is not None:  # its K/V of the same tokens, for its proposals
+                self.drafter.model(batch.input_ids, batch.positions)
+        return hidden
+
+    @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         update_states(self.states, scheduler_output)
         self.apply_block_ops(scheduler_output)
         if scheduler_output.is_empty:
             return ModelRunnerOutput({})
         batch = build_batch(self.states, scheduler_output, self.block_size, self.device)
-        with set_forward_context(self.backend.build_metadata(batch.attention)):
-            hidden = self.model(batch.input_ids, batch.positions)  # [T, hidden]
-            if self.drafter is not None:  # its K/V of the same tokens, for its proposals
-                self.drafter.model(batch.input_ids, batch.positions)
+        hidden = self._forward(batch)  # [T, hidden]
         output = ModelRunnerOutput({})
         self._prompt_logprobs(batch, hidden, output)
         if not batch.sample_rows:

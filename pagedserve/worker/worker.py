@@ -37,8 +37,10 @@ class Worker:
                                        self._memory_baseline)
 
     def initialize_kv_cache(self, num_blocks: int, num_host_blocks: int = 0) -> None:
+        """Allocate the KV cache and swap space, then capture the decode CUDA graphs over them."""
         self.model_runner.initialize_kv_cache(num_blocks)
         self.model_runner.initialize_swap_space(num_host_blocks)
+        self.model_runner.capture_cuda_graphs()
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.model_runner.execute_model(scheduler_output)
@@ -48,16 +50,36 @@ class Worker:
         return {name: tuple(p.shape) for name, p in self.model_runner.model.named_parameters()}
 
     def _profile_run(self) -> None:
-        """One prefill of max_num_batched_tokens tokens through the real step path, on a temporary
-        KV cache just large enough for it."""
-        # NOTE: one request, so no longer than max_model_len (positions past it have no rotary entry).
-        num_tokens = min(self.config.scheduler.max_num_batched_tokens, self.config.model.max_model_len)
-        num_blocks = cdiv(num_tokens, self.config.cache.block_size)
-        self.initialize_kv_cache(num_blocks + 1)
-        request = NewRequestData("profile", [0] * num_tokens, num_tokens, SamplingParams(temperature=0),
-                                 None, list(range(1, num_blocks + 1)), 0)
-        self.execute_model(SchedulerOutput([request], [], {"profile": num_tokens}, num_tokens))
-        self.execute_model(SchedulerOutput([], [], {}, 0, {"profile"}))
+        """The largest steps through the real step path, for the peak-memory profile, on a temporary KV
+        cache just large enough: max_num_batched_tokens prompt tokens in one request (the largest
+        attention), then spread over max_num_seqs requests that all sample (the largest logits and
+        sampler batch)."""
+        sched, block_size = self.config.scheduler, self.config.cache.block_size
+        batches = [profile_request_lengths(sched.max_num_batched_tokens, 1, self.config.model.max_model_len),
+                   profile_request_lengths(sched.max_num_batched_tokens, sched.max_num_seqs,
+                                           self.config.model.max_model_len)]
+        self.model_runner.initialize_kv_cache(max(sum(cdiv(n, block_size) for n in lengths)
+                                                  for lengths in batches) + 1)  # NOTE: no graphs here
+        self.model_runner.initialize_swap_space(0)
+        for lengths in batches:
+            requests, next_block = [], 1
+            for i, num_tokens in enumerate(lengths):
+                blocks = list(range(next_block, next_block + cdiv(num_tokens, block_size)))
+                next_block += len(blocks)
+                requests.append(NewRequestData(f"profile-{i}", [0] * num_tokens, num_tokens,
+                                               SamplingParams(temperature=0), None, blocks, 0))
+            scheduled = {r.request_id: len(r.token_ids) for r in requests}
+            self.execute_model(SchedulerOutput(requests, [], scheduled, sum(lengths)))
+            self.execute_model(SchedulerOutput([], [], {}, 0, set(scheduled)))
         self.model_runner.kv_caches = []
         for layer in self.model_runner.attention_layers:
             layer.kv_cache = None
+
+
+def profile_request_lengths(num_tokens: int, max_requests: int, max_model_len: int) -> list[int]:
+    """`num_tokens` split as evenly as possible over at most `max_requests` requests, none longer than
+    max_model_len (positions past it have no rotary entry), so possibly fewer tokens in all."""
+    num_requests = min(max_requests, num_tokens)
+    num_tokens = min(num_tokens, num_requests * max_model_len)
+    base, extra = divmod(num_tokens, num_requests)
+    return [base + (1 if i < extra else 0) for i in range(num_requests)]

@@ -1,5 +1,4 @@
 """The native CPU paged-attention decode kernel and the cpu backend, against the torch reference backend."""
-import random
 from typing import Any
 
 import pytest
@@ -7,16 +6,15 @@ import torch
 
 from pagedserve import LLM, SamplingParams
 from pagedserve.attention.backends import select_attention_backend
-from pagedserve.attention.backends.base import AttentionLayerSpec, CommonAttentionMetadata
+from pagedserve.attention.backends.base import AttentionLayerSpec
 from pagedserve.attention.backends.cpu_native import CpuNativeAttentionBackend
 from pagedserve.attention.backends.torch_paged import SdpaPrefillBackend, TorchPagedAttentionBackend
 from pagedserve.config import EngineArgs
 from pagedserve.errors import ConfigError
 from pagedserve.kernels import cpu as cpu_kernels
 from pagedserve.platforms.cpu import CpuPlatform
-from pagedserve.utils import cdiv
+from paged_batches import NUM_BLOCKS, make_batch, random_cache
 
-NUM_BLOCKS = 64
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}  # abs for fp32, else rel
 
 
@@ -25,32 +23,6 @@ def kernels_built() -> None:
     error = cpu_kernels.load_cpu_kernels().error
     if error is not None:
         pytest.skip(f"native CPU kernels unavailable: {error}")
-
-
-def make_batch(requests: list[tuple[int, int]], block_size: int, seed: int) -> CommonAttentionMetadata:
-    """(cached tokens, new tokens) per request, decodes (1 new token) first. Blocks are drawn from a
-    shuffled pool, so tables are non-contiguous; rows are padded with the null block 0."""
-    rng = random.Random(seed)
-    pool = list(range(1, NUM_BLOCKS))
-    rng.shuffle(pool)
-    max_blocks = max(cdiv(c + n, block_size) for c, n in requests) + 1  # + a padding column
-    tables = torch.zeros(len(requests), max_blocks, dtype=torch.int64)
-    query_start_loc, seq_lens, slots = [0], [], []
-    for row, (cached, new) in enumerate(requests):
-        num = cdiv(cached + new, block_size)
-        tables[row, :num] = torch.tensor([pool.pop() for _ in range(num)])
-        slots += [int(tables[row, p // block_size]) * block_size + p % block_size
-                  for p in range(cached, cached + new)]
-        query_start_loc.append(query_start_loc[-1] + new)
-        seq_lens.append(cached + new)
-    return CommonAttentionMetadata(query_start_loc, seq_lens, tables, torch.tensor(slots),
-                                   num_decodes=sum(1 for _, n in requests if n == 1), block_size=block_size)
-
-
-def random_cache(block_size: int, spec: AttentionLayerSpec,
-                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    shape = (NUM_BLOCKS, block_size, spec.num_kv_heads, spec.head_dim)
-    return torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
 
 
 def decode_lens(block_size: int) -> list[int]:
@@ -203,5 +175,5 @@ def test_auto_picks_cpu_unless_disabled(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_unknown_attention_backend_names_the_flag(tiny_llama: str) -> None:
-    with pytest.raises(ConfigError, match="--attention-backend must be one of auto, torch, cpu"):
+    with pytest.raises(ConfigError, match="--attention-backend must be one of auto, torch, cpu, triton"):
         EngineArgs(model=tiny_llama, attention_backend="flash").create_engine_config()

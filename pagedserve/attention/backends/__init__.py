@@ -4,6 +4,7 @@ from typing import Any
 
 from pagedserve import envs
 from pagedserve.attention.backends.base import AttentionBackend
+from pagedserve.errors import ConfigError
 from pagedserve.logger import init_logger
 from pagedserve.platforms import Platform
 from pagedserve.utils.registry import Registry
@@ -14,10 +15,12 @@ logger = init_logger(__name__)
 ATTENTION_BACKENDS: "Registry[AttentionBackend[Any]]" = Registry("Attention backend", "--attention-backend")
 ATTENTION_BACKENDS.register("torch", "pagedserve.attention.backends.torch_paged:TorchPagedAttentionBackend")
 ATTENTION_BACKENDS.register("cpu", "pagedserve.attention.backends.cpu_native:CpuNativeAttentionBackend")
+ATTENTION_BACKENDS.register("triton", "pagedserve.attention.backends.triton:TritonAttentionBackend")
 
 
 def get_attention_backend(name: str) -> "AttentionBackend[Any]":
-    """`name`: torch (reference; CPU and GPU) | cpu (native CPU decode kernel; CPU tensors only).
+    """`name`: torch (reference; CPU and GPU) | cpu (native CPU decode kernel; CPU tensors only) |
+    triton (Triton kernels; CUDA tensors, or CPU ones under TRITON_INTERPRET=1).
     Raises ConfigError for any other name."""
     return ATTENTION_BACKENDS.load(name)()
 
@@ -25,13 +28,23 @@ def get_attention_backend(name: str) -> "AttentionBackend[Any]":
 def select_attention_backend(requested: str, platform: Platform) -> "AttentionBackend[Any]":
     """The backend for `requested` (auto or a registered name) on `platform`, with the choice logged.
 
-    auto is the platform's default (cpu on a CPU, torch elsewhere). cpu needs the native kernels: when they are
-    disabled (PAGEDSERVE_CPU_KERNELS=0) or fail to build, torch is used instead, with the reason in
-    the log (a warning unless auto and disabled on purpose). Never raises for a kernel failure.
+    auto is the platform's default (cpu on a CPU, triton on CUDA). cpu needs the native kernels: when
+    they are disabled (PAGEDSERVE_CPU_KERNELS=0) or fail to build, torch is used instead, with the reason
+    in the log (a warning unless auto and disabled on purpose). triton needs the triton package (auto
+    falls back to torch without it) and, on CPU, kernels defined under TRITON_INTERPRET=1; asked for
+    explicitly without them it raises ConfigError.
     """
     name = requested
     if requested == "auto":
         name = platform.default_attention_backend
+    if name == "triton":
+        error = _triton_unavailable(platform)
+        if error is not None and requested == "auto":
+            logger.warning("Attention backend: torch (triton is unavailable: %s).", error)
+            return get_attention_backend("torch")
+        if error is not None:
+            raise ConfigError(f"--attention-backend triton cannot run here: {error}; use "
+                              "--attention-backend auto or torch.")
     if name == "cpu":
         from pagedserve.kernels.cpu import load_cpu_kernels
 
@@ -43,3 +56,15 @@ def select_attention_backend(requested: str, platform: Platform) -> "AttentionBa
             return get_attention_backend("torch")
     logger.info("Attention backend: %s.", name)
     return get_attention_backend(name)
+
+
+def _triton_unavailable(platform: Platform) -> str | None:
+    """Why the Triton kernels cannot run on `platform`, or None when they can."""
+    try:
+        from pagedserve.kernels import triton as triton_kernels
+    except ImportError as exc:
+        return f"the triton package does not import ({exc}); pip install triton"
+    if platform.device_type == "cpu" and not triton_kernels.INTERPRETED:
+        return ("its kernels run on CUDA GPUs, and on CPU only in Triton's interpreter (TRITON_INTERPRET=1 "
+                "set before pagedserve.kernels.triton is imported: tests only, very slow)")
+    return None

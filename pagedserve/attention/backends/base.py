@@ -46,10 +46,19 @@ class AttentionBackend(ABC, Generic[MetadataT]):
     """Writes the step's new K/V into the paged cache and attends over block tables."""
 
     name: str
+    # Whether decode steps through this backend can be captured in CUDA graphs (worker/cuda_graph.py).
+    supports_cuda_graphs: bool = False
 
     @abstractmethod
     def build_metadata(self, common: CommonAttentionMetadata) -> MetadataT:
         """Precompute, once per step, what `forward` needs in every layer."""
+
+    def build_graph_metadata(self, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                             block_tables: torch.Tensor, slot_mapping: torch.Tensor, block_size: int,
+                             max_seq_len: int) -> MetadataT:
+        """For backends that support CUDA graphs: decode-only metadata over a graph's static buffers
+        (one query token per request; slot < 0 marks a padding row), valid for any contents of them."""
+        raise NotImplementedError(f"the {self.name} attention backend does not support CUDA graphs")
 
     @abstractmethod
     def forward(self, spec: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
