@@ -90,6 +90,20 @@ TINY_MODELS = {
 }
 
 
+def hf_beam_search(hf, prompt: list[int], params, eos_token_id: int | None
+                   ) -> tuple[list[list[int]], list[float]]:
+    """HF transformers' beam search (`generate(num_beams=...)`) with `params` (a BeamSearchParams):
+    its best beams (generated tokens only, the final EOS included) and their scores, best first."""
+    out = hf.generate(torch.tensor([prompt]), num_beams=params.beam_width, num_return_sequences=params.beam_width,
+                      max_new_tokens=params.max_tokens, do_sample=False, length_penalty=params.length_penalty,
+                      early_stopping=params.early_stopping, eos_token_id=eos_token_id, pad_token_id=0,
+                      return_dict_in_generate=True, output_scores=True)
+    # NOTE: sequences are padded to the longest; beam_indices marks each beam's generated length.
+    lengths = (out.beam_indices != -1).sum(dim=-1).tolist()
+    beams = [seq[len(prompt):len(prompt) + n].tolist() for seq, n in zip(out.sequences, lengths)]
+    return beams, out.sequences_scores.tolist()
+
+
 @pytest.fixture(scope="session")
 def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory):
     cache: dict[str, str] = {}

@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 
+from conftest import hf_beam_search
 from pagedserve import LLM, BeamSearchParams, SamplingParams
 
 MAX_TOKENS = 8
@@ -47,17 +48,6 @@ def model(request, tiny_model_factory, tmp_path_factory) -> tuple[LLM, object]:
     return llm, AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 
 
-def hf_beam_search(hf, prompt: list[int], params: BeamSearchParams) -> tuple[list[list[int]], list[float]]:
-    """HF's best beams (generated tokens only, EOS included) and their scores."""
-    out = hf.generate(torch.tensor([prompt]), num_beams=params.beam_width, num_return_sequences=params.beam_width,
-                      max_new_tokens=params.max_tokens, do_sample=False, length_penalty=params.length_penalty,
-                      early_stopping=params.early_stopping, eos_token_id=None if params.ignore_eos else EOS,
-                      pad_token_id=0, return_dict_in_generate=True, output_scores=True)
-    lengths = (out.beam_indices != -1).sum(dim=-1).tolist()
-    beams = [seq[len(prompt):len(prompt) + n].tolist() for seq, n in zip(out.sequences, lengths)]
-    return beams, out.sequences_scores.tolist()
-
-
 @pytest.mark.parametrize("width, length_penalty, early_stopping, ignore_eos",
                          [(2, 1.0, False, False), (4, 1.0, False, False), (2, 2.0, "never", False),
                           (4, 0.0, True, False), (4, -1.0, False, False), (2, 1.0, False, True),
@@ -72,7 +62,7 @@ def test_beam_search_equals_hf(model, width: int, length_penalty: float, early_s
     outputs = llm.beam_search([{"prompt_token_ids": p} for p in prompts], params)
     ended_early = False
     for prompt, output in zip(prompts, outputs):
-        beams, scores = hf_beam_search(hf, prompt, params)
+        beams, scores = hf_beam_search(hf, prompt, params, None if ignore_eos else EOS)
         ours = [sequence.tokens[len(prompt):] for sequence in output.sequences]
         assert ours == beams
         ours_scores = [s.cum_logprob / len(tokens) ** length_penalty for s, tokens in zip(output.sequences, ours)]

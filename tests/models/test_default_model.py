@@ -4,12 +4,13 @@ import os
 import pytest
 import torch
 
+from conftest import hf_beam_search
 from pagedserve import LLM, BeamSearchParams, SamplingParams
 
 
 @pytest.fixture(scope="module")
 def smol_llm() -> LLM:
-    return LLM(kv_cache_memory="256MiB", max_model_len=1024)
+    return LLM(dtype="float32", kv_cache_memory="256MiB", max_model_len=1024)
 
 
 @pytest.fixture(scope="module")
@@ -45,26 +46,30 @@ def test_default_model_chat_stops_at_eos(smol_llm: LLM) -> None:
     assert "<|im_end|>" not in completion.text
 
 
-def test_default_model_beam_search_with_eos_equals_hf(smol_llm: LLM, hf_smol) -> None:
-    """Issue 10's case: chat prompts whose answers end soon, num_beams=3, early_stopping=True: EOS is among
-    the candidates, beams end at different lengths. (Other early_stopping / length_penalty settings:
-    tests/engine/test_beam_search.py on tiny models.)"""
-    early_stopping, length_penalty = True, 1.0
+@pytest.mark.parametrize("early_stopping, length_penalty", [(True, 1.0), ("never", 0.5)])
+def test_default_model_beam_search_with_eos_equals_hf(smol_llm: LLM, hf_smol, early_stopping: bool | str,
+                                                      length_penalty: float) -> None:
+    """Issue 10's case: num_beams=3 with EOS (<|im_end|>, the GGUF's and HF's only EOS) among the
+    candidates: chat prompts whose answers end soon and a raw prompt, so beams end at different lengths.
+    Token ids and scores of every returned beam equal HF's. (More early_stopping / length_penalty
+    settings: tests/engine/test_beam_search.py on tiny models.)"""
     tokenizer = smol_llm.get_tokenizer()
+    assert tokenizer.eos_token_id == hf_smol.generation_config.eos_token_id == 2
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
                                              tokenize=True, return_dict=True)["input_ids"]
-               for question in ("Hi", "Count to three.")]
+               for question in ("Hi", "What is 2+2? Answer with a number only.")]
+    prompts.append(tokenizer.encode("Question: What color is the sky?\nAnswer:"))
     params = BeamSearchParams(beam_width=3, max_tokens=10, length_penalty=length_penalty,
                               early_stopping=early_stopping)
     outputs = smol_llm.beam_search([{"prompt_token_ids": list(p)} for p in prompts], params)
     ended_with_eos = 0
     for prompt, output in zip(prompts, outputs):
-        expected = hf_smol.generate(torch.tensor([prompt]), num_beams=3, num_return_sequences=3, max_new_tokens=10,
-                                    do_sample=False, length_penalty=length_penalty, early_stopping=early_stopping,
-                                    eos_token_id=tokenizer.eos_token_id, pad_token_id=0,
-                                    return_dict_in_generate=True)
-        lengths = (expected.beam_indices != -1).sum(dim=-1).tolist()
-        beams = [seq[len(prompt):len(prompt) + n].tolist() for seq, n in zip(expected.sequences, lengths)]
-        assert [sequence.tokens[len(prompt):] for sequence in output.sequences] == beams
-        ended_with_eos += sum(beam[-1] == tokenizer.eos_token_id for beam in beams)
-    assert ended_with_eos, "EOS competed: some best beam ends with it"
+        beams, scores = hf_beam_search(hf_smol, list(prompt), params, tokenizer.eos_token_id)
+        ours = [sequence.tokens[len(prompt):] for sequence in output.sequences]
+        assert ours == beams
+        assert [s.cum_logprob / len(tokens) ** length_penalty for s, tokens in zip(output.sequences, ours)] \
+            == pytest.approx(scores, abs=1e-3)
+        assert all((s.finish_reason == "stop") == (tokens[-1] == tokenizer.eos_token_id)
+                   for s, tokens in zip(output.sequences, ours))
+        ended_with_eos += sum(beam[-1] == tokenizer.eos_token_id and len(beam) < params.max_tokens for beam in beams)
+    assert ended_with_eos, "EOS competed: some best beam ends early with it"
