@@ -111,7 +111,7 @@ class CompletionRequest(SamplingRequest):
     # vLLM's beam search fields: a search of width best_of (default n) returning the n best beams.
     use_beam_search: bool = False
     length_penalty: float = 1.0
-    early_stopping: bool = False
+    early_stopping: bool | Literal["never"] = False  # HF's values
 
     def check_supported(self) -> None:
         self.check_stream_options()
