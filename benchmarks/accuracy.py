@@ -7,6 +7,7 @@ no other local copy of the model), so every row starts from the same weights.
 
     python benchmarks/accuracy.py --window 1024
 """
+
 import argparse
 import gc
 import math
@@ -27,10 +28,14 @@ SETTINGS = {
     "int4 (online, g32)": ("hf", dict(quantization="int4")),
     # NOTE: prompts chunked by 128 tokens, so later chunks attend their prefix through the fp8 cache (a
     # window prefilled in one chunk attends its fresh K/V and would never read the cache back).
-    "fp8 KV (e4m3, scale 1)": ("gguf", dict(quantization="none", kv_cache_dtype="fp8",
-                                            max_num_batched_tokens=128)),
-    "fp8 KV (e4m3, calculated)": ("gguf", dict(quantization="none", kv_cache_dtype="fp8",
-                                               calculate_kv_scales=True, max_num_batched_tokens=128)),
+    "fp8 KV (e4m3, scale 1)": (
+        "gguf",
+        dict(quantization="none", kv_cache_dtype="fp8", max_num_batched_tokens=128),
+    ),
+    "fp8 KV (e4m3, calculated)": (
+        "gguf",
+        dict(quantization="none", kv_cache_dtype="fp8", calculate_kv_scales=True, max_num_batched_tokens=128),
+    ),
 }
 
 
@@ -48,8 +53,10 @@ def float_folder(gguf_file: str, folder: str) -> str:
         shutil.copy(os.path.join(converted, name), folder)
     config = AutoConfig.from_pretrained(converted)
     tensors = dict(iterate_gguf(gguf_file, config.num_attention_heads, config.num_key_value_heads))
-    save_file({name: tensor.contiguous() for name, tensor in tensors.items()},
-              os.path.join(folder, "model.safetensors"))
+    save_file(
+        {name: tensor.contiguous() for name, tensor in tensors.items()},
+        os.path.join(folder, "model.safetensors"),
+    )
     return folder
 
 
@@ -72,7 +79,9 @@ def perplexity(model: str, windows: list[list[int]], engine_args: dict, window: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--window", type=int, default=1024, help="tokens per scored window")
     parser.add_argument("--max-tokens", type=int, default=None, help="score only the text's first N tokens")
     parser.add_argument("--only", nargs="*", default=None, help="row names to run (default: all)")
@@ -83,8 +92,8 @@ def main() -> None:
         from transformers import AutoTokenizer
 
         tokens = AutoTokenizer.from_pretrained(folder)(open(TEXT, encoding="utf-8").read()).input_ids
-        tokens = tokens[:args.max_tokens]
-        windows = [tokens[i:i + args.window] for i in range(0, len(tokens) - 1, args.window)]
+        tokens = tokens[: args.max_tokens]
+        windows = [tokens[i : i + args.window] for i in range(0, len(tokens) - 1, args.window)]
         print(f"{len(tokens)} tokens of {os.path.basename(TEXT)} in {len(windows)} windows of {args.window}")
         print(f"{'setting':28s} {'perplexity':>10s} {'vs float32':>10s} {'seconds':>8s}")
         reference = None
@@ -93,7 +102,9 @@ def main() -> None:
                 continue
             value, seconds = perplexity(models[kind], windows, engine_args, args.window)
             reference = reference or value
-            print(f"{name:28s} {value:10.4f} {100 * (value / reference - 1):+9.2f}% {seconds:8.1f}", flush=True)
+            print(
+                f"{name:28s} {value:10.4f} {100 * (value / reference - 1):+9.2f}% {seconds:8.1f}", flush=True
+            )
 
 
 if __name__ == "__main__":

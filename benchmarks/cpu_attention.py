@@ -7,6 +7,7 @@ per-step metadata (built once for all layers) is excluded.
 
     python benchmarks/cpu_attention.py --threads 2 --batch-sizes 1 16 64 --contexts 128 512
 """
+
 import argparse
 import os
 import sys
@@ -27,26 +28,35 @@ def decode_batch(batch: int, context: int, block_size: int) -> tuple[CommonAtten
     """`batch` decodes of `context` tokens each over shuffled blocks; returns it and the cache's blocks."""
     per_request = cdiv(context, block_size)
     num_blocks = batch * per_request + 1  # + the null block
-    tables = (torch.randperm(num_blocks - 1)[:batch * per_request] + 1).view(batch, per_request)
-    common = CommonAttentionMetadata(list(range(batch + 1)), [context] * batch, tables,
-                                     torch.zeros(batch, dtype=torch.int64), batch, block_size)
+    tables = (torch.randperm(num_blocks - 1)[: batch * per_request] + 1).view(batch, per_request)
+    common = CommonAttentionMetadata(
+        list(range(batch + 1)),
+        [context] * batch,
+        tables,
+        torch.zeros(batch, dtype=torch.int64),
+        batch,
+        block_size,
+    )
     return common, num_blocks
 
 
-def layer_ms(backend: SdpaPrefillBackend, spec: AttentionLayerSpec, batch: int, context: int,
-             args: argparse.Namespace) -> float:
+def layer_ms(
+    backend: SdpaPrefillBackend, spec: AttentionLayerSpec, batch: int, context: int, args: argparse.Namespace
+) -> float:
     common, num_blocks = decode_batch(batch, context, args.block_size)
     shape = (num_blocks, args.block_size, spec.num_kv_heads, spec.head_dim)
     key_cache, value_cache = torch.randn(shape), torch.randn(shape)
     q = torch.randn(batch, spec.num_heads, spec.head_dim)
     decode = backend.build_decode_metadata(common)
-    return 1e3 * median_seconds(lambda: backend.attend_decodes(spec, q, key_cache, value_cache, decode),
-                                args.iterations)
+    return 1e3 * median_seconds(
+        lambda: backend.attend_decodes(spec, q, key_cache, value_cache, decode), args.iterations
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--contexts", type=int, nargs="+", default=[128, 512])
@@ -61,10 +71,12 @@ def main() -> None:
     kernels = load_cpu_kernels()
     if kernels.module is None:
         raise SystemExit(f"The native CPU kernels are unavailable: {kernels.error}")
-    spec = AttentionLayerSpec(args.num_heads, args.num_kv_heads, args.head_dim, args.head_dim ** -0.5)
-    print(f"Decode attention per layer, float32, {args.threads} threads, heads {args.num_heads}/"
-          f"{args.num_kv_heads} kv, head_dim {args.head_dim}, block size {args.block_size}; "
-          f"torch {torch.__version__}, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
+    spec = AttentionLayerSpec(args.num_heads, args.num_kv_heads, args.head_dim, args.head_dim**-0.5)
+    print(
+        f"Decode attention per layer, float32, {args.threads} threads, heads {args.num_heads}/"
+        f"{args.num_kv_heads} kv, head_dim {args.head_dim}, block size {args.block_size}; "
+        f"torch {torch.__version__}, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n"
+    )
     print("| batch | context | K/V read MB | torch gather+SDPA ms | native kernel ms | speed-up |")
     print("|---|---|---|---|---|---|")
     for batch in args.batch_sizes:
@@ -72,8 +84,10 @@ def main() -> None:
             torch_ms = layer_ms(TorchPagedAttentionBackend(), spec, batch, context, args)
             native_ms = layer_ms(CpuNativeAttentionBackend(), spec, batch, context, args)
             megabytes = 2 * batch * context * args.num_kv_heads * args.head_dim * 4 / 1e6
-            print(f"| {batch} | {context} | {megabytes:.1f} | {torch_ms:.3f} | {native_ms:.3f} | "
-                  f"{torch_ms / native_ms:.1f}x |")
+            print(
+                f"| {batch} | {context} | {megabytes:.1f} | {torch_ms:.3f} | {native_ms:.3f} | "
+                f"{torch_ms / native_ms:.1f}x |"
+            )
     print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

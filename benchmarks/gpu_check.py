@@ -8,6 +8,7 @@ batch 1 against the weights-bytes / HBM-bandwidth bound, and one table with the 
 Targets (issue 13, on the 1B config): output tokens/s >= 15x HF one request at a time and >= 3x HF
 static batches; decode step at batch 1 <= 1.5x weights bytes / HBM bandwidth.
 """
+
 import argparse
 import json
 import os
@@ -36,30 +37,65 @@ class Workload:
     max_num_seqs: int
 
 
-GPU_WORKLOADS = [Workload("llama-1b", 256, 128, 512, 4, 64, 32, 256),
-                 Workload("llama-8b", 128, 128, 512, 2, 32, 32, 128)]
+GPU_WORKLOADS = [
+    Workload("llama-1b", 256, 128, 512, 4, 64, 32, 256),
+    Workload("llama-8b", 128, 128, 512, 2, 32, 32, 128),
+]
 DRY_WORKLOADS = [Workload("llama-tiny", 6, 4, 24, 1, 2, 2, 4)]
 
 
-def run_throughput(workload: Workload, out: str, tokenizer: str | None, dry: bool, batch1: bool) -> dict[str, Any]:
+def run_throughput(
+    workload: Workload, out: str, tokenizer: str | None, dry: bool, batch1: bool
+) -> dict[str, Any]:
     """benchmarks/throughput.py in a fresh process (each engine gets the whole GPU); its --json figures.
     Its output is appended to OUT/gpu_check.log (few files: the device tool brings back at most 8)."""
     tag = f"{workload.name}-{'batch1' if batch1 else 'throughput'}"
     result = os.path.join(tempfile.mkdtemp(prefix="gpu_check_"), f"{tag}.json")
-    args = [sys.executable, os.path.join(HERE, "throughput.py"), "--model",
-            os.path.join(HERE, "configs", workload.name), "--load-format", "dummy",
-            "--input-len-min", "16", "--input-len-max", str(workload.input_len_max), "--json", result,
-            "--max-model-len", "2048", "--dtype", "float32" if dry else "bfloat16"]
+    args = [
+        sys.executable,
+        os.path.join(HERE, "throughput.py"),
+        "--model",
+        os.path.join(HERE, "configs", workload.name),
+        "--load-format",
+        "dummy",
+        "--input-len-min",
+        "16",
+        "--input-len-max",
+        str(workload.input_len_max),
+        "--json",
+        result,
+        "--max-model-len",
+        "2048",
+        "--dtype",
+        "float32" if dry else "bfloat16",
+    ]
     if not dry:  # HF's copy of the model and its generate run in the same process, after pagedserve
         args += ["--gpu-memory-utilization", "0.5"]
     if batch1:  # one request alone: every step after its prefill is a batch-1 decode step
-        args += ["--num-prompts", "1", "--output-len", str(8 if dry else 256), "--max-num-seqs", "1", "--skip-hf"]
+        args += [
+            "--num-prompts",
+            "1",
+            "--output-len",
+            str(8 if dry else 256),
+            "--max-num-seqs",
+            "1",
+            "--skip-hf",
+        ]
     else:
-        args += ["--num-prompts", str(workload.num_prompts), "--output-len", str(workload.output_len),
-                 "--max-num-seqs", str(workload.max_num_seqs),
-                 "--hf-single-prompts", str(workload.hf_single_prompts),
-                 "--hf-batch-prompts", str(workload.hf_batch_prompts),
-                 "--hf-batch-size", str(workload.hf_batch_size)]
+        args += [
+            "--num-prompts",
+            str(workload.num_prompts),
+            "--output-len",
+            str(workload.output_len),
+            "--max-num-seqs",
+            str(workload.max_num_seqs),
+            "--hf-single-prompts",
+            str(workload.hf_single_prompts),
+            "--hf-batch-prompts",
+            str(workload.hf_batch_prompts),
+            "--hf-batch-size",
+            str(workload.hf_batch_size),
+        ]
     if tokenizer:
         args += ["--tokenizer", tokenizer]
     if dry:
@@ -118,7 +154,9 @@ def test_summary(xml_path: str | None) -> tuple[str, str]:
         return "not run", "MISS"
     suite = ET.parse(xml_path).getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
-    total, failures, errors, skipped = (int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
+    total, failures, errors, skipped = (
+        int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")
+    )
     passed, failed = total - failures - errors - skipped, failures + errors
     verdict = "MISS" if failed else "PASS" if passed else "n/a"
     return f"{passed} passed, {failed} failed, {skipped} skipped", verdict
@@ -140,8 +178,11 @@ def verdict(value: float | None, target: float | None, higher_is_better: bool = 
 
 
 def build_table(tests: tuple[str, str], rows: list[tuple[str, str, str, str]]) -> str:
-    lines = ["| check | result | target | verdict |", "|---|---|---|---|",
-             f"| gpu-marked tests + Triton kernel/graph tests | {tests[0]} | all pass | {tests[1]} |"]
+    lines = [
+        "| check | result | target | verdict |",
+        "|---|---|---|---|",
+        f"| gpu-marked tests + Triton kernel/graph tests | {tests[0]} | all pass | {tests[1]} |",
+    ]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
     return "\n".join(lines)
 
@@ -151,10 +192,14 @@ def fmt(value: float | None, unit: str = "x") -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", required=True)
     parser.add_argument("--tests-xml", default=None, help="pytest --junitxml of the GPU tests")
-    parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the embedded SmolLM2's)")
+    parser.add_argument(
+        "--tokenizer", default=None, help="tokenizer folder (default: the embedded SmolLM2's)"
+    )
     parser.add_argument("--dry-run", action="store_true", help="tiny config, tiny loads (checks the script)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -168,24 +213,46 @@ def main() -> None:
         is_target = workload.name == "llama-1b" or args.dry_run
         results = {r["name"]: r for r in main_run.get("results", [])}
         ours = results.get("pagedserve", {}).get("output_tokens_per_s")
-        rows.append((f"{workload.name}: pagedserve output tok/s", fmt(ours, "") if "error" not in main_run
-                     else main_run["error"], "", ""))
-        for label, prefix, peer in (("vs HF single", "HF single", "HF generate one at a time"),
-                                    ("vs HF batch", "HF batch", "HF generate in static batches")):
+        rows.append(
+            (
+                f"{workload.name}: pagedserve output tok/s",
+                fmt(ours, "") if "error" not in main_run else main_run["error"],
+                "",
+                "",
+            )
+        )
+        for label, prefix, peer in (
+            ("vs HF single", "HF single", "HF generate one at a time"),
+            ("vs HF batch", "HF batch", "HF generate in static batches"),
+        ):
             value = ratio(main_run, prefix)
             target = TARGETS[label] if is_target else None
-            rows.append((f"{workload.name}: output tok/s, pagedserve / {peer}",
-                         fmt(value), f">= {target}x" if target else "", verdict(value, target)))
+            rows.append(
+                (
+                    f"{workload.name}: output tok/s, pagedserve / {peer}",
+                    fmt(value),
+                    f">= {target}x" if target else "",
+                    verdict(value, target),
+                )
+            )
         step_ms = batch1.get("pagedserve", {}).get("decode_step_ms_p50")
         bound_ms = weights_bytes(workload, 4 if args.dry_run else 2) / bandwidth * 1e3
         step_ratio = step_ms / bound_ms if step_ms else None
         target = TARGETS["decode step / bound"] if is_target else None
-        rows.append((f"{workload.name}: decode step at batch 1, p50 / (weights / bandwidth = {bound_ms:.3f} ms)",
-                     f"{fmt(step_ms, ' ms')} = {fmt(step_ratio)}", f"<= {target}x" if target else "",
-                     verdict(step_ratio, target, higher_is_better=False)))
+        rows.append(
+            (
+                f"{workload.name}: decode step at batch 1, p50 / (weights / bandwidth = {bound_ms:.3f} ms)",
+                f"{fmt(step_ms, ' ms')} = {fmt(step_ratio)}",
+                f"<= {target}x" if target else "",
+                verdict(step_ratio, target, higher_is_better=False),
+            )
+        )
     table = build_table(test_summary(args.tests_xml), rows)
     if args.dry_run:
-        table = "DRY RUN (CPU, tiny config): checks the script only; the figures and verdicts mean nothing\n" + table
+        table = (
+            "DRY RUN (CPU, tiny config): checks the script only; the figures and verdicts mean nothing\n"
+            + table
+        )
     print(table)
     with open(os.path.join(args.out, "gpu_check.md"), "w") as f:
         f.write(table + "\n")

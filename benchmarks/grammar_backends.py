@@ -5,6 +5,7 @@ outputs"); this script is the measurement behind that choice.
 
     python benchmarks/grammar_backends.py            # needs `pip install xgrammar llguidance`
 """
+
 import json
 import os
 import statistics
@@ -21,13 +22,21 @@ SCHEMA = {
         "age": {"type": "integer", "minimum": 0, "maximum": 150},
         "email": {"type": "string", "pattern": "^[a-z]+@[a-z]+\\.com$"},
         "tags": {"type": "array", "items": {"type": "string", "enum": ["a", "b", "c"]}, "maxItems": 4},
-        "address": {"type": "object", "properties": {"city": {"type": "string"}, "zip": {"type": "string"}},
-                    "required": ["city"]},
+        "address": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "zip": {"type": "string"}},
+            "required": ["city"],
+        },
     },
     "required": ["name", "age", "email", "tags", "address"],
 }
-DOCUMENT = {"name": "Ada Lovelace", "age": 36, "email": "ada@example.com", "tags": ["a", "c"],
-            "address": {"city": "London", "zip": "W1"}}
+DOCUMENT = {
+    "name": "Ada Lovelace",
+    "age": 36,
+    "email": "ada@example.com",
+    "tags": ["a", "c"],
+    "address": {"city": "London", "zip": "W1"},
+}
 
 
 def measure_llguidance(tokenizer, tokens: list[int]) -> tuple[float, float, float]:
@@ -78,14 +87,16 @@ def measure_xgrammar(tokenizer, tokens: list[int]) -> tuple[float, float, float]
 
 
 def main() -> None:
-    from pagedserve.engine.tokenizer import load_tokenizer
     from pagedserve.config import EngineArgs
+    from pagedserve.engine.tokenizer import load_tokenizer
 
     config = EngineArgs.from_kwargs(model=None).create_engine_config()
     tokenizer = load_tokenizer(config.model)
     tokens = tokenizer.encode(json.dumps(DOCUMENT, separators=(",", ":")))
     print(f"vocab {len(tokenizer)}, document of {len(tokens)} tokens (measured under load on this CPU)")
-    print(f"{'engine':<12} {'compile cold ms':>16} {'compile cached ms':>18} {'mask per token µs (median)':>27}")
+    print(
+        f"{'engine':<12} {'compile cold ms':>16} {'compile cached ms':>18} {'mask per token µs (median)':>27}"
+    )
     for name, measure in (("llguidance", measure_llguidance), ("xgrammar", measure_xgrammar)):
         cold, cached, mask = measure(tokenizer, tokens)
         print(f"{name:<12} {cold * 1e3:>16.2f} {cached * 1e3:>18.3f} {mask * 1e6:>27.1f}")

@@ -1,6 +1,7 @@
 """HF transformers `generate` peers for benchmarks/throughput.py: one request at a time, and static batches
 with left padding. Both force a fixed output length (min_new_tokens = max_new_tokens, greedy), so their
 token counts match pagedserve's ignore_eos run."""
+
 import importlib.util
 import os
 import time
@@ -72,17 +73,25 @@ def load_model(model: str | None, dtype: str, dummy: bool = False) -> tuple[Any,
         with torch.device(device):  # NOTE: auto on a GPU is bfloat16, as the shipped configs say
             hf_model = AutoModelForCausalLM.from_config(
                 AutoConfig.from_pretrained(location),
-                dtype=torch.bfloat16 if torch_dtype == "auto" else torch_dtype)
+                dtype=torch.bfloat16 if torch_dtype == "auto" else torch_dtype,
+            )
         return hf_model.eval(), device
     hf_model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype, **extra)
     return hf_model.to(device).eval(), device
 
 
-def _generate(hf_model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_len: int,
-              pad_token_id: int) -> int:
+def _generate(
+    hf_model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_len: int, pad_token_id: int
+) -> int:
     """Greedy generate of exactly output_len new tokens per row; returns the new-token count."""
-    out = hf_model.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=False,
-                            max_new_tokens=output_len, min_new_tokens=output_len, pad_token_id=pad_token_id)
+    out = hf_model.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        do_sample=False,
+        max_new_tokens=output_len,
+        min_new_tokens=output_len,
+        pad_token_id=pad_token_id,
+    )
     return (out.shape[1] - input_ids.shape[1]) * out.shape[0]
 
 
@@ -91,8 +100,9 @@ def _pad_token_id(tokenizer: Any) -> int:
 
 
 @torch.inference_mode()
-def run_hf_single(hf_model: Any, device: str, tokenizer: Any, prompts: list[list[int]],
-                  output_len: int) -> PeerResult:
+def run_hf_single(
+    hf_model: Any, device: str, tokenizer: Any, prompts: list[list[int]], output_len: int
+) -> PeerResult:
     """One request at a time (batch of 1, no padding), after one short warmup call."""
     pad = _pad_token_id(tokenizer)
     warm = torch.tensor([prompts[0][:16]], device=device)
@@ -107,13 +117,14 @@ def run_hf_single(hf_model: Any, device: str, tokenizer: Any, prompts: list[list
 
 
 @torch.inference_mode()
-def run_hf_batched(hf_model: Any, device: str, tokenizer: Any, prompts: list[list[int]], output_len: int,
-                   batch_size: int) -> PeerResult:
+def run_hf_batched(
+    hf_model: Any, device: str, tokenizer: Any, prompts: list[list[int]], output_len: int, batch_size: int
+) -> PeerResult:
     """Static batches of batch_size in prompt order, left-padded to the batch's longest prompt; a batch
     runs until all its rows have output_len tokens. Warms up on the first batch's shape (4 tokens)."""
     tokenizer.padding_side = "left"
     pad = _pad_token_id(tokenizer)
-    batches = [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]
+    batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
 
     def encode(batch: list[list[int]]) -> dict[str, torch.Tensor]:
         enc = tokenizer.pad({"input_ids": batch}, padding=True, return_tensors="pt")

@@ -14,6 +14,7 @@
     python benchmarks/kv_memory.py                     # SmolLM2-135M (the default model), full sizes
     python benchmarks/kv_memory.py --num-requests 8 --output-len-max 16 --widths 2 --prefix-len 64 ...
 """
+
 import argparse
 import gc
 import os
@@ -62,8 +63,12 @@ def release(llm: LLM) -> None:
         torch.cuda.empty_cache()
 
 
-def drive(llm: LLM, prompts: list[list[int]], params: list[SamplingParams],
-          beam_search: BeamSearchParams | None = None) -> Trace:
+def drive(
+    llm: LLM,
+    prompts: list[list[int]],
+    params: list[SamplingParams],
+    beam_search: BeamSearchParams | None = None,
+) -> Trace:
     """Submit everything, step the engine to the end, record its statistics after each step."""
     engine, trace = llm.llm_engine, Trace()
     for index, (prompt, p) in enumerate(zip(prompts, params)):
@@ -79,13 +84,19 @@ def drive(llm: LLM, prompts: list[list[int]], params: list[SamplingParams],
 def waste_and_concurrency(args: argparse.Namespace, tokenizer: Any) -> list[Row]:
     rng = np.random.default_rng(args.seed)
     prompts = make_prompts(tokenizer, args.num_requests, args.input_len_min, args.input_len_max, args.seed)
-    params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=int(n))
-              for n in rng.integers(args.output_len_min, args.output_len_max + 1, size=len(prompts))]
+    params = [
+        SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=int(n))
+        for n in rng.integers(args.output_len_min, args.output_len_max + 1, size=len(prompts))
+    ]
     contiguous_fit = args.kv_budget_tokens // args.max_model_len
     rows: list[Row] = []
     for block_size in args.block_sizes:
-        llm = make_llm(args, block_size=block_size, enable_prefix_caching=False,
-                       num_gpu_blocks_override=args.kv_budget_tokens // block_size + 1)
+        llm = make_llm(
+            args,
+            block_size=block_size,
+            enable_prefix_caching=False,
+            num_gpu_blocks_override=args.kv_budget_tokens // block_size + 1,
+        )
         trace = drive(llm, prompts, params)
         stored = trace.total("num_kv_tokens_stored")
         waste = 1 - stored / trace.total("num_kv_slots_allocated")
@@ -93,36 +104,70 @@ def waste_and_concurrency(args: argparse.Namespace, tokenizer: Any) -> list[Row]
         # NOTE: everyone is queued at once: while some wait, the running ones are all that fit.
         running = [s.num_running_reqs for s in trace.stats]
         saturated = [s.num_running_reqs for s in trace.stats if s.num_waiting_reqs] or [max(running)]
-        rows.append(("KV waste (allocated - stored) / allocated", f"block {block_size}", f"{waste:.1%}",
-                     f"contiguous max_model_len reservation: {1 - stored / reserved:.1%}"))
-        rows.append((f"requests running at once in {args.kv_budget_tokens} KV tokens", f"block {block_size}",
-                     f"mean {np.mean(saturated):.1f}, peak {max(running)} "
-                     f"({trace.stats[-1].num_preemptions_total} preemptions)",
-                     f"contiguous: {contiguous_fit} ({np.mean(saturated) / max(contiguous_fit, 1):.1f}x)"))
+        rows.append(
+            (
+                "KV waste (allocated - stored) / allocated",
+                f"block {block_size}",
+                f"{waste:.1%}",
+                f"contiguous max_model_len reservation: {1 - stored / reserved:.1%}",
+            )
+        )
+        rows.append(
+            (
+                f"requests running at once in {args.kv_budget_tokens} KV tokens",
+                f"block {block_size}",
+                f"mean {np.mean(saturated):.1f}, peak {max(running)} "
+                f"({trace.stats[-1].num_preemptions_total} preemptions)",
+                f"contiguous: {contiguous_fit} ({np.mean(saturated) / max(contiguous_fit, 1):.1f}x)",
+            )
+        )
         release(llm)
     return rows
 
 
 def sharing(args: argparse.Namespace, tokenizer: Any) -> list[Row]:
     llm = make_llm(args, enable_prefix_caching=False)
-    prompts = make_prompts(tokenizer, args.sharing_prompts, args.sharing_prompt_len, args.sharing_prompt_len,
-                           args.seed + 1)
+    prompts = make_prompts(
+        tokenizer, args.sharing_prompts, args.sharing_prompt_len, args.sharing_prompt_len, args.seed + 1
+    )
     rows: list[Row] = []
     for width in args.widths:
-        runs = {f"parallel sampling n={width}": drive(llm, prompts, [SamplingParams(
-                    n=width, temperature=1.0, seed=args.seed, max_tokens=args.sharing_max_tokens,
-                    ignore_eos=True)] * len(prompts)),
-                f"beam search width={width}": drive(llm, prompts, [SamplingParams(
-                    n=width, temperature=0.0, max_tokens=args.sharing_max_tokens)] * len(prompts),
-                    BeamSearchParams(width, args.sharing_max_tokens, ignore_eos=True))}
+        runs = {
+            f"parallel sampling n={width}": drive(
+                llm,
+                prompts,
+                [
+                    SamplingParams(
+                        n=width,
+                        temperature=1.0,
+                        seed=args.seed,
+                        max_tokens=args.sharing_max_tokens,
+                        ignore_eos=True,
+                    )
+                ]
+                * len(prompts),
+            ),
+            f"beam search width={width}": drive(
+                llm,
+                prompts,
+                [SamplingParams(n=width, temperature=0.0, max_tokens=args.sharing_max_tokens)] * len(prompts),
+                BeamSearchParams(width, args.sharing_max_tokens, ignore_eos=True),
+            ),
+        }
         usable = llm.llm_engine.engine_core.kv_cache_config.num_blocks - 1
         for setting, trace in runs.items():
             used = [round(s.kv_cache_usage * usable) for s in trace.stats]
             saved = [s.num_blocks_saved for s in trace.stats]
             savings = sum(saved) / max(1, sum(used) + sum(saved))
             peak = max(range(len(used)), key=lambda i: used[i] + saved[i])
-            rows.append(("KV blocks saved by sharing", setting, f"{savings:.1%} saved",
-                         f"peak {used[peak]} blocks vs {used[peak] + saved[peak]} unshared"))
+            rows.append(
+                (
+                    "KV blocks saved by sharing",
+                    setting,
+                    f"{savings:.1%} saved",
+                    f"peak {used[peak]} blocks vs {used[peak] + saved[peak]} unshared",
+                )
+            )
     release(llm)
     return rows
 
@@ -145,9 +190,14 @@ def shared_prefix(args: argparse.Namespace, tokenizer: Any) -> list[Row]:
         release(llm)
     (on_rate, on_ttft), (off_rate, off_ttft) = results[True], results[False]
     setting = f"{args.prefix_requests} requests, {args.prefix_len}-token common prefix"
-    return [("shared system prompt: prefix caching on (off)", setting,
-             f"{on_rate:.2f} req/s, TTFT {on_ttft * 1000:.0f} ms",
-             f"off: {off_rate:.2f} req/s, TTFT {off_ttft * 1000:.0f} ms; {on_rate / off_rate:.2f}x throughput")]
+    return [
+        (
+            "shared system prompt: prefix caching on (off)",
+            setting,
+            f"{on_rate:.2f} req/s, TTFT {on_ttft * 1000:.0f} ms",
+            f"off: {off_rate:.2f} req/s, TTFT {off_ttft * 1000:.0f} ms; {on_rate / off_rate:.2f}x throughput",
+        )
+    ]
 
 
 def print_table(rows: list[Row]) -> None:
@@ -159,7 +209,9 @@ def print_table(rows: list[Row]) -> None:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
     add = parser.add_argument
     add("--model", default=None, help="Default: the embedded SmolLM2-135M.")

@@ -17,6 +17,7 @@ process tree) or already running (--base-url, with --server-pid for RSS):
     python benchmarks/overload.py --serve "MODEL --max-num-queued-requests 64 --max-queue-time 10 \\
         --request-timeout 120" --input-len-min 64 --input-len-max 1024 --output-len-max 256
 """
+
 import argparse
 import asyncio
 import os
@@ -67,7 +68,9 @@ class ServerProbe:
         values: dict[str, float] = {}
         for line in text.splitlines():
             if line.startswith("pagedserve:") and "{" in line:
-                values[line.split("{")[0]] = values.get(line.split("{")[0], 0.0) + float(line.rsplit(" ", 1)[1])
+                values[line.split("{")[0]] = values.get(line.split("{")[0], 0.0) + float(
+                    line.rsplit(" ", 1)[1]
+                )
         return values
 
     def rss_bytes(self) -> int:
@@ -94,12 +97,14 @@ class ServerProbe:
 def level_workload(args: argparse.Namespace, rate: float, seed: int) -> Workload:
     """Poisson arrivals at `rate` for the level's duration (at least 8 requests)."""
     num = max(8, int(rate * args.level_duration))
-    return build_workload(argparse.Namespace(**{**vars(args), "num_prompts": num, "request_rate": rate,
-                                                "seed": seed}))
+    return build_workload(
+        argparse.Namespace(**{**vars(args), "num_prompts": num, "request_rate": rate, "seed": seed})
+    )
 
 
-async def run_level(base_url: str, model: str, workload: Workload, args: argparse.Namespace,
-                    probe: ServerProbe) -> tuple[list[RequestResult], float]:
+async def run_level(
+    base_url: str, model: str, workload: Workload, args: argparse.Namespace, probe: ServerProbe
+) -> tuple[list[RequestResult], float]:
     done = asyncio.Event()
     sampler = asyncio.create_task(probe.sample_until(done))
     try:
@@ -109,8 +114,9 @@ async def run_level(base_url: str, model: str, workload: Workload, args: argpars
         await sampler
 
 
-def measure_level(factor: float, capacity: float, base_url: str, model: str, args: argparse.Namespace,
-                  probe: ServerProbe) -> Level:
+def measure_level(
+    factor: float, capacity: float, base_url: str, model: str, args: argparse.Namespace, probe: ServerProbe
+) -> Level:
     rate = factor * capacity
     workload = level_workload(args, rate, args.seed + int(factor * 100))
     before = probe.counters()
@@ -119,18 +125,30 @@ def measure_level(factor: float, capacity: float, base_url: str, model: str, arg
     good = [r for r in results if r.ok and r.ttft <= args.slo_ttft]
     ttfts = [r.ttft for r in results if r.ok] or [0.0]
     delta = lambda name: int(after.get(name, 0) - before.get(name, 0))  # noqa: E731
-    return Level(factor, rate, len(results), sum(r.ok for r in results), len(good) / duration,
-                 float(np.percentile(ttfts, 99)) * 1000, 100 * sum(r.status == 503 for r in results) / len(results),
-                 sum(r.finish_reason == "abort" for r in results),
-                 sum(not r.ok and r.status != 503 and r.finish_reason != "abort" for r in results),
-                 delta("pagedserve:num_preemptions_total"),
-                 delta("pagedserve:num_recomputed_tokens_total"), 100 * probe.peak_kv, probe.peak_rss / 2**20)
+    return Level(
+        factor,
+        rate,
+        len(results),
+        sum(r.ok for r in results),
+        len(good) / duration,
+        float(np.percentile(ttfts, 99)) * 1000,
+        100 * sum(r.status == 503 for r in results) / len(results),
+        sum(r.finish_reason == "abort" for r in results),
+        sum(not r.ok and r.status != 503 and r.finish_reason != "abort" for r in results),
+        delta("pagedserve:num_preemptions_total"),
+        delta("pagedserve:num_recomputed_tokens_total"),
+        100 * probe.peak_kv,
+        probe.peak_rss / 2**20,
+    )
 
 
 def calibrate(base_url: str, model: str, args: argparse.Namespace) -> float:
     """Completed requests per second with every calibration request sent at once."""
-    workload = build_workload(argparse.Namespace(**{**vars(args), "num_prompts": args.calibration_requests,
-                                                    "request_rate": float("inf")}))
+    workload = build_workload(
+        argparse.Namespace(
+            **{**vars(args), "num_prompts": args.calibration_requests, "request_rate": float("inf")}
+        )
+    )
     results, duration = asyncio.run(run_workload(base_url, model, workload, args))
     completed = sum(r.ok for r in results)
     if not completed:
@@ -140,30 +158,46 @@ def calibrate(base_url: str, model: str, args: argparse.Namespace) -> float:
 
 def print_table(title: str, levels: list[Level], peer: list[Level] | None) -> None:
     peak = max(level.goodput_rps for level in levels) or 1.0
-    header = (f"{'load':>5} {'offered/s':>9} {'sent':>5} {'done':>5} {'goodput/s':>9} {'% peak':>6} "
-              f"{'p99 TTFT ms':>11} {'rejected%':>9} {'aborted':>7} {'errors':>6} {'preempt':>7} {'recomputed':>10} "
-              f"{'peak KV%':>8} {'peak RSS MiB':>12}")
+    header = (
+        f"{'load':>5} {'offered/s':>9} {'sent':>5} {'done':>5} {'goodput/s':>9} {'% peak':>6} "
+        f"{'p99 TTFT ms':>11} {'rejected%':>9} {'aborted':>7} {'errors':>6} {'preempt':>7} {'recomputed':>10} "
+        f"{'peak KV%':>8} {'peak RSS MiB':>12}"
+    )
     print(title)
     print(header + (f" {'peer goodput/s':>14} {'ratio':>6}" if peer else ""))
     for index, level in enumerate(levels):
-        row = (f"{level.factor:>4.1f}x {level.offered_rps:>9.2f} {level.sent:>5} {level.completed:>5} "
-               f"{level.goodput_rps:>9.2f} {100 * level.goodput_rps / peak:>6.0f} {level.p99_ttft_ms:>11.0f} "
-               f"{level.rejected_pct:>9.1f} {level.aborted:>7} {level.other_errors:>6} {level.preemptions:>7} "
-               f"{level.recomputed_tokens:>10} {level.peak_kv_pct:>8.1f} {level.peak_rss_mib:>12.0f}")
+        row = (
+            f"{level.factor:>4.1f}x {level.offered_rps:>9.2f} {level.sent:>5} {level.completed:>5} "
+            f"{level.goodput_rps:>9.2f} {100 * level.goodput_rps / peak:>6.0f} {level.p99_ttft_ms:>11.0f} "
+            f"{level.rejected_pct:>9.1f} {level.aborted:>7} {level.other_errors:>6} {level.preemptions:>7} "
+            f"{level.recomputed_tokens:>10} {level.peak_kv_pct:>8.1f} {level.peak_rss_mib:>12.0f}"
+        )
         if peer:
             other = peer[index].goodput_rps
             row += f" {other:>14.2f} {level.goodput_rps / other if other else float('inf'):>5.2f}x"
         print(row)
     verdict = levels[-1].goodput_rps >= 0.9 * peak
-    print(f"goodput at {levels[-1].factor:g}x: {100 * levels[-1].goodput_rps / peak:.0f}% of the peak "
-          f"({'meets' if verdict else 'misses'} the 90% target); errors other than 503: "
-          f"{sum(level.other_errors for level in levels)}")
+    print(
+        f"goodput at {levels[-1].factor:g}x: {100 * levels[-1].goodput_rps / peak:.0f}% of the peak "
+        f"({'meets' if verdict else 'misses'} the 90% target); errors other than 503: "
+        f"{sum(level.other_errors for level in levels)}"
+    )
 
 
 def start_server(serve: str, port: int) -> subprocess.Popen:
     """`pagedserve serve` on 127.0.0.1; returns once it serves (GET /health answers 200)."""
-    command = ["pagedserve", "serve", *shlex.split(serve), "--host", "127.0.0.1", "--port", str(port),
-               "--disable-log-requests", "--uvicorn-log-level", "warning"]
+    command = [
+        "pagedserve",
+        "serve",
+        *shlex.split(serve),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--disable-log-requests",
+        "--uvicorn-log-level",
+        "warning",
+    ]
     process = subprocess.Popen(command)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
@@ -179,7 +213,9 @@ def start_server(serve: str, port: int) -> subprocess.Popen:
     raise SystemExit("The server was not ready in 600 s.")
 
 
-def ramp(base_url: str, pid: int | None, args: argparse.Namespace, capacity: float | None) -> tuple[float, list]:
+def ramp(
+    base_url: str, pid: int | None, args: argparse.Namespace, capacity: float | None
+) -> tuple[float, list]:
     model = served_model(base_url, args.model)
     capacity = capacity or args.capacity_rps or calibrate(base_url, model, args)
     probe = ServerProbe(base_url, pid)
@@ -190,7 +226,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--serve", help="Start `pagedserve serve` with these arguments (model and flags).")
     parser.add_argument("--port", type=int, default=8011, help="Port of the server started with --serve.")
-    parser.add_argument("--base-url", default="http://127.0.0.1:8000", help="A running server (without --serve).")
+    parser.add_argument(
+        "--base-url", default="http://127.0.0.1:8000", help="A running server (without --serve)."
+    )
     parser.add_argument("--server-pid", type=int, help="Its process id, to measure RSS.")
     parser.add_argument("--peer-base-url", help="A second server to ramp the same way (goodput ratio).")
     parser.add_argument("--model", help="Model name in requests (default: the server's first model).")
@@ -199,8 +237,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--capacity-rps", type=float, help="Skip calibration: the capacity in requests/s.")
     parser.add_argument("--calibration-requests", type=int, default=64)
     parser.add_argument("--max-concurrency", type=int, help="Most requests in flight (default: no limit).")
-    parser.add_argument("--slo-ttft", type=float, default=10.0, help="Seconds: a slower first token is not "
-                                                                       "goodput.")
+    parser.add_argument(
+        "--slo-ttft", type=float, default=10.0, help="Seconds: a slower first token is not goodput."
+    )
     parser.add_argument("--input-len-min", type=int, default=64)
     parser.add_argument("--input-len-max", type=int, default=1024)
     parser.add_argument("--output-len-min", type=int, help="Default: --output-len-max.")
@@ -224,9 +263,13 @@ def main(argv: list[str] | None = None) -> int:
         if process is not None:
             process.terminate()
             process.wait(60)
-    print_table(f"capacity {capacity:.2f} requests/s; input {args.input_len_min}-{args.input_len_max}, output "
-                f"{args.output_len_min or args.output_len_max}-{args.output_len_max} tokens; "
-                f"{args.level_duration:g} s per level; TTFT SLO {args.slo_ttft:g} s", levels, peer)
+    print_table(
+        f"capacity {capacity:.2f} requests/s; input {args.input_len_min}-{args.input_len_max}, output "
+        f"{args.output_len_min or args.output_len_max}-{args.output_len_max} tokens; "
+        f"{args.level_duration:g} s per level; TTFT SLO {args.slo_ttft:g} s",
+        levels,
+        peer,
+    )
     return 0 if all(level.other_errors == 0 for level in levels) else 1
 
 

@@ -6,6 +6,7 @@ groups of 32, scales and zeros; float32 and bfloat16 activations). Median micros
 
     python benchmarks/quant_kernels.py --threads 2 --batch-sizes 1 8 64 256
 """
+
 import argparse
 import os
 import sys
@@ -41,16 +42,20 @@ def kernels(weight: torch.Tensor) -> dict:
     scale = weight.abs().amax(dim=1) / 127
     int8 = torch.round(weight / scale[:, None]).to(torch.int8)
     q4_1, q8_0 = quantize_q4_1(weight), quantize_q8_0(weight)
-    return {"float32": lambda x: F.linear(x, weight),
-            "ours Q4_1": lambda x: gguf_matmul(x, q4_1, GGML_Q4_1),
-            "ours Q8_0": lambda x: gguf_matmul(x, q8_0, GGML_Q8_0),
-            "torch int8/ch": lambda x: torch._weight_int8pack_mm(x, int8, scale),
-            "torch int4 f32": torch_int4(weight, torch.float32),
-            "torch int4 bf16": torch_int4(weight, torch.bfloat16)}
+    return {
+        "float32": lambda x: F.linear(x, weight),
+        "ours Q4_1": lambda x: gguf_matmul(x, q4_1, GGML_Q4_1),
+        "ours Q8_0": lambda x: gguf_matmul(x, q8_0, GGML_Q8_0),
+        "torch int8/ch": lambda x: torch._weight_int8pack_mm(x, int8, scale),
+        "torch int4 f32": torch_int4(weight, torch.float32),
+        "torch int4 bf16": torch_int4(weight, torch.bfloat16),
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64, 256])
     parser.add_argument("--iterations", type=int, default=20)
@@ -65,8 +70,10 @@ def main() -> None:
             print(f"median us per call, {args.threads} threads\n{header}")
         for batch in args.batch_sizes:
             x = torch.randn(batch, k)
-            times = [1e6 * median_seconds(lambda call=call, x=x: call(x), args.iterations)
-                     for call in calls.values()]
+            times = [
+                1e6 * median_seconds(lambda call=call, x=x: call(x), args.iterations)
+                for call in calls.values()
+            ]
             print(f"{f'{n} x {k}':>12s} {batch:5d} " + " ".join(f"{t:15.0f}" for t in times), flush=True)
 
 

@@ -14,6 +14,7 @@ lookup pays.
         --input-len-min 32 --input-len-max 512 --output-len-max 64 --ignore-eos \\
         --peer-base-url http://127.0.0.1:8080 --peer-name llama.cpp
 """
+
 import argparse
 import asyncio
 import json
@@ -29,7 +30,6 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # throughput.py, however this file is run
 from throughput import make_prompts  # noqa: E402
-
 
 COMPLETED_FINISH_REASONS = ("stop", "length")
 
@@ -93,13 +93,17 @@ async def stream_request(client: httpx.AsyncClient, url: str, body: dict[str, An
     # NOTE: a stream cut by a deadline (finish_reason "abort", vLLM's too) got tokens but is no goodput.
     result.ok = result.ttft > 0.0 and result.finish_reason in COMPLETED_FINISH_REASONS
     if not result.ok:
-        result.error = ("no token received" if result.ttft == 0.0
-                        else f"ended with finish_reason {result.finish_reason!r}")
+        result.error = (
+            "no token received"
+            if result.ttft == 0.0
+            else f"ended with finish_reason {result.finish_reason!r}"
+        )
     return result
 
 
-async def run_workload(base_url: str, model: str, workload: Workload, args: argparse.Namespace
-                       ) -> tuple[list[RequestResult], float]:
+async def run_workload(
+    base_url: str, model: str, workload: Workload, args: argparse.Namespace
+) -> tuple[list[RequestResult], float]:
     """Send every request per the arrival schedule and concurrency limit; returns results and duration."""
     limit = asyncio.Semaphore(args.max_concurrency or len(workload.prompts))
     timeout = httpx.Timeout(args.request_timeout, connect=30)
@@ -108,8 +112,14 @@ async def run_workload(base_url: str, model: str, workload: Workload, args: argp
 
         async def one(index: int) -> RequestResult:
             prompt: Any = workload.texts[index] if workload.texts else workload.prompts[index]
-            body = {"model": model, "prompt": prompt, "max_tokens": workload.output_lens[index],
-                    "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+            body = {
+                "model": model,
+                "prompt": prompt,
+                "max_tokens": workload.output_lens[index],
+                "temperature": 0.0,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
             if args.ignore_eos:
                 body["ignore_eos"] = True
             async with limit:
@@ -133,29 +143,45 @@ def summarize(results: list[RequestResult], duration: float) -> dict[str, float]
     prompt = sum(r.prompt_len for r in done)
     tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
     itls = [gap for r in done for gap in r.itl]
-    summary = {"successful_requests": len(done), "failed_requests": len(results) - len(done),
-               "duration_s": duration, "total_input_tokens": prompt, "total_output_tokens": output,
-               "request_throughput": len(done) / duration, "output_throughput": output / duration,
-               "total_token_throughput": (prompt + output) / duration}
-    for name, values in (("ttft", [r.ttft for r in done]), ("tpot", tpots), ("itl", itls),
-                         ("e2el", [r.latency for r in done])):
+    summary = {
+        "successful_requests": len(done),
+        "failed_requests": len(results) - len(done),
+        "duration_s": duration,
+        "total_input_tokens": prompt,
+        "total_output_tokens": output,
+        "request_throughput": len(done) / duration,
+        "output_throughput": output / duration,
+        "total_token_throughput": (prompt + output) / duration,
+    }
+    for name, values in (
+        ("ttft", [r.ttft for r in done]),
+        ("tpot", tpots),
+        ("itl", itls),
+        ("e2el", [r.latency for r in done]),
+    ):
         array = np.array(values or [0.0]) * 1000
-        summary |= {f"mean_{name}_ms": float(array.mean()), f"median_{name}_ms": float(np.median(array)),
-                    f"p99_{name}_ms": float(np.percentile(array, 99))}
+        summary |= {
+            f"mean_{name}_ms": float(array.mean()),
+            f"median_{name}_ms": float(np.median(array)),
+            f"p99_{name}_ms": float(np.percentile(array, 99)),
+        }
     return summary
 
 
-ROWS = [("Successful requests", "successful_requests", "{:.0f}"),
-        ("Failed requests", "failed_requests", "{:.0f}"),
-        ("Benchmark duration (s)", "duration_s", "{:.2f}"),
-        ("Total input tokens", "total_input_tokens", "{:.0f}"),
-        ("Total generated tokens", "total_output_tokens", "{:.0f}"),
-        ("Request throughput (req/s)", "request_throughput", "{:.2f}"),
-        ("Output token throughput (tok/s)", "output_throughput", "{:.2f}"),
-        ("Total token throughput (tok/s)", "total_token_throughput", "{:.2f}")] + [
+ROWS = [
+    ("Successful requests", "successful_requests", "{:.0f}"),
+    ("Failed requests", "failed_requests", "{:.0f}"),
+    ("Benchmark duration (s)", "duration_s", "{:.2f}"),
+    ("Total input tokens", "total_input_tokens", "{:.0f}"),
+    ("Total generated tokens", "total_output_tokens", "{:.0f}"),
+    ("Request throughput (req/s)", "request_throughput", "{:.2f}"),
+    ("Output token throughput (tok/s)", "output_throughput", "{:.2f}"),
+    ("Total token throughput (tok/s)", "total_token_throughput", "{:.2f}"),
+] + [
     (f"{stat} {label} (ms)", f"{stat.lower()}_{key}_ms", "{:.2f}")
     for key, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E latency"))
-    for stat in ("Mean", "Median", "P99")]
+    for stat in ("Mean", "Median", "P99")
+]
 
 
 def print_table(columns: list[tuple[str, dict[str, float]]]) -> None:
@@ -176,8 +202,20 @@ def copy_prompts(tokenizer: Any, num: int, seed: int) -> list[list[int]]:
     import inspect
 
     sources = []
-    for name in ("textwrap", "json.encoder", "json.decoder", "shlex", "fnmatch", "calendar", "difflib",
-                 "string", "colorsys", "heapq", "bisect", "base64"):
+    for name in (
+        "textwrap",
+        "json.encoder",
+        "json.decoder",
+        "shlex",
+        "fnmatch",
+        "calendar",
+        "difflib",
+        "string",
+        "colorsys",
+        "heapq",
+        "bisect",
+        "base64",
+    ):
         module = importlib.import_module(name)
         for _, function in inspect.getmembers(module, inspect.isfunction):
             if function.__module__ == name:
@@ -185,8 +223,12 @@ def copy_prompts(tokenizer: Any, num: int, seed: int) -> list[list[int]]:
                 if 200 <= len(source) <= 1500:
                     sources.append(source)
     order = np.random.default_rng(seed).permutation(len(sources))
-    return [tokenizer.encode(f"Copy the following Python code exactly.\n\n```python\n{sources[i]}```\n\n"
-                             "Copy:\n```python\n") for i in order[:num]]
+    return [
+        tokenizer.encode(
+            f"Copy the following Python code exactly.\n\n```python\n{sources[i]}```\n\nCopy:\n```python\n"
+        )
+        for i in order[:num]
+    ]
 
 
 def build_workload(args: argparse.Namespace) -> Workload:
@@ -231,17 +273,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--peer-model", help="Model name for the peer (default: its first model).")
     parser.add_argument("--peer-name", default="peer", help="Column title of the peer.")
     parser.add_argument("--num-prompts", type=int, default=32)
-    parser.add_argument("--dataset", choices=("random", "copy"), default="random",
-                        help="random: vLLM's random token ids (--input-len-*); copy: copy-heavy prompts.")
-    parser.add_argument("--request-rate", type=float, default=float("inf"),
-                        help="Requests per second, Poisson arrivals; inf sends all at once.")
+    parser.add_argument(
+        "--dataset",
+        choices=("random", "copy"),
+        default="random",
+        help="random: vLLM's random token ids (--input-len-*); copy: copy-heavy prompts.",
+    )
+    parser.add_argument(
+        "--request-rate",
+        type=float,
+        default=float("inf"),
+        help="Requests per second, Poisson arrivals; inf sends all at once.",
+    )
     parser.add_argument("--max-concurrency", type=int, help="Most requests in flight (default: all).")
     parser.add_argument("--input-len-min", type=int, default=32)
     parser.add_argument("--input-len-max", type=int, default=512)
     parser.add_argument("--output-len-min", type=int, help="Default: --output-len-max (fixed length).")
     parser.add_argument("--output-len-max", type=int, default=64)
-    parser.add_argument("--ignore-eos", action="store_true", help="Ask for exactly max_tokens (vLLM's and "
-                        "llama.cpp's ignore_eos field).")
+    parser.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="Ask for exactly max_tokens (vLLM's and llama.cpp's ignore_eos field).",
+    )
     parser.add_argument("--text-prompts", action="store_true", help="Send decoded text, not token ids.")
     parser.add_argument("--tokenizer", help="HF tokenizer of the dataset (default: the embedded model's).")
     parser.add_argument("--seed", type=int, default=0)
@@ -263,14 +316,19 @@ def main(argv: list[str] | None = None) -> int:
         for error in sorted({r.error for r in results if not r.ok})[:5]:
             print(f"{name}: failed request: {error}", file=sys.stderr)
     lengths = [len(p) for p in workload.prompts]
-    print(f"{args.num_prompts} {args.dataset} prompts, input {min(lengths)}-{max(lengths)} tokens, output "
-          f"{args.output_len_min or args.output_len_max}-{args.output_len_max} tokens, request rate "
-          f"{args.request_rate}, max concurrency {args.max_concurrency or args.num_prompts}")
+    print(
+        f"{args.num_prompts} {args.dataset} prompts, input {min(lengths)}-{max(lengths)} tokens, output "
+        f"{args.output_len_min or args.output_len_max}-{args.output_len_max} tokens, request rate "
+        f"{args.request_rate}, max concurrency {args.max_concurrency or args.num_prompts}"
+    )
     print_table(columns)
     if args.result_json:
         with open(args.result_json, "w", encoding="utf-8") as file:
-            json.dump({"args": vars(args) | {"request_rate": str(args.request_rate)},
-                       "results": dict(columns)}, file, indent=2)
+            json.dump(
+                {"args": vars(args) | {"request_rate": str(args.request_rate)}, "results": dict(columns)},
+                file,
+                indent=2,
+            )
     return 0 if all(summary["failed_requests"] == 0 for _, summary in columns) else 1
 
 

@@ -10,6 +10,7 @@ it also measures the streamed inter-token time of one request at a time and repo
     python benchmarks/step_profile.py --batch-sizes 1 32 --steps 32
     python benchmarks/step_profile.py --model PATH --dtype float32 --serve   # + the server's overhead
 """
+
 import argparse
 import collections
 import contextlib
@@ -42,6 +43,7 @@ def timed(timings: Timings, phase: str, function: Callable[..., Any]) -> Callabl
             return function(*args, **kwargs)
         finally:
             timings[phase] += time.perf_counter() - start
+
     return wrapper
 
 
@@ -83,10 +85,15 @@ def profile_decode(llm: LLM, batch_size: int, steps: int, prompt_len: int) -> tu
     runner = engine.engine_core.executor.worker.model_runner
     params = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True)
     for i in range(batch_size):
-        engine.add_request(f"p{batch_size}-{i}", {"prompt_token_ids": [100 + (i + j) % 1000
-                                                                      for j in range(prompt_len)]}, params)
-    while any(len(r.output_token_ids) == 0 for r in engine.engine_core.scheduler.requests.values()) \
-            or engine.engine_core.scheduler.waiting:
+        engine.add_request(
+            f"p{batch_size}-{i}",
+            {"prompt_token_ids": [100 + (i + j) % 1000 for j in range(prompt_len)]},
+            params,
+        )
+    while (
+        any(len(r.output_token_ids) == 0 for r in engine.engine_core.scheduler.requests.values())
+        or engine.engine_core.scheduler.waiting
+    ):
         engine.step()
     for _ in range(3):  # warm up the decode shapes
         engine.step()
@@ -121,34 +128,51 @@ def profile_decode(llm: LLM, batch_size: int, steps: int, prompt_len: int) -> tu
 
 
 def print_table(results: dict[int, tuple[Timings, float]], steps: int) -> None:
-    phases = sorted({p for timings, _ in results.values() for p in timings},
-                    key=lambda p: -results[min(results)][0].get(p, 0.0))
+    phases = sorted(
+        {p for timings, _ in results.values() for p in timings},
+        key=lambda p: -results[min(results)][0].get(p, 0.0),
+    )
     sizes = sorted(results)
     print(f"\nms per decode step ({steps} steps)  " + "  ".join(f"{'batch ' + str(b):>10}" for b in sizes))
     for phase in phases:
-        print(f"{phase:<32}" + "  ".join(f"{results[b][0].get(phase, 0.0) / steps * 1e3:>10.3f}"
-                                         for b in sizes))
+        print(
+            f"{phase:<32}" + "  ".join(f"{results[b][0].get(phase, 0.0) / steps * 1e3:>10.3f}" for b in sizes)
+        )
     print(f"{'step (measured)':<32}" + "  ".join(f"{results[b][1] / steps * 1e3:>10.3f}" for b in sizes))
     for b in sizes:
         timings, total = results[b]
         forward = timings["forward (all)"]
         outside = total - forward - timings["logits"]
-        print(f"batch {b}: outside the forward and logits {outside / steps * 1e3:.2f} ms per step "
-              f"({outside / total:.0%}); leaf modules cover "
-              f"{sum(v for k, v in timings.items() if k.startswith('forward: ')) / forward:.0%} of the forward")
+        print(
+            f"batch {b}: outside the forward and logits {outside / steps * 1e3:.2f} ms per step "
+            f"({outside / total:.0%}); leaf modules cover "
+            f"{sum(v for k, v in timings.items() if k.startswith('forward: ')) / forward:.0%} of the forward"
+        )
 
 
 def server_tpot(model_args: list[str], tokens: int) -> float:
     """Median streamed inter-token time of one request at a time through a real server."""
     import subprocess
 
+    import httpx
     from openai import OpenAI
 
-    import httpx
-
     port = 8123
-    server = subprocess.Popen([sys.executable, "-m", "pagedserve", "serve", *model_args, "--host", "127.0.0.1",
-                               "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pagedserve",
+            "serve",
+            *model_args,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 300
@@ -160,9 +184,14 @@ def server_tpot(model_args: list[str], tokens: int) -> float:
         gaps = []
         for _ in range(3):
             stamps = []
-            stream = client.completions.create(model=client.models.list().data[0].id, prompt="Hello",
-                                               max_tokens=tokens, stream=True, temperature=0,
-                                               extra_body={"ignore_eos": True})
+            stream = client.completions.create(
+                model=client.models.list().data[0].id,
+                prompt="Hello",
+                max_tokens=tokens,
+                stream=True,
+                temperature=0,
+                extra_body={"ignore_eos": True},
+            )
             for _chunk in stream:
                 stamps.append(time.perf_counter())
             gaps += [b - a for a, b in zip(stamps[1:], stamps[2:])]
@@ -180,7 +209,9 @@ def _answers(httpx: Any, url: str) -> bool:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default=None, help="default: the embedded SmolLM2-135M-Instruct")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
@@ -188,17 +219,29 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--serve", action="store_true", help="also measure the server's inter-token time")
     args = parser.parse_args()
-    llm = LLM(args.model, dtype=args.dtype, kv_cache_memory=512 * 2**20, enable_prefix_caching=False,
-              distributed_executor_backend="uni")
+    llm = LLM(
+        args.model,
+        dtype=args.dtype,
+        kv_cache_memory=512 * 2**20,
+        enable_prefix_caching=False,
+        distributed_executor_backend="uni",
+    )
     results = {b: profile_decode(llm, b, args.steps, args.prompt_len) for b in args.batch_sizes}
     print_table(results, args.steps)
     if args.serve:
-        model_args = ([args.model] if args.model else []) + ["--dtype", args.dtype, "--kv-cache-memory",
-                                                             "512MiB", "--no-enable-prefix-caching"]
+        model_args = ([args.model] if args.model else []) + [
+            "--dtype",
+            args.dtype,
+            "--kv-cache-memory",
+            "512MiB",
+            "--no-enable-prefix-caching",
+        ]
         tpot = server_tpot(model_args, args.steps)
         offline = results[min(results)][1] / args.steps if 1 in results else float("nan")
-        print(f"server, one request: {tpot * 1e3:.2f} ms per token; offline batch-1 step "
-              f"{offline * 1e3:.2f} ms: server + IPC overhead {(tpot - offline) * 1e3:.2f} ms per token")
+        print(
+            f"server, one request: {tpot * 1e3:.2f} ms per token; offline batch-1 step "
+            f"{offline * 1e3:.2f} ms: server + IPC overhead {(tpot - offline) * 1e3:.2f} ms per token"
+        )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ requests while a new grammar compiled in the background (the step never waits on
 
     python benchmarks/structured.py --output-len 64
 """
+
 import argparse
 import os
 import sys
@@ -26,8 +27,11 @@ PROMPT = "List some digits as a JSON array:"
 
 def digits_schema(min_items: int, salt: int = 0) -> dict:
     """No shorter document is valid: the run lasts --output-len tokens. `salt` makes a new cache key."""
-    return {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9 + salt},
-            "minItems": min_items}
+    return {
+        "type": "array",
+        "items": {"type": "integer", "minimum": 0, "maximum": 9 + salt},
+        "minItems": min_items,
+    }
 
 
 def run(engine: LLMEngine, concurrency: int, params: SamplingParams, tag: str) -> tuple[float, float]:
@@ -65,27 +69,38 @@ def compile_times(engine: LLMEngine, output_len: int) -> tuple[float, float, int
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default=None, help="default: the embedded SmolLM2-135M-Instruct")
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     args = parser.parse_args()
     engine = LLMEngine(EngineArgs.from_kwargs(model=args.model, max_model_len=1024, kv_cache_memory="256MiB"))
     plain = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
-    constrained = SamplingParams(temperature=0.0, max_tokens=args.output_len,
-                                 structured_outputs=StructuredOutputsParams(json=digits_schema(args.output_len)))
+    constrained = SamplingParams(
+        temperature=0.0,
+        max_tokens=args.output_len,
+        structured_outputs=StructuredOutputsParams(json=digits_schema(args.output_len)),
+    )
     run(engine, 1, constrained, "warmup")  # the tokenizer build and the first compile are not throughput
     print(f"output tok/s, {args.output_len} tokens per request (measured under load on this CPU)")
-    print(f"{'concurrency':>11} {'unconstrained':>14} {'json schema':>12} {'ratio':>6} "
-          f"{'slowest step plain/json (ms)':>29}")
+    print(
+        f"{'concurrency':>11} {'unconstrained':>14} {'json schema':>12} {'ratio':>6} "
+        f"{'slowest step plain/json (ms)':>29}"
+    )
     for concurrency in args.concurrency:
         plain_rate, plain_slowest = run(engine, concurrency, plain, f"plain{concurrency}")
         json_rate, json_slowest = run(engine, concurrency, constrained, f"json{concurrency}")
-        print(f"{concurrency:>11} {plain_rate:>14.1f} {json_rate:>12.1f} {json_rate / plain_rate:>6.2f} "
-              f"{plain_slowest * 1e3:>14.0f} / {json_slowest * 1e3:<12.0f}")
+        print(
+            f"{concurrency:>11} {plain_rate:>14.1f} {json_rate:>12.1f} {json_rate / plain_rate:>6.2f} "
+            f"{plain_slowest * 1e3:>14.0f} / {json_slowest * 1e3:<12.0f}"
+        )
     cold, cached, steps = compile_times(engine, args.output_len)
-    print(f"compile: cold {cold * 1e3:.1f} ms ({steps} steps of another request ran meanwhile), "
-          f"cached {cached * 1e6:.0f} µs")
+    print(
+        f"compile: cold {cold * 1e3:.1f} ms ({steps} steps of another request ran meanwhile), "
+        f"cached {cached * 1e6:.0f} µs"
+    )
 
 
 if __name__ == "__main__":

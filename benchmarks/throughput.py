@@ -12,6 +12,7 @@ Large configurations without weights: `--model benchmarks/configs/llama-8b --loa
 both engines random weights of that config (pagedserve's dummy loader; HF's `from_config`), with the
 embedded SmolLM2 tokenizer unless --tokenizer says otherwise.
 """
+
 import argparse
 import gc
 import json
@@ -28,6 +29,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # hf_peer, however this file is run
 from hf_peer import PeerResult, load_model, load_tokenizer, run_hf_batched, run_hf_single  # noqa: E402
+
 
 @dataclass
 class StepTrace:
@@ -68,8 +70,11 @@ def drive(engine: Any, prompts: list[list[int]], params: Any, tag: str) -> StepT
         took = time.perf_counter() - start
         trace.step_times.append(took)
         counts = {o.request_id: len(o.outputs[0].token_ids) for o in outs}
-        if (before.num_waiting_reqs == 0 and len(outs) == before.num_running_reqs > 0
-                and all(produced.get(rid, 0) >= 1 for rid in counts)):
+        if (
+            before.num_waiting_reqs == 0
+            and len(outs) == before.num_running_reqs > 0
+            and all(produced.get(rid, 0) >= 1 for rid in counts)
+        ):
             trace.decode_step_times.append(took)
         produced.update(counts)
         trace.output_tokens += sum(counts[o.request_id] for o in outs if o.finished)
@@ -83,24 +88,39 @@ def drive(engine: Any, prompts: list[list[int]], params: Any, tag: str) -> StepT
 def run_pagedserve(args: argparse.Namespace, prompts: list[list[int]]) -> tuple[PeerResult, StepTrace]:
     from pagedserve import LLM, SamplingParams
 
-    kwargs = {"model": args.model, "dtype": args.dtype, "block_size": args.block_size,
-              "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
-              "kv_cache_memory": args.kv_cache_memory, "tensor_parallel_size": args.tensor_parallel_size,
-              "load_format": args.load_format, "tokenizer": args.tokenizer, "max_model_len": args.max_model_len,
-              "enforce_eager": args.enforce_eager, "attention_backend": args.attention_backend,
-              "gpu_memory_utilization": args.gpu_memory_utilization}
+    kwargs = {
+        "model": args.model,
+        "dtype": args.dtype,
+        "block_size": args.block_size,
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "kv_cache_memory": args.kv_cache_memory,
+        "tensor_parallel_size": args.tensor_parallel_size,
+        "load_format": args.load_format,
+        "tokenizer": args.tokenizer,
+        "max_model_len": args.max_model_len,
+        "enforce_eager": args.enforce_eager,
+        "attention_backend": args.attention_backend,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+    }
     llm = LLM(**{k: v for k, v in kwargs.items() if v is not None})
     engine = llm.llm_engine
-    drive(engine, [ids[:16] for ids in prompts[:2]],
-          SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), "warmup")
+    drive(
+        engine,
+        [ids[:16] for ids in prompts[:2]],
+        SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
+        "warmup",
+    )
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     start = time.perf_counter()
     trace = drive(engine, prompts, params, "bench")
     elapsed = time.perf_counter() - start
     expected = len(prompts) * args.output_len
     if trace.output_tokens != expected:
-        print(f"WARNING: pagedserve produced {trace.output_tokens} output tokens, expected {expected}",
-              file=sys.stderr)
+        print(
+            f"WARNING: pagedserve produced {trace.output_tokens} output tokens, expected {expected}",
+            file=sys.stderr,
+        )
     return PeerResult("pagedserve", len(prompts), sum(map(len, prompts)), trace.output_tokens, elapsed), trace
 
 
@@ -114,36 +134,61 @@ def report(results: list[PeerResult], trace: StepTrace | None) -> dict[str, Any]
     header = "| Run | Requests | Elapsed (s) | Requests/s | Output tok/s | Total tok/s |"
     lines = [header, "|---|---:|---:|---:|---:|---:|"]
     for r in results:
-        lines.append(f"| {r.name} | {r.num_requests} | {r.elapsed_s:.2f} | {r.requests_per_s:.3f} "
-                     f"| {r.output_tokens_per_s:.1f} | {r.total_tokens_per_s:.1f} |")
+        lines.append(
+            f"| {r.name} | {r.num_requests} | {r.elapsed_s:.2f} | {r.requests_per_s:.3f} "
+            f"| {r.output_tokens_per_s:.1f} | {r.total_tokens_per_s:.1f} |"
+        )
     ours = next((r for r in results if r.name == "pagedserve"), None)
     ratios = {}
     for peer in (r for r in results if ours is not None and r is not ours):
-        ratio = [ours.requests_per_s / peer.requests_per_s, ours.output_tokens_per_s / peer.output_tokens_per_s,
-                 ours.total_tokens_per_s / peer.total_tokens_per_s]
+        ratio = [
+            ours.requests_per_s / peer.requests_per_s,
+            ours.output_tokens_per_s / peer.output_tokens_per_s,
+            ours.total_tokens_per_s / peer.total_tokens_per_s,
+        ]
         ratios[f"pagedserve / {peer.name}"] = ratio
-        lines.append(f"| **pagedserve / {peer.name}** | | | {ratio[0]:.2f}x | {ratio[1]:.2f}x | {ratio[2]:.2f}x |")
-    summary: dict[str, Any] = {"results": [dict(asdict(r), requests_per_s=r.requests_per_s,
-                                                output_tokens_per_s=r.output_tokens_per_s,
-                                                total_tokens_per_s=r.total_tokens_per_s) for r in results],
-                               "ratios": ratios}
+        lines.append(
+            f"| **pagedserve / {peer.name}** | | | {ratio[0]:.2f}x | {ratio[1]:.2f}x | {ratio[2]:.2f}x |"
+        )
+    summary: dict[str, Any] = {
+        "results": [
+            dict(
+                asdict(r),
+                requests_per_s=r.requests_per_s,
+                output_tokens_per_s=r.output_tokens_per_s,
+                total_tokens_per_s=r.total_tokens_per_s,
+            )
+            for r in results
+        ],
+        "ratios": ratios,
+    }
     if trace is not None:
         (step_mean, step_p50), (dec_mean, dec_p50) = _ms(trace.step_times), _ms(trace.decode_step_times)
-        lines += ["", f"pagedserve: KV waste {trace.kv_waste:.1%} (allocated slots minus tokens stored, "
-                  f"over allocated, summed over {len(trace.step_times)} steps)",
-                  f"pagedserve: decode step mean {dec_mean:.2f} ms, p50 {dec_p50:.2f} ms "
-                  f"({len(trace.decode_step_times)} steps); all steps mean {step_mean:.2f} ms, p50 {step_p50:.2f} ms"]
-        summary["pagedserve"] = {"kv_waste": trace.kv_waste, "num_steps": len(trace.step_times),
-                                 "num_decode_steps": len(trace.decode_step_times),
-                                 "decode_step_ms_mean": dec_mean, "decode_step_ms_p50": dec_p50,
-                                 "step_ms_mean": step_mean, "step_ms_p50": step_p50}
+        lines += [
+            "",
+            f"pagedserve: KV waste {trace.kv_waste:.1%} (allocated slots minus tokens stored, "
+            f"over allocated, summed over {len(trace.step_times)} steps)",
+            f"pagedserve: decode step mean {dec_mean:.2f} ms, p50 {dec_p50:.2f} ms "
+            f"({len(trace.decode_step_times)} steps); all steps mean {step_mean:.2f} ms, p50 {step_p50:.2f} ms",
+        ]
+        summary["pagedserve"] = {
+            "kv_waste": trace.kv_waste,
+            "num_steps": len(trace.step_times),
+            "num_decode_steps": len(trace.decode_step_times),
+            "decode_step_ms_mean": dec_mean,
+            "decode_step_ms_p50": dec_p50,
+            "step_ms_mean": step_mean,
+            "step_ms_p50": step_p50,
+        }
     print("\n".join(lines))
     return summary
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="HF folder or GGUF file (default: embedded SmolLM2-135M GGUF)")
+    p.add_argument(
+        "--model", default=None, help="HF folder or GGUF file (default: embedded SmolLM2-135M GGUF)"
+    )
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--input-len-min", type=int, default=32)
     p.add_argument("--input-len-max", type=int, default=512)
@@ -155,10 +200,17 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--kv-cache-memory", default=None, help="e.g. 4GiB")
     p.add_argument("--tensor-parallel-size", type=int, default=1)
-    p.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
-                   help="dummy: random weights of --model's config.json (both engines), no checkpoint")
-    p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model's; with "
-                   "--load-format dummy: the embedded SmolLM2's)")
+    p.add_argument(
+        "--load-format",
+        default="auto",
+        choices=["auto", "dummy"],
+        help="dummy: random weights of --model's config.json (both engines), no checkpoint",
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer folder (default: the model's; with --load-format dummy: the embedded SmolLM2's)",
+    )
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--gpu-memory-utilization", type=float, default=None)
     p.add_argument("--attention-backend", default=None)
@@ -196,12 +248,16 @@ def main() -> None:
     if not args.skip_hf:
         hf_model, device = load_model(args.model, args.dtype, dummy=args.load_format == "dummy")
         if args.hf_single_prompts > 0:
-            results.append(run_hf_single(hf_model, device, tokenizer, prompts[:args.hf_single_prompts],
-                                         args.output_len))
-        batch_prompts = prompts[:args.hf_batch_prompts] if args.hf_batch_prompts is not None else prompts
+            results.append(
+                run_hf_single(hf_model, device, tokenizer, prompts[: args.hf_single_prompts], args.output_len)
+            )
+        batch_prompts = prompts[: args.hf_batch_prompts] if args.hf_batch_prompts is not None else prompts
         if batch_prompts:
-            results.append(run_hf_batched(hf_model, device, tokenizer, batch_prompts, args.output_len,
-                                          args.hf_batch_size))
+            results.append(
+                run_hf_batched(
+                    hf_model, device, tokenizer, batch_prompts, args.output_len, args.hf_batch_size
+                )
+            )
     summary = report(results, trace)
     if args.json:
         with open(args.json, "w") as f:

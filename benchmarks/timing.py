@@ -1,4 +1,5 @@
 """One timing helper for the micro-benchmarks."""
+
 import statistics
 import time
 from collections.abc import Callable

@@ -10,6 +10,7 @@ Two measurements in one run, so each figure has its own reference:
 
     python benchmarks/tp_comm.py --batch-sizes 1 8 --num-layers 12 --hidden-size 768
 """
+
 import argparse
 import multiprocessing
 import os
@@ -40,8 +41,9 @@ def collective_times(rank: int, args: argparse.Namespace, store: str, queue: Any
         logits = torch.randn(batch, args.vocab_size // 2)
         parts = [torch.empty_like(logits) for _ in range(2)]
         reduce_us = 1e6 * median_seconds(lambda h=hidden: dist.all_reduce(h), args.iterations, warmup=10)
-        gather_us = 1e6 * median_seconds(lambda p=parts, x=logits: dist.all_gather(p, x), args.iterations,
-                                       warmup=10)  # gloo connects lazily
+        gather_us = 1e6 * median_seconds(
+            lambda p=parts, x=logits: dist.all_gather(p, x), args.iterations, warmup=10
+        )  # gloo connects lazily
         if rank == 0:
             queue.put((batch, reduce_us, gather_us))
     dist.destroy_process_group()
@@ -68,10 +70,16 @@ def make_model(args: argparse.Namespace) -> str:
     from transformers import LlamaConfig
 
     folder = tempfile.mkdtemp(prefix="tp-comm-model-")
-    LlamaConfig(vocab_size=args.vocab_size, hidden_size=args.hidden_size,
-                intermediate_size=args.intermediate_size, num_hidden_layers=args.num_layers,
-                num_attention_heads=args.num_heads, num_key_value_heads=args.num_kv_heads,
-                max_position_embeddings=1024, tie_word_embeddings=False).save_pretrained(folder)
+    LlamaConfig(
+        vocab_size=args.vocab_size,
+        hidden_size=args.hidden_size,
+        intermediate_size=args.intermediate_size,
+        num_hidden_layers=args.num_layers,
+        num_attention_heads=args.num_heads,
+        num_key_value_heads=args.num_kv_heads,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+    ).save_pretrained(folder)
     return folder
 
 
@@ -81,8 +89,14 @@ def decode_step_ms(model: str, batch: int, args: argparse.Namespace, **engine_ar
     from pagedserve.utils.default_model import default_model_path
     from pagedserve.utils.gguf_cache import gguf_hf_folder
 
-    llm = LLM(model, load_format="dummy", tokenizer=gguf_hf_folder(default_model_path()),
-              kv_cache_memory="256MiB", max_model_len=256, **engine_args)
+    llm = LLM(
+        model,
+        load_format="dummy",
+        tokenizer=gguf_hf_folder(default_model_path()),
+        kv_cache_memory="256MiB",
+        max_model_len=256,
+        **engine_args,
+    )
     executor = llm.llm_engine.engine_core.executor
     execute, times = executor.execute_model, []
 
@@ -95,8 +109,9 @@ def decode_step_ms(model: str, batch: int, args: argparse.Namespace, **engine_ar
 
     executor.execute_model = timed
     prompts = [{"prompt_token_ids": [100 + i] * 16} for i in range(batch)]
-    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=args.steps + 1, ignore_eos=True),
-                 use_tqdm=False)
+    llm.generate(
+        prompts, SamplingParams(temperature=0.0, max_tokens=args.steps + 1, ignore_eos=True), use_tqdm=False
+    )
     llm.llm_engine.engine_core.shutdown()
     return statistics.median(times) * 1e3
 
@@ -105,12 +120,16 @@ def main() -> None:
     args = parse_args()
     collectives = measure_collectives(args)
     model = make_model(args)
-    print(f"Llama shape: {args.num_layers} layers, hidden {args.hidden_size}, vocab {args.vocab_size}; "
-          f"gloo on 127.0.0.1, {os.cpu_count()} CPU cores, torch {torch.__version__}")
+    print(
+        f"Llama shape: {args.num_layers} layers, hidden {args.hidden_size}, vocab {args.vocab_size}; "
+        f"gloo on 127.0.0.1, {os.cpu_count()} CPU cores, torch {torch.__version__}"
+    )
     per_step = 2 * args.num_layers + 1
-    print(f"\n| batch | all-reduce [batch, {args.hidden_size}] µs | all-gather logits µs | comm per step "
-          f"({per_step} all-reduces + 1 all-gather) ms | step tp=1 uni ms | step tp=1 mp ms | "
-          "step tp=2 mp ms |")
+    print(
+        f"\n| batch | all-reduce [batch, {args.hidden_size}] µs | all-gather logits µs | comm per step "
+        f"({per_step} all-reduces + 1 all-gather) ms | step tp=1 uni ms | step tp=1 mp ms | "
+        "step tp=2 mp ms |"
+    )
     print("|---|---|---|---|---|---|---|")
     for batch in args.batch_sizes:
         reduce_us, gather_us = collectives[batch]
@@ -118,8 +137,11 @@ def main() -> None:
         uni = decode_step_ms(model, batch, args)
         mp1 = decode_step_ms(model, batch, args, distributed_executor_backend="mp")
         mp2 = decode_step_ms(model, batch, args, tensor_parallel_size=2)
-        print(f"| {batch} | {reduce_us:.0f} | {gather_us:.0f} | {comm_ms:.2f} | {uni:.2f} | {mp1:.2f} | "
-              f"{mp2:.2f} |", flush=True)
+        print(
+            f"| {batch} | {reduce_us:.0f} | {gather_us:.0f} | {comm_ms:.2f} | {uni:.2f} | {mp1:.2f} | "
+            f"{mp2:.2f} |",
+            flush=True,
+        )
 
 
 def parse_args() -> argparse.Namespace:

@@ -2,6 +2,7 @@
 
 The public names load lazily, so `import pagedserve.core` (pure Python) never pulls in torch.
 """
+
 import importlib
 from typing import Any
 

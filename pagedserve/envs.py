@@ -1,4 +1,5 @@
 """Environment variables pagedserve reads. Each is optional; a bad value is an error naming the variable."""
+
 import os
 
 from pagedserve.errors import ConfigError

@@ -1,4 +1,5 @@
 """Package-wide logging setup: one handler on the `pagedserve` logger, level from PAGEDSERVE_LOGGING_LEVEL."""
+
 import logging
 import os
 

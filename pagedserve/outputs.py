@@ -1,4 +1,5 @@
 """What `LLM.generate` returns: vLLM's RequestOutput / CompletionOutput."""
+
 from dataclasses import dataclass, field
 
 # One dict per position: token id -> logprob (the sampled token plus the top-k).

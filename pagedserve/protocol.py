@@ -1,4 +1,5 @@
 """What crosses the line between the frontend (LLM / API server) and the EngineCore."""
+
 import enum
 
 import msgspec

@@ -1,11 +1,11 @@
 """SamplingParams: vLLM's field names and defaults, validated on construction."""
+
 import enum
 import math
 from dataclasses import dataclass, field
 
 from pagedserve.errors import InvalidRequestError
 from pagedserve.structured_outputs_params import StructuredOutputsParams
-
 
 # Integer fields travel to the engine as 64-bit integers (msgpack, torch int64): any int outside this range
 # is refused here, naming the field, rather than failing inside the engine (vLLM bounds `seed` the same).
@@ -23,16 +23,24 @@ def _check_int(param: str, value: object, optional: bool = False) -> None:
     """`value` is an int (not a bool) within int64, or None when `optional`."""
     if value is None and optional:
         return
-    _check(isinstance(value, int) and not isinstance(value, bool), param,
-           f"must be an integer, got {value!r}.")
-    _check(INT64_MIN <= value <= INT64_MAX, param,  # type: ignore[operator]
-           f"must be in [{INT64_MIN}, {INT64_MAX}] (a 64-bit integer), got {value}.")
+    _check(
+        isinstance(value, int) and not isinstance(value, bool), param, f"must be an integer, got {value!r}."
+    )
+    assert isinstance(value, int)  # checked just above (_check raises otherwise)
+    _check(
+        INT64_MIN <= value <= INT64_MAX,
+        param,
+        f"must be in [{INT64_MIN}, {INT64_MAX}] (a 64-bit integer), got {value}.",
+    )
 
 
 def _as_float(param: str, value: object) -> float:
     """`value` (an int or float) as a finite float; NaN and infinities are refused (no range check sees NaN)."""
-    _check(isinstance(value, (int, float)) and not isinstance(value, bool), param,
-           f"must be a number, got {value!r}.")
+    _check(
+        isinstance(value, (int, float)) and not isinstance(value, bool),
+        param,
+        f"must be a number, got {value!r}.",
+    )
     try:
         number = float(value)  # type: ignore[arg-type]
     except OverflowError:  # an int beyond float's range
@@ -57,14 +65,17 @@ def _logit_bias(bias: dict[int, float] | None) -> dict[int, float] | None:
     if not bias:
         return None
     if not isinstance(bias, dict):
-        raise InvalidRequestError(f"logit_bias must map token ids to biases, got {bias!r}.", param="logit_bias")
+        raise InvalidRequestError(
+            f"logit_bias must map token ids to biases, got {bias!r}.", param="logit_bias"
+        )
     result = {}
     for token, value in bias.items():
         try:
             token_id = int(token)
         except (TypeError, ValueError):
-            raise InvalidRequestError(f"logit_bias keys must be token ids (integers), got {token!r}.",
-                                      param="logit_bias") from None
+            raise InvalidRequestError(
+                f"logit_bias keys must be token ids (integers), got {token!r}.", param="logit_bias"
+            ) from None
         _check_int("logit_bias", token_id)
         result[token_id] = _as_float("logit_bias", value)
     return result
@@ -119,10 +130,23 @@ class SamplingParams:
     def _validate(self) -> None:
         for name in ("n", "top_k", "min_tokens"):
             _check_int(name, getattr(self, name))
-        for name in ("best_of", "seed", "max_tokens", "logprobs", "prompt_logprobs", "truncate_prompt_tokens"):
+        for name in (
+            "best_of",
+            "seed",
+            "max_tokens",
+            "logprobs",
+            "prompt_logprobs",
+            "truncate_prompt_tokens",
+        ):
             _check_int(name, getattr(self, name), optional=True)
-        for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p",
-                     "min_p"):
+        for name in (
+            "presence_penalty",
+            "frequency_penalty",
+            "repetition_penalty",
+            "temperature",
+            "top_p",
+            "min_p",
+        ):
             setattr(self, name, _as_float(name, getattr(self, name)))
         _check(self.n >= 1, "n", f"must be at least 1, got {self.n}.")
         if self.best_of is not None:
@@ -131,25 +155,44 @@ class SamplingParams:
         _check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}.")
         _check(self.top_k >= -1, "top_k", f"must be -1 or 0 (disable), or at least 1, got {self.top_k}.")
         _check(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}.")
-        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty",
-               f"must be in [-2, 2], got {self.presence_penalty}.")
-        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
-               f"must be in [-2, 2], got {self.frequency_penalty}.")
-        _check(self.repetition_penalty > 0.0, "repetition_penalty",
-               f"must be greater than zero, got {self.repetition_penalty}.")
+        _check(
+            -2.0 <= self.presence_penalty <= 2.0,
+            "presence_penalty",
+            f"must be in [-2, 2], got {self.presence_penalty}.",
+        )
+        _check(
+            -2.0 <= self.frequency_penalty <= 2.0,
+            "frequency_penalty",
+            f"must be in [-2, 2], got {self.frequency_penalty}.",
+        )
+        _check(
+            self.repetition_penalty > 0.0,
+            "repetition_penalty",
+            f"must be greater than zero, got {self.repetition_penalty}.",
+        )
         if self.max_tokens is not None:
             _check(self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}.")
         _check(self.min_tokens >= 0, "min_tokens", f"must be non-negative, got {self.min_tokens}.")
         if self.max_tokens is not None:
-            _check(self.min_tokens <= self.max_tokens, "min_tokens",
-                   f"must be less than or equal to max_tokens={self.max_tokens}, got {self.min_tokens}.")
+            _check(
+                self.min_tokens <= self.max_tokens,
+                "min_tokens",
+                f"must be less than or equal to max_tokens={self.max_tokens}, got {self.min_tokens}.",
+            )
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             _check(value is None or value >= 0, name, f"must be non-negative, got {value}.")
         if self.truncate_prompt_tokens is not None:
-            _check(self.truncate_prompt_tokens >= 1, "truncate_prompt_tokens",
-                   f"must be at least 1, got {self.truncate_prompt_tokens}.")
-        _check(all(isinstance(s, str) for s in self.stop_strings), "stop", "must be a string or a list of strings.")
+            _check(
+                self.truncate_prompt_tokens >= 1,
+                "truncate_prompt_tokens",
+                f"must be at least 1, got {self.truncate_prompt_tokens}.",
+            )
+        _check(
+            all(isinstance(s, str) for s in self.stop_strings),
+            "stop",
+            "must be a string or a list of strings.",
+        )
         _check(all(self.stop_strings), "stop", "must not contain empty strings.")
         for token in self.stop_token_ids or ():
             _check_int("stop_token_ids", token)
@@ -188,5 +231,8 @@ class BeamSearchParams:
         self.length_penalty = _as_float("length_penalty", self.length_penalty)
         _check(self.beam_width >= 1, "beam_width", f"must be at least 1, got {self.beam_width}.")
         _check(self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}.")
-        _check(self.early_stopping in (True, False, "never"), "early_stopping",
-               f"must be true, false or 'never', got {self.early_stopping!r}.")
+        _check(
+            self.early_stopping in (True, False, "never"),
+            "early_stopping",
+            f"must be true, false or 'never', got {self.early_stopping!r}.",
+        )

@@ -8,6 +8,7 @@ rank x head_dim x KV dtype bytes; on CUDA the KV budget is total x gpu_memory_ut
 activations - memory outside torch; blocks = budget // bytes per block (one of them the reserved null
 block); capacity = usable blocks x block_size tokens.
 """
+
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -16,8 +17,13 @@ from pagedserve.config import EngineConfig, KVCacheConfig
 from pagedserve.errors import ConfigError
 from pagedserve.logger import init_logger
 from pagedserve.utils import cdiv, format_bytes
-from pagedserve.utils.hf_config import (falcon_parallel_attention, falcon_two_layernorms, is_sparse_layer,
-                                        kv_sliding_window, num_kv_heads)
+from pagedserve.utils.hf_config import (
+    falcon_parallel_attention,
+    falcon_two_layernorms,
+    is_sparse_layer,
+    kv_sliding_window,
+    num_kv_heads,
+)
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -63,7 +69,9 @@ class ModelShape:
         """Read a transformers config (config.json's fields)."""
         heads, layers = hf_config.num_attention_heads, hf_config.num_hidden_layers
         falcon = architecture == "FalconForCausalLM"
-        num_experts = getattr(hf_config, "num_local_experts", None) or getattr(hf_config, "num_experts", 0) or 0
+        num_experts = (
+            getattr(hf_config, "num_local_experts", None) or getattr(hf_config, "num_experts", 0) or 0
+        )
         if architecture == "MixtralForCausalLM":
             num_moe_layers, moe_size = layers, hf_config.intermediate_size
         elif num_experts:
@@ -71,20 +79,32 @@ class ModelShape:
             moe_size = hf_config.moe_intermediate_size
         else:
             num_moe_layers, moe_size = 0, 0
-        return cls(vocab_size=hf_config.vocab_size, hidden_size=hf_config.hidden_size,
-                   intermediate_size=(hf_config.ffn_hidden_size or 4 * hf_config.hidden_size) if falcon
-                   else hf_config.intermediate_size, num_layers=layers,
-                   num_heads=heads, num_kv_heads=num_kv_heads(hf_config, architecture),
-                   head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads,
-                   tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
-                   qkv_bias=architecture in _QKV_BIAS_ARCHITECTURES or (falcon and hf_config.bias),
-                   qk_norm=architecture in _QK_NORM_ARCHITECTURES,
-                   norms_per_layer=4 if architecture in _GEMMA_ARCHITECTURES else
-                   _falcon_layernorms(hf_config) if falcon else 2,
-                   norm_params=2 if falcon else 1, mlp_matrices=2 if falcon else 3,
-                   linear_bias=falcon and hf_config.bias, num_moe_layers=num_moe_layers,
-                   num_experts=num_experts if num_moe_layers else 0, moe_intermediate_size=moe_size,
-                   shared_expert_intermediate_size=getattr(hf_config, "shared_expert_intermediate_size", 0) or 0)
+        return cls(
+            vocab_size=hf_config.vocab_size,
+            hidden_size=hf_config.hidden_size,
+            intermediate_size=(hf_config.ffn_hidden_size or 4 * hf_config.hidden_size)
+            if falcon
+            else hf_config.intermediate_size,
+            num_layers=layers,
+            num_heads=heads,
+            num_kv_heads=num_kv_heads(hf_config, architecture),
+            head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads,
+            tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+            qkv_bias=architecture in _QKV_BIAS_ARCHITECTURES or (falcon and hf_config.bias),
+            qk_norm=architecture in _QK_NORM_ARCHITECTURES,
+            norms_per_layer=4
+            if architecture in _GEMMA_ARCHITECTURES
+            else _falcon_layernorms(hf_config)
+            if falcon
+            else 2,
+            norm_params=2 if falcon else 1,
+            mlp_matrices=2 if falcon else 3,
+            linear_bias=falcon and hf_config.bias,
+            num_moe_layers=num_moe_layers,
+            num_experts=num_experts if num_moe_layers else 0,
+            moe_intermediate_size=moe_size,
+            shared_expert_intermediate_size=getattr(hf_config, "shared_expert_intermediate_size", 0) or 0,
+        )
 
     def kv_heads_per_rank(self, tp: int) -> int:
         """KV heads are split over the ranks, or replicated (one per rank) when there are fewer."""
@@ -95,16 +115,23 @@ class ModelShape:
         layers (experts included) split, norms and MoE routers replicated, a tied LM head counted once."""
         hidden, head_dim = self.hidden_size, self.head_dim
         qkv_out = (self.num_heads // tp + 2 * self.kv_heads_per_rank(tp)) * head_dim
-        attention = (hidden * qkv_out + (qkv_out if self.qkv_bias else 0)  # qkv_proj
-                     + self.num_heads * head_dim // tp * hidden  # o_proj
-                     + (hidden if self.linear_bias else 0) + (2 * head_dim if self.qk_norm else 0))
+        attention = (
+            hidden * qkv_out
+            + (qkv_out if self.qkv_bias else 0)  # qkv_proj
+            + self.num_heads * head_dim // tp * hidden  # o_proj
+            + (hidden if self.linear_bias else 0)
+            + (2 * head_dim if self.qk_norm else 0)
+        )
         dense_mlp = self._mlp(self.intermediate_size, tp)
         moe = self.num_experts * (hidden + self._mlp(self.moe_intermediate_size, tp))  # router + experts
         if self.shared_expert_intermediate_size:
             moe += self._mlp(self.shared_expert_intermediate_size, tp) + hidden  # shared expert + its gate
         norm = self.norm_params * hidden
-        layers = (self.num_layers * (attention + self.norms_per_layer * norm)
-                  + (self.num_layers - self.num_moe_layers) * dense_mlp + self.num_moe_layers * moe)
+        layers = (
+            self.num_layers * (attention + self.norms_per_layer * norm)
+            + (self.num_layers - self.num_moe_layers) * dense_mlp
+            + self.num_moe_layers * moe
+        )
         vocab = cdiv(self.vocab_size, tp) * hidden
         return vocab * (1 if self.tie_word_embeddings else 2) + layers + norm
 
@@ -122,8 +149,12 @@ class ModelShape:
         measures it instead, with a profiling run): the residual and hidden states, the q/k/v and
         attention outputs, the MLP's gate/up output and its activation, and one row of float32 logits."""
         qkv = (self.num_heads // tp + 2 * self.kv_heads_per_rank(tp)) * self.head_dim
-        per_token = 3 * self.hidden_size + qkv + self.num_heads // tp * self.head_dim \
+        per_token = (
+            3 * self.hidden_size
+            + qkv
+            + self.num_heads // tp * self.head_dim
             + 3 * max(self.intermediate_size, self.moe_intermediate_size) // tp
+        )
         return num_tokens * per_token * dtype_bytes + 4 * self.vocab_size
 
 
@@ -182,7 +213,8 @@ def check_fits(kv: KVCacheConfig, max_model_len: int, reach: SlidingWindowReach 
             f"The KV cache holds {kv.capacity_tokens} tokens, fewer than one request of "
             f"max_model_len={max_model_len} tokens needs; the largest max_model_len that fits is "
             f"{kv.capacity_tokens}. Raise --kv-cache-memory (or --gpu-memory-utilization on a GPU) "
-            "or lower --max-model-len.")
+            "or lower --max-model-len."
+        )
 
 
 @dataclass(frozen=True)
@@ -199,12 +231,16 @@ def tightest(reports: Sequence[MemoryReport]) -> MemoryReport:
     if len(reports) == 1:
         return reports[0]
     rank = min(range(len(reports)), key=lambda r: reports[r].kv_cache_bytes)
-    return MemoryReport(reports[rank].kv_cache_bytes, reports[rank].weights_bytes,
-                        f"rank {rank}, the tightest of {len(reports)}: {reports[rank].detail}")
+    return MemoryReport(
+        reports[rank].kv_cache_bytes,
+        reports[rank].weights_bytes,
+        f"rank {rank}, the tightest of {len(reports)}: {reports[rank].detail}",
+    )
 
 
-def size_kv_cache(config: EngineConfig, bytes_per_block: int,
-                  measure: Callable[[], Sequence[MemoryReport]]) -> KVCacheConfig:
+def size_kv_cache(
+    config: EngineConfig, bytes_per_block: int, measure: Callable[[], Sequence[MemoryReport]]
+) -> KVCacheConfig:
     """The KV cache of the engine: --num-gpu-blocks-override, else what the tightest rank's measured
     budget (`measure()`, one report per rank) holds; swap space in blocks. Logs the breakdown and
     raises ConfigError (numbers and flags) when one request of max_model_len tokens cannot fit."""
@@ -219,19 +255,35 @@ def size_kv_cache(config: EngineConfig, bytes_per_block: int,
     kv = KVCacheConfig(num_blocks, block_size, bytes_per_block, cache.swap_space_bytes // bytes_per_block)
     max_model_len = config.model.max_model_len
     cache_dtype = config.model.dtype if cache.cache_dtype == "auto" else cache.cache_dtype
-    logger.info("KV cache (%s, %s): %s per token, %s per block of %d tokens, %d blocks (+1 reserved), "
-                "%s in all, capacity %d tokens.", source, cache_dtype, format_bytes(bytes_per_block // block_size),
-                format_bytes(bytes_per_block), block_size, num_blocks - 1,
-                format_bytes(bytes_per_block * num_blocks), kv.capacity_tokens)
+    logger.info(
+        "KV cache (%s, %s): %s per token, %s per block of %d tokens, %d blocks (+1 reserved), "
+        "%s in all, capacity %d tokens.",
+        source,
+        cache_dtype,
+        format_bytes(bytes_per_block // block_size),
+        format_bytes(bytes_per_block),
+        block_size,
+        num_blocks - 1,
+        format_bytes(bytes_per_block * num_blocks),
+        kv.capacity_tokens,
+    )
     reach = window_reach(config)
     if reach is not None:
-        logger.info("Sliding window of %d tokens on every layer: blocks out of its reach are freed as "
-                    "requests grow.", reach.window)
-    logger.info("Maximum concurrency for %d tokens per request: %.2fx", max_model_len,
-                max_concurrency(kv, max_model_len, reach))
-    logger.info("Swap space: %d host blocks (%s, --swap-space); prefix caching %s.", kv.num_host_blocks,
-                format_bytes(kv.num_host_blocks * bytes_per_block),
-                "on" if cache.enable_prefix_caching else "off (--no-enable-prefix-caching)")
+        logger.info(
+            "Sliding window of %d tokens on every layer: blocks out of its reach are freed as requests grow.",
+            reach.window,
+        )
+    logger.info(
+        "Maximum concurrency for %d tokens per request: %.2fx",
+        max_model_len,
+        max_concurrency(kv, max_model_len, reach),
+    )
+    logger.info(
+        "Swap space: %d host blocks (%s, --swap-space); prefix caching %s.",
+        kv.num_host_blocks,
+        format_bytes(kv.num_host_blocks * bytes_per_block),
+        "on" if cache.enable_prefix_caching else "off (--no-enable-prefix-caching)",
+    )
     check_fits(kv, max_model_len, reach)
     return kv
 

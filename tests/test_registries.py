@@ -1,4 +1,5 @@
 """Every registry names exactly the config's choices, loads each entry, and refuses unknown names."""
+
 import subprocess
 import sys
 from typing import get_args
@@ -34,10 +35,14 @@ def test_registry_keys_equal_the_config_choices(registry: Registry, choices: set
 
 
 @pytest.mark.parametrize("registry,choices,base", REGISTRIES, ids=lambda x: getattr(x, "kind", ""))
-def test_unknown_name_names_the_choices_and_the_flag(registry: Registry, choices: set[str], base: type
-                                                     ) -> None:
-    with pytest.raises(ConfigError, match=f"'nope' is not supported. Supported: {', '.join(sorted(choices))} "
-                                          rf"\({registry.flag}\)"):
+def test_unknown_name_names_the_choices_and_the_flag(
+    registry: Registry, choices: set[str], base: type
+) -> None:
+    with pytest.raises(
+        ConfigError,
+        match=f"'nope' is not supported. Supported: {', '.join(sorted(choices))} "
+        rf"\({registry.flag}\)",
+    ):
         registry.load("nope")
 
 
@@ -50,7 +55,9 @@ def test_a_name_registers_once() -> None:
 
 def test_executor_interface_imports_no_executor() -> None:
     """The registry breaks the old cycle: base.py never imports the executors that subclass it."""
-    code = ("import sys, pagedserve.executor.base, pagedserve.executor; "
-            "print(sorted(m for m in sys.modules if m.startswith('pagedserve.executor.')))")
+    code = (
+        "import sys, pagedserve.executor.base, pagedserve.executor; "
+        "print(sorted(m for m in sys.modules if m.startswith('pagedserve.executor.')))"
+    )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == "['pagedserve.executor.base']"

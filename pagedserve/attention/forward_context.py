@@ -1,5 +1,6 @@
 """The attention metadata of the step being computed, read by every Attention layer. Models never see
 block tables: the runner sets this around the forward pass."""
+
 from collections.abc import Iterator
 from contextlib import contextmanager
 

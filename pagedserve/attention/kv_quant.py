@@ -4,6 +4,7 @@ per-layer, per-tensor scale (stored = value / scale), read back as scale * store
 NOTE: the cache tensors hold the fp8 bits as uint8, because torch's CPU index_copy_/index_select (the K/V
 writes, swaps and copies on write) are not implemented for float8 dtypes; every reader views them back.
 """
+
 from dataclasses import dataclass
 
 import torch
@@ -46,5 +47,8 @@ def kv_cache_storage_dtype(cache_dtype: str, model_dtype: torch.dtype) -> torch.
 
 
 def kv_quantization(cache_dtype: str, calculate_scales: bool) -> KVQuantization | None:
-    return None if cache_dtype == "auto" else KVQuantization(FP8_DTYPES[cache_dtype],
-                                                             scales_pending=calculate_scales)
+    return (
+        None
+        if cache_dtype == "auto"
+        else KVQuantization(FP8_DTYPES[cache_dtype], scales_pending=calculate_scales)
+    )

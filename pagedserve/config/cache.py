@@ -1,5 +1,6 @@
 """The KV cache: block size and the memory it may take (CacheConfig, what the user asked for), and
 KVCacheConfig (what startup sized from measured memory; never written back into the config)."""
+
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -27,17 +28,24 @@ class CacheConfig:
 
     def __post_init__(self) -> None:
         if self.cache_dtype not in KV_CACHE_DTYPES:
-            raise ConfigError(f"kv_cache_dtype={self.cache_dtype!r} is not supported; --kv-cache-dtype must "
-                              f"be one of {', '.join(KV_CACHE_DTYPES)}.")
+            raise ConfigError(
+                f"kv_cache_dtype={self.cache_dtype!r} is not supported; --kv-cache-dtype must "
+                f"be one of {', '.join(KV_CACHE_DTYPES)}."
+            )
         if self.block_size not in SUPPORTED_BLOCK_SIZES:
-            raise ConfigError(f"block_size={self.block_size} is not supported; --block-size must be one "
-                              f"of {', '.join(map(str, SUPPORTED_BLOCK_SIZES))}.")
+            raise ConfigError(
+                f"block_size={self.block_size} is not supported; --block-size must be one "
+                f"of {', '.join(map(str, SUPPORTED_BLOCK_SIZES))}."
+            )
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ConfigError(f"gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1] "
-                              "(--gpu-memory-utilization).")
+            raise ConfigError(
+                f"gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1] "
+                "(--gpu-memory-utilization)."
+            )
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
-            raise ConfigError(f"kv_cache_memory={self.kv_cache_memory} bytes must be positive "
-                              "(--kv-cache-memory).")
+            raise ConfigError(
+                f"kv_cache_memory={self.kv_cache_memory} bytes must be positive (--kv-cache-memory)."
+            )
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 2:
             raise ConfigError("num_gpu_blocks_override must be at least 2 (one block is reserved).")
         if self.swap_space < 0:

@@ -2,6 +2,7 @@
 ServingLimits, PlanArgs) gets its command line. A field's flag is its name with vLLM's spelling
 (--max-model-len), its help the field's `help` metadata, its type and choices its annotation
 (`Literal[...]` gives the choices, `X | None` an optional X, bool a --flag / --no-flag pair)."""
+
 import argparse
 import dataclasses
 import types
@@ -24,8 +25,9 @@ def flag_name(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
-def add_dataclass_cli_args(cls: type, parser: argparse.ArgumentParser, only: Collection[str] | None = None
-                           ) -> None:
+def add_dataclass_cli_args(
+    cls: type, parser: argparse.ArgumentParser, only: Collection[str] | None = None
+) -> None:
     """One flag per field of the dataclass `cls` (or per field named in `only`)."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):

@@ -1,5 +1,6 @@
 """EngineArgs (every engine flag, vLLM's names; the CLI is generated from its fields) -> the frozen,
 validated EngineConfig the whole engine is built from."""
+
 import argparse
 import dataclasses
 from dataclasses import dataclass
@@ -8,9 +9,13 @@ from typing import Any, Literal, get_args
 from pagedserve.config.cache import BlockSize, CacheConfig, KVCacheDType
 from pagedserve.config.cli import add_dataclass_cli_args, config_field, dataclass_from_cli_args
 from pagedserve.config.model import DType, LoadFormat, ModelConfig, load_model_config
+from pagedserve.config.parallel import (
+    ExecutorBackend,
+    ParallelConfig,
+    check_tensor_parallel,
+    resolve_executor_backend,
+)
 from pagedserve.config.quantization import QuantizationName, resolve_quantization
-from pagedserve.config.parallel import (ExecutorBackend, ParallelConfig, check_tensor_parallel,
-                                        resolve_executor_backend)
 from pagedserve.config.scheduler import PreemptionMode, SchedulerConfig, default_max_num_batched_tokens
 from pagedserve.config.speculative import SpeculativeConfig, resolve_speculative_config
 from pagedserve.errors import ConfigError
@@ -39,85 +44,123 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda"):
-            raise ConfigError(f"device={self.device!r} is not supported; --device must be one of "
-                              f"{', '.join(get_args(Device))}.")
+            raise ConfigError(
+                f"device={self.device!r} is not supported; --device must be one of "
+                f"{', '.join(get_args(Device))}."
+            )
         if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ConfigError(f"attention_backend={self.attention_backend!r} is not supported; "
-                              f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}.")
+            raise ConfigError(
+                f"attention_backend={self.attention_backend!r} is not supported; "
+                f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}."
+            )
         if self.attention_backend == "cpu" and self.device != "cpu":
-            raise ConfigError(f"--attention-backend cpu runs on the CPU only, but the device is "
-                              f"{self.device}; use --attention-backend auto, or --device cpu.")
+            raise ConfigError(
+                f"--attention-backend cpu runs on the CPU only, but the device is "
+                f"{self.device}; use --attention-backend auto, or --device cpu."
+            )
         if self.scheduler.preemption_mode == "swap" and self.cache.swap_space == 0:
-            raise ConfigError("--preemption-mode swap needs host memory to swap to: set --swap-space "
-                              "(GiB) above 0, or use --preemption-mode recompute.")
+            raise ConfigError(
+                "--preemption-mode swap needs host memory to swap to: set --swap-space "
+                "(GiB) above 0, or use --preemption-mode recompute."
+            )
 
 
 @dataclass
 class EngineArgs:
     """Every engine setting, with vLLM's names. `create_engine_config()` validates and resolves them."""
 
-    model: str | None = config_field(None, "Model: HF folder, GGUF file or hub id. Default: the embedded "
-                                           f"{DEFAULT_MODEL_NAME}.")
+    model: str | None = config_field(
+        None, f"Model: HF folder, GGUF file or hub id. Default: the embedded {DEFAULT_MODEL_NAME}."
+    )
     tokenizer: str | None = config_field(None, "Tokenizer folder or id (default: the model's).")
-    dtype: DType = config_field("auto", "Weights and activations dtype. auto: the checkpoint's on GPU, "
-                                        "float32 on CPU.")
+    dtype: DType = config_field(
+        "auto", "Weights and activations dtype. auto: the checkpoint's on GPU, float32 on CPU."
+    )
     max_model_len: int | None = config_field(None, "Context length (prompt + output). Default: the model's.")
     block_size: BlockSize = config_field(16, "Tokens per KV-cache block.")
-    gpu_memory_utilization: float = config_field(0.9, "Fraction of GPU memory for this engine (weights, "
-                                                      "activations, KV cache). Does not apply on CPU.")
-    kv_cache_memory: str | None = config_field(None, "Explicit KV-cache budget, e.g. '4GiB'. On CPU the "
-                                                     "default is the smaller of 4 GiB and a quarter of free RAM.")
+    gpu_memory_utilization: float = config_field(
+        0.9, "Fraction of GPU memory for this engine (weights, activations, KV cache). Does not apply on CPU."
+    )
+    kv_cache_memory: str | None = config_field(
+        None,
+        "Explicit KV-cache budget, e.g. '4GiB'. On CPU the "
+        "default is the smaller of 4 GiB and a quarter of free RAM.",
+    )
     num_gpu_blocks_override: int | None = config_field(None, "Use exactly this many KV blocks (for tests).")
-    enable_prefix_caching: bool = config_field(True, "Reuse the KV blocks of earlier requests that start "
-                                                     "with the same tokens (automatic prefix caching).")
-    swap_space: float = config_field(4.0, "Host memory (GiB) per worker for the KV blocks of preempted "
-                                          "requests that are swapped out rather than recomputed.")
+    enable_prefix_caching: bool = config_field(
+        True,
+        "Reuse the KV blocks of earlier requests that start with the same tokens (automatic prefix caching).",
+    )
+    swap_space: float = config_field(
+        4.0,
+        "Host memory (GiB) per worker for the KV blocks of preempted "
+        "requests that are swapped out rather than recomputed.",
+    )
     preemption_mode: PreemptionMode | None = config_field(
-        None, "What happens to preempted requests: recompute (drop their KV, compute it again later) or "
-              "swap (copy it to --swap-space host memory). Default: swap for groups that share blocks "
-              "(parallel samples, beams), recompute for single requests.")
+        None,
+        "What happens to preempted requests: recompute (drop their KV, compute it again later) or "
+        "swap (copy it to --swap-space host memory). Default: swap for groups that share blocks "
+        "(parallel samples, beams), recompute for single requests.",
+    )
     max_num_seqs: int = config_field(256, "Maximum requests in one step.")
-    max_num_batched_tokens: int | None = config_field(None, "Token budget of one step (default 2048, at "
-                                                            "least max_num_seqs); longer prompts are chunked.")
+    max_num_batched_tokens: int | None = config_field(
+        None, "Token budget of one step (default 2048, at least max_num_seqs); longer prompts are chunked."
+    )
     tensor_parallel_size: int = config_field(1, "Number of tensor-parallel ranks.")
-    pipeline_parallel_size: int = config_field(1, "Number of pipeline-parallel stages. Only 1 is supported "
-                                                  "yet.")
+    pipeline_parallel_size: int = config_field(
+        1, "Number of pipeline-parallel stages. Only 1 is supported yet."
+    )
     distributed_executor_backend: ExecutorBackend | None = config_field(
-        None, "How the ranks run: uni (this process, tp=1 only), mp (one process per rank on this "
-              "machine) or ray (Ray actors, across the nodes of a Ray cluster). Default: uni at tp=1, mp "
-              "when all ranks fit on this machine, else ray.")
-    distributed_timeout: float = config_field(600.0, "Seconds one call to the workers (loading, a step, a "
-                                                     "collective) may take before the engine is declared dead.")
+        None,
+        "How the ranks run: uni (this process, tp=1 only), mp (one process per rank on this "
+        "machine) or ray (Ray actors, across the nodes of a Ray cluster). Default: uni at tp=1, mp "
+        "when all ranks fit on this machine, else ray.",
+    )
+    distributed_timeout: float = config_field(
+        600.0,
+        "Seconds one call to the workers (loading, a step, a "
+        "collective) may take before the engine is declared dead.",
+    )
     quantization: QuantizationName | None = config_field(
-        None, "Weight quantization: gguf (a GGUF file's blocks kept quantized; the default for GGUF files), "
-              "int8 / int4 (online, group-wise round-to-nearest of a float checkpoint), or none (a GGUF file "
-              "dequantized). Default: what the checkpoint says (config.json's quantization_config, GGUF).")
+        None,
+        "Weight quantization: gguf (a GGUF file's blocks kept quantized; the default for GGUF files), "
+        "int8 / int4 (online, group-wise round-to-nearest of a float checkpoint), or none (a GGUF file "
+        "dequantized). Default: what the checkpoint says (config.json's quantization_config, GGUF).",
+    )
     kv_cache_dtype: KVCacheDType = config_field(
-        "auto", "KV-cache storage dtype. auto: the model's dtype; fp8 (= fp8_e4m3) and fp8_e5m2: one byte per "
-                "value with a per-layer scale (2x the blocks of float16/bfloat16, 4x float32).")
-    calculate_kv_scales: bool = config_field(False, "fp8 KV cache: compute each layer's K and V scales from "
-                                                    "the first batch (else 1.0).")
+        "auto",
+        "KV-cache storage dtype. auto: the model's dtype; fp8 (= fp8_e4m3) and fp8_e5m2: one byte per "
+        "value with a per-layer scale (2x the blocks of float16/bfloat16, 4x float32).",
+    )
+    calculate_kv_scales: bool = config_field(
+        False, "fp8 KV cache: compute each layer's K and V scales from the first batch (else 1.0)."
+    )
     seed: int = config_field(0, "Random seed for sampling without a per-request seed.")
     max_logprobs: int = config_field(20, "Largest logprobs / prompt_logprobs a request may ask for.")
     enforce_eager: bool = config_field(False, "Disable CUDA graphs (decode steps then run eagerly).")
     cuda_graph_sizes: str = config_field(
-        "512", "Decode batch sizes to capture in CUDA graphs (vLLM's): one number N captures 1, 2, 4 and "
-               "every multiple of 8 up to N; several (comma-separated) capture exactly those. "
-               "Capped at --max-num-seqs; larger decode batches run eagerly.")
-    served_model_name: str | None = config_field(None, "Model name in the API (default: the model "
-                                                       "argument).")
+        "512",
+        "Decode batch sizes to capture in CUDA graphs (vLLM's): one number N captures 1, 2, 4 and "
+        "every multiple of 8 up to N; several (comma-separated) capture exactly those. "
+        "Capped at --max-num-seqs; larger decode batches run eagerly.",
+    )
+    served_model_name: str | None = config_field(None, "Model name in the API (default: the model argument).")
     load_format: LoadFormat = config_field("auto", "auto: read the checkpoint; dummy: random weights.")
     device: Device = config_field("auto", "auto | cpu | cuda.")
     attention_backend: AttentionBackendName = config_field(
-        "auto", "Attention kernels. auto: cpu on CPU when its native kernel builds, else torch; triton on "
-                "CUDA; torch: plain PyTorch (the reference); cpu: native C++ decode kernel (CPU only); "
-                "triton: Triton kernels (CUDA), mixed prefill+decode batches, split-K decode.")
+        "auto",
+        "Attention kernels. auto: cpu on CPU when its native kernel builds, else torch; triton on "
+        "CUDA; torch: plain PyTorch (the reference); cpu: native C++ decode kernel (CPU only); "
+        "triton: Triton kernels (CUDA), mixed prefill+decode batches, split-K decode.",
+    )
     # NOTE: a JSON string on the command line; from Python a dict works too.
     speculative_config: str | None = config_field(
-        None, 'Speculative decoding, JSON: {"method": "ngram", "num_speculative_tokens": 4, '
-              '"prompt_lookup_max": 4, "prompt_lookup_min": 2} (prompt lookup) or {"model": DRAFT, '
-              '"num_speculative_tokens": 3} (a draft model with the same tokenizer). Greedy outputs stay '
-              "identical; sampled ones keep their distribution.")
+        None,
+        'Speculative decoding, JSON: {"method": "ngram", "num_speculative_tokens": 4, '
+        '"prompt_lookup_max": 4, "prompt_lookup_min": 2} (prompt lookup) or {"model": DRAFT, '
+        '"num_speculative_tokens": 3} (a draft model with the same tokenizer). Greedy outputs stay '
+        "identical; sampled ones keep their distribution.",
+    )
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "EngineArgs":
@@ -125,8 +168,9 @@ class EngineArgs:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(kwargs) - names)
         if unknown:
-            raise ConfigError(f"Unknown engine argument(s): {', '.join(unknown)}. "
-                              f"Supported: {', '.join(sorted(names))}.")
+            raise ConfigError(
+                f"Unknown engine argument(s): {', '.join(unknown)}. Supported: {', '.join(sorted(names))}."
+            )
         return cls(**kwargs)
 
     @classmethod
@@ -142,29 +186,51 @@ class EngineArgs:
         the flag."""
         device = resolve_device(self.device)
         # NOTE: the cheap checks first, so a bad flag is reported before the model's config is read.
-        cache = CacheConfig(self.block_size, self.gpu_memory_utilization,
-                            None if self.kv_cache_memory is None else parse_bytes(self.kv_cache_memory,
-                                                                                  "--kv-cache-memory"),
-                            self.num_gpu_blocks_override, self.enable_prefix_caching, self.swap_space,
-                            self.kv_cache_dtype, self.calculate_kv_scales)
+        cache = CacheConfig(
+            self.block_size,
+            self.gpu_memory_utilization,
+            None if self.kv_cache_memory is None else parse_bytes(self.kv_cache_memory, "--kv-cache-memory"),
+            self.num_gpu_blocks_override,
+            self.enable_prefix_caching,
+            self.swap_space,
+            self.kv_cache_dtype,
+            self.calculate_kv_scales,
+        )
         model = self.model_config(device)
-        scheduler = SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens
-                                    or default_max_num_batched_tokens(self.max_num_seqs),
-                                    model.max_model_len, self.preemption_mode)
+        scheduler = SchedulerConfig(
+            self.max_num_seqs,
+            self.max_num_batched_tokens or default_max_num_batched_tokens(self.max_num_seqs),
+            model.max_model_len,
+            self.preemption_mode,
+        )
         parallel = self._parallel_config(device, model)
-        return EngineConfig(model=model, cache=cache, scheduler=scheduler, parallel=parallel, device=device,
-                            enforce_eager=self.enforce_eager, attention_backend=self.attention_backend,
-                            speculative=resolve_speculative_config(self.speculative_config, model, device,
-                                                                   parallel.tensor_parallel_size),
-                            cuda_graph_sizes=cuda_graph_capture_sizes(self.cuda_graph_sizes,
-                                                                      scheduler.max_num_seqs))
+        return EngineConfig(
+            model=model,
+            cache=cache,
+            scheduler=scheduler,
+            parallel=parallel,
+            device=device,
+            enforce_eager=self.enforce_eager,
+            attention_backend=self.attention_backend,
+            speculative=resolve_speculative_config(
+                self.speculative_config, model, device, parallel.tensor_parallel_size
+            ),
+            cuda_graph_sizes=cuda_graph_capture_sizes(self.cuda_graph_sizes, scheduler.max_num_seqs),
+        )
 
     def model_config(self, device: str) -> ModelConfig:
         """The model's settings as they resolve on `device` (reads its config, never its weights)."""
-        model = load_model_config(self.model, dtype=self.dtype, device=device, max_model_len=self.max_model_len,
-                                  served_model_name=self.served_model_name, seed=self.seed,
-                                  load_format=self.load_format, tokenizer=self.tokenizer,
-                                  max_logprobs=self.max_logprobs)
+        model = load_model_config(
+            self.model,
+            dtype=self.dtype,
+            device=device,
+            max_model_len=self.max_model_len,
+            served_model_name=self.served_model_name,
+            seed=self.seed,
+            load_format=self.load_format,
+            tokenizer=self.tokenizer,
+            max_logprobs=self.max_logprobs,
+        )
         return dataclasses.replace(model, quantization=resolve_quantization(self.quantization, model, device))
 
     def _parallel_config(self, device: str, model: ModelConfig) -> ParallelConfig:
@@ -183,8 +249,9 @@ def cuda_graph_capture_sizes(sizes: str | list[int], max_num_seqs: int) -> tuple
     except ValueError:
         values = []
     if not values or min(values) < 1:
-        raise ConfigError(f"cuda_graph_sizes={sizes!r} must be positive integers, e.g. 512 or 1,2,4,8 "
-                          "(--cuda-graph-sizes).")
+        raise ConfigError(
+            f"cuda_graph_sizes={sizes!r} must be positive integers, e.g. 512 or 1,2,4,8 (--cuda-graph-sizes)."
+        )
     if len(values) == 1:
         values = [v for v in (1, 2, 4) if v <= values[0]] + list(range(8, values[0] + 1, 8))
     capped = {v for v in values if v <= max_num_seqs}
@@ -202,8 +269,9 @@ def resolve_device(device: str) -> str:
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda was asked for but no CUDA GPU is visible.")
     if device != "cpu":
-        raise ConfigError(f"device={device!r} is not supported; --device must be one of "
-                          f"{', '.join(get_args(Device))}.")
+        raise ConfigError(
+            f"device={device!r} is not supported; --device must be one of {', '.join(get_args(Device))}."
+        )
     return device
 
 

@@ -1,5 +1,6 @@
 """The model: which checkpoint, which architecture, dtype and context length. `load_model_config`
 reads config.json (or a GGUF file's metadata) and resolves the defaults; ModelConfig checks itself."""
+
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, get_args
@@ -19,11 +20,19 @@ SUPPORTED_DTYPES: tuple[str, ...] = get_args(DType)
 LoadFormat = Literal["auto", "dummy"]  # auto: read the checkpoint; dummy: random weights
 # model_type -> architecture: every supported family (models/<model_type>.py defines the class, and
 # models/registry.py registers it; a test checks that the two agree).
-MODEL_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                       "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
-                       "gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
-                       "falcon": "FalconForCausalLM", "mixtral": "MixtralForCausalLM",
-                       "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+MODEL_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "falcon": "FalconForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+}
 
 
 @dataclass(frozen=True)
@@ -41,24 +50,34 @@ class ModelConfig:
     load_format: LoadFormat
     tokenizer: str | None
     max_logprobs: int
-    quantization: str | None = None  # resolved (config/quantization.py): gguf | int8 | int4, None: unquantized
+    quantization: str | None = (
+        None  # resolved (config/quantization.py): gguf | int8 | int4, None: unquantized
+    )
 
     def __post_init__(self) -> None:
         if self.architecture not in MODEL_ARCHITECTURES.values():
-            raise ConfigError(f"Model architecture {self.architecture!r} is not supported. Supported "
-                              f"architectures: {', '.join(sorted(MODEL_ARCHITECTURES.values()))}.")
+            raise ConfigError(
+                f"Model architecture {self.architecture!r} is not supported. Supported "
+                f"architectures: {', '.join(sorted(MODEL_ARCHITECTURES.values()))}."
+            )
         if self.dtype not in SUPPORTED_DTYPES[1:]:
-            raise ConfigError(f"dtype={self.dtype!r} is not supported; --dtype must be one of "
-                              f"{', '.join(SUPPORTED_DTYPES)}.")
+            raise ConfigError(
+                f"dtype={self.dtype!r} is not supported; --dtype must be one of "
+                f"{', '.join(SUPPORTED_DTYPES)}."
+            )
         if self.load_format not in get_args(LoadFormat):
-            raise ConfigError(f"load_format={self.load_format!r} is not supported; --load-format must be "
-                              f"one of {', '.join(get_args(LoadFormat))}.")
+            raise ConfigError(
+                f"load_format={self.load_format!r} is not supported; --load-format must be "
+                f"one of {', '.join(get_args(LoadFormat))}."
+            )
         if self.max_model_len < 1:
             raise ConfigError(f"max_model_len={self.max_model_len} must be at least 1 (--max-model-len).")
         limit, key = model_len_limit(self.hf_config)
         if self.max_model_len > limit:
-            raise ConfigError(f"max_model_len={self.max_model_len} is larger than the model's "
-                              f"{key}={limit} (config.json); lower --max-model-len.")
+            raise ConfigError(
+                f"max_model_len={self.max_model_len} is larger than the model's "
+                f"{key}={limit} (config.json); lower --max-model-len."
+            )
         if self.max_logprobs < 0:
             raise ConfigError(f"max_logprobs={self.max_logprobs} must not be negative (--max-logprobs).")
 
@@ -73,9 +92,18 @@ def model_len_limit(hf_config: "PretrainedConfig") -> tuple[int, str]:
     return int(hf_config.max_position_embeddings), "max_position_embeddings"
 
 
-def load_model_config(model: str | None, *, dtype: str, device: str, max_model_len: int | None,
-                      served_model_name: str | None, seed: int, load_format: LoadFormat,
-                      tokenizer: str | None, max_logprobs: int) -> ModelConfig:
+def load_model_config(
+    model: str | None,
+    *,
+    dtype: str,
+    device: str,
+    max_model_len: int | None,
+    served_model_name: str | None,
+    seed: int,
+    load_format: LoadFormat,
+    tokenizer: str | None,
+    max_logprobs: int,
+) -> ModelConfig:
     """Read the model's config (the embedded default model when `model` is None) and resolve the
     defaults: architecture, dtype for `device`, context length, served name."""
     path = model
@@ -84,19 +112,30 @@ def load_model_config(model: str | None, *, dtype: str, device: str, max_model_l
         logger.info("No model given: using the embedded default %s (%s).", DEFAULT_MODEL_NAME, path)
     hf_config, gguf_file = _load_hf_config(path)
     archs = getattr(hf_config, "architectures", None) or [
-        MODEL_ARCHITECTURES.get(hf_config.model_type, hf_config.model_type)]
+        MODEL_ARCHITECTURES.get(hf_config.model_type, hf_config.model_type)
+    ]
     limit, _ = model_len_limit(hf_config)
     name = served_model_name or (DEFAULT_MODEL_NAME if model is None else model)
-    return ModelConfig(model=path, gguf_file=gguf_file, hf_config=hf_config, architecture=archs[0],
-                       dtype=_resolve_dtype(dtype, hf_config, device), max_model_len=max_model_len or limit,
-                       served_model_name=name, seed=seed, load_format=load_format, tokenizer=tokenizer,
-                       max_logprobs=max_logprobs)
+    return ModelConfig(
+        model=path,
+        gguf_file=gguf_file,
+        hf_config=hf_config,
+        architecture=archs[0],
+        dtype=_resolve_dtype(dtype, hf_config, device),
+        max_model_len=max_model_len or limit,
+        served_model_name=name,
+        seed=seed,
+        load_format=load_format,
+        tokenizer=tokenizer,
+        max_logprobs=max_logprobs,
+    )
 
 
 def _resolve_dtype(dtype: str, hf_config: "PretrainedConfig", device: str) -> str:
     if dtype not in SUPPORTED_DTYPES:
-        raise ConfigError(f"dtype={dtype!r} is not supported; --dtype must be one of "
-                          f"{', '.join(SUPPORTED_DTYPES)}.")
+        raise ConfigError(
+            f"dtype={dtype!r} is not supported; --dtype must be one of {', '.join(SUPPORTED_DTYPES)}."
+        )
     if dtype != "auto":
         return dtype
     if device == "cpu":

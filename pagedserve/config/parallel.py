@@ -1,4 +1,5 @@
 """How the model is split over ranks and how the ranks run (uni | mp | ray)."""
+
 import importlib.util
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, get_args
@@ -25,23 +26,33 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         tp, backend = self.tensor_parallel_size, self.distributed_executor_backend
         if self.pipeline_parallel_size != 1:
-            raise ConfigError(f"pipeline_parallel_size={self.pipeline_parallel_size} is not supported yet: "
-                              "use --pipeline-parallel-size 1 and split the model with "
-                              "--tensor-parallel-size instead.")
+            raise ConfigError(
+                f"pipeline_parallel_size={self.pipeline_parallel_size} is not supported yet: "
+                "use --pipeline-parallel-size 1 and split the model with "
+                "--tensor-parallel-size instead."
+            )
         if tp < 1:
             raise ConfigError(f"tensor_parallel_size={tp} must be at least 1 (--tensor-parallel-size).")
         if self.distributed_timeout_s <= 0:
-            raise ConfigError(f"distributed_timeout={self.distributed_timeout_s} must be positive "
-                              "(--distributed-timeout, seconds).")
+            raise ConfigError(
+                f"distributed_timeout={self.distributed_timeout_s} must be positive "
+                "(--distributed-timeout, seconds)."
+            )
         if backend not in EXECUTOR_BACKENDS:
-            raise ConfigError(f"distributed_executor_backend={backend!r} is not supported; "
-                              f"--distributed-executor-backend must be one of {', '.join(EXECUTOR_BACKENDS)}.")
+            raise ConfigError(
+                f"distributed_executor_backend={backend!r} is not supported; "
+                f"--distributed-executor-backend must be one of {', '.join(EXECUTOR_BACKENDS)}."
+            )
         if backend == "uni" and tp > 1:
-            raise ConfigError(f"--distributed-executor-backend uni runs one rank, but tensor_parallel_size="
-                              f"{tp}; use mp (this machine) or ray.")
+            raise ConfigError(
+                f"--distributed-executor-backend uni runs one rank, but tensor_parallel_size="
+                f"{tp}; use mp (this machine) or ray."
+            )
         if backend == "ray" and importlib.util.find_spec("ray") is None:
-            raise ConfigError("--distributed-executor-backend ray needs Ray, which is not installed: "
-                              "pip install 'pagedserve[ray]'.")
+            raise ConfigError(
+                "--distributed-executor-backend ray needs Ray, which is not installed: "
+                "pip install 'pagedserve[ray]'."
+            )
 
 
 def resolve_executor_backend(backend: ExecutorBackend | None, tp: int, local_devices: int) -> ExecutorBackend:
@@ -49,24 +60,35 @@ def resolve_executor_backend(backend: ExecutorBackend | None, tp: int, local_dev
     if backend is None:
         return "uni" if tp == 1 else "mp" if tp <= local_devices else "ray"
     if backend == "mp" and tp > local_devices:
-        raise ConfigError(f"--distributed-executor-backend mp needs {tp} GPUs on this machine, found "
-                          f"{local_devices}; lower --tensor-parallel-size or use "
-                          "--distributed-executor-backend ray across nodes.")
+        raise ConfigError(
+            f"--distributed-executor-backend mp needs {tp} GPUs on this machine, found "
+            f"{local_devices}; lower --tensor-parallel-size or use "
+            "--distributed-executor-backend ray across nodes."
+        )
     return backend
 
 
 def check_tensor_parallel(hf_config: "PretrainedConfig", tp: int) -> None:
     """Heads and the MLP must split evenly over the ranks; KV heads may instead be replicated."""
-    kv_heads = getattr(hf_config, "num_key_value_heads", None) or getattr(hf_config, "num_kv_heads", None) \
+    kv_heads = (
+        getattr(hf_config, "num_key_value_heads", None)
+        or getattr(hf_config, "num_kv_heads", None)
         or hf_config.num_attention_heads
+    )
     sizes = {"num_attention_heads": hf_config.num_attention_heads}
-    for key in ("intermediate_size", "ffn_hidden_size", "moe_intermediate_size",
-                "shared_expert_intermediate_size"):  # the dense, Falcon, expert and shared-expert MLPs
+    for key in (
+        "intermediate_size",
+        "ffn_hidden_size",
+        "moe_intermediate_size",
+        "shared_expert_intermediate_size",
+    ):  # the dense, Falcon, expert and shared-expert MLPs
         if getattr(hf_config, key, None):
             sizes[key] = getattr(hf_config, key)
     uneven = [f"{name}={size}" for name, size in sizes.items() if size % tp]
     if kv_heads % tp and tp % kv_heads:
         uneven.append(f"num_key_value_heads={kv_heads} (nor is {tp} a multiple of it)")
     if uneven:
-        raise ConfigError(f"tensor_parallel_size={tp} does not divide the model's {', '.join(uneven)}; "
-                          "choose a --tensor-parallel-size that does.")
+        raise ConfigError(
+            f"tensor_parallel_size={tp} does not divide the model's {', '.join(uneven)}; "
+            "choose a --tensor-parallel-size that does."
+        )

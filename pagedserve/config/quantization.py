@@ -1,5 +1,6 @@
 """--quantization: the weight-quantization scheme, given or detected from the checkpoint (config.json's
 `quantization_config`, or a GGUF file). The schemes themselves live in `pagedserve/quantization/`."""
+
 from typing import TYPE_CHECKING, Literal, get_args
 
 from pagedserve.errors import ConfigError
@@ -21,8 +22,11 @@ def checkpoint_quantization(model: "ModelConfig") -> str | None:
     if model.gguf_file:
         return "gguf"
     quant_config = getattr(model.hf_config, "quantization_config", None) or {}
-    method = quant_config.get("quant_method") if isinstance(quant_config, dict) else \
-        getattr(quant_config, "quant_method", None)
+    method = (
+        quant_config.get("quant_method")
+        if isinstance(quant_config, dict)
+        else getattr(quant_config, "quant_method", None)
+    )
     return str(method) if method else None
 
 
@@ -30,23 +34,32 @@ def resolve_quantization(requested: str | None, model: "ModelConfig", device: st
     """The scheme to load `model` with (None: unquantized). Raises ConfigError naming the choices."""
     detected = checkpoint_quantization(model)
     if requested not in (None, *get_args(QuantizationName)):
-        raise ConfigError(f"quantization={requested!r} is not supported; --quantization must be one of "
-                          f"{_SUPPORTED}.")
+        raise ConfigError(
+            f"quantization={requested!r} is not supported; --quantization must be one of {_SUPPORTED}."
+        )
     if detected is not None and detected not in QUANTIZATION_METHODS:
-        raise ConfigError(f"The checkpoint is quantized with {detected!r} (config.json quantization_config), "
-                          f"which pagedserve does not support; supported: {_SUPPORTED}.")
+        raise ConfigError(
+            f"The checkpoint is quantized with {detected!r} (config.json quantization_config), "
+            f"which pagedserve does not support; supported: {_SUPPORTED}."
+        )
     if requested is None:
         if detected == "gguf" and (device != "cpu" or model.load_format == "dummy"):
-            logger.info("GGUF weights are dequantized: the native GGUF kernels run on the CPU, on the "
-                        "checkpoint's weights.")
+            logger.info(
+                "GGUF weights are dequantized: the native GGUF kernels run on the CPU, on the "
+                "checkpoint's weights."
+            )
             return None
         return detected
     if requested == "gguf" and not model.gguf_file:
         raise ConfigError("--quantization gguf needs a GGUF file (--model *.gguf).")
     if requested in QUANTIZATION_METHODS and device != "cpu":
-        raise ConfigError(f"--quantization {requested} has CPU kernels only; use --device cpu, or "
-                          "--quantization none (GGUF dequantized).")
+        raise ConfigError(
+            f"--quantization {requested} has CPU kernels only; use --device cpu, or "
+            "--quantization none (GGUF dequantized)."
+        )
     if requested in ("int8", "int4") and detected is not None:
-        raise ConfigError(f"--quantization {requested} quantizes a float checkpoint, but this one is already "
-                          f"{detected}; use --quantization none (GGUF) or leave it unset.")
+        raise ConfigError(
+            f"--quantization {requested} quantizes a float checkpoint, but this one is already "
+            f"{detected}; use --quantization none (GGUF) or leave it unset."
+        )
     return None if requested == "none" else requested

@@ -1,4 +1,5 @@
 """The scheduler's limits: requests and tokens per step, and what preemption does."""
+
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -26,10 +27,14 @@ class SchedulerConfig:
         if self.max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs={self.max_num_seqs} must be at least 1 (--max-num-seqs).")
         if self.max_num_batched_tokens < 1:
-            raise ConfigError(f"max_num_batched_tokens={self.max_num_batched_tokens} must be at least 1 "
-                              "(--max-num-batched-tokens).")
+            raise ConfigError(
+                f"max_num_batched_tokens={self.max_num_batched_tokens} must be at least 1 "
+                "(--max-num-batched-tokens)."
+            )
         if self.max_model_len < 1:
             raise ConfigError(f"max_model_len={self.max_model_len} must be at least 1 (--max-model-len).")
         if self.preemption_mode not in (None, *PREEMPTION_MODES):
-            raise ConfigError(f"preemption_mode={self.preemption_mode!r} is not supported; "
-                              f"--preemption-mode must be one of {', '.join(PREEMPTION_MODES)}.")
+            raise ConfigError(
+                f"preemption_mode={self.preemption_mode!r} is not supported; "
+                f"--preemption-mode must be one of {', '.join(PREEMPTION_MODES)}."
+            )

@@ -1,4 +1,5 @@
 """Speculative decoding settings (vLLM's `speculative_config`)."""
+
 import json
 from dataclasses import dataclass, replace
 from typing import Any
@@ -30,27 +31,35 @@ class SpeculativeConfig:
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"--speculative-config is not valid JSON: {exc}") from exc
         if not isinstance(value, dict):
-            raise ConfigError("speculative_config must be a JSON object, e.g. "
-                              '{"method": "ngram", "num_speculative_tokens": 4}.')
+            raise ConfigError(
+                "speculative_config must be a JSON object, e.g. "
+                '{"method": "ngram", "num_speculative_tokens": 4}.'
+            )
         unknown = sorted(set(value) - set(_KEYS))
         if unknown:
-            raise ConfigError(f"Unknown speculative_config key(s): {', '.join(map(str, unknown))}; "
-                              f"supported: {', '.join(_KEYS)}.")
+            raise ConfigError(
+                f"Unknown speculative_config key(s): {', '.join(map(str, unknown))}; "
+                f"supported: {', '.join(_KEYS)}."
+            )
         method = value.get("method") or ("draft_model" if value.get("model") else None)
         if method not in ("ngram", "draft_model"):
-            raise ConfigError(f"speculative_config method {method!r} is not supported; supported: \"ngram\" "
-                              '(prompt lookup) and "draft_model" (with "model": a folder or GGUF file).')
+            raise ConfigError(
+                f'speculative_config method {method!r} is not supported; supported: "ngram" '
+                '(prompt lookup) and "draft_model" (with "model": a folder or GGUF file).'
+            )
         if (method == "draft_model") != isinstance(value.get("model"), str):
-            raise ConfigError('speculative_config needs "model" (a path) with method "draft_model", and '
-                              "only then.")
+            raise ConfigError(
+                'speculative_config needs "model" (a path) with method "draft_model", and only then.'
+            )
         # vLLM's defaults: both lookup bounds 5 when neither is given, else the one given for both.
         given_low, given_high = value.get("prompt_lookup_min"), value.get("prompt_lookup_max")
         k = _count("num_speculative_tokens", value.get("num_speculative_tokens"))
         low = _count("prompt_lookup_min", given_low if given_low is not None else given_high or 5)
         high = _count("prompt_lookup_max", given_high if given_high is not None else given_low or 5)
         if low > high:
-            raise ConfigError(f"speculative_config prompt_lookup_min={low} is larger than "
-                              f"prompt_lookup_max={high}.")
+            raise ConfigError(
+                f"speculative_config prompt_lookup_min={low} is larger than prompt_lookup_max={high}."
+            )
         return cls(method, k, high, low, value.get("model"))
 
 
@@ -60,8 +69,9 @@ def _count(key: str, number: Any) -> int:
     return number
 
 
-def resolve_speculative_config(value: dict[str, Any] | str | None, target: ModelConfig, device: str,
-                               tensor_parallel_size: int) -> SpeculativeConfig | None:
+def resolve_speculative_config(
+    value: dict[str, Any] | str | None, target: ModelConfig, device: str, tensor_parallel_size: int
+) -> SpeculativeConfig | None:
     """The user's speculative_config, with a draft model's config read (never its weights) and checked
     against the target's."""
     if value is None:
@@ -70,12 +80,24 @@ def resolve_speculative_config(value: dict[str, Any] | str | None, target: Model
     if spec.method != "draft_model":
         return spec
     if tensor_parallel_size != 1:
-        raise ConfigError("A draft model (speculative_config) runs with --tensor-parallel-size 1 only; "
-                          'use {"method": "ngram"} with tensor parallelism.')
-    draft = load_model_config(spec.model, dtype=target.dtype, device=device, max_model_len=target.max_model_len,
-                              served_model_name=None, seed=target.seed, load_format=target.load_format,
-                              tokenizer=None, max_logprobs=target.max_logprobs)
+        raise ConfigError(
+            "A draft model (speculative_config) runs with --tensor-parallel-size 1 only; "
+            'use {"method": "ngram"} with tensor parallelism.'
+        )
+    draft = load_model_config(
+        spec.model,
+        dtype=target.dtype,
+        device=device,
+        max_model_len=target.max_model_len,
+        served_model_name=None,
+        seed=target.seed,
+        load_format=target.load_format,
+        tokenizer=None,
+        max_logprobs=target.max_logprobs,
+    )
     if draft.vocab_size != target.vocab_size:
-        raise ConfigError(f"The draft model {spec.model} has a vocabulary of {draft.vocab_size} tokens, the model "
-                          f"{target.vocab_size}: a draft model must share the model's tokenizer.")
+        raise ConfigError(
+            f"The draft model {spec.model} has a vocabulary of {draft.vocab_size} tokens, the model "
+            f"{target.vocab_size}: a draft model must share the model's tokenizer."
+        )
     return replace(spec, draft_model_config=draft)

@@ -7,6 +7,7 @@ beam_width that end (EOS, or max_tokens) become hypotheses, and the best beam_wi
 A beam continued k times forks k - 1 new beams, which share its KV blocks (copy-on-write for the
 partly filled last one); a beam not continued is pruned and its blocks freed.
 """
+
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -42,8 +43,14 @@ class BeamSearchGroup:
         num_outputs = request.sampling_params.n
         self.output_ids = [child_request_id(self.request_id, i, num_outputs) for i in range(num_outputs)]
         # NOTE: every beam computes greedily and reports the raw logprobs HF's beam search ranks.
-        request.sampling_params = replace(request.sampling_params, n=1, best_of=None, temperature=0.0,
-                                          logprobs=2 * self.params.beam_width, prompt_logprobs=None)
+        request.sampling_params = replace(
+            request.sampling_params,
+            n=1,
+            best_of=None,
+            temperature=0.0,
+            logprobs=2 * self.params.beam_width,
+            prompt_logprobs=None,
+        )
         request.request_id, request.group_id = self._beam_id(0), self.request_id
         self.live: list[Request] = [request]
         self.scores: dict[str, float] = {request.request_id: 0.0}  # cumulative logprob per live beam
@@ -62,12 +69,18 @@ class BeamSearchGroup:
         width, params = self.params.beam_width, self.params
         num_generated = self.live[0].num_output_tokens + 1
         at_max = num_generated >= params.max_tokens
-        candidates = sorted((_Candidate(self.scores[beam.request_id] + logprob, index, token_id)
-                             for index, beam in enumerate(self.live)
-                             for token_id, logprob in self.reports[beam.request_id].items()),
-                            key=lambda c: -c.cumulative_logprob)[:2 * width]
-        ends = [at_max or (c.token_id == self.live[c.beam].eos_token_id and not params.ignore_eos)
-                for c in candidates]
+        candidates = sorted(
+            (
+                _Candidate(self.scores[beam.request_id] + logprob, index, token_id)
+                for index, beam in enumerate(self.live)
+                for token_id, logprob in self.reports[beam.request_id].items()
+            ),
+            key=lambda c: -c.cumulative_logprob,
+        )[: 2 * width]
+        ends = [
+            at_max or (c.token_id == self.live[c.beam].eos_token_id and not params.ignore_eos)
+            for c in candidates
+        ]
         # NOTE: as in HF, only an ending candidate among the top `width` becomes a hypothesis.
         for candidate, end in zip(candidates[:width], ends):
             if end:
@@ -80,19 +93,25 @@ class BeamSearchGroup:
 
     def outputs(self) -> list[EngineCoreOutput]:
         """The final outputs: the best hypotheses, best first, one per output id."""
-        return [EngineCoreOutput(output_id, h.token_ids, finish_reason=h.finish_reason,
-                                 cumulative_logprob=h.cumulative_logprob)
-                for output_id, h in zip(self.output_ids, self.hypotheses)]
+        return [
+            EngineCoreOutput(
+                output_id, h.token_ids, finish_reason=h.finish_reason, cumulative_logprob=h.cumulative_logprob
+            )
+            for output_id, h in zip(self.output_ids, self.hypotheses)
+        ]
 
     def _add_hypothesis(self, candidate: _Candidate, num_generated: int) -> None:
         beam = self.live[candidate.beam]
         eos = candidate.token_id == beam.eos_token_id and not self.params.ignore_eos
         reason = FinishReason.STOP if eos else FinishReason.LENGTH
-        score = candidate.cumulative_logprob / num_generated ** self.params.length_penalty
-        self.hypotheses.append(Hypothesis(beam.output_token_ids + [candidate.token_id],
-                                          candidate.cumulative_logprob, score, reason))
+        score = candidate.cumulative_logprob / num_generated**self.params.length_penalty
+        self.hypotheses.append(
+            Hypothesis(
+                beam.output_token_ids + [candidate.token_id], candidate.cumulative_logprob, score, reason
+            )
+        )
         self.hypotheses.sort(key=lambda h: -h.score)
-        del self.hypotheses[self.params.beam_width:]
+        del self.hypotheses[self.params.beam_width :]
 
     def _finished(self, best_running: float, num_generated: int) -> bool:
         """HF's stopping rule, given the best running beam's cumulative logprob."""
@@ -104,7 +123,7 @@ class BeamSearchGroup:
         length = num_generated
         if params.early_stopping == "never" and params.length_penalty > 0:
             length = params.max_tokens
-        return bool(best_running / length ** params.length_penalty <= self.hypotheses[-1].score)
+        return bool(best_running / length**params.length_penalty <= self.hypotheses[-1].score)
 
     def _continue(self, running: list[_Candidate], fork: Fork) -> list[Request]:
         """Fork, extend and prune the beams; returns the pruned ones."""
@@ -195,8 +214,10 @@ class BeamSearchManager:
         live beams' ids, the search is forgotten); other ids pass through."""
         result: list[str] = []
         for request_id in request_ids:
-            group = next((g for g in self.groups.values()
-                          if request_id == g.request_id or request_id in g.output_ids), None)
+            group = next(
+                (g for g in self.groups.values() if request_id == g.request_id or request_id in g.output_ids),
+                None,
+            )
             if group is None:
                 result.append(request_id)
                 continue

@@ -1,4 +1,5 @@
 """The pool of KV-cache blocks: ids, reference counts, a free queue and the prefix cache's hash table."""
+
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -37,7 +38,8 @@ class BlockPool:
         if self.null_block is not None:
             self.null_block.ref_cnt = 1
         self._free: OrderedDict[int, KVCacheBlock] = OrderedDict(
-            (b.block_id, b) for b in self.blocks[self.num_reserved:])
+            (b.block_id, b) for b in self.blocks[self.num_reserved :]
+        )
         self.cached: dict[BlockHash, KVCacheBlock] = {}
         # Counters for the sharing metrics, kept up to date on every reference change (O(1) reads).
         self._num_refs = 0  # sum of ref_cnt over usable blocks

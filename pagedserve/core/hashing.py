@@ -4,6 +4,7 @@ hash(block i) = sha256(hash(block i - 1) + token ids of block i); the first bloc
 request's `cache_salt` instead of a parent. Equal hashes therefore mean equal token prefixes (and
 salts), up to sha256 collisions; a hit is still verified against the block's token ids.
 """
+
 import hashlib
 from array import array
 from collections.abc import Sequence
@@ -15,8 +16,9 @@ BlockHash = bytes  # 32 bytes
 _FIRST, _CHAINED = b"\x00", b"\x01"
 
 
-def hash_block_tokens(parent: BlockHash | None, token_ids: Sequence[int], cache_salt: str | None = None
-                      ) -> BlockHash:
+def hash_block_tokens(
+    parent: BlockHash | None, token_ids: Sequence[int], cache_salt: str | None = None
+) -> BlockHash:
     """The hash of one full block: `parent` is the previous block's hash (None for the first block,
     which takes `cache_salt` instead; the salt then reaches every later block through the chain)."""
     tokens = array("q", token_ids).tobytes()
@@ -26,11 +28,17 @@ def hash_block_tokens(parent: BlockHash | None, token_ids: Sequence[int], cache_
     return hashlib.sha256(_CHAINED + parent + tokens).digest()
 
 
-def extend_block_hashes(hashes: list[BlockHash], token_ids: Sequence[int], block_size: int,
-                        num_blocks: int, cache_salt: str | None) -> None:
+def extend_block_hashes(
+    hashes: list[BlockHash],
+    token_ids: Sequence[int],
+    block_size: int,
+    num_blocks: int,
+    cache_salt: str | None,
+) -> None:
     """Append to `hashes` (the chain of a request's first full blocks) until it covers `num_blocks`
     full blocks of `token_ids`. The caller guarantees `num_blocks * block_size <= len(token_ids)`."""
     for index in range(len(hashes), num_blocks):
         parent = hashes[-1] if hashes else None
-        hashes.append(hash_block_tokens(parent, token_ids[index * block_size:(index + 1) * block_size],
-                                        cache_salt))
+        hashes.append(
+            hash_block_tokens(parent, token_ids[index * block_size : (index + 1) * block_size], cache_salt)
+        )

@@ -5,6 +5,7 @@ Without it, under overload every free block goes to new prompts, the running dec
 their last block fills, and the scheduler preempts (and recomputes) them, over and over. With it, a
 request waits in the queue instead, and preemption is left to requests that outgrow every estimate.
 """
+
 from dataclasses import dataclass
 
 from pagedserve.core.block_pool import KVCacheBlock
@@ -21,15 +22,23 @@ class KVAdmissionPolicy:
 
     lookahead_tokens: int | None = None
 
-    def admits(self, request: Request, num_tokens: int, hits: list[KVCacheBlock] | None,
-               running: list[Request], kv: KVCacheManager) -> bool:
+    def admits(
+        self,
+        request: Request,
+        num_tokens: int,
+        hits: list[KVCacheBlock] | None,
+        running: list[Request],
+        kv: KVCacheManager,
+    ) -> bool:
         """Whether `request`, which would compute up to its first `num_tokens` tokens (prefix hits
         `hits` included), may be admitted now. With nothing running it always may: the pool holds one
         request of max_model_len, and refusing it would leave the engine idle."""
         if not running:
             return True
         lookahead = self.lookahead_tokens or kv.block_size
-        revived = sum(1 for block in hits or [] if block.ref_cnt == 0)  # cached blocks taken from the free list
+        revived = sum(
+            1 for block in hits or [] if block.ref_cnt == 0
+        )  # cached blocks taken from the free list
         held = kv.num_table_entries(request.request_id) + len(hits or [])
         need = self._blocks(request, num_tokens + lookahead, held, kv.block_size) + revived
         for other in running:

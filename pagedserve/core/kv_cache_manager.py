@@ -1,4 +1,5 @@
 """Per-request block tables over the block pool: allocation, prefix caching, forks and copy-on-write."""
+
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -68,15 +69,22 @@ class KVCacheManager:
     grows and their table entries become the null block (positions keep their index), so a request whose
     layers all have a window W holds at most ceil(W / block_size) + 1 blocks while it decodes."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
-                 window_policy: SlidingWindowPolicy | None = None) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+        window_policy: SlidingWindowPolicy | None = None,
+    ) -> None:
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.window_policy = window_policy
         self.num_freed_leading: dict[str, int] = {}  # leading table entries already the null block
         self.block_pool = BlockPool(num_blocks)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
-        self.num_cached_blocks: dict[str, int] = {}  # leading blocks of each table already offered to the cache
+        self.num_cached_blocks: dict[
+            str, int
+        ] = {}  # leading blocks of each table already offered to the cache
         self.prefix_cache_queries = 0  # tokens looked up (cumulative)
         self.prefix_cache_hits = 0  # tokens found
 
@@ -92,14 +100,15 @@ class KVCacheManager:
         extend_block_hashes(request.block_hashes, tokens, size, max_blocks, request.cache_salt)
         hits: list[KVCacheBlock] = []
         for index, block_hash in enumerate(request.block_hashes[:max_blocks]):
-            block = self.block_pool.lookup(block_hash, tokens[index * size:(index + 1) * size])
+            block = self.block_pool.lookup(block_hash, tokens[index * size : (index + 1) * size])
             if block is None:
                 break
             hits.append(block)
         return hits
 
-    def allocate_slots(self, request: Request, num_new_tokens: int,
-                       new_computed_blocks: list[KVCacheBlock] | None = None) -> SlotAllocation | None:
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, new_computed_blocks: list[KVCacheBlock] | None = None
+    ) -> SlotAllocation | None:
         """Make room for `num_new_tokens` more tokens of `request` after its computed ones (and after
         `new_computed_blocks`, the prefix hits of a request being admitted, which the caller then counts
         as computed). Copies a shared, partly filled block before it is written. Returns what changed
@@ -150,11 +159,12 @@ class KVCacheManager:
     def fork(self, parent: Request, child: Request, num_tokens: int) -> None:
         """Let `child` (holding no blocks) share the blocks of `parent` that hold its first
         `num_tokens` tokens: one more reference each, no copy until someone writes."""
-        blocks = self.req_to_blocks.get(parent.request_id, [])[:cdiv(num_tokens, self.block_size)]
+        blocks = self.req_to_blocks.get(parent.request_id, [])[: cdiv(num_tokens, self.block_size)]
         self.block_pool.touch(self._held(blocks))
         self.req_to_blocks[child.request_id] = list(blocks)
-        self.num_cached_blocks[child.request_id] = min(self.num_cached_blocks.get(parent.request_id, 0),
-                                                       num_tokens // self.block_size)
+        self.num_cached_blocks[child.request_id] = min(
+            self.num_cached_blocks.get(parent.request_id, 0), num_tokens // self.block_size
+        )
 
     def free(self, request: Request) -> None:
         """Drop the request's references (finished, aborted, preempted or swapped out). Blocks nobody
@@ -208,10 +218,15 @@ class KVCacheManager:
 
     def stats(self) -> KVCacheStats:
         pool = self.block_pool
-        return KVCacheStats(pool.usage(), pool.get_num_free_blocks(),
-                            self.num_allocated_slots(),
-                            pool.num_shared_blocks, pool.num_blocks_saved, self.prefix_cache_queries,
-                            self.prefix_cache_hits)
+        return KVCacheStats(
+            pool.usage(),
+            pool.get_num_free_blocks(),
+            self.num_allocated_slots(),
+            pool.num_shared_blocks,
+            pool.num_blocks_saved,
+            self.prefix_cache_queries,
+            self.prefix_cache_hits,
+        )
 
     def num_allocated_slots(self) -> int:
         """Slots in the requests' tables; a shared block counts once per holder, a freed one not at all."""
@@ -228,7 +243,9 @@ class KVCacheManager:
     def _held(self, blocks: list[KVCacheBlock]) -> list[KVCacheBlock]:
         return [block for block in blocks if block is not self.block_pool.null_block]
 
-    def _free_unreachable(self, request_id: str, blocks: list[KVCacheBlock], num_computed_tokens: int) -> None:
+    def _free_unreachable(
+        self, request_id: str, blocks: list[KVCacheBlock], num_computed_tokens: int
+    ) -> None:
         """Free the leading blocks no layer group reads again and put the null block in their place."""
         if self.window_policy is None:
             return
@@ -246,8 +263,9 @@ class KVCacheManager:
         # for these entries are never read (resending whole tables would cost O(tokens) each time).
         self.block_pool.free(unreachable)
 
-    def _shared_block_written(self, blocks: list[KVCacheBlock], start: int, num_new_tokens: int
-                              ) -> KVCacheBlock | None:
+    def _shared_block_written(
+        self, blocks: list[KVCacheBlock], start: int, num_new_tokens: int
+    ) -> KVCacheBlock | None:
         """The block that token `start` goes into, if it exists and others hold it too."""
         index = start // self.block_size
         if num_new_tokens > 0 and index < len(blocks) and blocks[index].ref_cnt > 1:
@@ -275,6 +293,9 @@ class KVCacheManager:
         for index in range(start, num_full):
             if blocks[index] is self.block_pool.null_block:  # freed out of the window (prefix hits)
                 continue
-            self.block_pool.cache(blocks[index], request.block_hashes[index],
-                                  request.all_token_ids[index * size:(index + 1) * size])
+            self.block_pool.cache(
+                blocks[index],
+                request.block_hashes[index],
+                request.all_token_ids[index * size : (index + 1) * size],
+            )
         self.num_cached_blocks[request.request_id] = num_full

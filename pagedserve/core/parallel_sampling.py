@@ -6,6 +6,7 @@ fork from it: each shares the leader's blocks up to the last prompt token and co
 itself, so it samples its first token from its own logits (its own seed). The shared, partly filled
 last block is copied by whoever writes into it while others still hold it (copy-on-write).
 """
+
 from pagedserve.core.request import Request, RequestStatus
 
 
@@ -29,9 +30,12 @@ class ParallelSampling:
     def ready(self) -> list[tuple[Request, list[Request]]]:
         """(leader, held samples) of the groups whose leader is running with its prompt computed:
         the samples can fork now. They are forgotten here."""
-        ready = [group_id for group_id, (leader, _) in self._groups.items()
-                 if leader.status is RequestStatus.RUNNING
-                 and leader.num_computed_tokens >= leader.num_prompt_tokens]
+        ready = [
+            group_id
+            for group_id, (leader, _) in self._groups.items()
+            if leader.status is RequestStatus.RUNNING
+            and leader.num_computed_tokens >= leader.num_prompt_tokens
+        ]
         return [self._groups.pop(group_id) for group_id in ready]
 
     def forget(self, request: Request) -> list[Request]:

@@ -1,4 +1,5 @@
 """The engine core's view of one request."""
+
 import copy
 import enum
 
@@ -61,7 +62,7 @@ class Request:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.all_token_ids[len(self.prompt_token_ids):]
+        return self.all_token_ids[len(self.prompt_token_ids) :]
 
     @property
     def is_finished(self) -> bool:
@@ -93,7 +94,8 @@ class Request:
                 self.finish_reason = FinishReason.STOP
             elif last in (params.stop_token_ids or ()):
                 self.finish_reason, self.stop_reason = FinishReason.STOP, last
-        if self.finish_reason is None and (self.num_output_tokens >= self.max_tokens
-                                           or self.num_tokens >= max_model_len):
+        if self.finish_reason is None and (
+            self.num_output_tokens >= self.max_tokens or self.num_tokens >= max_model_len
+        ):
             self.finish_reason = FinishReason.LENGTH
         return self.finish_reason is not None

@@ -1,4 +1,5 @@
 """What the scheduler tells the workers each step, and what they answer. No tensors here."""
+
 from dataclasses import dataclass, field
 
 from pagedserve.sampling_params import SamplingParams

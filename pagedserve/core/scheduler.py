@@ -6,6 +6,7 @@ computes some of the difference (a decode is a request with one new token; a lon
 Requests of one group (the samples of a prompt, the beams of a search) share KV blocks and are preempted
 together.
 """
+
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,10 +18,9 @@ from pagedserve.core.kv_admission import KVAdmissionPolicy
 from pagedserve.core.kv_cache_manager import BlockOwners, KVCacheManager, SlotAllocation
 from pagedserve.core.parallel_sampling import ParallelSampling
 from pagedserve.core.request import Request, RequestStatus
-from pagedserve.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
-                                          SchedulerOutput)
-from pagedserve.core.structured import StructuredOutputs
+from pagedserve.core.sched_output import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
 from pagedserve.core.spec_decode import NgramProposer, adapt_num_spec_tokens, num_drafts_allowed
+from pagedserve.core.structured import StructuredOutputs
 from pagedserve.core.swap import SwapSpace
 from pagedserve.logger import init_logger
 from pagedserve.protocol import EngineCoreOutput, FinishReason, SchedulerStats
@@ -51,10 +51,15 @@ class Scheduler:
     (`config.preemption_mode`; by default groups that share blocks swap, single requests recompute).
     Waiting requests are admitted only as far as `admission` allows (KV-aware: preemptions stay rare)."""
 
-    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager,
-                 swap_space: SwapSpace | None = None, admission: KVAdmissionPolicy | None = None,
-                 structured_output: StructuredOutputManager | None = None,
-                 speculative: SpeculativeConfig | None = None) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv_cache_manager: KVCacheManager,
+        swap_space: SwapSpace | None = None,
+        admission: KVAdmissionPolicy | None = None,
+        structured_output: StructuredOutputManager | None = None,
+        speculative: SpeculativeConfig | None = None,
+    ) -> None:
         self.config = config
         self.structured = StructuredOutputs(structured_output)
         self.admission = admission or KVAdmissionPolicy()
@@ -99,9 +104,17 @@ class Scheduler:
                 self._admit_waiting(step)
         for request_id, num_new in step.num_scheduled.items():
             self.requests[request_id].num_computed_tokens += num_new
-        output = SchedulerOutput(step.new_reqs, step.cached_reqs, step.num_scheduled,
-                                 self.config.max_num_batched_tokens - step.budget, self._forget_req_ids,
-                                 step.swap_out, step.swap_in, step.copies, step.spec_tokens)
+        output = SchedulerOutput(
+            step.new_reqs,
+            step.cached_reqs,
+            step.num_scheduled,
+            self.config.max_num_batched_tokens - step.budget,
+            self._forget_req_ids,
+            step.swap_out,
+            step.swap_in,
+            step.copies,
+            step.spec_tokens,
+        )
         output.first_scheduled_req_ids = self._started_request_ids(output)
         self._forget_req_ids = set()
         output.grammar_bitmask = self.structured.bitmask(self.requests[rid] for rid in step.num_scheduled)
@@ -140,7 +153,12 @@ class Scheduler:
             plan = plan_group(group, step.budget)
             while kv.num_blocks_needed(plan) > kv.num_free_blocks():
                 victim = groups.pop()
-                if victim is group and not groups and len(group) == 1 and not self.beam_search.width_of(group[0]):
+                if (
+                    victim is group
+                    and not groups
+                    and len(group) == 1
+                    and not self.beam_search.width_of(group[0])
+                ):
                     self._cut_short(group[0])  # alone, it has the whole pool and still cannot grow
                     return
                 self._preempt(victim, step, alone=not groups)
@@ -157,8 +175,10 @@ class Scheduler:
             assert swap is not None, "only a swap space holds swapped-out requests"
             group = self.swapped[0]
             plan = plan_group(group, step.budget)
-            if (self._num_seats_taken() + self._num_seats(group) > self.config.max_num_seqs
-                    or swap.num_blocks_to_resume(group, plan, kv) > kv.num_free_blocks()):
+            if (
+                self._num_seats_taken() + self._num_seats(group) > self.config.max_num_seqs
+                or swap.num_blocks_to_resume(group, plan, kv) > kv.num_free_blocks()
+            ):
                 if not self.running:  # it will never fit whole: recompute it request by request
                     self.swapped.popleft()
                     self._requeue(group, swap.discard)
@@ -181,7 +201,9 @@ class Scheduler:
             request = next((r for r in self.waiting if self.structured.is_ready(r)), None)
             if request is None:
                 return
-            mates = [r for r in self.running if request.group_id is not None and r.group_id == request.group_id]
+            mates = [
+                r for r in self.running if request.group_id is not None and r.group_id == request.group_id
+            ]
             more_seats = self._num_seats(mates + [request]) - (self._num_seats(mates) if mates else 0)
             if seats + more_seats > self.config.max_num_seqs:
                 return
@@ -207,7 +229,9 @@ class Scheduler:
         """Seats of --max-num-seqs that a group takes: its members, or as many as it will fork into
         (a leader's held samples; a beam search's width), so that forks never exceed the limit."""
         first = group[0]
-        return max(len(group), 1 + self.parallel_sampling.num_held_by(first), self.beam_search.width_of(first))
+        return max(
+            len(group), 1 + self.parallel_sampling.num_held_by(first), self.beam_search.width_of(first)
+        )
 
     def _num_seats_taken(self) -> int:
         return sum(self._num_seats(group) for group in groups_of(self.running))
@@ -216,10 +240,15 @@ class Scheduler:
         """End a request that can never be computed: its tokens need more KV blocks than the whole pool
         (it grew past it, or was preempted just before). Like vLLM, it ends with finish reason 'length'."""
         kv = self.kv_cache_manager
-        logger.warning("Request %s ends early (finish_reason 'length'): its %d tokens need more KV blocks than "
-                       "the whole cache holds, %d blocks of %d tokens. Lower max_tokens or --max-model-len, or "
-                       "raise --kv-cache-memory (--gpu-memory-utilization on a GPU, or --num-gpu-blocks-override).",
-                       request.request_id, request.num_tokens, kv.num_usable_blocks, kv.block_size)
+        logger.warning(
+            "Request %s ends early (finish_reason 'length'): its %d tokens need more KV blocks than "
+            "the whole cache holds, %d blocks of %d tokens. Lower max_tokens or --max-model-len, or "
+            "raise --kv-cache-memory (--gpu-memory-utilization on a GPU, or --num-gpu-blocks-override).",
+            request.request_id,
+            request.num_tokens,
+            kv.num_usable_blocks,
+            kv.block_size,
+        )
         request.finish_reason = FinishReason.LENGTH
         self._cut_outputs.append(EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.LENGTH))
         self._finish([request])
@@ -231,15 +260,28 @@ class Scheduler:
         # NOTE: a copy on write replaced a block mid-table: the workers get the whole request again.
         if request_id in self._num_tokens_sent and not allocation.table_rewritten:
             num_sent = self._num_tokens_sent[request_id]
-            step.cached_reqs.append(CachedRequestData(request_id, request.all_token_ids[num_sent:],
-                                                      allocation.new_block_ids, request.num_computed_tokens,
-                                                      self._num_dropped_blocks.pop(request_id, 0)))
+            step.cached_reqs.append(
+                CachedRequestData(
+                    request_id,
+                    request.all_token_ids[num_sent:],
+                    allocation.new_block_ids,
+                    request.num_computed_tokens,
+                    self._num_dropped_blocks.pop(request_id, 0),
+                )
+            )
         else:
             self._num_dropped_blocks.pop(request_id, None)
-            step.new_reqs.append(NewRequestData(
-                request_id, list(request.all_token_ids), request.num_prompt_tokens, request.sampling_params,
-                request.eos_token_id, self.kv_cache_manager.get_block_ids(request_id),
-                request.num_computed_tokens))
+            step.new_reqs.append(
+                NewRequestData(
+                    request_id,
+                    list(request.all_token_ids),
+                    request.num_prompt_tokens,
+                    request.sampling_params,
+                    request.eos_token_id,
+                    self.kv_cache_manager.get_block_ids(request_id),
+                    request.num_computed_tokens,
+                )
+            )
         self._num_tokens_sent[request_id] = request.num_tokens
         num_drafts = request.num_computed_tokens + num_new - request.num_tokens
         if num_drafts > 0:
@@ -278,13 +320,24 @@ class Scheduler:
             self._requeue(group, self.kv_cache_manager.free)
         how = "swap" if pairs is not None else "recompute"
         if mode == "swap" and pairs is None:
-            how += (", too large to swap whole" if not swap_allowed else
-                    ", the swap space (--swap-space) is full" if self.swap_space else ", no --swap-space")
+            how += (
+                ", too large to swap whole"
+                if not swap_allowed
+                else ", the swap space (--swap-space) is full"
+                if self.swap_space
+                else ", no --swap-space"
+            )
         for request in group:
-            logger.info("Preempted request %s (%s; %d tokens): no free KV block for the running requests "
-                        "(%d free after it). Total preemptions: %d, recomputed tokens: %d.", request.request_id,
-                        how, request.num_tokens, self.kv_cache_manager.num_free_blocks(),
-                        self.num_preemptions_total, self.num_recomputed_tokens_total)
+            logger.info(
+                "Preempted request %s (%s; %d tokens): no free KV block for the running requests "
+                "(%d free after it). Total preemptions: %d, recomputed tokens: %d.",
+                request.request_id,
+                how,
+                request.num_tokens,
+                self.kv_cache_manager.num_free_blocks(),
+                self.num_preemptions_total,
+                self.num_recomputed_tokens_total,
+            )
 
     def _requeue(self, group: list[Request], drop_kv: Callable[[Request], None]) -> None:
         """Recompute preemption: drop the KV (`drop_kv`), queue the group first."""
@@ -301,8 +354,9 @@ class Scheduler:
         if self._num_tokens_sent.pop(request_id, None) is not None:
             self._forget_req_ids.add(request_id)
 
-    def update_from_output(self, scheduler_output: SchedulerOutput,
-                           runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> list[EngineCoreOutput]:
         """Append sampled tokens, apply token-level stop conditions, free finished requests, advance
         beam searches."""
         outputs, self._cut_outputs = self._cut_outputs, []
@@ -352,14 +406,17 @@ class Scheduler:
         if request.finish_reason is None:
             dropped = self.kv_cache_manager.trim(request)
             if dropped:
-                self._num_dropped_blocks[request.request_id] = \
+                self._num_dropped_blocks[request.request_id] = (
                     self._num_dropped_blocks.get(request.request_id, 0) + dropped
+                )
 
     def _propose_drafts(self, draft_model_proposals: dict[str, list[int]]) -> None:
         """Draft tokens for the next step: n-gram prompt lookup here, or the draft model's proposals."""
         assert self.speculative is not None
         for request in self.running:
-            num = num_drafts_allowed(request, self.speculative.num_speculative_tokens, self.config.max_model_len)
+            num = num_drafts_allowed(
+                request, self.speculative.num_speculative_tokens, self.config.max_model_len
+            )
             if not num:
                 request.spec_token_ids = []
             elif self.ngram is not None:
@@ -413,11 +470,15 @@ class Scheduler:
     def describe(self, max_requests: int) -> str:
         """The queues, the KV usage and (the first `max_requests` of) the running requests, for a log."""
         stats = self.get_stats()
-        running = ", ".join(f"{r.request_id} ({r.num_computed_tokens}/{r.num_tokens} tokens computed)"
-                            for r in self.running[:max_requests])
-        return (f"Running: {stats.num_running_reqs} requests, waiting: {stats.num_waiting_reqs}, KV cache "
-                f"{stats.kv_cache_usage:.1%} used ({self.kv_cache_manager.num_free_blocks()} free blocks). "
-                f"The step in progress computes: {running or 'nothing'}.")
+        running = ", ".join(
+            f"{r.request_id} ({r.num_computed_tokens}/{r.num_tokens} tokens computed)"
+            for r in self.running[:max_requests]
+        )
+        return (
+            f"Running: {stats.num_running_reqs} requests, waiting: {stats.num_waiting_reqs}, KV cache "
+            f"{stats.kv_cache_usage:.1%} used ({self.kv_cache_manager.num_free_blocks()} free blocks). "
+            f"The step in progress computes: {running or 'nothing'}."
+        )
 
     def block_owners(self) -> BlockOwners:
         """Who holds each KV block now."""
@@ -426,16 +487,25 @@ class Scheduler:
     def get_stats(self) -> SchedulerStats:
         kv = self.kv_cache_manager
         kv_stats = kv.stats()
-        stored = sum(request.num_computed_tokens for request in self.requests.values()
-                     if kv.num_table_entries(request.request_id))
+        stored = sum(
+            request.num_computed_tokens
+            for request in self.requests.values()
+            if kv.num_table_entries(request.request_id)
+        )
         return SchedulerStats(
             num_running_reqs=len(self.running),
             num_waiting_reqs=len(self.waiting) + self.parallel_sampling.num_held(),
-            kv_cache_usage=kv_stats.usage, num_preemptions_total=self.num_preemptions_total,
+            kv_cache_usage=kv_stats.usage,
+            num_preemptions_total=self.num_preemptions_total,
             num_recomputed_tokens_total=self.num_recomputed_tokens_total,
-            num_kv_slots_allocated=kv_stats.num_allocated_slots, num_kv_tokens_stored=stored,
-            num_shared_blocks=kv_stats.num_shared_blocks, num_blocks_saved=kv_stats.num_blocks_saved,
+            num_kv_slots_allocated=kv_stats.num_allocated_slots,
+            num_kv_tokens_stored=stored,
+            num_shared_blocks=kv_stats.num_shared_blocks,
+            num_blocks_saved=kv_stats.num_blocks_saved,
             num_swapped_reqs=sum(len(group) for group in self.swapped),
-            prefix_cache_queries=kv_stats.prefix_cache_queries, prefix_cache_hits=kv_stats.prefix_cache_hits,
-            spec_decode_num_drafts=self.spec_num_drafts, spec_decode_num_draft_tokens=self.spec_num_draft_tokens,
-            spec_decode_num_accepted_tokens=self.spec_num_accepted_tokens)
+            prefix_cache_queries=kv_stats.prefix_cache_queries,
+            prefix_cache_hits=kv_stats.prefix_cache_hits,
+            spec_decode_num_drafts=self.spec_num_drafts,
+            spec_decode_num_draft_tokens=self.spec_num_draft_tokens,
+            spec_decode_num_accepted_tokens=self.spec_num_accepted_tokens,
+        )

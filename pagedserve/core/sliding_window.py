@@ -7,6 +7,7 @@ a token before num_computed_tokens - W + 1 again in that group. A block is unrea
 before that point in every group: with one table shared by all layers, a single full-attention group keeps
 every block (Gemma 2/3's global layers), while models whose layers all have a window (Mistral v0.1,
 Qwen2 with every layer windowed) free all but the last ceil(W / block_size) + 1 blocks as they decode."""
+
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -19,7 +20,9 @@ class SlidingWindowPolicy:
     block_size: int
 
     @classmethod
-    def from_layer_windows(cls, layer_windows: Sequence[int | None], block_size: int) -> "SlidingWindowPolicy":
+    def from_layer_windows(
+        cls, layer_windows: Sequence[int | None], block_size: int
+    ) -> "SlidingWindowPolicy":
         return cls(tuple(sorted(set(layer_windows), key=lambda w: (w is None, w or 0))), block_size)
 
     @property

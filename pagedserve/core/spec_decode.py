@@ -1,10 +1,12 @@
 """Speculative decoding, the scheduler's half: who gets draft tokens, and n-gram prompt lookup to propose
 them. The workers verify the drafts in the next step's forward (layers/rejection_sampler.py); the
 scheduler then keeps the accepted tokens and releases the KV of the rejected ones."""
+
 import numpy as np
 
 from pagedserve.config import SpeculativeConfig
 from pagedserve.core.request import Request, RequestStatus
+
 
 def num_drafts_allowed(request: Request, k: int, max_model_len: int) -> int:
     """How many draft tokens `request` may verify next step: 0 where speculation cannot keep the output
@@ -12,14 +14,28 @@ def num_drafts_allowed(request: Request, k: int, max_model_len: int) -> int:
     beam's continuation is chosen by its search, logprobs are reported per sampled position, and a
     grammar (structured outputs) masks only the next token: those requests decode one token at a time."""
     params = request.sampling_params
-    if (request.status is not RequestStatus.RUNNING or request.beam_search is not None or request.grammar is not None
-            or request.num_computed_tokens != request.num_tokens - 1
-            or params.logprobs is not None or params.presence_penalty or params.frequency_penalty
-            or params.repetition_penalty != 1.0 or request.num_output_tokens < params.min_tokens):
+    if (
+        request.status is not RequestStatus.RUNNING
+        or request.beam_search is not None
+        or request.grammar is not None
+        or request.num_computed_tokens != request.num_tokens - 1
+        or params.logprobs is not None
+        or params.presence_penalty
+        or params.frequency_penalty
+        or params.repetition_penalty != 1.0
+        or request.num_output_tokens < params.min_tokens
+    ):
         return 0
     # The token after k accepted drafts is the (k+1)-th new one; every draft needs a position.
-    return max(0, min(k, request.num_spec_tokens, request.max_tokens - request.num_output_tokens - 1,
-                      max_model_len - request.num_tokens))
+    return max(
+        0,
+        min(
+            k,
+            request.num_spec_tokens,
+            request.max_tokens - request.num_output_tokens - 1,
+            max_model_len - request.num_tokens,
+        ),
+    )
 
 
 def adapt_num_spec_tokens(request: Request, num_drafts: int, num_accepted: int, k: int) -> None:
@@ -43,11 +59,13 @@ class NgramProposer:
 
     def propose(self, token_ids: list[int], num_tokens: int) -> list[int]:
         tokens = np.asarray(token_ids, dtype=np.int64)
-        for n in range(min(self.spec.prompt_lookup_max, len(tokens) - 1), self.spec.prompt_lookup_min - 1, -1):
+        for n in range(
+            min(self.spec.prompt_lookup_max, len(tokens) - 1), self.spec.prompt_lookup_min - 1, -1
+        ):
             # Earlier windows only (the suffix itself is the last window); each must have a continuation.
             windows = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n)
             starts = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
             if len(starts):
                 start = int(starts[-1]) + n
-                return [int(token) for token in tokens[start:start + num_tokens]]
+                return [int(token) for token in tokens[start : start + num_tokens]]
         return []

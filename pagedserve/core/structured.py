@@ -1,5 +1,6 @@
 """The scheduler's side of structured outputs: which requests the step constrains, and their matchers
 following the sampled tokens. The grammars themselves are in pagedserve/structured_output/."""
+
 from collections.abc import Iterable
 
 from pagedserve.core.request import Request
@@ -36,8 +37,11 @@ class StructuredOutputs:
         scheduled tokens reach their end), or None."""
         if not self.num_constrained or self.manager is None:
             return None
-        rows = [(r.request_id, r.grammar, r.output_token_ids) for r in requests
-                if r.grammar is not None and r.num_computed_tokens == r.num_tokens]
+        rows = [
+            (r.request_id, r.grammar, r.output_token_ids)
+            for r in requests
+            if r.grammar is not None and r.num_computed_tokens == r.num_tokens
+        ]
         return self.manager.bitmask(rows) if rows else None
 
     @staticmethod

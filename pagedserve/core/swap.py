@@ -3,6 +3,7 @@
 Pure bookkeeping, like the device pool: the scheduler lists the block moves in its output
 (`blocks_to_swap_out` / `blocks_to_swap_in`) and the workers copy the K/V.
 """
+
 from collections import Counter
 
 from pagedserve.core.block_pool import BlockPool, KVCacheBlock

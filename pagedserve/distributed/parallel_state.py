@@ -1,4 +1,5 @@
 """The one tensor-parallel group of this process (rank, size), how it is joined, and its collectives."""
+
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -30,8 +31,13 @@ def init_distributed_environment(init: DistributedInit, rank: int) -> None:
         interface = _loopback_interface()
         os.environ["GLOO_SOCKET_IFNAME"] = interface
         os.environ["NCCL_SOCKET_IFNAME"] = interface
-    dist.init_process_group(init.backend, init_method=init.init_method, rank=rank,
-                            world_size=init.world_size, timeout=timedelta(seconds=init.timeout_s))
+    dist.init_process_group(
+        init.backend,
+        init_method=init.init_method,
+        rank=rank,
+        world_size=init.world_size,
+        timeout=timedelta(seconds=init.timeout_s),
+    )
 
 
 def _loopback_interface() -> str:

@@ -1,13 +1,20 @@
 """AsyncLLM: the engine behind the API server. Tokenizes, detokenizes and applies stop strings in this
 process; the EngineCore runs its busy loop in another (core_proc.py) behind an MPClient."""
+
 import asyncio
 import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
 from pagedserve.config import EngineConfig
-from pagedserve.engine.admission import (AdmissionControl, Deadlines, ServingLimits, apply_token_budgets,
-                                         check_num_samples, with_queue_defaults)
+from pagedserve.engine.admission import (
+    AdmissionControl,
+    Deadlines,
+    ServingLimits,
+    apply_token_budgets,
+    check_num_samples,
+    with_queue_defaults,
+)
 from pagedserve.engine.core_client import MPClient
 from pagedserve.engine.core_proc import EngineCoreHandshake
 from pagedserve.engine.input_processor import EngineLimits, InputProcessor, PromptType
@@ -32,8 +39,14 @@ class AsyncLLM:
     """Serves many concurrent `generate()` calls from one event loop, within `limits` (admission,
     token budgets, deadlines, the stall watchdog). Build it with `create()`."""
 
-    def __init__(self, config: EngineConfig, stat_loggers: list[StatLoggerBase], log_requests: bool,
-                 log_stats_interval_s: float, limits: ServingLimits) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        stat_loggers: list[StatLoggerBase],
+        log_requests: bool,
+        log_stats_interval_s: float,
+        limits: ServingLimits,
+    ) -> None:
         self.config = config
         self.limits = limits
         self.admission = AdmissionControl(limits)
@@ -55,25 +68,39 @@ class AsyncLLM:
         self._snapshot: asyncio.Future[BlockSnapshot] | None = None
 
     @classmethod
-    async def create(cls, config: EngineConfig, stat_loggers: list[StatLoggerBase], log_requests: bool = True,
-                     log_stats_interval_s: float = 10.0, limits: ServingLimits | None = None) -> "AsyncLLM":
+    async def create(
+        cls,
+        config: EngineConfig,
+        stat_loggers: list[StatLoggerBase],
+        log_requests: bool = True,
+        log_stats_interval_s: float = 10.0,
+        limits: ServingLimits | None = None,
+    ) -> "AsyncLLM":
         """Start the engine process and wait until it is ready. Raises ConfigError (bad settings) or
         EngineDeadError (failed to start); the process is gone either way."""
         engine = cls(config, stat_loggers, log_requests, log_stats_interval_s, limits or ServingLimits())
         try:
             engine.handshake = await engine.engine_core.wait_until_ready()
             num_kv_blocks, block_size = engine.handshake.num_blocks - 1, engine.handshake.block_size
-            engine.input_processor.limits = EngineLimits(config.scheduler.max_num_seqs, num_kv_blocks, block_size)
+            engine.input_processor.limits = EngineLimits(
+                config.scheduler.max_num_seqs, num_kv_blocks, block_size
+            )
             engine.limits = engine.admission.limits = with_queue_defaults(
-                engine.limits, config.scheduler.max_num_seqs, num_kv_blocks, block_size)
-            logger.info("Queue: at most %d requests and %d prompt tokens wait for the engine "
-                        "(--max-num-queued-requests, --max-num-queued-tokens; -1: no limit).",
-                        engine.limits.max_num_queued_requests, engine.limits.max_num_queued_tokens)
+                engine.limits, config.scheduler.max_num_seqs, num_kv_blocks, block_size
+            )
+            logger.info(
+                "Queue: at most %d requests and %d prompt tokens wait for the engine "
+                "(--max-num-queued-requests, --max-num-queued-tokens; -1: no limit).",
+                engine.limits.max_num_queued_requests,
+                engine.limits.max_num_queued_tokens,
+            )
         except BaseException:
             engine.shutdown()
             raise
-        engine._tasks = [asyncio.create_task(engine._run_output_handler()),
-                         asyncio.create_task(engine._run_stat_logging())]
+        engine._tasks = [
+            asyncio.create_task(engine._run_output_handler()),
+            asyncio.create_task(engine._run_stat_logging()),
+        ]
         if engine.limits.engine_stall_timeout > 0:
             engine._tasks.append(asyncio.create_task(engine._run_stall_watchdog()))
         return engine
@@ -94,8 +121,13 @@ class AsyncLLM:
     def num_requests_in_flight(self) -> int:
         return len(self._queues)
 
-    def process_inputs(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                       beam_search: BeamSearchParams | None = None) -> EngineCoreRequest:
+    def process_inputs(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        beam_search: BeamSearchParams | None = None,
+    ) -> EngineCoreRequest:
         """Validate and tokenize without queuing anything (so a request of several prompts can be checked
         whole before any of it reaches the engine), within the token budgets; with `beam_search`, a beam
         search whose `params.n` best beams come back. Raises InvalidRequestError."""
@@ -106,8 +138,13 @@ class AsyncLLM:
         self.check_health()
         await self.engine_core.reset_prefix_cache()
 
-    def _process(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                 beam_search: BeamSearchParams | None = None) -> tuple[str | None, EngineCoreRequest]:
+    def _process(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        beam_search: BeamSearchParams | None = None,
+    ) -> tuple[str | None, EngineCoreRequest]:
         check_num_samples(params, self.config.scheduler.max_num_seqs)
         text, request = self.input_processor.process(request_id, prompt, params, beam_search=beam_search)
         return text, apply_token_budgets(request, params, self.limits)
@@ -122,8 +159,13 @@ class AsyncLLM:
             self._record(None, IterationStats(num_rejected_requests=len(requests)))
             raise
 
-    async def generate(self, prompt: PromptType | EngineCoreRequest, params: SamplingParams, request_id: str,
-                       timeout_s: float | None = None) -> AsyncGenerator[RequestOutput, None]:
+    async def generate(
+        self,
+        prompt: PromptType | EngineCoreRequest,
+        params: SamplingParams,
+        request_id: str,
+        timeout_s: float | None = None,
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Yield the request's outputs (cumulative, deltas or only the final one, per
         `params.output_kind`), the last with `finished=True`. `prompt` may be what process_inputs()
         returned for the same `params` and `request_id`. Raises InvalidRequestError before anything
@@ -133,8 +175,11 @@ class AsyncLLM:
         Closing or cancelling the generator before the end aborts the request in the engine at once
         (its KV blocks are freed)."""
         self.check_health()
-        text, request = (None, prompt) if isinstance(prompt, EngineCoreRequest) else \
-            self._process(request_id, prompt, params)
+        text, request = (
+            (None, prompt)
+            if isinstance(prompt, EngineCoreRequest)
+            else self._process(request_id, prompt, params)
+        )
         if request_id in self._queues:
             raise InvalidRequestError(f"Request id {request_id!r} is already in use.", param="request_id")
         self._enqueue(request_id, len(request.prompt_token_ids))
@@ -145,8 +190,12 @@ class AsyncLLM:
         try:
             await self.engine_core.add_requests(self.output_processor.register(request_id, text, request))
             if self.log_requests:
-                logger.info("Added request %s: %d prompt tokens, %s.", request_id,
-                            len(request.prompt_token_ids), _describe(request.sampling_params))
+                logger.info(
+                    "Added request %s: %d prompt tokens, %s.",
+                    request_id,
+                    len(request.prompt_token_ids),
+                    _describe(request.sampling_params),
+                )
             while not finished:
                 item = await self._next_output(request_id, queue, deadlines)
                 if isinstance(item, EngineDeadError):
@@ -170,25 +219,31 @@ class AsyncLLM:
         if not self.output_processor.num_unfinished:
             self._last_progress = time.monotonic()  # the stall clock starts with the work
 
-    async def _next_output(self, request_id: str, queue: "asyncio.Queue[RequestOutput | Exception]",
-                           deadlines: Deadlines) -> RequestOutput | Exception:
+    async def _next_output(
+        self, request_id: str, queue: "asyncio.Queue[RequestOutput | Exception]", deadlines: Deadlines
+    ) -> RequestOutput | Exception:
         """The request's next output; a CapacityError past --max-queue-time; the final, aborted output
         past its deadline."""
         while True:
             if not queue.empty():
                 return queue.get_nowait()
             try:
-                return await asyncio.wait_for(queue.get(), deadlines.wait_s(request_id in self.admission.queued))
+                return await asyncio.wait_for(
+                    queue.get(), deadlines.wait_s(request_id in self.admission.queued)
+                )
             except TimeoutError:
                 pass
             if request_id in self.admission.queued and deadlines.queue_expired():
                 self._record(None, IterationStats(num_rejected_requests=1))
                 limit = self.limits.max_queue_time
-                logger.info("Request %s timed out in the queue after %.1f s (--max-queue-time).", request_id,
-                            limit)
-                return CapacityError(f"The request waited {limit:g} s for the engine without being started "
-                                     f"(--max-queue-time {limit:g}): the server is overloaded. Retry later.",
-                                     self.admission.retry_after_s())
+                logger.info(
+                    "Request %s timed out in the queue after %.1f s (--max-queue-time).", request_id, limit
+                )
+                return CapacityError(
+                    f"The request waited {limit:g} s for the engine without being started "
+                    f"(--max-queue-time {limit:g}): the server is overloaded. Retry later.",
+                    self.admission.retry_after_s(),
+                )
             if deadlines.expired():
                 return await self._expire(request_id, deadlines)
 
@@ -198,8 +253,11 @@ class AsyncLLM:
         if state is None:
             return EngineDeadError(f"Request {request_id} vanished before its deadline.")
         num_generated = sum(len(sample.token_ids) for sample in state.samples)
-        await self.abort(request_id, f"its deadline of {deadlines.timeout_s:g} s ({deadlines.timeout_source}) "
-                                     f"passed after {num_generated} generated tokens")
+        await self.abort(
+            request_id,
+            f"its deadline of {deadlines.timeout_s:g} s ({deadlines.timeout_source}) "
+            f"passed after {num_generated} generated tokens",
+        )
         return state.to_output(state.samples) or EngineDeadError(f"Request {request_id} has no output.")
 
     async def abort(self, request_id: str, reason: str | None = None) -> None:
@@ -262,7 +320,11 @@ class AsyncLLM:
             parent = self.output_processor.parent_of(child_id)
             if parent is not None:
                 self.admission.dequeue(parent.request_id, started=True)
-        if core_outputs.block_snapshot is not None and self._snapshot is not None and not self._snapshot.done():
+        if (
+            core_outputs.block_snapshot is not None
+            and self._snapshot is not None
+            and not self._snapshot.done()
+        ):
             self._snapshot.set_result(core_outputs.block_snapshot)
         request_outputs, to_abort = self.output_processor.process_outputs(core_outputs, stats)
         for output in request_outputs:
@@ -294,9 +356,13 @@ class AsyncLLM:
             # NOTE: the engine's unfinished requests, not _queues: a slow reader's finished stream is no work.
             unfinished = self.output_processor.num_unfinished
             if unfinished and silent_s > timeout_s:
-                logger.error("The engine process sent nothing for %.0f s while %d request(s) were in flight: it "
-                             "is unresponsive (--engine-stall-timeout %g) and is killed.", silent_s, unfinished,
-                             self.limits.engine_stall_timeout)
+                logger.error(
+                    "The engine process sent nothing for %.0f s while %d request(s) were in flight: it "
+                    "is unresponsive (--engine-stall-timeout %g) and is killed.",
+                    silent_s,
+                    unfinished,
+                    self.limits.engine_stall_timeout,
+                )
                 self.engine_core.kill()
                 self._on_engine_dead(EngineDeadError(stall_message(self.limits.engine_stall_timeout)))
 
@@ -307,13 +373,23 @@ class AsyncLLM:
         self.dead_error = error
         states = self.output_processor.fail_all()
         stats = self._last_scheduler_stats
-        details = ", ".join(f"{s.request_id} ({len(s.prompt_token_ids)} prompt + "
-                            f"{sum(len(x.token_ids) for x in s.samples)} generated tokens)"
-                            for s in states[:_MAX_LOGGED_REQUESTS])
+        details = ", ".join(
+            f"{s.request_id} ({len(s.prompt_token_ids)} prompt + "
+            f"{sum(len(x.token_ids) for x in s.samples)} generated tokens)"
+            for s in states[:_MAX_LOGGED_REQUESTS]
+        )
         more = f" and {len(states) - _MAX_LOGGED_REQUESTS} more" if len(states) > _MAX_LOGGED_REQUESTS else ""
-        logger.error("%s %d request(s) in flight (engine at its last step: %d running, %d waiting, KV cache "
-                     "%.1f%% used) fail: %s%s.", error, len(states), stats.num_running_reqs,
-                     stats.num_waiting_reqs, stats.kv_cache_usage * 100, details or "none", more)
+        logger.error(
+            "%s %d request(s) in flight (engine at its last step: %d running, %d waiting, KV cache "
+            "%.1f%% used) fail: %s%s.",
+            error,
+            len(states),
+            stats.num_running_reqs,
+            stats.num_waiting_reqs,
+            stats.kv_cache_usage * 100,
+            details or "none",
+            more,
+        )
         for queue in self._queues.values():
             queue.put_nowait(error)
         self._queues.clear()
@@ -327,5 +403,7 @@ class AsyncLLM:
 
 
 def _describe(params: SamplingParams) -> str:
-    return (f"n={params.n}, max_tokens={params.max_tokens}, temperature={params.temperature}, "
-            f"top_p={params.top_p}, seed={params.seed}")
+    return (
+        f"n={params.n}, max_tokens={params.max_tokens}, temperature={params.temperature}, "
+        f"top_p={params.top_p}, seed={params.seed}"
+    )

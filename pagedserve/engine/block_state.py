@@ -1,5 +1,6 @@
 """A compact picture of the KV block pool for the dashboard: one cell per block (or per group of blocks
 when the pool is large), saying who holds it. Taken in the engine core between steps."""
+
 from pagedserve.core.kv_cache_manager import CACHED, FREE, SHARED, BlockOwners
 from pagedserve.protocol import BlockSnapshot
 from pagedserve.utils import cdiv
@@ -16,10 +17,21 @@ def snapshot_blocks(blocks: BlockOwners) -> BlockSnapshot:
     owners = blocks.owners
     num_blocks = len(owners)
     per_cell = cdiv(num_blocks, MAX_CELLS)
-    cells = owners if per_cell == 1 else [_dominant(owners[i:i + per_cell]) for i in range(0, num_blocks, per_cell)]
-    return BlockSnapshot(num_blocks, blocks.block_size, per_cell, cells, blocks.request_ids,
-                         sum(1 for value in owners if value in (FREE, CACHED)), owners.count(CACHED),
-                         owners.count(SHARED))
+    cells = (
+        owners
+        if per_cell == 1
+        else [_dominant(owners[i : i + per_cell]) for i in range(0, num_blocks, per_cell)]
+    )
+    return BlockSnapshot(
+        num_blocks,
+        blocks.block_size,
+        per_cell,
+        cells,
+        blocks.request_ids,
+        sum(1 for value in owners if value in (FREE, CACHED)),
+        owners.count(CACHED),
+        owners.count(SHARED),
+    )
 
 
 def _dominant(values: list[int]) -> int:

@@ -1,5 +1,6 @@
 """EngineCore: owns the scheduler, the KV-cache manager and the executor. One `step()` is
 schedule -> execute -> update. Only EngineCoreRequest / EngineCoreOutputs cross its boundary."""
+
 import time
 
 from pagedserve.config import EngineConfig
@@ -8,14 +9,14 @@ from pagedserve.core.request import Request
 from pagedserve.core.scheduler import Scheduler
 from pagedserve.core.sliding_window import SlidingWindowPolicy
 from pagedserve.core.swap import SwapSpace
-from pagedserve.engine.tokenizer import load_tokenizer
 from pagedserve.engine.block_state import snapshot_blocks
+from pagedserve.engine.tokenizer import load_tokenizer
 from pagedserve.executor import get_executor_class
 from pagedserve.logger import init_logger
 from pagedserve.protocol import BlockSnapshot, EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from pagedserve.sizing import size_kv_cache
-from pagedserve.utils.hf_config import layer_windows
 from pagedserve.structured_output.manager import StructuredOutputManager
+from pagedserve.utils.hf_config import layer_windows
 
 logger = init_logger(__name__)
 
@@ -28,10 +29,12 @@ class EngineCore:
         self.executor = get_executor_class(config)(config)
         try:
             # NOTE: the same arithmetic as `pagedserve plan` (sizing.py), so its figures match the log.
-            self.kv_cache_config = size_kv_cache(config, self.executor.kv_cache_bytes_per_block(),
-                                                 self.executor.determine_kv_memory)
-            self.executor.initialize_kv_cache(self.kv_cache_config.num_blocks,
-                                              self.kv_cache_config.num_host_blocks)
+            self.kv_cache_config = size_kv_cache(
+                config, self.executor.kv_cache_bytes_per_block(), self.executor.determine_kv_memory
+            )
+            self.executor.initialize_kv_cache(
+                self.kv_cache_config.num_blocks, self.kv_cache_config.num_host_blocks
+            )
         except BaseException:
             self.executor.shutdown()  # no worker outlives a failed start
             raise
@@ -39,17 +42,25 @@ class EngineCore:
         swap_space = SwapSpace(kv.num_host_blocks) if kv.num_host_blocks else None
         # NOTE: the grammars live here, next to the scheduler (vLLM v1's choice): the matchers advance where
         # the sampled tokens arrive, and the workers only get each step's bitmask.
-        self.structured_output = StructuredOutputManager(lambda: load_tokenizer(config.model),
-                                                         config.model.vocab_size)
-        manager = KVCacheManager(kv.num_blocks, kv.block_size, config.cache.enable_prefix_caching,
-                                 self._window_policy())
-        self.scheduler = Scheduler(config.scheduler, manager, swap_space, speculative=config.speculative,
-                                   structured_output=self.structured_output)
+        self.structured_output = StructuredOutputManager(
+            lambda: load_tokenizer(config.model), config.model.vocab_size
+        )
+        manager = KVCacheManager(
+            kv.num_blocks, kv.block_size, config.cache.enable_prefix_caching, self._window_policy()
+        )
+        self.scheduler = Scheduler(
+            config.scheduler,
+            manager,
+            swap_space,
+            speculative=config.speculative,
+            structured_output=self.structured_output,
+        )
 
     def _window_policy(self) -> SlidingWindowPolicy:
         model = self.config.model
-        return SlidingWindowPolicy.from_layer_windows(layer_windows(model.hf_config, model.architecture),
-                                                      self.config.cache.block_size)
+        return SlidingWindowPolicy.from_layer_windows(
+            layer_windows(model.hf_config, model.architecture), self.config.cache.block_size
+        )
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.scheduler.add_request(Request(request))
@@ -71,8 +82,9 @@ class EngineCore:
             self.structured_output.wait_for_compile(timeout_s=0.05)  # only grammars being compiled are left
         runner_output = self.executor.execute_model(scheduler_output)
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
-        return EngineCoreOutputs(outputs, self.scheduler.get_stats(), timestamp,
-                                 scheduler_output.first_scheduled_req_ids)
+        return EngineCoreOutputs(
+            outputs, self.scheduler.get_stats(), timestamp, scheduler_output.first_scheduled_req_ids
+        )
 
     def reset_prefix_cache(self) -> bool:
         """Make every cached KV block unfindable (blocks in use stay with their requests)."""

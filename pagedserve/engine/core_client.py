@@ -1,5 +1,6 @@
 """The API server's side of the EngineCore process: starts it, sends requests and aborts, receives
 outputs (asyncio + ZMQ + msgspec). See core_proc.py for the wire protocol."""
+
 import atexit
 import os
 import uuid
@@ -41,8 +42,9 @@ class MPClient:
         self._decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
         # NOTE: a fresh interpreter, not multiprocessing: the user's __main__ is never re-imported there.
         # shutdown() (also run at exit) ends it.
-        self.process = ChildProcess(run_engine_core, (config, input_address, output_address, stall_timeout_s),
-                                    "EngineCore")
+        self.process = ChildProcess(
+            run_engine_core, (config, input_address, output_address, stall_timeout_s), "EngineCore"
+        )
         self._closed = False
         atexit.register(self.shutdown)
         logger.info("Started the engine core process (pid %d).", self.process.pid)
@@ -53,8 +55,10 @@ class MPClient:
     def dead_error(self) -> EngineDeadError:
         if self.process.exitcode == STALL_EXIT_CODE:
             return EngineDeadError(stall_message(self.stall_timeout_s))
-        return EngineDeadError(f"The engine core process (pid {self.process.pid}) died with exit code "
-                               f"{self.process.exitcode}; see the server log. The server must be restarted.")
+        return EngineDeadError(
+            f"The engine core process (pid {self.process.pid}) died with exit code "
+            f"{self.process.exitcode}; see the server log. The server must be restarted."
+        )
 
     async def _recv(self) -> bytes:
         """The next output message; raises EngineDeadError once the process is gone and nothing is left."""
@@ -111,18 +115,19 @@ class MPClient:
         atexit.unregister(self.shutdown)
         if self.process.is_alive():
             try:
-                self._input_socket.send_multipart([EngineCoreRequestType.SHUTDOWN.value, b""],
-                                                  flags=zmq.NOBLOCK)
+                self._input_socket.send_multipart(
+                    [EngineCoreRequestType.SHUTDOWN.value, b""], flags=zmq.NOBLOCK
+                )
             except zmq.ZMQError:
                 pass  # its queue is full or gone: terminate below
             self.process.join(_SHUTDOWN_TIMEOUT_S)
             if self.process.is_alive():
-                logger.warning("The engine core did not stop within %.0f s: terminating it.",
-                               _SHUTDOWN_TIMEOUT_S)
+                logger.warning(
+                    "The engine core did not stop within %.0f s: terminating it.", _SHUTDOWN_TIMEOUT_S
+                )
                 self.process.terminate()
                 self.process.join(_SHUTDOWN_TIMEOUT_S)
                 if self.process.is_alive():
                     self.process.kill()
                     self.process.join()
         self._context.destroy(linger=0)
-

@@ -5,6 +5,7 @@ Wire protocol over two ZMQ PUSH/PULL sockets, both bound by the client:
 - input (client -> core): multipart [EngineCoreRequestType, msgpack payload];
 - output (core -> client): first one EngineCoreHandshake, then one msgpack EngineCoreOutputs per message.
 """
+
 import signal
 import sys
 import time
@@ -42,8 +43,13 @@ class EngineCoreHandshake(msgspec.Struct, omit_defaults=True):
 class EngineCoreProc:
     """The busy loop: take every pending input, step while there is work, push the outputs."""
 
-    def __init__(self, engine_core: EngineCore, input_socket: zmq.Socket[bytes], output_socket: zmq.Socket[bytes],
-                 stall_timeout_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        engine_core: EngineCore,
+        input_socket: zmq.Socket[bytes],
+        output_socket: zmq.Socket[bytes],
+        stall_timeout_s: float = 0.0,
+    ) -> None:
         self.engine_core = engine_core
         self.input_socket = input_socket
         self.output_socket = output_socket
@@ -64,8 +70,9 @@ class EngineCoreProc:
                 self._send(self._step())
             elif got_input:
                 # NOTE: e.g. an abort emptied the engine: report the freed blocks now, not at the next step.
-                self._send(EngineCoreOutputs(scheduler_stats=self.engine_core.get_stats(),
-                                             timestamp=time.time()))
+                self._send(
+                    EngineCoreOutputs(scheduler_stats=self.engine_core.get_stats(), timestamp=time.time())
+                )
 
     def _step(self) -> EngineCoreOutputs:
         if self.watchdog is None:
@@ -97,9 +104,13 @@ class EngineCoreProc:
             elif kind is EngineCoreRequestType.RESET_PREFIX_CACHE:
                 self.engine_core.reset_prefix_cache()
             elif kind is EngineCoreRequestType.BLOCK_SNAPSHOT:
-                self._send(EngineCoreOutputs(
-                    scheduler_stats=self.engine_core.get_stats(), timestamp=time.time(),
-                    block_snapshot=self.engine_core.block_snapshot()))
+                self._send(
+                    EngineCoreOutputs(
+                        scheduler_stats=self.engine_core.get_stats(),
+                        timestamp=time.time(),
+                        block_snapshot=self.engine_core.block_snapshot(),
+                    )
+                )
             elif kind is EngineCoreRequestType.SHUTDOWN:
                 self.shutdown_requested = True
                 return True
@@ -114,8 +125,13 @@ def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(f"signal {signum}")  # unwinds through run_engine_core's cleanup (the workers)
 
 
-def run_engine_core(launcher: Connection, config: EngineConfig, input_address: str, output_address: str,
-                    stall_timeout_s: float = 0.0) -> None:
+def run_engine_core(
+    launcher: Connection,
+    config: EngineConfig,
+    input_address: str,
+    output_address: str,
+    stall_timeout_s: float = 0.0,
+) -> None:
     """Process entry point: build the EngineCore, report readiness, run the busy loop. Exits 0 after a
     SHUTDOWN, 1 when the engine fails to start or crashes (the traceback goes to the log), STALL_EXIT_CODE
     when a step runs past `stall_timeout_s` (0: no watchdog). Dies with the API server, whatever kills
@@ -135,14 +151,17 @@ def run_engine_core(launcher: Connection, config: EngineConfig, input_address: s
     try:
         engine_core = EngineCore(config)
         kv = engine_core.kv_cache_config
-        output_socket.send(encoder.encode(EngineCoreHandshake(kv.num_blocks, kv.block_size, kv.num_host_blocks)))
+        output_socket.send(
+            encoder.encode(EngineCoreHandshake(kv.num_blocks, kv.block_size, kv.num_host_blocks))
+        )
         EngineCoreProc(engine_core, input_socket, output_socket, stall_timeout_s).run_busy_loop()
     except Exception as exc:
         if engine_core is None:  # failed to start: tell the client why
             if not isinstance(exc, ConfigError):
                 logger.exception("The engine core failed to start.")
-            output_socket.send(encoder.encode(EngineCoreHandshake(error=str(exc),
-                                                                  config_error=isinstance(exc, ConfigError))))
+            output_socket.send(
+                encoder.encode(EngineCoreHandshake(error=str(exc), config_error=isinstance(exc, ConfigError)))
+            )
         else:
             logger.exception("The engine core crashed.")
         output_socket.close(linger=2000)

@@ -1,4 +1,5 @@
 """Incremental detokenization and stop strings (the engine core sees only token ids)."""
+
 import logging
 from typing import Any, Protocol
 
@@ -32,12 +33,12 @@ class WindowDecoder:
 
     def step(self, token: int) -> str:
         self.tokens.append(token)
-        prefix = self._decode(self.tokens[self.prefix_offset:self.read_offset])
-        text = self._decode(self.tokens[self.prefix_offset:])
+        prefix = self._decode(self.tokens[self.prefix_offset : self.read_offset])
+        text = self._decode(self.tokens[self.prefix_offset :])
         if len(text) <= len(prefix) or text.endswith("\ufffd"):
             return ""
         self.prefix_offset, self.read_offset = self.read_offset, len(self.tokens)
-        return text[len(prefix):]
+        return text[len(prefix) :]
 
 
 class StreamDecoder:
@@ -49,18 +50,21 @@ class StreamDecoder:
         self.skip_special_tokens = skip_special_tokens
         self.backend = tokenizer.backend_tokenizer
         self.context = list(context)  # the window a fallback would need
-        self.stream: DecodeStream | None = DecodeStream(ids=list(context),
-                                                       skip_special_tokens=skip_special_tokens)
+        self.stream: DecodeStream | None = DecodeStream(
+            ids=list(context), skip_special_tokens=skip_special_tokens
+        )
         self.fallback: WindowDecoder | None = None
 
     def step(self, token: int) -> str:
         if self.stream is not None:
             try:
                 text = self.stream.step(self.backend, token)
-                self.context = (self.context + [token])[-2 * _CONTEXT_TOKENS:]
+                self.context = (self.context + [token])[-2 * _CONTEXT_TOKENS :]
                 return text or ""
             except Exception as error:  # noqa: BLE001 (the stream raises plain exceptions on bad prefixes)
-                logger.warning("DecodeStream failed (%s); decoding this request with the window decoder", error)
+                logger.warning(
+                    "DecodeStream failed (%s); decoding this request with the window decoder", error
+                )
                 self.stream = None
                 self.fallback = WindowDecoder(self.tokenizer, self.context, self.skip_special_tokens)
         assert self.fallback is not None
@@ -76,8 +80,14 @@ def make_token_decoder(tokenizer: Any, context: list[int], skip_special_tokens: 
 class IncrementalDetokenizer:
     """Turns token ids into text as they arrive and applies stop strings."""
 
-    def __init__(self, tokenizer: Any, prompt_token_ids: list[int], skip_special_tokens: bool,
-                 stop: list[str], include_stop_str_in_output: bool) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        prompt_token_ids: list[int],
+        skip_special_tokens: bool,
+        stop: list[str],
+        include_stop_str_in_output: bool,
+    ) -> None:
         self.decoder = make_token_decoder(tokenizer, prompt_token_ids[-_CONTEXT_TOKENS:], skip_special_tokens)
         self.stop = stop
         self.include_stop = include_stop_str_in_output
@@ -99,7 +109,7 @@ class IncrementalDetokenizer:
         call, minus the stop-string hold-back while the sample is unfinished."""
         end = len(self.output_text) - (0 if finished else self.stop_buffer_length)
         if not delta:
-            return self.output_text[:max(end, 0)]
+            return self.output_text[: max(end, 0)]
         start = self._sent_offset
         if end <= start:
             return ""
@@ -111,6 +121,6 @@ class IncrementalDetokenizer:
             # Only the new text, plus enough before it for a stop string spanning the boundary.
             index = self.output_text.find(stop, max(0, new_text_start - len(stop) + 1))
             if index >= 0:
-                self.output_text = self.output_text[:index + (len(stop) if self.include_stop else 0)]
+                self.output_text = self.output_text[: index + (len(stop) if self.include_stop else 0)]
                 return stop
         return None

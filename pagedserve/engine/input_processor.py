@@ -1,4 +1,5 @@
 """Prompt + SamplingParams -> a validated EngineCoreRequest. Nothing invalid reaches the engine."""
+
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -40,8 +41,11 @@ class InputProcessor:
         if isinstance(prompt, dict):
             unknown = set(prompt) - {"prompt", "prompt_token_ids", "cache_salt"}
             if unknown:
-                raise InvalidRequestError(f"Unknown prompt field(s) {sorted(unknown)}; use 'prompt' or "
-                                          "'prompt_token_ids' (and optionally 'cache_salt').", param="prompt")
+                raise InvalidRequestError(
+                    f"Unknown prompt field(s) {sorted(unknown)}; use 'prompt' or "
+                    "'prompt_token_ids' (and optionally 'cache_salt').",
+                    param="prompt",
+                )
             if "prompt_token_ids" in prompt:
                 return prompt.get("prompt"), list(prompt["prompt_token_ids"])
             prompt = prompt.get("prompt", "")
@@ -49,19 +53,26 @@ class InputProcessor:
             return prompt, self.tokenizer.encode(prompt)
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
             return None, list(prompt)
-        raise InvalidRequestError("prompt must be a string, a list of token ids, or a dict with 'prompt' "
-                                  "or 'prompt_token_ids'.", param="prompt")
+        raise InvalidRequestError(
+            "prompt must be a string, a list of token ids, or a dict with 'prompt' or 'prompt_token_ids'.",
+            param="prompt",
+        )
 
-    def process(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                arrival_time: float | None = None, beam_search: BeamSearchParams | None = None
-                ) -> tuple[str | None, EngineCoreRequest]:
+    def process(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        arrival_time: float | None = None,
+        beam_search: BeamSearchParams | None = None,
+    ) -> tuple[str | None, EngineCoreRequest]:
         """Validate and resolve: truncation, max_tokens (None = the rest of the context), limits. With
         `beam_search`, its max_tokens wins and `params.n` best beams come back."""
         text, token_ids = self.tokenize(prompt)
         if beam_search is not None:
             params = replace(params, max_tokens=beam_search.max_tokens, ignore_eos=beam_search.ignore_eos)
         if params.truncate_prompt_tokens is not None:
-            token_ids = token_ids[-params.truncate_prompt_tokens:]
+            token_ids = token_ids[-params.truncate_prompt_tokens :]
         self._validate(token_ids, params)
         self.structured_outputs.validate(params, beam_search)
         max_model_len = self.model_config.max_model_len
@@ -71,30 +82,45 @@ class InputProcessor:
                 f"This model's maximum context length is {max_model_len} tokens. However, you requested "
                 f"{len(token_ids) + max_tokens} tokens ({len(token_ids)} in the messages, {max_tokens} in "
                 "the completion). Please reduce the length of the messages or completion.",
-                param="max_tokens")
+                param="max_tokens",
+            )
         if beam_search is not None:
             self._validate_beam_search(beam_search, params, len(token_ids) + max_tokens)
-        return text, EngineCoreRequest(request_id, token_ids, replace(params, max_tokens=max_tokens),
-                                       self.eos_token_id, arrival_time or time.time(),
-                                       cache_salt=_cache_salt(prompt), beam_search=beam_search)
+        return text, EngineCoreRequest(
+            request_id,
+            token_ids,
+            replace(params, max_tokens=max_tokens),
+            self.eos_token_id,
+            arrival_time or time.time(),
+            cache_salt=_cache_salt(prompt),
+            beam_search=beam_search,
+        )
 
     def _validate_beam_search(self, beam: BeamSearchParams, params: SamplingParams, max_len: int) -> None:
         """Its beams run in lockstep, all at once: they must fit in a step and, at worst unshared, in
         the KV cache."""
         if params.n > beam.beam_width:
-            raise InvalidRequestError(f"n={params.n} beams were asked for, more than the beam width "
-                                      f"{beam.beam_width}; raise best_of / beam_width or lower n.", param="n")
+            raise InvalidRequestError(
+                f"n={params.n} beams were asked for, more than the beam width "
+                f"{beam.beam_width}; raise best_of / beam_width or lower n.",
+                param="n",
+            )
         if self.limits is None:
             return
         if beam.beam_width > self.limits.max_num_seqs:
-            raise InvalidRequestError(f"beam_width={beam.beam_width} is more than the engine runs at once "
-                                      f"(--max-num-seqs {self.limits.max_num_seqs}).", param="beam_width")
+            raise InvalidRequestError(
+                f"beam_width={beam.beam_width} is more than the engine runs at once "
+                f"(--max-num-seqs {self.limits.max_num_seqs}).",
+                param="beam_width",
+            )
         need = beam.beam_width * cdiv(max_len, self.limits.block_size)
         if need > self.limits.num_kv_blocks:
             raise InvalidRequestError(
                 f"A beam search of width {beam.beam_width} over {max_len} tokens may need {need} KV blocks; "
                 f"the KV cache has {self.limits.num_kv_blocks}. Lower beam_width or max_tokens, or raise "
-                "--kv-cache-memory (--gpu-memory-utilization on a GPU).", param="beam_width")
+                "--kv-cache-memory (--gpu-memory-utilization on a GPU).",
+                param="beam_width",
+            )
 
     def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
         max_model_len, vocab = self.model_config.max_model_len, self.model_config.vocab_size
@@ -104,20 +130,29 @@ class InputProcessor:
             raise InvalidRequestError(
                 f"This model's maximum context length is {max_model_len} tokens. However, your prompt has "
                 f"{len(token_ids)} tokens, which leaves no room for output. Shorten the prompt or set "
-                "truncate_prompt_tokens.", param="prompt")
+                "truncate_prompt_tokens.",
+                param="prompt",
+            )
         bad = [t for t in token_ids if not 0 <= t < vocab]
         if bad:
-            raise InvalidRequestError(f"Token id {bad[0]} is out of vocabulary (valid ids: 0 to {vocab - 1}).",
-                                      param="prompt")
+            raise InvalidRequestError(
+                f"Token id {bad[0]} is out of vocabulary (valid ids: 0 to {vocab - 1}).", param="prompt"
+            )
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
             if value is not None and value > self.model_config.max_logprobs:
-                raise InvalidRequestError(f"{name}={value} exceeds the server's limit of "
-                                          f"{self.model_config.max_logprobs} (--max-logprobs).", param=name)
+                raise InvalidRequestError(
+                    f"{name}={value} exceeds the server's limit of "
+                    f"{self.model_config.max_logprobs} (--max-logprobs).",
+                    param=name,
+                )
         for token in list(params.logit_bias or {}) + list(params.stop_token_ids or []):
             if not 0 <= token < vocab:
-                raise InvalidRequestError(f"Token id {token} in logit_bias or stop_token_ids is out of "
-                                          f"vocabulary (valid ids: 0 to {vocab - 1}).", param="logit_bias")
+                raise InvalidRequestError(
+                    f"Token id {token} in logit_bias or stop_token_ids is out of "
+                    f"vocabulary (valid ids: 0 to {vocab - 1}).",
+                    param="logit_bias",
+                )
 
 
 def _cache_salt(prompt: PromptType) -> str | None:
@@ -140,7 +175,12 @@ def split_samples(request: EngineCoreRequest, child_ids: list[str]) -> list[Engi
         params = replace(params, logprobs=0)  # NOTE: the n best are picked by cumulative logprob
     children = []
     for index, child_id in enumerate(child_ids):
-        child_params = params if params.seed is None else replace(params, seed=wrap_int64(params.seed + index))
-        children.append(msgspec.structs.replace(request, request_id=child_id, sampling_params=child_params,
-                                                group_id=request.request_id))
+        child_params = (
+            params if params.seed is None else replace(params, seed=wrap_int64(params.seed + index))
+        )
+        children.append(
+            msgspec.structs.replace(
+                request, request_id=child_id, sampling_params=child_params, group_id=request.request_id
+            )
+        )
     return children

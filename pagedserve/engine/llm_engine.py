@@ -1,5 +1,6 @@
 """LLMEngine: the in-process engine behind `LLM`, with the public add_request / step / abort_request /
 has_unfinished_requests API. Tokenizes and detokenizes around an EngineCore in the same process."""
+
 import time
 from typing import Any
 
@@ -20,21 +21,31 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         self.engine_core = EngineCore(self.config)
         kv = self.engine_core.kv_cache_config
-        self.input_processor = InputProcessor(self.config.model, self.tokenizer, EngineLimits(
-            self.config.scheduler.max_num_seqs, kv.num_blocks - 1, kv.block_size))
+        self.input_processor = InputProcessor(
+            self.config.model,
+            self.tokenizer,
+            EngineLimits(self.config.scheduler.max_num_seqs, kv.num_blocks - 1, kv.block_size),
+        )
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
         return cls(engine_args)
 
-    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                    arrival_time: float | None = None, beam_search: BeamSearchParams | None = None) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        arrival_time: float | None = None,
+        beam_search: BeamSearchParams | None = None,
+    ) -> None:
         """Validate and queue a request (a beam search with `beam_search`: its `params.n` best beams
         come back). Raises InvalidRequestError; nothing invalid is queued."""
         if request_id in self.output_processor:
             raise InvalidRequestError(f"Request id {request_id!r} is already in use.", param="request_id")
-        text, request = self.input_processor.process(request_id, prompt, params, arrival_time or time.time(),
-                                                     beam_search)
+        text, request = self.input_processor.process(
+            request_id, prompt, params, arrival_time or time.time(), beam_search
+        )
         for child in self.output_processor.register(request_id, text, request):
             self.engine_core.add_request(child)
 

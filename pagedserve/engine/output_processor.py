@@ -4,6 +4,7 @@ of best_of), measure.
 Serves both the offline LLMEngine (cumulative outputs) and AsyncLLM (deltas for streaming, or only the
 final output): each request's `SamplingParams.output_kind` decides.
 """
+
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -12,8 +13,13 @@ from pagedserve.engine.detokenizer import IncrementalDetokenizer
 from pagedserve.engine.input_processor import split_samples
 from pagedserve.metrics.stats import FinishedRequestStats, IterationStats
 from pagedserve.outputs import CompletionOutput, RequestOutput
-from pagedserve.protocol import (EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason,
-                                 child_request_id)
+from pagedserve.protocol import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    FinishReason,
+    child_request_id,
+)
 from pagedserve.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -38,8 +44,15 @@ class SampleState:
             self.num_sent_tokens = len(self.token_ids)
         text = self.detokenizer.get_next_output_text(self.finish_reason is not None, delta)
         logprobs = None if self.logprobs is None else self.logprobs[start:]
-        return CompletionOutput(self.index, text, self.token_ids[start:], self.cumulative_logprob, logprobs,
-                                self.finish_reason, self.stop_reason)
+        return CompletionOutput(
+            self.index,
+            text,
+            self.token_ids[start:],
+            self.cumulative_logprob,
+            logprobs,
+            self.finish_reason,
+            self.stop_reason,
+        )
 
 
 @dataclass
@@ -78,14 +91,24 @@ class RequestState:
         completions = [s.completion(delta) for s in samples]
         if picking:
             best = sorted(completions, key=lambda c: -(c.cumulative_logprob or float("-inf")))
-            completions = [replace(c, index=i) for i, c in enumerate(best[:self.num_returned])]
-        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, prompt_logprobs,
-                             completions, self.finished, metrics)
+            completions = [replace(c, index=i) for i, c in enumerate(best[: self.num_returned])]
+        return RequestOutput(
+            self.request_id,
+            self.prompt,
+            self.prompt_token_ids,
+            prompt_logprobs,
+            completions,
+            self.finished,
+            metrics,
+        )
 
     def finished_stats(self, now: float, reason: str | None = None) -> FinishedRequestStats:
-        return FinishedRequestStats(reason or self.samples[0].finish_reason or str(FinishReason.ABORT),
-                                    now - self.arrival_time, len(self.prompt_token_ids),
-                                    sum(len(s.token_ids) for s in self.samples))
+        return FinishedRequestStats(
+            reason or self.samples[0].finish_reason or str(FinishReason.ABORT),
+            now - self.arrival_time,
+            len(self.prompt_token_ids),
+            sum(len(s.token_ids) for s in self.samples),
+        )
 
 
 class OutputProcessor:
@@ -96,29 +119,55 @@ class OutputProcessor:
         self._requests: dict[str, RequestState] = {}
         self._child_to_parent: dict[str, tuple[RequestState, SampleState]] = {}
 
-    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                    params: SamplingParams, arrival_time: float) -> list[str]:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float,
+    ) -> list[str]:
         """Register a request; returns the engine-core ids of its samples (best_of, else n)."""
         num_samples = params.num_samples
-        samples = [SampleState(i, IncrementalDetokenizer(self.tokenizer, prompt_token_ids,
-                                                         params.skip_special_tokens, params.stop_strings,
-                                                         params.include_stop_str_in_output),
-                               logprobs=[] if params.logprobs is not None else None,
-                               cumulative_logprob=0.0 if params.logprobs is not None else None)
-                   for i in range(num_samples)]
-        state = RequestState(request_id, prompt, prompt_token_ids, samples, arrival_time, params.output_kind,
-                             params.n, [] if params.prompt_logprobs is not None else None)
+        samples = [
+            SampleState(
+                i,
+                IncrementalDetokenizer(
+                    self.tokenizer,
+                    prompt_token_ids,
+                    params.skip_special_tokens,
+                    params.stop_strings,
+                    params.include_stop_str_in_output,
+                ),
+                logprobs=[] if params.logprobs is not None else None,
+                cumulative_logprob=0.0 if params.logprobs is not None else None,
+            )
+            for i in range(num_samples)
+        ]
+        state = RequestState(
+            request_id,
+            prompt,
+            prompt_token_ids,
+            samples,
+            arrival_time,
+            params.output_kind,
+            params.n,
+            [] if params.prompt_logprobs is not None else None,
+        )
         self._requests[request_id] = state
         child_ids = [child_request_id(request_id, i, num_samples) for i in range(num_samples)]
         for child_id, sample in zip(child_ids, samples):
             self._child_to_parent[child_id] = (state, sample)
         return child_ids
 
-    def register(self, request_id: str, prompt: str | None, request: EngineCoreRequest) -> list[EngineCoreRequest]:
+    def register(
+        self, request_id: str, prompt: str | None, request: EngineCoreRequest
+    ) -> list[EngineCoreRequest]:
         """Track a validated request; returns what the engine core gets: one request per sample (in one
         group), or the beam search as one. The one way a request enters the engine."""
-        child_ids = self.add_request(request_id, prompt, request.prompt_token_ids, request.sampling_params,
-                                     request.arrival_time)
+        child_ids = self.add_request(
+            request_id, prompt, request.prompt_token_ids, request.sampling_params, request.arrival_time
+        )
         return split_samples(request, child_ids)
 
     def __contains__(self, request_id: object) -> bool:
@@ -143,8 +192,9 @@ class OutputProcessor:
         self._child_to_parent.clear()
         return states
 
-    def process_outputs(self, core_outputs: EngineCoreOutputs, stats: IterationStats | None = None
-                        ) -> tuple[list[RequestOutput], list[str]]:
+    def process_outputs(
+        self, core_outputs: EngineCoreOutputs, stats: IterationStats | None = None
+    ) -> tuple[list[RequestOutput], list[str]]:
         """Returns the outputs due (per each request's output_kind) and the engine-core ids to abort
         (stopped by a stop string). Adds token counts and latencies to `stats` when given."""
         stats = stats if stats is not None else IterationStats()
@@ -197,8 +247,9 @@ class OutputProcessor:
         return False
 
     @staticmethod
-    def _record_tokens(state: RequestState, sample: SampleState, output: EngineCoreOutput, now: float,
-                       stats: IterationStats) -> None:
+    def _record_tokens(
+        state: RequestState, sample: SampleState, output: EngineCoreOutput, now: float, stats: IterationStats
+    ) -> None:
         if not output.new_token_ids:
             return
         if state.first_token_time is None:

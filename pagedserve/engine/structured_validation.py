@@ -1,5 +1,6 @@
 """The frontend's check of a request's structured_outputs, so a bad schema or grammar is a 400 (a too
 large one a 413) before anything reaches the engine."""
+
 from typing import Any
 
 import llguidance
@@ -23,8 +24,10 @@ class StructuredOutputValidator:
         if constraint is None:
             return
         if beam_search is not None:
-            raise InvalidRequestError("structured_outputs cannot be combined with beam search: drop one.",
-                                      param="structured_outputs")
+            raise InvalidRequestError(
+                "structured_outputs cannot be combined with beam search: drop one.",
+                param="structured_outputs",
+            )
         if self._ll_tokenizer is None:
             self._ll_tokenizer = make_ll_tokenizer(self.tokenizer, self.vocab_size)
         validate(constraint, self._ll_tokenizer, self.max_spec_bytes)

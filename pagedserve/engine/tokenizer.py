@@ -1,4 +1,5 @@
 """The model's tokenizer: from the folder, the --tokenizer argument, or the GGUF file's metadata."""
+
 from typing import Any
 
 from pagedserve.config import ModelConfig

@@ -7,6 +7,7 @@ Two layers, so that whatever hangs is caught:
 - in the API server, `stall_error()` covers an engine process that cannot even run that thread (frozen,
   stopped): no output for the timeout plus FRONTEND_GRACE_S while requests are in flight.
 """
+
 import os
 import threading
 import time
@@ -32,8 +33,9 @@ class StallWatchdog:
     `describe()` (the state, read without locks: the stuck main thread is not changing it) and calls
     `on_stall` (default: exit the process at once with STALL_EXIT_CODE, as the main thread is stuck)."""
 
-    def __init__(self, timeout_s: float, describe: Callable[[], str],
-                 on_stall: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, timeout_s: float, describe: Callable[[], str], on_stall: Callable[[], None] | None = None
+    ) -> None:
         self.timeout_s = timeout_s
         self.describe = describe
         self.on_stall = on_stall or _exit_stalled
@@ -62,10 +64,16 @@ class StallWatchdog:
                 state = self.describe()
             except Exception as exc:  # noqa: BLE001  # the state is a courtesy: the exit must happen
                 state = f"(the state could not be read: {exc!r})"
-            logger.error("The engine made no progress for %.0f s (--engine-stall-timeout): step %d started "
-                         "%.1f s ago and has not finished. %s The engine core exits (status %d); the server "
-                         "fails its requests and exits.", self.timeout_s, self.num_steps,
-                         time.monotonic() - started, state, STALL_EXIT_CODE)
+            logger.error(
+                "The engine made no progress for %.0f s (--engine-stall-timeout): step %d started "
+                "%.1f s ago and has not finished. %s The engine core exits (status %d); the server "
+                "fails its requests and exits.",
+                self.timeout_s,
+                self.num_steps,
+                time.monotonic() - started,
+                state,
+                STALL_EXIT_CODE,
+            )
             self.on_stall()
             return
 
@@ -78,5 +86,7 @@ def _exit_stalled() -> None:
 
 def stall_message(timeout_s: float) -> str:
     """What the clients are told when the engine stalled."""
-    return (f"The engine made no progress for {timeout_s:.0f} s while it had work (--engine-stall-timeout) "
-            "and was stopped; see the server log for the state it was in. The server must be restarted.")
+    return (
+        f"The engine made no progress for {timeout_s:.0f} s while it had work (--engine-stall-timeout) "
+        "and was stopped; see the server log for the state it was in. The server must be restarted."
+    )

@@ -1,5 +1,6 @@
 """Chat conversations -> prompt token ids through the tokenizer's (or a given) chat template.
 Shared by `LLM.chat` and the OpenAI-compatible server."""
+
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -31,16 +32,23 @@ def _text_content(content: Any, index: int) -> str:
     if isinstance(content, Sequence):
         texts = []
         for part in content:
-            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"),
-                                                                                              str):
+            if (
+                not isinstance(part, Mapping)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
                 kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-                raise InvalidRequestError(f"messages[{index}].content: only text parts ({{'type': 'text', "
-                                          f"'text': ...}}) are supported, got {kind!r}.",
-                                          param=f"messages[{index}].content")
+                raise InvalidRequestError(
+                    f"messages[{index}].content: only text parts ({{'type': 'text', "
+                    f"'text': ...}}) are supported, got {kind!r}.",
+                    param=f"messages[{index}].content",
+                )
             texts.append(part["text"])
         return "\n".join(texts)
-    raise InvalidRequestError(f"messages[{index}].content must be a string or a list of text parts.",
-                              param=f"messages[{index}].content")
+    raise InvalidRequestError(
+        f"messages[{index}].content must be a string or a list of text parts.",
+        param=f"messages[{index}].content",
+    )
 
 
 def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -53,13 +61,17 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
     for index, message in enumerate(messages):
         role = message.get("role")
         if role not in ROLES:
-            raise InvalidRequestError(f"messages[{index}].role {role!r} is not supported; use one of "
-                                      f"{', '.join(ROLES)}.", param=f"messages[{index}].role")
+            raise InvalidRequestError(
+                f"messages[{index}].role {role!r} is not supported; use one of {', '.join(ROLES)}.",
+                param=f"messages[{index}].role",
+            )
         entry: dict[str, Any] = {"role": role, "content": _text_content(message.get("content"), index)}
         if role == "assistant" and message.get("tool_calls"):
             entry["tool_calls"] = [_template_tool_call(call, index) for call in message["tool_calls"]]
         if role == "tool":
-            entry.update({key: message[key] for key in ("tool_call_id", "name") if message.get(key) is not None})
+            entry.update(
+                {key: message[key] for key in ("tool_call_id", "name") if message.get(key) is not None}
+            )
         conversation.append(entry)
     return conversation
 
@@ -67,32 +79,53 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
 def _template_tool_call(call: Any, index: int) -> dict[str, Any]:
     function = call.get("function") if isinstance(call, Mapping) else None
     if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
-        raise InvalidRequestError(f"messages[{index}].tool_calls entries must be {{'id': ..., 'type': "
-                                  "'function', 'function': {'name': ..., 'arguments': ...}}.",
-                                  param=f"messages[{index}].tool_calls")
+        raise InvalidRequestError(
+            f"messages[{index}].tool_calls entries must be {{'id': ..., 'type': "
+            "'function', 'function': {'name': ..., 'arguments': ...}}.",
+            param=f"messages[{index}].tool_calls",
+        )
     arguments = function.get("arguments") or {}
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
         except json.JSONDecodeError as exc:
-            raise InvalidRequestError(f"messages[{index}].tool_calls: arguments of {function['name']!r} are not "
-                                      f"JSON: {exc}.", param=f"messages[{index}].tool_calls") from exc
-    return {"id": call.get("id"), "type": "function", "function": {"name": function["name"], "arguments": arguments}}
+            raise InvalidRequestError(
+                f"messages[{index}].tool_calls: arguments of {function['name']!r} are not JSON: {exc}.",
+                param=f"messages[{index}].tool_calls",
+            ) from exc
+    return {
+        "id": call.get("id"),
+        "type": "function",
+        "function": {"name": function["name"], "arguments": arguments},
+    }
 
 
-def apply_chat_template(tokenizer: Any, conversation: Sequence[Mapping[str, Any]],
-                        chat_template: str | None = None, add_generation_prompt: bool = True,
-                        tools: list[dict[str, Any]] | None = None) -> list[int]:
+def apply_chat_template(
+    tokenizer: Any,
+    conversation: Sequence[Mapping[str, Any]],
+    chat_template: str | None = None,
+    add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,
+) -> list[int]:
     """The prompt token ids of a conversation (`tools` go to the template's `tools`). Raises
     InvalidRequestError when there is no template or it rejects the conversation (e.g. roles that do not alternate)."""
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
-        raise InvalidRequestError("The model's tokenizer has no chat template: start the server with "
-                                  "--chat-template, or use the completions API.", param="messages")
+        raise InvalidRequestError(
+            "The model's tokenizer has no chat template: start the server with "
+            "--chat-template, or use the completions API.",
+            param="messages",
+        )
     try:
-        token_ids = tokenizer.apply_chat_template(list(conversation), chat_template=chat_template,
-                                                  add_generation_prompt=add_generation_prompt,
-                                                  tools=tools, tokenize=True, return_dict=False)
+        token_ids = tokenizer.apply_chat_template(
+            list(conversation),
+            chat_template=chat_template,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
+            tokenize=True,
+            return_dict=False,
+        )
     except Exception as exc:  # jinja2's TemplateError (raise_exception) and friends
-        raise InvalidRequestError(f"The chat template rejected the conversation: {exc}",
-                                  param="messages") from exc
+        raise InvalidRequestError(
+            f"The chat template rejected the conversation: {exc}", param="messages"
+        ) from exc
     return list(token_ids)

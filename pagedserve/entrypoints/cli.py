@@ -1,5 +1,6 @@
 """The `pagedserve` command. Each subcommand registers its parser and handler in SUBCOMMANDS, so
 `bench` and `plan` can join `serve` without touching the rest."""
+
 import argparse
 import sys
 from collections.abc import Callable
@@ -15,12 +16,17 @@ def _init_serve(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]
     from pagedserve.entrypoints.openai.cli_args import make_arg_parser
 
     parser = subparsers.add_parser(
-        "serve", help="Start the OpenAI-compatible server.",
+        "serve",
+        help="Start the OpenAI-compatible server.",
         description="Start the OpenAI-compatible server (the same flags as "
-                    "`python -m pagedserve.entrypoints.openai.api_server`, vLLM's names).")
-    parser.add_argument("model_tag", nargs="?", default=None,
-                        help="The model to serve (like --model). Default: the embedded "
-                             "SmolLM2-135M-Instruct.")
+        "`python -m pagedserve.entrypoints.openai.api_server`, vLLM's names).",
+    )
+    parser.add_argument(
+        "model_tag",
+        nargs="?",
+        default=None,
+        help="The model to serve (like --model). Default: the embedded SmolLM2-135M-Instruct.",
+    )
     make_arg_parser(parser)
     parser.set_defaults(handler=_serve)
 
@@ -45,10 +51,12 @@ def _init_plan(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     from pagedserve.entrypoints.plan import add_plan_args, run_plan
 
     parser = subparsers.add_parser(
-        "plan", help="Plan the KV-cache budget of a model and workload (no weights loaded).",
+        "plan",
+        help="Plan the KV-cache budget of a model and workload (no weights loaded).",
         description="Weights, KV bytes per token, blocks, capacity and the concurrency that fits, with the "
-                    "engine's own arithmetic; the flags to serve the workload with, or what would fit. "
-                    "Exit status 1 when it does not fit.")
+        "engine's own arithmetic; the flags to serve the workload with, or what would fit. "
+        "Exit status 1 when it does not fit.",
+    )
     add_plan_args(parser)
     parser.set_defaults(handler=run_plan)
 
@@ -57,8 +65,10 @@ SUBCOMMANDS: dict[str, SubcommandInit] = {"serve": _init_serve, "plan": _init_pl
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="pagedserve", description="LLM inference and serving with a paged "
-                                                                    "KV cache and continuous batching.")
+    parser = argparse.ArgumentParser(
+        prog="pagedserve",
+        description="LLM inference and serving with a paged KV cache and continuous batching.",
+    )
     parser.add_argument("--version", action="version", version=f"pagedserve {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for init in SUBCOMMANDS.values():

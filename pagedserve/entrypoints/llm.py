@@ -1,4 +1,5 @@
 """The offline API: `LLM(model).generate(prompts, sampling_params)`."""
+
 import itertools
 import time
 from collections.abc import Sequence
@@ -28,9 +29,12 @@ class LLM:
     def get_tokenizer(self) -> Any:
         return self.llm_engine.tokenizer
 
-    def generate(self, prompts: PromptType | Sequence[PromptType],
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in input order. A dict prompt may carry a
         `cache_salt`: prefix-cache hits only between prompts with the same salt."""
         prompts = _as_prompt_list(prompts)
@@ -38,31 +42,50 @@ class LLM:
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         if len(params) != len(prompts):
-            raise InvalidRequestError(f"Got {len(prompts)} prompts but {len(params)} sampling params: pass "
-                                      "one SamplingParams, or one per prompt.", param="sampling_params")
+            raise InvalidRequestError(
+                f"Got {len(prompts)} prompts but {len(params)} sampling params: pass "
+                "one SamplingParams, or one per prompt.",
+                param="sampling_params",
+            )
         return self._run(prompts, params, use_tqdm)
 
-    def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
-                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+    def beam_search(
+        self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams, use_tqdm: bool = False
+    ) -> list[BeamSearchOutput]:
         """Beam search for every prompt (HF transformers' rules, see BeamSearchParams); each output holds
         `beam_width` sequences, best first. The beams share KV blocks, copying on write."""
         prompts = _as_prompt_list(prompts)
-        sampling = SamplingParams(n=params.beam_width, temperature=0.0, max_tokens=params.max_tokens,
-                                  ignore_eos=params.ignore_eos)
+        sampling = SamplingParams(
+            n=params.beam_width, temperature=0.0, max_tokens=params.max_tokens, ignore_eos=params.ignore_eos
+        )
         outputs = self._run(prompts, [sampling] * len(prompts), use_tqdm, params)
         tokenizer = self.get_tokenizer()
-        return [BeamSearchOutput([BeamSearchSequence(
-            output.prompt_token_ids + beam.token_ids,
-            tokenizer.decode(output.prompt_token_ids + beam.token_ids, skip_special_tokens=True),
-            beam.cumulative_logprob or 0.0, beam.finish_reason) for beam in output.outputs])
-            for output in outputs]
+        return [
+            BeamSearchOutput(
+                [
+                    BeamSearchSequence(
+                        output.prompt_token_ids + beam.token_ids,
+                        tokenizer.decode(output.prompt_token_ids + beam.token_ids, skip_special_tokens=True),
+                        beam.cumulative_logprob or 0.0,
+                        beam.finish_reason,
+                    )
+                    for beam in output.outputs
+                ]
+            )
+            for output in outputs
+        ]
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached KV block: later requests compute their prompts from scratch."""
         return self.llm_engine.reset_prefix_cache()
 
-    def _run(self, prompts: list[PromptType], params: Sequence[SamplingParams], use_tqdm: bool,
-             beam_search: BeamSearchParams | None = None) -> list[RequestOutput]:
+    def _run(
+        self,
+        prompts: list[PromptType],
+        params: Sequence[SamplingParams],
+        use_tqdm: bool,
+        beam_search: BeamSearchParams | None = None,
+    ) -> list[RequestOutput]:
         request_ids = [str(next(self._request_counter)) for _ in prompts]
         added = []
         try:
@@ -74,19 +97,32 @@ class LLM:
             raise
         return self._run_engine(request_ids, use_tqdm)
 
-    def chat(self, messages: ChatMessages | Sequence[ChatMessages],
-             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-             use_tqdm: bool = True, chat_template: str | None = None,
-             add_generation_prompt: bool = True, tools: list[dict[str, Any]] | None = None) -> list[RequestOutput]:
+    def chat(
+        self,
+        messages: ChatMessages | Sequence[ChatMessages],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[RequestOutput]:
         """Apply the tokenizer's chat template to each conversation (with `tools`, OpenAI's function list,
         as the template's `tools`), then generate. Constrain the output with
         `SamplingParams(structured_outputs=...)`."""
-        conversations = (cast(list[ChatMessages], [messages]) if messages and isinstance(messages[0], dict)
-                         else cast(Sequence[ChatMessages], messages))
+        conversations = (
+            cast(list[ChatMessages], [messages])
+            if messages and isinstance(messages[0], dict)
+            else cast(Sequence[ChatMessages], messages)
+        )
         tokenizer = self.get_tokenizer()
-        prompts = [{"prompt_token_ids": apply_chat_template(tokenizer, conversation, chat_template,
-                                                            add_generation_prompt, tools)}
-                   for conversation in conversations]
+        prompts = [
+            {
+                "prompt_token_ids": apply_chat_template(
+                    tokenizer, conversation, chat_template, add_generation_prompt, tools
+                )
+            }
+            for conversation in conversations
+        ]
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
@@ -105,7 +141,8 @@ class LLM:
 
 
 def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
-    if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
-                                             and isinstance(prompts[0], int)):
+    if isinstance(prompts, (str, dict)) or (
+        isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+    ):
         return [prompts]
     return list(prompts)

@@ -6,24 +6,46 @@ Every figure comes from sizing.py, the arithmetic the engine's startup log uses,
 settings (e.g. --kv-cache-memory, which both accept) the numbers are the engine's own. On a GPU the
 engine measures the peak activations with a profiling run; the plan estimates them (and says so).
 """
+
 import argparse
 import json
 import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from pagedserve.config import (EngineArgs, ModelConfig, add_dataclass_cli_args, config_field,
-                               dataclass_from_cli_args, default_max_num_batched_tokens)
+from pagedserve.config import (
+    EngineArgs,
+    ModelConfig,
+    add_dataclass_cli_args,
+    config_field,
+    dataclass_from_cli_args,
+    default_max_num_batched_tokens,
+)
 from pagedserve.entrypoints.cli import take_model_tag
 from pagedserve.errors import ConfigError
-from pagedserve.sizing import DTYPE_BYTES, ModelShape, SlidingWindowReach, gpu_kv_budget, kv_cache_config, \
-    max_concurrency, max_full_requests
-from pagedserve.utils.hf_config import kv_sliding_window
+from pagedserve.sizing import (
+    DTYPE_BYTES,
+    ModelShape,
+    SlidingWindowReach,
+    gpu_kv_budget,
+    kv_cache_config,
+    max_concurrency,
+    max_full_requests,
+)
 from pagedserve.utils import cdiv, format_bytes, parse_bytes
+from pagedserve.utils.hf_config import kv_sliding_window
 
 # The engine flags the plan takes, with the engine's names, help and defaults.
-ENGINE_FLAGS = ("dtype", "max_model_len", "block_size", "gpu_memory_utilization", "kv_cache_memory",
-                "tensor_parallel_size", "max_num_batched_tokens", "kv_cache_dtype")
+ENGINE_FLAGS = (
+    "dtype",
+    "max_model_len",
+    "block_size",
+    "gpu_memory_utilization",
+    "kv_cache_memory",
+    "tensor_parallel_size",
+    "max_num_batched_tokens",
+    "kv_cache_dtype",
+)
 # Memory a GPU engine uses outside torch's allocator (NCCL buffers, cuBLAS workspaces): an estimate.
 NON_TORCH_BYTES = 512 * 2**20
 MAX_UTILIZATION = 0.95  # the most the plan recommends: leave the driver and other processes room
@@ -35,10 +57,13 @@ class PlanArgs:
     """The workload and the accelerator (the engine's own flags come from EngineArgs)."""
 
     model: str = config_field("", "Model: HF folder (its config.json), a config.json file or a GGUF file.")
-    gpu_memory: str | None = config_field(None, "Memory of one accelerator, e.g. 80GiB. Default: the local GPU's.")
+    gpu_memory: str | None = config_field(
+        None, "Memory of one accelerator, e.g. 80GiB. Default: the local GPU's."
+    )
     concurrency: int = config_field(1, "Requests to serve at once.")
-    input_tokens: int | None = config_field(None, "Prompt tokens per request (default: the context less "
-                                          "--output-tokens).")
+    input_tokens: int | None = config_field(
+        None, "Prompt tokens per request (default: the context less --output-tokens)."
+    )
     output_tokens: int | None = config_field(None, "Generated tokens per request (default 0).")
     json: bool = config_field(False, "Print one JSON object instead of the table.")
 
@@ -100,8 +125,19 @@ def compute_plan(inputs: PlanInputs) -> Plan:
     fitting = max_full_requests(kv, inputs.request_tokens, inputs.reach)
     fits = fitting >= inputs.concurrency and max_full_requests(kv, max_model_len, inputs.reach) >= 1
     usable = max(0, kv.num_blocks - 1)
-    return Plan(weights, per_token, per_block, activations, non_torch, budget, usable,
-                usable * inputs.block_size, max(0.0, max_concurrency(kv, max_model_len, inputs.reach)), fitting, fits)
+    return Plan(
+        weights,
+        per_token,
+        per_block,
+        activations,
+        non_torch,
+        budget,
+        usable,
+        usable * inputs.block_size,
+        max(0.0, max_concurrency(kv, max_model_len, inputs.reach)),
+        fitting,
+        fits,
+    )
 
 
 def needed_utilization(inputs: PlanInputs, plan: Plan) -> float | None:
@@ -109,8 +145,11 @@ def needed_utilization(inputs: PlanInputs, plan: Plan) -> float | None:
     size."""
     if inputs.gpu_memory is None:
         return None
-    per_request = (cdiv(inputs.request_tokens, inputs.block_size) if inputs.reach is None
-                   else inputs.reach.max_blocks(inputs.request_tokens, inputs.block_size))
+    per_request = (
+        cdiv(inputs.request_tokens, inputs.block_size)
+        if inputs.reach is None
+        else inputs.reach.max_blocks(inputs.request_tokens, inputs.block_size)
+    )
     blocks = inputs.concurrency * per_request + 1  # + the null block
     needed = plan.weights_bytes + plan.activation_bytes + plan.non_torch_bytes + blocks * plan.bytes_per_block
     return math.ceil(needed / inputs.gpu_memory * 100) / 100
@@ -118,10 +157,12 @@ def needed_utilization(inputs: PlanInputs, plan: Plan) -> float | None:
 
 def recommendations(inputs: PlanInputs, plan: Plan) -> dict[str, Any]:
     """The flags to serve this workload with (when it fits)."""
-    flags: dict[str, Any] = {"--max-model-len": inputs.model_config.max_model_len,
-                             "--max-num-seqs": inputs.concurrency,
-                             "--max-num-batched-tokens": inputs.max_num_batched_tokens,
-                             "--tensor-parallel-size": inputs.tp}
+    flags: dict[str, Any] = {
+        "--max-model-len": inputs.model_config.max_model_len,
+        "--max-num-seqs": inputs.concurrency,
+        "--max-num-batched-tokens": inputs.max_num_batched_tokens,
+        "--tensor-parallel-size": inputs.tp,
+    }
     needed = needed_utilization(inputs, plan)
     if needed is not None:
         # NOTE: keep the asked-for share when it fits: the extra KV absorbs bursts.
@@ -142,14 +183,20 @@ def alternatives(inputs: PlanInputs) -> list[str]:
     plan = compute_plan(inputs)
     usable = plan.num_blocks // max(1, inputs.concurrency)
     if usable >= 1:
-        found.append(f"requests of at most {usable * inputs.block_size} tokens (--max-model-len, "
-                     f"--input-tokens + --output-tokens) for {inputs.concurrency} at once")
+        found.append(
+            f"requests of at most {usable * inputs.block_size} tokens (--max-model-len, "
+            f"--input-tokens + --output-tokens) for {inputs.concurrency} at once"
+        )
     if plan.max_requests_at_request_tokens >= 1:
-        found.append(f"--concurrency {plan.max_requests_at_request_tokens} (--max-num-seqs) at "
-                     f"{inputs.request_tokens} tokens each")
+        found.append(
+            f"--concurrency {plan.max_requests_at_request_tokens} (--max-num-seqs) at "
+            f"{inputs.request_tokens} tokens each"
+        )
     if compute_plan(replace(inputs, kv_dtype_bytes=1, dtype_bytes=1)).fits:
-        found.append("8-bit weights and an fp8 KV cache (vLLM's --quantization fp8 --kv-cache-dtype fp8; "
-                     "not in pagedserve yet)")
+        found.append(
+            "8-bit weights and an fp8 KV cache (vLLM's --quantization fp8 --kv-cache-dtype fp8; "
+            "not in pagedserve yet)"
+        )
     needed = needed_utilization(inputs, plan)
     if needed is not None and needed <= MAX_UTILIZATION and needed > inputs.utilization:
         found.append(f"--gpu-memory-utilization {needed:.2f}")
@@ -170,30 +217,49 @@ def resolve_inputs(args: PlanArgs, engine_args: EngineArgs) -> PlanInputs:
     shape = ModelShape.from_hf_config(model_config.hf_config, model_config.architecture)
     tp = engine_args.tensor_parallel_size
     if tp < 1 or not _divides(shape, tp):
-        raise ConfigError(f"--tensor-parallel-size {tp} does not divide the model's heads and MLP; choose "
-                          f"one of {', '.join(str(t) for t in TP_SIZES if _divides(shape, t))}.")
+        raise ConfigError(
+            f"--tensor-parallel-size {tp} does not divide the model's heads and MLP; choose "
+            f"one of {', '.join(str(t) for t in TP_SIZES if _divides(shape, t))}."
+        )
     request_tokens = _request_tokens(args, model_config.max_model_len)
     if engine_args.max_model_len is None:  # the recommended context: what the workload needs
         model_config = replace(model_config, max_model_len=request_tokens)
     dtype_bytes = DTYPE_BYTES[model_config.dtype]
     kv_cache_dtype = engine_args.kv_cache_dtype
     kv_dtype_bytes = dtype_bytes if kv_cache_dtype == "auto" else DTYPE_BYTES[kv_cache_dtype]
-    kv_memory = (None if engine_args.kv_cache_memory is None
-                 else parse_bytes(engine_args.kv_cache_memory, "--kv-cache-memory"))
+    kv_memory = (
+        None
+        if engine_args.kv_cache_memory is None
+        else parse_bytes(engine_args.kv_cache_memory, "--kv-cache-memory")
+    )
     gpu_memory = None if kv_memory is not None else _gpu_memory(args.gpu_memory)
     batched = engine_args.max_num_batched_tokens or default_max_num_batched_tokens(args.concurrency)
     window = kv_sliding_window(model_config.hf_config, model_config.architecture)
-    return PlanInputs(shape, model_config, tp, dtype_bytes, kv_dtype_bytes, engine_args.block_size, gpu_memory,
-                      engine_args.gpu_memory_utilization, kv_memory, batched, args.concurrency, request_tokens,
-                      None if window is None else SlidingWindowReach(window, batched))
+    return PlanInputs(
+        shape,
+        model_config,
+        tp,
+        dtype_bytes,
+        kv_dtype_bytes,
+        engine_args.block_size,
+        gpu_memory,
+        engine_args.gpu_memory_utilization,
+        kv_memory,
+        batched,
+        args.concurrency,
+        request_tokens,
+        None if window is None else SlidingWindowReach(window, batched),
+    )
 
 
 def _request_tokens(args: PlanArgs, max_model_len: int) -> int:
     output = args.output_tokens or 0
     total = (args.input_tokens if args.input_tokens is not None else max_model_len - output) + output
     if total < 1 or total > max_model_len:
-        raise ConfigError(f"--input-tokens + --output-tokens = {total} must be between 1 and the model's "
-                          f"context, {max_model_len} tokens (--max-model-len).")
+        raise ConfigError(
+            f"--input-tokens + --output-tokens = {total} must be between 1 and the model's "
+            f"context, {max_model_len} tokens (--max-model-len)."
+        )
     return total
 
 
@@ -203,60 +269,97 @@ def _gpu_memory(value: str | None) -> int:
     import torch  # NOTE: only to read the local GPU's size
 
     if not torch.cuda.is_available():
-        raise ConfigError("No GPU is visible here: give the accelerator's memory with --gpu-memory (e.g. "
-                          "80GiB), or an explicit KV budget with --kv-cache-memory.")
+        raise ConfigError(
+            "No GPU is visible here: give the accelerator's memory with --gpu-memory (e.g. "
+            "80GiB), or an explicit KV budget with --kv-cache-memory."
+        )
     return torch.cuda.mem_get_info()[1]
 
 
 def report(inputs: PlanInputs, plan: Plan) -> dict[str, Any]:
     """The whole plan as one JSON-able object."""
-    return {"model": inputs.model_config.model, "architecture": inputs.model_config.architecture,
-            "dtype": inputs.model_config.dtype, "kv_cache_dtype_bytes": inputs.kv_dtype_bytes,
-            "tensor_parallel_size": inputs.tp, "block_size": inputs.block_size,
-            "gpu_memory_bytes": inputs.gpu_memory, "gpu_memory_utilization": inputs.utilization,
-            "num_parameters": inputs.shape.num_parameters(1),
-            "num_parameters_per_gpu": inputs.shape.num_parameters(inputs.tp),
-            "max_model_len": inputs.model_config.max_model_len, "concurrency": inputs.concurrency,
-            "request_tokens": inputs.request_tokens,
-            "sliding_window": None if inputs.reach is None else inputs.reach.window, **asdict(plan),
-            "recommended_flags": recommendations(inputs, plan) if plan.fits else None,
-            "would_fit": [] if plan.fits else alternatives(inputs)}
+    return {
+        "model": inputs.model_config.model,
+        "architecture": inputs.model_config.architecture,
+        "dtype": inputs.model_config.dtype,
+        "kv_cache_dtype_bytes": inputs.kv_dtype_bytes,
+        "tensor_parallel_size": inputs.tp,
+        "block_size": inputs.block_size,
+        "gpu_memory_bytes": inputs.gpu_memory,
+        "gpu_memory_utilization": inputs.utilization,
+        "num_parameters": inputs.shape.num_parameters(1),
+        "num_parameters_per_gpu": inputs.shape.num_parameters(inputs.tp),
+        "max_model_len": inputs.model_config.max_model_len,
+        "concurrency": inputs.concurrency,
+        "request_tokens": inputs.request_tokens,
+        "sliding_window": None if inputs.reach is None else inputs.reach.window,
+        **asdict(plan),
+        "recommended_flags": recommendations(inputs, plan) if plan.fits else None,
+        "would_fit": [] if plan.fits else alternatives(inputs),
+    }
 
 
 def format_table(result: dict[str, Any]) -> str:
     """The plan as a two-column table, then the verdict and the flags (or what would fit)."""
     gib = lambda key: format_bytes(result[key])  # noqa: E731
-    rows = [("model", f"{result['model']} ({result['architecture']}, {result['dtype']})"),
-            ("parameters", f"{result['num_parameters']:,} ({result['num_parameters_per_gpu']:,} per GPU, "
-                           f"tp={result['tensor_parallel_size']})"),
-            ("weights per GPU", f"{result['weights_bytes']:,} B ({gib('weights_bytes')})"),
-            ("KV bytes per token", f"{result['kv_bytes_per_token']:,} B per GPU"),
-            ("KV bytes per block", f"{result['bytes_per_block']:,} B ({result['block_size']} tokens)")]
+    rows = [
+        ("model", f"{result['model']} ({result['architecture']}, {result['dtype']})"),
+        (
+            "parameters",
+            f"{result['num_parameters']:,} ({result['num_parameters_per_gpu']:,} per GPU, "
+            f"tp={result['tensor_parallel_size']})",
+        ),
+        ("weights per GPU", f"{result['weights_bytes']:,} B ({gib('weights_bytes')})"),
+        ("KV bytes per token", f"{result['kv_bytes_per_token']:,} B per GPU"),
+        ("KV bytes per block", f"{result['bytes_per_block']:,} B ({result['block_size']} tokens)"),
+    ]
     if result["gpu_memory_bytes"] is not None:
-        rows += [("GPU memory", f"{gib('gpu_memory_bytes')} x {result['gpu_memory_utilization']}"),
-                 ("peak activations", f"{gib('activation_bytes')} (estimated; the engine profiles it)"),
-                 ("outside torch", f"{gib('non_torch_bytes')} (estimated)")]
+        rows += [
+            ("GPU memory", f"{gib('gpu_memory_bytes')} x {result['gpu_memory_utilization']}"),
+            ("peak activations", f"{gib('activation_bytes')} (estimated; the engine profiles it)"),
+            ("outside torch", f"{gib('non_torch_bytes')} (estimated)"),
+        ]
     if result["sliding_window"] is not None:
-        rows.append(("sliding window", f"{result['sliding_window']} tokens on every layer: older blocks are "
-                                       "freed, so a request holds at most the window's blocks"))
-    rows += [("KV cache budget", f"{result['kv_budget_bytes']:,} B ({gib('kv_budget_bytes')})"),
-             ("KV blocks", f"{result['num_blocks']:,} (+1 reserved)"),
-             ("KV capacity", f"{result['capacity_tokens']:,} tokens"),
-             (f"max concurrency at {result['max_model_len']} tokens",
-              f"{result['max_concurrency_at_max_model_len']:.2f}x"),
-             (f"requests of {result['request_tokens']} tokens at once",
-              f"{result['max_requests_at_request_tokens']:,}")]
+        rows.append(
+            (
+                "sliding window",
+                f"{result['sliding_window']} tokens on every layer: older blocks are "
+                "freed, so a request holds at most the window's blocks",
+            )
+        )
+    rows += [
+        ("KV cache budget", f"{result['kv_budget_bytes']:,} B ({gib('kv_budget_bytes')})"),
+        ("KV blocks", f"{result['num_blocks']:,} (+1 reserved)"),
+        ("KV capacity", f"{result['capacity_tokens']:,} tokens"),
+        (
+            f"max concurrency at {result['max_model_len']} tokens",
+            f"{result['max_concurrency_at_max_model_len']:.2f}x",
+        ),
+        (
+            f"requests of {result['request_tokens']} tokens at once",
+            f"{result['max_requests_at_request_tokens']:,}",
+        ),
+    ]
     width = max(len(name) for name, _ in rows)
     lines = [f"{name:<{width}}  {value}" for name, value in rows]
     if result["recommended_flags"] is not None:
-        lines.append(f"\nFITS: {result['concurrency']} concurrent requests of {result['request_tokens']} "
-                     "tokens. Recommended flags:")
-        lines.append("  " + " ".join(f"{flag} {value}" for flag, value in result["recommended_flags"].items()))
+        lines.append(
+            f"\nFITS: {result['concurrency']} concurrent requests of {result['request_tokens']} "
+            "tokens. Recommended flags:"
+        )
+        lines.append(
+            "  " + " ".join(f"{flag} {value}" for flag, value in result["recommended_flags"].items())
+        )
     else:
-        why = ("the weights and activations alone take more than the GPU's share"
-               if result["kv_budget_bytes"] <= 0 else "they need more KV cache than this leaves")
-        lines.append(f"\nDOES NOT FIT: {result['concurrency']} concurrent requests of "
-                     f"{result['request_tokens']} tokens: {why}. What would fit:")
+        why = (
+            "the weights and activations alone take more than the GPU's share"
+            if result["kv_budget_bytes"] <= 0
+            else "they need more KV cache than this leaves"
+        )
+        lines.append(
+            f"\nDOES NOT FIT: {result['concurrency']} concurrent requests of "
+            f"{result['request_tokens']} tokens: {why}. What would fit:"
+        )
         lines += [f"  - {option}" for option in result["would_fit"]] or ["  - nothing in reach: a larger GPU"]
     return "\n".join(lines)
 
@@ -272,10 +375,12 @@ def run_plan(namespace: argparse.Namespace) -> int:
     """Print the plan; exit status 0 when the workload fits, 1 when it does not."""
     take_model_tag(namespace)
     if not namespace.model:
-        raise ConfigError("No model given: pass it as the first argument or as --model (an HF folder, its "
-                          "config.json or a GGUF file).")
+        raise ConfigError(
+            "No model given: pass it as the first argument or as --model (an HF folder, its "
+            "config.json or a GGUF file)."
+        )
     args = dataclass_from_cli_args(PlanArgs, namespace)
-    model = args.model[:-len("config.json")] or "." if args.model.endswith("config.json") else args.model
+    model = args.model[: -len("config.json")] or "." if args.model.endswith("config.json") else args.model
     engine_args = EngineArgs(model=model, **{name: getattr(namespace, name) for name in ENGINE_FLAGS})
     inputs = resolve_inputs(args, engine_args)
     result = report(inputs, compute_plan(inputs))

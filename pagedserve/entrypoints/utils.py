@@ -1,4 +1,5 @@
 """Async helpers for the server: merging output streams, and cancelling a handler whose client left."""
+
 import asyncio
 import contextlib
 import functools

@@ -1,5 +1,6 @@
 """Executors run the workers: in this process (uniproc), one process per rank (multiproc), or one Ray
 actor per rank (ray). The registry names them without importing them: base.py knows no subclass."""
+
 from typing import TYPE_CHECKING
 
 from pagedserve.config import EngineConfig

@@ -1,4 +1,5 @@
 """The interface the EngineCore drives, whatever runs the workers."""
+
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -14,8 +15,9 @@ class Executor(ABC):
         self.config = config
 
     @abstractmethod
-    def collective_rpc(self, method: str, args: tuple[Any, ...] = (),
-                       unique_reply_rank: int | None = None) -> list[Any]:
+    def collective_rpc(
+        self, method: str, args: tuple[Any, ...] = (), unique_reply_rank: int | None = None
+    ) -> list[Any]:
         """Call `Worker.<method>(*args)` on every rank at once and return the results in rank order; with
         `unique_reply_rank`, only that rank's result is sent back (a one-item list), the others only
         acknowledge. Raises EngineDeadError naming the rank when a worker died, raised, or did not answer
@@ -41,4 +43,3 @@ class Executor(ABC):
 
     def shutdown(self) -> None:
         """Release workers (processes, actors, a Ray instance started for the run). Idempotent."""
-

@@ -1,4 +1,5 @@
 """What went wrong on which rank during one call to the workers, turned into one error."""
+
 import signal
 from dataclasses import dataclass, field
 
@@ -54,9 +55,14 @@ class RankFailures:
             return self.config_error
         parts = [f"rank {rank} died ({how})" for rank, how in sorted(self.died.items())]
         parts += [f"rank {rank} raised {what}" for rank, what in sorted(self.raised.items())]
-        why = (f"within --distributed-timeout={self.timeout_s:g}s" if self.timed_out
-               else "(hung, or blocked in a collective on a failed peer)")
+        why = (
+            f"within --distributed-timeout={self.timeout_s:g}s"
+            if self.timed_out
+            else "(hung, or blocked in a collective on a failed peer)"
+        )
         parts += [f"rank {rank} did not answer {why}" for rank in sorted(self.silent)]
         hint = " If steps are legitimately this slow, raise --distributed-timeout." if self.timed_out else ""
-        return EngineDeadError(f"Tensor-parallel worker failure during {self.call}: {'; '.join(parts)}. "
-                               f"The engine has stopped every worker and cannot serve; restart it.{hint}")
+        return EngineDeadError(
+            f"Tensor-parallel worker failure during {self.call}: {'; '.join(parts)}. "
+            f"The engine has stopped every worker and cannot serve; restart it.{hint}"
+        )

@@ -3,6 +3,7 @@
 Protocol (one pickle per call, the same bytes written to every rank's pipe):
 engine -> worker: (method, args, unique_reply_rank); worker -> engine: (True, result) or (False, failure).
 """
+
 import pickle
 import signal
 from dataclasses import dataclass

@@ -2,6 +2,7 @@
 (gloo on CPU, NCCL on CUDA) with every socket on 127.0.0.1. The engine keeps no model: it pickles each
 call once, writes the bytes to every rank's pipe, and waits on the pipes and the processes' sentinels
 together, so a dead or hung rank becomes an EngineDeadError instead of a silent hang."""
+
 import os
 import pickle
 import shutil
@@ -46,23 +47,33 @@ class MultiprocExecutor(Executor):
         self._rendezvous = make_run_dir("tp")
         # NOTE: a file rendezvous opens no port; tcp:// would listen on every interface.
         store = os.path.join(self._rendezvous, "store")
-        init = DistributedInit(f"file://{store}", parallel.tensor_parallel_size,
-                               get_platform(config.device).dist_backend, self.timeout_s,
-                               loopback_only=True)
+        init = DistributedInit(
+            f"file://{store}",
+            parallel.tensor_parallel_size,
+            get_platform(config.device).dist_backend,
+            self.timeout_s,
+            loopback_only=True,
+        )
         self.workers: list[_WorkerHandle] = []
         for rank in range(parallel.tensor_parallel_size):
             # NOTE: fresh interpreters, not multiprocessing: the user's __main__ is never re-imported.
-            process = ChildProcess(run_worker, (WorkerProcessSpec(config, rank, init),), f"pagedserve-tp{rank}")
+            process = ChildProcess(
+                run_worker, (WorkerProcessSpec(config, rank, init),), f"pagedserve-tp{rank}"
+            )
             self.workers.append(_WorkerHandle(rank, process, process.conn))
         self._finalizer = weakref.finalize(self, _stop_workers, self.workers, self._rendezvous, True)
         # NOTE: each rank answers once its Worker is built: a fresh interpreter imports torch and loads the
         # weights first, which may take longer than a step may (a death is still seen at once).
         self._gather("startup", max(self.timeout_s, _STARTUP_TIMEOUT_S))
-        logger.info("Started %d tensor-parallel worker processes (pids %s).", len(self.workers),
-                    ", ".join(str(w.process.pid) for w in self.workers))
+        logger.info(
+            "Started %d tensor-parallel worker processes (pids %s).",
+            len(self.workers),
+            ", ".join(str(w.process.pid) for w in self.workers),
+        )
 
-    def collective_rpc(self, method: str, args: tuple[Any, ...] = (),
-                       unique_reply_rank: int | None = None) -> list[Any]:
+    def collective_rpc(
+        self, method: str, args: tuple[Any, ...] = (), unique_reply_rank: int | None = None
+    ) -> list[Any]:
         if self._failure is not None:
             raise self._failure
         data = dumps((method, args, unique_reply_rank))  # one pickle, whatever the number of ranks
@@ -91,8 +102,10 @@ class MultiprocExecutor(Executor):
         deadline = time.monotonic() + timeout_s
         while len(results) < len(self.workers) and not failures:
             waiting = [w for w in self.workers if w.rank not in results]
-            ready = wait([w.conn for w in waiting] + [w.process.sentinel for w in waiting],
-                         timeout=max(0.0, deadline - time.monotonic()))
+            ready = wait(
+                [w.conn for w in waiting] + [w.process.sentinel for w in waiting],
+                timeout=max(0.0, deadline - time.monotonic()),
+            )
             failures.timed_out = not ready
             for worker in waiting:
                 self._read(worker, ready, results, failures)
@@ -100,8 +113,9 @@ class MultiprocExecutor(Executor):
             self._fail(failures, results)
         return [results[w.rank] for w in self.workers]
 
-    def _read(self, worker: _WorkerHandle, ready: list[Any], results: dict[int, Any],
-              failures: RankFailures) -> None:
+    def _read(
+        self, worker: _WorkerHandle, ready: list[Any], results: dict[int, Any], failures: RankFailures
+    ) -> None:
         """Take one rank's answer, failure report or death from the `ready` objects of wait()."""
         if worker.conn in ready or (worker.process.sentinel in ready and worker.conn.poll()):
             try:
@@ -126,8 +140,10 @@ class MultiprocExecutor(Executor):
         grace_end = time.monotonic() + (0.0 if failures.timed_out else GRACE_S)
         pending = [w for w in self.workers if w.rank not in results and not failures.resolved(w.rank)]
         while pending and time.monotonic() < grace_end:
-            ready = wait([w.conn for w in pending] + [w.process.sentinel for w in pending],
-                         timeout=max(0.0, grace_end - time.monotonic()))
+            ready = wait(
+                [w.conn for w in pending] + [w.process.sentinel for w in pending],
+                timeout=max(0.0, grace_end - time.monotonic()),
+            )
             for worker in pending:
                 self._read(worker, ready, results, failures)
             pending = [w for w in pending if w.rank not in results and not failures.resolved(w.rank)]

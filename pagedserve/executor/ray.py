@@ -3,6 +3,7 @@ nodes of a running Ray cluster when RAY_ADDRESS names it (`ray start --head` / `
 else on a private local Ray instance started for the run with every port on 127.0.0.1. Ray is optional
 (pip install 'pagedserve[ray]')
 and imported only here, lazily."""
+
 import os
 import shutil
 import sys
@@ -73,21 +74,28 @@ class RayExecutor(Executor):
         self._placement_group = ray.util.placement_group([bundle] * size, strategy="PACK")
         self._rendezvous = make_run_dir("tp")
         self.actors: list[Any] = []
-        self._finalizer = weakref.finalize(self, _release, self.actors, self._placement_group, owns_ray,
-                                           self._rendezvous)
+        self._finalizer = weakref.finalize(
+            self, _release, self.actors, self._placement_group, owns_ray, self._rendezvous
+        )
         try:
             ray.get(self._placement_group.ready(), timeout=self.timeout_s)
         except ray.exceptions.GetTimeoutError:
             self.shutdown()
-            raise ConfigError(f"The Ray cluster cannot place {size} workers needing {bundle} each within "
-                              f"--distributed-timeout={self.timeout_s:g}s (available: "
-                              f"{ray.available_resources()}); add nodes or lower --tensor-parallel-size.") from None
+            raise ConfigError(
+                f"The Ray cluster cannot place {size} workers needing {bundle} each within "
+                f"--distributed-timeout={self.timeout_s:g}s (available: "
+                f"{ray.available_resources()}); add nodes or lower --tensor-parallel-size."
+            ) from None
         actor_class = ray.remote(RayWorker)
         for rank in range(size):
-            strategy = PlacementGroupSchedulingStrategy(placement_group=self._placement_group,
-                                                        placement_group_bundle_index=rank)
-            self.actors.append(actor_class.options(num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0),
-                                                   scheduling_strategy=strategy).remote(rank))
+            strategy = PlacementGroupSchedulingStrategy(
+                placement_group=self._placement_group, placement_group_bundle_index=rank
+            )
+            self.actors.append(
+                actor_class.options(
+                    num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), scheduling_strategy=strategy
+                ).remote(rank)
+            )
         init = self._distributed_init(config)
         self._gather("startup", [actor.init_worker.remote(config, init) for actor in self.actors])
         logger.info("Started %d tensor-parallel Ray actors (rendezvous %s).", size, init.init_method)
@@ -101,20 +109,27 @@ class RayExecutor(Executor):
         backend = get_platform(config.device).dist_backend
         size, timeout = len(self.actors), self.timeout_s
         if all(node_id == ray.get_runtime_context().get_node_id() for node_id, _ in nodes):
-            return DistributedInit(f"file://{os.path.join(self._rendezvous, 'store')}", size, backend,
-                                   timeout, loopback_only=True)
+            return DistributedInit(
+                f"file://{os.path.join(self._rendezvous, 'store')}",
+                size,
+                backend,
+                timeout,
+                loopback_only=True,
+            )
         port = self._gather("startup", [self.actors[0].free_port.remote()])[0]
         return DistributedInit(f"tcp://{nodes[0][1]}:{port}", size, backend, timeout, loopback_only=False)
 
-    def collective_rpc(self, method: str, args: tuple[Any, ...] = (),
-                       unique_reply_rank: int | None = None) -> list[Any]:
+    def collective_rpc(
+        self, method: str, args: tuple[Any, ...] = (), unique_reply_rank: int | None = None
+    ) -> list[Any]:
         import ray
 
         if self._failure is not None:
             raise self._failure
         args_ref = ray.put(args)  # NOTE: serialized once into the object store, whatever the rank count
-        results = self._gather(method, [actor.execute.remote(method, args_ref, unique_reply_rank)
-                                        for actor in self.actors])
+        results = self._gather(
+            method, [actor.execute.remote(method, args_ref, unique_reply_rank) for actor in self.actors]
+        )
         return results if unique_reply_rank is None else [results[unique_reply_rank]]
 
     def shutdown(self) -> None:
@@ -177,14 +192,23 @@ def _connect(num_workers: int) -> bool:
         logger.info("Joined the Ray cluster at %s (RAY_ADDRESS).", address)
         return False
     if os.environ.get(_SINGLE_MACHINE_ENV) != "0":
-        logger.warning("Ray was imported before %s=0 was set: the local Ray instance will listen on this "
-                       "machine's LAN address. Set it in the environment to keep Ray on 127.0.0.1.",
-                       _SINGLE_MACHINE_ENV)
+        logger.warning(
+            "Ray was imported before %s=0 was set: the local Ray instance will listen on this "
+            "machine's LAN address. Set it in the environment to keep Ray on 127.0.0.1.",
+            _SINGLE_MACHINE_ENV,
+        )
     # NOTE: "local": a new instance even when a Ray cluster runs on this machine (ray.init() would join it).
-    ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
-             num_cpus=max(num_workers, os.cpu_count() or 1))
-    logger.info("Started a private local Ray instance on 127.0.0.1 for %d workers (set RAY_ADDRESS to "
-                "join a cluster).", num_workers)
+    ray.init(
+        address="local",
+        _node_ip_address="127.0.0.1",
+        include_dashboard=False,
+        num_cpus=max(num_workers, os.cpu_count() or 1),
+    )
+    logger.info(
+        "Started a private local Ray instance on 127.0.0.1 for %d workers (set RAY_ADDRESS to "
+        "join a cluster).",
+        num_workers,
+    )
     return True
 
 

@@ -1,4 +1,5 @@
 """One worker in the engine's own process (tp=1)."""
+
 from typing import Any
 
 from pagedserve.config import EngineConfig
@@ -11,6 +12,7 @@ class UniProcExecutor(Executor):
         super().__init__(config)
         self.worker = Worker(config)
 
-    def collective_rpc(self, method: str, args: tuple[Any, ...] = (),
-                       unique_reply_rank: int | None = None) -> list[Any]:
+    def collective_rpc(
+        self, method: str, args: tuple[Any, ...] = (), unique_reply_rank: int | None = None
+    ) -> list[Any]:
         return [getattr(self.worker, method)(*args)]

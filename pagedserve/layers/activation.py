@@ -1,4 +1,5 @@
 """Gated activations."""
+
 from collections.abc import Callable
 
 import torch
@@ -28,8 +29,12 @@ class GeluAndMul(nn.Module):
 
 # HF's `hidden_act` / `hidden_activation` names -> the gated activation of a gate_up projection.
 _GATED: dict[str, Callable[[], nn.Module]] = {
-    "silu": SiluAndMul, "swish": SiluAndMul, "gelu_pytorch_tanh": lambda: GeluAndMul("tanh"),
-    "gelu_new": lambda: GeluAndMul("tanh"), "gelu": GeluAndMul}
+    "silu": SiluAndMul,
+    "swish": SiluAndMul,
+    "gelu_pytorch_tanh": lambda: GeluAndMul("tanh"),
+    "gelu_new": lambda: GeluAndMul("tanh"),
+    "gelu": GeluAndMul,
+}
 
 
 def gated_activation(name: str) -> nn.Module:

@@ -1,4 +1,5 @@
 """The Attention layer models use: q/k/v in, attention over the paged cache out."""
+
 from typing import Any
 
 import torch
@@ -11,11 +12,19 @@ from pagedserve.attention.forward_context import get_attention_metadata
 class Attention(nn.Module):
     """Delegates to the engine's backend; `kv_cache` is bound by the model runner after allocation."""
 
-    def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int,
-                 sliding_window: int | None = None, logits_soft_cap: float | None = None) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        scale: float,
+        num_kv_heads: int,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
+    ) -> None:
         super().__init__()
-        self.spec = AttentionLayerSpec(num_heads, num_kv_heads, head_dim, scale, sliding_window,
-                                       logits_soft_cap)
+        self.spec = AttentionLayerSpec(
+            num_heads, num_kv_heads, head_dim, scale, sliding_window, logits_soft_cap
+        )
         self.backend: AttentionBackend[Any] | None = None  # NOTE: Any: each backend reads its own metadata
         self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
 

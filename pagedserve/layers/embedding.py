@@ -1,9 +1,14 @@
 """Vocabulary-parallel embedding and LM head: each rank holds a contiguous slice of the vocabulary."""
+
 import torch
 from torch import nn
 
-from pagedserve.distributed import (get_tp_rank, get_tp_world_size, tensor_model_parallel_all_gather,
-                                    tensor_model_parallel_all_reduce)
+from pagedserve.distributed import (
+    get_tp_rank,
+    get_tp_world_size,
+    tensor_model_parallel_all_gather,
+    tensor_model_parallel_all_reduce,
+)
 from pagedserve.quantization.base import embedding_method
 from pagedserve.utils import cdiv
 

@@ -1,4 +1,5 @@
 """Apply a step's grammar bitmask (structured outputs) to the logits: disallowed tokens get -inf."""
+
 import sys
 
 import numpy as np
@@ -8,8 +9,9 @@ import torch
 assert sys.byteorder == "little", "the grammar bitmask is unpacked as little-endian int32 words"
 
 
-def apply_grammar_bitmask(logits: torch.Tensor, row_request_ids: list[str], request_ids: list[str],
-                          bitmask: np.ndarray) -> None:
+def apply_grammar_bitmask(
+    logits: torch.Tensor, row_request_ids: list[str], request_ids: list[str], bitmask: np.ndarray
+) -> None:
     """`logits` [R, V] (row i: `row_request_ids[i]`), in place. `bitmask` row j is `request_ids[j]`'s
     (llguidance's layout: token t is bit t % 32 of int32 word t // 32); rows of other requests are left
     alone. The bits are unpacked in numpy (one C pass), then one masked_fill over the batch."""

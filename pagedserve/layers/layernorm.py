@@ -1,4 +1,5 @@
 """RMSNorm (Llama's, and Gemma's (1 + w) variant) with an optional fused residual add, and LayerNorm."""
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -10,8 +11,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
-                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Without `residual`: norm(x). With it: (norm(x + residual), x + residual)."""
         if residual is not None:
             x = x + residual

@@ -1,6 +1,7 @@
 """Tensor-parallel linear layers. Each parameter carries a `weight_loader` that copies its own shard of a
 full checkpoint tensor, so no rank ever materializes more than its part of the model. How the weight is
 stored and multiplied (float, or a quantization scheme) is the layer's `quant_method`'s business."""
+
 from collections.abc import Callable
 
 import torch
@@ -15,8 +16,10 @@ WeightLoader = Callable[[nn.Parameter, torch.Tensor, object], object]
 
 def _divide(numerator: int, denominator: int, what: str) -> int:
     if numerator % denominator:
-        raise ValueError(f"{what}={numerator} is not divisible by tensor_parallel_size={denominator}; "
-                         "choose a --tensor-parallel-size that divides it.")
+        raise ValueError(
+            f"{what}={numerator} is not divisible by tensor_parallel_size={denominator}; "
+            "choose a --tensor-parallel-size that divides it."
+        )
     return numerator // denominator
 
 
@@ -74,8 +77,14 @@ class QKVParallelLinear(ColumnParallelLinear):
     """Fused q/k/v projection. Heads are split across ranks; with fewer KV heads than ranks, each KV
     head is replicated on tp_size / num_kv_heads ranks."""
 
-    def __init__(self, hidden_size: int, head_dim: int, total_num_heads: int, total_num_kv_heads: int,
-                 bias: bool = False) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        head_dim: int,
+        total_num_heads: int,
+        total_num_kv_heads: int,
+        bias: bool = False,
+    ) -> None:
         tp_size = get_tp_world_size()
         self.head_dim = head_dim
         self.num_heads = _divide(total_num_heads, tp_size, "num_attention_heads")

@@ -3,6 +3,7 @@ by expert and runs one gate/up and one down matmul per active expert (no loop ov
 
 Under tensor parallelism every rank holds every expert's slice of the intermediate dimension (gate/up rows,
 down columns), as the dense MLP is split; the partial outputs are all-reduced once per layer."""
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -12,8 +13,9 @@ from pagedserve.layers.activation import gated_activation
 from pagedserve.layers.linear import _divide, set_weight_loader
 
 
-def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def select_experts(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """router_logits [T, num_experts] -> (weights [T, top_k] in the logits' dtype, expert ids [T, top_k]):
     softmax in float32, the top k, renormalized to sum to one when `renormalize` (HF's order)."""
     probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
@@ -27,17 +29,20 @@ class FusedMoE(nn.Module):
     """Experts' weights stacked: w13 [num_experts, 2 * intermediate / tp, hidden] (gate rows, then up
     rows) and w2 [num_experts, hidden, intermediate / tp]."""
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, hidden_act: str = "silu"
-                 ) -> None:
+    def __init__(
+        self, num_experts: int, hidden_size: int, intermediate_size: int, hidden_act: str = "silu"
+    ) -> None:
         super().__init__()
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_world_size()
         # NOTE: the linear layers' check of the split, with its message naming the flag.
         self.intermediate = _divide(intermediate_size, self.tp_size, "moe intermediate size")
         self.num_experts = num_experts
-        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * self.intermediate, hidden_size),
-                                       requires_grad=False)
-        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, self.intermediate),
-                                      requires_grad=False)
+        self.w13_weight = nn.Parameter(
+            torch.empty(num_experts, 2 * self.intermediate, hidden_size), requires_grad=False
+        )
+        self.w2_weight = nn.Parameter(
+            torch.empty(num_experts, hidden_size, self.intermediate), requires_grad=False
+        )
         for param in (self.w13_weight, self.w2_weight):
             set_weight_loader(param, self.weight_loader)
         self.act_fn = gated_activation(hidden_act)
@@ -58,7 +63,7 @@ class FusedMoE(nn.Module):
             target[:, size:].copy_(loaded.narrow(1, full + start, size))
         else:
             offset = 0 if part == "gate" else size
-            target[offset:offset + size].copy_(loaded.narrow(0, start, size))
+            target[offset : offset + size].copy_(loaded.narrow(0, start, size))
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """x [T, hidden]; topk_weights/topk_ids [T, top_k] -> sum_k weight * expert_k(x), [T, hidden]."""

@@ -7,20 +7,24 @@ each draft. Draft j is accepted with probability p_j(draft_j) (the drafts come f
 proposer, q = one-hot, so min(1, p/q) = p); at the first rejection the token is drawn from the residual
 max(0, p_j - q_j), normalized: p_j without the draft. If all d are accepted, a bonus token is drawn from
 p_d. Greedy rows use the one-hot of their argmax as p, which makes this exactly greedy decoding."""
+
 import torch
 
 from pagedserve.layers.sampler import Sampler, SamplingMetadata, draw, row_generators
 
 
-def rejection_sample(sampler: Sampler, logits: torch.Tensor, meta: SamplingMetadata,
-                     draft_token_ids: list[list[int]]) -> list[list[int]]:
+def rejection_sample(
+    sampler: Sampler, logits: torch.Tensor, meta: SamplingMetadata, draft_token_ids: list[list[int]]
+) -> list[list[int]]:
     """logits [P, V] (P = sum of len(drafts) + 1, one row per verified position, request by request) ->
     the tokens each request gets this step: its accepted drafts, then one more."""
     logits = sampler.apply_penalties_and_bias(logits, meta)
     probs = sampler.probabilities(logits, meta)
     greedy = torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(probs.dtype)
     probs = torch.where((meta.temperature == 0)[:, None], greedy, probs)
-    drafts = torch.tensor([token for draft in draft_token_ids for token in [*draft, -1]], device=logits.device)
+    drafts = torch.tensor(
+        [token for draft in draft_token_ids for token in [*draft, -1]], device=logits.device
+    )
     has_draft = drafts >= 0
     rows = torch.arange(len(drafts), device=logits.device)
     draft_probs = torch.where(has_draft, probs[rows, drafts.clamp(min=0)], 0.0)

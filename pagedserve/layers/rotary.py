@@ -1,5 +1,6 @@
 """Rotary position embeddings (neox layout, as HF Llama/Qwen2/Mistral), with linear, Llama-3 and LongRoPE
 (Phi-3's "su") scaling, over the whole head or its first `partial_rotary_factor` part."""
+
 import math
 from typing import Any
 
@@ -24,12 +25,15 @@ def rope_parameters(hf_config: Any, layer_type: str | None = None) -> dict[str, 
         params["rope_type"] = "longrope"
     params.setdefault("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0))
     params.setdefault("max_position_embeddings", hf_config.max_position_embeddings)
-    params.setdefault("original_max_position_embeddings",
-                      getattr(hf_config, "original_max_position_embeddings", None)
-                      or hf_config.max_position_embeddings)
+    params.setdefault(
+        "original_max_position_embeddings",
+        getattr(hf_config, "original_max_position_embeddings", None) or hf_config.max_position_embeddings,
+    )
     if params["rope_type"] not in SUPPORTED_ROPE_TYPES:
-        raise ValueError(f"rope_type={params['rope_type']!r} is not supported; supported: "
-                         f"{', '.join(SUPPORTED_ROPE_TYPES)}.")
+        raise ValueError(
+            f"rope_type={params['rope_type']!r} is not supported; supported: "
+            f"{', '.join(SUPPORTED_ROPE_TYPES)}."
+        )
     return params
 
 
@@ -76,8 +80,11 @@ def _cos_sin(rotary_dim: int, max_position: int, params: dict[str, Any]) -> tupl
         freqs = torch.outer(positions, _inv_freq(rotary_dim, params))
         return freqs.cos(), freqs.sin()
     is_long = (positions >= params["original_max_position_embeddings"])[:, None]
-    freqs = torch.where(is_long, torch.outer(positions, longrope_inv_freq(rotary_dim, params, True)),
-                        torch.outer(positions, longrope_inv_freq(rotary_dim, params, False)))
+    freqs = torch.where(
+        is_long,
+        torch.outer(positions, longrope_inv_freq(rotary_dim, params, True)),
+        torch.outer(positions, longrope_inv_freq(rotary_dim, params, False)),
+    )
     scale = longrope_attention_factor(params)
     return freqs.cos() * scale, freqs.sin() * scale
 
@@ -98,8 +105,9 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin_cache", sin, persistent=False)
         self._step: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # positions, cos, sin
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T]; q [T, num_heads * head_dim]; k [T, num_kv_heads * head_dim]."""
         if self._step is None or self._step[0] is not positions:
             cos = self.cos_cache[positions].repeat(1, 2).unsqueeze(1).to(q.dtype)  # [T, 1, head_dim]
@@ -111,7 +119,7 @@ class RotaryEmbedding(nn.Module):
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.view(shape[0], -1, self.head_dim)
-        x, passed = x[..., : self.rotary_dim], x[..., self.rotary_dim:]
+        x, passed = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
         half = self.rotary_dim // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return torch.cat((x * cos + rotated * sin, passed), dim=-1).view(shape)

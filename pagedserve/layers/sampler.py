@@ -1,5 +1,6 @@
 """Batched sampling: every request's logits processed together as tensors, never a loop per request
 (except for drawing seeded noise, one generator per seeded request)."""
+
 from dataclasses import dataclass
 
 import torch
@@ -89,8 +90,9 @@ def row_generators(device: torch.device, seeds: dict[int, int]) -> dict[int, tor
     return {row: torch.Generator(device).manual_seed(seed) for row, seed in seeds.items()}
 
 
-def draw(probs: torch.Tensor, seeds: dict[int, int],
-         generators: dict[int, torch.Generator] | None = None) -> torch.Tensor:
+def draw(
+    probs: torch.Tensor, seeds: dict[int, int], generators: dict[int, torch.Generator] | None = None
+) -> torch.Tensor:
     """One token per row drawn from `probs` (rows need not be normalized)."""
     # Gumbel-style sampling: argmax(p / q), q ~ Exp(1), is a draw from p.
     noise = torch.empty_like(probs).exponential_()
@@ -99,8 +101,9 @@ def draw(probs: torch.Tensor, seeds: dict[int, int],
     return (probs / noise).argmax(dim=-1)
 
 
-def _apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
-                       ) -> torch.Tensor:
+def _apply_top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+) -> torch.Tensor:
     sorted_logits, order = logits.sort(dim=-1, descending=False)
     if top_k is not None:
         kth = sorted_logits.gather(1, (logits.shape[1] - top_k).clamp(min=0)[:, None])
@@ -113,8 +116,9 @@ def _apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: 
     return sorted_logits.scatter(1, order, sorted_logits)
 
 
-def gather_logprobs(logprobs: torch.Tensor, num_top: int, token_ids: torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_logprobs(
+    logprobs: torch.Tensor, num_top: int, token_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """logprobs [N, V], token_ids [N] -> ids and values [N, 1 + num_top]: the given token, then top-k."""
     chosen = logprobs.gather(1, token_ids[:, None])
     if num_top == 0:

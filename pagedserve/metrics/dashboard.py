@@ -1,5 +1,6 @@
 """Totals for the live dashboard (GET /dashboard/state): the same statistics the Prometheus logger gets,
 kept as plain cumulative numbers; the page derives rates and mean latencies from two polls."""
+
 import time
 from typing import Any
 
@@ -17,9 +18,18 @@ class DashboardStatLogger(StatLoggerBase):
     def __init__(self) -> None:
         self.scheduler_stats = SchedulerStats()
         self.totals: dict[str, float] = {
-            "prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0, "requests_rejected": 0,
-            "requests_aborted": 0, "ttft_sum": 0.0, "ttft_count": 0, "itl_sum": 0.0, "itl_count": 0,
-            "e2e_sum": 0.0, "e2e_count": 0}
+            "prompt_tokens": 0,
+            "generation_tokens": 0,
+            "requests_finished": 0,
+            "requests_rejected": 0,
+            "requests_aborted": 0,
+            "ttft_sum": 0.0,
+            "ttft_count": 0,
+            "itl_sum": 0.0,
+            "itl_count": 0,
+            "e2e_sum": 0.0,
+            "e2e_count": 0,
+        }
 
     def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats) -> None:
         if scheduler_stats is not None:
@@ -28,8 +38,11 @@ class DashboardStatLogger(StatLoggerBase):
         totals["prompt_tokens"] += stats.num_prompt_tokens
         totals["generation_tokens"] += stats.num_generation_tokens
         totals["requests_rejected"] += stats.num_rejected_requests
-        for name, values in (("ttft", stats.time_to_first_tokens), ("itl", stats.inter_token_latencies),
-                             ("e2e", [f.e2e_latency for f in stats.finished_requests])):
+        for name, values in (
+            ("ttft", stats.time_to_first_tokens),
+            ("itl", stats.inter_token_latencies),
+            ("e2e", [f.e2e_latency for f in stats.finished_requests]),
+        ):
             totals[f"{name}_sum"] += sum(values)
             totals[f"{name}_count"] += len(values)
         totals["requests_finished"] += len(stats.finished_requests)
@@ -37,5 +50,8 @@ class DashboardStatLogger(StatLoggerBase):
 
     def state(self) -> dict[str, Any]:
         """{"time", "scheduler": the SchedulerStats fields, "totals": the counters}."""
-        return {"time": time.time(), "scheduler": msgspec.structs.asdict(self.scheduler_stats),
-                "totals": dict(self.totals)}
+        return {
+            "time": time.time(),
+            "scheduler": msgspec.structs.asdict(self.scheduler_stats),
+            "totals": dict(self.totals),
+        }

@@ -1,4 +1,5 @@
 """Stat loggers: each receives every batch of statistics; `log()` is called every few seconds."""
+
 import time
 from abc import ABC, abstractmethod
 
@@ -50,12 +51,20 @@ class LoggingStatLogger(StatLoggerBase):
         drafted = stats.spec_decode_num_draft_tokens - self.last_spec[0]
         accepted = stats.spec_decode_num_accepted_tokens - self.last_spec[1]
         spec = f", Draft acceptance rate: {100 * accepted / drafted:.1f}% of {drafted}" if drafted else ""
-        logger.info("Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
-                    "Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: "
-                    "%.1f%%, Preemptions: %d (total %d)%s", self.num_prompt_tokens / elapsed,
-                    self.num_generation_tokens / elapsed, stats.num_running_reqs, stats.num_waiting_reqs,
-                    stats.kv_cache_usage * 100, 100 * hits / queries if queries else 0.0,
-                    stats.num_preemptions_total - self.last_preemptions_total, stats.num_preemptions_total, spec)
+        logger.info(
+            "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
+            "Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: "
+            "%.1f%%, Preemptions: %d (total %d)%s",
+            self.num_prompt_tokens / elapsed,
+            self.num_generation_tokens / elapsed,
+            stats.num_running_reqs,
+            stats.num_waiting_reqs,
+            stats.kv_cache_usage * 100,
+            100 * hits / queries if queries else 0.0,
+            stats.num_preemptions_total - self.last_preemptions_total,
+            stats.num_preemptions_total,
+            spec,
+        )
         self.last_spec = (stats.spec_decode_num_draft_tokens, stats.spec_decode_num_accepted_tokens)
         self.last_prefix_cache = (stats.prefix_cache_queries, stats.prefix_cache_hits)
         self.num_prompt_tokens = self.num_generation_tokens = 0

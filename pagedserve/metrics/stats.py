@@ -1,4 +1,5 @@
 """What the frontend measures from the engine-core outputs, one batch of outputs at a time."""
+
 from dataclasses import dataclass, field
 
 

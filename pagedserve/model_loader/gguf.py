@@ -5,6 +5,7 @@ treats a HF folder's.
 llama.cpp's converters change some tensors, undone here: q/k rows permuted for its rope layout (llama,
 mistral), Gemma's norm weights stored as 1 + w, Falcon's fused q/k/v regrouped as [q; k; v], and experts
 stacked into one tensor per projection (split here into HF's per-expert tensors)."""
+
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -19,30 +20,52 @@ from pagedserve.logger import init_logger
 logger = init_logger(__name__)
 
 _LAYER_NAMES = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
     "attn_qkv": "self_attn.qkv_proj",
     # Mixture of experts (Qwen2/3-MoE): the router, stacked experts, the shared expert and its gate.
-    "ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.gate_proj", "ffn_up_exps": "mlp.experts.up_proj",
-    "ffn_down_exps": "mlp.experts.down_proj", "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
-    "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
     "ffn_down_shexp": "mlp.shared_expert.down_proj",
 }
 # Per architecture (general.architecture): names that differ from the table above.
 _ARCH_LAYER_NAMES = {
     "phi3": {"ffn_up": "mlp.gate_up_proj"},  # gate and up fused, as in HF's checkpoint
-    "gemma2": {"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
-               "post_ffw_norm": "post_feedforward_layernorm"},
-    "falcon": {"attn_norm": "input_layernorm", "attn_norm_2": "ln_mlp",
-               "attn_qkv": "self_attention.query_key_value", "attn_output": "self_attention.dense",
-               "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"},
+    "gemma2": {
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
+    "falcon": {
+        "attn_norm": "input_layernorm",
+        "attn_norm_2": "ln_mlp",
+        "attn_qkv": "self_attention.query_key_value",
+        "attn_output": "self_attention.dense",
+        "ffn_up": "mlp.dense_h_to_4h",
+        "ffn_down": "mlp.dense_4h_to_h",
+    },
 }
 _ARCH_LAYER_NAMES["gemma3"] = _ARCH_LAYER_NAMES["gemma2"]
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_FALCON_GLOBAL_NAMES = {"token_embd": "transformer.word_embeddings", "output_norm": "transformer.ln_f",
-                        "output": "lm_head"}
+_FALCON_GLOBAL_NAMES = {
+    "token_embd": "transformer.word_embeddings",
+    "output_norm": "transformer.ln_f",
+    "output": "lm_head",
+}
 # llama.cpp's converter permutes q/k rows of these architectures for its rope layout; we undo it.
 _PERMUTED_ARCHS = ("llama", "mistral")
 _GEMMA_ARCHS = ("gemma2", "gemma3")
@@ -66,8 +89,11 @@ def _hf_name(name: str, arch: str, hf_config: Any) -> str | None:
 
 def _unpermute(weight: np.ndarray, num_heads: int) -> np.ndarray:
     rows = weight.shape[0]
-    return (weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
-            .swapaxes(1, 2).reshape(weight.shape))
+    return (
+        weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
 
 
 def _falcon_qkv(weight: np.ndarray, hf_config: Any) -> np.ndarray:
@@ -78,9 +104,14 @@ def _falcon_qkv(weight: np.ndarray, hf_config: Any) -> np.ndarray:
     head_dim = weight.shape[0] // (heads + 2 * kv_heads)
     q, k, v = np.split(weight, [heads * head_dim, (heads + kv_heads) * head_dim])
     rest = weight.shape[1:]
-    grouped = np.concatenate([q.reshape(kv_heads, heads // kv_heads, head_dim, *rest),
-                              k.reshape(kv_heads, 1, head_dim, *rest), v.reshape(kv_heads, 1, head_dim, *rest)],
-                             axis=1)
+    grouped = np.concatenate(
+        [
+            q.reshape(kv_heads, heads // kv_heads, head_dim, *rest),
+            k.reshape(kv_heads, 1, head_dim, *rest),
+            v.reshape(kv_heads, 1, head_dim, *rest),
+        ],
+        axis=1,
+    )
     return grouped.reshape(weight.shape)
 
 
@@ -103,7 +134,9 @@ def _hf_tensors(name: str, weight: np.ndarray, arch: str, hf_config: Any) -> Ite
     yield name, weight
 
 
-def iterate_gguf(path: str, hf_config: Any, keep_quantized: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+def iterate_gguf(
+    path: str, hf_config: Any, keep_quantized: bool = False
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF name, float32 tensor) for every tensor of the file. With `keep_quantized`, a 2-D tensor
     `<x>.weight` that needs no regrouping comes instead as `<x>.qweight_type` (its ggml type id, a 0-d
     int64 tensor) followed by `<x>.qweight` (uint8 [rows, row_bytes], its raw blocks, q/k rows in HF's
@@ -116,9 +149,11 @@ def iterate_gguf(path: str, hf_config: Any, keep_quantized: bool = False) -> Ite
     reader = GGUFReader(path)
     arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
     if arch == "llama" and any(t.name.endswith("ffn_gate_exps.weight") for t in reader.tensors):
-        raise ConfigError(f"{path} is a mixture of experts stored as a Llama GGUF (Mixtral): transformers "
-                          "reads its config as a dense Llama, so pagedserve cannot build it; serve the HF "
-                          "folder (safetensors) instead.")
+        raise ConfigError(
+            f"{path} is a mixture of experts stored as a Llama GGUF (Mixtral): transformers "
+            "reads its config as a dense Llama, so pagedserve cannot build it; serve the HF "
+            "folder (safetensors) instead."
+        )
     dequantized_types: set[str] = set()
     for tensor in reader.tensors:
         name = _hf_name(tensor.name, arch, hf_config)
@@ -132,16 +167,20 @@ def iterate_gguf(path: str, hf_config: Any, keep_quantized: bool = False) -> Ite
             base = name.removesuffix(".weight")
             yield f"{base}.qweight_type", torch.tensor(ggml_type)
             if permuted:  # the same row order as _hf_tensors gives a dequantized q/k
-                rows = _unpermute(rows, hf_config.num_attention_heads if "q_proj" in name
-                                  else hf_config.num_key_value_heads)
+                rows = _unpermute(
+                    rows, hf_config.num_attention_heads if "q_proj" in name else hf_config.num_key_value_heads
+                )
             yield f"{base}.qweight", torch.from_numpy(np.array(rows))
             continue
         weight = dequantize(tensor.data, tensor.tensor_type)
         for hf_name, hf_weight in _hf_tensors(name, weight, arch, hf_config):
             yield hf_name, torch.from_numpy(np.array(hf_weight, dtype=np.float32))
     if dequantized_types:
-        logger.info("GGUF tensors of type(s) %s have no native kernel: dequantized to float32 at load "
-                    "(native: %s).", ", ".join(sorted(dequantized_types)), ", ".join(NATIVE_GGML_TYPES))
+        logger.info(
+            "GGUF tensors of type(s) %s have no native kernel: dequantized to float32 at load (native: %s).",
+            ", ".join(sorted(dequantized_types)),
+            ", ".join(NATIVE_GGML_TYPES),
+        )
 
 
 def _native_rows(tensor: Any, dequantized_types: set[str]) -> tuple[int, np.ndarray]:

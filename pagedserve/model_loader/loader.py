@@ -1,4 +1,5 @@
 """Construct the model on its device in its dtype, then load (or randomize) its weights."""
+
 import os
 from collections.abc import Iterator
 from typing import cast
@@ -39,14 +40,17 @@ def load_model(config: ModelConfig, device: torch.device) -> CausalLM:
         # NOTE: CheckpointTensor stands in for a tensor (it reads itself under any torch function).
         weights = cast(Iterator[tuple[str, torch.Tensor]], iterate_safetensors(config.model))
     else:
-        raise ConfigError(f"Model {config.model!r} is not a local folder or GGUF file; pagedserve does "
-                          "not download models: pass a local path (--model).")
+        raise ConfigError(
+            f"Model {config.model!r} is not a local folder or GGUF file; pagedserve does "
+            "not download models: pass a local path (--model)."
+        )
     loaded = model.load_weights(weights)
     expected = {name for name, _ in model.named_parameters()}
     missing = expected - loaded
     if missing:
-        raise ConfigError(f"The checkpoint of {config.model} lacks {len(missing)} weights, e.g. "
-                          f"{sorted(missing)[:3]}.")
+        raise ConfigError(
+            f"The checkpoint of {config.model} lacks {len(missing)} weights, e.g. {sorted(missing)[:3]}."
+        )
     for module in model.modules():
         method = getattr(module, "quant_method", None)
         if isinstance(method, QuantizeMethodBase):

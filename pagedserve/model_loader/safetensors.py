@@ -5,6 +5,7 @@ narrows it to its shard and reads that slice alone (safetensors' layout, header 
 with pread: unlike safetensors' own mmap-based `get_slice`, the other ranks' bytes never enter this
 process's memory).
 """
+
 import glob
 import json
 import math
@@ -17,9 +18,18 @@ import torch
 
 from pagedserve.errors import ConfigError
 
-_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-           "BOOL": torch.bool}
+_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 
 
 class CheckpointTensor:
@@ -27,8 +37,14 @@ class CheckpointTensor:
     function given this object (e.g. `param.data.copy_(tensor)`) reads it whole. Valid while its file
     is open (until the iterator moves to the next file)."""
 
-    def __init__(self, fd: int, offset: int, dtype: torch.dtype, shape: tuple[int, ...],
-                 target_dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        fd: int,
+        offset: int,
+        dtype: torch.dtype,
+        shape: tuple[int, ...],
+        target_dtype: torch.dtype | None = None,
+    ) -> None:
         self.fd, self.offset, self.dtype, self.shape = fd, offset, dtype, torch.Size(shape)
         self.target_dtype = target_dtype or dtype
 
@@ -39,10 +55,12 @@ class CheckpointTensor:
     def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
         """Read the slice [start, start + length) of dimension `dim` (and nothing else)."""
         if not 0 <= start <= start + length <= self.shape[dim]:
-            raise IndexError(f"Slice [{start}, {start + length}) of dimension {dim} out of {tuple(self.shape)}.")
-        out = torch.empty((*self.shape[:dim], length, *self.shape[dim + 1:]), dtype=self.dtype)
+            raise IndexError(
+                f"Slice [{start}, {start + length}) of dimension {dim} out of {tuple(self.shape)}."
+            )
+        out = torch.empty((*self.shape[:dim], length, *self.shape[dim + 1 :]), dtype=self.dtype)
         item = out.element_size()
-        inner = math.prod(self.shape[dim + 1:]) * item  # bytes of one index of `dim`
+        inner = math.prod(self.shape[dim + 1 :]) * item  # bytes of one index of `dim`
         chunk = out.view(torch.uint8).reshape(math.prod(self.shape[:dim]), length * inner)
         for outer, row in enumerate(chunk):  # one contiguous run per index of the outer dimensions
             _pread_into(self.fd, row, self.offset + (outer * self.shape[dim] + start) * inner)
@@ -51,12 +69,19 @@ class CheckpointTensor:
     def read(self) -> torch.Tensor:
         """The whole tensor."""
         if not self.shape:  # a scalar: read as one element
-            return CheckpointTensor(self.fd, self.offset, self.dtype, (1,), self.target_dtype).read().reshape(())
+            return (
+                CheckpointTensor(self.fd, self.offset, self.dtype, (1,), self.target_dtype).read().reshape(())
+            )
         return self.narrow(0, 0, self.shape[0])
 
     @classmethod
-    def __torch_function__(cls, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_function__(
+        cls,
+        func: Callable[..., Any],
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         read = lambda value: value.read() if isinstance(value, CheckpointTensor) else value  # noqa: E731
         return func(*map(read, args), **{key: read(value) for key, value in (kwargs or {}).items()})
 
@@ -88,10 +113,16 @@ def _tensors(path: str, fd: int) -> Iterator[tuple[str, CheckpointTensor]]:
         if name == "__metadata__":
             continue
         if entry["dtype"] not in _DTYPES:
-            raise ConfigError(f"{path}: tensor {name} has dtype {entry['dtype']}, which pagedserve cannot "
-                              f"load (supported: {', '.join(_DTYPES)}).")
-        yield name, CheckpointTensor(fd, 8 + header_len + entry["data_offsets"][0], _DTYPES[entry["dtype"]],
-                                     tuple(entry["shape"]))
+            raise ConfigError(
+                f"{path}: tensor {name} has dtype {entry['dtype']}, which pagedserve cannot "
+                f"load (supported: {', '.join(_DTYPES)})."
+            )
+        yield (
+            name,
+            CheckpointTensor(
+                fd, 8 + header_len + entry["data_offsets"][0], _DTYPES[entry["dtype"]], tuple(entry["shape"])
+            ),
+        )
 
 
 def _pread_into(fd: int, buffer: torch.Tensor, offset: int) -> None:

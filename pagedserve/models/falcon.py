@@ -2,6 +2,7 @@
 40B/180B `new_decoder_architecture` (grouped KV, separate LayerNorms for attention and MLP); rotary
 positions. The attention is Llama's (with biases where `bias` is set); the checkpoint's fused
 query_key_value is split into q, k and v here, whatever its layout. ALiBi variants are refused."""
+
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -19,10 +20,13 @@ from pagedserve.models.llama import AttentionOptions, LlamaAttention, LlamaForCa
 from pagedserve.utils.hf_config import falcon_parallel_attention, falcon_two_layernorms, num_kv_heads
 
 # HF Falcon names -> ours (the Llama attention's, and the model's embed_tokens / layers / norm).
-_RENAMES = [(r"^transformer\.word_embeddings\.", "model.embed_tokens."),
-            (r"^transformer\.h\.", "model.layers."), (r"^transformer\.ln_f\.", "model.norm."),
-            (r"\.self_attention\.query_key_value\.", ".self_attn.qkv_proj."),
-            (r"\.self_attention\.dense\.", ".self_attn.o_proj.")]
+_RENAMES = [
+    (r"^transformer\.word_embeddings\.", "model.embed_tokens."),
+    (r"^transformer\.h\.", "model.layers."),
+    (r"^transformer\.ln_f\.", "model.norm."),
+    (r"\.self_attention\.query_key_value\.", ".self_attn.qkv_proj."),
+    (r"\.self_attention\.dense\.", ".self_attn.o_proj."),
+]
 
 
 class FalconMLP(nn.Module):
@@ -80,14 +84,23 @@ class FalconModel(nn.Module):
 class FalconForCausalLM(LlamaForCausalLM):
     def make_model(self, config: Any) -> nn.Module:
         if config.alibi:
-            raise ConfigError("Falcon with alibi=true (ALiBi position biases, e.g. falcon-rw) is not "
-                              "supported: pagedserve runs the rotary Falcon models (7B, 40B, 180B).")
-        rotary_emb = RotaryEmbedding(head_dim(config), config.max_position_embeddings,
-                                     rope_parameters(config))
-        options = AttentionOptions(qkv_bias=config.bias, o_bias=config.bias,
-                                   num_kv_heads=num_kv_heads(config, "FalconForCausalLM"))
-        return FalconModel(config, [FalconDecoderLayer(config, LlamaAttention(config, options, rotary_emb))
-                                    for _ in range(config.num_hidden_layers)])
+            raise ConfigError(
+                "Falcon with alibi=true (ALiBi position biases, e.g. falcon-rw) is not "
+                "supported: pagedserve runs the rotary Falcon models (7B, 40B, 180B)."
+            )
+        rotary_emb = RotaryEmbedding(
+            head_dim(config), config.max_position_embeddings, rope_parameters(config)
+        )
+        options = AttentionOptions(
+            qkv_bias=config.bias, o_bias=config.bias, num_kv_heads=num_kv_heads(config, "FalconForCausalLM")
+        )
+        return FalconModel(
+            config,
+            [
+                FalconDecoderLayer(config, LlamaAttention(config, options, rotary_emb))
+                for _ in range(config.num_hidden_layers)
+            ],
+        )
 
     def checkpoint_tensors(self, name: str, tensor: torch.Tensor) -> Iterator[ParamShard]:
         for pattern, replacement in _RENAMES:
@@ -113,4 +126,6 @@ class FalconForCausalLM(LlamaForCausalLM):
         else:
             per_head = rows.view(heads, 3, *rows.shape[1:])
             q, k, v = per_head[:, 0], per_head[:, 1], per_head[:, 2]
-        return [(part.reshape(-1, *tensor.shape[1:]), shard) for part, shard in ((q, "q"), (k, "k"), (v, "v"))]
+        return [
+            (part.reshape(-1, *tensor.shape[1:]), shard) for part, shard in ((q, "q"), (k, "k"), (v, "v"))
+        ]

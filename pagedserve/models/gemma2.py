@@ -2,6 +2,7 @@
 after attention, before and after the MLP), the embedding scaled by sqrt(hidden_size), queries scaled by
 query_pre_attn_scalar ** -0.5, soft-capped attention and final logits, and alternating local (sliding
 window) and global layers."""
+
 from typing import Any
 
 import torch
@@ -9,8 +10,15 @@ from torch import nn
 
 from pagedserve.layers.layernorm import GemmaRMSNorm
 from pagedserve.layers.rotary import RotaryEmbedding, rope_parameters
-from pagedserve.models.llama import (AttentionOptions, LlamaAttention, LlamaForCausalLM, LlamaMLP, LlamaModel,
-                                     add_and_norm, head_dim)
+from pagedserve.models.llama import (
+    AttentionOptions,
+    LlamaAttention,
+    LlamaForCausalLM,
+    LlamaMLP,
+    LlamaModel,
+    add_and_norm,
+    head_dim,
+)
 from pagedserve.utils.hf_config import layer_sliding_window
 
 
@@ -25,8 +33,9 @@ class Gemma2DecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = GemmaRMSNorm(size, eps)
         self.post_feedforward_layernorm = GemmaRMSNorm(size, eps)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         hidden, residual = add_and_norm(self.input_layernorm, hidden, residual)
         hidden = self.post_attention_layernorm(self.self_attn(positions, hidden))
         hidden, residual = self.pre_feedforward_layernorm(hidden, residual)
@@ -35,17 +44,27 @@ class Gemma2DecoderLayer(nn.Module):
 
 class Gemma2ForCausalLM(LlamaForCausalLM):
     def make_model(self, config: Any) -> nn.Module:
-        rotaries = {layer_type: RotaryEmbedding(head_dim(config), config.max_position_embeddings,
-                                                rope_parameters(config, layer_type))
-                    for layer_type in set(config.layer_types)}
-        return LlamaModel(config, lambda i: self.make_layer(config, i, rotaries[config.layer_types[i]]),
-                          GemmaRMSNorm, embed_scale=config.hidden_size**0.5)
+        rotaries = {
+            layer_type: RotaryEmbedding(
+                head_dim(config), config.max_position_embeddings, rope_parameters(config, layer_type)
+            )
+            for layer_type in set(config.layer_types)
+        }
+        return LlamaModel(
+            config,
+            lambda i: self.make_layer(config, i, rotaries[config.layer_types[i]]),
+            GemmaRMSNorm,
+            embed_scale=config.hidden_size**0.5,
+        )
 
     def attention_options(self, config: Any, layer_idx: int) -> AttentionOptions:
-        return AttentionOptions(qkv_bias=getattr(config, "attention_bias", False), qk_norm=self.qk_norm,
-                                scale=config.query_pre_attn_scalar**-0.5,
-                                sliding_window=layer_sliding_window(config, layer_idx, type(self).__name__),
-                                logits_soft_cap=getattr(config, "attn_logit_softcapping", None))
+        return AttentionOptions(
+            qkv_bias=getattr(config, "attention_bias", False),
+            qk_norm=self.qk_norm,
+            scale=config.query_pre_attn_scalar**-0.5,
+            sliding_window=layer_sliding_window(config, layer_idx, type(self).__name__),
+            logits_soft_cap=getattr(config, "attn_logit_softcapping", None),
+        )
 
     def make_mlp(self, config: Any, layer_idx: int) -> nn.Module:
         activation = getattr(config, "hidden_activation", None) or config.hidden_act

@@ -1,4 +1,5 @@
 """What the model runner and loader call on every model, whatever its family."""
+
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 

@@ -1,6 +1,7 @@
 """Llama family (Llama 2/3, SmolLM2, TinyLlama): GQA, rope scaling, tied embeddings. The other families
 reuse these blocks through the hooks of `LlamaForCausalLM` (attention options, the MLP of each layer, the
 layer itself, the checkpoint's names) wherever their math is Llama's."""
+
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -53,9 +54,13 @@ class LlamaAttention(nn.Module):
     def __init__(self, config: Any, options: AttentionOptions, rotary_emb: RotaryEmbedding) -> None:
         super().__init__()
         dim = head_dim(config)
-        self.qkv_proj = QKVParallelLinear(config.hidden_size, dim, config.num_attention_heads,
-                                          options.num_kv_heads or config.num_key_value_heads,
-                                          bias=options.qkv_bias)
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size,
+            dim,
+            config.num_attention_heads,
+            options.num_kv_heads or config.num_key_value_heads,
+            bias=options.qkv_bias,
+        )
         self.q_size = self.qkv_proj.num_heads * dim
         self.kv_size = self.qkv_proj.num_kv_heads * dim
         self.head_dim = dim
@@ -65,8 +70,14 @@ class LlamaAttention(nn.Module):
             self.q_norm = options.qk_norm(dim, config.rms_norm_eps)
             self.k_norm = options.qk_norm(dim, config.rms_norm_eps)
         self.qk_norm = options.qk_norm is not None
-        self.attn = Attention(self.qkv_proj.num_heads, dim, options.scale or dim**-0.5,
-                              self.qkv_proj.num_kv_heads, options.sliding_window, options.logits_soft_cap)
+        self.attn = Attention(
+            self.qkv_proj.num_heads,
+            dim,
+            options.scale or dim**-0.5,
+            self.qkv_proj.num_kv_heads,
+            options.sliding_window,
+            options.logits_soft_cap,
+        )
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -77,8 +88,9 @@ class LlamaAttention(nn.Module):
         return self.o_proj(self.attn(q, k, v))
 
 
-def add_and_norm(norm: RMSNorm, hidden: torch.Tensor, residual: torch.Tensor | None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def add_and_norm(
+    norm: RMSNorm, hidden: torch.Tensor, residual: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(norm(hidden + residual), hidden + residual); the first layer has no residual yet."""
     if residual is None:
         return norm(hidden), hidden
@@ -93,8 +105,9 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         hidden, residual = add_and_norm(self.input_layernorm, hidden, residual)
         hidden = self.self_attn(positions, hidden)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
@@ -104,8 +117,13 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     """Embedding (times `embed_scale`, Gemma's), the decoder layers `make_layer(i)` and the final norm."""
 
-    def __init__(self, config: Any, make_layer: Callable[[int], nn.Module],
-                 norm_class: type[RMSNorm] = RMSNorm, embed_scale: float | None = None) -> None:
+    def __init__(
+        self,
+        config: Any,
+        make_layer: Callable[[int], nn.Module],
+        norm_class: type[RMSNorm] = RMSNorm,
+        embed_scale: float | None = None,
+    ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.embed_scale = embed_scale
@@ -130,9 +148,13 @@ class LlamaForCausalLM(CausalLM):
     qkv_bias = False
     qk_norm: type[RMSNorm] | None = None
     # checkpoint name fragment -> (our fused parameter fragment, shard id)
-    stacked_params = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"),
-                      "v_proj": ("qkv_proj", "v"), "gate_proj": ("gate_up_proj", 0),
-                      "up_proj": ("gate_up_proj", 1)}
+    stacked_params = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
 
     def __init__(self, config: Any) -> None:
         super().__init__()
@@ -145,13 +167,17 @@ class LlamaForCausalLM(CausalLM):
             self.lm_head.tie_to(embed_tokens)
 
     def make_model(self, config: Any) -> nn.Module:
-        rotary_emb = RotaryEmbedding(head_dim(config), config.max_position_embeddings,
-                                     rope_parameters(config))
+        rotary_emb = RotaryEmbedding(
+            head_dim(config), config.max_position_embeddings, rope_parameters(config)
+        )
         return LlamaModel(config, lambda i: self.make_layer(config, i, rotary_emb))
 
     def attention_options(self, config: Any, layer_idx: int) -> AttentionOptions:
-        return AttentionOptions(qkv_bias=self.qkv_bias, qk_norm=self.qk_norm,
-                                sliding_window=layer_sliding_window(config, layer_idx, type(self).__name__))
+        return AttentionOptions(
+            qkv_bias=self.qkv_bias,
+            qk_norm=self.qk_norm,
+            sliding_window=layer_sliding_window(config, layer_idx, type(self).__name__),
+        )
 
     def make_mlp(self, config: Any, layer_idx: int) -> nn.Module:
         return LlamaMLP(config.hidden_size, config.intermediate_size, getattr(config, "hidden_act", "silu"))

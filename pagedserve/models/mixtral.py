@@ -1,5 +1,6 @@
 """Mixtral: the Llama attention; each layer's MLP is a sparse mixture of experts (top-k of a softmax
 router, renormalized), run by the fused experts layer (layers/moe.py)."""
+
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -14,16 +15,24 @@ from pagedserve.models.llama import LlamaForCausalLM, ParamShard
 _EXPERT = re.compile(r"(.*\.experts)\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$")
 # All experts' tensors in one (the layout transformers 5 uses in memory).
 _FUSED_EXPERTS = re.compile(r"(.*\.experts)\.(gate_up_proj|down_proj)$")
-_PARTS = {"w1": "gate", "w3": "up", "w2": "down", "gate_proj": "gate", "up_proj": "up", "down_proj": "down",
-          "gate_up_proj": "gate_up"}
+_PARTS = {
+    "w1": "gate",
+    "w3": "up",
+    "w2": "down",
+    "gate_proj": "gate",
+    "up_proj": "up",
+    "down_proj": "down",
+    "gate_up_proj": "gate_up",
+}
 
 
 class SparseMoeBlock(nn.Module):
     """Router (`gate`, replicated) and experts; `shared_expert` (Qwen2-MoE), when given, is added to
     every token's output, weighted by sigmoid(shared_expert_gate(x))."""
 
-    def __init__(self, config: Any, intermediate_size: int, renormalize: bool,
-                 shared_expert: nn.Module | None = None) -> None:
+    def __init__(
+        self, config: Any, intermediate_size: int, renormalize: bool, shared_expert: nn.Module | None = None
+    ) -> None:
         super().__init__()
         num_experts = getattr(config, "num_local_experts", None) or config.num_experts
         self.top_k, self.renormalize = config.num_experts_per_tok, renormalize

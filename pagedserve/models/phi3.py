@@ -1,5 +1,6 @@
 """Phi-3: the Llama blocks; the checkpoint stores q/k/v fused (qkv_proj) and gate/up fused (gate_up_proj),
 split here into the shards each rank keeps; LongRoPE ("su") scaling is in layers/rotary.py."""
+
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +17,6 @@ def split_qkv(config: Any, tensor: torch.Tensor) -> list[tuple[torch.Tensor, str
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):
-
     def checkpoint_tensors(self, name: str, tensor: torch.Tensor) -> Iterator[ParamShard]:
         if ".qkv_proj." in name:
             yield from ((name, part, shard) for part, shard in split_qkv(self.config, tensor))

@@ -1,4 +1,5 @@
 """Qwen2: the Llama blocks with a bias on the q/k/v projections."""
+
 from pagedserve.models.llama import LlamaForCausalLM
 
 

@@ -1,5 +1,6 @@
 """Qwen2-MoE: the Qwen2 attention (q/k/v bias); sparse layers (every `decoder_sparse_step`-th, except
 `mlp_only_layers`) are a mixture of experts plus a gated shared expert, the others a dense MLP."""
+
 from typing import Any
 
 from torch import nn

@@ -1,5 +1,6 @@
 """Architecture name (config.json's `architectures`) -> model class, imported on demand. Family `t`
 lives in models/t.py; config.MODEL_ARCHITECTURES lists the same architectures (a test checks it)."""
+
 from pagedserve.models.interface import CausalLM
 from pagedserve.utils.registry import Registry
 
@@ -7,10 +8,16 @@ MODELS: Registry[CausalLM] = Registry("Model architecture", "--model")
 MODELS.register("LlamaForCausalLM", "pagedserve.models.llama:LlamaForCausalLM")
 MODELS.register("MistralForCausalLM", "pagedserve.models.mistral:MistralForCausalLM")
 MODELS.register("Qwen2ForCausalLM", "pagedserve.models.qwen2:Qwen2ForCausalLM")
-for _module, _architecture in (("qwen3", "Qwen3ForCausalLM"), ("gemma2", "Gemma2ForCausalLM"),
-                               ("gemma3_text", "Gemma3ForCausalLM"), ("phi3", "Phi3ForCausalLM"),
-                               ("falcon", "FalconForCausalLM"), ("mixtral", "MixtralForCausalLM"),
-                               ("qwen2_moe", "Qwen2MoeForCausalLM"), ("qwen3_moe", "Qwen3MoeForCausalLM")):
+for _module, _architecture in (
+    ("qwen3", "Qwen3ForCausalLM"),
+    ("gemma2", "Gemma2ForCausalLM"),
+    ("gemma3_text", "Gemma3ForCausalLM"),
+    ("phi3", "Phi3ForCausalLM"),
+    ("falcon", "FalconForCausalLM"),
+    ("mixtral", "MixtralForCausalLM"),
+    ("qwen2_moe", "Qwen2MoeForCausalLM"),
+    ("qwen3_moe", "Qwen3MoeForCausalLM"),
+):
     MODELS.register(_architecture, f"pagedserve.models.{_module}:{_architecture}")
 
 

@@ -1,4 +1,5 @@
 """The device kinds the engine runs on (CPU, CUDA): see interface.Platform for what they decide."""
+
 from pagedserve.platforms.interface import Platform
 
 

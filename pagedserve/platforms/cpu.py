@@ -1,5 +1,6 @@
 """The CPU platform: ranks share the host's cores, the KV cache is lazily committed memory with an
 explicit (or modest default) budget, gloo joins the ranks, the native C++ kernels decode."""
+
 import math
 import mmap
 import os
@@ -28,20 +29,31 @@ class CpuPlatform(Platform):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // tensor_parallel_size))
         return torch.device("cpu")
 
-    def kv_budget(self, cache: CacheConfig, weights_bytes: int, device: torch.device,
-                  profile: Callable[[], None], baseline: int) -> MemoryReport:
+    def kv_budget(
+        self,
+        cache: CacheConfig,
+        weights_bytes: int,
+        device: torch.device,
+        profile: Callable[[], None],
+        baseline: int,
+    ) -> MemoryReport:
         """The explicit --kv-cache-memory, else min(4 GiB, a quarter of available RAM)."""
         if cache.kv_cache_memory is not None:
             return MemoryReport(cache.kv_cache_memory, weights_bytes, "explicit --kv-cache-memory")
         available = psutil.virtual_memory().available
         budget = min(CPU_DEFAULT_KV_BYTES, available // 4)
-        logger.info("CPU: --gpu-memory-utilization=%s does not apply; KV cache gets the default "
-                    "min(4 GiB, available RAM %s / 4) = %s (set --kv-cache-memory to change).",
-                    cache.gpu_memory_utilization, format_bytes(available), format_bytes(budget))
+        logger.info(
+            "CPU: --gpu-memory-utilization=%s does not apply; KV cache gets the default "
+            "min(4 GiB, available RAM %s / 4) = %s (set --kv-cache-memory to change).",
+            cache.gpu_memory_utilization,
+            format_bytes(available),
+            format_bytes(budget),
+        )
         return MemoryReport(budget, weights_bytes, f"CPU default of {format_bytes(budget)}")
 
-    def allocate_kv_cache(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
-                          ) -> torch.Tensor:
+    def allocate_kv_cache(
+        self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
         return lazy_zeros(shape, dtype)
 
     def allocate_host_swap(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

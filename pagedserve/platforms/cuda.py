@@ -1,5 +1,6 @@
 """The CUDA platform: one GPU per rank, a KV budget profiled as vLLM does (total x
 gpu_memory_utilization - weights - peak activations - memory outside torch), NCCL, pinned swap memory."""
+
 from collections.abc import Callable
 
 import torch
@@ -24,8 +25,14 @@ class CudaPlatform(Platform):
     def memory_baseline(self, device: torch.device) -> int:
         return int(torch.cuda.mem_get_info(device)[0])
 
-    def kv_budget(self, cache: CacheConfig, weights_bytes: int, device: torch.device,
-                  profile: Callable[[], None], baseline: int) -> MemoryReport:
+    def kv_budget(
+        self,
+        cache: CacheConfig,
+        weights_bytes: int,
+        device: torch.device,
+        profile: Callable[[], None],
+        baseline: int,
+    ) -> MemoryReport:
         """Profile one forward pass of the largest batch, then give the KV cache what remains of this
         process's share (total x gpu_memory_utilization). `baseline`: free memory before this process
         loaded anything."""
@@ -34,9 +41,11 @@ class CudaPlatform(Platform):
         _, total = torch.cuda.mem_get_info(device)
         requested = int(total * cache.gpu_memory_utilization)
         if requested > baseline:
-            raise ConfigError(f"--gpu-memory-utilization {cache.gpu_memory_utilization} asks for "
-                              f"{format_bytes(requested)} but only {format_bytes(baseline)} of "
-                              f"{format_bytes(total)} is free on {device}; lower --gpu-memory-utilization.")
+            raise ConfigError(
+                f"--gpu-memory-utilization {cache.gpu_memory_utilization} asks for "
+                f"{format_bytes(requested)} but only {format_bytes(baseline)} of "
+                f"{format_bytes(total)} is free on {device}; lower --gpu-memory-utilization."
+            )
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
@@ -45,18 +54,24 @@ class CudaPlatform(Platform):
         peak_activations = torch.cuda.max_memory_allocated(device) - before
         free_after, _ = torch.cuda.mem_get_info(device)
         non_torch = max(0, (baseline - free_after) - torch.cuda.memory_reserved(device))
-        kv_bytes = gpu_kv_budget(total, cache.gpu_memory_utilization, weights_bytes, peak_activations,
-                                 non_torch)
-        detail = (f"total {format_bytes(total)} x gpu_memory_utilization {cache.gpu_memory_utilization} = "
-                  f"{format_bytes(requested)}; weights {format_bytes(weights_bytes)}, peak activations "
-                  f"{format_bytes(peak_activations)}, non-torch {format_bytes(non_torch)}")
+        kv_bytes = gpu_kv_budget(
+            total, cache.gpu_memory_utilization, weights_bytes, peak_activations, non_torch
+        )
+        detail = (
+            f"total {format_bytes(total)} x gpu_memory_utilization {cache.gpu_memory_utilization} = "
+            f"{format_bytes(requested)}; weights {format_bytes(weights_bytes)}, peak activations "
+            f"{format_bytes(peak_activations)}, non-torch {format_bytes(non_torch)}"
+        )
         if kv_bytes <= 0:
-            raise ConfigError(f"No GPU memory is left for the KV cache: {detail}. Raise "
-                              "--gpu-memory-utilization or lower --max-num-batched-tokens.")
+            raise ConfigError(
+                f"No GPU memory is left for the KV cache: {detail}. Raise "
+                "--gpu-memory-utilization or lower --max-num-batched-tokens."
+            )
         return MemoryReport(kv_bytes, weights_bytes, detail)
 
-    def allocate_kv_cache(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
-                          ) -> torch.Tensor:
+    def allocate_kv_cache(
+        self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
         return torch.zeros(shape, dtype=dtype, device=device)
 
     def allocate_host_swap(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

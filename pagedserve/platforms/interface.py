@@ -2,6 +2,7 @@
 allocation (pinned or not), the KV budget (explicit, default or profiled), the collective backend (gloo
 or NCCL), the default attention backend and a rank's resources in a Ray placement group. The rest of the
 engine asks its Platform instead of branching on the device."""
+
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
@@ -26,15 +27,22 @@ class Platform(ABC):
         return 0
 
     @abstractmethod
-    def kv_budget(self, cache: CacheConfig, weights_bytes: int, device: torch.device,
-                  profile: Callable[[], None], baseline: int) -> MemoryReport:
+    def kv_budget(
+        self,
+        cache: CacheConfig,
+        weights_bytes: int,
+        device: torch.device,
+        profile: Callable[[], None],
+        baseline: int,
+    ) -> MemoryReport:
         """The bytes the KV cache may take on `device` (explicit --kv-cache-memory wins). `profile` runs
         one forward of the largest batch, for platforms that measure. Raises ConfigError naming the flag
         when nothing is left."""
 
     @abstractmethod
-    def allocate_kv_cache(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
-                          ) -> torch.Tensor:
+    def allocate_kv_cache(
+        self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
         """A zero-filled KV tensor: attention reads padding slots (masked out, but 0 * NaN is NaN), so
         the cache must start finite."""
 

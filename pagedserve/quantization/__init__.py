@@ -1,4 +1,5 @@
 """Weight quantization schemes, one registry (names as vLLM's --quantization where vLLM has them)."""
+
 from pagedserve.quantization.base import QuantizationConfig
 from pagedserve.utils.registry import Registry
 

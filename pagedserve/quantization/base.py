@@ -2,6 +2,7 @@
 `QuantizationConfig` (what the checkpoint or the flag says) hands each layer a `QuantizeMethodBase` that
 creates its parameters, takes the checkpoint's tensors through the layer's own sharding loaders, and
 computes the layer's output."""
+
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator

@@ -7,6 +7,7 @@ shards of different types (files often give v a finer type than q and k): each t
 buffer through the layer's own sharding loader, and after loading the rows become one or more `parts`, one
 matmul each.
 """
+
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
@@ -27,9 +28,11 @@ def row_bytes(ggml_type: int, cols: int) -> int:
     does not fill whole blocks (e.g. a tensor-parallel split that cuts through a block)."""
     weights, nbytes = GGML_BLOCK_FORMATS[ggml_type]
     if cols % weights:
-        raise ConfigError(f"A GGUF weight row of {cols} columns does not split into whole blocks of {weights} "
-                          f"(ggml type {ggml_type}); choose a --tensor-parallel-size that keeps rows whole, "
-                          "or load dequantized with --quantization none.")
+        raise ConfigError(
+            f"A GGUF weight row of {cols} columns does not split into whole blocks of {weights} "
+            f"(ggml type {ggml_type}); choose a --tensor-parallel-size that keeps rows whole, "
+            "or load dequantized with --quantization none."
+        )
     return cols // weights * nbytes
 
 
@@ -58,10 +61,12 @@ class GGUFMethod(QuantizeMethodBase):
         shard_loader = cast(ShardLoader, layer.weight_loader)
         qweight = nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
         qweight.weight_loader = lambda param, loaded, shard_id=None: self._load_rows(  # type: ignore[attr-defined]
-            shard_loader, loaded, shard_id)
+            shard_loader, loaded, shard_id
+        )
         qweight_type = nn.Parameter(torch.empty(0, dtype=torch.int64), requires_grad=False)
         qweight_type.weight_loader = (  # type: ignore[attr-defined]
-            lambda param, loaded, shard_id=None: self.pending_types.__setitem__(shard_id, int(loaded)))
+            lambda param, loaded, shard_id=None: self.pending_types.__setitem__(shard_id, int(loaded))
+        )
         layer.qweight, layer.qweight_type = qweight, qweight_type
 
     def _load_rows(self, shard_loader: ShardLoader, loaded: torch.Tensor, shard_id: object) -> None:
@@ -69,26 +74,33 @@ class GGUFMethod(QuantizeMethodBase):
         if ggml_type not in self.staging:
             self.staging[ggml_type] = (
                 torch.zeros(self.output_size, row_bytes(ggml_type, self.cols), dtype=torch.uint8),
-                torch.zeros(self.output_size, 1, dtype=torch.uint8))
+                torch.zeros(self.output_size, 1, dtype=torch.uint8),
+            )
         rows, mask = self.staging[ggml_type]
         shard_loader(nn.Parameter(rows, requires_grad=False), loaded, shard_id)
         if shard_id is None:  # the whole weight in one tensor
             mask.fill_(1)
         else:  # NOTE: the layer's own loader says which output rows this shard fills (fused layers).
-            shard_loader(nn.Parameter(mask, requires_grad=False),
-                         torch.ones(loaded.shape[0], 1, dtype=torch.uint8), shard_id)
+            shard_loader(
+                nn.Parameter(mask, requires_grad=False),
+                torch.ones(loaded.shape[0], 1, dtype=torch.uint8),
+                shard_id,
+            )
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         if not self.staging:
             return  # a tied LM head: its embedding already finalized the shared storage
-        runs = sorted((start, end, ggml_type) for ggml_type, (_, mask) in self.staging.items()
-                      for start, end in _runs(mask.flatten().bool()))
+        runs = sorted(
+            (start, end, ggml_type)
+            for ggml_type, (_, mask) in self.staging.items()
+            for start, end in _runs(mask.flatten().bool())
+        )
         pieces = [self.staging[ggml_type][0][start:end] for start, end, ggml_type in runs]
         storage = pieces[0] if len(pieces) == 1 else torch.cat([p.flatten() for p in pieces])
         layer.qweight.data = storage
         offset, self.parts = 0, []
         for (start, end, ggml_type), piece in zip(runs, pieces):
-            view = storage.view(-1)[offset:offset + piece.numel()].view(piece.shape)
+            view = storage.view(-1)[offset : offset + piece.numel()].view(piece.shape)
             self.parts.append(GGUFPart(ggml_type, start, end, view))
             offset += piece.numel()
         layer.qweight_type.data = torch.tensor([part.ggml_type for part in self.parts])

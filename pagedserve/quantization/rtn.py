@@ -6,6 +6,7 @@ NOTE: why not torch's `_weight_int8pack_mm` / `_weight_int4pack_mm_for_cpu`: the
 output channel (not group-wise), and the int4 one multiplies float32 activations far slower than our
 kernel (benchmarks/quant_kernels.py); one kernel for GGUF files and online schemes keeps one code path.
 """
+
 from typing import cast
 
 import torch

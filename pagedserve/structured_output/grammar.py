@@ -6,6 +6,7 @@ step's time, its API fills numpy bitmasks (the scheduler process stays free of t
 wants), and its parser runs under fuel limits (`LLParserLimits`): a hostile schema or grammar gets an error
 in bounded time instead of stalling the engine. xgrammar's masks are faster (~2 µs) but need torch tensors.
 """
+
 import json
 from typing import Any
 
@@ -19,8 +20,9 @@ from pagedserve.structured_outputs_params import StructuredOutputsParams
 # Compact JSON (no free whitespace between tokens): a small model cannot loop on spaces and newlines.
 _JSON_OPTIONS: Any = {"whitespace_flexible": False}
 # llguidance's own defaults bound each compile and each mask step (fuel); spelled out to keep them visible.
-PARSER_LIMITS = llguidance.LLParserLimits(initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000,
-                                          max_grammar_size=500_000)
+PARSER_LIMITS = llguidance.LLParserLimits(
+    initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, max_grammar_size=500_000
+)
 DEFAULT_MAX_SPEC_BYTES = 64 * 1024
 
 
@@ -39,35 +41,45 @@ def to_grammar(params: StructuredOutputsParams) -> str:
         try:
             return llguidance.LLMatcher.grammar_from_json_schema(params.json, defaults=_JSON_OPTIONS)
         except (ValueError, TypeError) as exc:
-            raise InvalidRequestError(f"structured_outputs.json is not a valid JSON schema: {exc}",
-                                      param="structured_outputs.json") from exc
+            raise InvalidRequestError(
+                f"structured_outputs.json is not a valid JSON schema: {exc}", param="structured_outputs.json"
+            ) from exc
     if params.regex is not None:
         return llguidance.LLMatcher.grammar_from_regex(params.regex)
     if params.choice is not None:
         # Lark string literals take JSON escapes: any choice text is matched literally.
         return llguidance.LLMatcher.grammar_from_lark(
-            "start: " + " | ".join(json.dumps(choice) for choice in params.choice))
+            "start: " + " | ".join(json.dumps(choice) for choice in params.choice)
+        )
     grammar = params.grammar
     assert grammar is not None, "StructuredOutputsParams holds exactly one constraint"
     if "::=" in grammar:  # GBNF (llama.cpp's, also what vLLM's xgrammar backend takes)
         try:
             grammar = gbnf_to_lark(grammar)
         except Exception as exc:  # GbnfToLarkError, and a plain Exception for an undefined rule
-            raise InvalidRequestError(f"structured_outputs.grammar is not valid GBNF: {exc}",
-                                      param="structured_outputs.grammar") from exc
+            raise InvalidRequestError(
+                f"structured_outputs.grammar is not valid GBNF: {exc}", param="structured_outputs.grammar"
+            ) from exc
     return llguidance.LLMatcher.grammar_from_lark(grammar)
 
 
-def validate(params: StructuredOutputsParams, tokenizer: llguidance.LLTokenizer,
-             max_spec_bytes: int = DEFAULT_MAX_SPEC_BYTES) -> None:
+def validate(
+    params: StructuredOutputsParams,
+    tokenizer: llguidance.LLTokenizer,
+    max_spec_bytes: int = DEFAULT_MAX_SPEC_BYTES,
+) -> None:
     """Raises InvalidRequestError: 413 when the spec is longer than `max_spec_bytes`
     (--max-structured-output-bytes), 400 with llguidance's message when it does not compile."""
     size = len(params.spec.encode())
     if size > max_spec_bytes:
         raise InvalidRequestError(
             f"The {params.kind} constraint is {size} bytes, more than this server takes ({max_spec_bytes}, "
-            "--max-structured-output-bytes).", param=f"structured_outputs.{params.kind}", status_code=413)
+            "--max-structured-output-bytes).",
+            param=f"structured_outputs.{params.kind}",
+            status_code=413,
+        )
     error = llguidance.LLMatcher.validate_grammar(to_grammar(params), tokenizer, limits=PARSER_LIMITS)
     if error:
-        raise InvalidRequestError(f"Invalid structured_outputs.{params.kind}: {error}",
-                                  param=f"structured_outputs.{params.kind}")
+        raise InvalidRequestError(
+            f"Invalid structured_outputs.{params.kind}: {error}", param=f"structured_outputs.{params.kind}"
+        )

@@ -1,6 +1,7 @@
 """Grammar compiles off the step's path, cached by constraint; the step's bitmask for the requests that
 sample. Lives with the scheduler (in the engine core process), as vLLM v1's StructuredOutputManager:
 the matchers advance where the sampled tokens arrive, and the workers get one numpy bitmask per step."""
+
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -12,9 +13,9 @@ import llguidance
 import llguidance.numpy
 import numpy as np
 
+from pagedserve.logger import init_logger
 from pagedserve.structured_output.grammar import PARSER_LIMITS, make_ll_tokenizer, to_grammar
 from pagedserve.structured_output.matcher import RequestGrammar
-from pagedserve.logger import init_logger
 from pagedserve.structured_outputs_params import StructuredOutputsParams
 
 logger = init_logger(__name__)
@@ -63,7 +64,9 @@ class StructuredOutputManager:
         if matcher.is_error():
             # NOTE: the frontend validated this constraint with the same limits, so this is rare; an
             # errored matcher allows only EOS: the request ends at once instead of running unconstrained.
-            logger.warning("Grammar for a %s constraint failed to compile: %s", params.kind, matcher.get_error())
+            logger.warning(
+                "Grammar for a %s constraint failed to compile: %s", params.kind, matcher.get_error()
+            )
         # The first mask builds the lexer: do it here, not in a step.
         llguidance.numpy.fill_next_token_bitmask(matcher, self._allocate(1))
         return matcher

@@ -1,4 +1,5 @@
 """One request's grammar state: an llguidance matcher that follows the request's output tokens."""
+
 from concurrent.futures import Future
 
 import llguidance
@@ -53,7 +54,10 @@ class RequestGrammar:
         if len(accepted) == len(output_token_ids):
             return  # the usual case: nothing happened to the tokens since the last accept
         common = 0
-        while common < min(len(accepted), len(output_token_ids)) and accepted[common] == output_token_ids[common]:
+        while (
+            common < min(len(accepted), len(output_token_ids))
+            and accepted[common] == output_token_ids[common]
+        ):
             common += 1
         matcher = self.matcher
         if common < len(accepted):

@@ -1,5 +1,6 @@
 """Entry module of a ChildProcess (see child_process.py): `python -m pagedserve.utils.child_main FD NAME`.
 Reads the pickled `(target, args)` from the socket FD and runs `target(conn, *args)`."""
+
 import pickle
 import sys
 from multiprocessing.connection import Connection

@@ -4,6 +4,7 @@ spawn or forkserver: those re-import the parent's `__main__` in the child, so a 
 bootstrapping check. Here the child imports only pagedserve: it receives `(target, args)` pickled over a
 socket pair and calls `target(conn, *args)`, `conn` being its end of that socket (a multiprocessing
 Connection, for the caller's own protocol). No torch at import."""
+
 import os
 import pickle
 import socket
@@ -22,8 +23,10 @@ class ChildProcess:
     def __init__(self, target: Callable[..., None], args: tuple[Any, ...], name: str) -> None:
         ours, theirs = socket.socketpair()
         # NOTE: the name is in the command line only so that `ps` (and tests) can tell children apart.
-        self._popen = subprocess.Popen([sys.executable, "-m", "pagedserve.utils.child_main",
-                                        str(theirs.fileno()), name], pass_fds=(theirs.fileno(),))
+        self._popen = subprocess.Popen(
+            [sys.executable, "-m", "pagedserve.utils.child_main", str(theirs.fileno()), name],
+            pass_fds=(theirs.fileno(),),
+        )
         theirs.close()
         self.name = name
         self.pid = self._popen.pid
@@ -54,4 +57,3 @@ class ChildProcess:
     def kill(self) -> None:
         if self.is_alive():
             self._popen.kill()
-

@@ -3,11 +3,13 @@
 NOTE: transformers re-parses the whole GGUF (tens of thousands of vocabulary strings) for the config
 and again for the tokenizer, several seconds each; the converted folder loads in milliseconds.
 """
+
 import hashlib
 import os
 
-_CACHE_ROOT = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pagedserve",
-                           "gguf")
+_CACHE_ROOT = os.path.join(
+    os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pagedserve", "gguf"
+)
 
 
 def gguf_hf_folder(gguf_file: str) -> str:
@@ -18,6 +20,7 @@ def gguf_hf_folder(gguf_file: str) -> str:
     if os.path.isfile(os.path.join(folder, "done")):
         return folder
     from transformers import AutoConfig, AutoTokenizer
+
     directory, name = os.path.split(gguf_file)
     tmp = f"{folder}.tmp{os.getpid()}"
     AutoConfig.from_pretrained(directory or ".", gguf_file=name).save_pretrained(tmp)

@@ -1,10 +1,12 @@
 """What a family's HF config means, read without torch: shared by the models (which build the layers) and
 the sizing arithmetic (which counts them), so both read a config the same way."""
+
 from typing import Any
 
 # Families whose HF code puts `sliding_window` on every layer, ignoring any `layer_types`.
-_WINDOW_ON_EVERY_LAYER = frozenset({"MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM",
-                                    "Qwen3MoeForCausalLM"})
+_WINDOW_ON_EVERY_LAYER = frozenset(
+    {"MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", "Qwen3MoeForCausalLM"}
+)
 
 
 def layer_sliding_window(config: Any, layer_idx: int, architecture: str) -> int | None:
@@ -41,8 +43,11 @@ def num_kv_heads(config: Any, architecture: str) -> int:
 
 def is_sparse_layer(config: Any, layer_idx: int) -> bool:
     """Qwen-MoE: every `decoder_sparse_step`-th layer but `mlp_only_layers` is a mixture of experts."""
-    return (layer_idx not in (getattr(config, "mlp_only_layers", None) or [])
-            and config.num_experts > 0 and (layer_idx + 1) % getattr(config, "decoder_sparse_step", 1) == 0)
+    return (
+        layer_idx not in (getattr(config, "mlp_only_layers", None) or [])
+        and config.num_experts > 0
+        and (layer_idx + 1) % getattr(config, "decoder_sparse_step", 1) == 0
+    )
 
 
 def falcon_two_layernorms(config: Any) -> bool:

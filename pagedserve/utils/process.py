@@ -1,4 +1,5 @@
 """Process helpers with no torch dependency: child processes that never outlive their parent."""
+
 import ctypes
 import os
 import signal
@@ -21,7 +22,9 @@ def die_with_parent(signum: int = signal.SIGKILL) -> None:
     parent_pid = os.getppid()
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signum)
-    threading.Thread(target=_watch_parent, args=(parent_pid, signum), name="parent-watch", daemon=True).start()
+    threading.Thread(
+        target=_watch_parent, args=(parent_pid, signum), name="parent-watch", daemon=True
+    ).start()
 
 
 def _watch_parent(parent_pid: int, signum: int) -> None:

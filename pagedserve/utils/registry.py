@@ -2,6 +2,7 @@
 architectures: a registered module is imported only when its name is chosen, so optional libraries (ray,
 triton) and native kernels stay unloaded otherwise, and the registry imports none of its entries (no
 import cycles between an interface and its implementations)."""
+
 import importlib
 from typing import Generic, TypeVar
 
@@ -33,8 +34,9 @@ class Registry(Generic[T]):
     def load(self, name: str) -> type[T]:
         """The class registered as `name`, imported now. Raises ConfigError naming the choices."""
         if name not in self._entries:
-            raise ConfigError(f"{self.kind} {name!r} is not supported. Supported: {', '.join(self.names())} "
-                              f"({self.flag}).")
+            raise ConfigError(
+                f"{self.kind} {name!r} is not supported. Supported: {', '.join(self.names())} ({self.flag})."
+            )
         module, attribute = self._entries[name].split(":")
         loaded: type[T] = getattr(importlib.import_module(module), attribute)
         return loaded

@@ -1,5 +1,6 @@
 """Private temporary folders named after their process (`pagedserve-KIND-PID-XXXX`), so that one left by a
 SIGKILLed process is recognisably stale: the next start removes those whose process is gone. No torch."""
+
 import os
 import shutil
 import tempfile
@@ -15,7 +16,7 @@ def _reclaim_stale(kind: str) -> None:
     prefix = f"pagedserve-{kind}-"
     root = tempfile.gettempdir()
     for name in os.listdir(root):
-        pid = name[len(prefix):].split("-", 1)[0] if name.startswith(prefix) else ""
+        pid = name[len(prefix) :].split("-", 1)[0] if name.startswith(prefix) else ""
         path = os.path.join(root, name)
         # NOTE: only our own folders, and only when their process is gone (a reused pid keeps it: safe).
         if pid.isdigit() and os.stat(path).st_uid == os.getuid() and not _alive(int(pid)):

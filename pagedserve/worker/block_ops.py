@@ -1,5 +1,6 @@
 """The block moves a step asks for before its forward, in every layer's K and V: swap out (device ->
 host blocks), swap in (host -> device), copy on write (device -> device)."""
+
 from collections.abc import Callable
 
 import torch
@@ -16,9 +17,17 @@ class KVBlockMover:
 
     def __init__(self, device_caches: KVCaches, num_host_blocks: int, allocate: Allocate) -> None:
         self.device_caches = device_caches
-        self.host_caches: KVCaches = [
-            (allocate((num_host_blocks, *k.shape[1:]), k.dtype), allocate((num_host_blocks, *v.shape[1:]), v.dtype))
-            for k, v in device_caches] if num_host_blocks else []
+        self.host_caches: KVCaches = (
+            [
+                (
+                    allocate((num_host_blocks, *k.shape[1:]), k.dtype),
+                    allocate((num_host_blocks, *v.shape[1:]), v.dtype),
+                )
+                for k, v in device_caches
+            ]
+            if num_host_blocks
+            else []
+        )
 
     def apply(self, out: SchedulerOutput) -> None:
         """Swap out, swap in, then copy: a block freed by a swap-out may be the target of a copy, and a

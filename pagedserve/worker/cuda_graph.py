@@ -6,10 +6,11 @@ and the batch is padded to its bucket: padding rows have token 0 at position 0, 
 K/V write skips it), one key in the null block 0 (finite, ignored) and are sliced off the output.
 The backend must build its metadata over the buffers (`build_graph_metadata`: the triton backend).
 """
+
 import bisect
 from collections.abc import Callable
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -43,12 +44,14 @@ class DecodeBuffers:
 
     @classmethod
     def allocate(cls, max_size: int, max_blocks_per_request: int, device: torch.device) -> "DecodeBuffers":
-        buffers = cls(torch.zeros(max_size, dtype=torch.int64, device=device),
-                      torch.zeros(max_size, dtype=torch.int64, device=device),
-                      torch.full((max_size,), PAD_SLOT, dtype=torch.int64, device=device),
-                      torch.ones(max_size, dtype=torch.int32, device=device),
-                      torch.arange(max_size + 1, dtype=torch.int32, device=device),
-                      torch.zeros(max_size, max_blocks_per_request, dtype=torch.int64, device=device))
+        buffers = cls(
+            torch.zeros(max_size, dtype=torch.int64, device=device),
+            torch.zeros(max_size, dtype=torch.int64, device=device),
+            torch.full((max_size,), PAD_SLOT, dtype=torch.int64, device=device),
+            torch.ones(max_size, dtype=torch.int32, device=device),
+            torch.arange(max_size + 1, dtype=torch.int32, device=device),
+            torch.zeros(max_size, max_blocks_per_request, dtype=torch.int64, device=device),
+        )
         return buffers
 
     def fill(self, batch: BatchInputs, size: int) -> None:
@@ -72,8 +75,15 @@ class DecodeBuffers:
 class CudaGraphRunner:
     """Captures `model` at every size of `sizes` and replays it for decode-only batches."""
 
-    def __init__(self, model: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], backend: AttentionBackend[Any],
-                 sizes: tuple[int, ...], block_size: int, max_model_len: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        model: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        backend: AttentionBackend[Any],
+        sizes: tuple[int, ...],
+        block_size: int,
+        max_model_len: int,
+        device: torch.device,
+    ) -> None:
         self.model = model
         self.backend = backend
         self.sizes = sizes
@@ -88,8 +98,13 @@ class CudaGraphRunner:
         for size in sorted(self.sizes, reverse=True):
             b = self.buffers
             metadata = self.backend.build_graph_metadata(
-                b.query_start_loc[:size + 1], b.seq_lens[:size], b.block_tables[:size], b.slot_mapping[:size],
-                self.block_size, self.max_model_len)
+                b.query_start_loc[: size + 1],
+                b.seq_lens[:size],
+                b.block_tables[:size],
+                b.slot_mapping[:size],
+                self.block_size,
+                self.max_model_len,
+            )
             with set_forward_context(metadata):
                 self.model(b.input_ids[:size], b.positions[:size])  # warm up: compile kernels, plan cuBLAS
                 torch.cuda.synchronize()
@@ -104,8 +119,10 @@ class CudaGraphRunner:
         """The graph that runs `batch`: decode-only batches within the largest size whose block tables fit
         the buffers; else None (eager)."""
         common = batch.attention
-        if common.num_decodes != len(batch.request_ids) or \
-                common.block_tables.shape[1] > self.buffers.block_tables.shape[1]:
+        if (
+            common.num_decodes != len(batch.request_ids)
+            or common.block_tables.shape[1] > self.buffers.block_tables.shape[1]
+        ):
             return None
         return graph_bucket(len(batch.request_ids), self.sizes)
 
@@ -114,4 +131,4 @@ class CudaGraphRunner:
         self.buffers.fill(batch, size)
         graph, hidden = self.graphs[size]
         graph.replay()
-        return hidden[:len(batch.request_ids)]
+        return hidden[: len(batch.request_ids)]

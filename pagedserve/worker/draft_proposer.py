@@ -6,6 +6,7 @@ target sampled, it proposes `k` tokens per request greedily, one batched decode 
 the request's last new token. Those proposals are only needed within the step (the next step computes
 the proposed tokens again, in both models): positions past a request's allocated blocks go to scratch
 blocks at the end of the draft cache, so the scheduler allocates nothing for them."""
+
 import numpy as np
 import torch
 
@@ -18,8 +19,14 @@ from pagedserve.utils import cdiv
 
 
 class DraftModelProposer:
-    def __init__(self, model_config: ModelConfig, num_speculative_tokens: int, max_num_seqs: int,
-                 block_size: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        num_speculative_tokens: int,
+        max_num_seqs: int,
+        block_size: int,
+        device: torch.device,
+    ) -> None:
         self.model = load_model(model_config, device)
         self.k = num_speculative_tokens
         self.block_size = block_size
@@ -30,28 +37,40 @@ class DraftModelProposer:
         self.num_scratch_blocks = max_num_seqs * self.scratch_per_request
         self.scratch_start = 0  # set by the runner when it allocates the caches
 
-    def propose(self, backend: AttentionBackend, block_ids: list[list[int]], last_tokens: list[int],
-                positions: list[int]) -> list[list[int]]:
+    def propose(
+        self,
+        backend: AttentionBackend,
+        block_ids: list[list[int]],
+        last_tokens: list[int],
+        positions: list[int],
+    ) -> list[list[int]]:
         """`k` greedy draft tokens per request, from its last token (at `positions[i]`, whose K/V the
         draft model also computes here) and its block table."""
         width = max(len(blocks) for blocks in block_ids) + self.scratch_per_request
         tables = np.zeros((len(block_ids), width), dtype=np.int64)
         for row, blocks in enumerate(block_ids):
             scratch = self.scratch_start + row * self.scratch_per_request
-            tables[row, :len(blocks)] = blocks
-            tables[row, len(blocks):len(blocks) + self.scratch_per_request] = range(
-                scratch, scratch + self.scratch_per_request)
+            tables[row, : len(blocks)] = blocks
+            tables[row, len(blocks) : len(blocks) + self.scratch_per_request] = range(
+                scratch, scratch + self.scratch_per_request
+            )
         block_tables = torch.from_numpy(tables).to(self.device)
         tokens = torch.tensor(last_tokens, device=self.device)
         position = torch.tensor(positions, device=self.device)
         rows = torch.arange(len(block_ids), device=self.device)
         proposals = []
         for _ in range(self.k):
-            slots = block_tables[rows, position // self.block_size] * self.block_size + position % self.block_size
+            slots = (
+                block_tables[rows, position // self.block_size] * self.block_size + position % self.block_size
+            )
             common = CommonAttentionMetadata(
-                query_start_loc=list(range(len(block_ids) + 1)), seq_lens=(position + 1).tolist(),
-                block_tables=block_tables, slot_mapping=slots, num_decodes=len(block_ids),
-                block_size=self.block_size)
+                query_start_loc=list(range(len(block_ids) + 1)),
+                seq_lens=(position + 1).tolist(),
+                block_tables=block_tables,
+                slot_mapping=slots,
+                num_decodes=len(block_ids),
+                block_size=self.block_size,
+            )
             with set_forward_context(backend.build_metadata(common)):
                 hidden = self.model(tokens, position)
             tokens = self.model.compute_logits(hidden).argmax(dim=-1)

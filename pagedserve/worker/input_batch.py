@@ -1,4 +1,5 @@
 """The worker's copy of each request (tokens, blocks) and the step's flattened batch tensors."""
+
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -44,20 +45,27 @@ def update_states(states: dict[str, CachedRequestState], out: SchedulerOutput) -
     for request_id in out.finished_req_ids:
         states.pop(request_id, None)
     for new in out.scheduled_new_reqs:
-        states[new.request_id] = CachedRequestState(new.request_id, list(new.token_ids),
-                                                    new.num_prompt_tokens, new.sampling_params,
-                                                    new.eos_token_id, list(new.block_ids), new.num_computed_tokens)
+        states[new.request_id] = CachedRequestState(
+            new.request_id,
+            list(new.token_ids),
+            new.num_prompt_tokens,
+            new.sampling_params,
+            new.eos_token_id,
+            list(new.block_ids),
+            new.num_computed_tokens,
+        )
     for cached in out.scheduled_cached_reqs:
         state = states[cached.request_id]
         if cached.num_dropped_blocks:
-            del state.block_ids[-cached.num_dropped_blocks:]
+            del state.block_ids[-cached.num_dropped_blocks :]
         state.token_ids.extend(cached.new_token_ids)
         state.block_ids.extend(cached.new_block_ids)
         state.num_computed_tokens = cached.num_computed_tokens
 
 
-def build_batch(states: dict[str, CachedRequestState], out: SchedulerOutput, block_size: int,
-                device: torch.device) -> BatchInputs:
+def build_batch(
+    states: dict[str, CachedRequestState], out: SchedulerOutput, block_size: int, device: torch.device
+) -> BatchInputs:
     """Flatten the scheduled tokens (a request's draft tokens after its own) and advance each state's
     num_computed_tokens past them."""
     scheduled, spec = out.num_scheduled_tokens, out.scheduled_spec_decode_tokens
@@ -72,12 +80,12 @@ def build_batch(states: dict[str, CachedRequestState], out: SchedulerOutput, blo
     for row, request_id in enumerate(order):
         state, num = states[request_id], scheduled[request_id]
         start, draft = state.num_computed_tokens, spec.get(request_id, [])
-        input_ids.extend((state.token_ids + draft if draft else state.token_ids)[start:start + num])
+        input_ids.extend((state.token_ids + draft if draft else state.token_ids)[start : start + num])
         pos = np.arange(start, start + num)
         blocks = np.asarray(state.block_ids, dtype=np.int64)
         positions.append(pos)
         slots.append(blocks[pos // block_size] * block_size + pos % block_size)
-        block_tables[row, :len(blocks)] = blocks
+        block_tables[row, : len(blocks)] = blocks
         query_start_loc.append(query_start_loc[-1] + num)
         seq_lens.append(start + num)
         state.num_computed_tokens = start + num
@@ -87,17 +95,30 @@ def build_batch(states: dict[str, CachedRequestState], out: SchedulerOutput, blo
             drafts.append(draft)
     num_decodes = sum(1 for rid in order if scheduled[rid] == 1)
     attention = CommonAttentionMetadata(
-        query_start_loc=query_start_loc, seq_lens=seq_lens,
+        query_start_loc=query_start_loc,
+        seq_lens=seq_lens,
         block_tables=torch.from_numpy(block_tables).to(device),
         slot_mapping=torch.from_numpy(np.concatenate(slots)).to(device),
-        num_decodes=num_decodes, block_size=block_size)
-    return BatchInputs(torch.tensor(input_ids, device=device),
-                       torch.from_numpy(np.concatenate(positions)).to(device), attention, order,
-                       sample_rows, torch.tensor(logits_indices, device=device), drafts)
+        num_decodes=num_decodes,
+        block_size=block_size,
+    )
+    return BatchInputs(
+        torch.tensor(input_ids, device=device),
+        torch.from_numpy(np.concatenate(positions)).to(device),
+        attention,
+        order,
+        sample_rows,
+        torch.tensor(logits_indices, device=device),
+        drafts,
+    )
 
 
-def build_sampling_metadata(requests: list[CachedRequestState], vocab_size: int, device: torch.device,
-                            offsets: list[int] | None = None) -> SamplingMetadata:
+def build_sampling_metadata(
+    requests: list[CachedRequestState],
+    vocab_size: int,
+    device: torch.device,
+    offsets: list[int] | None = None,
+) -> SamplingMetadata:
     """Stack the sampling settings of the requests that sample this step (row i = requests[i]). With
     draft tokens a request has one row per verified position: `offsets[i]` is row i's position after
     the request's last known token (0 without drafts)."""
@@ -112,8 +133,11 @@ def build_sampling_metadata(requests: list[CachedRequestState], vocab_size: int,
     # NOTE: a seeded request's noise depends only on (seed, output position): reproducible whatever
     # else is in the batch, and across preemptions. Masked to 64 bits, what manual_seed takes, for any seed.
     offsets = offsets or [0] * rows
-    seeds = {i: (p.seed * 1_000_003 + len(r.token_ids) + offsets[i]) & _UINT64_MASK
-             for i, (p, r) in enumerate(zip(params, requests)) if p.seed is not None and p.temperature > 0}
+    seeds = {
+        i: (p.seed * 1_000_003 + len(r.token_ids) + offsets[i]) & _UINT64_MASK
+        for i, (p, r) in enumerate(zip(params, requests))
+        if p.seed is not None and p.temperature > 0
+    }
     logprobs = [p.logprobs for p in params if p.logprobs is not None]
     meta = SamplingMetadata(
         temperature=column([p.temperature for p in params]),
@@ -121,14 +145,16 @@ def build_sampling_metadata(requests: list[CachedRequestState], vocab_size: int,
         top_k=column(top_k, torch.int64) if any(k < vocab_size for k in top_k) else None,
         top_p=column([p.top_p for p in params]) if any(p.top_p < 1 for p in params) else None,
         min_p=column([p.min_p for p in params]) if any(p.min_p > 0 for p in params) else None,
-        seeds=seeds, max_num_logprobs=max(logprobs) if logprobs else None)
+        seeds=seeds,
+        max_num_logprobs=max(logprobs) if logprobs else None,
+    )
     if any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1 for p in params):
         counts = torch.zeros(rows, vocab_size, device=device)
         prompt_mask = torch.zeros(rows, vocab_size, dtype=torch.bool, device=device)
         for i, r in enumerate(requests):
-            output = torch.tensor(r.token_ids[r.num_prompt_tokens:], dtype=torch.int64, device=device)
+            output = torch.tensor(r.token_ids[r.num_prompt_tokens :], dtype=torch.int64, device=device)
             counts[i].index_add_(0, output, torch.ones(len(output), device=device))
-            prompt_mask[i, torch.tensor(r.token_ids[:r.num_prompt_tokens], device=device)] = True
+            prompt_mask[i, torch.tensor(r.token_ids[: r.num_prompt_tokens], device=device)] = True
         meta.output_token_counts, meta.prompt_token_mask = counts, prompt_mask
         meta.presence_penalty = column([p.presence_penalty for p in params])
         meta.frequency_penalty = column([p.frequency_penalty for p in params])
@@ -137,8 +163,9 @@ def build_sampling_metadata(requests: list[CachedRequestState], vocab_size: int,
     return meta
 
 
-def _logit_bias(requests: list[CachedRequestState], vocab_size: int, device: torch.device
-                ) -> torch.Tensor | None:
+def _logit_bias(
+    requests: list[CachedRequestState], vocab_size: int, device: torch.device
+) -> torch.Tensor | None:
     """logit_bias, plus -inf on EOS and stop_token_ids while a request is under its min_tokens."""
     bias = None
     for i, r in enumerate(requests):
@@ -149,6 +176,7 @@ def _logit_bias(requests: list[CachedRequestState], vocab_size: int, device: tor
             entries.update({token: float("-inf") for token in banned})
         if entries:
             bias = torch.zeros(len(requests), vocab_size, device=device) if bias is None else bias
-            bias[i, torch.tensor(list(entries), device=device)] = torch.tensor(list(entries.values()),
-                                                                             device=device)
+            bias[i, torch.tensor(list(entries), device=device)] = torch.tensor(
+                list(entries.values()), device=device
+            )
     return bias

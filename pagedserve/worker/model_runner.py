@@ -1,4 +1,5 @@
 """Runs one step: scheduler output -> batch tensors -> forward -> sampled tokens."""
+
 import time
 
 import numpy as np
@@ -21,8 +22,13 @@ from pagedserve.utils import format_bytes
 from pagedserve.worker.block_ops import KVBlockMover
 from pagedserve.worker.cuda_graph import CudaGraphRunner
 from pagedserve.worker.draft_proposer import DraftModelProposer
-from pagedserve.worker.input_batch import (BatchInputs, CachedRequestState, build_batch,
-                                           build_sampling_metadata, update_states)
+from pagedserve.worker.input_batch import (
+    BatchInputs,
+    CachedRequestState,
+    build_batch,
+    build_sampling_metadata,
+    update_states,
+)
 
 logger = init_logger(__name__)
 
@@ -43,8 +49,13 @@ class ModelRunner:
         spec = config.speculative
         self.drafter = None
         if spec is not None and spec.draft_model_config is not None:
-            self.drafter = DraftModelProposer(spec.draft_model_config, spec.num_speculative_tokens,
-                                              config.scheduler.max_num_seqs, self.block_size, device)
+            self.drafter = DraftModelProposer(
+                spec.draft_model_config,
+                spec.num_speculative_tokens,
+                config.scheduler.max_num_seqs,
+                self.block_size,
+                device,
+            )
             self.attention_layers += self.drafter.attention_layers
         # NOTE: fp8 caches hold uint8 bits (1 byte per value); each layer's spec says how to read them.
         self.kv_dtype = kv_cache_storage_dtype(config.cache.cache_dtype, self.dtype)
@@ -67,14 +78,20 @@ class ModelRunner:
         self.kv_caches = []
         alloc = self.platform.allocate_kv_cache
         # The draft model's caches get its scratch blocks after the shared ones.
-        scratch = {id(layer): self.drafter.num_scratch_blocks for layer in self.drafter.attention_layers} \
-            if self.drafter else {}
+        scratch = (
+            {id(layer): self.drafter.num_scratch_blocks for layer in self.drafter.attention_layers}
+            if self.drafter
+            else {}
+        )
         if self.drafter:
             self.drafter.scratch_start = num_blocks
         for layer in self.attention_layers:
             blocks = num_blocks + scratch.get(id(layer), 0)
             shape = (blocks, self.block_size, layer.spec.num_kv_heads, layer.spec.head_dim)
-            layer.kv_cache = (alloc(shape, self.kv_dtype, self.device), alloc(shape, self.kv_dtype, self.device))
+            layer.kv_cache = (
+                alloc(shape, self.kv_dtype, self.device),
+                alloc(shape, self.kv_dtype, self.device),
+            )
             self.kv_caches.append(layer.kv_cache)
 
     def initialize_swap_space(self, num_host_blocks: int) -> None:
@@ -109,13 +126,20 @@ class ModelRunner:
         sizes = self.config.cuda_graph_sizes
         free_before = torch.cuda.mem_get_info(self.device)[0]
         start = time.perf_counter()
-        self.cuda_graphs = CudaGraphRunner(self.model, self.backend, sizes, self.block_size,
-                                           self.config.model.max_model_len, self.device)
+        self.cuda_graphs = CudaGraphRunner(
+            self.model, self.backend, sizes, self.block_size, self.config.model.max_model_len, self.device
+        )
         self.cuda_graphs.capture()
         used = free_before - torch.cuda.mem_get_info(self.device)[0]
-        logger.info("CUDA graphs: captured %d decode batch sizes (%s ... %s) in %.1f s, using %s "
-                    "(--cuda-graph-sizes; --enforce-eager turns them off).", len(sizes), sizes[0], sizes[-1],
-                    time.perf_counter() - start, format_bytes(max(used, 0)))
+        logger.info(
+            "CUDA graphs: captured %d decode batch sizes (%s ... %s) in %.1f s, using %s "
+            "(--cuda-graph-sizes; --enforce-eager turns them off).",
+            len(sizes),
+            sizes[0],
+            sizes[-1],
+            time.perf_counter() - start,
+            format_bytes(max(used, 0)),
+        )
 
     def _forward(self, batch: BatchInputs) -> torch.Tensor:
         """Hidden states [T, hidden]: replayed from a CUDA graph for decode-only batches that fit one."""
@@ -150,8 +174,9 @@ class ModelRunner:
         else:
             grammar = scheduler_output.grammar_bitmask
             if grammar is not None:
-                apply_grammar_bitmask(logits, [r.request_id for r in requests], grammar.request_ids,
-                                      grammar.bitmask)
+                apply_grammar_bitmask(
+                    logits, [r.request_id for r in requests], grammar.request_ids, grammar.bitmask
+                )
             sampled = self.sampler(logits, build_sampling_metadata(requests, self.vocab_size, self.device))
             self._fill_output(requests, sampled, output)
         if self.drafter is not None:
@@ -160,24 +185,34 @@ class ModelRunner:
 
     def _propose(self, requests: list[CachedRequestState], output: ModelRunnerOutput) -> None:
         """The draft model's proposals for the next step, from each request's last new token."""
-        new_tokens = [[output.sampled_token_ids[r.request_id], *output.extra_token_ids.get(r.request_id, [])]
-                      for r in requests]
+        new_tokens = [
+            [output.sampled_token_ids[r.request_id], *output.extra_token_ids.get(r.request_id, [])]
+            for r in requests
+        ]
         assert self.drafter is not None
         positions = [len(r.token_ids) + len(tokens) - 1 for r, tokens in zip(requests, new_tokens)]
-        proposals = self.drafter.propose(self.backend, [r.block_ids for r in requests],
-                                         [tokens[-1] for tokens in new_tokens], positions)
+        proposals = self.drafter.propose(
+            self.backend, [r.block_ids for r in requests], [tokens[-1] for tokens in new_tokens], positions
+        )
         output.draft_token_ids = {r.request_id: p for r, p in zip(requests, proposals)}
 
-    def _verify_drafts(self, requests: list[CachedRequestState], drafts: list[list[int]], logits: torch.Tensor,
-                       output: ModelRunnerOutput) -> None:
+    def _verify_drafts(
+        self,
+        requests: list[CachedRequestState],
+        drafts: list[list[int]],
+        logits: torch.Tensor,
+        output: ModelRunnerOutput,
+    ) -> None:
         """Requests with draft tokens go through the rejection sampler (one logits row per verified
         position); the others sample as usual."""
         first_rows = np.cumsum([0] + [len(draft) + 1 for draft in drafts])[:-1]
         plain = [i for i, draft in enumerate(drafts) if not draft]
         if plain:
             plain_requests = [requests[i] for i in plain]
-            sampled = self.sampler(logits[first_rows[plain]], build_sampling_metadata(
-                plain_requests, self.vocab_size, self.device))
+            sampled = self.sampler(
+                logits[first_rows[plain]],
+                build_sampling_metadata(plain_requests, self.vocab_size, self.device),
+            )
             self._fill_output(plain_requests, sampled, output)
         spec = [i for i, draft in enumerate(drafts) if draft]
         rows = [first_rows[i] + j for i in spec for j in range(len(drafts[i]) + 1)]
@@ -189,8 +224,9 @@ class ModelRunner:
             output.sampled_token_ids[requests[i].request_id] = request_tokens[0]
             output.extra_token_ids[requests[i].request_id] = request_tokens[1:]
 
-    def _fill_output(self, requests: list[CachedRequestState], sampled: SamplerOutput,
-                     output: ModelRunnerOutput) -> None:
+    def _fill_output(
+        self, requests: list[CachedRequestState], sampled: SamplerOutput, output: ModelRunnerOutput
+    ) -> None:
         token_ids = sampled.sampled_token_ids.tolist()
         ids: list[list[int]] = []
         values: list[list[float]] = []
@@ -200,7 +236,7 @@ class ModelRunner:
             output.sampled_token_ids[request.request_id] = token_ids[i]
             num = request.sampling_params.logprobs
             if num is not None and ids:
-                output.logprobs[request.request_id] = dict(zip(ids[i][:num + 1], values[i][:num + 1]))
+                output.logprobs[request.request_id] = dict(zip(ids[i][: num + 1], values[i][: num + 1]))
 
     def _prompt_logprobs(self, batch: BatchInputs, hidden: torch.Tensor, output: ModelRunnerOutput) -> None:
         """Logprob of each prompt token given the ones before it (and the top-k), for the prompt
@@ -216,9 +252,8 @@ class ModelRunner:
             first_row = batch.attention.query_start_loc[row]
             result: list[dict[int, float] | None] = [None] if start == 0 else []
             if last > start:
-                logits = self.model.compute_logits(hidden[first_row:first_row + last - start]).float()
-                targets = torch.tensor(state.token_ids[start + 1:last + 1], device=self.device)
+                logits = self.model.compute_logits(hidden[first_row : first_row + last - start]).float()
+                targets = torch.tensor(state.token_ids[start + 1 : last + 1], device=self.device)
                 ids, values = gather_logprobs(torch.log_softmax(logits, dim=-1), num_top, targets)
                 result += [dict(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
             output.prompt_logprobs[request_id] = result
-

@@ -1,4 +1,5 @@
 """A worker: one rank's device, model runner and KV memory budget."""
+
 import torch
 
 from pagedserve.config import EngineConfig
@@ -21,8 +22,9 @@ class Worker:
         self.rank = rank
         init_tp_group(rank, config.parallel.tensor_parallel_size)  # NOTE: layers read it when built
         self.platform = get_platform(config.device)
-        self.device = self.platform.init_device(rank if local_rank is None else local_rank,
-                                                config.parallel.tensor_parallel_size)
+        self.device = self.platform.init_device(
+            rank if local_rank is None else local_rank, config.parallel.tensor_parallel_size
+        )
         self._memory_baseline = self.platform.memory_baseline(self.device)
         torch.manual_seed(config.model.seed)
         self.model_runner = ModelRunner(config, self.device, self.platform)
@@ -33,8 +35,9 @@ class Worker:
 
     def determine_kv_memory(self) -> MemoryReport:
         """This rank's KV budget, measured by its platform (sizing.size_kv_cache decides the size)."""
-        return self.platform.kv_budget(self.config.cache, self.weights_bytes, self.device, self._profile_run,
-                                       self._memory_baseline)
+        return self.platform.kv_budget(
+            self.config.cache, self.weights_bytes, self.device, self._profile_run, self._memory_baseline
+        )
 
     def initialize_kv_cache(self, num_blocks: int, num_host_blocks: int = 0) -> None:
         """Allocate the KV cache and swap space, then capture the decode CUDA graphs over them."""
@@ -55,19 +58,32 @@ class Worker:
         attention), then spread over max_num_seqs requests that all sample (the largest logits and
         sampler batch)."""
         sched, block_size = self.config.scheduler, self.config.cache.block_size
-        batches = [profile_request_lengths(sched.max_num_batched_tokens, 1, self.config.model.max_model_len),
-                   profile_request_lengths(sched.max_num_batched_tokens, sched.max_num_seqs,
-                                           self.config.model.max_model_len)]
-        self.model_runner.initialize_kv_cache(max(sum(cdiv(n, block_size) for n in lengths)
-                                                  for lengths in batches) + 1)  # NOTE: no graphs here
+        batches = [
+            profile_request_lengths(sched.max_num_batched_tokens, 1, self.config.model.max_model_len),
+            profile_request_lengths(
+                sched.max_num_batched_tokens, sched.max_num_seqs, self.config.model.max_model_len
+            ),
+        ]
+        self.model_runner.initialize_kv_cache(
+            max(sum(cdiv(n, block_size) for n in lengths) for lengths in batches) + 1
+        )  # NOTE: no graphs here
         self.model_runner.initialize_swap_space(0)
         for lengths in batches:
             requests, next_block = [], 1
             for i, num_tokens in enumerate(lengths):
                 blocks = list(range(next_block, next_block + cdiv(num_tokens, block_size)))
                 next_block += len(blocks)
-                requests.append(NewRequestData(f"profile-{i}", [0] * num_tokens, num_tokens,
-                                               SamplingParams(temperature=0), None, blocks, 0))
+                requests.append(
+                    NewRequestData(
+                        f"profile-{i}",
+                        [0] * num_tokens,
+                        num_tokens,
+                        SamplingParams(temperature=0),
+                        None,
+                        blocks,
+                        0,
+                    )
+                )
             scheduled = {r.request_id: len(r.token_ids) for r in requests}
             self.execute_model(SchedulerOutput(requests, [], scheduled, sum(lengths)))
             self.execute_model(SchedulerOutput([], [], {}, 0, set(scheduled)))

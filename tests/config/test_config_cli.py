@@ -1,5 +1,6 @@
 """Flags come from the config dataclasses: types and choices from annotations, help from each field;
 each config validates itself, naming the flag to change."""
+
 import argparse
 import dataclasses
 from dataclasses import dataclass
@@ -7,8 +8,14 @@ from typing import Literal
 
 import pytest
 
-from pagedserve.config import (CacheConfig, EngineArgs, ParallelConfig, SchedulerConfig, add_dataclass_cli_args,
-                               config_field)
+from pagedserve.config import (
+    CacheConfig,
+    EngineArgs,
+    ParallelConfig,
+    SchedulerConfig,
+    add_dataclass_cli_args,
+    config_field,
+)
 from pagedserve.config.cli import cli_type
 from pagedserve.errors import ConfigError
 
@@ -20,7 +27,9 @@ def engine_parser() -> argparse.ArgumentParser:
 
 
 def test_literal_fields_become_typed_choices() -> None:
-    args = engine_parser().parse_args(["--block-size", "32", "--dtype", "bfloat16", "--preemption-mode", "swap"])
+    args = engine_parser().parse_args(
+        ["--block-size", "32", "--dtype", "bfloat16", "--preemption-mode", "swap"]
+    )
     assert (args.block_size, args.dtype, args.preemption_mode) == (32, "bfloat16", "swap")
     for argv in (["--block-size", "12"], ["--dtype", "float64"], ["--distributed-executor-backend", "slurm"]):
         with pytest.raises(argparse.ArgumentError, match="invalid choice"):
@@ -48,18 +57,24 @@ def test_unexpressible_field_type_is_refused() -> None:
     assert cli_type(Literal[1, 2] | None) == (int, (1, 2))
 
 
-@pytest.mark.parametrize("build,message", [
-    (lambda: SchedulerConfig(0, 64, 64), r"max_num_seqs=0 must be at least 1 \(--max-num-seqs\)"),
-    (lambda: SchedulerConfig(8, 0, 64), r"max_num_batched_tokens=0 must be at least 1 \(--max-num-batched-tokens\)"),
-    (lambda: SchedulerConfig(8, 64, 64, "later"), "--preemption-mode must be one of recompute, swap"),
-    (lambda: CacheConfig(12, 0.9, None, None), "--block-size must be one of 8, 16, 32"),
-    (lambda: CacheConfig(16, 1.5, None, None), r"must be in \(0, 1\] \(--gpu-memory-utilization\)"),
-    (lambda: CacheConfig(16, 0.9, None, 1), "num_gpu_blocks_override must be at least 2"),
-    (lambda: CacheConfig(16, 0.9, None, None, swap_space=-1), r"must not be negative \(--swap-space\)"),
-    (lambda: ParallelConfig(2, "uni"), "--distributed-executor-backend uni runs one rank"),
-    (lambda: ParallelConfig(1, "uni", 0.0), r"must be positive \(--distributed-timeout"),
-    (lambda: ParallelConfig(1, "uni", 1.0, 2), "use --pipeline-parallel-size 1"),
-])
+@pytest.mark.parametrize(
+    "build,message",
+    [
+        (lambda: SchedulerConfig(0, 64, 64), r"max_num_seqs=0 must be at least 1 \(--max-num-seqs\)"),
+        (
+            lambda: SchedulerConfig(8, 0, 64),
+            r"max_num_batched_tokens=0 must be at least 1 \(--max-num-batched-tokens\)",
+        ),
+        (lambda: SchedulerConfig(8, 64, 64, "later"), "--preemption-mode must be one of recompute, swap"),
+        (lambda: CacheConfig(12, 0.9, None, None), "--block-size must be one of 8, 16, 32"),
+        (lambda: CacheConfig(16, 1.5, None, None), r"must be in \(0, 1\] \(--gpu-memory-utilization\)"),
+        (lambda: CacheConfig(16, 0.9, None, 1), "num_gpu_blocks_override must be at least 2"),
+        (lambda: CacheConfig(16, 0.9, None, None, swap_space=-1), r"must not be negative \(--swap-space\)"),
+        (lambda: ParallelConfig(2, "uni"), "--distributed-executor-backend uni runs one rank"),
+        (lambda: ParallelConfig(1, "uni", 0.0), r"must be positive \(--distributed-timeout"),
+        (lambda: ParallelConfig(1, "uni", 1.0, 2), "use --pipeline-parallel-size 1"),
+    ],
+)
 def test_each_config_validates_itself(build, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         build()

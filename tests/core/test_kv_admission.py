@@ -1,13 +1,14 @@
 """KV-aware admission: waiting requests are admitted only while the running ones keep their next blocks,
 so an overloaded engine queues instead of thrashing (preempting and recomputing)."""
+
 import random
+
+from core.utils import make_request, make_scheduler
 
 from pagedserve.core.kv_admission import KVAdmissionPolicy
 from pagedserve.core.request import Request
 from pagedserve.core.sched_output import ModelRunnerOutput
 from pagedserve.core.scheduler import Scheduler
-
-from core.utils import make_request, make_scheduler
 
 
 class _AdmitAll(KVAdmissionPolicy):
@@ -19,8 +20,9 @@ class _AdmitAll(KVAdmissionPolicy):
 
 def distinct_request(rid: str, prompt_len: int, max_tokens: int) -> Request:
     """Distinct prompts: no prefix-cache hits between them."""
-    return make_request(rid, prompt_len, max_tokens, first_token=3 + 1000 * (sum(map(ord, rid)) % 40),
-                        ignore_eos=True)
+    return make_request(
+        rid, prompt_len, max_tokens, first_token=3 + 1000 * (sum(map(ord, rid)) % 40), ignore_eos=True
+    )
 
 
 def run_to_completion(scheduler: Scheduler, max_steps: int = 20_000) -> int:
@@ -29,8 +31,11 @@ def run_to_completion(scheduler: Scheduler, max_steps: int = 20_000) -> int:
         if not scheduler.has_unfinished_requests():
             return step
         out = scheduler.schedule()
-        sampled = {rid: 7 for rid, n in out.num_scheduled_tokens.items()
-                   if scheduler.requests[rid].num_computed_tokens >= scheduler.requests[rid].num_tokens}
+        sampled = {
+            rid: 7
+            for rid, n in out.num_scheduled_tokens.items()
+            if scheduler.requests[rid].num_computed_tokens >= scheduler.requests[rid].num_tokens
+        }
         scheduler.update_from_output(out, ModelRunnerOutput(sampled))
     raise AssertionError("the requests did not finish")
 

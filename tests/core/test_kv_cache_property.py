@@ -2,6 +2,7 @@
 KVCacheManager (no model: a fake token per step). Prompts share prefixes, so the prefix cache shares
 blocks: every block's ref_cnt equals the number of tables holding it, nothing leaks, and the free
 count returns to the total."""
+
 import time
 from collections import Counter
 
@@ -24,15 +25,17 @@ class SchedulerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.kv = KVCacheManager(NUM_BLOCKS, BLOCK_SIZE)
-        self.scheduler = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=24,
-                                                   max_model_len=MAX_MODEL_LEN), self.kv)
+        self.scheduler = Scheduler(
+            SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=24, max_model_len=MAX_MODEL_LEN), self.kv
+        )
         self.next_id = 0
 
     @rule(prompt_len=st.integers(1, 40), max_tokens=st.integers(1, 20), token=st.sampled_from([5, 6]))
     def add(self, prompt_len: int, max_tokens: int, token: int) -> None:
         max_tokens = min(max_tokens, MAX_MODEL_LEN - prompt_len)
-        request = EngineCoreRequest(str(self.next_id), [token] * prompt_len,
-                                    SamplingParams(max_tokens=max_tokens), None, time.time())
+        request = EngineCoreRequest(
+            str(self.next_id), [token] * prompt_len, SamplingParams(max_tokens=max_tokens), None, time.time()
+        )
         self.next_id += 1
         self.scheduler.add_request(Request(request))
 
@@ -40,9 +43,11 @@ class SchedulerMachine(RuleBasedStateMachine):
     def step(self) -> None:
         """Grow: schedule, then sample a token for every request whose tokens were all computed."""
         out = self.scheduler.schedule()
-        sampled = {rid: 7 for rid in out.num_scheduled_tokens
-                   if self.scheduler.requests[rid].num_computed_tokens
-                   == self.scheduler.requests[rid].num_tokens}
+        sampled = {
+            rid: 7
+            for rid in out.num_scheduled_tokens
+            if self.scheduler.requests[rid].num_computed_tokens == self.scheduler.requests[rid].num_tokens
+        }
         for rid in out.num_scheduled_tokens:
             request = self.scheduler.requests[rid]
             assert request.num_computed_tokens <= request.num_tokens

@@ -3,6 +3,7 @@ swap-in sequences on the real KVCacheManager and SwapSpace, with a fake KV store
 (writes each token into its slot, makes the copies and swaps the manager asks for). Every request always
 reads back exactly its own tokens (copy-on-write never lets one see another's), every cached block holds
 the tokens it is cached for, ref counts equal the holders in both pools, and nothing leaks."""
+
 import time
 from collections import Counter
 
@@ -22,7 +23,9 @@ Store = dict[int, int | None]  # slot -> the token whose K/V it holds
 
 
 def read(store: Store, table: list[KVCacheBlock], num_tokens: int) -> list[int | None]:
-    return [store.get(table[p // BLOCK_SIZE].block_id * BLOCK_SIZE + p % BLOCK_SIZE) for p in range(num_tokens)]
+    return [
+        store.get(table[p // BLOCK_SIZE].block_id * BLOCK_SIZE + p % BLOCK_SIZE) for p in range(num_tokens)
+    ]
 
 
 def move(source: Store, target: Store, pairs: list[tuple[int, int]]) -> None:
@@ -133,7 +136,10 @@ class SharingMachine(RuleBasedStateMachine):
             table = self.kv.req_to_blocks[request.request_id]
             assert read(self.device, table, request.num_tokens) == request.all_token_ids
         for request in self.swapped.values():
-            assert read(self.host, self.swap.tables[request.request_id], request.num_tokens) == request.all_token_ids
+            assert (
+                read(self.host, self.swap.tables[request.request_id], request.num_tokens)
+                == request.all_token_ids
+            )
 
     @invariant()
     def cached_blocks_hold_their_tokens(self) -> None:

@@ -1,13 +1,13 @@
 """Prefix caching in the KV-cache manager (no torch): the hash chain, tenants, hits verified by tokens,
 never the last token, revivable blocks evicted least recently used, reset, statistics."""
+
+from core.utils import make_request
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagedserve.core.hashing import extend_block_hashes, hash_block_tokens
 from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
-
-from core.utils import make_request
 
 BLOCK_SIZE = 4
 
@@ -28,7 +28,9 @@ def chain(tokens: list[int], salt: str | None = None) -> list[bytes]:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(0, 3), min_size=8, max_size=24), st.lists(st.integers(0, 3), min_size=8, max_size=24))
+@given(
+    st.lists(st.integers(0, 3), min_size=8, max_size=24), st.lists(st.integers(0, 3), min_size=8, max_size=24)
+)
 def test_chain_hashes_equal_exactly_when_whole_prefixes_are_equal(a: list[int], b: list[int]) -> None:
     for index, (hash_a, hash_b) in enumerate(zip(chain(a), chain(b))):
         end = (index + 1) * BLOCK_SIZE
@@ -48,7 +50,9 @@ def test_cache_salt_separates_tenants() -> None:
     admit(kv, make_request("a", tokens, cache_salt="tenant-a"))
     assert admit(kv, make_request("b", tokens, cache_salt="tenant-b")) == 0
     assert admit(kv, make_request("no-salt", tokens)) == 0
-    assert admit(kv, make_request("a2", tokens, cache_salt="tenant-a")) == 8  # 12 tokens: never the last block
+    assert (
+        admit(kv, make_request("a2", tokens, cache_salt="tenant-a")) == 8
+    )  # 12 tokens: never the last block
 
 
 def test_longest_prefix_hit_never_covers_the_last_token() -> None:
@@ -71,8 +75,10 @@ def test_prompt_logprobs_skip_the_lookup() -> None:
     tokens = list(range(100, 112))
     admit(kv, make_request("first", tokens))
     assert kv.get_computed_blocks(make_request("logprobs", tokens, prompt_logprobs=1)) is None
-    assert KVCacheManager(32, BLOCK_SIZE, enable_caching=False).get_computed_blocks(
-        make_request("off", tokens)) is None
+    assert (
+        KVCacheManager(32, BLOCK_SIZE, enable_caching=False).get_computed_blocks(make_request("off", tokens))
+        is None
+    )
 
 
 def test_a_hit_is_verified_by_token_ids() -> None:
@@ -92,12 +98,16 @@ def test_freed_blocks_stay_revivable_until_evicted_least_recently_used() -> None
         admit(kv, request)
         kv.free(request)
     assert kv.num_free_blocks() == 6 and kv.usage() == 0.0
-    assert [len(kv.get_computed_blocks(make_request(rid, t)) or []) for rid, t in
-            (("old?", old_tokens), ("new?", new_tokens))] == [2, 2]
+    assert [
+        len(kv.get_computed_blocks(make_request(rid, t)) or [])
+        for rid, t in (("old?", old_tokens), ("new?", new_tokens))
+    ] == [2, 2]
     # 4 blocks: the two partial ones (nothing to lose) first, then the least recently freed cached ones.
     admit(kv, make_request("big", list(range(300, 316))))
-    assert [len(kv.get_computed_blocks(make_request(rid, t)) or []) for rid, t in
-            (("old?", old_tokens), ("new?", new_tokens))] == [0, 2]
+    assert [
+        len(kv.get_computed_blocks(make_request(rid, t)) or [])
+        for rid, t in (("old?", old_tokens), ("new?", new_tokens))
+    ] == [0, 2]
 
 
 def test_reset_prefix_cache_and_statistics() -> None:

@@ -1,9 +1,10 @@
 """Scheduler behaviour on constructed requests (no torch)."""
+
+from core.utils import make_request, make_scheduler
+
 from pagedserve.core.block_pool import BlockPool
 from pagedserve.core.sched_output import ModelRunnerOutput
 from pagedserve.protocol import FinishReason
-
-from core.utils import make_request, make_scheduler
 
 
 def test_null_block_is_never_allocated() -> None:

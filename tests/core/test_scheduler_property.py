@@ -4,11 +4,13 @@ space, in every preemption mode. A fake runner samples tokens and reports beam l
 them). Invariants: waiting requests hold no KV block, forks never exceed --max-num-seqs, both pools'
 reference counts are consistent, and progress: while work exists, no more than K steps in a row
 advance nobody; at the end everything finishes within a bounded number of steps and nothing leaks."""
+
 import time
 
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from test_kv_sharing_property import check_pool
 
 from pagedserve.config import SchedulerConfig
 from pagedserve.core.kv_cache_manager import KVCacheManager
@@ -18,7 +20,6 @@ from pagedserve.core.scheduler import Scheduler
 from pagedserve.core.swap import SwapSpace
 from pagedserve.protocol import EngineCoreRequest, child_request_id
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams
-from test_kv_sharing_property import check_pool
 
 BLOCK_SIZE, MAX_NUM_SEQS, MAX_MODEL_LEN, EOS = 4, 4, 32, 2
 MAX_IDLE_STEPS = 2  # a step that only preempts, then one that admits
@@ -26,15 +27,21 @@ Progress = tuple[int, int]  # (tokens computed in all, requests ended)
 
 
 class SchedulerMachine(RuleBasedStateMachine):
-    @initialize(num_blocks=st.integers(9, 20), num_host_blocks=st.sampled_from([0, 3, 8]),
-                caching=st.booleans(), mode=st.sampled_from([None, "recompute", "swap"]))
+    @initialize(
+        num_blocks=st.integers(9, 20),
+        num_host_blocks=st.sampled_from([0, 3, 8]),
+        caching=st.booleans(),
+        mode=st.sampled_from([None, "recompute", "swap"]),
+    )
     def setup(self, num_blocks: int, num_host_blocks: int, caching: bool, mode: str | None) -> None:
         if mode == "swap" and not num_host_blocks:
             mode = None
         self.num_usable = num_blocks - 1
-        self.scheduler = Scheduler(SchedulerConfig(MAX_NUM_SEQS, 16, MAX_MODEL_LEN, mode),
-                                   KVCacheManager(num_blocks, BLOCK_SIZE, caching),
-                                   SwapSpace(num_host_blocks) if num_host_blocks else None)
+        self.scheduler = Scheduler(
+            SchedulerConfig(MAX_NUM_SEQS, 16, MAX_MODEL_LEN, mode),
+            KVCacheManager(num_blocks, BLOCK_SIZE, caching),
+            SwapSpace(num_host_blocks) if num_host_blocks else None,
+        )
         self.next_id = 0
         self.ended: set[str] = set()  # frontend ids whose every output finished
         self.expected: dict[str, set[str]] = {}  # frontend id -> output ids not finished yet
@@ -46,26 +53,48 @@ class SchedulerMachine(RuleBasedStateMachine):
         params = SamplingParams(n=n, temperature=0.0 if beam else 1.0, seed=1, max_tokens=max_tokens)
         self.expected[request_id] = {child_request_id(request_id, i, n) for i in range(n)}
         if beam is not None or n == 1:
-            self.scheduler.add_request(Request(EngineCoreRequest(request_id, prompt, params, EOS, time.time(),
-                                                                 beam_search=beam)))
+            self.scheduler.add_request(
+                Request(EngineCoreRequest(request_id, prompt, params, EOS, time.time(), beam_search=beam))
+            )
             return
         for index in range(n):  # as the frontend splits a group: one request per sample, one group id
             sample = SamplingParams(n=1, temperature=1.0, seed=index, max_tokens=max_tokens)
-            self.scheduler.add_request(Request(EngineCoreRequest(
-                child_request_id(request_id, index, n), prompt, sample, EOS, time.time(), group_id=request_id)))
+            self.scheduler.add_request(
+                Request(
+                    EngineCoreRequest(
+                        child_request_id(request_id, index, n),
+                        prompt,
+                        sample,
+                        EOS,
+                        time.time(),
+                        group_id=request_id,
+                    )
+                )
+            )
 
-    @rule(prompt=st.lists(st.integers(3, 5), min_size=1, max_size=20), max_tokens=st.integers(1, 12),
-          n=st.integers(1, 3))
+    @rule(
+        prompt=st.lists(st.integers(3, 5), min_size=1, max_size=20),
+        max_tokens=st.integers(1, 12),
+        n=st.integers(1, 3),
+    )
     def add_requests(self, prompt: list[int], max_tokens: int, n: int) -> None:
         self._add(prompt, max_tokens, n, None)
 
-    @rule(prompt=st.lists(st.integers(3, 5), min_size=1, max_size=12), max_tokens=st.integers(1, 8),
-          width=st.integers(1, 3), early_stopping=st.sampled_from([True, False, "never"]))
-    def add_beam_search(self, prompt: list[int], max_tokens: int, width: int, early_stopping: bool | str) -> None:
+    @rule(
+        prompt=st.lists(st.integers(3, 5), min_size=1, max_size=12),
+        max_tokens=st.integers(1, 8),
+        width=st.integers(1, 3),
+        early_stopping=st.sampled_from([True, False, "never"]),
+    )
+    def add_beam_search(
+        self, prompt: list[int], max_tokens: int, width: int, early_stopping: bool | str
+    ) -> None:
         # NOTE: the frontend admits only searches whose beams fit the pool unshared (input_processor.py).
         if width * -(-(len(prompt) + max_tokens) // BLOCK_SIZE) > self.num_usable:
             return
-        self._add(prompt, max_tokens, width, BeamSearchParams(width, max_tokens, early_stopping=early_stopping))
+        self._add(
+            prompt, max_tokens, width, BeamSearchParams(width, max_tokens, early_stopping=early_stopping)
+        )
 
     @precondition(lambda self: self.expected)
     @rule(data=st.data())
@@ -86,8 +115,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             if request.num_computed_tokens == request.num_tokens:
                 sampled[request_id] = 3 + (request.num_tokens + len(request_id)) % 3
                 # a beam ranks 2 * width candidates; EOS competes
-                logprobs[request_id] = {token: -0.1 * ((token * 7 + request.num_tokens) % 11) - 0.01 * token
-                                        for token in (EOS, 3, 4, 5, 6, 7)}
+                logprobs[request_id] = {
+                    token: -0.1 * ((token * 7 + request.num_tokens) % 11) - 0.01 * token
+                    for token in (EOS, 3, 4, 5, 6, 7)
+                }
         for output in scheduler.update_from_output(out, ModelRunnerOutput(sampled, logprobs=logprobs)):
             if output.finished:
                 for pending in self.expected.values():

@@ -1,8 +1,10 @@
 """The scheduler with shared blocks (no torch): parallel samples fork from their leader and copy on write,
 groups swap out and come back before new requests, preemption modes, and nothing leaks in either pool."""
+
 import time
 
 import pytest
+from core.utils import make_request, make_scheduler
 
 from pagedserve.config import PreemptionMode
 from pagedserve.core.request import Request, RequestStatus
@@ -11,21 +13,31 @@ from pagedserve.core.scheduler import Scheduler
 from pagedserve.protocol import EngineCoreRequest
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams
 
-from core.utils import make_request, make_scheduler
 
-
-def sharing_scheduler(num_blocks: int, preemption_mode: PreemptionMode | None = None,
-                      block_size: int = 4, num_host_blocks: int = 16) -> Scheduler:
+def sharing_scheduler(
+    num_blocks: int,
+    preemption_mode: PreemptionMode | None = None,
+    block_size: int = 4,
+    num_host_blocks: int = 16,
+) -> Scheduler:
     """Small blocks, a 64-token context and (by default) 16 host blocks of swap space."""
-    return make_scheduler(num_blocks, block_size, max_model_len=64, preemption_mode=preemption_mode,
-                          num_host_blocks=num_host_blocks)
+    return make_scheduler(
+        num_blocks,
+        block_size,
+        max_model_len=64,
+        preemption_mode=preemption_mode,
+        num_host_blocks=num_host_blocks,
+    )
 
 
 def step(scheduler: Scheduler) -> SchedulerOutput:
     """Schedule, then sample token 7 for every request whose tokens were all computed."""
     out = scheduler.schedule()
-    sampled = {rid: 7 for rid in out.num_scheduled_tokens
-               if scheduler.requests[rid].num_computed_tokens == scheduler.requests[rid].num_tokens}
+    sampled = {
+        rid: 7
+        for rid in out.num_scheduled_tokens
+        if scheduler.requests[rid].num_computed_tokens == scheduler.requests[rid].num_tokens
+    }
     scheduler.update_from_output(out, ModelRunnerOutput(sampled))
     return out
 
@@ -58,9 +70,12 @@ def test_samples_fork_from_their_leader_and_copy_the_shared_block_on_write() -> 
     assert out.num_scheduled_tokens == {"0_g": 1, "1_g": 1, "2_g": 1}
     shared = kv.req_to_blocks["0_g"][0]
     assert shared is kv.req_to_blocks["1_g"][0] is kv.req_to_blocks["2_g"][0] and shared.ref_cnt == 3
-    assert len(out.blocks_to_copy) == 2, "two of the three writers of block 1 copy it; the last writes in place"
-    assert {new.request_id for new in out.scheduled_new_reqs} == {"0_g", "1_g", "2_g"}, \
+    assert len(out.blocks_to_copy) == 2, (
+        "two of the three writers of block 1 copy it; the last writes in place"
+    )
+    assert {new.request_id for new in out.scheduled_new_reqs} == {"0_g", "1_g", "2_g"}, (
         "the leader's table changed mid-table: the workers get it whole"
+    )
     tables = {rid: [b.block_id for b in kv.req_to_blocks[rid]] for rid in ("0_g", "1_g", "2_g")}
     assert len({table[1] for table in tables.values()}) == 3
     stats = scheduler.get_stats()
@@ -143,8 +158,11 @@ def drive(scheduler: Scheduler, max_steps: int = 100) -> dict[str, tuple[str, in
             return ended
         out = scheduler.schedule()
         assert not out.is_empty or out.finished_req_ids or out.has_block_ops, "a step advanced nobody"
-        sampled = {rid: 7 for rid in out.num_scheduled_tokens
-                   if scheduler.requests[rid].num_computed_tokens == scheduler.requests[rid].num_tokens}
+        sampled = {
+            rid: 7
+            for rid in out.num_scheduled_tokens
+            if scheduler.requests[rid].num_computed_tokens == scheduler.requests[rid].num_tokens
+        }
         for output in scheduler.update_from_output(out, ModelRunnerOutput(sampled)):
             generated[output.request_id] = generated.get(output.request_id, 0) + len(output.new_token_ids)
             if output.finished:
@@ -184,13 +202,25 @@ def test_max_num_seqs_counts_the_forks_of_every_beam_search() -> None:
     scheduler = make_scheduler(64, 4, max_num_seqs=4, max_model_len=64)
     for name in ("x", "y"):
         params = SamplingParams(n=3, temperature=0.0, max_tokens=6)
-        scheduler.add_request(Request(EngineCoreRequest(name, [3, 4, 5], params, None, time.time(),
-                                                        beam_search=BeamSearchParams(3, 6, ignore_eos=True))))
+        scheduler.add_request(
+            Request(
+                EngineCoreRequest(
+                    name,
+                    [3, 4, 5],
+                    params,
+                    None,
+                    time.time(),
+                    beam_search=BeamSearchParams(3, 6, ignore_eos=True),
+                )
+            )
+        )
     most_running, searches_at_once = 0, 0
     while scheduler.has_unfinished_requests():
         out = scheduler.schedule()
         most_running = max(most_running, len(scheduler.running))
         searches_at_once = max(searches_at_once, len({r.group_id for r in scheduler.running}))
-        logprobs = {rid: {3: -1.0, 4: -1.5, 5: -2.0, 6: -2.5, 7: -3.0, 8: -3.5} for rid in out.num_scheduled_tokens}
+        logprobs = {
+            rid: {3: -1.0, 4: -1.5, 5: -2.0, 6: -2.5, 7: -3.0, 8: -3.5} for rid in out.num_scheduled_tokens
+        }
         scheduler.update_from_output(out, ModelRunnerOutput({rid: 3 for rid in logprobs}, logprobs=logprobs))
     assert most_running == 3 and searches_at_once == 1

@@ -1,4 +1,5 @@
 """The sliding-window policy: which leading blocks no layer group reads again."""
+
 from pagedserve.core.sliding_window import SlidingWindowPolicy
 
 

@@ -1,6 +1,7 @@
 """The Ray executor on a local Ray instance bound to 127.0.0.1: greedy tokens identical to tp=1, every
 Ray and worker socket on loopback, a killed actor ends the engine naming its rank, and nothing is left
 running after shutdown. One test: starting Ray costs seconds."""
+
 import importlib.util
 import sys
 
@@ -12,9 +13,10 @@ from pagedserve import LLM, SamplingParams
 from pagedserve.errors import EngineDeadError
 from pagedserve.executor.ray import RayExecutor
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
-                                reason="Ray is an optional extra (pip install 'pagedserve[ray]'), not "
-                                       "installed here")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None,
+    reason="Ray is an optional extra (pip install 'pagedserve[ray]'), not installed here",
+)
 
 
 def test_ray_tp2_greedy_equals_tp1_then_dies_cleanly(tiny_llama: str) -> None:

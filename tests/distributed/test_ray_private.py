@@ -1,5 +1,6 @@
 """The Ray executor joins a Ray cluster only when asked (RAY_ADDRESS): with a raylet of someone else's
 cluster running on this machine and no RAY_ADDRESS, it starts a private local instance and serves."""
+
 import importlib.util
 import os
 import shutil
@@ -8,9 +9,10 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
-                                reason="Ray is an optional extra (pip install 'pagedserve[ray]'), not "
-                                       "installed here")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None,
+    reason="Ray is an optional extra (pip install 'pagedserve[ray]'), not installed here",
+)
 
 _SCRIPT = """
 import sys
@@ -30,8 +32,9 @@ def test_a_raylet_on_the_machine_is_not_joined_without_ray_address(tiny_llama: s
     other_cluster = subprocess.Popen([str(raylet), "600"])
     try:
         env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
-        proc = subprocess.run([sys.executable, "-c", _SCRIPT, tiny_llama], capture_output=True, text=True,
-                              timeout=300, env=env)
+        proc = subprocess.run(
+            [sys.executable, "-c", _SCRIPT, tiny_llama], capture_output=True, text=True, timeout=300, env=env
+        )
     finally:
         other_cluster.kill()
         other_cluster.wait()

@@ -1,5 +1,6 @@
 """The tensor-parallel rendezvous folders (/tmp/pagedserve-tp-PID-*) that a SIGKILLed engine leaves are
 removed at the next start, and only those: a live process's folder stays."""
+
 import os
 import subprocess
 import sys

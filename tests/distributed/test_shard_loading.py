@@ -1,5 +1,6 @@
 """Each tensor-parallel rank reads only its shard of the checkpoint: two real ranks (gloo, one process
 each) load a ~160 MB float32 checkpoint, and each one's peak RSS grows by far less than the file."""
+
 import os
 import subprocess
 import sys
@@ -29,12 +30,26 @@ print("RESULT", growth, float(down.double().sum()), tuple(down.shape))
 
 
 def test_each_rank_reads_only_its_shard(tmp_path) -> None:
-    model = build_tiny_model(str(tmp_path / "model"), "llama", hidden_size=768, intermediate_size=3072,
-                             num_hidden_layers=3, num_attention_heads=12, num_key_value_heads=12,
-                             vocab_size=8192)
+    model = build_tiny_model(
+        str(tmp_path / "model"),
+        "llama",
+        hidden_size=768,
+        intermediate_size=3072,
+        num_hidden_layers=3,
+        num_attention_heads=12,
+        num_key_value_heads=12,
+        vocab_size=8192,
+    )
     file_bytes = os.path.getsize(os.path.join(model, "model.safetensors"))
-    ranks = [subprocess.Popen([sys.executable, "-c", _RANK, model, str(tmp_path / "store"), str(rank)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RANK, model, str(tmp_path / "store"), str(rank)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
     results = []
     for proc in ranks:
         out, err = proc.communicate(timeout=300)
@@ -44,12 +59,16 @@ def test_each_rank_reads_only_its_shard(tmp_path) -> None:
         results.append((int(growth), float(checksum), shape))
     for growth, _, shape in results:
         # Its half of the weights plus one slice being read (reading whole tensors costs the whole file more).
-        assert growth < 0.75 * file_bytes, f"peak RSS grew {growth / 2**20:.0f} MiB; file {file_bytes / 2**20:.0f} MiB"
+        assert growth < 0.75 * file_bytes, (
+            f"peak RSS grew {growth / 2**20:.0f} MiB; file {file_bytes / 2**20:.0f} MiB"
+        )
         assert shape == "(768, 1536)"  # the row-parallel down_proj: half of its input columns
 
     from safetensors import safe_open
 
     with safe_open(os.path.join(model, "model.safetensors"), "pt") as f:
         down = f.get_tensor("model.layers.0.mlp.down_proj.weight").double()
-    assert [round(r[1], 6) for r in results] == [round(float(down[:, :1536].sum()), 6),
-                                                 round(float(down[:, 1536:].sum()), 6)]
+    assert [round(r[1], 6) for r in results] == [
+        round(float(down[:, :1536].sum()), 6),
+        round(float(down[:, 1536:].sum()), 6),
+    ]

@@ -1,5 +1,6 @@
 """tp=2 on gloo through `LLM`: greedy tokens identical to tp=1, each rank holding only its shard, every
 socket on loopback; the parallel flags validated. (Equality through the server: see tests/entrypoints.)"""
+
 import argparse
 from collections.abc import Callable, Iterator
 
@@ -97,14 +98,20 @@ def test_pipeline_parallel_rejected(tiny_llama: str) -> None:
     EngineArgs.add_cli_args(parser)
     flags = ["--model", tiny_llama, "--pipeline-parallel-size", "2"]
     args = EngineArgs.from_cli_args(parser.parse_args(flags))
-    with pytest.raises(ConfigError, match=r"pipeline_parallel_size=2 is not supported yet.*"
-                                          r"--pipeline-parallel-size 1"):
+    with pytest.raises(
+        ConfigError,
+        match=r"pipeline_parallel_size=2 is not supported yet.*"
+        r"--pipeline-parallel-size 1",
+    ):
         args.create_engine_config()
 
 
 def test_parallel_flags_validated(tiny_llama: str) -> None:
-    with pytest.raises(ConfigError, match=r"tensor_parallel_size=3 does not divide.*"
-                                          r"num_attention_heads=4.*--tensor-parallel-size"):
+    with pytest.raises(
+        ConfigError,
+        match=r"tensor_parallel_size=3 does not divide.*"
+        r"num_attention_heads=4.*--tensor-parallel-size",
+    ):
         _config(model=tiny_llama, tensor_parallel_size=3)
     with pytest.raises(ConfigError, match="--distributed-executor-backend uni runs one rank"):
         _config(model=tiny_llama, tensor_parallel_size=2, distributed_executor_backend="uni")

@@ -1,6 +1,7 @@
 """Tensor parallelism from a plain script with no `if __name__ == "__main__":` guard, as users and
 notebooks write it: offline (LLM) and as a server. The worker and engine processes are fresh
 interpreters that never re-import the script; when the script ends, none of them is left running."""
+
 import os
 import subprocess
 import sys
@@ -36,8 +37,10 @@ def _marked(marker: str) -> list[psutil.Process]:
     found = []
     for process in psutil.process_iter():
         try:
-            if process.environ().get("PAGEDSERVE_TEST_MARKER") == marker and \
-                    process.status() != psutil.STATUS_ZOMBIE:
+            if (
+                process.environ().get("PAGEDSERVE_TEST_MARKER") == marker
+                and process.status() != psutil.STATUS_ZOMBIE
+            ):
                 found.append(process)
         except psutil.Error:
             continue
@@ -59,8 +62,13 @@ def _wait_gone(marker: str) -> None:
 
 def test_offline_tp2_from_an_unguarded_script(tiny_llama: str, tmp_path) -> None:
     marker = uuid.uuid4().hex
-    proc = subprocess.run([sys.executable, _write(tmp_path, _OFFLINE), tiny_llama], capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PAGEDSERVE_TEST_MARKER": marker})
+    proc = subprocess.run(
+        [sys.executable, _write(tmp_path, _OFFLINE), tiny_llama],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PAGEDSERVE_TEST_MARKER": marker},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("SCRIPT RUNS") == 1 and "TOKENS 4" in proc.stdout
     _wait_gone(marker)
@@ -68,12 +76,16 @@ def test_offline_tp2_from_an_unguarded_script(tiny_llama: str, tmp_path) -> None
 
 def test_server_tp2_from_an_unguarded_script(tiny_llama: str, tmp_path) -> None:
     marker = uuid.uuid4().hex
-    server = RemoteServer([sys.executable, _write(tmp_path, _SERVER)], [tiny_llama],
-                          env={"PAGEDSERVE_TEST_MARKER": marker})  # returns once /health answers 200
+    server = RemoteServer(
+        [sys.executable, _write(tmp_path, _SERVER)], [tiny_llama], env={"PAGEDSERVE_TEST_MARKER": marker}
+    )  # returns once /health answers 200
     try:
         assert len(_marked(marker)) >= 4  # the script, the engine core, two workers
-        response = httpx.post(f"{server.base_url}/v1/completions", timeout=60,
-                              json={"model": tiny_llama, "prompt": "Hello", "max_tokens": 4, "ignore_eos": True})
+        response = httpx.post(
+            f"{server.base_url}/v1/completions",
+            timeout=60,
+            json={"model": tiny_llama, "prompt": "Hello", "max_tokens": 4, "ignore_eos": True},
+        )
         assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 4
     finally:
         server.stop()  # SIGTERM: drains, then exits 0

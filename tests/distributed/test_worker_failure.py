@@ -1,5 +1,6 @@
 """A worker that dies or hangs ends the engine with an EngineDeadError naming the rank, within
 --distributed-timeout; no worker outlives the engine, even when the engine process is killed."""
+
 import os
 import signal
 import subprocess
@@ -60,8 +61,9 @@ time.sleep(600)
 
 
 def test_workers_die_with_a_killed_engine_process(tiny_llama: str) -> None:
-    engine = subprocess.Popen([sys.executable, "-c", _ENGINE_SCRIPT, tiny_llama], stdout=subprocess.PIPE,
-                              text=True)
+    engine = subprocess.Popen(
+        [sys.executable, "-c", _ENGINE_SCRIPT, tiny_llama], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert engine.stdout.readline().strip() == "ready"
         descendants = psutil.Process(engine.pid).children(recursive=True)  # the two workers

@@ -1,4 +1,5 @@
 """Helpers of the tensor-parallel tests: one workload, greedy token ids, and process/socket checks."""
+
 import ipaddress
 import random
 

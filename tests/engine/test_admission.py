@@ -1,5 +1,6 @@
 """Admission control, token budgets, deadlines, the stall watchdog and the block snapshot, on constructed
 objects (no engine, no server)."""
+
 import threading
 import time
 
@@ -7,8 +8,15 @@ import pytest
 
 from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
-from pagedserve.engine.admission import (UNBOUNDED, AdmissionControl, Deadlines, ServingLimits,
-                                         apply_token_budgets, check_num_samples, with_queue_defaults)
+from pagedserve.engine.admission import (
+    UNBOUNDED,
+    AdmissionControl,
+    Deadlines,
+    ServingLimits,
+    apply_token_budgets,
+    check_num_samples,
+    with_queue_defaults,
+)
 from pagedserve.engine.block_state import CACHED, FREE, SHARED, snapshot_blocks
 from pagedserve.engine.watchdog import StallWatchdog
 from pagedserve.errors import CapacityError, ConfigError, InvalidRequestError
@@ -17,8 +25,9 @@ from pagedserve.sampling_params import SamplingParams
 
 
 def core_request(num_prompt: int, max_tokens: int | None, rid: str = "r") -> EngineCoreRequest:
-    return EngineCoreRequest(rid, list(range(3, 3 + num_prompt)), SamplingParams(max_tokens=max_tokens), 2,
-                             time.time())
+    return EngineCoreRequest(
+        rid, list(range(3, 3 + num_prompt)), SamplingParams(max_tokens=max_tokens), 2, time.time()
+    )
 
 
 def test_limits_are_validated_naming_the_flag() -> None:
@@ -32,11 +41,16 @@ def test_queue_limits_refuse_with_retry_after() -> None:
     admission = AdmissionControl(ServingLimits(max_num_queued_requests=2, max_num_queued_tokens=100))
     admission.enqueue("a", 40)
     admission.enqueue("b", 40)
-    with pytest.raises(CapacityError, match=r"2 requests are waiting .* limit is 2 \(--max-num-queued-requests\)"):
+    with pytest.raises(
+        CapacityError, match=r"2 requests are waiting .* limit is 2 \(--max-num-queued-requests\)"
+    ):
         admission.enqueue("c", 1)
     admission.dequeue("a", started=True)
-    with pytest.raises(CapacityError, match=r"40 prompt tokens are waiting .* adds 61, over the limit of 100 "
-                                            r"\(--max-num-queued-tokens\)") as caught:
+    with pytest.raises(
+        CapacityError,
+        match=r"40 prompt tokens are waiting .* adds 61, over the limit of 100 "
+        r"\(--max-num-queued-tokens\)",
+    ) as caught:
         admission.enqueue("c", 61)
     assert 1 <= caught.value.retry_after_s <= 60
     admission.enqueue("c", 60)
@@ -60,8 +74,9 @@ def test_the_queue_is_bounded_by_default_and_unbounded_only_when_asked() -> None
         admission.enqueue(str(index), 10)
     with pytest.raises(CapacityError, match=r"limit is 16 \(--max-num-queued-requests\)"):
         admission.enqueue("16", 10)
-    unbounded = with_queue_defaults(ServingLimits(max_num_queued_requests=UNBOUNDED,
-                                                  max_num_queued_tokens=UNBOUNDED), 8, 100, 16)
+    unbounded = with_queue_defaults(
+        ServingLimits(max_num_queued_requests=UNBOUNDED, max_num_queued_tokens=UNBOUNDED), 8, 100, 16
+    )
     assert (unbounded.max_num_queued_requests, unbounded.max_num_queued_tokens) == (UNBOUNDED, UNBOUNDED)
     admission = AdmissionControl(unbounded)
     for index in range(1000):
@@ -73,8 +88,11 @@ def test_the_queue_is_bounded_by_default_and_unbounded_only_when_asked() -> None
 
 def test_token_budgets() -> None:
     limits = ServingLimits(max_input_tokens=10, max_output_tokens=20)
-    with pytest.raises(InvalidRequestError, match=r"11 tokens, more than .* 10 input tokens \(--max-input-tokens\)"
-                                                  r".*truncate_prompt_tokens"):
+    with pytest.raises(
+        InvalidRequestError,
+        match=r"11 tokens, more than .* 10 input tokens \(--max-input-tokens\)"
+        r".*truncate_prompt_tokens",
+    ):
         apply_token_budgets(core_request(11, 5), SamplingParams(max_tokens=5), limits)
     with pytest.raises(InvalidRequestError, match=r"max_tokens=21 .* limit of 20 output tokens") as caught:
         apply_token_budgets(core_request(5, 21), SamplingParams(max_tokens=21), limits)

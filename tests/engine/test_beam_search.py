@@ -1,14 +1,15 @@
 """Beam search equals HF transformers' (num_beams, length_penalty, early_stopping) on tiny random Llama and
 Qwen2 models, widths 2 and 4. The models' EOS row is made competitive, so beams end at different
 lengths and the length penalty and stopping rules matter."""
+
 import os
 import random
 import shutil
 
 import pytest
 import torch
-
 from conftest import hf_beam_search
+
 from pagedserve import LLM, BeamSearchParams, SamplingParams
 
 MAX_TOKENS = 8
@@ -48,28 +49,49 @@ def model(request, tiny_model_factory, tmp_path_factory) -> tuple[LLM, object]:
     return llm, AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 
 
-@pytest.mark.parametrize("width, length_penalty, early_stopping, ignore_eos",
-                         [(2, 1.0, False, False), (4, 1.0, False, False), (2, 2.0, "never", False),
-                          (4, 0.0, True, False), (4, -1.0, False, False), (2, 1.0, False, True),
-                          (3, 1.0, True, False), (3, 2.0, True, False), (3, 0.5, "never", False),
-                          (3, -0.5, "never", False), (3, 2.0, False, False)])
-def test_beam_search_equals_hf(model, width: int, length_penalty: float, early_stopping: bool | str,
-                               ignore_eos: bool) -> None:
+@pytest.mark.parametrize(
+    "width, length_penalty, early_stopping, ignore_eos",
+    [
+        (2, 1.0, False, False),
+        (4, 1.0, False, False),
+        (2, 2.0, "never", False),
+        (4, 0.0, True, False),
+        (4, -1.0, False, False),
+        (2, 1.0, False, True),
+        (3, 1.0, True, False),
+        (3, 2.0, True, False),
+        (3, 0.5, "never", False),
+        (3, -0.5, "never", False),
+        (3, 2.0, False, False),
+    ],
+)
+def test_beam_search_equals_hf(
+    model, width: int, length_penalty: float, early_stopping: bool | str, ignore_eos: bool
+) -> None:
     llm, hf = model
-    params = BeamSearchParams(beam_width=width, max_tokens=MAX_TOKENS, length_penalty=length_penalty,
-                              early_stopping=early_stopping, ignore_eos=ignore_eos)
+    params = BeamSearchParams(
+        beam_width=width,
+        max_tokens=MAX_TOKENS,
+        length_penalty=length_penalty,
+        early_stopping=early_stopping,
+        ignore_eos=ignore_eos,
+    )
     prompts = make_prompts()
     outputs = llm.beam_search([{"prompt_token_ids": p} for p in prompts], params)
     ended_early = False
     for prompt, output in zip(prompts, outputs):
         beams, scores = hf_beam_search(hf, prompt, params, None if ignore_eos else EOS)
-        ours = [sequence.tokens[len(prompt):] for sequence in output.sequences]
+        ours = [sequence.tokens[len(prompt) :] for sequence in output.sequences]
         assert ours == beams
-        ours_scores = [s.cum_logprob / len(tokens) ** length_penalty for s, tokens in zip(output.sequences, ours)]
+        ours_scores = [
+            s.cum_logprob / len(tokens) ** length_penalty for s, tokens in zip(output.sequences, ours)
+        ]
         assert ours_scores == pytest.approx(scores, abs=1e-4)
         ended_early |= any(len(tokens) < MAX_TOKENS for tokens in ours)
-        assert all((s.finish_reason == "stop") == (t[-1] == EOS and not ignore_eos)
-                   for s, t in zip(output.sequences, ours))
+        assert all(
+            (s.finish_reason == "stop") == (t[-1] == EOS and not ignore_eos)
+            for s, t in zip(output.sequences, ours)
+        )
     if ignore_eos or length_penalty <= 1.0:  # (a large penalty may favour long beams only)
         assert ended_early != ignore_eos, "EOS shortens some beams (unless ignored)"
     scheduler = llm.llm_engine.engine_core.scheduler

@@ -1,17 +1,24 @@
 """Incremental detokenization: the library's DecodeStream path gives exactly the text of the window decoder
 (the path slow tokenizers keep) and of a full decode, over random token streams and multilingual text."""
+
 import random
 
 import pytest
 
-from pagedserve.engine.detokenizer import (IncrementalDetokenizer, StreamDecoder, WindowDecoder,
-                                           make_token_decoder)
+from pagedserve.engine.detokenizer import (
+    IncrementalDetokenizer,
+    StreamDecoder,
+    WindowDecoder,
+    make_token_decoder,
+)
 
-TEXTS = ["Hello world, this is a test of streaming",
-         "Emoji 🦙🚀 and accents: café, naïve, Zürich — «quotes»",
-         "中文测试：分页注意力。日本語のテキスト、한국어 텍스트",
-         "code:\n    def f(x):\n\treturn x ** 2  # 𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
-         "<|im_start|>user\nspecial tokens inline<|im_end|>"]
+TEXTS = [
+    "Hello world, this is a test of streaming",
+    "Emoji 🦙🚀 and accents: café, naïve, Zürich — «quotes»",
+    "中文测试：分页注意力。日本語のテキスト、한국어 텍스트",
+    "code:\n    def f(x):\n\treturn x ** 2  # 𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
+    "<|im_start|>user\nspecial tokens inline<|im_end|>",
+]
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +52,14 @@ def test_random_token_streams(tokenizer) -> None:
     # Byte-level tokens (ids < 256 here) split characters: the decoders must hold back the same bytes.
     for _ in range(40):
         prompt = [rng.randrange(tokenizer.vocab_size) for _ in range(rng.randrange(0, 8))]
-        tokens = [rng.randrange(256) if rng.random() < 0.5 else rng.randrange(tokenizer.vocab_size)
-                  for _ in range(rng.randrange(1, 40))]
+        tokens = [
+            rng.randrange(256) if rng.random() < 0.5 else rng.randrange(tokenizer.vocab_size)
+            for _ in range(rng.randrange(1, 40))
+        ]
         skip = rng.random() < 0.5
-        assert stream(StreamDecoder, tokenizer, prompt, tokens, skip) == \
-            stream(WindowDecoder, tokenizer, prompt, tokens, skip)
+        assert stream(StreamDecoder, tokenizer, prompt, tokens, skip) == stream(
+            WindowDecoder, tokenizer, prompt, tokens, skip
+        )
 
 
 @pytest.mark.parametrize("stop", ["world", "é, n", "🚀", "试：分"])
@@ -63,4 +73,4 @@ def test_stop_strings_cut_the_same_text(tokenizer, stop: str) -> None:
         if matched:
             break
     assert matched == stop
-    assert detokenizer.output_text == text[:text.index(stop)]
+    assert detokenizer.output_text == text[: text.index(stop)]

@@ -1,4 +1,5 @@
 """OutputProcessor: deltas for streaming (with the stop-string hold-back), final-only outputs, stats."""
+
 import pytest
 
 from pagedserve.engine.output_processor import OutputProcessor
@@ -50,8 +51,11 @@ def test_deltas_add_up_to_the_cumulative_text(tokenizer) -> None:
     cumulative = run(tokenizer, SamplingParams(stop="zzz"), tokens)[0][-1].outputs[0].text
     deltas = run(tokenizer, SamplingParams(stop="zzz", output_kind=RequestOutputKind.DELTA), tokens)[0]
     assert cumulative == TEXT == "".join(r.outputs[0].text for r in deltas)
-    included = run(tokenizer, SamplingParams(stop="world", include_stop_str_in_output=True,
-                                             output_kind=RequestOutputKind.DELTA), tokens)[0]
+    included = run(
+        tokenizer,
+        SamplingParams(stop="world", include_stop_str_in_output=True, output_kind=RequestOutputKind.DELTA),
+        tokens,
+    )[0]
     assert "".join(r.outputs[0].text for r in included) == "Hello world"
 
 

@@ -1,6 +1,7 @@
 """Parallel sampling (n, best_of) with the prompt's blocks shared: reproducible with a seed, each sample
 sees only its own tokens (its logprobs equal HF's over its own sequence), best_of keeps the n best by
 cumulative logprob, and the blocks are really shared."""
+
 import pytest
 import torch
 
@@ -22,7 +23,9 @@ def samples(llm: LLM, params: SamplingParams, prompt: list[int] = PROMPT) -> lis
 def test_seeded_samples_are_reproducible_and_differ(llm: LLM) -> None:
     first = samples(llm, SEEDED)
     others = [[5, 6, 7], list(range(40, 61))]
-    batch = llm.generate([PROMPT, *others], [SEEDED, SamplingParams(n=3, max_tokens=5), SEEDED], use_tqdm=False)
+    batch = llm.generate(
+        [PROMPT, *others], [SEEDED, SamplingParams(n=3, max_tokens=5), SEEDED], use_tqdm=False
+    )
     assert [o.token_ids for o in batch[0].outputs] == first == samples(llm, SEEDED)
     assert len({tuple(s) for s in first}) == 4, "the samples differ"
 
@@ -48,10 +51,16 @@ def test_each_sample_sees_only_its_own_tokens(tiny_llama: str, llm: LLM) -> None
 
 
 def test_best_of_returns_the_n_best_by_cumulative_logprob(llm: LLM) -> None:
-    all_five = llm.generate([PROMPT], SamplingParams(n=5, temperature=1.0, seed=7, max_tokens=10,
-                                                     ignore_eos=True, logprobs=0), use_tqdm=False)[0].outputs
-    best = llm.generate([PROMPT], SamplingParams(n=2, best_of=5, temperature=1.0, seed=7, max_tokens=10,
-                                                 ignore_eos=True), use_tqdm=False)[0].outputs
+    all_five = llm.generate(
+        [PROMPT],
+        SamplingParams(n=5, temperature=1.0, seed=7, max_tokens=10, ignore_eos=True, logprobs=0),
+        use_tqdm=False,
+    )[0].outputs
+    best = llm.generate(
+        [PROMPT],
+        SamplingParams(n=2, best_of=5, temperature=1.0, seed=7, max_tokens=10, ignore_eos=True),
+        use_tqdm=False,
+    )[0].outputs
     expected = sorted(all_five, key=lambda o: -o.cumulative_logprob)[:2]
     assert [o.token_ids for o in best] == [o.token_ids for o in expected]
     assert [o.index for o in best] == [0, 1] and best[0].logprobs is None

@@ -1,6 +1,7 @@
 """Automatic prefix caching end to end: greedy tokens identical with caching on and off, across block
 sizes and every alignment of the shared prefix; tenants (cache_salt); reset; statistics; prompt
 logprobs unaffected."""
+
 import random
 
 import pytest
@@ -18,12 +19,14 @@ def shared_prefix_prompts(block_size: int) -> list[list[int]]:
     def tail(n: int) -> list[int]:
         return [rng.randrange(3, 49152) for _ in range(n)]
 
-    return [tokens[:3 * block_size + 3],  # the first request: later ones hit its blocks
-            tokens[:2 * block_size + 3] + tail(5),  # shares 2 blocks + 3 tokens: ends mid-block
-            tokens[:2 * block_size] + tail(block_size),  # shares exactly 2 blocks
-            tokens[:2 * block_size + 1],  # all but its last token cached
-            tokens[:3 * block_size + 3],  # the whole prompt again
-            tokens[:block_size] + tail(1)]
+    return [
+        tokens[: 3 * block_size + 3],  # the first request: later ones hit its blocks
+        tokens[: 2 * block_size + 3] + tail(5),  # shares 2 blocks + 3 tokens: ends mid-block
+        tokens[: 2 * block_size] + tail(block_size),  # shares exactly 2 blocks
+        tokens[: 2 * block_size + 1],  # all but its last token cached
+        tokens[: 3 * block_size + 3],  # the whole prompt again
+        tokens[:block_size] + tail(1),
+    ]
 
 
 def generate(llm: LLM, prompts: list[list[int]], params: SamplingParams = GREEDY) -> list[list[int]]:
@@ -60,8 +63,9 @@ def test_cache_salt_separates_tenants(llm: LLM) -> None:
 
     def hits_of(salt: str | None) -> int:
         before = stats(llm).prefix_cache_hits
-        llm.generate([{"prompt_token_ids": prompt, **({"cache_salt": salt} if salt else {})}], GREEDY,
-                     use_tqdm=False)
+        llm.generate(
+            [{"prompt_token_ids": prompt, **({"cache_salt": salt} if salt else {})}], GREEDY, use_tqdm=False
+        )
         return stats(llm).prefix_cache_hits - before
 
     assert hits_of("tenant-a") == 0

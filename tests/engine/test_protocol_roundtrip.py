@@ -1,15 +1,29 @@
 """What crosses the process line survives msgspec encoding, SamplingParams (a dataclass) included."""
+
 import msgspec
 
-from pagedserve.protocol import (EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason,
-                                 SchedulerStats)
+from pagedserve.protocol import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    FinishReason,
+    SchedulerStats,
+)
 from pagedserve.sampling_params import RequestOutputKind, SamplingParams
 
 
 def test_engine_core_request_roundtrip() -> None:
-    params = SamplingParams(n=2, temperature=0.7, seed=5, stop=["x", "yz"], stop_token_ids=[7],
-                            logit_bias={11: -3.5}, max_tokens=9, logprobs=2,
-                            output_kind=RequestOutputKind.DELTA)
+    params = SamplingParams(
+        n=2,
+        temperature=0.7,
+        seed=5,
+        stop=["x", "yz"],
+        stop_token_ids=[7],
+        logit_bias={11: -3.5},
+        max_tokens=9,
+        logprobs=2,
+        output_kind=RequestOutputKind.DELTA,
+    )
     request = EngineCoreRequest("r1", [1, 2, 3], params, 2, 123.5)
     decoded = msgspec.msgpack.decode(msgspec.msgpack.encode([request]), type=list[EngineCoreRequest])[0]
     assert decoded == request

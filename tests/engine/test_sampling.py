@@ -1,4 +1,5 @@
 """Sampling: logprobs against HF, seeded reproducibility across batch compositions, stop conditions."""
+
 import pytest
 import torch
 
@@ -33,11 +34,14 @@ def test_logprobs_equal_hf_log_softmax(llm: LLM, hf_model) -> None:
         for token_id, value in logprobs.items():
             assert value == pytest.approx(row[token_id].item(), abs=1e-4)
     assert completion.cumulative_logprob == pytest.approx(
-        sum(reference[len(prompt) - 1 + i, t].item() for i, t in enumerate(completion.token_ids)), abs=1e-3)
+        sum(reference[len(prompt) - 1 + i, t].item() for i, t in enumerate(completion.token_ids)), abs=1e-3
+    )
     assert output.prompt_logprobs[0] is None and len(output.prompt_logprobs) == len(prompt)
     for position in range(1, len(prompt)):
         entry = output.prompt_logprobs[position]
-        assert entry[prompt[position]] == pytest.approx(reference[position - 1, prompt[position]].item(), abs=1e-4)
+        assert entry[prompt[position]] == pytest.approx(
+            reference[position - 1, prompt[position]].item(), abs=1e-4
+        )
         assert len(entry) >= 3
 
 
@@ -56,11 +60,15 @@ def test_seeded_sampling_independent_of_batch(llm: LLM) -> None:
     target = [5, 6, 7, 8]
     params = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=1234, max_tokens=10, ignore_eos=True)
     alone = llm.generate([target], params, use_tqdm=False)[0].outputs[0].token_ids
-    others = [SamplingParams(temperature=1.0, max_tokens=7, ignore_eos=True),
-              SamplingParams(temperature=0.5, seed=7, max_tokens=12, ignore_eos=True)]
+    others = [
+        SamplingParams(temperature=1.0, max_tokens=7, ignore_eos=True),
+        SamplingParams(temperature=0.5, seed=7, max_tokens=12, ignore_eos=True),
+    ]
     batch = llm.generate([[1000, 2000], target, [3] * 30], [others[0], params, others[1]], use_tqdm=False)
     assert batch[1].outputs[0].token_ids == alone
-    other_seed = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=99, max_tokens=10, ignore_eos=True)
+    other_seed = SamplingParams(
+        temperature=0.9, top_p=0.95, top_k=50, seed=99, max_tokens=10, ignore_eos=True
+    )
     assert llm.generate([target], other_seed, use_tqdm=False)[0].outputs[0].token_ids != alone
 
 
@@ -74,51 +82,90 @@ def test_n_samples_are_distinct_and_reproducible(llm: LLM) -> None:
 
 
 def test_top_k_one_is_greedy(llm: LLM) -> None:
-    greedy = llm.generate([[9, 8, 7]], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
-                          use_tqdm=False)[0].outputs[0].token_ids
-    top1 = llm.generate([[9, 8, 7]], SamplingParams(temperature=1.3, top_k=1, max_tokens=8, ignore_eos=True),
-                        use_tqdm=False)[0].outputs[0].token_ids
+    greedy = (
+        llm.generate(
+            [[9, 8, 7]], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False
+        )[0]
+        .outputs[0]
+        .token_ids
+    )
+    top1 = (
+        llm.generate(
+            [[9, 8, 7]],
+            SamplingParams(temperature=1.3, top_k=1, max_tokens=8, ignore_eos=True),
+            use_tqdm=False,
+        )[0]
+        .outputs[0]
+        .token_ids
+    )
     assert top1 == greedy
 
 
 def test_stop_strings_and_tokens(llm: LLM) -> None:
-    base = llm.generate([[9, 8, 7]], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
-                        use_tqdm=False)[0].outputs[0]
-    stop_text = base.text[len(base.text) // 2:][:3]
+    base = llm.generate(
+        [[9, 8, 7]], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), use_tqdm=False
+    )[0].outputs[0]
+    stop_text = base.text[len(base.text) // 2 :][:3]
     cut = base.text.index(stop_text)
-    stopped = llm.generate([[9, 8, 7]], SamplingParams(temperature=0.0, max_tokens=12, stop=[stop_text]),
-                           use_tqdm=False)[0].outputs[0]
+    stopped = llm.generate(
+        [[9, 8, 7]], SamplingParams(temperature=0.0, max_tokens=12, stop=[stop_text]), use_tqdm=False
+    )[0].outputs[0]
     assert stopped.finish_reason == "stop" and stopped.stop_reason == stop_text
     assert stopped.text == base.text[:cut]
-    included = llm.generate([[9, 8, 7]], SamplingParams(temperature=0.0, max_tokens=12, stop=[stop_text],
-                                                        include_stop_str_in_output=True), use_tqdm=False)
-    assert included[0].outputs[0].text == base.text[:cut + len(stop_text)]
+    included = llm.generate(
+        [[9, 8, 7]],
+        SamplingParams(temperature=0.0, max_tokens=12, stop=[stop_text], include_stop_str_in_output=True),
+        use_tqdm=False,
+    )
+    assert included[0].outputs[0].text == base.text[: cut + len(stop_text)]
     token = base.token_ids[4]
-    by_token = llm.generate([[9, 8, 7]], SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=[token]),
-                            use_tqdm=False)[0].outputs[0]
-    assert by_token.token_ids == base.token_ids[:base.token_ids.index(token) + 1]
+    by_token = llm.generate(
+        [[9, 8, 7]], SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=[token]), use_tqdm=False
+    )[0].outputs[0]
+    assert by_token.token_ids == base.token_ids[: base.token_ids.index(token) + 1]
     assert by_token.stop_reason == token and by_token.finish_reason == "stop"
 
 
 def test_penalties_and_logit_bias(llm: LLM) -> None:
     prompt = [9, 8, 7]
-    base = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
-                        use_tqdm=False)[0].outputs[0].token_ids
-    biased = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True,
-                                                   logit_bias={777: 100.0}), use_tqdm=False)[0].outputs[0]
+    base = (
+        llm.generate(
+            [prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False
+        )[0]
+        .outputs[0]
+        .token_ids
+    )
+    biased = llm.generate(
+        [prompt],
+        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logit_bias={777: 100.0}),
+        use_tqdm=False,
+    )[0].outputs[0]
     assert biased.token_ids == [777] * 8
     assert len(set(base)) < len(base), "the tiny model repeats itself greedily"
-    penalized = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True,
-                                                      frequency_penalty=2.0, presence_penalty=2.0,
-                                                      repetition_penalty=2.0), use_tqdm=False)
+    penalized = llm.generate(
+        [prompt],
+        SamplingParams(
+            temperature=0.0,
+            max_tokens=8,
+            ignore_eos=True,
+            frequency_penalty=2.0,
+            presence_penalty=2.0,
+            repetition_penalty=2.0,
+        ),
+        use_tqdm=False,
+    )
     assert len(set(penalized[0].outputs[0].token_ids)) > len(set(base))
 
 
 def test_max_tokens_none_fills_context_and_min_tokens(llm: LLM) -> None:
-    output = llm.generate([[5] * 250], SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True),
-                          use_tqdm=False)[0].outputs[0]
+    output = llm.generate(
+        [[5] * 250], SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True), use_tqdm=False
+    )[0].outputs[0]
     assert len(output.token_ids) == 6 and output.finish_reason == "length"
     eos = llm.get_tokenizer().eos_token_id
-    forced = llm.generate([[5, 6]], SamplingParams(temperature=0.0, max_tokens=6, min_tokens=6,
-                                                   logit_bias={eos: 100.0}), use_tqdm=False)[0].outputs[0]
+    forced = llm.generate(
+        [[5, 6]],
+        SamplingParams(temperature=0.0, max_tokens=6, min_tokens=6, logit_bias={eos: 100.0}),
+        use_tqdm=False,
+    )[0].outputs[0]
     assert len(forced.token_ids) == 6 and eos not in forced.token_ids[:5]

@@ -1,6 +1,7 @@
 """Every numeric SamplingParams field at its extremes: refused with InvalidRequestError naming the field, or
 accepted and then carried to the engine (msgpack) and sampled with (worker metadata + sampler) without
 error. The server-side sweep of the same fields is tests/entrypoints/test_hostile_input.py."""
+
 import math
 
 import msgspec
@@ -22,18 +23,63 @@ from pagedserve.worker.input_batch import CachedRequestState, build_sampling_met
 
 VOCAB = 32
 MAX_LOGPROBS = 20  # --max-logprobs' default
-INT_FIELDS = ("n", "best_of", "max_tokens", "min_tokens", "top_k", "seed", "logprobs", "prompt_logprobs",
-              "truncate_prompt_tokens")
-FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
-                "repetition_penalty")
+INT_FIELDS = (
+    "n",
+    "best_of",
+    "max_tokens",
+    "min_tokens",
+    "top_k",
+    "seed",
+    "logprobs",
+    "prompt_logprobs",
+    "truncate_prompt_tokens",
+)
+FLOAT_FIELDS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
 
 # The values that break arithmetic: int64's edges and just past them, uint64's edge, 0 and -1, NaN and
 # infinities, floats where ints go, strings, booleans, huge and tiny floats.
-EXTREMES = st.sampled_from([
-    0, 1, -1, 2, 2**31, 2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63), -(2**63) - 1, 10**14, 10**40,
-    0.0, 0.5, 1.0, -0.0, 1e-30, 1e-6, 1e30, 1e308, float("nan"), float("inf"), float("-inf"), 2.5,
-    "1", "abc", True, None, [1], {},
-])
+EXTREMES = st.sampled_from(
+    [
+        0,
+        1,
+        -1,
+        2,
+        2**31,
+        2**63 - 1,
+        2**63,
+        2**64 - 1,
+        2**64,
+        -(2**63),
+        -(2**63) - 1,
+        10**14,
+        10**40,
+        0.0,
+        0.5,
+        1.0,
+        -0.0,
+        1e-30,
+        1e-6,
+        1e30,
+        1e308,
+        float("nan"),
+        float("inf"),
+        float("-inf"),
+        2.5,
+        "1",
+        "abc",
+        True,
+        None,
+        [1],
+        {},
+    ]
+)
 VALUES = st.one_of(EXTREMES, st.integers(), st.floats())
 
 
@@ -49,10 +95,18 @@ def _sample(params: SamplingParams) -> None:
 
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(field=st.sampled_from(INT_FIELDS + FLOAT_FIELDS), value=VALUES,
-       other=st.fixed_dictionaries({}, optional={"temperature": st.sampled_from([0.0, 0.7]),
-                                                 "seed": st.integers(INT64_MIN, INT64_MAX),
-                                                 "top_k": st.integers(-1, INT64_MAX)}))
+@given(
+    field=st.sampled_from(INT_FIELDS + FLOAT_FIELDS),
+    value=VALUES,
+    other=st.fixed_dictionaries(
+        {},
+        optional={
+            "temperature": st.sampled_from([0.0, 0.7]),
+            "seed": st.integers(INT64_MIN, INT64_MAX),
+            "top_k": st.integers(-1, INT64_MAX),
+        },
+    ),
+)
 def test_numeric_field_is_refused_by_name_or_sampled(field: str, value: object, other: dict) -> None:
     kwargs = {**other, field: value}
     try:
@@ -71,10 +125,17 @@ def test_numeric_field_is_refused_by_name_or_sampled(field: str, value: object, 
 
 
 @settings(max_examples=300, deadline=None)
-@given(bias=st.dictionaries(st.one_of(st.integers(-1, VOCAB + 1), st.sampled_from(["3", "x", "1.5", 2**64])),
-                            st.one_of(st.floats(), st.sampled_from([-100, 100, 101, "1"])), max_size=4),
-       stop_token_ids=st.one_of(st.none(), st.lists(st.one_of(st.integers(0, VOCAB - 1),
-                                                              st.sampled_from([2**63, 1.5, "a"])), max_size=3)))
+@given(
+    bias=st.dictionaries(
+        st.one_of(st.integers(-1, VOCAB + 1), st.sampled_from(["3", "x", "1.5", 2**64])),
+        st.one_of(st.floats(), st.sampled_from([-100, 100, 101, "1"])),
+        max_size=4,
+    ),
+    stop_token_ids=st.one_of(
+        st.none(),
+        st.lists(st.one_of(st.integers(0, VOCAB - 1), st.sampled_from([2**63, 1.5, "a"])), max_size=3),
+    ),
+)
 def test_logit_bias_and_stop_token_ids(bias: dict, stop_token_ids: list | None) -> None:
     try:
         params = SamplingParams(logit_bias=bias, stop_token_ids=stop_token_ids, temperature=0.5, min_tokens=1)
@@ -92,19 +153,28 @@ def test_any_int64_seed_samples_reproducibly(seed: int) -> None:
     params = SamplingParams(temperature=1.0, seed=seed)
     state = CachedRequestState("r", [1, 2, 3, 4], 3, params, 2, [1], 4)
     logits = torch.randn(1, VOCAB)
-    draws = [int(Sampler()(logits, build_sampling_metadata([state], VOCAB, torch.device("cpu")))
-                 .sampled_token_ids[0]) for _ in range(2)]
+    draws = [
+        int(
+            Sampler()(logits, build_sampling_metadata([state], VOCAB, torch.device("cpu"))).sampled_token_ids[
+                0
+            ]
+        )
+        for _ in range(2)
+    ]
     assert draws[0] == draws[1]
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("seed", 2**63, r"seed must be in \[-9223372036854775808, 9223372036854775807\]"),
-    ("top_k", 2**63, r"top_k must be in \[-9223372036854775808, 9223372036854775807\]"),
-    ("temperature", float("nan"), "temperature must be a finite number, got nan"),
-    ("repetition_penalty", float("inf"), "repetition_penalty must be a finite number, got inf"),
-    ("n", 1.5, "n must be an integer, got 1.5"),
-    ("max_tokens", "16", "max_tokens must be an integer, got '16'"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("seed", 2**63, r"seed must be in \[-9223372036854775808, 9223372036854775807\]"),
+        ("top_k", 2**63, r"top_k must be in \[-9223372036854775808, 9223372036854775807\]"),
+        ("temperature", float("nan"), "temperature must be a finite number, got nan"),
+        ("repetition_penalty", float("inf"), "repetition_penalty must be a finite number, got inf"),
+        ("n", 1.5, "n must be an integer, got 1.5"),
+        ("max_tokens", "16", "max_tokens must be an integer, got '16'"),
+    ],
+)
 def test_messages_name_the_field_and_range(field: str, value: object, message: str) -> None:
     with pytest.raises(InvalidRequestError, match=message) as info:
         SamplingParams(**{field: value})
@@ -116,8 +186,9 @@ def test_tiny_temperature_is_greedy() -> None:
     assert SamplingParams(temperature=1e-30).greedy and not SamplingParams(temperature=1e-4).greedy
 
 
-@pytest.mark.parametrize("field,value", [("length_penalty", float("nan")), ("beam_width", 2**64),
-                                         ("max_tokens", 2.0)])
+@pytest.mark.parametrize(
+    "field,value", [("length_penalty", float("nan")), ("beam_width", 2**64), ("max_tokens", 2.0)]
+)
 def test_beam_search_params_extremes(field: str, value: object) -> None:
     kwargs = {"beam_width": 2, "max_tokens": 4, field: value}
     with pytest.raises(InvalidRequestError) as info:

@@ -1,5 +1,6 @@
 """Sliding-window KV: blocks out of every layer group's reach go back to the pool as a request grows,
 outputs stay HF's, prefix caching stays correct, and nothing leaks."""
+
 import random
 
 import pytest
@@ -16,8 +17,11 @@ def drive(llm: LLM, prompt: list[int], max_tokens: int) -> tuple[list[int], list
     """Run one request step by step: (its tokens, blocks held after each prefill step, after each decode)."""
     engine = llm.llm_engine
     manager = engine.engine_core.scheduler.kv_cache_manager
-    engine.add_request("long", {"prompt_token_ids": prompt},
-                       SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+    engine.add_request(
+        "long",
+        {"prompt_token_ids": prompt},
+        SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
+    )
     prefill, decode, tokens = [], [], []
     while engine.has_unfinished_requests():
         outputs = engine.step()
@@ -31,8 +35,12 @@ def drive(llm: LLM, prompt: list[int], max_tokens: int) -> tuple[list[int], list
 
 @pytest.mark.parametrize("block_size", [8, 32])
 def test_long_request_holds_only_its_window(tiny_model_factory, block_size: int) -> None:
-    llm = LLM(tiny_model_factory("mistral-swa"), block_size=block_size, kv_cache_memory="16MiB",
-              max_num_batched_tokens=CHUNK)
+    llm = LLM(
+        tiny_model_factory("mistral-swa"),
+        block_size=block_size,
+        kv_cache_memory="16MiB",
+        max_num_batched_tokens=CHUNK,
+    )
     manager = llm.llm_engine.engine_core.scheduler.kv_cache_manager
     prompt = [random.Random(block_size).randrange(3, 49152) for _ in range(70)]
     tokens, prefill, decode = drive(llm, prompt, max_tokens=90)
@@ -49,7 +57,9 @@ def test_long_request_holds_only_its_window(tiny_model_factory, block_size: int)
 
 def test_global_layers_keep_every_block(tiny_model_factory) -> None:
     """Gemma 2 mixes local and global layers in one table: the global ones read everything."""
-    llm = LLM(tiny_model_factory("gemma2"), block_size=8, kv_cache_memory="16MiB", max_num_batched_tokens=CHUNK)
+    llm = LLM(
+        tiny_model_factory("gemma2"), block_size=8, kv_cache_memory="16MiB", max_num_batched_tokens=CHUNK
+    )
     prompt = [random.Random(1).randrange(3, 49152) for _ in range(50)]
     _, _, decode = drive(llm, prompt, max_tokens=30)
     assert max(decode) == cdiv(50 + 29, 8)
@@ -63,8 +73,9 @@ def test_swap_preemption_with_freed_blocks_keeps_outputs(tiny_model_factory) -> 
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     outputs = {}
     for name, pool in (("roomy", dict(kv_cache_memory="16MiB")), ("tight", dict(num_gpu_blocks_override=12))):
-        llm = LLM(path, block_size=8, max_num_batched_tokens=CHUNK, preemption_mode="swap", swap_space=0.01,
-                  **pool)
+        llm = LLM(
+            path, block_size=8, max_num_batched_tokens=CHUNK, preemption_mode="swap", swap_space=0.01, **pool
+        )
         outputs[name] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         scheduler = llm.llm_engine.engine_core.scheduler
         if name == "tight":

@@ -1,6 +1,7 @@
 """Swap preemption, forced by a tiny KV pool: outputs equal to an unconstrained run, groups of parallel
 samples and beams swap out whole and come back, and nothing leaks in either pool (on CPU the host pool
 is a second tensor pool)."""
+
 import random
 
 import pytest
@@ -16,8 +17,9 @@ def make_prompts(num: int, length: int = 10) -> list[list[int]]:
     return [[rng.randrange(3, 49152) for _ in range(length)] for _ in range(num)]
 
 
-def run(llm: LLM, prompts: list[list[int]], params: SamplingParams, beam_search: BeamSearchParams | None = None
-        ) -> tuple[list[list[list[int]]], int, int | None]:
+def run(
+    llm: LLM, prompts: list[list[int]], params: SamplingParams, beam_search: BeamSearchParams | None = None
+) -> tuple[list[list[list[int]]], int, int | None]:
     """Every output's token ids per prompt, the most requests swapped out at once and the fewest free
     host blocks at any step (None without a swap space)."""
     engine = llm.llm_engine

@@ -1,4 +1,5 @@
 """Every validation error, asserted by its message; one bad request never disturbs the others."""
+
 import pytest
 
 from pagedserve import LLM, SamplingParams
@@ -17,32 +18,40 @@ def test_prompt_longer_than_context(llm: LLM) -> None:
 
 
 def test_prompt_plus_max_tokens_over_context(llm: LLM) -> None:
-    with pytest.raises(InvalidRequestError, match=r"maximum context length is 128 tokens\. However, you "
-                                                  r"requested 150 tokens \(100 in the messages, 50 in"):
+    with pytest.raises(
+        InvalidRequestError,
+        match=r"maximum context length is 128 tokens\. However, you "
+        r"requested 150 tokens \(100 in the messages, 50 in",
+    ):
         llm.generate([[5] * 100], SamplingParams(max_tokens=50), use_tqdm=False)
 
 
 def test_empty_prompt_and_bad_token_ids(llm: LLM) -> None:
     with pytest.raises(InvalidRequestError, match="prompt is empty"):
         llm.generate([{"prompt_token_ids": []}], use_tqdm=False)
-    with pytest.raises(InvalidRequestError, match=r"Token id 49152 is out of vocabulary \(valid ids: 0 to 49151\)"):
+    with pytest.raises(
+        InvalidRequestError, match=r"Token id 49152 is out of vocabulary \(valid ids: 0 to 49151\)"
+    ):
         llm.generate([[5, 49152]], use_tqdm=False)
     with pytest.raises(InvalidRequestError, match=r"Token id -1 is out of vocabulary"):
         llm.generate([[-1]], use_tqdm=False)
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("temperature", -0.5, "temperature must be non-negative, got -0.5"),
-    ("top_p", 0.0, r"top_p must be in \(0, 1\], got 0.0"),
-    ("top_k", -2, "top_k must be -1 or 0"),
-    ("min_p", 1.5, r"min_p must be in \[0, 1\]"),
-    ("n", 0, "n must be at least 1"),
-    ("max_tokens", 0, "max_tokens must be at least 1"),
-    ("presence_penalty", 3.0, r"presence_penalty must be in \[-2, 2\]"),
-    ("repetition_penalty", 0.0, "repetition_penalty must be greater than zero"),
-    ("logprobs", -1, "logprobs must be non-negative"),
-    ("stop", [""], "stop must not contain empty strings"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("temperature", -0.5, "temperature must be non-negative, got -0.5"),
+        ("top_p", 0.0, r"top_p must be in \(0, 1\], got 0.0"),
+        ("top_k", -2, "top_k must be -1 or 0"),
+        ("min_p", 1.5, r"min_p must be in \[0, 1\]"),
+        ("n", 0, "n must be at least 1"),
+        ("max_tokens", 0, "max_tokens must be at least 1"),
+        ("presence_penalty", 3.0, r"presence_penalty must be in \[-2, 2\]"),
+        ("repetition_penalty", 0.0, "repetition_penalty must be greater than zero"),
+        ("logprobs", -1, "logprobs must be non-negative"),
+        ("stop", [""], "stop must not contain empty strings"),
+    ],
+)
 def test_bad_sampling_values(field: str, value: object, message: str) -> None:
     with pytest.raises(InvalidRequestError, match=message) as info:
         SamplingParams(**{field: value})
@@ -55,7 +64,9 @@ def test_min_tokens_over_max_tokens() -> None:
 
 
 def test_logprobs_over_server_limit(llm: LLM) -> None:
-    with pytest.raises(InvalidRequestError, match=r"logprobs=30 exceeds the server's limit of 20 \(--max-logprobs\)"):
+    with pytest.raises(
+        InvalidRequestError, match=r"logprobs=30 exceeds the server's limit of 20 \(--max-logprobs\)"
+    ):
         llm.generate([[5, 6]], SamplingParams(logprobs=30), use_tqdm=False)
 
 
@@ -85,21 +96,27 @@ def test_unknown_engine_argument() -> None:
 
 
 def test_block_size_rejected(tiny_llama: str) -> None:
-    with pytest.raises(ConfigError, match="block_size=12 is not supported; --block-size must be one of 8, 16, 32"):
+    with pytest.raises(
+        ConfigError, match="block_size=12 is not supported; --block-size must be one of 8, 16, 32"
+    ):
         EngineArgs(model=tiny_llama, block_size=12).create_engine_config()
 
 
 def test_max_model_len_over_model(tiny_llama: str) -> None:
-    with pytest.raises(ConfigError, match="max_model_len=1024 is larger than the model's "
-                                          "max_position_embeddings=512"):
+    with pytest.raises(
+        ConfigError, match="max_model_len=1024 is larger than the model's max_position_embeddings=512"
+    ):
         EngineArgs(model=tiny_llama, max_model_len=1024).create_engine_config()
 
 
 def test_kv_cache_too_small_for_one_request(tiny_llama: str) -> None:
     # 512 B per token per layer-pair... the tiny model needs 1 KiB per token: 64 KiB hold 64 tokens.
-    with pytest.raises(ConfigError, match=r"holds \d+ tokens, fewer than one request of max_model_len=512 "
-                                          r"tokens needs; the largest max_model_len that fits is \d+\. "
-                                          r"Raise --kv-cache-memory"):
+    with pytest.raises(
+        ConfigError,
+        match=r"holds \d+ tokens, fewer than one request of max_model_len=512 "
+        r"tokens needs; the largest max_model_len that fits is \d+\. "
+        r"Raise --kv-cache-memory",
+    ):
         LLM(tiny_llama, kv_cache_memory="64KiB")
 
 
@@ -115,6 +132,7 @@ def test_unsupported_architecture(tmp_path) -> None:
     from pagedserve.config import MODEL_ARCHITECTURES
 
     supported = ", ".join(sorted(MODEL_ARCHITECTURES.values()))
-    with pytest.raises(ConfigError, match=f"'GPT2LMHeadModel' is not supported. Supported architectures: "
-                                          f"{supported}."):
+    with pytest.raises(
+        ConfigError, match=f"'GPT2LMHeadModel' is not supported. Supported architectures: {supported}."
+    ):
         LLM(str(tmp_path))

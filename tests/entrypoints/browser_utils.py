@@ -1,5 +1,6 @@
 """Headless Chromium (Debian's `chromium`; scripts/install_test_deps.sh installs it) for page tests, and a
 PNG reader."""
+
 import re
 import shutil
 import struct
@@ -9,9 +10,17 @@ import zlib
 
 import numpy as np
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--window-size=1200,1100"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1200,1100",
+]
 
 
 def chromium() -> str | None:
@@ -24,9 +33,19 @@ def run_chromium(url: str, *args: str, virtual_time_ms: int = 4000, timeout_s: f
     executable = chromium()
     assert executable, "chromium is not installed (apt-get install -y chromium)"
     with tempfile.TemporaryDirectory(prefix="pagedserve-chromium-") as profile:
-        result = subprocess.run([executable, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
-                                 f"--virtual-time-budget={virtual_time_ms}", *args, url],
-                                capture_output=True, text=True, timeout=timeout_s)
+        result = subprocess.run(
+            [
+                executable,
+                *CHROMIUM_FLAGS,
+                f"--user-data-dir={profile}",
+                f"--virtual-time-budget={virtual_time_ms}",
+                *args,
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout
 
@@ -45,8 +64,8 @@ def read_png(path: str) -> np.ndarray:
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     offset, chunks, header = 8, [], b""
     while offset < len(data):
-        length, kind = struct.unpack(">I4s", data[offset:offset + 8])
-        body = data[offset + 8:offset + 8 + length]
+        length, kind = struct.unpack(">I4s", data[offset : offset + 8])
+        body = data[offset + 8 : offset + 8 + length]
         header = body if kind == b"IHDR" else header
         if kind == b"IDAT":
             chunks.append(body)
@@ -59,7 +78,7 @@ def read_png(path: str) -> np.ndarray:
     previous = bytearray(stride)
     for y in range(height):
         start = y * (stride + 1)
-        row = _unfilter(raw[start], bytearray(raw[start + 1:start + 1 + stride]), previous, bpp)
+        row = _unfilter(raw[start], bytearray(raw[start + 1 : start + 1 + stride]), previous, bpp)
         rows.append(row)
         previous = row
     return np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(height, width, bpp)

@@ -1,4 +1,5 @@
 """A real server process on 127.0.0.1 for the tests, with bounded waits everywhere."""
+
 import os
 import re
 import socket
@@ -25,16 +26,25 @@ class RemoteServer:
     """`command` is the command line up to the flags (e.g. python -m ...api_server); host and port are
     added. The log (stdout and stderr) goes to a file, readable with `log()`."""
 
-    def __init__(self, command: list[str], args: list[str], api_key: str | None = None,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        command: list[str],
+        args: list[str],
+        api_key: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.port = free_port()
         self.api_key = api_key
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self._log_file = tempfile.NamedTemporaryFile("w+", prefix="pagedserve-server-", suffix=".log",
-                                                     delete=False)
-        self.proc = subprocess.Popen([*command, *args, "--host", "127.0.0.1", "--port", str(self.port)],
-                                     stdout=self._log_file, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **(env or {})})
+        self._log_file = tempfile.NamedTemporaryFile(
+            "w+", prefix="pagedserve-server-", suffix=".log", delete=False
+        )
+        self.proc = subprocess.Popen(
+            [*command, *args, "--host", "127.0.0.1", "--port", str(self.port)],
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
         self._wait_ready()
 
     def _wait_ready(self) -> None:
@@ -59,12 +69,14 @@ class RemoteServer:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key=self.api_key or "none", timeout=60,
-                             max_retries=0)
+        return openai.OpenAI(
+            base_url=f"{self.base_url}/v1", api_key=self.api_key or "none", timeout=60, max_retries=0
+        )
 
     def async_client(self) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=f"{self.base_url}/v1", api_key=self.api_key or "none", timeout=60,
-                                  max_retries=0)
+        return openai.AsyncOpenAI(
+            base_url=f"{self.base_url}/v1", api_key=self.api_key or "none", timeout=60, max_retries=0
+        )
 
     def metrics(self) -> dict[str, float]:
         """Every sample of /metrics by its name with labels, e.g. 'pagedserve:num_requests_running'."""

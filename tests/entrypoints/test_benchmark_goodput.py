@@ -1,5 +1,6 @@
 """The benchmarks' client (benchmarks/serving.py, used by overload.py too) against a real server: a stream
 cut by its deadline (finish_reason "abort") got tokens, yet is neither completed nor goodput."""
+
 import asyncio
 import os
 import sys
@@ -16,8 +17,21 @@ MODEL = "tiny"
 
 @pytest.fixture(scope="module")
 def server(tiny_llama: str):
-    server = RemoteServer(API_SERVER, ["--model", tiny_llama, "--served-model-name", MODEL, "--max-model-len",
-                                       "512", "--kv-cache-memory", "8MiB", "--uvicorn-log-level", "warning"])
+    server = RemoteServer(
+        API_SERVER,
+        [
+            "--model",
+            tiny_llama,
+            "--served-model-name",
+            MODEL,
+            "--max-model-len",
+            "512",
+            "--kv-cache-memory",
+            "8MiB",
+            "--uvicorn-log-level",
+            "warning",
+        ],
+    )
     yield server
     server.stop()
 
@@ -26,8 +40,13 @@ def test_deadline_aborted_stream_is_not_completed(server: RemoteServer) -> None:
     async def send() -> list:
         async with httpx.AsyncClient(timeout=120) as client:
             url = f"{server.base_url}/v1/completions"
-            body = {"model": MODEL, "prompt": [1, 2, 3], "stream": True, "ignore_eos": True,
-                    "stream_options": {"include_usage": True}}
+            body = {
+                "model": MODEL,
+                "prompt": [1, 2, 3],
+                "stream": True,
+                "ignore_eos": True,
+                "stream_options": {"include_usage": True},
+            }
             whole = await stream_request(client, url, {**body, "max_tokens": 8})
             # A deadline of ~50 tokens' time (as fast as this machine is now) cuts a 500-token stream.
             deadline_s = max(0.5, 50 * whole.latency / whole.output_tokens)

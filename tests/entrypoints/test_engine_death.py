@@ -1,5 +1,6 @@
 """Killing the engine process: requests in flight fail promptly, /health answers 503, the server exits 1.
 Started as `pagedserve serve MODEL` with a vLLM-style command line."""
+
 import os
 import shutil
 import signal
@@ -20,8 +21,19 @@ def server(tiny_llama: str):
     executable = shutil.which("pagedserve")
     assert executable, "the `pagedserve` console script is not installed (pip install -e .)"
     # vLLM's flags as a vLLM user writes them (float16 runs on CPU too), plus a small KV cache.
-    args = [tiny_llama, "--dtype", "float16", "--gpu-memory-utilization", "0.90", "--max-model-len", "256",
-            "--kv-cache-memory", "4MiB", "--served-model-name", MODEL]
+    args = [
+        tiny_llama,
+        "--dtype",
+        "float16",
+        "--gpu-memory-utilization",
+        "0.90",
+        "--max-model-len",
+        "256",
+        "--kv-cache-memory",
+        "4MiB",
+        "--served-model-name",
+        MODEL,
+    ]
     server = RemoteServer([executable, "serve"], args)
     yield server
     server.stop()
@@ -35,8 +47,13 @@ def test_killed_engine_fails_requests_and_health(server: RemoteServer) -> None:
 
     def stream(index: int) -> None:
         try:
-            chunks = client.completions.create(model=MODEL, prompt=f"Stream {index}", max_tokens=240,
-                                               stream=True, extra_body={"ignore_eos": True})
+            chunks = client.completions.create(
+                model=MODEL,
+                prompt=f"Stream {index}",
+                max_tokens=240,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
             for number, _ in enumerate(chunks):
                 if number == 0:
                     first_chunk.wait()
@@ -52,8 +69,14 @@ def test_killed_engine_fails_requests_and_health(server: RemoteServer) -> None:
     killed_at = time.monotonic()
 
     statuses: list[int] = []
-    server.wait_for(lambda: statuses.append(httpx.get(server.base_url + "/health", timeout=5).status_code)
-                    or statuses[-1] == 503, 10, "/health to answer 503")
+    server.wait_for(
+        lambda: (
+            statuses.append(httpx.get(server.base_url + "/health", timeout=5).status_code)
+            or statuses[-1] == 503
+        ),
+        10,
+        "/health to answer 503",
+    )
     for thread in threads:
         thread.join(timeout=20)
         assert not thread.is_alive(), "a stream hung after the engine died"

@@ -2,6 +2,7 @@
 bounds): every numeric field at its extremes, every input bound, every route with and without the key,
 and a 5 MB prompt that must not delay /health. Every answer is 200 or a 4xx with an OpenAI error body,
 and the engine still serves afterwards."""
+
 import json
 import threading
 import time
@@ -18,18 +19,38 @@ from pagedserve.entrypoints.openai.auth import PROBE_PATHS
 API_KEY = "hostile-key"
 MODEL = "tiny"
 BODY_LIMIT = 6_000_000  # bytes: the 5 MB prompt passes and is tokenized; 7 MB is refused unread
-BOUNDS = {"max-prompts-per-request": 4, "max-samples-per-request": 8, "max-chat-messages": 8,
-          "max-stop-strings": 4, "max-stop-string-length": 16, "max-stop-token-ids": 8,
-          "max-logit-bias-entries": 8, "max-request-body-bytes": BODY_LIMIT}
+BOUNDS = {
+    "max-prompts-per-request": 4,
+    "max-samples-per-request": 8,
+    "max-chat-messages": 8,
+    "max-stop-strings": 4,
+    "max-stop-string-length": 16,
+    "max-stop-token-ids": 8,
+    "max-logit-bias-entries": 8,
+    "max-request-body-bytes": BODY_LIMIT,
+}
 CHAT = [{"role": "user", "content": "Hi"}]
-BASE = {"/v1/completions": {"prompt": "Hello", "max_tokens": 2},
-        "/v1/chat/completions": {"messages": CHAT, "max_tokens": 2}}
+BASE = {
+    "/v1/completions": {"prompt": "Hello", "max_tokens": 2},
+    "/v1/chat/completions": {"messages": CHAT, "max_tokens": 2},
+}
 
 
 @pytest.fixture(scope="module")
 def server(tiny_llama: str):
-    args = ["--model", tiny_llama, "--served-model-name", MODEL, "--kv-cache-memory", "4MiB",
-            "--uvicorn-log-level", "warning", "--api-key", API_KEY, "--metrics-require-api-key"]
+    args = [
+        "--model",
+        tiny_llama,
+        "--served-model-name",
+        MODEL,
+        "--kv-cache-memory",
+        "4MiB",
+        "--uvicorn-log-level",
+        "warning",
+        "--api-key",
+        API_KEY,
+        "--metrics-require-api-key",
+    ]
     for flag, value in BOUNDS.items():
         args += [f"--{flag}", str(value)]
     server = RemoteServer(API_SERVER, args, api_key=API_KEY)
@@ -39,8 +60,12 @@ def server(tiny_llama: str):
 
 def post(server: RemoteServer, path: str, body: object, timeout: float = 60) -> httpx.Response:
     # NOTE: json.dumps writes NaN and Infinity as JSON extensions, as many clients do.
-    return httpx.post(server.base_url + path, content=json.dumps(body), timeout=timeout,
-                      headers={**server.headers(), "Content-Type": "application/json"})
+    return httpx.post(
+        server.base_url + path,
+        content=json.dumps(body),
+        timeout=timeout,
+        headers={**server.headers(), "Content-Type": "application/json"},
+    )
 
 
 def assert_served_or_refused(response: httpx.Response, param: str | None = None) -> None:
@@ -55,8 +80,9 @@ def assert_served_or_refused(response: httpx.Response, param: str | None = None)
 
 
 def assert_still_serves(server: RemoteServer) -> None:
-    response = server.client().completions.create(model=MODEL, prompt="Hello", max_tokens=3, temperature=0.8,
-                                                  seed=1)
+    response = server.client().completions.create(
+        model=MODEL, prompt="Hello", max_tokens=3, temperature=0.8, seed=1
+    )
     assert response.choices[0].finish_reason == "length" and response.usage.completion_tokens == 3
     assert server.proc.poll() is None
 
@@ -64,47 +90,111 @@ def assert_still_serves(server: RemoteServer) -> None:
 def test_seed_and_top_k_that_killed_the_engine(server: RemoteServer) -> None:
     client = server.client()
     for seed in (10**14, 2**63 - 1, -(2**63)):
-        response = client.completions.create(model=MODEL, prompt="Hello", max_tokens=3, temperature=1.0,
-                                             seed=seed)
+        response = client.completions.create(
+            model=MODEL, prompt="Hello", max_tokens=3, temperature=1.0, seed=seed
+        )
         assert response.usage.completion_tokens == 3
     for field, value in (("seed", 2**63), ("seed", -(2**63) - 1), ("top_k", 2**63), ("top_k", 2**64 - 1)):
-        response = post(server, "/v1/completions", {**BASE["/v1/completions"], "temperature": 1, field: value})
+        response = post(
+            server, "/v1/completions", {**BASE["/v1/completions"], "temperature": 1, field: value}
+        )
         assert response.status_code == 400 and "9223372036854775807" in response.json()["error"]["message"]
         assert_served_or_refused(response, field)
-    big_top_k = client.completions.create(model=MODEL, prompt="Hello", max_tokens=2, extra_body={"top_k": 10**9})
+    big_top_k = client.completions.create(
+        model=MODEL, prompt="Hello", max_tokens=2, extra_body={"top_k": 10**9}
+    )
     assert big_top_k.usage.completion_tokens == 2  # above the vocabulary: every token, as top_k=0
     assert_still_serves(server)
 
 
 NUMERIC_FIELDS = {
-    "/v1/completions": ["n", "best_of", "max_tokens", "min_tokens", "top_k", "top_p", "min_p", "temperature",
-                        "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "seed",
-                        "truncate_prompt_tokens", "timeout", "length_penalty"],
-    "/v1/chat/completions": ["n", "max_tokens", "max_completion_tokens", "min_tokens", "top_k", "top_p",
-                             "min_p", "temperature", "presence_penalty", "frequency_penalty",
-                             "repetition_penalty", "top_logprobs", "seed", "truncate_prompt_tokens",
-                             "timeout"],
+    "/v1/completions": [
+        "n",
+        "best_of",
+        "max_tokens",
+        "min_tokens",
+        "top_k",
+        "top_p",
+        "min_p",
+        "temperature",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "logprobs",
+        "seed",
+        "truncate_prompt_tokens",
+        "timeout",
+        "length_penalty",
+    ],
+    "/v1/chat/completions": [
+        "n",
+        "max_tokens",
+        "max_completion_tokens",
+        "min_tokens",
+        "top_k",
+        "top_p",
+        "min_p",
+        "temperature",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "top_logprobs",
+        "seed",
+        "truncate_prompt_tokens",
+        "timeout",
+    ],
 }
-EXTREMES = st.sampled_from([2**63, -(2**63), 2**63 - 1, 2**64, -1, 0, 1, 2, 0.5, 1e-300, 1e300, float("nan"),
-                            float("inf"), float("-inf"), 2.5, "7", "abc", None, True, [1] * 10_000, {"a": 1}])
+EXTREMES = st.sampled_from(
+    [
+        2**63,
+        -(2**63),
+        2**63 - 1,
+        2**64,
+        -1,
+        0,
+        1,
+        2,
+        0.5,
+        1e-300,
+        1e300,
+        float("nan"),
+        float("inf"),
+        float("-inf"),
+        2.5,
+        "7",
+        "abc",
+        None,
+        True,
+        [1] * 10_000,
+        {"a": 1},
+    ]
+)
 ROUTE_AND_FIELD = st.sampled_from([(path, name) for path, names in NUMERIC_FIELDS.items() for name in names])
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(route_and_field=ROUTE_AND_FIELD, value=EXTREMES, temperature=st.sampled_from([0.0, 1.0]))
-def test_numeric_field_extremes(server: RemoteServer, route_and_field: tuple[str, str], value: object,
-                                temperature: float) -> None:
+def test_numeric_field_extremes(
+    server: RemoteServer, route_and_field: tuple[str, str], value: object, temperature: float
+) -> None:
     path, field = route_and_field
-    extra = {"logprobs": True} if field == "top_logprobs" else {"use_beam_search": True} \
-        if field == "length_penalty" else {}
+    extra = (
+        {"logprobs": True}
+        if field == "top_logprobs"
+        else {"use_beam_search": True}
+        if field == "length_penalty"
+        else {}
+    )
     body = {**BASE[path], "temperature": temperature, **extra, field: value}
     assert_served_or_refused(post(server, path, body))
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
-@given(key=st.sampled_from(["0", "-1", "49151", "49152", str(2**63), str(2**64), "1.5", "x", ""]),
-       value=st.sampled_from([-100, 100, 100.5, -1e300, float("nan"), float("inf"), "5", None]),
-       path=st.sampled_from(list(BASE)))
+@given(
+    key=st.sampled_from(["0", "-1", "49151", "49152", str(2**63), str(2**64), "1.5", "x", ""]),
+    value=st.sampled_from([-100, 100, 100.5, -1e300, float("nan"), float("inf"), "5", None]),
+    path=st.sampled_from(list(BASE)),
+)
 def test_logit_bias_extremes(server: RemoteServer, key: str, value: object, path: str) -> None:
     assert_served_or_refused(post(server, path, {**BASE[path], "logit_bias": {key: value}}), "logit_bias")
 
@@ -123,8 +213,12 @@ BOUND_CASES = [  # path, extra body fields, param, the flag named in the message
     ("/v1/completions", {"stop": ["x"] * 5}, "stop", "--max-stop-strings"),
     ("/v1/chat/completions", {"stop": "x" * 17}, "stop", "--max-stop-string-length"),
     ("/v1/completions", {"stop_token_ids": [5] * 9}, "stop_token_ids", "--max-stop-token-ids"),
-    ("/v1/chat/completions", {"logit_bias": {str(i): 1 for i in range(9)}}, "logit_bias",
-     "--max-logit-bias-entries"),
+    (
+        "/v1/chat/completions",
+        {"logit_bias": {str(i): 1 for i in range(9)}},
+        "logit_bias",
+        "--max-logit-bias-entries",
+    ),
 ]
 
 
@@ -137,8 +231,14 @@ def test_input_bounds(server: RemoteServer, path: str, extra: dict, param: str, 
 
 
 def test_at_the_bounds_is_served(server: RemoteServer) -> None:
-    body = {"prompt": ["a"] * 4, "n": 2, "max_tokens": 2, "stop": ["x" * 16] * 4, "stop_token_ids": [5] * 8,
-            "logit_bias": {str(i): 1 for i in range(8)}}
+    body = {
+        "prompt": ["a"] * 4,
+        "n": 2,
+        "max_tokens": 2,
+        "stop": ["x" * 16] * 4,
+        "stop_token_ids": [5] * 8,
+        "logit_bias": {str(i): 1 for i in range(8)},
+    }
     response = post(server, "/v1/completions", body)
     assert response.status_code == 200 and len(response.json()["choices"]) == 8
     assert post(server, "/v1/chat/completions", {"messages": CHAT * 8, "max_tokens": 2}).status_code == 200
@@ -146,15 +246,23 @@ def test_at_the_bounds_is_served(server: RemoteServer) -> None:
 
 def test_body_size_is_refused_unread(server: RemoteServer) -> None:
     body = json.dumps({"prompt": "a" * 7_000_000}).encode()
-    declared = httpx.post(server.base_url + "/v1/completions", content=body, timeout=60,
-                          headers={**server.headers(), "Content-Type": "application/json"})
+    declared = httpx.post(
+        server.base_url + "/v1/completions",
+        content=body,
+        timeout=60,
+        headers={**server.headers(), "Content-Type": "application/json"},
+    )
 
     def chunks():  # no Content-Length: the server counts what arrives
         for start in range(0, len(body), 1 << 20):
-            yield body[start:start + (1 << 20)]
+            yield body[start : start + (1 << 20)]
 
-    streamed = httpx.post(server.base_url + "/v1/completions", content=chunks(), timeout=60,
-                          headers={**server.headers(), "Content-Type": "application/json"})
+    streamed = httpx.post(
+        server.base_url + "/v1/completions",
+        content=chunks(),
+        timeout=60,
+        headers={**server.headers(), "Content-Type": "application/json"},
+    )
     for response in (declared, streamed):
         assert response.status_code == 413
         assert "--max-request-body-bytes" in response.json()["error"]["message"]
@@ -166,8 +274,16 @@ def test_health_answers_while_a_5mb_prompt_is_tokenized(server: RemoteServer) ->
     keeps its last 8 tokens, so it is answered."""
     prompt = "hello world, this is a prompt. " * (5_000_000 // 31)
     result: list[httpx.Response] = []
-    sender = threading.Thread(target=lambda: result.append(post(
-        server, "/v1/completions", {"prompt": prompt, "max_tokens": 2, "truncate_prompt_tokens": 8}, 300)))
+    sender = threading.Thread(
+        target=lambda: result.append(
+            post(
+                server,
+                "/v1/completions",
+                {"prompt": prompt, "max_tokens": 2, "truncate_prompt_tokens": 8},
+                300,
+            )
+        )
+    )
     sender.start()
     time.sleep(1.0)  # the body is sent and parsed: tokenizing has begun
     latencies = []
@@ -187,8 +303,20 @@ def test_every_route_needs_the_key_but_the_probes(server: RemoteServer) -> None:
     schema = httpx.get(server.base_url + "/openapi.json", headers=server.headers(), timeout=10).json()
     # The schema's routes, plus the routes FastAPI and the dashboard keep out of it.
     routes = {(method.upper(), path) for path, methods in schema["paths"].items() for method in methods}
-    routes |= {("GET", path) for path in ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc",
-                                          "/dashboard", "/health", "/ready", "/metrics", "/nonexistent")}
+    routes |= {
+        ("GET", path)
+        for path in (
+            "/openapi.json",
+            "/docs",
+            "/docs/oauth2-redirect",
+            "/redoc",
+            "/dashboard",
+            "/health",
+            "/ready",
+            "/metrics",
+            "/nonexistent",
+        )
+    }
     assert {("POST", "/tokenize"), ("POST", "/reset_prefix_cache"), ("GET", "/dashboard/state")} <= routes
     for method, path in sorted(routes):
         for headers in ({}, {"Authorization": "Bearer wrong"}):

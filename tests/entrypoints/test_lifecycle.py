@@ -1,5 +1,6 @@
 """The server's phases without a model: probes while loading, and a drain whose requests outlast
 --shutdown-timeout (they are aborted with an error naming it)."""
+
 import asyncio
 
 import httpx
@@ -32,8 +33,11 @@ def test_probes_while_loading() -> None:
         lifecycle = ServerLifecycle(1.0)
         transport = httpx.ASGITransport(app=lifecycle)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            return [await client.get("/health"), await client.get("/ready"),
-                    await client.post("/v1/completions", json={})]
+            return [
+                await client.get("/health"),
+                await client.get("/ready"),
+                await client.post("/v1/completions", json={}),
+            ]
 
     health, ready, generate = asyncio.run(probe())
     assert health.status_code == 503 and "the model is still loading" in health.json()["error"]["message"]

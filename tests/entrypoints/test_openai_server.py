@@ -1,4 +1,5 @@
 """The OpenAI-compatible server as a real process on 127.0.0.1, driven by the official openai client."""
+
 import asyncio
 
 import httpx
@@ -15,8 +16,18 @@ PROMPTS = ["Hello, my name is", "The capital of France is", "1 2 3 4"]
 
 @pytest.fixture(scope="module")
 def server(tiny_llama: str):
-    args = ["--model", tiny_llama, "--served-model-name", MODEL, "--kv-cache-memory", "4MiB",
-            "--max-logprobs", "5", "--uvicorn-log-level", "warning"]
+    args = [
+        "--model",
+        tiny_llama,
+        "--served-model-name",
+        MODEL,
+        "--kv-cache-memory",
+        "4MiB",
+        "--max-logprobs",
+        "5",
+        "--uvicorn-log-level",
+        "warning",
+    ]
     # The key comes from the environment (the server's --api-key default); stats every second.
     env = {"PAGEDSERVE_API_KEY": API_KEY, "PAGEDSERVE_LOG_STATS_INTERVAL": "1"}
     server = RemoteServer(API_SERVER, args, api_key=API_KEY, env=env)
@@ -60,8 +71,16 @@ def test_completions_greedy_equal_offline(client: openai.OpenAI, llm: LLM) -> No
 
 def test_completion_stream_equals_full(client: openai.OpenAI) -> None:
     full = client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=20, temperature=0)
-    chunks = list(client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=20, temperature=0,
-                                            stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt=PROMPTS[1],
+            max_tokens=20,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == full.choices[0].text, chunks
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == full.choices[0].finish_reason
@@ -69,17 +88,28 @@ def test_completion_stream_equals_full(client: openai.OpenAI) -> None:
 
 
 def test_chat_greedy_equals_offline_streamed_and_not(client: openai.OpenAI, llm: LLM) -> None:
-    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi!"},
-                {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Count to three."}]
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi!"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Count to three."},
+    ]
     offline = llm.chat(messages, SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)[0]
     messages[-1]["content"] = [{"type": "text", "text": "Count to three."}]  # the same, as text parts
-    response = client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=12,
-                                              temperature=0)
+    response = client.chat.completions.create(
+        model=MODEL, messages=messages, max_completion_tokens=12, temperature=0
+    )
     assert response.choices[0].message.role == "assistant"
     assert response.choices[0].message.content == offline.outputs[0].text
     assert response.usage.prompt_tokens == len(offline.prompt_token_ids)
-    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0,
-                                            stream=True, stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == offline.outputs[0].text
@@ -88,16 +118,18 @@ def test_chat_greedy_equals_offline_streamed_and_not(client: openai.OpenAI, llm:
 
 def test_n_samples_and_seed(client: openai.OpenAI) -> None:
     def sample(seed: int, n: int = 3) -> list[str]:
-        response = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=8, temperature=1.0,
-                                             n=n, seed=seed)
+        response = client.completions.create(
+            model=MODEL, prompt=PROMPTS[0], max_tokens=8, temperature=1.0, n=n, seed=seed
+        )
         assert sorted(c.index for c in response.choices) == list(range(n))
         return [c.text for c in sorted(response.choices, key=lambda c: c.index)]
 
     first = sample(7)
     assert sample(7) == first and len(set(first)) > 1
     assert sample(8) != first
-    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], n=2,
-                                            max_tokens=6, seed=3, stream=True)
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], n=2, max_tokens=6, seed=3, stream=True
+    )
     finished = {c.choices[0].index for c in stream if c.choices[0].finish_reason}
     assert finished == {0, 1}
 
@@ -105,7 +137,7 @@ def test_n_samples_and_seed(client: openai.OpenAI) -> None:
 def test_stop_strings(client: openai.OpenAI) -> None:
     common = dict(model=MODEL, prompt=PROMPTS[2], max_tokens=16, temperature=0)
     base = client.completions.create(**common).choices[0].text
-    stop = base[len(base) // 2:][:3]
+    stop = base[len(base) // 2 :][:3]
     cut = base.index(stop)
     for stream in (False, True):
         kwargs = dict(common, stop=[stop], stream=stream)
@@ -117,9 +149,8 @@ def test_stop_strings(client: openai.OpenAI) -> None:
             text = last.text
         assert text == base[:cut] and last.finish_reason == "stop"
         assert last.model_extra["stop_reason"] == stop
-    included = client.completions.create(**common, stop=stop,
-                                         extra_body={"include_stop_str_in_output": True})
-    assert included.choices[0].text == base[:cut + len(stop)]
+    included = client.completions.create(**common, stop=stop, extra_body={"include_stop_str_in_output": True})
+    assert included.choices[0].text == base[: cut + len(stop)]
 
 
 def test_completion_logprobs_and_echo(client: openai.OpenAI) -> None:
@@ -136,8 +167,9 @@ def test_completion_logprobs_and_echo(client: openai.OpenAI) -> None:
 
 
 def test_chat_logprobs(client: openai.OpenAI) -> None:
-    response = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
-                                              max_tokens=4, logprobs=True, top_logprobs=3)
+    response = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, logprobs=True, top_logprobs=3
+    )
     content = response.choices[0].logprobs.content
     assert len(content) == response.usage.completion_tokens == 4
     for entry in content:
@@ -148,17 +180,31 @@ def test_chat_logprobs(client: openai.OpenAI) -> None:
 def post(server: RemoteServer, path: str, body: object, key: str | None = API_KEY) -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     if isinstance(body, str):
-        return httpx.post(server.base_url + path, content=body, timeout=30,
-                          headers={**headers, "Content-Type": "application/json"})
+        return httpx.post(
+            server.base_url + path,
+            content=body,
+            timeout=30,
+            headers={**headers, "Content-Type": "application/json"},
+        )
     return httpx.post(server.base_url + path, json=body, headers=headers, timeout=30)
 
 
 BAD_REQUESTS = [  # (path, body, status, param, words in the message)
-    ("/v1/completions", {"prompt": "hi", "max_tokens": 600}, 400, "max_tokens",
-     "maximum context length is 512"),
+    (
+        "/v1/completions",
+        {"prompt": "hi", "max_tokens": 600},
+        400,
+        "max_tokens",
+        "maximum context length is 512",
+    ),
     ("/v1/completions", {"prompt": "hi " * 600}, 400, "prompt", "maximum context length"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000}, 400,
-     "max_tokens", "maximum context length"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000},
+        400,
+        "max_tokens",
+        "maximum context length",
+    ),
     ("/v1/completions", {"prompt": "hi", "temperature": -1}, 400, "temperature", "non-negative"),
     ("/v1/completions", {"prompt": "hi", "temperature": "hot"}, 400, "temperature", "valid number"),
     ("/v1/completions", {"prompt": "hi", "best_of_luck": 1}, 400, "best_of_luck", "unknown field"),
@@ -167,18 +213,43 @@ BAD_REQUESTS = [  # (path, body, status, param, words in the message)
     ("/v1/completions", {"prompt": "hi", "logprobs": 6}, 400, "logprobs", "--max-logprobs"),
     ("/v1/completions", {"prompt": [1, 2, 10**6]}, 400, "prompt", "out of vocabulary"),
     ("/v1/completions", {"prompt": []}, 400, "prompt", "empty"),
-    ("/v1/completions", {"prompt": "hi", "stream_options": {"include_usage": True}}, 400, "stream_options",
-     "stream"),
+    (
+        "/v1/completions",
+        {"prompt": "hi", "stream_options": {"include_usage": True}},
+        400,
+        "stream_options",
+        "stream",
+    ),
     ("/v1/completions", {"prompt": "hi", "model": "gpt-4"}, 404, "model", "does not exist"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages", "at least one"),
-    ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].role",
-     "tool"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
-     "messages[0].content", "text parts"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400,
-     "top_logprobs", "logprobs"),
-    ("/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "x"}]}, 404, "model",
-     "nope"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "tool", "content": "x"}]},
+        400,
+        "messages[0].role",
+        "tool",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        400,
+        "messages[0].content",
+        "text parts",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+        400,
+        "top_logprobs",
+        "logprobs",
+    ),
+    (
+        "/v1/chat/completions",
+        {"model": "nope", "messages": [{"role": "user", "content": "x"}]},
+        404,
+        "model",
+        "nope",
+    ),
 ]
 
 
@@ -191,8 +262,11 @@ def test_errors_are_openai_style_and_never_reach_the_engine(server: RemoteServer
         assert set(error) == {"message", "type", "param", "code"} and error["code"] == status
         assert error["param"] == param and words in error["message"], (body, error)
     after = server.metrics()
-    for name in ("pagedserve:prompt_tokens_total", "pagedserve:request_queue_time_seconds_count",
-                 'pagedserve:request_success_total{finished_reason="abort"}'):
+    for name in (
+        "pagedserve:prompt_tokens_total",
+        "pagedserve:request_queue_time_seconds_count",
+        'pagedserve:request_success_total{finished_reason="abort"}',
+    ):
         assert after[name] == before[name], name
 
 
@@ -226,15 +300,17 @@ def test_tokenize_detokenize(server: RemoteServer, llm: LLM) -> None:
 
 def kv_idle(server: RemoteServer) -> bool:
     metrics = server.metrics()
-    return (metrics["pagedserve:num_requests_running"] == 0
-            and metrics["pagedserve:kv_cache_usage_perc"] == 0.0)
+    return (
+        metrics["pagedserve:num_requests_running"] == 0 and metrics["pagedserve:kv_cache_usage_perc"] == 0.0
+    )
 
 
 def test_disconnect_aborts_and_frees_blocks(server: RemoteServer) -> None:
     body = {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 400, "ignore_eos": True, "stream": True}
     aborted = server.metrics()['pagedserve:request_success_total{finished_reason="abort"}']
-    with httpx.stream("POST", server.base_url + "/v1/completions", json=body, headers=server.headers(),
-                      timeout=30) as response:
+    with httpx.stream(
+        "POST", server.base_url + "/v1/completions", json=body, headers=server.headers(), timeout=30
+    ) as response:
         lines = response.iter_lines()
         for _ in range(6):
             next(lines)
@@ -243,8 +319,12 @@ def test_disconnect_aborts_and_frees_blocks(server: RemoteServer) -> None:
     server.wait_for(lambda: kv_idle(server), 10, "the stream's blocks to be freed")
     # Not streamed: the client gives up (read timeout) and the server aborts the request as well.
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.base_url + "/v1/completions", json={**body, "stream": False},
-                   headers=server.headers(), timeout=httpx.Timeout(30, read=1.5))
+        httpx.post(
+            server.base_url + "/v1/completions",
+            json={**body, "stream": False},
+            headers=server.headers(),
+            timeout=httpx.Timeout(30, read=1.5),
+        )
     server.wait_for(lambda: kv_idle(server), 10, "the non-streamed request's blocks to be freed")
     after = server.metrics()
     assert after['pagedserve:request_success_total{finished_reason="abort"}'] == aborted + 2
@@ -259,8 +339,9 @@ def test_32_concurrent_streams(server: RemoteServer, llm: LLM) -> None:
         client = server.async_client()
 
         async def one(prompt: str) -> tuple[str, str | None]:
-            stream = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0,
-                                                     stream=True)
+            stream = await client.completions.create(
+                model=MODEL, prompt=prompt, max_tokens=12, temperature=0, stream=True
+            )
             text, reason = "", None
             async for chunk in stream:
                 text += chunk.choices[0].text
@@ -293,26 +374,43 @@ def test_prefix_cache_metrics_reset_and_salt(server: RemoteServer, client: opena
 
     first = hits_after()
     assert hits_after() > first and server.metrics()["pagedserve:prefix_cache_queries_total"] > 0
-    assert httpx.post(server.base_url + "/reset_prefix_cache", headers=server.headers(), timeout=10).status_code == 200
+    assert (
+        httpx.post(server.base_url + "/reset_prefix_cache", headers=server.headers(), timeout=10).status_code
+        == 200
+    )
     hits = hits_after()
     assert hits == hits_after(cache_salt="tenant-a") < hits_after(cache_salt="tenant-a")
 
 
 def test_best_of_and_beam_search(server: RemoteServer, client: openai.OpenAI, llm: LLM) -> None:
-    best = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=6, n=2, best_of=4, seed=5,
-                                     temperature=1.0)
+    best = client.completions.create(
+        model=MODEL, prompt=PROMPTS[0], max_tokens=6, n=2, best_of=4, seed=5, temperature=1.0
+    )
     assert sorted(c.index for c in best.choices) == [0, 1]
-    beams = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=6, n=2, best_of=3,
-                                      extra_body={"use_beam_search": True, "ignore_eos": True})
+    beams = client.completions.create(
+        model=MODEL,
+        prompt=PROMPTS[0],
+        max_tokens=6,
+        n=2,
+        best_of=3,
+        extra_body={"use_beam_search": True, "ignore_eos": True},
+    )
     offline = llm.beam_search(PROMPTS[0], BeamSearchParams(beam_width=3, max_tokens=6, ignore_eos=True))[0]
     num_prompt = len(llm.get_tokenizer().encode(PROMPTS[0]))
-    expected = [llm.get_tokenizer().decode(s.tokens[num_prompt:], skip_special_tokens=True)
-                for s in offline.sequences[:2]]
+    expected = [
+        llm.get_tokenizer().decode(s.tokens[num_prompt:], skip_special_tokens=True)
+        for s in offline.sequences[:2]
+    ]
     assert [c.text for c in sorted(beams.choices, key=lambda c: c.index)] == expected
-    for body in ({"best_of": 3, "n": 2, "stream": True}, {"use_beam_search": True, "stream": True},
-                 {"best_of": 1, "n": 2}):
+    for body in (
+        {"best_of": 3, "n": 2, "stream": True},
+        {"use_beam_search": True, "stream": True},
+        {"best_of": 1, "n": 2},
+    ):
         response = post(server, "/v1/completions", {"prompt": "hi", **body})
-        assert response.status_code == 400 and response.json()["error"]["param"] in ("stream", "best_of"), body
+        assert response.status_code == 400 and response.json()["error"]["param"] in ("stream", "best_of"), (
+            body
+        )
 
 
 def test_the_queue_is_bounded_with_default_flags(server: RemoteServer, llm: LLM) -> None:
@@ -321,14 +419,20 @@ def test_the_queue_is_bounded_with_default_flags(server: RemoteServer, llm: LLM)
     num_blocks = engine.engine_core.kv_cache_config.num_blocks - 1
     block_size = engine.engine_core.kv_cache_config.block_size
     max_requests = 2 * min(engine.config.scheduler.max_num_seqs, num_blocks)
-    assert (f"Queue: at most {max_requests} requests and {2 * num_blocks * block_size} prompt tokens wait for "
-            "the engine") in server.log()
+    assert (
+        f"Queue: at most {max_requests} requests and {2 * num_blocks * block_size} prompt tokens wait for "
+        "the engine"
+    ) in server.log()
 
 
 def test_cache_config_info(server: RemoteServer, llm: LLM) -> None:
     info = [name for name in server.metrics() if name.startswith("pagedserve:cache_config_info")]
     assert len(info) == 1 and server.metrics()[info[0]] == 1.0
     blocks = llm.llm_engine.engine_core.kv_cache_config.num_blocks - 1  # the same sizing as the server's
-    for label in ('block_size="16"', 'cache_dtype="float32"', f'num_gpu_blocks="{blocks}"',
-                  'enable_prefix_caching="True"'):
+    for label in (
+        'block_size="16"',
+        'cache_dtype="float32"',
+        f'num_gpu_blocks="{blocks}"',
+        'enable_prefix_caching="True"',
+    ):
         assert label in info[0], info[0]

@@ -2,6 +2,7 @@
 with Retry-After, 400 with the numbers, or aborted at its deadline), nothing hangs, memory comes back;
 each limit by status and message; the live dashboard in headless Chromium; schemathesis against the
 OpenAPI schema; and, last, a SIGTERM drain that ends the module's server."""
+
 import asyncio
 import json
 import os
@@ -22,10 +23,30 @@ MODEL = "tiny"
 MAX_MODEL_LEN = 256
 NUM_BLOCKS = 64  # usable: 1024 tokens, four requests of max_model_len
 BURST = 32  # eight times what fits at full length
-SERVER_FLAGS = ["--max-model-len", str(MAX_MODEL_LEN), "--num-gpu-blocks-override", str(NUM_BLOCKS + 1),
-                "--max-num-seqs", "8", "--max-num-queued-requests", "8", "--max-queue-time", "3",
-                "--request-timeout", "30", "--max-input-tokens", "200", "--max-output-tokens", "128",
-                "--shutdown-timeout", "10", "--served-model-name", MODEL, "--uvicorn-log-level", "warning"]
+SERVER_FLAGS = [
+    "--max-model-len",
+    str(MAX_MODEL_LEN),
+    "--num-gpu-blocks-override",
+    str(NUM_BLOCKS + 1),
+    "--max-num-seqs",
+    "8",
+    "--max-num-queued-requests",
+    "8",
+    "--max-queue-time",
+    "3",
+    "--request-timeout",
+    "30",
+    "--max-input-tokens",
+    "200",
+    "--max-output-tokens",
+    "128",
+    "--shutdown-timeout",
+    "10",
+    "--served-model-name",
+    MODEL,
+    "--uvicorn-log-level",
+    "warning",
+]
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +62,10 @@ def completion(server: RemoteServer, **body: object) -> httpx.Response:
 
 def error_message(response: httpx.Response) -> str:
     body = response.json()
-    assert set(body["error"]) == {"message", "type", "param", "code"} and body["error"]["code"] == response.status_code
+    assert (
+        set(body["error"]) == {"message", "type", "param", "code"}
+        and body["error"]["code"] == response.status_code
+    )
     return body["error"]["message"]
 
 
@@ -61,8 +85,14 @@ def wait_idle(server: RemoteServer) -> dict:
 async def _one_burst_request(client: httpx.AsyncClient, rng: random.Random, index: int) -> tuple:
     total = rng.randint(16, MAX_MODEL_LEN)
     num_prompt = rng.randint(1, total - 1)
-    body = {"model": MODEL, "prompt": [rng.randint(100, 40000) for _ in range(num_prompt)],
-            "max_tokens": total - num_prompt, "ignore_eos": True, "temperature": 0, "stream": index % 3 == 0}
+    body = {
+        "model": MODEL,
+        "prompt": [rng.randint(100, 40000) for _ in range(num_prompt)],
+        "max_tokens": total - num_prompt,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": index % 3 == 0,
+    }
     start = time.monotonic()
     async with client.stream("POST", "/v1/completions", json=body) as response:
         raw = (await response.aread()).decode()
@@ -91,7 +121,9 @@ def _check_burst_result(body: dict, status: int, headers: dict, raw: str) -> str
         assert "(--max-num-queued-requests)" in message or "(--max-queue-time" in message, message
         return "rejected"
     assert status == 400, raw
-    assert re.search(r"--max-input-tokens|--max-output-tokens|maximum context length is 256", message), message
+    assert re.search(r"--max-input-tokens|--max-output-tokens|maximum context length is 256", message), (
+        message
+    )
     return "invalid"
 
 
@@ -119,28 +151,49 @@ def test_burst_completes_or_refuses_clearly_and_frees_every_block(server: Remote
 
 def test_token_budgets_and_context_limit(server: RemoteServer) -> None:
     too_long = completion(server, prompt=[100] * 201, max_tokens=4)
-    assert too_long.status_code == 400 and "201 tokens, more than this server's limit of 200 input tokens " \
-                                            "(--max-input-tokens)" in error_message(too_long)
+    assert (
+        too_long.status_code == 400
+        and "201 tokens, more than this server's limit of 200 input tokens (--max-input-tokens)"
+        in error_message(too_long)
+    )
     truncated = completion(server, prompt=[100] * 240, max_tokens=4, truncate_prompt_tokens=100)
     assert truncated.status_code == 200 and truncated.json()["usage"]["prompt_tokens"] == 100
     too_many = completion(server, prompt="Hi", max_tokens=129)
-    assert too_many.status_code == 400 and "max_tokens=129 is more than this server's limit of 128 output " \
-                                           "tokens (--max-output-tokens)" in error_message(too_many)
+    assert (
+        too_many.status_code == 400
+        and "max_tokens=129 is more than this server's limit of 128 output tokens (--max-output-tokens)"
+        in error_message(too_many)
+    )
     context = completion(server, prompt=[100] * 150, max_tokens=120)
-    assert context.status_code == 400 and "maximum context length is 256 tokens. However, you requested 270 " \
-                                          "tokens (150 in the messages, 120" in error_message(context)
+    assert (
+        context.status_code == 400
+        and "maximum context length is 256 tokens. However, you requested 270 "
+        "tokens (150 in the messages, 120"
+        in error_message(context)
+    )
     samples = completion(server, prompt="Hi", max_tokens=2, n=9)
     assert samples.status_code == 400 and "(--max-num-seqs)" in error_message(samples)
-    chat = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=60, json={
-        "model": MODEL, "messages": [{"role": "user", "content": "Talk."}], "ignore_eos": True})
-    assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] == 128  # capped, no max_tokens
+    chat = httpx.post(
+        f"{server.base_url}/v1/chat/completions",
+        timeout=60,
+        json={"model": MODEL, "messages": [{"role": "user", "content": "Talk."}], "ignore_eos": True},
+    )
+    assert (
+        chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] == 128
+    )  # capped, no max_tokens
 
 
 def test_deadline_aborts_with_what_was_generated(server: RemoteServer) -> None:
     """The engine is stopped after the first tokens: the request's deadline ends it, with its tokens."""
     engine, chunks = server.engine_pid(), []
-    body = {"model": MODEL, "prompt": [100] * 100, "max_tokens": 100, "ignore_eos": True, "stream": True,
-            "timeout": 1.0}
+    body = {
+        "model": MODEL,
+        "prompt": [100] * 100,
+        "max_tokens": 100,
+        "ignore_eos": True,
+        "stream": True,
+        "timeout": 1.0,
+    }
     try:
         with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=30) as response:
             for line in response.iter_lines():
@@ -152,8 +205,11 @@ def test_deadline_aborts_with_what_was_generated(server: RemoteServer) -> None:
         os.kill(engine, signal.SIGCONT)
     assert chunks[-1]["choices"][0]["finish_reason"] == "abort"
     assert 1 <= sum(len(c["choices"][0]["text"]) > 0 for c in chunks)
-    assert re.search(r"Aborted request cmpl-\S+: its deadline of 1 s \(the request's timeout field\) passed "
-                     r"after \d+ generated tokens", server.log())
+    assert re.search(
+        r"Aborted request cmpl-\S+: its deadline of 1 s \(the request's timeout field\) passed "
+        r"after \d+ generated tokens",
+        server.log(),
+    )
     bad = completion(server, prompt="Hi", max_tokens=2, timeout=0)
     assert bad.status_code == 400 and "timeout" in error_message(bad)
 
@@ -166,21 +222,26 @@ def test_queue_limits_and_queue_time_while_the_engine_is_frozen(server: RemoteSe
     num_added = server.log().count("Added request")
 
     def queued(index: int) -> None:
-        results[index] = completion(server, prompt=f"Queued {index}", max_tokens=4,
-                                    **({"timeout": 2.0} if index == 0 else {}))
+        results[index] = completion(
+            server, prompt=f"Queued {index}", max_tokens=4, **({"timeout": 2.0} if index == 0 else {})
+        )
 
     os.kill(engine, signal.SIGSTOP)
     try:
         threads = [threading.Thread(target=queued, args=(i,)) for i in range(8)]
         for thread in threads:
             thread.start()
-        server.wait_for(lambda: server.log().count("Added request") >= num_added + 8, 10, "eight queued requests")
+        server.wait_for(
+            lambda: server.log().count("Added request") >= num_added + 8, 10, "eight queued requests"
+        )
         started = time.monotonic()
         full = completion(server, prompt="One too many", max_tokens=4)
         assert time.monotonic() - started < 1.5  # refused at once, not queued
         assert full.status_code == 503 and int(full.headers["retry-after"]) >= 1
-        assert "8 requests are waiting for the engine, the limit is 8 (--max-num-queued-requests)" in \
-            error_message(full)
+        assert (
+            "8 requests are waiting for the engine, the limit is 8 (--max-num-queued-requests)"
+            in error_message(full)
+        )
         for thread in threads:
             thread.join(15)
     finally:
@@ -190,9 +251,10 @@ def test_queue_limits_and_queue_time_while_the_engine_is_frozen(server: RemoteSe
     assert deadline.json()["choices"][0]["finish_reason"] == "abort"
     for response in timed_out:
         assert response is not None and response.status_code == 503 and "retry-after" in response.headers
-        assert "waited 3 s for the engine without being started (--max-queue-time 3)" in error_message(response)
+        assert "waited 3 s for the engine without being started (--max-queue-time 3)" in error_message(
+            response
+        )
     assert completion(server, prompt="Back", max_tokens=2).status_code == 200
-
 
 
 def test_a_running_beam_search_leaves_the_queue(server: RemoteServer) -> None:
@@ -200,18 +262,38 @@ def test_a_running_beam_search_leaves_the_queue(server: RemoteServer) -> None:
     --max-queue-time it still completes, and it holds no queue slot (8 more requests queue)."""
     engine, num_added = server.engine_pid(), server.log().count("Added request")
     results: dict[str, httpx.Response] = {}
-    search = threading.Thread(target=lambda: results.update(search=completion(
-        server, prompt=[100] * 20, max_tokens=120, n=2, use_beam_search=True, ignore_eos=True)))
+    search = threading.Thread(
+        target=lambda: results.update(
+            search=completion(
+                server, prompt=[100] * 20, max_tokens=120, n=2, use_beam_search=True, ignore_eos=True
+            )
+        )
+    )
     search.start()
-    server.wait_for(lambda: httpx.get(f"{server.base_url}/dashboard/state", timeout=10).json()["scheduler"]
-                    .get("num_running_reqs"), 10, "the beam search to start")
+    server.wait_for(
+        lambda: (
+            httpx.get(f"{server.base_url}/dashboard/state", timeout=10)
+            .json()["scheduler"]
+            .get("num_running_reqs")
+        ),
+        10,
+        "the beam search to start",
+    )
     os.kill(engine, signal.SIGSTOP)
     try:
-        threads = [threading.Thread(target=lambda i=i: results.update({str(i): completion(
-            server, prompt=f"Queued {i}", max_tokens=2)})) for i in range(8)]
+        threads = [
+            threading.Thread(
+                target=lambda i=i: results.update(
+                    {str(i): completion(server, prompt=f"Queued {i}", max_tokens=2)}
+                )
+            )
+            for i in range(8)
+        ]
         for thread in threads:
             thread.start()
-        server.wait_for(lambda: server.log().count("Added request") >= num_added + 9, 10, "eight queued requests")
+        server.wait_for(
+            lambda: server.log().count("Added request") >= num_added + 9, 10, "eight queued requests"
+        )
         full = completion(server, prompt="One too many", max_tokens=2)
         assert full.status_code == 503 and "8 requests are waiting" in error_message(full)
         time.sleep(3.5)  # past --max-queue-time for the search (the queued ones time out)
@@ -229,7 +311,9 @@ def _load(server: RemoteServer, stop: threading.Event, index: int) -> None:
         completion(server, prompt=[200 + index] * 120, max_tokens=40, ignore_eos=True)
 
 
-@pytest.mark.skipif(chromium() is None, reason="chromium is not installed (scripts/install_test_deps.sh installs it)")
+@pytest.mark.skipif(
+    chromium() is None, reason="chromium is not installed (scripts/install_test_deps.sh installs it)"
+)
 def test_dashboard_shows_blocks_in_use_and_the_metrics(server: RemoteServer, tmp_path) -> None:
     """Headless Chromium loads /dashboard during a load run: its grid shows held blocks (colored cells);
     once the load is over, the numbers on the page are those of /metrics."""
@@ -242,8 +326,10 @@ def test_dashboard_shows_blocks_in_use_and_the_metrics(server: RemoteServer, tmp
         server.wait_for(lambda: server.metrics()["pagedserve:kv_cache_usage_perc"] > 0.2, 30, "blocks in use")
         screenshot = str(tmp_path / "dashboard.png")
         run_chromium(url, f"--screenshot={screenshot}", virtual_time_ms=2500)
-        swatches = re.findall(r'class="swatch" style="background:\s*([^;"]+)', run_chromium(
-            url, "--dump-dom", virtual_time_ms=2500))
+        swatches = re.findall(
+            r'class="swatch" style="background:\s*([^;"]+)',
+            run_chromium(url, "--dump-dom", virtual_time_ms=2500),
+        )
     finally:
         stop.set()
         for thread in threads:
@@ -277,11 +363,35 @@ def test_openapi_fuzzing_finds_no_server_error(server: RemoteServer, tmp_path) -
     executable = shutil.which("schemathesis")
     assert executable, "schemathesis is not installed (pip install -e '.[test]')"
     result = subprocess.run(
-        [executable, "run", f"{server.base_url}/openapi.json", "--checks",
-         "not_a_server_error,content_type_conformance,response_schema_conformance", "--phases", "examples,fuzzing",
-         "--max-examples", "8", "--max-time", "20", "--workers", "1", "--request-timeout", "40", "--seed", "1",
-         "--generation-database", "none", "--suppress-health-check", "all", "--no-shrink"],
-        capture_output=True, text=True, timeout=150, cwd=tmp_path)
+        [
+            executable,
+            "run",
+            f"{server.base_url}/openapi.json",
+            "--checks",
+            "not_a_server_error,content_type_conformance,response_schema_conformance",
+            "--phases",
+            "examples,fuzzing",
+            "--max-examples",
+            "8",
+            "--max-time",
+            "20",
+            "--workers",
+            "1",
+            "--request-timeout",
+            "40",
+            "--seed",
+            "1",
+            "--generation-database",
+            "none",
+            "--suppress-health-check",
+            "all",
+            "--no-shrink",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stdout[-6000:]
     assert completion(server, prompt="Still fine", max_tokens=2).status_code == 200
 
@@ -299,8 +409,11 @@ def test_sigterm_drains_then_exits_zero(server: RemoteServer) -> None:
             if len(chunks) == 1:  # hold the engine so that the request is still in flight after SIGTERM
                 os.kill(engine, signal.SIGSTOP)
                 server.proc.send_signal(signal.SIGTERM)
-                server.wait_for(lambda: httpx.get(f"{server.base_url}/ready", timeout=5).status_code == 503, 10,
-                                "/ready to answer 503")
+                server.wait_for(
+                    lambda: httpx.get(f"{server.base_url}/ready", timeout=5).status_code == 503,
+                    10,
+                    "/ready to answer 503",
+                )
                 assert httpx.get(f"{server.base_url}/health", timeout=5).status_code == 200  # still alive
                 refused = completion(server, prompt="New", max_tokens=2)
                 assert refused.status_code == 503 and "shutting down" in error_message(refused)

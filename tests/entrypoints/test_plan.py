@@ -1,5 +1,6 @@
 """`pagedserve plan` against hand-computed figures for Llama-2-7B, Llama-3-8B and Llama-3-70B (their
 config.json files ship in tests/data), and against the engine's own sizing of a tiny model."""
+
 import json
 import os
 
@@ -20,13 +21,17 @@ def plan(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]:
 
 
 def test_llama_2_7b_fp16_explicit_budget(capsys: pytest.CaptureFixture[str]) -> None:
-    status, result = plan(capsys, os.path.join(DATA, "llama-2-7b", "config.json"), "--kv-cache-memory", "64GiB")
+    status, result = plan(
+        capsys, os.path.join(DATA, "llama-2-7b", "config.json"), "--kv-cache-memory", "64GiB"
+    )
     # Embeddings and LM head 2 x 32000 x 4096; per layer 4 x 4096^2 (q, k, v, o) + 3 x 4096 x 11008 (MLP)
     # + 2 x 4096 (norms), 32 layers; the final norm 4096.
     params = 2 * 32000 * 4096 + 32 * (4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096) + 4096
     assert params == 6_738_415_616 == result["num_parameters"]
     assert result["dtype"] == "float16" and result["weights_bytes"] == 2 * params
-    assert result["kv_bytes_per_token"] == 2 * 32 * 32 * 128 * 2 == 524_288  # K+V, layers, heads, head_dim, fp16
+    assert (
+        result["kv_bytes_per_token"] == 2 * 32 * 32 * 128 * 2 == 524_288
+    )  # K+V, layers, heads, head_dim, fp16
     assert result["bytes_per_block"] == 16 * 524_288
     assert result["num_blocks"] == 64 * GiB // (16 * 524_288) - 1 == 8191  # one block is reserved
     assert result["capacity_tokens"] == 8191 * 16 == 131_056
@@ -36,8 +41,18 @@ def test_llama_2_7b_fp16_explicit_budget(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_llama_3_8b_on_an_80gib_gpu(capsys: pytest.CaptureFixture[str]) -> None:
-    status, result = plan(capsys, os.path.join(DATA, "llama-3-8b"), "--gpu-memory", "80GiB", "--concurrency", "32",
-                          "--input-tokens", "2048", "--output-tokens", "512")
+    status, result = plan(
+        capsys,
+        os.path.join(DATA, "llama-3-8b"),
+        "--gpu-memory",
+        "80GiB",
+        "--concurrency",
+        "32",
+        "--input-tokens",
+        "2048",
+        "--output-tokens",
+        "512",
+    )
     params = 2 * 128256 * 4096 + 32 * (2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096) + 4096
     assert params == 8_030_261_248 == result["num_parameters"]
     weights = 2 * params  # bfloat16, the checkpoint's dtype
@@ -46,8 +61,11 @@ def test_llama_3_8b_on_an_80gib_gpu(capsys: pytest.CaptureFixture[str]) -> None:
     # output + 3 x intermediate, in bf16, plus one float32 row of logits.
     activations = 2048 * (3 * 4096 + 48 * 128 + 32 * 128 + 3 * 14336) * 2 + 4 * 128256
     budget = int(80 * GiB * 0.9) - weights - activations - 512 * 2**20
-    assert (result["activation_bytes"], result["kv_budget_bytes"]) == (activations, budget) == (
-        268_948_480, 60_443_069_440)
+    assert (
+        (result["activation_bytes"], result["kv_budget_bytes"])
+        == (activations, budget)
+        == (268_948_480, 60_443_069_440)
+    )
     assert result["num_blocks"] == budget // (16 * 131_072) - 1 == 28_820
     assert result["capacity_tokens"] == 28_820 * 16 == 461_120
     assert result["max_requests_at_request_tokens"] == 28_820 // 160 == 180  # 2560 tokens = 160 blocks
@@ -58,7 +76,16 @@ def test_llama_3_8b_on_an_80gib_gpu(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_llama_3_70b_does_not_fit_one_gpu_but_four(capsys: pytest.CaptureFixture[str]) -> None:
     config = os.path.join(DATA, "llama-3-70b", "config.json")
-    workload = ["--gpu-memory", "80GiB", "--concurrency", "64", "--input-tokens", "4096", "--output-tokens", "1024"]
+    workload = [
+        "--gpu-memory",
+        "80GiB",
+        "--concurrency",
+        "64",
+        "--input-tokens",
+        "4096",
+        "--output-tokens",
+        "1024",
+    ]
     status, result = plan(capsys, config, *workload)
     assert result["num_parameters"] == 70_553_706_496 and result["kv_bytes_per_token"] == 2 * 80 * 8 * 128 * 2
     assert status == 1 and not result["fits"] and result["recommended_flags"] is None
@@ -79,15 +106,30 @@ def test_plan_numbers_are_the_engines(tiny_llama: str, capsys: pytest.CaptureFix
     llm = LLM(tiny_llama, kv_cache_memory="1MiB", max_model_len=256, dtype="float32")
     core = llm.llm_engine.engine_core
     kv = core.kv_cache_config
-    _, result = plan(capsys, tiny_llama, "--kv-cache-memory", "1MiB", "--max-model-len", "256",
-                     "--dtype", "float32")
+    _, result = plan(
+        capsys, tiny_llama, "--kv-cache-memory", "1MiB", "--max-model-len", "256", "--dtype", "float32"
+    )
     assert result["weights_bytes"] == core.executor.worker.weights_bytes
     assert result["bytes_per_block"] == kv.bytes_per_block
     assert (result["num_blocks"], result["capacity_tokens"]) == (kv.num_blocks - 1, kv.capacity_tokens)
 
 
-@pytest.mark.parametrize("name", ["qwen2", "llama-tied-mha", "qwen3", "gemma2", "gemma3_text", "phi3",
-                                  "falcon-7b", "falcon-40b", "mixtral", "qwen2_moe", "qwen3_moe"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "qwen2",
+        "llama-tied-mha",
+        "qwen3",
+        "gemma2",
+        "gemma3_text",
+        "phi3",
+        "falcon-7b",
+        "falcon-40b",
+        "mixtral",
+        "qwen2_moe",
+        "qwen3_moe",
+    ],
+)
 def test_parameter_count_formula_matches_the_model(name: str) -> None:
     """Every family's parameters (biases, q/k norms, Gemma's four norms, Falcon's LayerNorms, every
     expert, routers and shared experts, a tied head) count as HF's model of it, and as ours at tp=1."""
@@ -106,10 +148,20 @@ def test_parameter_count_formula_matches_the_model(name: str) -> None:
     assert shape.num_parameters() == sum(p.numel() for p in ours.parameters())
 
 
-MISTRAL_7B_V01 = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096,
-                  "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-                  "num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 32768,
-                  "sliding_window": 4096, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"}
+MISTRAL_7B_V01 = {
+    "architectures": ["MistralForCausalLM"],
+    "model_type": "mistral",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 32000,
+    "max_position_embeddings": 32768,
+    "sliding_window": 4096,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "bfloat16",
+}
 
 
 def test_sliding_window_model_counts_the_freed_blocks(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
@@ -117,9 +169,22 @@ def test_sliding_window_model_counts_the_freed_blocks(capsys: pytest.CaptureFixt
     step's chunk (2048 tokens) and a partly filled block at each end: ceil((4096 - 1 + 2048) / 16) + 1 =
     385 blocks instead of 32768 / 16 = 2048."""
     (tmp_path / "config.json").write_text(json.dumps(MISTRAL_7B_V01))
-    status, result = plan(capsys, str(tmp_path), "--kv-cache-memory", "8GiB", "--max-model-len", "32768",
-                          "--max-num-batched-tokens", "2048", "--concurrency", "8", "--input-tokens", "30000",
-                          "--output-tokens", "2768")
+    status, result = plan(
+        capsys,
+        str(tmp_path),
+        "--kv-cache-memory",
+        "8GiB",
+        "--max-model-len",
+        "32768",
+        "--max-num-batched-tokens",
+        "2048",
+        "--concurrency",
+        "8",
+        "--input-tokens",
+        "30000",
+        "--output-tokens",
+        "2768",
+    )
     assert result["sliding_window"] == 4096 and result["max_model_len"] == 32768
     assert result["kv_bytes_per_token"] == 2 * 32 * 8 * 128 * 2
     assert result["num_blocks"] == 8 * GiB // (16 * 131_072) - 1 == 4095

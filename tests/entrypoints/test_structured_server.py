@@ -1,6 +1,7 @@
 """Structured outputs and tool calling through a real server (SmolLM2) and the official openai client:
 schemas streamed and not, guided_* and structured_outputs fields, hostile constraints refused with 4xx
 while the engine keeps serving, tool_choice required / named / auto (hermes)."""
+
 import json
 import os
 import re
@@ -17,22 +18,55 @@ from schemas import SCHEMAS, prompt_for  # noqa: E402 - shared with tests/struct
 
 MAX_SPEC_BYTES = 8192
 TEMPLATE = os.path.join(os.path.dirname(__file__), "tool_template.jinja")
-WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
-                                                 "parameters": {"type": "object", "properties": {
-                                                     "city": {"type": "string", "maxLength": 20},
-                                                     "unit": {"enum": ["celsius", "fahrenheit"]}},
-                                                     "required": ["city", "unit"]}}}
-TIME_TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {
-    "type": "object", "properties": {"zone": {"type": "string", "pattern": "^[A-Z]{3}$"}}, "required": ["zone"]}}}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 20},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+        },
+    },
+}
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "pattern": "^[A-Z]{3}$"}},
+            "required": ["zone"],
+        },
+    },
+}
 TOOLS = [WEATHER_TOOL, TIME_TOOL]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
 def server(default_model: str):
-    args = ["--model", default_model, "--max-model-len", "1024", "--kv-cache-memory", "128MiB",
-            "--chat-template", TEMPLATE, "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-            "--max-structured-output-bytes", str(MAX_SPEC_BYTES), "--uvicorn-log-level", "warning"]
+    args = [
+        "--model",
+        default_model,
+        "--max-model-len",
+        "1024",
+        "--kv-cache-memory",
+        "128MiB",
+        "--chat-template",
+        TEMPLATE,
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+        "--max-structured-output-bytes",
+        str(MAX_SPEC_BYTES),
+        "--uvicorn-log-level",
+        "warning",
+    ]
     server = RemoteServer(API_SERVER, args)
     yield server
     server.stop()
@@ -57,29 +91,58 @@ def stream_text(stream) -> tuple[str, str]:
 def test_json_schema_response_format_streamed_and_not(client: openai.OpenAI, index: int) -> None:
     description, schema = SCHEMAS[index]
     response_format = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
-    whole = client.chat.completions.create(model=None, messages=prompt_for(description), temperature=0,
-                                           max_tokens=160, response_format=response_format)
+    whole = client.chat.completions.create(
+        model=None,
+        messages=prompt_for(description),
+        temperature=0,
+        max_tokens=160,
+        response_format=response_format,
+    )
     assert whole.choices[0].finish_reason == "stop"
     jsonschema.validate(json.loads(whole.choices[0].message.content), schema)
-    text, finish = stream_text(client.chat.completions.create(
-        model=None, messages=prompt_for(description), temperature=0.9, seed=3, max_tokens=160,
-        response_format=response_format, stream=True))
+    text, finish = stream_text(
+        client.chat.completions.create(
+            model=None,
+            messages=prompt_for(description),
+            temperature=0.9,
+            seed=3,
+            max_tokens=160,
+            response_format=response_format,
+            stream=True,
+        )
+    )
     assert finish == "stop"
     jsonschema.validate(json.loads(text), schema)
 
 
 def test_guided_fields_on_completions_and_json_object_on_chat(client: openai.OpenAI) -> None:
-    choice = client.completions.create(model=None, prompt="The sky is", max_tokens=10, temperature=0,
-                                       extra_body={"guided_choice": ["blue", "green"]})
+    choice = client.completions.create(
+        model=None,
+        prompt="The sky is",
+        max_tokens=10,
+        temperature=0,
+        extra_body={"guided_choice": ["blue", "green"]},
+    )
     assert choice.choices[0].text in ("blue", "green")
-    regex = client.completions.create(model=None, prompt="Call me at", max_tokens=20,
-                                      extra_body={"guided_regex": r"\d{3}-\d{4}"})
+    regex = client.completions.create(
+        model=None, prompt="Call me at", max_tokens=20, extra_body={"guided_regex": r"\d{3}-\d{4}"}
+    )
     assert re.fullmatch(r"\d{3}-\d{4}", regex.choices[0].text)
-    grammar = client.completions.create(model=None, prompt="2 + 2 =", max_tokens=20, temperature=0, extra_body={
-        "structured_outputs": {"grammar": 'root ::= num ("+" num)*\nnum ::= [0-9]+'}})
+    grammar = client.completions.create(
+        model=None,
+        prompt="2 + 2 =",
+        max_tokens=20,
+        temperature=0,
+        extra_body={"structured_outputs": {"grammar": 'root ::= num ("+" num)*\nnum ::= [0-9]+'}},
+    )
     assert re.fullmatch(r"\d+(\+\d+)*", grammar.choices[0].text)
-    obj = client.chat.completions.create(model=None, messages=prompt_for("a city and its country"),
-                                         max_tokens=100, temperature=0, response_format={"type": "json_object"})
+    obj = client.chat.completions.create(
+        model=None,
+        messages=prompt_for("a city and its country"),
+        max_tokens=100,
+        temperature=0,
+        response_format={"type": "json_object"},
+    )
     assert isinstance(json.loads(obj.choices[0].message.content), dict)
 
 
@@ -91,16 +154,22 @@ def _nested(depth: int) -> dict:
 
 
 HOSTILE = [  # (extra body, status, words in the message)
-    ({"guided_json": {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(400)}}}, 413,
-     "--max-structured-output-bytes"),
+    (
+        {"guided_json": {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(400)}}},
+        413,
+        "--max-structured-output-bytes",
+    ),
     ({"guided_json": {"type": "array", "minItems": 3, "maxItems": 1}}, 400, "minItems"),
     ({"guided_json": {"type": "strange"}}, 400, "strange"),
     ({"guided_json": {"type": "string", "pattern": "(a|b"}}, 400, "regex"),
     ({"guided_regex": 12}, 400, "guided_regex"),
     ({"guided_choice": []}, 400, "choice"),
     ({"guided_grammar": "root ::= (("}, 400, "GBNF"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": "no"}}}, 400,
-     "json_schema"),
+    (
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": "no"}}},
+        400,
+        "json_schema",
+    ),
     ({"guided_json": {"type": "object"}, "guided_regex": "a"}, 400, "Only one output constraint"),
     ({"structured_outputs": {"json": {}, "regex": "a"}}, 400, "exactly one"),
     ({"structured_outputs": {"xml": "a"}}, 400, "xml"),
@@ -108,8 +177,9 @@ HOSTILE = [  # (extra body, status, words in the message)
 ]
 
 
-def test_hostile_constraints_get_4xx_and_the_engine_keeps_serving(server: RemoteServer,
-                                                                  client: openai.OpenAI) -> None:
+def test_hostile_constraints_get_4xx_and_the_engine_keeps_serving(
+    server: RemoteServer, client: openai.OpenAI
+) -> None:
     for extra, status, words in HOSTILE:
         body = {"messages": ASK, "max_tokens": 5, **extra}
         response = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=60)
@@ -117,12 +187,14 @@ def test_hostile_constraints_get_4xx_and_the_engine_keeps_serving(server: Remote
         assert words in response.json()["error"]["message"], (extra, response.text)
     # Deeply nested (within the size bound) and empty schemas compile in bounded time and are honoured.
     nested = _nested(40)
-    deep = client.chat.completions.create(model=None, messages=ASK, max_tokens=200, temperature=0,
-                                          extra_body={"guided_json": nested})
+    deep = client.chat.completions.create(
+        model=None, messages=ASK, max_tokens=200, temperature=0, extra_body={"guided_json": nested}
+    )
     if deep.choices[0].finish_reason == "stop":
         jsonschema.validate(json.loads(deep.choices[0].message.content), nested)
-    empty = client.chat.completions.create(model=None, messages=ASK, max_tokens=60, temperature=0,
-                                           extra_body={"guided_json": {}})
+    empty = client.chat.completions.create(
+        model=None, messages=ASK, max_tokens=60, temperature=0, extra_body={"guided_json": {}}
+    )
     if empty.choices[0].finish_reason == "stop":
         json.loads(empty.choices[0].message.content)
     normal = client.chat.completions.create(model=None, messages=ASK, max_tokens=8, temperature=0)
@@ -138,8 +210,9 @@ def _valid_call(call, tools=TOOLS) -> dict:
 
 def test_tool_choice_required_and_named(client: openai.OpenAI) -> None:
     plain = client.chat.completions.create(model=None, messages=ASK, max_tokens=1, temperature=0)
-    required = client.chat.completions.create(model=None, messages=ASK, tools=TOOLS, tool_choice="required",
-                                              max_tokens=120, temperature=0)
+    required = client.chat.completions.create(
+        model=None, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=120, temperature=0
+    )
     assert required.usage.prompt_tokens > plain.usage.prompt_tokens + 40, "the template rendered the tools"
     choice = required.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
@@ -147,14 +220,26 @@ def test_tool_choice_required_and_named(client: openai.OpenAI) -> None:
         _valid_call(call)
     for temperature in (0.0, 1.0):
         named = client.chat.completions.create(
-            model=None, messages=ASK, tools=TOOLS, max_tokens=80, temperature=temperature, seed=1,
-            tool_choice={"type": "function", "function": {"name": "get_time"}})
+            model=None,
+            messages=ASK,
+            tools=TOOLS,
+            max_tokens=80,
+            temperature=temperature,
+            seed=1,
+            tool_choice={"type": "function", "function": {"name": "get_time"}},
+        )
         (call,) = named.choices[0].message.tool_calls
         assert call.function.name == "get_time" and call.id
         _valid_call(call)
-    stream = client.chat.completions.create(model=None, messages=ASK, tools=TOOLS, max_tokens=80, temperature=0,
-                                            tool_choice={"type": "function", "function": {"name": "get_weather"}},
-                                            stream=True)
+    stream = client.chat.completions.create(
+        model=None,
+        messages=ASK,
+        tools=TOOLS,
+        max_tokens=80,
+        temperature=0,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        stream=True,
+    )
     name, arguments = None, ""
     for chunk in stream:
         for delta_call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
@@ -164,14 +249,23 @@ def test_tool_choice_required_and_named(client: openai.OpenAI) -> None:
     jsonschema.validate(json.loads(arguments), WEATHER_TOOL["function"]["parameters"])
 
 
-HERMES_TEXT = (r'Checking\. <tool_call>\{"name": "get_weather", "arguments": '
-               r'\{"city": "Paris", "unit": "celsius"\}\}</tool_call>')
+HERMES_TEXT = (
+    r'Checking\. <tool_call>\{"name": "get_weather", "arguments": '
+    r'\{"city": "Paris", "unit": "celsius"\}\}</tool_call>'
+)
 
 
 def test_tool_choice_auto_with_the_hermes_parser_streamed_and_not(client: openai.OpenAI) -> None:
     # NOTE: the regex makes the model write a hermes tool call whatever it would say: the parser reads it.
-    kwargs = dict(model=None, messages=ASK, tools=TOOLS, tool_choice="auto", max_tokens=60, temperature=0,
-                  extra_body={"guided_regex": HERMES_TEXT})
+    kwargs = dict(
+        model=None,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice="auto",
+        max_tokens=60,
+        temperature=0,
+        extra_body={"guided_regex": HERMES_TEXT},
+    )
     whole = client.chat.completions.create(**kwargs).choices[0]
     assert whole.finish_reason == "tool_calls" and whole.message.content == "Checking."
     (call,) = whole.message.tool_calls
@@ -188,8 +282,11 @@ def test_tool_choice_auto_with_the_hermes_parser_streamed_and_not(client: openai
     assert content == whole.message.content and finish == "tool_calls"
     assert calls == {0: {"name": "get_weather", "arguments": call.function.arguments}}
     # The call and its result in the history are accepted.
-    history = ASK + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
-                     {"role": "tool", "tool_call_id": call.id, "content": "18 degrees and sunny"}]
-    follow_up = client.chat.completions.create(model=None, messages=history, tools=TOOLS, tool_choice="none",
-                                               max_tokens=10, temperature=0)
+    history = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "18 degrees and sunny"},
+    ]
+    follow_up = client.chat.completions.create(
+        model=None, messages=history, tools=TOOLS, tool_choice="none", max_tokens=10, temperature=0
+    )
     assert follow_up.choices[0].message.content and not follow_up.choices[0].message.tool_calls

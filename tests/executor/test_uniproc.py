@@ -1,5 +1,6 @@
 """The in-process executor: chosen by the registry from the config, one rank's answers through
 collective_rpc, and a step whose greedy token equals HF transformers' next token."""
+
 import pytest
 import torch
 
@@ -27,8 +28,9 @@ def test_uni_backend_runs_one_rank_in_process(config: EngineConfig, tiny_llama: 
         assert executor.collective_rpc("kv_cache_bytes_per_block") == [executor.kv_cache_bytes_per_block()]
         executor.initialize_kv_cache(num_blocks=8)
         prompt = [5, 17, 300, 4000, 42, 7, 9]
-        request = NewRequestData("r", prompt, len(prompt), SamplingParams(temperature=0.0, max_tokens=1), 2,
-                                 [3], 0)
+        request = NewRequestData(
+            "r", prompt, len(prompt), SamplingParams(temperature=0.0, max_tokens=1), 2, [3], 0
+        )
         output = executor.execute_model(SchedulerOutput([request], [], {"r": len(prompt)}, len(prompt)))
     finally:
         executor.shutdown()

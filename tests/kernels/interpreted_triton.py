@@ -7,6 +7,7 @@ removed again, so it never leaks into other tests or the processes they start (s
 those keep seeing the environment they had. The interpreted kernels stay in sys.modules, which is the
 only way a CPU process can run them anyway.
 """
+
 import contextlib
 import importlib
 import os

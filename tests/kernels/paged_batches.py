@@ -1,4 +1,5 @@
 """Random paged batches and caches shared by the attention kernel tests."""
+
 import random
 
 import torch
@@ -9,8 +10,9 @@ from pagedserve.utils import cdiv
 NUM_BLOCKS = 64
 
 
-def make_batch(requests: list[tuple[int, int]], block_size: int, seed: int,
-               num_blocks: int = NUM_BLOCKS) -> CommonAttentionMetadata:
+def make_batch(
+    requests: list[tuple[int, int]], block_size: int, seed: int, num_blocks: int = NUM_BLOCKS
+) -> CommonAttentionMetadata:
     """(cached tokens, new tokens) per request, decodes (1 new token) first. Blocks are drawn from a
     shuffled pool, so tables are non-contiguous; rows are padded with the null block 0."""
     rng = random.Random(seed)
@@ -22,15 +24,24 @@ def make_batch(requests: list[tuple[int, int]], block_size: int, seed: int,
     for row, (cached, new) in enumerate(requests):
         num = cdiv(cached + new, block_size)
         tables[row, :num] = torch.tensor([pool.pop() for _ in range(num)])
-        slots += [int(tables[row, p // block_size]) * block_size + p % block_size
-                  for p in range(cached, cached + new)]
+        slots += [
+            int(tables[row, p // block_size]) * block_size + p % block_size
+            for p in range(cached, cached + new)
+        ]
         query_start_loc.append(query_start_loc[-1] + new)
         seq_lens.append(cached + new)
-    return CommonAttentionMetadata(query_start_loc, seq_lens, tables, torch.tensor(slots),
-                                   num_decodes=sum(1 for _, n in requests if n == 1), block_size=block_size)
+    return CommonAttentionMetadata(
+        query_start_loc,
+        seq_lens,
+        tables,
+        torch.tensor(slots),
+        num_decodes=sum(1 for _, n in requests if n == 1),
+        block_size=block_size,
+    )
 
 
-def random_cache(block_size: int, spec: AttentionLayerSpec, dtype: torch.dtype,
-                 num_blocks: int = NUM_BLOCKS) -> tuple[torch.Tensor, torch.Tensor]:
+def random_cache(
+    block_size: int, spec: AttentionLayerSpec, dtype: torch.dtype, num_blocks: int = NUM_BLOCKS
+) -> tuple[torch.Tensor, torch.Tensor]:
     shape = (num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
     return torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)

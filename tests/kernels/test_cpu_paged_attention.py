@@ -1,8 +1,10 @@
 """The native CPU paged-attention decode kernel and the cpu backend, against the torch reference backend."""
+
 from typing import Any
 
 import pytest
 import torch
+from paged_batches import NUM_BLOCKS, make_batch, random_cache
 
 from pagedserve import LLM, SamplingParams
 from pagedserve.attention.backends import select_attention_backend
@@ -13,7 +15,6 @@ from pagedserve.config import EngineArgs
 from pagedserve.errors import ConfigError
 from pagedserve.kernels import cpu as cpu_kernels
 from pagedserve.platforms.cpu import CpuPlatform
-from paged_batches import NUM_BLOCKS, make_batch, random_cache
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}  # abs for fp32, else rel
 
@@ -34,19 +35,22 @@ def decode_lens(block_size: int) -> list[int]:
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(8, 2), (4, 4)], ids=["gqa", "mha"])
 @pytest.mark.parametrize("block_size", [8, 16, 32])
-def test_kernel_matches_torch_backend(block_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                                      dtype: torch.dtype) -> None:
+def test_kernel_matches_torch_backend(
+    block_size: int, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> None:
     torch.manual_seed(block_size + head_dim + num_heads)
-    spec = AttentionLayerSpec(num_heads, num_kv_heads, head_dim, scale=head_dim ** -0.5)
+    spec = AttentionLayerSpec(num_heads, num_kv_heads, head_dim, scale=head_dim**-0.5)
     common = make_batch([(n - 1, 1) for n in decode_lens(block_size)], block_size, seed=head_dim)
     key_cache, value_cache = random_cache(block_size, spec, dtype)
     q = torch.randn(common.num_decodes, num_heads, head_dim).to(dtype)
 
-    out = cpu_kernels.paged_attention_decode(q, key_cache, value_cache, common.block_tables,
-                                             torch.tensor(common.seq_lens), spec.scale)
+    out = cpu_kernels.paged_attention_decode(
+        q, key_cache, value_cache, common.block_tables, torch.tensor(common.seq_lens), spec.scale
+    )
     torch_backend = TorchPagedAttentionBackend()  # reference in float32 on the same (rounded) values
-    expected = torch_backend.attend_decodes(spec, q.float(), key_cache.float(), value_cache.float(),
-                                            torch_backend.build_decode_metadata(common))
+    expected = torch_backend.attend_decodes(
+        spec, q.float(), key_cache.float(), value_cache.float(), torch_backend.build_decode_metadata(common)
+    )
     assert out.dtype == dtype and out.shape == q.shape
     error = (out.float() - expected).abs().max().item()
     if dtype != torch.float32:
@@ -64,12 +68,16 @@ def test_kernel_takes_int32_and_strided_inputs() -> None:
     expected = cpu_kernels.paged_attention_decode(q, key_cache, value_cache, tables, lens, 0.125)
     column_major = tables.t().contiguous().t()
     for variant in (tables.int(), column_major, column_major.int()):
-        assert torch.equal(cpu_kernels.paged_attention_decode(q, key_cache, value_cache, variant, lens, 0.125),
-                           expected)
+        assert torch.equal(
+            cpu_kernels.paged_attention_decode(q, key_cache, value_cache, variant, lens, 0.125), expected
+        )
     strided_q = torch.randn(6, 3, 64).transpose(0, 1)
-    assert torch.equal(cpu_kernels.paged_attention_decode(strided_q, key_cache, value_cache, tables, lens, 0.125),
-                       cpu_kernels.paged_attention_decode(strided_q.contiguous(), key_cache, value_cache, tables,
-                                                          lens, 0.125))
+    assert torch.equal(
+        cpu_kernels.paged_attention_decode(strided_q, key_cache, value_cache, tables, lens, 0.125),
+        cpu_kernels.paged_attention_decode(
+            strided_q.contiguous(), key_cache, value_cache, tables, lens, 0.125
+        ),
+    )
 
 
 def test_kernel_rejects_block_ids_outside_the_cache() -> None:
@@ -77,8 +85,9 @@ def test_kernel_rejects_block_ids_outside_the_cache() -> None:
     key_cache, value_cache = random_cache(8, spec, torch.float32)
     tables = torch.tensor([[3, NUM_BLOCKS]])
     with pytest.raises(RuntimeError, match="outside the cache"):
-        cpu_kernels.paged_attention_decode(torch.randn(1, 4, 64), key_cache, value_cache, tables,
-                                           torch.tensor([9]), 0.125)
+        cpu_kernels.paged_attention_decode(
+            torch.randn(1, 4, 64), key_cache, value_cache, tables, torch.tensor([9]), 0.125
+        )
 
 
 # (sliding_window, logits_soft_cap): plain; a window shorter than most requests (it cuts the cached prefix,
@@ -88,8 +97,9 @@ SCORING = [(None, None), (11, None), (20, 5.0)]
 
 @pytest.mark.parametrize("window,soft_cap", SCORING)
 @pytest.mark.parametrize("block_size", [8, 16, 32])
-def test_mixed_batch_through_backend_matches_torch(block_size: int, window: int | None,
-                                                   soft_cap: float | None) -> None:
+def test_mixed_batch_through_backend_matches_torch(
+    block_size: int, window: int | None, soft_cap: float | None
+) -> None:
     """Decodes, a prefill chunk over a cached prefix and a fresh prefill, in one step: same outputs and
     the same K/V written."""
     torch.manual_seed(block_size)
@@ -109,15 +119,16 @@ def test_mixed_batch_through_backend_matches_torch(block_size: int, window: int 
     assert all(torch.equal(a, b) for a, b in zip(*written))
 
 
-def dense_attention(spec: AttentionLayerSpec, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                    positions: range) -> torch.Tensor:
+def dense_attention(
+    spec: AttentionLayerSpec, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: range
+) -> torch.Tensor:
     """The definition, one query at a time: q [Tq, H, D] at `positions` over keys/values [Tk, Hkv, D]."""
     group = spec.num_heads // spec.num_kv_heads
     out = torch.empty_like(q)
     for row, position in enumerate(positions):
         first = 0 if spec.sliding_window is None else max(0, position + 1 - spec.sliding_window)
         for head in range(spec.num_heads):
-            k, v = keys[first: position + 1, head // group], values[first: position + 1, head // group]
+            k, v = keys[first : position + 1, head // group], values[first : position + 1, head // group]
             scores = k @ q[row, head] * spec.scale
             if spec.logits_soft_cap is not None:
                 scores = spec.logits_soft_cap * torch.tanh(scores / spec.logits_soft_cap)
@@ -142,8 +153,9 @@ def test_torch_backend_matches_the_definition(window: int | None, soft_cap: floa
         rows = slice(common.query_start_loc[i], common.query_start_loc[i + 1])
         keys = key_cache[common.block_tables[i]].flatten(0, 1)[: cached + new]
         values = value_cache[common.block_tables[i]].flatten(0, 1)[: cached + new]
-        expected = dense_attention(spec, q[rows].view(new, spec.num_heads, -1), keys, values,
-                                   range(cached, cached + new))
+        expected = dense_attention(
+            spec, q[rows].view(new, spec.num_heads, -1), keys, values, range(cached, cached + new)
+        )
         assert (out[rows].view_as(expected) - expected).abs().max().item() < 1e-5
 
 

@@ -1,13 +1,20 @@
 """Native GGUF kernels against dequantize-then-float32-matmul (gguf-py's reference dequantizer)."""
+
 import numpy as np
 import pytest
 import torch
 
 from pagedserve.kernels.cpu import load_cpu_kernels
-from pagedserve.kernels.cpu.gguf_ops import GGML_BLOCK_FORMATS, NATIVE_GGML_TYPES, gguf_dequantize, gguf_matmul
+from pagedserve.kernels.cpu.gguf_ops import (
+    GGML_BLOCK_FORMATS,
+    NATIVE_GGML_TYPES,
+    gguf_dequantize,
+    gguf_matmul,
+)
 
-pytestmark = pytest.mark.skipif(load_cpu_kernels().module is None,
-                                reason=f"native CPU kernels unavailable: {load_cpu_kernels().error}")
+pytestmark = pytest.mark.skipif(
+    load_cpu_kernels().module is None, reason=f"native CPU kernels unavailable: {load_cpu_kernels().error}"
+)
 
 # Byte offsets of the fp16 fields (scales, minimums) inside each type's block.
 _HALF_OFFSETS = {2: (0,), 3: (0, 2), 8: (0,), 12: (0, 2), 13: (0, 2), 14: (208,)}
@@ -27,7 +34,7 @@ def random_rows(ggml_type: int, rows: int, cols: int, rng: np.random.Generator) 
     blocks = rng.integers(0, 256, (rows * cols // weights, nbytes), dtype=np.uint8)
     for offset in _HALF_OFFSETS[ggml_type]:
         halves = (rng.standard_normal(len(blocks)) * 0.01).astype(np.float16)
-        blocks[:, offset:offset + 2] = halves.view(np.uint8).reshape(-1, 2)
+        blocks[:, offset : offset + 2] = halves.view(np.uint8).reshape(-1, 2)
     return blocks.reshape(rows, -1)
 
 

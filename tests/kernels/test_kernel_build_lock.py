@@ -1,6 +1,7 @@
 """The native CPU kernels' build never blocks a start: a lock left by a killed build is removed, a build
 that runs past its time limit or fails leaves the torch attention backend in use, with a warning. Each
 engine starts in its own process with a private TORCH_EXTENSIONS_DIR."""
+
 import os
 import shutil
 import subprocess
@@ -27,9 +28,13 @@ _START_LIMIT_S = 240  # an engine start on this busy machine, with the build cac
 def _start_engine(model: str, extensions_dir: str, **env: str) -> tuple[str, str, float]:
     """The backend that decoded, the log, and the seconds the start took."""
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT, model], capture_output=True, text=True,
-                          timeout=_START_LIMIT_S, env={**os.environ, "TORCH_EXTENSIONS_DIR": extensions_dir,
-                                                       **env})
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, model],
+        capture_output=True,
+        text=True,
+        timeout=_START_LIMIT_S,
+        env={**os.environ, "TORCH_EXTENSIONS_DIR": extensions_dir, **env},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     backend = next(line.split()[1] for line in proc.stdout.splitlines() if line.startswith("BACKEND"))
     return backend, proc.stderr, time.monotonic() - start
@@ -66,7 +71,11 @@ def test_build_held_by_another_process_times_out_to_torch(tiny_llama: str, tmp_p
     os.utime(lock, (fresh, fresh))  # younger than a build throughout the start (which takes seconds)
     backend, log, _ = _start_engine(tiny_llama, extensions, PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT="3")
     assert backend == "TorchPagedAttentionBackend", log[-2000:]
-    assert "WARNING" in log and "did not finish within 3 s" in log and "PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT" in log
+    assert (
+        "WARNING" in log
+        and "did not finish within 3 s" in log
+        and "PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT" in log
+    )
     assert os.path.exists(lock), "a live build's lock is left alone"
 
 

@@ -1,6 +1,7 @@
 """The Triton kernels (reshape_and_cache, paged attention with split-K and sliding window) and the
 triton backend against the torch reference backend on random inputs. On CPU they run in Triton's
 interpreter, in float32 (its bf16 arithmetic is broken); on a GPU the fp16/bf16 cases run too."""
+
 import pytest
 import torch
 from interpreted_triton import DEVICE, import_triton_kernels
@@ -29,8 +30,9 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
     assert error < TOLERANCE[dtype], f"max relative error {error:.2e}"
 
 
-def run_both(spec: AttentionLayerSpec, common: CommonAttentionMetadata, dtype: torch.dtype,
-             num_blocks: int = 64) -> None:
+def run_both(
+    spec: AttentionLayerSpec, common: CommonAttentionMetadata, dtype: torch.dtype, num_blocks: int = 64
+) -> None:
     """The same step through the triton and the torch backend: equal outputs and equal caches."""
     num_tokens = common.query_start_loc[-1]
     q = torch.randn(num_tokens, spec.num_heads * spec.head_dim).to(dtype).to(DEVICE)
@@ -53,15 +55,16 @@ def test_mixed_batch_matches_torch(block_size: int, group: str, dtype: torch.dty
     """Decodes (one at a block's end), a prefill chunk over a cached prefix, a fresh prefill: one step."""
     torch.manual_seed(block_size)
     num_heads, num_kv_heads = GROUPS[group]
-    spec = AttentionLayerSpec(num_heads, num_kv_heads, 32, scale=32 ** -0.5)
+    spec = AttentionLayerSpec(num_heads, num_kv_heads, 32, scale=32**-0.5)
     common = make_batch([(0, 1), (block_size - 1, 1), (45, 1), (19, 13), (0, 21)], block_size, seed=2)
     run_both(spec, on_device(common), dtype)
 
 
 @pytest.mark.parametrize("window,soft_cap", [(11, None), (20, 5.0)])
 @pytest.mark.parametrize("block_size", [8, 16])
-def test_window_and_soft_cap_through_the_backend_match_torch(block_size: int, window: int, soft_cap: float | None
-                                                             ) -> None:
+def test_window_and_soft_cap_through_the_backend_match_torch(
+    block_size: int, window: int, soft_cap: float | None
+) -> None:
     """The layer's sliding window (cutting the cached prefix, the chunk and the fresh prefill) and Gemma
     2's soft cap, from AttentionLayerSpec, as the torch backend applies them."""
     torch.manual_seed(block_size)
@@ -73,7 +76,7 @@ def test_window_and_soft_cap_through_the_backend_match_torch(block_size: int, wi
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_head_dim_not_a_power_of_two(dtype: torch.dtype) -> None:
     torch.manual_seed(1)
-    spec = AttentionLayerSpec(4, 2, 40, scale=40 ** -0.5)
+    spec = AttentionLayerSpec(4, 2, 40, scale=40**-0.5)
     run_both(spec, on_device(make_batch([(6, 1), (9, 7), (0, 18)], 16, seed=3)), dtype)
 
 
@@ -82,7 +85,7 @@ def test_head_dim_not_a_power_of_two(dtype: torch.dtype) -> None:
 def test_decode_split_k_matches_torch(block_size: int, dtype: torch.dtype) -> None:
     """Long decodes in few requests: split-K (several splits, some empty for the short request)."""
     torch.manual_seed(3)
-    spec = AttentionLayerSpec(4, 2, 32, scale=32 ** -0.5)
+    spec = AttentionLayerSpec(4, 2, 32, scale=32**-0.5)
     common = on_device(make_batch([(1100, 1), (700, 1), (3, 1)], block_size, seed=4, num_blocks=320))
     metadata = TritonAttentionBackend().build_metadata(common)
     assert metadata.batch.decode_only and metadata.batch.num_splits == 3  # ceil(1101 / 512)
@@ -94,8 +97,9 @@ def test_split_k_equals_one_split() -> None:
     torch.manual_seed(4)
     common = on_device(make_batch([(40, 1), (2, 1), (70, 1)], 16, seed=5))
     q = torch.randn(3, 8, 32, device=DEVICE)
-    key_cache, value_cache = (c.to(DEVICE) for c in random_cache(16, AttentionLayerSpec(8, 2, 32, 1.0),
-                                                                 torch.float32))
+    key_cache, value_cache = (
+        c.to(DEVICE) for c in random_cache(16, AttentionLayerSpec(8, 2, 32, 1.0), torch.float32)
+    )
     results = []
     for splits in (1, 6):
         batch = TritonAttentionBackend().build_metadata(common).batch
@@ -106,8 +110,14 @@ def test_split_k_equals_one_split() -> None:
     assert (results[0] - results[1]).abs().max().item() < 1e-5
 
 
-def reference_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, window: int | None,
-                        soft_cap: float | None, scale: float) -> torch.Tensor:
+def reference_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    window: int | None,
+    soft_cap: float | None,
+    scale: float,
+) -> torch.Tensor:
     """Plain attention of the last len(q) positions over all keys, each query seeing itself and (with a
     window) the window - 1 keys before it; scores soft-capped (Gemma 2). q [L, H, D]; keys/values
     [S, H_kv, D]."""
@@ -123,14 +133,20 @@ def reference_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
     return torch.einsum("hqk,khd->qhd", weights, values)
 
 
-def attention_over_cache(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                         common: CommonAttentionMetadata, scale: float, window: int | None = None,
-                         soft_cap: float | None = None) -> torch.Tensor:
+def attention_over_cache(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    common: CommonAttentionMetadata,
+    scale: float,
+    window: int | None = None,
+    soft_cap: float | None = None,
+) -> torch.Tensor:
     """`reference_attention` of every request of the batch over its keys in the (float) cache."""
     out = torch.empty_like(q)
     for i, seq_len in enumerate(common.seq_lens):
         rows = slice(common.query_start_loc[i], common.query_start_loc[i + 1])
-        blocks = common.block_tables[i, :cdiv(seq_len, common.block_size)]
+        blocks = common.block_tables[i, : cdiv(seq_len, common.block_size)]
         keys = key_cache[blocks].flatten(0, 1)[:seq_len]
         values = value_cache[blocks].flatten(0, 1)[:seq_len]
         out[rows] = reference_attention(q[rows], keys, values, window, soft_cap, scale)
@@ -147,9 +163,16 @@ def test_sliding_window_and_soft_cap_match_reference(window: int | None, soft_ca
     key_cache, value_cache = (c.to(DEVICE) for c in random_cache(block_size, spec, torch.float32))
     q = torch.randn(common.query_start_loc[-1], 4, 32, device=DEVICE)
     out = torch.empty_like(q)
-    kernels.paged_attention(out, q, key_cache, value_cache,
-                            TritonAttentionBackend().build_metadata(common).batch, 0.15, sliding_window=window,
-                            logits_soft_cap=soft_cap)
+    kernels.paged_attention(
+        out,
+        q,
+        key_cache,
+        value_cache,
+        TritonAttentionBackend().build_metadata(common).batch,
+        0.15,
+        sliding_window=window,
+        logits_soft_cap=soft_cap,
+    )
     expected = attention_over_cache(q, key_cache, value_cache, common, 0.15, window, soft_cap)
     assert (out - expected).abs().max().item() < 1e-5
 
@@ -179,8 +202,15 @@ def test_fp8_cache_is_read_through_its_scales(fp8: torch.dtype) -> None:
     quantized = ((key_cache / 0.5).to(fp8), (value_cache / 0.25).to(fp8))
     q = torch.randn(common.query_start_loc[-1], 4, 32, device=DEVICE)
     out = torch.empty_like(q)
-    kernels.paged_attention(out, q, *quantized, TritonAttentionBackend().build_metadata(common).batch, 0.2,
-                            k_scale=0.5, v_scale=0.25)
+    kernels.paged_attention(
+        out,
+        q,
+        *quantized,
+        TritonAttentionBackend().build_metadata(common).batch,
+        0.2,
+        k_scale=0.5,
+        v_scale=0.25,
+    )
     expected = attention_over_cache(q, quantized[0].float() * 0.5, quantized[1].float() * 0.25, common, 0.2)
     assert (out - expected).abs().max().item() < 1e-5
 

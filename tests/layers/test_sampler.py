@@ -1,4 +1,5 @@
 """The batched sampler against a plain per-row reference on random logits."""
+
 import torch
 
 from pagedserve.layers.sampler import Sampler, SamplingMetadata
@@ -6,8 +7,15 @@ from pagedserve.layers.sampler import Sampler, SamplingMetadata
 VOCAB = 64
 
 
-def reference_row(logits: torch.Tensor, prompt: list[int], output: list[int], presence: float,
-                  frequency: float, repetition: float, bias: dict[int, float]) -> torch.Tensor:
+def reference_row(
+    logits: torch.Tensor,
+    prompt: list[int],
+    output: list[int],
+    presence: float,
+    frequency: float,
+    repetition: float,
+    bias: dict[int, float],
+) -> torch.Tensor:
     logits = logits.clone()
     for token in set(prompt) | set(output):
         logits[token] = logits[token] / repetition if logits[token] > 0 else logits[token] * repetition
@@ -33,15 +41,26 @@ def test_penalties_and_bias_match_reference() -> None:
         prompt_mask[i, prompts[i]] = True
         for t, v in biases[i].items():
             bias[i, t] = v
-    meta = SamplingMetadata(temperature=torch.zeros(3), all_greedy=True, top_k=None, top_p=None, min_p=None,
-                            seeds={}, max_num_logprobs=None, presence_penalty=torch.tensor(presence),
-                            frequency_penalty=torch.tensor(frequency),
-                            repetition_penalty=torch.tensor(repetition), output_token_counts=counts,
-                            prompt_token_mask=prompt_mask, logit_bias=bias)
+    meta = SamplingMetadata(
+        temperature=torch.zeros(3),
+        all_greedy=True,
+        top_k=None,
+        top_p=None,
+        min_p=None,
+        seeds={},
+        max_num_logprobs=None,
+        presence_penalty=torch.tensor(presence),
+        frequency_penalty=torch.tensor(frequency),
+        repetition_penalty=torch.tensor(repetition),
+        output_token_counts=counts,
+        prompt_token_mask=prompt_mask,
+        logit_bias=bias,
+    )
     processed = Sampler().apply_penalties_and_bias(logits, meta)
     for i in range(3):
-        expected = reference_row(logits[i], prompts[i], outputs[i], presence[i], frequency[i], repetition[i],
-                                 biases[i])
+        expected = reference_row(
+            logits[i], prompts[i], outputs[i], presence[i], frequency[i], repetition[i], biases[i]
+        )
         torch.testing.assert_close(processed[i], expected)
     assert torch.equal(Sampler()(logits, meta).sampled_token_ids, processed.argmax(dim=-1))
 
@@ -49,13 +68,22 @@ def test_penalties_and_bias_match_reference() -> None:
 def test_top_k_top_p_min_p_restrict_the_support() -> None:
     torch.manual_seed(1)
     logits = torch.randn(4, VOCAB)
-    meta = SamplingMetadata(temperature=torch.ones(4), all_greedy=False,
-                            top_k=torch.tensor([3, VOCAB, VOCAB, 2]), top_p=torch.tensor([1.0, 0.3, 1.0, 1.0]),
-                            min_p=torch.tensor([0.0, 0.0, 0.5, 0.0]), seeds={}, max_num_logprobs=None)
+    meta = SamplingMetadata(
+        temperature=torch.ones(4),
+        all_greedy=False,
+        top_k=torch.tensor([3, VOCAB, VOCAB, 2]),
+        top_p=torch.tensor([1.0, 0.3, 1.0, 1.0]),
+        min_p=torch.tensor([0.0, 0.0, 0.5, 0.0]),
+        seeds={},
+        max_num_logprobs=None,
+    )
     probs = logits.softmax(-1)
-    allowed = [set(logits[0].topk(3).indices.tolist()), None,
-               {t for t in range(VOCAB) if probs[2, t] >= 0.5 * probs[2].max()},
-               set(logits[3].topk(2).indices.tolist())]
+    allowed = [
+        set(logits[0].topk(3).indices.tolist()),
+        None,
+        {t for t in range(VOCAB) if probs[2, t] >= 0.5 * probs[2].max()},
+        set(logits[3].topk(2).indices.tolist()),
+    ]
     order = probs[1].sort(descending=True)
     cumulative, nucleus = 0.0, set()
     for p, t in zip(order.values.tolist(), order.indices.tolist()):
@@ -73,8 +101,15 @@ def test_top_k_top_p_min_p_restrict_the_support() -> None:
 
 def test_sampling_follows_the_distribution() -> None:
     logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]]))
-    meta = SamplingMetadata(temperature=torch.ones(1), all_greedy=False, top_k=None, top_p=None, min_p=None,
-                            seeds={}, max_num_logprobs=None)
+    meta = SamplingMetadata(
+        temperature=torch.ones(1),
+        all_greedy=False,
+        top_k=None,
+        top_p=None,
+        min_p=None,
+        seeds={},
+        max_num_logprobs=None,
+    )
     counts = torch.zeros(3)
     torch.manual_seed(0)
     for _ in range(3000):

@@ -1,6 +1,7 @@
 """Write a tiny HF checkpoint as a GGUF file the way llama.cpp's converter lays it out (its tensor names,
 Gemma's norms stored as 1 + w, fused tensors kept fused), with the default model's tokenizer metadata: a
 GGUF of any family for the loading tests, read back by both pagedserve and transformers."""
+
 import os
 
 import numpy as np
@@ -12,17 +13,33 @@ from pagedserve.utils.default_model import default_model_path
 
 # HF layer tensor suffix -> llama.cpp's, per architecture.
 _LAYER_NAMES = {
-    "gemma2": {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
-               "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
-               "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-               "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-               "mlp.down_proj": "ffn_down"},
-    "phi3": {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-             "self_attn.qkv_proj": "attn_qkv", "self_attn.o_proj": "attn_output", "mlp.gate_up_proj": "ffn_up",
-             "mlp.down_proj": "ffn_down"},
+    "gemma2": {
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "post_attention_norm",
+        "pre_feedforward_layernorm": "ffn_norm",
+        "post_feedforward_layernorm": "post_ffw_norm",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    },
+    "phi3": {
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+        "self_attn.qkv_proj": "attn_qkv",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    },
 }
-_GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-                 "lm_head.weight": "output.weight"}
+_GLOBAL_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
 
 
 def _gguf_name(name: str, arch: str) -> str:

@@ -1,5 +1,6 @@
 """Greedy tokens identical to HF transformers' generate, across architectures, block sizes, forced
 preemption and forced chunked prefill."""
+
 import random
 
 import pytest
@@ -20,11 +21,20 @@ def hf_greedy(model, prompts: list[list[int]], max_tokens: int) -> list[tuple[li
     """One prompt at a time (no padding), EOS never stops it: the tokens and each one's logprob."""
     results = []
     for prompt in prompts:
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False,
-                             eos_token_id=None, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
-        tokens = out.sequences[0, len(prompt):].tolist()
-        logprobs = [torch.log_softmax(step[0].float(), dim=-1)[token].item()
-                    for step, token in zip(out.logits, tokens)]
+        out = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        tokens = out.sequences[0, len(prompt) :].tolist()
+        logprobs = [
+            torch.log_softmax(step[0].float(), dim=-1)[token].item()
+            for step, token in zip(out.logits, tokens)
+        ]
         results.append((tokens, logprobs))
     return results
 
@@ -42,20 +52,27 @@ def reference(path: str, prompts: list[list[int]]) -> list[tuple[list[int], list
     return _HF_CACHE[path]
 
 
-def run(path: str, prompts: list[list[int]], **engine_args) -> tuple[list[tuple[list[int], list[float]]], LLM]:
+def run(
+    path: str, prompts: list[list[int]], **engine_args
+) -> tuple[list[tuple[list[int], list[float]]], LLM]:
     llm = LLM(path, **engine_args)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     results = []
     for output in outputs:
         completion = output.outputs[0]
-        results.append((completion.token_ids, [step[token] for step, token in
-                                               zip(completion.logprobs, completion.token_ids)]))
+        results.append(
+            (
+                completion.token_ids,
+                [step[token] for step, token in zip(completion.logprobs, completion.token_ids)],
+            )
+        )
     return results, llm
 
 
-def assert_matches(ours: list[tuple[list[int], list[float]]], theirs: list[tuple[list[int], list[float]]]
-                   ) -> None:
+def assert_matches(
+    ours: list[tuple[list[int], list[float]]], theirs: list[tuple[list[int], list[float]]]
+) -> None:
     """Greedy tokens identical, each token's logprob within 1e-4."""
     assert [tokens for tokens, _ in ours] == [tokens for tokens, _ in theirs]
     for (_, our_logprobs), (_, their_logprobs) in zip(ours, theirs):
@@ -64,11 +81,21 @@ def assert_matches(ours: list[tuple[list[int], list[float]]], theirs: list[tuple
 
 # Every block size for the Llama blocks and the sliding-window families; one each (all three sizes
 # covered) for the other families, to keep the suite short.
-FAMILY_BLOCK_SIZES = [(name, block_size) for name in ("llama", "llama-tied-mha", "mistral", "qwen2",
-                                                       "mistral-swa", "gemma2")
-                      for block_size in (8, 16, 32)] + [
-    ("qwen2-swa", 16), ("qwen3", 8), ("gemma3_text", 32), ("phi3", 16), ("falcon-7b", 8),
-    ("falcon-40b", 32), ("mixtral", 16), ("qwen2_moe", 8), ("qwen3_moe", 32)]
+FAMILY_BLOCK_SIZES = [
+    (name, block_size)
+    for name in ("llama", "llama-tied-mha", "mistral", "qwen2", "mistral-swa", "gemma2")
+    for block_size in (8, 16, 32)
+] + [
+    ("qwen2-swa", 16),
+    ("qwen3", 8),
+    ("gemma3_text", 32),
+    ("phi3", 16),
+    ("falcon-7b", 8),
+    ("falcon-40b", 32),
+    ("mixtral", 16),
+    ("qwen2_moe", 8),
+    ("qwen3_moe", 32),
+]
 
 
 @pytest.mark.parametrize("name,block_size", FAMILY_BLOCK_SIZES)
@@ -79,16 +106,33 @@ def test_greedy_matches_hf(tiny_model_factory, name: str, block_size: int) -> No
     assert_matches(ours, reference(path, prompts))
 
 
-@pytest.mark.parametrize("name,block_size", [("llama", 8), ("llama", 16), ("llama", 32), ("mistral-swa", 8),
-                                             ("gemma2", 16), ("mixtral", 32), ("falcon-40b", 8)])
-def test_greedy_matches_hf_with_preemption_and_chunked_prefill(tiny_model_factory, name: str,
-                                                              block_size: int) -> None:
+@pytest.mark.parametrize(
+    "name,block_size",
+    [
+        ("llama", 8),
+        ("llama", 16),
+        ("llama", 32),
+        ("mistral-swa", 8),
+        ("gemma2", 16),
+        ("mixtral", 32),
+        ("falcon-40b", 8),
+    ],
+)
+def test_greedy_matches_hf_with_preemption_and_chunked_prefill(
+    tiny_model_factory, name: str, block_size: int
+) -> None:
     path = tiny_model_factory(name)
     prompts = make_prompts(0, PROMPT_LENS)
     # Room for one full-length request and a little more; 16-token steps chunk every long prompt.
     num_blocks = 128 // block_size + 3
-    ours, llm = run(path, prompts, block_size=block_size, max_model_len=128,
-                    num_gpu_blocks_override=num_blocks, max_num_batched_tokens=16)
+    ours, llm = run(
+        path,
+        prompts,
+        block_size=block_size,
+        max_model_len=128,
+        num_gpu_blocks_override=num_blocks,
+        max_num_batched_tokens=16,
+    )
     scheduler = llm.llm_engine.engine_core.scheduler
     assert scheduler.num_preemptions_total > 0, "the pool was meant to force preemption"
     assert_matches(ours, reference(path, prompts))
@@ -107,25 +151,36 @@ def test_low_precision_runs_close_to_hf(tiny_llama: str, dtype: str) -> None:
     assert [tokens[0] for tokens, _ in ours] == [tokens[0] for tokens, _ in theirs]
 
 
-@pytest.mark.parametrize("name,overrides", [
-    # Gemma's norms stored as 1 + w, its extra norms' names, the window read from the file. (Each GGUF
-    # costs a tokenizer conversion: one family here; Phi-3's fused tensors take the safetensors path's
-    # split, checked above.)
-    ("gemma2", dict(head_dim=16, query_pre_attn_scalar=256, sliding_window=24, tie_word_embeddings=True,
-                    layer_types=["sliding_attention", "full_attention"])),
-])
+@pytest.mark.parametrize(
+    "name,overrides",
+    [
+        # Gemma's norms stored as 1 + w, its extra norms' names, the window read from the file. (Each GGUF
+        # costs a tokenizer conversion: one family here; Phi-3's fused tensors take the safetensors path's
+        # split, checked above.)
+        (
+            "gemma2",
+            dict(
+                head_dim=16,
+                query_pre_attn_scalar=256,
+                sliding_window=24,
+                tie_word_embeddings=True,
+                layer_types=["sliding_attention", "full_attention"],
+            ),
+        ),
+    ],
+)
 def test_gguf_matches_hf(tmp_path, name: str, overrides: dict) -> None:
     """A GGUF file laid out as llama.cpp's converter writes it, read by pagedserve and by transformers'
     own GGUF support: the same greedy tokens and logprobs."""
+    from conftest import build_tiny_model
     from gguf_writer import write_gguf
     from transformers import AutoModelForCausalLM
-
-    from conftest import build_tiny_model
 
     folder = build_tiny_model(str(tmp_path / "hf"), name, **overrides)
     path = write_gguf(folder, name, str(tmp_path / f"{name}.gguf"))
     prompts = make_prompts(2, [5, 40])
     ours, _ = run(path, prompts, block_size=16, kv_cache_memory="16MiB")
-    model = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=f"{name}.gguf", dtype=torch.float32,
-                                                 attn_implementation="eager")
+    model = AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), gguf_file=f"{name}.gguf", dtype=torch.float32, attn_implementation="eager"
+    )
     assert_matches(ours, hf_greedy(model, prompts, MAX_TOKENS))

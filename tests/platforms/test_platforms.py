@@ -1,4 +1,5 @@
 """What each platform decides: device, KV and swap allocation, KV budget, collectives, default backend."""
+
 import pytest
 import torch
 
@@ -12,7 +13,10 @@ def test_cpu_platform_choices() -> None:
     platform = get_platform("cpu")
     assert isinstance(platform, CpuPlatform)
     assert (platform.dist_backend, platform.default_attention_backend, platform.ray_bundle()) == (
-        "gloo", "cpu", {"CPU": 1.0})
+        "gloo",
+        "cpu",
+        {"CPU": 1.0},
+    )
     assert platform.init_device(0, 1) == torch.device("cpu")
 
 
@@ -28,8 +32,9 @@ def test_cpu_allocations_start_zeroed_and_writable() -> None:
 
 def test_cpu_budget_explicit_or_default() -> None:
     platform = CpuPlatform()
-    explicit = platform.kv_budget(CacheConfig(16, 0.9, 2**20, None), 123, torch.device("cpu"),
-                                  lambda: None, 0)
+    explicit = platform.kv_budget(
+        CacheConfig(16, 0.9, 2**20, None), 123, torch.device("cpu"), lambda: None, 0
+    )
     assert explicit == MemoryReport(2**20, 123, "explicit --kv-cache-memory")
     default = platform.kv_budget(CacheConfig(16, 0.9, None, None), 0, torch.device("cpu"), lambda: None, 0)
     assert 0 < default.kv_cache_bytes <= CPU_DEFAULT_KV_BYTES
@@ -49,6 +54,11 @@ def test_cuda_platform_pins_swap_and_profiles() -> None:
     assert platform.allocate_host_swap((2, 16, 2, 8), torch.float16).is_pinned()
     assert not platform.allocate_kv_cache((2, 16, 2, 8), torch.float16, device).any()
     baseline = platform.memory_baseline(device)
-    report = platform.kv_budget(CacheConfig(16, 0.5, None, None), 0, device,
-                                lambda: torch.ones(2**20, device=device).sum().item(), baseline)
+    report = platform.kv_budget(
+        CacheConfig(16, 0.5, None, None),
+        0,
+        device,
+        lambda: torch.ones(2**20, device=device).sum().item(),
+        baseline,
+    )
     assert 0 < report.kv_cache_bytes and "peak activations" in report.detail

@@ -1,5 +1,6 @@
 """fp8 KV cache: both backends read what they wrote (against a float cache holding the same rounded
 values), the same --kv-cache-memory holds 4x the float32 blocks (2x bfloat16), greedy stays close."""
+
 import pytest
 import torch
 
@@ -22,8 +23,8 @@ def test_fp8_cache_reads_back_the_rounded_values(backend_class: type, cache_dtyp
     torch.manual_seed(0)
     block_size, heads, kv_heads, dim = 16, 4, 2, 32
     quant = KVQuantization(FP8_DTYPES[cache_dtype], k_scale=0.05, v_scale=0.02)
-    fp8_spec = AttentionLayerSpec(heads, kv_heads, dim, dim ** -0.5, kv_quant=quant)
-    float_spec = AttentionLayerSpec(heads, kv_heads, dim, dim ** -0.5)
+    fp8_spec = AttentionLayerSpec(heads, kv_heads, dim, dim**-0.5, kv_quant=quant)
+    float_spec = AttentionLayerSpec(heads, kv_heads, dim, dim**-0.5)
     # decodes over cached tokens, then a prefill chunk after a cached prefix, then a fresh prompt
     common = make_batch([(20, 1), (3, 1), (17, 9), (0, 12)], block_size, seed=1)
     shape = (NUM_BLOCKS, block_size, kv_heads, dim)
@@ -36,18 +37,22 @@ def test_fp8_cache_reads_back_the_rounded_values(backend_class: type, cache_dtyp
     all_slots = torch.arange(NUM_BLOCKS * block_size)
     for cache, scale, values, mirror in zip(fp8_cache, (quant.k_scale, quant.v_scale), past, float_cache):
         cache.view(-1, kv_heads, dim).copy_(quant.quantize(values, scale))
-        mirror.view(-1, kv_heads, dim).copy_(quant.dequantize(cache.view(-1, kv_heads, dim)[all_slots], scale,
-                                                              torch.float32))
+        mirror.view(-1, kv_heads, dim).copy_(
+            quant.dequantize(cache.view(-1, kv_heads, dim)[all_slots], scale, torch.float32)
+        )
     q = torch.randn(num_tokens, heads * dim)
     k, v = torch.randn(num_tokens, kv_heads * dim), torch.randn(num_tokens, kv_heads * dim)
     rounded_k = quant.dequantize(quant.quantize(k, quant.k_scale), quant.k_scale, torch.float32)
     rounded_v = quant.dequantize(quant.quantize(v, quant.v_scale), quant.v_scale, torch.float32)
     out = backend.forward(fp8_spec, q, k, v, fp8_cache, backend.build_metadata(common))
-    expected = backend.forward(float_spec, q, rounded_k, rounded_v, float_cache, backend.build_metadata(common))
+    expected = backend.forward(
+        float_spec, q, rounded_k, rounded_v, float_cache, backend.build_metadata(common)
+    )
     fresh = common.query_start_loc[3]  # the fresh prompt attends its own k/v as computed, not as stored
     torch.testing.assert_close(out[:fresh], expected[:fresh], atol=1e-5, rtol=1e-5)
-    unrounded = backend.forward(float_spec, q, k, v, tuple(c.clone() for c in float_cache),
-                                backend.build_metadata(common))
+    unrounded = backend.forward(
+        float_spec, q, k, v, tuple(c.clone() for c in float_cache), backend.build_metadata(common)
+    )
     torch.testing.assert_close(out[fresh:], unrounded[fresh:], atol=1e-5, rtol=1e-5)
 
 
@@ -68,8 +73,13 @@ def _prompt_logprobs(llm: LLM, sequences: list[list[int]]) -> torch.Tensor:
     """Teacher-forced logprob of every token after the first, all sequences concatenated."""
     params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
     outputs = llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
-    return torch.tensor([entry[token] for output, sequence in zip(outputs, sequences)
-                         for entry, token in zip(output.prompt_logprobs[1:], sequence[1:])])
+    return torch.tensor(
+        [
+            entry[token]
+            for output, sequence in zip(outputs, sequences)
+            for entry, token in zip(output.prompt_logprobs[1:], sequence[1:])
+        ]
+    )
 
 
 @pytest.mark.parametrize("calculate_kv_scales", [False, True])
@@ -83,8 +93,10 @@ def test_fp8_logprobs_stay_close_to_the_float_cache(tiny_llama: str, calculate_k
     reference = _prompt_logprobs(_engine(tiny_llama, **chunked), sequences)
     llm = _engine(tiny_llama, kv_cache_dtype="fp8", calculate_kv_scales=calculate_kv_scales, **chunked)
     error = (_prompt_logprobs(llm, sequences) - reference).abs()
-    print(f"fp8 KV, calculate_kv_scales={calculate_kv_scales}: |logprob error| mean {error.mean():.2e}, "
-          f"max {error.max():.2e}, reference mean {reference.mean():.2f}")
+    print(
+        f"fp8 KV, calculate_kv_scales={calculate_kv_scales}: |logprob error| mean {error.mean():.2e}, "
+        f"max {error.max():.2e}, reference mean {reference.mean():.2f}"
+    )
     assert 0 < error.max() < 0.05 * reference.abs().mean()
     runner = llm.llm_engine.engine_core.executor.worker.model_runner
     quant = runner.attention_layers[0].spec.kv_quant

@@ -1,6 +1,7 @@
 """SmolLM2-135M from its GGUF with the blocks kept quantized (the default) against the dequantized float32
 model (HF transformers): prompt logprobs within 1e-3 relative, greedy tokens equal, weights resident at
 about the file's size."""
+
 import os
 
 import pytest
@@ -8,9 +9,12 @@ import torch
 
 from pagedserve import LLM, SamplingParams
 
-PROMPTS = ["The capital of France is", "def fibonacci(n):",
-           "Once upon a time, in a small village, there lived a very curious cat who",
-           "<|im_start|>user\nList three colours.<|im_end|>\n<|im_start|>assistant\n"]
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village, there lived a very curious cat who",
+    "<|im_start|>user\nList three colours.<|im_end|>\n<|im_start|>assistant\n",
+]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +46,9 @@ def test_prompt_logprobs_match_the_dequantized_model(native_llm: LLM, hf_model) 
         for position, logprobs in enumerate(output.prompt_logprobs[1:]):
             for token, value in logprobs.items():
                 reference = expected[position, token].item()
-                worst = max(worst, abs(getattr(value, "logprob", value) - reference) / max(abs(reference), 1.0))
+                worst = max(
+                    worst, abs(getattr(value, "logprob", value) - reference) / max(abs(reference), 1.0)
+                )
         assert worst < 1e-3, f"{output.prompt!r}: relative logprob error {worst:.2e}"
 
 
@@ -50,5 +56,7 @@ def test_greedy_tokens_equal_the_dequantized_model(native_llm: LLM, hf_model) ->
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     for output in native_llm.generate(PROMPTS, params, use_tqdm=False):
         ids = torch.tensor([output.prompt_token_ids])
-        expected = hf_model.generate(ids, max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
-        assert output.outputs[0].token_ids == expected[0, ids.shape[1]:].tolist(), output.prompt
+        expected = hf_model.generate(
+            ids, max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+        assert output.outputs[0].token_ids == expected[0, ids.shape[1] :].tolist(), output.prompt

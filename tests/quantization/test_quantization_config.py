@@ -1,4 +1,5 @@
 """--quantization: detected from the checkpoint, validated with messages that name the choices."""
+
 import json
 import shutil
 
@@ -44,7 +45,9 @@ def test_each_scheme_is_registered_under_its_own_name() -> None:
     assert all(QUANTIZATION_CONFIGS.load(name).name == name for name in QUANTIZATION_CONFIGS.names())
 
 
-@pytest.mark.parametrize(("quantize", "ggml_type", "levels"), [(quantize_q8_0, 8, 254), (quantize_q4_1, 3, 15)])
+@pytest.mark.parametrize(
+    ("quantize", "ggml_type", "levels"), [(quantize_q8_0, 8, 254), (quantize_q4_1, 3, 15)]
+)
 def test_online_quantizers_round_to_the_nearest_level(quantize, ggml_type: int, levels: int) -> None:
     from gguf.constants import GGMLQuantizationType
     from gguf.quants import dequantize
@@ -53,6 +56,8 @@ def test_online_quantizers_round_to_the_nearest_level(quantize, ggml_type: int, 
     rows = quantize(weight)
     restored = torch.from_numpy(dequantize(rows.numpy(), GGMLQuantizationType(ggml_type)))
     groups = weight.reshape(-1, 32)
-    step = (groups.amax(dim=1) - groups.amin(dim=1) if levels == 15 else 2 * groups.abs().amax(dim=1)) / levels
+    step = (
+        groups.amax(dim=1) - groups.amin(dim=1) if levels == 15 else 2 * groups.abs().amax(dim=1)
+    ) / levels
     error = (restored.reshape(-1, 32) - groups).abs().amax(dim=1)
     assert (error <= step * 0.5 * 1.01 + 1e-6).all()  # half a step (fp16 rounding of the scale aside)

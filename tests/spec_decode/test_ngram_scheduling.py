@@ -1,15 +1,15 @@
 """N-gram speculation in the scheduler (no torch): proposals, which requests get drafts, and the release
 of rejected drafts' KV blocks."""
+
 import pytest
+from core.utils import make_request, make_scheduler
 
 from pagedserve.config import SpeculativeConfig
 from pagedserve.core.request import Request
-from pagedserve.core.scheduler import Scheduler
 from pagedserve.core.sched_output import ModelRunnerOutput
+from pagedserve.core.scheduler import Scheduler
 from pagedserve.core.spec_decode import NgramProposer
 from pagedserve.errors import ConfigError
-
-from core.utils import make_request, make_scheduler
 
 SPEC = SpeculativeConfig("ngram", num_speculative_tokens=4, prompt_lookup_max=3, prompt_lookup_min=1)
 
@@ -47,8 +47,11 @@ def test_rejected_drafts_release_their_blocks_and_the_workers_hear_of_it() -> No
     a = scheduler.requests["a"]
     assert a.num_tokens == 11 and a.num_computed_tokens == 10  # the last token is computed next step
     assert len(kv.get_block_ids("a")) == 3 and kv.num_free_blocks() == free_before - 1
-    assert (scheduler.spec_num_drafts, scheduler.spec_num_draft_tokens, scheduler.spec_num_accepted_tokens) \
-        == (1, 4, 1)
+    assert (
+        scheduler.spec_num_drafts,
+        scheduler.spec_num_draft_tokens,
+        scheduler.spec_num_accepted_tokens,
+    ) == (1, 4, 1)
     out = scheduler.schedule()
     cached = out.scheduled_cached_reqs[0]
     assert cached.num_dropped_blocks == 1 and cached.new_token_ids == [4, 9]
@@ -68,8 +71,10 @@ def test_drafts_stop_at_max_tokens_and_a_stop_token_ends_the_step() -> None:
     assert "a" not in scheduler.requests
 
 
-@pytest.mark.parametrize("params", [dict(repetition_penalty=1.2), dict(presence_penalty=0.5),
-                                    dict(logprobs=2), dict(min_tokens=20)])
+@pytest.mark.parametrize(
+    "params",
+    [dict(repetition_penalty=1.2), dict(presence_penalty=0.5), dict(logprobs=2), dict(min_tokens=20)],
+)
 def test_requests_whose_sampling_depends_on_every_token_get_no_drafts(params: dict) -> None:
     scheduler = scheduler_with_spec()
     scheduler.add_request(request("a", [1, 2, 3, 1, 2], **params))
@@ -78,18 +83,23 @@ def test_requests_whose_sampling_depends_on_every_token_get_no_drafts(params: di
     assert scheduler.requests["a"].spec_token_ids == []
 
 
-@pytest.mark.parametrize("value, message", [
-    ("{not json", "not valid JSON"),
-    ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens=0"),
-    ({"method": "ngram", "num_speculative_tokens": 2**63}, "must be an integer in"),
-    ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
-     "larger than"),
-    ({"method": "eagle", "num_speculative_tokens": 2}, "not supported"),
-    ({"method": "draft_model", "num_speculative_tokens": 2}, 'needs "model"'),
-    ({"method": "ngram", "model": "/some/draft", "num_speculative_tokens": 2}, 'needs "model"'),
-    ({"method": "ngram", "num_speculative_tokens": 2, "bogus": 1}, "Unknown speculative_config key"),
-    ([1, 2], "must be a JSON object"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("{not json", "not valid JSON"),
+        ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens=0"),
+        ({"method": "ngram", "num_speculative_tokens": 2**63}, "must be an integer in"),
+        (
+            {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
+            "larger than",
+        ),
+        ({"method": "eagle", "num_speculative_tokens": 2}, "not supported"),
+        ({"method": "draft_model", "num_speculative_tokens": 2}, 'needs "model"'),
+        ({"method": "ngram", "model": "/some/draft", "num_speculative_tokens": 2}, 'needs "model"'),
+        ({"method": "ngram", "num_speculative_tokens": 2, "bogus": 1}, "Unknown speculative_config key"),
+        ([1, 2], "must be a JSON object"),
+    ],
+)
 def test_bad_speculative_configs_are_refused(value, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         SpeculativeConfig.from_user(value)
@@ -98,7 +108,9 @@ def test_bad_speculative_configs_are_refused(value, message: str) -> None:
 def test_vllm_defaults() -> None:
     spec = SpeculativeConfig.from_user('{"method": "ngram", "num_speculative_tokens": 3}')
     assert (spec.prompt_lookup_min, spec.prompt_lookup_max) == (5, 5)
-    spec = SpeculativeConfig.from_user({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4})
+    spec = SpeculativeConfig.from_user(
+        {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
+    )
     assert (spec.prompt_lookup_min, spec.prompt_lookup_max) == (4, 4)
 
 
@@ -112,5 +124,7 @@ def test_draft_length_adapts_to_what_verification_accepts() -> None:
     scheduler.update_from_output(scheduler.schedule(), ModelRunnerOutput({"a": 1}))
     assert a.num_spec_tokens == 1 and a.spec_token_ids == [2]
     # It accepts it and says 3: one more draft next time.
-    scheduler.update_from_output(scheduler.schedule(), ModelRunnerOutput({"a": 2}, extra_token_ids={"a": [3]}))
+    scheduler.update_from_output(
+        scheduler.schedule(), ModelRunnerOutput({"a": 2}, extra_token_ids={"a": [3]})
+    )
     assert a.num_spec_tokens == 2 and a.spec_token_ids == [1, 2]  # ... 1 2 3 [1 2] 3: the latest match

@@ -1,5 +1,6 @@
 """The rejection sampler keeps the model's distribution exactly (temperature > 0) and is greedy decoding
 itself at temperature 0, on random logits."""
+
 import torch
 
 from pagedserve.layers.rejection_sampler import rejection_sample
@@ -9,8 +10,15 @@ VOCAB = 6
 
 
 def metadata(rows: int, temperature: float, seeds: dict[int, int] | None = None) -> SamplingMetadata:
-    return SamplingMetadata(temperature=torch.full((rows,), temperature), all_greedy=temperature == 0,
-                            top_k=None, top_p=None, min_p=None, seeds=seeds or {}, max_num_logprobs=None)
+    return SamplingMetadata(
+        temperature=torch.full((rows,), temperature),
+        all_greedy=temperature == 0,
+        top_k=None,
+        top_p=None,
+        min_p=None,
+        seeds=seeds or {},
+        max_num_logprobs=None,
+    )
 
 
 # Chi-square critical value for VOCAB - 1 = 5 degrees of freedom at significance 0.001.
@@ -30,7 +38,9 @@ def test_outputs_follow_the_target_distribution() -> None:
     drafts = [2, 1]  # a likely-rejected first draft (p = 0.27), a likely-accepted second (p = 0.75)
     probs = logits.softmax(dim=-1)
     trials = 60_000
-    tokens = rejection_sample(Sampler(), logits.repeat(trials, 1), metadata(3 * trials, 1.0), [drafts] * trials)
+    tokens = rejection_sample(
+        Sampler(), logits.repeat(trials, 1), metadata(3 * trials, 1.0), [drafts] * trials
+    )
     first = torch.tensor([t[0] for t in tokens])
     assert chi_square(first, probs[0]) < CHI2_CRITICAL
     # Given the first draft was taken, the next token follows the distribution after it.
@@ -52,7 +62,7 @@ def test_greedy_rows_are_greedy_decoding() -> None:
     for row, agree in zip(argmax, torch.randint(0, 4, (40,)).tolist()):
         draft = row[:agree] + [(row[agree] + 1) % VOCAB] * (3 - agree) if agree < 3 else row[:3]
         drafts.append(draft)
-        expected.append(row[:agree + 1])
+        expected.append(row[: agree + 1])
     assert rejection_sample(Sampler(), logits, metadata(160, 0.0), drafts) == expected
 
 

@@ -1,6 +1,7 @@
 """Speculative decoding end to end: greedy outputs identical to decoding without it (tiny model with
 preemption, prefix caching and mixed batches; SmolLM2 on copy-heavy prompts), and sampled outputs with
 the same distribution (tiny-vocabulary model, chi-square)."""
+
 import collections
 
 import pytest
@@ -21,9 +22,11 @@ def test_greedy_identical_under_preemption_prefix_caching_and_mixed_batches(tiny
     pattern = [[11, 12, 13, 14, 15, 16, 17, 18] * 6, [40 + i % 5 for i in range(45)]]
     prompts = [{"prompt_token_ids": pattern[i % 2] + [100 + i]} for i in range(8)]
     greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    params = [greedy] * 5 + [SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, repetition_penalty=1.3),
-                             SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=2),
-                             SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, seed=3)]
+    params = [greedy] * 5 + [
+        SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, repetition_penalty=1.3),
+        SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=2),
+        SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, seed=3),
+    ]
     # 24 blocks of 8 tokens for 8 requests of ~90 tokens: preemptions are certain.
     engine = dict(num_gpu_blocks_override=24, block_size=8, max_num_seqs=8, max_model_len=128)
     expected, _ = run(tiny_llama, prompts, params, **engine)
@@ -36,12 +39,20 @@ def test_greedy_identical_under_preemption_prefix_caching_and_mixed_batches(tiny
 
 def test_greedy_identical_on_smollm2_copying_text(default_model: str) -> None:
     text = "Paged attention stores the KV cache in fixed-size blocks, so memory is allocated on demand. "
-    prompts = [f"Repeat the following text exactly.\n\n{text * 2}\n\nRepeated text:\n",
-               "def area(width, height):\n    return width * height\n\n\ndef volume(width, height, depth):\n"]
+    prompts = [
+        f"Repeat the following text exactly.\n\n{text * 2}\n\nRepeated text:\n",
+        "def area(width, height):\n    return width * height\n\n\ndef volume(width, height, depth):\n",
+    ]
     params = SamplingParams(temperature=0, max_tokens=32)
     expected, _ = run(default_model, prompts, [params] * 2, max_model_len=1024, kv_cache_memory="64MiB")
-    actual, llm = run(default_model, prompts, [params] * 2, max_model_len=1024, kv_cache_memory="64MiB",
-                      speculative_config=NGRAM)
+    actual, llm = run(
+        default_model,
+        prompts,
+        [params] * 2,
+        max_model_len=1024,
+        kv_cache_memory="64MiB",
+        speculative_config=NGRAM,
+    )
     assert actual == expected
     stats = llm.llm_engine.engine_core.get_stats()
     assert stats.spec_decode_num_accepted_tokens > 0.3 * stats.spec_decode_num_draft_tokens
@@ -52,8 +63,15 @@ def tiny_vocab_llama(tmp_path_factory: pytest.TempPathFactory) -> str:
     from conftest import build_tiny_model
 
     # 8 tokens and a large init: peaked but random next-token distributions.
-    return build_tiny_model(str(tmp_path_factory.mktemp("vocab8")), "llama", vocab_size=8,
-                            initializer_range=0.5, bos_token_id=0, eos_token_id=7, pad_token_id=7)
+    return build_tiny_model(
+        str(tmp_path_factory.mktemp("vocab8")),
+        "llama",
+        vocab_size=8,
+        initializer_range=0.5,
+        bos_token_id=0,
+        eos_token_id=7,
+        pad_token_id=7,
+    )
 
 
 def test_sampled_outputs_keep_their_distribution(tiny_vocab_llama: str) -> None:
@@ -61,8 +79,9 @@ def test_sampled_outputs_keep_their_distribution(tiny_vocab_llama: str) -> None:
     num = 300
     params = [SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True, seed=i) for i in range(num)]
     base, _ = run(tiny_vocab_llama, [prompt] * num, params, max_num_seqs=num, max_model_len=64)
-    spec, llm = run(tiny_vocab_llama, [prompt] * num, params, max_num_seqs=num, max_model_len=64,
-                    speculative_config=NGRAM)
+    spec, llm = run(
+        tiny_vocab_llama, [prompt] * num, params, max_num_seqs=num, max_model_len=64, speculative_config=NGRAM
+    )
     assert llm.llm_engine.engine_core.get_stats().spec_decode_num_draft_tokens > 0
     for position in range(3):
         counts = [collections.Counter(o[0][position] for o in outputs) for outputs in (base, spec)]

@@ -1,5 +1,6 @@
 """The worker's bitmask application against a plain reference, and the matcher following a request's
 tokens through a rollback (what a preemption that dropped tokens would need)."""
+
 import numpy as np
 import torch
 
@@ -10,7 +11,7 @@ def test_bitmask_matches_a_per_token_reference() -> None:
     generator = np.random.default_rng(0)
     vocab, rows = 1000, 5
     words = (vocab + 31) // 32
-    bitmask = generator.integers(-2**31, 2**31 - 1, size=(2, words), dtype=np.int64).astype(np.int32)
+    bitmask = generator.integers(-(2**31), 2**31 - 1, size=(2, words), dtype=np.int64).astype(np.int32)
     logits = torch.randn(rows, vocab)
     expected = logits.clone()
     row_ids = [f"r{i}" for i in range(rows)]

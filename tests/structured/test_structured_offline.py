@@ -1,5 +1,6 @@
 """Structured outputs through `LLM` with SmolLM2: every output parses and validates (jsonschema), greedy
 and sampled; regex, choice and an arithmetic EBNF grammar match; n > 1 with seeds."""
+
 import json
 import re
 
@@ -32,8 +33,15 @@ def _constrained(**kind) -> SamplingParams:
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_every_schema_output_validates(llm: LLM, temperature: float) -> None:
-    params = [SamplingParams(temperature=temperature, seed=7, max_tokens=160,
-                             structured_outputs=StructuredOutputsParams(json=schema)) for _, schema in SCHEMAS]
+    params = [
+        SamplingParams(
+            temperature=temperature,
+            seed=7,
+            max_tokens=160,
+            structured_outputs=StructuredOutputsParams(json=schema),
+        )
+        for _, schema in SCHEMAS
+    ]
     outputs = llm.chat([prompt_for(description) for description, _ in SCHEMAS], params, use_tqdm=False)
     for (description, schema), output in zip(SCHEMAS, outputs):
         sample = output.outputs[0]
@@ -43,12 +51,16 @@ def test_every_schema_output_validates(llm: LLM, temperature: float) -> None:
 
 def test_regex_choice_grammar_and_json_object(llm: LLM) -> None:
     question = [{"role": "user", "content": "Is the sky blue? Then give a phone number and a sum."}]
-    cases = [(dict(regex=r"\d{3}-\d{4}"), lambda text: re.fullmatch(r"\d{3}-\d{4}", text)),
-             (dict(choice=["yes", "no", "maybe so"]), lambda text: text in ("yes", "no", "maybe so")),
-             (dict(grammar=ARITHMETIC_GBNF), lambda text: ARITHMETIC.match(text) and _evaluates(text)),
-             (dict(grammar='start: "(" NUM ("+" NUM)* ")"\nNUM: /[0-9]{1,3}/'),
-              lambda text: re.fullmatch(r"\(\d{1,3}(\+\d{1,3})*\)", text)),
-             (dict(json_object=True), lambda text: isinstance(json.loads(text), dict))]
+    cases = [
+        (dict(regex=r"\d{3}-\d{4}"), lambda text: re.fullmatch(r"\d{3}-\d{4}", text)),
+        (dict(choice=["yes", "no", "maybe so"]), lambda text: text in ("yes", "no", "maybe so")),
+        (dict(grammar=ARITHMETIC_GBNF), lambda text: ARITHMETIC.match(text) and _evaluates(text)),
+        (
+            dict(grammar='start: "(" NUM ("+" NUM)* ")"\nNUM: /[0-9]{1,3}/'),
+            lambda text: re.fullmatch(r"\(\d{1,3}(\+\d{1,3})*\)", text),
+        ),
+        (dict(json_object=True), lambda text: isinstance(json.loads(text), dict)),
+    ]
     outputs = llm.chat([question] * len(cases), [_constrained(**kind) for kind, _ in cases], use_tqdm=False)
     for (kind, matches), output in zip(cases, outputs):
         text = output.outputs[0].text
@@ -65,8 +77,9 @@ def _evaluates(expression: str) -> bool:
 
 def test_parallel_samples_with_seeds_are_valid_and_reproducible(llm: LLM) -> None:
     schema = SCHEMAS[4][1]
-    params = SamplingParams(n=3, temperature=1.0, seed=11, max_tokens=80,
-                            structured_outputs=StructuredOutputsParams(json=schema))
+    params = SamplingParams(
+        n=3, temperature=1.0, seed=11, max_tokens=80, structured_outputs=StructuredOutputsParams(json=schema)
+    )
     first = llm.chat(prompt_for(SCHEMAS[4][0]), params, use_tqdm=False)[0]
     again = llm.chat(prompt_for(SCHEMAS[4][0]), params, use_tqdm=False)[0]
     assert [o.text for o in first.outputs] == [o.text for o in again.outputs]

@@ -1,5 +1,6 @@
 """Constraint state follows a request through recompute and swap preemption (a tiny KV pool), chunked
 prefill and prefix-cache hits: the same tokens as an unhindered run, every one allowed by the grammar."""
+
 import json
 import random
 
@@ -12,9 +13,14 @@ from pagedserve.structured_output.grammar import make_ll_tokenizer, to_grammar
 from pagedserve.structured_outputs_params import StructuredOutputsParams
 
 TINY = dict(block_size=8, max_model_len=64, num_gpu_blocks_override=12)  # 11 usable blocks
-SCHEMA = {"type": "object", "properties": {"word": {"type": "string", "maxLength": 40},
-                                           "n": {"type": "array", "items": {"type": "integer"}}},
-          "required": ["word", "n"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "word": {"type": "string", "maxLength": 40},
+        "n": {"type": "array", "items": {"type": "integer"}},
+    },
+    "required": ["word", "n"],
+}
 CONSTRAINT = StructuredOutputsParams(json=SCHEMA)
 
 
@@ -63,7 +69,9 @@ def test_preemption_keeps_the_constraint_state(roomy: LLM, tiny_llama: str, mode
 
 
 def test_chunked_prefill_and_prefix_cache_hits_keep_the_output(roomy: LLM, tiny_llama: str) -> None:
-    chunked = LLM(tiny_llama, block_size=8, max_model_len=64, kv_cache_memory="8MiB", max_num_batched_tokens=8)
+    chunked = LLM(
+        tiny_llama, block_size=8, max_model_len=64, kv_cache_memory="8MiB", max_num_batched_tokens=8
+    )
     prompt_ids = prompts(2, length=30)
     params = SamplingParams(temperature=0.0, max_tokens=30, structured_outputs=CONSTRAINT)
     expected, _ = run(roomy, prompt_ids, params)

@@ -2,6 +2,7 @@
 bucket of a batch, the padded static buffers, and that attention over a padded bucket (the triton
 backend, in Triton's interpreter here) gives the unpadded batch's result and leaves the cache alone
 outside the real tokens' slots."""
+
 import logging
 import os
 import sys
@@ -49,9 +50,15 @@ def test_bucket_is_the_smallest_size_that_fits() -> None:
 def decode_batch(cached_lens: list[int], block_size: int) -> BatchInputs:
     common = make_batch([(c, 1) for c in cached_lens], block_size, seed=len(cached_lens))
     n = len(cached_lens)
-    return BatchInputs(input_ids=torch.arange(100, 100 + n), positions=torch.tensor(cached_lens),
-                       attention=common, request_ids=[f"r{i}" for i in range(n)], sample_rows=list(range(n)),
-                       logits_indices=torch.arange(n), draft_token_ids=[[] for _ in range(n)])
+    return BatchInputs(
+        input_ids=torch.arange(100, 100 + n),
+        positions=torch.tensor(cached_lens),
+        attention=common,
+        request_ids=[f"r{i}" for i in range(n)],
+        sample_rows=list(range(n)),
+        logits_indices=torch.arange(n),
+        draft_token_ids=[[] for _ in range(n)],
+    )
 
 
 def test_fill_copies_the_batch_and_pads_the_bucket() -> None:
@@ -83,15 +90,21 @@ def test_attention_over_a_padded_bucket_equals_the_batch() -> None:
     q, k, v = (torch.randn(size, 4 * 32 if i == 0 else 2 * 32, device=DEVICE) for i in range(3))
     caches = tuple(c.to(DEVICE) for c in random_cache(block_size, spec, torch.float32))
     triton_backend = TritonAttentionBackend()
-    metadata = triton_backend.build_graph_metadata(buffers.query_start_loc[:size + 1], buffers.seq_lens[:size],
-                                                   buffers.block_tables[:size], buffers.slot_mapping[:size],
-                                                   block_size, max_seq_len=512)
+    metadata = triton_backend.build_graph_metadata(
+        buffers.query_start_loc[: size + 1],
+        buffers.seq_lens[:size],
+        buffers.block_tables[:size],
+        buffers.slot_mapping[:size],
+        block_size,
+        max_seq_len=512,
+    )
     padded_cache = (caches[0].clone(), caches[1].clone())
     padded = triton_backend.forward(spec, q, k, v, padded_cache, metadata)
     reference = TorchPagedAttentionBackend()
     expected_cache = (caches[0].clone(), caches[1].clone())
-    expected = reference.forward(spec, q[:n], k[:n], v[:n], expected_cache,
-                                 reference.build_metadata(batch.attention))
+    expected = reference.forward(
+        spec, q[:n], k[:n], v[:n], expected_cache, reference.build_metadata(batch.attention)
+    )
     assert (padded[:n] - expected).abs().max().item() < 1e-5
     assert torch.isfinite(padded).all()
     assert all(torch.equal(a, b) for a, b in zip(padded_cache, expected_cache))

@@ -1,26 +1,32 @@
 """The peak-memory profile's steps (run on CUDA before sizing the KV cache), checked on CPU: the token
 budget split over the requests, and both steps through the real step path, leaving nothing behind."""
+
 import pytest
 
 from pagedserve.config import EngineArgs
 from pagedserve.worker.worker import Worker, profile_request_lengths
 
 
-@pytest.mark.parametrize("num_tokens,max_requests,max_model_len,expected", [
-    (2048, 1, 4096, [2048]),
-    (2048, 1, 512, [512]),  # one request is capped at max_model_len
-    (10, 4, 512, [3, 3, 2, 2]),
-    (3, 8, 512, [1, 1, 1]),  # never an empty request
-    (8192, 4, 1000, [1000] * 4),
-])
-def test_token_budget_is_split_evenly(num_tokens: int, max_requests: int, max_model_len: int,
-                                      expected: list[int]) -> None:
+@pytest.mark.parametrize(
+    "num_tokens,max_requests,max_model_len,expected",
+    [
+        (2048, 1, 4096, [2048]),
+        (2048, 1, 512, [512]),  # one request is capped at max_model_len
+        (10, 4, 512, [3, 3, 2, 2]),
+        (3, 8, 512, [1, 1, 1]),  # never an empty request
+        (8192, 4, 1000, [1000] * 4),
+    ],
+)
+def test_token_budget_is_split_evenly(
+    num_tokens: int, max_requests: int, max_model_len: int, expected: list[int]
+) -> None:
     assert profile_request_lengths(num_tokens, max_requests, max_model_len) == expected
 
 
 def test_profile_steps_sample_every_request_and_leave_nothing(tiny_llama: str) -> None:
-    config = EngineArgs(model=tiny_llama, device="cpu", max_num_seqs=5, max_num_batched_tokens=70,
-                        block_size=8).create_engine_config()
+    config = EngineArgs(
+        model=tiny_llama, device="cpu", max_num_seqs=5, max_num_batched_tokens=70, block_size=8
+    ).create_engine_config()
     worker = Worker(config)
     runner = worker.model_runner
     sampled_rows = []

@@ -1,6 +1,7 @@
 """A worker on a tiny model: its KV block size and weights agree with sizing.py (the planner's figures are
 the engine's), its KV budget comes from the platform, the caches have the layout the backends expect,
 and the host swap pool moves blocks exactly."""
+
 import pytest
 import torch
 
@@ -13,8 +14,9 @@ from pagedserve.worker.worker import Worker
 @pytest.fixture(scope="module")
 def config(tiny_model_factory) -> EngineConfig:
     path = tiny_model_factory("qwen2")  # biases in q/k/v and a single KV head
-    return EngineArgs(model=path, kv_cache_memory="1MiB", block_size=8, max_model_len=128,
-                      attention_backend="torch").create_engine_config()
+    return EngineArgs(
+        model=path, kv_cache_memory="1MiB", block_size=8, max_model_len=128, attention_backend="torch"
+    ).create_engine_config()
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """Backend registry. Backends are imported lazily: optional libraries (triton) stay unimported on a CPU
 install, and the native CPU kernels are built only when the cpu backend is chosen."""
+
 from typing import Any
 
 from pagedserve import envs
@@ -43,8 +44,9 @@ def select_attention_backend(requested: str, platform: Platform) -> "AttentionBa
             logger.warning("Attention backend: torch (triton is unavailable: %s).", error)
             return get_attention_backend("torch")
         if error is not None:
-            raise ConfigError(f"--attention-backend triton cannot run here: {error}; use "
-                              "--attention-backend auto or torch.")
+            raise ConfigError(
+                f"--attention-backend triton cannot run here: {error}; use --attention-backend auto or torch."
+            )
     if name == "cpu":
         from pagedserve.kernels.cpu import load_cpu_kernels
 
@@ -52,7 +54,8 @@ def select_attention_backend(requested: str, platform: Platform) -> "AttentionBa
         if error is not None:
             disabled_on_purpose = requested == "auto" and not envs.cpu_kernels_enabled()
             (logger.info if disabled_on_purpose else logger.warning)(
-                "Attention backend: torch (the native CPU kernels are unavailable: %s).", error)
+                "Attention backend: torch (the native CPU kernels are unavailable: %s).", error
+            )
             return get_attention_backend("torch")
     logger.info("Attention backend: %s.", name)
     return get_attention_backend(name)
@@ -65,6 +68,8 @@ def _triton_unavailable(platform: Platform) -> str | None:
     except ImportError as exc:
         return f"the triton package does not import ({exc}); pip install triton"
     if platform.device_type == "cpu" and not triton_kernels.INTERPRETED:
-        return ("its kernels run on CUDA GPUs, and on CPU only in Triton's interpreter (TRITON_INTERPRET=1 "
-                "set before pagedserve.kernels.triton is imported: tests only, very slow)")
+        return (
+            "its kernels run on CUDA GPUs, and on CPU only in Triton's interpreter (TRITON_INTERPRET=1 "
+            "set before pagedserve.kernels.triton is imported: tests only, very slow)"
+        )
     return None

@@ -1,4 +1,5 @@
 """The interface every attention backend implements, and the batch description they all start from."""
+
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -57,16 +58,29 @@ class AttentionBackend(ABC, Generic[MetadataT]):
     def build_metadata(self, common: CommonAttentionMetadata) -> MetadataT:
         """Precompute, once per step, what `forward` needs in every layer."""
 
-    def build_graph_metadata(self, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
-                             block_tables: torch.Tensor, slot_mapping: torch.Tensor, block_size: int,
-                             max_seq_len: int) -> MetadataT:
+    def build_graph_metadata(
+        self,
+        query_start_loc: torch.Tensor,
+        seq_lens: torch.Tensor,
+        block_tables: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        block_size: int,
+        max_seq_len: int,
+    ) -> MetadataT:
         """For backends that support CUDA graphs: decode-only metadata over a graph's static buffers
         (one query token per request; slot < 0 marks a padding row), valid for any contents of them."""
         raise NotImplementedError(f"the {self.name} attention backend does not support CUDA graphs")
 
     @abstractmethod
-    def forward(self, spec: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: tuple[torch.Tensor, torch.Tensor], metadata: MetadataT) -> torch.Tensor:
+    def forward(
+        self,
+        spec: AttentionLayerSpec,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        metadata: MetadataT,
+    ) -> torch.Tensor:
         """q [T, num_heads * head_dim], k/v [T, num_kv_heads * head_dim]; kv_cache is this layer's
         (key_cache, value_cache), each [num_blocks, block_size, num_kv_heads, head_dim], in q's dtype or,
         when `spec.kv_quant` is set, uint8 fp8 bits to store and read through it.

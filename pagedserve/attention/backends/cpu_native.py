@@ -4,6 +4,7 @@ The kernel reads each decode's K/V in place through its block table, where the t
 gathers every request's K/V into a padded copy (per layer) and then reads that copy again. K/V writes
 and prefill chunks (query length > 1) are the torch backend's, inherited from `SdpaPrefillBackend`.
 """
+
 from dataclasses import dataclass
 
 import torch
@@ -29,8 +30,14 @@ class CpuNativeAttentionBackend(SdpaPrefillBackend[NativeDecodeMetadata]):
         nd = common.num_decodes
         return NativeDecodeMetadata(common.block_tables[:nd], torch.tensor(common.seq_lens[:nd]))
 
-    def attend_decodes(self, spec: AttentionLayerSpec, q: torch.Tensor, key_cache: torch.Tensor,
-                       value_cache: torch.Tensor, decode: NativeDecodeMetadata) -> torch.Tensor:
+    def attend_decodes(
+        self,
+        spec: AttentionLayerSpec,
+        q: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        decode: NativeDecodeMetadata,
+    ) -> torch.Tensor:
         block_tables = decode.block_tables
         if spec.kv_quant is not None:
             # NOTE: the kernel reads q's dtype only: an fp8 cache is dequantized here, just the blocks these
@@ -39,6 +46,13 @@ class CpuNativeAttentionBackend(SdpaPrefillBackend[NativeDecodeMetadata]):
             used, block_tables = torch.unique(block_tables, return_inverse=True)
             key_cache = read_kv(key_cache, used, spec, q.dtype)
             value_cache = read_kv(value_cache, used, spec, q.dtype, value=True)
-        return cpu_kernels.paged_attention_decode(q, key_cache, value_cache, block_tables,
-                                                  decode.seq_lens, spec.scale, spec.sliding_window,
-                                                  spec.logits_soft_cap)
+        return cpu_kernels.paged_attention_decode(
+            q,
+            key_cache,
+            value_cache,
+            block_tables,
+            decode.seq_lens,
+            spec.scale,
+            spec.sliding_window,
+            spec.logits_soft_cap,
+        )

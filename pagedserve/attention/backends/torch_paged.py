@@ -5,6 +5,7 @@ block tables; each prefill chunk is attended with its own causal mask over its c
 a sliding window mask what lies outside it; a logits soft cap takes the plain (non-SDPA) computation.
 `SdpaPrefillBackend` (K/V writes and prefill chunks) is shared with backends that only replace decodes.
 """
+
 from abc import abstractmethod
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -12,8 +13,12 @@ from typing import Generic, TypeVar
 import torch
 import torch.nn.functional as F
 
-from pagedserve.attention.backends.base import (AttentionBackend, AttentionLayerSpec, AttentionMetadata,
-                                                CommonAttentionMetadata)
+from pagedserve.attention.backends.base import (
+    AttentionBackend,
+    AttentionLayerSpec,
+    AttentionMetadata,
+    CommonAttentionMetadata,
+)
 from pagedserve.utils import cdiv
 
 
@@ -40,7 +45,9 @@ class PrefillChunk:
             device = self.block_ids.device
             rows = torch.arange(self.query_end - self.query_start, device=device)[:, None] + self.context_len
             cols = torch.arange(self.seq_len, device=device)[None, :]
-            self._masks[window] = (cols <= rows) if window is None else (cols <= rows) & (cols > rows - window)
+            self._masks[window] = (
+                (cols <= rows) if window is None else (cols <= rows) & (cols > rows - window)
+            )
         return self._masks[window]
 
 
@@ -77,22 +84,38 @@ class SdpaPrefillBackend(AttentionBackend[TorchAttentionMetadata[DecodeT]], Gene
     (the first `num_decodes` requests, one query token each) are attended."""
 
     def build_metadata(self, common: CommonAttentionMetadata) -> TorchAttentionMetadata[DecodeT]:
-        return TorchAttentionMetadata(common.slot_mapping, common.num_decodes,
-                                      self.build_decode_metadata(common), _prefill_chunks(common))
+        return TorchAttentionMetadata(
+            common.slot_mapping,
+            common.num_decodes,
+            self.build_decode_metadata(common),
+            _prefill_chunks(common),
+        )
 
     @abstractmethod
     def build_decode_metadata(self, common: CommonAttentionMetadata) -> DecodeT:
         """Once per step: what `attend_decodes` needs for the first `common.num_decodes` requests."""
 
     @abstractmethod
-    def attend_decodes(self, spec: AttentionLayerSpec, q: torch.Tensor, key_cache: torch.Tensor,
-                       value_cache: torch.Tensor, decode: DecodeT) -> torch.Tensor:
+    def attend_decodes(
+        self,
+        spec: AttentionLayerSpec,
+        q: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        decode: DecodeT,
+    ) -> torch.Tensor:
         """q [num_decodes, num_heads, head_dim], one token per request, whose K/V (this step's
         included) is already in the cache. Returns [num_decodes, num_heads, head_dim]."""
 
-    def forward(self, spec: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: tuple[torch.Tensor, torch.Tensor], metadata: TorchAttentionMetadata[DecodeT]
-                ) -> torch.Tensor:
+    def forward(
+        self,
+        spec: AttentionLayerSpec,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        metadata: TorchAttentionMetadata[DecodeT],
+    ) -> torch.Tensor:
         num_tokens = q.shape[0]
         q = q.view(num_tokens, spec.num_heads, spec.head_dim)
         k = k.view(num_tokens, spec.num_kv_heads, spec.head_dim)
@@ -109,21 +132,33 @@ class SdpaPrefillBackend(AttentionBackend[TorchAttentionMetadata[DecodeT]], Gene
                 keys, values = k[rows], v[rows]
             else:
                 keys = read_kv(key_cache, chunk.block_ids, spec, q.dtype).flatten(0, 1)[: chunk.seq_len]
-                values = read_kv(value_cache, chunk.block_ids, spec, q.dtype, value=True
-                                 ).flatten(0, 1)[: chunk.seq_len]
-            out[rows] = attend(spec, q[rows].transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
-                               chunk.mask(spec.sliding_window)).transpose(0, 1)
+                values = read_kv(value_cache, chunk.block_ids, spec, q.dtype, value=True).flatten(0, 1)[
+                    : chunk.seq_len
+                ]
+            out[rows] = attend(
+                spec,
+                q[rows].transpose(0, 1),
+                keys.transpose(0, 1),
+                values.transpose(0, 1),
+                chunk.mask(spec.sliding_window),
+            ).transpose(0, 1)
         return out.view(num_tokens, -1)
 
 
-def attend(spec: AttentionLayerSpec, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-           mask: torch.Tensor | None) -> torch.Tensor:
+def attend(
+    spec: AttentionLayerSpec,
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor | None,
+) -> torch.Tensor:
     """q [..., num_heads, Tq, D], keys/values [..., num_kv_heads, Tk, D]; mask broadcastable to
     [..., Tq, Tk] (True = attend), None = causal. Returns [..., num_heads, Tq, D]."""
     cap = spec.logits_soft_cap
     if cap is None:
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None,
-                                              scale=spec.scale, enable_gqa=True)
+        return F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, is_causal=mask is None, scale=spec.scale, enable_gqa=True
+        )
     # NOTE: SDPA has no soft cap: the plain computation, softmax in float32 as HF's eager Gemma 2.
     group = q.shape[-3] // keys.shape[-3]
     keys, values = keys.repeat_interleave(group, dim=-3), values.repeat_interleave(group, dim=-3)
@@ -147,14 +182,26 @@ class TorchPagedAttentionBackend(SdpaPrefillBackend[GatherDecodeMetadata]):
         span = torch.arange(max_decode_blocks * common.block_size, device=device)
         return GatherDecodeMetadata(common.block_tables[:nd, :max_decode_blocks], decode_lens, span)
 
-    def attend_decodes(self, spec: AttentionLayerSpec, q: torch.Tensor, key_cache: torch.Tensor,
-                       value_cache: torch.Tensor, decode: GatherDecodeMetadata) -> torch.Tensor:
+    def attend_decodes(
+        self,
+        spec: AttentionLayerSpec,
+        q: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        decode: GatherDecodeMetadata,
+    ) -> torch.Tensor:
         nd = q.shape[0]
-        keys = read_kv(key_cache, decode.block_tables, spec, q.dtype).view(nd, -1, spec.num_kv_heads,
-                                                                            spec.head_dim)
+        keys = read_kv(key_cache, decode.block_tables, spec, q.dtype).view(
+            nd, -1, spec.num_kv_heads, spec.head_dim
+        )
         values = read_kv(value_cache, decode.block_tables, spec, q.dtype, value=True).view_as(keys)
-        return attend(spec, q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2),
-                      decode.mask(spec.sliding_window)).squeeze(2)
+        return attend(
+            spec,
+            q.unsqueeze(2),
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
+            decode.mask(spec.sliding_window),
+        ).squeeze(2)
 
 
 def _prefill_chunks(common: CommonAttentionMetadata) -> list[PrefillChunk]:
@@ -167,8 +214,14 @@ def _prefill_chunks(common: CommonAttentionMetadata) -> list[PrefillChunk]:
     return prefills
 
 
-def write_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             slot_mapping: torch.Tensor, spec: AttentionLayerSpec) -> None:
+def write_kv(
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    spec: AttentionLayerSpec,
+) -> None:
     """Store token i's K/V at slot slot_mapping[i] (block_id * block_size + offset), as fp8 bits when
     the layer's cache is quantized."""
     quant = spec.kv_quant
@@ -178,8 +231,13 @@ def write_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, k: torch.Tensor
     value_cache.view(-1, *value_cache.shape[2:]).index_copy_(0, slot_mapping, v)
 
 
-def read_kv(cache: torch.Tensor, block_ids: torch.Tensor, spec: AttentionLayerSpec, dtype: torch.dtype,
-            value: bool = False) -> torch.Tensor:
+def read_kv(
+    cache: torch.Tensor,
+    block_ids: torch.Tensor,
+    spec: AttentionLayerSpec,
+    dtype: torch.dtype,
+    value: bool = False,
+) -> torch.Tensor:
     """cache[block_ids] (K, or V with `value`) in `dtype`, dequantized when the layer's cache is fp8."""
     blocks = cache[block_ids]
     quant = spec.kv_quant

@@ -4,12 +4,17 @@ layer for the whole mixed batch (prefill chunks and decodes), split-K for decode
 Its decode-only metadata has a fixed shape for a given batch size, so decode steps can be captured
 in CUDA graphs (`worker/cuda_graph.py`): `build_graph_metadata` builds it over static buffers.
 """
+
 from dataclasses import dataclass
 
 import torch
 
-from pagedserve.attention.backends.base import (AttentionBackend, AttentionLayerSpec, AttentionMetadata,
-                                                CommonAttentionMetadata)
+from pagedserve.attention.backends.base import (
+    AttentionBackend,
+    AttentionLayerSpec,
+    AttentionMetadata,
+    CommonAttentionMetadata,
+)
 from pagedserve.kernels.triton import PagedBatch, choose_num_splits, paged_attention, reshape_and_cache
 
 
@@ -29,24 +34,45 @@ class TritonAttentionBackend(AttentionBackend[TritonAttentionMetadata]):
         batch = PagedBatch(
             query_start_loc=torch.tensor(common.query_start_loc, dtype=torch.int32, device=device),
             seq_lens=torch.tensor(common.seq_lens, dtype=torch.int32, device=device),
-            block_tables=common.block_tables, block_size=common.block_size,
+            block_tables=common.block_tables,
+            block_size=common.block_size,
             num_splits=choose_num_splits(len(common.seq_lens), max(common.seq_lens), decode_only),
-            decode_only=decode_only, query_start_loc_host=common.query_start_loc)
+            decode_only=decode_only,
+            query_start_loc_host=common.query_start_loc,
+        )
         return TritonAttentionMetadata(common.slot_mapping, batch)
 
-    def build_graph_metadata(self, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
-                             block_tables: torch.Tensor, slot_mapping: torch.Tensor, block_size: int,
-                             max_seq_len: int) -> TritonAttentionMetadata:
+    def build_graph_metadata(
+        self,
+        query_start_loc: torch.Tensor,
+        seq_lens: torch.Tensor,
+        block_tables: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        block_size: int,
+        max_seq_len: int,
+    ) -> TritonAttentionMetadata:
         """The kernels read whatever the buffers hold at replay. Split-K is sized for `max_seq_len`,
         since the lengths change between replays of the same graph."""
         num_requests = seq_lens.shape[0]
-        batch = PagedBatch(query_start_loc, seq_lens, block_tables, block_size,
-                           choose_num_splits(num_requests, max_seq_len, decode_only=True), decode_only=True)
+        batch = PagedBatch(
+            query_start_loc,
+            seq_lens,
+            block_tables,
+            block_size,
+            choose_num_splits(num_requests, max_seq_len, decode_only=True),
+            decode_only=True,
+        )
         return TritonAttentionMetadata(slot_mapping, batch)
 
-    def forward(self, spec: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: tuple[torch.Tensor, torch.Tensor], metadata: TritonAttentionMetadata
-                ) -> torch.Tensor:
+    def forward(
+        self,
+        spec: AttentionLayerSpec,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        metadata: TritonAttentionMetadata,
+    ) -> torch.Tensor:
         num_tokens = q.shape[0]
         q = q.view(num_tokens, spec.num_heads, spec.head_dim)
         key_cache, value_cache = kv_cache
@@ -57,10 +83,26 @@ class TritonAttentionBackend(AttentionBackend[TritonAttentionMetadata]):
         if quant is not None:
             key_cache, value_cache = key_cache.view(quant.fp8_dtype), value_cache.view(quant.fp8_dtype)
             k_scale, v_scale = quant.k_scale, quant.v_scale
-        reshape_and_cache(k.view(num_tokens, spec.num_kv_heads, spec.head_dim),
-                          v.view(num_tokens, spec.num_kv_heads, spec.head_dim), key_cache, value_cache,
-                          metadata.slot_mapping, k_scale, v_scale)
+        reshape_and_cache(
+            k.view(num_tokens, spec.num_kv_heads, spec.head_dim),
+            v.view(num_tokens, spec.num_kv_heads, spec.head_dim),
+            key_cache,
+            value_cache,
+            metadata.slot_mapping,
+            k_scale,
+            v_scale,
+        )
         out = torch.empty_like(q)
-        paged_attention(out, q, key_cache, value_cache, metadata.batch, spec.scale, spec.sliding_window,
-                        spec.logits_soft_cap, k_scale, v_scale)
+        paged_attention(
+            out,
+            q,
+            key_cache,
+            value_cache,
+            metadata.batch,
+            spec.scale,
+            spec.sliding_window,
+            spec.logits_soft_cap,
+            k_scale,
+            v_scale,
+        )
         return out.view(num_tokens, -1)

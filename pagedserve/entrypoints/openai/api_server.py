@@ -8,6 +8,7 @@ If the engine dies or stalls (--engine-stall-timeout), requests in flight end wi
 error, /health answers 503, and the process exits with status 1 shortly after, for a supervisor to
 restart it. SIGTERM drains: no new requests, those in flight get --shutdown-timeout seconds, exit 0.
 """
+
 import argparse
 import asyncio
 import signal
@@ -25,15 +26,23 @@ from pagedserve.config import EngineArgs, EngineConfig
 from pagedserve.engine.admission import ServingLimits
 from pagedserve.engine.async_llm import AsyncLLM
 from pagedserve.entrypoints.chat_utils import load_chat_template
+from pagedserve.entrypoints.openai.auth import ApiKeyMiddleware
 from pagedserve.entrypoints.openai.cli_args import ServerArgs, args_from_namespace, make_arg_parser
 from pagedserve.entrypoints.openai.dashboard import add_dashboard_routes
-from pagedserve.entrypoints.openai.auth import ApiKeyMiddleware
 from pagedserve.entrypoints.openai.errors import ERROR_RESPONSES, register_error_handlers
 from pagedserve.entrypoints.openai.lifecycle import LifecycleServer, ServerLifecycle
-from pagedserve.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCompletionResponse,
-                                                    CompletionRequest, CompletionResponse, DetokenizeRequest,
-                                                    DetokenizeResponse, ModelCard, ModelList,
-                                                    TokenizeRequest, TokenizeResponse)
+from pagedserve.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+)
 from pagedserve.entrypoints.openai.request_bounds import BodySizeLimitMiddleware, RequestBounds
 from pagedserve.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedserve.entrypoints.openai.serving_completion import OpenAIServingCompletion
@@ -65,8 +74,13 @@ class StatLoggers:
         return [self.metrics, self.dashboard, *([self.log_line] if self.log_line else [])]
 
 
-def build_app(engine: AsyncLLM, server_args: ServerArgs, loggers: StatLoggers, chat_template: str | None,
-              bounds: RequestBounds) -> FastAPI:
+def build_app(
+    engine: AsyncLLM,
+    server_args: ServerArgs,
+    loggers: StatLoggers,
+    chat_template: str | None,
+    bounds: RequestBounds,
+) -> FastAPI:
     """The FastAPI application around a started engine (the probes are ServerLifecycle's)."""
     app = FastAPI(title="pagedserve", version=__version__)
     register_error_handlers(app)
@@ -74,8 +88,9 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, loggers: StatLoggers, c
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=bounds.max_request_body_bytes)
     api_key = server_args.resolved_api_key()
     if api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key,
-                           metrics_require_api_key=server_args.metrics_require_api_key)
+        app.add_middleware(
+            ApiKeyMiddleware, api_key=api_key, metrics_require_api_key=server_args.metrics_require_api_key
+        )
     model_name = engine.config.model.served_model_name
     chat = OpenAIServingChat(engine, model_name, chat_template, server_args.auto_tool_parser)
     _add_generation_routes(app, OpenAIServingCompletion(engine, model_name), chat, bounds)
@@ -97,24 +112,32 @@ def build_app(engine: AsyncLLM, server_args: ServerArgs, loggers: StatLoggers, c
 
 def _responses(model: type) -> dict[int | str, dict[str, Any]]:
     """The OpenAPI responses of a generation route: JSON, or server-sent events when streaming."""
-    return {200: {"model": model, "content": {"text/event-stream": {"schema": {"type": "string"}}},
-                  "description": "The result (JSON), or with stream=true its chunks as server-sent events"},
-            **ERROR_RESPONSES}
+    return {
+        200: {
+            "model": model,
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "description": "The result (JSON), or with stream=true its chunks as server-sent events",
+        },
+        **ERROR_RESPONSES,
+    }
 
 
-def _add_generation_routes(app: FastAPI, completion: OpenAIServingCompletion, chat: OpenAIServingChat,
-                           bounds: RequestBounds) -> None:
+def _add_generation_routes(
+    app: FastAPI, completion: OpenAIServingCompletion, chat: OpenAIServingChat, bounds: RequestBounds
+) -> None:
     @app.post("/v1/completions", response_model=None, responses=_responses(CompletionResponse))
     @with_cancellation
-    async def create_completion(request: CompletionRequest, raw_request: Request
-                                ) -> CompletionResponse | StreamingResponse:
+    async def create_completion(
+        request: CompletionRequest, raw_request: Request
+    ) -> CompletionResponse | StreamingResponse:
         bounds.check_completion(request)
         return await completion.create_completion(request)
 
     @app.post("/v1/chat/completions", response_model=None, responses=_responses(ChatCompletionResponse))
     @with_cancellation
-    async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request
-                                     ) -> ChatCompletionResponse | StreamingResponse:
+    async def create_chat_completion(
+        request: ChatCompletionRequest, raw_request: Request
+    ) -> ChatCompletionResponse | StreamingResponse:
         bounds.check_chat(request)
         return await chat.create_chat_completion(request)
 
@@ -126,7 +149,9 @@ def _add_info_routes(app: FastAPI, engine: AsyncLLM, metrics: PrometheusStatLogg
     async def version() -> dict[str, str]:
         return {"version": __version__}
 
-    @app.post("/reset_prefix_cache", response_class=Response, responses={200: {"description": "Done (no body)"}})
+    @app.post(
+        "/reset_prefix_cache", response_class=Response, responses={200: {"description": "Done (no body)"}}
+    )
     async def reset_prefix_cache() -> Response:
         """Make the engine forget its cached KV blocks (vLLM's route)."""
         await engine.reset_prefix_cache()
@@ -138,8 +163,9 @@ def _add_info_routes(app: FastAPI, engine: AsyncLLM, metrics: PrometheusStatLogg
 
     @app.get("/v1/models")
     async def list_models() -> ModelList:
-        return ModelList(data=[ModelCard(id=model.served_model_name, root=model.model,
-                                         max_model_len=model.max_model_len)])
+        return ModelList(
+            data=[ModelCard(id=model.served_model_name, root=model.model, max_model_len=model.max_model_len)]
+        )
 
 
 def _bind_socket(host: str, port: int) -> socket.socket:
@@ -151,25 +177,36 @@ def _bind_socket(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise PagedServeError(f"Cannot listen on {host}:{port}: {exc.strerror}. Choose another --port "
-                              "(or --host).") from exc
+        raise PagedServeError(
+            f"Cannot listen on {host}:{port}: {exc.strerror}. Choose another --port (or --host)."
+        ) from exc
     return sock
 
 
 async def _exit_when_engine_dies(engine: AsyncLLM, server: uvicorn.Server) -> None:
     await engine.dead_event.wait()
-    logger.error("The engine is dead: /health answers 503 and the server exits (status 1) in %.0f s; "
-                 "restart it.", ENGINE_DEATH_GRACE_S)
+    logger.error(
+        "The engine is dead: /health answers 503 and the server exits (status 1) in %.0f s; restart it.",
+        ENGINE_DEATH_GRACE_S,
+    )
     await asyncio.sleep(ENGINE_DEATH_GRACE_S)
     server.should_exit = True
 
 
-async def _start_engine(config: EngineConfig, limits: ServingLimits, server_args: ServerArgs,
-                        loggers: StatLoggers, serving: "asyncio.Task[None]") -> AsyncLLM | None:
+async def _start_engine(
+    config: EngineConfig,
+    limits: ServingLimits,
+    server_args: ServerArgs,
+    loggers: StatLoggers,
+    serving: "asyncio.Task[None]",
+) -> AsyncLLM | None:
     """Start the engine while the server already answers the probes; None if the server was stopped
     (SIGTERM) before the engine was ready (its process is then gone)."""
-    loading = asyncio.create_task(AsyncLLM.create(config, loggers.all(), not server_args.disable_log_requests,
-                                                  envs.log_stats_interval_s(), limits))
+    loading = asyncio.create_task(
+        AsyncLLM.create(
+            config, loggers.all(), not server_args.disable_log_requests, envs.log_stats_interval_s(), limits
+        )
+    )
     await asyncio.wait({loading, serving}, return_when=asyncio.FIRST_COMPLETED)
     if loading.done():
         return loading.result()
@@ -179,18 +216,32 @@ async def _start_engine(config: EngineConfig, limits: ServingLimits, server_args
     return None
 
 
-async def run_server(engine_args: EngineArgs, server_args: ServerArgs, limits: ServingLimits | None = None,
-                     bounds: RequestBounds | None = None) -> int:
+async def run_server(
+    engine_args: EngineArgs,
+    server_args: ServerArgs,
+    limits: ServingLimits | None = None,
+    bounds: RequestBounds | None = None,
+) -> int:
     """Serve until stopped (status 0) or until the engine dies (status 1). Raises PagedServeError
     (ConfigError included) when the settings cannot be served."""
     config = engine_args.create_engine_config()
     chat_template = load_chat_template(server_args.chat_template)
     sock = _bind_socket(server_args.host, server_args.port)
-    loggers = StatLoggers(PrometheusStatLogger(config.model.served_model_name), DashboardStatLogger(),
-                          None if server_args.disable_log_stats else LoggingStatLogger())
+    loggers = StatLoggers(
+        PrometheusStatLogger(config.model.served_model_name),
+        DashboardStatLogger(),
+        None if server_args.disable_log_stats else LoggingStatLogger(),
+    )
     lifecycle = ServerLifecycle(server_args.shutdown_timeout)
-    server = LifecycleServer(uvicorn.Config(lifecycle, log_level=server_args.uvicorn_log_level, lifespan="off",
-                                            timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S), lifecycle)
+    server = LifecycleServer(
+        uvicorn.Config(
+            lifecycle,
+            log_level=server_args.uvicorn_log_level,
+            lifespan="off",
+            timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S,
+        ),
+        lifecycle,
+    )
     server.loop = asyncio.get_running_loop()
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     engine = None
@@ -201,12 +252,19 @@ async def run_server(engine_args: EngineArgs, server_args: ServerArgs, limits: S
         handshake = engine.handshake
         assert handshake is not None, "AsyncLLM.create returns once the engine's handshake arrived"
         cache_dtype = config.model.dtype if config.cache.cache_dtype == "auto" else config.cache.cache_dtype
-        loggers.metrics.record_cache_config(config.cache, cache_dtype, handshake.num_blocks - 1,
-                                            handshake.num_host_blocks)
-        lifecycle.serve(build_app(engine, server_args, loggers, chat_template, bounds or RequestBounds()), engine)
+        loggers.metrics.record_cache_config(
+            config.cache, cache_dtype, handshake.num_blocks - 1, handshake.num_host_blocks
+        )
+        lifecycle.serve(
+            build_app(engine, server_args, loggers, chat_template, bounds or RequestBounds()), engine
+        )
         watchdog = asyncio.create_task(_exit_when_engine_dies(engine, server))
-        logger.info("Serving %s at http://%s:%d (OpenAI API under /v1).", config.model.served_model_name,
-                    server_args.host, server_args.port)
+        logger.info(
+            "Serving %s at http://%s:%d (OpenAI API under /v1).",
+            config.model.served_model_name,
+            server_args.host,
+            server_args.port,
+        )
         await serving
         watchdog.cancel()
     finally:
@@ -238,8 +296,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pagedserve.entrypoints.openai.api_server",
-                                     description="OpenAI-compatible server for pagedserve (vLLM's flags).")
+    parser = argparse.ArgumentParser(
+        prog="python -m pagedserve.entrypoints.openai.api_server",
+        description="OpenAI-compatible server for pagedserve (vLLM's flags).",
+    )
     return run(make_arg_parser(parser).parse_args(argv))
 
 

@@ -1,6 +1,7 @@
 """--api-key: every route requires `Authorization: Bearer <key>` except the probes (/health, /ready), /version,
 and /metrics unless --metrics-require-api-key (vLLM leaves it open for scrapers). An allow-list, so a
 route added later is protected by default."""
+
 import secrets
 
 from starlette.datastructures import Headers
@@ -30,9 +31,12 @@ class ApiKeyMiddleware:
         if scope["type"] == "http" and scope["path"] not in self.open_paths:
             given = Headers(scope=scope).get("authorization", "").encode()
             if not secrets.compare_digest(given, self.expected):
-                response = error_response("Missing or wrong API key: send the header `Authorization: Bearer "
-                                          "<key>` with the key the server was started with (--api-key or "
-                                          "PAGEDSERVE_API_KEY).", 401)
+                response = error_response(
+                    "Missing or wrong API key: send the header `Authorization: Bearer "
+                    "<key>` with the key the server was started with (--api-key or "
+                    "PAGEDSERVE_API_KEY).",
+                    401,
+                )
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -5,6 +5,7 @@ becomes `tool_calls` (whole, or as stream deltas).
 - "required" / a named function: the output is constrained (a JSON schema) to valid calls, then read.
 - "auto": the model writes what it likes; the server's --tool-call-parser finds the calls in its text.
 """
+
 import json
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -54,8 +55,11 @@ class ChatTools:
             return ToolOutput(None, calls, self.finish_reason(finish_reason, bool(calls)))
         if self.parser is not None:
             extracted = self.parser.extract(text)
-            return ToolOutput(extracted.content, extracted.tool_calls,
-                              self.finish_reason(finish_reason, bool(extracted.tool_calls)))
+            return ToolOutput(
+                extracted.content,
+                extracted.tool_calls,
+                self.finish_reason(finish_reason, bool(extracted.tool_calls)),
+            )
         return ToolOutput(text, [], finish_reason)
 
     def finish_reason(self, engine_reason: str | None, has_tool_calls: bool) -> str | None:
@@ -73,32 +77,42 @@ class ChatTools:
         return ToolCallStreamer(self.parser) if self.parser is not None else None
 
 
-def resolve_chat_tools(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None,
-                       auto_parser: str | None) -> ChatTools:
+def resolve_chat_tools(
+    tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None, auto_parser: str | None
+) -> ChatTools:
     """Raises InvalidRequestError for malformed tools, an unknown named function, or "auto" on a server
     started without --enable-auto-tool-choice --tool-call-parser."""
     functions = _functions(tools or [])
     if tool_choice is not None and tool_choice != "none" and not functions:
-        raise InvalidRequestError("tool_choice needs tools: list the functions the model may call.",
-                                  param="tool_choice")
+        raise InvalidRequestError(
+            "tool_choice needs tools: list the functions the model may call.", param="tool_choice"
+        )
     if tool_choice is None:
         tool_choice = "auto" if functions and auto_parser else "none"
     if tool_choice == "none":
         return ChatTools("none", functions)
     if tool_choice == "auto":
         if auto_parser is None:
-            raise InvalidRequestError('"auto" tool choice needs the server started with --enable-auto-tool-choice '
-                                      "and --tool-call-parser.", param="tool_choice")
+            raise InvalidRequestError(
+                '"auto" tool choice needs the server started with --enable-auto-tool-choice '
+                "and --tool-call-parser.",
+                param="tool_choice",
+            )
         return ChatTools("auto", functions, parser=get_tool_parser(auto_parser))
     if tool_choice == "required":
         return ChatTools("required", functions)
     name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
     if not isinstance(tool_choice, dict) or tool_choice.get("type") != "function" or name is None:
-        raise InvalidRequestError('tool_choice must be "none", "auto", "required" or {"type": "function", '
-                                  '"function": {"name": ...}}.', param="tool_choice")
+        raise InvalidRequestError(
+            'tool_choice must be "none", "auto", "required" or {"type": "function", '
+            '"function": {"name": ...}}.',
+            param="tool_choice",
+        )
     if name not in functions:
-        raise InvalidRequestError(f"tool_choice names function {name!r}, which is not in tools "
-                                  f"({', '.join(functions)}).", param="tool_choice")
+        raise InvalidRequestError(
+            f"tool_choice names function {name!r}, which is not in tools ({', '.join(functions)}).",
+            param="tool_choice",
+        )
     return ChatTools("named", functions, named=name)
 
 
@@ -106,22 +120,36 @@ def _functions(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     functions = {}
     for index, tool in enumerate(tools):
         function = tool.get("function") if isinstance(tool, dict) else None
-        if tool.get("type") != "function" or not isinstance(function, dict) or not isinstance(function.get("name"),
-                                                                                               str):
-            raise InvalidRequestError(f"tools[{index}] must be {{'type': 'function', 'function': {{'name': ..., "
-                                      "'parameters': {...}}}.", param=f"tools[{index}]")
+        if (
+            tool.get("type") != "function"
+            or not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+        ):
+            raise InvalidRequestError(
+                f"tools[{index}] must be {{'type': 'function', 'function': {{'name': ..., "
+                "'parameters': {...}}}.",
+                param=f"tools[{index}]",
+            )
         parameters = function.get("parameters") or {"type": "object", "properties": {}}
         if not isinstance(parameters, dict):
-            raise InvalidRequestError(f"tools[{index}].function.parameters must be a JSON schema object.",
-                                      param=f"tools[{index}].function.parameters")
+            raise InvalidRequestError(
+                f"tools[{index}].function.parameters must be a JSON schema object.",
+                param=f"tools[{index}].function.parameters",
+            )
         functions[function["name"]] = parameters
     return functions
 
 
 def _required_schema(functions: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """A JSON array of at least one {"name": <a tool>, "parameters": <its arguments>} (vLLM's form)."""
-    calls = [{"type": "object", "properties": {"name": {"type": "string", "enum": [name]}, "parameters": schema},
-              "required": ["name", "parameters"]} for name, schema in functions.items()]
+    calls = [
+        {
+            "type": "object",
+            "properties": {"name": {"type": "string", "enum": [name]}, "parameters": schema},
+            "required": ["name", "parameters"],
+        }
+        for name, schema in functions.items()
+    ]
     return {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
 
 
@@ -130,7 +158,9 @@ def _required_calls(text: str) -> list[ParsedToolCall]:
         calls = json.loads(text)
     except json.JSONDecodeError:
         return []  # cut short (max_tokens): the finish reason says so
-    return [ParsedToolCall(call["name"], json.dumps(call["parameters"], ensure_ascii=False)) for call in calls]
+    return [
+        ParsedToolCall(call["name"], json.dumps(call["parameters"], ensure_ascii=False)) for call in calls
+    ]
 
 
 class _NamedStreamer:

@@ -1,6 +1,7 @@
 """The server's flags: EngineArgs' (one source of truth for the engine) plus ServerArgs', both generated
 from their dataclasses, with vLLM's names, so `pagedserve serve` and
 `python -m pagedserve.entrypoints.openai.api_server` accept the same command lines."""
+
 import argparse
 from dataclasses import dataclass
 from typing import Literal
@@ -22,31 +23,43 @@ class ServerArgs:
     host: str = config_field("0.0.0.0", "Address to listen on.")
     port: int = config_field(8000, "Port to listen on.")
     api_key: str | None = config_field(
-        None, "Require this key (`Authorization: Bearer KEY`) on every route but /health, /ready, /version "
-              "and /metrics. Default: the PAGEDSERVE_API_KEY environment variable, else no key.")
+        None,
+        "Require this key (`Authorization: Bearer KEY`) on every route but /health, /ready, /version "
+        "and /metrics. Default: the PAGEDSERVE_API_KEY environment variable, else no key.",
+    )
     metrics_require_api_key: bool = config_field(
-        False, "With an API key, require it on /metrics too (open by default, as in vLLM, for scrapers).")
+        False, "With an API key, require it on /metrics too (open by default, as in vLLM, for scrapers)."
+    )
     chat_template: str | None = config_field(
-        None, "Chat template for /v1/chat/completions: a file, or the Jinja template itself. Default: the "
-              "tokenizer's.")
+        None,
+        "Chat template for /v1/chat/completions: a file, or the Jinja template itself. Default: the "
+        "tokenizer's.",
+    )
     disable_log_stats: bool = config_field(
-        False, "Do not log the periodic stats line (throughput, queue, KV-cache usage).")
+        False, "Do not log the periodic stats line (throughput, queue, KV-cache usage)."
+    )
     disable_log_requests: bool = config_field(False, "Do not log each request as it is added or aborted.")
-    uvicorn_log_level: UvicornLogLevel = config_field("info", "Log level of uvicorn (HTTP access log "
-                                                              "included).")
+    uvicorn_log_level: UvicornLogLevel = config_field(
+        "info", "Log level of uvicorn (HTTP access log included)."
+    )
     shutdown_timeout: float = config_field(
-        30.0, "Seconds the requests in flight get to finish after SIGTERM (new ones get 503 meanwhile); the "
-              "rest are then aborted with an error and the server exits 0.")
+        30.0,
+        "Seconds the requests in flight get to finish after SIGTERM (new ones get 503 meanwhile); the "
+        "rest are then aborted with an error and the server exits 0.",
+    )
 
     enable_auto_tool_choice: bool = config_field(
-        False, 'Let requests use tool_choice "auto": --tool-call-parser then reads the calls in the text.')
+        False, 'Let requests use tool_choice "auto": --tool-call-parser then reads the calls in the text.'
+    )
     tool_call_parser: ToolCallParserName | None = config_field(
-        None, "How tool calls are written in this model's output (with --enable-auto-tool-choice).")
+        None, "How tool calls are written in this model's output (with --enable-auto-tool-choice)."
+    )
 
     def __post_init__(self) -> None:
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
-            raise ConfigError("--enable-auto-tool-choice needs --tool-call-parser (one of "
-                              f"{', '.join(TOOL_PARSERS)}).")
+            raise ConfigError(
+                f"--enable-auto-tool-choice needs --tool-call-parser (one of {', '.join(TOOL_PARSERS)})."
+            )
 
     @property
     def auto_tool_parser(self) -> str | None:
@@ -65,8 +78,13 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-def args_from_namespace(args: argparse.Namespace
-                        ) -> tuple[EngineArgs, ServerArgs, ServingLimits, RequestBounds]:
+def args_from_namespace(
+    args: argparse.Namespace,
+) -> tuple[EngineArgs, ServerArgs, ServingLimits, RequestBounds]:
     """The parsed flags as settings. Raises ConfigError for an out-of-range limit."""
-    return (EngineArgs.from_cli_args(args), dataclass_from_cli_args(ServerArgs, args),
-            dataclass_from_cli_args(ServingLimits, args), dataclass_from_cli_args(RequestBounds, args))
+    return (
+        EngineArgs.from_cli_args(args),
+        dataclass_from_cli_args(ServerArgs, args),
+        dataclass_from_cli_args(ServingLimits, args),
+        dataclass_from_cli_args(RequestBounds, args),
+    )

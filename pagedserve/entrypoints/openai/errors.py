@@ -1,6 +1,7 @@
 """The one place errors become HTTP responses: OpenAI-style bodies
 {"error": {"message", "type", "param", "code"}}, where `type` names the OpenAI client's exception class
 and `code` is the HTTP status (as vLLM does)."""
+
 import json
 from typing import Any
 
@@ -15,9 +16,16 @@ from pagedserve.logger import init_logger
 
 logger = init_logger(__name__)
 
-_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
-          404: "NotFoundError", 405: "MethodNotAllowedError", 429: "RateLimitError",
-          500: "InternalServerError", 503: "ServiceUnavailableError"}
+_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    403: "PermissionDeniedError",
+    404: "NotFoundError",
+    405: "MethodNotAllowedError",
+    429: "RateLimitError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
 
 
 class ErrorInfo(BaseModel):
@@ -35,19 +43,25 @@ class ErrorResponse(BaseModel):
 
 # The error statuses of the API routes, for their OpenAPI `responses`.
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse, "description": description} for status, description in (
+    status: {"model": ErrorResponse, "description": description}
+    for status, description in (
         (400, "Invalid request (what was wrong, the limit, the field to change)"),
-        (401, "Missing or wrong API key"), (404, "Unknown model"),
-        (503, "At capacity (Retry-After), loading, shutting down, or the engine is dead"))}
+        (401, "Missing or wrong API key"),
+        (404, "Unknown model"),
+        (503, "At capacity (Retry-After), loading, shutting down, or the engine is dead"),
+    )
+}
 
 
 def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": _TYPES.get(status, "APIError"), "param": param,
-                      "code": status}}
+    return {
+        "error": {"message": message, "type": _TYPES.get(status, "APIError"), "param": param, "code": status}
+    }
 
 
-def error_response(message: str, status: int, param: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(
+    message: str, status: int, param: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
     return JSONResponse(error_body(message, status, param), status_code=status, headers=headers)
 
 

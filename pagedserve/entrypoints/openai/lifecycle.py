@@ -11,6 +11,7 @@ While loading, every other route answers 503 (Retry-After). While draining, new 
 (POST /v1/...) get 503 and the requests in flight get up to --shutdown-timeout seconds to finish; the
 rest are aborted with an error, then the server exits 0.
 """
+
 import asyncio
 import enum
 import signal
@@ -65,13 +66,19 @@ class ServerLifecycle:
         if path in ("/health", "/ready"):
             response = self._health() if path == "/health" else self._ready()
         elif self.phase is Phase.LOADING or self.app is None:
-            response = error_response("The server is starting: the model is still loading. Poll GET /health "
-                                      "and send requests once it answers 200.", 503,
-                                      headers={"Retry-After": str(_LOADING_RETRY_AFTER_S)})
+            response = error_response(
+                "The server is starting: the model is still loading. Poll GET /health "
+                "and send requests once it answers 200.",
+                503,
+                headers={"Retry-After": str(_LOADING_RETRY_AFTER_S)},
+            )
         elif self.phase is Phase.DRAINING and path.startswith("/v1/") and scope["method"] == "POST":
-            response = error_response("The server is shutting down (SIGTERM) and takes no new requests; "
-                                      "send this one to another replica.", 503,
-                                      headers={"Retry-After": "1", "Connection": "close"})
+            response = error_response(
+                "The server is shutting down (SIGTERM) and takes no new requests; "
+                "send this one to another replica.",
+                503,
+                headers={"Retry-After": "1", "Connection": "close"},
+            )
         else:
             await self.app(scope, receive, send)
             return
@@ -81,8 +88,11 @@ class ServerLifecycle:
         if self.dead:
             return error_response("The engine is dead; the server is shutting down.", 503)
         if self.phase is Phase.LOADING:
-            return error_response("Not healthy yet: the model is still loading.", 503,
-                                  headers={"Retry-After": str(_LOADING_RETRY_AFTER_S)})
+            return error_response(
+                "Not healthy yet: the model is still loading.",
+                503,
+                headers={"Retry-After": str(_LOADING_RETRY_AFTER_S)},
+            )
         return JSONResponse({"status": self.phase.value})
 
     def _ready(self) -> JSONResponse:
@@ -103,16 +113,24 @@ class ServerLifecycle:
     async def _drain(self, server: uvicorn.Server) -> None:
         engine = self.engine
         assert engine is not None, "serving has an engine"
-        logger.info("SIGTERM: no new requests; %d in flight get up to %g s to finish (--shutdown-timeout).",
-                    engine.num_requests_in_flight, self.shutdown_timeout_s)
+        logger.info(
+            "SIGTERM: no new requests; %d in flight get up to %g s to finish (--shutdown-timeout).",
+            engine.num_requests_in_flight,
+            self.shutdown_timeout_s,
+        )
         deadline = time.monotonic() + self.shutdown_timeout_s
         while engine.num_requests_in_flight and time.monotonic() < deadline and not engine.errored:
             await asyncio.sleep(_DRAIN_POLL_S)
         if engine.num_requests_in_flight and not engine.errored:
-            error = CapacityError(f"The server is shutting down: the request did not finish within "
-                                  f"--shutdown-timeout {self.shutdown_timeout_s:g} s and was aborted; retry it.")
-            logger.warning("Shutdown: %d request(s) still in flight after %g s are aborted.",
-                           await engine.abort_all(error), self.shutdown_timeout_s)
+            error = CapacityError(
+                f"The server is shutting down: the request did not finish within "
+                f"--shutdown-timeout {self.shutdown_timeout_s:g} s and was aborted; retry it."
+            )
+            logger.warning(
+                "Shutdown: %d request(s) still in flight after %g s are aborted.",
+                await engine.abort_all(error),
+                self.shutdown_timeout_s,
+            )
             await asyncio.sleep(_FLUSH_S)
         else:
             logger.info("Shutdown: every request in flight finished.")

@@ -3,6 +3,7 @@
 Unknown request fields are errors (400), not silently dropped. Ranges are checked once, by
 SamplingParams; here only types and what SamplingParams cannot know.
 """
+
 import time
 from typing import Any, Literal, TypeVar
 
@@ -12,7 +13,6 @@ from pagedserve.engine.input_processor import PromptType
 from pagedserve.entrypoints.openai.structured_request import structured_outputs_from_request
 from pagedserve.errors import InvalidRequestError
 from pagedserve.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
-
 
 T = TypeVar("T")
 
@@ -68,8 +68,9 @@ class SamplingRequest(OpenAIBaseModel):
 
     def check_stream_options(self) -> None:
         if self.stream_options is not None and not self.stream:
-            raise InvalidRequestError("stream_options can only be set when stream is true.",
-                                      param="stream_options")
+            raise InvalidRequestError(
+                "stream_options can only be set when stream is true.", param="stream_options"
+            )
 
     def include_usage_in_stream(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
@@ -81,24 +82,40 @@ class SamplingRequest(OpenAIBaseModel):
         key = "prompt_token_ids" if isinstance(prompt, list) else "prompt"
         return {key: prompt, "cache_salt": self.cache_salt}
 
-    def to_sampling_params(self, max_tokens: int | None, logprobs: int | None,
-                           prompt_logprobs: int | None = None, best_of: int | None = None) -> SamplingParams:
+    def to_sampling_params(
+        self,
+        max_tokens: int | None,
+        logprobs: int | None,
+        prompt_logprobs: int | None = None,
+        best_of: int | None = None,
+    ) -> SamplingParams:
         """Raises InvalidRequestError naming the field that is out of range."""
         return SamplingParams(
-            n=self.n, best_of=best_of, temperature=_or(self.temperature, 1.0), top_p=_or(self.top_p, 1.0),
-            top_k=_or(self.top_k, 0), min_p=_or(self.min_p, 0.0),
+            n=self.n,
+            best_of=best_of,
+            temperature=_or(self.temperature, 1.0),
+            top_p=_or(self.top_p, 1.0),
+            top_k=_or(self.top_k, 0),
+            min_p=_or(self.min_p, 0.0),
             repetition_penalty=_or(self.repetition_penalty, 1.0),
             presence_penalty=_or(self.presence_penalty, 0.0),
             frequency_penalty=_or(self.frequency_penalty, 0.0),
-            seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
-            max_tokens=max_tokens, min_tokens=self.min_tokens, logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs, skip_special_tokens=self.skip_special_tokens,
+            seed=self.seed,
+            stop=self.stop,
+            stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos,
+            max_tokens=max_tokens,
+            min_tokens=self.min_tokens,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            skip_special_tokens=self.skip_special_tokens,
             # NOTE: JSON's string keys: SamplingParams turns them into token ids, refusing what is not one.
             include_stop_str_in_output=self.include_stop_str_in_output,
             logit_bias=self.logit_bias,  # type: ignore[arg-type]
             truncate_prompt_tokens=self.truncate_prompt_tokens,
             structured_outputs=structured_outputs_from_request(self),
-            output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY)
+            output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
+        )
 
 
 class CompletionRequest(SamplingRequest):
@@ -120,8 +137,11 @@ class CompletionRequest(SamplingRequest):
         if self.best_of is not None and self.best_of < self.n:
             raise InvalidRequestError(f"best_of={self.best_of} must be at least n={self.n}.", param="best_of")
         if self.stream and (self.use_beam_search or (self.best_of or self.n) > self.n):
-            raise InvalidRequestError("best_of > n and use_beam_search cannot be streamed: their outputs "
-                                      "are known only at the end; set stream to false.", param="stream")
+            raise InvalidRequestError(
+                "best_of > n and use_beam_search cannot be streamed: their outputs "
+                "are known only at the end; set stream to false.",
+                param="stream",
+            )
 
     def beam_search_params(self) -> BeamSearchParams | None:
         """The beam search asked for (use_beam_search), else None. Raises InvalidRequestError."""
@@ -129,9 +149,13 @@ class CompletionRequest(SamplingRequest):
             return None
         if self.max_tokens is None:
             raise InvalidRequestError("use_beam_search needs max_tokens.", param="max_tokens")
-        return BeamSearchParams(beam_width=self.best_of or self.n, max_tokens=self.max_tokens,
-                                ignore_eos=self.ignore_eos, length_penalty=self.length_penalty,
-                                early_stopping=self.early_stopping)
+        return BeamSearchParams(
+            beam_width=self.best_of or self.n,
+            max_tokens=self.max_tokens,
+            ignore_eos=self.ignore_eos,
+            length_penalty=self.length_penalty,
+            early_stopping=self.early_stopping,
+        )
 
 
 class ChatMessage(OpenAIBaseModel):

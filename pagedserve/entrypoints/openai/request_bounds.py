@@ -1,6 +1,7 @@
 """Bounds on what one request can make the server hold or loop over: the body's size (413, checked before
 the body is parsed) and the lengths of its lists (400), each naming the limit and its flag. Checked once
 per route, before anything is tokenized."""
+
 from collections.abc import Sized
 from dataclasses import dataclass, fields
 
@@ -24,24 +25,31 @@ class RequestBounds:
     not positive."""
 
     max_request_body_bytes: int = config_field(
-        32 * 2**20, "Largest request body in bytes; larger bodies get 413 before they are parsed.")
+        32 * 2**20, "Largest request body in bytes; larger bodies get 413 before they are parsed."
+    )
     max_prompts_per_request: int = config_field(
-        1024, "Most prompts in one /v1/completions request (a list of prompts); more get 400.")
+        1024, "Most prompts in one /v1/completions request (a list of prompts); more get 400."
+    )
     max_samples_per_request: int = config_field(
-        1024, "Most sequences one request may make the engine generate: prompts x best_of (or n); "
-              "more get 400.")
+        1024,
+        "Most sequences one request may make the engine generate: prompts x best_of (or n); more get 400.",
+    )
     max_chat_messages: int = config_field(
-        1024, "Most messages in one chat conversation (/v1/chat/completions, /tokenize); more get 400.")
+        1024, "Most messages in one chat conversation (/v1/chat/completions, /tokenize); more get 400."
+    )
     max_stop_strings: int = config_field(64, "Most stop strings per request; more get 400.")
-    max_stop_string_length: int = config_field(1024, "Longest stop string, in characters; longer ones get 400.")
+    max_stop_string_length: int = config_field(
+        1024, "Longest stop string, in characters; longer ones get 400."
+    )
     max_stop_token_ids: int = config_field(1024, "Most stop_token_ids per request; more get 400.")
     max_logit_bias_entries: int = config_field(1024, "Most logit_bias entries per request; more get 400.")
 
     def __post_init__(self) -> None:
         for f in fields(self):
             if getattr(self, f.name) < 1:
-                raise ConfigError(f"{f.name}={getattr(self, f.name)} must be at least 1 "
-                                  f"(--{f.name.replace('_', '-')}).")
+                raise ConfigError(
+                    f"{f.name}={getattr(self, f.name)} must be at least 1 (--{f.name.replace('_', '-')})."
+                )
 
     def check_completion(self, request: CompletionRequest) -> None:
         """Raises InvalidRequestError (400) naming the first bound `request` exceeds."""
@@ -59,17 +67,37 @@ class RequestBounds:
         _bound("messages", "messages", len(messages or ()), self.max_chat_messages, "max_chat_messages")
 
     def _check_sampling(self, request: SamplingRequest, num_samples: int) -> None:
-        _bound("n", "sequences to generate (prompts x best_of or n)", num_samples,
-               self.max_samples_per_request, "max_samples_per_request")
+        _bound(
+            "n",
+            "sequences to generate (prompts x best_of or n)",
+            num_samples,
+            self.max_samples_per_request,
+            "max_samples_per_request",
+        )
         stop = [request.stop] if isinstance(request.stop, str) else request.stop or []
         _bound("stop", "stop strings", len(stop), self.max_stop_strings, "max_stop_strings")
         longest = max(map(len, stop), default=0)
-        _bound("stop", "characters in a stop string", longest, self.max_stop_string_length,
-               "max_stop_string_length")
-        _bound("stop_token_ids", "stop_token_ids", _length(request.stop_token_ids), self.max_stop_token_ids,
-               "max_stop_token_ids")
-        _bound("logit_bias", "logit_bias entries", _length(request.logit_bias), self.max_logit_bias_entries,
-               "max_logit_bias_entries")
+        _bound(
+            "stop",
+            "characters in a stop string",
+            longest,
+            self.max_stop_string_length,
+            "max_stop_string_length",
+        )
+        _bound(
+            "stop_token_ids",
+            "stop_token_ids",
+            _length(request.stop_token_ids),
+            self.max_stop_token_ids,
+            "max_stop_token_ids",
+        )
+        _bound(
+            "logit_bias",
+            "logit_bias entries",
+            _length(request.logit_bias),
+            self.max_logit_bias_entries,
+            "max_logit_bias_entries",
+        )
 
 
 def _length(items: Sized | None) -> int:
@@ -78,8 +106,11 @@ def _length(items: Sized | None) -> int:
 
 def _bound(param: str, what: str, count: int, limit: int, name: str) -> None:
     if count > limit:
-        raise InvalidRequestError(f"The request has {count} {what}, more than this server's limit of {limit} "
-                                  f"(--{name.replace('_', '-')}).", param=param)
+        raise InvalidRequestError(
+            f"The request has {count} {what}, more than this server's limit of {limit} "
+            f"(--{name.replace('_', '-')}).",
+            param=param,
+        )
 
 
 class BodySizeLimitMiddleware:
@@ -118,6 +149,10 @@ class BodySizeLimitMiddleware:
         await self.app(scope, replay, send)
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = error_response(f"The request body is larger than this server's limit of {self.max_bytes} "
-                                  "bytes (--max-request-body-bytes).", 413, param="body")
+        response = error_response(
+            f"The request body is larger than this server's limit of {self.max_bytes} "
+            "bytes (--max-request-body-bytes).",
+            413,
+            param="body",
+        )
         await response(scope, receive, send)

@@ -1,23 +1,30 @@
 """POST /v1/chat/completions: a conversation through the chat template, n samples, streamed or not."""
+
 import asyncio
 import time
 from collections.abc import AsyncGenerator
+from dataclasses import replace
 from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from dataclasses import replace
-
+from pagedserve.engine.async_llm import AsyncLLM
 from pagedserve.entrypoints.chat_utils import apply_chat_template, normalize_messages
 from pagedserve.entrypoints.openai.chat_tools import ChatTools, ToolStreamer, resolve_chat_tools
 from pagedserve.entrypoints.openai.errors import stream_error_event
-from pagedserve.entrypoints.openai.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest,
-                                                    ChatCompletionResponse, ChatLogprobs, ChatResponseMessage,
-                                                    ChatStreamChoice, ChatTokenLogprob, DeltaMessage,
-                                                    TopLogprob)
-from pagedserve.entrypoints.openai.serving_engine import (SSE_DONE, OpenAIServing, random_id, sse,
-                                                          usage_info)
-from pagedserve.engine.async_llm import AsyncLLM
+from pagedserve.entrypoints.openai.protocol import (
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogprobs,
+    ChatResponseMessage,
+    ChatStreamChoice,
+    ChatTokenLogprob,
+    DeltaMessage,
+    TopLogprob,
+)
+from pagedserve.entrypoints.openai.serving_engine import SSE_DONE, OpenAIServing, random_id, sse, usage_info
 from pagedserve.entrypoints.utils import started
 from pagedserve.errors import InvalidRequestError
 from pagedserve.outputs import CompletionOutput, RequestOutput
@@ -28,21 +35,32 @@ _MIN_LOGPROB = -9999.0
 
 
 class OpenAIServingChat(OpenAIServing):
-    def __init__(self, engine: AsyncLLM, model_name: str, chat_template: str | None,
-                 tool_call_parser: str | None = None) -> None:
+    def __init__(
+        self,
+        engine: AsyncLLM,
+        model_name: str,
+        chat_template: str | None,
+        tool_call_parser: str | None = None,
+    ) -> None:
         """`tool_call_parser`: set with --enable-auto-tool-choice; None: tool_choice "auto" is refused."""
         super().__init__(engine, model_name)
         self.chat_template = chat_template
         self.tool_call_parser = tool_call_parser
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
-               tools: list[dict[str, Any]] | None = None) -> list[int]:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
         """The prompt token ids of a conversation. Raises InvalidRequestError."""
-        return apply_chat_template(self.tokenizer, normalize_messages(messages), self.chat_template,
-                                   add_generation_prompt, tools)
+        return apply_chat_template(
+            self.tokenizer, normalize_messages(messages), self.chat_template, add_generation_prompt, tools
+        )
 
-    async def create_chat_completion(self, request: ChatCompletionRequest
-                                     ) -> ChatCompletionResponse | StreamingResponse:
+    async def create_chat_completion(
+        self, request: ChatCompletionRequest
+    ) -> ChatCompletionResponse | StreamingResponse:
         """Raises InvalidRequestError before anything reaches the engine."""
         self.check_model(request.model)
         request.check_supported()
@@ -53,14 +71,18 @@ class OpenAIServingChat(OpenAIServing):
         params = request.to_sampling_params(max_tokens, request.num_logprobs())
         if tools.constraint is not None:
             if params.structured_outputs is not None:
-                raise InvalidRequestError("A required or named tool_choice constrains the output already: drop "
-                                          "response_format / structured_outputs.", param="tool_choice")
+                raise InvalidRequestError(
+                    "A required or named tool_choice constrains the output already: drop "
+                    "response_format / structured_outputs.",
+                    param="tool_choice",
+                )
             params = replace(params, structured_outputs=tools.constraint)
         request_id = random_id("chatcmpl")
 
         def process() -> EngineCoreRequest:
-            prompt_ids = self.render([m.model_dump() for m in request.messages], request.add_generation_prompt,
-                                     request.tools)
+            prompt_ids = self.render(
+                [m.model_dump() for m in request.messages], request.add_generation_prompt, request.tools
+            )
             return self.engine.process_inputs(request_id, request.prompt_with_salt(prompt_ids), params)
 
         # NOTE: templating and tokenizing in a thread: a huge conversation never holds up the event loop.
@@ -70,31 +92,55 @@ class OpenAIServingChat(OpenAIServing):
         outputs = self.engine.generate(core, params, request_id, request.timeout)
         if request.stream:
             # NOTE: started: a refusal before the first output is a status, not an event in a 200 stream.
-            return StreamingResponse(self._stream(request, request_id, num_prompt_tokens, tools,
-                                                  await started(outputs)), media_type="text/event-stream")
+            return StreamingResponse(
+                self._stream(request, request_id, num_prompt_tokens, tools, await started(outputs)),
+                media_type="text/event-stream",
+            )
         samples: list[CompletionOutput] = []
         async for output in outputs:  # FINAL_ONLY: one output, the finished one
             samples = output.outputs
         choices = []
         for sample in samples:
             result = tools.output(sample.text, sample.finish_reason)
-            message = ChatResponseMessage(content=result.content, tool_calls=[
-                {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
-                for call in result.tool_calls])
-            choices.append(ChatChoice(index=sample.index, message=message, logprobs=self._logprobs(request, sample),
-                                      finish_reason=result.finish_reason, stop_reason=sample.stop_reason))
+            message = ChatResponseMessage(
+                content=result.content,
+                tool_calls=[
+                    {
+                        "id": call.id,
+                        "type": "function",
+                        "function": {"name": call.name, "arguments": call.arguments},
+                    }
+                    for call in result.tool_calls
+                ],
+            )
+            choices.append(
+                ChatChoice(
+                    index=sample.index,
+                    message=message,
+                    logprobs=self._logprobs(request, sample),
+                    finish_reason=result.finish_reason,
+                    stop_reason=sample.stop_reason,
+                )
+            )
         usage = usage_info(num_prompt_tokens, sum(len(s.token_ids) for s in samples))
         return ChatCompletionResponse(id=request_id, model=self.model_name, choices=choices, usage=usage)
 
-    async def _stream(self, request: ChatCompletionRequest, request_id: str, num_prompt_tokens: int,
-                      tools: ChatTools, outputs: AsyncGenerator[RequestOutput, None]) -> AsyncGenerator[str, None]:
+    async def _stream(
+        self,
+        request: ChatCompletionRequest,
+        request_id: str,
+        num_prompt_tokens: int,
+        tools: ChatTools,
+        outputs: AsyncGenerator[RequestOutput, None],
+    ) -> AsyncGenerator[str, None]:
         """First a role chunk per choice, then content (or tool-call) deltas, the finish reason with the
         last one."""
         created = int(time.time())
 
         def chunk(choice: ChatStreamChoice) -> str:
-            return sse(ChatCompletionChunk(id=request_id, created=created, model=self.model_name,
-                                           choices=[choice]))
+            return sse(
+                ChatCompletionChunk(id=request_id, created=created, model=self.model_name, choices=[choice])
+            )
 
         num_generated = 0
         streamers: list[ToolStreamer | None] = [tools.streamer() for _ in range(request.n)]
@@ -108,19 +154,33 @@ class OpenAIServingChat(OpenAIServing):
                     delta, finish_reason = self._delta(tools, streamers[sample.index], sample)
                     if delta is None and sample.finish_reason is None and logprobs is None:
                         continue  # text held back (a stop string or a tool call may be starting)
-                    yield chunk(ChatStreamChoice(index=sample.index, delta=delta or DeltaMessage(content=""),
-                                                 logprobs=logprobs, finish_reason=finish_reason,
-                                                 stop_reason=sample.stop_reason))
+                    yield chunk(
+                        ChatStreamChoice(
+                            index=sample.index,
+                            delta=delta or DeltaMessage(content=""),
+                            logprobs=logprobs,
+                            finish_reason=finish_reason,
+                            stop_reason=sample.stop_reason,
+                        )
+                    )
             if request.include_usage_in_stream():
-                yield sse(ChatCompletionChunk(id=request_id, created=created, model=self.model_name,
-                                              choices=[], usage=usage_info(num_prompt_tokens, num_generated)))
+                yield sse(
+                    ChatCompletionChunk(
+                        id=request_id,
+                        created=created,
+                        model=self.model_name,
+                        choices=[],
+                        usage=usage_info(num_prompt_tokens, num_generated),
+                    )
+                )
         except Exception as exc:  # e.g. the engine died: tell the client in the stream
             yield stream_error_event(exc)
         yield SSE_DONE
 
     @staticmethod
-    def _delta(tools: ChatTools, streamer: ToolStreamer | None, sample: CompletionOutput
-               ) -> tuple[DeltaMessage | None, str | None]:
+    def _delta(
+        tools: ChatTools, streamer: ToolStreamer | None, sample: CompletionOutput
+    ) -> tuple[DeltaMessage | None, str | None]:
         """This output's delta (None: nothing to send yet) and finish reason."""
         if streamer is None:
             return (DeltaMessage(content=sample.text) if sample.text else None), sample.finish_reason
@@ -128,7 +188,9 @@ class OpenAIServingChat(OpenAIServing):
         finish_reason = tools.finish_reason(sample.finish_reason, streamer.has_tool_calls)
         if not content and not calls:
             return None, finish_reason
-        return DeltaMessage(content=content or None, tool_calls=[c.to_openai() for c in calls] or None), finish_reason
+        return DeltaMessage(
+            content=content or None, tool_calls=[c.to_openai() for c in calls] or None
+        ), finish_reason
 
     def _logprobs(self, request: ChatCompletionRequest, sample: CompletionOutput) -> ChatLogprobs | None:
         """Per generated token: its logprob and the `top_logprobs` most likely tokens."""
@@ -138,11 +200,14 @@ class OpenAIServingChat(OpenAIServing):
         content = []
         for token_id, entry in zip(sample.token_ids, sample.logprobs):
             top = sorted(entry.items(), key=lambda item: item[1], reverse=True)[:num_top]
-            content.append(ChatTokenLogprob(**self._top(token_id, entry[token_id]),
-                                            top_logprobs=[TopLogprob(**self._top(t, v)) for t, v in top]))
+            content.append(
+                ChatTokenLogprob(
+                    **self._top(token_id, entry[token_id]),
+                    top_logprobs=[TopLogprob(**self._top(t, v)) for t, v in top],
+                )
+            )
         return ChatLogprobs(content=content)
 
     def _top(self, token_id: int, logprob: float) -> dict[str, Any]:
         token = self.token_string(token_id)
         return {"token": token, "logprob": max(logprob, _MIN_LOGPROB), "bytes": list(token.encode("utf-8"))}
-

@@ -1,4 +1,5 @@
 """POST /v1/completions: one or many prompts (text or token ids), n samples each, streamed or not."""
+
 import asyncio
 import time
 from collections.abc import AsyncGenerator, Sequence
@@ -8,10 +9,13 @@ from fastapi.responses import StreamingResponse
 
 from pagedserve.engine.input_processor import PromptType
 from pagedserve.entrypoints.openai.errors import stream_error_event
-from pagedserve.entrypoints.openai.protocol import (CompletionChoice, CompletionLogProbs, CompletionRequest,
-                                                    CompletionResponse)
-from pagedserve.entrypoints.openai.serving_engine import (SSE_DONE, OpenAIServing, random_id, sse,
-                                                          usage_info)
+from pagedserve.entrypoints.openai.protocol import (
+    CompletionChoice,
+    CompletionLogProbs,
+    CompletionRequest,
+    CompletionResponse,
+)
+from pagedserve.entrypoints.openai.serving_engine import SSE_DONE, OpenAIServing, random_id, sse, usage_info
 from pagedserve.entrypoints.utils import merge_async_iterators, started
 from pagedserve.errors import InvalidRequestError
 from pagedserve.outputs import CompletionOutput, RequestOutput
@@ -52,34 +56,48 @@ class OpenAIServingCompletion(OpenAIServing):
         request.check_supported()
         num_logprobs = request.logprobs
         beam_search = request.beam_search_params()
-        params = request.to_sampling_params(request.max_tokens, num_logprobs,
-                                            num_logprobs if request.echo else None,
-                                            None if beam_search else request.best_of)
+        params = request.to_sampling_params(
+            request.max_tokens,
+            num_logprobs,
+            num_logprobs if request.echo else None,
+            None if beam_search else request.best_of,
+        )
         request_id = random_id("cmpl")
         prompts = _split_prompts(request.prompt)
 
         def process() -> list[EngineCoreRequest]:
-            return [self.engine.process_inputs(f"{request_id}-{i}", request.prompt_with_salt(prompt), params,
-                                               beam_search) for i, prompt in enumerate(prompts)]
+            return [
+                self.engine.process_inputs(
+                    f"{request_id}-{i}", request.prompt_with_salt(prompt), params, beam_search
+                )
+                for i, prompt in enumerate(prompts)
+            ]
 
         # NOTE: tokenizing in a thread: a huge prompt never holds up the event loop (/health, other requests).
         core_requests = await asyncio.to_thread(process)
         echo_texts = None
         if request.echo:
-            echo_texts = [prompt if isinstance(prompt, str) and request.truncate_prompt_tokens is None
-                          else self.tokenizer.decode(core.prompt_token_ids, skip_special_tokens=True)
-                          for prompt, core in zip(prompts, core_requests)]
+            echo_texts = [
+                prompt
+                if isinstance(prompt, str) and request.truncate_prompt_tokens is None
+                else self.tokenizer.decode(core.prompt_token_ids, skip_special_tokens=True)
+                for prompt, core in zip(prompts, core_requests)
+            ]
         batch = _Batch(request, request_id, int(time.time()), core_requests, echo_texts)
         self.engine.check_admission(core_requests)  # NOTE: a full queue is a 503, not a broken stream
-        outputs = merge_async_iterators(*[self.engine.generate(core, params, core.request_id, request.timeout)
-                                          for core in core_requests])
+        outputs = merge_async_iterators(
+            *[self.engine.generate(core, params, core.request_id, request.timeout) for core in core_requests]
+        )
         if request.stream:
             # NOTE: started: a refusal before the first output is a status, not an event in a 200 stream.
-            return StreamingResponse(self._stream(batch, await started(outputs)), media_type="text/event-stream")
+            return StreamingResponse(
+                self._stream(batch, await started(outputs)), media_type="text/event-stream"
+            )
         return await self._full(batch, outputs)
 
-    async def _full(self, batch: _Batch, outputs: AsyncGenerator[tuple[int, RequestOutput], None]
-                    ) -> CompletionResponse:
+    async def _full(
+        self, batch: _Batch, outputs: AsyncGenerator[tuple[int, RequestOutput], None]
+    ) -> CompletionResponse:
         finals: dict[int, RequestOutput] = {}
         async for prompt_index, output in outputs:
             finals[prompt_index] = output
@@ -89,11 +107,17 @@ class OpenAIServingCompletion(OpenAIServing):
             for sample in output.outputs:
                 num_generated += len(sample.token_ids)
                 choices.append(self._choice(batch, prompt_index, sample, output.prompt_logprobs, 0))
-        return CompletionResponse(id=batch.request_id, created=batch.created, model=self.model_name,
-                                  choices=choices, usage=usage_info(batch.num_prompt_tokens, num_generated))
+        return CompletionResponse(
+            id=batch.request_id,
+            created=batch.created,
+            model=self.model_name,
+            choices=choices,
+            usage=usage_info(batch.num_prompt_tokens, num_generated),
+        )
 
-    async def _stream(self, batch: _Batch, outputs: AsyncGenerator[tuple[int, RequestOutput], None]
-                      ) -> AsyncGenerator[str, None]:
+    async def _stream(
+        self, batch: _Batch, outputs: AsyncGenerator[tuple[int, RequestOutput], None]
+    ) -> AsyncGenerator[str, None]:
         """SSE chunks, one choice each; the usage chunk when asked; errors as an SSE error event."""
         n = batch.request.n
         text_offsets = [0] * (len(batch.core_requests) * n)
@@ -107,24 +131,45 @@ class OpenAIServingCompletion(OpenAIServing):
                     index = prompt_index * n + sample.index
                     num_generated += len(sample.token_ids)
                     echo = None if started[index] else prompt_logprobs[prompt_index]
-                    choice = self._choice(batch, prompt_index, sample, echo, text_offsets[index],
-                                          first=not started[index])
+                    choice = self._choice(
+                        batch, prompt_index, sample, echo, text_offsets[index], first=not started[index]
+                    )
                     started[index] = True
                     if not choice.text and choice.finish_reason is None and choice.logprobs is None:
                         continue  # text held back (a stop string may be starting): nothing to send yet
                     text_offsets[index] += len(choice.text)
-                    yield sse(CompletionResponse(id=batch.request_id, created=batch.created,
-                                                 model=self.model_name, choices=[choice]))
+                    yield sse(
+                        CompletionResponse(
+                            id=batch.request_id,
+                            created=batch.created,
+                            model=self.model_name,
+                            choices=[choice],
+                        )
+                    )
             if batch.request.include_usage_in_stream():
                 usage = usage_info(batch.num_prompt_tokens, num_generated)
-                yield sse(CompletionResponse(id=batch.request_id, created=batch.created,
-                                             model=self.model_name, choices=[], usage=usage))
+                yield sse(
+                    CompletionResponse(
+                        id=batch.request_id,
+                        created=batch.created,
+                        model=self.model_name,
+                        choices=[],
+                        usage=usage,
+                    )
+                )
         except Exception as exc:  # e.g. the engine died: tell the client in the stream
             yield stream_error_event(exc)
         yield SSE_DONE
 
-    def _choice(self, batch: _Batch, prompt_index: int, sample: CompletionOutput,
-                prompt_logprobs: Logprobs | None, text_offset: int, first: bool = True) -> CompletionChoice:
+    def _choice(
+        self,
+        batch: _Batch,
+        prompt_index: int,
+        sample: CompletionOutput,
+        prompt_logprobs: Logprobs | None,
+        text_offset: int,
+        first: bool = True,
+    ) -> CompletionChoice:
         """A choice of `sample` (whole, or a delta); the echoed prompt goes first in a choice's first one."""
         text, token_ids = sample.text, sample.token_ids
         logprobs: Logprobs | None = sample.logprobs
@@ -136,9 +181,13 @@ class OpenAIServingCompletion(OpenAIServing):
         choice_logprobs = None
         if batch.request.logprobs is not None and logprobs is not None:
             choice_logprobs = self._logprobs(token_ids, logprobs, text_offset)
-        return CompletionChoice(index=prompt_index * batch.request.n + sample.index, text=text,
-                                logprobs=choice_logprobs, finish_reason=sample.finish_reason,
-                                stop_reason=sample.stop_reason)
+        return CompletionChoice(
+            index=prompt_index * batch.request.n + sample.index,
+            text=text,
+            logprobs=choice_logprobs,
+            finish_reason=sample.finish_reason,
+            stop_reason=sample.stop_reason,
+        )
 
     def _logprobs(self, token_ids: list[int], logprobs: Logprobs, text_offset: int) -> CompletionLogProbs:
         """The legacy completions format: per token its text, offset, logprob and the top alternatives

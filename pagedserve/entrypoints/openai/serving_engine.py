@@ -1,4 +1,5 @@
 """What the OpenAI endpoints share: the engine, the model-name check, token strings for logprobs, SSE."""
+
 import uuid
 from typing import Any
 
@@ -22,8 +23,11 @@ SSE_DONE = "data: [DONE]\n\n"
 
 
 def usage_info(num_prompt_tokens: int, num_generated: int) -> UsageInfo:
-    return UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=num_generated,
-                     total_tokens=num_prompt_tokens + num_generated)
+    return UsageInfo(
+        prompt_tokens=num_prompt_tokens,
+        completion_tokens=num_generated,
+        total_tokens=num_prompt_tokens + num_generated,
+    )
 
 
 class OpenAIServing:
@@ -39,9 +43,12 @@ class OpenAIServing:
     def check_model(self, model: str | None) -> None:
         """Raises InvalidRequestError (404) for a model this server does not serve."""
         if model is not None and model != self.model_name:
-            raise InvalidRequestError(f"The model `{model}` does not exist: this server serves "
-                                      f"`{self.model_name}` (see GET /v1/models).", param="model",
-                                      status_code=404)
+            raise InvalidRequestError(
+                f"The model `{model}` does not exist: this server serves "
+                f"`{self.model_name}` (see GET /v1/models).",
+                param="model",
+                status_code=404,
+            )
 
     def token_string(self, token_id: int) -> str:
         """The text of one token on its own, as logprobs show it."""

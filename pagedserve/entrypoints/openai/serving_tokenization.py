@@ -1,11 +1,16 @@
 """POST /tokenize and /detokenize (vLLM's extensions): what the model sees, without generating."""
+
 import asyncio
 from collections.abc import Callable
 from typing import Any
 
 from pagedserve.engine.async_llm import AsyncLLM
-from pagedserve.entrypoints.openai.protocol import (DetokenizeRequest, DetokenizeResponse, TokenizeRequest,
-                                                    TokenizeResponse)
+from pagedserve.entrypoints.openai.protocol import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
 from pagedserve.entrypoints.openai.serving_engine import OpenAIServing
 from pagedserve.errors import InvalidRequestError
 
@@ -40,6 +45,7 @@ class OpenAIServingTokenization(OpenAIServing):
         vocab = self.engine.config.model.vocab_size
         bad = [t for t in request.tokens if not 0 <= t < vocab]
         if bad:
-            raise InvalidRequestError(f"Token id {bad[0]} is out of vocabulary (valid ids: 0 to "
-                                      f"{vocab - 1}).", param="tokens")
+            raise InvalidRequestError(
+                f"Token id {bad[0]} is out of vocabulary (valid ids: 0 to {vocab - 1}).", param="tokens"
+            )
         return DetokenizeResponse(prompt=self.tokenizer.decode(request.tokens))

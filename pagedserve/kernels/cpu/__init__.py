@@ -6,6 +6,7 @@ instant. A build runs under a time limit (PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT),
 that is a killed build's and is removed, and whatever fails leaves the torch attention backend in use.
 Importing this module compiles nothing: `load_cpu_kernels()` does, once per process.
 """
+
 import contextlib
 import functools
 import os
@@ -48,14 +49,18 @@ def load_cpu_kernels() -> CpuKernels:
     outcome: queue.Queue[CpuKernels] = queue.Queue()
     # NOTE: torch waits forever on another build's lock file; a daemon thread lets us stop waiting (the
     # thread is left behind, polling, and dies with the process).
-    threading.Thread(target=lambda: outcome.put(_build(timeout_s)), name="cpu-kernels-build",
-                     daemon=True).start()
+    threading.Thread(
+        target=lambda: outcome.put(_build(timeout_s)), name="cpu-kernels-build", daemon=True
+    ).start()
     try:
         kernels = outcome.get(timeout=timeout_s)
     except queue.Empty:
-        return CpuKernels(None, f"the build did not finish within {timeout_s:g} s (another process may be "
-                                f"building them: its lock is in {_build_directory()}); raise "
-                                "PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT to wait longer")
+        return CpuKernels(
+            None,
+            f"the build did not finish within {timeout_s:g} s (another process may be "
+            f"building them: its lock is in {_build_directory()}); raise "
+            "PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT to wait longer",
+        )
     if kernels.module is not None:
         logger.info("Native CPU kernels ready in %.1f s.", time.perf_counter() - start)
     return kernels
@@ -68,12 +73,15 @@ def _build(timeout_s: float) -> CpuKernels:
         build_directory = _build_directory()
         _remove_stale_lock(os.path.join(build_directory, "lock"), timeout_s)
         module = cpp_extension.load(
-            name=_extension_name(), build_directory=build_directory,
+            name=_extension_name(),
+            build_directory=build_directory,
             # NOTE: -fno-trapping-math lets GCC vectorize the float->int conversion in the softmax's exp;
             # -ffp-contract=fast fuses multiply-adds (GCC leaves them apart in ISO C++ mode).
-            sources=_SOURCES, extra_cflags=["-O3", "-ffp-contract=fast", "-fno-trapping-math", "-fopenmp",
-                                            *_arch_flags()],
-            extra_ldflags=["-fopenmp"], verbose=False)
+            sources=_SOURCES,
+            extra_cflags=["-O3", "-ffp-contract=fast", "-fno-trapping-math", "-fopenmp", *_arch_flags()],
+            extra_ldflags=["-fopenmp"],
+            verbose=False,
+        )
     except Exception as exc:  # noqa: BLE001 (whatever the build breaks on, torch attention still works)
         return CpuKernels(None, _one_line(exc))
     return CpuKernels(module)
@@ -101,15 +109,27 @@ def _remove_stale_lock(lock: str, timeout_s: float) -> None:
     except FileNotFoundError:
         return
     if age_s > timeout_s:
-        logger.warning("Removing the stale build lock %s (%.0f s old, longer than a build may take: "
-                       "PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT=%g).", lock, age_s, timeout_s)
+        logger.warning(
+            "Removing the stale build lock %s (%.0f s old, longer than a build may take: "
+            "PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT=%g).",
+            lock,
+            age_s,
+            timeout_s,
+        )
         with contextlib.suppress(FileNotFoundError):
             os.remove(lock)
 
 
-def paged_attention_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                           sliding_window: int | None = None, soft_cap: float | None = None) -> torch.Tensor:
+def paged_attention_decode(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+) -> torch.Tensor:
     """Attention of one query token per request over its K/V, read in place through its block table.
 
     q [num_decodes, num_heads, head_dim]; key_cache/value_cache [num_blocks, block_size, num_kv_heads,
@@ -123,8 +143,9 @@ def paged_attention_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache
     kernels = load_cpu_kernels()
     if kernels.module is None:
         raise RuntimeError(f"The native CPU kernels are unavailable: {kernels.error}")
-    return kernels.module.paged_attention_decode(q, key_cache, value_cache, block_tables, seq_lens, scale,
-                                                 sliding_window or 0, soft_cap or 0.0)
+    return kernels.module.paged_attention_decode(
+        q, key_cache, value_cache, block_tables, seq_lens, scale, sliding_window or 0, soft_cap or 0.0
+    )
 
 
 def _arch_flags() -> list[str]:
@@ -140,8 +161,13 @@ def _arch_flags() -> list[str]:
 def _compiler_accepts(flags: list[str]) -> bool:
     compiler = os.environ.get("CXX", "c++")  # the compiler cpp_extension will use
     try:
-        subprocess.run([compiler, *flags, "-x", "c++", "-c", "-o", os.devnull, "-"], input=b"int main() {}",
-                       capture_output=True, check=True, timeout=60)
+        subprocess.run(
+            [compiler, *flags, "-x", "c++", "-c", "-o", os.devnull, "-"],
+            input=b"int main() {}",
+            capture_output=True,
+            check=True,
+            timeout=60,
+        )
     except (OSError, subprocess.SubprocessError):
         return False
     return True

@@ -1,4 +1,5 @@
 """Python entry points of the native GGUF kernels (`gguf_matmul.cpp`), registered as torch.ops.pagedserve."""
+
 from typing import Any
 
 import torch
@@ -8,8 +9,16 @@ from pagedserve.kernels.cpu import load_cpu_kernels
 # ggml type ids (gguf.GGMLQuantizationType) the native kernels compute on directly.
 NATIVE_GGML_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 # ggml type id -> (weights, bytes) per block, as `block_format` in gguf_matmul.cpp.
-GGML_BLOCK_FORMATS = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 8: (32, 34), 12: (256, 144),
-                      13: (256, 176), 14: (256, 210)}
+GGML_BLOCK_FORMATS = {
+    0: (1, 4),
+    1: (1, 2),
+    2: (32, 18),
+    3: (32, 20),
+    8: (32, 34),
+    12: (256, 144),
+    13: (256, 176),
+    14: (256, 210),
+}
 
 
 def _ops() -> Any:

@@ -1,10 +1,15 @@
 """Triton kernels of the triton attention backend (GPU). Importing this package imports triton and defines
 the kernels: with TRITON_INTERPRET=1 set before that import they run on CPU tensors through Triton's
 interpreter (slow, for tests), otherwise they compile for the GPU."""
+
 from triton.runtime.interpreter import InterpretedFunction
 
-from pagedserve.kernels.triton.attention import (PagedBatch, _paged_attention_kernel, choose_num_splits,
-                                                 paged_attention)
+from pagedserve.kernels.triton.attention import (
+    PagedBatch,
+    _paged_attention_kernel,
+    choose_num_splits,
+    paged_attention,
+)
 from pagedserve.kernels.triton.cache import reshape_and_cache
 
 # Whether the kernels were defined under TRITON_INTERPRET=1, so run on CPU tensors.

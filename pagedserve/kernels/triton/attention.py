@@ -7,6 +7,7 @@ over one *split* of the keys. Keys are gathered TILE_N at a time through the blo
 size works. With NUM_SPLITS > 1 (decodes over long contexts, few programs) each split writes a partial
 result and its log-sum-exp, and `_combine_splits_kernel` merges them (split-K / flash-decoding).
 """
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,15 +27,45 @@ LOG2E_CONST = tl.constexpr(1.4426950408889634)  # the softmax runs in exp2: scor
 
 @triton.jit
 def _paged_attention_kernel(
-        out_ptr, q_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, seq_lens_ptr,
-        query_start_loc_ptr, tile_request_ptr, tile_q_start_ptr, partial_out_ptr, partial_lse_ptr,
-        scale, softcap, k_scale, v_scale, sliding_window, num_heads,
-        stride_q_token, stride_q_head, stride_o_token, stride_o_head,
-        stride_cache_block, stride_cache_slot, stride_cache_head, stride_bt_row,
-        NUM_QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-        BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE: tl.constexpr,
-        NUM_SPLITS: tl.constexpr, DECODE_ONLY: tl.constexpr, USE_WINDOW: tl.constexpr,
-        USE_SOFTCAP: tl.constexpr, KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    out_ptr,
+    q_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    query_start_loc_ptr,
+    tile_request_ptr,
+    tile_q_start_ptr,
+    partial_out_ptr,
+    partial_lse_ptr,
+    scale,
+    softcap,
+    k_scale,
+    v_scale,
+    sliding_window,
+    num_heads,
+    stride_q_token,
+    stride_q_head,
+    stride_o_token,
+    stride_o_head,
+    stride_cache_block,
+    stride_cache_slot,
+    stride_cache_head,
+    stride_bt_row,
+    NUM_QUERIES_PER_KV: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    TILE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    DECODE_ONLY: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     tile_id = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -57,8 +88,11 @@ def _paged_attention_kernel(
     d = tl.arange(0, BLOCK_D)
     d_valid = d < HEAD_DIM
     token_index = (q_begin + row_token).to(tl.int64)
-    q = tl.load(q_ptr + token_index[:, None] * stride_q_token + head[:, None] * stride_q_head + d[None, :],
-                mask=row_valid[:, None] & d_valid[None, :], other=0.0)
+    q = tl.load(
+        q_ptr + token_index[:, None] * stride_q_token + head[:, None] * stride_q_head + d[None, :],
+        mask=row_valid[:, None] & d_valid[None, :],
+        other=0.0,
+    )
     q_pos = context_len + row_token  # absolute position of each row's token
 
     # The keys this tile needs: up to its last row's own position (causal), from its first row's
@@ -108,8 +142,11 @@ def _paged_attention_kernel(
     result = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     store_mask = row_valid[:, None] & d_valid[None, :]
     if NUM_SPLITS == 1:
-        tl.store(out_ptr + token_index[:, None] * stride_o_token + head[:, None] * stride_o_head + d[None, :],
-                 result.to(out_ptr.dtype.element_ty), mask=store_mask)
+        tl.store(
+            out_ptr + token_index[:, None] * stride_o_token + head[:, None] * stride_o_head + d[None, :],
+            result.to(out_ptr.dtype.element_ty),
+            mask=store_mask,
+        )
     else:
         partial = (token_index * num_heads + head) * NUM_SPLITS + split
         tl.store(partial_out_ptr + partial[:, None] * HEAD_DIM + d[None, :], result, mask=store_mask)
@@ -118,9 +155,18 @@ def _paged_attention_kernel(
 
 
 @triton.jit
-def _combine_splits_kernel(out_ptr, partial_out_ptr, partial_lse_ptr, num_heads, stride_o_token,
-                           stride_o_head, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                           NUM_SPLITS: tl.constexpr, SPLITS_POW2: tl.constexpr):
+def _combine_splits_kernel(
+    out_ptr,
+    partial_out_ptr,
+    partial_lse_ptr,
+    num_heads,
+    stride_o_token,
+    stride_o_head,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_POW2: tl.constexpr,
+):
     """One program per (token, head): the splits' partial outputs weighted by their share of the softmax."""
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -130,11 +176,17 @@ def _combine_splits_kernel(out_ptr, partial_out_ptr, partial_lse_ptr, num_heads,
     lse = tl.load(partial_lse_ptr + base + s, mask=s < NUM_SPLITS, other=float("-inf"))
     lse_max = tl.max(lse, axis=0)
     weight = tl.exp2(lse - tl.where(lse_max == float("-inf"), 0.0, lse_max))  # empty splits weigh 0
-    parts = tl.load(partial_out_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :],
-                    mask=(s < NUM_SPLITS)[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
+    parts = tl.load(
+        partial_out_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :],
+        mask=(s < NUM_SPLITS)[:, None] & (d < HEAD_DIM)[None, :],
+        other=0.0,
+    )
     out = tl.sum(parts * weight[:, None], axis=0) / tl.maximum(tl.sum(weight, axis=0), 1e-30)
-    tl.store(out_ptr + token * stride_o_token + head * stride_o_head + d, out.to(out_ptr.dtype.element_ty),
-             mask=d < HEAD_DIM)
+    tl.store(
+        out_ptr + token * stride_o_token + head * stride_o_head + d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=d < HEAD_DIM,
+    )
 
 
 @dataclass
@@ -160,15 +212,18 @@ class PagedBatch:
         return self._tiles[block_q]
 
 
-def query_tiles(query_start_loc: list[int], block_q: int, device: torch.device
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def query_tiles(
+    query_start_loc: list[int], block_q: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     starts = np.asarray(query_start_loc, dtype=np.int64)
     num_tiles = -(-np.diff(starts) // block_q)  # NOTE: cdiv, elementwise over a numpy array
     request = np.repeat(np.arange(len(num_tiles)), num_tiles)
     first_tile = np.repeat(np.cumsum(num_tiles) - num_tiles, num_tiles)
     q_start = (np.arange(len(request)) - first_tile) * block_q
-    return (torch.from_numpy(request.astype(np.int32)).to(device),
-            torch.from_numpy(q_start.astype(np.int32)).to(device))
+    return (
+        torch.from_numpy(request.astype(np.int32)).to(device),
+        torch.from_numpy(q_start.astype(np.int32)).to(device),
+    )
 
 
 def choose_num_splits(num_requests: int, max_seq_len: int, decode_only: bool) -> int:
@@ -185,9 +240,18 @@ def prefill_block_q(num_queries_per_kv: int) -> int:
     return max(1, 64 // triton.next_power_of_2(num_queries_per_kv))
 
 
-def paged_attention(out: torch.Tensor, q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                    batch: PagedBatch, scale: float, sliding_window: int | None = None,
-                    logits_soft_cap: float | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+def paged_attention(
+    out: torch.Tensor,
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    batch: PagedBatch,
+    scale: float,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> None:
     """out, q [T, num_heads, head_dim]; caches [num_blocks, block_size, num_kv_heads, head_dim] (K/V of
     this step already written). Fills `out`. sliding_window: each token attends to itself and the
     window - 1 keys before it. logits_soft_cap c: scores s become c * tanh(s / c). An fp8 cache holds
@@ -209,22 +273,61 @@ def paged_attention(out: torch.Tensor, q: torch.Tensor, key_cache: torch.Tensor,
     splits = batch.num_splits
     partial_out = partial_lse = out  # unused unless split
     if splits > 1:
-        partial_out = torch.empty(num_tokens, num_heads, splits, head_dim, dtype=torch.float32,
-                                  device=q.device)
+        partial_out = torch.empty(
+            num_tokens, num_heads, splits, head_dim, dtype=torch.float32, device=q.device
+        )
         partial_lse = torch.empty(num_tokens, num_heads, splits, dtype=torch.float32, device=q.device)
     block_d = max(MIN_DOT, triton.next_power_of_2(head_dim))
     _paged_attention_kernel[(num_tiles, num_kv_heads, splits)](
-        out, q, key_cache, value_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
-        tile_request, tile_q_start, partial_out, partial_lse,
-        scale, logits_soft_cap or 1.0, k_scale, v_scale, sliding_window or 0, num_heads,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), batch.block_tables.stride(0),
-        NUM_QUERIES_PER_KV=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_SIZE=batch.block_size,
-        BLOCK_Q=block_q, BLOCK_M=max(MIN_DOT, triton.next_power_of_2(block_q * group)), TILE=TILE_N,
-        NUM_SPLITS=splits, DECODE_ONLY=batch.decode_only, USE_WINDOW=sliding_window is not None,
-        USE_SOFTCAP=logits_soft_cap is not None, KV_FP8=key_cache.dtype.itemsize == 1,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+        out,
+        q,
+        key_cache,
+        value_cache,
+        batch.block_tables,
+        batch.seq_lens,
+        batch.query_start_loc,
+        tile_request,
+        tile_q_start,
+        partial_out,
+        partial_lse,
+        scale,
+        logits_soft_cap or 1.0,
+        k_scale,
+        v_scale,
+        sliding_window or 0,
+        num_heads,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        batch.block_tables.stride(0),
+        NUM_QUERIES_PER_KV=group,
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        BLOCK_SIZE=batch.block_size,
+        BLOCK_Q=block_q,
+        BLOCK_M=max(MIN_DOT, triton.next_power_of_2(block_q * group)),
+        TILE=TILE_N,
+        NUM_SPLITS=splits,
+        DECODE_ONLY=batch.decode_only,
+        USE_WINDOW=sliding_window is not None,
+        USE_SOFTCAP=logits_soft_cap is not None,
+        KV_FP8=key_cache.dtype.itemsize == 1,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+    )
     if splits > 1:
         _combine_splits_kernel[(num_tokens, num_heads)](
-            out, partial_out, partial_lse, num_heads, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=splits, SPLITS_POW2=triton.next_power_of_2(splits))
+            out,
+            partial_out,
+            partial_lse,
+            num_heads,
+            out.stride(0),
+            out.stride(1),
+            HEAD_DIM=head_dim,
+            BLOCK_D=block_d,
+            NUM_SPLITS=splits,
+            SPLITS_POW2=triton.next_power_of_2(splits),
+        )

@@ -1,4 +1,5 @@
 """Tool-call parsers for `--enable-auto-tool-choice --tool-call-parser NAME` (vLLM's names)."""
+
 from typing import Literal, get_args
 
 from pagedserve.entrypoints.openai.tool_parsers.base import ExtractedToolCalls, ParsedToolCall, ToolParser
@@ -25,5 +26,11 @@ def get_tool_parser(name: str) -> ToolParser:
     return TOOL_PARSERS[name]()
 
 
-__all__ = ["ExtractedToolCalls", "ParsedToolCall", "TOOL_PARSERS", "ToolCallParserName", "ToolParser",
-           "get_tool_parser"]
+__all__ = [
+    "ExtractedToolCalls",
+    "ParsedToolCall",
+    "TOOL_PARSERS",
+    "ToolCallParserName",
+    "ToolParser",
+    "get_tool_parser",
+]

@@ -1,4 +1,5 @@
 """What every tool parser does: model text -> (content, tool calls), and the same as a stream of deltas."""
+
 import json
 import uuid
 from abc import ABC, abstractmethod

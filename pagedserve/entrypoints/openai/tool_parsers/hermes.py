@@ -1,4 +1,5 @@
 """Hermes / Qwen: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one block per call."""
+
 import json
 import re
 
@@ -15,7 +16,7 @@ class HermesToolParser(ToolParser):
         last_open = tool_text.rfind(self.start)
         if last_open > tool_text.rfind("</tool_call>"):
             # NOTE: the output ended inside a block (EOS before the closing tag): its call counts if whole.
-            call = _json_call(tool_text[last_open + len(self.start):])
+            call = _json_call(tool_text[last_open + len(self.start) :])
             if call is not None:
                 calls.append(call)
         return calls or None

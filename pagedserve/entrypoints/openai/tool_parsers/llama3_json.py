@@ -1,5 +1,6 @@
 """Llama 3.x JSON tool calls: the output is `{"name": ..., "parameters": {...}}` (optionally after
 `<|python_tag|>`), several separated by `;`."""
+
 import json
 
 from pagedserve.entrypoints.openai.tool_parsers.base import ParsedToolCall, ToolParser, call_from_json

@@ -1,4 +1,5 @@
 """Mistral: `[TOOL_CALLS]` then a JSON array of {"name": ..., "arguments": {...}}."""
+
 import json
 
 from pagedserve.entrypoints.openai.tool_parsers.base import ParsedToolCall, ToolParser, call_from_json
@@ -9,7 +10,7 @@ class MistralToolParser(ToolParser):
 
     def parse_calls(self, tool_text: str) -> list[ParsedToolCall] | None:
         try:
-            value = json.loads(tool_text[len(self.start):])
+            value = json.loads(tool_text[len(self.start) :])
         except json.JSONDecodeError:
             return None
         objects = value if isinstance(value, list) else [value]

@@ -1,5 +1,6 @@
 """Pythonic (Llama 3.2 / 4 style): the output is a Python list of calls, `[f(a=1, b="x"), g()]`, with
 literal keyword arguments."""
+
 import ast
 import json
 

@@ -1,5 +1,6 @@
 """A tool parser over a stream: text deltas in, content deltas and OpenAI-style tool-call deltas out.
 Reassembled, they equal `ToolParser.extract` of the whole text."""
+
 from dataclasses import dataclass
 
 from pagedserve.entrypoints.openai.tool_parsers.base import ParsedToolCall, ToolParser
@@ -16,7 +17,9 @@ class ToolCallDelta:
     arguments: str = ""
 
     def to_openai(self) -> dict:
-        function = {"arguments": self.arguments} if self.name is None else {"name": self.name, "arguments": ""}
+        function = (
+            {"arguments": self.arguments} if self.name is None else {"name": self.name, "arguments": ""}
+        )
         delta: dict = {"index": self.index, "function": function}
         if self.id is not None:
             delta.update(id=self.id, type="function")
@@ -62,7 +65,7 @@ class ToolCallStreamer:
     def _content_until(self, end: int) -> str:
         if end <= self.num_content_sent:
             return ""
-        content, self.num_content_sent = self.text[self.num_content_sent:end], end
+        content, self.num_content_sent = self.text[self.num_content_sent : end], end
         return content
 
     def _new_calls(self, calls: list[ParsedToolCall]) -> list[ToolCallDelta]:
