@@ -8,6 +8,7 @@ A beam continued k times forks k - 1 new beams, which share its KV blocks (copy-
 partly filled last one); a beam not continued is pruned and its blocks freed.
 """
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -104,7 +105,7 @@ class BeamSearchGroup:
         beam = self.live[candidate.beam]
         eos = candidate.token_id == beam.eos_token_id and not self.params.ignore_eos
         reason = FinishReason.STOP if eos else FinishReason.LENGTH
-        score = candidate.cumulative_logprob / num_generated**self.params.length_penalty
+        score = length_normalized(candidate.cumulative_logprob, num_generated, self.params.length_penalty)
         self.hypotheses.append(
             Hypothesis(
                 beam.output_token_ids + [candidate.token_id], candidate.cumulative_logprob, score, reason
@@ -123,7 +124,9 @@ class BeamSearchGroup:
         length = num_generated
         if params.early_stopping == "never" and params.length_penalty > 0:
             length = params.max_tokens
-        return bool(best_running / length**params.length_penalty <= self.hypotheses[-1].score)
+        return bool(
+            length_normalized(best_running, length, params.length_penalty) <= self.hypotheses[-1].score
+        )
 
     def _continue(self, running: list[_Candidate], fork: Fork) -> list[Request]:
         """Fork, extend and prune the beams; returns the pruned ones."""
@@ -226,3 +229,16 @@ class BeamSearchManager:
                 del self._beam_to_group[beam.request_id]
                 result.append(beam.request_id)
         return result
+
+
+def length_normalized(cumulative_logprob: float, length: int, length_penalty: float) -> float:
+    """HF's beam score, cumulative_logprob / length ** length_penalty. NOTE: any finite length_penalty is
+    accepted, so the power may overflow (OverflowError) or underflow to 0: the score is then the limit,
+    never an exception inside the engine step."""
+    try:
+        denominator: float = float(length) ** length_penalty
+    except OverflowError:
+        denominator = math.inf
+    if denominator == 0.0:
+        return -math.inf if cumulative_logprob < 0 else 0.0
+    return cumulative_logprob / denominator
