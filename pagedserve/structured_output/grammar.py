@@ -32,6 +32,21 @@ def make_ll_tokenizer(hf_tokenizer: Any, vocab_size: int) -> llguidance.LLTokeni
     return llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size)
 
 
+def closed_objects(schema: Any) -> Any:
+    """`schema` with `"additionalProperties": false` on every object schema that does not say otherwise,
+    as xgrammar's strict mode (vLLM's default) and OpenAI's strict structured outputs do. NOTE: left open, a
+    small model fills the output with invented keys until max_tokens instead of closing the object. The
+    result still validates against the original schema (it allows a subset)."""
+    if isinstance(schema, list):
+        return [closed_objects(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    closed = {key: closed_objects(value) for key, value in schema.items()}
+    if (schema.get("type") == "object" or "properties" in schema) and "additionalProperties" not in schema:
+        closed["additionalProperties"] = False
+    return closed
+
+
 def to_grammar(params: StructuredOutputsParams) -> str:
     """The llguidance grammar of one constraint. Raises InvalidRequestError for a malformed JSON schema
     (llguidance checks the rest when the grammar is validated or compiled)."""
@@ -39,7 +54,10 @@ def to_grammar(params: StructuredOutputsParams) -> str:
         return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=_JSON_OPTIONS)
     if params.json is not None:
         try:
-            return llguidance.LLMatcher.grammar_from_json_schema(params.json, defaults=_JSON_OPTIONS)
+            schema = json.loads(params.json) if isinstance(params.json, str) else params.json
+            return llguidance.LLMatcher.grammar_from_json_schema(
+                closed_objects(schema), defaults=_JSON_OPTIONS
+            )
         except (ValueError, TypeError) as exc:
             raise InvalidRequestError(
                 f"structured_outputs.json is not a valid JSON schema: {exc}", param="structured_outputs.json"
