@@ -6,7 +6,7 @@ import re
 
 import jsonschema
 import pytest
-from schemas import SCHEMAS, prompt_for
+from schemas import LOOPS_IN_UNBOUNDED_VALUES, SCHEMAS, prompt_for
 
 from pagedserve import LLM, SamplingParams
 from pagedserve.errors import InvalidRequestError
@@ -31,10 +31,7 @@ def _constrained(**kind) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=120, structured_outputs=StructuredOutputsParams(**kind))
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known gap (issue 14): SmolLM2-135M can loop inside an unbounded JSON value (an integer's digits, a string, json_object free text) until max_tokens, leaving a valid prefix that never closes; every token still satisfies the grammar",
-)
+@LOOPS_IN_UNBOUNDED_VALUES
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_every_schema_output_validates(llm: LLM, temperature: float) -> None:
     params = [
@@ -53,10 +50,7 @@ def test_every_schema_output_validates(llm: LLM, temperature: float) -> None:
         jsonschema.validate(json.loads(sample.text), schema)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known gap (issue 14): SmolLM2-135M can loop inside an unbounded JSON value (an integer's digits, a string, json_object free text) until max_tokens, leaving a valid prefix that never closes; every token still satisfies the grammar",
-)
+@LOOPS_IN_UNBOUNDED_VALUES
 def test_regex_choice_grammar_and_json_object(llm: LLM) -> None:
     question = [{"role": "user", "content": "Is the sky blue? Then give a phone number and a sum."}]
     cases = [
