@@ -14,7 +14,7 @@ import pytest
 from server_utils import API_SERVER, RemoteServer
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "structured"))
-from schemas import LOOPS_IN_UNBOUNDED_VALUES, SCHEMAS, prompt_for  # noqa: E402 - shared with tests/structured (the offline runs)
+from schemas import SCHEMAS, prompt_for  # noqa: E402 - shared with tests/structured (the offline runs)
 
 MAX_SPEC_BYTES = 8192
 TEMPLATE = os.path.join(os.path.dirname(__file__), "tool_template.jinja")
@@ -87,7 +87,6 @@ def stream_text(stream) -> tuple[str, str]:
     return text, finish
 
 
-@LOOPS_IN_UNBOUNDED_VALUES
 @pytest.mark.parametrize("index", [4, 13, 16, 21])
 def test_json_schema_response_format_streamed_and_not(client: openai.OpenAI, index: int) -> None:
     description, schema = SCHEMAS[index]
@@ -209,7 +208,6 @@ def _valid_call(call, tools=TOOLS) -> dict:
     return arguments
 
 
-@LOOPS_IN_UNBOUNDED_VALUES
 def test_tool_choice_required_and_named(client: openai.OpenAI) -> None:
     plain = client.chat.completions.create(model=None, messages=ASK, max_tokens=1, temperature=0)
     required = client.chat.completions.create(
