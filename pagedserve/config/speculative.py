@@ -52,10 +52,14 @@ class SpeculativeConfig:
                 'speculative_config needs "model" (a path) with method "draft_model", and only then.'
             )
         # vLLM's defaults: both lookup bounds 5 when neither is given, else the one given for both.
-        given_low, given_high = value.get("prompt_lookup_min"), value.get("prompt_lookup_max")
         k = _count("num_speculative_tokens", value.get("num_speculative_tokens"))
-        low = _count("prompt_lookup_min", given_low if given_low is not None else given_high or 5)
-        high = _count("prompt_lookup_max", given_high if given_high is not None else given_low or 5)
+        # Each bound given is checked under its own name, then stands in for the other when that is missing.
+        given_low, given_high = (
+            None if value.get(key) is None else _count(key, value[key])
+            for key in ("prompt_lookup_min", "prompt_lookup_max")
+        )
+        low = given_low or given_high or 5
+        high = given_high or given_low or 5
         if low > high:
             raise ConfigError(
                 f"speculative_config prompt_lookup_min={low} is larger than prompt_lookup_max={high}."
