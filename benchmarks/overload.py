@@ -187,6 +187,8 @@ def print_table(title: str, levels: list[Level], peer: list[Level] | None) -> No
 def start_server(serve: str, port: int) -> subprocess.Popen:
     """`pagedserve serve` on 127.0.0.1; returns once it serves (GET /health answers 200)."""
     command = [
+        sys.executable,
+        "-m",
         "pagedserve",
         "serve",
         *shlex.split(serve),

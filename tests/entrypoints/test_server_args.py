@@ -92,7 +92,11 @@ def test_taken_port_fails_fast_naming_the_flag() -> None:
 
 @pytest.mark.parametrize(
     "command",
-    [["-m", "pagedserve.entrypoints.openai.api_server"], ["-m", "pagedserve.entrypoints.cli", "serve"]],
+    [
+        ["-m", "pagedserve.entrypoints.openai.api_server"],
+        ["-m", "pagedserve.entrypoints.cli", "serve"],
+        ["-m", "pagedserve", "serve"],
+    ],
 )
 def test_help_lists_the_same_flags(command: list[str]) -> None:
     result = subprocess.run(
