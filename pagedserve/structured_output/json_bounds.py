@@ -49,50 +49,88 @@ def _bound_number(schema: dict, bounded: dict) -> None:
         bounded["multipleOf"] = 10.0**-MAX_FRACTION_DIGITS
 
 
-def bounded_schema(schema: Any) -> Any:
-    """`schema` with the defaults above on every integer, number and string subschema that leaves them
-    open. The result allows a subset of what `schema` allows: outputs still validate against `schema`."""
-    if isinstance(schema, list):
-        return [bounded_schema(item) for item in schema]
+_ANY_VALUE = "pagedserve_any_value"  # the $defs entry an empty subschema ({} or true) becomes
+# Where a value is a subschema, a map of subschemas or a list of them ({} and true mean "any value" only
+# there: `"uniqueItems": true` or `"dependentRequired": {}` are not schemas). Other keywords are copied.
+_SCHEMA = ("items", "additionalProperties", "additionalItems", "contains", "unevaluatedProperties")
+_SCHEMA_MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LIST = ("anyOf", "oneOf", "allOf", "prefixItems")
+
+
+def _bound(schema: Any) -> tuple[Any, bool]:
+    """(the bounded subschema, whether it refers to the bounded any-value)."""
+    if schema is True or schema == {}:
+        return {"$ref": f"#/$defs/{_ANY_VALUE}"}, True
     if not isinstance(schema, dict):
-        return schema
-    bounded = {key: bounded_schema(value) for key, value in schema.items()}
+        return schema, False
+    bounded, uses_any = dict(schema), False
+    for key, value in schema.items():
+        if key in _SCHEMA:
+            bounded[key], uses = _bound(value)
+        elif key in _SCHEMA_MAP and isinstance(value, dict):
+            entries = {name: _bound(subschema) for name, subschema in value.items()}
+            bounded[key] = {name: entry for name, (entry, _) in entries.items()}
+            uses = any(entry_uses for _, entry_uses in entries.values())
+        elif key in _SCHEMA_LIST and isinstance(value, list):
+            entries_list = [_bound(subschema) for subschema in value]
+            bounded[key] = [entry for entry, _ in entries_list]
+            uses = any(entry_uses for _, entry_uses in entries_list)
+        else:
+            continue
+        uses_any |= uses
     if _type_includes(schema, "integer") or _type_includes(schema, "number"):
         _bound_number(schema, bounded)
     if _type_includes(schema, "string") and not any(key in schema for key in _STRING_BOUNDS):
         bounded["maxLength"] = MAX_STRING_LENGTH
+    return bounded, uses_any
+
+
+def bounded_schema(schema: Any) -> Any:
+    """`schema` with the defaults above on every integer, number and string subschema that leaves them
+    open, and every empty subschema ({} or true: any value) made a bounded any-value. The result allows
+    a subset of what `schema` allows: outputs still validate against `schema`."""
+    bounded, uses_any = _bound(schema)
+    if not uses_any:
+        return bounded
+    if not isinstance(bounded, dict) or "$ref" in bounded:  # the whole schema was {} or true
+        bounded = {"allOf": [bounded]}
+    bounded["$defs"] = {**bounded.get("$defs", {}), **_bounded_any_value_defs()}
     return bounded
 
 
-def bounded_json_object() -> dict:
-    """`json_object`'s schema: any JSON object, with every value bounded (keys, items, nesting depth,
-    numbers, strings). One $defs entry per nesting level: a recursive $ref could nest without end."""
-    scalars: list[dict] = [
+def _scalars() -> list[dict]:
+    return [
         {"type": "null"},
         {"type": "boolean"},
-        bounded_schema({"type": "integer"}),
-        bounded_schema({"type": "number"}),
-        bounded_schema({"type": "string"}),
+        _bound({"type": "integer"})[0],
+        _bound({"type": "number"})[0],
+        _bound({"type": "string"})[0],
     ]
+
+
+def _object_of(value: dict) -> dict:
     # The pattern is matched against the decoded key: any character but a newline, MAX_KEY_LENGTH at most.
-    key_pattern = f"^.{{0,{MAX_KEY_LENGTH}}}$"
+    return {
+        "type": "object",
+        "patternProperties": {f"^.{{0,{MAX_KEY_LENGTH}}}$": value},
+        "additionalProperties": False,
+        "maxProperties": MAX_OBJECT_KEYS,
+    }
 
-    def object_of(value: dict) -> dict:
-        return {
-            "type": "object",
-            "patternProperties": {key_pattern: value},
-            "additionalProperties": False,
-            "maxProperties": MAX_OBJECT_KEYS,
-        }
 
-    levels = {"depth1": {"anyOf": scalars}}
-    for depth in range(2, MAX_NESTING + 1):
-        inner = {"$ref": f"#/$defs/depth{depth - 1}"}
-        levels[f"depth{depth}"] = {
-            "anyOf": [
-                *scalars,
-                {"type": "array", "items": inner, "maxItems": MAX_ARRAY_ITEMS},
-                object_of(inner),
-            ]
-        }
-    return {"$defs": levels, **object_of({"$ref": f"#/$defs/depth{MAX_NESTING}"})}
+def _bounded_any_value_defs() -> dict:
+    """$defs for any JSON value within the bounds: one entry per nesting level (a recursive $ref could
+    nest without end); `_ANY_VALUE` holds up to MAX_NESTING levels of arrays and objects."""
+    levels = {f"{_ANY_VALUE}1": {"anyOf": _scalars()}}
+    for depth in range(2, MAX_NESTING + 2):
+        inner = {"$ref": f"#/$defs/{_ANY_VALUE}{depth - 1}"}
+        array = {"type": "array", "items": inner, "maxItems": MAX_ARRAY_ITEMS}
+        levels[f"{_ANY_VALUE}{depth}"] = {"anyOf": [*_scalars(), array, _object_of(inner)]}
+    levels[_ANY_VALUE] = {"$ref": f"#/$defs/{_ANY_VALUE}{MAX_NESTING + 1}"}
+    return levels
+
+
+def bounded_json_object() -> dict:
+    """`json_object`'s schema: any JSON object (MAX_NESTING levels at most, itself included), every
+    value bounded."""
+    return {"$defs": _bounded_any_value_defs(), **_object_of({"$ref": f"#/$defs/{_ANY_VALUE}{MAX_NESTING}"})}

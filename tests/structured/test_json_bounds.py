@@ -138,3 +138,19 @@ def test_bounded_schema_only_adds_to_what_is_open() -> None:
     assert string["maxLength"] == MAX_STRING_LENGTH
     assert number["multipleOf"] == 10.0**-MAX_FRACTION_DIGITS
     assert schema["properties"]["id"] == {"type": ["integer", "null"]}, "the input is left unchanged"
+
+
+def test_an_empty_subschema_is_any_value_within_the_bounds(tokenizer: llguidance.LLTokenizer) -> None:
+    for schema in ({}, {"type": "object", "properties": {"meta": True}, "required": ["meta"]}):
+        constraint = StructuredOutputsParams(json=schema)
+
+        def wrap(value: object, schema: dict = schema) -> str:
+            return json.dumps({"meta": value} if schema else value, separators=(",", ":"))
+
+        for value in (None, 3, "text", [1, {"a": [True]}], nested(MAX_NESTING)):
+            assert accepts(tokenizer, constraint, wrap(value)), (schema, value)
+        for value in ("z" * (MAX_STRING_LENGTH + 1), MAX_SAFE_INTEGER + 1, nested(MAX_NESTING + 1)):
+            assert not accepts(tokenizer, constraint, wrap(value)), (schema, value)
+    # Literals and boolean keywords are not schemas: left as written.
+    literal = {"type": "array", "uniqueItems": True, "items": {"enum": [{}, 1]}, "default": {}}
+    assert bounded_schema(literal) == literal
