@@ -32,7 +32,14 @@ import numpy as np
 import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # serving.py, however this file is run
-from serving import RequestResult, Workload, build_workload, run_workload, served_model  # noqa: E402
+from serving import (  # noqa: E402
+    RequestResult,
+    Workload,
+    add_workload_args,
+    build_workload,
+    run_workload,
+    served_model,
+)
 
 LEVELS = (0.5, 1.0, 2.0, 4.0, 8.0)
 
@@ -242,12 +249,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--slo-ttft", type=float, default=10.0, help="Seconds: a slower first token is not goodput."
     )
-    parser.add_argument("--input-len-min", type=int, default=64)
-    parser.add_argument("--input-len-max", type=int, default=1024)
-    parser.add_argument("--output-len-min", type=int, help="Default: --output-len-max.")
-    parser.add_argument("--output-len-max", type=int, default=256)
-    parser.add_argument("--tokenizer", help="HF tokenizer of the dataset (default: the embedded model's).")
-    parser.add_argument("--seed", type=int, default=0)
+    add_workload_args(parser, input_len=(64, 1024), output_len_max=256)
     parser.add_argument("--request-timeout", type=float, default=600.0, help="Client seconds per request.")
     args = parser.parse_args(argv)
     args.ignore_eos, args.text_prompts = True, False  # what serving.build_workload/run_workload read
