@@ -106,7 +106,7 @@ def test_every_schema_through_the_openai_client_greedy_whole_and_sampled_streame
 
     async def all_answers() -> list[tuple[str, str | None]]:
         async with openai.AsyncOpenAI(
-            base_url=f"{server.base_url}/v1", api_key="none", timeout=600, max_retries=0
+            base_url=f"{server.base_url}/v1", api_key="none", timeout=1800, max_retries=0
         ) as client:
             runs = [(index, sampled) for index in range(len(SCHEMAS)) for sampled in (False, True)]
             return await asyncio.gather(*(_schema_answer(client, index, sampled) for index, sampled in runs))
