@@ -1,32 +1,36 @@
-"""GPTQ/AWQ-style 4-bit group-wise weights, repacked at load into ggml Q4_0/Q4_1 blocks.
+"""GPTQ/AWQ-style 4-bit group-wise weights, repacked at load for the native Q4_0 kernel.
 
-Such a checkpoint stores, per output row n and group g of input columns, w = scale[g, n] * (q - zero[g, n])
-with q and zero in 4 bits. That is a Q4_1 block's d * q + m with d = scale and m = -scale * zero (Q4_0's
-d * (q - 8) when every zero is 8, as in symmetric GPTQ), so a group of 32, 64 or 128 columns becomes 1, 2 or
-4 blocks of 32 with the same d and m, and the native kernels (`kernels/cpu/gguf_matmul.cpp`) multiply it.
+Such a checkpoint stores, per output row n and group of input columns, w = scale * (q - zero) with q and
+zero in 4 bits. We store it as Q4_0 blocks of 32 (d * (q - 8), d = the group's fp16 scale: the checkpoint's
+q and scale unchanged), a group of 32, 64 or 128 columns being 1, 2 or 4 blocks with the same d, plus, when
+some zero is not 8 (asymmetric checkpoints), one float32 offset per group, scale * (8 - zero):
+x . w = Q4_0(x) + sum over each group of (sum of its x) * offset. Both terms are the checkpoint's exact
+values (an fp16 scale times a small integer is exact in float32), so the layer computes the reference
+dequantization's matmul up to float32 rounding. Memory: 4.5 bits per weight, + 32 / group size for the
+offsets (4.75 at groups of 128).
+NOTE: why not Q4_1 (d * q + m): its m = -scale * zero is fp16, which rounds it (measured: logprobs 3.5e-4 off
+the reference on the test models, one greedy token different), and it is 5 bits per weight. Why not torch's
+`_weight_int4pack_mm_for_cpu`, which takes this scale/zero form: measured (benchmarks/quant_kernels.py, README
+"Kernels"), with float32 activations it is 7x to several hundred times slower than our kernels, and with
+bfloat16 activations it rounds activations and scales to 8 mantissa bits.
 Act-order checkpoints (GPTQ desc_act: `g_idx` assigns columns to groups out of order) have their input
 columns permuted at load so each group is contiguous, and the activations gathered with the same
 permutation at run time (as exllama does).
-
-NOTE: why this kernel and not torch's `_weight_int4pack_mm_for_cpu`, which takes exactly this scale/zero
-form with groups of 32..256: measured (benchmarks/quant_kernels.py, README "Kernels"), with float32
-activations it is 7x to several hundred times slower than our Q4_1 kernel, and with bfloat16 activations it
-rounds activations and scales to 8 mantissa bits. Exactness: Q4_0 (symmetric) gives the checkpoint's values
-exactly; Q4_1 stores m = -scale * zero in fp16, which rounds it by at most 2^-11 relative (at most
-0.4% of one quantization step per weight; vLLM's GPTQ/AWQ CUDA kernels round the same product to fp16).
 """
 
 from abc import abstractmethod
 from collections.abc import Callable
+from typing import cast
 
 import torch
 from torch import nn
 
 from pagedserve.config.int4_checkpoint import BLOCK, Int4CheckpointFormat, parse_int4_checkpoint
 from pagedserve.errors import ConfigError
+from pagedserve.kernels.cpu.gguf_ops import gguf_matmul
 from pagedserve.quantization.base import QuantizationConfig, QuantizeMethodBase
-from pagedserve.quantization.gguf import GGUFMethod, GGUFPart, ShardLoader
-from pagedserve.quantization.rtn import GGML_Q4_1, q4_block_rows
+from pagedserve.quantization.gguf import ShardLoader
+from pagedserve.quantization.rtn import q4_block_rows
 
 GGML_Q4_0 = 2
 SYMMETRIC_ZERO = 8  # a symmetric 4-bit grid centered on 8: Q4_0's own offset
@@ -58,14 +62,14 @@ def unpack_pairs(pairs: torch.Tensor) -> torch.Tensor:
     return torch.stack([pairs & 0xF, pairs >> 4], dim=-1).reshape(pairs.shape[0], -1)
 
 
-class GroupedInt4Method(GGUFMethod):
+class GroupedInt4Method(QuantizeMethodBase):
     """Stages a layer's q (two per byte), zeros and scales with output rows first, through the layer's own
     shard loaders (so tensor parallelism splits them as it splits a float weight), then repacks them into
     Q4_0/Q4_1 rows. Subclasses say how their checkpoint's tensors map to that staging."""
 
     def __init__(self, checkpoint_format: Int4CheckpointFormat) -> None:
-        super().__init__()
         self.format = checkpoint_format
+        self.cols = self.output_size = self.group_width = 0
         self.permutation: torch.Tensor | None = None  # act-order: the input column behind each repacked one
         self.group_index: torch.Tensor | None = None  # act-order: g_idx, the group of each input column
 
@@ -118,32 +122,35 @@ class GroupedInt4Method(GGUFMethod):
         if bool((groups.diff() < 0).any()):
             self.permutation = torch.argsort(groups, stable=True)
             q, groups = q[:, self.permutation], groups[self.permutation]
-        blocks = groups.reshape(-1, BLOCK)
-        if bool((blocks != blocks[:, :1]).any()):
+        num_groups = self.scales.shape[1]
+        self.group_width = self.cols // num_groups
+        if self.group_width % BLOCK or not torch.equal(groups, torch.arange(self.cols) // self.group_width):
             raise ConfigError(
-                f"The {self.format.method} checkpoint's g_idx puts a number of columns that is not a "
-                f"multiple of {BLOCK} in some group; pagedserve's 4-bit kernels need whole blocks of {BLOCK}."
+                f"The {self.format.method} checkpoint's g_idx gives groups of unequal sizes, or sizes that are "
+                f"not a multiple of {BLOCK}; pagedserve's 4-bit kernels need {self.group_width} columns in "
+                "each group."
             )
-        block_group = blocks[:, 0]
-        scale = self.scales[:, block_group].float().reshape(-1)
-        zero = self.zeros[:, block_group].reshape(-1)
-        q_blocks = q.reshape(-1, BLOCK)
-        if bool((zero == SYMMETRIC_ZERO).all()):
-            ggml_type, rows = GGML_Q4_0, q4_block_rows(q_blocks, scale, None)
-        else:
-            ggml_type, rows = GGML_Q4_1, q4_block_rows(q_blocks, scale, -scale * zero.float())
-        rows = rows.reshape(self.output_size, -1)
+        scale = self.scales.float()
+        block_scale = scale.repeat_interleave(self.group_width // BLOCK, dim=1).reshape(-1)
+        rows = q4_block_rows(q.reshape(-1, BLOCK), block_scale, None).reshape(self.output_size, -1)
+        offsets = scale * (SYMMETRIC_ZERO - self.zeros.float())  # exact: an fp16 scale times a small integer
         for name in self.staged_tensors():
             delattr(layer, name)
         layer.qweight = nn.Parameter(rows, requires_grad=False)
-        self.parts = [GGUFPart(ggml_type, 0, self.output_size, rows)]
+        if bool(offsets.any()):
+            layer.group_offsets = nn.Parameter(offsets.t().contiguous(), requires_grad=False)
         del self.pairs, self.zeros, self.scales
         self.group_index = None
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.cols).float()
         if self.permutation is not None:
-            x = x.index_select(-1, self.permutation)
-        return super().apply(layer, x)
+            flat = flat.index_select(1, self.permutation)
+        y = gguf_matmul(flat, cast(torch.Tensor, layer.qweight), GGML_Q4_0)
+        offsets = getattr(layer, "group_offsets", None)
+        if offsets is not None:  # + sum over each group of x times scale * (8 - zero)
+            y.addmm_(flat.view(flat.shape[0], -1, self.group_width).sum(dim=2), offsets)
+        return y.reshape(*x.shape[:-1], self.output_size).to(x.dtype)
 
 
 class GroupedInt4Config(QuantizationConfig):
