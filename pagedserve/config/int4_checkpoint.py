@@ -39,9 +39,9 @@ def _field(quant_config: Mapping[str, object], *names: str, default: object = No
 
 def _group_size(method: str, quant_config: Mapping[str, object], allow_whole_rows: bool) -> int:
     group_size = _field(quant_config, "group_size", "q_group_size", default=128)
-    valid = isinstance(group_size, int) and not isinstance(group_size, bool)
-    if valid and (group_size == -1 and allow_whole_rows or group_size > 0 and group_size % BLOCK == 0):
-        return int(group_size)  # type: ignore[call-overload]
+    if isinstance(group_size, int) and not isinstance(group_size, bool):
+        if group_size == -1 and allow_whole_rows or group_size > 0 and group_size % BLOCK == 0:
+            return group_size
     raise _refuse(method, f"group_size={group_size!r}")
 
 

@@ -98,7 +98,7 @@ class GroupedInt4Method(QuantizeMethodBase):
         self.pairs = torch.zeros(output_size, input_size // 2, dtype=torch.uint8)
         self.zeros = torch.zeros(output_size, groups, dtype=torch.uint8)
         self.scales = torch.zeros(output_size, groups, dtype=torch.float16)
-        shard_loader: ShardLoader = layer.weight_loader
+        shard_loader = cast(ShardLoader, layer.weight_loader)
         for name, (dtype, to_output_major, staging) in self.staged_tensors().items():
             param = nn.Parameter(torch.empty(0, dtype=dtype), requires_grad=False)
             param.weight_loader = (  # type: ignore[attr-defined]  # NOTE: read by load_weights
