@@ -137,17 +137,22 @@ def _greedy(llm: LLM) -> list[tuple[list[int], list[float]]]:
     ]
 
 
-@pytest.mark.parametrize(("architecture", "scheme"), GREEDY_CASES)
-def test_greedy_tokens_equal_hf_on_the_reference_weights(checkpoints, architecture: str, scheme: str) -> None:
-    quantized, reference = checkpoints(architecture, scheme)
-    llm = LLM(quantized, kv_cache_memory="16MiB", max_model_len=128)
-    assert llm.llm_engine.config.model.quantization == SCHEMES[scheme].method
+def _assert_greedy_equals_hf(llm: LLM, reference: str) -> None:
+    """Greedy tokens identical, each token's logprob within 1e-4 (relative above 1); shuts `llm` down."""
     ours, theirs = _greedy(llm), _hf_greedy(reference)
     llm.llm_engine.engine_core.shutdown()
     assert [tokens for tokens, _ in ours] == [tokens for tokens, _ in theirs]
     for (_, our_logprobs), (_, their_logprobs) in zip(ours, theirs):
         worst = max(abs(a - b) / max(abs(b), 1.0) for a, b in zip(our_logprobs, their_logprobs))
         assert worst < 1e-4, worst
+
+
+@pytest.mark.parametrize(("architecture", "scheme"), GREEDY_CASES)
+def test_greedy_tokens_equal_hf_on_the_reference_weights(checkpoints, architecture: str, scheme: str) -> None:
+    quantized, reference = checkpoints(architecture, scheme)
+    llm = LLM(quantized, kv_cache_memory="16MiB", max_model_len=128)
+    assert llm.llm_engine.config.model.quantization == SCHEMES[scheme].method
+    _assert_greedy_equals_hf(llm, reference)
 
 
 def test_the_reference_packer_round_trips_its_own_grid() -> None:
@@ -160,3 +165,16 @@ def test_the_reference_packer_round_trips_its_own_grid() -> None:
     step = quantized.scale.float()[:, g_idx]
     assert ((quantized.dequantize() - weight).abs() <= step * 0.51).all()
     assert LINEAR_NAMES[-1] == "down_proj"
+
+
+@pytest.mark.slow
+def test_tensor_parallel_shards_the_groups(checkpoints) -> None:
+    """tp=2: q/k/v, gate/up split by output rows, o/down by input columns (whole groups per rank): greedy
+    tokens and logprobs as HF's on the reference weights. Act-order cannot split o/down: refused."""
+    quantized, reference = checkpoints("llama", "gptq-g128-actorder-asym-v2")
+    with pytest.raises(Exception, match="act-order \\(desc_act\\).*--tensor-parallel-size 1"):
+        LLM(quantized, tensor_parallel_size=2, kv_cache_memory="16MiB", max_model_len=128)
+    quantized, reference = checkpoints("llama", "awq-g64")
+    _assert_greedy_equals_hf(
+        LLM(quantized, tensor_parallel_size=2, kv_cache_memory="16MiB", max_model_len=128), reference
+    )
