@@ -23,6 +23,14 @@ class Int4CheckpointFormat:
     group_size: int  # weights per group along the input dimension; -1: one group per row
     desc_act: bool  # GPTQ act-order: g_idx assigns input columns to groups out of order
     zeros_minus_one: bool  # GPTQ v1 ("gptq" format) stores every zero point minus one
+    sym: bool  # every zero point is 8 (symmetric GPTQ)
+
+    @property
+    def bits_per_weight(self) -> float:
+        """Memory per weight once loaded (`quantization/int4_groups.py`): 4 bits, an fp16 scale per block of
+        32 and, unless symmetric, a float32 offset per group (per row with group_size -1: negligible)."""
+        offsets = 0 if self.sym or self.group_size == -1 else 32 / self.group_size
+        return 4 + 16 / BLOCK + offsets
 
 
 def _refuse(method: str, what: str) -> ConfigError:
@@ -58,7 +66,7 @@ def parse_int4_checkpoint(method: str, quant_config: Mapping[str, object]) -> In
             raise _refuse(method, "zero_point=false")
         if _field(quant_config, "modules_to_not_convert", default=None):
             raise _refuse(method, "modules_to_not_convert (layers left in float)")
-        return Int4CheckpointFormat(method, _group_size(method, quant_config, False), False, False)
+        return Int4CheckpointFormat(method, _group_size(method, quant_config, False), False, False, False)
     checkpoint_format = _field(quant_config, "checkpoint_format", default="gptq")
     if checkpoint_format not in ("gptq", "gptq_v2"):
         raise _refuse(method, f"checkpoint_format={checkpoint_format!r}")
@@ -70,6 +78,5 @@ def parse_int4_checkpoint(method: str, quant_config: Mapping[str, object]) -> In
     sym = _field(quant_config, "sym", default=True)
     if not isinstance(desc_act, bool) or not isinstance(sym, bool):
         raise _refuse(method, f"desc_act={desc_act!r}, sym={sym!r}")
-    return Int4CheckpointFormat(
-        method, _group_size(method, quant_config, True), desc_act, checkpoint_format == "gptq"
-    )
+    group_size = _group_size(method, quant_config, True)
+    return Int4CheckpointFormat(method, group_size, desc_act, checkpoint_format == "gptq", sym)

@@ -46,12 +46,9 @@ def resolve_quantization(requested: str | None, model: "ModelConfig", device: st
             f"which pagedserve does not support; supported: {_SUPPORTED}."
         )
     if detected in _CHECKPOINT_FORMATS:
-        parse_int4_checkpoint(detected, checkpoint_quantization_config(model))  # refuses what we cannot load
-        if device != "cpu" and model.load_format != "dummy":
-            raise ConfigError(
-                f"{detected} checkpoints have CPU kernels only (their weights are repacked for the native "
-                "CPU kernels); use --device cpu."
-            )
+        # NOTE: refuses what we cannot load; the device is checked as the layers are built (the CPU
+        # kernels only), since `pagedserve plan` resolves this config as on a GPU.
+        parse_int4_checkpoint(detected, checkpoint_quantization_config(model))
     if requested == "none" and detected in _CHECKPOINT_FORMATS:
         raise ConfigError(
             f"--quantization none cannot load a {detected} checkpoint (its weights exist only as 4-bit "

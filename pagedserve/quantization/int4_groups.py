@@ -80,6 +80,11 @@ class GroupedInt4Method(QuantizeMethodBase):
     def create_weights(self, layer: nn.Module, input_size: int, output_size: int) -> None:
         self.cols, self.output_size = input_size, output_size
         group_size = self.format.group_size
+        if torch.empty(0).device.type != "cpu":  # the device the model is being built on
+            raise ConfigError(
+                f"{self.format.method} checkpoints have CPU kernels only (repacked for the native CPU "
+                "kernels); use --device cpu."
+            )
         split_input = hasattr(layer, "input_size_per_partition") and getattr(layer, "tp_size", 1) > 1
         if split_input and (self.format.desc_act or group_size == -1):
             what = "act-order (desc_act)" if self.format.desc_act else "group_size -1"

@@ -4,6 +4,7 @@ refused before any weight is read."""
 
 import json
 import math
+import os
 import shutil
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 
 from pagedserve.config import EngineArgs
 from pagedserve.config.int4_checkpoint import parse_int4_checkpoint
-from pagedserve.config.quantization import resolve_quantization
+from pagedserve.entrypoints.cli import main as cli_main
 from pagedserve.errors import ConfigError
 from pagedserve.model_loader.loader import load_model
 
@@ -99,7 +100,7 @@ def test_flags_that_cannot_load_the_checkpoint_are_refused(with_quant_config, ti
     with pytest.raises(ConfigError, match="needs a checkpoint quantized with gptq.*not quantized"):
         _model_config(tiny_llama, quantization="gptq")
     with pytest.raises(ConfigError, match="CPU kernels only.*--device cpu"):
-        resolve_quantization(None, _model_config(gptq), "cuda")
+        load_model(_model_config(gptq), torch.device("meta"))  # any device but the CPU
     assert _model_config(gptq, load_format="dummy").quantization is None  # random float weights
 
 
@@ -108,3 +109,18 @@ def test_a_group_size_that_does_not_divide_the_layers_is_refused(with_quant_conf
     config = _model_config(with_quant_config({**GPTQ, "group_size": group_size}))
     with pytest.raises(ConfigError, match=f"not whole groups of {group_size}"):
         load_model(config, torch.device("cpu"))
+
+
+@pytest.mark.parametrize(("quant_config", "bits"), [(GPTQ, 4.5), ({**AWQ, "group_size": 128}, 4.75)])
+def test_plan_counts_the_linear_layers_in_4_bits(tmp_path, capsys, quant_config: dict, bits: float) -> None:
+    """Llama-2-7B in fp16 with 4-bit linear layers: 4 bits + an fp16 scale per 32, + a float32 offset
+    per group when asymmetric; embeddings, LM head and norms stay fp16."""
+    data = os.path.join(os.path.dirname(__file__), os.pardir, "data", "llama-2-7b", "config.json")
+    config = json.load(open(data))
+    config["quantization_config"] = quant_config
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert cli_main(["plan", str(tmp_path / "config.json"), "--kv-cache-memory", "8GiB", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    linear = 32 * (4 * 4096**2 + 3 * 4096 * 11008)
+    others = 2 * 32000 * 4096 + 32 * 2 * 4096 + 4096  # embeddings, LM head, norms
+    assert result["weights_bytes"] == 2 * others + math.ceil(linear * bits / 8)
