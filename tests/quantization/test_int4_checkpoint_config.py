@@ -124,3 +124,13 @@ def test_plan_counts_the_linear_layers_in_4_bits(tmp_path, capsys, quant_config:
     linear = 32 * (4 * 4096**2 + 3 * 4096 * 11008)
     others = 2 * 32000 * 4096 + 32 * 2 * 4096 + 4096  # embeddings, LM head, norms
     assert result["weights_bytes"] == 2 * others + math.ceil(linear * bits / 8)
+
+
+def test_families_with_fused_checkpoint_tensors_or_experts_are_refused(tiny_model_factory, tmp_path) -> None:
+    for name in ("phi3", "mixtral"):
+        folder = shutil.copytree(tiny_model_factory(name), tmp_path / name)
+        config = json.loads((folder / "config.json").read_text())
+        config["quantization_config"] = GPTQ
+        (folder / "config.json").write_text(json.dumps(config))
+        with pytest.raises(ConfigError, match="gptq checkpoints of .* are not supported.*LlamaForCausalLM"):
+            _model_config(str(folder))
