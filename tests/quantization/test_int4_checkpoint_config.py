@@ -134,3 +134,26 @@ def test_families_with_fused_checkpoint_tensors_or_experts_are_refused(tiny_mode
         (folder / "config.json").write_text(json.dumps(config))
         with pytest.raises(ConfigError, match="gptq checkpoints of .* are not supported.*LlamaForCausalLM"):
             _model_config(str(folder))
+
+
+def test_g_idx_that_cannot_be_served_is_refused() -> None:
+    """One activation permutation serves a fused layer: q/k/v must share act-order's g_idx; g_idx must name
+    groups that exist; a shuffled g_idx with desc_act false would be silently wrong."""
+    from pagedserve.config.int4_checkpoint import Int4CheckpointFormat
+    from pagedserve.layers.linear import QKVParallelLinear
+    from pagedserve.quantization.base import set_quantization_config
+    from pagedserve.quantization.gptq import GPTQConfig
+
+    def layer(desc_act: bool) -> QKVParallelLinear:
+        with set_quantization_config(GPTQConfig(Int4CheckpointFormat("gptq", 32, desc_act, True, False))):
+            return QKVParallelLinear(64, 16, 4, 2)
+
+    shuffled = (torch.arange(64) // 32)[torch.randperm(64, generator=torch.Generator().manual_seed(0))]
+    act_order = layer(True)
+    act_order.g_idx.weight_loader(act_order.g_idx, shuffled.to(torch.int32), "q")
+    with pytest.raises(ConfigError, match="different act-order g_idx"):
+        act_order.g_idx.weight_loader(act_order.g_idx, shuffled.flip(0).to(torch.int32), "k")
+    with pytest.raises(ConfigError, match="groups outside 0..1"):
+        act_order.g_idx.weight_loader(act_order.g_idx, shuffled.to(torch.int32) + 1, "v")
+    with pytest.raises(ConfigError, match="says desc_act false"):
+        layer(False).g_idx.weight_loader(None, shuffled.to(torch.int32), "q")
