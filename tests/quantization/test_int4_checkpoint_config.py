@@ -54,15 +54,26 @@ def test_checkpoints_are_detected_and_their_layout_read(with_quant_config) -> No
     assert (awq.group_size, awq.desc_act, awq.zeros_minus_one) == (128, False, False)
 
 
-@pytest.mark.parametrize("method", ["gptq", "awq"])
-@pytest.mark.parametrize("field", ["bits", "group_size"])
-@pytest.mark.parametrize("value", BAD_NUMBERS + [16, 48, 33])
+def _is_valid(method: str, field: str, value: object) -> bool:
+    """Values these checks accept: bits 4; group sizes that are multiples of 32 (2^63 and 2^64 too: the
+    layers check them against their columns, below) and GPTQ's -1 (whole rows)."""
+    if field == "bits":
+        return value == 4 and not isinstance(value, bool)
+    return value in (2**63, 2**64) or (value == -1 and method == "gptq")
+
+
+INVALID = [
+    (method, field, value)
+    for method in ("gptq", "awq")
+    for field in ("bits", "group_size")
+    for value in BAD_NUMBERS + [16, 48, 33]
+    if not _is_valid(method, field, value)
+]
+
+
+@pytest.mark.parametrize(("method", "field", "value"), INVALID)
 def test_unsupported_bits_and_group_sizes_are_refused(method: str, field: str, value: object) -> None:
     base = GPTQ if method == "gptq" else AWQ
-    if field == "group_size" and (value in (2**63, 2**64) or (value == -1 and method == "gptq")):
-        return  # valid at this stage (multiples of 32 / whole rows): the layers check them against K
-    if field == "bits" and value == 4:
-        return
     with pytest.raises(ConfigError, match=rf"{field}=.*Supported: gptq: bits 4, group_size a multiple of 32"):
         parse_int4_checkpoint(method, {**base, field: value})
 
