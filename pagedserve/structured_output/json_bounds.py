@@ -16,9 +16,10 @@ from typing import Any
 MAX_SAFE_INTEGER = 2**53 - 1  # I-JSON: the integers every JSON parser reads exactly (16 digits)
 MAX_FRACTION_DIGITS = 10  # a number's digits after the point (llguidance takes multipleOf down to 1e-10)
 MAX_STRING_LENGTH = 256  # characters of a string without maxLength, pattern, format, enum or const
-# json_object's free-form document: at most this many keys per object, items per array, nesting levels.
-MAX_OBJECT_KEYS = 16
-MAX_KEY_LENGTH = 64
+# json_object's free-form document: keys per object (8: a model that repeats one pair, `"blue":20,` again and
+# again, closes the object within ~50 tokens), key length, items per array, nesting levels.
+MAX_OBJECT_KEYS = 8
+MAX_KEY_LENGTH = 32
 MAX_ARRAY_ITEMS = 16
 MAX_NESTING = 4
 
