@@ -184,3 +184,22 @@ def test_gguf_matches_hf(tmp_path, name: str, overrides: dict) -> None:
         str(tmp_path), gguf_file=f"{name}.gguf", dtype=torch.float32, attn_implementation="eager"
     )
     assert_matches(ours, hf_greedy(model, prompts, MAX_TOKENS))
+
+
+@pytest.mark.parametrize("quant_type", ["F32", "Q8_0"])
+def test_mixtral_gguf_matches_hf(tmp_path, quant_type: str) -> None:
+    """A Mixtral GGUF as llama.cpp writes it (arch llama with `llama.expert_count`, experts stacked per
+    projection, q/k permuted; Q8_0: every matrix but the router quantized) against HF on the float folder
+    holding the same values: the same greedy tokens and logprobs."""
+    from conftest import TINY_MODELS, build_tiny_model
+    from gguf_writer import write_gguf
+
+    folder = build_tiny_model(str(tmp_path / "hf"), "mixtral", **TINY_MODELS["mixtral"])
+    path = write_gguf(folder, "llama", str(tmp_path / "mixtral.gguf"), quant_type=quant_type)
+    prompts = make_prompts(3, [5, 40])
+    ours, llm = run(path, prompts, block_size=16, kv_cache_memory="16MiB")
+    model_config = llm.llm_engine.config.model
+    assert model_config.architecture == "MixtralForCausalLM"
+    assert model_config.hf_config.num_local_experts == 4 and model_config.hf_config.num_experts_per_tok == 2
+    assert model_config.quantization == "gguf"  # dense matrices stay in their blocks
+    assert_matches(ours, reference(folder, prompts))
