@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from pagedserve import LLM, SamplingParams
+from pagedserve.utils.kv_cache_groups import KVCacheGroups
 
 MAX_TOKENS = 12
 PROMPT_LENS = [3, 17, 40, 64, 101]
@@ -87,6 +88,7 @@ FAMILY_BLOCK_SIZES = [
     for block_size in (8, 16, 32)
 ] + [
     ("qwen2-swa", 16),
+    ("qwen2-mwl", 16),
     ("qwen3", 8),
     ("gemma3_text", 32),
     ("phi3", 16),
@@ -113,7 +115,12 @@ def test_greedy_matches_hf(tiny_model_factory, name: str, block_size: int) -> No
         ("llama", 16),
         ("llama", 32),
         ("mistral-swa", 8),
+        # Mixed windowed and full layers: one block table per KV cache group.
+        ("gemma2", 8),
         ("gemma2", 16),
+        ("gemma2", 32),
+        ("gemma3_text", 16),
+        ("qwen2-mwl", 32),
         ("mixtral", 32),
         ("falcon-40b", 8),
     ],
@@ -121,10 +128,15 @@ def test_greedy_matches_hf(tiny_model_factory, name: str, block_size: int) -> No
 def test_greedy_matches_hf_with_preemption_and_chunked_prefill(
     tiny_model_factory, name: str, block_size: int
 ) -> None:
+    from transformers import AutoConfig
+
     path = tiny_model_factory(name)
     prompts = make_prompts(0, PROMPT_LENS)
-    # Room for one full-length request and a little more; 16-token steps chunk every long prompt.
-    num_blocks = 128 // block_size + 3
+    config = AutoConfig.from_pretrained(path)
+    groups = KVCacheGroups.for_model(config, config.architectures[0], block_size)
+    # Room for one full-length request (a block per group per block of tokens) and a little more; 16-token
+    # steps chunk every long prompt.
+    num_blocks = 128 // block_size * groups.num_groups + 3
     ours, llm = run(
         path,
         prompts,
