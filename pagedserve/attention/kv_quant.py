@@ -55,9 +55,13 @@ def kv_cache_storage_dtype(cache_dtype: str, model_dtype: torch.dtype) -> torch.
     return model_dtype if cache_dtype == "auto" else torch.uint8
 
 
-def kv_quantization(cache_dtype: str, calculate_scales: bool) -> KVQuantization | None:
-    return (
-        None
-        if cache_dtype == "auto"
-        else KVQuantization(FP8_DTYPES[cache_dtype], scales_pending=calculate_scales)
-    )
+def kv_quantization(
+    cache_dtype: str, calculate_scales: bool, checkpoint_scales: tuple[float, float] | None = None
+) -> KVQuantization | None:
+    """A layer's fp8 cache: scales from the first batch (--calculate-kv-scales), else the checkpoint's
+    (`checkpoint_scales`), else 1.0."""
+    if cache_dtype == "auto":
+        return None
+    if calculate_scales or checkpoint_scales is None:
+        return KVQuantization(FP8_DTYPES[cache_dtype], scales_pending=calculate_scales)
+    return KVQuantization(FP8_DTYPES[cache_dtype], *checkpoint_scales)
