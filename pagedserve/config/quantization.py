@@ -12,21 +12,22 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 # Each scheme but none is registered in quantization/__init__.py (a test checks that the two agree).
-QuantizationName = Literal["gguf", "int8", "int4", "none"]
+QuantizationName = Literal["gguf", "int8", "int4", "fp8", "none"]
 QUANTIZATION_METHODS: tuple[str, ...] = get_args(QuantizationName)[:-1]
 _SUPPORTED = f"{', '.join(QUANTIZATION_METHODS)} or none"
+
+
+def checkpoint_quantization_config(model: "ModelConfig") -> dict[str, object]:
+    """config.json's `quantization_config` (empty when there is none)."""
+    quant_config = getattr(model.hf_config, "quantization_config", None) or {}
+    return dict(quant_config) if isinstance(quant_config, dict) else dict(vars(quant_config))
 
 
 def checkpoint_quantization(model: "ModelConfig") -> str | None:
     """What the checkpoint is quantized with: gguf for a GGUF file, else config.json's quant_method."""
     if model.gguf_file:
         return "gguf"
-    quant_config = getattr(model.hf_config, "quantization_config", None) or {}
-    method = (
-        quant_config.get("quant_method")
-        if isinstance(quant_config, dict)
-        else getattr(quant_config, "quant_method", None)
-    )
+    method = checkpoint_quantization_config(model).get("quant_method")
     return str(method) if method else None
 
 
@@ -42,6 +43,17 @@ def resolve_quantization(requested: str | None, model: "ModelConfig", device: st
             f"The checkpoint is quantized with {detected!r} (config.json quantization_config), "
             f"which pagedserve does not support; supported: {_SUPPORTED}."
         )
+    if detected == "fp8" and requested not in (None, "fp8"):
+        raise ConfigError(
+            f"--quantization {requested} cannot load an fp8 checkpoint (its weights exist only in fp8); "
+            "leave --quantization unset or pass fp8."
+        )
+    if requested == "fp8" and detected != "fp8":
+        raise ConfigError(
+            "--quantization fp8 loads checkpoints quantized to fp8 (config.json quantization_config."
+            f"quant_method fp8), but this one is {detected or 'not quantized'}; use int8 to quantize a "
+            "float checkpoint online."
+        )
     if requested is None:
         if detected == "gguf" and (device != "cpu" or model.load_format == "dummy"):
             logger.info(
@@ -52,7 +64,7 @@ def resolve_quantization(requested: str | None, model: "ModelConfig", device: st
         return detected
     if requested == "gguf" and not model.gguf_file:
         raise ConfigError("--quantization gguf needs a GGUF file (--model *.gguf).")
-    if requested in QUANTIZATION_METHODS and device != "cpu":
+    if requested in QUANTIZATION_METHODS and requested != "fp8" and device != "cpu":
         raise ConfigError(
             f"--quantization {requested} has CPU kernels only; use --device cpu, or "
             "--quantization none (GGUF dequantized)."
