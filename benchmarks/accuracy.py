@@ -54,7 +54,7 @@ def float_folder(gguf_file: str, folder: str) -> str:
     for name in os.listdir(converted):
         shutil.copy(os.path.join(converted, name), folder)
     config = AutoConfig.from_pretrained(converted)
-    tensors = dict(iterate_gguf(gguf_file, config.num_attention_heads, config.num_key_value_heads))
+    tensors = dict(iterate_gguf(gguf_file, config))
     save_file(
         {name: tensor.contiguous() for name, tensor in tensors.items()},
         os.path.join(folder, "model.safetensors"),
