@@ -7,7 +7,7 @@ activation scale per layer (`input_scale`).
 CPU: weight-only. The fp8 bytes stay resident (1 byte per weight); every matmul widens each weight row
 through a 256-value table into a small float32 buffer and computes in float32 (kernels/cpu/
 fp8_matmul.cpp). NOTE: why a kernel: torch's fp8 -> float32 conversion of a weight costs ~100x the
-float32 matmul it feeds on this CPU, a table gather ~25x (benchmarks/quant_kernels.py). CUDA: W8A8 with
+float32 matmul it feeds on this CPU (benchmarks/quant_kernels.py: "torch fp8 upcast"). CUDA: W8A8 with
 torch._scaled_mm (activations quantized per token) where it applies, else the same dequantize-and-matmul.
 
 Scales are kept per row, [N, ceil(K / block_k)] (per-tensor and per-channel: one column), so fused

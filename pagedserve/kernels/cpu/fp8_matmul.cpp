@@ -2,7 +2,7 @@
 // row (per-tensor and per-channel checkpoints) or per [row, block of block_k columns] (block-wise).
 //
 // Why a kernel: torch's fp8 -> float32 conversion of a whole weight costs ~100x the float32 matmul it
-// feeds on this CPU (benchmarks/quant_kernels.py), and a table gather ~25x. Here each row is widened once
+// feeds on this CPU (benchmarks/quant_kernels.py, "torch fp8 upcast"). Here each row is widened once
 // through a 256-entry table into an L1-resident buffer (scale applied), then dotted with every row of x,
 // so the weight is read once per call at 1 byte per value and the arithmetic is float32.
 #include <ATen/Parallel.h>
