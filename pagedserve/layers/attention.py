@@ -29,6 +29,8 @@ class Attention(nn.Module):
         self.backend: AttentionBackend[Any] | None = None  # NOTE: Any: each backend reads its own metadata
         self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
         self.kv_cache_group = 0
+        # (k_scale, v_scale) shipped in an fp8 checkpoint (model_loader/kv_scales.py), else None
+        self.checkpoint_kv_scales: tuple[float, float] | None = None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         assert self.backend is not None and self.kv_cache is not None, "KV cache not bound"

@@ -68,7 +68,9 @@ class ModelRunner:
         self.kv_dtype = kv_cache_storage_dtype(config.cache.cache_dtype, self.dtype)
         for layer in self.attention_layers:
             layer.backend = self.backend
-            layer.spec.kv_quant = kv_quantization(config.cache.cache_dtype, config.cache.calculate_kv_scales)
+            layer.spec.kv_quant = kv_quantization(
+                config.cache.cache_dtype, config.cache.calculate_kv_scales, layer.checkpoint_kv_scales
+            )
         self.sampler = Sampler()
         self.states: dict[str, CachedRequestState] = {}
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
