@@ -25,7 +25,10 @@ from pagedserve.logger import init_logger
 
 logger = init_logger(__name__)
 
-_SOURCES = [str(Path(__file__).with_name(name)) for name in ("paged_attention.cpp", "gguf_matmul.cpp")]
+_SOURCES = [
+    str(Path(__file__).with_name(name))
+    for name in ("paged_attention.cpp", "gguf_matmul.cpp", "gguf_decode_matmul.cpp")
+]
 
 
 @dataclass(frozen=True)
