@@ -42,7 +42,7 @@ def cpu_kernels_build_timeout_s() -> float:
 
 
 def gguf_activation_bits() -> int:
-    """PAGEDSERVE_GGUF_ACTIVATION_BITS: how the GGUF decode kernels (batch <= 8; Q4_0, Q4_1, Q8_0 weights,
+    """PAGEDSERVE_GGUF_ACTIVATION_BITS: how the GGUF decode kernels (batch <= 8; Q4_0, Q4_1, Q8_0, Q4_K, Q5_K weights,
     also the int8/int4 schemes' blocks) take activations: 32 (float32, exact), 16 (default) or 8 (llama.cpp's
     8-bit blocks: fastest, changes logits by about 1%; README, Quantization)."""
     raw = os.environ.get("PAGEDSERVE_GGUF_ACTIVATION_BITS", "16")

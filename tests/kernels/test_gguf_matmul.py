@@ -91,8 +91,12 @@ DECODE_BATCHES = [*range(1, DECODE_MAX_BATCH + 1), DECODE_MAX_BATCH + 1]
 
 
 def _integer_cases() -> list[tuple[str, tuple[int, int], int]]:
-    names = [name for name, ggml_type in NATIVE_GGML_TYPES.items() if ggml_type in INTEGER_ACTIVATION_TYPES]
-    return [(name, shape, bits) for name in names for shape in SMOLLM2_SHAPES for bits in (8, 16)]
+    cases = []
+    for name, ggml_type in NATIVE_GGML_TYPES.items():
+        if ggml_type in INTEGER_ACTIVATION_TYPES:
+            shapes = K_QUANT_SHAPES if GGML_BLOCK_FORMATS[ggml_type][0] == 256 else SMOLLM2_SHAPES
+            cases += [(name, shape, bits) for shape in shapes for bits in (8, 16)]
+    return cases
 
 
 @pytest.mark.parametrize(("type_name", "shape", "bits"), _integer_cases())

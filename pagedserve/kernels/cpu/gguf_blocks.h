@@ -49,6 +49,17 @@ inline float half_at(const uint8_t* p) {
 #endif
 }
 
+// The 6-bit scale and min of sub-block j of a K-quant super-block (ggml's get_scale_min_k4).
+inline void scale_min_k4(int j, const uint8_t* q, int* scale, int* min) {
+  if (j < 4) {
+    *scale = q[j] & 63;
+    *min = q[j + 4] & 63;
+  } else {
+    *scale = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *min = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
 using BlockDequantizer = void (*)(const uint8_t*, float*);
 
 struct QuantizedRows {
@@ -69,7 +80,8 @@ struct QuantizedRows {
 // registers); larger ones amortize a dequantized tile over enough rows for ATen's GEMM to win.
 constexpr int64_t kDecodeMaxBatch = 8;
 
-// Whether `matmul_decode_blocks` takes weights of `type` in this build (Q4_0, Q4_1, Q8_0 with AVX2+FMA).
+// Whether `matmul_decode_blocks` takes weights of `type` in this build (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K with
+// AVX2+FMA).
 bool has_block_decode_path(int64_t type);
 
 // y [batch, rows] = x [batch, cols] W^T for batch <= kDecodeMaxBatch. `activation_bits` 32: on x's float

@@ -1,6 +1,6 @@
-// The decode-time GGUF matmul on 32-weight blocks (Q4_0, Q4_1, Q8_0), batch 1..kDecodeMaxBatch: each thread
-// takes a range of weight rows, each block is unpacked once into registers and dotted with every
-// activation row's block, so each weight byte is read once per call. Per block, sum_j (d q_j + c) x_j =
+// The decode-time GGUF matmul on 32-weight blocks (Q4_0, Q4_1, Q8_0; the sub-blocks of Q4_K and Q5_K), batch
+// 1..kDecodeMaxBatch: each thread takes a range of weight rows, each block is unpacked once into registers
+// and dotted with every activation row's block, so each weight byte is read once per call. Per block, sum_j (d q_j + c) x_j =
 // d (sum_j q_j x_j) + c (sum_j x_j), with c = m (Q4_1), -8 d (Q4_0) or 0 (Q8_0).
 //
 // Activations in one of three widths (`activation_bits`):
@@ -25,7 +25,7 @@ namespace gguf {
 
 namespace {
 
-constexpr int64_t kBlock = 32;     // weights per Q4_0 / Q4_1 / Q8_0 block, and per activation block
+constexpr int64_t kBlock = 32;     // weights per Q4_0/Q4_1/Q8_0 block or K-quant sub-block; per activation block
 constexpr int64_t kRowGrain = 16;  // weight rows per task: enough work to pay for a thread's wake-up
 
 // Activation rows by 32-value block: x[b, k] ~ scales[b, k / 32] * values[b, k].
@@ -121,6 +121,13 @@ inline __m256 bytes_to_floats(__m128i eight_bytes, bool is_signed) {
 template <int64_t kType>
 struct WeightBlock<kType, float> {  // four vectors of eight floats, in order
   __m256 values[4];
+  explicit WeightBlock(__m256i in_order) {  // 32 unsigned values (K-quant sub-blocks)
+    const __m128i low = _mm256_castsi256_si128(in_order), high = _mm256_extracti128_si256(in_order, 1);
+    values[0] = bytes_to_floats(low, false);
+    values[1] = bytes_to_floats(_mm_srli_si128(low, 8), false);
+    values[2] = bytes_to_floats(high, false);
+    values[3] = bytes_to_floats(_mm_srli_si128(high, 8), false);
+  }
   explicit WeightBlock(const uint8_t* qs) {
     if constexpr (kType == Q8_0) {
       for (int i = 0; i < 4; ++i) values[i] = bytes_to_floats(load64(qs + 8 * i), true);
@@ -141,8 +148,9 @@ struct WeightBlock<kType, float> {  // four vectors of eight floats, in order
 };
 
 template <int64_t kType>
-struct WeightBlock<kType, int8_t> {  // nibbles 0..15 as unsigned bytes
+struct WeightBlock<kType, int8_t> {  // unsigned bytes
   __m256i values;
+  explicit WeightBlock(__m256i in_order) : values(in_order) {}
   explicit WeightBlock(const uint8_t* qs) {
     const __m128i bytes = load128(qs);
     values = _mm256_set_m128i(high_nibbles(bytes), low_nibbles(bytes));
@@ -164,8 +172,11 @@ inline __m256 dot_int16_blocks(__m256i low, __m256i high, const int16_t* x) {
 }
 
 template <int64_t kType>
-struct WeightBlock<kType, int16_t> {  // nibbles widened to int16: weights 0..15 and 16..31
+struct WeightBlock<kType, int16_t> {  // unsigned values widened to int16: weights 0..15 and 16..31
   __m256i low, high;
+  explicit WeightBlock(__m256i in_order)
+      : low(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(in_order))),
+        high(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(in_order, 1))) {}
   explicit WeightBlock(const uint8_t* qs) {
     const __m128i bytes = load128(qs);
     low = _mm256_cvtepu8_epi16(low_nibbles(bytes));
@@ -199,19 +210,52 @@ inline float horizontal_sum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-// Adds one weight block's products with every activation row's block i to the accumulators.
+// Adds the products of a 32-weight block (weights d q + c) with every activation row's block i.
 template <int64_t kType, typename Value, int64_t kBatch>
-__attribute__((always_inline)) inline void add_block(const uint8_t* block, const ActivationBlocks<Value>& a,
-                                                     int64_t i, int64_t blocks, __m256 (&acc)[kBatch],
-                                                     float (&offsets)[kBatch]) {
-  const float d = half_at(block);
-  const float c = block_offset<kType>(block, d);
-  const WeightBlock<kType, Value> weights(block + kValuesOffset<kType>);
+__attribute__((always_inline)) inline void add_scaled(const WeightBlock<kType, Value>& weights, float d, float c,
+                                                      const ActivationBlocks<Value>& a, int64_t i, int64_t blocks,
+                                                      __m256 (&acc)[kBatch], float (&offsets)[kBatch]) {
 #pragma GCC unroll 8
   for (int64_t b = 0; b < kBatch; ++b) {
     const int64_t at = b * blocks + i;
     acc[b] = _mm256_fmadd_ps(weights.dot(a.values + at * kBlock), _mm256_set1_ps(d * a.scales[at]), acc[b]);
     if constexpr (kType != Q8_0) offsets[b] += c * a.sums[at];
+  }
+}
+
+template <int64_t kType, typename Value, int64_t kBatch>
+__attribute__((always_inline)) inline void add_block(const uint8_t* block, const ActivationBlocks<Value>& a,
+                                                     int64_t i, int64_t blocks, __m256 (&acc)[kBatch],
+                                                     float (&offsets)[kBatch]) {
+  const float d = half_at(block);
+  add_scaled<kType>(WeightBlock<kType, Value>(block + kValuesOffset<kType>), d, block_offset<kType>(block, d), a,
+                    i, blocks, acc, offsets);
+}
+
+// Q4_K / Q5_K: a 256-weight super-block is eight 32-weight sub-blocks j, weights d sc_j q - dmin m_j; bytes
+// 32p..32p+31 hold sub-block 2p (low nibbles) and 2p+1 (high); Q5_K's bit j of qh[l] adds 16 to weight l
+// of sub-block j. Sub-blocks alternate between the accumulator chains. `i`: the first activation block.
+template <int64_t kType, typename Value, int64_t kChains, int64_t kBatch>
+__attribute__((always_inline)) inline void add_super_block(const uint8_t* block, const ActivationBlocks<Value>& a,
+                                                           int64_t i, int64_t blocks,
+                                                           __m256 (&acc)[kChains][kBatch],
+                                                           float (&offsets)[kChains][kBatch]) {
+  const float d = half_at(block), dmin = half_at(block + 2);
+  const uint8_t* q = block + (kType == Q5_K ? 48 : 16);
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  const __m256i fifth_bits = kType == Q5_K ? load256(block + 16) : _mm256_setzero_si256();
+  for (int j = 0; j < 8; ++j) {
+    const __m256i bytes = load256(q + 32 * (j / 2));
+    __m256i values = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(bytes, 4) : bytes, nibble);
+    if constexpr (kType == Q5_K) {
+      const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << j));
+      const __m256i is_set = _mm256_cmpeq_epi8(_mm256_and_si256(fifth_bits, bit), bit);
+      values = _mm256_or_si256(values, _mm256_and_si256(is_set, _mm256_set1_epi8(16)));
+    }
+    int scale, min;
+    scale_min_k4(j, block + 4, &scale, &min);
+    add_scaled<kType>(WeightBlock<kType, Value>(values), d * scale, -dmin * min, a, i + j, blocks,
+                      acc[j % kChains], offsets[j % kChains]);
   }
 }
 
@@ -228,12 +272,16 @@ void matmul_rows(const ActivationBlocks<Value>& a, const QuantizedRows& w, float
       for (int64_t c = 0; c < kChains; ++c)
         for (int64_t b = 0; b < kBatch; ++b) acc[c][b] = _mm256_setzero_ps(), offsets[c][b] = 0.f;
       const uint8_t* row = w.data + n * w.row_bytes;
-      int64_t i = 0;
-      for (; i + kChains <= blocks; i += kChains)
+      if constexpr (kType == Q4_K || kType == Q5_K) {
+        for (int64_t i = 0; i < blocks; i += 8, row += block_bytes) add_super_block<kType>(row, a, i, blocks, acc, offsets);
+      } else {
+        int64_t i = 0;
+        for (; i + kChains <= blocks; i += kChains)
 #pragma GCC unroll 2
-        for (int64_t c = 0; c < kChains; ++c)
-          add_block<kType>(row + (i + c) * block_bytes, a, i + c, blocks, acc[c], offsets[c]);
-      if (i < blocks) add_block<kType>(row + i * block_bytes, a, i, blocks, acc[0], offsets[0]);
+          for (int64_t c = 0; c < kChains; ++c)
+            add_block<kType>(row + (i + c) * block_bytes, a, i + c, blocks, acc[c], offsets[c]);
+        if (i < blocks) add_block<kType>(row + i * block_bytes, a, i, blocks, acc[0], offsets[0]);
+      }
       for (int64_t b = 0; b < kBatch; ++b) {
         __m256 total = acc[0][b];
         float offset = offsets[0][b];
@@ -258,13 +306,17 @@ void matmul_type(const ActivationBlocks<Value>& a, int64_t batch, const Quantize
     case Q4_0: return matmul_batch<Q4_0>(a, batch, w, y);
     case Q4_1: return matmul_batch<Q4_1>(a, batch, w, y);
     case Q8_0: return matmul_batch<Q8_0>(a, batch, w, y);
+    case Q4_K: return matmul_batch<Q4_K>(a, batch, w, y);
+    case Q5_K: return matmul_batch<Q5_K>(a, batch, w, y);
     default: TORCH_CHECK(false, "GGML type ", type, " has no block decode kernel");
   }
 }
 
 }  // namespace
 
-bool has_block_decode_path(int64_t type) { return type == Q4_0 || type == Q4_1 || type == Q8_0; }
+bool has_block_decode_path(int64_t type) {
+  return type == Q4_0 || type == Q4_1 || type == Q8_0 || type == Q4_K || type == Q5_K;
+}
 
 void matmul_decode_blocks(const float* x, int64_t batch, const QuantizedRows& w, int64_t type,
                           int64_t activation_bits, float* y) {

@@ -1,13 +1,12 @@
 // Matmul on GGUF-quantized weights, kept in their file's blocks: y = x W^T with W [N, K] stored as N rows
 // of ggml blocks (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K; F32 and F16 rows as blocks of one).
 //
-// Small batches (decode), with `activation_bits` 8 or 16 on Q4_0/Q4_1/Q8_0: integer activations and integer
-// block dots (gguf_int_matmul.cpp, llama.cpp's method). With 32 (float activations, the dequantized
-// model's exact arithmetic) or other types: each block is unpacked into float registers (Q4_0/Q4_1/Q8_0)
-// or each weight row dequantized into a per-thread buffer (K-quants), and dotted with every activation row,
-// so each weight byte is read once per step. Large batches (prefill): tiles of rows are dequantized to
-// float32 and multiplied by ATen's GEMM, where the dequantization is a small fraction of the B*K*N
-// multiply-adds; activations stay float32 whatever `activation_bits` says.
+// Small batches (decode, batch <= kDecodeMaxBatch): Q4_0/Q4_1/Q8_0/Q4_K/Q5_K go to gguf_decode_matmul.cpp
+// (blocks unpacked into registers; float, 16-bit or 8-bit activations as `activation_bits` says); other
+// types dequantize each weight row into a per-thread buffer and dot it with every activation row in
+// float32. Either way each weight byte is read once per step. Large batches (prefill): tiles of rows are
+// dequantized to float32 and multiplied by ATen's GEMM, where the dequantization is a small fraction of the
+// B*K*N multiply-adds; activations stay float32 whatever `activation_bits` says.
 #include "gguf_blocks.h"
 
 #include <ATen/Parallel.h>
@@ -44,17 +43,6 @@ void dequantize_q8_0(const uint8_t* b, float* y) {
   const float d = half_at(b);
   const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2);
   for (int l = 0; l < 32; ++l) y[l] = d * qs[l];
-}
-
-// The 6-bit scale and min of sub-block j of a K-quant super-block (ggml's get_scale_min_k4).
-inline void scale_min_k4(int j, const uint8_t* q, int* scale, int* min) {
-  if (j < 4) {
-    *scale = q[j] & 63;
-    *min = q[j + 4] & 63;
-  } else {
-    *scale = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    *min = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
 }
 
 // Q4_K and Q5_K share their layout but for Q5_K's fifth bits (qh, 32 bytes before the nibbles).

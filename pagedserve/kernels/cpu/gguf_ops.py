@@ -10,7 +10,7 @@ from pagedserve.kernels.cpu import load_cpu_kernels
 NATIVE_GGML_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 # The ggml types with an integer-activation decode kernel, and the largest batch it takes
 # (gguf_blocks.h: kDecodeMaxBatch); larger batches compute in float32.
-INTEGER_ACTIVATION_TYPES = {2, 3, 8}
+INTEGER_ACTIVATION_TYPES = {2, 3, 8, 12, 13}
 DECODE_MAX_BATCH = 8
 # ggml type id -> (weights, bytes) per block, as `block_format` in gguf_matmul.cpp.
 GGML_BLOCK_FORMATS = {
