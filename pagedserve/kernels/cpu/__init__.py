@@ -25,7 +25,10 @@ from pagedserve.logger import init_logger
 
 logger = init_logger(__name__)
 
-_SOURCES = [str(Path(__file__).with_name(name)) for name in ("paged_attention.cpp", "gguf_matmul.cpp")]
+_SOURCES = [
+    str(Path(__file__).with_name(name))
+    for name in ("paged_attention.cpp", "gguf_matmul.cpp", "fused_ops.cpp")
+]
 
 
 @dataclass(frozen=True)
