@@ -173,12 +173,14 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& query, at::Tensor
 
 // ---- gated activations --------------------------------------------------------------------------------
 
-// e^x without a libm call, so loops over it vectorize: x = n ln2 + r (Cody-Waite, ln2 in two parts),
+// e^x without a libm call, so loops over it vectorize (hence floor and plain comparisons: GCC vectorizes
+// neither nearbyint nor fmin/fmax without -ffast-math): x = n ln2 + r (Cody-Waite, ln2 in two parts),
 // e^r by its Taylor series to r^7 (|r| <= ln2 / 2: the remainder is below 1e-8 relative), times 2^n
-// built in the exponent bits. x is clamped to [-87, 88], float's normal range.
+// built in the exponent bits. x is clamped to [-87, 88], float's normal range; NaN stays NaN.
 inline float exp_clamped(float x) {
-  x = std::fmin(std::fmax(x, -87.f), 88.f);
-  const float n = std::nearbyint(x * 1.4426950409f);
+  x = x < -87.f ? -87.f : x;
+  x = x > 88.f ? 88.f : x;
+  const float n = std::floor(x * 1.4426950409f + 0.5f);
   const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-6f;
   const float series =
       1.f + r * (1.f + r * (0.5f + r * (1.f / 6 + r * (1.f / 24 + r * (1.f / 120 + r * (1.f / 720 + r / 5040))))));
