@@ -1,0 +1,176 @@
+"""The scheduler's state: its queues (waiting, running, swapped-out groups), its requests, what the workers
+were last told, and what it reports (stats, the stall log). The scheduling decisions build on it
+(scheduler.py, preemption.py, draft_settling.py)."""
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from pagedserve.config import SchedulerConfig, SpeculativeConfig
+from pagedserve.core.beam_search import BeamSearchManager
+from pagedserve.core.groups import groups_of
+from pagedserve.core.kv_admission import KVAdmissionPolicy
+from pagedserve.core.kv_cache_manager import BlockOwners, KVCacheManager
+from pagedserve.core.parallel_sampling import ParallelSampling
+from pagedserve.core.request import Request, RequestStatus
+from pagedserve.core.sched_output import CachedRequestData, NewRequestData
+from pagedserve.core.spec_decode import NgramProposer
+from pagedserve.core.structured import StructuredOutputs
+from pagedserve.core.swap import SwapSpace
+from pagedserve.protocol import EngineCoreOutput, FinishReason, SchedulerStats
+from pagedserve.structured_output.manager import StructuredOutputManager
+
+
+@dataclass
+class ScheduleStep:
+    """What one schedule() call has decided so far."""
+
+    budget: int
+    new_reqs: list[NewRequestData] = field(default_factory=list)
+    cached_reqs: list[CachedRequestData] = field(default_factory=list)
+    num_scheduled: dict[str, int] = field(default_factory=dict)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)
+    spec_tokens: dict[str, list[int]] = field(default_factory=dict)
+    preempted: bool = False
+
+
+class SchedulerState:
+    """Requests and queues of a Scheduler, and the operations that only keep them consistent (add, end,
+    forget, report)."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv_cache_manager: KVCacheManager,
+        swap_space: SwapSpace | None = None,
+        admission: KVAdmissionPolicy | None = None,
+        structured_output: StructuredOutputManager | None = None,
+        speculative: SpeculativeConfig | None = None,
+    ) -> None:
+        self.config = config
+        self.structured = StructuredOutputs(structured_output)
+        self.admission = admission or KVAdmissionPolicy()
+        self.kv_cache_manager = kv_cache_manager
+        self.swap_space = swap_space
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.swapped: deque[list[Request]] = deque()  # groups, oldest first
+        self.parallel_sampling = ParallelSampling()
+        self.beam_search = BeamSearchManager()
+        self.num_preemptions_total = 0
+        self.num_recomputed_tokens_total = 0  # computed tokens whose KV a preemption dropped
+        self._forget_req_ids: set[str] = set()  # the workers must drop these next step
+        self._num_tokens_sent: dict[str, int] = {}  # how many tokens each worker copy holds
+        self._cut_outputs: list[EngineCoreOutput] = []  # final outputs of requests that can never fit
+        self._num_dropped_blocks: dict[str, int] = {}  # blocks trimmed since the workers last heard
+        self.speculative = speculative
+        self.ngram = NgramProposer(speculative) if speculative and speculative.method == "ngram" else None
+        # Speculative decoding, cumulative: steps with drafts, draft tokens verified, drafts accepted.
+        self.spec_num_drafts = self.spec_num_draft_tokens = self.spec_num_accepted_tokens = 0
+
+    def add_request(self, request: Request) -> None:
+        if request.beam_search is not None:
+            self.beam_search.add(request)  # renames it: the search's first beam
+        self.requests[request.request_id] = request
+        self.structured.add(request)
+        if not self.parallel_sampling.hold(request):
+            self.waiting.append(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def _num_seats(self, group: list[Request]) -> int:
+        """Seats of --max-num-seqs that a group takes: its members, or as many as it will fork into
+        (a leader's held samples; a beam search's width), so that forks never exceed the limit."""
+        first = group[0]
+        return max(
+            len(group), 1 + self.parallel_sampling.num_held_by(first), self.beam_search.width_of(first)
+        )
+
+    def _num_seats_taken(self) -> int:
+        return sum(self._num_seats(group) for group in groups_of(self.running))
+
+    def _forget(self, request_id: str) -> None:
+        self._num_dropped_blocks.pop(request_id, None)
+        if self._num_tokens_sent.pop(request_id, None) is not None:
+            self._forget_req_ids.add(request_id)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        """End requests wherever they are (held, waiting, running, swapped) and free their blocks at
+        once. A beam search's request id or output ids end the whole search."""
+        request_ids = self.beam_search.take_aborted(request_ids)
+        requests = [self.requests[rid] for rid in request_ids if rid in self.requests]
+        for request in requests:
+            request.finish_reason = FinishReason.ABORT
+        self._finish(requests)
+
+    def _finish(self, requests: list[Request]) -> None:
+        gone = {request.request_id for request in requests}
+        self.running = [r for r in self.running if r.request_id not in gone]
+        if any(r.status is not RequestStatus.RUNNING for r in requests):
+            self.waiting = deque(r for r in self.waiting if r.request_id not in gone)
+            groups = ([r for r in group if r.request_id not in gone] for group in self.swapped)
+            self.swapped = deque(group for group in groups if group)
+        released: list[Request] = []
+        for request in requests:
+            if request.status is RequestStatus.SWAPPED:
+                assert self.swap_space is not None
+                self.swap_space.discard(request)
+            else:
+                self.kv_cache_manager.free(request)
+            request.status = RequestStatus.FINISHED
+            self.structured.remove(request)
+            released += self.parallel_sampling.forget(request)
+            self._forget(request.request_id)
+            del self.requests[request.request_id]
+        # NOTE: samples whose leader ended before they forked compute the prompt themselves.
+        self.waiting.extendleft(reversed([r for r in released if r.request_id not in gone]))
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block hash; returns how many blocks were cached."""
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    def describe(self, max_requests: int) -> str:
+        """The queues, the KV usage and (the first `max_requests` of) the running requests, for a log."""
+        stats = self.get_stats()
+        running = ", ".join(
+            f"{r.request_id} ({r.num_computed_tokens}/{r.num_tokens} tokens computed)"
+            for r in self.running[:max_requests]
+        )
+        return (
+            f"Running: {stats.num_running_reqs} requests, waiting: {stats.num_waiting_reqs}, KV cache "
+            f"{stats.kv_cache_usage:.1%} used ({self.kv_cache_manager.num_free_blocks()} free blocks). "
+            f"The step in progress computes: {running or 'nothing'}."
+        )
+
+    def block_owners(self) -> BlockOwners:
+        """Who holds each KV block now."""
+        return self.kv_cache_manager.block_owners()
+
+    def get_stats(self) -> SchedulerStats:
+        kv = self.kv_cache_manager
+        kv_stats = kv.stats()
+        stored = sum(
+            request.num_computed_tokens
+            for request in self.requests.values()
+            if kv.num_table_entries(request.request_id)
+        )
+        return SchedulerStats(
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting) + self.parallel_sampling.num_held(),
+            kv_cache_usage=kv_stats.usage,
+            num_preemptions_total=self.num_preemptions_total,
+            num_recomputed_tokens_total=self.num_recomputed_tokens_total,
+            num_kv_slots_allocated=kv_stats.num_allocated_slots,
+            num_kv_tokens_stored=stored,
+            num_shared_blocks=kv_stats.num_shared_blocks,
+            num_blocks_saved=kv_stats.num_blocks_saved,
+            num_swapped_reqs=sum(len(group) for group in self.swapped),
+            prefix_cache_queries=kv_stats.prefix_cache_queries,
+            prefix_cache_hits=kv_stats.prefix_cache_hits,
+            spec_decode_num_drafts=self.spec_num_drafts,
+            spec_decode_num_draft_tokens=self.spec_num_draft_tokens,
+            spec_decode_num_accepted_tokens=self.spec_num_accepted_tokens,
+        )
