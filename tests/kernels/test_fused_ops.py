@@ -4,6 +4,7 @@ inputs: float32 and bfloat16, odd widths, 1..256 rows."""
 import pytest
 import torch
 
+from pagedserve.errors import ConfigError
 from pagedserve.kernels import cpu as cpu_kernels
 from pagedserve.kernels.cpu import fused_ops
 from pagedserve.layers.activation import GeluAndMul, SiluAndMul
@@ -154,3 +155,28 @@ def test_bad_shapes_raise_with_the_limit() -> None:
         fused_ops.rms_norm(torch.randn(2, 8), torch.ones(7), 1e-6, False)
     with pytest.raises(RuntimeError, match="residual must match x"):
         fused_ops.fused_add_rms_norm(torch.randn(2, 8), torch.randn(3, 8), torch.ones(8), 1e-6, False)
+
+
+@pytest.fixture
+def fresh_switch(monkeypatch: pytest.MonkeyPatch):
+    """PAGEDSERVE_FUSED_CPU_OPS is read once per process: re-read it in the test, and after it."""
+    fused_ops._ops.cache_clear()
+    yield monkeypatch
+    monkeypatch.undo()
+    fused_ops._ops.cache_clear()
+
+
+def test_switch_off_keeps_the_torch_layers(fresh_switch: pytest.MonkeyPatch) -> None:
+    fresh_switch.setenv("PAGEDSERVE_FUSED_CPU_OPS", "0")
+    x, residual = torch.randn(2, 16), torch.randn(2, 16)
+    before = x.clone()
+    assert not fused_ops.usable(x)
+    RMSNorm(16, 1e-6)(x, residual)
+    assert torch.equal(x, before)  # the torch path leaves its inputs as they are
+
+
+@pytest.mark.parametrize("raw", ["", "2", "-1", "yes", "1.0", str(2**64)])
+def test_switch_rejects_other_values(fresh_switch: pytest.MonkeyPatch, raw: str) -> None:
+    fresh_switch.setenv("PAGEDSERVE_FUSED_CPU_OPS", raw)
+    with pytest.raises(ConfigError, match=r"PAGEDSERVE_FUSED_CPU_OPS=.* must be 0 .* or 1"):
+        fused_ops.usable(torch.zeros(1))
