@@ -34,6 +34,15 @@ def cpu_kernels_enabled() -> bool:
     return raw == "1"
 
 
+def fused_cpu_ops_enabled() -> bool:
+    """PAGEDSERVE_FUSED_CPU_OPS: 0 keeps the layers (RMSNorm, rotary, gated activations) on their torch ops
+    while the native attention and GGUF kernels stay in use (default 1; for before/after measurements)."""
+    raw = os.environ.get("PAGEDSERVE_FUSED_CPU_OPS", "1")
+    if raw not in ("0", "1"):
+        raise ConfigError(f"PAGEDSERVE_FUSED_CPU_OPS={raw!r} must be 0 (torch layers) or 1 (fused kernels).")
+    return raw == "1"
+
+
 def cpu_kernels_build_timeout_s() -> float:
     """PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT: seconds the native CPU kernels may take to build (or to wait
     for another process's build) before the torch attention backend is used instead (default 600). A build

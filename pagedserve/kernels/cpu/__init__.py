@@ -33,6 +33,7 @@ _SOURCES = [
         "gguf_decode_matmul.cpp",
         "fp8_kv_cache.cpp",
         "fp8_matmul.cpp",
+        "fused_ops.cpp",
     )
 ]
 
