@@ -1,5 +1,7 @@
-"""Quantized matmul kernels on CPU, SmolLM2-135M's shapes: our GGUF kernels (Q4_1, Q8_0: float activations,
-blocks dequantized row by row) against torch's own int8/int4 kernels and the float32 matmul, same inputs.
+"""Quantized matmul kernels on CPU, SmolLM2-135M's shapes: our GGUF kernels (Q4_1, Q8_0) with float32
+activations ("f32"), 16-bit ("i16", the default) and 8-bit ("i8", llama.cpp's) integer activations (these
+apply at batch <= 8; larger batches compute in float32 whatever the setting) against torch's own int8/int4
+kernels and the float32 matmul, same inputs.
 
 torch's: `_weight_int8pack_mm` (int8, one scale per output channel), `_weight_int4pack_mm_for_cpu` (int4,
 groups of 32, scales and zeros; float32 and bfloat16 activations). fp8 weights (per-channel scales): our
@@ -49,10 +51,16 @@ def kernels(weight: torch.Tensor) -> dict:
     fp8_scale = weight.abs().amax(dim=1, keepdim=True) / FP8_MAX
     fp8 = (weight / fp8_scale).to(torch.float8_e4m3fn)
     fp8_values = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
+    ours = {
+        f"{name} {label}": lambda x, rows=rows, ggml_type=ggml_type, bits=bits: gguf_matmul(
+            x, rows, ggml_type, bits
+        )
+        for name, rows, ggml_type in (("Q4_1", q4_1, GGML_Q4_1), ("Q8_0", q8_0, GGML_Q8_0))
+        for label, bits in (("f32", 32), ("i16", 16), ("i8", 8))
+    }
     return {
         "float32": lambda x: F.linear(x, weight),
-        "ours Q4_1": lambda x: gguf_matmul(x, q4_1, GGML_Q4_1),
-        "ours Q8_0": lambda x: gguf_matmul(x, q8_0, GGML_Q8_0),
+        **ours,
         "torch int8/ch": lambda x: torch._weight_int8pack_mm(x, int8, scale),
         "torch int4 f32": torch_int4(weight, torch.float32),
         "torch int4 bf16": torch_int4(weight, torch.bfloat16),

@@ -8,6 +8,7 @@ untimed glue. The server adds two hops per step (API server <-> engine process o
 it also measures the streamed inter-token time of one request at a time and reports the difference.
 
     python benchmarks/step_profile.py --batch-sizes 1 32 --steps 32
+    python benchmarks/step_profile.py --batch-sizes 1 32 --layers both   # torch vs fused layer kernels
     python benchmarks/step_profile.py --model PATH --dtype float32 --serve   # + the server's overhead
 """
 
@@ -30,6 +31,7 @@ from pagedserve import LLM, SamplingParams  # noqa: E402
 from pagedserve.core.scheduler import Scheduler  # noqa: E402
 from pagedserve.engine.detokenizer import IncrementalDetokenizer  # noqa: E402
 from pagedserve.engine.output_processor import OutputProcessor  # noqa: E402
+from pagedserve.kernels.cpu import fused_ops  # noqa: E402
 from pagedserve.worker import model_runner as model_runner_module  # noqa: E402
 
 Timings = collections.defaultdict[str, float]
@@ -86,7 +88,7 @@ def profile_decode(llm: LLM, batch_size: int, steps: int, prompt_len: int) -> tu
     params = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True)
     for i in range(batch_size):
         engine.add_request(
-            f"p{batch_size}-{i}",
+            f"p{batch_size}-{time.perf_counter_ns()}-{i}",
             {"prompt_token_ids": [100 + (i + j) % 1000 for j in range(prompt_len)]},
             params,
         )
@@ -127,27 +129,36 @@ def profile_decode(llm: LLM, batch_size: int, steps: int, prompt_len: int) -> tu
     return timings, total
 
 
-def print_table(results: dict[int, tuple[Timings, float]], steps: int) -> None:
+def print_table(results: dict[str, tuple[Timings, float]], steps: int) -> None:
+    """One column per run (batch size, and with --layers both: torch or fused layer kernels)."""
+    columns = list(results)
     phases = sorted(
         {p for timings, _ in results.values() for p in timings},
-        key=lambda p: -results[min(results)][0].get(p, 0.0),
+        key=lambda p: -results[columns[0]][0].get(p, 0.0),
     )
-    sizes = sorted(results)
-    print(f"\nms per decode step ({steps} steps)  " + "  ".join(f"{'batch ' + str(b):>10}" for b in sizes))
+    print(f"\nms per decode step ({steps} steps)  " + "  ".join(f"{c:>14}" for c in columns))
     for phase in phases:
         print(
-            f"{phase:<32}" + "  ".join(f"{results[b][0].get(phase, 0.0) / steps * 1e3:>10.3f}" for b in sizes)
+            f"{phase:<32}"
+            + "  ".join(f"{results[c][0].get(phase, 0.0) / steps * 1e3:>14.3f}" for c in columns)
         )
-    print(f"{'step (measured)':<32}" + "  ".join(f"{results[b][1] / steps * 1e3:>10.3f}" for b in sizes))
-    for b in sizes:
-        timings, total = results[b]
+    print(f"{'step (measured)':<32}" + "  ".join(f"{results[c][1] / steps * 1e3:>14.3f}" for c in columns))
+    for column in columns:
+        timings, total = results[column]
         forward = timings["forward (all)"]
         outside = total - forward - timings["logits"]
         print(
-            f"batch {b}: outside the forward and logits {outside / steps * 1e3:.2f} ms per step "
+            f"{column}: outside the forward and logits {outside / steps * 1e3:.2f} ms per step "
             f"({outside / total:.0%}); leaf modules cover "
             f"{sum(v for k, v in timings.items() if k.startswith('forward: ')) / forward:.0%} of the forward"
         )
+
+
+def use_layer_kernels(kind: str) -> None:
+    """Switch the layers (RMSNorm, rotary, gated activations) between torch ops and the fused native
+    kernels for the runs that follow (the attention and GGUF kernels stay native either way)."""
+    os.environ["PAGEDSERVE_FUSED_CPU_OPS"] = "1" if kind == "fused" else "0"
+    fused_ops._ops.cache_clear()
 
 
 def server_tpot(model_args: list[str], tokens: int) -> float:
@@ -217,6 +228,13 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument(
+        "--layers",
+        choices=["fused", "torch", "both"],
+        default="fused",
+        help="layer kernels (RMSNorm, rotary, SiLU/GELU·mul): native fused (default), torch ops, or both "
+        "side by side in one run (the attention and GGUF kernels are native in all)",
+    )
     parser.add_argument("--serve", action="store_true", help="also measure the server's inter-token time")
     args = parser.parse_args()
     llm = LLM(
@@ -226,7 +244,11 @@ def main() -> None:
         enable_prefix_caching=False,
         distributed_executor_backend="uni",
     )
-    results = {b: profile_decode(llm, b, args.steps, args.prompt_len) for b in args.batch_sizes}
+    results = {}
+    for b in args.batch_sizes:
+        for kind in ("torch", "fused") if args.layers == "both" else (args.layers,):
+            use_layer_kernels(kind)
+            results[f"batch {b} {kind}"] = profile_decode(llm, b, args.steps, args.prompt_len)
     print_table(results, args.steps)
     if args.serve:
         model_args = ([args.model] if args.model else []) + [
@@ -237,7 +259,8 @@ def main() -> None:
             "--no-enable-prefix-caching",
         ]
         tpot = server_tpot(model_args, args.steps)
-        offline = results[min(results)][1] / args.steps if 1 in results else float("nan")
+        batch_one = [total for column, (_, total) in results.items() if column.startswith("batch 1 ")]
+        offline = batch_one[-1] / args.steps if batch_one else float("nan")
         print(
             f"server, one request: {tpot * 1e3:.2f} ms per token; offline batch-1 step "
             f"{offline * 1e3:.2f} ms: server + IPC overhead {(tpot - offline) * 1e3:.2f} ms per token"

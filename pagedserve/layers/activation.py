@@ -1,4 +1,4 @@
-"""Gated activations."""
+"""Gated activations; on CPU SiLU·mul and GELU-tanh·mul run as one native kernel each."""
 
 from collections.abc import Callable
 
@@ -6,11 +6,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagedserve.kernels.cpu import fused_ops
+
+
+def _native_gated(kernel: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """A [rows, 2d] kernel over x [..., 2d] -> [..., d]."""
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    return kernel(rows).view(*x.shape[:-1], x.shape[-1] // 2)
+
 
 class SiluAndMul(nn.Module):
     """[..., 2d] -> silu(x[..., :d]) * x[..., d:]"""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if fused_ops.usable(x):
+            return _native_gated(fused_ops.silu_and_mul, x)
+        return self.forward_torch(x)
+
+    def forward_torch(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
 
@@ -23,6 +36,11 @@ class GeluAndMul(nn.Module):
         self.approximate = approximate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.approximate == "tanh" and fused_ops.usable(x):
+            return _native_gated(fused_ops.gelu_tanh_and_mul, x)
+        return self.forward_torch(x)
+
+    def forward_torch(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)
         return F.gelu(gate, approximate=self.approximate) * up
 

@@ -1,11 +1,17 @@
-"""RMSNorm (Llama's, and Gemma's (1 + w) variant) with an optional fused residual add, and LayerNorm."""
+"""RMSNorm (Llama's, and Gemma's (1 + w) variant) with an optional fused residual add, and LayerNorm.
+On CPU the RMSNorms run as one native kernel (`kernels/cpu/fused_ops.py`), the torch ops otherwise."""
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagedserve.kernels.cpu import fused_ops
+
 
 class RMSNorm(nn.Module):
+    # Gemma's scale (1 + w) instead of w, in the native kernel.
+    weight_offset = False
+
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
@@ -14,7 +20,24 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Without `residual`: norm(x). With it: (norm(x + residual), x + residual)."""
+        """Without `residual`: norm(x). With it: (norm(x + residual), x + residual), computed in place
+        into x and residual when the native kernel runs (vLLM's contract: callers hand both over)."""
+        if not fused_ops.usable(x) or x.dtype != self.weight.dtype:
+            return self.forward_torch(x, residual)
+        if residual is None:
+            rows = x.reshape(-1, x.shape[-1]).contiguous()
+            return fused_ops.rms_norm(rows, self.weight, self.eps, self.weight_offset).view(x.shape)
+        if not (x.is_contiguous() and residual.is_contiguous() and residual.dtype == x.dtype):
+            return self.forward_torch(x, residual)
+        flat = x.view(-1, x.shape[-1])
+        fused_ops.fused_add_rms_norm(flat, residual.view_as(flat), self.weight, self.eps, self.weight_offset)
+        return x, residual
+
+    def forward_torch(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """`forward` in torch ops (the reference the kernel is tested against), leaving its inputs as
+        they are."""
         if residual is not None:
             x = x + residual
             residual = x
@@ -30,6 +53,8 @@ class RMSNorm(nn.Module):
 class GemmaRMSNorm(RMSNorm):
     """Gemma's RMSNorm: the checkpoint stores w - 1 (zero-initialized), and the product is taken in
     float32 before the cast, as HF Gemma does."""
+
+    weight_offset = True
 
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__(hidden_size, eps)

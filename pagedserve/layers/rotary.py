@@ -7,6 +7,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from pagedserve.kernels.cpu import fused_ops
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 
 
@@ -91,12 +93,18 @@ def _cos_sin(rotary_dim: int, max_position: int, params: dict[str, Any]) -> tupl
 
 class RotaryEmbedding(nn.Module):
     """Rotates q and k by position; cos/sin are precomputed in float32 for every position. One instance
-    serves every layer of a model: the step's cos/sin rows are gathered once, by the first layer."""
+    serves every layer of a model. `is_neox_style`: rotate the two halves of the rotary part against each
+    other (HF Llama's rotate_half), else adjacent pairs (GPT-J's interleaved layout). On CPU one native
+    kernel rotates q and k in place, reading the cos/sin rows by position; the torch path gathers them
+    once per step, by the first layer."""
 
-    def __init__(self, head_dim: int, max_position: int, params: dict[str, Any]) -> None:
+    def __init__(
+        self, head_dim: int, max_position: int, params: dict[str, Any], is_neox_style: bool = True
+    ) -> None:
         super().__init__()
         self.head_dim = head_dim
         self.rotary_dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
+        self.is_neox_style = is_neox_style
         cos, sin = _cos_sin(self.rotary_dim, max_position, params)
         # [max_position, rotary_dim // 2] each
         self.cos_cache: torch.Tensor
@@ -108,11 +116,27 @@ class RotaryEmbedding(nn.Module):
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [T]; q [T, num_heads * head_dim]; k [T, num_kv_heads * head_dim]."""
+        """positions [T]; q [T, num_heads * head_dim]; k [T, num_kv_heads * head_dim]. The native kernel
+        rotates q and k in place (they are the step's fresh projections); the torch path returns new ones."""
+        if fused_ops.usable(q) and q.dim() == 2 and q.stride(-1) == 1 and k.stride(-1) == 1:
+            cos, sin = self.cos_cache, self.sin_cache
+            fused_ops.rotary_embedding(positions, q, k, self.head_dim, cos, sin, self.is_neox_style)
+            return q, k
+        return self.forward_torch(positions, q, k)
+
+    def forward_torch(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` in torch ops (the reference the kernel is tested against)."""
         if self._step is None or self._step[0] is not positions:
-            cos = self.cos_cache[positions].repeat(1, 2).unsqueeze(1).to(q.dtype)  # [T, 1, head_dim]
-            sin = self.sin_cache[positions].repeat(1, 2).unsqueeze(1).to(q.dtype)
-            self._step = (positions, cos, sin)
+            cos = self.cos_cache[positions].to(q.dtype)  # [T, rotary_dim // 2]
+            sin = self.sin_cache[positions].to(q.dtype)
+            # [T, 1, rotary_dim]: each angle twice, for both members of its pair
+            if self.is_neox_style:
+                cos, sin = cos.repeat(1, 2), sin.repeat(1, 2)
+            else:
+                cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
+            self._step = (positions, cos.unsqueeze(1), sin.unsqueeze(1))
         _, cos, sin = self._step
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
@@ -120,6 +144,9 @@ class RotaryEmbedding(nn.Module):
         shape = x.shape
         x = x.view(shape[0], -1, self.head_dim)
         x, passed = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
-        half = self.rotary_dim // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        if self.is_neox_style:
+            half = self.rotary_dim // 2
+            rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        else:  # pairs (2i, 2i + 1) -> (-x[2i + 1], x[2i])
+            rotated = torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
         return torch.cat((x * cos + rotated * sin, passed), dim=-1).view(shape)

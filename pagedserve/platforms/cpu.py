@@ -26,7 +26,10 @@ class CpuPlatform(Platform):
     default_attention_backend = "cpu"
 
     def init_device(self, local_rank: int, tensor_parallel_size: int) -> torch.device:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // tensor_parallel_size))
+        # The cores are split between the ranks, unless the user pinned the thread count (OMP_NUM_THREADS,
+        # as llama.cpp's -t): more threads than free cores make every parallel region wait on a descheduled one.
+        if "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // tensor_parallel_size))
         return torch.device("cpu")
 
     def kv_budget(

@@ -73,6 +73,9 @@ class ModelRunner:
             )
         self.sampler = Sampler()
         self.states: dict[str, CachedRequestState] = {}
+        # Requests that asked for prompt logprobs and have prompt tokens left to compute: the only ones
+        # `_prompt_logprobs` visits (no per-request loop on steps where nobody asked).
+        self.prompt_logprob_requests: set[str] = set()
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.block_mover: KVBlockMover | None = None
         self.cuda_graphs: CudaGraphRunner | None = None
@@ -187,6 +190,12 @@ class ModelRunner:
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         update_states(self.states, scheduler_output)
+        self.prompt_logprob_requests -= scheduler_output.finished_req_ids
+        self.prompt_logprob_requests.update(
+            new.request_id
+            for new in scheduler_output.scheduled_new_reqs
+            if new.sampling_params.prompt_logprobs is not None
+        )
         self.apply_block_ops(scheduler_output)
         if scheduler_output.is_empty:
             return ModelRunnerOutput({})
@@ -278,14 +287,21 @@ class ModelRunner:
     def _prompt_logprobs(self, batch: BatchInputs, hidden: torch.Tensor, output: ModelRunnerOutput) -> None:
         """Logprob of each prompt token given the ones before it (and the top-k), for the prompt
         positions computed this step. The first prompt token has none."""
+        if not self.prompt_logprob_requests:
+            return
         for row, request_id in enumerate(batch.request_ids):
+            if request_id not in self.prompt_logprob_requests:
+                continue
             state = self.states[request_id]
             num_top = state.sampling_params.prompt_logprobs
+            assert num_top is not None, "only requests that asked are tracked"
             end = state.num_computed_tokens
             start = end - (
                 batch.attention[0].query_start_loc[row + 1] - batch.attention[0].query_start_loc[row]
             )
-            if num_top is None or start >= state.num_prompt_tokens:
+            if end >= state.num_prompt_tokens:  # its prompt is done after this step
+                self.prompt_logprob_requests.discard(request_id)
+            if start >= state.num_prompt_tokens:
                 continue
             last = min(end, state.num_prompt_tokens - 1)  # position p predicts prompt token p + 1
             first_row = batch.attention[0].query_start_loc[row]

@@ -1,5 +1,9 @@
 """What each platform decides: device, KV and swap allocation, KV budget, collectives, default backend."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -62,3 +66,23 @@ def test_cuda_platform_pins_swap_and_profiles() -> None:
         baseline,
     )
     assert 0 < report.kv_cache_bytes and "peak activations" in report.detail
+
+
+@pytest.mark.parametrize(
+    ("omp", "tp", "expected"),
+    [(None, 1, os.cpu_count() or 1), (None, 2, max(1, (os.cpu_count() or 1) // 2)), ("1", 1, 1)],
+)
+def test_cpu_threads_split_between_ranks_unless_pinned(omp: str | None, tp: int, expected: int) -> None:
+    """OMP_NUM_THREADS (a user's pin, as llama.cpp's -t) wins; otherwise the ranks share the cores."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | (
+        {"OMP_NUM_THREADS": omp} if omp else {}
+    )
+    code = (
+        "import torch; from pagedserve.platforms.cpu import CpuPlatform; "
+        f"CpuPlatform().init_device(0, {tp}); print(torch.get_num_threads())"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout.split()[-1]) == expected

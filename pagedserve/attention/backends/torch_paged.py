@@ -127,8 +127,12 @@ class SdpaPrefillBackend(AttentionBackend[TorchAttentionMetadata[DecodeT]], Gene
         v = v.view(num_tokens, spec.num_kv_heads, spec.head_dim)
         key_cache, value_cache = kv_cache
         self.store_kv(spec, kv_cache, (k, v), metadata.slot_mapping)
-        out = torch.empty_like(q)
         nd = metadata.num_decodes
+        if nd == num_tokens:  # decodes only (every step of one user): no output buffer to copy into
+            return self.attend_decodes(spec, q, key_cache, value_cache, metadata.decode).reshape(
+                num_tokens, -1
+            )
+        out = torch.empty_like(q)
         if nd:
             out[:nd] = self.attend_decodes(spec, q[:nd], key_cache, value_cache, metadata.decode)
         for chunk in metadata.prefills:

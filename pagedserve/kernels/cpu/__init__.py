@@ -27,7 +27,14 @@ logger = init_logger(__name__)
 
 _SOURCES = [
     str(Path(__file__).with_name(name))
-    for name in ("paged_attention.cpp", "gguf_matmul.cpp", "fp8_kv_cache.cpp", "fp8_matmul.cpp")
+    for name in (
+        "paged_attention.cpp",
+        "gguf_matmul.cpp",
+        "gguf_decode_matmul.cpp",
+        "fp8_kv_cache.cpp",
+        "fp8_matmul.cpp",
+        "fused_ops.cpp",
+    )
 ]
 
 
