@@ -66,16 +66,21 @@ def test_regex_choice_and_grammar(llm: LLM) -> None:
         assert output.outputs[0].finish_reason == "stop" and matches(text), (kind, text)
 
 
-# Known gap, reported in issue 14: greedy SmolLM2 repeats one key ("The sky is not blue, but the sky":2023)
-# and the bounded json_object (8 keys of 32 characters) still needs more than 120 tokens to close. JSON keys
-# are not deduplicated by the grammar (llguidance has no uniqueness constraint). Strict: it fails the
-# suite once it passes, so the marker cannot outlive the gap.
-@pytest.mark.xfail(strict=True, reason="greedy SmolLM2 repeats one json_object key past max_tokens=120")
-def test_json_object_closes_within_max_tokens(llm: LLM) -> None:
-    question = [{"role": "user", "content": "Is the sky blue? Then give a phone number and a sum."}]
-    sample = llm.chat(question, _constrained(json_object=True), use_tqdm=False)[0].outputs[0]
-    assert sample.finish_reason == "stop", sample.text
-    assert isinstance(json.loads(sample.text), dict)
+def test_json_object_closes_and_parses(llm: LLM) -> None:
+    """json_object is bounded (json_bounds.py: 8 keys of 32 characters, 4 levels), so even a model that
+    repeats one key (greedy SmolLM2 does here: JSON keys are not deduplicated by the grammar) must close
+    the object: within 400 tokens on both prompts."""
+    questions = [
+        [{"role": "user", "content": "Is the sky blue? Then give a phone number and a sum."}],
+        [{"role": "user", "content": "Describe the weather in Paris as a JSON object."}],
+    ]
+    params = SamplingParams(
+        temperature=0.0, max_tokens=400, structured_outputs=StructuredOutputsParams(json_object=True)
+    )
+    for output in llm.chat(questions, params, use_tqdm=False):
+        sample = output.outputs[0]
+        assert sample.finish_reason == "stop", sample.text
+        assert isinstance(json.loads(sample.text), dict)
 
 
 def _evaluates(expression: str) -> bool:
