@@ -54,9 +54,8 @@ def to_grammar(params: StructuredOutputsParams) -> str:
         return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=_JSON_OPTIONS)
     if params.json is not None:
         try:
-            schema = json.loads(params.json) if isinstance(params.json, str) else params.json
             return llguidance.LLMatcher.grammar_from_json_schema(
-                closed_objects(schema), defaults=_JSON_OPTIONS
+                closed_objects(params.json), defaults=_JSON_OPTIONS
             )
         except (ValueError, TypeError) as exc:
             raise InvalidRequestError(
