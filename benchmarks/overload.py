@@ -2,8 +2,8 @@
 p99 TTFT, rejected %, deadline-aborted streams, other errors, preemptions, recomputed tokens, and peak
 memory (server RSS, KV usage).
 
-Capacity is measured first (requests per second at saturation: --calibration-requests sent at once,
-at most --max-concurrency in flight), unless --capacity-rps gives it. Each level then sends Poisson
+Capacity is measured first (requests per second at saturation: --calibration-requests, with
+--calibration-concurrency of them in flight), unless --capacity-rps gives it. Each level then sends Poisson
 arrivals at level x capacity for --level-duration seconds (vLLM's random dataset, streamed
 /v1/completions, ignore_eos). Goodput: requests per second that completed in full (finish_reason stop
 or length: a deadline-aborted stream is not) with TTFT within --slo-ttft. Targets (issue 5): goodput at
@@ -32,7 +32,14 @@ import numpy as np
 import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # serving.py, however this file is run
-from serving import RequestResult, Workload, build_workload, run_workload, served_model  # noqa: E402
+from serving import (  # noqa: E402
+    RequestResult,
+    Workload,
+    add_workload_args,
+    build_workload,
+    run_workload,
+    served_model,
+)
 
 LEVELS = (0.5, 1.0, 2.0, 4.0, 8.0)
 
@@ -143,13 +150,15 @@ def measure_level(
 
 
 def calibrate(base_url: str, model: str, args: argparse.Namespace) -> float:
-    """Completed requests per second with every calibration request sent at once."""
+    """Completed requests per second at saturation: --calibration-concurrency requests kept in flight
+    (all at once would run into the server's own queue limits and measure its refusals)."""
     workload = build_workload(
         argparse.Namespace(
             **{**vars(args), "num_prompts": args.calibration_requests, "request_rate": float("inf")}
         )
     )
-    results, duration = asyncio.run(run_workload(base_url, model, workload, args))
+    closed_loop = argparse.Namespace(**{**vars(args), "max_concurrency": args.calibration_concurrency})
+    results, duration = asyncio.run(run_workload(base_url, model, workload, closed_loop))
     completed = sum(r.ok for r in results)
     if not completed:
         raise SystemExit(f"Calibration failed: {sorted({r.error for r in results})[:3]}")
@@ -238,16 +247,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--level-duration", type=float, default=60.0, help="Seconds of arrivals per level.")
     parser.add_argument("--capacity-rps", type=float, help="Skip calibration: the capacity in requests/s.")
     parser.add_argument("--calibration-requests", type=int, default=64)
+    parser.add_argument(
+        "--calibration-concurrency",
+        type=int,
+        default=16,
+        help="Requests in flight while calibrating: within the server's queue limits, so none is refused.",
+    )
     parser.add_argument("--max-concurrency", type=int, help="Most requests in flight (default: no limit).")
     parser.add_argument(
         "--slo-ttft", type=float, default=10.0, help="Seconds: a slower first token is not goodput."
     )
-    parser.add_argument("--input-len-min", type=int, default=64)
-    parser.add_argument("--input-len-max", type=int, default=1024)
-    parser.add_argument("--output-len-min", type=int, help="Default: --output-len-max.")
-    parser.add_argument("--output-len-max", type=int, default=256)
-    parser.add_argument("--tokenizer", help="HF tokenizer of the dataset (default: the embedded model's).")
-    parser.add_argument("--seed", type=int, default=0)
+    add_workload_args(parser, input_len=(64, 1024), output_len_max=256)
     parser.add_argument("--request-timeout", type=float, default=600.0, help="Client seconds per request.")
     args = parser.parse_args(argv)
     args.ignore_eos, args.text_prompts = True, False  # what serving.build_workload/run_workload read

@@ -264,6 +264,24 @@ def served_model(base_url: str, model: str | None) -> str:
     return httpx.get(f"{base_url}/v1/models", timeout=30).json()["data"][0]["id"]
 
 
+def add_workload_args(
+    parser: argparse.ArgumentParser, input_len: tuple[int, int], output_len_max: int
+) -> None:
+    """The flags `build_workload` reads (this script's and overload.py's, with their own defaults)."""
+    parser.add_argument(
+        "--dataset",
+        choices=("random", "copy"),
+        default="random",
+        help="random: vLLM's random token ids (--input-len-*); copy: copy-heavy prompts.",
+    )
+    parser.add_argument("--input-len-min", type=int, default=input_len[0])
+    parser.add_argument("--input-len-max", type=int, default=input_len[1])
+    parser.add_argument("--output-len-min", type=int, help="Default: --output-len-max (fixed length).")
+    parser.add_argument("--output-len-max", type=int, default=output_len_max)
+    parser.add_argument("--tokenizer", help="HF tokenizer of the dataset (default: the embedded model's).")
+    parser.add_argument("--seed", type=int, default=0)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base-url", default="http://127.0.0.1:8000", help="The server under test.")
@@ -274,30 +292,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--peer-name", default="peer", help="Column title of the peer.")
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument(
-        "--dataset",
-        choices=("random", "copy"),
-        default="random",
-        help="random: vLLM's random token ids (--input-len-*); copy: copy-heavy prompts.",
-    )
-    parser.add_argument(
         "--request-rate",
         type=float,
         default=float("inf"),
         help="Requests per second, Poisson arrivals; inf sends all at once.",
     )
     parser.add_argument("--max-concurrency", type=int, help="Most requests in flight (default: all).")
-    parser.add_argument("--input-len-min", type=int, default=32)
-    parser.add_argument("--input-len-max", type=int, default=512)
-    parser.add_argument("--output-len-min", type=int, help="Default: --output-len-max (fixed length).")
-    parser.add_argument("--output-len-max", type=int, default=64)
+    add_workload_args(parser, input_len=(32, 512), output_len_max=64)
     parser.add_argument(
         "--ignore-eos",
         action="store_true",
         help="Ask for exactly max_tokens (vLLM's and llama.cpp's ignore_eos field).",
     )
     parser.add_argument("--text-prompts", action="store_true", help="Send decoded text, not token ids.")
-    parser.add_argument("--tokenizer", help="HF tokenizer of the dataset (default: the embedded model's).")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--request-timeout", type=float, default=600.0, help="Seconds per request.")
     parser.add_argument("--result-json", help="Also write the summaries to this file.")
     return parser.parse_args(argv)

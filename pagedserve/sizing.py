@@ -135,6 +135,14 @@ class ModelShape:
         vocab = cdiv(self.vocab_size, tp) * hidden
         return vocab * (1 if self.tie_word_embeddings else 2) + layers + norm
 
+    def num_linear_weights(self, tp: int = 1) -> int:
+        """Weights of one rank's attention projections and dense MLPs (no biases, embeddings, norms or
+        experts): the layers a GPTQ/AWQ checkpoint stores in 4 bits."""
+        qkv_out = (self.num_heads // tp + 2 * self.kv_heads_per_rank(tp)) * self.head_dim
+        attention = self.hidden_size * qkv_out + self.num_heads * self.head_dim // tp * self.hidden_size
+        dense_mlp = self.mlp_matrices * self.hidden_size * (self.intermediate_size // tp)
+        return self.num_layers * attention + (self.num_layers - self.num_moe_layers) * dense_mlp
+
     def _mlp(self, intermediate_size: int, tp: int) -> int:
         per_rank = intermediate_size // tp
         bias = per_rank + self.hidden_size if self.linear_bias else 0

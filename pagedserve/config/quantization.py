@@ -3,6 +3,7 @@
 
 from typing import TYPE_CHECKING, Literal, get_args
 
+from pagedserve.config.int4_checkpoint import parse_int4_checkpoint
 from pagedserve.errors import ConfigError
 from pagedserve.logger import init_logger
 
@@ -12,21 +13,23 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 # Each scheme but none is registered in quantization/__init__.py (a test checks that the two agree).
-QuantizationName = Literal["gguf", "int8", "int4", "none"]
+QuantizationName = Literal["gguf", "int8", "int4", "gptq", "awq", "none"]
 QUANTIZATION_METHODS: tuple[str, ...] = get_args(QuantizationName)[:-1]
 _SUPPORTED = f"{', '.join(QUANTIZATION_METHODS)} or none"
+_CHECKPOINT_FORMATS = ("gptq", "awq")  # read from the checkpoint's tensors, never applied online
+
+
+def checkpoint_quantization_config(model: "ModelConfig") -> dict[str, object]:
+    """config.json's `quantization_config` (empty when there is none)."""
+    quant_config = getattr(model.hf_config, "quantization_config", None) or {}
+    return dict(quant_config) if isinstance(quant_config, dict) else dict(vars(quant_config))
 
 
 def checkpoint_quantization(model: "ModelConfig") -> str | None:
     """What the checkpoint is quantized with: gguf for a GGUF file, else config.json's quant_method."""
     if model.gguf_file:
         return "gguf"
-    quant_config = getattr(model.hf_config, "quantization_config", None) or {}
-    method = (
-        quant_config.get("quant_method")
-        if isinstance(quant_config, dict)
-        else getattr(quant_config, "quant_method", None)
-    )
+    method = checkpoint_quantization_config(model).get("quant_method")
     return str(method) if method else None
 
 
@@ -42,8 +45,25 @@ def resolve_quantization(requested: str | None, model: "ModelConfig", device: st
             f"The checkpoint is quantized with {detected!r} (config.json quantization_config), "
             f"which pagedserve does not support; supported: {_SUPPORTED}."
         )
+    if detected in _CHECKPOINT_FORMATS:
+        # NOTE: refuses what we cannot load; the device is checked as the layers are built (the CPU
+        # kernels only), since `pagedserve plan` resolves this config as on a GPU.
+        parse_int4_checkpoint(detected, checkpoint_quantization_config(model))
+    if requested == "none" and detected in _CHECKPOINT_FORMATS:
+        raise ConfigError(
+            f"--quantization none cannot load a {detected} checkpoint (its weights exist only as 4-bit "
+            f"groups); leave --quantization unset or pass {detected}."
+        )
+    if requested in _CHECKPOINT_FORMATS and detected != requested:
+        raise ConfigError(
+            f"--quantization {requested} needs a checkpoint quantized with {requested} (config.json "
+            f"quantization_config.quant_method), but this one is {detected or 'not quantized'}."
+        )
     if requested is None:
-        if detected == "gguf" and (device != "cpu" or model.load_format == "dummy"):
+        if detected in ("gguf", *_CHECKPOINT_FORMATS) and model.load_format == "dummy":
+            logger.info("Dummy weights are random floats: the checkpoint's %s layout is not used.", detected)
+            return None
+        if detected == "gguf" and device != "cpu":
             logger.info(
                 "GGUF weights are dequantized: the native GGUF kernels run on the CPU, on the "
                 "checkpoint's weights."

@@ -21,7 +21,9 @@ from pagedserve.config import (
     dataclass_from_cli_args,
     default_max_num_batched_tokens,
 )
+from pagedserve.config.int4_checkpoint import parse_int4_checkpoint
 from pagedserve.config.parallel import uneven_for_tensor_parallel
+from pagedserve.config.quantization import checkpoint_quantization_config
 from pagedserve.entrypoints.cli import take_model_tag
 from pagedserve.errors import ConfigError
 from pagedserve.sizing import (
@@ -86,6 +88,7 @@ class PlanInputs:
     concurrency: int
     request_tokens: int
     reach: SlidingWindowReach | None = None  # every layer windowed: out-of-window blocks are freed
+    linear_bits: float | None = None  # a GPTQ/AWQ checkpoint: memory per weight of its linear layers
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,9 @@ def compute_plan(inputs: PlanInputs) -> Plan:
     """The engine's arithmetic (sizing.py) on `inputs`."""
     shape, tp = inputs.shape, inputs.tp
     weights = shape.num_parameters(tp) * inputs.dtype_bytes
+    if inputs.linear_bits is not None:
+        linear = shape.num_linear_weights(tp)
+        weights -= linear * inputs.dtype_bytes - math.ceil(linear * inputs.linear_bits / 8)
     per_token = shape.kv_bytes_per_token(tp, inputs.kv_dtype_bytes)
     per_block = per_token * inputs.block_size
     activations = non_torch = 0
@@ -250,7 +256,16 @@ def resolve_inputs(args: PlanArgs, engine_args: EngineArgs) -> PlanInputs:
         args.concurrency,
         request_tokens,
         None if window is None else SlidingWindowReach(window, batched),
+        _linear_bits(model_config),
     )
+
+
+def _linear_bits(model_config: ModelConfig) -> float | None:
+    """Bits per weight of a 4-bit checkpoint's linear layers (None: they are in the model's dtype)."""
+    if model_config.quantization not in ("gptq", "awq"):
+        return None
+    quant_config = checkpoint_quantization_config(model_config)
+    return parse_int4_checkpoint(model_config.quantization, quant_config).bits_per_weight
 
 
 def _request_tokens(args: PlanArgs, max_model_len: int) -> int:

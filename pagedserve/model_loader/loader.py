@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from pagedserve.config import ModelConfig
+from pagedserve.config.quantization import checkpoint_quantization_config
 from pagedserve.errors import ConfigError
 from pagedserve.logger import init_logger
 from pagedserve.model_loader.gguf import iterate_gguf
@@ -25,8 +26,9 @@ def load_model(config: ModelConfig, device: torch.device) -> CausalLM:
     model_class = get_model_class(config.architecture)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
+    quantization = get_quantization_config(config.quantization, checkpoint_quantization_config(config))
     try:
-        with torch.device(device), set_quantization_config(get_quantization_config(config.quantization)):
+        with torch.device(device), set_quantization_config(quantization):
             model = model_class(config.hf_config)
     finally:
         torch.set_default_dtype(previous)

@@ -8,9 +8,13 @@ QUANTIZATION_CONFIGS: "Registry[QuantizationConfig]" = Registry("Quantization", 
 QUANTIZATION_CONFIGS.register("gguf", "pagedserve.quantization.gguf:GGUFConfig")
 QUANTIZATION_CONFIGS.register("int8", "pagedserve.quantization.rtn:Int8Config")
 QUANTIZATION_CONFIGS.register("int4", "pagedserve.quantization.rtn:Int4Config")
+QUANTIZATION_CONFIGS.register("gptq", "pagedserve.quantization.gptq:GPTQConfig")
+QUANTIZATION_CONFIGS.register("awq", "pagedserve.quantization.awq:AWQConfig")
 
 
-def get_quantization_config(name: str | None) -> QuantizationConfig | None:
-    """The scheme `name` as resolved by the config (None: unquantized). Raises ConfigError for an
-    unknown name."""
-    return None if name is None else QUANTIZATION_CONFIGS.load(name)()
+def get_quantization_config(
+    name: str | None, quant_config: dict[str, object] | None = None
+) -> QuantizationConfig | None:
+    """The scheme `name` as resolved by the config (None: unquantized), with the checkpoint's
+    `quantization_config`. Raises ConfigError for an unknown name."""
+    return None if name is None else QUANTIZATION_CONFIGS.load(name).from_checkpoint(quant_config or {})

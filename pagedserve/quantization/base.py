@@ -55,6 +55,12 @@ class QuantizationConfig(ABC):
 
     name: str
 
+    @classmethod
+    def from_checkpoint(cls, quant_config: dict[str, object]) -> "QuantizationConfig":
+        """The scheme as config.json's `quantization_config` describes it (schemes without settings
+        ignore it)."""
+        return cls()
+
     @abstractmethod
     def get_linear_method(self) -> QuantizeMethodBase:
         """The method of a linear (column/row/qkv/merged) layer."""

@@ -43,8 +43,17 @@ def quantize_q4_1(weight: torch.Tensor) -> torch.Tensor:
     scale = ((groups.amax(dim=1) - low) / 15).to(torch.float16).float()
     inverse = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
     q = torch.round((groups - low[:, None]) * inverse[:, None]).clamp(0, 15).to(torch.uint8)
+    return q4_block_rows(q, scale, low).reshape(rows, -1)
+
+
+def q4_block_rows(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None) -> torch.Tensor:
+    """Blocks of 32 4-bit values q [blocks, 32] (uint8 in [0, 15]) with one scale d per block, as ggml
+    stores them: Q4_1 (value = d * q + minimum) when `minimum` is given, else Q4_0 (value = d * (q - 8)).
+    d and minimum are rounded to fp16; byte j of a block holds q[j] (low nibble) and q[j + 16] (high).
+    Returns uint8 [blocks, 20] (Q4_1) or [blocks, 18] (Q4_0)."""
     packed = q[:, :16] | (q[:, 16:] << 4)
-    return torch.cat([_half_bytes(scale), _half_bytes(low), packed], dim=1).reshape(rows, -1)
+    halves = [_half_bytes(scale)] + ([] if minimum is None else [_half_bytes(minimum)])
+    return torch.cat([*halves, packed], dim=1)
 
 
 class RTNMethod(GGUFMethod):

@@ -15,6 +15,7 @@ import llguidance.hf
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from pagedserve.errors import InvalidRequestError
+from pagedserve.structured_output.json_bounds import bounded_json_object, bounded_schema
 from pagedserve.structured_outputs_params import StructuredOutputsParams
 
 # Compact JSON (no free whitespace between tokens): a small model cannot loop on spaces and newlines.
@@ -48,14 +49,15 @@ def closed_objects(schema: Any) -> Any:
 
 
 def to_grammar(params: StructuredOutputsParams) -> str:
-    """The llguidance grammar of one constraint. Raises InvalidRequestError for a malformed JSON schema
+    """The llguidance grammar of one constraint (JSON with closed objects and bounded values, see
+    json_bounds.py). Raises InvalidRequestError for a malformed JSON schema
     (llguidance checks the rest when the grammar is validated or compiled)."""
     if params.json_object:
-        return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=_JSON_OPTIONS)
+        return llguidance.LLMatcher.grammar_from_json_schema(bounded_json_object(), defaults=_JSON_OPTIONS)
     if params.json is not None:
         try:
             return llguidance.LLMatcher.grammar_from_json_schema(
-                closed_objects(params.json), defaults=_JSON_OPTIONS
+                bounded_schema(closed_objects(params.json)), defaults=_JSON_OPTIONS
             )
         except (ValueError, TypeError) as exc:
             raise InvalidRequestError(

@@ -1,6 +1,7 @@
 """The benchmarks' client (benchmarks/serving.py, used by overload.py too) against a real server: a stream
 cut by its deadline (finish_reason "abort") got tokens, yet is neither completed nor goodput."""
 
+import argparse
 import asyncio
 import os
 import sys
@@ -60,3 +61,20 @@ def test_deadline_aborted_stream_is_not_completed(server: RemoteServer) -> None:
     summary = summarize([cut, whole], duration=1.0)
     assert (summary["successful_requests"], summary["failed_requests"]) == (1, 1)
     assert summary["total_output_tokens"] == 8
+
+
+@pytest.mark.parametrize("dataset", ["random", "copy"])
+def test_overload_and_serving_build_the_same_workloads(dataset: str, tiny_llama: str) -> None:
+    """overload.py parses its own flags but builds its workload with serving.py's builder: every field
+    the builder reads must exist in both parsers."""
+    import overload
+    import serving
+
+    flags = ["--dataset", dataset, "--tokenizer", tiny_llama, "--input-len-min", "8", "--input-len-max", "16"]
+    flags += ["--output-len-max", "4"]
+    overload_args = vars(overload.parse_args(flags)) | {"num_prompts": 3, "request_rate": 2.0}
+    workloads = [
+        serving.build_workload(serving.parse_args([*flags, "--num-prompts", "3", "--request-rate", "2"])),
+        serving.build_workload(argparse.Namespace(**overload_args)),
+    ]
+    assert workloads[0].prompts and workloads[0].prompts == workloads[1].prompts

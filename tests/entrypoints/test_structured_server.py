@@ -2,6 +2,7 @@
 schemas streamed and not, guided_* and structured_outputs fields, hostile constraints refused with 4xx
 while the engine keeps serving, tool_choice required / named / auto (hermes)."""
 
+import asyncio
 import json
 import os
 import re
@@ -56,7 +57,7 @@ def server(default_model: str):
         "--max-model-len",
         "1024",
         "--kv-cache-memory",
-        "128MiB",
+        "512MiB",
         "--chat-template",
         TEMPLATE,
         "--enable-auto-tool-choice",
@@ -78,41 +79,43 @@ def client(server: RemoteServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", timeout=300, max_retries=0)
 
 
-def stream_text(stream) -> tuple[str, str]:
+async def _schema_answer(client: openai.AsyncOpenAI, index: int, sampled: bool) -> tuple[str, str | None]:
+    """(text, finish_reason) of one schema's request: greedy and whole, or sampled and streamed."""
+    description, schema = SCHEMAS[index]
+    kwargs = dict(
+        model=None,
+        messages=prompt_for(description),
+        max_tokens=160,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
+    )
+    if not sampled:
+        whole = await client.chat.completions.create(**kwargs, temperature=0)
+        return whole.choices[0].message.content, whole.choices[0].finish_reason
     text, finish = "", None
-    for chunk in stream:
+    async for chunk in await client.chat.completions.create(**kwargs, temperature=0.9, seed=3, stream=True):
         for choice in chunk.choices:
             text += choice.delta.content or ""
             finish = choice.finish_reason or finish
     return text, finish
 
 
-@pytest.mark.parametrize("index", [4, 13, 16, 21])
-def test_json_schema_response_format_streamed_and_not(client: openai.OpenAI, index: int) -> None:
-    description, schema = SCHEMAS[index]
-    response_format = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
-    whole = client.chat.completions.create(
-        model=None,
-        messages=prompt_for(description),
-        temperature=0,
-        max_tokens=160,
-        response_format=response_format,
-    )
-    assert whole.choices[0].finish_reason == "stop"
-    jsonschema.validate(json.loads(whole.choices[0].message.content), schema)
-    text, finish = stream_text(
-        client.chat.completions.create(
-            model=None,
-            messages=prompt_for(description),
-            temperature=0.9,
-            seed=3,
-            max_tokens=160,
-            response_format=response_format,
-            stream=True,
-        )
-    )
-    assert finish == "stop"
-    jsonschema.validate(json.loads(text), schema)
+def test_every_schema_through_the_openai_client_greedy_whole_and_sampled_streamed(
+    server: RemoteServer,
+) -> None:
+    """All the schemas at once (the engine batches them): greedy non-streamed and sampled streamed."""
+
+    async def all_answers() -> list[tuple[str, str | None]]:
+        async with openai.AsyncOpenAI(
+            base_url=f"{server.base_url}/v1", api_key="none", timeout=600, max_retries=0
+        ) as client:
+            runs = [(index, sampled) for index in range(len(SCHEMAS)) for sampled in (False, True)]
+            return await asyncio.gather(*(_schema_answer(client, index, sampled) for index, sampled in runs))
+
+    answers = asyncio.run(all_answers())
+    for position, (text, finish) in enumerate(answers):
+        description, schema = SCHEMAS[position // 2]
+        assert finish == "stop", (description, "sampled" if position % 2 else "greedy", text)
+        jsonschema.validate(json.loads(text), schema)
 
 
 def test_guided_fields_on_completions_and_json_object_on_chat(client: openai.OpenAI) -> None:

@@ -28,7 +28,7 @@ def test_float_checkpoints_take_online_schemes_only(tiny_llama: str) -> None:
     assert _quantization(tiny_llama, quantization="int4") == "int4"
     with pytest.raises(ConfigError, match="needs a GGUF file"):
         _quantization(tiny_llama, quantization="gguf")
-    with pytest.raises(ConfigError, match="must be one of gguf, int8, int4 or none"):
+    with pytest.raises(ConfigError, match="must be one of gguf, int8, int4, .*gptq, awq.* or none"):
         _quantization(tiny_llama, quantization="squeezellm")
 
 
@@ -37,7 +37,9 @@ def test_an_unsupported_checkpoint_scheme_is_named(tiny_llama: str, tmp_path) ->
     config = json.loads((folder / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ConfigError, match="'bitsandbytes'.*supported: gguf, int8, int4 or none"):
+    with pytest.raises(
+        ConfigError, match="'bitsandbytes'.*supported: gguf, int8, int4, .*gptq, awq.* or none"
+    ):
         _quantization(str(folder))
 
 

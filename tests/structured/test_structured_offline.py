@@ -6,7 +6,7 @@ import re
 
 import jsonschema
 import pytest
-from schemas import LOOPS_IN_UNBOUNDED_VALUES, SCHEMAS, prompt_for
+from schemas import SCHEMAS, prompt_for
 
 from pagedserve import LLM, SamplingParams
 from pagedserve.errors import InvalidRequestError
@@ -31,7 +31,6 @@ def _constrained(**kind) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=120, structured_outputs=StructuredOutputsParams(**kind))
 
 
-@LOOPS_IN_UNBOUNDED_VALUES
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_every_schema_output_validates(llm: LLM, temperature: float) -> None:
     params = [
@@ -50,7 +49,6 @@ def test_every_schema_output_validates(llm: LLM, temperature: float) -> None:
         jsonschema.validate(json.loads(sample.text), schema)
 
 
-@LOOPS_IN_UNBOUNDED_VALUES
 def test_regex_choice_grammar_and_json_object(llm: LLM) -> None:
     question = [{"role": "user", "content": "Is the sky blue? Then give a phone number and a sum."}]
     cases = [
