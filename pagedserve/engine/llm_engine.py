@@ -54,8 +54,8 @@ class LLMEngine:
         beam_search: BeamSearchParams | None = None,
     ) -> None:
         """Validate and queue a request (a beam search with `beam_search`: its `params.n` best beams
-        come back). Thread-safe. Raises InvalidRequestError, or CapacityError past the queue limits;
-        nothing refused is queued."""
+        come back). Several threads may add at once (not while step() runs). Raises
+        InvalidRequestError, or CapacityError past the queue limits; nothing refused is queued."""
         self.frontend.submit([self.frontend.process(request_id, prompt, params, beam_search, arrival_time)])
 
     def step(self) -> list[RequestOutput]:
