@@ -14,6 +14,18 @@ SUPPORTED = (
     "version gemm"
 )
 
+# Families whose checkpoints keep q/k/v and gate/up as separate projections and have no experts: their 4-bit
+# tensors go through the layers' shard loaders as they are. (Phi-3 and Falcon split fused checkpoint tensors
+# by rows, which GPTQ's packing does not allow; experts are not quantized layers yet.)
+ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+)
+
 
 @dataclass(frozen=True)
 class Int4CheckpointFormat:
@@ -51,6 +63,15 @@ def _group_size(method: str, quant_config: Mapping[str, object], allow_whole_row
         if group_size == -1 and allow_whole_rows or group_size > 0 and group_size % BLOCK == 0:
             return group_size
     raise _refuse(method, f"group_size={group_size!r}")
+
+
+def check_architecture(method: str, architecture: str) -> None:
+    """Raises ConfigError when `architecture`'s checkpoints cannot be read as 4-bit groups."""
+    if architecture not in ARCHITECTURES:
+        raise ConfigError(
+            f"{method} checkpoints of {architecture} are not supported (fused projections in the checkpoint, "
+            f"or experts); supported: {', '.join(ARCHITECTURES)}."
+        )
 
 
 def parse_int4_checkpoint(method: str, quant_config: Mapping[str, object]) -> Int4CheckpointFormat:

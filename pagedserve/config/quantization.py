@@ -3,7 +3,7 @@
 
 from typing import TYPE_CHECKING, Literal, get_args
 
-from pagedserve.config.int4_checkpoint import parse_int4_checkpoint
+from pagedserve.config.int4_checkpoint import check_architecture, parse_int4_checkpoint
 from pagedserve.errors import ConfigError
 from pagedserve.logger import init_logger
 
@@ -49,6 +49,7 @@ def resolve_quantization(requested: str | None, model: "ModelConfig", device: st
         # NOTE: refuses what we cannot load; the device is checked as the layers are built (the CPU
         # kernels only), since `pagedserve plan` resolves this config as on a GPU.
         parse_int4_checkpoint(detected, checkpoint_quantization_config(model))
+        check_architecture(detected, model.architecture)
     if requested == "none" and detected in _CHECKPOINT_FORMATS:
         raise ConfigError(
             f"--quantization none cannot load a {detected} checkpoint (its weights exist only as 4-bit "

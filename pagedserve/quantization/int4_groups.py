@@ -65,7 +65,8 @@ def unpack_pairs(pairs: torch.Tensor) -> torch.Tensor:
 class GroupedInt4Method(QuantizeMethodBase):
     """Stages a layer's q (two per byte), zeros and scales with output rows first, through the layer's own
     shard loaders (so tensor parallelism splits them as it splits a float weight), then repacks them into
-    Q4_0/Q4_1 rows. Subclasses say how their checkpoint's tensors map to that staging."""
+    Q4_0 rows and, for asymmetric zeros, per-group offsets. Subclasses say how their checkpoint's tensors
+    map to that staging."""
 
     def __init__(self, checkpoint_format: Int4CheckpointFormat) -> None:
         self.format = checkpoint_format

@@ -54,15 +54,26 @@ def test_checkpoints_are_detected_and_their_layout_read(with_quant_config) -> No
     assert (awq.group_size, awq.desc_act, awq.zeros_minus_one) == (128, False, False)
 
 
-@pytest.mark.parametrize("method", ["gptq", "awq"])
-@pytest.mark.parametrize("field", ["bits", "group_size"])
-@pytest.mark.parametrize("value", BAD_NUMBERS + [16, 48, 33])
+def _is_valid(method: str, field: str, value: object) -> bool:
+    """Values these checks accept: bits 4; group sizes that are multiples of 32 (2^63 and 2^64 too: the
+    layers check them against their columns, below) and GPTQ's -1 (whole rows)."""
+    if field == "bits":
+        return value == 4 and not isinstance(value, bool)
+    return value in (2**63, 2**64) or (value == -1 and method == "gptq")
+
+
+INVALID = [
+    (method, field, value)
+    for method in ("gptq", "awq")
+    for field in ("bits", "group_size")
+    for value in BAD_NUMBERS + [16, 48, 33]
+    if not _is_valid(method, field, value)
+]
+
+
+@pytest.mark.parametrize(("method", "field", "value"), INVALID)
 def test_unsupported_bits_and_group_sizes_are_refused(method: str, field: str, value: object) -> None:
     base = GPTQ if method == "gptq" else AWQ
-    if field == "group_size" and (value in (2**63, 2**64) or (value == -1 and method == "gptq")):
-        return  # valid at this stage (multiples of 32 / whole rows): the layers check them against K
-    if field == "bits" and value == 4:
-        return
     with pytest.raises(ConfigError, match=rf"{field}=.*Supported: gptq: bits 4, group_size a multiple of 32"):
         parse_int4_checkpoint(method, {**base, field: value})
 
@@ -124,3 +135,36 @@ def test_plan_counts_the_linear_layers_in_4_bits(tmp_path, capsys, quant_config:
     linear = 32 * (4 * 4096**2 + 3 * 4096 * 11008)
     others = 2 * 32000 * 4096 + 32 * 2 * 4096 + 4096  # embeddings, LM head, norms
     assert result["weights_bytes"] == 2 * others + math.ceil(linear * bits / 8)
+
+
+def test_families_with_fused_checkpoint_tensors_or_experts_are_refused(tiny_model_factory, tmp_path) -> None:
+    for name in ("phi3", "mixtral"):
+        folder = shutil.copytree(tiny_model_factory(name), tmp_path / name)
+        config = json.loads((folder / "config.json").read_text())
+        config["quantization_config"] = GPTQ
+        (folder / "config.json").write_text(json.dumps(config))
+        with pytest.raises(ConfigError, match="gptq checkpoints of .* are not supported.*LlamaForCausalLM"):
+            _model_config(str(folder))
+
+
+def test_g_idx_that_cannot_be_served_is_refused() -> None:
+    """One activation permutation serves a fused layer: q/k/v must share act-order's g_idx; g_idx must name
+    groups that exist; a shuffled g_idx with desc_act false would be silently wrong."""
+    from pagedserve.config.int4_checkpoint import Int4CheckpointFormat
+    from pagedserve.layers.linear import QKVParallelLinear
+    from pagedserve.quantization.base import set_quantization_config
+    from pagedserve.quantization.gptq import GPTQConfig
+
+    def layer(desc_act: bool) -> QKVParallelLinear:
+        with set_quantization_config(GPTQConfig(Int4CheckpointFormat("gptq", 32, desc_act, True, False))):
+            return QKVParallelLinear(64, 16, 4, 2)
+
+    shuffled = (torch.arange(64) // 32)[torch.randperm(64, generator=torch.Generator().manual_seed(0))]
+    act_order = layer(True)
+    act_order.g_idx.weight_loader(act_order.g_idx, shuffled.to(torch.int32), "q")
+    with pytest.raises(ConfigError, match="different act-order g_idx"):
+        act_order.g_idx.weight_loader(act_order.g_idx, shuffled.flip(0).to(torch.int32), "k")
+    with pytest.raises(ConfigError, match="groups outside 0..1"):
+        act_order.g_idx.weight_loader(act_order.g_idx, shuffled.to(torch.int32) + 1, "v")
+    with pytest.raises(ConfigError, match="says desc_act false"):
+        layer(False).g_idx.weight_loader(None, shuffled.to(torch.int32), "q")

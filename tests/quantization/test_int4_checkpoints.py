@@ -27,6 +27,8 @@ SCHEMES = {
     "awq-g128": Scheme("awq", 128),
 }
 CASES = [("llama", name) for name in SCHEMES] + [("qwen2", "gptq-g64-actorder-sym"), ("qwen2", "awq-g128")]
+# The other families that load 4-bit checkpoints (weights and kernel only).
+OTHER_FAMILIES = [("mistral", "awq-g32"), ("qwen3", "gptq-g32-asym"), ("gemma2", "gptq-g64-actorder-sym")]
 # End to end: each format, act-order, asymmetric zeros, both families (the weights of every case are
 # checked exactly above, so every case need not run HF too).
 GREEDY_CASES = [CASES[0], CASES[2], CASES[5], CASES[7], CASES[8]]
@@ -78,7 +80,7 @@ def _fused_reference(reference: dict[str, torch.Tensor], prefix: str, fused: str
     return torch.cat([reference[f"{prefix}.{name}.weight"] for name in names])
 
 
-@pytest.mark.parametrize(("architecture", "scheme"), CASES)
+@pytest.mark.parametrize(("architecture", "scheme"), CASES + OTHER_FAMILIES)
 def test_loaded_weights_and_kernel_match_the_reference(checkpoints, architecture: str, scheme: str) -> None:
     from safetensors.torch import load_file
 
