@@ -3,7 +3,8 @@ each weight / KV-cache quantization, against the float32 reference (the GGUF's w
 
 The text is split into windows of --window tokens; every token but a window's first is scored with the
 engine's prompt_logprobs. int8 and int4 quantize a float32 HF folder written from the same GGUF (there is
-no other local copy of the model), so every row starts from the same weights.
+no other local copy of the model), so every row starts from the same weights; the fp8 weights row reads an
+fp8 checkpoint written here from that folder (per-channel scales, as llm-compressor's FP8_DYNAMIC).
 
     python benchmarks/accuracy.py --window 1024
 """
@@ -26,6 +27,7 @@ SETTINGS = {
     "gguf Q4_1 native": ("gguf", dict()),
     "int8 (online, g32)": ("hf", dict(quantization="int8")),
     "int4 (online, g32)": ("hf", dict(quantization="int4")),
+    "fp8 weights (per channel)": ("fp8", dict()),
     # NOTE: prompts chunked by 128 tokens, so later chunks attend their prefix through the fp8 cache (a
     # window prefilled in one chunk attends its fresh K/V and would never read the cache back).
     "fp8 KV (e4m3, scale 1)": (
@@ -52,11 +54,33 @@ def float_folder(gguf_file: str, folder: str) -> str:
     for name in os.listdir(converted):
         shutil.copy(os.path.join(converted, name), folder)
     config = AutoConfig.from_pretrained(converted)
-    tensors = dict(iterate_gguf(gguf_file, config.num_attention_heads, config.num_key_value_heads))
+    tensors = dict(iterate_gguf(gguf_file, config))
     save_file(
         {name: tensor.contiguous() for name, tensor in tensors.items()},
         os.path.join(folder, "model.safetensors"),
     )
+    return folder
+
+
+def fp8_folder(float_folder: str, folder: str) -> str:
+    """An fp8 checkpoint of the float folder: each linear weight as float8_e4m3fn with a per-output-channel
+    scale (max |w| / 448), config.json's quantization_config saying so."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(float_folder, folder)
+    tensors = load_file(os.path.join(float_folder, "model.safetensors"))
+    for name in [n for n in tensors if n.endswith("_proj.weight")]:
+        scale = tensors[name].abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 448.0
+        tensors[name] = (tensors[name] / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        tensors[name.removesuffix("weight") + "weight_scale"] = scale
+    save_file(tensors, os.path.join(folder, "model.safetensors"))
+    config_path = os.path.join(folder, "config.json")
+    config = json.load(open(config_path))
+    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    json.dump(config, open(config_path, "w"))
     return folder
 
 
@@ -89,6 +113,7 @@ def main() -> None:
     gguf_file = default_model_path()
     with tempfile.TemporaryDirectory() as folder:
         models = {"gguf": gguf_file, "hf": float_folder(gguf_file, folder)}
+        models["fp8"] = fp8_folder(models["hf"], os.path.join(folder, "fp8"))
         from transformers import AutoTokenizer
 
         tokens = AutoTokenizer.from_pretrained(folder)(open(TEXT, encoding="utf-8").read()).input_ids

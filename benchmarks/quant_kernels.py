@@ -1,8 +1,12 @@
-"""Quantized matmul kernels on CPU, SmolLM2-135M's shapes: our GGUF kernels (Q4_1, Q8_0: float activations,
-blocks dequantized row by row) against torch's own int8/int4 kernels and the float32 matmul, same inputs.
+"""Quantized matmul kernels on CPU, SmolLM2-135M's shapes: our GGUF kernels (Q4_1, Q8_0) with float32
+activations ("f32"), 16-bit ("i16", the default) and 8-bit ("i8", llama.cpp's) integer activations (these
+apply at batch <= 8; larger batches compute in float32 whatever the setting) against torch's own int8/int4
+kernels and the float32 matmul, same inputs.
 
 torch's: `_weight_int8pack_mm` (int8, one scale per output channel), `_weight_int4pack_mm_for_cpu` (int4,
-groups of 32, scales and zeros; float32 and bfloat16 activations). Median microseconds per call.
+groups of 32, scales and zeros; float32 and bfloat16 activations). fp8 weights (per-channel scales): our
+kernel (rows widened through a table) against torch's upcast of the weight then the float32 matmul.
+Median microseconds per call.
 
     python benchmarks/quant_kernels.py --threads 2 --batch-sizes 1 8 64 256
 """
@@ -14,7 +18,9 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from pagedserve.kernels.cpu.fp8_ops import fp8_matmul
 from pagedserve.kernels.cpu.gguf_ops import gguf_matmul
+from pagedserve.quantization.fp8 import FP8_MAX
 from pagedserve.quantization.rtn import GGML_Q4_1, GGML_Q8_0, quantize_q4_1, quantize_q8_0
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # timing, however this file is run
@@ -42,13 +48,24 @@ def kernels(weight: torch.Tensor) -> dict:
     scale = weight.abs().amax(dim=1) / 127
     int8 = torch.round(weight / scale[:, None]).to(torch.int8)
     q4_1, q8_0 = quantize_q4_1(weight), quantize_q8_0(weight)
+    fp8_scale = weight.abs().amax(dim=1, keepdim=True) / FP8_MAX
+    fp8 = (weight / fp8_scale).to(torch.float8_e4m3fn)
+    fp8_values = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
+    ours = {
+        f"{name} {label}": lambda x, rows=rows, ggml_type=ggml_type, bits=bits: gguf_matmul(
+            x, rows, ggml_type, bits
+        )
+        for name, rows, ggml_type in (("Q4_1", q4_1, GGML_Q4_1), ("Q8_0", q8_0, GGML_Q8_0))
+        for label, bits in (("f32", 32), ("i16", 16), ("i8", 8))
+    }
     return {
         "float32": lambda x: F.linear(x, weight),
-        "ours Q4_1": lambda x: gguf_matmul(x, q4_1, GGML_Q4_1),
-        "ours Q8_0": lambda x: gguf_matmul(x, q8_0, GGML_Q8_0),
+        **ours,
         "torch int8/ch": lambda x: torch._weight_int8pack_mm(x, int8, scale),
         "torch int4 f32": torch_int4(weight, torch.float32),
         "torch int4 bf16": torch_int4(weight, torch.bfloat16),
+        "ours fp8": lambda x: fp8_matmul(x, fp8.view(torch.uint8), fp8_scale, fp8_values, weight.shape[1]),
+        "torch fp8 upcast": lambda x: F.linear(x, fp8.float() * fp8_scale),
     }
 
 

@@ -21,9 +21,9 @@ from pagedserve.utils.hf_config import (
     falcon_parallel_attention,
     falcon_two_layernorms,
     is_sparse_layer,
-    kv_sliding_window,
     num_kv_heads,
 )
+from pagedserve.utils.kv_cache_groups import KVCacheGroups
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -183,38 +183,46 @@ def kv_cache_config(kv_bytes: int, bytes_per_block: int, block_size: int) -> KVC
 
 
 @dataclass(frozen=True)
-class SlidingWindowReach:
-    """Every layer has a window (the widest: `window`): the KV manager frees the blocks before a request's
-    last `window` tokens as it grows, so a request holds at most the window, one step's new tokens
-    (`max_chunk`, the step's token budget) and a partly filled block at each end."""
+class WindowedKV:
+    """A model with sliding-window layers (`groups`: its KV cache groups, utils/kv_cache_groups.py): the KV
+    manager frees a window group's blocks before a request's last W tokens as it grows, so in that group
+    a request holds at most the window, one step's new tokens (`max_chunk`, the step's token budget) and a
+    partly filled block at each end; a full-attention group holds every block."""
 
-    window: int
+    groups: KVCacheGroups
     max_chunk: int
 
     def max_blocks(self, num_tokens: int, block_size: int) -> int:
-        """Blocks a request of `num_tokens` tokens holds at most: a decode (one new token) holds
-        ceil(window / block_size) + 1; a prefill chunk of n tokens ceil((window - 1 + n) / block_size) + 1."""
-        chunk = min(self.max_chunk, num_tokens)
-        return min(cdiv(num_tokens, block_size), cdiv(self.window - 1 + chunk, block_size) + 1)
+        """Blocks (every group's) a request of `num_tokens` tokens holds at most: per window group a decode
+        (one new token) holds ceil(W / block_size) + 1, a prefill chunk of n tokens
+        ceil((W - 1 + n) / block_size) + 1."""
+        assert block_size == self.groups.block_size, "the groups were made for this block size"
+        return self.groups.max_blocks(num_tokens, min(self.max_chunk, num_tokens))
+
+    @property
+    def widest_window(self) -> int | None:
+        """The widest window when every layer has one (nothing older is read again), else None."""
+        windows = self.groups.windows
+        return None if None in windows else max(w for w in windows if w is not None)
 
 
-def _blocks_per_request(kv: KVCacheConfig, num_tokens: int, reach: SlidingWindowReach | None) -> int:
+def _blocks_per_request(kv: KVCacheConfig, num_tokens: int, reach: WindowedKV | None) -> int:
     return cdiv(num_tokens, kv.block_size) if reach is None else reach.max_blocks(num_tokens, kv.block_size)
 
 
-def max_concurrency(kv: KVCacheConfig, max_model_len: int, reach: SlidingWindowReach | None = None) -> float:
+def max_concurrency(kv: KVCacheConfig, max_model_len: int, reach: WindowedKV | None = None) -> float:
     """How many requests of `max_model_len` tokens the cache holds at once, as the startup log says."""
     if reach is None:
         return kv.capacity_tokens / max_model_len
     return max(0, kv.num_blocks - 1) / reach.max_blocks(max_model_len, kv.block_size)
 
 
-def max_full_requests(kv: KVCacheConfig, num_tokens: int, reach: SlidingWindowReach | None = None) -> int:
+def max_full_requests(kv: KVCacheConfig, num_tokens: int, reach: WindowedKV | None = None) -> int:
     """How many requests of `num_tokens` tokens fit at once, whole blocks each."""
     return max(0, kv.num_blocks - 1) // _blocks_per_request(kv, num_tokens, reach)
 
 
-def check_fits(kv: KVCacheConfig, max_model_len: int, reach: SlidingWindowReach | None = None) -> None:
+def check_fits(kv: KVCacheConfig, max_model_len: int, reach: WindowedKV | None = None) -> None:
     """Raises ConfigError (numbers and flags) when one request of `max_model_len` tokens cannot fit."""
     if kv.num_blocks < 2 or max_full_requests(kv, max_model_len, reach) < 1:
         raise ConfigError(
@@ -275,11 +283,15 @@ def size_kv_cache(
         format_bytes(bytes_per_block * num_blocks),
         kv.capacity_tokens,
     )
-    reach = window_reach(config)
+    reach = windowed_kv(config)
     if reach is not None:
+        groups = reach.groups
         logger.info(
-            "Sliding window of %d tokens on every layer: blocks out of its reach are freed as requests grow.",
-            reach.window,
+            "Sliding windows: %d KV cache group(s) of %d layer(s), windows %s (None: full attention); a block "
+            "holds one group's layers, and blocks out of a window group's reach are freed as requests grow.",
+            groups.num_groups,
+            groups.group_size,
+            list(groups.windows),
         )
     logger.info(
         "Maximum concurrency for %d tokens per request: %.2fx",
@@ -290,13 +302,22 @@ def size_kv_cache(
         "Swap space: %d host blocks (%s, --swap-space); prefix caching %s.",
         kv.num_host_blocks,
         format_bytes(kv.num_host_blocks * bytes_per_block),
-        "on" if cache.enable_prefix_caching else "off (--no-enable-prefix-caching)",
+        "off (--no-enable-prefix-caching)"
+        if not cache.enable_prefix_caching
+        else "off (several KV cache groups)"
+        if reach is not None and reach.groups.num_groups > 1
+        else "on",
     )
     check_fits(kv, max_model_len, reach)
     return kv
 
 
-def window_reach(config: EngineConfig) -> SlidingWindowReach | None:
-    """What a window on every layer saves (the engine frees the blocks out of its reach); None otherwise."""
-    window = kv_sliding_window(config.model.hf_config, config.model.architecture)
-    return None if window is None else SlidingWindowReach(window, config.scheduler.max_num_batched_tokens)
+def windowed_kv(config: EngineConfig) -> WindowedKV | None:
+    """What the model's windows save (the engine frees the blocks out of their reach); None when no layer
+    has a window."""
+    groups = KVCacheGroups.for_model(
+        config.model.hf_config, config.model.architecture, config.cache.block_size
+    )
+    if groups.windows == (None,):
+        return None
+    return WindowedKV(groups, config.scheduler.max_num_batched_tokens)

@@ -82,6 +82,8 @@ TINY_MODELS = {
     # Sliding windows (24) shorter than most test prompts, so the window really cuts.
     "mistral-swa": dict(sliding_window=24),
     "qwen2-swa": dict(use_sliding_window=True, sliding_window=24, max_window_layers=0),
+    # Layer 0 full attention, layer 1 windowed (HF windows the layers from max_window_layers on).
+    "qwen2-mwl": dict(use_sliding_window=True, sliding_window=24, max_window_layers=1),
     # Layer 0 global, layer 1 windowed.
     "qwen3": dict(head_dim=16, use_sliding_window=True, sliding_window=24, max_window_layers=1),
     "gemma2": dict(

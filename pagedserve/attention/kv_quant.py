@@ -5,7 +5,7 @@ NOTE: the cache tensors hold the fp8 bits as uint8, because torch's CPU index_co
 writes, swaps and copies on write) are not implemented for float8 dtypes; every reader views them back.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,6 +22,15 @@ class KVQuantization:
     k_scale: float = 1.0
     v_scale: float = 1.0
     scales_pending: bool = False  # True until the first batch sets the scales (--calculate-kv-scales)
+    _tables: dict[float, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def value_table(self, scale: float = 1.0) -> torch.Tensor:
+        """[256] float32: the value of each fp8 bit pattern times `scale`, as `dequantize` computes it
+        (the native CPU kernels read and write fp8 through it)."""
+        if scale not in self._tables:
+            bits = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+            self._tables[scale] = bits.view(self.fp8_dtype).float() * scale
+        return self._tables[scale]
 
     def quantize(self, x: torch.Tensor, scale: float) -> torch.Tensor:
         """Values -> uint8 fp8 bits, saturating at the format's largest finite value (no inf/NaN)."""
@@ -46,9 +55,13 @@ def kv_cache_storage_dtype(cache_dtype: str, model_dtype: torch.dtype) -> torch.
     return model_dtype if cache_dtype == "auto" else torch.uint8
 
 
-def kv_quantization(cache_dtype: str, calculate_scales: bool) -> KVQuantization | None:
-    return (
-        None
-        if cache_dtype == "auto"
-        else KVQuantization(FP8_DTYPES[cache_dtype], scales_pending=calculate_scales)
-    )
+def kv_quantization(
+    cache_dtype: str, calculate_scales: bool, checkpoint_scales: tuple[float, float] | None = None
+) -> KVQuantization | None:
+    """A layer's fp8 cache: scales from the first batch (--calculate-kv-scales), else the checkpoint's
+    (`checkpoint_scales`), else 1.0."""
+    if cache_dtype == "auto":
+        return None
+    if calculate_scales or checkpoint_scales is None:
+        return KVQuantization(FP8_DTYPES[cache_dtype], scales_pending=calculate_scales)
+    return KVQuantization(FP8_DTYPES[cache_dtype], *checkpoint_scales)

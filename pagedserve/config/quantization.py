@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 # Each scheme but none is registered in quantization/__init__.py (a test checks that the two agree).
-QuantizationName = Literal["gguf", "int8", "int4", "gptq", "awq", "none"]
+QuantizationName = Literal["gguf", "int8", "int4", "gptq", "awq", "fp8", "none"]
 QUANTIZATION_METHODS: tuple[str, ...] = get_args(QuantizationName)[:-1]
 _SUPPORTED = f"{', '.join(QUANTIZATION_METHODS)} or none"
 _CHECKPOINT_FORMATS = ("gptq", "awq")  # read from the checkpoint's tensors, never applied online
@@ -60,6 +60,17 @@ def resolve_quantization(requested: str | None, model: "ModelConfig", device: st
             f"--quantization {requested} needs a checkpoint quantized with {requested} (config.json "
             f"quantization_config.quant_method), but this one is {detected or 'not quantized'}."
         )
+    if detected == "fp8" and requested not in (None, "fp8"):
+        raise ConfigError(
+            f"--quantization {requested} cannot load an fp8 checkpoint (its weights exist only in fp8); "
+            "leave --quantization unset or pass fp8."
+        )
+    if requested == "fp8" and detected != "fp8":
+        raise ConfigError(
+            "--quantization fp8 loads checkpoints quantized to fp8 (config.json quantization_config."
+            f"quant_method fp8), but this one is {detected or 'not quantized'}; use int8 to quantize a "
+            "float checkpoint online."
+        )
     if requested is None:
         if detected in ("gguf", *_CHECKPOINT_FORMATS) and model.load_format == "dummy":
             logger.info("Dummy weights are random floats: the checkpoint's %s layout is not used.", detected)
@@ -73,7 +84,7 @@ def resolve_quantization(requested: str | None, model: "ModelConfig", device: st
         return detected
     if requested == "gguf" and not model.gguf_file:
         raise ConfigError("--quantization gguf needs a GGUF file (--model *.gguf).")
-    if requested in QUANTIZATION_METHODS and device != "cpu":
+    if requested in QUANTIZATION_METHODS and requested != "fp8" and device != "cpu":
         raise ConfigError(
             f"--quantization {requested} has CPU kernels only; use --device cpu, or "
             "--quantization none (GGUF dequantized)."

@@ -40,14 +40,15 @@ class KVAdmissionPolicy:
             1 for block in hits or [] if block.ref_cnt == 0
         )  # cached blocks taken from the free list
         held = kv.num_table_entries(request.request_id) + len(hits or [])
-        need = self._blocks(request, num_tokens + lookahead, held, kv.block_size) + revived
+        need = self._blocks(request, num_tokens + lookahead, held, kv) + revived
         for other in running:
             held = kv.num_table_entries(other.request_id)
-            need += self._blocks(other, other.num_computed_tokens + lookahead, held, kv.block_size)
+            need += self._blocks(other, other.num_computed_tokens + lookahead, held, kv)
         return need <= kv.num_free_blocks()
 
     @staticmethod
-    def _blocks(request: Request, num_tokens: int, held: int, block_size: int) -> int:
-        """Blocks `request` needs beyond the `held` ones to hold `num_tokens` tokens (at most its length)."""
+    def _blocks(request: Request, num_tokens: int, held: int, kv: KVCacheManager) -> int:
+        """Blocks `request` needs beyond the `held` ones to hold `num_tokens` tokens (at most its length),
+        one per KV cache group for each block of tokens."""
         longest = request.num_prompt_tokens + request.max_tokens
-        return max(0, cdiv(min(num_tokens, longest), block_size) - held)
+        return max(0, cdiv(min(num_tokens, longest), kv.block_size) * kv.num_groups - held)

@@ -1,4 +1,5 @@
-"""Per-request block tables over the block pool: allocation, prefix caching, forks and copy-on-write."""
+"""Per-request block tables over the block pool: allocation, prefix caching, forks and copy-on-write, one
+table per KV cache group (`utils/kv_cache_groups.py`)."""
 
 from collections import Counter
 from dataclasses import dataclass, field
@@ -6,8 +7,8 @@ from dataclasses import dataclass, field
 from pagedserve.core.block_pool import BlockPool, KVCacheBlock
 from pagedserve.core.hashing import extend_block_hashes
 from pagedserve.core.request import Request
-from pagedserve.core.sliding_window import SlidingWindowPolicy
 from pagedserve.utils import cdiv
+from pagedserve.utils.kv_cache_groups import KVCacheGroups
 
 Plan = list[tuple[Request, int]]  # (request, number of new tokens to compute this step)
 
@@ -65,21 +66,28 @@ class KVCacheManager:
     copy first (copy-on-write): the `SlotAllocation` that `allocate_slots` returns lists the (src, dst)
     copies the workers must make before the step's forward.
 
-    Sliding windows (`window_policy`): blocks that no layer group reads again are freed as a request
-    grows and their table entries become the null block (positions keep their index), so a request whose
-    layers all have a window W holds at most ceil(W / block_size) + 1 blocks while it decodes."""
+    KV cache groups (`groups`): a request's tables are kept as one flat list, entry-major: block
+    `entry * num_groups + g` holds tokens [entry * block_size, (entry + 1) * block_size) of group g's
+    layers, so a table grows by whole entries (one block per group) and the ids travel to the workers as
+    one list (they take every num_groups-th id for a group's table). Blocks a window group no longer reads
+    are freed as the request grows and their entries become the null block (positions keep their index):
+    a window group of W holds at most ceil(W / block_size) + 1 blocks while the request decodes, a
+    full-attention group every block. Prefix caching needs one group (a hit would have to cover each
+    window group's blocks apart): with several, `enable_caching` is turned off (the engine logs it)."""
 
     def __init__(
         self,
         num_blocks: int,
         block_size: int,
         enable_caching: bool = True,
-        window_policy: SlidingWindowPolicy | None = None,
+        groups: KVCacheGroups | None = None,
     ) -> None:
         self.block_size = block_size
-        self.enable_caching = enable_caching
-        self.window_policy = window_policy
-        self.num_freed_leading: dict[str, int] = {}  # leading table entries already the null block
+        self.groups = groups or KVCacheGroups(((0,),), (None,), block_size)
+        self.num_groups = self.groups.num_groups
+        self.enable_caching = enable_caching and self.num_groups == 1
+        # Per request and group: leading entries of the group's table already the null block.
+        self.num_freed_leading: dict[str, list[int]] = {}
         self.block_pool = BlockPool(num_blocks)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_blocks: dict[
@@ -119,16 +127,16 @@ class KVCacheManager:
         # NOTE: blocks out of every window's reach go back first (a valid change whatever follows).
         self._free_unreachable(request.request_id, blocks, request.num_computed_tokens)
         start = request.num_computed_tokens + len(hits) * self.block_size
-        num_new_blocks = max(0, cdiv(start + num_new_tokens, self.block_size) - len(blocks) - len(hits))
-        shared = self._shared_block_written(blocks, start, num_new_tokens)
+        num_new_blocks = max(0, self._num_blocks(start + num_new_tokens) - len(blocks) - len(hits))
+        shared = self._shared_blocks_written(blocks, start, num_new_tokens)
         revived = sum(1 for block in hits if block.ref_cnt == 0)
-        if num_new_blocks + (shared is not None) + revived > self.block_pool.get_num_free_blocks():
+        if num_new_blocks + len(shared) + revived > self.block_pool.get_num_free_blocks():
             return None
         self.block_pool.touch(hits)
         blocks = self.req_to_blocks.setdefault(request.request_id, [])
         blocks.extend(hits)
         self._free_unreachable(request.request_id, blocks, start)
-        copies = [] if shared is None else [self._copy_on_write(blocks, start // self.block_size)]
+        copies = [self._copy_on_write(blocks, index) for index in shared]
         new_blocks = self.block_pool.allocate(num_new_blocks)
         blocks.extend(new_blocks)
         if new_computed_blocks is not None:
@@ -147,11 +155,10 @@ class KVCacheManager:
         shared: dict[int, KVCacheBlock] = {}
         for request, num_new in plan:
             blocks = tables.get(request.request_id, [])
-            total += max(0, cdiv(request.num_computed_tokens + num_new, self.block_size) - len(blocks))
-            block = self._shared_block_written(blocks, request.num_computed_tokens, num_new)
-            if block is not None:
-                writers[block.block_id] += 1
-                shared[block.block_id] = block
+            total += max(0, self._num_blocks(request.num_computed_tokens + num_new) - len(blocks))
+            for index in self._shared_blocks_written(blocks, request.num_computed_tokens, num_new):
+                writers[blocks[index].block_id] += 1
+                shared[blocks[index].block_id] = blocks[index]
         # NOTE: of k writers into a block with ref_cnt c, each copies while others hold it; the last
         # one writes in place when c == k.
         return total + sum(k - (shared[bid].ref_cnt == k) for bid, k in writers.items())
@@ -159,7 +166,7 @@ class KVCacheManager:
     def fork(self, parent: Request, child: Request, num_tokens: int) -> None:
         """Let `child` (holding no blocks) share the blocks of `parent` that hold its first
         `num_tokens` tokens: one more reference each, no copy until someone writes."""
-        blocks = self.req_to_blocks.get(parent.request_id, [])[: cdiv(num_tokens, self.block_size)]
+        blocks = self.req_to_blocks.get(parent.request_id, [])[: self._num_blocks(num_tokens)]
         self.block_pool.touch(self._held(blocks))
         self.req_to_blocks[child.request_id] = list(blocks)
         self.num_cached_blocks[child.request_id] = min(
@@ -179,7 +186,7 @@ class KVCacheManager:
         """Release the blocks past those holding the request's tokens (they held only rejected draft
         tokens). Returns how many were released."""
         blocks = self.req_to_blocks.get(request.request_id, [])
-        keep = cdiv(request.num_tokens, self.block_size)
+        keep = self._num_blocks(request.num_tokens)
         released = blocks[keep:]
         del blocks[keep:]
         self.block_pool.free(reversed(released))
@@ -233,44 +240,64 @@ class KVCacheManager:
         return self.block_size * sum(len(self._held(blocks)) for blocks in self.req_to_blocks.values())
 
     def num_table_entries(self, request_id: str) -> int:
-        """Entries in the request's block table (those freed out of every window included)."""
+        """Blocks in the request's tables, every group's (those freed out of a window included)."""
         return len(self.req_to_blocks.get(request_id, ()))
 
     def num_held_blocks(self, request_id: str) -> int:
         """Blocks the request holds (its table less the entries freed out of every window)."""
         return len(self._held(self.req_to_blocks.get(request_id, [])))
 
+    def num_held_blocks_per_group(self, request_id: str) -> list[int]:
+        """Blocks the request holds in each KV cache group's table."""
+        blocks = self.req_to_blocks.get(request_id, [])
+        return [len(self._held(blocks[group :: self.num_groups])) for group in range(self.num_groups)]
+
     def _held(self, blocks: list[KVCacheBlock]) -> list[KVCacheBlock]:
         return [block for block in blocks if block is not self.block_pool.null_block]
+
+    def _num_blocks(self, num_tokens: int) -> int:
+        """Table length (every group's blocks) that holds `num_tokens` tokens."""
+        return cdiv(num_tokens, self.block_size) * self.num_groups
 
     def _free_unreachable(
         self, request_id: str, blocks: list[KVCacheBlock], num_computed_tokens: int
     ) -> None:
-        """Free the leading blocks no layer group reads again and put the null block in their place."""
-        if self.window_policy is None:
+        """Free the leading blocks each window group no longer reads and put the null block in their place."""
+        if not blocks:
             return
-        end = min(len(blocks), self.window_policy.num_unreachable_blocks(num_computed_tokens))
-        start = self.num_freed_leading.get(request_id, 0)
-        if end <= start:
-            return
-        null_block = self.block_pool.null_block
-        assert null_block is not None, "the device pool reserves the null block"
-        unreachable = self._held(blocks[start:end])
-        blocks[start:end] = [null_block] * (end - start)
-        self.num_freed_leading[request_id] = end
+        num_groups, null_block = self.num_groups, self.block_pool.null_block
+        freed = self.num_freed_leading.setdefault(request_id, [0] * num_groups)
+        unreachable: list[KVCacheBlock] = []
+        for group in range(num_groups):
+            end = min(
+                len(blocks) // num_groups, self.groups.num_unreachable_blocks(group, num_computed_tokens)
+            )
+            if end <= freed[group]:
+                continue
+            assert null_block is not None, "the device pool reserves the null block"
+            for index in range(freed[group] * num_groups + group, end * num_groups, num_groups):
+                if blocks[index] is not null_block:
+                    unreachable.append(blocks[index])
+                    blocks[index] = null_block
+            freed[group] = end
         # NOTE: the oldest first, so the prefix cache evicts them before the request's recent blocks. The
         # workers are not told: no backend reads a position out of its layer's window, so their stale ids
         # for these entries are never read (resending whole tables would cost O(tokens) each time).
         self.block_pool.free(unreachable)
 
-    def _shared_block_written(
+    def _shared_blocks_written(
         self, blocks: list[KVCacheBlock], start: int, num_new_tokens: int
-    ) -> KVCacheBlock | None:
-        """The block that token `start` goes into, if it exists and others hold it too."""
-        index = start // self.block_size
-        if num_new_tokens > 0 and index < len(blocks) and blocks[index].ref_cnt > 1:
-            return blocks[index]
-        return None
+    ) -> list[int]:
+        """Indices of the blocks (one per group) that token `start` goes into that exist and others hold
+        too."""
+        first = start // self.block_size * self.num_groups
+        if num_new_tokens <= 0:
+            return []
+        return [
+            index
+            for index in range(first, min(len(blocks), first + self.num_groups))
+            if blocks[index].ref_cnt > 1 and blocks[index] is not self.block_pool.null_block
+        ]
 
     def _copy_on_write(self, blocks: list[KVCacheBlock], index: int) -> tuple[int, int]:
         """Give the table its own copy of block `index`; returns the (src, dst) copy to make."""

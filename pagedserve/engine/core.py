@@ -7,7 +7,6 @@ from pagedserve.config import EngineConfig
 from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
 from pagedserve.core.scheduler import Scheduler
-from pagedserve.core.sliding_window import SlidingWindowPolicy
 from pagedserve.core.swap import SwapSpace
 from pagedserve.engine.block_state import snapshot_blocks
 from pagedserve.engine.tokenizer import load_tokenizer
@@ -16,7 +15,7 @@ from pagedserve.logger import init_logger
 from pagedserve.protocol import BlockSnapshot, EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from pagedserve.sizing import size_kv_cache
 from pagedserve.structured_output.manager import StructuredOutputManager
-from pagedserve.utils.hf_config import layer_windows
+from pagedserve.utils.kv_cache_groups import KVCacheGroups
 
 logger = init_logger(__name__)
 
@@ -45,21 +44,21 @@ class EngineCore:
         self.structured_output = StructuredOutputManager(
             lambda: load_tokenizer(config.model), config.model.vocab_size
         )
-        manager = KVCacheManager(
-            kv.num_blocks, kv.block_size, config.cache.enable_prefix_caching, self._window_policy()
-        )
+        groups = KVCacheGroups.for_model(config.model.hf_config, config.model.architecture, kv.block_size)
+        if groups.num_groups > 1 and config.cache.enable_prefix_caching:
+            logger.info(
+                "Prefix caching: off, this model has %d KV cache groups (windowed and full-attention "
+                "layers); a cached prefix would have to cover each window group's blocks apart, which the "
+                "manager does not do yet.",
+                groups.num_groups,
+            )
+        manager = KVCacheManager(kv.num_blocks, kv.block_size, config.cache.enable_prefix_caching, groups)
         self.scheduler = Scheduler(
             config.scheduler,
             manager,
             swap_space,
             speculative=config.speculative,
             structured_output=self.structured_output,
-        )
-
-    def _window_policy(self) -> SlidingWindowPolicy:
-        model = self.config.model
-        return SlidingWindowPolicy.from_layer_windows(
-            layer_windows(model.hf_config, model.architecture), self.config.cache.block_size
         )
 
     def add_request(self, request: EngineCoreRequest) -> None:

@@ -29,14 +29,14 @@ from pagedserve.errors import ConfigError
 from pagedserve.sizing import (
     DTYPE_BYTES,
     ModelShape,
-    SlidingWindowReach,
+    WindowedKV,
     gpu_kv_budget,
     kv_cache_config,
     max_concurrency,
     max_full_requests,
 )
 from pagedserve.utils import cdiv, format_bytes, parse_bytes
-from pagedserve.utils.hf_config import kv_sliding_window
+from pagedserve.utils.kv_cache_groups import KVCacheGroups
 
 # The engine flags the plan takes, with the engine's names, help and defaults.
 ENGINE_FLAGS = (
@@ -87,7 +87,7 @@ class PlanInputs:
     max_num_batched_tokens: int
     concurrency: int
     request_tokens: int
-    reach: SlidingWindowReach | None = None  # every layer windowed: out-of-window blocks are freed
+    reach: WindowedKV | None = None  # windowed layers: out-of-window blocks are freed
     linear_bits: float | None = None  # a GPTQ/AWQ checkpoint: memory per weight of its linear layers
 
 
@@ -116,7 +116,9 @@ def compute_plan(inputs: PlanInputs) -> Plan:
         linear = shape.num_linear_weights(tp)
         weights -= linear * inputs.dtype_bytes - math.ceil(linear * inputs.linear_bits / 8)
     per_token = shape.kv_bytes_per_token(tp, inputs.kv_dtype_bytes)
-    per_block = per_token * inputs.block_size
+    # NOTE: a block holds one KV cache group's layers (all of them for a model without windows).
+    layers_per_block = shape.num_layers if inputs.reach is None else inputs.reach.groups.group_size
+    per_block = per_token * inputs.block_size * layers_per_block // shape.num_layers
     activations = non_torch = 0
     if inputs.kv_cache_memory is not None:
         budget = inputs.kv_cache_memory
@@ -241,7 +243,9 @@ def resolve_inputs(args: PlanArgs, engine_args: EngineArgs) -> PlanInputs:
     )
     gpu_memory = None if kv_memory is not None else _gpu_memory(args.gpu_memory)
     batched = engine_args.max_num_batched_tokens or default_max_num_batched_tokens(args.concurrency)
-    window = kv_sliding_window(model_config.hf_config, model_config.architecture)
+    groups = KVCacheGroups.for_model(
+        model_config.hf_config, model_config.architecture, engine_args.block_size
+    )
     return PlanInputs(
         shape,
         model_config,
@@ -255,7 +259,7 @@ def resolve_inputs(args: PlanArgs, engine_args: EngineArgs) -> PlanInputs:
         batched,
         args.concurrency,
         request_tokens,
-        None if window is None else SlidingWindowReach(window, batched),
+        None if groups.windows == (None,) else WindowedKV(groups, batched),
         _linear_bits(model_config),
     )
 
@@ -308,7 +312,8 @@ def report(inputs: PlanInputs, plan: Plan) -> dict[str, Any]:
         "max_model_len": inputs.model_config.max_model_len,
         "concurrency": inputs.concurrency,
         "request_tokens": inputs.request_tokens,
-        "sliding_window": None if inputs.reach is None else inputs.reach.window,
+        "sliding_window": None if inputs.reach is None else inputs.reach.widest_window,
+        "kv_cache_groups": 1 if inputs.reach is None else inputs.reach.groups.num_groups,
         **asdict(plan),
         "recommended_flags": recommendations(inputs, plan) if plan.fits else None,
         "would_fit": [] if plan.fits else alternatives(inputs),

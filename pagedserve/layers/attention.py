@@ -10,7 +10,8 @@ from pagedserve.attention.forward_context import get_attention_metadata
 
 
 class Attention(nn.Module):
-    """Delegates to the engine's backend; `kv_cache` is bound by the model runner after allocation."""
+    """Delegates to the engine's backend; `kv_cache` (and `kv_cache_group`, whose block tables the layer
+    reads) are bound by the model runner."""
 
     def __init__(
         self,
@@ -27,10 +28,15 @@ class Attention(nn.Module):
         )
         self.backend: AttentionBackend[Any] | None = None  # NOTE: Any: each backend reads its own metadata
         self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.kv_cache_group = 0
+        # (k_scale, v_scale) shipped in an fp8 checkpoint (model_loader/kv_scales.py), else None
+        self.checkpoint_kv_scales: tuple[float, float] | None = None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         assert self.backend is not None and self.kv_cache is not None, "KV cache not bound"
         quant = self.spec.kv_quant
         if quant is not None and quant.scales_pending:  # --calculate-kv-scales: from the first batch
             quant.calculate_scales(k, v)
-        return self.backend.forward(self.spec, q, k, v, self.kv_cache, get_attention_metadata())
+        return self.backend.forward(
+            self.spec, q, k, v, self.kv_cache, get_attention_metadata(self.kv_cache_group)
+        )

@@ -4,7 +4,8 @@ treats a HF folder's.
 
 llama.cpp's converters change some tensors, undone here: q/k rows permuted for its rope layout (llama,
 mistral), Gemma's norm weights stored as 1 + w, Falcon's fused q/k/v regrouped as [q; k; v], and experts
-stacked into one tensor per projection (split here into HF's per-expert tensors)."""
+stacked into one tensor per projection (split here into HF's per-expert tensors). Mixtral is arch "llama"
+with `llama.expert_count` in its metadata (its config is converted in `utils/gguf_cache.py`)."""
 
 import re
 from collections.abc import Iterator
@@ -13,7 +14,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from pagedserve.errors import ConfigError
 from pagedserve.kernels.cpu.gguf_ops import NATIVE_GGML_TYPES
 from pagedserve.logger import init_logger
 
@@ -69,6 +69,7 @@ _FALCON_GLOBAL_NAMES = {
 # llama.cpp's converter permutes q/k rows of these architectures for its rope layout; we undo it.
 _PERMUTED_ARCHS = ("llama", "mistral")
 _GEMMA_ARCHS = ("gemma2", "gemma3")
+_FLOAT_TYPES = ("F32", "F16", "BF16")
 
 
 def _hf_name(name: str, arch: str, hf_config: Any) -> str | None:
@@ -140,21 +141,15 @@ def iterate_gguf(
     """Yield (HF name, float32 tensor) for every tensor of the file. With `keep_quantized`, a 2-D tensor
     `<x>.weight` that needs no regrouping comes instead as `<x>.qweight_type` (its ggml type id, a 0-d
     int64 tensor) followed by `<x>.qweight` (uint8 [rows, row_bytes], its raw blocks, q/k rows in HF's
-    order); types without a native kernel are dequantized to F32 rows, with a log line. Raises
-    ConfigError for a mixture of experts stored as arch "llama" (Mixtral): transformers reads its config
-    as a dense Llama."""
+    order); types without a native kernel are dequantized to F32 rows, with a log line. A MoE router
+    (a plain linear layer) and the stacked experts always come as float32 (see `_log_dequantized`)."""
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
     reader = GGUFReader(path)
     arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
-    if arch == "llama" and any(t.name.endswith("ffn_gate_exps.weight") for t in reader.tensors):
-        raise ConfigError(
-            f"{path} is a mixture of experts stored as a Llama GGUF (Mixtral): transformers "
-            "reads its config as a dense Llama, so pagedserve cannot build it; serve the HF "
-            "folder (safetensors) instead."
-        )
     dequantized_types: set[str] = set()
+    dequantized_experts: set[str] = set()
     for tensor in reader.tensors:
         name = _hf_name(tensor.name, arch, hf_config)
         if name is None:
@@ -162,7 +157,8 @@ def iterate_gguf(
         permuted = arch in _PERMUTED_ARCHS and name.endswith(("q_proj.weight", "k_proj.weight"))
         # NOTE: Falcon's fused q/k/v is regrouped row-wise in float (see _hf_tensors).
         regrouped = arch == "falcon" and "query_key_value" in name
-        if keep_quantized and len(tensor.shape) == 2 and not regrouped:
+        router = name.endswith(".mlp.gate.weight")
+        if keep_quantized and len(tensor.shape) == 2 and not regrouped and not router:
             ggml_type, rows = _native_rows(tensor, dequantized_types)
             base = name.removesuffix(".weight")
             yield f"{base}.qweight_type", torch.tensor(ggml_type)
@@ -172,9 +168,24 @@ def iterate_gguf(
                 )
             yield f"{base}.qweight", torch.from_numpy(np.array(rows))
             continue
+        if keep_quantized and len(tensor.shape) == 3 and tensor.tensor_type.name not in _FLOAT_TYPES:
+            dequantized_experts.add(tensor.tensor_type.name)
         weight = dequantize(tensor.data, tensor.tensor_type)
         for hf_name, hf_weight in _hf_tensors(name, weight, arch, hf_config):
             yield hf_name, torch.from_numpy(np.array(hf_weight, dtype=np.float32))
+    _log_dequantized(dequantized_types, dequantized_experts)
+
+
+def _log_dequantized(dequantized_types: set[str], dequantized_experts: set[str]) -> None:
+    if dequantized_experts:
+        # NOTE: why not kept quantized: the fused experts layer (layers/moe.py) multiplies stacked float
+        # weights and splits the down projection's columns over tp ranks, which can cut through ggml
+        # blocks; gate and up may also differ in type. A quantized variant of it is future work.
+        logger.info(
+            "GGUF experts of type(s) %s dequantized to float32 at load: the fused experts layer runs on "
+            "float weights (only dense layers stay quantized).",
+            ", ".join(sorted(dequantized_experts)),
+        )
     if dequantized_types:
         logger.info(
             "GGUF tensors of type(s) %s have no native kernel: dequantized to float32 at load (native: %s).",

@@ -12,6 +12,7 @@ from pagedserve.config.quantization import checkpoint_quantization_config
 from pagedserve.errors import ConfigError
 from pagedserve.logger import init_logger
 from pagedserve.model_loader.gguf import iterate_gguf
+from pagedserve.model_loader.kv_scales import KVScaleCollector
 from pagedserve.model_loader.safetensors import iterate_safetensors
 from pagedserve.models.interface import CausalLM
 from pagedserve.models.registry import get_model_class
@@ -46,7 +47,9 @@ def load_model(config: ModelConfig, device: torch.device) -> CausalLM:
             f"Model {config.model!r} is not a local folder or GGUF file; pagedserve does "
             "not download models: pass a local path (--model)."
         )
-    loaded = model.load_weights(weights)
+    kv_scales = KVScaleCollector()
+    loaded = model.load_weights(kv_scales.filter(weights))
+    kv_scales.apply(model)
     expected = {name for name, _ in model.named_parameters()}
     missing = expected - loaded
     if missing:

@@ -28,6 +28,8 @@ _DTYPES = {
     "I16": torch.int16,
     "I8": torch.int8,
     "U8": torch.uint8,
+    "F8_E4M3": torch.float8_e4m3fn,  # fp8 checkpoints (quantization/fp8.py)
+    "F8_E5M2": torch.float8_e5m2,
     "BOOL": torch.bool,
 }
 

@@ -15,6 +15,7 @@ from typing import cast
 import torch
 from torch import nn
 
+from pagedserve import envs
 from pagedserve.errors import ConfigError
 from pagedserve.kernels.cpu.gguf_ops import GGML_BLOCK_FORMATS, gguf_dequantize, gguf_matmul
 from pagedserve.quantization.base import QuantizationConfig, QuantizeMethodBase
@@ -50,6 +51,7 @@ class GGUFMethod(QuantizeMethodBase):
     """Linear layers, the token embedding and the LM head on ggml blocks (float32 activations)."""
 
     def __init__(self) -> None:
+        self.activation_bits = envs.gguf_activation_bits()
         self.cols = 0
         self.output_size = 0
         self.pending_types: dict[object, int] = {}  # shard id -> ggml type of the qweight that follows
@@ -108,7 +110,7 @@ class GGUFMethod(QuantizeMethodBase):
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.cols).float()
-        outputs = [gguf_matmul(flat, part.rows, part.ggml_type) for part in self.parts]
+        outputs = [gguf_matmul(flat, part.rows, part.ggml_type, self.activation_bits) for part in self.parts]
         y = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
         return y.reshape(*x.shape[:-1], self.output_size).to(x.dtype)
 

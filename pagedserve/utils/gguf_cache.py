@@ -6,6 +6,10 @@ and again for the tokenizer, several seconds each; the converted folder loads in
 
 import hashlib
 import os
+from typing import Any
+
+# Bumped when the conversion changes, so folders converted by an older version are not reused.
+_CONVERSION_VERSION = 2
 
 _CACHE_ROOT = os.path.join(
     os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pagedserve", "gguf"
@@ -15,7 +19,9 @@ _CACHE_ROOT = os.path.join(
 def gguf_hf_folder(gguf_file: str) -> str:
     """A folder with config.json and tokenizer files for `gguf_file`, created on first use."""
     stat = os.stat(gguf_file)
-    key = hashlib.sha256(f"{os.path.abspath(gguf_file)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    key = hashlib.sha256(
+        f"{os.path.abspath(gguf_file)}:{stat.st_size}:{stat.st_mtime_ns}:{_CONVERSION_VERSION}".encode()
+    )
     folder = os.path.join(os.environ.get("PAGEDSERVE_CACHE_DIR", _CACHE_ROOT), key.hexdigest()[:16])
     if os.path.isfile(os.path.join(folder, "done")):
         return folder
@@ -23,7 +29,8 @@ def gguf_hf_folder(gguf_file: str) -> str:
 
     directory, name = os.path.split(gguf_file)
     tmp = f"{folder}.tmp{os.getpid()}"
-    AutoConfig.from_pretrained(directory or ".", gguf_file=name).save_pretrained(tmp)
+    config = AutoConfig.from_pretrained(directory or ".", gguf_file=name)
+    _as_mixtral_if_sparse(config, gguf_file).save_pretrained(tmp)
     AutoTokenizer.from_pretrained(directory or ".", gguf_file=name).save_pretrained(tmp)
     open(os.path.join(tmp, "done"), "w").close()
     os.makedirs(os.path.dirname(folder), exist_ok=True)
@@ -32,3 +39,27 @@ def gguf_hf_folder(gguf_file: str) -> str:
     except OSError:  # another process finished first
         pass
     return folder
+
+
+def _as_mixtral_if_sparse(config: Any, gguf_file: str) -> Any:
+    """llama.cpp stores Mixtral as architecture "llama" with `llama.expert_count` experts, which
+    transformers reads as a dense Llama: such a config becomes the MixtralConfig it describes."""
+    if config.model_type != "llama":
+        return config
+    from gguf import GGUFReader
+    from transformers import MixtralConfig
+
+    fields = GGUFReader(gguf_file).fields
+    experts = fields.get("llama.expert_count")
+    if experts is None or int(experts.contents()) == 0:
+        return config
+    settings = {
+        key: value for key, value in config.to_dict().items() if key not in ("model_type", "architectures")
+    }
+    return MixtralConfig(
+        **settings,
+        num_local_experts=int(experts.contents()),
+        num_experts_per_tok=int(fields["llama.expert_used_count"].contents()),
+        sliding_window=settings.pop("sliding_window", None),  # Mixtral's GGUFs carry no window
+        architectures=["MixtralForCausalLM"],
+    )

@@ -19,13 +19,6 @@ def layer_sliding_window(config: Any, layer_idx: int, architecture: str) -> int 
     return window
 
 
-def kv_sliding_window(config: Any, architecture: str) -> int | None:
-    """The reach of the model's attention when every layer has a window: the widest window (KV older than
-    it is never read again, so its blocks can be freed); None when any layer attends to everything."""
-    windows = [window for window in layer_windows(config, architecture) if window is not None]
-    return max(windows) if windows and len(windows) == config.num_hidden_layers else None
-
-
 def layer_windows(config: Any, architecture: str) -> list[int | None]:
     """Every layer's sliding window (None: full attention)."""
     return [layer_sliding_window(config, i, architecture) for i in range(config.num_hidden_layers)]

@@ -57,7 +57,7 @@ class DecodeBuffers:
     def fill(self, batch: BatchInputs, size: int) -> None:
         """Copy a decode-only batch of n <= size requests into rows [:n] and pad rows [n:size]."""
         n = len(batch.request_ids)
-        common = batch.attention
+        common = batch.attention[0]  # one KV cache group: graphs are off with several
         assert common.num_decodes == n <= size, "only decode-only batches that fit the bucket"
         width = common.block_tables.shape[1]
         self.input_ids[:n].copy_(batch.input_ids)
@@ -118,7 +118,7 @@ class CudaGraphRunner:
     def bucket(self, batch: BatchInputs) -> int | None:
         """The graph that runs `batch`: decode-only batches within the largest size whose block tables fit
         the buffers; else None (eager)."""
-        common = batch.attention
+        common = batch.attention[0]  # one KV cache group: graphs are off with several
         if (
             common.num_decodes != len(batch.request_ids)
             or common.block_tables.shape[1] > self.buffers.block_tables.shape[1]

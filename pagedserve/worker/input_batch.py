@@ -31,7 +31,7 @@ class BatchInputs:
 
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
-    attention: CommonAttentionMetadata
+    attention: list[CommonAttentionMetadata]  # per KV cache group: its block tables and slot mapping
     request_ids: list[str]  # [R], batch order
     sample_rows: list[int]  # indices into request_ids whose tokens reach the end: they sample
     # The positions whose logits are computed: per sampling row its last token, and with draft tokens
@@ -64,28 +64,35 @@ def update_states(states: dict[str, CachedRequestState], out: SchedulerOutput) -
 
 
 def build_batch(
-    states: dict[str, CachedRequestState], out: SchedulerOutput, block_size: int, device: torch.device
+    states: dict[str, CachedRequestState],
+    out: SchedulerOutput,
+    block_size: int,
+    device: torch.device,
+    num_groups: int = 1,
 ) -> BatchInputs:
     """Flatten the scheduled tokens (a request's draft tokens after its own) and advance each state's
-    num_computed_tokens past them."""
+    num_computed_tokens past them. A request's block ids hold `num_groups` tables, entry-major (the KV
+    manager's layout): group g's table is every num_groups-th id from g."""
     scheduled, spec = out.num_scheduled_tokens, out.scheduled_spec_decode_tokens
     order = sorted(scheduled, key=lambda rid: scheduled[rid] != 1)  # decodes first (stable)
     input_ids: list[int] = []
-    positions, slots = [], []
+    positions: list[np.ndarray] = []
+    slots: list[list[np.ndarray]] = [[] for _ in range(num_groups)]
     query_start_loc, seq_lens, sample_rows = [0], [], []
     logits_indices: list[int] = []
     drafts: list[list[int]] = []
-    max_blocks = max(len(states[rid].block_ids) for rid in order)
-    block_tables = np.zeros((len(order), max_blocks), dtype=np.int64)
+    max_blocks = max(len(states[rid].block_ids) for rid in order) // num_groups
+    block_tables = np.zeros((num_groups, len(order), max_blocks), dtype=np.int64)
     for row, request_id in enumerate(order):
         state, num = states[request_id], scheduled[request_id]
         start, draft = state.num_computed_tokens, spec.get(request_id, [])
         input_ids.extend((state.token_ids + draft if draft else state.token_ids)[start : start + num])
         pos = np.arange(start, start + num)
-        blocks = np.asarray(state.block_ids, dtype=np.int64)
+        tables = np.asarray(state.block_ids, dtype=np.int64).reshape(-1, num_groups).T  # [groups, entries]
         positions.append(pos)
-        slots.append(blocks[pos // block_size] * block_size + pos % block_size)
-        block_tables[row, : len(blocks)] = blocks
+        for group, table in enumerate(tables):
+            slots[group].append(table[pos // block_size] * block_size + pos % block_size)
+        block_tables[:, row, : tables.shape[1]] = tables
         query_start_loc.append(query_start_loc[-1] + num)
         seq_lens.append(start + num)
         state.num_computed_tokens = start + num
@@ -94,14 +101,17 @@ def build_batch(
             logits_indices += range(query_start_loc[-1] - 1 - len(draft), query_start_loc[-1])
             drafts.append(draft)
     num_decodes = sum(1 for rid in order if scheduled[rid] == 1)
-    attention = CommonAttentionMetadata(
-        query_start_loc=query_start_loc,
-        seq_lens=seq_lens,
-        block_tables=torch.from_numpy(block_tables).to(device),
-        slot_mapping=torch.from_numpy(np.concatenate(slots)).to(device),
-        num_decodes=num_decodes,
-        block_size=block_size,
-    )
+    attention = [
+        CommonAttentionMetadata(
+            query_start_loc=query_start_loc,
+            seq_lens=seq_lens,
+            block_tables=torch.from_numpy(block_tables[group]).to(device),
+            slot_mapping=torch.from_numpy(np.concatenate(slots[group])).to(device),
+            num_decodes=num_decodes,
+            block_size=block_size,
+        )
+        for group in range(num_groups)
+    ]
     return BatchInputs(
         torch.tensor(input_ids, device=device),
         torch.from_numpy(np.concatenate(positions)).to(device),

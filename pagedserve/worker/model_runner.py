@@ -19,6 +19,7 @@ from pagedserve.logger import init_logger
 from pagedserve.model_loader import load_model
 from pagedserve.platforms import Platform
 from pagedserve.utils import format_bytes
+from pagedserve.utils.kv_cache_groups import KVCacheGroups
 from pagedserve.worker.block_ops import KVBlockMover
 from pagedserve.worker.cuda_graph import CudaGraphRunner
 from pagedserve.worker.draft_proposer import DraftModelProposer
@@ -29,6 +30,7 @@ from pagedserve.worker.input_batch import (
     build_sampling_metadata,
     update_states,
 )
+from pagedserve.worker.kv_groups import bind_kv_cache_groups
 
 logger = init_logger(__name__)
 
@@ -46,6 +48,11 @@ class ModelRunner:
         self.vocab_size = config.model.vocab_size
         self.backend = select_attention_backend(config.attention_backend, platform)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        self.kv_groups = KVCacheGroups.for_model(
+            config.model.hf_config, config.model.architecture, self.block_size
+        )
+        # id(layer) -> the K/V tensor it shares with the same place in every other group (target layers).
+        self.kv_tensor_of = bind_kv_cache_groups(self.attention_layers, self.kv_groups)
         spec = config.speculative
         self.drafter = None
         if spec is not None and spec.draft_model_config is not None:
@@ -61,7 +68,9 @@ class ModelRunner:
         self.kv_dtype = kv_cache_storage_dtype(config.cache.cache_dtype, self.dtype)
         for layer in self.attention_layers:
             layer.backend = self.backend
-            layer.spec.kv_quant = kv_quantization(config.cache.cache_dtype, config.cache.calculate_kv_scales)
+            layer.spec.kv_quant = kv_quantization(
+                config.cache.cache_dtype, config.cache.calculate_kv_scales, layer.checkpoint_kv_scales
+            )
         self.sampler = Sampler()
         self.states: dict[str, CachedRequestState] = {}
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -69,12 +78,25 @@ class ModelRunner:
         self.cuda_graphs: CudaGraphRunner | None = None
 
     def kv_cache_bytes_per_block(self) -> int:
-        """K and V of `block_size` tokens in every layer of this rank."""
-        per_token = sum(2 * layer.spec.num_kv_heads * layer.spec.head_dim for layer in self.attention_layers)
+        """K and V of `block_size` tokens in every K/V tensor of this rank: one block id spans the layers of
+        one KV cache group (and the draft model's layers)."""
+        per_token = sum(2 * layer.spec.num_kv_heads * layer.spec.head_dim for layer in self._tensor_owners())
         return per_token * self.block_size * self.kv_dtype.itemsize
 
+    def _tensor_owners(self) -> list[Attention]:
+        """The layers that allocate a K/V tensor: the first of each shared tensor, every draft layer."""
+        seen: set[int] = set()
+        owners = []
+        for layer in self.attention_layers:
+            tensor = self.kv_tensor_of.get(id(layer))
+            if tensor is None or tensor not in seen:
+                owners.append(layer)
+                seen.add(-1 if tensor is None else tensor)
+        return owners
+
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        """Allocate one K and one V tensor [num_blocks, block_size, num_kv_heads, head_dim] per layer."""
+        """Allocate K and V tensors [num_blocks, block_size, num_kv_heads, head_dim]: one pair per layer
+        of a KV cache group, shared by the same place in every other group; one per draft layer."""
         self.kv_caches = []
         alloc = self.platform.allocate_kv_cache
         # The draft model's caches get its scratch blocks after the shared ones.
@@ -85,14 +107,21 @@ class ModelRunner:
         )
         if self.drafter:
             self.drafter.scratch_start = num_blocks
+        shared: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         for layer in self.attention_layers:
             blocks = num_blocks + scratch.get(id(layer), 0)
             shape = (blocks, self.block_size, layer.spec.num_kv_heads, layer.spec.head_dim)
+            tensor = self.kv_tensor_of.get(id(layer))
+            if tensor in shared:
+                layer.kv_cache = shared[tensor]
+                continue
             layer.kv_cache = (
                 alloc(shape, self.kv_dtype, self.device),
                 alloc(shape, self.kv_dtype, self.device),
             )
             self.kv_caches.append(layer.kv_cache)
+            if tensor is not None:
+                shared[tensor] = layer.kv_cache
 
     def initialize_swap_space(self, num_host_blocks: int) -> None:
         """Host copies of the KV cache for `num_host_blocks` swapped-out blocks (after initialize_kv_cache;
@@ -120,6 +149,8 @@ class ModelRunner:
             reason = "not supported yet at --tensor-parallel-size > 1"
         elif self.drafter is not None:
             reason = "not supported yet with a draft model (--speculative-config)"
+        elif self.kv_groups.num_groups > 1:
+            reason = "not supported yet for models mixing windowed and full-attention layers"
         if reason is not None:
             logger.info("CUDA graphs: off (%s); decode steps run eagerly.", reason)
             return
@@ -147,7 +178,7 @@ class ModelRunner:
             size = self.cuda_graphs.bucket(batch)
             if size is not None:
                 return self.cuda_graphs.run(batch, size)
-        with set_forward_context(self.backend.build_metadata(batch.attention)):
+        with set_forward_context(*[self.backend.build_metadata(group) for group in batch.attention]):
             hidden = self.model(batch.input_ids, batch.positions)
             if self.drafter is not None:  # its K/V of the same tokens, for its proposals
                 self.drafter.model(batch.input_ids, batch.positions)
@@ -159,7 +190,9 @@ class ModelRunner:
         self.apply_block_ops(scheduler_output)
         if scheduler_output.is_empty:
             return ModelRunnerOutput({})
-        batch = build_batch(self.states, scheduler_output, self.block_size, self.device)
+        batch = build_batch(
+            self.states, scheduler_output, self.block_size, self.device, self.kv_groups.num_groups
+        )
         hidden = self._forward(batch)  # [T, hidden]
         output = ModelRunnerOutput({})
         self._prompt_logprobs(batch, hidden, output)
@@ -192,7 +225,11 @@ class ModelRunner:
         assert self.drafter is not None
         positions = [len(r.token_ids) + len(tokens) - 1 for r, tokens in zip(requests, new_tokens)]
         proposals = self.drafter.propose(
-            self.backend, [r.block_ids for r in requests], [tokens[-1] for tokens in new_tokens], positions
+            self.backend,
+            # NOTE: group 0's tables (full attention when the model has such layers), which its layers use.
+            [r.block_ids[:: self.kv_groups.num_groups] for r in requests],
+            [tokens[-1] for tokens in new_tokens],
+            positions,
         )
         output.draft_token_ids = {r.request_id: p for r, p in zip(requests, proposals)}
 
@@ -245,11 +282,13 @@ class ModelRunner:
             state = self.states[request_id]
             num_top = state.sampling_params.prompt_logprobs
             end = state.num_computed_tokens
-            start = end - (batch.attention.query_start_loc[row + 1] - batch.attention.query_start_loc[row])
+            start = end - (
+                batch.attention[0].query_start_loc[row + 1] - batch.attention[0].query_start_loc[row]
+            )
             if num_top is None or start >= state.num_prompt_tokens:
                 continue
             last = min(end, state.num_prompt_tokens - 1)  # position p predicts prompt token p + 1
-            first_row = batch.attention.query_start_loc[row]
+            first_row = batch.attention[0].query_start_loc[row]
             result: list[dict[int, float] | None] = [None] if start == 0 else []
             if last > start:
                 logits = self.model.compute_logits(hidden[first_row : first_row + last - start]).float()

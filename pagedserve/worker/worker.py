@@ -71,8 +71,10 @@ class Worker:
         for lengths in batches:
             requests, next_block = [], 1
             for i, num_tokens in enumerate(lengths):
-                blocks = list(range(next_block, next_block + cdiv(num_tokens, block_size)))
-                next_block += len(blocks)
+                entries = list(range(next_block, next_block + cdiv(num_tokens, block_size)))
+                next_block += len(entries)
+                # NOTE: every KV cache group on the same blocks: the profile measures memory, not values.
+                blocks = [block for block in entries for _ in range(self.model_runner.kv_groups.num_groups)]
                 requests.append(
                     NewRequestData(
                         f"profile-{i}",

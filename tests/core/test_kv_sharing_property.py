@@ -2,7 +2,8 @@
 swap-in sequences on the real KVCacheManager and SwapSpace, with a fake KV store that plays the worker
 (writes each token into its slot, makes the copies and swaps the manager asks for). Every request always
 reads back exactly its own tokens (copy-on-write never lets one see another's), every cached block holds
-the tokens it is cached for, ref counts equal the holders in both pools, and nothing leaks."""
+the tokens it is cached for, ref counts equal the holders in both pools, and nothing leaks. Again with two
+KV cache groups on one pool (every group's table reads back the request's tokens)."""
 
 import time
 from collections import Counter
@@ -17,6 +18,7 @@ from pagedserve.core.request import Request
 from pagedserve.core.swap import SwapSpace
 from pagedserve.protocol import EngineCoreRequest
 from pagedserve.sampling_params import SamplingParams
+from pagedserve.utils.kv_cache_groups import KVCacheGroups
 
 NUM_BLOCKS, NUM_HOST_BLOCKS, BLOCK_SIZE, MAX_LEN = 20, 12, 4, 32
 Store = dict[int, int | None]  # slot -> the token whose K/V it holds
@@ -47,11 +49,20 @@ def check_pool(pool: BlockPool, tables: dict[str, list[KVCacheBlock]], total: in
     assert pool.num_shared_blocks == sum(1 for count in holders.values() if count > 1)
 
 
+def group_tables(table: list[KVCacheBlock], num_groups: int) -> list[list[KVCacheBlock]]:
+    """The manager's flat, entry-major table split into each group's."""
+    return [table[group::num_groups] for group in range(num_groups)]
+
+
 class SharingMachine(RuleBasedStateMachine):
+    num_blocks, num_host_blocks = NUM_BLOCKS, NUM_HOST_BLOCKS
+    layer_windows: list[int | None] = [None]
+
     def __init__(self) -> None:
         super().__init__()
-        self.kv = KVCacheManager(NUM_BLOCKS, BLOCK_SIZE)
-        self.swap = SwapSpace(NUM_HOST_BLOCKS)
+        groups = KVCacheGroups.from_layer_windows(self.layer_windows, BLOCK_SIZE)
+        self.kv = KVCacheManager(self.num_blocks, BLOCK_SIZE, groups=groups)
+        self.swap = SwapSpace(self.num_host_blocks)
         self.device: Store = {}
         self.host: Store = {}
         self.live: dict[str, Request] = {}
@@ -64,11 +75,12 @@ class SharingMachine(RuleBasedStateMachine):
 
     def _write(self, request: Request, start: int, allocation: SlotAllocation) -> None:
         move(self.device, self.device, allocation.copies)  # copies on write come first
-        table = self.kv.req_to_blocks[request.request_id]
-        for position in range(start, request.num_tokens):
-            block = table[position // BLOCK_SIZE]
-            assert block.ref_cnt == 1, "a write into a block someone else holds"
-            self.device[block.block_id * BLOCK_SIZE + position % BLOCK_SIZE] = request.all_token_ids[position]
+        for table in group_tables(self.kv.req_to_blocks[request.request_id], self.kv.num_groups):
+            for position in range(start, request.num_tokens):
+                block = table[position // BLOCK_SIZE]
+                assert block.ref_cnt == 1, "a write into a block someone else holds"
+                slot = block.block_id * BLOCK_SIZE + position % BLOCK_SIZE
+                self.device[slot] = request.all_token_ids[position]
         request.num_computed_tokens = request.num_tokens
 
     @rule(tokens=st.lists(st.integers(0, 2), min_size=1, max_size=14))
@@ -116,7 +128,7 @@ class SharingMachine(RuleBasedStateMachine):
         pairs = self.swap.swap_out(group, self.kv)
         if pairs is None:
             return
-        assert all(0 <= host < NUM_HOST_BLOCKS for _, host in pairs), "host ids are the workers' rows"
+        assert all(0 <= host < self.num_host_blocks for _, host in pairs), "host ids are the workers' rows"
         move(self.device, self.host, pairs)
         for request in group:
             self.swapped[request.request_id] = self.live.pop(request.request_id)
@@ -132,14 +144,13 @@ class SharingMachine(RuleBasedStateMachine):
 
     @invariant()
     def everyone_reads_its_own_tokens(self) -> None:
+        num_groups = self.kv.num_groups
         for request in self.live.values():
-            table = self.kv.req_to_blocks[request.request_id]
-            assert read(self.device, table, request.num_tokens) == request.all_token_ids
+            for table in group_tables(self.kv.req_to_blocks[request.request_id], num_groups):
+                assert read(self.device, table, request.num_tokens) == request.all_token_ids
         for request in self.swapped.values():
-            assert (
-                read(self.host, self.swap.tables[request.request_id], request.num_tokens)
-                == request.all_token_ids
-            )
+            for table in group_tables(self.swap.tables[request.request_id], num_groups):
+                assert read(self.host, table, request.num_tokens) == request.all_token_ids
 
     @invariant()
     def cached_blocks_hold_their_tokens(self) -> None:
@@ -148,8 +159,8 @@ class SharingMachine(RuleBasedStateMachine):
 
     @invariant()
     def pools_are_consistent(self) -> None:
-        check_pool(self.kv.block_pool, self.kv.req_to_blocks, NUM_BLOCKS - 1)
-        check_pool(self.swap.pool, self.swap.tables, NUM_HOST_BLOCKS)
+        check_pool(self.kv.block_pool, self.kv.req_to_blocks, self.num_blocks - 1)
+        check_pool(self.swap.pool, self.swap.tables, self.num_host_blocks)
         assert set(self.kv.req_to_blocks) == set(self.live)
         assert set(self.swap.tables) == set(self.swapped)
 
@@ -158,9 +169,19 @@ class SharingMachine(RuleBasedStateMachine):
             self.kv.free(request)
         for request in self.swapped.values():
             self.swap.discard(request)
-        assert self.kv.num_free_blocks() == NUM_BLOCKS - 1 and self.kv.block_pool.num_blocks_saved == 0
-        assert self.swap.num_free_blocks() == NUM_HOST_BLOCKS
+        assert self.kv.num_free_blocks() == self.num_blocks - 1 and self.kv.block_pool.num_blocks_saved == 0
+        assert self.swap.num_free_blocks() == self.num_host_blocks
+
+
+class GroupedSharingMachine(SharingMachine):
+    """Two KV cache groups (a window wider than any request here: every token stays readable, so each
+    group's table must read back all of them): forks, copies on write and swaps per group."""
+
+    num_blocks, num_host_blocks = 2 * NUM_BLOCKS, 2 * NUM_HOST_BLOCKS
+    layer_windows = [None, 4 * MAX_LEN]
 
 
 TestSharing = SharingMachine.TestCase
 TestSharing.settings = settings(max_examples=80, stateful_step_count=40, deadline=None)
+TestGroupedSharing = GroupedSharingMachine.TestCase
+TestGroupedSharing.settings = settings(max_examples=80, stateful_step_count=40, deadline=None)

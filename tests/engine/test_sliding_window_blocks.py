@@ -7,8 +7,9 @@ import pytest
 
 from pagedserve import LLM, SamplingParams
 from pagedserve.engine.core import EngineCore
-from pagedserve.sizing import SlidingWindowReach
+from pagedserve.sizing import WindowedKV
 from pagedserve.utils import cdiv
+from pagedserve.utils.kv_cache_groups import KVCacheGroups
 
 WINDOW = 24  # tests/conftest.py: mistral-swa and gemma2's local layers
 CHUNK = 16  # max_num_batched_tokens: long prompts are chunked
@@ -52,7 +53,8 @@ def test_long_request_holds_only_its_window(tiny_model_factory, block_size: int)
     tokens, prefill, decode = drive(llm, prompt, max_tokens=90)
     bound = cdiv(WINDOW, block_size) + 1
     assert decode and max(decode[:-1]) <= bound  # the last step finished the request: it holds nothing
-    assert max(prefill) <= SlidingWindowReach(WINDOW, CHUNK).max_blocks(160, block_size)
+    groups = KVCacheGroups.from_layer_windows([WINDOW, WINDOW], block_size)
+    assert max(prefill) <= WindowedKV(groups, CHUNK).max_blocks(160, block_size)
     assert cdiv(160, block_size) > bound, "the request must outgrow its window"
     assert all_blocks_free(core)
     # The same prompt again (its prefix blocks partly evicted, partly revived): the same tokens.
@@ -61,29 +63,61 @@ def test_long_request_holds_only_its_window(tiny_model_factory, block_size: int)
     assert all_blocks_free(core)
 
 
-def test_global_layers_keep_every_block(tiny_model_factory) -> None:
-    """Gemma 2 mixes local and global layers in one table: the global ones read everything."""
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+def test_window_groups_free_while_the_global_group_keeps_every_block(
+    tiny_model_factory, block_size: int
+) -> None:
+    """Gemma 2 mixes local and global layers: each group has its own table; the global group holds every
+    block, the window group at most ceil(W / block_size) + 1 while decoding (and its freed blocks are real
+    memory: a block id spans one layer of each group's place)."""
     llm = LLM(
-        tiny_model_factory("gemma2"), block_size=8, kv_cache_memory="16MiB", max_num_batched_tokens=CHUNK
+        tiny_model_factory("gemma2"),
+        block_size=block_size,
+        kv_cache_memory="16MiB",
+        max_num_batched_tokens=CHUNK,
     )
-    prompt = [random.Random(1).randrange(3, 49152) for _ in range(50)]
-    _, _, decode = drive(llm, prompt, max_tokens=30)
-    assert max(decode) == cdiv(50 + 29, 8)
+    engine = llm.llm_engine
+    manager = engine.engine_core.scheduler.kv_cache_manager
+    assert manager.groups.windows == (None, WINDOW)
+    prompt = [random.Random(1).randrange(3, 49152) for _ in range(70)]
+    engine.add_request(
+        "long", {"prompt_token_ids": prompt}, SamplingParams(temperature=0.0, max_tokens=90, ignore_eos=True)
+    )
+    bound = cdiv(WINDOW, block_size) + 1
+    decoding: list[tuple[int, list[int]]] = []
+    while engine.has_unfinished_requests():
+        engine.step()
+        request = engine.engine_core.scheduler.requests.get("long")
+        if request is not None and request.num_computed_tokens > len(prompt):
+            decoding.append((request.num_computed_tokens, manager.num_held_blocks_per_group("long")))
+    assert decoding and cdiv(160, block_size) > bound, "the request must outgrow its window"
+    for computed, (full, window) in decoding:
+        assert full == cdiv(computed + 1, block_size) or full == cdiv(computed, block_size)
+        assert window <= bound
+    assert manager.num_free_blocks() == manager.block_pool.num_usable_blocks  # all returned
 
 
-def test_swap_preemption_with_freed_blocks_keeps_outputs(tiny_model_factory) -> None:
-    """Requests whose tables hold freed (null) entries swap out and back in: the same tokens as with room."""
-    path = tiny_model_factory("mistral-swa")
+@pytest.mark.parametrize("name", ["mistral-swa", "gemma2"])
+def test_swap_preemption_with_freed_blocks_keeps_outputs(tiny_model_factory, name: str) -> None:
+    """Requests whose tables hold freed (null) entries swap out and back in: the same tokens as with room
+    (Gemma 2: two KV cache groups, the window group's entries freed, the full group's all kept)."""
+    path = tiny_model_factory(name)
     rng = random.Random(2)
     prompts = [{"prompt_token_ids": [rng.randrange(3, 49152) for _ in range(n)]} for n in (60, 45, 70, 30)]
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     outputs = {}
-    for name, pool in (("roomy", dict(kv_cache_memory="16MiB")), ("tight", dict(num_gpu_blocks_override=12))):
+    # Gemma 2: a block per group, and its full group holds a whole request (110 tokens, < 128).
+    tight = (
+        dict(num_gpu_blocks_override=12)
+        if name == "mistral-swa"
+        else dict(num_gpu_blocks_override=24, max_model_len=128)
+    )
+    for run, pool in (("roomy", dict(kv_cache_memory="16MiB")), ("tight", tight)):
         llm = LLM(
             path, block_size=8, max_num_batched_tokens=CHUNK, preemption_mode="swap", swap_space=0.01, **pool
         )
-        outputs[name] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-        if name == "tight":
+        outputs[run] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        if run == "tight":
             assert llm.llm_engine.engine_core.get_stats().num_preemptions_total > 0, (
                 "the pool was meant to force swapping"
             )

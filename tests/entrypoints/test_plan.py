@@ -193,6 +193,54 @@ def test_sliding_window_model_counts_the_freed_blocks(capsys: pytest.CaptureFixt
     assert status == 0
 
 
+GEMMA2_9B_LIKE = {
+    "architectures": ["Gemma2ForCausalLM"],
+    "model_type": "gemma2",
+    "hidden_size": 3584,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 42,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 256,
+    "vocab_size": 256000,
+    "max_position_embeddings": 8192,
+    "sliding_window": 4096,
+    "layer_types": ["sliding_attention", "full_attention"] * 21,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_hybrid_model_counts_blocks_per_kv_cache_group(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    """Gemma 2 alternates windowed and full layers: two KV cache groups of 21 layers, so a block holds 21
+    layers' K/V; a request of 8192 tokens holds every block of the full group (512) and, in the window
+    group, its window plus one 2048-token chunk: ceil((4096 - 1 + 2048) / 16) + 1 = 385."""
+    (tmp_path / "config.json").write_text(json.dumps(GEMMA2_9B_LIKE))
+    status, result = plan(
+        capsys,
+        str(tmp_path),
+        "--kv-cache-memory",
+        "32GiB",
+        "--max-num-batched-tokens",
+        "2048",
+        "--concurrency",
+        "4",
+        "--input-tokens",
+        "8000",
+        "--output-tokens",
+        "192",
+    )
+    per_token = 2 * 42 * 8 * 256 * 2
+    assert result["kv_cache_groups"] == 2 and result["sliding_window"] is None
+    assert result["kv_bytes_per_token"] == per_token
+    assert result["bytes_per_block"] == per_token * 16 * 21 // 42
+    usable = 32 * GiB // result["bytes_per_block"] - 1
+    assert result["num_blocks"] == usable
+    per_request = 8192 // 16 + (-(-(4096 - 1 + 2048) // 16) + 1)
+    assert result["max_requests_at_request_tokens"] == usable // per_request
+    assert result["max_concurrency_at_max_model_len"] == pytest.approx(usable / per_request)
+    assert status == 0
+
+
 def test_model_as_flag_like_serve(capsys: pytest.CaptureFixture[str]) -> None:
     """`plan --model M` is `plan M` (as `serve` takes both); two different models are refused."""
     config = os.path.join(DATA, "llama-2-7b", "config.json")

@@ -1,10 +1,13 @@
 """Random paged batches and caches shared by the attention kernel tests."""
 
 import random
+from typing import Any
 
 import torch
 
 from pagedserve.attention.backends.base import AttentionLayerSpec, CommonAttentionMetadata
+from pagedserve.attention.backends.cpu_native import CpuNativeAttentionBackend
+from pagedserve.attention.backends.torch_paged import SdpaPrefillBackend, TorchPagedAttentionBackend
 from pagedserve.utils import cdiv
 
 NUM_BLOCKS = 64
@@ -45,3 +48,20 @@ def random_cache(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     shape = (num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
     return torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
+
+
+def forward_on_both_backends(
+    spec: AttentionLayerSpec,
+    qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    caches: tuple[torch.Tensor, torch.Tensor],
+    common: CommonAttentionMetadata,
+) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """One step of (q, k, v) through the torch and the cpu backend, each on its own copy of `caches`:
+    ([torch output, cpu output], [torch's caches after, cpu's caches after])."""
+    outputs, written = [], []
+    backends: list[SdpaPrefillBackend[Any]] = [TorchPagedAttentionBackend(), CpuNativeAttentionBackend()]
+    for backend in backends:
+        cache = (caches[0].clone(), caches[1].clone())
+        outputs.append(backend.forward(spec, *qkv, cache, backend.build_metadata(common)))
+        written.append(cache)
+    return outputs, written

@@ -4,13 +4,12 @@ from typing import Any
 
 import pytest
 import torch
-from paged_batches import NUM_BLOCKS, make_batch, random_cache
+from paged_batches import NUM_BLOCKS, forward_on_both_backends, make_batch, random_cache
 
 from pagedserve import LLM, SamplingParams
 from pagedserve.attention.backends import select_attention_backend
 from pagedserve.attention.backends.base import AttentionLayerSpec
-from pagedserve.attention.backends.cpu_native import CpuNativeAttentionBackend
-from pagedserve.attention.backends.torch_paged import SdpaPrefillBackend, TorchPagedAttentionBackend
+from pagedserve.attention.backends.torch_paged import TorchPagedAttentionBackend
 from pagedserve.config import EngineArgs
 from pagedserve.errors import ConfigError
 from pagedserve.kernels import cpu as cpu_kernels
@@ -109,12 +108,7 @@ def test_mixed_batch_through_backend_matches_torch(
     q = torch.randn(num_tokens, spec.num_heads * spec.head_dim)
     k, v = (torch.randn(num_tokens, spec.num_kv_heads * spec.head_dim) for _ in range(2))
     caches = random_cache(block_size, spec, torch.float32)
-    outputs, written = [], []
-    backends: list[SdpaPrefillBackend[Any]] = [TorchPagedAttentionBackend(), CpuNativeAttentionBackend()]
-    for backend in backends:
-        cache = (caches[0].clone(), caches[1].clone())
-        outputs.append(backend.forward(spec, q, k, v, cache, backend.build_metadata(common)))
-        written.append(cache)
+    outputs, written = forward_on_both_backends(spec, (q, k, v), caches, common)
     assert (outputs[0] - outputs[1]).abs().max().item() < 1e-5
     assert all(torch.equal(a, b) for a, b in zip(*written))
 

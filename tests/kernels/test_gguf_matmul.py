@@ -6,7 +6,9 @@ import torch
 
 from pagedserve.kernels.cpu import load_cpu_kernels
 from pagedserve.kernels.cpu.gguf_ops import (
+    DECODE_MAX_BATCH,
     GGML_BLOCK_FORMATS,
+    INTEGER_ACTIVATION_TYPES,
     NATIVE_GGML_TYPES,
     gguf_dequantize,
     gguf_matmul,
@@ -71,6 +73,74 @@ def test_gguf_matmul_matches_dequantize_then_matmul(type_name: str, shape: tuple
         got = gguf_matmul(x, qweight, ggml_type)
         error = ((got.double() - expected).abs().max() / expected.abs().max()).item()
         assert error < 1e-5, f"{type_name} {shape} batch {batch}: relative error {error:.2e}"
+
+
+def rounded_activations(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """x with each 32-value block rounded as the kernel does: q = round(x * (L / max|x|)), x ~ q max|x| / L,
+    L = 2^(bits-1) - 1 (float32 arithmetic, ties to even), as float64."""
+    largest = 2 ** (bits - 1) - 1
+    blocks = x.reshape(-1, 32)
+    block_max = blocks.abs().amax(dim=1, keepdim=True)
+    inverse = torch.where(block_max > 0, largest / block_max, torch.zeros_like(block_max))
+    q = torch.round(blocks * inverse)
+    return (q.double() * (block_max / largest).double()).reshape(x.shape)
+
+
+# Every decode batch size is its own compiled kernel; 9 takes the float GEMM path whatever the bits.
+DECODE_BATCHES = [*range(1, DECODE_MAX_BATCH + 1), DECODE_MAX_BATCH + 1]
+
+
+def _integer_cases() -> list[tuple[str, tuple[int, int], int]]:
+    cases = []
+    for name, ggml_type in NATIVE_GGML_TYPES.items():
+        if ggml_type in INTEGER_ACTIVATION_TYPES:
+            shapes = K_QUANT_SHAPES if GGML_BLOCK_FORMATS[ggml_type][0] == 256 else SMOLLM2_SHAPES
+            cases += [(name, shape, bits) for shape in shapes for bits in (8, 16)]
+    return cases
+
+
+@pytest.mark.parametrize(("type_name", "shape", "bits"), _integer_cases())
+def test_integer_activations_match_rounded_x_times_the_dequantized_weight(
+    type_name: str, shape: tuple[int, int], bits: int
+) -> None:
+    """The integer path computes exactly on the rounded activations (float32 only in the per-block scaling);
+    larger batches compute on x itself."""
+    ggml_type, (n, k) = NATIVE_GGML_TYPES[type_name], shape
+    rng = np.random.default_rng(n * 3 + k + ggml_type + bits)
+    rows = random_rows(ggml_type, n, k, rng)
+    weight = reference_weight(rows, ggml_type).double()
+    qweight = torch.from_numpy(rows)
+    batches = DECODE_BATCHES if n < 49152 else [1, DECODE_MAX_BATCH]
+    for batch in batches:
+        x = torch.randn(batch, k, generator=torch.Generator().manual_seed(batch)) * 3
+        x_used = rounded_activations(x, bits) if batch <= DECODE_MAX_BATCH else x.double()
+        expected = x_used @ weight.T
+        got = gguf_matmul(x, qweight, ggml_type, bits)
+        error = ((got.double() - expected).abs().max() / expected.abs().max()).item()
+        assert error < 1e-5, f"{type_name} {shape} {bits}-bit batch {batch}: relative error {error:.2e}"
+
+
+@pytest.mark.parametrize("bits", [8, 16, 32])
+def test_decode_kernel_edge_inputs(bits: int) -> None:
+    """Zero blocks give zeros, a non-finite activation makes only its own row non-finite, batch 0 is empty."""
+    ggml_type = NATIVE_GGML_TYPES["Q4_1"]
+    rows = random_rows(ggml_type, 64, 576, np.random.default_rng(bits))
+    qweight = torch.from_numpy(rows)
+    x = torch.randn(3, 576)
+    x[0] = 0.0
+    x[1, 100] = float("inf")
+    x[2, 7] = float("nan")
+    got = gguf_matmul(x, qweight, ggml_type, bits)
+    assert torch.equal(got[0], torch.zeros(64))
+    assert not torch.isfinite(got[1]).any() and torch.isnan(got[2]).all()
+    assert gguf_matmul(torch.zeros(0, 576), qweight, ggml_type, bits).shape == (0, 64)
+
+
+@pytest.mark.parametrize("bits", [-1, 0, 4, 31, 64, 2**63 - 1])
+def test_gguf_matmul_rejects_other_activation_widths(bits: int) -> None:
+    qweight = torch.zeros(4, 20 * 18, dtype=torch.uint8)  # Q4_1 rows of K=576
+    with pytest.raises(RuntimeError, match="activation_bits must be 8, 16 or 32"):
+        gguf_matmul(torch.zeros(1, 576), qweight, NATIVE_GGML_TYPES["Q4_1"], bits)
 
 
 def test_gguf_matmul_rejects_a_row_size_that_does_not_match_the_type() -> None:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from pagedserve import LLM, SamplingParams
+from pagedserve.utils.kv_cache_groups import KVCacheGroups
 
 MAX_TOKENS = 12
 PROMPT_LENS = [3, 17, 40, 64, 101]
@@ -87,6 +88,7 @@ FAMILY_BLOCK_SIZES = [
     for block_size in (8, 16, 32)
 ] + [
     ("qwen2-swa", 16),
+    ("qwen2-mwl", 16),
     ("qwen3", 8),
     ("gemma3_text", 32),
     ("phi3", 16),
@@ -113,7 +115,12 @@ def test_greedy_matches_hf(tiny_model_factory, name: str, block_size: int) -> No
         ("llama", 16),
         ("llama", 32),
         ("mistral-swa", 8),
+        # Mixed windowed and full layers: one block table per KV cache group.
+        ("gemma2", 8),
         ("gemma2", 16),
+        ("gemma2", 32),
+        ("gemma3_text", 16),
+        ("qwen2-mwl", 32),
         ("mixtral", 32),
         ("falcon-40b", 8),
     ],
@@ -121,10 +128,15 @@ def test_greedy_matches_hf(tiny_model_factory, name: str, block_size: int) -> No
 def test_greedy_matches_hf_with_preemption_and_chunked_prefill(
     tiny_model_factory, name: str, block_size: int
 ) -> None:
+    from transformers import AutoConfig
+
     path = tiny_model_factory(name)
     prompts = make_prompts(0, PROMPT_LENS)
-    # Room for one full-length request and a little more; 16-token steps chunk every long prompt.
-    num_blocks = 128 // block_size + 3
+    config = AutoConfig.from_pretrained(path)
+    groups = KVCacheGroups.for_model(config, config.architectures[0], block_size)
+    # Room for one full-length request (a block per group per block of tokens) and a little more; 16-token
+    # steps chunk every long prompt.
+    num_blocks = 128 // block_size * groups.num_groups + 3
     ours, llm = run(
         path,
         prompts,
@@ -184,3 +196,22 @@ def test_gguf_matches_hf(tmp_path, name: str, overrides: dict) -> None:
         str(tmp_path), gguf_file=f"{name}.gguf", dtype=torch.float32, attn_implementation="eager"
     )
     assert_matches(ours, hf_greedy(model, prompts, MAX_TOKENS))
+
+
+@pytest.mark.parametrize("quant_type", ["F32", "Q8_0"])
+def test_mixtral_gguf_matches_hf(tmp_path, quant_type: str) -> None:
+    """A Mixtral GGUF as llama.cpp writes it (arch llama with `llama.expert_count`, experts stacked per
+    projection, q/k permuted; Q8_0: every matrix but the router quantized) against HF on the float folder
+    holding the same values: the same greedy tokens and logprobs."""
+    from conftest import TINY_MODELS, build_tiny_model
+    from gguf_writer import write_gguf
+
+    folder = build_tiny_model(str(tmp_path / "hf"), "mixtral", **TINY_MODELS["mixtral"])
+    path = write_gguf(folder, "llama", str(tmp_path / "mixtral.gguf"), quant_type=quant_type)
+    prompts = make_prompts(3, [5, 40])
+    ours, llm = run(path, prompts, block_size=16, kv_cache_memory="16MiB")
+    model_config = llm.llm_engine.config.model
+    assert model_config.architecture == "MixtralForCausalLM"
+    assert model_config.hf_config.num_local_experts == 4 and model_config.hf_config.num_experts_per_tok == 2
+    assert model_config.quantization == "gguf"  # dense matrices stay in their blocks
+    assert_matches(ours, reference(folder, prompts))

@@ -10,7 +10,7 @@ from pagedserve.attention.backends.cpu_native import CpuNativeAttentionBackend
 from pagedserve.attention.backends.torch_paged import TorchPagedAttentionBackend
 from pagedserve.attention.kv_quant import FP8_DTYPES, KVQuantization
 from pagedserve.kernels import cpu as cpu_kernels
-from tests.kernels.test_cpu_paged_attention import NUM_BLOCKS, make_batch
+from tests.kernels.paged_batches import NUM_BLOCKS, make_batch
 
 BACKENDS = [TorchPagedAttentionBackend, CpuNativeAttentionBackend]
 

@@ -1,6 +1,6 @@
 """SmolLM2-135M from its GGUF with the blocks kept quantized (the default) against the dequantized float32
-model (HF transformers): prompt logprobs within 1e-3 relative, greedy tokens equal, weights resident at
-about the file's size."""
+model (HF transformers): prompt and decode logprobs within 1e-3 relative, greedy tokens equal, weights
+resident at about the file's size."""
 
 import os
 
@@ -36,19 +36,38 @@ def test_gguf_is_kept_quantized_by_default(native_llm: LLM, default_model: str) 
     assert weights <= 1.2 * os.path.getsize(default_model), (weights, os.path.getsize(default_model))
 
 
+def _worst_relative_error(steps: list, expected: torch.Tensor) -> float:
+    """Largest |logprob - reference| / max(|reference|, 1) over each step's returned tokens; expected[i] are
+    the reference log-probabilities of step i's distribution."""
+    worst = 0.0
+    for position, logprobs in enumerate(steps):
+        for token, value in logprobs.items():
+            reference = expected[position, token].item()
+            worst = max(worst, abs(getattr(value, "logprob", value) - reference) / max(abs(reference), 1.0))
+    return worst
+
+
+def _reference_logprobs(hf_model, token_ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.log_softmax(hf_model(torch.tensor([token_ids])).logits[0].double(), dim=-1)
+
+
 def test_prompt_logprobs_match_the_dequantized_model(native_llm: LLM, hf_model) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=5)
     for output in native_llm.generate(PROMPTS, params, use_tqdm=False):
-        ids = torch.tensor([output.prompt_token_ids])
-        with torch.no_grad():
-            expected = torch.log_softmax(hf_model(ids).logits[0].double(), dim=-1)
-        worst = 0.0
-        for position, logprobs in enumerate(output.prompt_logprobs[1:]):
-            for token, value in logprobs.items():
-                reference = expected[position, token].item()
-                worst = max(
-                    worst, abs(getattr(value, "logprob", value) - reference) / max(abs(reference), 1.0)
-                )
+        expected = _reference_logprobs(hf_model, output.prompt_token_ids)
+        worst = _worst_relative_error(output.prompt_logprobs[1:], expected)
+        assert worst < 1e-3, f"{output.prompt!r}: relative logprob error {worst:.2e}"
+
+
+def test_decode_logprobs_match_the_dequantized_model(native_llm: LLM, hf_model) -> None:
+    """Decode steps (the prompts decode together: batch 4) take 16-bit activation blocks by default
+    (PAGEDSERVE_GGUF_ACTIVATION_BITS): their logprobs keep the 1e-3 promise too."""
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=5)
+    for output in native_llm.generate(PROMPTS, params, use_tqdm=False):
+        completion = output.outputs[0]
+        expected = _reference_logprobs(hf_model, output.prompt_token_ids + completion.token_ids)
+        worst = _worst_relative_error(completion.logprobs, expected[len(output.prompt_token_ids) - 1 :])
         assert worst < 1e-3, f"{output.prompt!r}: relative logprob error {worst:.2e}"
 
 

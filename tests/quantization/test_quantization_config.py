@@ -9,7 +9,8 @@ import torch
 from pagedserve.config import EngineArgs
 from pagedserve.errors import ConfigError
 from pagedserve.quantization import QUANTIZATION_CONFIGS
-from pagedserve.quantization.rtn import quantize_q4_1, quantize_q8_0
+from pagedserve.quantization.gguf import GGUFMethod
+from pagedserve.quantization.rtn import GGML_Q8_0, RTNMethod, quantize_q4_1, quantize_q8_0
 
 
 def _quantization(model: str, **kwargs: object) -> str | None:
@@ -28,7 +29,7 @@ def test_float_checkpoints_take_online_schemes_only(tiny_llama: str) -> None:
     assert _quantization(tiny_llama, quantization="int4") == "int4"
     with pytest.raises(ConfigError, match="needs a GGUF file"):
         _quantization(tiny_llama, quantization="gguf")
-    with pytest.raises(ConfigError, match="must be one of gguf, int8, int4, .*gptq, awq.* or none"):
+    with pytest.raises(ConfigError, match="must be one of gguf, int8, int4, .*gptq, awq, fp8 or none"):
         _quantization(tiny_llama, quantization="squeezellm")
 
 
@@ -38,7 +39,7 @@ def test_an_unsupported_checkpoint_scheme_is_named(tiny_llama: str, tmp_path) ->
     config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(
-        ConfigError, match="'bitsandbytes'.*supported: gguf, int8, int4, .*gptq, awq.* or none"
+        ConfigError, match="'bitsandbytes'.*supported: gguf, int8, int4, .*gptq, awq, fp8 or none"
     ):
         _quantization(str(folder))
 
@@ -63,3 +64,22 @@ def test_online_quantizers_round_to_the_nearest_level(quantize, ggml_type: int, 
     ) / levels
     error = (restored.reshape(-1, 32) - groups).abs().amax(dim=1)
     assert (error <= step * 0.5 * 1.01 + 1e-6).all()  # half a step (fp16 rounding of the scale aside)
+
+
+@pytest.mark.parametrize("raw", ["", "-1", "0", "4", "16.0", "nan", "inf", str(2**63), str(2**64), "sixteen"])
+def test_gguf_activation_bits_rejects_other_values(raw: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PAGEDSERVE_GGUF_ACTIVATION_BITS", raw)
+    with pytest.raises(ConfigError, match="PAGEDSERVE_GGUF_ACTIVATION_BITS=.* must be 8, 16 or 32"):
+        GGUFMethod()
+
+
+@pytest.mark.parametrize(("raw", "bits"), [(None, 16), ("8", 8), ("16", 16), ("32", 32)])
+def test_gguf_layers_take_the_activation_bits_of_the_environment(
+    raw: str | None, bits: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if raw is None:
+        monkeypatch.delenv("PAGEDSERVE_GGUF_ACTIVATION_BITS", raising=False)
+    else:
+        monkeypatch.setenv("PAGEDSERVE_GGUF_ACTIVATION_BITS", raw)
+    assert GGUFMethod().activation_bits == bits
+    assert RTNMethod(GGML_Q8_0).activation_bits == bits  # the int8/int4 schemes share the kernels

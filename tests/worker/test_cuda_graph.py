@@ -53,7 +53,7 @@ def decode_batch(cached_lens: list[int], block_size: int) -> BatchInputs:
     return BatchInputs(
         input_ids=torch.arange(100, 100 + n),
         positions=torch.tensor(cached_lens),
-        attention=common,
+        attention=[common],
         request_ids=[f"r{i}" for i in range(n)],
         sample_rows=list(range(n)),
         logits_indices=torch.arange(n),
@@ -66,7 +66,7 @@ def test_fill_copies_the_batch_and_pads_the_bucket() -> None:
     buffers.fill(decode_batch([30, 4, 17, 50, 9], 8), 8)  # leaves stale rows behind
     batch = decode_batch([12, 40, 3], 8)
     buffers.fill(batch, 4)
-    common = batch.attention
+    common = batch.attention[0]
     assert buffers.input_ids[:4].tolist() == [100, 101, 102, 0]
     assert buffers.positions[:4].tolist() == [12, 40, 3, 0]
     assert buffers.slot_mapping[:4].tolist() == common.slot_mapping.tolist() + [PAD_SLOT]
@@ -84,8 +84,8 @@ def test_attention_over_a_padded_bucket_equals_the_batch() -> None:
     batch = decode_batch([12, 40, 3, 25, 7], block_size)
     n = len(batch.request_ids)
     buffers = DecodeBuffers.allocate(size, max_blocks_per_request=8, device=DEVICE)
-    batch.attention.block_tables = batch.attention.block_tables.to(DEVICE)
-    batch.attention.slot_mapping = batch.attention.slot_mapping.to(DEVICE)
+    batch.attention[0].block_tables = batch.attention[0].block_tables.to(DEVICE)
+    batch.attention[0].slot_mapping = batch.attention[0].slot_mapping.to(DEVICE)
     buffers.fill(batch, size)
     q, k, v = (torch.randn(size, 4 * 32 if i == 0 else 2 * 32, device=DEVICE) for i in range(3))
     caches = tuple(c.to(DEVICE) for c in random_cache(block_size, spec, torch.float32))
@@ -103,7 +103,7 @@ def test_attention_over_a_padded_bucket_equals_the_batch() -> None:
     reference = TorchPagedAttentionBackend()
     expected_cache = (caches[0].clone(), caches[1].clone())
     expected = reference.forward(
-        spec, q[:n], k[:n], v[:n], expected_cache, reference.build_metadata(batch.attention)
+        spec, q[:n], k[:n], v[:n], expected_cache, reference.build_metadata(batch.attention[0])
     )
     assert (padded[:n] - expected).abs().max().item() < 1e-5
     assert torch.isfinite(padded).all()

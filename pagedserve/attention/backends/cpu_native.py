@@ -1,8 +1,10 @@
 """CPU backend: decodes through the native paged-attention kernel, everything else as the torch backend.
 
 The kernel reads each decode's K/V in place through its block table, where the torch backend first
-gathers every request's K/V into a padded copy (per layer) and then reads that copy again. K/V writes
-and prefill chunks (query length > 1) are the torch backend's, inherited from `SdpaPrefillBackend`.
+gathers every request's K/V into a padded copy (per layer) and then reads that copy again; an fp8 cache
+too (each value widened through a table of its format's 256 values times the scale), and its K/V are
+written by a native kernel in one pass. Float K/V writes and prefill chunks (query length > 1) are the
+torch backend's, inherited from `SdpaPrefillBackend`.
 """
 
 from dataclasses import dataclass
@@ -10,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedserve.attention.backends.base import AttentionLayerSpec, CommonAttentionMetadata
-from pagedserve.attention.backends.torch_paged import SdpaPrefillBackend, read_kv
+from pagedserve.attention.backends.torch_paged import KVPair, SdpaPrefillBackend
 from pagedserve.kernels import cpu as cpu_kernels
 
 
@@ -30,6 +32,14 @@ class CpuNativeAttentionBackend(SdpaPrefillBackend[NativeDecodeMetadata]):
         nd = common.num_decodes
         return NativeDecodeMetadata(common.block_tables[:nd], torch.tensor(common.seq_lens[:nd]))
 
+    def store_kv(self, spec: AttentionLayerSpec, cache: KVPair, new: KVPair, slots: torch.Tensor) -> None:
+        quant = spec.kv_quant
+        if quant is None:
+            super().store_kv(spec, cache, new, slots)
+        else:
+            table = quant.value_table()
+            cpu_kernels.reshape_and_cache_fp8(*new, *cache, slots, table, quant.k_scale, quant.v_scale)
+
     def attend_decodes(
         self,
         spec: AttentionLayerSpec,
@@ -38,21 +48,15 @@ class CpuNativeAttentionBackend(SdpaPrefillBackend[NativeDecodeMetadata]):
         value_cache: torch.Tensor,
         decode: NativeDecodeMetadata,
     ) -> torch.Tensor:
-        block_tables = decode.block_tables
-        if spec.kv_quant is not None:
-            # NOTE: the kernel reads q's dtype only: an fp8 cache is dequantized here, just the blocks these
-            # decodes use, into a compact cache with renumbered block tables (a gather, as the torch
-            # backend does; reading fp8 inside the kernel would save it).
-            used, block_tables = torch.unique(block_tables, return_inverse=True)
-            key_cache = read_kv(key_cache, used, spec, q.dtype)
-            value_cache = read_kv(value_cache, used, spec, q.dtype, value=True)
+        quant = spec.kv_quant
         return cpu_kernels.paged_attention_decode(
             q,
             key_cache,
             value_cache,
-            block_tables,
+            decode.block_tables,
             decode.seq_lens,
             spec.scale,
             spec.sliding_window,
             spec.logits_soft_cap,
+            None if quant is None else (quant.value_table(quant.k_scale), quant.value_table(quant.v_scale)),
         )

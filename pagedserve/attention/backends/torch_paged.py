@@ -69,6 +69,7 @@ class GatherDecodeMetadata:
 
 
 DecodeT = TypeVar("DecodeT")
+KVPair = tuple[torch.Tensor, torch.Tensor]  # (K, V)
 
 
 @dataclass
@@ -107,6 +108,10 @@ class SdpaPrefillBackend(AttentionBackend[TorchAttentionMetadata[DecodeT]], Gene
         """q [num_decodes, num_heads, head_dim], one token per request, whose K/V (this step's
         included) is already in the cache. Returns [num_decodes, num_heads, head_dim]."""
 
+    def store_kv(self, spec: AttentionLayerSpec, cache: KVPair, new: KVPair, slots: torch.Tensor) -> None:
+        """Store this step's K/V `new` [T, num_kv_heads, head_dim] each at slot `slots` of `cache`."""
+        write_kv(*cache, *new, slots, spec)
+
     def forward(
         self,
         spec: AttentionLayerSpec,
@@ -121,7 +126,7 @@ class SdpaPrefillBackend(AttentionBackend[TorchAttentionMetadata[DecodeT]], Gene
         k = k.view(num_tokens, spec.num_kv_heads, spec.head_dim)
         v = v.view(num_tokens, spec.num_kv_heads, spec.head_dim)
         key_cache, value_cache = kv_cache
-        write_kv(key_cache, value_cache, k, v, metadata.slot_mapping, spec)
+        self.store_kv(spec, kv_cache, (k, v), metadata.slot_mapping)
         out = torch.empty_like(q)
         nd = metadata.num_decodes
         if nd:

@@ -25,7 +25,16 @@ from pagedserve.logger import init_logger
 
 logger = init_logger(__name__)
 
-_SOURCES = [str(Path(__file__).with_name(name)) for name in ("paged_attention.cpp", "gguf_matmul.cpp")]
+_SOURCES = [
+    str(Path(__file__).with_name(name))
+    for name in (
+        "paged_attention.cpp",
+        "gguf_matmul.cpp",
+        "gguf_decode_matmul.cpp",
+        "fp8_kv_cache.cpp",
+        "fp8_matmul.cpp",
+    )
+]
 
 
 @dataclass(frozen=True)
@@ -129,6 +138,7 @@ def paged_attention_decode(
     scale: float,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
+    fp8_values: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per request over its K/V, read in place through its block table.
 
@@ -137,14 +147,49 @@ def paged_attention_decode(
     block_tables [num_decodes, max_blocks] int64 or int32; seq_lens [num_decodes], each in
     [1, max_blocks * block_size]. `sliding_window` W: attend only to each request's last W tokens (the
     blocks before them are never read); `soft_cap` c: scores s become c * tanh(s / c).
+    An fp8 cache: uint8 bits, read in place through `fp8_values` (K's and V's [256] float32 tables: each
+    bit pattern's value times the layer's scale).
     Returns [num_decodes, num_heads, head_dim] in q's dtype.
     Raises RuntimeError when the kernels are unavailable or an input breaks this contract.
     """
     kernels = load_cpu_kernels()
     if kernels.module is None:
         raise RuntimeError(f"The native CPU kernels are unavailable: {kernels.error}")
+    k_values, v_values = fp8_values or (None, None)
     return kernels.module.paged_attention_decode(
-        q, key_cache, value_cache, block_tables, seq_lens, scale, sliding_window or 0, soft_cap or 0.0
+        q,
+        key_cache,
+        value_cache,
+        block_tables,
+        seq_lens,
+        scale,
+        sliding_window or 0,
+        soft_cap or 0.0,
+        k_values,
+        v_values,
+    )
+
+
+def reshape_and_cache_fp8(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    fp8_values: torch.Tensor,
+    k_scale: float,
+    v_scale: float,
+) -> None:
+    """Token i's key / k_scale and value / v_scale [num_kv_heads, head_dim] as fp8 bits at slot
+    slot_mapping[i] of the uint8 caches, saturated at the format's largest value and rounded to nearest
+    even: what `(x.float() / scale).clamp(-max, max).to(fp8)` gives. `fp8_values`: the format's [256]
+    float32 table (bit pattern -> value). Raises RuntimeError when the kernels are unavailable or an input
+    breaks this contract (a slot outside the cache, a scale <= 0)."""
+    kernels = load_cpu_kernels()
+    if kernels.module is None:
+        raise RuntimeError(f"The native CPU kernels are unavailable: {kernels.error}")
+    torch.ops.pagedserve.reshape_and_cache_fp8(
+        key, value, key_cache, value_cache, slot_mapping, fp8_values, k_scale, v_scale
     )
 
 

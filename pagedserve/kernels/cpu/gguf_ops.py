@@ -8,6 +8,10 @@ from pagedserve.kernels.cpu import load_cpu_kernels
 
 # ggml type ids (gguf.GGMLQuantizationType) the native kernels compute on directly.
 NATIVE_GGML_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+# The ggml types with an integer-activation decode kernel, and the largest batch it takes
+# (gguf_blocks.h: kDecodeMaxBatch); larger batches compute in float32.
+INTEGER_ACTIVATION_TYPES = {2, 3, 8, 12, 13}
+DECODE_MAX_BATCH = 8
 # ggml type id -> (weights, bytes) per block, as `block_format` in gguf_matmul.cpp.
 GGML_BLOCK_FORMATS = {
     0: (1, 4),
@@ -28,10 +32,17 @@ def _ops() -> Any:
     return torch.ops.pagedserve
 
 
-def gguf_matmul(x: torch.Tensor, qweight: torch.Tensor, ggml_type: int) -> torch.Tensor:
+def gguf_matmul(
+    x: torch.Tensor, qweight: torch.Tensor, ggml_type: int, activation_bits: int = 32
+) -> torch.Tensor:
     """x [B, K] float32 times W^T, W [N, K] stored as qweight [N, row_bytes] uint8 rows of ggml blocks of
-    `ggml_type` (one of NATIVE_GGML_TYPES). Returns [B, N] float32. Raises RuntimeError on a bad shape."""
-    return _ops().gguf_matmul(x, qweight, ggml_type)
+    `ggml_type` (one of NATIVE_GGML_TYPES). Returns [B, N] float32.
+
+    activation_bits 8 or 16: at batch <= DECODE_MAX_BATCH on INTEGER_ACTIVATION_TYPES (AVX2+FMA builds),
+    each 32-value block of x is rounded to that many bits (one scale per block) and dotted in integers, as
+    llama.cpp does; 32 (and every other case) computes on x's float32 values. Raises RuntimeError on a bad
+    shape or `activation_bits`."""
+    return _ops().gguf_matmul(x, qweight, ggml_type, activation_bits)
 
 
 def gguf_dequantize(qweight: torch.Tensor, ggml_type: int, cols: int) -> torch.Tensor:

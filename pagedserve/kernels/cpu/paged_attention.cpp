@@ -1,5 +1,7 @@
 // Paged-attention decode on CPU: one query token per request, K/V read in place through the block
 // tables (no gather into a padded copy), float32 softmax and accumulation for every storage dtype.
+// An fp8 cache (uint8 bits, --kv-cache-dtype fp8*) is read through a 256-entry table per K and V: the
+// value of each bit pattern times the layer's scale, so one load widens a value, whatever the format.
 //
 // Work item = (request, kv head): the G = num_heads / num_kv_heads query heads of that kv head are
 // attended together, so each K/V row is read from memory once and used G times. Two passes per item,
@@ -99,15 +101,21 @@ struct Rows {
   int64_t stride;
 };
 
-// The rows as float32: float32 rows are read in place, others are widened into `buffer` (n * D floats).
-template <typename T>
-inline Rows<float> widen(Rows<T> rows, int64_t D, float* buffer) {
-  if constexpr (std::is_same_v<T, float>) {
+// The rows as float32: float32 rows are read in place, others are widened into `buffer` (n * D floats);
+// fp8 bits (uint8) through `fp8_values`, the 256 values (scale applied) of the cache's format.
+template <typename C>
+inline Rows<float> widen(Rows<C> rows, int64_t D, float* buffer, const float* fp8_values) {
+  if constexpr (std::is_same_v<C, float>) {
     return rows;
   } else {
     for (int64_t t = 0; t < rows.n; ++t) {
+      const C* row = rows.data + t * rows.stride;
+      if constexpr (std::is_same_v<C, uint8_t>) {
+        for (int64_t d = 0; d < D; ++d) buffer[t * D + d] = fp8_values[row[d]];
+      } else {
 #pragma omp simd
-      for (int64_t d = 0; d < D; ++d) buffer[t * D + d] = static_cast<float>(rows.data[t * rows.stride + d]);
+        for (int64_t d = 0; d < D; ++d) buffer[t * D + d] = static_cast<float>(row[d]);
+      }
     }
     return {buffer, rows.n, D};
   }
@@ -170,12 +178,18 @@ inline void for_each_block(const T* cache, const Index* block_table, int64_t fir
   }
 }
 
+// The 256 float values of an fp8 cache's K and V bit patterns (nullptr for a float cache).
+struct Fp8Values {
+  const float* k;
+  const float* v;
+};
+
 // Attends the G query heads q[G, D] of one kv head over seq_len tokens (the last `window` of them when
-// windowed); writes out[G, D].
-template <typename T, typename Index>
-void attend(const T* q, const T* key_cache, const T* value_cache, const Index* block_table,
+// windowed); writes out[G, D]. The cache holds C: T, or uint8 fp8 bits read through `fp8`.
+template <typename T, typename C, typename Index>
+void attend(const T* q, const C* key_cache, const C* value_cache, const Index* block_table,
             int64_t seq_len, int64_t kv_head, const Scoring& scoring, const Geometry& g,
-            std::vector<float>& scratch, T* out) {
+            const Fp8Values& fp8, std::vector<float>& scratch, T* out) {
   const int64_t G = g.group, D = g.head_dim;
   const int64_t first = scoring.window > 0 ? std::max<int64_t>(0, seq_len - scoring.window) : 0;
   const int64_t n = seq_len - first;  // tokens attended to
@@ -191,8 +205,8 @@ void attend(const T* q, const T* key_cache, const T* value_cache, const Index* b
   std::fill(max_score, max_score + G, -std::numeric_limits<float>::infinity());
 
   const float cap = scoring.soft_cap;
-  for_each_block(key_cache, block_table, first, seq_len, kv_head, g, [&](int64_t start, Rows<T> rows) {
-    const Rows<float> k = widen(rows, D, block_buffer);
+  for_each_block(key_cache, block_table, first, seq_len, kv_head, g, [&](int64_t start, Rows<C> rows) {
+    const Rows<float> k = widen(rows, D, block_buffer, fp8.k);
     for (int64_t h = 0; h < G; ++h) {
       for (int64_t t = 0; t < k.n; ++t) {
         float s = dot(qf + h * D, k.data + t * k.stride, D);
@@ -213,8 +227,8 @@ void attend(const T* q, const T* key_cache, const T* value_cache, const Index* b
     }
     denom[h] = sum;
   }
-  for_each_block(value_cache, block_table, first, seq_len, kv_head, g, [&](int64_t start, Rows<T> rows) {
-    const Rows<float> v = widen(rows, D, block_buffer);
+  for_each_block(value_cache, block_table, first, seq_len, kv_head, g, [&](int64_t start, Rows<C> rows) {
+    const Rows<float> v = widen(rows, D, block_buffer, fp8.v);
     for (int64_t h = 0; h < G; ++h) accumulate(scores + h * n + start, v, acc + h * D, D);
   });
   for (int64_t h = 0; h < G; ++h) {
@@ -223,14 +237,14 @@ void attend(const T* q, const T* key_cache, const T* value_cache, const Index* b
   }
 }
 
-template <typename T, typename Index>
+template <typename T, typename C, typename Index>
 void run(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
          const at::Tensor& block_tables, const std::vector<int64_t>& seq_lens, const Scoring& scoring,
-         const Geometry& g, at::Tensor& out) {
+         const Geometry& g, const Fp8Values& fp8, at::Tensor& out) {
   const int64_t num_items = q.size(0) * g.num_kv_heads;
   const T* q_ptr = q.data_ptr<T>();
-  const T* k_ptr = key_cache.data_ptr<T>();
-  const T* v_ptr = value_cache.data_ptr<T>();
+  const C* k_ptr = static_cast<const C*>(key_cache.data_ptr());
+  const C* v_ptr = static_cast<const C*>(value_cache.data_ptr());
   const Index* tables = block_tables.data_ptr<Index>();
   T* out_ptr = out.data_ptr<T>();
   const int64_t head_stride = g.group * g.head_dim;  // q/out elements per kv head
@@ -243,21 +257,35 @@ void run(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& val
     for (int64_t item = 0; item < num_items; ++item) {
       const int64_t request = item / g.num_kv_heads, kv_head = item % g.num_kv_heads;
       const int64_t offset = item * head_stride;  // == (request * num_heads + kv_head * G) * D
-      attend<T, Index>(q_ptr + offset, k_ptr, v_ptr, tables + request * g.max_blocks,
-                       seq_lens[request], kv_head, scoring, g, scratch, out_ptr + offset);
+      attend<T, C, Index>(q_ptr + offset, k_ptr, v_ptr, tables + request * g.max_blocks,
+                          seq_lens[request], kv_head, scoring, g, fp8, scratch, out_ptr + offset);
     }
   }
 }
 
-template <typename T>
+template <typename T, typename C>
 void run_any_index(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
                    const at::Tensor& block_tables, const std::vector<int64_t>& seq_lens,
-                   const Scoring& scoring, const Geometry& g, at::Tensor& out) {
+                   const Scoring& scoring, const Geometry& g, const Fp8Values& fp8, at::Tensor& out) {
   if (block_tables.scalar_type() == at::kLong) {
-    run<T, int64_t>(q, key_cache, value_cache, block_tables, seq_lens, scoring, g, out);
+    run<T, C, int64_t>(q, key_cache, value_cache, block_tables, seq_lens, scoring, g, fp8, out);
   } else {
-    run<T, int32_t>(q, key_cache, value_cache, block_tables, seq_lens, scoring, g, out);
+    run<T, C, int32_t>(q, key_cache, value_cache, block_tables, seq_lens, scoring, g, fp8, out);
   }
+}
+
+// The fp8 tables' pointers: both [256] float32 for a uint8 cache, both undefined for a float one.
+Fp8Values check_fp8_values(const at::Tensor& key_cache, const c10::optional<at::Tensor>& k_values,
+                           const c10::optional<at::Tensor>& v_values) {
+  const bool fp8 = key_cache.scalar_type() == at::kByte;
+  TORCH_CHECK(fp8 == k_values.has_value() && fp8 == v_values.has_value(),
+              "an fp8 (uint8) KV cache needs k_fp8_values and v_fp8_values, a float cache neither");
+  if (!fp8) return {nullptr, nullptr};
+  for (const at::Tensor* t : {&*k_values, &*v_values}) {
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->numel() == 256 && t->is_contiguous() && t->is_cpu(),
+                "k_fp8_values / v_fp8_values must be contiguous float32 CPU tensors of 256 values");
+  }
+  return {k_values->data_ptr<float>(), v_values->data_ptr<float>()};
 }
 
 // Checks everything the threads will index, so no error can arise inside the parallel region.
@@ -271,8 +299,9 @@ Geometry check_inputs(const at::Tensor& q, const at::Tensor& key_cache, const at
               "key_cache and value_cache must both be [num_blocks, block_size, num_kv_heads, head_dim], "
               "got ", key_cache.sizes(), " and ", value_cache.sizes());
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "the KV caches must be contiguous");
-  TORCH_CHECK(q.scalar_type() == key_cache.scalar_type() && q.scalar_type() == value_cache.scalar_type(),
-              "q, key_cache and value_cache must share one dtype");
+  TORCH_CHECK(key_cache.scalar_type() == value_cache.scalar_type() &&
+                  (key_cache.scalar_type() == q.scalar_type() || key_cache.scalar_type() == at::kByte),
+              "key_cache and value_cache must share q's dtype, or both be uint8 (fp8 bits)");
   const int64_t num_blocks = key_cache.size(0), num_kv_heads = key_cache.size(2);
   const int64_t head_dim = key_cache.size(3), num_heads = q.size(1), num_decodes = q.size(0);
   TORCH_CHECK(num_kv_heads > 0 && key_cache.size(1) > 0, "the KV caches have no kv heads or an empty block");
@@ -303,7 +332,8 @@ Geometry check_inputs(const at::Tensor& q, const at::Tensor& key_cache, const at
 }  // namespace
 
 // q [num_decodes, num_heads, head_dim]; key_cache/value_cache [num_blocks, block_size, num_kv_heads,
-// head_dim] (same dtype as q: float32, float16 or bfloat16); block_tables [num_decodes, max_blocks]
+// head_dim] (same dtype as q: float32, float16 or bfloat16; or uint8 fp8 bits, read through
+// k_fp8_values / v_fp8_values: [256] float32, each bit pattern's value times the scale); block_tables [num_decodes, max_blocks]
 // int32/int64; seq_lens [num_decodes] (tokens of K/V each request attends to, >= 1).
 // sliding_window > 0: each request attends only to its last sliding_window tokens; soft_cap > 0: scores
 // s become soft_cap * tanh(s / soft_cap).
@@ -311,18 +341,26 @@ Geometry check_inputs(const at::Tensor& q, const at::Tensor& key_cache, const at
 at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& key_cache,
                                   const at::Tensor& value_cache, const at::Tensor& block_tables,
                                   const at::Tensor& seq_lens, double scale, int64_t sliding_window,
-                                  double soft_cap) {
+                                  double soft_cap, const c10::optional<at::Tensor>& k_fp8_values,
+                                  const c10::optional<at::Tensor>& v_fp8_values) {
   TORCH_CHECK(seq_lens.dim() == 1, "seq_lens must be 1-D");
   TORCH_CHECK(sliding_window >= 0 && soft_cap >= 0, "sliding_window and soft_cap must be >= 0 (0: none)");
   const at::Tensor lens = seq_lens.to(at::kCPU, at::kLong).contiguous();
   const std::vector<int64_t> lens_vec(lens.data_ptr<int64_t>(), lens.data_ptr<int64_t>() + lens.numel());
   const Geometry g = check_inputs(q, key_cache, value_cache, block_tables, lens_vec);
+  const Fp8Values fp8 = check_fp8_values(key_cache, k_fp8_values, v_fp8_values);
   const at::Tensor q_c = q.contiguous();
   const at::Tensor tables = block_tables.contiguous();
   at::Tensor out = at::empty_like(q_c);
   const Scoring scoring{static_cast<float>(scale), static_cast<float>(soft_cap), sliding_window};
-#define PAGEDSERVE_RUN \
-  [&] { run_any_index<scalar_t>(q_c, key_cache, value_cache, tables, lens_vec, scoring, g, out); }
+#define PAGEDSERVE_RUN                                                                              \
+  [&] {                                                                                             \
+    if (fp8.k != nullptr) {                                                                         \
+      run_any_index<scalar_t, uint8_t>(q_c, key_cache, value_cache, tables, lens_vec, scoring, g, fp8, out); \
+    } else {                                                                                        \
+      run_any_index<scalar_t, scalar_t>(q_c, key_cache, value_cache, tables, lens_vec, scoring, g, fp8, out); \
+    }                                                                                               \
+  }
   AT_DISPATCH_SWITCH(q.scalar_type(), "paged_attention_decode",
                      AT_DISPATCH_CASE(at::kFloat, PAGEDSERVE_RUN)
                      AT_DISPATCH_CASE(at::kHalf, PAGEDSERVE_RUN)
@@ -333,5 +371,8 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& key_cac
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention_decode", &paged_attention_decode,
-        "Paged-attention decode over block tables (K/V read in place).");
+        "Paged-attention decode over block tables (K/V read in place; fp8 bits through value tables).",
+        py::arg("q"), py::arg("key_cache"), py::arg("value_cache"), py::arg("block_tables"),
+        py::arg("seq_lens"), py::arg("scale"), py::arg("sliding_window"), py::arg("soft_cap"),
+        py::arg("k_fp8_values") = py::none(), py::arg("v_fp8_values") = py::none());
 }

@@ -1,0 +1,93 @@
+// What the GGUF kernels share: ggml's block formats, fp16 fields, a weight matrix as rows of blocks, and the
+// decode path for 32-weight blocks (gguf_decode_matmul.cpp) that gguf_matmul.cpp dispatches to.
+#pragma once
+
+#include <c10/util/Exception.h>
+#include <c10/util/Half.h>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#include <cstdint>
+#include <cstring>
+
+namespace gguf {
+
+// ggml's type ids (gguf.GGMLQuantizationType).
+enum GgmlType : int64_t { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+
+struct BlockFormat {
+  int64_t weights;  // per block
+  int64_t bytes;    // per block
+};
+
+inline BlockFormat block_format(int64_t type) {
+  switch (type) {
+    case F32: return {1, 4};
+    case F16: return {1, 2};
+    case Q4_0: return {32, 18};
+    case Q4_1: return {32, 20};
+    case Q8_0: return {32, 34};
+    case Q4_K: return {256, 144};
+    case Q5_K: return {256, 176};
+    case Q6_K: return {256, 210};
+    default: TORCH_CHECK(false, "GGML type ", type, " has no native kernel");
+  }
+  return {0, 0};
+}
+
+// An fp16 field of a block. NOTE: F16C's one-instruction conversion where the build has it: c10's portable
+// bit manipulation costs more than a whole block's integer dot in the decode kernels.
+inline float half_at(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, sizeof bits);
+#if defined(__F16C__)
+  return _cvtsh_ss(bits);
+#else
+  return c10::detail::fp16_ieee_to_fp32_value(bits);
+#endif
+}
+
+// The 6-bit scale and min of sub-block j of a K-quant super-block (ggml's get_scale_min_k4).
+inline void scale_min_k4(int j, const uint8_t* q, int* scale, int* min) {
+  if (j < 4) {
+    *scale = q[j] & 63;
+    *min = q[j + 4] & 63;
+  } else {
+    *scale = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *min = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+using BlockDequantizer = void (*)(const uint8_t*, float*);
+
+struct QuantizedRows {
+  const uint8_t* data;
+  int64_t rows;
+  int64_t cols;       // K, weights per row
+  int64_t row_bytes;  // bytes per row
+  BlockFormat format;
+  BlockDequantizer dequantize_block;
+
+  void dequantize_row(int64_t row, float* out) const {
+    const uint8_t* block = data + row * row_bytes;
+    for (int64_t k = 0; k < cols; k += format.weights, block += format.bytes) dequantize_block(block, out + k);
+  }
+};
+
+// Batches up to this size take the decode paths (each weight byte read once per call, accumulators in
+// registers); larger ones amortize a dequantized tile over enough rows for ATen's GEMM to win.
+constexpr int64_t kDecodeMaxBatch = 8;
+
+// Whether `matmul_decode_blocks` takes weights of `type` in this build (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K with
+// AVX2+FMA).
+bool has_block_decode_path(int64_t type);
+
+// y [batch, rows] = x [batch, cols] W^T for batch <= kDecodeMaxBatch. `activation_bits` 32: on x's float
+// values; 8 or 16: each 32-value block of x rounded to integers of that width (one scale per block) and
+// dotted with the weight blocks in integers.
+void matmul_decode_blocks(const float* x, int64_t batch, const QuantizedRows& w, int64_t type,
+                          int64_t activation_bits, float* y);
+
+}  // namespace gguf

@@ -1,0 +1,341 @@
+// The decode-time GGUF matmul on 32-weight blocks (Q4_0, Q4_1, Q8_0; the sub-blocks of Q4_K and Q5_K), batch
+// 1..kDecodeMaxBatch: each thread takes a range of weight rows, each block is unpacked once into registers
+// and dotted with every activation row's block, so each weight byte is read once per call. Per block, sum_j (d q_j + c) x_j =
+// d (sum_j q_j x_j) + c (sum_j x_j), with c = m (Q4_1), -8 d (Q4_0) or 0 (Q8_0).
+//
+// Activations in one of three widths (`activation_bits`):
+// - 32: x's float values, the dequantized model's exact arithmetic (four conversions and FMAs per 8 weights);
+// - 8 (llama.cpp's Q8_0/Q8_1 activations) or 16: each 32-value block of x becomes integers q and one scale
+//   (x ~ scale q, symmetric, scale = max|x| / 127 or / 32767) and the dot is an integer one (AVX2
+//   maddubs/madd, or AVX-VNNI's dpbusd/dpwssd), scaled once per block in float. 8 bits round each value by
+//   up to 1/254 of its block's largest, 16 bits by 1/65534, for one more widening per block.
+// Which one the engine uses, and why, is decided in quantization/gguf.py from the logits error measured on
+// SmolLM2 (README, Quantization).
+#include "gguf_blocks.h"
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace gguf {
+
+#if defined(__AVX2__) && defined(__FMA__)
+
+namespace {
+
+constexpr int64_t kBlock = 32;     // weights per Q4_0/Q4_1/Q8_0 block or K-quant sub-block; per activation block
+constexpr int64_t kRowGrain = 16;  // weight rows per task: enough work to pay for a thread's wake-up
+
+// Activation rows by 32-value block: x[b, k] ~ scales[b, k / 32] * values[b, k].
+template <typename Value>
+struct ActivationBlocks {
+  const Value* values;         // [batch, cols]: x itself (float), or `rounded`
+  std::vector<Value> rounded;  // the integers, for 8 and 16 bits
+  std::vector<float> scales;   // [batch, blocks]: 1 for float
+  std::vector<float> sums;     // [batch, blocks]: the block's sum of x as `values` give it (for weight offsets)
+};
+
+ActivationBlocks<float> float_activations(const float* x, int64_t batch, int64_t cols) {
+  const int64_t blocks = batch * cols / kBlock;
+  ActivationBlocks<float> out{x, {}, std::vector<float>(blocks, 1.f), std::vector<float>(blocks)};
+  for (int64_t i = 0; i < blocks; ++i) {
+    float sum = 0.f;
+    for (int64_t j = 0; j < kBlock; ++j) sum += x[i * kBlock + j];
+    out.sums[i] = sum;
+  }
+  return out;
+}
+
+template <typename Int>
+ActivationBlocks<Int> rounded_activations(const float* x, int64_t batch, int64_t cols) {
+  constexpr float kLargest = std::numeric_limits<Int>::max();  // 127 or 32767: -128 / -32768 never used
+  const int64_t blocks = batch * cols / kBlock;
+  ActivationBlocks<Int> out{nullptr, std::vector<Int>(batch * cols), std::vector<float>(blocks),
+                            std::vector<float>(blocks)};
+  out.values = out.rounded.data();
+  for (int64_t i = 0; i < blocks; ++i) {
+    const float* xb = x + i * kBlock;
+    Int* q = out.rounded.data() + i * kBlock;
+    float largest = 0.f;
+    bool finite = true;
+    for (int64_t j = 0; j < kBlock; ++j) {
+      largest = std::max(largest, std::fabs(xb[j]));
+      finite = finite && std::isfinite(xb[j]);
+    }
+    // NOTE: a non-finite value makes the block's scale NaN (and its integers 0), so the outputs it touches
+    // are NaN as the float path's would be non-finite, instead of an undefined float-to-int conversion.
+    const float scale = finite ? largest / kLargest : std::numeric_limits<float>::quiet_NaN();
+    const float inverse = finite && largest > 0.f ? kLargest / largest : 0.f;
+    int32_t sum = 0;
+    for (int64_t j = 0; j < kBlock; ++j) {
+      q[j] = static_cast<Int>(std::nearbyint(finite ? xb[j] * inverse : 0.f));
+      sum += q[j];
+    }
+    out.scales[i] = scale;
+    out.sums[i] = scale * static_cast<float>(sum);
+  }
+  return out;
+}
+
+// sum over groups of four of u[i] * s[i] (u unsigned, s signed bytes) -> eight int32.
+inline __m256i dot_unsigned_signed_bytes(__m256i u, __m256i s) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else  // NOTE: no int16 saturation: |u| <= 128 and |s| <= 127 give pair sums up to 32512.
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+// acc + sum over pairs of a[i] * b[i] (int16) -> eight int32.
+inline __m256i dot_int16_accumulate(__m256i acc, __m256i a, __m256i b) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpwssd_avx_epi32(acc, a, b);
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpwssd_epi32(acc, a, b);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
+
+inline __m128i load64(const void* p) { return _mm_loadl_epi64(static_cast<const __m128i*>(p)); }
+inline __m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// Q4_0 / Q4_1 nibbles: byte j holds weight j (low nibble) and weight j + 16 (high).
+inline __m128i low_nibbles(__m128i bytes) { return _mm_and_si128(bytes, _mm_set1_epi8(0x0F)); }
+inline __m128i high_nibbles(__m128i bytes) { return _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F)); }
+
+// A weight block's 32 unscaled values, unpacked once and dotted with every activation row's block (a
+// vector of eight partial sums).
+template <int64_t kType, typename Value>
+struct WeightBlock;
+
+inline __m256 bytes_to_floats(__m128i eight_bytes, bool is_signed) {
+  return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(eight_bytes) : _mm256_cvtepu8_epi32(eight_bytes));
+}
+
+template <int64_t kType>
+struct WeightBlock<kType, float> {  // four vectors of eight floats, in order
+  __m256 values[4];
+  explicit WeightBlock(__m256i in_order) {  // 32 unsigned values (K-quant sub-blocks)
+    const __m128i low = _mm256_castsi256_si128(in_order), high = _mm256_extracti128_si256(in_order, 1);
+    values[0] = bytes_to_floats(low, false);
+    values[1] = bytes_to_floats(_mm_srli_si128(low, 8), false);
+    values[2] = bytes_to_floats(high, false);
+    values[3] = bytes_to_floats(_mm_srli_si128(high, 8), false);
+  }
+  explicit WeightBlock(const uint8_t* qs) {
+    if constexpr (kType == Q8_0) {
+      for (int i = 0; i < 4; ++i) values[i] = bytes_to_floats(load64(qs + 8 * i), true);
+    } else {
+      const __m128i bytes = load128(qs), low = low_nibbles(bytes), high = high_nibbles(bytes);
+      values[0] = bytes_to_floats(low, false);
+      values[1] = bytes_to_floats(_mm_srli_si128(low, 8), false);
+      values[2] = bytes_to_floats(high, false);
+      values[3] = bytes_to_floats(_mm_srli_si128(high, 8), false);
+    }
+  }
+  __m256 dot(const float* x) const {
+    __m256 sum = _mm256_mul_ps(values[0], _mm256_loadu_ps(x));
+    sum = _mm256_fmadd_ps(values[1], _mm256_loadu_ps(x + 8), sum);
+    sum = _mm256_fmadd_ps(values[2], _mm256_loadu_ps(x + 16), sum);
+    return _mm256_fmadd_ps(values[3], _mm256_loadu_ps(x + 24), sum);
+  }
+};
+
+template <int64_t kType>
+struct WeightBlock<kType, int8_t> {  // unsigned bytes
+  __m256i values;
+  explicit WeightBlock(__m256i in_order) : values(in_order) {}
+  explicit WeightBlock(const uint8_t* qs) {
+    const __m128i bytes = load128(qs);
+    values = _mm256_set_m128i(high_nibbles(bytes), low_nibbles(bytes));
+  }
+  __m256 dot(const int8_t* x) const { return _mm256_cvtepi32_ps(dot_unsigned_signed_bytes(values, load256(x))); }
+};
+
+template <>
+struct WeightBlock<Q8_0, int8_t> {  // signed bytes: |w| times x with w's sign (the unsigned operand is |w|)
+  __m256i values, magnitudes;
+  explicit WeightBlock(const uint8_t* qs) : values(load256(qs)), magnitudes(_mm256_abs_epi8(values)) {}
+  __m256 dot(const int8_t* x) const {
+    return _mm256_cvtepi32_ps(dot_unsigned_signed_bytes(magnitudes, _mm256_sign_epi8(load256(x), values)));
+  }
+};
+
+inline __m256 dot_int16_blocks(__m256i low, __m256i high, const int16_t* x) {
+  return _mm256_cvtepi32_ps(dot_int16_accumulate(_mm256_madd_epi16(low, load256(x)), high, load256(x + 16)));
+}
+
+template <int64_t kType>
+struct WeightBlock<kType, int16_t> {  // unsigned values widened to int16: weights 0..15 and 16..31
+  __m256i low, high;
+  explicit WeightBlock(__m256i in_order)
+      : low(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(in_order))),
+        high(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(in_order, 1))) {}
+  explicit WeightBlock(const uint8_t* qs) {
+    const __m128i bytes = load128(qs);
+    low = _mm256_cvtepu8_epi16(low_nibbles(bytes));
+    high = _mm256_cvtepu8_epi16(high_nibbles(bytes));
+  }
+  __m256 dot(const int16_t* x) const { return dot_int16_blocks(low, high, x); }
+};
+
+template <>
+struct WeightBlock<Q8_0, int16_t> {
+  __m256i low, high;
+  explicit WeightBlock(const uint8_t* qs)
+      : low(_mm256_cvtepi8_epi16(load128(qs))), high(_mm256_cvtepi8_epi16(load128(qs + 16))) {}
+  __m256 dot(const int16_t* x) const { return dot_int16_blocks(low, high, x); }
+};
+
+// A block's weights are d q + c: c = m (Q4_1), -8 d (Q4_0), 0 (Q8_0); q starts after d (and m).
+template <int64_t kType>
+constexpr int64_t kValuesOffset = kType == Q4_1 ? 4 : 2;
+
+template <int64_t kType>
+inline float block_offset(const uint8_t* block, float d) {
+  if constexpr (kType == Q4_1) return half_at(block + 2);
+  if constexpr (kType == Q4_0) return -8.f * d;
+  return 0.f;
+}
+
+inline float horizontal_sum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+// Adds the products of a 32-weight block (weights d q + c) with every activation row's block i.
+template <int64_t kType, typename Value, int64_t kBatch>
+__attribute__((always_inline)) inline void add_scaled(const WeightBlock<kType, Value>& weights, float d, float c,
+                                                      const ActivationBlocks<Value>& a, int64_t i, int64_t blocks,
+                                                      __m256 (&acc)[kBatch], float (&offsets)[kBatch]) {
+#pragma GCC unroll 8
+  for (int64_t b = 0; b < kBatch; ++b) {
+    const int64_t at = b * blocks + i;
+    acc[b] = _mm256_fmadd_ps(weights.dot(a.values + at * kBlock), _mm256_set1_ps(d * a.scales[at]), acc[b]);
+    if constexpr (kType != Q8_0) offsets[b] += c * a.sums[at];
+  }
+}
+
+template <int64_t kType, typename Value, int64_t kBatch>
+__attribute__((always_inline)) inline void add_block(const uint8_t* block, const ActivationBlocks<Value>& a,
+                                                     int64_t i, int64_t blocks, __m256 (&acc)[kBatch],
+                                                     float (&offsets)[kBatch]) {
+  const float d = half_at(block);
+  add_scaled<kType>(WeightBlock<kType, Value>(block + kValuesOffset<kType>), d, block_offset<kType>(block, d), a,
+                    i, blocks, acc, offsets);
+}
+
+// Q4_K / Q5_K: a 256-weight super-block is eight 32-weight sub-blocks j, weights d sc_j q - dmin m_j; bytes
+// 32p..32p+31 hold sub-block 2p (low nibbles) and 2p+1 (high); Q5_K's bit j of qh[l] adds 16 to weight l
+// of sub-block j. Sub-blocks alternate between the accumulator chains. `i`: the first activation block.
+template <int64_t kType, typename Value, int64_t kChains, int64_t kBatch>
+__attribute__((always_inline)) inline void add_super_block(const uint8_t* block, const ActivationBlocks<Value>& a,
+                                                           int64_t i, int64_t blocks,
+                                                           __m256 (&acc)[kChains][kBatch],
+                                                           float (&offsets)[kChains][kBatch]) {
+  const float d = half_at(block), dmin = half_at(block + 2);
+  const uint8_t* q = block + (kType == Q5_K ? 48 : 16);
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  const __m256i fifth_bits = kType == Q5_K ? load256(block + 16) : _mm256_setzero_si256();
+  for (int j = 0; j < 8; ++j) {
+    const __m256i bytes = load256(q + 32 * (j / 2));
+    __m256i values = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(bytes, 4) : bytes, nibble);
+    if constexpr (kType == Q5_K) {
+      const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << j));
+      const __m256i is_set = _mm256_cmpeq_epi8(_mm256_and_si256(fifth_bits, bit), bit);
+      values = _mm256_or_si256(values, _mm256_and_si256(is_set, _mm256_set1_epi8(16)));
+    }
+    int scale, min;
+    scale_min_k4(j, block + 4, &scale, &min);
+    add_scaled<kType>(WeightBlock<kType, Value>(values), d * scale, -dmin * min, a, i + j, blocks,
+                      acc[j % kChains], offsets[j % kChains]);
+  }
+}
+
+// kBatch is a template argument so the accumulators live in registers. NOTE: at batch 1 and 2, even and odd
+// blocks go to two accumulator chains: one chain would wait on each FMA's latency.
+template <int64_t kType, typename Value, int64_t kBatch>
+void matmul_rows(const ActivationBlocks<Value>& a, const QuantizedRows& w, float* y) {
+  constexpr int64_t kChains = kBatch <= 2 ? 2 : 1;
+  const int64_t blocks = w.cols / kBlock, block_bytes = w.format.bytes;
+  at::parallel_for(0, w.rows, kRowGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      __m256 acc[kChains][kBatch];
+      float offsets[kChains][kBatch];
+      for (int64_t c = 0; c < kChains; ++c)
+        for (int64_t b = 0; b < kBatch; ++b) acc[c][b] = _mm256_setzero_ps(), offsets[c][b] = 0.f;
+      const uint8_t* row = w.data + n * w.row_bytes;
+      if constexpr (kType == Q4_K || kType == Q5_K) {
+        for (int64_t i = 0; i < blocks; i += 8, row += block_bytes) add_super_block<kType>(row, a, i, blocks, acc, offsets);
+      } else {
+        int64_t i = 0;
+        for (; i + kChains <= blocks; i += kChains)
+#pragma GCC unroll 2
+          for (int64_t c = 0; c < kChains; ++c)
+            add_block<kType>(row + (i + c) * block_bytes, a, i + c, blocks, acc[c], offsets[c]);
+        if (i < blocks) add_block<kType>(row + i * block_bytes, a, i, blocks, acc[0], offsets[0]);
+      }
+      for (int64_t b = 0; b < kBatch; ++b) {
+        __m256 total = acc[0][b];
+        float offset = offsets[0][b];
+        for (int64_t c = 1; c < kChains; ++c) total = _mm256_add_ps(total, acc[c][b]), offset += offsets[c][b];
+        y[b * w.rows + n] = horizontal_sum(total) + offset;
+      }
+    }
+  });
+}
+
+template <int64_t kType, typename Value, int64_t kBatch = 1>
+void matmul_batch(const ActivationBlocks<Value>& a, int64_t batch, const QuantizedRows& w, float* y) {
+  if constexpr (kBatch < kDecodeMaxBatch) {
+    if (batch != kBatch) return matmul_batch<kType, Value, kBatch + 1>(a, batch, w, y);
+  }
+  matmul_rows<kType, Value, kBatch>(a, w, y);
+}
+
+template <typename Value>
+void matmul_type(const ActivationBlocks<Value>& a, int64_t batch, const QuantizedRows& w, int64_t type, float* y) {
+  switch (type) {
+    case Q4_0: return matmul_batch<Q4_0>(a, batch, w, y);
+    case Q4_1: return matmul_batch<Q4_1>(a, batch, w, y);
+    case Q8_0: return matmul_batch<Q8_0>(a, batch, w, y);
+    case Q4_K: return matmul_batch<Q4_K>(a, batch, w, y);
+    case Q5_K: return matmul_batch<Q5_K>(a, batch, w, y);
+    default: TORCH_CHECK(false, "GGML type ", type, " has no block decode kernel");
+  }
+}
+
+}  // namespace
+
+bool has_block_decode_path(int64_t type) {
+  return type == Q4_0 || type == Q4_1 || type == Q8_0 || type == Q4_K || type == Q5_K;
+}
+
+void matmul_decode_blocks(const float* x, int64_t batch, const QuantizedRows& w, int64_t type,
+                          int64_t activation_bits, float* y) {
+  TORCH_CHECK(batch >= 1 && batch <= kDecodeMaxBatch, "the GGUF decode kernel takes 1 to ", kDecodeMaxBatch,
+              " rows, got ", batch);
+  if (activation_bits == 8) return matmul_type(rounded_activations<int8_t>(x, batch, w.cols), batch, w, type, y);
+  if (activation_bits == 16) return matmul_type(rounded_activations<int16_t>(x, batch, w.cols), batch, w, type, y);
+  TORCH_CHECK(activation_bits == 32, "activation_bits must be 8, 16 or 32, got ", activation_bits);
+  matmul_type(float_activations(x, batch, w.cols), batch, w, type, y);
+}
+
+#else  // no AVX2+FMA: the row-wise float path of gguf_matmul.cpp serves every type
+
+bool has_block_decode_path(int64_t) { return false; }
+
+void matmul_decode_blocks(const float*, int64_t, const QuantizedRows&, int64_t, int64_t, float*) {
+  TORCH_CHECK(false, "this build has no AVX2+FMA GGUF decode kernel");
+}
+
+#endif
+
+}  // namespace gguf
