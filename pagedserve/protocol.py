@@ -104,6 +104,8 @@ class BlockSnapshot(msgspec.Struct, array_like=True):
     num_free_blocks: int  # cached ones included: they are evicted on demand
     num_cached_blocks: int
     num_shared_blocks: int
+    num_host_blocks: int = 0  # the swap space (--swap-space): blocks in all, and free ones
+    num_free_host_blocks: int = 0
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagedserve.errors import InvalidRequestError
+from pagedserve.utils.user_json import load_user_json
 
 _KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
@@ -23,6 +24,12 @@ class StructuredOutputsParams:
     json_object: bool | None = None
 
     def __post_init__(self) -> None:
+        # NOTE: a schema given as text is parsed here, once: a malformed one is refused with the request.
+        self.json = load_user_json(
+            self.json,
+            lambda message: InvalidRequestError(message, param="structured_outputs.json"),
+            "structured_outputs.json is not a valid JSON schema",
+        )
         chosen = [kind for kind in _KINDS if getattr(self, kind) not in (None, False)]
         if len(chosen) != 1:
             raise InvalidRequestError(
@@ -44,8 +51,6 @@ class StructuredOutputsParams:
     def spec(self) -> str:
         """The constraint as canonical text: with `kind`, the key under which its grammar is cached."""
         value = getattr(self, self.kind)
-        if self.kind == "json" and isinstance(value, str):
-            return value
         if self.kind in ("json", "choice"):
             return _json.dumps(value, sort_keys=True, separators=(",", ":"))
         return "" if self.kind == "json_object" else value

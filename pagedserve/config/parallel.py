@@ -68,8 +68,9 @@ def resolve_executor_backend(backend: ExecutorBackend | None, tp: int, local_dev
     return backend
 
 
-def check_tensor_parallel(hf_config: "PretrainedConfig", tp: int) -> None:
-    """Heads and the MLP must split evenly over the ranks; KV heads may instead be replicated."""
+def uneven_for_tensor_parallel(hf_config: "PretrainedConfig", tp: int) -> list[str]:
+    """The model's sizes that `tp` ranks cannot split evenly (none: `tp` fits). Heads and the MLP must
+    split evenly over the ranks; KV heads may instead be replicated."""
     kv_heads = (
         getattr(hf_config, "num_key_value_heads", None)
         or getattr(hf_config, "num_kv_heads", None)
@@ -87,6 +88,12 @@ def check_tensor_parallel(hf_config: "PretrainedConfig", tp: int) -> None:
     uneven = [f"{name}={size}" for name, size in sizes.items() if size % tp]
     if kv_heads % tp and tp % kv_heads:
         uneven.append(f"num_key_value_heads={kv_heads} (nor is {tp} a multiple of it)")
+    return uneven
+
+
+def check_tensor_parallel(hf_config: "PretrainedConfig", tp: int) -> None:
+    """Raises ConfigError naming the sizes `tp` ranks cannot split."""
+    uneven = uneven_for_tensor_parallel(hf_config, tp)
     if uneven:
         raise ConfigError(
             f"tensor_parallel_size={tp} does not divide the model's {', '.join(uneven)}; "

@@ -1,11 +1,11 @@
 """Speculative decoding settings (vLLM's `speculative_config`)."""
 
-import json
 from dataclasses import dataclass, replace
 from typing import Any
 
 from pagedserve.config.model import ModelConfig, load_model_config
 from pagedserve.errors import ConfigError
+from pagedserve.utils.user_json import load_user_json
 
 _KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
 
@@ -25,11 +25,7 @@ class SpeculativeConfig:
     @classmethod
     def from_user(cls, value: dict[str, Any] | str) -> "SpeculativeConfig":
         """From a dict, or its JSON text (--speculative-config). Raises ConfigError naming the key."""
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"--speculative-config is not valid JSON: {exc}") from exc
+        value = load_user_json(value, ConfigError, "--speculative-config is not valid JSON")
         if not isinstance(value, dict):
             raise ConfigError(
                 "speculative_config must be a JSON object, e.g. "

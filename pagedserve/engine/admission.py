@@ -158,11 +158,13 @@ class AdmissionControl:
                 self.retry_after_s(),
             )
 
-    def enqueue(self, request_id: str, num_tokens: int) -> None:
-        """Count a request in, or raise as check() does."""
-        self.check(1, num_tokens)
-        self.queued[request_id] = num_tokens
-        self.num_queued_tokens += num_tokens
+    def admit(self, requests: list[tuple[str, int]]) -> None:
+        """Count all of `requests` (request id, prompt tokens) in, or none of them and raise as check()
+        does. The caller makes it atomic (Frontend.submit's lock)."""
+        self.check(len(requests), sum(num_tokens for _, num_tokens in requests))
+        for request_id, num_tokens in requests:
+            self.queued[request_id] = num_tokens
+            self.num_queued_tokens += num_tokens
 
     def dequeue(self, request_id: str, started: bool) -> None:
         """The request left the queue: `started` by the engine, or ended. Idempotent."""

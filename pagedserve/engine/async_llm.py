@@ -3,29 +3,22 @@ process; the EngineCore runs its busy loop in another (core_proc.py) behind an M
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator
 from typing import Any
 
 from pagedserve.config import EngineConfig
-from pagedserve.engine.admission import (
-    AdmissionControl,
-    Deadlines,
-    ServingLimits,
-    apply_token_budgets,
-    check_num_samples,
-    with_queue_defaults,
-)
-from pagedserve.engine.core_client import MPClient
+from pagedserve.engine.admission import AdmissionControl, Deadlines, ServingLimits, with_queue_defaults
 from pagedserve.engine.core_proc import EngineCoreHandshake
+from pagedserve.engine.frontend import Frontend
 from pagedserve.engine.input_processor import EngineLimits, InputProcessor, PromptType
-from pagedserve.engine.output_processor import OutputProcessor
+from pagedserve.engine.mp_client import MPClient
+from pagedserve.engine.output_processor import OutputProcessor, RequestState
+from pagedserve.engine.request_stream import RequestStream
 from pagedserve.engine.tokenizer import load_tokenizer
 from pagedserve.engine.watchdog import FRONTEND_GRACE_S, poll_interval_s, stall_message
-from pagedserve.errors import CapacityError, EngineDeadError, InvalidRequestError
+from pagedserve.errors import CapacityError, EngineDeadError
 from pagedserve.logger import init_logger
 from pagedserve.metrics.loggers import StatLoggerBase
 from pagedserve.metrics.stats import IterationStats
-from pagedserve.outputs import RequestOutput
 from pagedserve.protocol import BlockSnapshot, EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams
 
@@ -48,20 +41,24 @@ class AsyncLLM:
         limits: ServingLimits,
     ) -> None:
         self.config = config
-        self.limits = limits
-        self.admission = AdmissionControl(limits)
         self.tokenizer = load_tokenizer(config.model)
         self.input_processor = InputProcessor(config.model, self.tokenizer)
         self.input_processor.structured_outputs.max_spec_bytes = limits.max_structured_output_bytes
-        self.output_processor = OutputProcessor(self.tokenizer)
         self.stat_loggers = stat_loggers
         self.log_requests = log_requests
         self.log_stats_interval_s = log_stats_interval_s
         self.engine_core = MPClient(config, limits.engine_stall_timeout)
+        self.frontend = Frontend(
+            self.input_processor,
+            OutputProcessor(self.tokenizer),
+            self.engine_core,
+            config.scheduler.max_num_seqs,
+            limits,
+        )
         self.handshake: EngineCoreHandshake | None = None
         self.dead_error: EngineDeadError | None = None
         self.dead_event = asyncio.Event()  # set once the engine has died
-        self._queues: dict[str, asyncio.Queue[RequestOutput | Exception]] = {}
+        self._streams: dict[str, RequestStream] = {}  # the submitted requests whose stream is open
         self._last_scheduler_stats = SchedulerStats()
         self._tasks: list[asyncio.Task[None]] = []
         self._last_progress = time.monotonic()  # the engine's last output, or when work arrived
@@ -85,7 +82,7 @@ class AsyncLLM:
             engine.input_processor.limits = EngineLimits(
                 config.scheduler.max_num_seqs, num_kv_blocks, block_size
             )
-            engine.limits = engine.admission.limits = with_queue_defaults(
+            engine.admission.limits = with_queue_defaults(
                 engine.limits, config.scheduler.max_num_seqs, num_kv_blocks, block_size
             )
             logger.info(
@@ -105,6 +102,15 @@ class AsyncLLM:
             engine._tasks.append(asyncio.create_task(engine._run_stall_watchdog()))
         return engine
 
+    @property
+    def admission(self) -> AdmissionControl:
+        """The queue of requests not started yet, and its limits."""
+        return self.frontend.admission
+
+    @property
+    def limits(self) -> ServingLimits:
+        return self.frontend.admission.limits
+
     def get_tokenizer(self) -> Any:
         return self.tokenizer
 
@@ -119,7 +125,7 @@ class AsyncLLM:
 
     @property
     def num_requests_in_flight(self) -> int:
-        return len(self._queues)
+        return len(self._streams)
 
     def process_inputs(
         self,
@@ -130,161 +136,78 @@ class AsyncLLM:
     ) -> EngineCoreRequest:
         """Validate and tokenize without queuing anything (so a request of several prompts can be checked
         whole before any of it reaches the engine), within the token budgets; with `beam_search`, a beam
-        search whose `params.n` best beams come back. Raises InvalidRequestError."""
-        return self._process(request_id, prompt, params, beam_search)[1]
+        search whose `params.n` best beams come back. Thread-safe. Raises InvalidRequestError."""
+        return self.frontend.process(request_id, prompt, params, beam_search)[1]
 
     async def reset_prefix_cache(self) -> None:
         """Make the engine forget its cached KV blocks. Raises EngineDeadError."""
         self.check_health()
-        await self.engine_core.reset_prefix_cache()
+        self.engine_core.reset_prefix_cache()
 
-    def _process(
-        self,
-        request_id: str,
-        prompt: PromptType,
-        params: SamplingParams,
-        beam_search: BeamSearchParams | None = None,
-    ) -> tuple[str | None, EngineCoreRequest]:
-        check_num_samples(params, self.config.scheduler.max_num_seqs)
-        text, request = self.input_processor.process(request_id, prompt, params, beam_search=beam_search)
-        return text, apply_token_budgets(request, params, self.limits)
-
-    def check_admission(self, requests: list[EngineCoreRequest]) -> None:
-        """Raises CapacityError (503) at once if `requests` would not be admitted now, EngineDeadError if
-        the engine is dead; call before a response starts, so a refusal is a status, not a stream."""
+    def submit(
+        self, requests: list[EngineCoreRequest], timeout_s: float | None = None
+    ) -> list[RequestStream]:
+        """Queue what process_inputs() returned, all or none, and return each request's outputs. Raises
+        CapacityError (503) at once when the queue limits would be exceeded, EngineDeadError if the engine
+        is dead: call before a response starts, so a refusal is a status, not a stream. Past its deadline
+        (`timeout_s`, --request-timeout) a request is aborted; its last output has finish_reason "abort".
+        Closing a stream before its end aborts its request in the engine at once (its KV blocks are freed)."""
         self.check_health()
         try:
-            self.admission.check(len(requests), sum(len(r.prompt_token_ids) for r in requests))
+            self.frontend.submit([(None, request) for request in requests])
         except CapacityError:
-            self._record(None, IterationStats(num_rejected_requests=len(requests)))
+            self.record_rejected(len(requests))
             raise
-
-    async def generate(
-        self,
-        prompt: PromptType | EngineCoreRequest,
-        params: SamplingParams,
-        request_id: str,
-        timeout_s: float | None = None,
-    ) -> AsyncGenerator[RequestOutput, None]:
-        """Yield the request's outputs (cumulative, deltas or only the final one, per
-        `params.output_kind`), the last with `finished=True`. `prompt` may be what process_inputs()
-        returned for the same `params` and `request_id`. Raises InvalidRequestError before anything
-        reaches the engine, CapacityError when the queue is full or the request waited past
-        --max-queue-time, EngineDeadError if the engine dies meanwhile. Past its deadline (`timeout_s`,
-        --request-timeout) the request is aborted and its last output has finish_reason "abort".
-        Closing or cancelling the generator before the end aborts the request in the engine at once
-        (its KV blocks are freed)."""
-        self.check_health()
-        text, request = (
-            (None, prompt)
-            if isinstance(prompt, EngineCoreRequest)
-            else self._process(request_id, prompt, params)
-        )
-        if request_id in self._queues:
-            raise InvalidRequestError(f"Request id {request_id!r} is already in use.", param="request_id")
-        self._enqueue(request_id, len(request.prompt_token_ids))
-        queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
-        self._queues[request_id] = queue
-        deadlines = Deadlines.start(self.limits, timeout_s)
-        finished = False
-        try:
-            await self.engine_core.add_requests(self.output_processor.register(request_id, text, request))
+        if self.frontend.output_processor.num_unfinished == len(requests):
+            self._last_progress = time.monotonic()  # the stall clock starts with the work (only these)
+        streams = []
+        for request in requests:
+            stream = RequestStream(self, request.request_id, Deadlines.start(self.limits, timeout_s))
+            self._streams[request.request_id] = stream
+            streams.append(stream)
             if self.log_requests:
                 logger.info(
                     "Added request %s: %d prompt tokens, %s.",
-                    request_id,
+                    request.request_id,
                     len(request.prompt_token_ids),
                     _describe(request.sampling_params),
                 )
-            while not finished:
-                item = await self._next_output(request_id, queue, deadlines)
-                if isinstance(item, EngineDeadError):
-                    finished = True  # the engine is gone: nothing to abort
-                if isinstance(item, Exception):
-                    raise item
-                finished = item.finished
-                yield item
-        finally:
-            self._queues.pop(request_id, None)
-            self.admission.dequeue(request_id, started=False)
-            if not finished:
-                await self.abort(request_id)
+        return streams
 
-    def _enqueue(self, request_id: str, num_tokens: int) -> None:
-        try:
-            self.admission.enqueue(request_id, num_tokens)
-        except CapacityError:
-            self._record(None, IterationStats(num_rejected_requests=1))
-            raise
-        if not self.output_processor.num_unfinished:
-            self._last_progress = time.monotonic()  # the stall clock starts with the work
+    def generate(
+        self, prompt: PromptType, params: SamplingParams, request_id: str, timeout_s: float | None = None
+    ) -> RequestStream:
+        """process_inputs() and submit() for one prompt. Raises as they do."""
+        return self.submit([self.process_inputs(request_id, prompt, params)], timeout_s)[0]
 
-    async def _next_output(
-        self, request_id: str, queue: "asyncio.Queue[RequestOutput | Exception]", deadlines: Deadlines
-    ) -> RequestOutput | Exception:
-        """The request's next output; a CapacityError past --max-queue-time; the final, aborted output
-        past its deadline."""
-        while True:
-            if not queue.empty():
-                return queue.get_nowait()
-            try:
-                return await asyncio.wait_for(
-                    queue.get(), deadlines.wait_s(request_id in self.admission.queued)
-                )
-            except TimeoutError:
-                pass
-            if request_id in self.admission.queued and deadlines.queue_expired():
-                self._record(None, IterationStats(num_rejected_requests=1))
-                limit = self.limits.max_queue_time
-                logger.info(
-                    "Request %s timed out in the queue after %.1f s (--max-queue-time).", request_id, limit
-                )
-                return CapacityError(
-                    f"The request waited {limit:g} s for the engine without being started "
-                    f"(--max-queue-time {limit:g}): the server is overloaded. Retry later.",
-                    self.admission.retry_after_s(),
-                )
-            if deadlines.expired():
-                return await self._expire(request_id, deadlines)
-
-    async def _expire(self, request_id: str, deadlines: Deadlines) -> RequestOutput | Exception:
-        """Abort a request past its deadline; its final output carries what it generated."""
-        state = self.output_processor.get(request_id)
-        if state is None:
-            return EngineDeadError(f"Request {request_id} vanished before its deadline.")
-        num_generated = sum(len(sample.token_ids) for sample in state.samples)
-        await self.abort(
-            request_id,
-            f"its deadline of {deadlines.timeout_s:g} s ({deadlines.timeout_source}) "
-            f"passed after {num_generated} generated tokens",
-        )
-        return state.to_output(state.samples) or EngineDeadError(f"Request {request_id} has no output.")
-
-    async def abort(self, request_id: str, reason: str | None = None) -> None:
-        """End a request wherever it is; a no-op for one that already ended. A `reason` is logged."""
-        stats = IterationStats()
-        child_ids = self.output_processor.abort_request(request_id, stats)
-        self._queues.pop(request_id, None)
+    def release(self, request_id: str) -> None:
+        """The request's stream ended (its last output read, or the engine died)."""
+        self._streams.pop(request_id, None)
         self.admission.dequeue(request_id, started=False)
-        if not child_ids:
+
+    def request_state(self, request_id: str) -> RequestState | None:
+        return self.frontend.output_processor.get(request_id)
+
+    def abort(self, request_id: str, reason: str | None = None) -> None:
+        """End a request wherever it is; a no-op for one that already ended. A `reason` is logged."""
+        self.release(request_id)
+        stats = IterationStats()
+        if not self.frontend.abort(request_id, stats):
             return
         self._record(None, stats)
         if reason is not None:
             logger.info("Aborted request %s: %s.", request_id, reason)
         elif self.log_requests:
             logger.info("Aborted request %s.", request_id)
-        if self.engine_core.is_alive():
-            await self.engine_core.abort_requests(child_ids)
 
     async def abort_all(self, error: Exception) -> int:
         """Fail every request in flight with `error` (its handler raises it) and abort it in the engine.
         Returns how many there were."""
-        request_ids = list(self._queues)
-        for request_id in request_ids:
-            queue = self._queues[request_id]
-            await self.abort(request_id, str(error))
-            queue.put_nowait(error)
-        return len(request_ids)
+        streams = list(self._streams.values())
+        for stream in streams:
+            self.abort(stream.request_id, str(error))
+            stream.queue.put_nowait(error)
+        return len(streams)
 
     async def get_block_snapshot(self) -> BlockSnapshot | None:
         """The KV block pool's state, asked of the engine (answered between two steps); None if the
@@ -292,7 +215,7 @@ class AsyncLLM:
         self.check_health()
         if self._snapshot is None or self._snapshot.done():
             self._snapshot = asyncio.get_running_loop().create_future()
-            await self.engine_core.request_block_snapshot()
+            self.engine_core.request_block_snapshot()
         try:
             return await asyncio.wait_for(asyncio.shield(self._snapshot), _SNAPSHOT_TIMEOUT_S)
         except TimeoutError:
@@ -304,35 +227,30 @@ class AsyncLLM:
             while True:
                 core_outputs = await self.engine_core.get_output()
                 self._last_progress = time.monotonic()
-                to_abort = self._process_outputs(core_outputs)
-                if to_abort:
-                    await self.engine_core.abort_requests(to_abort)
+                self._process_outputs(core_outputs)
         except EngineDeadError as exc:
             self._on_engine_dead(exc)
         except Exception as exc:  # a bug here would hang every request: fail them all loudly instead
             logger.exception("The output handler failed.")
             self._on_engine_dead(EngineDeadError(f"The engine's output handler failed: {exc!r}"))
 
-    def _process_outputs(self, core_outputs: EngineCoreOutputs) -> list[str]:
+    def _process_outputs(self, core_outputs: EngineCoreOutputs) -> None:
         stats = IterationStats()
-        # NOTE: before the outputs: a request that ends in its first step is forgotten by them.
-        for child_id in core_outputs.scheduled_request_ids:
-            parent = self.output_processor.parent_of(child_id)
-            if parent is not None:
-                self.admission.dequeue(parent.request_id, started=True)
         if (
             core_outputs.block_snapshot is not None
             and self._snapshot is not None
             and not self._snapshot.done()
         ):
             self._snapshot.set_result(core_outputs.block_snapshot)
-        request_outputs, to_abort = self.output_processor.process_outputs(core_outputs, stats)
-        for output in request_outputs:
-            queue = self._queues.get(output.request_id)
-            if queue is not None:
-                queue.put_nowait(output)
+        for output in self.frontend.process_outputs(core_outputs, stats):
+            stream = self._streams.get(output.request_id)
+            if stream is not None:
+                stream.queue.put_nowait(output)
         self._record(core_outputs.scheduler_stats, stats)
-        return to_abort
+
+    def record_rejected(self, num_requests: int) -> None:
+        """Count requests refused for capacity (a full queue, the queue time)."""
+        self._record(None, IterationStats(num_rejected_requests=num_requests))
 
     def _record(self, scheduler_stats: SchedulerStats | None, stats: IterationStats) -> None:
         if scheduler_stats is not None:
@@ -353,8 +271,8 @@ class AsyncLLM:
         while self.dead_error is None:
             await asyncio.sleep(poll_interval_s(timeout_s))
             silent_s = time.monotonic() - self._last_progress
-            # NOTE: the engine's unfinished requests, not _queues: a slow reader's finished stream is no work.
-            unfinished = self.output_processor.num_unfinished
+            # NOTE: the engine's unfinished requests, not _streams: a slow reader's finished stream is no work.
+            unfinished = self.frontend.output_processor.num_unfinished
             if unfinished and silent_s > timeout_s:
                 logger.error(
                     "The engine process sent nothing for %.0f s while %d request(s) were in flight: it "
@@ -371,7 +289,7 @@ class AsyncLLM:
         if self.dead_error is not None:
             return
         self.dead_error = error
-        states = self.output_processor.fail_all()
+        states = self.frontend.output_processor.fail_all()
         stats = self._last_scheduler_stats
         details = ", ".join(
             f"{s.request_id} ({len(s.prompt_token_ids)} prompt + "
@@ -390,9 +308,9 @@ class AsyncLLM:
             details or "none",
             more,
         )
-        for queue in self._queues.values():
-            queue.put_nowait(error)
-        self._queues.clear()
+        for stream in self._streams.values():
+            stream.queue.put_nowait(error)
+        self._streams.clear()
         self.dead_event.set()
 
     def shutdown(self) -> None:

@@ -38,7 +38,7 @@ class EngineCore:
             self.executor.shutdown()  # no worker outlives a failed start
             raise
         kv = self.kv_cache_config
-        swap_space = SwapSpace(kv.num_host_blocks) if kv.num_host_blocks else None
+        self._swap_space = swap_space = SwapSpace(kv.num_host_blocks) if kv.num_host_blocks else None
         # NOTE: the grammars live here, next to the scheduler (vLLM v1's choice): the matchers advance where
         # the sampled tokens arrive, and the workers only get each step's bitmask.
         self.structured_output = StructuredOutputManager(
@@ -98,8 +98,8 @@ class EngineCore:
         return self.scheduler.describe(max_requests)
 
     def block_snapshot(self) -> BlockSnapshot:
-        """The KV block pool as the dashboard draws it."""
-        return snapshot_blocks(self.scheduler.block_owners())
+        """The KV block pool as the dashboard draws it, and the host blocks of the swap space."""
+        return snapshot_blocks(self.scheduler.block_owners(), self._swap_space)
 
     def shutdown(self) -> None:
         self.structured_output.shutdown()

@@ -1,4 +1,4 @@
-"""The EngineCore in its own process (started by core_client.MPClient as a ChildProcess), so HTTP handling and Python
+"""The EngineCore in its own process (started by mp_client.MPClient as a ChildProcess), so HTTP handling and Python
 tokenization never steal the model's time.
 
 Wire protocol over two ZMQ PUSH/PULL sockets, both bound by the client:

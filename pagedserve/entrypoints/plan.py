@@ -22,6 +22,7 @@ from pagedserve.config import (
     default_max_num_batched_tokens,
 )
 from pagedserve.config.int4_checkpoint import parse_int4_checkpoint
+from pagedserve.config.parallel import uneven_for_tensor_parallel
 from pagedserve.config.quantization import checkpoint_quantization_config
 from pagedserve.entrypoints.cli import take_model_tag
 from pagedserve.errors import ConfigError
@@ -185,7 +186,11 @@ def alternatives(inputs: PlanInputs) -> list[str]:
     KV cache and weights, a higher utilization."""
     found: list[str] = []
     for tp in TP_SIZES:
-        if tp > inputs.tp and _divides(inputs.shape, tp) and compute_plan(replace(inputs, tp=tp)).fits:
+        if (
+            tp > inputs.tp
+            and not uneven_for_tensor_parallel(inputs.model_config.hf_config, tp)
+            and compute_plan(replace(inputs, tp=tp)).fits
+        ):
             found.append(f"--tensor-parallel-size {tp} ({tp} GPUs)")
             break
     plan = compute_plan(inputs)
@@ -211,11 +216,6 @@ def alternatives(inputs: PlanInputs) -> list[str]:
     return found
 
 
-def _divides(shape: ModelShape, tp: int) -> bool:
-    kv_ok = shape.num_kv_heads % tp == 0 or tp % shape.num_kv_heads == 0
-    return shape.num_heads % tp == 0 and shape.intermediate_size % tp == 0 and kv_ok
-
-
 def resolve_inputs(args: PlanArgs, engine_args: EngineArgs) -> PlanInputs:
     """Read the model's config (no weights) and resolve defaults as the engine does. Raises ConfigError."""
     if args.concurrency < 1:
@@ -224,10 +224,11 @@ def resolve_inputs(args: PlanArgs, engine_args: EngineArgs) -> PlanInputs:
     model_config = engine_args.model_config("cuda")
     shape = ModelShape.from_hf_config(model_config.hf_config, model_config.architecture)
     tp = engine_args.tensor_parallel_size
-    if tp < 1 or not _divides(shape, tp):
+    if tp < 1 or uneven_for_tensor_parallel(model_config.hf_config, tp):
+        choices = [t for t in TP_SIZES if not uneven_for_tensor_parallel(model_config.hf_config, t)]
         raise ConfigError(
             f"--tensor-parallel-size {tp} does not divide the model's heads and MLP; choose "
-            f"one of {', '.join(str(t) for t in TP_SIZES if _divides(shape, t))}."
+            f"one of {', '.join(str(t) for t in choices)}."
         )
     request_tokens = _request_tokens(args, model_config.max_model_len)
     if engine_args.max_model_len is None:  # the recommended context: what the workload needs

@@ -3,17 +3,30 @@
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 from starlette.requests import Request
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 
-async def merge_async_iterators(*iterators: AsyncGenerator[T, None]) -> AsyncGenerator[tuple[int, T], None]:
+class ClosableAsyncIterator(Protocol[T_co]):
+    """An async iterator that can be closed early: an async generator, or AsyncLLM's RequestStream."""
+
+    def __aiter__(self) -> AsyncIterator[T_co]: ...
+
+    async def __anext__(self) -> T_co: ...
+
+    async def aclose(self) -> None: ...
+
+
+async def merge_async_iterators(
+    *iterators: ClosableAsyncIterator[T],
+) -> AsyncGenerator[tuple[int, T], None]:
     """Items of all `iterators` as they come, tagged with the iterator's index. When this generator is
-    closed or cancelled early, every source is closed too (for AsyncLLM.generate: its request aborted)."""
+    closed or cancelled early, every source is closed too (a RequestStream: its request aborted)."""
     if len(iterators) == 1:
         try:
             async for item in iterators[0]:
@@ -43,7 +56,7 @@ async def merge_async_iterators(*iterators: AsyncGenerator[T, None]) -> AsyncGen
                 await iterator.aclose()
 
 
-async def started(iterator: AsyncGenerator[T, None]) -> AsyncGenerator[T, None]:
+async def started(iterator: ClosableAsyncIterator[T]) -> AsyncGenerator[T, None]:
     """Run `iterator` up to its first item now, and return a generator of all its items. For streamed
     responses: a refusal before the first output (a full queue, the queue time, a dead engine) is then
     raised here, before the response starts, and becomes an HTTP status instead of an error event in

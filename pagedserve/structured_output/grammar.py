@@ -56,9 +56,8 @@ def to_grammar(params: StructuredOutputsParams) -> str:
         return llguidance.LLMatcher.grammar_from_json_schema(bounded_json_object(), defaults=_JSON_OPTIONS)
     if params.json is not None:
         try:
-            schema = json.loads(params.json) if isinstance(params.json, str) else params.json
             return llguidance.LLMatcher.grammar_from_json_schema(
-                bounded_schema(closed_objects(schema)), defaults=_JSON_OPTIONS
+                bounded_schema(closed_objects(params.json)), defaults=_JSON_OPTIONS
             )
         except (ValueError, TypeError) as exc:
             raise InvalidRequestError(

@@ -39,21 +39,21 @@ def test_limits_are_validated_naming_the_flag() -> None:
 
 def test_queue_limits_refuse_with_retry_after() -> None:
     admission = AdmissionControl(ServingLimits(max_num_queued_requests=2, max_num_queued_tokens=100))
-    admission.enqueue("a", 40)
-    admission.enqueue("b", 40)
+    admission.admit([("a", 40)])
+    admission.admit([("b", 40)])
     with pytest.raises(
         CapacityError, match=r"2 requests are waiting .* limit is 2 \(--max-num-queued-requests\)"
     ):
-        admission.enqueue("c", 1)
+        admission.admit([("c", 1)])
     admission.dequeue("a", started=True)
     with pytest.raises(
         CapacityError,
         match=r"40 prompt tokens are waiting .* adds 61, over the limit of 100 "
         r"\(--max-num-queued-tokens\)",
     ) as caught:
-        admission.enqueue("c", 61)
+        admission.admit([("c", 61)])
     assert 1 <= caught.value.retry_after_s <= 60
-    admission.enqueue("c", 60)
+    admission.admit([("c", 60)])
     with pytest.raises(InvalidRequestError, match="more than may ever wait"):
         admission.check(1, 101)  # could never be admitted: 400, not 503
     admission.dequeue("b", started=False)
@@ -71,16 +71,16 @@ def test_the_queue_is_bounded_by_default_and_unbounded_only_when_asked() -> None
     assert with_queue_defaults(ServingLimits(), 256, 10, 16).max_num_queued_requests == 20
     admission = AdmissionControl(limits)
     for index in range(16):
-        admission.enqueue(str(index), 10)
+        admission.admit([(str(index), 10)])
     with pytest.raises(CapacityError, match=r"limit is 16 \(--max-num-queued-requests\)"):
-        admission.enqueue("16", 10)
+        admission.admit([("16", 10)])
     unbounded = with_queue_defaults(
         ServingLimits(max_num_queued_requests=UNBOUNDED, max_num_queued_tokens=UNBOUNDED), 8, 100, 16
     )
     assert (unbounded.max_num_queued_requests, unbounded.max_num_queued_tokens) == (UNBOUNDED, UNBOUNDED)
     admission = AdmissionControl(unbounded)
     for index in range(1000):
-        admission.enqueue(str(index), 10_000)
+        admission.admit([(str(index), 10_000)])
     assert len(admission.queued) == 1000
     explicit = with_queue_defaults(ServingLimits(max_num_queued_requests=3), 8, 100, 16)
     assert (explicit.max_num_queued_requests, explicit.max_num_queued_tokens) == (3, 3200)

@@ -94,8 +94,8 @@ def test_beam_search_equals_hf(
         )
     if ignore_eos or length_penalty <= 1.0:  # (a large penalty may favour long beams only)
         assert ended_early != ignore_eos, "EOS shortens some beams (unless ignored)"
-    scheduler = llm.llm_engine.engine_core.scheduler
-    assert not scheduler.requests and scheduler.kv_cache_manager.block_pool.usage() == 0.0
+    core = llm.llm_engine.engine_core
+    assert not core.has_unfinished_requests() and core.get_stats().kv_cache_usage == 0.0
 
 
 def test_beams_share_blocks(model) -> None:
@@ -108,4 +108,4 @@ def test_beams_share_blocks(model) -> None:
         engine.step()
         saved.append(engine.engine_core.get_stats().num_blocks_saved)
     assert max(saved) >= 3 * 5, "4 beams share the prompt's 5 full blocks"
-    assert saved[-1] == 0 and engine.engine_core.scheduler.kv_cache_manager.block_pool.usage() == 0.0
+    assert saved[-1] == 0 and engine.engine_core.get_stats().kv_cache_usage == 0.0

@@ -77,4 +77,4 @@ def test_the_prompt_blocks_are_shared(llm: LLM) -> None:
         saved.append(engine.engine_core.get_stats().num_blocks_saved)
     # Once forked, 3 samples share the leader's 5 full blocks.
     assert max(saved) >= 15 and saved[-1] == 0
-    assert engine.engine_core.scheduler.kv_cache_manager.block_pool.usage() == 0.0
+    assert engine.engine_core.get_stats().kv_cache_usage == 0.0

@@ -6,6 +6,7 @@ import random
 import pytest
 
 from pagedserve import LLM, SamplingParams
+from pagedserve.engine.core import EngineCore
 from pagedserve.sizing import WindowedKV
 from pagedserve.utils import cdiv
 from pagedserve.utils.kv_cache_groups import KVCacheGroups
@@ -17,7 +18,7 @@ CHUNK = 16  # max_num_batched_tokens: long prompts are chunked
 def drive(llm: LLM, prompt: list[int], max_tokens: int) -> tuple[list[int], list[int], list[int]]:
     """Run one request step by step: (its tokens, blocks held after each prefill step, after each decode)."""
     engine = llm.llm_engine
-    manager = engine.engine_core.scheduler.kv_cache_manager
+    block_size = engine.engine_core.block_snapshot().block_size
     engine.add_request(
         "long",
         {"prompt_token_ids": prompt},
@@ -26,12 +27,17 @@ def drive(llm: LLM, prompt: list[int], max_tokens: int) -> tuple[list[int], list
     prefill, decode, tokens = [], [], []
     while engine.has_unfinished_requests():
         outputs = engine.step()
-        (request_id,) = manager.req_to_blocks or [None]
-        held = manager.num_held_blocks(request_id) if request_id else 0
+        # NOTE: the only request: the stats' slots (freed window entries not counted) are its blocks.
+        held = engine.engine_core.get_stats().num_kv_slots_allocated // block_size
         (decode if tokens else prefill).append(held)
         if outputs:
             tokens = list(outputs[0].outputs[0].token_ids)
     return tokens, prefill, decode
+
+
+def all_blocks_free(core: EngineCore) -> bool:
+    blocks = core.block_snapshot()
+    return blocks.num_free_blocks == blocks.num_blocks and not blocks.request_ids
 
 
 @pytest.mark.parametrize("block_size", [8, 32])
@@ -42,7 +48,7 @@ def test_long_request_holds_only_its_window(tiny_model_factory, block_size: int)
         kv_cache_memory="16MiB",
         max_num_batched_tokens=CHUNK,
     )
-    manager = llm.llm_engine.engine_core.scheduler.kv_cache_manager
+    core = llm.llm_engine.engine_core
     prompt = [random.Random(block_size).randrange(3, 49152) for _ in range(70)]
     tokens, prefill, decode = drive(llm, prompt, max_tokens=90)
     bound = cdiv(WINDOW, block_size) + 1
@@ -50,11 +56,11 @@ def test_long_request_holds_only_its_window(tiny_model_factory, block_size: int)
     groups = KVCacheGroups.from_layer_windows([WINDOW, WINDOW], block_size)
     assert max(prefill) <= WindowedKV(groups, CHUNK).max_blocks(160, block_size)
     assert cdiv(160, block_size) > bound, "the request must outgrow its window"
-    assert manager.num_free_blocks() == manager.block_pool.num_usable_blocks  # all returned
+    assert all_blocks_free(core)
     # The same prompt again (its prefix blocks partly evicted, partly revived): the same tokens.
     again, _, _ = drive(llm, prompt, max_tokens=90)
     assert again == tokens
-    assert manager.num_free_blocks() == manager.block_pool.num_usable_blocks
+    assert all_blocks_free(core)
 
 
 @pytest.mark.parametrize("block_size", [8, 16, 32])
@@ -111,7 +117,8 @@ def test_swap_preemption_with_freed_blocks_keeps_outputs(tiny_model_factory, nam
             path, block_size=8, max_num_batched_tokens=CHUNK, preemption_mode="swap", swap_space=0.01, **pool
         )
         outputs[run] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-        scheduler = llm.llm_engine.engine_core.scheduler
         if run == "tight":
-            assert scheduler.num_preemptions_total > 0, "the pool was meant to force swapping"
+            assert llm.llm_engine.engine_core.get_stats().num_preemptions_total > 0, (
+                "the pool was meant to force swapping"
+            )
     assert outputs["tight"] == outputs["roomy"]

@@ -26,22 +26,24 @@ def run(
     for index, prompt in enumerate(prompts):
         engine.add_request(str(index), prompt, params, beam_search=beam_search)
     finished: dict[str, RequestOutput] = {}
-    most_swapped, swap = 0, engine.engine_core.scheduler.swap_space
-    lowest_free = None if swap is None else swap.num_blocks
+    core = engine.engine_core
+    most_swapped, num_host_blocks = 0, core.block_snapshot().num_host_blocks
+    lowest_free = num_host_blocks or None
     while engine.has_unfinished_requests():
         finished.update((o.request_id, o) for o in engine.step() if o.finished)
-        most_swapped = max(most_swapped, engine.engine_core.get_stats().num_swapped_reqs)
-        if swap is not None:
-            lowest_free = min(lowest_free, swap.num_free_blocks())
+        most_swapped = max(most_swapped, core.get_stats().num_swapped_reqs)
+        if lowest_free is not None:
+            lowest_free = min(lowest_free, core.block_snapshot().num_free_host_blocks)
     outputs = [[o.token_ids for o in finished[str(i)].outputs] for i in range(len(prompts))]
     return outputs, most_swapped, lowest_free
 
 
 def assert_no_leaks(llm: LLM) -> None:
-    scheduler = llm.llm_engine.engine_core.scheduler
-    kv, swap = scheduler.kv_cache_manager, scheduler.swap_space
-    assert not scheduler.requests and not kv.req_to_blocks and kv.block_pool.usage() == 0.0
-    assert swap is not None and swap.num_free_blocks() == swap.num_blocks and not swap.tables
+    core = llm.llm_engine.engine_core
+    blocks = core.block_snapshot()
+    assert not core.has_unfinished_requests() and not blocks.request_ids
+    assert blocks.num_free_blocks == blocks.num_blocks and core.get_stats().kv_cache_usage == 0.0
+    assert blocks.num_host_blocks and blocks.num_free_host_blocks == blocks.num_host_blocks
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +91,7 @@ def test_a_full_host_pool_uses_exactly_its_rows(tiny_llama: str, roomy: LLM) -> 
     never row 3 (which does not exist)."""
     bytes_per_block = roomy.llm_engine.engine_core.kv_cache_config.bytes_per_block  # same block size
     llm = LLM(tiny_llama, swap_space=3 * bytes_per_block / 2**30, preemption_mode="swap", **TINY)
-    swap = llm.llm_engine.engine_core.scheduler.swap_space
-    assert swap is not None and swap.num_blocks == 3
+    assert llm.llm_engine.engine_core.block_snapshot().num_host_blocks == 3
     prompts = make_prompts(4, 20)
     params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
     expected, *_ = run(roomy, prompts, params)

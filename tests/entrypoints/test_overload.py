@@ -257,6 +257,45 @@ def test_queue_limits_and_queue_time_while_the_engine_is_frozen(server: RemoteSe
     assert completion(server, prompt="Back", max_tokens=2).status_code == 200
 
 
+def test_concurrent_multi_prompt_requests_are_admitted_whole(server: RemoteServer) -> None:
+    """16 requests of 2 prompts each at once against a queue of 8 (engine frozen, nothing leaves it):
+    exactly 4 are admitted, each with both prompts, the 12 others refused whole at once: admission and
+    enqueue are one step, so no two requests both pass the check and together overfill the queue."""
+    engine = server.engine_pid()
+    num_added = server.log().count("Added request")
+    results: list[httpx.Response | None] = [None] * 16
+    barrier = threading.Barrier(len(results))
+
+    def send(index: int) -> None:
+        barrier.wait()
+        results[index] = completion(server, prompt=[f"Race {index} a", f"Race {index} b"], max_tokens=2)
+
+    os.kill(engine, signal.SIGSTOP)
+    try:
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(len(results))]
+        for thread in threads:
+            thread.start()
+        server.wait_for(lambda: sum(r is not None for r in results) >= 12, 20, "the refusals")
+    finally:
+        os.kill(engine, signal.SIGCONT)
+    for thread in threads:
+        thread.join(30)
+    assert server.log().count("Added request") == num_added + 8  # 4 requests x 2 prompts, no more
+    responses = [r for r in results if r is not None]
+    assert len(responses) == len(results)
+    refused = [
+        r for r in responses if r.status_code == 503 and "(--max-num-queued-requests)" in error_message(r)
+    ]
+    assert len(refused) == 12
+    assert all("limit is 8 (--max-num-queued-requests)" in error_message(r) for r in refused)
+    # The 4 admitted complete with both prompts, unless --max-queue-time (3 s) passed while frozen.
+    for response in (r for r in responses if r not in refused):
+        if response.status_code == 200:
+            assert len(response.json()["choices"]) == 2
+        else:
+            assert response.status_code == 503 and "(--max-queue-time 3)" in error_message(response)
+
+
 def test_a_running_beam_search_leaves_the_queue(server: RemoteServer) -> None:
     """A beam search counts as started once its first beam runs: frozen (SIGSTOP) for longer than
     --max-queue-time it still completes, and it holds no queue slot (8 more requests queue)."""

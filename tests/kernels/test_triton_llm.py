@@ -45,9 +45,9 @@ def test_greedy_tokens_equal_torch_backend(tiny_llama: str, monkeypatch: pytest.
             dtype="float32",
         )
         outputs = llm.generate(first, params, use_tqdm=False)
-        hits = llm.llm_engine.engine_core.scheduler.get_stats().prefix_cache_hits
+        hits = llm.llm_engine.engine_core.get_stats().prefix_cache_hits
         outputs += llm.generate(second, params, use_tqdm=False)
-        assert llm.llm_engine.engine_core.scheduler.get_stats().prefix_cache_hits - hits == 24
+        assert llm.llm_engine.engine_core.get_stats().prefix_cache_hits - hits == 24
         tokens[backend] = [o.outputs[0].token_ids for o in outputs]
     assert True in launches and False in launches  # decode-only and mixed steps both ran the kernel
     assert tokens["triton"] == tokens["torch"]

@@ -88,8 +88,8 @@ class OpenAIServingChat(OpenAIServing):
         # NOTE: templating and tokenizing in a thread: a huge conversation never holds up the event loop.
         core = await asyncio.to_thread(process)
         num_prompt_tokens = len(core.prompt_token_ids)
-        self.engine.check_admission([core])  # NOTE: a full queue is a 503, not a broken stream
-        outputs = self.engine.generate(core, params, request_id, request.timeout)
+        # NOTE: admitted before the response starts: a full queue is a 503, not a broken stream.
+        (outputs,) = self.engine.submit([core], request.timeout)
         if request.stream:
             # NOTE: started: a refusal before the first output is a status, not an event in a 200 stream.
             return StreamingResponse(

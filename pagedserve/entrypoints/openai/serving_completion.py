@@ -84,10 +84,8 @@ class OpenAIServingCompletion(OpenAIServing):
                 for prompt, core in zip(prompts, core_requests)
             ]
         batch = _Batch(request, request_id, int(time.time()), core_requests, echo_texts)
-        self.engine.check_admission(core_requests)  # NOTE: a full queue is a 503, not a broken stream
-        outputs = merge_async_iterators(
-            *[self.engine.generate(core, params, core.request_id, request.timeout) for core in core_requests]
-        )
+        # NOTE: all prompts are admitted or none, before the response starts: a full queue is a 503.
+        outputs = merge_async_iterators(*self.engine.submit(core_requests, request.timeout))
         if request.stream:
             # NOTE: started: a refusal before the first output is a status, not an event in a 200 stream.
             return StreamingResponse(

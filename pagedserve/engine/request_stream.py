@@ -1,0 +1,101 @@
+"""One submitted request's outputs as the server reads them: an async iterator that keeps the request's
+deadlines (--max-queue-time: a 503; its `timeout` / --request-timeout: aborted, finish_reason "abort") and
+that aborts the request in the engine when it is closed before the end, read or not."""
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from pagedserve.engine.admission import Deadlines
+from pagedserve.errors import CapacityError, EngineDeadError
+from pagedserve.logger import init_logger
+from pagedserve.outputs import RequestOutput
+
+if TYPE_CHECKING:
+    from pagedserve.engine.async_llm import AsyncLLM
+
+logger = init_logger(__name__)
+
+
+class RequestStream:
+    """Yields the request's outputs (cumulative, deltas or only the final one, per its output_kind), the
+    last with `finished=True`. Raises CapacityError when the request waited past --max-queue-time,
+    EngineDeadError if the engine dies meanwhile."""
+
+    def __init__(self, engine: "AsyncLLM", request_id: str, deadlines: Deadlines) -> None:
+        self.request_id = request_id
+        self.queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
+        self._engine = engine
+        self._deadlines = deadlines
+        self._ended = False
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._ended:
+            raise StopAsyncIteration
+        try:
+            item = await self._next_output()
+        except BaseException:  # cancelled: the client left
+            await self.aclose()
+            raise
+        if isinstance(item, Exception):
+            self._end(abort=not isinstance(item, EngineDeadError))  # a dead engine has nothing to abort
+            raise item
+        if item.finished:
+            self._end(abort=False)
+        return item
+
+    async def aclose(self) -> None:
+        """Stop reading; a request that has not ended is aborted in the engine (its KV blocks freed)."""
+        if not self._ended:
+            self._end(abort=True)
+
+    def _end(self, abort: bool) -> None:
+        self._ended = True
+        if abort:
+            self._engine.abort(self.request_id)
+        else:
+            self._engine.release(self.request_id)
+
+    async def _next_output(self) -> RequestOutput | Exception:
+        """The next output; a CapacityError past --max-queue-time; the final, aborted output past the
+        request's deadline."""
+        admission, deadlines = self._engine.admission, self._deadlines
+        while True:
+            if not self.queue.empty():
+                return self.queue.get_nowait()
+            try:
+                return await asyncio.wait_for(
+                    self.queue.get(), deadlines.wait_s(self.request_id in admission.queued)
+                )
+            except TimeoutError:
+                pass
+            if self.request_id in admission.queued and deadlines.queue_expired():
+                self._engine.record_rejected(1)
+                limit = admission.limits.max_queue_time
+                logger.info(
+                    "Request %s timed out in the queue after %.1f s (--max-queue-time).",
+                    self.request_id,
+                    limit,
+                )
+                return CapacityError(
+                    f"The request waited {limit:g} s for the engine without being started "
+                    f"(--max-queue-time {limit:g}): the server is overloaded. Retry later.",
+                    admission.retry_after_s(),
+                )
+            if deadlines.expired():
+                return self._expire()
+
+    def _expire(self) -> RequestOutput | Exception:
+        """Abort a request past its deadline; its final output carries what it generated."""
+        state = self._engine.request_state(self.request_id)
+        if state is None:
+            return EngineDeadError(f"Request {self.request_id} vanished before its deadline.")
+        num_generated = sum(len(sample.token_ids) for sample in state.samples)
+        self._engine.abort(
+            self.request_id,
+            f"its deadline of {self._deadlines.timeout_s:g} s ({self._deadlines.timeout_source}) "
+            f"passed after {num_generated} generated tokens",
+        )
+        return state.to_output(state.samples) or EngineDeadError(f"Request {self.request_id} has no output.")
