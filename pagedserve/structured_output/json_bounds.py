@@ -122,7 +122,7 @@ def _object_of(value: dict) -> dict:
 def _bounded_any_value_defs() -> dict:
     """$defs for any JSON value within the bounds: one entry per nesting level (a recursive $ref could
     nest without end); `_ANY_VALUE` holds up to MAX_NESTING levels of arrays and objects."""
-    levels = {f"{_ANY_VALUE}1": {"anyOf": _scalars()}}
+    levels: dict[str, dict] = {f"{_ANY_VALUE}1": {"anyOf": _scalars()}}
     for depth in range(2, MAX_NESTING + 2):
         inner = {"$ref": f"#/$defs/{_ANY_VALUE}{depth - 1}"}
         array = {"type": "array", "items": inner, "maxItems": MAX_ARRAY_ITEMS}
