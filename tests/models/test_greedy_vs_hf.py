@@ -199,12 +199,16 @@ def test_gguf_matches_hf(tmp_path, name: str, overrides: dict) -> None:
 
 
 @pytest.mark.parametrize("quant_type", ["F32", "Q8_0"])
-def test_mixtral_gguf_matches_hf(tmp_path, quant_type: str) -> None:
+def test_mixtral_gguf_matches_hf(tmp_path, monkeypatch, quant_type: str) -> None:
     """A Mixtral GGUF as llama.cpp writes it (arch llama with `llama.expert_count`, experts stacked per
     projection, q/k permuted; Q8_0: every matrix but the router quantized) against HF on the float folder
-    holding the same values: the same greedy tokens and logprobs."""
+    holding the same values: the same greedy tokens and logprobs (1e-4)."""
     from conftest import TINY_MODELS, build_tiny_model
     from gguf_writer import write_gguf
+
+    # Exact float32 activations, so both sides multiply the same values: the default 16-bit activation
+    # blocks of the decode kernels keep their own 1e-3 promise, tested in tests/quantization.
+    monkeypatch.setenv("PAGEDSERVE_GGUF_ACTIVATION_BITS", "32")
 
     folder = build_tiny_model(str(tmp_path / "hf"), "mixtral", **TINY_MODELS["mixtral"])
     path = write_gguf(folder, "llama", str(tmp_path / "mixtral.gguf"), quant_type=quant_type)
