@@ -20,6 +20,14 @@ from pagedserve.protocol import EngineCoreOutput, FinishReason, SchedulerStats
 from pagedserve.structured_output.manager import StructuredOutputManager
 
 
+@dataclass(frozen=True)
+class RequestKVUsage:
+    """What one request holds of the KV cache (tests and logs read it through EngineCore)."""
+
+    num_computed_tokens: int
+    blocks_per_group: list[int]
+
+
 @dataclass
 class ScheduleStep:
     """What one schedule() call has decided so far."""
@@ -148,6 +156,15 @@ class SchedulerState:
     def block_owners(self) -> BlockOwners:
         """Who holds each KV block now."""
         return self.kv_cache_manager.block_owners()
+
+    def request_kv_usage(self, request_id: str) -> RequestKVUsage | None:
+        """A live request's computed tokens and the blocks it holds per KV cache group; None once gone."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return None
+        return RequestKVUsage(
+            request.num_computed_tokens, self.kv_cache_manager.num_held_blocks_per_group(request_id)
+        )
 
     def get_stats(self) -> SchedulerStats:
         kv = self.kv_cache_manager

@@ -7,6 +7,7 @@ from pagedserve.config import EngineConfig
 from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
 from pagedserve.core.scheduler import Scheduler
+from pagedserve.core.scheduler_state import RequestKVUsage
 from pagedserve.core.swap import SwapSpace
 from pagedserve.engine.block_state import snapshot_blocks
 from pagedserve.engine.tokenizer import load_tokenizer
@@ -96,6 +97,10 @@ class EngineCore:
     def describe(self, max_requests: int = 20) -> str:
         """The scheduler's state (queues, KV usage, the running requests) for a log."""
         return self.scheduler.describe(max_requests)
+
+    def request_kv_usage(self, request_id: str) -> RequestKVUsage | None:
+        """A live request's computed tokens and KV blocks per cache group (None once it is gone)."""
+        return self.scheduler.request_kv_usage(request_id)
 
     def block_snapshot(self) -> BlockSnapshot:
         """The KV block pool as the dashboard draws it, and the host blocks of the swap space."""

@@ -77,8 +77,6 @@ def test_window_groups_free_while_the_global_group_keeps_every_block(
         max_num_batched_tokens=CHUNK,
     )
     engine = llm.llm_engine
-    manager = engine.engine_core.scheduler.kv_cache_manager
-    assert manager.groups.windows == (None, WINDOW)
     prompt = [random.Random(1).randrange(3, 49152) for _ in range(70)]
     engine.add_request(
         "long", {"prompt_token_ids": prompt}, SamplingParams(temperature=0.0, max_tokens=90, ignore_eos=True)
@@ -87,14 +85,15 @@ def test_window_groups_free_while_the_global_group_keeps_every_block(
     decoding: list[tuple[int, list[int]]] = []
     while engine.has_unfinished_requests():
         engine.step()
-        request = engine.engine_core.scheduler.requests.get("long")
-        if request is not None and request.num_computed_tokens > len(prompt):
-            decoding.append((request.num_computed_tokens, manager.num_held_blocks_per_group("long")))
+        usage = engine.engine_core.request_kv_usage("long")
+        if usage is not None and usage.num_computed_tokens > len(prompt):
+            decoding.append((usage.num_computed_tokens, usage.blocks_per_group))
     assert decoding and cdiv(160, block_size) > bound, "the request must outgrow its window"
-    for computed, (full, window) in decoding:
+    for computed, groups in decoding:
+        full, window = groups  # two groups: the global layers first, then the local (windowed) ones
         assert full == cdiv(computed + 1, block_size) or full == cdiv(computed, block_size)
         assert window <= bound
-    assert manager.num_free_blocks() == manager.block_pool.num_usable_blocks  # all returned
+    assert all_blocks_free(engine.engine_core)  # all returned
 
 
 @pytest.mark.parametrize("name", ["mistral-swa", "gemma2"])
