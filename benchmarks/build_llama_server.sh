@@ -37,9 +37,13 @@ mv "$UNPACK"/llama_cpp_python-*/vendor/llama.cpp "$SRC"
 echo "Building llama-server in $SRC (5-10 minutes) ..." >&2
 cd "$SRC"
 # Without LLAMA_USE_PREBUILT_UI=OFF the build tries to download its web UI, and fails offline.
+# NOTE: every ISA of this CPU but AMX: virtual machines often report AMX without granting its tile state, and
+# ggml's AMX kernel then dies of SIGILL (tilezero in tinygemm_kernel_amx). GCC's explicit -mno-* flags win
+# over -march=native whatever their order.
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 cmake -B build -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DGGML_NATIVE=ON \
-    -DCMAKE_BUILD_TYPE=Release >&2
+    -DCMAKE_C_FLAGS="$NO_AMX" -DCMAKE_CXX_FLAGS="$NO_AMX" -DCMAKE_BUILD_TYPE=Release >&2
 cmake --build build --target llama-server -j2 >&2
 touch "$STAMP"
 echo "$BIN"
