@@ -93,7 +93,7 @@ def main() -> None:
     config = EngineArgs.from_kwargs(model=None).create_engine_config()
     tokenizer = load_tokenizer(config.model)
     tokens = tokenizer.encode(json.dumps(DOCUMENT, separators=(",", ":")))
-    print(f"vocab {len(tokenizer)}, document of {len(tokens)} tokens (measured under load on this CPU)")
+    print(f"vocab {len(tokenizer)}, document of {len(tokens)} tokens")
     print(
         f"{'engine':<12} {'compile cold ms':>16} {'compile cached ms':>18} {'mask per token µs (median)':>27}"
     )

@@ -112,7 +112,7 @@ def main() -> None:
         structured_outputs=StructuredOutputsParams(json=digits_schema(args.output_len)),
     )
     run(engine, 1, constrained, "warmup")  # the tokenizer build and the first compile are not throughput
-    print(f"output tok/s, {args.output_len} tokens per request (measured under load on this CPU)")
+    print(f"output tok/s, {args.output_len} tokens per request")
     print(
         f"{'concurrency':>11} {'unconstrained':>14} {'json schema':>12} {'ratio':>6} "
         f"{'slowest step plain/json (ms)':>29}"
