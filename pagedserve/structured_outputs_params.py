@@ -9,6 +9,20 @@ from pagedserve.errors import InvalidRequestError
 from pagedserve.utils.user_json import load_user_json
 
 _KINDS = ("json", "regex", "choice", "grammar", "json_object")
+_TYPES: dict[str, type | tuple[type, ...]] = {
+    "json": dict,
+    "regex": str,
+    "choice": list,
+    "grammar": str,
+    "json_object": bool,
+}
+_TYPE_NAMES = {
+    "json": "a JSON schema (an object, or its JSON text)",
+    "regex": "a string",
+    "choice": "a list of strings",
+    "grammar": "a string",
+    "json_object": "true or false",
+}
 
 
 @dataclass
@@ -30,6 +44,15 @@ class StructuredOutputsParams:
             lambda message: InvalidRequestError(message, param="structured_outputs.json"),
             "structured_outputs.json is not a valid JSON schema",
         )
+        # NOTE: types are checked here, at the API: the engine process decodes requests against these
+        # annotations, and a wrong type there would fail the engine instead of this request.
+        for kind, expected in _TYPES.items():
+            value = getattr(self, kind)
+            if value is not None and not isinstance(value, expected):
+                raise InvalidRequestError(
+                    f"structured_outputs.{kind} must be {_TYPE_NAMES[kind]}, got {type(value).__name__}.",
+                    param=f"structured_outputs.{kind}",
+                )
         chosen = [kind for kind in _KINDS if getattr(self, kind) not in (None, False)]
         if len(chosen) != 1:
             raise InvalidRequestError(

@@ -166,6 +166,9 @@ HOSTILE = [  # (extra body, status, words in the message)
     ({"guided_json": {"type": "strange"}}, 400, "strange"),
     ({"guided_json": {"type": "string", "pattern": "(a|b"}}, 400, "regex"),
     ({"guided_regex": 12}, 400, "guided_regex"),
+    ({"structured_outputs": {"json_object": "yes"}}, 400, "true or false"),  # once killed the engine
+    ({"structured_outputs": {"regex": 5}}, 400, "a string"),
+    ({"structured_outputs": {"json": True}}, 400, "JSON schema"),
     ({"guided_choice": []}, 400, "choice"),
     ({"guided_grammar": "root ::= (("}, 400, "GBNF"),
     (
