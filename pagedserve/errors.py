@@ -26,5 +26,10 @@ class CapacityError(PagedServeError):
         self.retry_after_s = retry_after_s
 
 
+class RequestFailedError(PagedServeError):
+    """One request could not be sent to or taken by the engine (its input failed to encode, decode or be
+    admitted there); the engine and the other requests go on. HTTP 500: the API's checks let it through."""
+
+
 class EngineDeadError(PagedServeError):
     """The engine process died or stalled; no request can be served. HTTP 503."""

@@ -11,6 +11,7 @@ class FinishReason(enum.IntEnum):
     STOP = 0
     LENGTH = 1
     ABORT = 2
+    ERROR = 3  # the engine could not take the request (its input failed to decode or to be admitted)
 
     def __str__(self) -> str:
         return self.name.lower()
@@ -55,6 +56,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     cumulative_logprob: float | None = None  # set on the final outputs of a beam search
+    error: str | None = None  # with FinishReason.ERROR: what went wrong, for the request's caller
 
     @property
     def finished(self) -> bool:

@@ -15,7 +15,7 @@ from pagedserve.engine.output_processor import OutputProcessor, RequestState
 from pagedserve.engine.request_stream import RequestStream
 from pagedserve.engine.tokenizer import load_tokenizer
 from pagedserve.engine.watchdog import FRONTEND_GRACE_S, poll_interval_s, stall_message
-from pagedserve.errors import CapacityError, EngineDeadError
+from pagedserve.errors import CapacityError, EngineDeadError, RequestFailedError
 from pagedserve.logger import init_logger
 from pagedserve.metrics.loggers import StatLoggerBase
 from pagedserve.metrics.stats import IterationStats
@@ -245,7 +245,7 @@ class AsyncLLM:
         for output in self.frontend.process_outputs(core_outputs, stats):
             stream = self._streams.get(output.request_id)
             if stream is not None:
-                stream.queue.put_nowait(output)
+                stream.queue.put_nowait(output if output.error is None else RequestFailedError(output.error))
         self._record(core_outputs.scheduler_stats, stats)
 
     def record_rejected(self, num_requests: int) -> None:

@@ -63,7 +63,14 @@ class EngineCore:
         )
 
     def add_request(self, request: EngineCoreRequest) -> None:
-        self.scheduler.add_request(Request(request))
+        """Queue a request. Whatever it raises, nothing of the request is left in the scheduler."""
+        core_request = Request(request)
+        try:
+            self.scheduler.add_request(core_request)
+        except Exception:
+            # NOTE: a half-registered request would keep the engine busy forever with nothing to run.
+            self.scheduler.abort_requests([request.request_id])
+            raise
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.abort_requests(request_ids)

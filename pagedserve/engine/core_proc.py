@@ -6,11 +6,13 @@ Wire protocol over two ZMQ PUSH/PULL sockets, both bound by the client:
 - output (core -> client): first one EngineCoreHandshake, then one msgpack EngineCoreOutputs per message.
 """
 
+import re
 import signal
 import sys
 import time
 from multiprocessing.connection import Connection
 from types import FrameType
+from typing import TypeVar
 
 import msgspec
 import zmq
@@ -20,10 +22,18 @@ from pagedserve.engine.core import EngineCore
 from pagedserve.engine.watchdog import StallWatchdog
 from pagedserve.errors import ConfigError
 from pagedserve.logger import init_logger
-from pagedserve.protocol import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType
+from pagedserve.protocol import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    EngineCoreRequestType,
+    FinishReason,
+)
 from pagedserve.utils.process import die_with_parent
 
 logger = init_logger(__name__)
+
+T = TypeVar("T")
 
 # How long the loop waits for input when idle.
 IDLE_POLL_S = 1.0
@@ -40,6 +50,12 @@ class EngineCoreHandshake(msgspec.Struct, omit_defaults=True):
     config_error: bool = False  # the error is the user's settings (ConfigError), not a crash
 
 
+class _RequestId(msgspec.Struct, array_like=True):
+    """An EngineCoreRequest's first field alone: who to fail when the rest of it does not decode."""
+
+    request_id: str
+
+
 class EngineCoreProc:
     """The busy loop: take every pending input, step while there is work, push the outputs."""
 
@@ -54,7 +70,10 @@ class EngineCoreProc:
         self.input_socket = input_socket
         self.output_socket = output_socket
         self.encoder = msgspec.msgpack.Encoder()
-        self.add_decoder = msgspec.msgpack.Decoder(list[EngineCoreRequest])
+        # NOTE: a batch is decoded request by request: a bad one fails alone, never the batch or the loop.
+        self.batch_decoder = msgspec.msgpack.Decoder(list[msgspec.Raw])
+        self.request_decoder = msgspec.msgpack.Decoder(EngineCoreRequest)
+        self.request_id_decoder = msgspec.msgpack.Decoder(_RequestId)
         self.abort_decoder = msgspec.msgpack.Decoder(list[str])
         self.shutdown_requested = False
         self.watchdog = StallWatchdog(stall_timeout_s, self._describe_state) if stall_timeout_s > 0 else None
@@ -95,30 +114,97 @@ class EngineCoreProc:
                 frames = self.input_socket.recv_multipart(flags=zmq.NOBLOCK, copy=True)
             except zmq.Again:
                 return True
-            kind = EngineCoreRequestType(frames[0])
-            if kind is EngineCoreRequestType.ADD:
-                for request in self.add_decoder.decode(frames[1]):
-                    self.engine_core.add_request(request)
-            elif kind is EngineCoreRequestType.ABORT:
-                self.engine_core.abort_requests(self.abort_decoder.decode(frames[1]))
-            elif kind is EngineCoreRequestType.RESET_PREFIX_CACHE:
-                self.engine_core.reset_prefix_cache()
-            elif kind is EngineCoreRequestType.BLOCK_SNAPSHOT:
-                self._send(
-                    EngineCoreOutputs(
-                        scheduler_stats=self.engine_core.get_stats(),
-                        timestamp=time.time(),
-                        block_snapshot=self.engine_core.block_snapshot(),
-                    )
+            try:
+                kind, payload = EngineCoreRequestType(frames[0]), frames[1]
+            except (ValueError, IndexError):  # not from our client: drop it, keep serving
+                logger.error(
+                    "Dropped an input message of unknown type or shape (%d frames, %d bytes).",
+                    len(frames),
+                    sum(len(frame) for frame in frames),
                 )
-            elif kind is EngineCoreRequestType.SHUTDOWN:
-                self.shutdown_requested = True
+                continue
+            self._handle_input(kind, payload)
+            if self.shutdown_requested:
                 return True
-            else:
-                logger.error("Ignored an input of unknown type %r.", kind)
+
+    def _handle_input(self, kind: EngineCoreRequestType, payload: bytes) -> None:
+        if kind is EngineCoreRequestType.ADD:
+            failed = self._add_requests(payload)
+            if failed:  # their callers learn it now, not at the next step
+                self._send(EngineCoreOutputs(failed, self.engine_core.get_stats(), time.time()))
+        elif kind is EngineCoreRequestType.ABORT:
+            request_ids = self._decode_or_drop(self.abort_decoder, kind, payload)
+            self.engine_core.abort_requests(request_ids or [])
+        elif kind is EngineCoreRequestType.RESET_PREFIX_CACHE:
+            self.engine_core.reset_prefix_cache()
+        elif kind is EngineCoreRequestType.BLOCK_SNAPSHOT:
+            self._send(
+                EngineCoreOutputs(
+                    scheduler_stats=self.engine_core.get_stats(),
+                    timestamp=time.time(),
+                    block_snapshot=self.engine_core.block_snapshot(),
+                )
+            )
+        elif kind is EngineCoreRequestType.SHUTDOWN:
+            self.shutdown_requested = True
+
+    @staticmethod
+    def _decode_or_drop(
+        decoder: msgspec.msgpack.Decoder[T], kind: EngineCoreRequestType, payload: bytes
+    ) -> T | None:
+        """The decoded payload; None (logged with its size) when it does not decode at all."""
+        try:
+            return decoder.decode(payload)
+        except msgspec.DecodeError as exc:
+            logger.error(
+                "Dropped a %s message of %d bytes that does not decode: %s", kind.name, len(payload), exc
+            )
+            return None
+
+    def _add_requests(self, payload: bytes) -> list[EngineCoreOutput]:
+        """Queue each request of an ADD batch on its own. One that does not decode, or that the engine
+        cannot take, ends at once: returns an ERROR output for each (the others are queued)."""
+        failed: list[EngineCoreOutput] = []
+        for raw in self._decode_or_drop(self.batch_decoder, EngineCoreRequestType.ADD, payload) or []:
+            try:
+                request = self.request_decoder.decode(raw)
+            except Exception as exc:  # a field of a wrong type (ValidationError), or a check that raised
+                failed += self._failed_output(raw, f"its input could not be decoded: {_name_field(exc)}")
+                continue
+            try:
+                self.engine_core.add_request(request)
+            except Exception as exc:
+                logger.exception("The engine could not take request %s.", request.request_id)
+                failed.append(_error_output(request.request_id, f"the engine could not take it: {exc!r}"))
+        return failed
+
+    def _failed_output(self, raw: msgspec.Raw, error: str) -> list[EngineCoreOutput]:
+        """The ERROR output of a request that did not decode; none when not even its id does (logged)."""
+        try:
+            request_id = self.request_id_decoder.decode(raw).request_id
+        except msgspec.DecodeError:
+            logger.error("Dropped a request of %d bytes without a readable id: %s", len(raw), error)
+            return []
+        logger.error("Request %s failed: %s", request_id, error)
+        return [_error_output(request_id, error)]
 
     def _send(self, outputs: EngineCoreOutputs) -> None:
         self.output_socket.send(self.encoder.encode(outputs), copy=False)
+
+
+def _name_field(error: Exception) -> str:
+    """msgspec's message with its path into the array-like EngineCoreRequest (`$[5]`) by field name
+    (`cache_salt`), so the caller's error says which field was wrong."""
+    fields = EngineCoreRequest.__struct_fields__
+    return re.sub(
+        r"`\$\[(\d+)\]",
+        lambda match: f"`{fields[int(match[1])]}" if int(match[1]) < len(fields) else match[0],
+        str(error),
+    )
+
+
+def _error_output(request_id: str, error: str) -> EngineCoreOutput:
+    return EngineCoreOutput(request_id, [], finish_reason=FinishReason.ERROR, error=error)
 
 
 def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:

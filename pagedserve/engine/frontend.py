@@ -75,30 +75,35 @@ class Frontend:
             self.admission.admit(
                 [(request.request_id, len(request.prompt_token_ids)) for _, request in requests]
             )
-            children = [
-                child
-                for text, request in requests
-                for child in self.output_processor.register(request.request_id, text, request)
-            ]
+            children: list[EngineCoreRequest] = []
             try:
+                for text, request in requests:
+                    children += self.output_processor.register(request.request_id, text, request)
                 self.client.add_requests(children)
             except BaseException:
+                # NOTE: nothing of a refused submit stays registered, queued, or in the engine (an
+                # in-process engine may have taken the first samples before one failed).
                 for request_id in ids:
                     self.output_processor.abort_request(request_id)
                     self.admission.dequeue(request_id, started=False)
+                if children and self.client.is_alive():
+                    self.client.abort_requests([child.request_id for child in children])
                 raise
 
     def process_outputs(
         self, core_outputs: EngineCoreOutputs, stats: IterationStats | None = None
     ) -> list[RequestOutput]:
-        """The outputs due (per each request's output_kind); requests the engine started leave the queue,
-        and samples a stop string ended are aborted in the engine."""
+        """The outputs due (per each request's output_kind); requests the engine started or could not
+        take (`error` set) leave the queue, and samples a stop string ended are aborted in the engine."""
         # NOTE: before the outputs: a request that ends in its first step is forgotten by them.
         for child_id in core_outputs.scheduled_request_ids:
             parent = self.output_processor.parent_of(child_id)
             if parent is not None:
                 self.admission.dequeue(parent.request_id, started=True)
         request_outputs, to_abort = self.output_processor.process_outputs(core_outputs, stats)
+        for output in request_outputs:
+            if output.error is not None:  # the engine could not take it: it never starts
+                self.admission.dequeue(output.request_id, started=False)
         if to_abort and self.client.is_alive():
             self.client.abort_requests(to_abort)
         return request_outputs

@@ -13,7 +13,7 @@ from pagedserve.config import EngineConfig
 from pagedserve.engine.core_client import EngineCoreClient
 from pagedserve.engine.core_proc import EngineCoreHandshake, run_engine_core
 from pagedserve.engine.watchdog import STALL_EXIT_CODE, stall_message
-from pagedserve.errors import ConfigError, EngineDeadError
+from pagedserve.errors import ConfigError, EngineDeadError, RequestFailedError
 from pagedserve.logger import init_logger
 from pagedserve.protocol import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType
 from pagedserve.utils.child_process import ChildProcess
@@ -83,7 +83,13 @@ class MPClient(EngineCoreClient):
         return self._decoder.decode(await self._recv())
 
     def add_requests(self, requests: list[EngineCoreRequest]) -> None:
-        self._send(EngineCoreRequestType.ADD, self._encoder.encode(requests))
+        """Raises RequestFailedError (nothing sent) when a request cannot be encoded."""
+        try:
+            payload = self._encoder.encode(requests)
+        except Exception as exc:  # TypeError, OverflowError, msgspec.EncodeError: a field of a wrong type
+            ids = ", ".join(request.request_id for request in requests)
+            raise RequestFailedError(f"Request(s) {ids} could not be encoded for the engine: {exc}") from exc
+        self._send(EngineCoreRequestType.ADD, payload)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         if request_ids:

@@ -68,6 +68,7 @@ class RequestState:
     first_token_time: float | None = None
     scheduled_time: float | None = None
     num_outputs_sent: int = 0
+    error: str | None = None  # set when the engine could not take one of its samples
 
     @property
     def finished(self) -> bool:
@@ -100,6 +101,7 @@ class RequestState:
             completions,
             self.finished,
             metrics,
+            self.error,
         )
 
     def finished_stats(self, now: float, reason: str | None = None) -> FinishedRequestStats:
@@ -204,6 +206,13 @@ class OutputProcessor:
         now = time.time()
         for output in core_outputs.outputs:
             entry = self._child_to_parent.get(output.request_id)
+            if output.error is not None:
+                # NOTE: a beam search fails under its request's id, which is none of its outputs' ids.
+                failed = entry[0] if entry is not None else self._requests.get(output.request_id)
+                if failed is not None:
+                    to_abort += self._fail(failed, output)
+                    updated[failed.request_id] = (failed, list(failed.samples))
+                continue
             if entry is None:
                 continue
             state, sample = entry
@@ -226,6 +235,12 @@ class OutputProcessor:
                 del self._requests[state.request_id]
                 stats.finished_requests.append(state.finished_stats(now))
         return results, to_abort
+
+    def _fail(self, state: RequestState, output: EngineCoreOutput) -> list[str]:
+        """The engine could not take one of the request's samples: the whole request ends with its error.
+        Returns the other samples' engine-core ids to abort."""
+        state.error = f"The engine could not run request {state.request_id}: {output.error}"
+        return self._end_samples(state, str(FinishReason.ERROR), output.request_id)
 
     @staticmethod
     def _update_sample(sample: SampleState, output: EngineCoreOutput) -> bool:
@@ -273,10 +288,15 @@ class OutputProcessor:
         state = self._requests.pop(request_id, None)
         if state is None:
             return []
-        child_ids = [cid for cid, (parent, _) in self._child_to_parent.items() if parent is state]
-        for child_id in child_ids:
-            self._child_to_parent[child_id][1].finish_reason = str(FinishReason.ABORT)
-            del self._child_to_parent[child_id]
+        child_ids = self._end_samples(state, str(FinishReason.ABORT))
         if stats is not None:
             stats.finished_requests.append(state.finished_stats(time.time(), str(FinishReason.ABORT)))
         return child_ids
+
+    def _end_samples(self, state: RequestState, reason: str, gone_id: str | None = None) -> list[str]:
+        """End the request's live samples with `reason`; returns their engine-core ids to abort (less
+        `gone_id`, a sample the engine no longer has)."""
+        child_ids = [cid for cid, (parent, _) in self._child_to_parent.items() if parent is state]
+        for child_id in child_ids:
+            self._child_to_parent.pop(child_id)[1].finish_reason = reason
+        return [child_id for child_id in child_ids if child_id != gone_id]

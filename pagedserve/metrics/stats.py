@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 class FinishedRequestStats:
     """One request that ended (its first sample's reason stands for the request)."""
 
-    finish_reason: str  # stop | length | abort
+    finish_reason: str  # stop | length | abort | error
     e2e_latency: float  # seconds from arrival to the end
     num_prompt_tokens: int
     num_generation_tokens: int
