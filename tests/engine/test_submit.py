@@ -1,10 +1,12 @@
 """One way in (engine/frontend.py): a batch of requests is admitted whole or not at all, atomically, so
 concurrent submits never exceed the queue limits together; the refused leave nothing behind."""
 
+import dataclasses
 import sys
 import threading
 from collections.abc import Iterator
 
+import msgspec
 import pytest
 
 from pagedserve import SamplingParams
@@ -98,3 +100,19 @@ def test_a_batch_with_a_request_id_in_use_is_refused_whole(tiny_llama: str) -> N
             frontend.submit([frontend.process(rid, [5, 6, 7], params) for rid in ids])
     assert run_to_end(engine) == {"a"}
     assert not frontend.admission.queued
+
+
+def test_a_batch_the_engine_refuses_midway_leaves_nothing_behind(tiny_llama: str) -> None:
+    """The in-process engine takes the batch's samples one by one: when one fails (here an unresolved
+    max_tokens, the frontend's job), the samples it took before are aborted and nothing stays queued."""
+    engine = LLMEngine(EngineArgs(model=tiny_llama, block_size=8, kv_cache_memory="8MiB"))
+    params = SamplingParams(temperature=0.0, max_tokens=2, n=2)
+    frontend = engine.frontend
+    first, (text, bad) = frontend.process("first", [5, 6, 7], params), frontend.process("bad", [5, 6], params)
+    unresolved = msgspec.structs.replace(bad, sampling_params=dataclasses.replace(params, max_tokens=None))
+    with pytest.raises(AssertionError, match="max_tokens is resolved by the frontend"):
+        frontend.submit([first, (text, unresolved)])
+    assert not engine.has_unfinished_requests() and not frontend.admission.queued
+    assert not engine.engine_core.has_unfinished_requests()  # "first"'s samples were taken, then aborted
+    frontend.submit([frontend.process("first", [5, 6, 7], params)])  # its id is free again
+    assert run_to_end(engine) == {"first"}
