@@ -302,11 +302,7 @@ def size_kv_cache(
         "Swap space: %d host blocks (%s, --swap-space); prefix caching %s.",
         kv.num_host_blocks,
         format_bytes(kv.num_host_blocks * bytes_per_block),
-        "off (--no-enable-prefix-caching)"
-        if not cache.enable_prefix_caching
-        else "off (several KV cache groups)"
-        if reach is not None and reach.groups.num_groups > 1
-        else "on",
+        "on" if cache.enable_prefix_caching else "off (--no-enable-prefix-caching)",
     )
     check_fits(kv, max_model_len, reach)
     return kv

@@ -6,6 +6,10 @@ from dataclasses import dataclass
 
 from pagedserve.core.hashing import BlockHash
 
+# A block's key in the prefix cache: the hash of its tokens (the same in every KV cache group) and its
+# group, so that each group caches its own block for the same tokens (vLLM's BlockHashWithGroupId).
+CacheKey = tuple[BlockHash, int]
+
 
 @dataclass(slots=True)
 class KVCacheBlock:
@@ -15,7 +19,7 @@ class KVCacheBlock:
     block_id: int
     ref_cnt: int = 0
     # Set while the block is full, computed and findable in the prefix cache.
-    block_hash: BlockHash | None = None
+    cache_key: CacheKey | None = None
     token_ids: tuple[int, ...] | None = None  # the block's tokens, to verify a hit
 
 
@@ -40,7 +44,7 @@ class BlockPool:
         self._free: OrderedDict[int, KVCacheBlock] = OrderedDict(
             (b.block_id, b) for b in self.blocks[self.num_reserved :]
         )
-        self.cached: dict[BlockHash, KVCacheBlock] = {}
+        self.cached: dict[CacheKey, KVCacheBlock] = {}
         # Counters for the sharing metrics, kept up to date on every reference change (O(1) reads).
         self._num_refs = 0  # sum of ref_cnt over usable blocks
         self._num_used = 0  # usable blocks with ref_cnt > 0
@@ -82,29 +86,29 @@ class BlockPool:
             elif block.ref_cnt == 0:
                 self._num_used -= 1
                 self._free[block.block_id] = block
-                if block.block_hash is None:
+                if block.cache_key is None:
                     self._free.move_to_end(block.block_id, last=False)
 
-    def lookup(self, block_hash: BlockHash, token_ids: Sequence[int]) -> KVCacheBlock | None:
-        """The cached block with this hash whose tokens are exactly `token_ids`, else None."""
-        block = self.cached.get(block_hash)
+    def lookup(self, key: CacheKey, token_ids: Sequence[int]) -> KVCacheBlock | None:
+        """The cached block with this key whose tokens are exactly `token_ids`, else None."""
+        block = self.cached.get(key)
         if block is None or block.token_ids != tuple(token_ids):
             return None
         return block
 
-    def cache(self, block: KVCacheBlock, block_hash: BlockHash, token_ids: Sequence[int]) -> None:
+    def cache(self, block: KVCacheBlock, key: CacheKey, token_ids: Sequence[int]) -> None:
         """Make a full, computed block findable. A block whose content is already cached (computed
         twice, e.g. by two requests admitted before either finished it) stays private."""
-        if block.block_hash is None and block_hash not in self.cached:
-            block.block_hash, block.token_ids = block_hash, tuple(token_ids)
-            self.cached[block_hash] = block
+        if block.cache_key is None and key not in self.cached:
+            block.cache_key, block.token_ids = key, tuple(token_ids)
+            self.cached[key] = block
 
     def reset_prefix_cache(self) -> int:
         """Forget every hash (blocks in use stay allocated, just no longer findable). Returns how many
         blocks were in the cache."""
         num_cached = len(self.cached)
         for block in self.cached.values():
-            block.block_hash = block.token_ids = None
+            block.cache_key = block.token_ids = None
         self.cached.clear()
         return num_cached
 
@@ -126,6 +130,6 @@ class BlockPool:
         self._num_refs += 1
 
     def _evict(self, block: KVCacheBlock) -> None:
-        if block.block_hash is not None:
-            del self.cached[block.block_hash]
-            block.block_hash = block.token_ids = None
+        if block.cache_key is not None:
+            del self.cached[block.cache_key]
+            block.cache_key = block.token_ids = None

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from pagedserve.core.block_pool import BlockPool, KVCacheBlock
 from pagedserve.core.hashing import extend_block_hashes
+from pagedserve.core.prefix_hit import find_longest_cache_hit
 from pagedserve.core.request import Request
 from pagedserve.utils import cdiv
 from pagedserve.utils.kv_cache_groups import KVCacheGroups
@@ -72,8 +73,10 @@ class KVCacheManager:
     one list (they take every num_groups-th id for a group's table). Blocks a window group no longer reads
     are freed as the request grows and their entries become the null block (positions keep their index):
     a window group of W holds at most ceil(W / block_size) + 1 blocks while the request decodes, a
-    full-attention group every block. Prefix caching needs one group (a hit would have to cover each
-    window group's blocks apart): with several, `enable_caching` is turned off (the engine logs it)."""
+    full-attention group every block. The prefix cache keeps each group's blocks apart (keyed by the
+    block's hash and its group); a hit is the longest prefix every group can serve (`core/prefix_hit.py`:
+    a window group needs only the blocks its window still reads, the rest of its entries are the null
+    block)."""
 
     def __init__(
         self,
@@ -85,34 +88,34 @@ class KVCacheManager:
         self.block_size = block_size
         self.groups = groups or KVCacheGroups(((0,),), (None,), block_size)
         self.num_groups = self.groups.num_groups
-        self.enable_caching = enable_caching and self.num_groups == 1
+        self.enable_caching = enable_caching
         # Per request and group: leading entries of the group's table already the null block.
         self.num_freed_leading: dict[str, list[int]] = {}
         self.block_pool = BlockPool(num_blocks)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_blocks: dict[
             str, int
-        ] = {}  # leading blocks of each table already offered to the cache
+        ] = {}  # leading entries of each table already offered to the cache
         self.prefix_cache_queries = 0  # tokens looked up (cumulative)
         self.prefix_cache_hits = 0  # tokens found
 
     def get_computed_blocks(self, request: Request) -> list[KVCacheBlock] | None:
-        """The longest run of cached blocks that starts the request's tokens, verified token by token.
-        It never covers the last token, so at least one is computed (its logits are sampled). None (no
-        lookup) when caching is off, or for a request that wants prompt logprobs (every position must
-        be computed)."""
+        """The cached blocks of the longest prefix of the request's tokens that every KV cache group can
+        serve (`core/prefix_hit.py`), verified token by token, entry-major like the tables (the null
+        block where a window group needs none); `num_hit_tokens` says how many tokens they hold. It never
+        covers the last token, so at least one is computed (its logits are sampled). None (no lookup)
+        when caching is off, or for a request that wants prompt logprobs (every position must be
+        computed)."""
         if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
             return None
         size, tokens = self.block_size, request.all_token_ids
-        max_blocks = (request.num_tokens - 1) // size
-        extend_block_hashes(request.block_hashes, tokens, size, max_blocks, request.cache_salt)
-        hits: list[KVCacheBlock] = []
-        for index, block_hash in enumerate(request.block_hashes[:max_blocks]):
-            block = self.block_pool.lookup(block_hash, tokens[index * size : (index + 1) * size])
-            if block is None:
-                break
-            hits.append(block)
-        return hits
+        max_entries = (request.num_tokens - 1) // size
+        extend_block_hashes(request.block_hashes, tokens, size, max_entries, request.cache_salt)
+        return find_longest_cache_hit(self.block_pool, self.groups, request.block_hashes, tokens, max_entries)
+
+    def num_hit_tokens(self, hits: list[KVCacheBlock] | None) -> int:
+        """Tokens that the prefix hits `hits` (from `get_computed_blocks`) hold."""
+        return len(hits or []) // self.num_groups * self.block_size
 
     def allocate_slots(
         self, request: Request, num_new_tokens: int, new_computed_blocks: list[KVCacheBlock] | None = None
@@ -126,13 +129,13 @@ class KVCacheManager:
         blocks = self.req_to_blocks.get(request.request_id, [])
         # NOTE: blocks out of every window's reach go back first (a valid change whatever follows).
         self._free_unreachable(request.request_id, blocks, request.num_computed_tokens)
-        start = request.num_computed_tokens + len(hits) * self.block_size
+        start = request.num_computed_tokens + self.num_hit_tokens(hits)
         num_new_blocks = max(0, self._num_blocks(start + num_new_tokens) - len(blocks) - len(hits))
         shared = self._shared_blocks_written(blocks, start, num_new_tokens)
         revived = sum(1 for block in hits if block.ref_cnt == 0)
         if num_new_blocks + len(shared) + revived > self.block_pool.get_num_free_blocks():
             return None
-        self.block_pool.touch(hits)
+        self.block_pool.touch(self._held(hits))
         blocks = self.req_to_blocks.setdefault(request.request_id, [])
         blocks.extend(hits)
         self._free_unreachable(request.request_id, blocks, start)
@@ -141,7 +144,7 @@ class KVCacheManager:
         blocks.extend(new_blocks)
         if new_computed_blocks is not None:
             self.prefix_cache_queries += request.num_tokens
-            self.prefix_cache_hits += len(hits) * self.block_size
+            self.prefix_cache_hits += self.num_hit_tokens(hits)
         # NOTE: draft tokens (past num_tokens) are not known to be the request's: never cached.
         self._cache_full_blocks(request, blocks, min(start + num_new_tokens, request.num_tokens))
         return SlotAllocation([block.block_id for block in hits + new_blocks], copies)
@@ -219,7 +222,7 @@ class KVCacheManager:
                 if block.block_id > 0:
                     owners[block.block_id - 1] = SHARED if block.ref_cnt > 1 else index
         for block in pool.blocks[1:]:
-            if block.ref_cnt == 0 and block.block_hash is not None:
+            if block.ref_cnt == 0 and block.cache_key is not None:
                 owners[block.block_id - 1] = CACHED
         return BlockOwners(request_ids, owners, self.block_size)
 
@@ -317,12 +320,10 @@ class KVCacheManager:
         if num_full <= start:
             return
         extend_block_hashes(request.block_hashes, request.all_token_ids, size, num_full, request.cache_salt)
-        for index in range(start, num_full):
-            if blocks[index] is self.block_pool.null_block:  # freed out of the window (prefix hits)
-                continue
-            self.block_pool.cache(
-                blocks[index],
-                request.block_hashes[index],
-                request.all_token_ids[index * size : (index + 1) * size],
-            )
+        for entry in range(start, num_full):
+            tokens = request.all_token_ids[entry * size : (entry + 1) * size]
+            for group in range(self.num_groups):
+                block = blocks[entry * self.num_groups + group]
+                if block is not self.block_pool.null_block:  # else freed out of the window (prefix hits)
+                    self.block_pool.cache(block, (request.block_hashes[entry], group), tokens)
         self.num_cached_blocks[request.request_id] = num_full

@@ -139,7 +139,7 @@ class Scheduler(Preemption, DraftSettling):
             if seats + more_seats > self.config.max_num_seqs:
                 return
             hits = kv.get_computed_blocks(request)
-            num_cached = len(hits or []) * kv.block_size
+            num_cached = kv.num_hit_tokens(hits)
             num_new = min(request.num_tokens - num_cached, step.budget)
             if not self.admission.admits(request, num_cached + num_new, hits, self.running, kv):
                 return

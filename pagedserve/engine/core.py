@@ -46,13 +46,6 @@ class EngineCore:
             lambda: load_tokenizer(config.model), config.model.vocab_size
         )
         groups = KVCacheGroups.for_model(config.model.hf_config, config.model.architecture, kv.block_size)
-        if groups.num_groups > 1 and config.cache.enable_prefix_caching:
-            logger.info(
-                "Prefix caching: off, this model has %d KV cache groups (windowed and full-attention "
-                "layers); a cached prefix would have to cover each window group's blocks apart, which the "
-                "manager does not do yet.",
-                groups.num_groups,
-            )
         manager = KVCacheManager(kv.num_blocks, kv.block_size, config.cache.enable_prefix_caching, groups)
         self.scheduler = Scheduler(
             config.scheduler,

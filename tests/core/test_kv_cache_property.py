@@ -2,8 +2,8 @@
 KVCacheManager (no model: a fake token per step). Prompts share prefixes, so the prefix cache shares
 blocks: every block's ref_cnt equals the number of tables holding it, nothing leaks, and the free
 count returns to the total. The same with several KV cache groups (a full-attention and a window group
-drawing on one pool): the full group holds a block for every token, the window group at most its window's
-blocks, and its freed entries are the null block."""
+drawing on one pool, prefix hits served by both): the full group holds a block for every token, the window
+group at most its window's blocks, and its freed entries are the null block."""
 
 import time
 from collections import Counter

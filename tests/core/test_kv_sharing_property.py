@@ -3,7 +3,10 @@ swap-in sequences on the real KVCacheManager and SwapSpace, with a fake KV store
 (writes each token into its slot, makes the copies and swaps the manager asks for). Every request always
 reads back exactly its own tokens (copy-on-write never lets one see another's), every cached block holds
 the tokens it is cached for, ref counts equal the holders in both pools, and nothing leaks. Again with two
-KV cache groups on one pool (every group's table reads back the request's tokens)."""
+KV cache groups on one pool: a window wider than any request (every group's table reads back all the
+request's tokens), and a window of a few blocks (prefix hits cover each group apart; a window group's
+table reads back every token its window still reads, its freed entries are the null block in both
+pools, and nothing else is)."""
 
 import time
 from collections import Counter
@@ -37,11 +40,14 @@ def move(source: Store, target: Store, pairs: list[tuple[int, int]]) -> None:
             target[dst * BLOCK_SIZE + offset] = value
 
 
-def check_pool(pool: BlockPool, tables: dict[str, list[KVCacheBlock]], total: int) -> None:
-    holders = Counter(block.block_id for table in tables.values() for block in table)
-    if pool.null_block is not None:
-        assert pool.null_block.block_id not in holders, "the null block was handed out"
-    for table in tables.values():
+def check_pool(
+    pool: BlockPool, tables: dict[str, list[KVCacheBlock]], total: int, null_block: KVCacheBlock | None
+) -> None:
+    """`null_block`: the device pool's, the entries freed out of a window in both pools' tables."""
+    held = [[block for block in table if block is not null_block] for table in tables.values()]
+    holders = Counter(block.block_id for table in held for block in table)
+    assert null_block is None or null_block.ref_cnt == 1, "the null block was handed out"
+    for table in held:
         for block in table:
             assert block.ref_cnt == holders[block.block_id], "ref_cnt is not the number of holders"
     assert len(holders) + pool.get_num_free_blocks() == total, "a block leaked"
@@ -74,8 +80,11 @@ class SharingMachine(RuleBasedStateMachine):
         return str(self.next_id)
 
     def _write(self, request: Request, start: int, allocation: SlotAllocation) -> None:
+        """Compute tokens [start, num_tokens): the query at `start` reads every entry in its windows."""
         move(self.device, self.device, allocation.copies)  # copies on write come first
-        for table in group_tables(self.kv.req_to_blocks[request.request_id], self.kv.num_groups):
+        tables = group_tables(self.kv.req_to_blocks[request.request_id], self.kv.num_groups)
+        self._check_tables(self.device, request, tables, start)
+        for table in tables:
             for position in range(start, request.num_tokens):
                 block = table[position // BLOCK_SIZE]
                 assert block.ref_cnt == 1, "a write into a block someone else holds"
@@ -87,7 +96,7 @@ class SharingMachine(RuleBasedStateMachine):
     def add(self, tokens: list[int]) -> None:
         request = Request(EngineCoreRequest(self._new_id(), tokens, SamplingParams(), None, time.time()))
         hits = self.kv.get_computed_blocks(request)
-        cached = len(hits or []) * BLOCK_SIZE
+        cached = self.kv.num_hit_tokens(hits)
         allocation = self.kv.allocate_slots(request, len(tokens) - cached, hits)
         if allocation is None:
             return
@@ -142,15 +151,31 @@ class SharingMachine(RuleBasedStateMachine):
         move(self.host, self.device, self.swap.swap_in([request], self.kv))
         self.live[request.request_id] = self.swapped.pop(request.request_id)
 
+    def _check_tables(
+        self, store: Store, request: Request, tables: list[list[KVCacheBlock]], num_computed: int
+    ) -> None:
+        """Each group's table (`tables`) holds every entry that the query at position `num_computed`
+        reads (only entries out of its window's reach are the null block), and each block it holds reads
+        back the request's tokens up to `num_computed`."""
+        null, tokens = self.kv.block_pool.null_block, request.all_token_ids[:num_computed]
+        for group, blocks in enumerate(tables):
+            unreachable = self.kv.groups.num_unreachable_blocks(group, num_computed)
+            assert all(block is not null for block in blocks[unreachable:]), "a block in reach is null"
+            got = read(store, blocks, num_computed)
+            for entry, block in enumerate(blocks):
+                if block is not null:
+                    span = slice(entry * BLOCK_SIZE, (entry + 1) * BLOCK_SIZE)
+                    assert got[span] == tokens[span], f"group {group} reads another request's tokens"
+
     @invariant()
     def everyone_reads_its_own_tokens(self) -> None:
         num_groups = self.kv.num_groups
         for request in self.live.values():
-            for table in group_tables(self.kv.req_to_blocks[request.request_id], num_groups):
-                assert read(self.device, table, request.num_tokens) == request.all_token_ids
+            table = self.kv.req_to_blocks[request.request_id]
+            self._check_tables(self.device, request, group_tables(table, num_groups), request.num_tokens)
         for request in self.swapped.values():
-            for table in group_tables(self.swap.tables[request.request_id], num_groups):
-                assert read(self.host, table, request.num_tokens) == request.all_token_ids
+            table = self.swap.tables[request.request_id]
+            self._check_tables(self.host, request, group_tables(table, num_groups), request.num_tokens)
 
     @invariant()
     def cached_blocks_hold_their_tokens(self) -> None:
@@ -159,8 +184,9 @@ class SharingMachine(RuleBasedStateMachine):
 
     @invariant()
     def pools_are_consistent(self) -> None:
-        check_pool(self.kv.block_pool, self.kv.req_to_blocks, self.num_blocks - 1)
-        check_pool(self.swap.pool, self.swap.tables, self.num_host_blocks)
+        null = self.kv.block_pool.null_block
+        check_pool(self.kv.block_pool, self.kv.req_to_blocks, self.num_blocks - 1, null)
+        check_pool(self.swap.pool, self.swap.tables, self.num_host_blocks, null)
         assert set(self.kv.req_to_blocks) == set(self.live)
         assert set(self.swap.tables) == set(self.swapped)
 
@@ -181,7 +207,23 @@ class GroupedSharingMachine(SharingMachine):
     layer_windows = [None, 4 * MAX_LEN]
 
 
+class WindowedSharingMachine(SharingMachine):
+    """A full-attention group and a window of 6 tokens (two blocks read, older ones freed): prefix hits
+    whose window entries are the null block, freed window blocks revived or evicted, swaps that keep the
+    freed entries null."""
+
+    num_blocks, num_host_blocks = 2 * NUM_BLOCKS, 2 * NUM_HOST_BLOCKS
+    layer_windows = [6, None]
+
+    @rule(shared=st.integers(8, 24), tail=st.lists(st.integers(0, 2), max_size=6))
+    def add_sharing(self, shared: int, tail: list[int]) -> None:
+        """A long prompt starting like others: hits of several blocks, whose oldest the window skips."""
+        self.add([1] * shared + tail)
+
+
 TestSharing = SharingMachine.TestCase
 TestSharing.settings = settings(max_examples=80, stateful_step_count=40, deadline=None)
 TestGroupedSharing = GroupedSharingMachine.TestCase
 TestGroupedSharing.settings = settings(max_examples=80, stateful_step_count=40, deadline=None)
+TestWindowedSharing = WindowedSharingMachine.TestCase
+TestWindowedSharing.settings = settings(max_examples=80, stateful_step_count=40, deadline=None)

@@ -144,9 +144,10 @@ class SchedulerMachine(RuleBasedStateMachine):
     @invariant()
     def pools_are_consistent(self) -> None:
         kv, swap = self.scheduler.kv_cache_manager, self.scheduler.swap_space
-        check_pool(kv.block_pool, kv.req_to_blocks, self.num_usable)
+        null = kv.block_pool.null_block
+        check_pool(kv.block_pool, kv.req_to_blocks, self.num_usable, null)
         if swap is not None:
-            check_pool(swap.pool, swap.tables, swap.num_blocks)
+            check_pool(swap.pool, swap.tables, swap.num_blocks, null)
 
     def teardown(self) -> None:
         for _ in range(2000):
