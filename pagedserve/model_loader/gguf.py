@@ -5,7 +5,8 @@ treats a HF folder's.
 llama.cpp's converters change some tensors, undone here: q/k rows permuted for its rope layout (llama,
 mistral), Gemma's norm weights stored as 1 + w, Falcon's fused q/k/v regrouped as [q; k; v], and experts
 stacked into one tensor per projection (split here into HF's per-expert tensors). Mixtral is arch "llama"
-with `llama.expert_count` in its metadata (its config is converted in `utils/gguf_cache.py`)."""
+with `llama.expert_count` in its metadata; its config, and Qwen2/3-MoE's expert sizes, are completed in
+`utils/gguf_config.py`."""
 
 import re
 from collections.abc import Iterator

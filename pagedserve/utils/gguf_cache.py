@@ -6,10 +6,11 @@ and again for the tokenizer, several seconds each; the converted folder loads in
 
 import hashlib
 import os
-from typing import Any
+
+from pagedserve.utils.gguf_config import gguf_hf_config
 
 # Bumped when the conversion changes, so folders converted by an older version are not reused.
-_CONVERSION_VERSION = 2
+_CONVERSION_VERSION = 3
 
 _CACHE_ROOT = os.path.join(
     os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pagedserve", "gguf"
@@ -25,12 +26,11 @@ def gguf_hf_folder(gguf_file: str) -> str:
     folder = os.path.join(os.environ.get("PAGEDSERVE_CACHE_DIR", _CACHE_ROOT), key.hexdigest()[:16])
     if os.path.isfile(os.path.join(folder, "done")):
         return folder
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
 
     directory, name = os.path.split(gguf_file)
     tmp = f"{folder}.tmp{os.getpid()}"
-    config = AutoConfig.from_pretrained(directory or ".", gguf_file=name)
-    _as_mixtral_if_sparse(config, gguf_file).save_pretrained(tmp)
+    gguf_hf_config(directory or ".", name).save_pretrained(tmp)
     AutoTokenizer.from_pretrained(directory or ".", gguf_file=name).save_pretrained(tmp)
     open(os.path.join(tmp, "done"), "w").close()
     os.makedirs(os.path.dirname(folder), exist_ok=True)
@@ -39,27 +39,3 @@ def gguf_hf_folder(gguf_file: str) -> str:
     except OSError:  # another process finished first
         pass
     return folder
-
-
-def _as_mixtral_if_sparse(config: Any, gguf_file: str) -> Any:
-    """llama.cpp stores Mixtral as architecture "llama" with `llama.expert_count` experts, which
-    transformers reads as a dense Llama: such a config becomes the MixtralConfig it describes."""
-    if config.model_type != "llama":
-        return config
-    from gguf import GGUFReader
-    from transformers import MixtralConfig
-
-    fields = GGUFReader(gguf_file).fields
-    experts = fields.get("llama.expert_count")
-    if experts is None or int(experts.contents()) == 0:
-        return config
-    settings = {
-        key: value for key, value in config.to_dict().items() if key not in ("model_type", "architectures")
-    }
-    return MixtralConfig(
-        **settings,
-        num_local_experts=int(experts.contents()),
-        num_experts_per_tok=int(fields["llama.expert_used_count"].contents()),
-        sliding_window=settings.pop("sliding_window", None),  # Mixtral's GGUFs carry no window
-        architectures=["MixtralForCausalLM"],
-    )

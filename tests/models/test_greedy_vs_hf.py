@@ -198,24 +198,60 @@ def test_gguf_matches_hf(tmp_path, name: str, overrides: dict) -> None:
     assert_matches(ours, hf_greedy(model, prompts, MAX_TOKENS))
 
 
-@pytest.mark.parametrize("quant_type", ["F32", "Q8_0"])
-def test_mixtral_gguf_matches_hf(tmp_path, monkeypatch, quant_type: str) -> None:
-    """A Mixtral GGUF as llama.cpp writes it (arch llama with `llama.expert_count`, experts stacked per
-    projection, q/k permuted; Q8_0: every matrix but the router quantized) against HF on the float folder
-    holding the same values: the same greedy tokens and logprobs (1e-4)."""
+# Mixtral (arch llama with `llama.expert_count`, q/k permuted); Qwen2-MoE (gated shared expert, top-k not
+# renormalized) and Qwen3-MoE (q/k norms, renormalized), whose expert sizes transformers does not read.
+@pytest.mark.parametrize(
+    "name,arch,quant_type",
+    [
+        ("mixtral", "llama", "F32"),
+        ("mixtral", "llama", "Q8_0"),
+        ("qwen2_moe", "qwen2moe", "F32"),
+        ("qwen2_moe", "qwen2moe", "Q8_0"),
+        ("qwen3_moe", "qwen3moe", "Q8_0"),
+    ],
+)
+def test_moe_gguf_matches_hf(tmp_path, monkeypatch, name: str, arch: str, quant_type: str) -> None:
+    """A MoE GGUF as llama.cpp's converter writes it (experts stacked per projection, its metadata keys;
+    Q8_0: every matrix but the routers quantized) against HF on the float folder holding the same values:
+    the config read back, the same greedy tokens and logprobs (1e-4)."""
     from conftest import TINY_MODELS, build_tiny_model
     from gguf_writer import write_gguf
+    from transformers import AutoConfig
 
     # Exact float32 activations, so both sides multiply the same values: the default 16-bit activation
     # blocks of the decode kernels keep their own 1e-3 promise, tested in tests/quantization.
     monkeypatch.setenv("PAGEDSERVE_GGUF_ACTIVATION_BITS", "32")
 
-    folder = build_tiny_model(str(tmp_path / "hf"), "mixtral", **TINY_MODELS["mixtral"])
-    path = write_gguf(folder, "llama", str(tmp_path / "mixtral.gguf"), quant_type=quant_type)
+    # llama.cpp builds every Qwen-MoE layer sparse: no dense layer here.
+    overrides = {**TINY_MODELS[name], "mlp_only_layers": []} if name == "qwen2_moe" else TINY_MODELS[name]
+    folder = build_tiny_model(str(tmp_path / "hf"), name, **overrides)
+    path = write_gguf(folder, arch, str(tmp_path / f"{name}.gguf"), quant_type=quant_type)
     prompts = make_prompts(3, [5, 40])
     ours, llm = run(path, prompts, block_size=16, kv_cache_memory="16MiB")
     model_config = llm.llm_engine.config.model
-    assert model_config.architecture == "MixtralForCausalLM"
-    assert model_config.hf_config.num_local_experts == 4 and model_config.hf_config.num_experts_per_tok == 2
+    expected = AutoConfig.from_pretrained(folder)
+    assert model_config.architecture == expected.architectures[0]
+    for key in _MOE_CONFIG_KEYS[name]:
+        assert getattr(model_config.hf_config, key) == getattr(expected, key), key
     assert model_config.quantization == "gguf"  # dense matrices stay in their blocks
     assert_matches(ours, reference(folder, prompts))
+
+
+_MOE_CONFIG_KEYS = {
+    "mixtral": ("num_local_experts", "num_experts_per_tok"),
+    "qwen2_moe": (
+        "num_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "shared_expert_intermediate_size",
+        "norm_topk_prob",
+        "mlp_only_layers",
+    ),
+    "qwen3_moe": (
+        "num_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "norm_topk_prob",
+        "head_dim",
+    ),
+}

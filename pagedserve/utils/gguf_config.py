@@ -1,0 +1,92 @@
+"""The HF config of a GGUF file: transformers' reading of its metadata, completed where transformers
+misses what llama.cpp's converter wrote (Mixtral's experts, Qwen-MoE's expert sizes), for the
+architectures (`general.architecture`) pagedserve loads; any other is refused with that list."""
+
+import os
+from typing import Any
+
+from pagedserve.errors import ConfigError
+
+# general.architecture -> the families it holds (llama.cpp writes Mistral and Mixtral as "llama").
+GGUF_ARCHITECTURES = {
+    "llama": "Llama, Mistral, Mixtral (with llama.expert_count)",
+    "qwen2": "Qwen2",
+    "qwen3": "Qwen3",
+    "gemma2": "Gemma 2",
+    "gemma3": "Gemma 3 (text)",
+    "phi3": "Phi-3",
+    "falcon": "Falcon",
+    "qwen2moe": "Qwen2-MoE",
+    "qwen3moe": "Qwen3-MoE",
+}
+
+
+def gguf_hf_config(directory: str, name: str) -> Any:
+    """The transformers config of `directory`/`name`. Raises ConfigError for an architecture pagedserve
+    does not load, naming the ones it does."""
+    from gguf import GGUFReader
+    from transformers import AutoConfig
+
+    fields = GGUFReader(os.path.join(directory, name)).fields
+    arch = _string(fields, "general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        supported = "; ".join(f"{key} ({families})" for key, families in GGUF_ARCHITECTURES.items())
+        raise ConfigError(
+            f"GGUF architecture {arch!r} (general.architecture of {name}) is not supported. Supported GGUF "
+            f"architectures: {supported}. Other families load from a HF folder (--model)."
+        )
+    config = AutoConfig.from_pretrained(directory, gguf_file=name)
+    if arch == "llama":
+        return _as_mixtral_if_sparse(config, fields)
+    if arch in ("qwen2moe", "qwen3moe"):
+        return _with_qwen_moe_sizes(config, fields, arch)
+    return config
+
+
+def _string(fields: dict[str, Any], key: str) -> str:
+    return bytes(fields[key].parts[-1]).decode()
+
+
+def _int(fields: dict[str, Any], key: str, default: int | None = None) -> int:
+    field = fields.get(key)
+    if field is None:
+        if default is None:
+            raise ConfigError(f"The GGUF file lacks the metadata key {key!r}, which its architecture needs.")
+        return default
+    return int(field.contents())
+
+
+def _as_mixtral_if_sparse(config: Any, fields: dict[str, Any]) -> Any:
+    """llama.cpp stores Mixtral as architecture "llama" with `llama.expert_count` experts, which
+    transformers reads as a dense Llama: such a config becomes the MixtralConfig it describes."""
+    if _int(fields, "llama.expert_count", 0) == 0:
+        return config
+    from transformers import MixtralConfig
+
+    settings = {
+        key: value for key, value in config.to_dict().items() if key not in ("model_type", "architectures")
+    }
+    return MixtralConfig(
+        **settings,
+        num_local_experts=_int(fields, "llama.expert_count"),
+        num_experts_per_tok=_int(fields, "llama.expert_used_count"),
+        sliding_window=settings.pop("sliding_window", None),  # Mixtral's GGUFs carry no window
+        architectures=["MixtralForCausalLM"],
+    )
+
+
+def _with_qwen_moe_sizes(config: Any, fields: dict[str, Any], arch: str) -> Any:
+    """transformers reads a Qwen2/3-MoE GGUF's expert counts but not the experts' sizes, leaving the
+    config class's defaults (Qwen1.5-MoE-A2.7B's). The sizes come from llama.cpp's keys, as its converter
+    writes them; every layer is sparse (llama.cpp builds no dense layer for these architectures)."""
+    config.num_experts = _int(fields, f"{arch}.expert_count")
+    config.num_experts_per_tok = _int(fields, f"{arch}.expert_used_count")
+    config.moe_intermediate_size = _int(fields, f"{arch}.expert_feed_forward_length")
+    config.decoder_sparse_step = 1
+    config.mlp_only_layers = []
+    if arch == "qwen2moe":  # 0: no shared expert (the model builds none)
+        config.shared_expert_intermediate_size = _int(fields, f"{arch}.expert_shared_feed_forward_length", 0)
+    norm = fields.get(f"{arch}.expert_weights_norm")
+    if norm is not None:  # else the family's rule: llama.cpp renormalizes Qwen3-MoE's top-k, not Qwen2's
+        config.norm_topk_prob = bool(norm.contents())
+    return config
