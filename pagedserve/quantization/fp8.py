@@ -127,7 +127,7 @@ class Fp8LinearMethod(QuantizeMethodBase):
         elif x.device.type == "cpu" and _native_kernels():
             from pagedserve.kernels.cpu.fp8_ops import fp8_matmul
 
-            out = fp8_matmul(flat.float(), weight.view(torch.uint8), scales, _FP8_VALUES, self.block_k)
+            out = fp8_matmul(flat.float(), weight.view(torch.uint8), scales, self.block_k)
         else:
             out = torch.cat(
                 [
