@@ -140,7 +140,7 @@ def _keep_in_float(layer: nn.Module) -> None:
             delattr(layer, name)
     float_method = UnquantizedMethod()
     float_method.create_weights(layer, input_size, output_size)
-    layer.quant_method = float_method
+    layer.quant_method = float_method  # type: ignore[assignment]  # NOTE: nn.Module types attributes as tensors or modules
 
 
 class Fp8LinearMethod(QuantizeMethodBase):
