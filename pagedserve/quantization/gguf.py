@@ -9,7 +9,7 @@ matmul each.
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import cast
 
 import torch
@@ -17,7 +17,15 @@ from torch import nn
 
 from pagedserve import envs
 from pagedserve.errors import ConfigError
-from pagedserve.kernels.cpu.gguf_ops import GGML_BLOCK_FORMATS, gguf_dequantize, gguf_matmul
+from pagedserve.kernels.cpu.gguf_ops import (
+    GGML_BLOCK_FORMATS,
+    gguf_dequantize,
+    gguf_matmul,
+    gguf_pack,
+    gguf_packable,
+    gguf_packed_matmul,
+    gguf_packed_rows,
+)
 from pagedserve.quantization.base import QuantizationConfig, QuantizeMethodBase
 
 # (param, checkpoint tensor, shard id) -> copies this rank's shard into param: the layer's own loader
@@ -39,12 +47,33 @@ def row_bytes(ggml_type: int, cols: int) -> int:
 
 @dataclass(frozen=True)
 class GGUFPart:
-    """Output rows [start, end) of a layer, stored as one ggml type."""
+    """Output rows [start, end) of a layer, stored as one ggml type: the file's rows (uint8 [end - start,
+    row_bytes]), or, when `packed`, those rows in the decode layout of `gguf_pack` (flat uint8)."""
 
     ggml_type: int
     start: int
     end: int
-    rows: torch.Tensor  # uint8 [end - start, row_bytes], a view into the layer's qweight
+    rows: torch.Tensor
+    packed: bool = False
+
+    def matmul(self, x: torch.Tensor, activation_bits: int) -> torch.Tensor:
+        if self.packed:
+            return gguf_packed_matmul(x, self.rows, self.ggml_type, self.end - self.start, activation_bits)
+        return gguf_matmul(x, self.rows, self.ggml_type, activation_bits)
+
+    def dequantize(self, ids: torch.Tensor, cols: int) -> torch.Tensor:
+        """Rows `ids` (an embedding lookup) in float32."""
+        if self.packed:
+            return gguf_packed_rows(self.rows, self.ggml_type, self.end - self.start, cols, ids)
+        return gguf_dequantize(self.rows.index_select(0, ids), self.ggml_type, cols)
+
+    def for_decode(self, activation_bits: int) -> "GGUFPart":
+        """This part packed for the 16-row decode kernel where it has one (Q4_0, Q4_1, Q8_0 with integer
+        activations): the same bytes, a few times faster at batch <= 8 (gguf_packed_matmul.cpp says why).
+        Float activations (PAGEDSERVE_GGUF_ACTIVATION_BITS=32) keep the rows and their exact kernel."""
+        if self.packed or activation_bits == 32 or not gguf_packable(self.ggml_type):
+            return self
+        return replace(self, rows=gguf_pack(self.rows, self.ggml_type), packed=True)
 
 
 class GGUFMethod(QuantizeMethodBase):
@@ -97,26 +126,38 @@ class GGUFMethod(QuantizeMethodBase):
             for ggml_type, (_, mask) in self.staging.items()
             for start, end in _runs(mask.flatten().bool())
         )
-        pieces = [self.staging[ggml_type][0][start:end] for start, end, ggml_type in runs]
-        storage = pieces[0] if len(pieces) == 1 else torch.cat([p.flatten() for p in pieces])
-        layer.qweight.data = storage
-        offset, self.parts = 0, []
-        for (start, end, ggml_type), piece in zip(runs, pieces):
-            view = storage.view(-1)[offset : offset + piece.numel()].view(piece.shape)
-            self.parts.append(GGUFPart(ggml_type, start, end, view))
-            offset += piece.numel()
-        layer.qweight_type.data = torch.tensor([part.ggml_type for part in self.parts])
+        pieces = [
+            GGUFPart(ggml_type, start, end, self.staging[ggml_type][0][start:end]).for_decode(
+                self.activation_bits
+            )
+            for start, end, ggml_type in runs
+        ]
         self.staging = {}
+        self.parts = self._share_storage(layer, pieces)
+
+    @staticmethod
+    def _share_storage(layer: nn.Module, pieces: list[GGUFPart]) -> list[GGUFPart]:
+        """One uint8 tensor for the layer's `qweight` (what state dicts and memory counts see), the parts
+        views into it."""
+        storage = pieces[0].rows if len(pieces) == 1 else torch.cat([p.rows.flatten() for p in pieces])
+        layer.qweight.data = storage
+        layer.qweight_type.data = torch.tensor([p.ggml_type for p in pieces])
+        parts, offset = [], 0
+        for piece in pieces:
+            view = storage.view(-1)[offset : offset + piece.rows.numel()].view(piece.rows.shape)
+            parts.append(replace(piece, rows=view))
+            offset += piece.rows.numel()
+        return parts
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.cols).float()
-        outputs = [gguf_matmul(flat, part.rows, part.ggml_type, self.activation_bits) for part in self.parts]
+        outputs = [part.matmul(flat, self.activation_bits) for part in self.parts]
         y = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
         return y.reshape(*x.shape[:-1], self.output_size).to(x.dtype)
 
     def embedding(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         (part,) = self.parts  # an embedding is one tensor, so one type
-        return gguf_dequantize(part.rows.index_select(0, ids), part.ggml_type, self.cols)
+        return part.dequantize(ids, self.cols)
 
 
 def _runs(mask: torch.Tensor) -> list[tuple[int, int]]:

@@ -12,6 +12,10 @@ from pagedserve.kernels.cpu.gguf_ops import (
     NATIVE_GGML_TYPES,
     gguf_dequantize,
     gguf_matmul,
+    gguf_pack,
+    gguf_packable,
+    gguf_packed_matmul,
+    gguf_packed_rows,
 )
 
 pytestmark = pytest.mark.skipif(
@@ -120,8 +124,48 @@ def test_integer_activations_match_rounded_x_times_the_dequantized_weight(
         assert error < 1e-5, f"{type_name} {shape} {bits}-bit batch {batch}: relative error {error:.2e}"
 
 
-@pytest.mark.parametrize("bits", [8, 16, 32])
-def test_decode_kernel_edge_inputs(bits: int) -> None:
+PACKED_TYPES = [name for name, ggml_type in NATIVE_GGML_TYPES.items() if gguf_packable(ggml_type)]
+# SmolLM2's shapes, and rows that leave the last 16-row group part full.
+PACKED_SHAPES = [*SMOLLM2_SHAPES, (37, 64), (1, 32)]
+
+
+@pytest.mark.parametrize(("type_name", "shape"), [(t, s) for t in PACKED_TYPES for s in PACKED_SHAPES])
+def test_packed_rows_compute_as_the_file_rows(type_name: str, shape: tuple[int, int]) -> None:
+    """gguf_pack's 16-row layout: the decode kernel on 8- and 16-bit activations equals the rounded x times
+    the dequantized weight, a batch over 8 the float x times it, and a row lookup the weight's rows."""
+    ggml_type, (n, k) = NATIVE_GGML_TYPES[type_name], shape
+    rng = np.random.default_rng(n * 5 + k + ggml_type)
+    rows = random_rows(ggml_type, n, k, rng)
+    weight = reference_weight(rows, ggml_type)
+    packed = gguf_pack(torch.from_numpy(rows), ggml_type)
+    ids = torch.from_numpy(rng.integers(0, n, 9))
+    assert torch.equal(gguf_packed_rows(packed, ggml_type, n, k, ids), weight[ids])
+    for bits in (8, 16):
+        for batch in DECODE_BATCHES if n < 49152 else [1, DECODE_MAX_BATCH, DECODE_MAX_BATCH + 1]:
+            x = torch.randn(batch, k, generator=torch.Generator().manual_seed(batch)) * 3
+            x_used = rounded_activations(x, bits) if batch <= DECODE_MAX_BATCH else x.double()
+            expected = x_used @ weight.double().T
+            got = gguf_packed_matmul(x, packed, ggml_type, n, bits)
+            error = ((got.double() - expected).abs().max() / expected.abs().max()).item()
+            assert error < 1e-5, f"{type_name} {shape} {bits}-bit batch {batch}: relative error {error:.2e}"
+
+
+def test_packed_layout_rejects_what_it_cannot_hold() -> None:
+    q4_k, q4_1 = NATIVE_GGML_TYPES["Q4_K"], NATIVE_GGML_TYPES["Q4_1"]
+    assert not gguf_packable(q4_k)
+    with pytest.raises(RuntimeError, match="cannot be packed"):
+        gguf_pack(torch.zeros(16, 144, dtype=torch.uint8), q4_k)
+    packed = gguf_pack(torch.zeros(16, 20 * 18, dtype=torch.uint8), q4_1)  # Q4_1 rows of K=576
+    with pytest.raises(RuntimeError, match="8- or 16-bit activations"):
+        gguf_packed_matmul(torch.zeros(1, 576), packed, q4_1, 16, 32)
+    with pytest.raises(RuntimeError, match="output of gguf_pack"):
+        gguf_packed_matmul(torch.zeros(1, 576), packed, q4_1, 17, 16)  # a second group it does not have
+    with pytest.raises(RuntimeError, match="outside"):
+        gguf_packed_rows(packed, q4_1, 16, 576, torch.tensor([16]))
+
+
+@pytest.mark.parametrize(("bits", "packed"), [(8, False), (16, False), (32, False), (8, True), (16, True)])
+def test_decode_kernel_edge_inputs(bits: int, packed: bool) -> None:
     """Zero blocks give zeros, a non-finite activation makes only its own row non-finite, batch 0 is empty."""
     ggml_type = NATIVE_GGML_TYPES["Q4_1"]
     rows = random_rows(ggml_type, 64, 576, np.random.default_rng(bits))
@@ -130,10 +174,15 @@ def test_decode_kernel_edge_inputs(bits: int) -> None:
     x[0] = 0.0
     x[1, 100] = float("inf")
     x[2, 7] = float("nan")
-    got = gguf_matmul(x, qweight, ggml_type, bits)
+    if packed:
+        packed_weight = gguf_pack(qweight, ggml_type)
+        matmul = lambda x, _, ggml_type, bits: gguf_packed_matmul(x, packed_weight, ggml_type, 64, bits)  # noqa: E731
+    else:
+        matmul = gguf_matmul
+    got = matmul(x, qweight, ggml_type, bits)
     assert torch.equal(got[0], torch.zeros(64))
     assert not torch.isfinite(got[1]).any() and torch.isnan(got[2]).all()
-    assert gguf_matmul(torch.zeros(0, 576), qweight, ggml_type, bits).shape == (0, 64)
+    assert matmul(torch.zeros(0, 576), qweight, ggml_type, bits).shape == (0, 64)
 
 
 @pytest.mark.parametrize("bits", [-1, 0, 4, 31, 64, 2**63 - 1])

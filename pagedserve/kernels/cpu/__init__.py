@@ -31,6 +31,7 @@ _SOURCES = [
         "paged_attention.cpp",
         "gguf_matmul.cpp",
         "gguf_decode_matmul.cpp",
+        "gguf_packed_matmul.cpp",
         "fp8_kv_cache.cpp",
         "fp8_matmul.cpp",
         "fused_ops.cpp",

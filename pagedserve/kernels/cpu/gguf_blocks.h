@@ -9,8 +9,11 @@
 #include <immintrin.h>
 #endif
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <vector>
 
 namespace gguf {
 
@@ -75,6 +78,61 @@ struct QuantizedRows {
     for (int64_t k = 0; k < cols; k += format.weights, block += format.bytes) dequantize_block(block, out + k);
   }
 };
+
+constexpr int64_t kBlock = 32;  // weights per Q4_0/Q4_1/Q8_0 block or K-quant sub-block; per activation block
+
+// Activation rows by 32-value block: x[b, k] ~ scales[b, k / 32] * values[b, k].
+template <typename Value>
+struct ActivationBlocks {
+  const Value* values;         // [batch, cols]: x itself (float), or `rounded`
+  std::vector<Value> rounded;  // the integers, for 8 and 16 bits
+  std::vector<float> scales;   // [batch, blocks]: 1 for float
+  std::vector<float> sums;     // [batch, blocks]: the block's sum of x as `values` give it (for weight offsets)
+};
+
+inline ActivationBlocks<float> float_activations(const float* x, int64_t batch, int64_t cols) {
+  const int64_t blocks = batch * cols / kBlock;
+  ActivationBlocks<float> out{x, {}, std::vector<float>(blocks, 1.f), std::vector<float>(blocks)};
+  for (int64_t i = 0; i < blocks; ++i) {
+    float sum = 0.f;
+    for (int64_t j = 0; j < kBlock; ++j) sum += x[i * kBlock + j];
+    out.sums[i] = sum;
+  }
+  return out;
+}
+
+// `largest_integer`: the integers' bound, Int's largest by default (127 or 32767: -128 / -32768 never used);
+// 127 in int16 storage gives 8-bit values to a 16-bit kernel.
+template <typename Int>
+inline ActivationBlocks<Int> rounded_activations(const float* x, int64_t batch, int64_t cols,
+                                                float largest_integer = std::numeric_limits<Int>::max()) {
+  const int64_t blocks = batch * cols / kBlock;
+  ActivationBlocks<Int> out{nullptr, std::vector<Int>(batch * cols), std::vector<float>(blocks),
+                            std::vector<float>(blocks)};
+  out.values = out.rounded.data();
+  for (int64_t i = 0; i < blocks; ++i) {
+    const float* xb = x + i * kBlock;
+    Int* q = out.rounded.data() + i * kBlock;
+    float largest = 0.f;
+    bool finite = true;
+    for (int64_t j = 0; j < kBlock; ++j) {
+      largest = std::max(largest, std::fabs(xb[j]));
+      finite = finite && std::isfinite(xb[j]);
+    }
+    // NOTE: a non-finite value makes the block's scale NaN (and its integers 0), so the outputs it touches
+    // are NaN as the float path's would be non-finite, instead of an undefined float-to-int conversion.
+    const float scale = finite ? largest / largest_integer : std::numeric_limits<float>::quiet_NaN();
+    const float inverse = finite && largest > 0.f ? largest_integer / largest : 0.f;
+    int32_t sum = 0;
+    for (int64_t j = 0; j < kBlock; ++j) {
+      q[j] = static_cast<Int>(std::nearbyint(finite ? xb[j] * inverse : 0.f));
+      sum += q[j];
+    }
+    out.scales[i] = scale;
+    out.sums[i] = scale * static_cast<float>(sum);
+  }
+  return out;
+}
 
 // Batches up to this size take the decode paths (each weight byte read once per call, accumulators in
 // registers); larger ones amortize a dequantized tile over enough rows for ATen's GEMM to win.

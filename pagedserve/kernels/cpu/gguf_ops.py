@@ -48,3 +48,30 @@ def gguf_matmul(
 def gguf_dequantize(qweight: torch.Tensor, ggml_type: int, cols: int) -> torch.Tensor:
     """qweight [N, row_bytes] uint8 rows of `ggml_type` blocks holding `cols` weights each -> float32 [N, cols]."""
     return _ops().gguf_dequantize(qweight, ggml_type, cols)
+
+
+def gguf_packable(ggml_type: int) -> bool:
+    """Whether `gguf_pack` takes `ggml_type` in this build (Q4_0, Q4_1, Q8_0 with AVX2+FMA+F16C)."""
+    return bool(_ops().gguf_packable(ggml_type))
+
+
+def gguf_pack(qweight: torch.Tensor, ggml_type: int) -> torch.Tensor:
+    """qweight [N, row_bytes] uint8 rows of ggml blocks -> the decode layout of gguf_packed_matmul.cpp:
+    16 rows side by side per 32-column block, the same bytes (plus zero rows up to a multiple of 16)."""
+    return _ops().gguf_pack(qweight, ggml_type)
+
+
+def gguf_packed_matmul(
+    x: torch.Tensor, packed: torch.Tensor, ggml_type: int, rows: int, activation_bits: int
+) -> torch.Tensor:
+    """x [B, K] float32 times W^T, W [rows, K] as `gguf_pack` left it; activations rounded to
+    `activation_bits` (8 or 16) per 32-value block at B <= DECODE_MAX_BATCH, float32 above. Returns
+    [B, rows] float32."""
+    return _ops().gguf_packed_matmul(x, packed, ggml_type, rows, activation_bits)
+
+
+def gguf_packed_rows(
+    packed: torch.Tensor, ggml_type: int, rows: int, cols: int, ids: torch.Tensor
+) -> torch.Tensor:
+    """Rows `ids` of a packed [rows, cols] matrix, dequantized: float32 [len(ids), cols]."""
+    return _ops().gguf_packed_rows(packed, ggml_type, rows, cols, ids)

@@ -1,0 +1,336 @@
+// Q4_0 / Q4_1 / Q8_0 weights repacked for decode: 16 rows side by side, so one vector instruction
+// multiplies a pair of activations into 16 rows at once and no horizontal sum is ever needed.
+//
+// Why: the row-major kernel (gguf_decode_matmul.cpp) dots one row's 32-weight block at a time, then
+// reduces and scales it per row: ~25 cycles per block on this project's CPUs, which made the matmuls of a
+// one-user decode step compute-bound (11.9 ms for 96 MB of SmolLM2 weights). Here a tile of 16 rows x 32
+// columns is 8 (Q4) or 16 (Q8_0) loads widened to int16 and 16 `vpdpwssd` per activation row: the same
+// bytes, a few times less work. The same layout as llama.cpp's repacked CPU formats (rows interleaved
+// so a vector holds one column of several rows); ours pairs columns for int16 dots.
+//
+// Layout, per group of 16 rows (the last group padded with zero rows) and per 32-column block, one tile:
+//   values: Q4: 8 chunks L of 32 bytes, byte 2r+j of chunk L = q[r][4L+j] | q[r][4L+2+j] << 4;
+//           Q8_0: 16 chunks p of 32 bytes, byte 2r+j of chunk p = q[r][2p+j] (int8);
+//   then the 16 rows' fp16 scales d, then (Q4_1 only) their fp16 minimums m.
+// A group's tiles are consecutive. Tile bytes = 16 x the ggml block's: the packed copy replaces the rows,
+// it is not a second copy. Weights are d q + m (Q4_1), d (q - 8) (Q4_0), d q (Q8_0).
+#include "gguf_blocks.h"
+
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cstring>
+
+using namespace gguf;  // NOLINT(build/namespaces): the shared declarations of gguf_blocks.h
+
+namespace {
+
+constexpr int64_t kTileRows = 16;
+
+bool packable(int64_t type) { return type == Q4_0 || type == Q4_1 || type == Q8_0; }
+int64_t values_bytes(int64_t type) { return type == Q8_0 ? 512 : 256; }
+int64_t tile_bytes(int64_t type) { return kTileRows * block_format(type).bytes; }
+
+// Weight k (0..31) of a ggml block's values, as an unsigned nibble (Q4) or a signed byte (Q8_0).
+int block_value(int64_t type, const uint8_t* qs, int k) {
+  if (type == Q8_0) return static_cast<int8_t>(qs[k]);
+  return k < 16 ? qs[k] & 0xF : qs[k - 16] >> 4;
+}
+
+// The same weight read from a tile's values, row r.
+int tile_value(int64_t type, const uint8_t* values, int64_t r, int k) {
+  if (type == Q8_0) return static_cast<int8_t>(values[32 * (k / 2) + 2 * r + k % 2]);
+  const uint8_t byte = values[32 * (k / 4) + 2 * r + k % 2];
+  return k % 4 < 2 ? byte & 0xF : byte >> 4;
+}
+
+void check_packed(const at::Tensor& packed, int64_t type, int64_t rows, int64_t cols) {
+  TORCH_CHECK(packable(type), "GGML type ", type, " has no packed layout (Q4_0, Q4_1 and Q8_0 have)");
+  TORCH_CHECK(cols % kBlock == 0, "K=", cols, " is not a multiple of ", kBlock);
+  const int64_t groups = (rows + kTileRows - 1) / kTileRows;
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                  packed.numel() == groups * (cols / kBlock) * tile_bytes(type),
+              "packed must be the contiguous uint8 output of gguf_pack for ", rows, " rows of K=", cols);
+}
+
+// Dequantizes row n of a packed matrix into out[cols]: the values gguf_dequantize gives for the rows.
+void dequantize_packed_row(const uint8_t* packed, int64_t type, int64_t cols, int64_t n, float* out) {
+  const int64_t blocks = cols / kBlock, tile = tile_bytes(type), r = n % kTileRows;
+  const uint8_t* t = packed + n / kTileRows * blocks * tile;
+  for (int64_t i = 0; i < blocks; ++i, t += tile) {
+    const float d = half_at(t + values_bytes(type) + 2 * r);
+    const float m = type == Q4_1 ? half_at(t + values_bytes(type) + 32 + 2 * r) : 0.f;
+    for (int k = 0; k < kBlock; ++k) {
+      const int q = tile_value(type, t, r, k);
+      out[i * kBlock + k] = type == Q4_0 ? d * (q - 8) : d * q + m;  // gguf_matmul.cpp's arithmetic
+    }
+  }
+}
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+
+// 16 lanes of int32 / float (one per row of a tile) and 32 of int16: one AVX-512 register, or two AVX2 ones.
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+struct Ints {
+  __m512i v;
+};
+struct Floats {
+  __m512 v;
+};
+inline Ints zero_ints() { return {_mm512_setzero_si512()}; }
+inline Floats zero_floats() { return {_mm512_setzero_ps()}; }
+inline Ints widen_unsigned(const uint8_t* p) { return {_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)p))}; }
+inline Ints widen_signed(const uint8_t* p) { return {_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)p))}; }
+inline Ints low_nibbles(Ints v) { return {_mm512_and_si512(v.v, _mm512_set1_epi16(0x0F))}; }
+inline Ints high_nibbles(Ints v) { return {_mm512_srli_epi16(v.v, 4)}; }
+// acc + per lane: w[2l] x[0] + w[2l+1] x[1], x a pair of int16 activations read as one int32.
+inline Ints dot_pairs(Ints acc, Ints w, const int32_t* x_pair) {
+#if defined(__AVX512VNNI__)
+  return {_mm512_dpwssd_epi32(acc.v, w.v, _mm512_set1_epi32(*x_pair))};
+#else
+  return {_mm512_add_epi32(acc.v, _mm512_madd_epi16(w.v, _mm512_set1_epi32(*x_pair)))};
+#endif
+}
+inline Floats halves(const uint8_t* p) { return {_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p))}; }
+inline Floats to_floats(Ints v) { return {_mm512_cvtepi32_ps(v.v)}; }
+inline Floats scaled(Floats v, float s) { return {_mm512_mul_ps(v.v, _mm512_set1_ps(s))}; }
+inline Floats fma(Floats a, Floats b, Floats c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline Floats fma(Floats a, float b, Floats c) { return {_mm512_fmadd_ps(a.v, _mm512_set1_ps(b), c.v)}; }
+inline void store(float* p, Floats v) { _mm512_storeu_ps(p, v.v); }
+#else
+struct Ints {
+  __m256i lo, hi;  // rows 0..7, 8..15
+};
+struct Floats {
+  __m256 lo, hi;
+};
+inline Ints zero_ints() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+inline Floats zero_floats() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline __m128i load128(const uint8_t* p) { return _mm_loadu_si128((const __m128i*)p); }
+inline Ints widen_unsigned(const uint8_t* p) {
+  return {_mm256_cvtepu8_epi16(load128(p)), _mm256_cvtepu8_epi16(load128(p + 16))};
+}
+inline Ints widen_signed(const uint8_t* p) {
+  return {_mm256_cvtepi8_epi16(load128(p)), _mm256_cvtepi8_epi16(load128(p + 16))};
+}
+inline Ints low_nibbles(Ints v) {
+  const __m256i mask = _mm256_set1_epi16(0x0F);
+  return {_mm256_and_si256(v.lo, mask), _mm256_and_si256(v.hi, mask)};
+}
+inline Ints high_nibbles(Ints v) { return {_mm256_srli_epi16(v.lo, 4), _mm256_srli_epi16(v.hi, 4)}; }
+inline __m256i dot_pairs_half(__m256i acc, __m256i w, __m256i x) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpwssd_avx_epi32(acc, w, x);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(w, x));
+#endif
+}
+inline Ints dot_pairs(Ints acc, Ints w, const int32_t* x_pair) {
+  const __m256i x = _mm256_set1_epi32(*x_pair);
+  return {dot_pairs_half(acc.lo, w.lo, x), dot_pairs_half(acc.hi, w.hi, x)};
+}
+inline Floats halves(const uint8_t* p) {
+  return {_mm256_cvtph_ps(load128(p)), _mm256_cvtph_ps(load128(p + 16))};
+}
+inline Floats to_floats(Ints v) { return {_mm256_cvtepi32_ps(v.lo), _mm256_cvtepi32_ps(v.hi)}; }
+inline Floats scaled(Floats v, float s) {
+  const __m256 k = _mm256_set1_ps(s);
+  return {_mm256_mul_ps(v.lo, k), _mm256_mul_ps(v.hi, k)};
+}
+inline Floats fma(Floats a, Floats b, Floats c) {
+  return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+inline Floats fma(Floats a, float b, Floats c) {
+  const __m256 k = _mm256_set1_ps(b);
+  return {_mm256_fmadd_ps(a.lo, k, c.lo), _mm256_fmadd_ps(a.hi, k, c.hi)};
+}
+inline void store(float* p, Floats v) { _mm256_storeu_ps(p, v.lo), _mm256_storeu_ps(p + 8, v.hi); }
+#endif
+
+constexpr bool kHasPackedKernel = true;
+
+// One tile's integer dots with every activation row's block i: dots[b] lane r = sum_k q[r][k] x[b][k].
+template <int64_t kType, int64_t kBatch>
+__attribute__((always_inline)) inline void tile_dots(const uint8_t* values, const int32_t* const (&x)[kBatch],
+                                                     Ints (&dots)[kBatch]) {
+  for (int64_t b = 0; b < kBatch; ++b) dots[b] = zero_ints();
+  if constexpr (kType == Q8_0) {
+#pragma GCC unroll 16
+    for (int p = 0; p < 16; ++p) {
+      const Ints w = widen_signed(values + 32 * p);
+      for (int64_t b = 0; b < kBatch; ++b) dots[b] = dot_pairs(dots[b], w, x[b] + p);
+    }
+  } else {
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; ++l) {
+      const Ints bytes = widen_unsigned(values + 32 * l), low = low_nibbles(bytes), high = high_nibbles(bytes);
+      for (int64_t b = 0; b < kBatch; ++b) dots[b] = dot_pairs(dot_pairs(dots[b], low, x[b] + 2 * l), high, x[b] + 2 * l + 1);
+    }
+  }
+}
+
+// y [kBatch, rows] for the groups [begin, end); a = the activations rounded to int16 by 32-value block.
+template <int64_t kType, int64_t kBatch>
+void packed_groups(const ActivationBlocks<int16_t>& a, const uint8_t* packed, int64_t rows, int64_t cols,
+                   int64_t begin, int64_t end, float* y) {
+  const int64_t blocks = cols / kBlock, tile = tile_bytes(kType), scales_at = values_bytes(kType);
+  const auto* pairs = reinterpret_cast<const int32_t*>(a.values);
+  for (int64_t g = begin; g < end; ++g) {
+    const uint8_t* t = packed + g * blocks * tile;
+    Floats acc[kBatch];
+    for (int64_t b = 0; b < kBatch; ++b) acc[b] = zero_floats();
+    for (int64_t i = 0; i < blocks; ++i, t += tile) {
+      const int32_t* x[kBatch];
+      for (int64_t b = 0; b < kBatch; ++b) x[b] = pairs + (b * cols + i * kBlock) / 2;
+      Ints dots[kBatch];
+      tile_dots<kType, kBatch>(t, x, dots);
+      const Floats d = halves(t + scales_at);
+      // sum_k (d q + c) x = d (sum_k q x) + c (sum_k x): c = m (Q4_1), -8 d (Q4_0), 0 (Q8_0).
+      const Floats c = kType == Q4_1 ? halves(t + scales_at + 32) : scaled(d, -8.f);
+      for (int64_t b = 0; b < kBatch; ++b) {
+        const int64_t at = b * blocks + i;
+        acc[b] = fma(to_floats(dots[b]), scaled(d, a.scales[at]), acc[b]);
+        if constexpr (kType != Q8_0) acc[b] = fma(c, a.sums[at], acc[b]);
+      }
+    }
+    const int64_t first = g * kTileRows, valid = std::min(kTileRows, rows - first);
+    for (int64_t b = 0; b < kBatch; ++b) {
+      if (valid == kTileRows) {
+        store(y + b * rows + first, acc[b]);
+      } else {  // the padded last group
+        float lanes[kTileRows];
+        store(lanes, acc[b]);
+        std::memcpy(y + b * rows + first, lanes, valid * sizeof(float));
+      }
+    }
+  }
+}
+
+template <int64_t kType, int64_t kBatch = 1>
+void packed_batch(const ActivationBlocks<int16_t>& a, int64_t batch, const uint8_t* packed, int64_t rows,
+                  int64_t cols, float* y) {
+  if constexpr (kBatch < kDecodeMaxBatch) {
+    if (batch != kBatch) return packed_batch<kType, kBatch + 1>(a, batch, packed, rows, cols, y);
+  }
+  const int64_t groups = (rows + kTileRows - 1) / kTileRows;
+  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+    packed_groups<kType, kBatch>(a, packed, rows, cols, begin, end, y);
+  });
+}
+
+void packed_decode(const float* x, int64_t batch, const uint8_t* packed, int64_t type, int64_t rows,
+                   int64_t cols, int64_t activation_bits, float* y) {
+  const auto a = rounded_activations<int16_t>(x, batch, cols, activation_bits == 8 ? 127.f : 32767.f);
+  switch (type) {
+    case Q4_0: return packed_batch<Q4_0>(a, batch, packed, rows, cols, y);
+    case Q4_1: return packed_batch<Q4_1>(a, batch, packed, rows, cols, y);
+    default: return packed_batch<Q8_0>(a, batch, packed, rows, cols, y);
+  }
+}
+
+#else  // no AVX2+FMA+F16C: the packed layout is never made (gguf_packable says no)
+
+constexpr bool kHasPackedKernel = false;
+
+void packed_decode(const float*, int64_t, const uint8_t*, int64_t, int64_t, int64_t, int64_t, float*) {
+  TORCH_CHECK(false, "this build has no packed GGUF decode kernel");
+}
+
+#endif
+
+}  // namespace
+
+// Whether gguf_pack takes `type` in this build.
+bool gguf_packable(int64_t type) { return kHasPackedKernel && packable(type); }
+
+// qweight [N, row_bytes] uint8 rows of ggml `type` blocks -> the packed layout above (uint8, flat).
+at::Tensor gguf_pack(const at::Tensor& qweight, int64_t type) {
+  TORCH_CHECK(gguf_packable(type), "GGML type ", type, " cannot be packed in this build");
+  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kByte, "qweight must be uint8 [rows, row_bytes]");
+  const at::Tensor rows_in = qweight.contiguous();
+  const BlockFormat format = block_format(type);
+  const int64_t rows = rows_in.size(0), blocks = rows_in.size(1) / format.bytes;
+  TORCH_CHECK(rows_in.size(1) % format.bytes == 0, "row_bytes ", rows_in.size(1), " is not whole blocks");
+  const int64_t groups = (rows + kTileRows - 1) / kTileRows, tile = tile_bytes(type), scales_at = values_bytes(type);
+  at::Tensor packed = at::zeros({groups * blocks * tile}, rows_in.options());
+  const uint8_t* in = rows_in.data_ptr<uint8_t>();
+  uint8_t* out = packed.data_ptr<uint8_t>();
+  const int64_t values_at = type == Q4_1 ? 4 : 2;  // after d (and m)
+  at::parallel_for(0, rows, kTileRows, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const int64_t r = n % kTileRows;
+      uint8_t* t = out + n / kTileRows * blocks * tile;
+      for (int64_t i = 0; i < blocks; ++i, t += tile) {
+        const uint8_t* block = in + n * rows_in.size(1) + i * format.bytes;
+        for (int k = 0; k < kBlock; ++k) {
+          const int q = block_value(type, block + values_at, k);
+          if (type == Q8_0) {
+            t[32 * (k / 2) + 2 * r + k % 2] = static_cast<uint8_t>(q);
+          } else {
+            t[32 * (k / 4) + 2 * r + k % 2] |= static_cast<uint8_t>(k % 4 < 2 ? q : q << 4);
+          }
+        }
+        std::memcpy(t + scales_at + 2 * r, block, 2);                                  // d
+        if (type == Q4_1) std::memcpy(t + scales_at + 32 + 2 * r, block + 2, 2);  // m
+      }
+    }
+  });
+  return packed;
+}
+
+// x [B, K] float32 times the packed W^T (W [rows, K]) -> [B, rows]. B <= kDecodeMaxBatch: integer dots on
+// x rounded to `activation_bits` (8 or 16) per 32-value block; larger B: tiles dequantized to float32 for
+// ATen's GEMM (as gguf_matmul does for prefill).
+at::Tensor gguf_packed_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t rows,
+                              int64_t activation_bits) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a float32 [B, K] tensor");
+  TORCH_CHECK(activation_bits == 8 || activation_bits == 16, "packed weights take 8- or 16-bit activations, got ",
+              activation_bits);
+  const at::Tensor xc = x.contiguous();
+  const int64_t batch = xc.size(0), cols = xc.size(1);
+  check_packed(packed, type, rows, cols);
+  at::Tensor y = at::empty({batch, rows}, xc.options());
+  if (batch == 0) return y;
+  if (batch <= kDecodeMaxBatch) {
+    packed_decode(xc.data_ptr<float>(), batch, packed.data_ptr<uint8_t>(), type, rows, cols, activation_bits,
+                  y.data_ptr<float>());
+    return y;
+  }
+  constexpr int64_t kTileFloats = int64_t{1} << 20;  // 4 MiB of dequantized weights per GEMM tile
+  const int64_t tile_rows = std::max<int64_t>(64, kTileFloats / cols);
+  at::Tensor tile = at::empty({std::min(tile_rows, rows), cols}, xc.options());
+  for (int64_t first = 0; first < rows; first += tile_rows) {
+    const int64_t count = std::min(tile_rows, rows - first);
+    float* out = tile.data_ptr<float>();
+    at::parallel_for(first, first + count, kTileRows, [&](int64_t begin, int64_t end) {
+      for (int64_t n = begin; n < end; ++n)
+        dequantize_packed_row(packed.data_ptr<uint8_t>(), type, cols, n, out + (n - first) * cols);
+    });
+    y.narrow(1, first, count).copy_(at::mm(xc, tile.narrow(0, 0, count).t()));
+  }
+  return y;
+}
+
+// Rows `ids` of a packed matrix (an embedding lookup) -> float32 [len(ids), K].
+at::Tensor gguf_packed_rows(const at::Tensor& packed, int64_t type, int64_t rows, int64_t cols, const at::Tensor& ids) {
+  check_packed(packed, type, rows, cols);
+  const at::Tensor idc = ids.to(at::kLong).contiguous();
+  const int64_t* index = idc.data_ptr<int64_t>();
+  for (int64_t i = 0; i < idc.numel(); ++i)
+    TORCH_CHECK(index[i] >= 0 && index[i] < rows, "row ", index[i], " is outside [0, ", rows, ")");
+  at::Tensor out = at::empty({idc.numel(), cols}, packed.options().dtype(at::kFloat));
+  at::parallel_for(0, idc.numel(), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      dequantize_packed_row(packed.data_ptr<uint8_t>(), type, cols, index[i], out.data_ptr<float>() + i * cols);
+  });
+  return out;
+}
+
+TORCH_LIBRARY_FRAGMENT(pagedserve, m) {
+  m.def("gguf_packable(int type) -> bool", gguf_packable);
+  m.def("gguf_pack(Tensor qweight, int type) -> Tensor", gguf_pack);
+  m.def("gguf_packed_matmul(Tensor x, Tensor packed, int type, int rows, int activation_bits) -> Tensor",
+        gguf_packed_matmul);
+  m.def("gguf_packed_rows(Tensor packed, int type, int rows, int cols, Tensor ids) -> Tensor", gguf_packed_rows);
+}
