@@ -36,20 +36,36 @@ struct Problem {
 // stay in registers.
 constexpr int rows_per_step(int batch) { return batch <= 2 ? 4 : batch <= 4 ? 2 : 1; }
 
-// part[r][i] += widen(w row r) * x row i over one vector of columns; rows/activations `w_stride` /
-// `x_stride` apart.
+// part[r][i] += w[r] * x row i over one vector of columns (activation rows `x_stride` apart).
 template <int kBatch, int kRows>
-inline void accumulate(V (&part)[kRows][kBatch], const uint8_t* w, int64_t w_stride, const float* x,
-                       int64_t x_stride) {
+inline void multiply_rows(V (&part)[kRows][kBatch], const V (&w)[kRows], const float* x, int64_t x_stride) {
   V xv[kBatch];
 #pragma GCC unroll 8
   for (int i = 0; i < kBatch; ++i) xv[i] = Lanes::load(x + i * x_stride);
 #pragma GCC unroll 4
   for (int r = 0; r < kRows; ++r) {
-    const V wv = Lanes::widen(w + r * w_stride);
 #pragma GCC unroll 8
-    for (int i = 0; i < kBatch; ++i) part[r][i] = Lanes::fma(wv, xv[i], part[r][i]);
+    for (int i = 0; i < kBatch; ++i) part[r][i] = Lanes::fma(w[r], xv[i], part[r][i]);
   }
+}
+
+// part[r][i] += widen(weight row r) * x row i over one vector of columns; weight rows `w_stride` apart.
+template <int kBatch, int kRows>
+inline void accumulate(V (&part)[kRows][kBatch], const uint8_t* w, int64_t w_stride, const float* x,
+                       int64_t x_stride) {
+  V wv[kRows];
+  for (int r = 0; r < kRows; ++r) wv[r] = Lanes::widen(w + r * w_stride);
+  multiply_rows<kBatch, kRows>(part, wv, x, x_stride);
+}
+
+// The same over two vectors of columns, widened together.
+template <int kBatch, int kRows>
+inline void accumulate_pair(V (&part)[kRows][kBatch], const uint8_t* w, int64_t w_stride, const float* x,
+                            int64_t x_stride) {
+  V low[kRows], high[kRows];
+  for (int r = 0; r < kRows; ++r) fp8::widen_pair(w + r * w_stride, low[r], high[r]);
+  multiply_rows<kBatch, kRows>(part, low, x, x_stride);
+  multiply_rows<kBatch, kRows>(part, high, x + W, x_stride);
 }
 
 // y[i, row .. row + kRows) for every activation row i.
@@ -62,6 +78,7 @@ void rows_times_batch(const Problem& p, int64_t row, float* y) {
     const int64_t start = b * p.block_k, stop = std::min(p.k, start + p.block_k);
     for (auto& per_row : part) std::fill(per_row, per_row + kBatch, Lanes::zero());
     int64_t k = start;
+    for (; k + 2 * W <= stop; k += 2 * W) accumulate_pair<kBatch, kRows>(part, w + k, p.k, p.x + k, p.k);
     for (; k + W <= stop; k += W) accumulate<kBatch, kRows>(part, w + k, p.k, p.x + k, p.k);
     if (k < stop) {  // the block's last columns, zero padded to a whole vector
       uint8_t w_tail[kRows][W] = {};
