@@ -21,10 +21,10 @@ from pagedserve.config import (
     dataclass_from_cli_args,
     default_max_num_batched_tokens,
 )
-from pagedserve.config.int4_checkpoint import parse_int4_checkpoint
 from pagedserve.config.parallel import uneven_for_tensor_parallel
-from pagedserve.config.quantization import checkpoint_quantization_config
 from pagedserve.entrypoints.cli import take_model_tag
+from pagedserve.entrypoints.plan_report import format_table
+from pagedserve.entrypoints.plan_weights import LinearStorage, linear_storage, weights_bytes
 from pagedserve.errors import ConfigError
 from pagedserve.sizing import (
     DTYPE_BYTES,
@@ -35,7 +35,7 @@ from pagedserve.sizing import (
     max_concurrency,
     max_full_requests,
 )
-from pagedserve.utils import cdiv, format_bytes, parse_bytes
+from pagedserve.utils import cdiv, parse_bytes
 from pagedserve.utils.kv_cache_groups import KVCacheGroups
 
 # The engine flags the plan takes, with the engine's names, help and defaults.
@@ -88,7 +88,7 @@ class PlanInputs:
     concurrency: int
     request_tokens: int
     reach: WindowedKV | None = None  # windowed layers: out-of-window blocks are freed
-    linear_bits: float | None = None  # a GPTQ/AWQ checkpoint: memory per weight of its linear layers
+    linear_storage: LinearStorage | None = None  # a quantized checkpoint's linear layers
 
 
 @dataclass(frozen=True)
@@ -111,10 +111,7 @@ class Plan:
 def compute_plan(inputs: PlanInputs) -> Plan:
     """The engine's arithmetic (sizing.py) on `inputs`."""
     shape, tp = inputs.shape, inputs.tp
-    weights = shape.num_parameters(tp) * inputs.dtype_bytes
-    if inputs.linear_bits is not None:
-        linear = shape.num_linear_weights(tp)
-        weights -= linear * inputs.dtype_bytes - math.ceil(linear * inputs.linear_bits / 8)
+    weights = weights_bytes(shape, tp, inputs.dtype_bytes, inputs.linear_storage)
     per_token = shape.kv_bytes_per_token(tp, inputs.kv_dtype_bytes)
     # NOTE: a block holds one KV cache group's layers (all of them for a model without windows).
     layers_per_block = shape.num_layers if inputs.reach is None else inputs.reach.groups.group_size
@@ -207,8 +204,8 @@ def alternatives(inputs: PlanInputs) -> list[str]:
         )
     if compute_plan(replace(inputs, kv_dtype_bytes=1, dtype_bytes=1)).fits:
         found.append(
-            "8-bit weights and an fp8 KV cache (vLLM's --quantization fp8 --kv-cache-dtype fp8; "
-            "not in pagedserve yet)"
+            "8-bit weights (an fp8 checkpoint; --quantization int8 on CPU) and an fp8 KV cache "
+            "(--kv-cache-dtype fp8)"
         )
     needed = needed_utilization(inputs, plan)
     if needed is not None and needed <= MAX_UTILIZATION and needed > inputs.utilization:
@@ -260,16 +257,8 @@ def resolve_inputs(args: PlanArgs, engine_args: EngineArgs) -> PlanInputs:
         args.concurrency,
         request_tokens,
         None if groups.windows == (None,) else WindowedKV(groups, batched),
-        _linear_bits(model_config),
+        linear_storage(model_config),
     )
-
-
-def _linear_bits(model_config: ModelConfig) -> float | None:
-    """Bits per weight of a 4-bit checkpoint's linear layers (None: they are in the model's dtype)."""
-    if model_config.quantization not in ("gptq", "awq"):
-        return None
-    quant_config = checkpoint_quantization_config(model_config)
-    return parse_int4_checkpoint(model_config.quantization, quant_config).bits_per_weight
 
 
 def _request_tokens(args: PlanArgs, max_model_len: int) -> int:
@@ -318,71 +307,6 @@ def report(inputs: PlanInputs, plan: Plan) -> dict[str, Any]:
         "recommended_flags": recommendations(inputs, plan) if plan.fits else None,
         "would_fit": [] if plan.fits else alternatives(inputs),
     }
-
-
-def format_table(result: dict[str, Any]) -> str:
-    """The plan as a two-column table, then the verdict and the flags (or what would fit)."""
-    gib = lambda key: format_bytes(result[key])  # noqa: E731
-    rows = [
-        ("model", f"{result['model']} ({result['architecture']}, {result['dtype']})"),
-        (
-            "parameters",
-            f"{result['num_parameters']:,} ({result['num_parameters_per_gpu']:,} per GPU, "
-            f"tp={result['tensor_parallel_size']})",
-        ),
-        ("weights per GPU", f"{result['weights_bytes']:,} B ({gib('weights_bytes')})"),
-        ("KV bytes per token", f"{result['kv_bytes_per_token']:,} B per GPU"),
-        ("KV bytes per block", f"{result['bytes_per_block']:,} B ({result['block_size']} tokens)"),
-    ]
-    if result["gpu_memory_bytes"] is not None:
-        rows += [
-            ("GPU memory", f"{gib('gpu_memory_bytes')} x {result['gpu_memory_utilization']}"),
-            ("peak activations", f"{gib('activation_bytes')} (estimated; the engine profiles it)"),
-            ("outside torch", f"{gib('non_torch_bytes')} (estimated)"),
-        ]
-    if result["sliding_window"] is not None:
-        rows.append(
-            (
-                "sliding window",
-                f"{result['sliding_window']} tokens on every layer: older blocks are "
-                "freed, so a request holds at most the window's blocks",
-            )
-        )
-    rows += [
-        ("KV cache budget", f"{result['kv_budget_bytes']:,} B ({gib('kv_budget_bytes')})"),
-        ("KV blocks", f"{result['num_blocks']:,} (+1 reserved)"),
-        ("KV capacity", f"{result['capacity_tokens']:,} tokens"),
-        (
-            f"max concurrency at {result['max_model_len']} tokens",
-            f"{result['max_concurrency_at_max_model_len']:.2f}x",
-        ),
-        (
-            f"requests of {result['request_tokens']} tokens at once",
-            f"{result['max_requests_at_request_tokens']:,}",
-        ),
-    ]
-    width = max(len(name) for name, _ in rows)
-    lines = [f"{name:<{width}}  {value}" for name, value in rows]
-    if result["recommended_flags"] is not None:
-        lines.append(
-            f"\nFITS: {result['concurrency']} concurrent requests of {result['request_tokens']} "
-            "tokens. Recommended flags:"
-        )
-        lines.append(
-            "  " + " ".join(f"{flag} {value}" for flag, value in result["recommended_flags"].items())
-        )
-    else:
-        why = (
-            "the weights and activations alone take more than the GPU's share"
-            if result["kv_budget_bytes"] <= 0
-            else "they need more KV cache than this leaves"
-        )
-        lines.append(
-            f"\nDOES NOT FIT: {result['concurrency']} concurrent requests of "
-            f"{result['request_tokens']} tokens: {why}. What would fit:"
-        )
-        lines += [f"  - {option}" for option in result["would_fit"]] or ["  - nothing in reach: a larger GPU"]
-    return "\n".join(lines)
 
 
 def add_plan_args(parser: argparse.ArgumentParser) -> None:

@@ -31,6 +31,8 @@ def load_model(config: ModelConfig, device: torch.device) -> CausalLM:
     try:
         with torch.device(device), set_quantization_config(quantization):
             model = model_class(config.hf_config)
+            if quantization is not None:
+                quantization.prepare_layers(model)
     finally:
         torch.set_default_dtype(previous)
     if config.load_format == "dummy":

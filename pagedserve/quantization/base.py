@@ -65,6 +65,10 @@ class QuantizationConfig(ABC):
     def get_linear_method(self) -> QuantizeMethodBase:
         """The method of a linear (column/row/qkv/merged) layer."""
 
+    def prepare_layers(self, model: nn.Module) -> None:
+        """Called once the model is built (in its device and dtype), before any weight loads: layers
+        the checkpoint treats apart by name (fp8's `ignored_layers`) change method here."""
+
     def get_embedding_method(self) -> QuantizeMethodBase:
         """The method of the token embedding and the LM head (unquantized unless the scheme says so)."""
         return UnquantizedMethod()

@@ -10,12 +10,18 @@ fp8_matmul.cpp). NOTE: why a kernel: torch's fp8 -> float32 conversion of a weig
 float32 matmul it feeds on this CPU (benchmarks/quant_kernels.py: "torch fp8 upcast"). CUDA: W8A8 with
 torch._scaled_mm (activations quantized per token) where it applies, else the same dequantize-and-matmul.
 
+`ignored_layers` (vLLM's name; llm-compressor writes `ignore`, transformers `modules_to_not_convert`):
+module names or `re:` regexes (matched from the start) of layers the checkpoint leaves in float; they load
+as plain float weights. A fused layer (qkv_proj, gate_up_proj) is float when all its checkpoint parts are
+named, and refused when only some are (one matmul cannot mix the two).
+
 Scales are kept per row, [N, ceil(K / block_k)] (per-tensor and per-channel: one column), so fused
 layers (qkv, gate_up) whose parts have their own per-tensor scales keep each part's scale, and the
 layers' own shard loaders place them as they place the weight's rows.
 """
 
 import functools
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
@@ -25,11 +31,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedserve.errors import ConfigError
-from pagedserve.quantization.base import QuantizationConfig, QuantizeMethodBase
+from pagedserve.quantization.base import QuantizationConfig, QuantizeMethodBase, UnquantizedMethod
 
 WeightLoader = Callable[[nn.Parameter, torch.Tensor, object], object]  # a layer's shard loader
 MAX_BLOCK = 1 << 16  # weight_block_size bound (checkpoints use 128)
 FP8_MAX = torch.finfo(torch.float8_e4m3fn).max
+IGNORED_LAYERS_KEYS = ("ignored_layers", "ignore", "modules_to_not_convert")  # vLLM's, llm-compressor's, HF's
 _CHUNK_ELEMENTS = 1 << 22  # the fallback's float32 staging: 16 MiB of a weight at a time
 _FP8_VALUES = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
 
@@ -38,6 +45,7 @@ _FP8_VALUES = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.fl
 class Fp8Config(QuantizationConfig):
     activation_scheme: str = "dynamic"  # static: the checkpoint ships each layer's input_scale
     weight_block_size: tuple[int, int] | None = None  # (block_n, block_k): block-wise scales
+    ignored_layers: tuple[str, ...] = ()  # names or "re:" regexes of the layers kept in float
 
     name = "fp8"
 
@@ -62,10 +70,77 @@ class Fp8Config(QuantizationConfig):
         fmt = quant_config.get("fmt", "e4m3")
         if fmt != "e4m3":
             raise ConfigError(f"fp8 checkpoint: quantization_config.fmt is {fmt!r}; supported: e4m3.")
-        return cls(str(scheme), None if block is None else (int(block[0]), int(block[1])))
+        block_size = None if block is None else (int(block[0]), int(block[1]))
+        return cls(str(scheme), block_size, _ignored_layers(quant_config))
 
     def get_linear_method(self) -> QuantizeMethodBase:
         return Fp8LinearMethod(self)
+
+    def prepare_layers(self, model: nn.Module) -> None:
+        """The ignored layers become plain float layers before the checkpoint loads."""
+        if not self.ignored_layers:
+            return
+        # our fused layer -> the checkpoint's parts (e.g. qkv_proj -> q_proj, k_proj, v_proj)
+        fused_parts: dict[str, list[str]] = {}
+        for part, (fused, _) in getattr(model, "stacked_params", {}).items():
+            fused_parts.setdefault(fused, []).append(part)
+        for name, module in model.named_modules():
+            if isinstance(getattr(module, "quant_method", None), Fp8LinearMethod) and self._is_ignored(
+                name, fused_parts
+            ):
+                _keep_in_float(module)
+
+    def _is_ignored(self, name: str, fused_parts: dict[str, list[str]]) -> bool:
+        prefix, _, short = name.rpartition(".")
+        parts = [f"{prefix}.{part}" if prefix else part for part in fused_parts.get(short, [])]
+        named = [part for part in parts if self._matches(part)]
+        if named and len(named) < len(parts):
+            raise ConfigError(
+                f"fp8 checkpoint: quantization_config's ignored layers name {', '.join(named)} but not "
+                f"{', '.join(p for p in parts if p not in named)}, which pagedserve fuses with them into "
+                f"{name}; the parts of a fused layer must all be quantized or all be listed."
+            )
+        return bool(named) or self._matches(name)
+
+    def _matches(self, name: str) -> bool:
+        return any(
+            re.match(entry[3:], name) if entry.startswith("re:") else entry == name
+            for entry in self.ignored_layers
+        )
+
+
+def _ignored_layers(quant_config: dict[str, object]) -> tuple[str, ...]:
+    """The checkpoint's list of layers left in float, validated (regexes compiled)."""
+    key = next((key for key in IGNORED_LAYERS_KEYS if quant_config.get(key) is not None), None)
+    if key is None:
+        return ()
+    entries = quant_config[key]
+    if not isinstance(entries, list | tuple) or not all(isinstance(e, str) and e for e in entries):
+        raise ConfigError(
+            f"fp8 checkpoint: quantization_config.{key} is {entries!r}; it must be a list of module "
+            'names or "re:" regexes (e.g. ["lm_head", "re:.*mlp.gate$"]).'
+        )
+    for entry in entries:
+        if entry.startswith("re:"):
+            try:
+                re.compile(entry[3:])
+            except re.error as exc:
+                raise ConfigError(
+                    f"fp8 checkpoint: quantization_config.{key} holds {entry!r}, not a valid regex: {exc}."
+                ) from exc
+    return tuple(entries)
+
+
+def _keep_in_float(layer: nn.Module) -> None:
+    """Replace a layer's fp8 parameters (not loaded yet) by a float weight of the same shape."""
+    method = cast(Fp8LinearMethod, layer.quant_method)
+    output_size, input_size = cast(torch.Tensor, layer.weight).shape
+    for name in ("weight", method.scale_name, "input_scale"):
+        if hasattr(layer, name):
+            delattr(layer, name)
+    float_method = UnquantizedMethod()
+    float_method.create_weights(layer, input_size, output_size)
+    layer.quant_method = float_method  # type: ignore[assignment]  # NOTE: nn.Module types attributes as tensors or modules
 
 
 class Fp8LinearMethod(QuantizeMethodBase):
@@ -127,7 +202,7 @@ class Fp8LinearMethod(QuantizeMethodBase):
         elif x.device.type == "cpu" and _native_kernels():
             from pagedserve.kernels.cpu.fp8_ops import fp8_matmul
 
-            out = fp8_matmul(flat.float(), weight.view(torch.uint8), scales, _FP8_VALUES, self.block_k)
+            out = fp8_matmul(flat.float(), weight.view(torch.uint8), scales, self.block_k)
         else:
             out = torch.cat(
                 [

@@ -42,18 +42,26 @@ def quantize(weight: torch.Tensor, scheme: str) -> tuple[torch.Tensor, torch.Ten
     return fp8, scale.float().contiguous(), fp8.float() * full
 
 
-def fp8_checkpoint(source: str, folder: str, scheme: str, static: bool = False) -> tuple[str, str]:
-    """(fp8 folder, float folder holding the reference-dequantized weights) of the model in `source`."""
+def fp8_checkpoint(
+    source: str,
+    folder: str,
+    scheme: str,
+    static: bool = False,
+    keep_float: frozenset[str] = frozenset(),
+    extra_config: dict | None = None,
+) -> tuple[str, str]:
+    """(fp8 folder, float folder holding the reference-dequantized weights) of the model in `source`;
+    the linear layers named in `keep_float` stay float; `extra_config` joins its quantization_config."""
     fp8_folder, float_folder = os.path.join(folder, "fp8"), os.path.join(folder, "float")
     for target in (fp8_folder, float_folder):
         shutil.copytree(source, target)
     tensors = load_file(os.path.join(source, "model.safetensors"))
     quantized, dequantized = dict(tensors), dict(tensors)
     for name, weight in tensors.items():
-        if name.endswith(".weight") and name.split(".")[-2] in LINEARS:
+        stem = name.removesuffix(".weight")
+        if name.endswith(".weight") and name.split(".")[-2] in LINEARS and stem not in keep_float:
             fp8, scale, dequantized[name] = quantize(weight, scheme)
             quantized[name] = fp8
-            stem = name.removesuffix(".weight")
             quantized[f"{stem}.weight_scale_inv" if scheme == "block" else f"{stem}.weight_scale"] = scale
             if static:
                 quantized[f"{stem}.input_scale"] = torch.tensor(0.02)
@@ -65,6 +73,7 @@ def fp8_checkpoint(source: str, folder: str, scheme: str, static: bool = False) 
         "quant_method": "fp8",
         "activation_scheme": "static" if static else "dynamic",
         **({"weight_block_size": [BLOCK, BLOCK]} if scheme == "block" else {}),
+        **(extra_config or {}),
     }
     json.dump(config, open(config_path, "w"))
     return fp8_folder, float_folder

@@ -5,13 +5,21 @@ import torch
 from pagedserve.kernels.cpu import load_cpu_kernels
 
 
-def fp8_matmul(
-    x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, fp8_values: torch.Tensor, block_k: int
-) -> torch.Tensor:
-    """x [B, K] float32 times W^T, W [N, K] stored as fp8 bits `weight` (uint8) scaled by `scales`
-    [N, ceil(K / block_k)] float32 (one column: a scale per row); `fp8_values`: the format's [256] values.
-    Returns [B, N] float32. Raises RuntimeError when the kernels are unavailable or a shape is wrong."""
+def _require_kernels() -> None:
     kernels = load_cpu_kernels()
     if kernels.module is None:
         raise RuntimeError(f"The native CPU kernels are unavailable: {kernels.error}")
-    return torch.ops.pagedserve.fp8_matmul(x, weight, scales, fp8_values, block_k)
+
+
+def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, block_k: int) -> torch.Tensor:
+    """x [B, K] float32 times W^T, W [N, K] stored as float8_e4m3fn bits `weight` (uint8) scaled by
+    `scales` [N, ceil(K / block_k)] float32 (one column: a scale per row). Returns [B, N] float32.
+    Raises RuntimeError when the kernels are unavailable or a shape is wrong."""
+    _require_kernels()
+    return torch.ops.pagedserve.fp8_matmul(x, weight, scales, block_k)
+
+
+def fp8_matmul_isa() -> str:
+    """The vector code the build widens fp8 weights with: "avx512", "avx2" or "scalar"."""
+    _require_kernels()
+    return torch.ops.pagedserve.fp8_matmul_isa()
