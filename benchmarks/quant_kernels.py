@@ -1,7 +1,8 @@
-"""Quantized matmul kernels on CPU, SmolLM2-135M's shapes: our GGUF kernels (Q4_1, Q8_0) with float32
-activations ("f32"), 16-bit ("i16", the default) and 8-bit ("i8", llama.cpp's) integer activations (these
-apply at batch <= 8; larger batches compute in float32 whatever the setting) against torch's own int8/int4
-kernels and the float32 matmul, same inputs.
+"""Quantized matmul kernels on CPU, SmolLM2-135M's shapes: our GGUF kernels (Q4_1, Q8_0) on the file's
+rows and on the 16-row packed layout the engine uses (`gguf_pack`), with float32 activations ("f32"),
+16-bit ("i16", the default) and 8-bit ("i8", llama.cpp's) integer activations (these apply at batch <= 8 on
+the rows, <= 32 packed; larger batches compute in float32 whatever the setting) against torch's own
+int8/int4 kernels and the float32 matmul, same inputs.
 
 torch's: `_weight_int8pack_mm` (int8, one scale per output channel), `_weight_int4pack_mm_for_cpu` (int4,
 groups of 32, scales and zeros; float32 and bfloat16 activations). fp8 weights (per-channel scales): our
@@ -19,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from pagedserve.kernels.cpu.fp8_ops import fp8_matmul
-from pagedserve.kernels.cpu.gguf_ops import gguf_matmul
+from pagedserve.kernels.cpu.gguf_ops import gguf_matmul, gguf_pack, gguf_packed_matmul
 from pagedserve.quantization.fp8 import FP8_MAX
 from pagedserve.quantization.rtn import GGML_Q4_1, GGML_Q8_0, quantize_q4_1, quantize_q8_0
 
@@ -50,16 +51,26 @@ def kernels(weight: torch.Tensor) -> dict:
     q4_1, q8_0 = quantize_q4_1(weight), quantize_q8_0(weight)
     fp8_scale = weight.abs().amax(dim=1, keepdim=True) / FP8_MAX
     fp8 = (weight / fp8_scale).to(torch.float8_e4m3fn)
+    formats = (("Q4_1", q4_1, GGML_Q4_1), ("Q8_0", q8_0, GGML_Q8_0))
     ours = {
         f"{name} {label}": lambda x, rows=rows, ggml_type=ggml_type, bits=bits: gguf_matmul(
             x, rows, ggml_type, bits
         )
-        for name, rows, ggml_type in (("Q4_1", q4_1, GGML_Q4_1), ("Q8_0", q8_0, GGML_Q8_0))
+        for name, rows, ggml_type in formats
+        for label, bits in (("f32", 32), ("i16", 16), ("i8", 8))
+    }
+    packed_rows = {ggml_type: gguf_pack(rows, ggml_type) for _, rows, ggml_type in formats}
+    packed = {
+        f"{name} packed {label}": lambda x, ggml_type=ggml_type, bits=bits: gguf_packed_matmul(
+            x, packed_rows[ggml_type], ggml_type, weight.shape[0], bits
+        )
+        for name, _, ggml_type in formats
         for label, bits in (("f32", 32), ("i16", 16), ("i8", 8))
     }
     return {
         "float32": lambda x: F.linear(x, weight),
         **ours,
+        **packed,
         "torch int8/ch": lambda x: torch._weight_int8pack_mm(x, int8, scale),
         "torch int4 f32": torch_int4(weight, torch.float32),
         "torch int4 bf16": torch_int4(weight, torch.bfloat16),

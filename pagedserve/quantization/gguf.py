@@ -67,10 +67,11 @@ class GGUFPart:
             return gguf_packed_rows(self.rows, self.ggml_type, self.end - self.start, cols, ids)
         return gguf_dequantize(self.rows.index_select(0, ids), self.ggml_type, cols)
 
-    def for_decode(self, activation_bits: int) -> "GGUFPart":
-        """This part packed for the 16-row decode kernel where it has one (Q4_0, Q4_1, Q8_0 with integer
-        activations): the same bytes, a few times faster at batch <= 8 (gguf_packed_matmul.cpp says why).
-        Float activations (PAGEDSERVE_GGUF_ACTIVATION_BITS=32) keep the rows and their exact kernel."""
+    def packed_for_integers(self, activation_bits: int) -> "GGUFPart":
+        """This part in the 16-row packed layout where it has one (Q4_0, Q4_1, Q8_0 with integer
+        activations): the same bytes, a few times faster than the row kernels at decode-sized batches
+        (gguf_packed_matmul.cpp says why). Float activations (PAGEDSERVE_GGUF_ACTIVATION_BITS=32) keep the
+        rows and their exact kernel."""
         if self.packed or activation_bits == 32 or not gguf_packable(self.ggml_type):
             return self
         return replace(self, rows=gguf_pack(self.rows, self.ggml_type), packed=True)
@@ -127,7 +128,7 @@ class GGUFMethod(QuantizeMethodBase):
             for start, end in _runs(mask.flatten().bool())
         )
         pieces = [
-            GGUFPart(ggml_type, start, end, self.staging[ggml_type][0][start:end]).for_decode(
+            GGUFPart(ggml_type, start, end, self.staging[ggml_type][0][start:end]).packed_for_integers(
                 self.activation_bits
             )
             for start, end, ggml_type in runs

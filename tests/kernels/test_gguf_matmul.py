@@ -15,6 +15,7 @@ from pagedserve.kernels.cpu.gguf_ops import (
     gguf_pack,
     gguf_packable,
     gguf_packed_matmul,
+    gguf_packed_max_batch,
     gguf_packed_rows,
 )
 
@@ -85,7 +86,9 @@ def rounded_activations(x: torch.Tensor, bits: int) -> torch.Tensor:
     largest = 2 ** (bits - 1) - 1
     blocks = x.reshape(-1, 32)
     block_max = blocks.abs().amax(dim=1, keepdim=True)
-    inverse = torch.where(block_max > 0, largest / block_max, torch.zeros_like(block_max))
+    # NOTE: the float32 inverse comes from a float64 division: torch's float32 `scalar / tensor` is not
+    # correctly rounded (off by an ulp), which moved a product across a rounding tie at batch 64.
+    inverse = torch.where(block_max > 0, (largest / block_max.double()).float(), torch.zeros_like(block_max))
     q = torch.round(blocks * inverse)
     return (q.double() * (block_max / largest).double()).reshape(x.shape)
 
@@ -127,12 +130,16 @@ def test_integer_activations_match_rounded_x_times_the_dequantized_weight(
 PACKED_TYPES = [name for name, ggml_type in NATIVE_GGML_TYPES.items() if gguf_packable(ggml_type)]
 # SmolLM2's shapes, and rows that leave the last 16-row group part full.
 PACKED_SHAPES = [*SMOLLM2_SHAPES, (37, 64), (1, 32)]
+# Activation rows go through the integer kernel in chunks (8 on AVX-512, 4 on AVX2): every chunk count,
+# full and partial last chunks, the largest integer batch and the first float GEMM one.
+PACKED_BATCHES = [*range(1, 10), 16, 27]
 
 
 @pytest.mark.parametrize(("type_name", "shape"), [(t, s) for t in PACKED_TYPES for s in PACKED_SHAPES])
 def test_packed_rows_compute_as_the_file_rows(type_name: str, shape: tuple[int, int]) -> None:
-    """gguf_pack's 16-row layout: the decode kernel on 8- and 16-bit activations equals the rounded x times
-    the dequantized weight, a batch over 8 the float x times it, and a row lookup the weight's rows."""
+    """gguf_pack's 16-row layout: the integer kernel on 8- and 16-bit activations equals the rounded x times
+    the dequantized weight up to gguf_packed_max_batch(), float activations (and larger batches) the float
+    x times it, and a row lookup the weight's rows."""
     ggml_type, (n, k) = NATIVE_GGML_TYPES[type_name], shape
     rng = np.random.default_rng(n * 5 + k + ggml_type)
     rows = random_rows(ggml_type, n, k, rng)
@@ -140,10 +147,13 @@ def test_packed_rows_compute_as_the_file_rows(type_name: str, shape: tuple[int, 
     packed = gguf_pack(torch.from_numpy(rows), ggml_type)
     ids = torch.from_numpy(rng.integers(0, n, 9))
     assert torch.equal(gguf_packed_rows(packed, ggml_type, n, k, ids), weight[ids])
-    for bits in (8, 16):
-        for batch in DECODE_BATCHES if n < 49152 else [1, DECODE_MAX_BATCH, DECODE_MAX_BATCH + 1]:
+    max_batch = gguf_packed_max_batch()
+    batches = [*PACKED_BATCHES, max_batch, max_batch + 1] if n < 49152 else [1, max_batch, max_batch + 1]
+    for bits in (8, 16, 32):
+        for batch in batches if bits != 32 else [1, 9]:
             x = torch.randn(batch, k, generator=torch.Generator().manual_seed(batch)) * 3
-            x_used = rounded_activations(x, bits) if batch <= DECODE_MAX_BATCH else x.double()
+            integer = bits != 32 and batch <= max_batch
+            x_used = rounded_activations(x, bits) if integer else x.double()
             expected = x_used @ weight.double().T
             got = gguf_packed_matmul(x, packed, ggml_type, n, bits)
             error = ((got.double() - expected).abs().max() / expected.abs().max()).item()
@@ -156,15 +166,17 @@ def test_packed_layout_rejects_what_it_cannot_hold() -> None:
     with pytest.raises(RuntimeError, match="cannot be packed"):
         gguf_pack(torch.zeros(16, 144, dtype=torch.uint8), q4_k)
     packed = gguf_pack(torch.zeros(16, 20 * 18, dtype=torch.uint8), q4_1)  # Q4_1 rows of K=576
-    with pytest.raises(RuntimeError, match="8- or 16-bit activations"):
-        gguf_packed_matmul(torch.zeros(1, 576), packed, q4_1, 16, 32)
+    with pytest.raises(RuntimeError, match="activation_bits must be 8, 16 or 32"):
+        gguf_packed_matmul(torch.zeros(1, 576), packed, q4_1, 16, 4)
     with pytest.raises(RuntimeError, match="output of gguf_pack"):
         gguf_packed_matmul(torch.zeros(1, 576), packed, q4_1, 17, 16)  # a second group it does not have
     with pytest.raises(RuntimeError, match="outside"):
         gguf_packed_rows(packed, q4_1, 16, 576, torch.tensor([16]))
 
 
-@pytest.mark.parametrize(("bits", "packed"), [(8, False), (16, False), (32, False), (8, True), (16, True)])
+@pytest.mark.parametrize(
+    ("bits", "packed"), [(bits, packed) for bits in (8, 16, 32) for packed in (False, True)]
+)
 def test_decode_kernel_edge_inputs(bits: int, packed: bool) -> None:
     """Zero blocks give zeros, a non-finite activation makes only its own row non-finite, batch 0 is empty."""
     ggml_type = NATIVE_GGML_TYPES["Q4_1"]
@@ -174,11 +186,13 @@ def test_decode_kernel_edge_inputs(bits: int, packed: bool) -> None:
     x[0] = 0.0
     x[1, 100] = float("inf")
     x[2, 7] = float("nan")
-    if packed:
-        packed_weight = gguf_pack(qweight, ggml_type)
-        matmul = lambda x, _, ggml_type, bits: gguf_packed_matmul(x, packed_weight, ggml_type, 64, bits)  # noqa: E731
-    else:
-        matmul = gguf_matmul
+    packed_weight = gguf_pack(qweight, ggml_type)
+
+    def matmul(x: torch.Tensor, qweight: torch.Tensor, ggml_type: int, bits: int) -> torch.Tensor:
+        if packed:
+            return gguf_packed_matmul(x, packed_weight, ggml_type, 64, bits)
+        return gguf_matmul(x, qweight, ggml_type, bits)
+
     got = matmul(x, qweight, ggml_type, bits)
     assert torch.equal(got[0], torch.zeros(64))
     assert not torch.isfinite(got[1]).any() and torch.isnan(got[2]).all()

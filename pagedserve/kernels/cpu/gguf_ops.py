@@ -55,8 +55,14 @@ def gguf_packable(ggml_type: int) -> bool:
     return bool(_ops().gguf_packable(ggml_type))
 
 
+def gguf_packed_max_batch() -> int:
+    """The largest batch `gguf_packed_matmul` computes on integer activations (decode-sized batches:
+    gguf_packed_matmul.cpp says why); larger batches compute in float32."""
+    return int(_ops().gguf_packed_max_batch())
+
+
 def gguf_pack(qweight: torch.Tensor, ggml_type: int) -> torch.Tensor:
-    """qweight [N, row_bytes] uint8 rows of ggml blocks -> the decode layout of gguf_packed_matmul.cpp:
+    """qweight [N, row_bytes] uint8 rows of ggml blocks -> the packed layout of gguf_packed_matmul.cpp:
     16 rows side by side per 32-column block, the same bytes (plus zero rows up to a multiple of 16)."""
     return _ops().gguf_pack(qweight, ggml_type)
 
@@ -65,8 +71,8 @@ def gguf_packed_matmul(
     x: torch.Tensor, packed: torch.Tensor, ggml_type: int, rows: int, activation_bits: int
 ) -> torch.Tensor:
     """x [B, K] float32 times W^T, W [rows, K] as `gguf_pack` left it; activations rounded to
-    `activation_bits` (8 or 16) per 32-value block at B <= DECODE_MAX_BATCH, float32 above. Returns
-    [B, rows] float32."""
+    `activation_bits` (8 or 16) per 32-value block at B <= gguf_packed_max_batch(); 32, or a larger B,
+    computes on x's float32 values. Returns [B, rows] float32."""
     return _ops().gguf_packed_matmul(x, packed, ggml_type, rows, activation_bits)
 
 

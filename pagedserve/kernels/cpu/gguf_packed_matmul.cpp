@@ -1,4 +1,4 @@
-// Q4_0 / Q4_1 / Q8_0 weights repacked for decode: 16 rows side by side, so one vector instruction
+// Q4_0 / Q4_1 / Q8_0 weights repacked 16 rows side by side, so one vector instruction
 // multiplies a pair of activations into 16 rows at once and no horizontal sum is ever needed.
 //
 // Why: the row-major kernel (gguf_decode_matmul.cpp) dots one row's 32-weight block at a time, then
@@ -27,6 +27,14 @@ using namespace gguf;  // NOLINT(build/namespaces): the shared declarations of g
 namespace {
 
 constexpr int64_t kTileRows = 16;
+// The largest batch computed on integer activations (gguf_packed_max_batch); larger ones (prefill chunks)
+// dequantize tiles for ATen's float32 GEMM. Why 32: measured on SmolLM2's matrices, 2 threads
+// (benchmarks/quant_kernels.py), the integer kernel is 1.5-3x faster than the float GEMM up to 32 rows with
+// AVX2 alone (madd + add, 4 rows per pass), even at 64 and slower from 256; with AVX-512 VNNI it stays
+// ~2x faster at every batch up to 2048. But 16-bit blocks lose precision next to SmolLM2's outlier
+// channels: prompt logprobs of a 41-token prefill moved by 1.02e-3 (decode steps: 3-8e-4), past the 1e-3
+// the GGUF kernels promise, so prefill-sized batches keep float32 activations on every ISA.
+constexpr int64_t kPackedMaxBatch = 32;
 
 bool packable(int64_t type) { return type == Q4_0 || type == Q4_1 || type == Q8_0; }
 int64_t values_bytes(int64_t type) { return type == Q8_0 ? 512 : 256; }
@@ -38,13 +46,6 @@ int block_value(int64_t type, const uint8_t* qs, int k) {
   return k < 16 ? qs[k] & 0xF : qs[k - 16] >> 4;
 }
 
-// The same weight read from a tile's values, row r.
-int tile_value(int64_t type, const uint8_t* values, int64_t r, int k) {
-  if (type == Q8_0) return static_cast<int8_t>(values[32 * (k / 2) + 2 * r + k % 2]);
-  const uint8_t byte = values[32 * (k / 4) + 2 * r + k % 2];
-  return k % 4 < 2 ? byte & 0xF : byte >> 4;
-}
-
 void check_packed(const at::Tensor& packed, int64_t type, int64_t rows, int64_t cols) {
   TORCH_CHECK(packable(type), "GGML type ", type, " has no packed layout (Q4_0, Q4_1 and Q8_0 have)");
   TORCH_CHECK(cols % kBlock == 0, "K=", cols, " is not a multiple of ", kBlock);
@@ -54,17 +55,35 @@ void check_packed(const at::Tensor& packed, int64_t type, int64_t rows, int64_t 
               "packed must be the contiguous uint8 output of gguf_pack for ", rows, " rows of K=", cols);
 }
 
-// Dequantizes row n of a packed matrix into out[cols]: the values gguf_dequantize gives for the rows.
-void dequantize_packed_row(const uint8_t* packed, int64_t type, int64_t cols, int64_t n, float* out) {
-  const int64_t blocks = cols / kBlock, tile = tile_bytes(type), r = n % kTileRows;
-  const uint8_t* t = packed + n / kTileRows * blocks * tile;
-  for (int64_t i = 0; i < blocks; ++i, t += tile) {
-    const float d = half_at(t + values_bytes(type) + 2 * r);
-    const float m = type == Q4_1 ? half_at(t + values_bytes(type) + 32 + 2 * r) : 0.f;
-    for (int k = 0; k < kBlock; ++k) {
-      const int q = tile_value(type, t, r, k);
-      out[i * kBlock + k] = type == Q4_0 ? d * (q - 8) : d * q + m;  // gguf_matmul.cpp's arithmetic
+// Row r of tile t (32 weights) in float32: the values gguf_dequantize gives for the file's rows.
+void dequantize_tile_row(const uint8_t* t, int64_t type, int64_t r, float* out) {
+  const float d = half_at(t + values_bytes(type) + 2 * r);
+  if (type == Q8_0) {
+    for (int k = 0; k < kBlock; ++k) out[k] = d * static_cast<int8_t>(t[32 * (k / 2) + 2 * r + k % 2]);
+    return;
+  }
+  const float m = type == Q4_1 ? half_at(t + values_bytes(type) + 32 + 2 * r) : 0.f;
+  for (int chunk = 0; chunk < 8; ++chunk) {
+    for (int j = 0; j < 2; ++j) {
+      const uint8_t byte = t[32 * chunk + 2 * r + j];
+      const int low = byte & 0xF, high = byte >> 4;
+      // gguf_matmul.cpp's arithmetic
+      out[4 * chunk + j] = type == Q4_0 ? d * (low - 8) : d * low + m;
+      out[4 * chunk + 2 + j] = type == Q4_0 ? d * (high - 8) : d * high + m;
     }
+  }
+}
+
+// Rows [first, first + count) of a packed matrix in float32, row stride `cols`; `first` is a multiple of 16
+// (whole groups).
+void dequantize_packed_rows(const uint8_t* packed, int64_t type, int64_t cols, int64_t first, int64_t count,
+                            float* out) {
+  const int64_t blocks = cols / kBlock, tile = tile_bytes(type);
+  for (int64_t row = first; row < first + count; row += kTileRows) {
+    const uint8_t* t = packed + row / kTileRows * blocks * tile;
+    const int64_t valid = std::min(kTileRows, first + count - row);
+    for (int64_t i = 0; i < blocks; ++i, t += tile)
+      for (int64_t r = 0; r < valid; ++r) dequantize_tile_row(t, type, r, out + (row - first + r) * cols + i * kBlock);
   }
 }
 
@@ -150,6 +169,15 @@ inline void store(float* p, Floats v) { _mm256_storeu_ps(p, v.lo), _mm256_storeu
 
 constexpr bool kHasPackedKernel = true;
 
+// Activation rows per pass over a tile: their int32 dot accumulators stay in registers (one zmm each on
+// AVX-512, two ymm each on AVX2's 16 registers, beside the widened weights). 8 rows on AVX2 spill and ran
+// 7x slower than one row instead of ~2x.
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+constexpr int64_t kBatchChunk = 8;
+#else
+constexpr int64_t kBatchChunk = 4;
+#endif
+
 // One tile's integer dots with every activation row's block i: dots[b] lane r = sum_k q[r][k] x[b][k].
 template <int64_t kType, int64_t kBatch>
 __attribute__((always_inline)) inline void tile_dots(const uint8_t* values, const int32_t* const (&x)[kBatch],
@@ -170,62 +198,75 @@ __attribute__((always_inline)) inline void tile_dots(const uint8_t* values, cons
   }
 }
 
-// y [kBatch, rows] for the groups [begin, end); a = the activations rounded to int16 by 32-value block.
+// Group g's rows of y for the activation rows [first, first + kBatch); a = the activations rounded to int16
+// by 32-value block.
 template <int64_t kType, int64_t kBatch>
-void packed_groups(const ActivationBlocks<int16_t>& a, const uint8_t* packed, int64_t rows, int64_t cols,
-                   int64_t begin, int64_t end, float* y) {
+void packed_group(const ActivationBlocks<int16_t>& a, int64_t first, const uint8_t* packed, int64_t rows,
+                  int64_t cols, int64_t g, float* y) {
   const int64_t blocks = cols / kBlock, tile = tile_bytes(kType), scales_at = values_bytes(kType);
-  const auto* pairs = reinterpret_cast<const int32_t*>(a.values);
-  for (int64_t g = begin; g < end; ++g) {
-    const uint8_t* t = packed + g * blocks * tile;
-    Floats acc[kBatch];
-    for (int64_t b = 0; b < kBatch; ++b) acc[b] = zero_floats();
-    for (int64_t i = 0; i < blocks; ++i, t += tile) {
-      const int32_t* x[kBatch];
-      for (int64_t b = 0; b < kBatch; ++b) x[b] = pairs + (b * cols + i * kBlock) / 2;
-      Ints dots[kBatch];
-      tile_dots<kType, kBatch>(t, x, dots);
-      const Floats d = halves(t + scales_at);
-      // sum_k (d q + c) x = d (sum_k q x) + c (sum_k x): c = m (Q4_1), -8 d (Q4_0), 0 (Q8_0).
-      const Floats c = kType == Q4_1 ? halves(t + scales_at + 32) : scaled(d, -8.f);
-      for (int64_t b = 0; b < kBatch; ++b) {
-        const int64_t at = b * blocks + i;
-        acc[b] = fma(to_floats(dots[b]), scaled(d, a.scales[at]), acc[b]);
-        if constexpr (kType != Q8_0) acc[b] = fma(c, a.sums[at], acc[b]);
-      }
-    }
-    const int64_t first = g * kTileRows, valid = std::min(kTileRows, rows - first);
+  const auto* pairs = reinterpret_cast<const int32_t*>(a.values) + first * cols / 2;
+  const float* scales = a.scales.data() + first * blocks;
+  const float* sums = a.sums.data() + first * blocks;
+  const uint8_t* t = packed + g * blocks * tile;
+  Floats acc[kBatch];
+  for (int64_t b = 0; b < kBatch; ++b) acc[b] = zero_floats();
+  for (int64_t i = 0; i < blocks; ++i, t += tile) {
+    const int32_t* x[kBatch];
+    for (int64_t b = 0; b < kBatch; ++b) x[b] = pairs + (b * cols + i * kBlock) / 2;
+    Ints dots[kBatch];
+    tile_dots<kType, kBatch>(t, x, dots);
+    const Floats d = halves(t + scales_at);
+    // sum_k (d q + c) x = d (sum_k q x) + c (sum_k x): c = m (Q4_1), -8 d (Q4_0), 0 (Q8_0).
+    const Floats c = kType == Q4_1 ? halves(t + scales_at + 32) : scaled(d, -8.f);
     for (int64_t b = 0; b < kBatch; ++b) {
-      if (valid == kTileRows) {
-        store(y + b * rows + first, acc[b]);
-      } else {  // the padded last group
-        float lanes[kTileRows];
-        store(lanes, acc[b]);
-        std::memcpy(y + b * rows + first, lanes, valid * sizeof(float));
-      }
+      const int64_t at = b * blocks + i;
+      acc[b] = fma(to_floats(dots[b]), scaled(d, scales[at]), acc[b]);
+      if constexpr (kType != Q8_0) acc[b] = fma(c, sums[at], acc[b]);
+    }
+  }
+  const int64_t row = g * kTileRows, valid = std::min(kTileRows, rows - row);
+  for (int64_t b = 0; b < kBatch; ++b) {
+    float* out = y + (first + b) * rows + row;
+    if (valid == kTileRows) {
+      store(out, acc[b]);
+    } else {  // the padded last group
+      float lanes[kTileRows];
+      store(lanes, acc[b]);
+      std::memcpy(out, lanes, valid * sizeof(float));
     }
   }
 }
 
+// packed_group for `count` (1..kBatchChunk) activation rows: one compiled kernel per count.
 template <int64_t kType, int64_t kBatch = 1>
-void packed_batch(const ActivationBlocks<int16_t>& a, int64_t batch, const uint8_t* packed, int64_t rows,
-                  int64_t cols, float* y) {
-  if constexpr (kBatch < kDecodeMaxBatch) {
-    if (batch != kBatch) return packed_batch<kType, kBatch + 1>(a, batch, packed, rows, cols, y);
+void packed_chunk(int64_t count, const ActivationBlocks<int16_t>& a, int64_t first, const uint8_t* packed,
+                  int64_t rows, int64_t cols, int64_t g, float* y) {
+  if constexpr (kBatch < kBatchChunk) {
+    if (count != kBatch) return packed_chunk<kType, kBatch + 1>(count, a, first, packed, rows, cols, g, y);
   }
+  packed_group<kType, kBatch>(a, first, packed, rows, cols, g, y);
+}
+
+// Each thread takes whole groups; every chunk of activation rows goes through a group before the next group,
+// so the group's tiles (6-18 KiB) are read from memory once and from L1 for the later chunks.
+template <int64_t kType>
+void packed_integer(const ActivationBlocks<int16_t>& a, int64_t batch, const uint8_t* packed, int64_t rows,
+                    int64_t cols, float* y) {
   const int64_t groups = (rows + kTileRows - 1) / kTileRows;
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
-    packed_groups<kType, kBatch>(a, packed, rows, cols, begin, end, y);
+    for (int64_t g = begin; g < end; ++g)
+      for (int64_t first = 0; first < batch; first += kBatchChunk)
+        packed_chunk<kType>(std::min(kBatchChunk, batch - first), a, first, packed, rows, cols, g, y);
   });
 }
 
-void packed_decode(const float* x, int64_t batch, const uint8_t* packed, int64_t type, int64_t rows,
-                   int64_t cols, int64_t activation_bits, float* y) {
+void packed_integer_matmul(const float* x, int64_t batch, const uint8_t* packed, int64_t type, int64_t rows,
+                           int64_t cols, int64_t activation_bits, float* y) {
   const auto a = rounded_activations<int16_t>(x, batch, cols, activation_bits == 8 ? 127.f : 32767.f);
   switch (type) {
-    case Q4_0: return packed_batch<Q4_0>(a, batch, packed, rows, cols, y);
-    case Q4_1: return packed_batch<Q4_1>(a, batch, packed, rows, cols, y);
-    default: return packed_batch<Q8_0>(a, batch, packed, rows, cols, y);
+    case Q4_0: return packed_integer<Q4_0>(a, batch, packed, rows, cols, y);
+    case Q4_1: return packed_integer<Q4_1>(a, batch, packed, rows, cols, y);
+    default: return packed_integer<Q8_0>(a, batch, packed, rows, cols, y);
   }
 }
 
@@ -233,7 +274,7 @@ void packed_decode(const float* x, int64_t batch, const uint8_t* packed, int64_t
 
 constexpr bool kHasPackedKernel = false;
 
-void packed_decode(const float*, int64_t, const uint8_t*, int64_t, int64_t, int64_t, int64_t, float*) {
+void packed_integer_matmul(const float*, int64_t, const uint8_t*, int64_t, int64_t, int64_t, int64_t, float*) {
   TORCH_CHECK(false, "this build has no packed GGUF decode kernel");
 }
 
@@ -243,6 +284,8 @@ void packed_decode(const float*, int64_t, const uint8_t*, int64_t, int64_t, int6
 
 // Whether gguf_pack takes `type` in this build.
 bool gguf_packable(int64_t type) { return kHasPackedKernel && packable(type); }
+
+int64_t gguf_packed_max_batch() { return kPackedMaxBatch; }
 
 // qweight [N, row_bytes] uint8 rows of ggml `type` blocks -> the packed layout above (uint8, flat).
 at::Tensor gguf_pack(const at::Tensor& qweight, int64_t type) {
@@ -279,33 +322,33 @@ at::Tensor gguf_pack(const at::Tensor& qweight, int64_t type) {
   return packed;
 }
 
-// x [B, K] float32 times the packed W^T (W [rows, K]) -> [B, rows]. B <= kDecodeMaxBatch: integer dots on
-// x rounded to `activation_bits` (8 or 16) per 32-value block; larger B: tiles dequantized to float32 for
-// ATen's GEMM (as gguf_matmul does for prefill).
+// x [B, K] float32 times the packed W^T (W [rows, K]) -> [B, rows]. activation_bits 8 or 16 and
+// B <= kPackedMaxBatch: integer dots on x rounded to that width per 32-value block; otherwise (32, or a
+// larger B) tiles dequantized to float32 for ATen's GEMM on x itself.
 at::Tensor gguf_packed_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t rows,
                               int64_t activation_bits) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a float32 [B, K] tensor");
-  TORCH_CHECK(activation_bits == 8 || activation_bits == 16, "packed weights take 8- or 16-bit activations, got ",
-              activation_bits);
+  TORCH_CHECK(activation_bits == 8 || activation_bits == 16 || activation_bits == 32,
+              "activation_bits must be 8, 16 or 32, got ", activation_bits);
   const at::Tensor xc = x.contiguous();
   const int64_t batch = xc.size(0), cols = xc.size(1);
   check_packed(packed, type, rows, cols);
   at::Tensor y = at::empty({batch, rows}, xc.options());
   if (batch == 0) return y;
-  if (batch <= kDecodeMaxBatch) {
-    packed_decode(xc.data_ptr<float>(), batch, packed.data_ptr<uint8_t>(), type, rows, cols, activation_bits,
-                  y.data_ptr<float>());
+  const uint8_t* weights = packed.data_ptr<uint8_t>();
+  if (activation_bits != 32 && batch <= kPackedMaxBatch) {
+    packed_integer_matmul(xc.data_ptr<float>(), batch, weights, type, rows, cols, activation_bits, y.data_ptr<float>());
     return y;
   }
   constexpr int64_t kTileFloats = int64_t{1} << 20;  // 4 MiB of dequantized weights per GEMM tile
-  const int64_t tile_rows = std::max<int64_t>(64, kTileFloats / cols);
+  const int64_t tile_rows = std::max<int64_t>(64, kTileFloats / cols / kTileRows * kTileRows);
   at::Tensor tile = at::empty({std::min(tile_rows, rows), cols}, xc.options());
   for (int64_t first = 0; first < rows; first += tile_rows) {
     const int64_t count = std::min(tile_rows, rows - first);
     float* out = tile.data_ptr<float>();
-    at::parallel_for(first, first + count, kTileRows, [&](int64_t begin, int64_t end) {
-      for (int64_t n = begin; n < end; ++n)
-        dequantize_packed_row(packed.data_ptr<uint8_t>(), type, cols, n, out + (n - first) * cols);
+    at::parallel_for(0, (count + kTileRows - 1) / kTileRows, 1, [&](int64_t begin, int64_t end) {
+      const int64_t row = first + begin * kTileRows, last = std::min(first + end * kTileRows, first + count);
+      dequantize_packed_rows(weights, type, cols, row, last - row, out + (row - first) * cols);
     });
     y.narrow(1, first, count).copy_(at::mm(xc, tile.narrow(0, 0, count).t()));
   }
@@ -320,15 +363,20 @@ at::Tensor gguf_packed_rows(const at::Tensor& packed, int64_t type, int64_t rows
   for (int64_t i = 0; i < idc.numel(); ++i)
     TORCH_CHECK(index[i] >= 0 && index[i] < rows, "row ", index[i], " is outside [0, ", rows, ")");
   at::Tensor out = at::empty({idc.numel(), cols}, packed.options().dtype(at::kFloat));
+  const int64_t blocks = cols / kBlock, tile = tile_bytes(type);
   at::parallel_for(0, idc.numel(), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i)
-      dequantize_packed_row(packed.data_ptr<uint8_t>(), type, cols, index[i], out.data_ptr<float>() + i * cols);
+    for (int64_t i = begin; i < end; ++i) {
+      const uint8_t* t = packed.data_ptr<uint8_t>() + index[i] / kTileRows * blocks * tile;
+      for (int64_t block = 0; block < blocks; ++block, t += tile)
+        dequantize_tile_row(t, type, index[i] % kTileRows, out.data_ptr<float>() + i * cols + block * kBlock);
+    }
   });
   return out;
 }
 
 TORCH_LIBRARY_FRAGMENT(pagedserve, m) {
   m.def("gguf_packable(int type) -> bool", gguf_packable);
+  m.def("gguf_packed_max_batch() -> int", gguf_packed_max_batch);
   m.def("gguf_pack(Tensor qweight, int type) -> Tensor", gguf_pack);
   m.def("gguf_packed_matmul(Tensor x, Tensor packed, int type, int rows, int activation_bits) -> Tensor",
         gguf_packed_matmul);
