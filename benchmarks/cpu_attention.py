@@ -3,9 +3,13 @@ padded copy, then SDPA) against the native kernel (K/V read in place), on the sa
 
 Geometry defaults to SmolLM2-135M's (9 query heads, 3 KV heads, head_dim 64), float32, block size 16,
 block tables shuffled like a cache that has been in use. Times are medians per layer call; the
-per-step metadata (built once for all layers) is excluded.
+per-step metadata (built once for all layers) is excluded. With --chunk-lens, also one request's chunk of
+that many tokens over each cached context (a speculative verification: 1 + k tokens), through the whole
+layer forward (K/V write included): the torch backend's SDPA chunk against the native backend, which takes
+chunks up to MAX_KERNEL_CHUNK tokens through the decode kernel, one query per token.
 
     python benchmarks/cpu_attention.py --threads 2 --batch-sizes 1 16 64 --contexts 128 512
+    python benchmarks/cpu_attention.py --batch-sizes --contexts 300 1000 --chunk-lens 2 5 9 16
 """
 
 import argparse
@@ -15,7 +19,7 @@ import sys
 import torch
 
 from pagedserve.attention.backends.base import AttentionLayerSpec, CommonAttentionMetadata
-from pagedserve.attention.backends.cpu_native import CpuNativeAttentionBackend
+from pagedserve.attention.backends.cpu_native import MAX_KERNEL_CHUNK, CpuNativeAttentionBackend
 from pagedserve.attention.backends.torch_paged import SdpaPrefillBackend, TorchPagedAttentionBackend
 from pagedserve.kernels.cpu import load_cpu_kernels
 from pagedserve.utils import cdiv
@@ -47,10 +51,25 @@ def layer_ms(
     shape = (num_blocks, args.block_size, spec.num_kv_heads, spec.head_dim)
     key_cache, value_cache = torch.randn(shape), torch.randn(shape)
     q = torch.randn(batch, spec.num_heads, spec.head_dim)
-    decode = backend.build_decode_metadata(common)
+    decode = backend.build_decode_metadata(common, common.num_decodes)
     return 1e3 * median_seconds(
         lambda: backend.attend_decodes(spec, q, key_cache, value_cache, decode), args.iterations
     )
+
+
+def chunk_ms(backend: SdpaPrefillBackend, spec: AttentionLayerSpec, context: int, chunk: int, args) -> float:
+    """One layer's forward for one request's `chunk` new tokens over `context` cached ones."""
+    per_request = cdiv(context + chunk, args.block_size)
+    tables = (torch.randperm(per_request) + 1).view(1, per_request)
+    positions = torch.arange(context, context + chunk)
+    slots = tables[0, positions // args.block_size] * args.block_size + positions % args.block_size
+    common = CommonAttentionMetadata([0, chunk], [context + chunk], tables, slots, 0, args.block_size)
+    shape = (per_request + 1, args.block_size, spec.num_kv_heads, spec.head_dim)
+    cache = (torch.randn(shape), torch.randn(shape))
+    q = torch.randn(chunk, spec.num_heads * spec.head_dim)
+    k, v = (torch.randn(chunk, spec.num_kv_heads * spec.head_dim) for _ in range(2))
+    metadata = backend.build_metadata(common)
+    return 1e3 * median_seconds(lambda: backend.forward(spec, q, k, v, cache, metadata), args.iterations)
 
 
 def main() -> None:
@@ -58,7 +77,8 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--batch-sizes", type=int, nargs="*", default=[1, 16, 64])
+    parser.add_argument("--chunk-lens", type=int, nargs="*", default=[])
     parser.add_argument("--contexts", type=int, nargs="+", default=[128, 512])
     parser.add_argument("--num-heads", type=int, default=9)
     parser.add_argument("--num-kv-heads", type=int, default=3)
@@ -88,6 +108,16 @@ def main() -> None:
                 f"| {batch} | {context} | {megabytes:.1f} | {torch_ms:.3f} | {native_ms:.3f} | "
                 f"{torch_ms / native_ms:.1f}x |"
             )
+    if args.chunk_lens:
+        print(
+            f"\n| chunk | context | torch SDPA chunk ms | native ms (kernel up to {MAX_KERNEL_CHUNK}) | speed-up |"
+        )
+        print("|---|---|---|---|---|")
+    for chunk in args.chunk_lens:
+        for context in args.contexts:
+            torch_ms = chunk_ms(TorchPagedAttentionBackend(), spec, context, chunk, args)
+            native_ms = chunk_ms(CpuNativeAttentionBackend(), spec, context, chunk, args)
+            print(f"| {chunk} | {context} | {torch_ms:.3f} | {native_ms:.3f} | {torch_ms / native_ms:.1f}x |")
     print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

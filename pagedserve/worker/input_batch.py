@@ -74,7 +74,11 @@ def build_batch(
     num_computed_tokens past them. A request's block ids hold `num_groups` tables, entry-major (the KV
     manager's layout): group g's table is every num_groups-th id from g."""
     scheduled, spec = out.num_scheduled_tokens, out.scheduled_spec_decode_tokens
-    order = sorted(scheduled, key=lambda rid: scheduled[rid] != 1)  # decodes first (stable)
+    # decodes first, then verifications (1 + drafts tokens: attention backends may take them as decodes),
+    # then prefill chunks (stable)
+    order = sorted(
+        scheduled, key=lambda rid: (scheduled[rid] != 1, scheduled[rid] != 1 + len(spec.get(rid, [])))
+    )
     input_ids: list[int] = []
     positions: list[np.ndarray] = []
     slots: list[list[np.ndarray]] = [[] for _ in range(num_groups)]

@@ -90,10 +90,12 @@ def test_decode_reads_fp8_in_place(
     value_cache = quant.quantize(torch.randn(shape), quant.v_scale)
     q = torch.randn(len(lens), num_heads, head_dim).to(dtype)
     native = CpuNativeAttentionBackend()
-    out = native.attend_decodes(spec, q, key_cache, value_cache, native.build_decode_metadata(common))
+    out = native.attend_decodes(
+        spec, q, key_cache, value_cache, native.build_decode_metadata(common, common.num_decodes)
+    )
     reference = TorchPagedAttentionBackend()
     expected = reference.attend_decodes(
-        spec, q.float(), key_cache, value_cache, reference.build_decode_metadata(common)
+        spec, q.float(), key_cache, value_cache, reference.build_decode_metadata(common, common.num_decodes)
     )
     assert out.dtype == dtype and out.shape == q.shape
     tolerance = 1e-5 if dtype == torch.float32 else 1e-2 * expected.abs().max().item()

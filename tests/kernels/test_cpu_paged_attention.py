@@ -9,6 +9,7 @@ from paged_batches import NUM_BLOCKS, forward_on_both_backends, make_batch, rand
 from pagedserve import LLM, SamplingParams
 from pagedserve.attention.backends import select_attention_backend
 from pagedserve.attention.backends.base import AttentionLayerSpec
+from pagedserve.attention.backends.cpu_native import MAX_KERNEL_CHUNK, CpuNativeAttentionBackend
 from pagedserve.attention.backends.torch_paged import TorchPagedAttentionBackend
 from pagedserve.config import EngineArgs
 from pagedserve.errors import ConfigError
@@ -48,7 +49,11 @@ def test_kernel_matches_torch_backend(
     )
     torch_backend = TorchPagedAttentionBackend()  # reference in float32 on the same (rounded) values
     expected = torch_backend.attend_decodes(
-        spec, q.float(), key_cache.float(), value_cache.float(), torch_backend.build_decode_metadata(common)
+        spec,
+        q.float(),
+        key_cache.float(),
+        value_cache.float(),
+        torch_backend.build_decode_metadata(common, common.num_decodes),
     )
     assert out.dtype == dtype and out.shape == q.shape
     error = (out.float() - expected).abs().max().item()
@@ -99,11 +104,23 @@ SCORING = [(None, None), (11, None), (20, 5.0)]
 def test_mixed_batch_through_backend_matches_torch(
     block_size: int, window: int | None, soft_cap: float | None
 ) -> None:
-    """Decodes, a prefill chunk over a cached prefix and a fresh prefill, in one step: same outputs and
-    the same K/V written."""
+    """Decodes, short chunks over a cached prefix (the native backend's decode kernel takes them, one query
+    per token), then a fresh prefill, a chunk too long for the kernel and a short one (SDPA), in one step:
+    same outputs and the same K/V written."""
     torch.manual_seed(block_size)
     spec = AttentionLayerSpec(8, 2, 64, scale=0.125, sliding_window=window, logits_soft_cap=soft_cap)
-    common = make_batch([(0, 1), (37, 1), (block_size - 1, 1), (19, 13), (0, 21)], block_size, seed=2)
+    requests = [
+        (0, 1),
+        (37, 1),
+        (block_size - 1, 1),
+        (19, 13),
+        (50, 2),
+        (0, 21),
+        (3, MAX_KERNEL_CHUNK + 1),
+        (9, 3),
+    ]
+    common = make_batch(requests, block_size, seed=2)
+    assert CpuNativeAttentionBackend().num_decode_requests(common) == 5
     num_tokens = common.query_start_loc[-1]
     q = torch.randn(num_tokens, spec.num_heads * spec.head_dim)
     k, v = (torch.randn(num_tokens, spec.num_kv_heads * spec.head_dim) for _ in range(2))

@@ -1,6 +1,9 @@
 """The rejection sampler keeps the model's distribution exactly (temperature > 0) and is greedy decoding
 itself at temperature 0, on random logits."""
 
+import dataclasses
+
+import pytest
 import torch
 
 from pagedserve.layers.rejection_sampler import rejection_sample
@@ -53,7 +56,10 @@ def test_outputs_follow_the_target_distribution() -> None:
     assert chi_square(third, probs[2]) < CHI2_CRITICAL
 
 
-def test_greedy_rows_are_greedy_decoding() -> None:
+@pytest.mark.parametrize("all_greedy", [True, False])
+def test_greedy_rows_are_greedy_decoding(all_greedy: bool) -> None:
+    """An all-greedy batch (argmax only), and greedy rows in a batch that also samples (one-hot rows
+    through the general rule)."""
     torch.manual_seed(1)
     logits = torch.randn(40 * 4, VOCAB)
     argmax = logits.argmax(dim=-1).view(40, 4).tolist()
@@ -63,7 +69,8 @@ def test_greedy_rows_are_greedy_decoding() -> None:
         draft = row[:agree] + [(row[agree] + 1) % VOCAB] * (3 - agree) if agree < 3 else row[:3]
         drafts.append(draft)
         expected.append(row[: agree + 1])
-    assert rejection_sample(Sampler(), logits, metadata(160, 0.0), drafts) == expected
+    meta = dataclasses.replace(metadata(160, 0.0), all_greedy=all_greedy)
+    assert rejection_sample(Sampler(), logits, meta, drafts) == expected
 
 
 def test_seeded_rows_repeat() -> None:

@@ -75,26 +75,33 @@ KVPair = tuple[torch.Tensor, torch.Tensor]  # (K, V)
 @dataclass
 class TorchAttentionMetadata(AttentionMetadata, Generic[DecodeT]):
     slot_mapping: torch.Tensor  # [T]
-    num_decodes: int
+    num_decode_tokens: int  # the first tokens, attended by `attend_decodes` as one query each
     decode: DecodeT  # built by the backend's `build_decode_metadata`, read by its `attend_decodes`
     prefills: list[PrefillChunk]
 
 
 class SdpaPrefillBackend(AttentionBackend[TorchAttentionMetadata[DecodeT]], Generic[DecodeT]):
     """K/V writes by slot mapping and prefill chunks through torch SDPA; subclasses say how decodes
-    (the first `num_decodes` requests, one query token each) are attended."""
+    are attended, and which leading requests count as decodes (`num_decode_requests`: by default the
+    single-token ones)."""
 
     def build_metadata(self, common: CommonAttentionMetadata) -> TorchAttentionMetadata[DecodeT]:
+        num_requests = self.num_decode_requests(common)
         return TorchAttentionMetadata(
             common.slot_mapping,
-            common.num_decodes,
-            self.build_decode_metadata(common),
-            _prefill_chunks(common),
+            common.query_start_loc[num_requests],
+            self.build_decode_metadata(common, num_requests),
+            _prefill_chunks(common, num_requests),
         )
 
+    def num_decode_requests(self, common: CommonAttentionMetadata) -> int:
+        """How many leading requests `attend_decodes` takes, each of its query tokens as one decode."""
+        return common.num_decodes
+
     @abstractmethod
-    def build_decode_metadata(self, common: CommonAttentionMetadata) -> DecodeT:
-        """Once per step: what `attend_decodes` needs for the first `common.num_decodes` requests."""
+    def build_decode_metadata(self, common: CommonAttentionMetadata, num_requests: int) -> DecodeT:
+        """Once per step: what `attend_decodes` needs for the query tokens of the first `num_requests`
+        requests."""
 
     @abstractmethod
     def attend_decodes(
@@ -105,8 +112,8 @@ class SdpaPrefillBackend(AttentionBackend[TorchAttentionMetadata[DecodeT]], Gene
         value_cache: torch.Tensor,
         decode: DecodeT,
     ) -> torch.Tensor:
-        """q [num_decodes, num_heads, head_dim], one token per request, whose K/V (this step's
-        included) is already in the cache. Returns [num_decodes, num_heads, head_dim]."""
+        """q [num_decode_tokens, num_heads, head_dim], each token a query over its request's K/V up to its
+        own position (this step's included, already in the cache). Returns q's shape."""
 
     def store_kv(self, spec: AttentionLayerSpec, cache: KVPair, new: KVPair, slots: torch.Tensor) -> None:
         """Store this step's K/V `new` [T, num_kv_heads, head_dim] each at slot `slots` of `cache`."""
@@ -127,7 +134,7 @@ class SdpaPrefillBackend(AttentionBackend[TorchAttentionMetadata[DecodeT]], Gene
         v = v.view(num_tokens, spec.num_kv_heads, spec.head_dim)
         key_cache, value_cache = kv_cache
         self.store_kv(spec, kv_cache, (k, v), metadata.slot_mapping)
-        nd = metadata.num_decodes
+        nd = metadata.num_decode_tokens
         if nd == num_tokens:  # decodes only (every step of one user): no output buffer to copy into
             return self.attend_decodes(spec, q, key_cache, value_cache, metadata.decode).reshape(
                 num_tokens, -1
@@ -183,9 +190,11 @@ class TorchPagedAttentionBackend(SdpaPrefillBackend[GatherDecodeMetadata]):
 
     name = "torch"
 
-    def build_decode_metadata(self, common: CommonAttentionMetadata) -> GatherDecodeMetadata:
+    def build_decode_metadata(
+        self, common: CommonAttentionMetadata, num_requests: int
+    ) -> GatherDecodeMetadata:
         device = common.slot_mapping.device
-        nd = common.num_decodes
+        nd = num_requests  # one token each (`num_decode_requests`)
         decode_lens = torch.tensor(common.seq_lens[:nd], device=device).view(nd, 1, 1, 1)
         max_decode_blocks = cdiv(max(common.seq_lens[:nd], default=0), common.block_size)
         span = torch.arange(max_decode_blocks * common.block_size, device=device)
@@ -213,10 +222,10 @@ class TorchPagedAttentionBackend(SdpaPrefillBackend[GatherDecodeMetadata]):
         ).squeeze(2)
 
 
-def _prefill_chunks(common: CommonAttentionMetadata) -> list[PrefillChunk]:
-    """One chunk per request after the decodes (its masks are made on first use, per window)."""
+def _prefill_chunks(common: CommonAttentionMetadata, first: int) -> list[PrefillChunk]:
+    """One chunk per request from `first` on (its masks are made on first use, per window)."""
     prefills = []
-    for i in range(common.num_decodes, len(common.seq_lens)):
+    for i in range(first, len(common.seq_lens)):
         start, end, seq_len = common.query_start_loc[i], common.query_start_loc[i + 1], common.seq_lens[i]
         num_blocks = cdiv(seq_len, common.block_size)
         prefills.append(PrefillChunk(start, end, seq_len, common.block_tables[i, :num_blocks]))
