@@ -107,7 +107,9 @@ async def run_workload(
     """Send every request per the arrival schedule and concurrency limit; returns results and duration."""
     limit = asyncio.Semaphore(args.max_concurrency or len(workload.prompts))
     timeout = httpx.Timeout(args.request_timeout, connect=30)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    # NOTE: a fresh connection per request: llama-server closes idle keep-alive connections, and a request
+    # sent on one it just closed failed with "Server disconnected" (1-2 of 8 in the one-at-a-time runs).
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
 
         async def one(index: int) -> RequestResult:

@@ -151,6 +151,8 @@ class GGUFMethod(QuantizeMethodBase):
         return parts
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and x.dtype == torch.float32 and len(self.parts) == 1:  # the hot path: no reshapes
+            return self.parts[0].matmul(x, self.activation_bits)
         flat = x.reshape(-1, self.cols).float()
         outputs = [part.matmul(flat, self.activation_bits) for part in self.parts]
         y = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)

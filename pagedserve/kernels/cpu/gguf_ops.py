@@ -1,5 +1,6 @@
 """Python entry points of the native GGUF kernels (`gguf_matmul.cpp`), registered as torch.ops.pagedserve."""
 
+import functools
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ GGML_BLOCK_FORMATS = {
 }
 
 
+@functools.cache  # NOTE: a decode step calls ~120 matmuls; a failure raises each time (nothing cached)
 def _ops() -> Any:
     kernels = load_cpu_kernels()
     if kernels.module is None:
