@@ -172,9 +172,19 @@ def attend(
     [..., Tq, Tk] (True = attend), None = causal. Returns [..., num_heads, Tq, D]."""
     cap = spec.logits_soft_cap
     if cap is None:
-        return F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, is_causal=mask is None, scale=spec.scale, enable_gqa=True
+        # NOTE: 4-D inputs: torch's CPU flash kernel takes only those, 3-D ones (a prefill chunk's
+        # [heads, T, D]) fall back to the math path, 2-2.5x slower (measured on SmolLM2's prompt lengths).
+        batched = q.dim() == 3
+        out = F.scaled_dot_product_attention(
+            q[None] if batched else q,
+            keys[None] if batched else keys,
+            values[None] if batched else values,
+            attn_mask=mask,
+            is_causal=mask is None,
+            scale=spec.scale,
+            enable_gqa=True,
         )
+        return out[0] if batched else out
     # NOTE: SDPA has no soft cap: the plain computation, softmax in float32 as HF's eager Gemma 2.
     group = q.shape[-3] // keys.shape[-3]
     keys, values = keys.repeat_interleave(group, dim=-3), values.repeat_interleave(group, dim=-3)
