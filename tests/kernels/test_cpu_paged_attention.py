@@ -189,6 +189,37 @@ def test_llm_greedy_tokens_equal_torch_backend(tiny_llama: str, monkeypatch: pyt
     assert tokens["cpu"] == tokens["torch"]
 
 
+def test_speculative_verifications_run_through_the_kernel(
+    tiny_llama: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """n-gram speculation on a repetitive prompt: the cpu backend attends each verification (1 + k tokens
+    over the cached prefix) in the native kernel, one query per token, and the greedy tokens equal the
+    torch backend's and those without speculation."""
+    query_rows = []
+    kernel = cpu_kernels.paged_attention_decode
+
+    def counted(q: torch.Tensor, *args: Any) -> torch.Tensor:
+        query_rows.append(q.shape[0])
+        return kernel(q, *args)
+
+    monkeypatch.setattr(cpu_kernels, "paged_attention_decode", counted)
+    prompt = {"prompt_token_ids": [11, 12, 13, 14, 15, 16] * 6}
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    ngram = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    tokens = {}
+    for name, backend, spec in (("plain", "torch", None), ("torch", "torch", ngram), ("cpu", "cpu", ngram)):
+        llm = LLM(
+            tiny_llama,
+            attention_backend=backend,
+            block_size=8,
+            kv_cache_memory="16MiB",
+            speculative_config=spec,
+        )
+        tokens[name] = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+    assert max(query_rows) > 1, "no verification reached the kernel"
+    assert tokens["cpu"] == tokens["torch"] == tokens["plain"]
+
+
 def test_auto_picks_cpu_unless_disabled(monkeypatch: pytest.MonkeyPatch) -> None:
     assert select_attention_backend("auto", CpuPlatform()).name == "cpu"
     monkeypatch.setenv("PAGEDSERVE_CPU_KERNELS", "0")
