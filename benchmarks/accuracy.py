@@ -30,6 +30,7 @@ SETTINGS = {
     "fp8 weights (per channel)": ("fp8", dict()),
     # NOTE: prompts chunked by 128 tokens, so later chunks attend their prefix through the fp8 cache (a
     # window prefilled in one chunk attends its fresh K/V and would never read the cache back).
+    "bfloat16 KV": ("gguf", dict(quantization="none", kv_cache_dtype="bfloat16", max_num_batched_tokens=128)),
     "fp8 KV (e4m3, scale 1)": (
         "gguf",
         dict(quantization="none", kv_cache_dtype="fp8", max_num_batched_tokens=128),

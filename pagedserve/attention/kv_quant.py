@@ -52,7 +52,9 @@ class KVQuantization:
 
 def kv_cache_storage_dtype(cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
     """The dtype of the cache tensors for --kv-cache-dtype `cache_dtype`."""
-    return model_dtype if cache_dtype == "auto" else torch.uint8
+    if cache_dtype == "auto":
+        return model_dtype
+    return torch.bfloat16 if cache_dtype == "bfloat16" else torch.uint8
 
 
 def kv_quantization(
@@ -60,7 +62,7 @@ def kv_quantization(
 ) -> KVQuantization | None:
     """A layer's fp8 cache: scales from the first batch (--calculate-kv-scales), else the checkpoint's
     (`checkpoint_scales`), else 1.0."""
-    if cache_dtype == "auto":
+    if cache_dtype not in FP8_DTYPES:  # the model's dtype, or bfloat16: values stored as they are cast
         return None
     if calculate_scales or checkpoint_scales is None:
         return KVQuantization(FP8_DTYPES[cache_dtype], scales_pending=calculate_scales)

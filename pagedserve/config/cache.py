@@ -8,8 +8,9 @@ from pagedserve.errors import ConfigError
 
 BlockSize = Literal[8, 16, 32]
 SUPPORTED_BLOCK_SIZES: tuple[int, ...] = get_args(BlockSize)
-# --kv-cache-dtype (vLLM's names): auto is the model's dtype; fp8 is fp8_e4m3 (attention/kv_quant.py).
-KVCacheDType = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
+# --kv-cache-dtype (vLLM's names): auto is the model's dtype; bfloat16 halves a float32 model's cache; fp8
+# is fp8_e4m3 (attention/kv_quant.py).
+KVCacheDType = Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 KV_CACHE_DTYPES: tuple[str, ...] = get_args(KVCacheDType)
 
 

@@ -129,8 +129,9 @@ class EngineArgs:
     )
     kv_cache_dtype: KVCacheDType = config_field(
         "auto",
-        "KV-cache storage dtype. auto: the model's dtype; fp8 (= fp8_e4m3) and fp8_e5m2: one byte per "
-        "value with a per-layer scale (2x the blocks of float16/bfloat16, 4x float32).",
+        "KV-cache storage dtype. auto: the model's dtype; bfloat16: two bytes per value (half a float32 "
+        "model's cache, the same blocks as auto for a 16-bit one); fp8 (= fp8_e4m3) and fp8_e5m2: one byte "
+        "per value with a per-layer scale (2x the blocks of float16/bfloat16, 4x float32).",
     )
     calculate_kv_scales: bool = config_field(
         False, "fp8 KV cache: compute each layer's K and V scales from the first batch (else 1.0)."

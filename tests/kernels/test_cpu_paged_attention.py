@@ -99,10 +99,11 @@ def test_kernel_rejects_block_ids_outside_the_cache() -> None:
 SCORING = [(None, None), (11, None), (20, 5.0)]
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window,soft_cap", SCORING)
 @pytest.mark.parametrize("block_size", [8, 16, 32])
 def test_mixed_batch_through_backend_matches_torch(
-    block_size: int, window: int | None, soft_cap: float | None
+    block_size: int, window: int | None, soft_cap: float | None, cache_dtype: torch.dtype
 ) -> None:
     """Decodes, short chunks over a cached prefix (the native backend's decode kernel takes them, one query
     per token), then a fresh prefill, a chunk too long for the kernel and a short one (SDPA), in one step:
@@ -124,10 +125,13 @@ def test_mixed_batch_through_backend_matches_torch(
     num_tokens = common.query_start_loc[-1]
     q = torch.randn(num_tokens, spec.num_heads * spec.head_dim)
     k, v = (torch.randn(num_tokens, spec.num_kv_heads * spec.head_dim) for _ in range(2))
-    caches = random_cache(block_size, spec, torch.float32)
+    # a float32 model's cache (--kv-cache-dtype auto), or bfloat16 (both backends read the same rounded values)
+    caches = random_cache(block_size, spec, cache_dtype)
     outputs, written = forward_on_both_backends(spec, (q, k, v), caches, common)
+    assert outputs[1].dtype == torch.float32
     assert (outputs[0] - outputs[1]).abs().max().item() < 1e-5
     assert all(torch.equal(a, b) for a, b in zip(*written))
+    assert not torch.equal(written[1][0], caches[0])  # this step's K did land in the cache
 
 
 def dense_attention(

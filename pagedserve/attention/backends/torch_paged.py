@@ -255,8 +255,9 @@ def write_kv(
     quant = spec.kv_quant
     if quant is not None:
         k, v = quant.quantize(k, quant.k_scale), quant.quantize(v, quant.v_scale)
-    key_cache.view(-1, *key_cache.shape[2:]).index_copy_(0, slot_mapping, k)
-    value_cache.view(-1, *value_cache.shape[2:]).index_copy_(0, slot_mapping, v)
+    # NOTE: cast to the cache's dtype (bfloat16 for a float32 model: --kv-cache-dtype bfloat16; else a no-op)
+    key_cache.view(-1, *key_cache.shape[2:]).index_copy_(0, slot_mapping, k.to(key_cache.dtype))
+    value_cache.view(-1, *value_cache.shape[2:]).index_copy_(0, slot_mapping, v.to(value_cache.dtype))
 
 
 def read_kv(
@@ -270,5 +271,5 @@ def read_kv(
     blocks = cache[block_ids]
     quant = spec.kv_quant
     if quant is None:
-        return blocks
+        return blocks.to(dtype)  # a bfloat16 cache of a float32 model (no copy when they match)
     return quant.dequantize(blocks, quant.v_scale if value else quant.k_scale, dtype)

@@ -311,9 +311,12 @@ Geometry check_inputs(const at::Tensor& q, const at::Tensor& key_cache, const at
               "key_cache and value_cache must both be [num_blocks, block_size, num_kv_heads, head_dim], "
               "got ", key_cache.sizes(), " and ", value_cache.sizes());
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "the KV caches must be contiguous");
+  const bool bf16_for_float = key_cache.scalar_type() == at::kBFloat16 && q.scalar_type() == at::kFloat;
   TORCH_CHECK(key_cache.scalar_type() == value_cache.scalar_type() &&
-                  (key_cache.scalar_type() == q.scalar_type() || key_cache.scalar_type() == at::kByte),
-              "key_cache and value_cache must share q's dtype, or both be uint8 (fp8 bits)");
+                  (key_cache.scalar_type() == q.scalar_type() || key_cache.scalar_type() == at::kByte ||
+                   bf16_for_float),
+              "key_cache and value_cache must share q's dtype, be bfloat16 for a float32 q, or both be uint8 "
+              "(fp8 bits)");
   const int64_t num_blocks = key_cache.size(0), num_kv_heads = key_cache.size(2);
   const int64_t head_dim = key_cache.size(3), num_heads = q.size(1), num_decodes = q.size(0);
   TORCH_CHECK(num_kv_heads > 0 && key_cache.size(1) > 0, "the KV caches have no kv heads or an empty block");
@@ -344,7 +347,8 @@ Geometry check_inputs(const at::Tensor& q, const at::Tensor& key_cache, const at
 }  // namespace
 
 // q [num_decodes, num_heads, head_dim]; key_cache/value_cache [num_blocks, block_size, num_kv_heads,
-// head_dim] (same dtype as q: float32, float16 or bfloat16; or uint8 fp8 bits, read through
+// head_dim] (same dtype as q: float32, float16 or bfloat16; bfloat16 for a float32 q (--kv-cache-dtype
+// bfloat16); or uint8 fp8 bits, read through
 // k_fp8_values / v_fp8_values: [256] float32, each bit pattern's value times the scale); block_tables [num_decodes, max_blocks]
 // int32/int64; seq_lens [num_decodes] (tokens of K/V each request attends to, >= 1).
 // sliding_window > 0: each request attends only to its last sliding_window tokens; soft_cap > 0: scores
@@ -369,6 +373,8 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& key_cac
   [&] {                                                                                             \
     if (fp8.k != nullptr) {                                                                         \
       run_any_index<scalar_t, uint8_t>(q_c, key_cache, value_cache, tables, lens_vec, scoring, g, fp8, out); \
+    } else if (key_cache.scalar_type() != q.scalar_type()) { /* a bfloat16 cache, float32 q */       \
+      run_any_index<float, c10::BFloat16>(q_c, key_cache, value_cache, tables, lens_vec, scoring, g, fp8, out); \
     } else {                                                                                        \
       run_any_index<scalar_t, scalar_t>(q_c, key_cache, value_cache, tables, lens_vec, scoring, g, fp8, out); \
     }                                                                                               \
