@@ -5,6 +5,9 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from pagedserve.errors import ConfigError
+from pagedserve.logger import init_logger
+
+logger = init_logger(__name__)
 
 BlockSize = Literal[8, 16, 32]
 SUPPORTED_BLOCK_SIZES: tuple[int, ...] = get_args(BlockSize)
@@ -51,6 +54,13 @@ class CacheConfig:
             raise ConfigError("num_gpu_blocks_override must be at least 2 (one block is reserved).")
         if self.swap_space < 0:
             raise ConfigError(f"swap_space={self.swap_space} GiB must not be negative (--swap-space).")
+        if self.calculate_kv_scales and not self.cache_dtype.startswith("fp8"):
+            # NOTE: a warning, not an error: vLLM accepts the flag with any cache dtype.
+            logger.warning(
+                "--calculate-kv-scales has no effect with --kv-cache-dtype %s: only an fp8 cache has "
+                "scales (--kv-cache-dtype fp8).",
+                self.cache_dtype,
+            )
 
     @property
     def swap_space_bytes(self) -> int:

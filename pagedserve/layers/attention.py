@@ -34,9 +34,9 @@ class Attention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         assert self.backend is not None and self.kv_cache is not None, "KV cache not bound"
-        quant = self.spec.kv_quant
-        if quant is not None and quant.scales_pending:  # --calculate-kv-scales: from the first batch
-            quant.calculate_scales(k, v)
-        return self.backend.forward(
-            self.spec, q, k, v, self.kv_cache, get_attention_metadata(self.kv_cache_group)
-        )
+        spec, quant = self.spec, self.spec.kv_quant
+        if quant is not None:  # fp8 cache: keys rotated (attention/kv_quant.py says why)
+            if quant.scales_pending:  # --calculate-kv-scales: from the first batch
+                quant.calculate_scales(k, v, spec.num_kv_heads, spec.head_dim, spec.logits_soft_cap is None)
+            q, k = quant.transform(q, k, spec.num_kv_heads, spec.head_dim)
+        return self.backend.forward(spec, q, k, v, self.kv_cache, get_attention_metadata(self.kv_cache_group))

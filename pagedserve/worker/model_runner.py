@@ -68,9 +68,7 @@ class ModelRunner:
         self.kv_dtype = kv_cache_storage_dtype(config.cache.cache_dtype, self.dtype)
         for layer in self.attention_layers:
             layer.backend = self.backend
-            layer.spec.kv_quant = kv_quantization(
-                config.cache.cache_dtype, config.cache.calculate_kv_scales, layer.checkpoint_kv_scales
-            )
+        self.reset_kv_quantization()
         self.sampler = Sampler()
         self.states: dict[str, CachedRequestState] = {}
         # Requests that asked for prompt logprobs and have prompt tokens left to compute: the only ones
@@ -79,6 +77,15 @@ class ModelRunner:
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.block_mover: KVBlockMover | None = None
         self.cuda_graphs: CudaGraphRunner | None = None
+
+    def reset_kv_quantization(self) -> None:
+        """Each layer's fp8 format and scales as configured: --calculate-kv-scales takes them from the next
+        batch (re-armed after the memory profile, whose dummy tokens must not set them)."""
+        cache = self.config.cache
+        for layer in self.attention_layers:
+            layer.spec.kv_quant = kv_quantization(
+                cache.cache_dtype, cache.calculate_kv_scales, layer.checkpoint_kv_scales
+            )
 
     def kv_cache_bytes_per_block(self) -> int:
         """K and V of `block_size` tokens in every K/V tensor of this rank: one block id spans the layers of
@@ -154,6 +161,8 @@ class ModelRunner:
             reason = "not supported yet with a draft model (--speculative-config)"
         elif self.kv_groups.num_groups > 1:
             reason = "not supported yet for models mixing windowed and full-attention layers"
+        elif self.config.cache.calculate_kv_scales:  # a graph would bake in the scales before the first batch
+            reason = "--calculate-kv-scales sets the fp8 scales from the first batch, after capture"
         if reason is not None:
             logger.info("CUDA graphs: off (%s); decode steps run eagerly.", reason)
             return

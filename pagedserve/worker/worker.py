@@ -92,6 +92,7 @@ class Worker:
         self.model_runner.kv_caches = []
         for layer in self.model_runner.attention_layers:
             layer.kv_cache = None
+        self.model_runner.reset_kv_quantization()
 
 
 def profile_request_lengths(num_tokens: int, max_requests: int, max_model_len: int) -> list[int]:

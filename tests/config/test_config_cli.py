@@ -3,6 +3,7 @@ each config validates itself, naming the flag to change."""
 
 import argparse
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Literal
 
@@ -85,3 +86,17 @@ def test_cross_config_checks(tiny_llama: str) -> None:
         EngineArgs(model=tiny_llama, preemption_mode="swap", swap_space=0).create_engine_config()
     with pytest.raises(ConfigError, match="--attention-backend must be one of auto, torch, cpu"):
         EngineArgs(model=tiny_llama, attention_backend="flash").create_engine_config()
+
+
+@pytest.mark.parametrize("cache_dtype", ["auto", "bfloat16", "fp8_e5m2"])
+def test_calculate_kv_scales_without_fp8_is_reported(
+    cache_dtype: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    package_logger = logging.getLogger("pagedserve")  # NOTE: it does not propagate to the root logger
+    package_logger.addHandler(caplog.handler)
+    try:
+        CacheConfig(16, 0.9, None, None, cache_dtype=cache_dtype, calculate_kv_scales=True)  # type: ignore[arg-type]
+    finally:
+        package_logger.removeHandler(caplog.handler)
+    reported = "--calculate-kv-scales has no effect with --kv-cache-dtype" in caplog.text
+    assert reported == (not cache_dtype.startswith("fp8"))

@@ -1,5 +1,6 @@
 """fp8 KV cache: both backends read what they wrote (against a float cache holding the same rounded
-values), the same --kv-cache-memory holds 4x the float32 blocks (2x bfloat16), greedy stays close."""
+values), the key rotation leaves attention unchanged and shrinks the logits' rounding error, the same
+--kv-cache-memory holds 4x the float32 blocks (2x bfloat16), greedy stays close."""
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ from pagedserve import LLM, SamplingParams
 from pagedserve.attention.backends.base import AttentionLayerSpec
 from pagedserve.attention.backends.cpu_native import CpuNativeAttentionBackend
 from pagedserve.attention.backends.torch_paged import TorchPagedAttentionBackend
-from pagedserve.attention.kv_quant import FP8_DTYPES, KVQuantization
+from pagedserve.attention.kv_quant import FP8_DTYPES, KVQuantization, key_rotation
 from pagedserve.kernels import cpu as cpu_kernels
 from tests.kernels.paged_batches import NUM_BLOCKS, make_batch
 
@@ -54,6 +55,64 @@ def test_fp8_cache_reads_back_the_rounded_values(backend_class: type, cache_dtyp
         float_spec, q, k, v, tuple(c.clone() for c in float_cache), backend.build_metadata(common)
     )
     torch.testing.assert_close(out[fresh:], unrounded[fresh:], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256])
+def test_key_rotation_is_orthonormal_and_spreads_every_channel(head_dim: int) -> None:
+    rotation = key_rotation(head_dim, torch.float64, torch.device("cpu"))
+    torch.testing.assert_close(rotation @ rotation.T, torch.eye(head_dim, dtype=torch.float64))
+    block = head_dim & -head_dim  # each channel spread evenly over its block of the largest power of two
+    assert ((rotation != 0).sum(dim=0) == block).all()
+    assert torch.allclose(rotation[rotation != 0].abs(), torch.tensor(block**-0.5, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("soft_cap", [None, 30.0])
+def test_rotated_and_shifted_keys_leave_attention_unchanged(soft_cap: float | None) -> None:
+    """Through the torch backend on float caches: attention over (q R, (k - m) R) equals attention over
+    (q, k), prefix and fresh tokens alike; a soft cap (not shift-invariant) gets no offset."""
+    torch.manual_seed(0)
+    block_size, heads, kv_heads, dim = 16, 4, 2, 64
+    spec = AttentionLayerSpec(heads, kv_heads, dim, dim**-0.5, logits_soft_cap=soft_cap)
+    common = make_batch([(20, 1), (17, 9), (0, 12)], block_size, seed=1)
+    num_tokens = common.query_start_loc[-1]
+    prefix = torch.randn(NUM_BLOCKS * block_size, kv_heads * dim) + 3.0  # keys with a common offset
+    q, k = torch.randn(num_tokens, heads * dim), torch.randn(num_tokens, kv_heads * dim) + 3.0
+    v = torch.randn(num_tokens, kv_heads * dim)
+    quant = KVQuantization(FP8_DTYPES["fp8"], rotate_keys=True, scales_pending=True)
+    quant.calculate_scales(prefix, v, kv_heads, dim, shift_invariant=soft_cap is None)
+    assert (quant.key_offset is None) == (soft_cap is not None)
+    backend = TorchPagedAttentionBackend()
+    shape = (NUM_BLOCKS, block_size, kv_heads, dim)
+    values = torch.randn(shape)
+    plain_cache = (prefix.view(shape).clone(), values.clone())
+    rotated_cache = (quant.transform(prefix, prefix, kv_heads, dim)[1].view(shape).clone(), values.clone())
+    expected = backend.forward(spec, q, k, v, plain_cache, backend.build_metadata(common))
+    out = backend.forward(
+        spec, *quant.transform(q, k, kv_heads, dim), v, rotated_cache, backend.build_metadata(common)
+    )
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
+
+
+def test_rotation_shrinks_the_rounding_error_of_outlier_dominated_logits() -> None:
+    """Keys whose logits are carried by two large channels (as real models' are): the fp8 logits' error
+    of rotated keys, mean key subtracted, is a fraction of the unrotated keys'."""
+    torch.manual_seed(0)
+    dim, num_keys = 64, 512
+    q, k = torch.randn(8, dim), torch.randn(num_keys, dim)
+    q[:, :2] *= 4.0
+    k[:, :2] = k[:, :2] + 12.0
+    logits = q @ k.T
+
+    def logit_error(quant: KVQuantization) -> float:
+        quant.calculate_scales(k, k, 1, dim, shift_invariant=True)
+        rotated_q, stored = quant.transform(q, k, 1, dim)
+        rounded = quant.dequantize(quant.quantize(stored, quant.k_scale), quant.k_scale, torch.float32)
+        shift = (logits - rotated_q @ stored.T)[:, :1]  # q . m, the same for every key of a query
+        return (rotated_q @ rounded.T + shift - logits).abs().mean().item()
+
+    plain = logit_error(KVQuantization(FP8_DTYPES["fp8"]))
+    rotated = logit_error(KVQuantization(FP8_DTYPES["fp8"], rotate_keys=True))
+    assert rotated < plain / 3, (rotated, plain)
 
 
 def _engine(model: str, **kwargs: object) -> LLM:

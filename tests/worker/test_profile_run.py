@@ -41,3 +41,14 @@ def test_profile_steps_sample_every_request_and_leave_nothing(tiny_llama: str) -
     assert sampled_rows == [1, 5]  # one 70-token request, then 5 requests of 14 tokens
     assert runner.states == {} and runner.kv_caches == []
     assert all(layer.kv_cache is None for layer in runner.attention_layers)
+
+
+def test_calculated_kv_scales_wait_for_the_first_real_batch(tiny_llama: str) -> None:
+    """The profile's dummy tokens (all token 0) must not set --calculate-kv-scales' scales or key offset."""
+    config = EngineArgs(
+        model=tiny_llama, device="cpu", kv_cache_dtype="fp8", calculate_kv_scales=True
+    ).create_engine_config()
+    worker = Worker(config)
+    worker._profile_run()
+    quants = [layer.spec.kv_quant for layer in worker.model_runner.attention_layers]
+    assert all(q.scales_pending and q.k_scale == 1.0 and q.key_offset is None for q in quants)
