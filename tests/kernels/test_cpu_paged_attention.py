@@ -62,6 +62,28 @@ def test_kernel_matches_torch_backend(
     assert error < TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("head_dim", [40, 80, 96])
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(9, 3), (14, 2), (5, 1)], ids=["g3", "g7", "g5"])
+def test_kernel_matches_torch_backend_on_every_head_grouping(
+    num_heads: int, num_kv_heads: int, head_dim: int
+) -> None:
+    """Query heads per kv head below, at and past the four whose V pass is shared (3, 7, 5), and head
+    dims that leave a partial 64-column tile or are not a whole number of vectors (the scalar paths)."""
+    torch.manual_seed(head_dim + num_heads)
+    spec = AttentionLayerSpec(num_heads, num_kv_heads, head_dim, scale=head_dim**-0.5)
+    common = make_batch([(n - 1, 1) for n in decode_lens(16)], 16, seed=head_dim)
+    key_cache, value_cache = random_cache(16, spec, torch.float32)
+    q = torch.randn(common.num_decodes, num_heads, head_dim)
+    out = cpu_kernels.paged_attention_decode(
+        q, key_cache, value_cache, common.block_tables, torch.tensor(common.seq_lens), spec.scale
+    )
+    torch_backend = TorchPagedAttentionBackend()
+    expected = torch_backend.attend_decodes(
+        spec, q, key_cache, value_cache, torch_backend.build_decode_metadata(common, common.num_decodes)
+    )
+    assert (out - expected).abs().max().item() < TOLERANCE[torch.float32]
+
+
 def test_kernel_takes_int32_and_strided_inputs() -> None:
     spec = AttentionLayerSpec(6, 2, 64, scale=0.125)
     common = make_batch([(20, 1), (0, 1), (40, 1)], 16, seed=1)
