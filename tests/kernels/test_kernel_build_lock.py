@@ -73,6 +73,7 @@ def test_build_held_by_another_process_times_out_to_torch(tiny_llama: str, tmp_p
     assert backend == "TorchPagedAttentionBackend", log[-2000:]
     assert (
         "WARNING" in log
+        and "Waiting for another process's build of the native CPU kernels" in log
         and "did not finish within 3 s" in log
         and "PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT" in log
     )

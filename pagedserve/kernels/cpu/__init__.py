@@ -82,7 +82,7 @@ def _build(timeout_s: float) -> CpuKernels:
         from torch.utils import cpp_extension
 
         build_directory = _build_directory()
-        _remove_stale_lock(os.path.join(build_directory, "lock"), timeout_s)
+        _check_lock(os.path.join(build_directory, "lock"), timeout_s)
         module = cpp_extension.load(
             name=_extension_name(),
             build_directory=build_directory,
@@ -113,13 +113,23 @@ def _build_directory() -> str:
     return cpp_extension._get_build_directory(_extension_name(), verbose=False)
 
 
-def _remove_stale_lock(lock: str, timeout_s: float) -> None:
-    """A lock older than a whole build is a killed build's: torch would wait on it forever."""
+def _check_lock(lock: str, timeout_s: float) -> None:
+    """A lock older than a whole build is a killed build's (torch would wait on it forever): removed. A
+    younger one is said, since the wait that follows would otherwise look like a start that hangs."""
     try:
         age_s = time.time() - os.path.getmtime(lock)
     except FileNotFoundError:
         return
-    if age_s > timeout_s:
+    if age_s <= timeout_s:
+        logger.warning(
+            "Waiting for another process's build of the native CPU kernels (its lock %s is %.0f s old); "
+            "giving up after %g s (PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT). If no other process is building "
+            "them (one was killed mid-build), remove the lock file.",
+            lock,
+            max(age_s, 0.0),
+            timeout_s,
+        )
+    else:
         logger.warning(
             "Removing the stale build lock %s (%.0f s old, longer than a build may take: "
             "PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT=%g).",
