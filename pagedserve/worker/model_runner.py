@@ -161,7 +161,8 @@ class ModelRunner:
             reason = "not supported yet with a draft model (--speculative-config)"
         elif self.kv_groups.num_groups > 1:
             reason = "not supported yet for models mixing windowed and full-attention layers"
-        elif self.config.cache.calculate_kv_scales:  # a graph would bake in the scales before the first batch
+        elif self.kv_dtype == torch.uint8 and self.config.cache.calculate_kv_scales:
+            # NOTE: a graph would bake in the fp8 scales before the first batch sets them
             reason = "--calculate-kv-scales sets the fp8 scales from the first batch, after capture"
         if reason is not None:
             logger.info("CUDA graphs: off (%s); decode steps run eagerly.", reason)
