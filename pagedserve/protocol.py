@@ -11,7 +11,11 @@ class FinishReason(enum.IntEnum):
     STOP = 0
     LENGTH = 1
     ABORT = 2
-    ERROR = 3  # the engine could not take the request (its input failed to decode or to be admitted)
+    # The request failed. With EngineCoreOutput.error: the engine could not take it (its input failed to
+    # decode or to be admitted), the caller gets that error. Without: it ran and could not go on (its
+    # grammar dead-ended), its output so far is returned with `stop_reason` saying why. Clients see
+    # finish_reason "error", one of vLLM v1's finish reasons too (FINISH_REASON_STRINGS).
+    ERROR = 3
 
     def __str__(self) -> str:
         return self.name.lower()

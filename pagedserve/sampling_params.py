@@ -12,6 +12,11 @@ from pagedserve.structured_outputs_params import StructuredOutputsParams
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # Below this temperature sampling is greedy (as in vLLM): dividing logits by a tinier one overflows.
 _SAMPLING_EPS = 1e-5
+# The sampler divides a seen token's positive logit by repetition_penalty and multiplies a negative one
+# by it, in float32. vLLM only asks for > 0, but 1e-308 is 0 in float32 and 3.5e38 is inf: the logits
+# turn inf or NaN and the "sample" is token 0. Within this range (10**±6, far past any useful penalty:
+# 1 to 2 in practice) a penalized logit stays finite for any |logit| below 1e32 (float32 ends at 3.4e38).
+REPETITION_PENALTY_RANGE = (1e-6, 1e6)
 
 
 def _check(ok: bool, param: str, message: str) -> None:
@@ -165,10 +170,11 @@ class SamplingParams:
             "frequency_penalty",
             f"must be in [-2, 2], got {self.frequency_penalty}.",
         )
+        low, high = REPETITION_PENALTY_RANGE
         _check(
-            self.repetition_penalty > 0.0,
+            low <= self.repetition_penalty <= high,
             "repetition_penalty",
-            f"must be greater than zero, got {self.repetition_penalty}.",
+            f"must be in [{low:g}, {high:g}], got {self.repetition_penalty}.",
         )
         if self.max_tokens is not None:
             _check(self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}.")

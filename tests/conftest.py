@@ -140,12 +140,14 @@ TINY_MODELS = {
 
 
 def hf_beam_search(
-    hf, prompt: list[int], params, eos_token_id: int | None
+    hf, prompt: list[int], params, eos_token_id: int | list[int] | None, min_new_tokens: int = 0
 ) -> tuple[list[list[int]], list[float]]:
     """HF transformers' beam search (`generate(num_beams=...)`) with `params` (a BeamSearchParams):
-    its best beams (generated tokens only, the final EOS included) and their scores, best first."""
+    its best beams (generated tokens only, the final EOS included) and their scores, best first.
+    `eos_token_id`: the tokens that end a beam (EOS and stop_token_ids)."""
     out = hf.generate(
         torch.tensor([prompt]),
+        min_new_tokens=min_new_tokens,
         num_beams=params.beam_width,
         num_return_sequences=params.beam_width,
         max_new_tokens=params.max_tokens,
@@ -196,13 +198,21 @@ _MODEL_FIXTURES = {"tiny_llama", "tiny_model_factory", "default_model"}
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`slow`: server, process and end-to-end tests (a folder above, or a model fixture), so that
-    `-m "not slow"` runs the millisecond tests alone. `gpu`: skipped, visibly (-ra), without a CUDA GPU."""
+    `-m "not slow"` runs the millisecond tests alone. `nightly`: skipped unless `-m nightly` selects it.
+    `gpu`: skipped, visibly (-ra), without a CUDA GPU."""
     skip_gpu = (
         None
         if torch.cuda.is_available()
         else pytest.mark.skip(reason="needs a CUDA GPU (gpu marker); run benchmarks/gpu_check.sh on one")
     )
+    skip_nightly = (
+        None
+        if "nightly" in (config.getoption("-m") or "")
+        else pytest.mark.skip(reason="a long randomized run: select it with -m nightly")
+    )
     for item in items:
+        if skip_nightly is not None and item.get_closest_marker("nightly") is not None:
+            item.add_marker(skip_nightly)
         folder = os.path.basename(os.path.dirname(str(item.path)))
         if folder in _SLOW_FOLDERS or _MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)

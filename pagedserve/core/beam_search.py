@@ -3,7 +3,9 @@
 Each beam is a request that computes one token per step and reports the top 2 * beam_width logprobs
 of its last position (its own sampled token is ignored). Once every live beam of a search reported,
 the search picks the 2 * beam_width best continuations by cumulative logprob: the ones among the top
-beam_width that end (EOS, or max_tokens) become hypotheses, and the best beam_width others live on.
+beam_width that end (EOS, a stop_token_ids token, or max_tokens) become hypotheses, and the best
+beam_width others live on. Before min_tokens, EOS and stop tokens are no continuations (HF's
+min_new_tokens: their scores are -inf), so every beam goes on.
 A beam continued k times forks k - 1 new beams, which share its KV blocks (copy-on-write for the
 partly filled last one); a beam not continued is pruned and its blocks freed.
 """
@@ -24,6 +26,7 @@ class Hypothesis:
     cumulative_logprob: float
     score: float  # cumulative_logprob / len(token_ids) ** length_penalty
     finish_reason: FinishReason
+    stop_reason: int | None = None  # the stop_token_ids token that ended it
 
 
 @dataclass(slots=True)
@@ -41,15 +44,23 @@ class BeamSearchGroup:
         assert request.beam_search is not None
         self.params = request.beam_search
         self.request_id = request.request_id
-        num_outputs = request.sampling_params.n
-        self.output_ids = [child_request_id(self.request_id, i, num_outputs) for i in range(num_outputs)]
+        sampling = request.sampling_params
+        self.output_ids = [child_request_id(self.request_id, i, sampling.n) for i in range(sampling.n)]
+        self.eos_token_id = None if self.params.ignore_eos else request.eos_token_id
+        self.stop_token_ids = frozenset(sampling.stop_token_ids or ())
+        eos = () if self.eos_token_id is None else (self.eos_token_id,)
+        self.ending_tokens = self.stop_token_ids.union(eos)
+        self.min_tokens = sampling.min_tokens
+        # NOTE: under min_tokens the ending tokens are dropped from a beam's report: it reports that many
+        # more, so that its best 2 * beam_width others are still there.
+        num_enders = len(self.ending_tokens) if self.min_tokens else 0
         # NOTE: every beam computes greedily and reports the raw logprobs HF's beam search ranks.
         request.sampling_params = replace(
-            request.sampling_params,
+            sampling,
             n=1,
             best_of=None,
             temperature=0.0,
-            logprobs=2 * self.params.beam_width,
+            logprobs=2 * self.params.beam_width + num_enders,
             prompt_logprobs=None,
         )
         request.request_id, request.group_id = self._beam_id(0), self.request_id
@@ -70,18 +81,17 @@ class BeamSearchGroup:
         width, params = self.params.beam_width, self.params
         num_generated = self.live[0].num_output_tokens + 1
         at_max = num_generated >= params.max_tokens
+        under_min = num_generated <= self.min_tokens  # the tokens before this one are fewer than min_tokens
         candidates = sorted(
             (
                 _Candidate(self.scores[beam.request_id] + logprob, index, token_id)
                 for index, beam in enumerate(self.live)
                 for token_id, logprob in self.reports[beam.request_id].items()
+                if not (under_min and self._ends_beam(token_id))
             ),
             key=lambda c: -c.cumulative_logprob,
         )[: 2 * width]
-        ends = [
-            at_max or (c.token_id == self.live[c.beam].eos_token_id and not params.ignore_eos)
-            for c in candidates
-        ]
+        ends = [at_max or self._ends_beam(c.token_id) for c in candidates]
         # NOTE: as in HF, only an ending candidate among the top `width` becomes a hypothesis.
         for candidate, end in zip(candidates[:width], ends):
             if end:
@@ -96,19 +106,27 @@ class BeamSearchGroup:
         """The final outputs: the best hypotheses, best first, one per output id."""
         return [
             EngineCoreOutput(
-                output_id, h.token_ids, finish_reason=h.finish_reason, cumulative_logprob=h.cumulative_logprob
+                output_id,
+                h.token_ids,
+                finish_reason=h.finish_reason,
+                stop_reason=h.stop_reason,
+                cumulative_logprob=h.cumulative_logprob,
             )
             for output_id, h in zip(self.output_ids, self.hypotheses)
         ]
 
+    def _ends_beam(self, token_id: int) -> bool:
+        return token_id in self.ending_tokens
+
     def _add_hypothesis(self, candidate: _Candidate, num_generated: int) -> None:
-        beam = self.live[candidate.beam]
-        eos = candidate.token_id == beam.eos_token_id and not self.params.ignore_eos
-        reason = FinishReason.STOP if eos else FinishReason.LENGTH
+        beam, token_id = self.live[candidate.beam], candidate.token_id
+        reason = FinishReason.STOP if self._ends_beam(token_id) else FinishReason.LENGTH
+        # As Request.check_stop: EOS has no stop_reason, a stop token is its own.
+        stop_reason = token_id if token_id != self.eos_token_id and token_id in self.stop_token_ids else None
         score = length_normalized(candidate.cumulative_logprob, num_generated, self.params.length_penalty)
         self.hypotheses.append(
             Hypothesis(
-                beam.output_token_ids + [candidate.token_id], candidate.cumulative_logprob, score, reason
+                beam.output_token_ids + [token_id], candidate.cumulative_logprob, score, reason, stop_reason
             )
         )
         self.hypotheses.sort(key=lambda h: -h.score)

@@ -43,6 +43,9 @@ class Request:
         self.grammar: RequestGrammar | None = None  # set by the scheduler for a structured_outputs request
         self.spec_token_ids: list[int] = []  # draft tokens to verify next step (speculative decoding)
         self.num_spec_tokens = 2**31  # the most drafts it gets next step (spec_decode.adapt_num_spec_tokens)
+        # Prompt positions whose logprobs (prompt_logprobs) were reported: a request recomputed after a
+        # preemption computes them again, and they must not be reported twice.
+        self.num_prompt_logprobs_reported = 0
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -88,7 +91,10 @@ class Request:
         params = self.sampling_params
         last = self.all_token_ids[-1]
         if grammar_complete:
-            self.finish_reason = FinishReason.STOP
+            # NOTE: a grammar that dead-ended completed nothing: finish_reason "error", stop_reason why.
+            failure = self.grammar.failure if self.grammar is not None else None
+            self.finish_reason = FinishReason.STOP if failure is None else FinishReason.ERROR
+            self.stop_reason = failure
         elif self.num_output_tokens >= params.min_tokens:
             if last == self.eos_token_id and not params.ignore_eos:
                 self.finish_reason = FinishReason.STOP

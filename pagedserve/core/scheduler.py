@@ -205,7 +205,9 @@ class Scheduler(Preemption, DraftSettling):
             request = self.requests.get(request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue  # aborted or preempted meanwhile
-            prompt_logprobs = runner_output.prompt_logprobs.get(request_id)
+            prompt_logprobs = self._unreported_prompt_logprobs(
+                request, runner_output.prompt_logprobs.get(request_id), scheduler_output
+            )
             token_id = runner_output.sampled_token_ids.get(request_id)
             if token_id is None:
                 if prompt_logprobs is not None:
@@ -232,6 +234,23 @@ class Scheduler(Preemption, DraftSettling):
         if self.speculative is not None:
             self._propose_drafts(runner_output.draft_token_ids)
         return outputs + beam_outputs
+
+    @staticmethod
+    def _unreported_prompt_logprobs(
+        request: Request,
+        entries: list[dict[int, float] | None] | None,
+        scheduler_output: SchedulerOutput,
+    ) -> list[dict[int, float] | None] | None:
+        """The step's prompt logprobs less those of prompt tokens already reported before a recompute
+        preemption; None when nothing is new. A step whose tokens start at position s > 0 reports prompt
+        tokens s + 1, ... (position p predicts token p + 1); the first step reports token 0 (None) too."""
+        if entries is None:
+            return None
+        start = request.num_computed_tokens - scheduler_output.num_scheduled_tokens[request.request_id]
+        first_token = start + 1 if start else 0
+        reported = request.num_prompt_logprobs_reported
+        request.num_prompt_logprobs_reported = max(reported, first_token + len(entries))
+        return entries[max(0, reported - first_token) :] or None
 
     def _fork_beam(self, parent: Request, request_id: str) -> Request:
         assert parent.status is RequestStatus.RUNNING, "a beam forks right after it reported"

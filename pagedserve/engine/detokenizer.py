@@ -49,6 +49,12 @@ class StreamDecoder:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.backend = tokenizer.backend_tokenizer
+        # NOTE: a prompt ending inside a character (a byte token) would make the stream hold that piece
+        # back and emit it, with prompt text before it, as the first output: the context stops before it.
+        while context and tokenizer.decode(context, skip_special_tokens=skip_special_tokens).endswith(
+            "\ufffd"
+        ):
+            context = context[:-1]
         self.context = list(context)  # the window a fallback would need
         self.stream: DecodeStream | None = DecodeStream(
             ids=list(context), skip_special_tokens=skip_special_tokens
@@ -98,11 +104,18 @@ class IncrementalDetokenizer:
         self.stop_buffer_length = max(map(len, stop)) - 1 if stop and not include_stop_str_in_output else 0
         self._sent_offset = 0  # characters of output_text already returned as deltas
 
-    def update(self, new_token_ids: list[int]) -> str | None:
-        """Append tokens to `output_text`. Returns the stop string matched (text truncated at it), if any."""
-        start = len(self.output_text)
-        self.output_text += "".join(self.decoder.step(token) for token in new_token_ids)
-        return self._check_stop(start)
+    def update(self, new_token_ids: list[int]) -> tuple[str, int] | None:
+        """Append tokens to `output_text`, one at a time. On a stop string: the text is truncated at it,
+        and the result is (the stop string, how many of `new_token_ids` are the request's: up to the one
+        that completed it). Tokens after it (accepted drafts of a speculative step) are not the request's,
+        exactly as without speculation."""
+        for num_kept, token in enumerate(new_token_ids, 1):
+            start = len(self.output_text)
+            self.output_text += self.decoder.step(token)
+            stop = self._check_stop(start)
+            if stop is not None:
+                return stop, num_kept
+        return None
 
     def get_next_output_text(self, finished: bool, delta: bool) -> str:
         """The text to show now: everything (delta=False) or only what is new since the previous delta
@@ -117,10 +130,15 @@ class IncrementalDetokenizer:
         return self.output_text[start:end]
 
     def _check_stop(self, new_text_start: int) -> str | None:
-        for stop in self.stop:
-            # Only the new text, plus enough before it for a stop string spanning the boundary.
-            index = self.output_text.find(stop, max(0, new_text_start - len(stop) + 1))
-            if index >= 0:
-                self.output_text = self.output_text[: index + (len(stop) if self.include_stop else 0)]
-                return stop
-        return None
+        """The stop string that occurs first in the text (the first listed among those at the same place),
+        searched in the new text plus enough before it for a stop string spanning the boundary."""
+        found = [
+            (index, stop)
+            for stop in self.stop
+            if (index := self.output_text.find(stop, max(0, new_text_start - len(stop) + 1))) >= 0
+        ]
+        if not found:
+            return None
+        index, stop = min(found, key=lambda match: match[0])
+        self.output_text = self.output_text[: index + (len(stop) if self.include_stop else 0)]
+        return stop

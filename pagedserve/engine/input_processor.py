@@ -98,7 +98,16 @@ class InputProcessor:
 
     def _validate_beam_search(self, beam: BeamSearchParams, params: SamplingParams, max_len: int) -> None:
         """Its beams run in lockstep, all at once: they must fit in a step and, at worst unshared, in
-        the KV cache."""
+        the KV cache. Its outputs are the best beams, with their cumulative logprob but no per-token
+        logprobs (stop_token_ids and min_tokens it honours, core/beam_search.py)."""
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(params, name) is not None:
+                raise InvalidRequestError(
+                    f"{name} cannot be combined with beam search: a beam keeps no per-token logprobs "
+                    f"(each output carries its cumulative logprob). Drop {name} (with echo, logprobs also "
+                    "asks for the prompt's) or use_beam_search.",
+                    param=name,
+                )
         if params.n > beam.beam_width:
             raise InvalidRequestError(
                 f"n={params.n} beams were asked for, more than the beam width "

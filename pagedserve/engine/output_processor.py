@@ -69,6 +69,7 @@ class RequestState:
     scheduled_time: float | None = None
     num_outputs_sent: int = 0
     error: str | None = None  # set when the engine could not take one of its samples
+    child_ids: list[str] = field(default_factory=list)  # its samples' engine-core ids
 
     @property
     def finished(self) -> bool:
@@ -157,7 +158,9 @@ class OutputProcessor:
             [] if params.prompt_logprobs is not None else None,
         )
         self._requests[request_id] = state
-        child_ids = [child_request_id(request_id, i, num_samples) for i in range(num_samples)]
+        child_ids = state.child_ids = [
+            child_request_id(request_id, i, num_samples) for i in range(num_samples)
+        ]
         for child_id, sample in zip(child_ids, samples):
             self._child_to_parent[child_id] = (state, sample)
         return child_ids
@@ -245,17 +248,18 @@ class OutputProcessor:
     @staticmethod
     def _update_sample(sample: SampleState, output: EngineCoreOutput) -> bool:
         """Append the output to the sample; True when a stop string ended it before the engine did."""
-        sample.token_ids.extend(output.new_token_ids)
-        for logprobs in output.new_logprobs or []:
+        stop = sample.detokenizer.update(output.new_token_ids)
+        num_kept = len(output.new_token_ids) if stop is None else stop[1]
+        sample.token_ids.extend(output.new_token_ids[:num_kept])
+        for logprobs in (output.new_logprobs or [])[:num_kept]:
             if sample.logprobs is not None:
                 sample.logprobs.append(logprobs)
             # The sampled token comes first in each dict.
             sample.cumulative_logprob = (sample.cumulative_logprob or 0.0) + next(iter(logprobs.values()))
         if output.cumulative_logprob is not None:  # a beam search's final beam
             sample.cumulative_logprob = output.cumulative_logprob
-        stop = sample.detokenizer.update(output.new_token_ids)
         if stop is not None:
-            sample.finish_reason, sample.stop_reason = "stop", stop
+            sample.finish_reason, sample.stop_reason = "stop", stop[0]
             return not output.finished
         if output.finish_reason is not None:
             sample.finish_reason, sample.stop_reason = str(output.finish_reason), output.stop_reason
@@ -296,7 +300,11 @@ class OutputProcessor:
     def _end_samples(self, state: RequestState, reason: str, gone_id: str | None = None) -> list[str]:
         """End the request's live samples with `reason`; returns their engine-core ids to abort (less
         `gone_id`, a sample the engine no longer has)."""
-        child_ids = [cid for cid, (parent, _) in self._child_to_parent.items() if parent is state]
-        for child_id in child_ids:
-            self._child_to_parent.pop(child_id)[1].finish_reason = reason
-        return [child_id for child_id in child_ids if child_id != gone_id]
+        live = []
+        for child_id in state.child_ids:  # NOTE: not a scan of every request in flight (many aborts)
+            entry = self._child_to_parent.pop(child_id, None)
+            if entry is not None:
+                entry[1].finish_reason = reason
+                if child_id != gone_id:
+                    live.append(child_id)
+        return live

@@ -15,6 +15,7 @@ import llguidance.hf
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from pagedserve.errors import InvalidRequestError
+from pagedserve.structured_output.emptiness import json_schema_emptiness, lark_emptiness
 from pagedserve.structured_output.json_bounds import bounded_json_object, bounded_schema
 from pagedserve.structured_outputs_params import StructuredOutputsParams
 
@@ -70,16 +71,33 @@ def to_grammar(params: StructuredOutputsParams) -> str:
         return llguidance.LLMatcher.grammar_from_lark(
             "start: " + " | ".join(json.dumps(choice) for choice in params.choice)
         )
-    grammar = params.grammar
-    assert grammar is not None, "StructuredOutputsParams holds exactly one constraint"
-    if "::=" in grammar:  # GBNF (llama.cpp's, also what vLLM's xgrammar backend takes)
-        try:
-            grammar = gbnf_to_lark(grammar)
-        except Exception as exc:  # GbnfToLarkError, and a plain Exception for an undefined rule
-            raise InvalidRequestError(
-                f"structured_outputs.grammar is not valid GBNF: {exc}", param="structured_outputs.grammar"
-            ) from exc
-    return llguidance.LLMatcher.grammar_from_lark(grammar)
+    assert params.grammar is not None, "StructuredOutputsParams holds exactly one constraint"
+    return llguidance.LLMatcher.grammar_from_lark(_lark(params.grammar))
+
+
+def _is_gbnf(grammar: str) -> bool:
+    return "::=" in grammar  # GBNF (llama.cpp's, also what vLLM's xgrammar backend takes); else Lark
+
+
+def _lark(grammar: str) -> str:
+    """The grammar in llguidance's Lark, converted from GBNF if need be. Raises InvalidRequestError."""
+    if not _is_gbnf(grammar):
+        return grammar
+    try:
+        return gbnf_to_lark(grammar)
+    except Exception as exc:  # GbnfToLarkError, and a plain Exception for an undefined rule
+        raise InvalidRequestError(
+            f"structured_outputs.grammar is not valid GBNF: {exc}", param="structured_outputs.grammar"
+        ) from exc
+
+
+def _emptiness(params: StructuredOutputsParams) -> str | None:
+    """Why a constraint llguidance accepted can produce no output at all (emptiness.py), or None."""
+    if params.json is not None:
+        return json_schema_emptiness(params.json)
+    if params.grammar is not None:
+        return lark_emptiness(_lark(params.grammar), gbnf=_is_gbnf(params.grammar))
+    return None  # json_object, regex, choice: llguidance's own checks
 
 
 def validate(
@@ -88,7 +106,9 @@ def validate(
     max_spec_bytes: int = DEFAULT_MAX_SPEC_BYTES,
 ) -> None:
     """Raises InvalidRequestError: 413 when the spec is longer than `max_spec_bytes`
-    (--max-structured-output-bytes), 400 with llguidance's message when it does not compile."""
+    (--max-structured-output-bytes), 400 with llguidance's message when it does not compile, or when it
+    can produce no output at all (a recursion that never ends: llguidance would accept it and the request
+    would dead-end while it runs)."""
     size = len(params.spec.encode())
     if size > max_spec_bytes:
         raise InvalidRequestError(
@@ -97,7 +117,8 @@ def validate(
             param=f"structured_outputs.{params.kind}",
             status_code=413,
         )
-    error = llguidance.LLMatcher.validate_grammar(to_grammar(params), tokenizer, limits=PARSER_LIMITS)
+    compile_error = llguidance.LLMatcher.validate_grammar(to_grammar(params), tokenizer, limits=PARSER_LIMITS)
+    error = compile_error or _emptiness(params)
     if error:
         raise InvalidRequestError(
             f"Invalid structured_outputs.{params.kind}: {error}", param=f"structured_outputs.{params.kind}"

@@ -10,6 +10,9 @@ from pagedserve.logger import init_logger
 
 logger = init_logger(__name__)
 
+# llguidance's terse stop reasons, said plainly.
+_ERROR_MEANINGS = {"NoExtensionBias": "no token may follow, and the output does not complete it"}
+
 
 class RequestGrammar:
     """Created when the request arrives, with the (maybe still compiling) grammar; usable once `ready()`.
@@ -42,12 +45,31 @@ class RequestGrammar:
         llguidance.numpy.fill_next_token_bitmask(self.matcher, bitmask, row)
 
     def accept(self, token_id: int) -> bool:
-        """Advance past a sampled token; True once the grammar is complete (the request should stop)."""
+        """Advance past a sampled token; True once the grammar ended: complete (the request stops), or
+        failed (`failure` says why: the request must not pass for one that completed)."""
         matcher = self.matcher
-        if not matcher.consume_token(token_id):
-            logger.warning("Grammar rejected sampled token %d: %s", token_id, matcher.get_error())
+        matcher.consume_token(token_id)
         self._accepted.append(token_id)
-        return matcher.is_stopped() or matcher.is_error()
+        if matcher.is_error():
+            logger.warning(
+                "Grammar failed after %d output tokens (the last %d): %s",
+                len(self._accepted),
+                token_id,
+                matcher.get_error(),
+            )
+            return True
+        return matcher.is_stopped()
+
+    @property
+    def failure(self) -> str | None:
+        """Why the grammar dead-ended, or None. It does when no token may follow while it is incomplete
+        (llguidance then allows only EOS), when a sampled token breaks it, or when it failed to compile or
+        ran out of fuel; llguidance's matcher then stays in its error state."""
+        if self._matcher is None or not self._matcher.is_error():
+            return None
+        # NOTE: the first line is the error; the rest is the parser's state dump (for the log).
+        error = self._matcher.get_error().split("\n", 1)[0]
+        return f"grammar failed: {_ERROR_MEANINGS.get(error, error)}"
 
     def _sync(self, output_token_ids: list[int]) -> None:
         accepted = self._accepted

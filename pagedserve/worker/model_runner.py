@@ -2,7 +2,6 @@
 
 import time
 
-import numpy as np
 import torch
 
 from pagedserve.attention.backends import select_attention_backend
@@ -13,11 +12,12 @@ from pagedserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagedserve.distributed import get_tp_rank
 from pagedserve.layers.attention import Attention
 from pagedserve.layers.grammar_bitmask import apply_grammar_bitmask
-from pagedserve.layers.rejection_sampler import rejection_sample
-from pagedserve.layers.sampler import Sampler, SamplerOutput, gather_logprobs
+from pagedserve.layers.rejection_sampler import accept_drafts
+from pagedserve.layers.sampler import Sampler, gather_logprobs
 from pagedserve.logger import init_logger
 from pagedserve.model_loader import load_model
 from pagedserve.platforms import Platform
+from pagedserve.structured_output.manager import GrammarBitmask
 from pagedserve.utils import format_bytes
 from pagedserve.utils.kv_cache_groups import KVCacheGroups
 from pagedserve.worker.block_ops import KVBlockMover
@@ -221,16 +221,7 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[batch.logits_indices]).float()  # [positions, vocab]
         if get_tp_rank() != 0:  # NOTE: only rank 0 samples; computing logits above is a collective
             return output
-        if any(batch.draft_token_ids):
-            self._verify_drafts(requests, batch.draft_token_ids, logits, output)
-        else:
-            grammar = scheduler_output.grammar_bitmask
-            if grammar is not None:
-                apply_grammar_bitmask(
-                    logits, [r.request_id for r in requests], grammar.request_ids, grammar.bitmask
-                )
-            sampled = self.sampler(logits, build_sampling_metadata(requests, self.vocab_size, self.device))
-            self._fill_output(requests, sampled, output)
+        self._sample(requests, batch.draft_token_ids, logits, scheduler_output.grammar_bitmask, output)
         if self.drafter is not None:
             self._propose(requests, output)
         return output
@@ -252,47 +243,38 @@ class ModelRunner:
         )
         output.draft_token_ids = {r.request_id: p for r, p in zip(requests, proposals)}
 
-    def _verify_drafts(
+    def _sample(
         self,
         requests: list[CachedRequestState],
         drafts: list[list[int]],
         logits: torch.Tensor,
+        grammar: GrammarBitmask | None,
         output: ModelRunnerOutput,
     ) -> None:
-        """Requests with draft tokens go through the rejection sampler (one logits row per verified
-        position); the others sample as usual."""
-        first_rows = np.cumsum([0] + [len(draft) + 1 for draft in drafts])[:-1]
-        plain = [i for i, draft in enumerate(drafts) if not draft]
-        if plain:
-            plain_requests = [requests[i] for i in plain]
-            sampled = self.sampler(
-                logits[first_rows[plain]],
-                build_sampling_metadata(plain_requests, self.vocab_size, self.device),
-            )
-            self._fill_output(plain_requests, sampled, output)
-        spec = [i for i, draft in enumerate(drafts) if draft]
-        rows = [first_rows[i] + j for i in spec for j in range(len(drafts[i]) + 1)]
-        expanded = [requests[i] for i in spec for _ in range(len(drafts[i]) + 1)]
-        offsets = [j for i in spec for j in range(len(drafts[i]) + 1)]
-        meta = build_sampling_metadata(expanded, self.vocab_size, self.device, offsets)
-        tokens = rejection_sample(self.sampler, logits[rows], meta, [drafts[i] for i in spec])
-        for i, request_tokens in zip(spec, tokens):
-            output.sampled_token_ids[requests[i].request_id] = request_tokens[0]
-            output.extra_token_ids[requests[i].request_id] = request_tokens[1:]
-
-    def _fill_output(
-        self, requests: list[CachedRequestState], sampled: SamplerOutput, output: ModelRunnerOutput
-    ) -> None:
-        token_ids = sampled.sampled_token_ids.tolist()
+        """One logits row per sampled position (a request with drafts has one per verified position), all
+        through the same pipeline: logits processors, grammar mask, sampler; then each request keeps its
+        drafts up to the first its samples disagree with (layers/rejection_sampler.py)."""
+        rows = [request for request, draft in zip(requests, drafts) for _ in range(len(draft) + 1)]
+        if grammar is not None:
+            apply_grammar_bitmask(logits, [r.request_id for r in rows], grammar.request_ids, grammar.bitmask)
+        offsets = [j for draft in drafts for j in range(len(draft) + 1)]
+        sampled = self.sampler(logits, build_sampling_metadata(rows, self.vocab_size, self.device, offsets))
         ids: list[list[int]] = []
         values: list[list[float]] = []
         if sampled.logprobs is not None and sampled.logprob_token_ids is not None:
             ids, values = sampled.logprob_token_ids.tolist(), sampled.logprobs.tolist()
-        for i, request in enumerate(requests):
-            output.sampled_token_ids[request.request_id] = token_ids[i]
+        first_row = 0
+        for request, draft, tokens in zip(
+            requests, drafts, accept_drafts(sampled.sampled_token_ids.tolist(), drafts)
+        ):
+            output.sampled_token_ids[request.request_id] = tokens[0]
+            if draft:
+                output.extra_token_ids[request.request_id] = tokens[1:]
             num = request.sampling_params.logprobs
             if num is not None and ids:
-                output.logprobs[request.request_id] = dict(zip(ids[i][: num + 1], values[i][: num + 1]))
+                row_ids, row_values = ids[first_row], values[first_row]
+                output.logprobs[request.request_id] = dict(zip(row_ids[: num + 1], row_values[: num + 1]))
+            first_row += len(draft) + 1
 
     def _prompt_logprobs(self, batch: BatchInputs, hidden: torch.Tensor, output: ModelRunnerOutput) -> None:
         """Logprob of each prompt token given the ones before it (and the top-k), for the prompt

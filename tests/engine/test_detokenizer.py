@@ -47,6 +47,15 @@ def test_stream_equals_window_and_full_decode(tokenizer, text: str, skip: bool) 
     assert "".join(fast) == tokenizer.decode(tokens, skip_special_tokens=skip)
 
 
+@pytest.mark.parametrize("decoder_class", [StreamDecoder, WindowDecoder])
+def test_a_prompt_ending_inside_a_character_leaks_nothing_into_the_output(tokenizer, decoder_class) -> None:
+    """Token 158 is the first byte of a two-byte character: the output's text is its own tokens' text,
+    without prompt text or the prompt's incomplete character before it."""
+    prompt = [17, 18, 158]  # '!', '"', 0xD3
+    tokens = tokenizer.encode(" escent prepar")
+    assert "".join(stream(decoder_class, tokenizer, prompt, tokens, True)) == " escent prepar"
+
+
 def test_random_token_streams(tokenizer) -> None:
     rng = random.Random(0)
     # Byte-level tokens (ids < 256 here) split characters: the decoders must hold back the same bytes.
@@ -67,10 +76,24 @@ def test_stop_strings_cut_the_same_text(tokenizer, stop: str) -> None:
     text = " ".join(TEXTS[:3])
     tokens = tokenizer.encode(text)
     detokenizer = IncrementalDetokenizer(tokenizer, [1], True, [stop], False)
-    matched = None
-    for token in tokens:
-        matched = detokenizer.update([token])
-        if matched:
-            break
-    assert matched == stop
+    matched, num_fed = None, 0
+    while matched is None:
+        matched = detokenizer.update([tokens[num_fed]])
+        num_fed += 1
+    assert matched is not None and matched[0] == stop
     assert detokenizer.output_text == text[: text.index(stop)]
+    # All tokens at once (a speculative step's accepted drafts): the same text, and the tokens kept end
+    # with the one that completed the stop string.
+    at_once = IncrementalDetokenizer(tokenizer, [1], True, [stop], False)
+    assert at_once.update(tokens) == (stop, num_fed)
+    assert at_once.output_text == detokenizer.output_text
+
+
+def test_the_stop_string_first_in_the_text_wins(tokenizer) -> None:
+    """Several stop strings arriving in one update: the earliest in the text cuts, whatever the list
+    order."""
+    tokens = tokenizer.encode(" apple, banana, mango, nectarine, orange, pear")
+    detokenizer = IncrementalDetokenizer(tokenizer, [1], True, ["orange", "nectarine"], False)
+    matched = detokenizer.update(tokens)
+    assert matched is not None and matched[0] == "nectarine"
+    assert detokenizer.output_text == " apple, banana, mango, "

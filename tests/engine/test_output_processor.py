@@ -68,3 +68,24 @@ def test_final_only_and_stats(tokenizer) -> None:
     assert len(stats.inter_token_latencies) == len(tokens) - 1
     assert (stats.num_prompt_tokens, stats.num_generation_tokens) == (2, len(tokens))
     assert [f.finish_reason for f in stats.finished_requests] == ["length"]
+
+
+class _NoScan(dict):
+    """A dict that refuses to be iterated: aborting one request must not scan the others."""
+
+    def items(self):  # type: ignore[override]
+        raise AssertionError("scanned every request in flight")
+
+    def __iter__(self):
+        raise AssertionError("scanned every request in flight")
+
+
+def test_aborting_a_request_touches_only_its_own_samples(tokenizer) -> None:
+    """Finishing N aborted requests is O(N), not O(N^2): each abort looks up its own samples."""
+    processor = OutputProcessor(tokenizer)
+    for i in range(50):
+        processor.add_request(f"r{i}", None, [1, 2], SamplingParams(n=2, max_tokens=4), arrival_time=0.0)
+    processor._child_to_parent = _NoScan(processor._child_to_parent)
+    aborted = [processor.abort_request(f"r{i}") for i in range(50)]
+    assert all(len(child_ids) == 2 for child_ids in aborted)
+    assert processor.num_unfinished == 0 and not dict.__len__(processor._child_to_parent)

@@ -169,3 +169,31 @@ def test_max_tokens_none_fills_context_and_min_tokens(llm: LLM) -> None:
         use_tqdm=False,
     )[0].outputs[0]
     assert len(forced.token_ids) == 6 and eos not in forced.token_ids[:5]
+
+
+@pytest.mark.parametrize("max_num_batched_tokens", [512, 16], ids=["whole", "chunked"])
+def test_prompt_logprobs_once_per_position_after_recompute_preemption(
+    tiny_llama: str, llm: LLM, max_num_batched_tokens: int
+) -> None:
+    """A request recomputed after a preemption computes its prompt again; it reports each prompt
+    position's logprobs once, equal to those of an unpreempted run."""
+    prompts = [list(range(100 + i, 140 + i)) for i in range(4)]
+    params = SamplingParams(temperature=0.0, max_tokens=30, prompt_logprobs=1, ignore_eos=True)
+    alone = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]
+    # 18 blocks of 8 tokens for 4 requests of 70 tokens: recompute preemptions are certain.
+    tight = LLM(
+        tiny_llama,
+        max_model_len=128,
+        block_size=8,
+        num_gpu_blocks_override=19,
+        preemption_mode="recompute",
+        max_num_batched_tokens=max_num_batched_tokens,
+    )
+    outputs = tight.generate(prompts, params, use_tqdm=False)
+    assert tight.llm_engine.engine_core.get_stats().num_preemptions_total > 0
+    for prompt, output, reference in zip(prompts, outputs, alone):
+        assert len(output.prompt_logprobs) == len(prompt)
+        assert output.prompt_logprobs[0] is None and None not in output.prompt_logprobs[1:]
+        for a, b in zip(output.prompt_logprobs[1:], reference.prompt_logprobs[1:]):
+            assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], abs=1e-4) for k in a)
+        assert output.outputs[0].token_ids == reference.outputs[0].token_ids

@@ -3,6 +3,7 @@ accepted and then carried to the engine (msgpack) and sampled with (worker metad
 error. The server-side sweep of the same fields is tests/entrypoints/test_hostile_input.py."""
 
 import math
+import re
 
 import msgspec
 import pytest
@@ -90,7 +91,10 @@ def _sample(params: SamplingParams) -> None:
     decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(request), type=EngineCoreRequest)
     state = CachedRequestState("r", [1, 2, 3, 4], 3, decoded.sampling_params, 2, [1], 4)
     meta = build_sampling_metadata([state], VOCAB, torch.device("cpu"))
-    token = Sampler()(torch.randn(1, VOCAB), meta).sampled_token_ids
+    logits = torch.randn(1, VOCAB)
+    penalized = Sampler().apply_penalties_and_bias(logits, meta)
+    assert not penalized.isnan().any() and not penalized.isposinf().any()  # -inf: a banned token
+    token = Sampler()(logits, meta).sampled_token_ids
     assert 0 <= int(token[0]) < VOCAB
 
 
@@ -194,3 +198,26 @@ def test_beam_search_params_extremes(field: str, value: object) -> None:
     with pytest.raises(InvalidRequestError) as info:
         BeamSearchParams(**kwargs)
     assert info.value.param == field
+
+
+PENALTY_EXTREMES = [1e-308, 1e-45, 1e-30, 3.5e38, 1e300, math.inf, math.nan, 0.0, -0.0, -1.0, 2.0, 1e-6, 1e6]
+
+
+@pytest.mark.parametrize("field", ["repetition_penalty", "presence_penalty", "frequency_penalty"])
+@pytest.mark.parametrize("value", PENALTY_EXTREMES)
+def test_penalty_is_refused_with_its_range_or_keeps_logits_finite(field: str, value: float) -> None:
+    """repetition_penalty=1e-308 is 0 in float32 (a seen token's positive logit / 0 = inf) and 3.5e38 is inf
+    (a zero logit * inf = NaN): the sample was garbage (token 0). Now refused, with the range, or finite."""
+    try:
+        params = SamplingParams(temperature=0.0, **{field: value})
+    except InvalidRequestError as exc:
+        assert exc.param == field
+        assert re.match(rf"{field} must be (in \[-?[0-9e.+-]+, [0-9e.+-]+\]|a finite number), got ", str(exc))
+        return
+    logits = torch.linspace(-8.0, 8.0, VOCAB)
+    logits[1:5] = torch.tensor([9.0, 0.0, -8.0, 4.0])  # the seen tokens (prompt 1-3, output 4)
+    state = CachedRequestState("r", [1, 2, 3, 4], 3, params, 2, [1], 4)
+    meta = build_sampling_metadata([state], VOCAB, torch.device("cpu"))
+    penalized = Sampler().apply_penalties_and_bias(logits[None], meta)
+    assert penalized.isfinite().all(), penalized
+    assert int(Sampler()(logits[None], meta).sampled_token_ids[0]) == int(penalized.argmax())

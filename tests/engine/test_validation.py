@@ -47,7 +47,7 @@ def test_empty_prompt_and_bad_token_ids(llm: LLM) -> None:
         ("n", 0, "n must be at least 1"),
         ("max_tokens", 0, "max_tokens must be at least 1"),
         ("presence_penalty", 3.0, r"presence_penalty must be in \[-2, 2\]"),
-        ("repetition_penalty", 0.0, "repetition_penalty must be greater than zero"),
+        ("repetition_penalty", 0.0, r"repetition_penalty must be in \[1e-06, 1e\+06\], got 0.0"),
         ("logprobs", -1, "logprobs must be non-negative"),
         ("stop", [""], "stop must not contain empty strings"),
     ],

@@ -332,3 +332,119 @@ def test_every_route_needs_the_key_but_the_probes(server: RemoteServer) -> None:
     assert metrics.status_code == 200 and "pagedserve:" in metrics.text
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="wrong", max_retries=0).models.list()
+
+
+LONE = "\ud800"  # a high surrogate without its low half: json.dumps sends the escape "\ud800"
+WEATHER = {
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}},
+}
+LONE_SURROGATE_CASES = [  # route, body fields, the field the error names
+    ("/v1/completions", {"prompt": LONE}, "prompt"),
+    ("/v1/completions", {"prompt": ["fine", "a" + LONE + "b"]}, "prompt[1]"),
+    ("/v1/completions", {"stop": ["x", "\udfff"]}, "stop[1]"),
+    ("/v1/completions", {"cache_salt": LONE}, "cache_salt"),
+    ("/v1/completions", {"user": LONE}, "user"),
+    ("/v1/completions", {"guided_regex": LONE}, "guided_regex"),
+    ("/v1/completions", {"guided_choice": ["a", LONE]}, "guided_choice[1]"),
+    ("/v1/completions", {"structured_outputs": {"grammar": LONE}}, "structured_outputs.grammar"),
+    (
+        "/v1/completions",
+        {"guided_json": {"type": "object", "properties": {LONE: {"type": "string"}}}},
+        'guided_json.properties["\\ud800"]',
+    ),
+    ("/v1/completions", {"logit_bias": {LONE: 1}}, 'logit_bias["\\ud800"]'),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": LONE}]}, "messages[0].content"),
+    (
+        "/v1/chat/completions",
+        {"messages": [*CHAT, {"role": "assistant", "content": [{"type": "text", "text": LONE}]}]},
+        "messages[1].content[0].text",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "Hi", "name": LONE}]},
+        "messages[0].name",
+    ),
+    (
+        "/v1/chat/completions",
+        {"tools": [WEATHER, {"type": "function", "function": {"name": "f", "description": LONE}}]},
+        "tools[1].function.description",
+    ),
+    (
+        "/v1/chat/completions",
+        {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": LONE}}},
+        "tool_choice.function.name",
+    ),
+    (
+        "/v1/chat/completions",
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"enum": [LONE]}},
+            }
+        },
+        "response_format.json_schema.schema.enum[0]",
+    ),
+    ("/tokenize", {"prompt": LONE}, "prompt"),
+    ("/tokenize", {"messages": [{"role": "user", "content": LONE}]}, "messages[0].content"),
+    ("/detokenize", {"tokens": [1, 2], "model": LONE}, "model"),
+]
+
+
+@pytest.mark.parametrize("path,extra,param", LONE_SURROGATE_CASES)
+def test_lone_surrogates_are_refused_naming_the_field(
+    server: RemoteServer, path: str, extra: dict, param: str
+) -> None:
+    response = post(server, path, {**BASE.get(path, {}), **extra})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and f"{param} holds a lone UTF-16 surrogate" in error["message"], error
+
+
+def test_lone_surrogates_raw_in_utf8_and_valid_pairs(server: RemoteServer) -> None:
+    """A surrogate's own UTF-8 bytes (which json.loads reads too) are refused the same way; a valid pair,
+    escaped or not, is ordinary text."""
+    raw = httpx.post(
+        server.base_url + "/v1/completions",
+        content=b'{"prompt": "a\xed\xa0\x80", "max_tokens": 2}',
+        timeout=60,
+        headers={**server.headers(), "Content-Type": "application/json"},
+    )
+    assert raw.status_code == 400 and raw.json()["error"]["param"] == "prompt", raw.text
+    for prompt in (
+        "\U0001f600 smile",
+        "\ud83d\ude00 smile",
+    ):  # the same text: json.dumps escapes it as a pair
+        response = post(server, "/v1/completions", {"prompt": prompt, "max_tokens": 2})
+        assert response.status_code == 200, response.text
+    assert_still_serves(server)
+
+
+@pytest.mark.parametrize("key", [" 5", "5 ", "+5", "-0", "\u0663", "\uff15", "5_0", "0x5", "5.0", "²"])
+def test_logit_bias_keys_are_ascii_digits_only(server: RemoteServer, key: str) -> None:
+    """int() reads all of these as a token id; JSON's keys are token ids in ASCII digits, nothing else."""
+    for path in BASE:
+        response = post(server, path, {**BASE[path], "logit_bias": {key: 1}})
+        assert response.status_code == 400, (key, response.text)
+        error = response.json()["error"]
+        assert error["param"] == "logit_bias" and json.dumps(key) in error["message"], error
+        assert "ASCII digits" in error["message"]
+    assert (
+        post(server, "/v1/completions", {**BASE["/v1/completions"], "logit_bias": {"5": 1}}).status_code
+        == 200
+    )
+
+
+def test_duplicate_tool_names_are_refused(server: RemoteServer) -> None:
+    other = {"type": "function", "function": {"name": "other"}}
+    for choice in ("none", "required"):
+        body = {**BASE["/v1/chat/completions"], "tools": [WEATHER, other, WEATHER], "tool_choice": choice}
+        response = post(server, "/v1/chat/completions", body)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == "tools[2].function.name", error
+        assert "'get_weather'" in error["message"] and "tools[0]" in error["message"]
+
+
+def test_still_serves_after_the_unicode_and_key_cases(server: RemoteServer) -> None:
+    assert_still_serves(server)

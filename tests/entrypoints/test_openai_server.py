@@ -6,6 +6,7 @@ import httpx
 import openai
 import pytest
 from server_utils import API_SERVER, RemoteServer
+from transformers import AutoTokenizer
 
 from pagedserve import LLM, BeamSearchParams, SamplingParams
 
@@ -164,6 +165,56 @@ def test_completion_logprobs_and_echo(client: openai.OpenAI) -> None:
     echoed = client.completions.create(**common, logprobs=1, echo=True).choices[0]
     assert echoed.text == PROMPTS[0] + response.choices[0].text
     assert echoed.logprobs.token_logprobs[0] is None and len(echoed.logprobs.tokens) > 5
+
+
+def _offsets_index_the_text(text: str, tokens: list[str], offsets: list[int]) -> None:
+    """Each offset is where its token starts in `text`; a token the text left out (a special token under
+    skip_special_tokens) takes no room there."""
+    position = 0
+    for token, offset in zip(tokens, offsets, strict=True):
+        assert offset == position, (text, tokens, offsets)
+        if text.startswith(token, position):
+            position += len(token)
+        else:
+            assert token.startswith("<") and token.endswith(">"), (token, text)
+    assert position == len(text)
+
+
+def test_echo_text_offsets_skip_special_tokens_left_out_of_the_text(
+    client: openai.OpenAI, tiny_llama: str
+) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    (hello,) = tokenizer.encode("Hello", add_special_tokens=False)
+    repo, im_start = tokenizer.convert_tokens_to_ids(["<repo_name>", "<|im_start|>"])
+    # Special tokens in the prompt (ids) and in the output (forced by logit_bias).
+    common = dict(
+        model=MODEL,
+        prompt=[repo, hello, im_start, hello],
+        max_tokens=2,
+        temperature=0,
+        logprobs=1,
+        echo=True,
+        logit_bias={str(repo): 100},
+    )
+    skipped = client.completions.create(**common).choices[0]
+    assert skipped.text == "HelloHello"
+    assert skipped.logprobs.text_offset == [0, 0, 5, 5, 10, 10]
+    _offsets_index_the_text(skipped.text, skipped.logprobs.tokens, skipped.logprobs.text_offset)
+    kept = client.completions.create(**common, extra_body={"skip_special_tokens": False}).choices[0]
+    assert kept.text == "HelloHello<repo_name><repo_name>"  # NOTE: the echoed prompt is decoded without them
+    assert kept.logprobs.text_offset == [0, 0, 5, 5, 10, 21]
+    streamed_text, streamed_offsets = "", []
+    for chunk in client.completions.create(**common, stream=True):
+        if chunk.choices and chunk.choices[0].logprobs:
+            streamed_text += chunk.choices[0].text
+            streamed_offsets += chunk.choices[0].logprobs.text_offset
+    assert (streamed_text, streamed_offsets) == (skipped.text, skipped.logprobs.text_offset)
+    # Special tokens written in a text prompt are in the echoed text: they take their room.
+    written = client.completions.create(
+        **{**common, "prompt": "<repo_name>Hello", "logit_bias": None}
+    ).choices[0]
+    assert written.text.startswith("<repo_name>Hello") and written.logprobs.text_offset[:2] == [0, 11]
+    _offsets_index_the_text(written.text, written.logprobs.tokens, written.logprobs.text_offset)
 
 
 def test_chat_logprobs(client: openai.OpenAI) -> None:

@@ -255,6 +255,54 @@ def test_tool_choice_required_and_named(client: openai.OpenAI) -> None:
     jsonschema.validate(json.loads(arguments), WEATHER_TOOL["function"]["parameters"])
 
 
+TRIP_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "book_trip",
+        "description": "Book a trip to a city, through up to two others.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "to": {"$ref": "#/$defs/City"},
+                "via": {"type": "array", "items": {"$ref": "#/$defs/City"}, "maxItems": 2},
+            },
+            "required": ["to", "via"],
+            "$defs": {
+                "City": {
+                    "type": "object",
+                    "properties": {"name": {"enum": ["Paris", "Rome", "Oslo"]}},
+                    "required": ["name"],
+                }
+            },
+        },
+    },
+}
+TRIP = [{"role": "user", "content": "Book me a trip to Rome through Paris."}]
+
+
+def test_tool_choice_required_with_defs_and_refs(client: openai.OpenAI) -> None:
+    """A tool whose parameters use $defs / $ref: its schema was nested under the call's object, where
+    `#/$defs/City` no longer resolved (400 on a valid tool). Named and required both give valid calls."""
+    for tools in ([TRIP_TOOL], [*TOOLS, TRIP_TOOL]):
+        response = client.chat.completions.create(
+            model=None, messages=TRIP, tools=tools, tool_choice="required", max_tokens=120, temperature=0
+        )
+        choice = response.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls, choice
+        for call in choice.message.tool_calls:
+            _valid_call(call, tools)
+    named = client.chat.completions.create(
+        model=None,
+        messages=TRIP,
+        tools=[*TOOLS, TRIP_TOOL],
+        tool_choice={"type": "function", "function": {"name": "book_trip"}},
+        max_tokens=80,
+        temperature=0,
+    )
+    (call,) = named.choices[0].message.tool_calls
+    assert call.function.name == "book_trip" and _valid_call(call, [TRIP_TOOL])["to"]["name"]
+
+
 HERMES_TEXT = (
     r'Checking\. <tool_call>\{"name": "get_weather", "arguments": '
     r'\{"city": "Paris", "unit": "celsius"\}\}</tool_call>'

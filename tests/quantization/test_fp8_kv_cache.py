@@ -175,3 +175,29 @@ def test_fp8_logprobs_stay_close_to_the_float_cache(
         assert not quant.scales_pending and (quant.k_scale != 1.0) == calculate_kv_scales
     else:
         assert quant is None
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "bfloat16"])
+def test_a_rounding_cache_gives_the_same_output_however_the_prompt_was_computed(
+    tiny_llama: str, kv_cache_dtype: str
+) -> None:
+    """Every token attends the K/V as stored: a fresh prompt, the same prompt as a prefix-cache hit, and
+    the prompt chunked at 48 tokens give the same tokens and logprobs (a fresh prompt attending its own
+    unrounded K/V differed)."""
+    prompt = {"prompt_token_ids": list(range(1000, 1054))}
+    params = SamplingParams(temperature=0.0, max_tokens=12, logprobs=1, ignore_eos=True)
+
+    def run(llm: LLM) -> tuple[list[int], list[float]]:
+        sample = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+        return sample.token_ids, [lp[t] for lp, t in zip(sample.logprobs, sample.token_ids)]
+
+    cached = _engine(tiny_llama, kv_cache_dtype=kv_cache_dtype, enable_prefix_caching=True)
+    fresh_tokens, fresh_logprobs = run(cached)
+    hit_tokens, hit_logprobs = run(cached)
+    assert cached.llm_engine.engine_core.get_stats().prefix_cache_hits > 0
+    chunked_tokens, chunked_logprobs = run(
+        _engine(tiny_llama, kv_cache_dtype=kv_cache_dtype, max_num_batched_tokens=48)
+    )
+    assert fresh_tokens == hit_tokens == chunked_tokens
+    assert hit_logprobs == pytest.approx(fresh_logprobs, abs=1e-5)
+    assert chunked_logprobs == pytest.approx(fresh_logprobs, abs=1e-5)

@@ -1,12 +1,13 @@
-"""The rejection sampler keeps the model's distribution exactly (temperature > 0) and is greedy decoding
-itself at temperature 0, on random logits."""
+"""Draft verification (sample every verified row, keep the drafts up to the first disagreement) keeps the
+model's distribution exactly (temperature > 0), is greedy decoding itself at temperature 0, and gives a
+seeded position the token a plain step gives it, on random logits."""
 
 import dataclasses
 
 import pytest
 import torch
 
-from pagedserve.layers.rejection_sampler import rejection_sample
+from pagedserve.layers.rejection_sampler import accept_drafts
 from pagedserve.layers.sampler import Sampler, SamplingMetadata
 
 VOCAB = 6
@@ -22,6 +23,12 @@ def metadata(rows: int, temperature: float, seeds: dict[int, int] | None = None)
         seeds=seeds or {},
         max_num_logprobs=None,
     )
+
+
+def rejection_sample(
+    sampler: Sampler, logits: torch.Tensor, meta: SamplingMetadata, drafts: list[list[int]]
+) -> list[list[int]]:
+    return accept_drafts(sampler(logits, meta).sampled_token_ids.tolist(), drafts)
 
 
 # Chi-square critical value for VOCAB - 1 = 5 degrees of freedom at significance 0.001.
@@ -78,3 +85,17 @@ def test_seeded_rows_repeat() -> None:
     seeds = {row: 1234 + row for row in range(4)}
     runs = [rejection_sample(Sampler(), logits, metadata(4, 1.0, seeds), [[0, 1, 2]]) for _ in range(3)]
     assert runs[0] == runs[1] == runs[2]
+
+
+def test_seeded_rows_draw_what_a_plain_step_draws() -> None:
+    """A seeded position samples the same token verified after drafts as sampled alone: whether a step
+    had drafts does not change a seeded request's output."""
+    torch.manual_seed(3)
+    logits = torch.randn(4, VOCAB)
+    seeds = {row: 99 + row for row in range(4)}
+    verified = Sampler()(logits, metadata(4, 1.0, seeds)).sampled_token_ids.tolist()
+    for row in range(4):
+        alone = Sampler()(logits[row : row + 1], metadata(1, 1.0, {0: seeds[row]})).sampled_token_ids
+        assert alone.tolist() == [verified[row]]
+    # Drafts equal to the samples are all accepted, with the last row's sample as the bonus token.
+    assert rejection_sample(Sampler(), logits, metadata(4, 1.0, seeds), [verified[:3]]) == [verified]

@@ -108,3 +108,66 @@ def test_draft_model_greedy_identical_under_preemption(tiny_model_factory, targe
     assert stats.num_preemptions_total > 0 and stats.spec_decode_num_draft_tokens > 0
     if draft != "qwen2":  # the target itself
         assert stats.spec_decode_num_accepted_tokens > 0.8 * stats.spec_decode_num_draft_tokens
+
+
+def test_seeded_sampling_identical_with_and_without_drafts(tiny_vocab_llama: str) -> None:
+    """A seeded request draws each position's token from (seed, position) alone: whether its steps had
+    drafts (which the token budget and the batch decide) does not change its tokens."""
+    prompt = {"prompt_token_ids": [1, 2, 3, 1, 2, 3, 1, 2]}
+    params = [SamplingParams(temperature=0.7, max_tokens=30, ignore_eos=True, seed=i) for i in range(6)]
+    engine = dict(max_model_len=64, kv_cache_memory="4MiB")
+    expected, _ = run(tiny_vocab_llama, [prompt] * 6, params, **engine)
+    actual, llm = run(tiny_vocab_llama, [prompt] * 6, params, speculative_config=NGRAM, **engine)
+    assert actual == expected
+    stats = llm.llm_engine.engine_core.get_stats()
+    assert 0 < stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens
+
+
+@pytest.mark.parametrize("speculative_config", [NGRAM, "draft"], ids=["ngram", "draft_model"])
+def test_constrained_requests_beside_speculating_ones_keep_their_grammar(
+    default_model: str, speculative_config: object
+) -> None:
+    """Constrained requests share steps with requests that verify drafts: every step masks them."""
+    import re
+
+    from pagedserve.structured_outputs_params import StructuredOutputsParams
+
+    if speculative_config == "draft":
+        speculative_config = {"model": default_model, "num_speculative_tokens": 3}
+    text = "one, two, three, four, five, six, seven, eight, nine, ten, " * 4
+    copying = [f"Repeat exactly:\n{text}\nRepeated:\n{text[:40]}"] * 4
+    pattern = r"[0-9]{3}-[a-z]{4}"
+    constrained = SamplingParams(
+        temperature=0, max_tokens=20, structured_outputs=StructuredOutputsParams(regex=pattern)
+    )
+    free = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    prompts = copying + ["Give me a code."] * 4
+    outputs, llm = run(
+        default_model,
+        prompts,
+        [free] * 4 + [constrained] * 4,
+        max_model_len=512,
+        kv_cache_memory="64MiB",
+        speculative_config=speculative_config,
+    )
+    stats = llm.llm_engine.engine_core.get_stats()
+    assert stats.spec_decode_num_accepted_tokens > 0
+    texts = [llm.get_tokenizer().decode(tokens[0], skip_special_tokens=True) for tokens in outputs[4:]]
+    assert all(re.fullmatch(pattern, t) for t in texts), texts
+
+
+@pytest.mark.parametrize("stop", [["nectarine"], ["orange", "nectarine"]])
+def test_stop_strings_crossing_drafts_end_as_without_speculation(default_model: str, stop: list[str]) -> None:
+    """An accepted draft that runs past a stop string: text, token ids, logprobs and stop_reason are
+    those without speculation (the earliest stop string in the text wins)."""
+    fruits = "apple, banana, mango, nectarine, orange, pear, plum, " * 3
+    prompt = f"Repeat exactly:\n{fruits}\nRepeated:\n{fruits}"
+    params = SamplingParams(temperature=0, max_tokens=40, stop=stop)
+    engine = dict(max_model_len=512, kv_cache_memory="64MiB")
+    expected = LLM(default_model, **engine).generate([prompt], params, use_tqdm=False)[0].outputs[0]
+    llm = LLM(default_model, speculative_config=NGRAM, **engine)
+    actual = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+    assert llm.llm_engine.engine_core.get_stats().spec_decode_num_accepted_tokens > 0
+    assert expected.stop_reason == "nectarine"
+    fields = ("text", "token_ids", "stop_reason", "finish_reason")
+    assert [getattr(actual, f) for f in fields] == [getattr(expected, f) for f in fields]

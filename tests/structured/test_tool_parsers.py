@@ -1,13 +1,22 @@
-"""The auto tool-call parsers on fixed model texts; streamed deltas reassembled equal the whole result."""
+"""The auto tool-call parsers on fixed model texts; streamed deltas reassembled equal the whole result; hostile
+and random model text gives calls with valid JSON arguments or content, never an error. tool_choice
+resolution: required with $refs, duplicate names."""
 
 import json
+import time
 
+import jsonschema
+import llguidance
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pagedserve.entrypoints.openai.chat_tools import resolve_chat_tools
 from pagedserve.entrypoints.openai.tool_parsers import get_tool_parser
 from pagedserve.entrypoints.openai.tool_parsers.streaming import ToolCallStreamer
 from pagedserve.errors import ConfigError, InvalidRequestError
+from pagedserve.structured_output.grammar import to_grammar
+from pagedserve.structured_outputs_params import StructuredOutputsParams
 
 WEATHER = ("get_weather", {"city": "Paris", "days": 3})
 TIME = ("get_time", {"zone": "CET"})
@@ -122,3 +131,235 @@ def test_tool_choice_resolution_and_errors() -> None:
             resolve_chat_tools(tools, choice, parser)
     with pytest.raises(ConfigError, match="hermes"):
         get_tool_parser("nope")
+
+
+# Model text no parser may raise on (each was a RecursionError, TypeError or invalid JSON in `arguments`).
+DEEP = 100_000
+HOSTILE_TEXTS = {
+    "hermes": [
+        "<tool_call>" + "[" * DEEP,
+        "<tool_call>" + "[" * DEEP + "</tool_call>",
+        '<tool_call>{"name": "f", "arguments": ' + '{"a": ' * 5000 + "1" + "}" * 5001 + "</tool_call>",
+        '<tool_call>{"name": "f", "arguments": {"a": NaN}}</tool_call>',
+        '<tool_call>{"name": "f", "arguments": {"a": 1e999}}</tool_call>',
+        '<tool_call>{"name": "f", "arguments": {"a": -Infinity}}</tool_call>',
+        '<tool_call>{"name": "f", "arguments": {"a": "\\ud800"}}</tool_call>',
+        '<tool_call>{"name": "\\udfff", "arguments": {}}</tool_call>',
+        '<tool_call>{"name": "f", "arguments": "not json"}</tool_call>',
+        '<tool_call>{"name": "f", "arguments": "[1e999]"}</tool_call>',
+    ],
+    "llama3_json": [
+        "[" * DEEP,
+        "<|python_tag|>" + "[" * DEEP,
+        '{"name": "f", "parameters": ' + "[" * DEEP,
+        '{"name": "f", "parameters": {"a": NaN}}',
+        '{"name": "f", "parameters": {"a": 1e999}}',
+        '{"name": "f", "parameters": {"a": "\\udc00"}}',
+    ],
+    "mistral": [
+        "[TOOL_CALLS]" + "[" * DEEP,
+        "[TOOL_CALLS]" + "[" * DEEP + "]" * DEEP,
+        '[TOOL_CALLS][{"name": "f", "arguments": {"a": Infinity}}]',
+        '[TOOL_CALLS][{"name": "f", "arguments": {"a": 1e999}}]',
+    ],
+    "pythonic": [
+        '[f(a=b"x")]',
+        "[f(a={1, 2})]",
+        "[f(a=1e999)]",
+        "[f(a=-1e999)]",
+        "[f(a=1j)]",
+        "[f(a=...)]",
+        "[f(a={[1]: 2})]",
+        "[f(a={(1, 2): 3})]",
+        "[f(**kwargs)]",
+        '[f(a="\\ud800")]',
+        "[f(a=" + "-" * DEEP + "1)]",
+        "[f(a=" + "(" * DEEP + "1)]",
+        "[f(a=1" + "+1" * DEEP + ")]",
+        "[" * DEEP,
+        "[f(a=1)]\x00",
+        "[f(a=1), g(b=b'y')]",
+    ],
+}
+HOSTILE = [(name, text) for name, texts in HOSTILE_TEXTS.items() for text in texts]
+
+
+def _strict_json(text: str) -> object:
+    """json.loads refusing NaN and Infinity (1e999 too), which JSON does not have."""
+
+    def refuse(value: str) -> object:
+        raise ValueError(f"not JSON: {value}")
+
+    value = json.loads(text, parse_constant=refuse)
+    json.dumps(value, allow_nan=False)  # 1e999 reads as inf: ValueError
+    return value
+
+
+def assert_calls_or_content(parser_name: str, text: str) -> None:
+    """The parser's contract on any text: calls whose arguments are valid JSON (and, like their names,
+    valid UTF-8), or else the text as content; streamed, the same without raising."""
+    extracted = get_tool_parser(parser_name).extract(text)
+    if not extracted.tool_calls:
+        assert extracted.content == text
+    for call in extracted.tool_calls:
+        assert isinstance(call.name, str)
+        call.name.encode(), call.arguments.encode()  # UnicodeEncodeError on a lone surrogate
+        _strict_json(call.arguments)
+    streamer = ToolCallStreamer(get_tool_parser(parser_name))
+    for start in range(0, len(text), 997):
+        streamer.feed(text[start : start + 997], start + 997 >= len(text))
+
+
+@pytest.mark.parametrize(
+    ("parser_name", "text"), HOSTILE, ids=[f"{n}-{i}" for i, (n, _) in enumerate(HOSTILE)]
+)
+def test_hostile_model_text_is_content_never_an_error(parser_name: str, text: str) -> None:
+    assert_calls_or_content(parser_name, text)
+    assert not get_tool_parser(parser_name).extract(text).tool_calls
+
+
+def test_pythonic_literals_json_can_carry_still_parse() -> None:
+    (call,) = get_tool_parser("pythonic").extract("[f(a=(1, 2), b={'k': None}, c=-2.5, d=True)]").tool_calls
+    assert _strict_json(call.arguments) == {"a": [1, 2], "b": {"k": None}, "c": -2.5, "d": True}
+
+
+def test_hermes_block_of_whitespace_parses_in_linear_time() -> None:
+    """The block regex backtracked in cubic time: 5000 spaces after <tool_call> took half a minute."""
+    text = "<tool_call>" + " " * 5000
+    start = time.monotonic()
+    assert get_tool_parser("hermes").extract(text).content == text
+    assert time.monotonic() - start < 0.5
+
+
+# Text a model might write around tool calls: markers, JSON and Python syntax, numbers JSON has no form for.
+_FRAGMENTS = [
+    "<tool_call>",
+    "</tool_call>",
+    "[TOOL_CALLS]",
+    "<|python_tag|>",
+    '{"name": "f", "arguments": ',
+    '{"name": "g", "parameters": ',
+    "f(a=",
+    "g()",
+    "[",
+    "]",
+    "{",
+    "}",
+    "(",
+    ")",
+    ",",
+    ":",
+    ";",
+    "=",
+    '"',
+    "'",
+    "\\",
+    "\\ud800",
+    "1e999",
+    "NaN",
+    "-Infinity",
+    "b'x'",
+    "{1, 2}",
+    "1j",
+    "...",
+    "null",
+    "true",
+    " ",
+    "\n",
+]
+MODEL_TEXT = st.lists(st.one_of(st.sampled_from(_FRAGMENTS), st.text(max_size=5)), max_size=40).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(parser_name=st.sampled_from(sorted(CASES)), text=MODEL_TEXT)
+def test_any_model_text_gives_calls_with_json_arguments_or_content(parser_name: str, text: str) -> None:
+    assert_calls_or_content(parser_name, text)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    parser_name=st.sampled_from(sorted(CASES)),
+    prefix=st.sampled_from(_FRAGMENTS[:4] + ["["]),
+    depth=st.integers(1, 3000),
+)
+def test_nesting_at_any_depth_never_raises(parser_name: str, prefix: str, depth: int) -> None:
+    assert_calls_or_content(
+        parser_name, prefix + '{"name": "f", "arguments": ' + "[" * depth + "]" * depth + "}"
+    )
+
+
+DEFS_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "book",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "where": {"$ref": "#/$defs/Place"},
+                "also": {"type": "array", "items": {"$ref": "#/$defs/Place"}, "maxItems": 2},
+                "same_as": {"$ref": "#/properties/where"},
+            },
+            "required": ["where"],
+            "$defs": {
+                "Place": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+                    "required": ["city"],
+                }
+            },
+        },
+    },
+}
+
+
+def test_required_tool_choice_keeps_refs_resolving() -> None:
+    """Each tool's schema moves under the root's $defs with its refs rebased: `#/$defs/...` and other local
+    pointers resolve as in the tool's own schema, and llguidance compiles the grammar."""
+    other = {
+        "type": "function",
+        "function": {"name": "noop", "parameters": {"$defs": {"Place": {"type": "null"}}}},
+    }
+    schema = resolve_chat_tools([DEFS_TOOL, other, TOOLS[0]], "required", None).constraint.json
+    assert not llguidance.LLMatcher.validate_grammar(to_grammar(StructuredOutputsParams(json=schema)))
+    place = {"city": "Rome"}
+    valid = [{"name": "book", "parameters": {"where": place, "also": [place], "same_as": place}}]
+    jsonschema.validate(valid, schema)
+    jsonschema.validate([{"name": "get_weather", "parameters": {"city": "Oslo"}}], schema)
+    for wrong in (
+        {"where": {"city": "Oslo"}},
+        {"where": place, "also": [None]},
+        {"where": place, "same_as": 1},
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate([{"name": "book", "parameters": wrong}], schema)
+    # The enum of a const/enum value is data: a "$ref" key in it is left as written.
+    data = {"type": "object", "properties": {"a": {"const": {"$ref": "#/x"}}}}
+    tool = {"type": "function", "function": {"name": "d", "parameters": data}}
+    rebased = resolve_chat_tools([tool], "required", None).constraint.json["$defs"]["tool0"]
+    assert rebased["properties"]["a"]["const"] == {"$ref": "#/x"}
+
+
+def test_duplicate_tool_names_are_refused() -> None:
+    with pytest.raises(
+        InvalidRequestError, match=r"tools\[1\].function.name 'get_weather'.*tools\[0\]"
+    ) as info:
+        resolve_chat_tools([TOOLS[0], TOOLS[0]], "none", None)
+    assert info.value.param == "tools[1].function.name"
+
+
+REQUIRED_OUTPUTS = [
+    "[",
+    "{}",
+    "[1, 2]",
+    '[{"name": 3}]',
+    '[{"name": "f", "parameters": {"a": NaN}}]',
+    "[" * DEEP,
+]
+
+
+@pytest.mark.parametrize("text", REQUIRED_OUTPUTS, ids=range(len(REQUIRED_OUTPUTS)))
+def test_required_output_that_is_no_list_of_calls_gives_no_calls(text: str) -> None:
+    tools = resolve_chat_tools(TOOLS, "required", None)
+    assert tools.output(text, "length").tool_calls == []
+    (call,) = tools.output('[{"name": "get_weather", "parameters": {"city": "Paris"}}]', "stop").tool_calls
+    assert call.name == "get_weather" and _strict_json(call.arguments) == {"city": "Paris"}

@@ -144,7 +144,10 @@ class SdpaPrefillBackend(AttentionBackend[TorchAttentionMetadata[DecodeT]], Gene
             out[:nd] = self.attend_decodes(spec, q[:nd], key_cache, value_cache, metadata.decode)
         for chunk in metadata.prefills:
             rows = slice(chunk.query_start, chunk.query_end)
-            if chunk.context_len == 0:
+            # NOTE: a cache that rounds (fp8, or bfloat16 for a float32 model) is read back even for a fresh
+            # prompt, so that every token attends the same stored K/V whether its prompt was a cache hit,
+            # chunked, recomputed or fresh (as the GPU kernels read everything from the cache).
+            if chunk.context_len == 0 and key_cache.dtype == q.dtype:
                 keys, values = k[rows], v[rows]
             else:
                 keys = read_kv(key_cache, chunk.block_ids, spec, q.dtype).flatten(0, 1)[: chunk.seq_len]

@@ -76,10 +76,9 @@ class TritonAttentionBackend(AttentionBackend[TritonAttentionMetadata]):
         num_tokens = q.shape[0]
         q = q.view(num_tokens, spec.num_heads, spec.head_dim)
         key_cache, value_cache = kv_cache
-        # HOOK: the fp8 KV cache (`kv_quant`: its format and scales, the cache holding the fp8 bits as
-        # uint8), read once AttentionLayerSpec carries it.
+        # The fp8 KV cache holds the fp8 bits as uint8: viewed in its format, read through its scales.
         k_scale = v_scale = 1.0
-        quant = getattr(spec, "kv_quant", None)
+        quant = spec.kv_quant
         if quant is not None:
             key_cache, value_cache = key_cache.view(quant.fp8_dtype), value_cache.view(quant.fp8_dtype)
             k_scale, v_scale = quant.k_scale, quant.v_scale

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from pagedserve import __version__, envs
@@ -47,6 +47,7 @@ from pagedserve.entrypoints.openai.request_bounds import BodySizeLimitMiddleware
 from pagedserve.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedserve.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedserve.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+from pagedserve.entrypoints.openai.unicode_text import reject_lone_surrogates
 from pagedserve.entrypoints.utils import with_cancellation
 from pagedserve.errors import PagedServeError
 from pagedserve.logger import init_logger
@@ -82,7 +83,7 @@ def build_app(
     bounds: RequestBounds,
 ) -> FastAPI:
     """The FastAPI application around a started engine (the probes are ServerLifecycle's)."""
-    app = FastAPI(title="pagedserve", version=__version__)
+    app = FastAPI(title="pagedserve", version=__version__, dependencies=[Depends(reject_lone_surrogates)])
     register_error_handlers(app)
     # NOTE: the last added runs first: the key is checked before a body is read.
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=bounds.max_request_body_bytes)

@@ -6,11 +6,11 @@ becomes `tool_calls` (whole, or as stream deltas).
 - "auto": the model writes what it likes; the server's --tool-call-parser finds the calls in its text.
 """
 
-import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pagedserve.entrypoints.openai.tool_parsers import ParsedToolCall, ToolParser, get_tool_parser
+from pagedserve.entrypoints.openai.tool_parsers.base import call_from_json, load_json
 from pagedserve.entrypoints.openai.tool_parsers.streaming import ToolCallDelta, ToolCallStreamer, call_deltas
 from pagedserve.errors import InvalidRequestError
 from pagedserve.structured_outputs_params import StructuredOutputsParams
@@ -117,7 +117,8 @@ def resolve_chat_tools(
 
 
 def _functions(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    functions = {}
+    functions: dict[str, dict[str, Any]] = {}
+    indexes: dict[str, int] = {}
     for index, tool in enumerate(tools):
         function = tool.get("function") if isinstance(tool, dict) else None
         if (
@@ -130,37 +131,71 @@ def _functions(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                 "'parameters': {...}}}.",
                 param=f"tools[{index}]",
             )
+        name = function["name"]
+        if name in indexes:
+            raise InvalidRequestError(
+                f"tools[{index}].function.name {name!r} is also the name of tools[{indexes[name]}]: "
+                "each tool needs its own name; rename or drop one.",
+                param=f"tools[{index}].function.name",
+            )
         parameters = function.get("parameters") or {"type": "object", "properties": {}}
         if not isinstance(parameters, dict):
             raise InvalidRequestError(
                 f"tools[{index}].function.parameters must be a JSON schema object.",
                 param=f"tools[{index}].function.parameters",
             )
-        functions[function["name"]] = parameters
+        functions[name], indexes[name] = parameters, index
     return functions
 
 
 def _required_schema(functions: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """A JSON array of at least one {"name": <a tool>, "parameters": <its arguments>} (vLLM's form)."""
+    """A JSON array of at least one {"name": <a tool>, "parameters": <its arguments>} (vLLM's form). Each
+    tool's parameters schema moves whole under the root's $defs, its local $refs rebased there ("#/$defs/X"
+    -> "#/$defs/tool0/$defs/X", "#" -> "#/$defs/tool0"): every ref resolves as it did in the tool's own
+    schema."""
+    defs = {f"tool{i}": _rebased(schema, f"#/$defs/tool{i}") for i, schema in enumerate(functions.values())}
     calls = [
         {
             "type": "object",
-            "properties": {"name": {"type": "string", "enum": [name]}, "parameters": schema},
+            "properties": {
+                "name": {"type": "string", "enum": [name]},
+                "parameters": {"$ref": f"#/$defs/tool{i}"},
+            },
             "required": ["name", "parameters"],
         }
-        for name, schema in functions.items()
+        for i, name in enumerate(functions)
     ]
-    return {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    return {"type": "array", "minItems": 1, "items": {"anyOf": calls}, "$defs": defs}
+
+
+# Keywords whose values are JSON data, not schemas: a "$ref" key in them is not a reference.
+_DATA_KEYWORDS = ("const", "enum", "default", "examples")
+
+
+def _rebased(schema: Any, base: str) -> Any:
+    """`schema` with each local $ref ("#...") under `base` instead of "#"."""
+    if isinstance(schema, list):
+        return [_rebased(item, base) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    rebased = {}
+    for key, value in schema.items():
+        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+            rebased[key] = base + value[1:]
+        else:
+            rebased[key] = value if key in _DATA_KEYWORDS else _rebased(value, base)
+    return rebased
 
 
 def _required_calls(text: str) -> list[ParsedToolCall]:
+    """The calls of a required tool choice's output; none when it was cut short (max_tokens: the finish
+    reason says so)."""
     try:
-        calls = json.loads(text)
-    except json.JSONDecodeError:
-        return []  # cut short (max_tokens): the finish reason says so
-    return [
-        ParsedToolCall(call["name"], json.dumps(call["parameters"], ensure_ascii=False)) for call in calls
-    ]
+        calls = load_json(text)
+    except ValueError:
+        return []
+    found = [call_from_json(call, "parameters") for call in calls] if isinstance(calls, list) else []
+    return [call for call in found if call is not None]
 
 
 class _NamedStreamer:

@@ -4,6 +4,7 @@ Unknown request fields are errors (400), not silently dropped. Ranges are checke
 SamplingParams; here only types and what SamplingParams cannot know.
 """
 
+import json
 import time
 from typing import Any, Literal, TypeVar
 
@@ -20,6 +21,21 @@ T = TypeVar("T")
 def _or(value: T | None, default: T) -> T:
     """OpenAI's default for a field the client left out (or sent as null)."""
     return default if value is None else value
+
+
+def _token_id_keys(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
+    """JSON's string keys as token ids. Only ASCII digits: int() also reads " 5", "+5", "5_0" and other
+    scripts' digits ("٣"). Raises InvalidRequestError naming the first key that is none."""
+    if logit_bias is None:
+        return None
+    for key in logit_bias:
+        if not (key.isascii() and key.isdigit()):
+            raise InvalidRequestError(
+                f"logit_bias key {json.dumps(key)} is not a token id: logit_bias keys must be token ids "
+                'written in ASCII digits only (0-9, e.g. "50256").',
+                param="logit_bias",
+            )
+    return {int(key): bias for key, bias in logit_bias.items()}
 
 
 class OpenAIBaseModel(BaseModel):
@@ -109,9 +125,8 @@ class SamplingRequest(OpenAIBaseModel):
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
-            # NOTE: JSON's string keys: SamplingParams turns them into token ids, refusing what is not one.
             include_stop_str_in_output=self.include_stop_str_in_output,
-            logit_bias=self.logit_bias,  # type: ignore[arg-type]
+            logit_bias=_token_id_keys(self.logit_bias),
             truncate_prompt_tokens=self.truncate_prompt_tokens,
             structured_outputs=structured_outputs_from_request(self),
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,

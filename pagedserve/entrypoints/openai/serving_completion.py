@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from fastapi.responses import StreamingResponse
 
+from pagedserve.engine.async_llm import AsyncLLM
 from pagedserve.engine.input_processor import PromptType
 from pagedserve.entrypoints.openai.errors import stream_error_event
 from pagedserve.entrypoints.openai.protocol import (
@@ -50,6 +51,10 @@ def _split_prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> lis
 
 
 class OpenAIServingCompletion(OpenAIServing):
+    def __init__(self, engine: AsyncLLM, model_name: str) -> None:
+        super().__init__(engine, model_name)
+        self._skipped: dict[int, bool] = {}  # token id -> whether skip_special_tokens drops it
+
     async def create_completion(self, request: CompletionRequest) -> CompletionResponse | StreamingResponse:
         """Raises InvalidRequestError (every prompt is checked before any reaches the engine)."""
         self.check_model(request.model)
@@ -178,7 +183,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 logprobs = [*(prompt_logprobs or []), *logprobs]
         choice_logprobs = None
         if batch.request.logprobs is not None and logprobs is not None:
-            choice_logprobs = self._logprobs(token_ids, logprobs, text_offset)
+            choice_logprobs = self._logprobs(token_ids, logprobs, text, text_offset)
         return CompletionChoice(
             index=prompt_index * batch.request.n + sample.index,
             text=text,
@@ -187,15 +192,20 @@ class OpenAIServingCompletion(OpenAIServing):
             stop_reason=sample.stop_reason,
         )
 
-    def _logprobs(self, token_ids: list[int], logprobs: Logprobs, text_offset: int) -> CompletionLogProbs:
+    def _logprobs(
+        self, token_ids: list[int], logprobs: Logprobs, text: str, text_offset: int
+    ) -> CompletionLogProbs:
         """The legacy completions format: per token its text, offset, logprob and the top alternatives
-        (the sampled token included). The first prompt token has no logprob (None)."""
-        result = CompletionLogProbs()
+        (the sampled token included). The first prompt token has no logprob (None). Offsets index `text`
+        (which starts at `text_offset` in the choice's text): a special token the text left out
+        (skip_special_tokens, or a BOS the tokenizer added) takes no room in it."""
+        result, position = CompletionLogProbs(), 0
         for token_id, entry in zip(token_ids, logprobs):
             token = self.token_string(token_id)
             result.tokens.append(token)
-            result.text_offset.append(text_offset)
-            text_offset += len(token)
+            result.text_offset.append(text_offset + min(position, len(text)))
+            if text.startswith(token, position) or not self._skipped_in_text(token_id):
+                position += len(token)
             if entry is None:
                 result.token_logprobs.append(None)
                 result.top_logprobs.append(None)
@@ -203,3 +213,13 @@ class OpenAIServingCompletion(OpenAIServing):
             result.token_logprobs.append(entry.get(token_id))
             result.top_logprobs.append({self.token_string(t): value for t, value in entry.items()})
         return result
+
+    def _skipped_in_text(self, token_id: int) -> bool:
+        """Whether skip_special_tokens drops the token from decoded text (the tokenizer's special tokens,
+        and added tokens marked special, which all_special_ids may not list)."""
+        skipped = self._skipped.get(token_id)
+        if skipped is None:
+            skipped = self._skipped[token_id] = not self.tokenizer.decode(
+                [token_id], skip_special_tokens=True
+            )
+        return skipped

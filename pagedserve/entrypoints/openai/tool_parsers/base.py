@@ -1,10 +1,13 @@
-"""What every tool parser does: model text -> (content, tool calls), and the same as a stream of deltas."""
+"""What every tool parser does: model text -> (content, tool calls), and the same as a stream of deltas.
+Whatever the model wrote, a parser never raises: a call's `arguments` are valid JSON, or the text is content."""
 
 import json
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
+
+from pagedserve.entrypoints.openai.unicode_text import has_lone_surrogate
 
 
 @dataclass
@@ -22,17 +25,33 @@ class ExtractedToolCalls:
     tool_calls: list[ParsedToolCall]
 
 
-def arguments_json(arguments: Any) -> str:
-    """function.arguments as OpenAI sends it: JSON text (a model may emit an object or already a string)."""
-    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+def load_json(text: str) -> Any:
+    """json.loads for text a model wrote: ValueError (never RecursionError) when it is no JSON value."""
+    try:
+        return json.loads(text)
+    except RecursionError as exc:
+        raise ValueError("JSON nested too deeply") from exc
+
+
+def arguments_json(arguments: Any) -> str | None:
+    """function.arguments as OpenAI sends it: JSON text (a model may emit an object, or a string of JSON).
+    None when it is no JSON: text that does not parse, NaN or Infinity (1e999), a value JSON has no form
+    for (a Python set or bytes), or a lone surrogate (the "\\ud800" escape)."""
+    try:
+        if isinstance(arguments, str):
+            arguments = load_json(arguments)
+        text = json.dumps(arguments, ensure_ascii=False, allow_nan=False)
+    except (ValueError, TypeError, RecursionError):
+        return None
+    return None if has_lone_surrogate(text) else text
 
 
 def call_from_json(obj: Any, arguments_key: str = "arguments") -> ParsedToolCall | None:
     """{"name": ..., "arguments"/"parameters": {...}} -> a call, or None if `obj` is not one."""
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or has_lone_surrogate(obj["name"]):
         return None
-    arguments = obj.get(arguments_key, obj.get("parameters", obj.get("arguments", {})))
-    return ParsedToolCall(obj["name"], arguments_json(arguments))
+    arguments = arguments_json(obj.get(arguments_key, obj.get("parameters", obj.get("arguments", {}))))
+    return None if arguments is None else ParsedToolCall(obj["name"], arguments)
 
 
 class ToolParser(ABC):

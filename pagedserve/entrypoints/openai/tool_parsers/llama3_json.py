@@ -23,7 +23,7 @@ class Llama3JsonToolParser(ToolParser):
         while index < len(text):
             try:
                 obj, index = decoder.raw_decode(text, index)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # not JSON, or nested past Python's recursion limit
                 return None
             call = call_from_json(obj, arguments_key="parameters")
             if call is None:

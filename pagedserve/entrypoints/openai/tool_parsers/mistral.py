@@ -1,8 +1,11 @@
 """Mistral: `[TOOL_CALLS]` then a JSON array of {"name": ..., "arguments": {...}}."""
 
-import json
-
-from pagedserve.entrypoints.openai.tool_parsers.base import ParsedToolCall, ToolParser, call_from_json
+from pagedserve.entrypoints.openai.tool_parsers.base import (
+    ParsedToolCall,
+    ToolParser,
+    call_from_json,
+    load_json,
+)
 
 
 class MistralToolParser(ToolParser):
@@ -10,8 +13,8 @@ class MistralToolParser(ToolParser):
 
     def parse_calls(self, tool_text: str) -> list[ParsedToolCall] | None:
         try:
-            value = json.loads(tool_text[len(self.start) :])
-        except json.JSONDecodeError:
+            value = load_json(tool_text[len(self.start) :])
+        except ValueError:
             return None
         objects = value if isinstance(value, list) else [value]
         calls = [call for call in map(call_from_json, objects) if call is not None]
