@@ -48,7 +48,9 @@ class Scheduler(Preemption, DraftSettling):
         )
         output.first_scheduled_req_ids = self._started_request_ids(output)
         self._forget_req_ids = set()
-        output.grammar_bitmask = self.structured.bitmask(self.requests[rid] for rid in step.num_scheduled)
+        output.grammar_bitmask = self.structured.bitmask(
+            (self.requests[rid] for rid in step.num_scheduled), step.spec_tokens
+        )
         return output
 
     def _started_request_ids(self, output: SchedulerOutput) -> list[str]:

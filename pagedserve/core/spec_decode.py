@@ -11,13 +11,13 @@ from pagedserve.core.request import Request, RequestStatus
 def num_drafts_allowed(request: Request, k: int, max_model_len: int) -> int:
     """How many draft tokens `request` may verify next step: 0 where speculation cannot keep the output
     exact or cannot pay. Penalties and min_tokens depend on every earlier token (drafts included), a
-    beam's continuation is chosen by its search, logprobs are reported per sampled position, and a
-    grammar (structured outputs) masks only the next token: those requests decode one token at a time."""
+    beam's continuation is chosen by its search, and logprobs are reported per sampled position: those
+    requests decode one token at a time. A constrained request speculates: its grammar masks every
+    verified position (StructuredOutputs.bitmask)."""
     params = request.sampling_params
     if (
         request.status is not RequestStatus.RUNNING
         or request.beam_search is not None
-        or request.grammar is not None
         or request.num_computed_tokens != request.num_tokens - 1
         or params.logprobs is not None
         or params.presence_penalty

@@ -32,15 +32,19 @@ class StructuredOutputs:
         """A request whose grammar is still compiling waits; the others are scheduled meanwhile."""
         return request.grammar is None or request.grammar.ready()
 
-    def bitmask(self, requests: Iterable[Request]) -> GrammarBitmask | None:
+    def bitmask(
+        self, requests: Iterable[Request], spec_tokens: dict[str, list[int]]
+    ) -> GrammarBitmask | None:
         """The allowed next tokens of the constrained requests that sample this step (those whose
-        scheduled tokens reach their end), or None."""
+        scheduled tokens, drafts included, reach their end): one row per sampled position, i.e. after
+        the output and after each of the request's scheduled drafts `spec_tokens[id]`. None if none."""
         if not self.num_constrained or self.manager is None:
             return None
         rows = [
-            (r.request_id, r.grammar, r.output_token_ids)
+            (r.request_id, r.grammar, r.output_token_ids, drafts)
             for r in requests
-            if r.grammar is not None and r.num_computed_tokens == r.num_tokens
+            if r.grammar is not None
+            and r.num_computed_tokens == r.num_tokens + len(drafts := spec_tokens.get(r.request_id, []))
         ]
         return self.manager.bitmask(rows) if rows else None
 

@@ -25,8 +25,9 @@ _MAX_CACHED_GRAMMARS = 256
 
 @dataclass
 class GrammarBitmask:
-    """Row i: the tokens `request_ids[i]` may sample next, one bit per token (llguidance's layout:
-    token t is bit t % 32 of int32 word t // 32)."""
+    """Row i: the tokens `request_ids[i]` may sample at its next position, one bit per token (llguidance's
+    layout: token t is bit t % 32 of int32 word t // 32). A request with draft tokens has one row per
+    verified position, in order."""
 
     request_ids: list[str]
     bitmask: np.ndarray  # [rows, ceil(vocab / 32)] int32
@@ -80,12 +81,15 @@ class StructuredOutputManager:
     def _allocate(self, rows: int) -> np.ndarray:
         return llguidance.numpy.allocate_token_bitmask(rows, self.vocab_size)
 
-    def bitmask(self, rows: Sequence[tuple[str, RequestGrammar, list[int]]]) -> GrammarBitmask:
-        """The bitmask of (request id, grammar, output token ids) rows, in that order."""
-        bitmask = self._allocate(len(rows))
-        for row, (_, grammar, output_token_ids) in enumerate(rows):
-            grammar.fill_bitmask(bitmask, row, output_token_ids)
-        return GrammarBitmask([request_id for request_id, _, _ in rows], bitmask)
+    def bitmask(self, rows: Sequence[tuple[str, RequestGrammar, list[int], list[int]]]) -> GrammarBitmask:
+        """The bitmask of (request id, grammar, output token ids, draft token ids) rows, in that order:
+        1 + len(drafts) rows each (a request's id repeats for each of its positions)."""
+        bitmask = self._allocate(sum(1 + len(drafts) for *_, drafts in rows))
+        request_ids: list[str] = []
+        for request_id, grammar, output_token_ids, drafts in rows:
+            grammar.fill_bitmask(bitmask, len(request_ids), output_token_ids, drafts)
+            request_ids += [request_id] * (1 + len(drafts))
+        return GrammarBitmask(request_ids, bitmask)
 
     def wait_for_compile(self, timeout_s: float) -> None:
         """Block until a pending compile ends (or `timeout_s`): for an engine with nothing else to run,

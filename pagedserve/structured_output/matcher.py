@@ -1,5 +1,6 @@
 """One request's grammar state: an llguidance matcher that follows the request's output tokens."""
 
+from collections.abc import Sequence
 from concurrent.futures import Future
 
 import llguidance
@@ -9,6 +10,12 @@ import numpy as np
 from pagedserve.logger import init_logger
 
 logger = init_logger(__name__)
+
+
+def _allows(words: np.ndarray, token: int) -> bool:
+    """Whether a bitmask row (int32 words, token t at bit t % 32 of word t // 32) allows `token`."""
+    return token < 32 * len(words) and bool((int(words[token // 32]) >> (token % 32)) & 1)
+
 
 # llguidance's terse stop reasons, said plainly.
 _ERROR_MEANINGS = {"NoExtensionBias": "no token may follow, and the output does not complete it"}
@@ -39,10 +46,25 @@ class RequestGrammar:
             self._matcher = self._compiled.result().deep_copy()
         return self._matcher
 
-    def fill_bitmask(self, bitmask: np.ndarray, row: int, output_token_ids: list[int]) -> None:
-        """The tokens allowed next, as bits of `bitmask[row]`."""
+    def fill_bitmask(
+        self, bitmask: np.ndarray, row: int, output_token_ids: list[int], drafts: Sequence[int] = ()
+    ) -> None:
+        """The tokens allowed next, as bits of `bitmask[row]`, and with draft tokens (speculative decoding)
+        those allowed after each draft, in the rows after it. The matcher rolls forward through the drafts
+        and back (vLLM's way). Rows after a draft the grammar forbids allow everything: verification
+        rejects that draft (its row's mask excludes it), so they are never sampled from."""
         self._sync(output_token_ids)
-        llguidance.numpy.fill_next_token_bitmask(self.matcher, bitmask, row)
+        matcher = self.matcher
+        llguidance.numpy.fill_next_token_bitmask(matcher, bitmask, row)
+        num_consumed = 0
+        for token in drafts:
+            if not _allows(bitmask[row + num_consumed], token) or not matcher.consume_token(token):
+                bitmask[row + num_consumed + 1 : row + len(drafts) + 1] = -1
+                break
+            num_consumed += 1
+            llguidance.numpy.fill_next_token_bitmask(matcher, bitmask, row + num_consumed)
+        if num_consumed:
+            matcher.rollback(num_consumed)
 
     def accept(self, token_id: int) -> bool:
         """Advance past a sampled token; True once the grammar ended: complete (the request stops), or

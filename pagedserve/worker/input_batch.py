@@ -180,13 +180,15 @@ def build_sampling_metadata(
 def _logit_bias(
     requests: list[CachedRequestState], vocab_size: int, device: torch.device
 ) -> torch.Tensor | None:
-    """logit_bias, plus -inf on EOS and stop_token_ids while a request is under its min_tokens."""
+    """logit_bias, plus -inf on stop_token_ids and EOS (unless ignore_eos: then it is no stop, as in vLLM)
+    while a request is under its min_tokens."""
     bias = None
     for i, r in enumerate(requests):
         p = r.sampling_params
         entries = dict(p.logit_bias or {})
         if len(r.token_ids) - r.num_prompt_tokens < p.min_tokens:
-            banned = list(p.stop_token_ids or []) + ([] if r.eos_token_id is None else [r.eos_token_id])
+            eos = [] if r.eos_token_id is None or p.ignore_eos else [r.eos_token_id]
+            banned = list(p.stop_token_ids or []) + eos
             entries.update({token: float("-inf") for token in banned})
         if entries:
             bias = torch.zeros(len(requests), vocab_size, device=device) if bias is None else bias

@@ -171,3 +171,25 @@ def test_stop_strings_crossing_drafts_end_as_without_speculation(default_model: 
     assert expected.stop_reason == "nectarine"
     fields = ("text", "token_ids", "stop_reason", "finish_reason")
     assert [getattr(actual, f) for f in fields] == [getattr(expected, f) for f in fields]
+
+
+@pytest.mark.parametrize("pattern", [r"[a-z, ]+", r"[a-z ]+"], ids=["drafts_fit", "drafts_break_it"])
+def test_constrained_requests_speculate_within_their_grammar(default_model: str, pattern: str) -> None:
+    """A constrained request verifies drafts against its grammar at every position: the same output as
+    without speculation (drafts with a comma the grammar forbids are rejected), and drafts accepted."""
+    import re
+
+    from pagedserve.structured_outputs_params import StructuredOutputsParams
+
+    text = "one, two, three, four, five, six, seven, eight, nine, ten, " * 3
+    prompt = f"Repeat exactly:\n{text}\nRepeated:\n{text[:30]}"
+    params = SamplingParams(
+        temperature=0, max_tokens=30, structured_outputs=StructuredOutputsParams(regex=pattern)
+    )
+    engine = dict(max_model_len=512, kv_cache_memory="64MiB")
+    expected = LLM(default_model, **engine).generate([prompt], params, use_tqdm=False)[0].outputs[0]
+    llm = LLM(default_model, speculative_config=NGRAM, **engine)
+    actual = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+    assert (actual.text, actual.token_ids) == (expected.text, expected.token_ids)
+    assert re.fullmatch(pattern, actual.text)
+    assert llm.llm_engine.engine_core.get_stats().spec_decode_num_accepted_tokens > 0
