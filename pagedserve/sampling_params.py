@@ -1,8 +1,11 @@
 """SamplingParams: vLLM's field names and defaults, validated on construction."""
 
 import enum
+import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from pagedserve.errors import InvalidRequestError
 from pagedserve.structured_outputs_params import StructuredOutputsParams
@@ -65,25 +68,40 @@ def _as_list(param: str, value: object) -> list:
     return list(value or [])  # type: ignore[call-overload]
 
 
-def _logit_bias(bias: dict[int, float] | None) -> dict[int, float] | None:
-    """Token ids as ints and biases as floats, or InvalidRequestError naming the bad entry."""
+def logit_bias_token_ids(bias: Mapping[Any, float] | None) -> dict[int, float] | None:
+    """logit_bias with token ids as ints and biases as floats (None when empty), or InvalidRequestError
+    naming the bad entry. A key is an int, or a string of ASCII digits (JSON's keys are strings)."""
     if not bias:
         return None
-    if not isinstance(bias, dict):
+    if not isinstance(bias, Mapping):
         raise InvalidRequestError(
             f"logit_bias must map token ids to biases, got {bias!r}.", param="logit_bias"
         )
     result = {}
     for token, value in bias.items():
-        try:
-            token_id = int(token)
-        except (TypeError, ValueError):
-            raise InvalidRequestError(
-                f"logit_bias keys must be token ids (integers), got {token!r}.", param="logit_bias"
-            ) from None
+        token_id = _token_id(token)
         _check_int("logit_bias", token_id)
         result[token_id] = _as_float("logit_bias", value)
     return result
+
+
+def _token_id(key: object) -> int:
+    """A logit_bias key as a token id: an int, or a string of ASCII digits. (int() alone would also read
+    " 5", "+5", "5_0", 5.0 and other scripts' digits, "٣".)"""
+    if isinstance(key, int) and not isinstance(key, bool):
+        return key
+    if isinstance(key, str) and key.isascii() and key.isdigit():
+        # NOTE: int() refuses over 4300 digits; past 19 (leading zeros aside) it is no int64 anyway.
+        _check(
+            len(key.lstrip("0")) <= 19, "logit_bias", f"keys must be 64-bit token ids, got {len(key)} digits."
+        )
+        return int(key)
+    shown = json.dumps(key) if isinstance(key, str) else repr(key)
+    raise InvalidRequestError(
+        f"logit_bias key {shown} is not a token id: logit_bias keys must be token ids, integers or strings "
+        'of ASCII digits only (0-9, e.g. "50256").',
+        param="logit_bias",
+    )
 
 
 class RequestOutputKind(enum.IntEnum):
@@ -127,7 +145,7 @@ class SamplingParams:
     def __post_init__(self) -> None:
         self.stop_strings = [self.stop] if isinstance(self.stop, str) else _as_list("stop", self.stop)
         self.stop_token_ids = _as_list("stop_token_ids", self.stop_token_ids)
-        self.logit_bias = _logit_bias(self.logit_bias)
+        self.logit_bias = logit_bias_token_ids(self.logit_bias)
         self._validate()
         if self.temperature < _SAMPLING_EPS:
             self.temperature = 0.0  # greedy

@@ -8,7 +8,8 @@ in bounded time instead of stalling the engine. xgrammar's masks are faster (~2 
 """
 
 import json
-from typing import Any
+import re
+from typing import Any, NoReturn
 
 import llguidance
 import llguidance.hf
@@ -18,6 +19,7 @@ from pagedserve.errors import InvalidRequestError
 from pagedserve.structured_output.emptiness import json_schema_emptiness, lark_emptiness
 from pagedserve.structured_output.json_bounds import bounded_json_object, bounded_schema
 from pagedserve.structured_outputs_params import StructuredOutputsParams
+from pagedserve.utils.user_json import nests_deeper_than
 
 # Compact JSON (no free whitespace between tokens): a small model cannot loop on spaces and newlines.
 _JSON_OPTIONS: Any = {"whitespace_flexible": False}
@@ -26,6 +28,13 @@ PARSER_LIMITS = llguidance.LLParserLimits(
     initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, max_grammar_size=500_000
 )
 DEFAULT_MAX_SPEC_BYTES = 64 * 1024
+# How deep a constraint may nest: objects and arrays in a JSON schema (each property takes 2 levels:
+# "properties", then its schema), groups in a GBNF grammar. Checked before anything walks the constraint:
+# those walks recurse (Python stops at ~1000 frames) and llguidance's JSON reader stops at 128 levels.
+# Schemas in practice nest a few levels; Lark grammars nest ~25 groups at most in llguidance.
+MAX_CONSTRAINT_DEPTH = 100
+# What in GBNF may hold a parenthesis that opens no group: "strings", [character classes], # comments.
+_GBNF_PARENTHESES = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|#[^\n]*|[()]')
 
 
 def make_ll_tokenizer(hf_tokenizer: Any, vocab_size: int) -> llguidance.LLTokenizer:
@@ -91,6 +100,43 @@ def _lark(grammar: str) -> str:
         ) from exc
 
 
+def check_schema_depth(schema: Any, param: str, limit: int = MAX_CONSTRAINT_DEPTH) -> None:
+    """Raises InvalidRequestError (400, naming `param`) when objects and arrays in `schema` nest more than
+    `limit` levels deep."""
+    if nests_deeper_than(schema, limit):
+        _too_deep(param, "objects and arrays", limit, "move nested subschemas to $defs and $ref them")
+
+
+def _gbnf_depth(grammar: str) -> int:
+    """How deep groups (parentheses) nest in a GBNF grammar; measured without recursion."""
+    depth = deepest = 0
+    for match in _GBNF_PARENTHESES.finditer(grammar):
+        if match.group() == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif match.group() == ")":
+            depth -= 1
+    return deepest
+
+
+def _too_deep(param: str, what: str, limit: int, remedy: str) -> NoReturn:
+    raise InvalidRequestError(
+        f"{param} is nested too deeply: its {what} nest more than the limit of {limit} levels. "
+        f"Flatten it: {remedy}.",
+        param=param,
+    )
+
+
+def _check_depth(params: StructuredOutputsParams) -> None:
+    """Refuses a JSON schema or GBNF grammar nested past MAX_CONSTRAINT_DEPTH (Lark: llguidance's limit)."""
+    if params.json is not None:
+        check_schema_depth(params.json, "structured_outputs.json")
+    elif params.grammar is not None and _is_gbnf(params.grammar):
+        if _gbnf_depth(params.grammar) > MAX_CONSTRAINT_DEPTH:
+            remedy = "move inner groups into rules of their own"
+            _too_deep("structured_outputs.grammar", "groups (parentheses)", MAX_CONSTRAINT_DEPTH, remedy)
+
+
 def _emptiness(params: StructuredOutputsParams) -> str | None:
     """Why a constraint llguidance accepted can produce no output at all (emptiness.py), or None."""
     if params.json is not None:
@@ -105,10 +151,12 @@ def validate(
     tokenizer: llguidance.LLTokenizer,
     max_spec_bytes: int = DEFAULT_MAX_SPEC_BYTES,
 ) -> None:
-    """Raises InvalidRequestError: 413 when the spec is longer than `max_spec_bytes`
+    """Raises InvalidRequestError: 400 when the spec nests deeper than MAX_CONSTRAINT_DEPTH (checked first:
+    everything after walks it recursively), 413 when it is longer than `max_spec_bytes`
     (--max-structured-output-bytes), 400 with llguidance's message when it does not compile, or when it
     can produce no output at all (a recursion that never ends: llguidance would accept it and the request
     would dead-end while it runs)."""
+    _check_depth(params)
     size = len(params.spec.encode())
     if size > max_spec_bytes:
         raise InvalidRequestError(

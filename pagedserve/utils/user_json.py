@@ -12,5 +12,21 @@ def load_user_json(value: Any, error: Callable[[str], Exception], what: str = "i
         return value
     try:
         return json.loads(value)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:  # RecursionError: nested past Python's limit
         raise error(f"{what}: {exc}") from exc
+
+
+def nests_deeper_than(value: Any, limit: int) -> bool:
+    """Whether objects and arrays (dicts, lists, tuples) nest in `value` more than `limit` levels deep
+    ({"a": [1]}: 2). Iterative, and it stops at the first level too deep: any nesting, a cycle too, is
+    measured without recursion in bounded time."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if not isinstance(item, (dict, list, tuple)):
+            continue
+        if depth == limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children)
+    return False

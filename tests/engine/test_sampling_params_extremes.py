@@ -2,6 +2,7 @@
 accepted and then carried to the engine (msgpack) and sampled with (worker metadata + sampler) without
 error. The server-side sweep of the same fields is tests/entrypoints/test_hostile_input.py."""
 
+import json
 import math
 import re
 
@@ -183,6 +184,28 @@ def test_messages_name_the_field_and_range(field: str, value: object, message: s
     with pytest.raises(InvalidRequestError, match=message) as info:
         SamplingParams(**{field: value})
     assert info.value.param == field
+
+
+@pytest.mark.parametrize(
+    "key", [" 5", "5 ", "+5", "-0", "\u0663", "\uff15", "5_0", "0x5", "5.0", "\u00b2", 5.0, True]
+)
+def test_logit_bias_keys_are_ints_or_ascii_digits(key: object) -> None:
+    """int() read " 5", "+5", "5_0", "٣", 5.0 and True as token ids; a key is an int or ASCII digits (as over
+    HTTP)."""
+    with pytest.raises(
+        InvalidRequestError, match="is not a token id: logit_bias keys must be token ids"
+    ) as info:
+        SamplingParams(logit_bias={key: 1.0})
+    assert info.value.param == "logit_bias" and "ASCII digits" in str(info.value)
+    assert (json.dumps(key) if isinstance(key, str) else repr(key)) in str(info.value)
+
+
+def test_logit_bias_digit_keys_are_token_ids() -> None:
+    assert SamplingParams(logit_bias={"5": 1.0, "007": -1, 9: 2.0}).logit_bias == {5: 1.0, 7: -1.0, 9: 2.0}
+    for key in ("9" * 5000, "9223372036854775808"):  # past int(): 4300 digits; past int64
+        with pytest.raises(InvalidRequestError, match="logit_bias ") as info:
+            SamplingParams(logit_bias={key: 1.0})
+        assert info.value.param == "logit_bias"
 
 
 def test_tiny_temperature_is_greedy() -> None:

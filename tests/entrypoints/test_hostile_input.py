@@ -446,5 +446,56 @@ def test_duplicate_tool_names_are_refused(server: RemoteServer) -> None:
         assert "'get_weather'" in error["message"] and "tools[0]" in error["message"]
 
 
-def test_still_serves_after_the_unicode_and_key_cases(server: RemoteServer) -> None:
+def nested_schema(levels: int) -> dict:
+    """Objects in objects, `levels` JSON levels deep (2 per object: "properties", then its schema)."""
+    schema: dict = {"type": "string"}
+    for _ in range((levels - 1) // 2):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+DEEP = nested_schema(501)  # 500 levels was a RecursionError (500) while the schema was walked
+DEEP_TOOL = {"type": "function", "function": {"name": "deep", "parameters": DEEP}}
+DEPTH_CASES = [  # path, extra body fields, param
+    ("/v1/completions", {"guided_json": DEEP}, "structured_outputs.json"),
+    ("/v1/completions", {"structured_outputs": {"json": DEEP}}, "structured_outputs.json"),
+    (
+        "/v1/chat/completions",
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": DEEP}}},
+        "structured_outputs.json",
+    ),
+    (
+        "/v1/chat/completions",
+        {"tools": [WEATHER, DEEP_TOOL], "tool_choice": "required"},
+        "tools[1].function.parameters",
+    ),
+    ("/v1/chat/completions", {"tools": [DEEP_TOOL], "tool_choice": "none"}, "tools[0].function.parameters"),
+    (
+        "/v1/completions",
+        {"guided_grammar": "root ::= " + "(" * 500 + '"a"' + ")" * 500},
+        "structured_outputs.grammar",
+    ),
+]
+
+
+@pytest.mark.parametrize("path,extra,param", DEPTH_CASES)
+def test_deeply_nested_constraints_are_refused(
+    server: RemoteServer, path: str, extra: dict, param: str
+) -> None:
+    response = post(server, path, {**BASE[path], **extra})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and f"{param} is nested too deeply" in error["message"], error
+    assert "more than the limit of" in error["message"]
+
+
+def test_constraint_at_the_depth_limit_is_served(server: RemoteServer) -> None:
+    body = {**BASE["/v1/completions"], "guided_json": nested_schema(100)}
+    assert post(server, "/v1/completions", body).status_code == 200
+    tool = {"type": "function", "function": {"name": "f", "parameters": nested_schema(98)}}
+    body = {**BASE["/v1/chat/completions"], "tools": [tool], "tool_choice": "required"}
+    assert post(server, "/v1/chat/completions", body).status_code == 200
+
+
+def test_still_serves_after_the_unicode_key_and_depth_cases(server: RemoteServer) -> None:
     assert_still_serves(server)

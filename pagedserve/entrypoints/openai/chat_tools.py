@@ -13,6 +13,7 @@ from pagedserve.entrypoints.openai.tool_parsers import ParsedToolCall, ToolParse
 from pagedserve.entrypoints.openai.tool_parsers.base import call_from_json, load_json
 from pagedserve.entrypoints.openai.tool_parsers.streaming import ToolCallDelta, ToolCallStreamer, call_deltas
 from pagedserve.errors import InvalidRequestError
+from pagedserve.structured_output.grammar import MAX_CONSTRAINT_DEPTH, check_schema_depth
 from pagedserve.structured_outputs_params import StructuredOutputsParams
 
 
@@ -116,6 +117,10 @@ def resolve_chat_tools(
     return ChatTools("named", functions, named=name)
 
 
+# How deep _required_schema puts each tool's parameters: under $defs, then tool<i>.
+_REQUIRED_WRAPPING = 2
+
+
 def _functions(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     functions: dict[str, dict[str, Any]] = {}
     indexes: dict[str, int] = {}
@@ -144,6 +149,11 @@ def _functions(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                 f"tools[{index}].function.parameters must be a JSON schema object.",
                 param=f"tools[{index}].function.parameters",
             )
+        # NOTE: checked before _rebased walks it (recursively), with room for where it goes in
+        # _required_schema: the whole schema is checked against MAX_CONSTRAINT_DEPTH again.
+        check_schema_depth(
+            parameters, f"tools[{index}].function.parameters", MAX_CONSTRAINT_DEPTH - _REQUIRED_WRAPPING
+        )
         functions[name], indexes[name] = parameters, index
     return functions
 

@@ -4,7 +4,6 @@ Unknown request fields are errors (400), not silently dropped. Ranges are checke
 SamplingParams; here only types and what SamplingParams cannot know.
 """
 
-import json
 import time
 from typing import Any, Literal, TypeVar
 
@@ -13,7 +12,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from pagedserve.engine.input_processor import PromptType
 from pagedserve.entrypoints.openai.structured_request import structured_outputs_from_request
 from pagedserve.errors import InvalidRequestError
-from pagedserve.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
+from pagedserve.sampling_params import (
+    BeamSearchParams,
+    RequestOutputKind,
+    SamplingParams,
+    logit_bias_token_ids,
+)
 
 T = TypeVar("T")
 
@@ -21,21 +25,6 @@ T = TypeVar("T")
 def _or(value: T | None, default: T) -> T:
     """OpenAI's default for a field the client left out (or sent as null)."""
     return default if value is None else value
-
-
-def _token_id_keys(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
-    """JSON's string keys as token ids. Only ASCII digits: int() also reads " 5", "+5", "5_0" and other
-    scripts' digits ("٣"). Raises InvalidRequestError naming the first key that is none."""
-    if logit_bias is None:
-        return None
-    for key in logit_bias:
-        if not (key.isascii() and key.isdigit()):
-            raise InvalidRequestError(
-                f"logit_bias key {json.dumps(key)} is not a token id: logit_bias keys must be token ids "
-                'written in ASCII digits only (0-9, e.g. "50256").',
-                param="logit_bias",
-            )
-    return {int(key): bias for key, bias in logit_bias.items()}
 
 
 class OpenAIBaseModel(BaseModel):
@@ -126,7 +115,7 @@ class SamplingRequest(OpenAIBaseModel):
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
-            logit_bias=_token_id_keys(self.logit_bias),
+            logit_bias=logit_bias_token_ids(self.logit_bias),
             truncate_prompt_tokens=self.truncate_prompt_tokens,
             structured_outputs=structured_outputs_from_request(self),
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
