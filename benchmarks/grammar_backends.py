@@ -1,7 +1,7 @@
 """xgrammar vs llguidance on this CPU, at SmolLM2's vocabulary (49152 tokens): how long a JSON schema
 takes to compile (cold, and again from each engine's cache), and how long one next-token mask takes while
-a matcher walks a valid document token by token. pagedserve keeps llguidance (see README, "Structured
-outputs"); this script is the measurement behind that choice.
+a matcher walks a valid document token by token. pagedserve keeps llguidance (see docs/benchmarks.md,
+"Grammar engine"); this script is the measurement behind that choice.
 
     python benchmarks/grammar_backends.py            # needs `pip install xgrammar llguidance`
 """

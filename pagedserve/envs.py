@@ -53,7 +53,7 @@ def cpu_kernels_build_timeout_s() -> float:
 def gguf_activation_bits() -> int:
     """PAGEDSERVE_GGUF_ACTIVATION_BITS: how the GGUF decode kernels (batch <= 8; Q4_0, Q4_1, Q8_0, Q4_K, Q5_K weights,
     also the int8/int4 schemes' blocks) take activations: 32 (float32, exact), 16 (default) or 8 (llama.cpp's
-    8-bit blocks: fastest, changes logits by about 1%; README, Quantization)."""
+    8-bit blocks: fastest, changes logits by about 1%; docs/benchmarks.md, Activation precision)."""
     raw = os.environ.get("PAGEDSERVE_GGUF_ACTIVATION_BITS", "16")
     if raw not in ("8", "16", "32"):
         raise ConfigError(f"PAGEDSERVE_GGUF_ACTIVATION_BITS={raw!r} must be 8, 16 or 32.")

@@ -6,7 +6,7 @@ Walsh-Hadamard matrix R after the rotary embedding (q R . k R = q . k, so attent
 arithmetic). Why: a float format rounds each value to ~3 significant bits (e4m3), and a logit q . k of a
 real model is dominated by a few outlier channels, so its error is that of one or two rounded values; R
 spreads every channel over all of them, and the logit's error becomes the average of head_dim independent
-roundings (SmolLM2's perplexity: +1.3% -> see README's accuracy table). With --calculate-kv-scales the
+roundings (SmolLM2's perplexity: +1.3% -> see docs/benchmarks.md, Accuracy). With --calculate-kv-scales the
 keys' per-channel mean over the first batch is also subtracted: q . (k - m) shifts a query's logits by the
 same q . m, which the softmax ignores, and the rounded values shrink to the keys' spread around it (not
 with a logit soft cap, which is not shift-invariant). Values are stored as they are: their rounding errors

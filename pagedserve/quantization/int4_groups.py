@@ -10,9 +10,9 @@ dequantization's matmul up to float32 rounding. Memory: 4.5 bits per weight, + 3
 offsets (4.75 at groups of 128).
 NOTE: why not Q4_1 (d * q + m): its m = -scale * zero is fp16, which rounds it (measured: logprobs 3.5e-4 off
 the reference on the test models, one greedy token different), and it is 5 bits per weight. Why not torch's
-`_weight_int4pack_mm_for_cpu`, which takes this scale/zero form: measured (benchmarks/quant_kernels.py, README
-"Kernels"), with float32 activations it is 7x to several hundred times slower than our kernels, and with
-bfloat16 activations it rounds activations and scales to 8 mantissa bits.
+`_weight_int4pack_mm_for_cpu`, which takes this scale/zero form: measured (benchmarks/quant_kernels.py,
+docs/benchmarks.md "Kernels"), with float32 activations it is 7x to several hundred times slower than our
+kernels, and with bfloat16 activations it rounds activations and scales to 8 mantissa bits.
 Act-order checkpoints (GPTQ desc_act: `g_idx` assigns columns to groups out of order) have their input
 columns permuted at load so each group is contiguous, and the activations gathered with the same
 permutation at run time (as exllama does).

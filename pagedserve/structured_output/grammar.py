@@ -1,6 +1,6 @@
 """StructuredOutputsParams -> an llguidance grammar, and its validation (the 400 a bad schema gets).
 
-Why llguidance rather than xgrammar (benchmarks/grammar_backends.py, README "Structured outputs"): on this
+Why llguidance rather than xgrammar (benchmarks/grammar_backends.py, docs/benchmarks.md): on this
 CPU it compiles a JSON schema ~3x faster cold, its masks (~30 µs per token at vocab 49152) are far below a
 step's time, its API fills numpy bitmasks (the scheduler process stays free of torch, as the layering
 wants), and its parser runs under fuel limits (`LLParserLimits`): a hostile schema or grammar gets an error

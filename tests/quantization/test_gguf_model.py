@@ -63,7 +63,8 @@ def test_prompt_logprobs_match_the_dequantized_model(native_llm: LLM, hf_model) 
 def test_decode_logprobs_match_the_dequantized_model(native_llm: LLM, hf_model) -> None:
     """Decode steps (the prompts decode together: batch 4) take 16-bit activation blocks by default
     (PAGEDSERVE_GGUF_ACTIVATION_BITS): their logprobs keep the 1e-3 promise relative to the largest
-    reference logprob (README, Quantization), and each value is within 2e-3 of max(|reference|, 1). NOTE:
+    reference logprob (docs/benchmarks.md, Activation precision), and each value is within 2e-3 of
+    max(|reference|, 1). NOTE:
     per value, 16-bit blocks next to SmolLM2's outlier channels measured 3e-4 to 1.6e-3 over the greedy
     paths these prompts have taken (exact float32 activations: ~1.5e-5)."""
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=5)

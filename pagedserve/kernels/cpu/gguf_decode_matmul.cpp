@@ -10,7 +10,7 @@
 //   maddubs/madd, or AVX-VNNI's dpbusd/dpwssd), scaled once per block in float. 8 bits round each value by
 //   up to 1/254 of its block's largest, 16 bits by 1/65534, for one more widening per block.
 // Which one the engine uses, and why, is decided in quantization/gguf.py from the logits error measured on
-// SmolLM2 (README, Quantization).
+// SmolLM2 (docs/benchmarks.md, Activation precision).
 #include "gguf_blocks.h"
 
 #include <ATen/Parallel.h>

@@ -33,8 +33,8 @@ constexpr int64_t kTileRows = 16;
 // AVX2 alone (madd + add, 4 rows per pass), even at 64 and slower from 256; with AVX-512 VNNI it stays
 // ~2x faster at every batch up to 2048. But 16-bit blocks lose precision next to SmolLM2's outlier
 // channels: prompt logprobs of a 41-token prefill moved by 1.02e-3 per value (decode steps: 3e-4 to 1.6e-3,
-// README, Quantization), past the 1e-3 the prompt logprobs promise, so prefill-sized batches keep float32
-// activations on every ISA.
+// docs/benchmarks.md, Activation precision), past the 1e-3 the prompt logprobs promise, so prefill-sized
+// batches keep float32 activations on every ISA.
 constexpr int64_t kPackedMaxBatch = 32;
 
 bool packable(int64_t type) { return type == Q4_0 || type == Q4_1 || type == Q8_0; }
