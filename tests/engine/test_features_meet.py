@@ -213,7 +213,7 @@ def check_batch(llm: LLM, drawn: list[Case]) -> None:
     assert_all_blocks_back(llm)
 
 
-EXAMPLES = int(os.environ.get("PAGEDSERVE_FEATURES_EXAMPLES", "4"))
+EXAMPLES = int(os.environ.get("PAGEDSERVE_FEATURES_EXAMPLES", "8"))
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
