@@ -3,17 +3,30 @@ deadlines (--max-queue-time: a 503; its `timeout` / --request-timeout: aborted, 
 that aborts the request in the engine when it is closed before the end, read or not."""
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from pagedserve.engine.admission import Deadlines
+from pagedserve.engine.admission import AdmissionControl, Deadlines
+from pagedserve.engine.output_processor import RequestState
 from pagedserve.errors import CapacityError, EngineDeadError
 from pagedserve.logger import init_logger
 from pagedserve.outputs import RequestOutput
 
-if TYPE_CHECKING:
-    from pagedserve.engine.async_llm import AsyncLLM
-
 logger = init_logger(__name__)
+
+
+class StreamEngine(Protocol):
+    """What a stream needs of the engine that feeds it (AsyncLLM), so this module never imports it."""
+
+    @property
+    def admission(self) -> AdmissionControl: ...
+
+    def abort(self, request_id: str, reason: str | None = None) -> None: ...
+
+    def release(self, request_id: str) -> None: ...
+
+    def record_rejected(self, num_requests: int) -> None: ...
+
+    def request_state(self, request_id: str) -> RequestState | None: ...
 
 
 class RequestStream:
@@ -21,7 +34,7 @@ class RequestStream:
     last with `finished=True`. Raises CapacityError when the request waited past --max-queue-time,
     EngineDeadError if the engine dies meanwhile."""
 
-    def __init__(self, engine: "AsyncLLM", request_id: str, deadlines: Deadlines) -> None:
+    def __init__(self, engine: StreamEngine, request_id: str, deadlines: Deadlines) -> None:
         self.request_id = request_id
         self.queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
         self._engine = engine

@@ -6,6 +6,8 @@ import sys
 from collections.abc import Callable
 
 from pagedserve import __version__
+from pagedserve.entrypoints.model_tag import take_model_tag
+from pagedserve.entrypoints.plan import add_plan_args, run_plan
 from pagedserve.errors import ConfigError
 
 # name -> function that adds the subcommand's parser and sets `handler` (Namespace -> exit status).
@@ -31,15 +33,6 @@ def _init_serve(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]
     parser.set_defaults(handler=_serve)
 
 
-def take_model_tag(args: argparse.Namespace) -> None:
-    """The model given as the positional `model_tag` becomes `args.model` (it may come as --model
-    instead, like vLLM's `serve`); two different ones are a ConfigError."""
-    if args.model_tag is not None:
-        if args.model and args.model != args.model_tag:
-            raise ConfigError(f"Two models given: {args.model_tag!r} and --model {args.model!r}; give one.")
-        args.model = args.model_tag
-
-
 def _serve(args: argparse.Namespace) -> int:
     from pagedserve.entrypoints.openai.api_server import run
 
@@ -48,8 +41,6 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _init_plan(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    from pagedserve.entrypoints.plan import add_plan_args, run_plan
-
     parser = subparsers.add_parser(
         "plan",
         help="Plan the KV-cache budget of a model and workload (no weights loaded).",

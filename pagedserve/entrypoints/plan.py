@@ -22,7 +22,7 @@ from pagedserve.config import (
     default_max_num_batched_tokens,
 )
 from pagedserve.config.parallel import uneven_for_tensor_parallel
-from pagedserve.entrypoints.cli import take_model_tag
+from pagedserve.entrypoints.model_tag import take_model_tag
 from pagedserve.entrypoints.plan_report import format_table
 from pagedserve.entrypoints.plan_weights import LinearStorage, linear_storage, weights_bytes
 from pagedserve.errors import ConfigError
