@@ -22,8 +22,8 @@ def _positive_seconds(name: str, default: str) -> float:
 
 
 def api_key() -> str | None:
-    """PAGEDSERVE_API_KEY: the server's API key when --api-key is not given."""
-    return os.environ.get("PAGEDSERVE_API_KEY") or None
+    """The server's API key when --api-key is not given: PAGEDSERVE_API_KEY, else vLLM's VLLM_API_KEY."""
+    return os.environ.get("PAGEDSERVE_API_KEY") or os.environ.get("VLLM_API_KEY") or None
 
 
 def cpu_kernels_enabled() -> bool:

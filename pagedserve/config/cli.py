@@ -1,7 +1,8 @@
 """Dataclass fields -> argparse flags, the one way every settings class (EngineArgs, ServerArgs,
 ServingLimits, PlanArgs) gets its command line. A field's flag is its name with vLLM's spelling
 (--max-model-len), its help the field's `help` metadata, its type and choices its annotation
-(`Literal[...]` gives the choices, `X | None` an optional X, bool a --flag / --no-flag pair)."""
+(`Literal[...]` gives the choices, `X | None` an optional X, `X | list[X]` one or more values, bool a
+--flag / --no-flag pair); `aliases` adds vLLM's short forms (-tp)."""
 
 import argparse
 import dataclasses
@@ -15,9 +16,9 @@ T = TypeVar("T")
 _SCALAR_TYPES = (int, float, str, bool)
 
 
-def config_field(default: Any, help: str) -> Any:
-    """A dataclass field with its command-line help (shown by --help)."""
-    return dataclasses.field(default=default, metadata={"help": help})
+def config_field(default: Any, help: str, aliases: tuple[str, ...] = ()) -> Any:
+    """A dataclass field with its command-line help (shown by --help) and extra flag names (`aliases`)."""
+    return dataclasses.field(default=default, metadata={"help": help, "aliases": aliases})
 
 
 def flag_name(field_name: str) -> str:
@@ -41,7 +42,9 @@ def add_dataclass_cli_args(
             kwargs["type"] = value_type
             if choices is not None:
                 kwargs["choices"] = choices
-        parser.add_argument(flag_name(f.name), **kwargs)
+            if takes_several(hints[f.name]):
+                kwargs["nargs"] = "+"
+        parser.add_argument(flag_name(f.name), *f.metadata.get("aliases", ()), **kwargs)
 
 
 def dataclass_from_cli_args(cls: type[T], args: argparse.Namespace) -> T:
@@ -50,11 +53,22 @@ def dataclass_from_cli_args(cls: type[T], args: argparse.Namespace) -> T:
     return cls(**{name: getattr(args, name) for name in names})
 
 
+def takes_several(annotation: Any) -> bool:
+    """Whether the flag of a field takes one or more values: its annotation is `X | list[X]` (or None)."""
+    return typing.get_origin(annotation) in (Union, types.UnionType) and any(
+        typing.get_origin(a) is list for a in typing.get_args(annotation)
+    )
+
+
 def cli_type(annotation: Any) -> tuple[type, tuple[Any, ...] | None]:
-    """(argparse type, choices or None) of a field annotation: a scalar, a Literal, or either | None.
-    Raises TypeError for anything else (a settings field the command line cannot express)."""
+    """(argparse type, choices or None) of a field annotation: a scalar, a Literal, either | None, or
+    `X | list[X]` (several values: `takes_several`). Raises TypeError for anything else (a settings
+    field the command line cannot express)."""
     if typing.get_origin(annotation) in (Union, types.UnionType):
         members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        lists = [a for a in members if typing.get_origin(a) is list]
+        if len(lists) == 1 and typing.get_args(lists[0]) == tuple(a for a in members if a is not lists[0]):
+            members = list(typing.get_args(lists[0]))
         if len(members) != 1:
             raise TypeError(f"{annotation} has more than one non-None type; a flag takes one.")
         annotation = members[0]

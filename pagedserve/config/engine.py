@@ -3,6 +3,7 @@ validated EngineConfig the whole engine is built from."""
 
 import argparse
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -19,6 +20,7 @@ from pagedserve.config.quantization import QuantizationName, resolve_quantizatio
 from pagedserve.config.scheduler import PreemptionMode, SchedulerConfig, default_max_num_batched_tokens
 from pagedserve.config.speculative import SpeculativeConfig, resolve_speculative_config
 from pagedserve.errors import ConfigError
+from pagedserve.logger import init_logger
 from pagedserve.utils import parse_bytes
 from pagedserve.utils.default_model import DEFAULT_MODEL_NAME
 
@@ -26,6 +28,8 @@ Device = Literal["auto", "cpu", "cuda"]
 # --attention-backend choices; each name but auto is registered in attention/backends/__init__.py.
 AttentionBackendName = Literal["auto", "torch", "cpu", "triton"]
 ATTENTION_BACKENDS: tuple[str, ...] = get_args(AttentionBackendName)
+
+logger = init_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,9 @@ class EngineArgs:
         "Explicit KV-cache budget, e.g. '4GiB'. On CPU the "
         "default is the smaller of 4 GiB and a quarter of free RAM.",
     )
+    kv_cache_memory_bytes: int | None = config_field(
+        None, "vLLM's name for --kv-cache-memory, in bytes (give one of the two)."
+    )
     num_gpu_blocks_override: int | None = config_field(None, "Use exactly this many KV blocks (for tests).")
     enable_prefix_caching: bool = config_field(
         True,
@@ -106,7 +113,7 @@ class EngineArgs:
     max_num_batched_tokens: int | None = config_field(
         None, "Token budget of one step (default 2048, at least max_num_seqs); longer prompts are chunked."
     )
-    tensor_parallel_size: int = config_field(1, "Number of tensor-parallel ranks.")
+    tensor_parallel_size: int = config_field(1, "Number of tensor-parallel ranks.", aliases=("-tp",))
     pipeline_parallel_size: int = config_field(
         1, "Number of pipeline-parallel stages. Only 1 is supported yet."
     )
@@ -145,7 +152,11 @@ class EngineArgs:
         "every multiple of 8 up to N; several (comma-separated) capture exactly those. "
         "Capped at --max-num-seqs; larger decode batches run eagerly.",
     )
-    served_model_name: str | None = config_field(None, "Model name in the API (default: the model argument).")
+    served_model_name: str | list[str] | None = config_field(
+        None,
+        "Model name(s) in the API, one or more (--served-model-name a b): /v1/models lists them all, a "
+        "request may name any, responses report the first. Default: the model argument.",
+    )
     load_format: LoadFormat = config_field("auto", "auto: read the checkpoint; dummy: random weights.")
     device: Device = config_field("auto", "auto | cpu | cuda.")
     attention_backend: AttentionBackendName = config_field(
@@ -161,6 +172,25 @@ class EngineArgs:
         '"prompt_lookup_max": 4, "prompt_lookup_min": 2} (prompt lookup) or {"model": DRAFT, '
         '"num_speculative_tokens": 3} (a draft model with the same tokenizer). Greedy outputs stay '
         "identical; sampled ones keep their distribution.",
+    )
+    # vLLM's flags that change nothing here; accepted so that vLLM command lines run as written.
+    enable_chunked_prefill: bool | None = config_field(
+        None,
+        "Accepted for vLLM: chunked prefill is always on here (a prompt longer than "
+        "--max-num-batched-tokens is split across steps); --no-enable-chunked-prefill only warns.",
+    )
+    trust_remote_code: bool = config_field(
+        False, "Accepted for vLLM: pagedserve never runs a model's own Python code (a warning says so)."
+    )
+    revision: str | None = config_field(
+        None,
+        "Hub revision of the model. pagedserve loads local folders and the hub cache's current "
+        "snapshot only, so any value is refused with what to do instead.",
+    )
+    download_dir: str | None = config_field(
+        None,
+        "Where vLLM downloads hub models. pagedserve never downloads: ignored for a local --model, "
+        "refused for a hub id (set HF_HUB_CACHE instead).",
     )
 
     @classmethod
@@ -187,10 +217,11 @@ class EngineArgs:
         the flag."""
         device = resolve_device(self.device)
         # NOTE: the cheap checks first, so a bad flag is reported before the model's config is read.
+        self._check_vllm_only_settings()
         cache = CacheConfig(
             self.block_size,
             self.gpu_memory_utilization,
-            None if self.kv_cache_memory is None else parse_bytes(self.kv_cache_memory, "--kv-cache-memory"),
+            self._kv_cache_bytes(),
             self.num_gpu_blocks_override,
             self.enable_prefix_caching,
             self.swap_space,
@@ -218,6 +249,49 @@ class EngineArgs:
             ),
             cuda_graph_sizes=cuda_graph_capture_sizes(self.cuda_graph_sizes, scheduler.max_num_seqs),
         )
+
+    def _kv_cache_bytes(self) -> int | None:
+        if self.kv_cache_memory is not None and self.kv_cache_memory_bytes is not None:
+            raise ConfigError(
+                "--kv-cache-memory and --kv-cache-memory-bytes both set the KV-cache budget: give one."
+            )
+        if self.kv_cache_memory_bytes is not None:
+            return self.kv_cache_memory_bytes
+        return (
+            None if self.kv_cache_memory is None else parse_bytes(self.kv_cache_memory, "--kv-cache-memory")
+        )
+
+    def _check_vllm_only_settings(self) -> None:
+        """Warn about vLLM's settings that change nothing here; refuse those pagedserve cannot honour.
+        Raises ConfigError naming the field."""
+        if self.trust_remote_code:
+            logger.warning(
+                "trust_remote_code (--trust-remote-code) is accepted but has no effect: pagedserve never "
+                "runs a model's own Python code; its architecture must be one pagedserve implements."
+            )
+        if self.enable_chunked_prefill is False:
+            logger.warning(
+                "--no-enable-chunked-prefill has no effect: chunked prefill is always on here (prompts "
+                "longer than --max-num-batched-tokens are split across steps)."
+            )
+        local = self.model is None or os.path.exists(self.model)
+        model = "the embedded default model" if self.model is None else repr(self.model)
+        if self.revision is not None:
+            where = (
+                f"{model} is a local path"
+                if local
+                else f"pagedserve loads {model} from the hub cache's current snapshot and cannot pick "
+                "a revision (download that revision and pass its folder as --model)"
+            )
+            raise ConfigError(
+                f"revision={self.revision!r} names a hub revision, but {where}: drop revision (--revision)."
+            )
+        if self.download_dir is not None and not local:
+            raise ConfigError(
+                f"download_dir={self.download_dir!r}: pagedserve never downloads; it reads {model} from "
+                "the hub cache (HF_HUB_CACHE). Set HF_HUB_CACHE instead, or drop download_dir "
+                "(--download-dir)."
+            )
 
     def model_config(self, device: str) -> ModelConfig:
         """The model's settings as they resolve on `device` (reads its config, never its weights)."""

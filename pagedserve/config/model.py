@@ -53,6 +53,7 @@ class ModelConfig:
     quantization: str | None = (
         None  # resolved (config/quantization.py): gguf | int8 | int4, None: unquantized
     )
+    served_model_aliases: tuple[str, ...] = ()  # --served-model-name's names after the first
 
     def __post_init__(self) -> None:
         if self.architecture not in MODEL_ARCHITECTURES.values():
@@ -82,6 +83,11 @@ class ModelConfig:
             raise ConfigError(f"max_logprobs={self.max_logprobs} must not be negative (--max-logprobs).")
 
     @property
+    def served_model_names(self) -> tuple[str, ...]:
+        """Every name the API accepts for the model; the first is the one responses report."""
+        return (self.served_model_name, *self.served_model_aliases)
+
+    @property
     def vocab_size(self) -> int:
         return int(self.hf_config.vocab_size)
 
@@ -98,7 +104,7 @@ def load_model_config(
     dtype: str,
     device: str,
     max_model_len: int | None,
-    served_model_name: str | None,
+    served_model_name: str | list[str] | None,
     seed: int,
     load_format: LoadFormat,
     tokenizer: str | None,
@@ -115,7 +121,13 @@ def load_model_config(
         MODEL_ARCHITECTURES.get(hf_config.model_type, hf_config.model_type)
     ]
     limit, _ = model_len_limit(hf_config)
-    name = served_model_name or (DEFAULT_MODEL_NAME if model is None else model)
+    names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name or [])
+    if not all(names):
+        raise ConfigError(
+            f"served_model_name={served_model_name!r}: a name must not be empty (--served-model-name)."
+        )
+    if not names:
+        names = [DEFAULT_MODEL_NAME if model is None else model]
     return ModelConfig(
         model=path,
         gguf_file=gguf_file,
@@ -123,7 +135,8 @@ def load_model_config(
         architecture=archs[0],
         dtype=_resolve_dtype(dtype, hf_config, device),
         max_model_len=max_model_len or limit,
-        served_model_name=name,
+        served_model_name=names[0],
+        served_model_aliases=tuple(names[1:]),
         seed=seed,
         load_format=load_format,
         tokenizer=tokenizer,

@@ -8,7 +8,30 @@ from typing import Any
 
 from pagedserve.errors import ConfigError, InvalidRequestError
 
-ROLES = ("system", "user", "assistant", "tool")
+ROLES = ("system", "user", "assistant", "tool", "developer")
+# OpenAI's newer name for "system" (as vLLM, templates get "system").
+_ROLE_ALIASES = {"developer": "system"}
+# apply_chat_template's own arguments (and the conversation's template name): a chat_template_kwargs
+# key may not replace them.
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
 
 
 def load_chat_template(value: str | None) -> str | None:
@@ -65,6 +88,7 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
                 f"messages[{index}].role {role!r} is not supported; use one of {', '.join(ROLES)}.",
                 param=f"messages[{index}].role",
             )
+        role = _ROLE_ALIASES.get(role, role)
         entry: dict[str, Any] = {"role": role, "content": _text_content(message.get("content"), index)}
         if role == "assistant" and message.get("tool_calls"):
             entry["tool_calls"] = [_template_tool_call(call, index) for call in message["tool_calls"]]
@@ -100,29 +124,51 @@ def _template_tool_call(call: Any, index: int) -> dict[str, Any]:
     }
 
 
+def check_template_kwargs(template_kwargs: Mapping[str, Any] | None) -> None:
+    """Raises InvalidRequestError for a chat_template_kwargs key that would replace one of
+    apply_chat_template's own arguments."""
+    clashes = sorted(set(template_kwargs or ()) & RESERVED_TEMPLATE_KWARGS)
+    if clashes:
+        raise InvalidRequestError(
+            f"chat_template_kwargs may not set {', '.join(clashes)}: the request's own fields "
+            "(messages, tools, documents, add_generation_prompt, ...) set those; remove them.",
+            param="chat_template_kwargs",
+        )
+
+
 def apply_chat_template(
     tokenizer: Any,
     conversation: Sequence[Mapping[str, Any]],
     chat_template: str | None = None,
     add_generation_prompt: bool = True,
     tools: list[dict[str, Any]] | None = None,
+    *,
+    continue_final_message: bool = False,
+    documents: list[dict[str, str]] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[int]:
-    """The prompt token ids of a conversation (`tools` go to the template's `tools`). Raises
-    InvalidRequestError when there is no template or it rejects the conversation (e.g. roles that do not alternate)."""
+    """The prompt token ids of a conversation (`tools` go to the template's `tools`, `documents` to its
+    `documents`, `template_kwargs` are further template variables, e.g. enable_thinking). Raises
+    InvalidRequestError when there is no template, a template kwarg clashes with an argument, or the
+    template rejects the conversation (e.g. roles that do not alternate)."""
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
         raise InvalidRequestError(
             "The model's tokenizer has no chat template: start the server with "
             "--chat-template, or use the completions API.",
             param="messages",
         )
+    check_template_kwargs(template_kwargs)
     try:
         token_ids = tokenizer.apply_chat_template(
             list(conversation),
             chat_template=chat_template,
             add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
             tools=tools,
+            documents=documents,
             tokenize=True,
             return_dict=False,
+            **(template_kwargs or {}),
         )
     except Exception as exc:  # jinja2's TemplateError (raise_exception) and friends
         raise InvalidRequestError(

@@ -258,7 +258,7 @@ BAD_REQUESTS = [  # (path, body, status, param, words in the message)
     ),
     ("/v1/completions", {"prompt": "hi", "temperature": -1}, 400, "temperature", "non-negative"),
     ("/v1/completions", {"prompt": "hi", "temperature": "hot"}, 400, "temperature", "valid number"),
-    ("/v1/completions", {"prompt": "hi", "best_of_luck": 1}, 400, "best_of_luck", "unknown field"),
+    ("/v1/completions", {"prompt": "hi", "priority": 1}, 400, "priority", "not supported by this server"),
     ("/v1/completions", {"max_tokens": 3}, 400, "prompt", "Field required"),
     ("/v1/completions", '{"prompt": ', 400, "body", "not valid JSON"),
     ("/v1/completions", {"prompt": "hi", "logprobs": 6}, 400, "logprobs", "--max-logprobs"),

@@ -2,6 +2,7 @@
 
 import argparse
 import dataclasses
+import logging
 import socket
 import subprocess
 import sys
@@ -48,7 +49,7 @@ def test_every_setting_has_a_documented_flag() -> None:
         "--disable-log-stats --disable-log-requests --uvicorn-log-level debug "
         "--host 127.0.0.1".split()
     )
-    assert (engine.kv_cache_memory, engine.block_size, engine.served_model_name) == ("1GiB", 32, "m")
+    assert (engine.kv_cache_memory, engine.block_size, engine.served_model_name) == ("1GiB", 32, ["m"])
     assert server.disable_log_stats and server.disable_log_requests and server.uvicorn_log_level == "debug"
 
 
@@ -56,6 +57,98 @@ def test_api_key_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PAGEDSERVE_API_KEY", "from-env")
     assert parse([])[1].resolved_api_key() == "from-env"
     assert parse(["--api-key", "flag"])[1].resolved_api_key() == "flag"
+
+
+def test_api_key_precedence_flag_then_pagedserve_then_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PAGEDSERVE_API_KEY", raising=False)
+    monkeypatch.setenv("VLLM_API_KEY", "vllm")
+    assert parse([])[1].resolved_api_key() == "vllm"
+    monkeypatch.setenv("PAGEDSERVE_API_KEY", "pagedserve")
+    assert parse([])[1].resolved_api_key() == "pagedserve"
+    assert parse(["--api-key", "flag"])[1].resolved_api_key() == "flag"
+    assert "VLLM_API_KEY" in make_arg_parser(argparse.ArgumentParser()).format_help()
+
+
+VLLM_FLAGS = (
+    "--model PATH -tp 2 --trust-remote-code --enable-chunked-prefill --enable-log-requests "
+    "--kv-cache-memory-bytes 1048576 --served-model-name a b --disable-log-stats "
+    "--uvicorn-log-level warning".split()
+)
+
+
+@pytest.mark.parametrize("prog", ["serve", "api_server"])
+def test_vllm_flags_parse_on_both_commands(prog: str) -> None:
+    if prog == "serve":  # `pagedserve serve` shares the parser: its subcommand adds the same flags
+        parser = argparse.ArgumentParser()
+        make_arg_parser(parser.add_subparsers().add_parser("serve"))
+        namespace = parser.parse_args(["serve", *VLLM_FLAGS, "--allowed-origins", '["*"]'])
+    else:
+        namespace = make_arg_parser(argparse.ArgumentParser()).parse_args(
+            [*VLLM_FLAGS, "--allowed-origins", '["*"]']
+        )
+    engine, server = args_from_namespace(namespace)[:2]
+    assert (engine.tensor_parallel_size, engine.trust_remote_code, engine.enable_chunked_prefill) == (
+        2,
+        True,
+        True,
+    )
+    assert (engine.kv_cache_memory_bytes, engine.served_model_name) == (1048576, ["a", "b"])
+    assert server.log_requests and server.disable_log_stats and server.uvicorn_log_level == "warning"
+    assert server.cors_origins() == ["*"] and parse([])[1].cors_origins() == []
+    assert parse(["--no-enable-chunked-prefill"])[0].enable_chunked_prefill is False
+
+
+def test_serve_help_lists_the_vllm_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli_main(["serve", "--help"])
+    help_text = capsys.readouterr().out
+    for flag in ("-tp", "--trust-remote-code", "--no-enable-chunked-prefill", "--kv-cache-memory-bytes"):
+        assert flag in help_text
+    assert "always on" in help_text
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--allowed-origins", "*"], "must be a JSON list of origins"),
+        (["--allowed-origins", '{"a": 1}'], "must be a JSON list of origins"),
+        (["--enable-log-requests", "--disable-log-requests"], "contradict"),
+    ],
+)
+def test_bad_server_flags_are_refused(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse(argv)
+
+
+def test_vllm_engine_settings_resolve(tiny_llama: str, caplog: pytest.LogCaptureFixture) -> None:
+    config = parse(
+        ["--model", tiny_llama, "--kv-cache-memory-bytes", "4194304", "--served-model-name", "a", "b"]
+    )[0].create_engine_config()
+    assert config.cache.kv_cache_memory == 4194304 and config.model.served_model_names == ("a", "b")
+    with pytest.raises(ConfigError, match="give one"):
+        EngineArgs(model=tiny_llama, kv_cache_memory="4MiB", kv_cache_memory_bytes=4).create_engine_config()
+    with pytest.raises(ConfigError, match=r"revision='main'.*local path.*\(--revision\)"):
+        EngineArgs(model=tiny_llama, revision="main").create_engine_config()
+    with pytest.raises(ConfigError, match=r"download_dir.*never downloads"):
+        EngineArgs(model="org/not-local", download_dir="/tmp/x").create_engine_config()
+    package_logger = logging.getLogger("pagedserve")
+    package_logger.addHandler(caplog.handler)
+    try:
+        EngineArgs(
+            model=tiny_llama, enable_chunked_prefill=False, trust_remote_code=True
+        ).create_engine_config()
+    finally:
+        package_logger.removeHandler(caplog.handler)
+    assert "never runs a model's own Python code" in caplog.text and "always on" in caplog.text
+
+
+def test_offline_llm_accepts_vllm_arguments(tiny_llama: str) -> None:
+    from pagedserve import LLM
+
+    llm = LLM(tiny_llama, kv_cache_memory="4MiB", trust_remote_code=True, revision=None, download_dir=None)
+    assert llm.generate("hi", use_tqdm=False)[0].outputs
+    with pytest.raises(ConfigError, match="revision"):
+        LLM(tiny_llama, kv_cache_memory="4MiB", revision="v1")
 
 
 def test_request_bounds_flags() -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from pagedserve import __version__, envs
@@ -92,6 +93,9 @@ def build_app(
         app.add_middleware(
             ApiKeyMiddleware, api_key=api_key, metrics_require_api_key=server_args.metrics_require_api_key
         )
+    origins = server_args.cors_origins()
+    if origins:  # NOTE: added last, so it runs first: a preflight (OPTIONS) never needs the key
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"])
     model_name = engine.config.model.served_model_name
     chat = OpenAIServingChat(engine, model_name, chat_template, server_args.auto_tool_parser)
     _add_generation_routes(app, OpenAIServingCompletion(engine, model_name), chat, bounds)
@@ -101,7 +105,7 @@ def build_app(
 
     @app.post("/tokenize", responses=ERROR_RESPONSES)
     async def tokenize(request: TokenizeRequest) -> TokenizeResponse:
-        bounds.check_messages(request.messages)
+        bounds.check_chat_template(request)
         return await tokenization.tokenize(request)
 
     @app.post("/detokenize", responses=ERROR_RESPONSES)
@@ -165,7 +169,10 @@ def _add_info_routes(app: FastAPI, engine: AsyncLLM, metrics: PrometheusStatLogg
     @app.get("/v1/models")
     async def list_models() -> ModelList:
         return ModelList(
-            data=[ModelCard(id=model.served_model_name, root=model.model, max_model_len=model.max_model_len)]
+            data=[
+                ModelCard(id=name, root=model.model, max_model_len=model.max_model_len)
+                for name in model.served_model_names
+            ]
         )
 
 
@@ -204,9 +211,7 @@ async def _start_engine(
     """Start the engine while the server already answers the probes; None if the server was stopped
     (SIGTERM) before the engine was ready (its process is then gone)."""
     loading = asyncio.create_task(
-        AsyncLLM.create(
-            config, loggers.all(), not server_args.disable_log_requests, envs.log_stats_interval_s(), limits
-        )
+        AsyncLLM.create(config, loggers.all(), server_args.log_requests, envs.log_stats_interval_s(), limits)
     )
     await asyncio.wait({loading, serving}, return_when=asyncio.FIRST_COMPLETED)
     if loading.done():

@@ -1,6 +1,6 @@
-"""--api-key: every route requires `Authorization: Bearer <key>` except the probes (/health, /ready), /version,
-and /metrics unless --metrics-require-api-key (vLLM leaves it open for scrapers). An allow-list, so a
-route added later is protected by default."""
+"""--api-key (else PAGEDSERVE_API_KEY, else VLLM_API_KEY): every route requires `Authorization: Bearer
+<key>` except the probes (/health, /ready), /version, and /metrics unless --metrics-require-api-key
+(vLLM leaves it open for scrapers). An allow-list, so a route added later is protected by default."""
 
 import secrets
 
@@ -33,8 +33,8 @@ class ApiKeyMiddleware:
             if not secrets.compare_digest(given, self.expected):
                 response = error_response(
                     "Missing or wrong API key: send the header `Authorization: Bearer "
-                    "<key>` with the key the server was started with (--api-key or "
-                    "PAGEDSERVE_API_KEY).",
+                    "<key>` with the key the server was started with (--api-key, "
+                    "PAGEDSERVE_API_KEY or VLLM_API_KEY).",
                     401,
                 )
                 await response(scope, receive, send)

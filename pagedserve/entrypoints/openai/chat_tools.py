@@ -4,6 +4,9 @@ becomes `tool_calls` (whole, or as stream deltas).
 - "none": tools are rendered, the output is plain content.
 - "required" / a named function: the output is constrained (a JSON schema) to valid calls, then read.
 - "auto": the model writes what it likes; the server's --tool-call-parser finds the calls in its text.
+
+parallel_tool_calls false: at most one call per choice (required: the schema allows one; auto: the first
+the parser finds).
 """
 
 from dataclasses import dataclass
@@ -39,29 +42,30 @@ class ChatTools:
     functions: dict[str, dict[str, Any]]  # name -> the function's JSON schema of parameters
     named: str | None = None
     parser: ToolParser | None = None
+    parallel: bool = True  # parallel_tool_calls: false keeps one call (the first)
 
     @property
     def constraint(self) -> StructuredOutputsParams | None:
         if self.named is not None:
             return StructuredOutputsParams(json=self.functions[self.named])
         if self.mode == "required":
-            return StructuredOutputsParams(json=_required_schema(self.functions))
+            return StructuredOutputsParams(json=_required_schema(self.functions, self.parallel))
         return None
 
     def output(self, text: str, finish_reason: str | None) -> ToolOutput:
         if self.named is not None:
             return ToolOutput(None, [ParsedToolCall(self.named, text)], finish_reason)
         if self.mode == "required":
-            calls = _required_calls(text)
+            calls = self._kept(_required_calls(text))
             return ToolOutput(None, calls, self.finish_reason(finish_reason, bool(calls)))
         if self.parser is not None:
             extracted = self.parser.extract(text)
-            return ToolOutput(
-                extracted.content,
-                extracted.tool_calls,
-                self.finish_reason(finish_reason, bool(extracted.tool_calls)),
-            )
+            calls = self._kept(extracted.tool_calls)
+            return ToolOutput(extracted.content, calls, self.finish_reason(finish_reason, bool(calls)))
         return ToolOutput(text, [], finish_reason)
+
+    def _kept(self, calls: list[ParsedToolCall]) -> list[ParsedToolCall]:
+        return calls if self.parallel else calls[:1]
 
     def finish_reason(self, engine_reason: str | None, has_tool_calls: bool) -> str | None:
         """OpenAI's: "tool_calls" when the model chose to call (auto, required); a forced named call and
@@ -73,16 +77,20 @@ class ChatTools:
     def streamer(self) -> ToolStreamer | None:
         if self.named is not None:
             return _NamedStreamer(self.named)
-        if self.mode == "required":
-            return _RequiredStreamer()
-        return ToolCallStreamer(self.parser) if self.parser is not None else None
+        streamer: ToolStreamer | None = _RequiredStreamer() if self.mode == "required" else None
+        if self.parser is not None:
+            streamer = ToolCallStreamer(self.parser)
+        return streamer if streamer is None or self.parallel else _FirstCallStreamer(streamer)
 
 
 def resolve_chat_tools(
-    tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None, auto_parser: str | None
+    tools: list[dict[str, Any]] | None,
+    tool_choice: str | dict[str, Any] | None,
+    auto_parser: str | None,
+    parallel: bool = True,
 ) -> ChatTools:
     """Raises InvalidRequestError for malformed tools, an unknown named function, or "auto" on a server
-    started without --enable-auto-tool-choice --tool-call-parser."""
+    started without --enable-auto-tool-choice --tool-call-parser. `parallel`: parallel_tool_calls."""
     functions = _functions(tools or [])
     if tool_choice is not None and tool_choice != "none" and not functions:
         raise InvalidRequestError(
@@ -99,9 +107,9 @@ def resolve_chat_tools(
                 "and --tool-call-parser.",
                 param="tool_choice",
             )
-        return ChatTools("auto", functions, parser=get_tool_parser(auto_parser))
+        return ChatTools("auto", functions, parser=get_tool_parser(auto_parser), parallel=parallel)
     if tool_choice == "required":
-        return ChatTools("required", functions)
+        return ChatTools("required", functions, parallel=parallel)
     name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
     if not isinstance(tool_choice, dict) or tool_choice.get("type") != "function" or name is None:
         raise InvalidRequestError(
@@ -158,8 +166,9 @@ def _functions(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return functions
 
 
-def _required_schema(functions: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """A JSON array of at least one {"name": <a tool>, "parameters": <its arguments>} (vLLM's form). Each
+def _required_schema(functions: dict[str, dict[str, Any]], parallel: bool = True) -> dict[str, Any]:
+    """A JSON array of at least one (exactly one unless `parallel`) {"name": <a tool>, "parameters": <its
+    arguments>} (vLLM's form). Each
     tool's parameters schema moves whole under the root's $defs, its local $refs rebased there ("#/$defs/X"
     -> "#/$defs/tool0/$defs/X", "#" -> "#/$defs/tool0"): every ref resolves as it did in the tool's own
     schema."""
@@ -175,7 +184,8 @@ def _required_schema(functions: dict[str, dict[str, Any]]) -> dict[str, Any]:
         }
         for i, name in enumerate(functions)
     ]
-    return {"type": "array", "minItems": 1, "items": {"anyOf": calls}, "$defs": defs}
+    schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}, "$defs": defs}
+    return schema if parallel else {**schema, "maxItems": 1}
 
 
 # Keywords whose values are JSON data, not schemas: a "$ref" key in them is not a reference.
@@ -206,6 +216,21 @@ def _required_calls(text: str) -> list[ParsedToolCall]:
         return []
     found = [call_from_json(call, "parameters") for call in calls] if isinstance(calls, list) else []
     return [call for call in found if call is not None]
+
+
+class _FirstCallStreamer:
+    """parallel_tool_calls false: only the first call's deltas go out."""
+
+    def __init__(self, inner: ToolStreamer) -> None:
+        self.inner = inner
+
+    @property
+    def has_tool_calls(self) -> bool:
+        return self.inner.has_tool_calls
+
+    def feed(self, delta: str, finished: bool) -> tuple[str, list[ToolCallDelta]]:
+        content, calls = self.inner.feed(delta, finished)
+        return content, [call for call in calls if call.index == 0]
 
 
 class _NamedStreamer:

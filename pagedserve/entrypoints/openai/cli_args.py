@@ -3,6 +3,7 @@ from their dataclasses, with vLLM's names, so `pagedserve serve` and
 `python -m pagedserve.entrypoints.openai.api_server` accept the same command lines."""
 
 import argparse
+import json
 from dataclasses import dataclass
 from typing import Literal
 
@@ -25,7 +26,8 @@ class ServerArgs:
     api_key: str | None = config_field(
         None,
         "Require this key (`Authorization: Bearer KEY`) on every route but /health, /ready, /version "
-        "and /metrics. Default: the PAGEDSERVE_API_KEY environment variable, else no key.",
+        "and /metrics. Precedence: this flag, then the PAGEDSERVE_API_KEY environment variable, then "
+        "vLLM's VLLM_API_KEY; none set: no key.",
     )
     metrics_require_api_key: bool = config_field(
         False, "With an API key, require it on /metrics too (open by default, as in vLLM, for scrapers)."
@@ -39,6 +41,16 @@ class ServerArgs:
         False, "Do not log the periodic stats line (throughput, queue, KV-cache usage)."
     )
     disable_log_requests: bool = config_field(False, "Do not log each request as it is added or aborted.")
+    enable_log_requests: bool = config_field(
+        False,
+        "vLLM's flag: log each request (id, prompt length, sampling params) at INFO as it is added or "
+        "aborted. That is the default here; --disable-log-requests turns it off.",
+    )
+    allowed_origins: str | None = config_field(
+        None,
+        "CORS: the browser origins allowed to call the API, a JSON list as in vLLM ('[\"*\"]' for any, "
+        "'[\"https://app.example\"]'). Default: no CORS headers (browsers on other origins are refused).",
+    )
     uvicorn_log_level: UvicornLogLevel = config_field(
         "info", "Log level of uvicorn (HTTP access log included)."
     )
@@ -60,6 +72,29 @@ class ServerArgs:
             raise ConfigError(
                 f"--enable-auto-tool-choice needs --tool-call-parser (one of {', '.join(TOOL_PARSERS)})."
             )
+        if self.enable_log_requests and self.disable_log_requests:
+            raise ConfigError("--enable-log-requests and --disable-log-requests contradict: give one.")
+        self.cors_origins()  # NOTE: a bad value fails at startup, not on the first request
+
+    @property
+    def log_requests(self) -> bool:
+        return not self.disable_log_requests
+
+    def cors_origins(self) -> list[str]:
+        """--allowed-origins as a list (empty: no CORS). Raises ConfigError for anything but a JSON list
+        of strings."""
+        if self.allowed_origins is None:
+            return []
+        try:
+            origins = json.loads(self.allowed_origins)
+        except json.JSONDecodeError:
+            origins = None
+        if not isinstance(origins, list) or not all(isinstance(o, str) for o in origins):
+            raise ConfigError(
+                f"--allowed-origins {self.allowed_origins!r} must be a JSON list of origins, e.g. "
+                "'[\"https://app.example\"]' or '[\"*\"]'."
+            )
+        return origins
 
     @property
     def auto_tool_parser(self) -> str | None:

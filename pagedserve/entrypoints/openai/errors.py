@@ -97,7 +97,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         field = ".".join(loc) or "body"
         params.append(field)
         if error.get("type") == "extra_forbidden":
-            parts.append(f"{field}: unknown field (not supported by this server); remove it")
+            parts.append(f"{field}: not supported by this server (a vLLM field pagedserve lacks); remove it")
         elif error.get("type") == "json_invalid":
             params[-1] = "body"
             parts.append(f"the request body is not valid JSON ({error.get('ctx', {}).get('error', '')})")

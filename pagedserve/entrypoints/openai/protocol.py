@@ -1,17 +1,20 @@
 """The OpenAI API's request and response bodies (pydantic), with vLLM's extra sampling fields.
 
-Unknown request fields are errors (400), not silently dropped. Ranges are checked once, by
-SamplingParams; here only types and what SamplingParams cannot know.
+Unknown request fields are ignored with a warning, once per field name, as vLLM does; the fields vLLM
+has but pagedserve does not implement (UNSUPPORTED_FIELDS) are errors (400 naming the field), never
+silently dropped. Ranges are checked once, by SamplingParams; here only types and what SamplingParams
+cannot know.
 """
 
 import time
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pagedserve.engine.input_processor import PromptType
 from pagedserve.entrypoints.openai.structured_request import structured_outputs_from_request
 from pagedserve.errors import InvalidRequestError
+from pagedserve.logger import init_logger
 from pagedserve.sampling_params import (
     BeamSearchParams,
     RequestOutputKind,
@@ -20,6 +23,29 @@ from pagedserve.sampling_params import (
 )
 
 T = TypeVar("T")
+
+logger = init_logger(__name__)
+
+# vLLM's request fields that pagedserve does not implement: ignoring them would change the result
+# silently, so they are refused (400 naming the field).
+UNSUPPORTED_FIELDS = frozenset(
+    {
+        "priority",
+        "bad_words",
+        "allowed_token_ids",
+        "logits_processors",
+        "prompt_embeds",
+        "mm_processor_kwargs",
+        "kv_transfer_params",
+        "vllm_xargs",
+        "functions",
+        "function_call",
+    }
+)
+# How many distinct ignored field names get their warning; a client sending ever new names cannot
+# grow the set (or the log) without bound.
+MAX_WARNED_FIELDS = 256
+_warned_fields: set[str] = set()
 
 
 def _or(value: T | None, default: T) -> T:
@@ -31,11 +57,42 @@ class OpenAIBaseModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class StreamOptions(OpenAIBaseModel):
+class OpenAIRequestModel(OpenAIBaseModel):
+    """A request body (or a part of one): unknown fields are dropped before validation, with a warning
+    once per name; UNSUPPORTED_FIELDS stay and fail as extra fields (400 naming the field)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_unknown_fields(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        unknown = [k for k in data if k not in cls.model_fields and k not in UNSUPPORTED_FIELDS]
+        if not unknown:
+            return data
+        for name in unknown:
+            _warn_ignored(cls.__name__, str(name))
+        return {k: v for k, v in data.items() if k not in unknown}
+
+
+def _warn_ignored(model: str, name: str) -> None:
+    key = f"{model}.{name[:100]}"
+    if key in _warned_fields or len(_warned_fields) >= MAX_WARNED_FIELDS:
+        return
+    _warned_fields.add(key)
+    logger.warning(
+        "Ignoring the request field %r of %s: pagedserve does not use it (logged once per field%s).",
+        name[:100],
+        model,
+        "; no further ignored fields are logged" if len(_warned_fields) == MAX_WARNED_FIELDS else "",
+    )
+
+
+class StreamOptions(OpenAIRequestModel):
     include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False  # with include_usage: usage in every chunk (vLLM's)
 
 
-class SamplingRequest(OpenAIBaseModel):
+class SamplingRequest(OpenAIRequestModel):
     """Fields shared by completions and chat completions."""
 
     model: str | None = None
@@ -63,6 +120,8 @@ class SamplingRequest(OpenAIBaseModel):
     # Seconds this request may run; then it is aborted and returns what it has (finish_reason "abort").
     timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     cache_salt: str | None = None  # prefix-cache hits only between requests with the same salt
+    prompt_logprobs: int | None = None  # vLLM's: per prompt token, the logprobs of this many top tokens
+    return_tokens_as_token_ids: bool | None = None  # vLLM's: logprob tokens as "token_id:N"
     # Output constraints (structured_request.py): OpenAI's response_format, vLLM's fields.
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
@@ -76,9 +135,21 @@ class SamplingRequest(OpenAIBaseModel):
             raise InvalidRequestError(
                 "stream_options can only be set when stream is true.", param="stream_options"
             )
+        if self.stream and self.prompt_logprobs is not None:
+            raise InvalidRequestError(
+                "prompt_logprobs cannot be streamed (as in vLLM): set stream to false, or drop "
+                "prompt_logprobs.",
+                param="prompt_logprobs",
+            )
 
     def include_usage_in_stream(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    def usage_in_every_chunk(self) -> bool:
+        """stream_options.continuous_usage_stats (with include_usage, as vLLM): usage so far in each chunk."""
+        return self.include_usage_in_stream() and bool(
+            self.stream_options and self.stream_options.continuous_usage_stats
+        )
 
     def prompt_with_salt(self, prompt: PromptType) -> PromptType:
         """The prompt as the engine takes it, with this request's cache_salt."""
@@ -134,6 +205,12 @@ class CompletionRequest(SamplingRequest):
     length_penalty: float = 1.0
     early_stopping: bool | Literal["never"] = False  # HF's values
 
+    def num_prompt_logprobs(self) -> int | None:
+        """prompt_logprobs, or (echo with logprobs) the echoed prompt's logprobs: the larger."""
+        echoed = self.logprobs if self.echo else None
+        asked = [n for n in (self.prompt_logprobs, echoed) if n is not None]
+        return max(asked) if asked else None
+
     def check_supported(self) -> None:
         self.check_stream_options()
         if self.suffix:
@@ -162,7 +239,7 @@ class CompletionRequest(SamplingRequest):
         )
 
 
-class ChatMessage(OpenAIBaseModel):
+class ChatMessage(OpenAIRequestModel):
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
@@ -170,18 +247,37 @@ class ChatMessage(OpenAIBaseModel):
     tool_call_id: str | None = None  # a tool message: the call it answers
 
 
-class ChatCompletionRequest(SamplingRequest):
+class ChatTemplateRequest(OpenAIRequestModel):
+    """How a conversation goes through the chat template (chat completions, /tokenize), vLLM's fields."""
+
+    messages: list[ChatMessage] | None = None
+    tools: list[dict[str, Any]] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False  # the last (assistant) message goes on: no generation prompt
+    documents: list[dict[str, str]] | None = None  # for templates of retrieval-augmented models
+    chat_template_kwargs: dict[str, Any] | None = None  # extra template variables, e.g. enable_thinking
+
+    def check_template_flags(self) -> None:
+        if self.add_generation_prompt and self.continue_final_message:
+            raise InvalidRequestError(
+                "continue_final_message and add_generation_prompt cannot both be true (as in vLLM): "
+                "set add_generation_prompt to false to continue the last message.",
+                param="continue_final_message",
+            )
+
+
+class ChatCompletionRequest(SamplingRequest, ChatTemplateRequest):
     messages: list[ChatMessage]
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0)  # the upper bound is --max-logprobs
-    add_generation_prompt: bool = True
-    tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # false: at most one call (the first) per choice
 
     def check_supported(self) -> None:
         self.check_stream_options()
+        self.check_template_flags()
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequestError("top_logprobs needs logprobs set to true.", param="top_logprobs")
 
@@ -202,12 +298,24 @@ class CompletionLogProbs(OpenAIBaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+class PromptLogprob(OpenAIBaseModel):
+    """One entry of vLLM's `prompt_logprobs` (keyed by token id; no `rank`: pagedserve keeps none)."""
+
+    logprob: float
+    decoded_token: str
+
+
+# Per prompt token (the first has none): token id -> its logprob.
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+
+
 class CompletionChoice(OpenAIBaseModel):
     index: int
     text: str
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(OpenAIBaseModel):
@@ -254,6 +362,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class DeltaMessage(OpenAIBaseModel):
@@ -293,14 +402,12 @@ class ModelList(OpenAIBaseModel):
     data: list[ModelCard]
 
 
-class TokenizeRequest(OpenAIBaseModel):
+class TokenizeRequest(ChatTemplateRequest):
     """Either `prompt` (with or without special tokens) or `messages` (through the chat template)."""
 
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
-    add_generation_prompt: bool = True
 
 
 class TokenizeResponse(OpenAIBaseModel):
@@ -309,7 +416,7 @@ class TokenizeResponse(OpenAIBaseModel):
     tokens: list[int]
 
 
-class DetokenizeRequest(OpenAIBaseModel):
+class DetokenizeRequest(OpenAIRequestModel):
     model: str | None = None
     tokens: list[int]
 

@@ -12,7 +12,7 @@ from pagedserve.config import config_field
 from pagedserve.entrypoints.openai.errors import error_response
 from pagedserve.entrypoints.openai.protocol import (
     ChatCompletionRequest,
-    ChatMessage,
+    ChatTemplateRequest,
     CompletionRequest,
     SamplingRequest,
 )
@@ -43,6 +43,12 @@ class RequestBounds:
     )
     max_stop_token_ids: int = config_field(1024, "Most stop_token_ids per request; more get 400.")
     max_logit_bias_entries: int = config_field(1024, "Most logit_bias entries per request; more get 400.")
+    max_chat_documents: int = config_field(
+        1024, "Most documents (vLLM's chat `documents`) in one chat request; more get 400."
+    )
+    max_chat_template_kwargs: int = config_field(
+        64, "Most entries in one request's chat_template_kwargs; more get 400."
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -60,11 +66,26 @@ class RequestBounds:
 
     def check_chat(self, request: ChatCompletionRequest) -> None:
         """Raises InvalidRequestError (400) naming the first bound `request` exceeds."""
-        self.check_messages(request.messages)
+        self.check_chat_template(request)
         self._check_sampling(request, request.n)
 
-    def check_messages(self, messages: list[ChatMessage] | None) -> None:
-        _bound("messages", "messages", len(messages or ()), self.max_chat_messages, "max_chat_messages")
+    def check_chat_template(self, request: ChatTemplateRequest) -> None:
+        """Raises InvalidRequestError (400) naming the first bound the conversation's fields exceed."""
+        _bound("messages", "messages", _length(request.messages), self.max_chat_messages, "max_chat_messages")
+        _bound(
+            "documents",
+            "documents",
+            _length(request.documents),
+            self.max_chat_documents,
+            "max_chat_documents",
+        )
+        _bound(
+            "chat_template_kwargs",
+            "chat_template_kwargs entries",
+            _length(request.chat_template_kwargs),
+            self.max_chat_template_kwargs,
+            "max_chat_template_kwargs",
+        )
 
     def _check_sampling(self, request: SamplingRequest, num_samples: int) -> None:
         _bound(

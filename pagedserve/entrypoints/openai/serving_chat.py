@@ -20,18 +20,23 @@ from pagedserve.entrypoints.openai.protocol import (
     ChatLogprobs,
     ChatResponseMessage,
     ChatStreamChoice,
+    ChatTemplateRequest,
     ChatTokenLogprob,
     DeltaMessage,
     TopLogprob,
 )
-from pagedserve.entrypoints.openai.serving_engine import SSE_DONE, OpenAIServing, random_id, sse, usage_info
+from pagedserve.entrypoints.openai.serving_engine import (
+    MIN_LOGPROB,
+    SSE_DONE,
+    OpenAIServing,
+    random_id,
+    sse,
+    usage_info,
+)
 from pagedserve.entrypoints.utils import started
 from pagedserve.errors import InvalidRequestError
 from pagedserve.outputs import CompletionOutput, RequestOutput
 from pagedserve.protocol import EngineCoreRequest
-
-# JSON has no -inf: vLLM's floor for the logprob of an impossible token.
-_MIN_LOGPROB = -9999.0
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -47,15 +52,17 @@ class OpenAIServingChat(OpenAIServing):
         self.chat_template = chat_template
         self.tool_call_parser = tool_call_parser
 
-    def render(
-        self,
-        messages: list[dict[str, Any]],
-        add_generation_prompt: bool,
-        tools: list[dict[str, Any]] | None = None,
-    ) -> list[int]:
-        """The prompt token ids of a conversation. Raises InvalidRequestError."""
+    def render(self, request: ChatTemplateRequest) -> list[int]:
+        """The prompt token ids of a request's conversation. Raises InvalidRequestError."""
         return apply_chat_template(
-            self.tokenizer, normalize_messages(messages), self.chat_template, add_generation_prompt, tools
+            self.tokenizer,
+            normalize_messages([m.model_dump() for m in request.messages or ()]),
+            self.chat_template,
+            request.add_generation_prompt,
+            request.tools,
+            continue_final_message=request.continue_final_message,
+            documents=request.documents,
+            template_kwargs=request.chat_template_kwargs,
         )
 
     async def create_chat_completion(
@@ -64,11 +71,16 @@ class OpenAIServingChat(OpenAIServing):
         """Raises InvalidRequestError before anything reaches the engine."""
         self.check_model(request.model)
         request.check_supported()
-        tools = resolve_chat_tools(request.tools, request.tool_choice, self.tool_call_parser)
+        tools = resolve_chat_tools(
+            request.tools,
+            request.tool_choice,
+            self.tool_call_parser,
+            request.parallel_tool_calls is not False,
+        )
         max_tokens = request.max_completion_tokens
         if max_tokens is None:
             max_tokens = request.max_tokens
-        params = request.to_sampling_params(max_tokens, request.num_logprobs())
+        params = request.to_sampling_params(max_tokens, request.num_logprobs(), request.prompt_logprobs)
         if tools.constraint is not None:
             if params.structured_outputs is not None:
                 raise InvalidRequestError(
@@ -80,9 +92,7 @@ class OpenAIServingChat(OpenAIServing):
         request_id = random_id("chatcmpl")
 
         def process() -> EngineCoreRequest:
-            prompt_ids = self.render(
-                [m.model_dump() for m in request.messages], request.add_generation_prompt, request.tools
-            )
+            prompt_ids = self.render(request)
             return self.engine.process_inputs(request_id, request.prompt_with_salt(prompt_ids), params)
 
         # NOTE: templating and tokenizing in a thread: a huge conversation never holds up the event loop.
@@ -96,9 +106,11 @@ class OpenAIServingChat(OpenAIServing):
                 self._stream(request, request_id, num_prompt_tokens, tools, await started(outputs)),
                 media_type="text/event-stream",
             )
-        samples: list[CompletionOutput] = []
+        final: RequestOutput | None = None
         async for output in outputs:  # FINAL_ONLY: one output, the finished one
-            samples = output.outputs
+            final = output
+        assert final is not None, "a request ends with its final output"
+        samples = final.outputs
         choices = []
         for sample in samples:
             result = tools.output(sample.text, sample.finish_reason)
@@ -123,7 +135,15 @@ class OpenAIServingChat(OpenAIServing):
                 )
             )
         usage = usage_info(num_prompt_tokens, sum(len(s.token_ids) for s in samples))
-        return ChatCompletionResponse(id=request_id, model=self.model_name, choices=choices, usage=usage)
+        return ChatCompletionResponse(
+            id=request_id,
+            model=self.model_name,
+            choices=choices,
+            usage=usage,
+            prompt_logprobs=self.prompt_logprobs(
+                core.prompt_token_ids, final.prompt_logprobs, request.return_tokens_as_token_ids
+            ),
+        )
 
     async def _stream(
         self,
@@ -137,12 +157,17 @@ class OpenAIServingChat(OpenAIServing):
         last one."""
         created = int(time.time())
 
+        num_generated = 0
+        continuous_usage = request.usage_in_every_chunk()
+
         def chunk(choice: ChatStreamChoice) -> str:
+            usage = usage_info(num_prompt_tokens, num_generated) if continuous_usage else None
             return sse(
-                ChatCompletionChunk(id=request_id, created=created, model=self.model_name, choices=[choice])
+                ChatCompletionChunk(
+                    id=request_id, created=created, model=self.model_name, choices=[choice], usage=usage
+                )
             )
 
-        num_generated = 0
         streamers: list[ToolStreamer | None] = [tools.streamer() for _ in range(request.n)]
         try:
             for index in range(request.n):
@@ -197,17 +222,18 @@ class OpenAIServingChat(OpenAIServing):
         if not request.logprobs or sample.logprobs is None:
             return None
         num_top = request.top_logprobs or 0
+        as_ids = request.return_tokens_as_token_ids
         content = []
         for token_id, entry in zip(sample.token_ids, sample.logprobs):
             top = sorted(entry.items(), key=lambda item: item[1], reverse=True)[:num_top]
             content.append(
                 ChatTokenLogprob(
-                    **self._top(token_id, entry[token_id]),
-                    top_logprobs=[TopLogprob(**self._top(t, v)) for t, v in top],
+                    **self._top(token_id, entry[token_id], as_ids),
+                    top_logprobs=[TopLogprob(**self._top(t, v, as_ids)) for t, v in top],
                 )
             )
         return ChatLogprobs(content=content)
 
-    def _top(self, token_id: int, logprob: float) -> dict[str, Any]:
-        token = self.token_string(token_id)
-        return {"token": token, "logprob": max(logprob, _MIN_LOGPROB), "bytes": list(token.encode("utf-8"))}
+    def _top(self, token_id: int, logprob: float, as_ids: bool | None) -> dict[str, Any]:
+        token = self.shown_token(token_id, as_ids)
+        return {"token": token, "logprob": max(logprob, MIN_LOGPROB), "bytes": list(token.encode("utf-8"))}

@@ -64,7 +64,7 @@ class OpenAIServingCompletion(OpenAIServing):
         params = request.to_sampling_params(
             request.max_tokens,
             num_logprobs,
-            num_logprobs if request.echo else None,
+            request.num_prompt_logprobs(),
             None if beam_search else request.best_of,
         )
         request_id = random_id("cmpl")
@@ -127,6 +127,7 @@ class OpenAIServingCompletion(OpenAIServing):
         started = [False] * len(text_offsets)
         prompt_logprobs: dict[int, Logprobs | None] = {}
         num_generated = 0
+        continuous_usage = batch.request.usage_in_every_chunk()
         try:
             async for prompt_index, output in outputs:
                 prompt_logprobs.setdefault(prompt_index, output.prompt_logprobs)
@@ -147,6 +148,9 @@ class OpenAIServingCompletion(OpenAIServing):
                             created=batch.created,
                             model=self.model_name,
                             choices=[choice],
+                            usage=usage_info(batch.num_prompt_tokens, num_generated)
+                            if continuous_usage
+                            else None,
                         )
                     )
             if batch.request.include_usage_in_stream():
@@ -181,28 +185,39 @@ class OpenAIServingCompletion(OpenAIServing):
             token_ids = batch.core_requests[prompt_index].prompt_token_ids + token_ids
             if logprobs is not None:
                 logprobs = [*(prompt_logprobs or []), *logprobs]
+        request = batch.request
         choice_logprobs = None
-        if batch.request.logprobs is not None and logprobs is not None:
-            choice_logprobs = self._logprobs(token_ids, logprobs, text, text_offset)
+        if request.logprobs is not None and logprobs is not None:
+            choice_logprobs = self._logprobs(
+                token_ids, logprobs, text, text_offset, request.return_tokens_as_token_ids
+            )
         return CompletionChoice(
-            index=prompt_index * batch.request.n + sample.index,
+            index=prompt_index * request.n + sample.index,
             text=text,
             logprobs=choice_logprobs,
             finish_reason=sample.finish_reason,
             stop_reason=sample.stop_reason,
+            prompt_logprobs=self.prompt_logprobs(
+                batch.core_requests[prompt_index].prompt_token_ids,
+                prompt_logprobs,
+                request.return_tokens_as_token_ids,
+            )
+            if request.prompt_logprobs is not None and first
+            else None,
         )
 
     def _logprobs(
-        self, token_ids: list[int], logprobs: Logprobs, text: str, text_offset: int
+        self, token_ids: list[int], logprobs: Logprobs, text: str, text_offset: int, as_ids: bool | None
     ) -> CompletionLogProbs:
         """The legacy completions format: per token its text, offset, logprob and the top alternatives
         (the sampled token included). The first prompt token has no logprob (None). Offsets index `text`
         (which starts at `text_offset` in the choice's text): a special token the text left out
-        (skip_special_tokens, or a BOS the tokenizer added) takes no room in it."""
+        (skip_special_tokens, or a BOS the tokenizer added) takes no room in it. `as_ids`: tokens shown
+        as "token_id:N" (return_tokens_as_token_ids)."""
         result, position = CompletionLogProbs(), 0
         for token_id, entry in zip(token_ids, logprobs):
             token = self.token_string(token_id)
-            result.tokens.append(token)
+            result.tokens.append(self.shown_token(token_id, as_ids))
             result.text_offset.append(text_offset + min(position, len(text)))
             if text.startswith(token, position) or not self._skipped_in_text(token_id):
                 position += len(token)
@@ -211,7 +226,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 result.top_logprobs.append(None)
                 continue
             result.token_logprobs.append(entry.get(token_id))
-            result.top_logprobs.append({self.token_string(t): value for t, value in entry.items()})
+            result.top_logprobs.append({self.shown_token(t, as_ids): value for t, value in entry.items()})
         return result
 
     def _skipped_in_text(self, token_id: int) -> bool:

@@ -1,12 +1,13 @@
 """What the OpenAI endpoints share: the engine, the model-name check, token strings for logprobs, SSE."""
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel
 
 from pagedserve.engine.async_llm import AsyncLLM
-from pagedserve.entrypoints.openai.protocol import UsageInfo
+from pagedserve.entrypoints.openai.protocol import PromptLogprob, PromptLogprobs, UsageInfo
 from pagedserve.errors import InvalidRequestError
 
 
@@ -20,6 +21,9 @@ def sse(chunk: BaseModel) -> str:
 
 
 SSE_DONE = "data: [DONE]\n\n"
+
+# JSON has no -inf: vLLM's floor for the logprob of an impossible token.
+MIN_LOGPROB = -9999.0
 
 
 def usage_info(num_prompt_tokens: int, num_generated: int) -> UsageInfo:
@@ -35,17 +39,18 @@ class OpenAIServing:
 
     def __init__(self, engine: AsyncLLM, model_name: str) -> None:
         self.engine = engine
-        self.model_name = model_name
+        self.model_name = model_name  # the name responses report
+        self.served_names = {model_name, *engine.config.model.served_model_names}
         self.tokenizer: Any = engine.get_tokenizer()
         self.max_model_len = engine.config.model.max_model_len
         self._token_strings: dict[int, str] = {}
 
     def check_model(self, model: str | None) -> None:
         """Raises InvalidRequestError (404) for a model this server does not serve."""
-        if model is not None and model != self.model_name:
+        if model is not None and model not in self.served_names:
+            names = ", ".join(f"`{name}`" for name in sorted(self.served_names))
             raise InvalidRequestError(
-                f"The model `{model}` does not exist: this server serves "
-                f"`{self.model_name}` (see GET /v1/models).",
+                f"The model `{model}` does not exist: this server serves {names} (see GET /v1/models).",
                 param="model",
                 status_code=404,
             )
@@ -56,3 +61,26 @@ class OpenAIServing:
         if text is None:
             text = self._token_strings[token_id] = self.tokenizer.decode([token_id])
         return text
+
+    def shown_token(self, token_id: int, as_ids: bool | None) -> str:
+        """A token as logprobs show it: its text, or "token_id:N" (return_tokens_as_token_ids, as vLLM)."""
+        return f"token_id:{token_id}" if as_ids else self.token_string(token_id)
+
+    def prompt_logprobs(
+        self,
+        token_ids: Sequence[int],
+        logprobs: Sequence[dict[int, float] | None] | None,
+        as_ids: bool | None,
+    ) -> PromptLogprobs | None:
+        """vLLM's `prompt_logprobs`: per prompt token None (the first) or token id -> logprob and text."""
+        if logprobs is None:
+            return None
+        return [
+            None
+            if entry is None
+            else {
+                str(t): PromptLogprob(logprob=max(v, MIN_LOGPROB), decoded_token=self.shown_token(t, as_ids))
+                for t, v in entry.items()
+            }
+            for entry in logprobs[: len(token_ids)]
+        ]

@@ -2,10 +2,10 @@
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
 
 from pagedserve.engine.async_llm import AsyncLLM
 from pagedserve.entrypoints.openai.protocol import (
+    ChatTemplateRequest,
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeRequest,
@@ -14,8 +14,8 @@ from pagedserve.entrypoints.openai.protocol import (
 from pagedserve.entrypoints.openai.serving_engine import OpenAIServing
 from pagedserve.errors import InvalidRequestError
 
-# messages, add_generation_prompt -> prompt token ids (OpenAIServingChat.render)
-ChatRenderer = Callable[[list[dict[str, Any]], bool], list[int]]
+# a conversation and its template fields -> prompt token ids (OpenAIServingChat.render)
+ChatRenderer = Callable[[ChatTemplateRequest], list[int]]
 
 
 class OpenAIServingTokenization(OpenAIServing):
@@ -28,13 +28,13 @@ class OpenAIServingTokenization(OpenAIServing):
         self.check_model(request.model)
         if (request.prompt is None) == (request.messages is None):
             raise InvalidRequestError("Give exactly one of prompt and messages.", param="prompt")
+        request.check_template_flags()
         # NOTE: in a thread: a huge prompt never holds up the event loop (/health, other requests).
         return await asyncio.to_thread(self._tokenize, request)
 
     def _tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
         if request.messages is not None:
-            messages = [m.model_dump() for m in request.messages]
-            tokens = self.render_chat(messages, request.add_generation_prompt)
+            tokens = self.render_chat(request)
         else:
             tokens = self.tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
         return TokenizeResponse(count=len(tokens), max_model_len=self.max_model_len, tokens=list(tokens))
