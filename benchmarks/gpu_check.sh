@@ -20,7 +20,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WHEELS="$ROOT/.gpu_wheels"
 # Runtime dependencies that a CUDA PyTorch image usually lacks (pyproject.toml's, minus torch/transformers).
-PACKAGES=(msgspec pyzmq gguf fastapi uvicorn pydantic prometheus_client psutil)
+PACKAGES=(msgspec pyzmq gguf fastapi uvicorn pydantic prometheus_client psutil llguidance)
 PYTHON="${PYTHON:-python3}"
 OUT=""
 DRY_RUN=0

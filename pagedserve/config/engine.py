@@ -343,7 +343,7 @@ def resolve_device(device: str) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda was asked for but no CUDA GPU is visible.")
-    if device != "cpu":
+    if device not in ("cpu", "cuda"):
         raise ConfigError(
             f"device={device!r} is not supported; --device must be one of {', '.join(get_args(Device))}."
         )

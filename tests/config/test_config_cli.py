@@ -100,3 +100,22 @@ def test_calculate_kv_scales_without_fp8_is_reported(
         package_logger.removeHandler(caplog.handler)
     reported = "--calculate-kv-scales has no effect with --kv-cache-dtype" in caplog.text
     assert reported == (not cache_dtype.startswith("fp8"))
+
+
+def test_device_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--device cuda resolves to cuda where a GPU is visible (it was refused everywhere: the first GPU
+    run found it); the GPU's presence is the one thing this CPU machine must pretend."""
+    import torch
+
+    from pagedserve.config.engine import resolve_device
+
+    assert resolve_device("cpu") == "cpu"
+    with pytest.raises(ConfigError, match="--device must be one of auto, cpu, cuda"):
+        resolve_device("tpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == "cpu"
+    with pytest.raises(ConfigError, match="no CUDA GPU is visible"):
+        resolve_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("cuda") == "cuda"
+    assert resolve_device("auto") == "cuda"
