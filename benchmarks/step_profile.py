@@ -33,6 +33,8 @@ from pagedserve.engine.detokenizer import IncrementalDetokenizer  # noqa: E402
 from pagedserve.engine.output_processor import OutputProcessor  # noqa: E402
 from pagedserve.kernels.cpu import fused_ops  # noqa: E402
 from pagedserve.worker import model_runner as model_runner_module  # noqa: E402
+from pagedserve.worker import sampling_step as sampling_step_module  # noqa: E402
+from pagedserve.worker.input_batch import InputBatch  # noqa: E402
 
 Timings = collections.defaultdict[str, float]
 
@@ -106,14 +108,14 @@ def profile_decode(llm: LLM, batch_size: int, steps: int, prompt_len: int) -> tu
             (Scheduler, "schedule", "scheduler: schedule"),
             (Scheduler, "update_from_output", "scheduler: update"),
             (Scheduler, "get_stats", "scheduler: stats"),
-            (model_runner_module, "update_states", "input preparation"),
-            (model_runner_module, "build_batch", "input preparation"),
-            (model_runner_module, "build_sampling_metadata", "input preparation"),
+            (InputBatch, "update", "input preparation"),
+            (InputBatch, "build", "input preparation"),
+            (sampling_step_module, "build_sampling_metadata", "input preparation"),
             (runner.backend, "build_metadata", "input preparation"),
             (runner.model, "compute_logits", "logits"),
             (runner, "sampler", "sampler"),
-            (runner, "_prompt_logprobs", "prompt logprobs"),
-            (runner, "_fill_output", "output to lists"),
+            (runner.prompt_logprobs, "compute", "prompt logprobs"),
+            (model_runner_module, "sample_step", "sampling (all)"),
             (OutputProcessor, "process_outputs", "output processing (all)"),
             (IncrementalDetokenizer, "update", "detokenization"),
         ]:

@@ -10,20 +10,16 @@ from pagedserve.core.request import Request, RequestStatus
 
 def num_drafts_allowed(request: Request, k: int, max_model_len: int) -> int:
     """How many draft tokens `request` may verify next step: 0 where speculation cannot keep the output
-    exact or cannot pay. Penalties and min_tokens depend on every earlier token (drafts included), a
-    beam's continuation is chosen by its search, and logprobs are reported per sampled position: those
-    requests decode one token at a time. A constrained request speculates: its grammar masks every
-    verified position (StructuredOutputs.bitmask)."""
+    exact or cannot pay. A beam's continuation is chosen by its search, and logprobs are reported per
+    sampled position: those requests decode one token at a time. Penalties, min_tokens and grammars
+    speculate: each verified position is sampled with the drafts before it counted as output
+    (worker/sampling_inputs.py) and masked by its own grammar row (StructuredOutputs.bitmask)."""
     params = request.sampling_params
     if (
         request.status is not RequestStatus.RUNNING
         or request.beam_search is not None
         or request.num_computed_tokens != request.num_tokens - 1
         or params.logprobs is not None
-        or params.presence_penalty
-        or params.frequency_penalty
-        or params.repetition_penalty != 1.0
-        or request.num_output_tokens < params.min_tokens
     ):
         return 0
     # The token after k accepted drafts is the (k+1)-th new one; every draft needs a position.

@@ -40,35 +40,36 @@ class DraftModelProposer:
     def propose(
         self,
         backend: AttentionBackend,
-        block_ids: list[list[int]],
+        tables: np.ndarray,
+        num_blocks: np.ndarray,
         last_tokens: list[int],
         positions: list[int],
     ) -> list[list[int]]:
         """`k` greedy draft tokens per request, from its last token (at `positions[i]`, whose K/V the
-        draft model also computes here) and its block table."""
-        width = max(len(blocks) for blocks in block_ids) + self.scratch_per_request
-        tables = np.zeros((len(block_ids), width), dtype=np.int64)
-        for row, blocks in enumerate(block_ids):
-            scratch = self.scratch_start + row * self.scratch_per_request
-            tables[row, : len(blocks)] = blocks
-            tables[row, len(blocks) : len(blocks) + self.scratch_per_request] = range(
-                scratch, scratch + self.scratch_per_request
-            )
-        block_tables = torch.from_numpy(tables).to(self.device)
+        draft model also computes here) and its block table (row i: `num_blocks[i]` blocks, then 0s),
+        followed by the request's scratch blocks."""
+        n, scratch = len(last_tokens), self.scratch_per_request
+        padded = np.zeros((n, tables.shape[1] + scratch), dtype=np.int64)
+        padded[:, : tables.shape[1]] = tables
+        row_index = np.arange(n)[:, None]
+        padded[row_index, num_blocks[:, None] + np.arange(scratch)] = (
+            self.scratch_start + row_index * scratch + np.arange(scratch)
+        )
+        block_tables = torch.from_numpy(padded).to(self.device)
         tokens = torch.tensor(last_tokens, device=self.device)
         position = torch.tensor(positions, device=self.device)
-        rows = torch.arange(len(block_ids), device=self.device)
+        rows = torch.arange(n, device=self.device)
         proposals = []
         for _ in range(self.k):
             slots = (
                 block_tables[rows, position // self.block_size] * self.block_size + position % self.block_size
             )
             common = CommonAttentionMetadata(
-                query_start_loc=list(range(len(block_ids) + 1)),
+                query_start_loc=list(range(n + 1)),
                 seq_lens=(position + 1).tolist(),
                 block_tables=block_tables,
                 slot_mapping=slots,
-                num_decodes=len(block_ids),
+                num_decodes=n,
                 block_size=self.block_size,
             )
             with set_forward_context(backend.build_metadata(common)):

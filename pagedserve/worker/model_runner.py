@@ -11,26 +11,19 @@ from pagedserve.config import EngineConfig
 from pagedserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagedserve.distributed import get_tp_rank
 from pagedserve.layers.attention import Attention
-from pagedserve.layers.grammar_bitmask import apply_grammar_bitmask
-from pagedserve.layers.rejection_sampler import accept_drafts
-from pagedserve.layers.sampler import Sampler, gather_logprobs
+from pagedserve.layers.sampler import Sampler
 from pagedserve.logger import init_logger
 from pagedserve.model_loader import load_model
 from pagedserve.platforms import Platform
-from pagedserve.structured_output.manager import GrammarBitmask
 from pagedserve.utils import format_bytes
 from pagedserve.utils.kv_cache_groups import KVCacheGroups
 from pagedserve.worker.block_ops import KVBlockMover
 from pagedserve.worker.cuda_graph import CudaGraphRunner
 from pagedserve.worker.draft_proposer import DraftModelProposer
-from pagedserve.worker.input_batch import (
-    BatchInputs,
-    CachedRequestState,
-    build_batch,
-    build_sampling_metadata,
-    update_states,
-)
+from pagedserve.worker.input_batch import BatchInputs, CachedRequestState, InputBatch
 from pagedserve.worker.kv_groups import bind_kv_cache_groups
+from pagedserve.worker.prompt_logprobs import PromptLogprobs
+from pagedserve.worker.sampling_step import sample_step
 
 logger = init_logger(__name__)
 
@@ -45,7 +38,6 @@ class ModelRunner:
         self.block_size = config.cache.block_size
         self.model = load_model(config.model, device)
         self.dtype = getattr(torch, config.model.dtype)
-        self.vocab_size = config.model.vocab_size
         self.backend = select_attention_backend(config.attention_backend, platform)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.kv_groups = KVCacheGroups.for_model(
@@ -70,10 +62,8 @@ class ModelRunner:
             layer.backend = self.backend
         self.reset_kv_quantization()
         self.sampler = Sampler()
-        self.states: dict[str, CachedRequestState] = {}
-        # Requests that asked for prompt logprobs and have prompt tokens left to compute: the only ones
-        # `_prompt_logprobs` visits (no per-request loop on steps where nobody asked).
-        self.prompt_logprob_requests: set[str] = set()
+        self.input_batch = InputBatch(self.block_size, device, self.kv_groups.num_groups)
+        self.prompt_logprobs = PromptLogprobs(self.model.compute_logits)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.block_mover: KVBlockMover | None = None
         self.cuda_graphs: CudaGraphRunner | None = None
@@ -148,22 +138,7 @@ class ModelRunner:
     def capture_cuda_graphs(self) -> None:
         """Capture the decode graphs (after initialize_kv_cache: they bake in the cache's addresses), or
         log why decode steps stay eager."""
-        reason = None
-        if self.device.type != "cuda":
-            reason = f"the device is {self.device.type}"
-        elif self.config.enforce_eager:
-            reason = "--enforce-eager"
-        elif not self.backend.supports_cuda_graphs:
-            reason = f"the {self.backend.name} attention backend cannot be captured (triton can)"
-        elif self.config.parallel.tensor_parallel_size > 1:
-            reason = "not supported yet at --tensor-parallel-size > 1"
-        elif self.drafter is not None:
-            reason = "not supported yet with a draft model (--speculative-config)"
-        elif self.kv_groups.num_groups > 1:
-            reason = "not supported yet for models mixing windowed and full-attention layers"
-        elif self.kv_dtype == torch.uint8 and self.config.cache.calculate_kv_scales:
-            # NOTE: a graph would bake in the fp8 scales before the first batch sets them
-            reason = "--calculate-kv-scales sets the fp8 scales from the first batch, after capture"
+        reason = next((why for off, why in self._cuda_graph_exclusions() if off), None)
         if reason is not None:
             logger.info("CUDA graphs: off (%s); decode steps run eagerly.", reason)
             return
@@ -185,6 +160,31 @@ class ModelRunner:
             format_bytes(max(used, 0)),
         )
 
+    def _cuda_graph_exclusions(self) -> list[tuple[bool, str]]:
+        """(applies, why) for each setting that keeps decode steps eager; the first that applies is logged."""
+        return [
+            (self.device.type != "cuda", f"the device is {self.device.type}"),
+            (self.config.enforce_eager, "--enforce-eager"),
+            (
+                not self.backend.supports_cuda_graphs,
+                f"the {self.backend.name} attention backend cannot be captured (triton can)",
+            ),
+            (
+                self.config.parallel.tensor_parallel_size > 1,
+                "not supported yet at --tensor-parallel-size > 1",
+            ),
+            (self.drafter is not None, "not supported yet with a draft model (--speculative-config)"),
+            (
+                self.kv_groups.num_groups > 1,
+                "not supported yet for models mixing windowed and full-attention layers",
+            ),
+            # NOTE: a graph would bake in the fp8 scales before the first batch sets them
+            (
+                self.kv_dtype == torch.uint8 and self.config.cache.calculate_kv_scales,
+                "--calculate-kv-scales sets the fp8 scales from the first batch, after capture",
+            ),
+        ]
+
     def _forward(self, batch: BatchInputs) -> torch.Tensor:
         """Hidden states [T, hidden]: replayed from a CUDA graph for decode-only batches that fit one."""
         if self.cuda_graphs is not None:
@@ -199,29 +199,24 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        update_states(self.states, scheduler_output)
-        self.prompt_logprob_requests -= scheduler_output.finished_req_ids
-        self.prompt_logprob_requests.update(
-            new.request_id
-            for new in scheduler_output.scheduled_new_reqs
-            if new.sampling_params.prompt_logprobs is not None
-        )
+        self.input_batch.update(scheduler_output)
+        self.prompt_logprobs.update(scheduler_output)
         self.apply_block_ops(scheduler_output)
         if scheduler_output.is_empty:
             return ModelRunnerOutput({})
-        batch = build_batch(
-            self.states, scheduler_output, self.block_size, self.device, self.kv_groups.num_groups
-        )
+        batch = self.input_batch.build(scheduler_output)
         hidden = self._forward(batch)  # [T, hidden]
         output = ModelRunnerOutput({})
-        self._prompt_logprobs(batch, hidden, output)
+        self.prompt_logprobs.compute(batch, hidden, self.input_batch.states, output)
         if not batch.sample_rows:
             return output
-        requests = [self.states[batch.request_ids[row]] for row in batch.sample_rows]
+        requests = [self.input_batch.states[batch.request_ids[row]] for row in batch.sample_rows]
         logits = self.model.compute_logits(hidden[batch.logits_indices]).float()  # [positions, vocab]
         if get_tp_rank() != 0:  # NOTE: only rank 0 samples; computing logits above is a collective
             return output
-        self._sample(requests, batch.draft_token_ids, logits, scheduler_output.grammar_bitmask, output)
+        sample_step(
+            self.sampler, requests, batch.draft_token_ids, logits, scheduler_output.grammar_bitmask, output
+        )
         if self.drafter is not None:
             self._propose(requests, output)
         return output
@@ -234,73 +229,14 @@ class ModelRunner:
         ]
         assert self.drafter is not None
         positions = [len(r.token_ids) + len(tokens) - 1 for r, tokens in zip(requests, new_tokens)]
+        request_ids = [r.request_id for r in requests]
+        tables = self.input_batch.block_tables
         proposals = self.drafter.propose(
             self.backend,
             # NOTE: group 0's tables (full attention when the model has such layers), which its layers use.
-            [r.block_ids[:: self.kv_groups.num_groups] for r in requests],
+            tables.gather(request_ids)[0],
+            tables.lengths(request_ids),
             [tokens[-1] for tokens in new_tokens],
             positions,
         )
         output.draft_token_ids = {r.request_id: p for r, p in zip(requests, proposals)}
-
-    def _sample(
-        self,
-        requests: list[CachedRequestState],
-        drafts: list[list[int]],
-        logits: torch.Tensor,
-        grammar: GrammarBitmask | None,
-        output: ModelRunnerOutput,
-    ) -> None:
-        """One logits row per sampled position (a request with drafts has one per verified position), all
-        through the same pipeline: logits processors, grammar mask, sampler; then each request keeps its
-        drafts up to the first its samples disagree with (layers/rejection_sampler.py)."""
-        rows = [request for request, draft in zip(requests, drafts) for _ in range(len(draft) + 1)]
-        if grammar is not None:
-            apply_grammar_bitmask(logits, [r.request_id for r in rows], grammar.request_ids, grammar.bitmask)
-        offsets = [j for draft in drafts for j in range(len(draft) + 1)]
-        sampled = self.sampler(logits, build_sampling_metadata(rows, self.vocab_size, self.device, offsets))
-        ids: list[list[int]] = []
-        values: list[list[float]] = []
-        if sampled.logprobs is not None and sampled.logprob_token_ids is not None:
-            ids, values = sampled.logprob_token_ids.tolist(), sampled.logprobs.tolist()
-        first_row = 0
-        for request, draft, tokens in zip(
-            requests, drafts, accept_drafts(sampled.sampled_token_ids.tolist(), drafts)
-        ):
-            output.sampled_token_ids[request.request_id] = tokens[0]
-            if draft:
-                output.extra_token_ids[request.request_id] = tokens[1:]
-            num = request.sampling_params.logprobs
-            if num is not None and ids:
-                row_ids, row_values = ids[first_row], values[first_row]
-                output.logprobs[request.request_id] = dict(zip(row_ids[: num + 1], row_values[: num + 1]))
-            first_row += len(draft) + 1
-
-    def _prompt_logprobs(self, batch: BatchInputs, hidden: torch.Tensor, output: ModelRunnerOutput) -> None:
-        """Logprob of each prompt token given the ones before it (and the top-k), for the prompt
-        positions computed this step. The first prompt token has none."""
-        if not self.prompt_logprob_requests:
-            return
-        for row, request_id in enumerate(batch.request_ids):
-            if request_id not in self.prompt_logprob_requests:
-                continue
-            state = self.states[request_id]
-            num_top = state.sampling_params.prompt_logprobs
-            assert num_top is not None, "only requests that asked are tracked"
-            end = state.num_computed_tokens
-            start = end - (
-                batch.attention[0].query_start_loc[row + 1] - batch.attention[0].query_start_loc[row]
-            )
-            if end >= state.num_prompt_tokens:  # its prompt is done after this step
-                self.prompt_logprob_requests.discard(request_id)
-            if start >= state.num_prompt_tokens:
-                continue
-            last = min(end, state.num_prompt_tokens - 1)  # position p predicts prompt token p + 1
-            first_row = batch.attention[0].query_start_loc[row]
-            result: list[dict[int, float] | None] = [None] if start == 0 else []
-            if last > start:
-                logits = self.model.compute_logits(hidden[first_row : first_row + last - start]).float()
-                targets = torch.tensor(state.token_ids[start + 1 : last + 1], device=self.device)
-                ids, values = gather_logprobs(torch.log_softmax(logits, dim=-1), num_top, targets)
-                result += [dict(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
-            output.prompt_logprobs[request_id] = result

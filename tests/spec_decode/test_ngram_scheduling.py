@@ -72,15 +72,20 @@ def test_drafts_stop_at_max_tokens_and_a_stop_token_ends_the_step() -> None:
 
 
 @pytest.mark.parametrize(
-    "params",
-    [dict(repetition_penalty=1.2), dict(presence_penalty=0.5), dict(logprobs=2), dict(min_tokens=20)],
+    "params, speculates",
+    [
+        (dict(logprobs=2), False),  # reported per sampled position: one token a step
+        (dict(repetition_penalty=1.2), True),  # each verified position counts the drafts before it
+        (dict(presence_penalty=0.5, frequency_penalty=0.5), True),
+        (dict(min_tokens=20), True),
+    ],
 )
-def test_requests_whose_sampling_depends_on_every_token_get_no_drafts(params: dict) -> None:
+def test_which_requests_get_drafts(params: dict, speculates: bool) -> None:
     scheduler = scheduler_with_spec()
     scheduler.add_request(request("a", [1, 2, 3, 1, 2], **params))
     out = scheduler.schedule()
     scheduler.update_from_output(out, ModelRunnerOutput({"a": 3}))
-    assert scheduler.requests["a"].spec_token_ids == []
+    assert (scheduler.requests["a"].spec_token_ids != []) == speculates
 
 
 @pytest.mark.parametrize(

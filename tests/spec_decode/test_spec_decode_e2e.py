@@ -123,6 +123,24 @@ def test_seeded_sampling_identical_with_and_without_drafts(tiny_vocab_llama: str
     assert 0 < stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens
 
 
+def test_penalties_and_min_tokens_identical_with_and_without_drafts(tiny_vocab_llama: str) -> None:
+    """Penalties and min_tokens depend on every earlier output token: a verified position counts the
+    drafts before it, so the tokens equal one-at-a-time decoding (8 tokens: repeats are constant)."""
+    prompt = {"prompt_token_ids": [1, 2, 3, 1, 2, 3, 1, 2]}
+    params = [
+        SamplingParams(temperature=0, max_tokens=30, repetition_penalty=1.3),
+        SamplingParams(temperature=0, max_tokens=30, frequency_penalty=0.3, presence_penalty=0.2),
+        SamplingParams(temperature=0, max_tokens=30, min_tokens=20, stop_token_ids=[3]),
+        SamplingParams(temperature=0.8, max_tokens=30, repetition_penalty=1.2, min_tokens=10, seed=4),
+    ]
+    engine = dict(max_model_len=64, kv_cache_memory="4MiB")
+    expected, _ = run(tiny_vocab_llama, [prompt] * 4, params, **engine)
+    actual, llm = run(tiny_vocab_llama, [prompt] * 4, params, speculative_config=NGRAM, **engine)
+    assert actual == expected
+    stats = llm.llm_engine.engine_core.get_stats()
+    assert 0 < stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens
+
+
 @pytest.mark.parametrize("speculative_config", [NGRAM, "draft"], ids=["ngram", "draft_model"])
 def test_constrained_requests_beside_speculating_ones_keep_their_grammar(
     default_model: str, speculative_config: object

@@ -39,7 +39,8 @@ def test_profile_steps_sample_every_request_and_leave_nothing(tiny_llama: str) -
     runner.sampler = counting_sampler
     worker._profile_run()
     assert sampled_rows == [1, 5]  # one 70-token request, then 5 requests of 14 tokens
-    assert runner.states == {} and runner.kv_caches == []
+    assert runner.input_batch.states == {} and runner.input_batch.block_tables.row_of == {}
+    assert runner.kv_caches == []
     assert all(layer.kv_cache is None for layer in runner.attention_layers)
 
 

@@ -1,0 +1,51 @@
+"""The sampler pipeline of one step. Every logits row, a plain sample or one position of a draft
+verification, goes through the same stages in the same order: the grammar mask (structured outputs),
+the logits processors (repetition/frequency/presence penalties, logit_bias, min_tokens), then temperature,
+top-k, top-p, min-p and the position's seeded noise (layers/sampler.py). A request with drafts then keeps
+them up to the first its samples disagree with (layers/rejection_sampler.py). Speculation composes with
+every processor by construction: a verified position is processed as if the drafts before it had been
+sampled one step at a time (worker/sampling_inputs.py)."""
+
+import torch
+
+from pagedserve.core.sched_output import ModelRunnerOutput
+from pagedserve.layers.grammar_bitmask import apply_grammar_bitmask
+from pagedserve.layers.rejection_sampler import accept_drafts
+from pagedserve.layers.sampler import Sampler
+from pagedserve.structured_output.manager import GrammarBitmask
+from pagedserve.worker.input_batch import CachedRequestState
+from pagedserve.worker.sampling_inputs import build_sampling_metadata
+
+
+def sample_step(
+    sampler: Sampler,
+    requests: list[CachedRequestState],
+    drafts: list[list[int]],
+    logits: torch.Tensor,
+    grammar: GrammarBitmask | None,
+    output: ModelRunnerOutput,
+) -> None:
+    """`logits` [rows, vocab]: len(draft) + 1 rows per request, request by request. Fills the output's
+    sampled tokens, accepted drafts and logprobs."""
+    rows = [request for request, draft in zip(requests, drafts) for _ in range(len(draft) + 1)]
+    if grammar is not None:
+        apply_grammar_bitmask(logits, [r.request_id for r in rows], grammar.request_ids, grammar.bitmask)
+    drafted = [draft[:j] for draft in drafts for j in range(len(draft) + 1)]
+    meta = build_sampling_metadata(rows, logits.shape[1], logits.device, drafted)
+    sampled = sampler(logits, meta)
+    ids: list[list[int]] = []
+    values: list[list[float]] = []
+    if sampled.logprobs is not None and sampled.logprob_token_ids is not None:
+        ids, values = sampled.logprob_token_ids.tolist(), sampled.logprobs.tolist()
+    first_row = 0
+    for request, draft, tokens in zip(
+        requests, drafts, accept_drafts(sampled.sampled_token_ids.tolist(), drafts)
+    ):
+        output.sampled_token_ids[request.request_id] = tokens[0]
+        if draft:
+            output.extra_token_ids[request.request_id] = tokens[1:]
+        num = request.sampling_params.logprobs
+        if num is not None and ids:
+            row_ids, row_values = ids[first_row], values[first_row]
+            output.logprobs[request.request_id] = dict(zip(row_ids[: num + 1], row_values[: num + 1]))
+        first_row += len(draft) + 1
