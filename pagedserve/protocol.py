@@ -47,6 +47,8 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     cache_salt: str | None = None
     group_id: str | None = None
     beam_search: BeamSearchParams | None = None
+    # --scheduling-policy priority: lower values are admitted first and preempted last (vLLM's rule).
+    priority: int = 0
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -123,3 +125,4 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
     timestamp: float = 0.0
     scheduled_request_ids: list[str] = []
     block_snapshot: BlockSnapshot | None = None  # only in the answer to BLOCK_SNAPSHOT
+    num_scheduled_tokens: int = 0  # tokens the step computed (vllm:iteration_tokens_total)

@@ -9,6 +9,7 @@ from typing import Any, Literal, get_args
 
 from pagedserve.config.cache import BlockSize, CacheConfig, KVCacheDType
 from pagedserve.config.cli import add_dataclass_cli_args, config_field, dataclass_from_cli_args
+from pagedserve.config.generation import generation_defaults
 from pagedserve.config.model import DType, LoadFormat, ModelConfig, load_model_config
 from pagedserve.config.parallel import (
     ExecutorBackend,
@@ -17,7 +18,12 @@ from pagedserve.config.parallel import (
     resolve_executor_backend,
 )
 from pagedserve.config.quantization import QuantizationName, resolve_quantization
-from pagedserve.config.scheduler import PreemptionMode, SchedulerConfig, default_max_num_batched_tokens
+from pagedserve.config.scheduler import (
+    PreemptionMode,
+    SchedulerConfig,
+    SchedulingPolicy,
+    default_max_num_batched_tokens,
+)
 from pagedserve.config.speculative import SpeculativeConfig, resolve_speculative_config
 from pagedserve.errors import ConfigError
 from pagedserve.logger import init_logger
@@ -109,6 +115,13 @@ class EngineArgs:
         "swap (copy it to --swap-space host memory). Default: swap for groups that share blocks "
         "(parallel samples, beams), recompute for single requests.",
     )
+    scheduling_policy: SchedulingPolicy = config_field(
+        "fcfs",
+        "fcfs: requests are admitted in arrival order and the newest is preempted first. priority: each "
+        "request's `priority` (lower first; ties by arrival) orders admission, the least urgent running "
+        "request is preempted first, and a waiting request that does not fit preempts running ones of a "
+        "larger priority value (vLLM's rule).",
+    )
     max_num_seqs: int = config_field(256, "Maximum requests in one step.")
     max_num_batched_tokens: int | None = config_field(
         None, "Token budget of one step (default 2048, at least max_num_seqs); longer prompts are chunked."
@@ -173,6 +186,16 @@ class EngineArgs:
         '"num_speculative_tokens": 3} (a draft model with the same tokenizer). Greedy outputs stay '
         "identical; sampled ones keep their distribution.",
     )
+    generation_config: str = config_field(
+        "auto",
+        "Sampling defaults for requests that leave a field unset (temperature, top_p, top_k, min_p, "
+        "repetition_penalty, max_new_tokens as max_tokens): auto reads the model folder's "
+        "generation_config.json, vllm uses pagedserve's own defaults, a folder reads its "
+        "generation_config.json.",
+    )
+    override_generation_config: str | None = config_field(
+        None, "JSON merged over --generation-config's defaults, e.g. '{\"temperature\": 0.5}'."
+    )
     # vLLM's flags that change nothing here; accepted so that vLLM command lines run as written.
     enable_chunked_prefill: bool | None = config_field(
         None,
@@ -234,6 +257,7 @@ class EngineArgs:
             self.max_num_batched_tokens or default_max_num_batched_tokens(self.max_num_seqs),
             model.max_model_len,
             self.preemption_mode,
+            self.scheduling_policy,
         )
         parallel = self._parallel_config(device, model)
         return EngineConfig(
@@ -306,7 +330,13 @@ class EngineArgs:
             tokenizer=self.tokenizer,
             max_logprobs=self.max_logprobs,
         )
-        return dataclasses.replace(model, quantization=resolve_quantization(self.quantization, model, device))
+        return dataclasses.replace(
+            model,
+            quantization=resolve_quantization(self.quantization, model, device),
+            generation_defaults=generation_defaults(
+                self.generation_config, model.model, self.override_generation_config
+            ),
+        )
 
     def _parallel_config(self, device: str, model: ModelConfig) -> ParallelConfig:
         tp = self.tensor_parallel_size

@@ -2,8 +2,8 @@
 reads config.json (or a GGUF file's metadata) and resolves the defaults; ModelConfig checks itself."""
 
 import os
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, get_args
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from pagedserve.errors import ConfigError
 from pagedserve.logger import init_logger
@@ -54,6 +54,8 @@ class ModelConfig:
         None  # resolved (config/quantization.py): gguf | int8 | int4, None: unquantized
     )
     served_model_aliases: tuple[str, ...] = ()  # --served-model-name's names after the first
+    # SamplingParams field -> the model's default (generation_config.json; --generation-config).
+    generation_defaults: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.architecture not in MODEL_ARCHITECTURES.values():

@@ -7,6 +7,8 @@ from pagedserve.errors import ConfigError
 
 PreemptionMode = Literal["recompute", "swap"]
 PREEMPTION_MODES: tuple[str, ...] = get_args(PreemptionMode)
+SchedulingPolicy = Literal["fcfs", "priority"]
+SCHEDULING_POLICIES: tuple[str, ...] = get_args(SchedulingPolicy)
 
 
 def default_max_num_batched_tokens(max_num_seqs: int) -> int:
@@ -22,6 +24,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int
     max_model_len: int
     preemption_mode: PreemptionMode | None = None  # None: swap groups that share blocks, recompute others
+    policy: SchedulingPolicy = "fcfs"
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -37,4 +40,9 @@ class SchedulerConfig:
             raise ConfigError(
                 f"preemption_mode={self.preemption_mode!r} is not supported; "
                 f"--preemption-mode must be one of {', '.join(PREEMPTION_MODES)}."
+            )
+        if self.policy not in SCHEDULING_POLICIES:
+            raise ConfigError(
+                f"policy={self.policy!r} is not supported; --scheduling-policy must be one of "
+                f"{', '.join(SCHEDULING_POLICIES)}."
             )

@@ -28,6 +28,7 @@ class Request:
         self.sampling_params: SamplingParams = request.sampling_params
         self.eos_token_id = request.eos_token_id
         self.arrival_time = request.arrival_time
+        self.priority = request.priority
         assert request.sampling_params.max_tokens is not None, "max_tokens is resolved by the frontend"
         self.max_tokens: int = request.sampling_params.max_tokens
         self.all_token_ids: list[int] = list(request.prompt_token_ids)

@@ -4,9 +4,12 @@ ones coming back, then to waiting ones.
 There are no prefill/decode phases: a request has `num_computed_tokens` and `num_tokens`, and a step
 computes some of the difference (a decode is a request with one new token; a long prompt is chunked).
 Requests of one group (the samples of a prompt, the beams of a search) share KV blocks and are preempted
-together.
+together. Which request comes first in each of those is `RequestOrder`'s (--scheduling-policy).
 """
 
+from dataclasses import dataclass
+
+from pagedserve.core.block_pool import KVCacheBlock
 from pagedserve.core.draft_settling import DraftSettling
 from pagedserve.core.groups import groups_of, plan_group
 from pagedserve.core.kv_cache_manager import SlotAllocation
@@ -17,16 +20,28 @@ from pagedserve.core.scheduler_state import ScheduleStep
 from pagedserve.protocol import EngineCoreOutput
 
 
+@dataclass(frozen=True)
+class Admission:
+    """What admitting a waiting request takes: seats of --max-num-seqs, its prefix-cache hits, and the
+    tokens it computes this step after them."""
+
+    more_seats: int
+    hits: list[KVCacheBlock] | None
+    num_cached: int
+    num_new: int
+
+
 class Scheduler(Preemption, DraftSettling):
     """Decides, each step, which requests compute how many tokens, within `max_num_seqs`,
     `max_num_batched_tokens` and the free KV blocks. When running requests need blocks and none are
-    free, the newest group is preempted: swapped out to host memory (`swap_space`) or recomputed later
+    free, the newest (or least urgent) group is preempted: swapped out to host memory (`swap_space`) or recomputed later
     (`config.preemption_mode`; by default groups that share blocks swap, single requests recompute).
     Waiting requests are admitted only as far as `admission` allows (KV-aware: preemptions stay rare)."""
 
     def schedule(self) -> SchedulerOutput:
         step = ScheduleStep(self.config.max_num_batched_tokens)
         self._fork_ready_samples()
+        self._preempt_for_urgent_waiting(step)
         self._schedule_running(step)
         # NOTE: nobody comes back or is admitted in a step that had to preempt: memory is short already.
         if not step.preempted:
@@ -77,9 +92,9 @@ class Scheduler(Preemption, DraftSettling):
                 self.running.append(sample)
 
     def _schedule_running(self, step: ScheduleStep) -> None:
-        """Grow the running groups in order; when the blocks run out, preempt the newest group."""
+        """Grow the running groups in order; when the blocks run out, preempt the last group."""
         kv = self.kv_cache_manager
-        groups = groups_of(self.running)  # oldest first
+        groups = self.order.running_groups(groups_of(self.running))
         index = 0
         while index < len(groups) and step.budget > 0:
             group = groups[index]
@@ -102,22 +117,22 @@ class Scheduler(Preemption, DraftSettling):
             index += 1
 
     def _swap_in(self, step: ScheduleStep) -> None:
-        """Bring swapped-out groups back, oldest first, while blocks and seats suffice."""
+        """Bring swapped-out groups back in order while blocks and seats suffice."""
         swap, kv = self.swap_space, self.kv_cache_manager
         while self.swapped and step.budget > 0:
             assert swap is not None, "only a swap space holds swapped-out requests"
-            group = self.swapped[0]
+            group = self.order.next_swapped(self.swapped)
             plan = plan_group(group, step.budget)
             if (
                 self._num_seats_taken() + self._num_seats(group) > self.config.max_num_seqs
                 or swap.num_blocks_to_resume(group, plan, kv) > kv.num_free_blocks()
             ):
                 if not self.running:  # it will never fit whole: recompute it request by request
-                    self.swapped.popleft()
+                    self.swapped.remove(group)
                     self._requeue(group, swap.discard)
                 return
             step.swap_in += swap.swap_in(group, kv)
-            self.swapped.popleft()
+            self.swapped.remove(group)
             for request in group:
                 request.status = RequestStatus.RUNNING
             self.running += group
@@ -125,38 +140,61 @@ class Scheduler(Preemption, DraftSettling):
                 self._record(step, request, num_new, kv.allocate_slots(request, num_new))
 
     def _admit_waiting(self, step: ScheduleStep) -> None:
-        """Admit waiting requests FCFS, reusing their longest cached prefix, while the seats
-        (--max-num-seqs, counting the forks each group will make) and the KV admission policy allow."""
+        """Admit waiting requests in order (`RequestOrder`), reusing their longest cached prefix, while
+        the seats and the KV admission policy allow (`_admission`)."""
         kv = self.kv_cache_manager
         seats = self._num_seats_taken()
         while self.waiting and step.budget > 0:
-            # NOTE: a request whose grammar is still compiling keeps its place; the ones behind it go on.
-            request = next((r for r in self.waiting if self.structured.is_ready(r)), None)
+            request = self.order.next_waiting(self.waiting, self.structured.is_ready)
             if request is None:
                 return
-            mates = [
-                r for r in self.running if request.group_id is not None and r.group_id == request.group_id
-            ]
-            more_seats = self._num_seats(mates + [request]) - (self._num_seats(mates) if mates else 0)
-            if seats + more_seats > self.config.max_num_seqs:
+            admission = self._admission(request, seats, step.budget)
+            if admission is None:
                 return
-            hits = kv.get_computed_blocks(request)
-            num_cached = kv.num_hit_tokens(hits)
-            num_new = min(request.num_tokens - num_cached, step.budget)
-            if not self.admission.admits(request, num_cached + num_new, hits, self.running, kv):
-                return
-            allocation = kv.allocate_slots(request, num_new, hits)
+            allocation = kv.allocate_slots(request, admission.num_new, admission.hits)
             if allocation is None:
                 if self.running:
                     return
                 self._cut_short(request)  # the pool is all free (nothing runs or is swapped) and too small
                 continue
             self.waiting.remove(request)
-            seats += more_seats
-            request.num_computed_tokens = num_cached
+            seats += admission.more_seats
+            request.num_computed_tokens = admission.num_cached
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            self._record(step, request, num_new, allocation)
+            self._record(step, request, admission.num_new, allocation)
+
+    def _admission(self, request: Request, seats: int, budget: int) -> Admission | None:
+        """What admitting `request` now takes, or None when the seats (--max-num-seqs, counting the forks
+        each group will make; `seats` are taken) or the KV admission policy do not allow it."""
+        kv = self.kv_cache_manager
+        mates = [r for r in self.running if request.group_id is not None and r.group_id == request.group_id]
+        more_seats = self._num_seats(mates + [request]) - (self._num_seats(mates) if mates else 0)
+        if seats + more_seats > self.config.max_num_seqs:
+            return None
+        hits = kv.get_computed_blocks(request)
+        num_cached = kv.num_hit_tokens(hits)
+        num_new = min(request.num_tokens - num_cached, budget)
+        if not self.admission.admits(request, num_cached + num_new, hits, self.running, kv):
+            return None
+        return Admission(more_seats, hits, num_cached, num_new)
+
+    def _preempt_for_urgent_waiting(self, step: ScheduleStep) -> None:
+        """--scheduling-policy priority: while the most urgent waiting request cannot be admitted, preempt
+        the least urgent running group of a larger priority value. The request is admitted in a later
+        step (nobody is admitted in a step that preempted)."""
+        if not self.order.by_priority:
+            return
+        request = self.order.next_waiting(self.waiting, self.structured.is_ready)
+        if request is None:
+            return
+        groups = self.order.running_groups(groups_of(self.running))
+        while (
+            groups
+            and self.order.outranks(request, groups[-1])
+            and self._admission(request, self._num_seats_taken(), step.budget) is None
+        ):
+            self._preempt(groups.pop(), step, alone=False)
 
     def _record(
         self, step: ScheduleStep, request: Request, num_new: int, allocation: SlotAllocation | None

@@ -12,6 +12,7 @@ from pagedserve.core.kv_admission import KVAdmissionPolicy
 from pagedserve.core.kv_cache_manager import BlockOwners, KVCacheManager
 from pagedserve.core.parallel_sampling import ParallelSampling
 from pagedserve.core.request import Request, RequestStatus
+from pagedserve.core.request_order import RequestOrder
 from pagedserve.core.sched_output import CachedRequestData, NewRequestData
 from pagedserve.core.spec_decode import NgramProposer
 from pagedserve.core.structured import StructuredOutputs
@@ -57,6 +58,7 @@ class SchedulerState:
         speculative: SpeculativeConfig | None = None,
     ) -> None:
         self.config = config
+        self.order = RequestOrder(config)
         self.structured = StructuredOutputs(structured_output)
         self.admission = admission or KVAdmissionPolicy()
         self.kv_cache_manager = kv_cache_manager

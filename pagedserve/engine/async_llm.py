@@ -42,7 +42,9 @@ class AsyncLLM:
     ) -> None:
         self.config = config
         self.tokenizer = load_tokenizer(config.model)
-        self.input_processor = InputProcessor(config.model, self.tokenizer)
+        self.input_processor = InputProcessor(
+            config.model, self.tokenizer, scheduling_policy=config.scheduler.policy
+        )
         self.input_processor.structured_outputs.max_spec_bytes = limits.max_structured_output_bytes
         self.stat_loggers = stat_loggers
         self.log_requests = log_requests
@@ -133,11 +135,12 @@ class AsyncLLM:
         prompt: PromptType,
         params: SamplingParams,
         beam_search: BeamSearchParams | None = None,
+        priority: int = 0,
     ) -> EngineCoreRequest:
         """Validate and tokenize without queuing anything (so a request of several prompts can be checked
         whole before any of it reaches the engine), within the token budgets; with `beam_search`, a beam
         search whose `params.n` best beams come back. Thread-safe. Raises InvalidRequestError."""
-        return self.frontend.process(request_id, prompt, params, beam_search)[1]
+        return self.frontend.process(request_id, prompt, params, beam_search, priority=priority)[1]
 
     async def reset_prefix_cache(self) -> None:
         """Make the engine forget its cached KV blocks. Raises EngineDeadError."""

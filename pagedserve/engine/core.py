@@ -83,7 +83,11 @@ class EngineCore:
         runner_output = self.executor.execute_model(scheduler_output)
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         return EngineCoreOutputs(
-            outputs, self.scheduler.get_stats(), timestamp, scheduler_output.first_scheduled_req_ids
+            outputs,
+            self.scheduler.get_stats(),
+            timestamp,
+            scheduler_output.first_scheduled_req_ids,
+            num_scheduled_tokens=scheduler_output.total_num_scheduled_tokens,
         )
 
     def reset_prefix_cache(self) -> bool:

@@ -52,11 +52,14 @@ class Frontend:
         params: SamplingParams,
         beam_search: BeamSearchParams | None = None,
         arrival_time: float | None = None,
+        priority: int = 0,
     ) -> ProcessedRequest:
         """Validate and tokenize, within the token budgets; nothing is queued (a request of several
         prompts is checked whole first). Thread-safe. Raises InvalidRequestError."""
         check_num_samples(params, self.max_num_seqs)
-        text, request = self.input_processor.process(request_id, prompt, params, arrival_time, beam_search)
+        text, request = self.input_processor.process(
+            request_id, prompt, params, arrival_time, beam_search, priority
+        )
         return text, apply_token_budgets(request, params, self.admission.limits)
 
     def submit(self, requests: list[ProcessedRequest]) -> None:

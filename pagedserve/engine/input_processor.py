@@ -27,10 +27,18 @@ class EngineLimits:
 
 
 class InputProcessor:
-    """`limits`: set once the engine is started (None skips the capacity checks)."""
+    """`limits`: set once the engine is started (None skips the capacity checks); `scheduling_policy`:
+    --scheduling-policy (a request's `priority` means something under "priority" only)."""
 
-    def __init__(self, model_config: ModelConfig, tokenizer: Any, limits: EngineLimits | None = None) -> None:
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        tokenizer: Any,
+        limits: EngineLimits | None = None,
+        scheduling_policy: str = "fcfs",
+    ) -> None:
         self.model_config = model_config
+        self.scheduling_policy = scheduling_policy
         self.tokenizer = tokenizer
         self.eos_token_id = tokenizer.eos_token_id
         self.limits = limits
@@ -65,9 +73,11 @@ class InputProcessor:
         params: SamplingParams,
         arrival_time: float | None = None,
         beam_search: BeamSearchParams | None = None,
+        priority: int = 0,
     ) -> tuple[str | None, EngineCoreRequest]:
         """Validate and resolve: truncation, max_tokens (None = the rest of the context), limits. With
         `beam_search`, its max_tokens wins and `params.n` best beams come back."""
+        self._validate_priority(priority)
         text, token_ids = self.tokenize(prompt)
         if beam_search is not None:
             params = replace(params, max_tokens=beam_search.max_tokens, ignore_eos=beam_search.ignore_eos)
@@ -94,7 +104,21 @@ class InputProcessor:
             arrival_time or time.time(),
             cache_salt=_cache_salt(prompt),
             beam_search=beam_search,
+            priority=priority,
         )
+
+    def _validate_priority(self, priority: int) -> None:
+        """A 64-bit integer; not 0 only under --scheduling-policy priority (as vLLM refuses it)."""
+        if isinstance(priority, bool) or not isinstance(priority, int) or not -(2**63) <= priority < 2**63:
+            raise InvalidRequestError(
+                f"priority must be an integer in [-2**63, 2**63), got {priority!r}.", param="priority"
+            )
+        if priority != 0 and self.scheduling_policy != "priority":
+            raise InvalidRequestError(
+                f"Got priority {priority} but priority scheduling is not enabled: start the server with "
+                "--scheduling-policy priority (scheduling_policy='priority' offline), or drop priority.",
+                param="priority",
+            )
 
     def _validate_beam_search(self, beam: BeamSearchParams, params: SamplingParams, max_len: int) -> None:
         """Its beams run in lockstep, all at once: they must fit in a step and, at worst unshared, in

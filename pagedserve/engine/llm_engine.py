@@ -27,7 +27,10 @@ class LLMEngine:
         kv = self.engine_core.kv_cache_config
         max_num_seqs = self.config.scheduler.max_num_seqs
         input_processor = InputProcessor(
-            self.config.model, self.tokenizer, EngineLimits(max_num_seqs, kv.num_blocks - 1, kv.block_size)
+            self.config.model,
+            self.tokenizer,
+            EngineLimits(max_num_seqs, kv.num_blocks - 1, kv.block_size),
+            self.config.scheduler.policy,
         )
         self.frontend = Frontend(
             input_processor,
@@ -52,11 +55,14 @@ class LLMEngine:
         params: SamplingParams,
         arrival_time: float | None = None,
         beam_search: BeamSearchParams | None = None,
+        priority: int = 0,
     ) -> None:
         """Validate and queue a request (a beam search with `beam_search`: its `params.n` best beams
-        come back). Several threads may add at once (not while step() runs). Raises
-        InvalidRequestError, or CapacityError past the queue limits; nothing refused is queued."""
-        self.frontend.submit([self.frontend.process(request_id, prompt, params, beam_search, arrival_time)])
+        come back; `priority` under --scheduling-policy priority). Several threads may add at once (not
+        while step() runs). Raises InvalidRequestError, or CapacityError past the queue limits; nothing
+        refused is queued."""
+        processed = self.frontend.process(request_id, prompt, params, beam_search, arrival_time, priority)
+        self.frontend.submit([processed])
 
     def step(self) -> list[RequestOutput]:
         """Run one engine step; returns the requests that progressed (with `finished` set on the last)."""

@@ -64,6 +64,7 @@ class RequestState:
     arrival_time: float
     output_kind: RequestOutputKind
     num_returned: int  # n: fewer than the samples when best_of > n
+    max_tokens: int | None = None
     prompt_logprobs: list[dict[int, float] | None] | None = None
     first_token_time: float | None = None
     scheduled_time: float | None = None
@@ -106,11 +107,17 @@ class RequestState:
         )
 
     def finished_stats(self, now: float, reason: str | None = None) -> FinishedRequestStats:
+        scheduled, first_token = self.scheduled_time, self.first_token_time
         return FinishedRequestStats(
             reason or self.samples[0].finish_reason or str(FinishReason.ABORT),
             now - self.arrival_time,
             len(self.prompt_token_ids),
             sum(len(s.token_ids) for s in self.samples),
+            len(self.samples),
+            self.max_tokens,
+            queue_time=(scheduled or now) - self.arrival_time,
+            prefill_time=0.0 if scheduled is None else (first_token or now) - scheduled,
+            decode_time=0.0 if first_token is None else now - first_token,
         )
 
 
@@ -155,6 +162,7 @@ class OutputProcessor:
             arrival_time,
             params.output_kind,
             params.n,
+            params.max_tokens,
             [] if params.prompt_logprobs is not None else None,
         )
         self._requests[request_id] = state
@@ -204,6 +212,8 @@ class OutputProcessor:
         (stopped by a stop string). Adds token counts and latencies to `stats` when given."""
         stats = stats if stats is not None else IterationStats()
         self._record_scheduled(core_outputs, stats)
+        if core_outputs.num_scheduled_tokens:
+            stats.num_iteration_tokens.append(core_outputs.num_scheduled_tokens)
         updated: dict[str, tuple[RequestState, list[SampleState]]] = {}
         to_abort: list[str] = []
         now = time.time()

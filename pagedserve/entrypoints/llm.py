@@ -29,25 +29,33 @@ class LLM:
     def get_tokenizer(self) -> Any:
         return self.llm_engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's defaults (generation_config.json, --generation-config), what
+        generate() uses when given none."""
+        return SamplingParams(**self.llm_engine.config.model.generation_defaults)
+
     def generate(
         self,
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in input order. A dict prompt may carry a
-        `cache_salt`: prefix-cache hits only between prompts with the same salt."""
+        `cache_salt`: prefix-cache hits only between prompts with the same salt. `priority`: one per
+        prompt, with scheduling_policy="priority" (lower first)."""
         prompts = _as_prompt_list(prompts)
-        params = sampling_params or SamplingParams()
+        params = sampling_params or self.get_default_sampling_params()
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
-        if len(params) != len(prompts):
-            raise InvalidRequestError(
-                f"Got {len(prompts)} prompts but {len(params)} sampling params: pass "
-                "one SamplingParams, or one per prompt.",
-                param="sampling_params",
-            )
-        return self._run(prompts, params, use_tqdm)
+        for name, values in (("sampling_params", params), ("priority", priority)):
+            if values is not None and len(values) != len(prompts):
+                raise InvalidRequestError(
+                    f"Got {len(prompts)} prompts but {len(values)} {name}: pass one per prompt"
+                    + (", or one SamplingParams." if name == "sampling_params" else "."),
+                    param=name,
+                )
+        return self._run(prompts, params, use_tqdm, priorities=priority)
 
     def beam_search(
         self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams, use_tqdm: bool = False
@@ -85,12 +93,14 @@ class LLM:
         params: Sequence[SamplingParams],
         use_tqdm: bool,
         beam_search: BeamSearchParams | None = None,
+        priorities: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         request_ids = [str(next(self._request_counter)) for _ in prompts]
+        priorities = priorities or [0] * len(prompts)
         added = []
         try:
-            for request_id, prompt, p in zip(request_ids, prompts, params):
-                self.llm_engine.add_request(request_id, prompt, p, beam_search=beam_search)
+            for request_id, prompt, p, priority in zip(request_ids, prompts, params, priorities):
+                self.llm_engine.add_request(request_id, prompt, p, beam_search=beam_search, priority=priority)
                 added.append(request_id)
         except Exception:
             self.llm_engine.abort_request(added)  # nothing half-submitted stays in the engine

@@ -1,7 +1,12 @@
-"""Prometheus metrics with vLLM's names under a `pagedserve:` prefix, in a registry of their own."""
+"""Prometheus metrics with vLLM's names and labels (`model_name`, `engine`), in a registry of their own.
+Each family is exported twice from the same collectors: under the `pagedserve:` prefix and under vLLM's
+`vllm:`, so that dashboards, alerts and autoscalers written for vLLM work unchanged."""
+
+from collections.abc import Iterator, Sequence
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
 
 from pagedserve.config import CacheConfig
 from pagedserve.metrics.loggers import StatLoggerBase
@@ -79,92 +84,114 @@ _LATENCY_BUCKETS = [
 ]
 
 
-class PrometheusStatLogger(StatLoggerBase):
-    """Every metric carries a `model_name` label. `render()` gives the /metrics body."""
+_ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+_N_BUCKETS = [1, 2, 5, 10, 20]
 
-    def __init__(self, model_name: str) -> None:
+
+def _one_two_five(limit: int) -> list[float]:
+    """1, 2, 5, 10, 20, 50, ... up to `limit` (vLLM's buckets for token counts)."""
+    buckets: list[float] = []
+    scale = 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > limit:
+                return buckets
+            buckets.append(mantissa * scale)
+        scale *= 10
+
+
+class PrometheusStatLogger(StatLoggerBase):
+    """Every metric carries `model_name` (the first served name) and `engine` (the engine's index; one
+    engine today) labels. `render()` gives the /metrics body: each family under both prefixes."""
+
+    def __init__(self, model_name: str, max_model_len: int, engine: int = 0) -> None:
         # NOTE: no `_created` series: they double the output and no dashboard of vLLM's uses them.
         prometheus_client.disable_created_metrics()
         self.registry = CollectorRegistry()
-        labels, registry = ["model_name"], self.registry
-        self.running = Gauge(
-            "pagedserve:num_requests_running",
-            "Number of requests in model execution batches.",
-            labels,
-            registry=registry,
-        ).labels(model_name)
-        self.waiting = Gauge(
-            "pagedserve:num_requests_waiting",
-            "Number of requests waiting to be processed.",
-            labels,
-            registry=registry,
-        ).labels(model_name)
-        self.kv_usage = Gauge(
-            "pagedserve:kv_cache_usage_perc",
-            "KV-cache usage. 1 means 100 percent usage.",
-            labels,
-            registry=registry,
-        ).labels(model_name)
-        self.preemptions = Counter(
-            "pagedserve:num_preemptions",
-            "Cumulative number of preemptions from the engine.",
-            labels,
-            registry=registry,
-        ).labels(model_name)
-        self.recomputed = Counter(
-            "pagedserve:num_recomputed_tokens",
+        self.label_values = [model_name, str(engine)]
+        self.running = self._gauge("num_requests_running", "Number of requests in model execution batches.")
+        self.waiting = self._gauge("num_requests_waiting", "Number of requests waiting to be processed.")
+        self.kv_usage = self._gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.preemptions = self._counter(
+            "num_preemptions", "Cumulative number of preemptions from the engine."
+        )
+        self.recomputed = self._counter(
+            "num_recomputed_tokens",
             "Cumulative number of computed tokens whose KV cache preemptions dropped (computed again).",
-            labels,
-            registry=registry,
-        ).labels(model_name)
-        self.rejected = Counter(
-            "pagedserve:num_requests_rejected",
-            "Requests refused by admission control (queue limits, queue time): 503.",
-            labels,
-            registry=registry,
-        ).labels(model_name)
-        self.prompt_tokens = Counter(
-            "pagedserve:prompt_tokens", "Number of prefill tokens processed.", labels, registry=registry
-        ).labels(model_name)
-        self.generation_tokens = Counter(
-            "pagedserve:generation_tokens",
-            "Number of generation tokens processed.",
-            labels,
-            registry=registry,
-        ).labels(model_name)
+        )
+        self.rejected = self._counter(
+            "num_requests_rejected", "Requests refused by admission control (queue limits, queue time): 503."
+        )
+        self.prompt_tokens = self._counter("prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = self._counter("generation_tokens", "Number of generation tokens processed.")
         success = Counter(
             "pagedserve:request_success",
-            "Count of finished requests, by finish reason.",
-            labels + ["finished_reason"],
-            registry=registry,
+            "Count of successfully processed requests, by finish reason.",
+            ["model_name", "engine", "finished_reason"],
+            registry=self.registry,
         )
-        self.success = {str(reason): success.labels(model_name, str(reason)) for reason in FinishReason}
-        self.ttft = self._histogram(
-            "time_to_first_token_seconds", "Time to first token", _TTFT_BUCKETS, model_name
+        self.success = {str(r): success.labels(*self.label_values, str(r)) for r in FinishReason}
+        self.ttft = self._seconds("time_to_first_token_seconds", "time to first token", _TTFT_BUCKETS)
+        self.itl = self._seconds("inter_token_latency_seconds", "inter-token latency", _ITL_BUCKETS)
+        self.tpot = self._seconds(
+            "request_time_per_output_token_seconds", "time per output token, per request", _ITL_BUCKETS
         )
-        self.itl = self._histogram(
-            "inter_token_latency_seconds", "Inter-token latency", _ITL_BUCKETS, model_name
+        self.e2e = self._seconds(
+            "e2e_request_latency_seconds", "end-to-end request latency", _LATENCY_BUCKETS
         )
-        self.e2e = self._histogram(
-            "e2e_request_latency_seconds", "End-to-end request latency", _LATENCY_BUCKETS, model_name
+        self.queue_time = self._seconds("request_queue_time_seconds", "time spent waiting", _LATENCY_BUCKETS)
+        self.phases = {
+            phase: self._seconds(f"request_{phase}_time_seconds", f"time spent in {phase}", _LATENCY_BUCKETS)
+            for phase in ("inference", "prefill", "decode")
+        }
+        token_buckets = _one_two_five(max_model_len)
+        self.request_prompt_tokens = self._histogram(
+            "request_prompt_tokens", "Number of prefill tokens processed, per request.", token_buckets
         )
-        self.queue_time = self._histogram(
-            "request_queue_time_seconds", "Time spent waiting in the queue", _LATENCY_BUCKETS, model_name
+        self.request_generation_tokens = self._histogram(
+            "request_generation_tokens", "Number of generation tokens processed, per request.", token_buckets
+        )
+        self.request_max_tokens = self._histogram(
+            "request_params_max_tokens", "The max_tokens request parameter.", token_buckets
+        )
+        self.request_n = self._histogram("request_params_n", "The n request parameter.", _N_BUCKETS)
+        self.iteration_tokens = self._histogram(
+            "iteration_tokens_total", "Number of tokens per engine step.", _ITERATION_TOKEN_BUCKETS
         )
         self.last_preemptions_total = 0
         self.last_recomputed_total = 0
         # The engine's counts of these (SchedulerStats fields, same names) are cumulative too.
         self.cumulative = {
-            name: Counter(f"pagedserve:{name}", description, labels, registry=registry).labels(model_name)
-            for name, description in _CUMULATIVE_STATS.items()
+            name: self._counter(name, description) for name, description in _CUMULATIVE_STATS.items()
         }
         self.last_cumulative = dict.fromkeys(self.cumulative, 0)
+
+    def _gauge(self, name: str, description: str) -> Gauge:
+        labels = ["model_name", "engine"]
+        return Gauge(f"pagedserve:{name}", description, labels, registry=self.registry).labels(
+            *self.label_values
+        )
+
+    def _counter(self, name: str, description: str) -> Counter:
+        labels = ["model_name", "engine"]
+        counter = Counter(f"pagedserve:{name}", description, labels, registry=self.registry)
+        return counter.labels(*self.label_values)
+
+    def _histogram(self, name: str, description: str, buckets: Sequence[float]) -> Histogram:
+        labels = ["model_name", "engine"]
+        histogram = Histogram(
+            f"pagedserve:{name}", description, labels, buckets=buckets, registry=self.registry
+        )
+        return histogram.labels(*self.label_values)
+
+    def _seconds(self, name: str, what: str, buckets: Sequence[float]) -> Histogram:
+        return self._histogram(name, f"Histogram of {what} in seconds.", buckets)
 
     def record_cache_config(
         self, cache: CacheConfig, cache_dtype: str, num_gpu_blocks: int, num_cpu_blocks: int
     ) -> None:
-        """`pagedserve:cache_config_info`, vLLM's `vllm:cache_config_info`: a gauge at 1 whose labels are the
-        sized KV cache (`cache_dtype` resolved: auto is the model's dtype)."""
+        """`cache_config_info`: a gauge at 1 whose labels are the sized KV cache (`cache_dtype` resolved:
+        auto is the model's dtype)."""
         labels = {
             "block_size": cache.block_size,
             "cache_dtype": cache_dtype,
@@ -178,35 +205,13 @@ class PrometheusStatLogger(StatLoggerBase):
         Gauge(
             "pagedserve:cache_config_info",
             "Information of the KV cache configuration.",
-            list(labels),
+            ["model_name", "engine", *labels],
             registry=self.registry,
-        ).labels(*map(str, labels.values())).set(1)
-
-    def _histogram(self, name: str, description: str, buckets: list[float], model_name: str) -> Histogram:
-        return Histogram(
-            f"pagedserve:{name}",
-            f"Histogram of {description.lower()} in seconds.",
-            ["model_name"],
-            buckets=buckets,
-            registry=self.registry,
-        ).labels(model_name)
+        ).labels(*self.label_values, *map(str, labels.values())).set(1)
 
     def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats) -> None:
         if scheduler_stats is not None:
-            self.running.set(scheduler_stats.num_running_reqs)
-            self.waiting.set(scheduler_stats.num_waiting_reqs)
-            self.kv_usage.set(scheduler_stats.kv_cache_usage)
-            # The engine's count is cumulative: add what is new since the last report.
-            self.preemptions.inc(max(0, scheduler_stats.num_preemptions_total - self.last_preemptions_total))
-            self.last_preemptions_total = scheduler_stats.num_preemptions_total
-            self.recomputed.inc(
-                max(0, scheduler_stats.num_recomputed_tokens_total - self.last_recomputed_total)
-            )
-            self.last_recomputed_total = scheduler_stats.num_recomputed_tokens_total
-            for name, counter in self.cumulative.items():
-                total = getattr(scheduler_stats, name)
-                counter.inc(max(0, total - self.last_cumulative[name]))
-                self.last_cumulative[name] = total
+            self._record_scheduler(scheduler_stats)
         self.rejected.inc(iteration_stats.num_rejected_requests)
         self.prompt_tokens.inc(iteration_stats.num_prompt_tokens)
         self.generation_tokens.inc(iteration_stats.num_generation_tokens)
@@ -214,16 +219,60 @@ class PrometheusStatLogger(StatLoggerBase):
             (self.ttft, iteration_stats.time_to_first_tokens),
             (self.itl, iteration_stats.inter_token_latencies),
             (self.queue_time, iteration_stats.queue_times),
+            (self.iteration_tokens, iteration_stats.num_iteration_tokens),
         ):
             for value in values:
                 histogram.observe(value)
         for finished in iteration_stats.finished_requests:
             self.success[finished.finish_reason].inc()
             self.e2e.observe(finished.e2e_latency)
+            self.request_prompt_tokens.observe(finished.num_prompt_tokens)
+            self.request_generation_tokens.observe(finished.num_generation_tokens)
+            self.request_n.observe(finished.n)
+            if finished.max_tokens is not None:
+                self.request_max_tokens.observe(finished.max_tokens)
+            self.phases["inference"].observe(finished.inference_time)
+            self.phases["prefill"].observe(finished.prefill_time)
+            self.phases["decode"].observe(finished.decode_time)
+            if finished.time_per_output_token is not None:
+                self.tpot.observe(finished.time_per_output_token)
+
+    def _record_scheduler(self, stats: SchedulerStats) -> None:
+        self.running.set(stats.num_running_reqs)
+        self.waiting.set(stats.num_waiting_reqs)
+        self.kv_usage.set(stats.kv_cache_usage)
+        # The engine's counts are cumulative: add what is new since the last report.
+        self.preemptions.inc(max(0, stats.num_preemptions_total - self.last_preemptions_total))
+        self.last_preemptions_total = stats.num_preemptions_total
+        self.recomputed.inc(max(0, stats.num_recomputed_tokens_total - self.last_recomputed_total))
+        self.last_recomputed_total = stats.num_recomputed_tokens_total
+        for name, counter in self.cumulative.items():
+            total = getattr(stats, name)
+            counter.inc(max(0, total - self.last_cumulative[name]))
+            self.last_cumulative[name] = total
 
     def render(self) -> bytes:
-        """The Prometheus text exposition of every metric."""
-        return prometheus_client.generate_latest(self.registry)
+        """The Prometheus text exposition of every metric, under both prefixes."""
+        return prometheus_client.generate_latest(self.registry) + prometheus_client.generate_latest(
+            _VllmNames(self.registry)
+        )
+
+
+class _VllmNames:
+    """The registry's families again under vLLM's `vllm:` prefix: the same collectors, a second name."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            renamed = Metric(_vllm_name(family.name), family.documentation, family.type, family.unit)
+            renamed.samples = [sample._replace(name=_vllm_name(sample.name)) for sample in family.samples]
+            yield renamed
+
+
+def _vllm_name(name: str) -> str:
+    return "vllm:" + name.removeprefix("pagedserve:")
 
 
 CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST

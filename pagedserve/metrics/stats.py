@@ -11,6 +11,23 @@ class FinishedRequestStats:
     e2e_latency: float  # seconds from arrival to the end
     num_prompt_tokens: int
     num_generation_tokens: int
+    n: int  # the samples it returns
+    max_tokens: int | None
+    # Its phases, in seconds (vLLM's): queued until first scheduled, then prefill until the first token,
+    # then decode until the end (inference = prefill + decode); 0 for a phase it never reached.
+    queue_time: float = 0.0
+    prefill_time: float = 0.0
+    decode_time: float = 0.0
+
+    @property
+    def inference_time(self) -> float:
+        return self.prefill_time + self.decode_time
+
+    @property
+    def time_per_output_token(self) -> float | None:
+        """Mean seconds per output token after the first; None with fewer than two tokens."""
+        tokens = self.num_generation_tokens - self.n
+        return self.decode_time / tokens if tokens > 0 else None
 
 
 @dataclass
@@ -24,4 +41,5 @@ class IterationStats:
     inter_token_latencies: list[float] = field(default_factory=list)
     queue_times: list[float] = field(default_factory=list)
     finished_requests: list[FinishedRequestStats] = field(default_factory=list)
+    num_iteration_tokens: list[int] = field(default_factory=list)  # tokens computed, per engine step
     num_rejected_requests: int = 0  # refused by admission control (queue full, or waited too long)

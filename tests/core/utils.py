@@ -4,6 +4,7 @@ import time
 from typing import Any
 
 from pagedserve.config import PreemptionMode, SchedulerConfig, SpeculativeConfig
+from pagedserve.config.scheduler import SchedulingPolicy
 from pagedserve.core.kv_admission import KVAdmissionPolicy
 from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
@@ -22,6 +23,7 @@ def make_request(
     eos_token_id: int | None = 2,
     group_id: str | None = None,
     cache_salt: str | None = None,
+    priority: int = 0,
     **params: Any,
 ) -> Request:
     """A request whose prompt is `prompt` tokens counting up from `first_token` (or the given token ids);
@@ -30,7 +32,14 @@ def make_request(
     sampling = SamplingParams(max_tokens=max_tokens, **params)
     return Request(
         EngineCoreRequest(
-            request_id, tokens, sampling, eos_token_id, time.time(), group_id=group_id, cache_salt=cache_salt
+            request_id,
+            tokens,
+            sampling,
+            eos_token_id,
+            time.time(),
+            group_id=group_id,
+            cache_salt=cache_salt,
+            priority=priority,
         )
     )
 
@@ -47,9 +56,10 @@ def make_scheduler(
     admission: KVAdmissionPolicy | None = None,
     enable_caching: bool = True,
     speculative: SpeculativeConfig | None = None,
+    policy: SchedulingPolicy = "fcfs",
 ) -> Scheduler:
     """A scheduler over a fresh KV-cache manager (and a swap space of `num_host_blocks`, if any)."""
-    config = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, preemption_mode)
+    config = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, preemption_mode, policy)
     return Scheduler(
         config,
         KVCacheManager(num_blocks, block_size, enable_caching),

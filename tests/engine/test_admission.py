@@ -42,14 +42,14 @@ def test_queue_limits_refuse_with_retry_after() -> None:
     admission.admit([("a", 40)])
     admission.admit([("b", 40)])
     with pytest.raises(
-        CapacityError, match=r"2 requests are waiting .* limit is 2 \(--max-num-queued-requests\)"
+        CapacityError, match=r"2 requests are waiting .* limit is 2 \(raise --max-num-queued-requests"
     ):
         admission.admit([("c", 1)])
     admission.dequeue("a", started=True)
     with pytest.raises(
         CapacityError,
         match=r"40 prompt tokens are waiting .* adds 61, over the limit of 100 "
-        r"\(--max-num-queued-tokens\)",
+        r"\(raise --max-num-queued-tokens",
     ) as caught:
         admission.admit([("c", 61)])
     assert 1 <= caught.value.retry_after_s <= 60
@@ -72,7 +72,7 @@ def test_the_queue_is_bounded_by_default_and_unbounded_only_when_asked() -> None
     admission = AdmissionControl(limits)
     for index in range(16):
         admission.admit([(str(index), 10)])
-    with pytest.raises(CapacityError, match=r"limit is 16 \(--max-num-queued-requests\)"):
+    with pytest.raises(CapacityError, match=r"limit is 16 \(raise --max-num-queued-requests"):
         admission.admit([("16", 10)])
     unbounded = with_queue_defaults(
         ServingLimits(max_num_queued_requests=UNBOUNDED, max_num_queued_tokens=UNBOUNDED), 8, 100, 16

@@ -2,9 +2,10 @@
 
 Hypothesis draws a batch of requests from the whole feature space (greedy and seeded sampling, n and
 best_of, beam search, stop strings and stop token ids, min_tokens, logprobs and prompt_logprobs, guided
-regex / choice / JSON, logit_bias, penalties, shared prefixes for prefix-cache hits, cache_salt) and runs it
-under one of several engine settings (n-gram and draft-model speculation, forced recompute and swap
-preemption in a tiny pool, chunked prefill, an fp8 KV cache, a sliding-window model). For every request:
+regex / choice / JSON, logit_bias, penalties, shared prefixes for prefix-cache hits, cache_salt, priority)
+and runs it under one of several engine settings (n-gram and draft-model speculation, forced recompute and
+swap preemption in a tiny pool, priority scheduling, chunked prefill, an fp8 KV cache, a sliding-window
+model). For every request:
 
 - its output in the batch equals its output run alone: tokens, text, finish and stop reasons exactly,
   logprobs and prompt logprobs within 1e-4 (greedy and seeded sampling are reproducible per position);
@@ -48,6 +49,7 @@ SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
             speculative_config={"model": "{model}", "num_speculative_tokens": 3},
             preemption_mode="swap",
             swap_space=0.01,
+            scheduling_policy="priority",  # the drawn priorities order admission, preemption, swap-in
         ),
     ),
     "fp8_chunked_prefix_cache": ("llama", dict(TIGHT, kv_cache_dtype="fp8", max_num_batched_tokens=16)),
@@ -76,6 +78,7 @@ class Case:
     stop_at: tuple[str, int] | None = None  # ("string" | "token", output index) to stop at
     check: Any = None  # the constraint's check on the output text
     stopped: dict[str, Any] = field(default_factory=dict)  # the stop fields derived at run time
+    priority: int = 0  # honoured by the settings with scheduling_policy="priority"
 
 
 @st.composite
@@ -118,7 +121,8 @@ def cases(draw: st.DrawFn) -> Case:
     stop_at = None
     if max_tokens > 1 and draw(st.booleans()):
         stop_at = (draw(st.sampled_from(["string", "token"])), draw(st.integers(0, max_tokens - 1)))
-    return Case(prompt, SamplingParams(**kwargs), stop_at=stop_at, check=check)
+    priority = draw(st.integers(-2, 2))
+    return Case(prompt, SamplingParams(**kwargs), stop_at=stop_at, check=check, priority=priority)
 
 
 _ENGINES: dict[str, LLM] = {}
@@ -139,11 +143,12 @@ def engine(name: str, tiny_model_factory: Any) -> LLM:
 def run(llm: LLM, cases: list[Case]) -> list[RequestOutput]:
     """Submit every case in one batch (beams and samples mixed) and step the engine to the end."""
     engine_ = llm.llm_engine
+    by_priority = engine_.config.scheduler.policy == "priority"
     ids = [f"{id(case)}-{i}" for i, case in enumerate(cases)]
     for request_id, case in zip(ids, cases):
-        engine_.add_request(
-            request_id, case.prompt, replace(case.params, **case.stopped), beam_search=case.beam
-        )
+        params = replace(case.params, **case.stopped)
+        priority = case.priority if by_priority else 0
+        engine_.add_request(request_id, case.prompt, params, beam_search=case.beam, priority=priority)
     finished: dict[str, RequestOutput] = {}
     while engine_.has_unfinished_requests():
         finished.update((o.request_id, o) for o in engine_.step() if o.finished)

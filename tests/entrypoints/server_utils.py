@@ -1,7 +1,6 @@
 """A real server process on 127.0.0.1 for the tests, with bounded waits everywhere."""
 
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -79,13 +78,20 @@ class RemoteServer:
         )
 
     def metrics(self) -> dict[str, float]:
-        """Every sample of /metrics by its name with labels, e.g. 'pagedserve:num_requests_running'."""
+        """Every sample of /metrics by its name with labels less model_name and engine, e.g.
+        'pagedserve:num_requests_running'."""
         text = httpx.get(f"{self.base_url}/metrics", timeout=10).text
         samples = {}
         for line in text.splitlines():
             if line and not line.startswith("#"):
                 name, value = line.rsplit(" ", 1)
-                samples[re.sub(r",?model_name=\"[^\"]*\"", "", name).replace("{}", "")] = float(value)
+                base, _, labels = name.partition("{")
+                kept = [
+                    label
+                    for label in labels.rstrip("}").split(",")
+                    if label and not label.startswith(("model_name=", "engine="))
+                ]
+                samples[base + ("{" + ",".join(kept) + "}" if kept else "")] = float(value)
         return samples
 
     def engine_pid(self) -> int:

@@ -118,7 +118,7 @@ def _check_burst_result(body: dict, status: int, headers: dict, raw: str) -> str
     message = json.loads(raw)["error"]["message"]
     if status == 503:
         assert int(headers["retry-after"]) >= 1
-        assert "(--max-num-queued-requests)" in message or "(--max-queue-time" in message, message
+        assert "(raise --max-num-queued-requests" in message or "(--max-queue-time" in message, message
         return "rejected"
     assert status == 400, raw
     assert re.search(r"--max-input-tokens|--max-output-tokens|maximum context length is 256", message), (
@@ -239,7 +239,7 @@ def test_queue_limits_and_queue_time_while_the_engine_is_frozen(server: RemoteSe
         assert time.monotonic() - started < 1.5  # refused at once, not queued
         assert full.status_code == 503 and int(full.headers["retry-after"]) >= 1
         assert (
-            "8 requests are waiting for the engine, the limit is 8 (--max-num-queued-requests)"
+            "8 requests are waiting for the engine, the limit is 8 (raise --max-num-queued-requests"
             in error_message(full)
         )
         for thread in threads:
@@ -284,10 +284,12 @@ def test_concurrent_multi_prompt_requests_are_admitted_whole(server: RemoteServe
     responses = [r for r in results if r is not None]
     assert len(responses) == len(results)
     refused = [
-        r for r in responses if r.status_code == 503 and "(--max-num-queued-requests)" in error_message(r)
+        r
+        for r in responses
+        if r.status_code == 503 and "(raise --max-num-queued-requests" in error_message(r)
     ]
     assert len(refused) == 12
-    assert all("limit is 8 (--max-num-queued-requests)" in error_message(r) for r in refused)
+    assert all("limit is 8 (raise --max-num-queued-requests" in error_message(r) for r in refused)
     # The 4 admitted complete with both prompts, unless --max-queue-time (3 s) passed while frozen.
     for response in (r for r in responses if r not in refused):
         if response.status_code == 200:

@@ -234,7 +234,7 @@ async def run_server(
     chat_template = load_chat_template(server_args.chat_template)
     sock = _bind_socket(server_args.host, server_args.port)
     loggers = StatLoggers(
-        PrometheusStatLogger(config.model.served_model_name),
+        PrometheusStatLogger(config.model.served_model_name, config.model.max_model_len),
         DashboardStatLogger(),
         None if server_args.disable_log_stats else LoggingStatLogger(),
     )

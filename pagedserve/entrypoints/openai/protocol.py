@@ -5,6 +5,7 @@ SamplingParams; here only types and what SamplingParams cannot know.
 """
 
 import time
+from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
 from pydantic import Field
@@ -61,6 +62,8 @@ class SamplingRequest(OpenAIRequestModel):
     # Seconds this request may run; then it is aborted and returns what it has (finish_reason "abort").
     timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     cache_salt: str | None = None  # prefix-cache hits only between requests with the same salt
+    # vLLM's: --scheduling-policy priority serves lower values first (elsewhere only 0 is accepted).
+    priority: int = Field(default=0, ge=-(2**63), lt=2**63, strict=True)
     prompt_logprobs: int | None = None  # vLLM's: per prompt token, the logprobs of this many top tokens
     return_tokens_as_token_ids: bool | None = None  # vLLM's: logprob tokens as "token_id:N"
     # Output constraints (structured_request.py): OpenAI's response_format, vLLM's fields.
@@ -105,23 +108,26 @@ class SamplingRequest(OpenAIRequestModel):
         logprobs: int | None,
         prompt_logprobs: int | None = None,
         best_of: int | None = None,
+        defaults: Mapping[str, Any] | None = None,
     ) -> SamplingParams:
-        """Raises InvalidRequestError naming the field that is out of range."""
+        """`defaults`: the model's (--generation-config) for the fields this request leaves unset. Raises
+        InvalidRequestError naming the field that is out of range."""
+        defaults = defaults or {}
         return SamplingParams(
             n=self.n,
             best_of=best_of,
-            temperature=_or(self.temperature, 1.0),
-            top_p=_or(self.top_p, 1.0),
-            top_k=_or(self.top_k, 0),
-            min_p=_or(self.min_p, 0.0),
-            repetition_penalty=_or(self.repetition_penalty, 1.0),
+            temperature=_or(self.temperature, defaults.get("temperature", 1.0)),
+            top_p=_or(self.top_p, defaults.get("top_p", 1.0)),
+            top_k=_or(self.top_k, defaults.get("top_k", 0)),
+            min_p=_or(self.min_p, defaults.get("min_p", 0.0)),
+            repetition_penalty=_or(self.repetition_penalty, defaults.get("repetition_penalty", 1.0)),
             presence_penalty=_or(self.presence_penalty, 0.0),
             frequency_penalty=_or(self.frequency_penalty, 0.0),
             seed=self.seed,
             stop=self.stop,
             stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos,
-            max_tokens=max_tokens,
+            max_tokens=_or(max_tokens, defaults.get("max_tokens")),
             min_tokens=self.min_tokens,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,

@@ -15,7 +15,6 @@ logger = init_logger(__name__)
 # silently, so they are refused (400 naming the field).
 UNSUPPORTED_FIELDS = frozenset(
     {
-        "priority",
         "bad_words",
         "allowed_token_ids",
         "logits_processors",

@@ -80,7 +80,9 @@ class OpenAIServingChat(OpenAIServing):
         max_tokens = request.max_completion_tokens
         if max_tokens is None:
             max_tokens = request.max_tokens
-        params = request.to_sampling_params(max_tokens, request.num_logprobs(), request.prompt_logprobs)
+        params = request.to_sampling_params(
+            max_tokens, request.num_logprobs(), request.prompt_logprobs, defaults=self.sampling_defaults
+        )
         if tools.constraint is not None:
             if params.structured_outputs is not None:
                 raise InvalidRequestError(
@@ -93,7 +95,9 @@ class OpenAIServingChat(OpenAIServing):
 
         def process() -> EngineCoreRequest:
             prompt_ids = self.render(request)
-            return self.engine.process_inputs(request_id, request.prompt_with_salt(prompt_ids), params)
+            return self.engine.process_inputs(
+                request_id, request.prompt_with_salt(prompt_ids), params, priority=request.priority
+            )
 
         # NOTE: templating and tokenizing in a thread: a huge conversation never holds up the event loop.
         core = await asyncio.to_thread(process)

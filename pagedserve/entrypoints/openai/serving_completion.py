@@ -66,6 +66,7 @@ class OpenAIServingCompletion(OpenAIServing):
             num_logprobs,
             request.num_prompt_logprobs(),
             None if beam_search else request.best_of,
+            self.sampling_defaults,
         )
         request_id = random_id("cmpl")
         prompts = _split_prompts(request.prompt)
@@ -73,7 +74,11 @@ class OpenAIServingCompletion(OpenAIServing):
         def process() -> list[EngineCoreRequest]:
             return [
                 self.engine.process_inputs(
-                    f"{request_id}-{i}", request.prompt_with_salt(prompt), params, beam_search
+                    f"{request_id}-{i}",
+                    request.prompt_with_salt(prompt),
+                    params,
+                    beam_search,
+                    request.priority,
                 )
                 for i, prompt in enumerate(prompts)
             ]

@@ -43,6 +43,7 @@ class OpenAIServing:
         self.served_names = {model_name, *engine.config.model.served_model_names}
         self.tokenizer: Any = engine.get_tokenizer()
         self.max_model_len = engine.config.model.max_model_len
+        self.sampling_defaults = engine.config.model.generation_defaults  # --generation-config
         self._token_strings: dict[int, str] = {}
 
     def check_model(self, model: str | None) -> None:

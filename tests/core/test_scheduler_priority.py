@@ -1,0 +1,76 @@
+"""--scheduling-policy priority (vLLM's rule): lower `priority` values are admitted first (ties by arrival),
+the least urgent running group is preempted first, and a waiting request that cannot get in preempts
+running groups of a larger value; fcfs does none of that."""
+
+from utils import make_request, make_scheduler
+
+from pagedserve.core.request import RequestStatus
+from pagedserve.core.sched_output import ModelRunnerOutput
+
+
+def finish_step(scheduler, token: int = 9) -> list[str]:
+    """Schedule one step, sample `token` for every request that samples; the ids scheduled."""
+    out = scheduler.schedule()
+    scheduler.update_from_output(out, ModelRunnerOutput({rid: token for rid in out.num_scheduled_tokens}))
+    return list(out.num_scheduled_tokens)
+
+
+def test_admission_by_priority_then_arrival() -> None:
+    scheduler = make_scheduler(max_num_seqs=1, policy="priority")
+    for request_id, priority in [("late-urgent-2", 1), ("lazy", 5), ("urgent-1", -3), ("late-urgent-3", 1)]:
+        scheduler.add_request(make_request(request_id, 4, max_tokens=1, priority=priority))
+    order = [finish_step(scheduler) for _ in range(4)]
+    assert order == [["urgent-1"], ["late-urgent-2"], ["late-urgent-3"], ["lazy"]]
+
+
+def test_fcfs_admits_in_arrival_order_whatever_the_priority() -> None:
+    scheduler = make_scheduler(max_num_seqs=1)
+    for request_id, priority in [("a", 5), ("b", -3)]:
+        scheduler.add_request(make_request(request_id, 4, max_tokens=1, priority=priority))
+    assert [finish_step(scheduler) for _ in range(2)] == [["a"], ["b"]]
+
+
+def test_the_least_urgent_running_request_is_preempted_first() -> None:
+    scheduler = make_scheduler(num_blocks=4, block_size=4, policy="priority")  # 3 usable blocks
+    scheduler.add_request(make_request("old-lazy", 4, max_tokens=8, priority=7))
+    scheduler.add_request(make_request("new-urgent", 4, max_tokens=8, priority=0))
+    finish_step(scheduler)
+    out = scheduler.schedule()  # both need a second block, one is free: the lazy one yields
+    assert "old-lazy" in out.finished_req_ids and list(out.num_scheduled_tokens) == ["new-urgent"]
+    assert scheduler.requests["old-lazy"].status is RequestStatus.PREEMPTED
+
+
+def test_an_urgent_waiting_request_preempts_a_lazier_running_one() -> None:
+    for policy, preempts in [("priority", True), ("fcfs", False)]:
+        scheduler = make_scheduler(num_blocks=4, block_size=4, policy=policy)
+        scheduler.add_request(make_request("lazy", 8, max_tokens=4, priority=3))
+        finish_step(scheduler)  # holds 2 of the 3 blocks (and will need the third)
+        scheduler.add_request(make_request("urgent", 8, max_tokens=4, priority=1 if preempts else 0))
+        out = scheduler.schedule()
+        assert ("lazy" in out.finished_req_ids) == preempts
+        assert scheduler.num_preemptions_total == int(preempts)
+        scheduler.update_from_output(out, ModelRunnerOutput({rid: 9 for rid in out.num_scheduled_tokens}))
+        if preempts:
+            assert finish_step(scheduler) == ["urgent"]  # admitted the step after
+
+
+def test_an_equal_priority_never_preempts() -> None:
+    scheduler = make_scheduler(num_blocks=4, block_size=4, policy="priority")
+    scheduler.add_request(make_request("first", 8, max_tokens=4, priority=2))
+    finish_step(scheduler)
+    scheduler.add_request(make_request("second", 8, max_tokens=4, priority=2))
+    assert finish_step(scheduler) == ["first"] and scheduler.num_preemptions_total == 0
+
+
+def test_swapped_groups_come_back_most_urgent_first() -> None:
+    scheduler = make_scheduler(
+        num_blocks=7, block_size=4, policy="priority", num_host_blocks=16, preemption_mode="swap"
+    )
+    for request_id, priority in [("a", 5), ("b", 1), ("c", 3)]:
+        scheduler.add_request(make_request(request_id, 8, max_tokens=12, priority=priority))
+    seen: list[list[str]] = []
+    while scheduler.has_unfinished_requests() and len(seen) < 60:
+        seen.append(finish_step(scheduler))
+    assert not scheduler.has_unfinished_requests() and scheduler.num_preemptions_total > 0
+    finished_order = sorted("abc", key=lambda r: max(i for i, step in enumerate(seen) if r in step))
+    assert finished_order == ["b", "c", "a"]
