@@ -3,7 +3,6 @@ validated EngineConfig the whole engine is built from."""
 
 import argparse
 import dataclasses
-import os
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -29,6 +28,7 @@ from pagedserve.errors import ConfigError
 from pagedserve.logger import init_logger
 from pagedserve.utils import parse_bytes
 from pagedserve.utils.default_model import DEFAULT_MODEL_NAME
+from pagedserve.utils.hub import is_hub_id, resolve_model_path
 
 Device = Literal["auto", "cpu", "cuda"]
 # --attention-backend choices; each name but auto is registered in attention/backends/__init__.py.
@@ -128,7 +128,10 @@ class EngineArgs:
     )
     tensor_parallel_size: int = config_field(1, "Number of tensor-parallel ranks.", aliases=("-tp",))
     pipeline_parallel_size: int = config_field(
-        1, "Number of pipeline-parallel stages. Only 1 is supported yet."
+        1, "Number of pipeline-parallel stages. Only 1 is supported yet.", aliases=("-pp",)
+    )
+    data_parallel_size: int = config_field(
+        1, "Number of data-parallel engine replicas. Only 1 is supported yet.", aliases=("-dp",)
     )
     distributed_executor_backend: ExecutorBackend | None = config_field(
         None,
@@ -206,14 +209,13 @@ class EngineArgs:
         False, "Accepted for vLLM: pagedserve never runs a model's own Python code (a warning says so)."
     )
     revision: str | None = config_field(
-        None,
-        "Hub revision of the model. pagedserve loads local folders and the hub cache's current "
-        "snapshot only, so any value is refused with what to do instead.",
+        None, "Hub revision (branch, tag or commit) of a hub id --model. Default: main."
     )
+    tokenizer_revision: str | None = config_field(None, "Hub revision of a hub id --tokenizer.")
     download_dir: str | None = config_field(
         None,
-        "Where vLLM downloads hub models. pagedserve never downloads: ignored for a local --model, "
-        "refused for a hub id (set HF_HUB_CACHE instead).",
+        "Hugging Face cache folder for hub ids (default: HF_HUB_CACHE's). With HF_HUB_OFFLINE=1 models are "
+        "read from it, never downloaded.",
     )
 
     @classmethod
@@ -244,7 +246,7 @@ class EngineArgs:
         cache = CacheConfig(
             self.block_size,
             self.gpu_memory_utilization,
-            self._kv_cache_bytes(),
+            self.kv_cache_bytes(),
             self.num_gpu_blocks_override,
             self.enable_prefix_caching,
             self.swap_space,
@@ -274,7 +276,8 @@ class EngineArgs:
             cuda_graph_sizes=cuda_graph_capture_sizes(self.cuda_graph_sizes, scheduler.max_num_seqs),
         )
 
-    def _kv_cache_bytes(self) -> int | None:
+    def kv_cache_bytes(self) -> int | None:
+        """The explicit KV budget (--kv-cache-memory or --kv-cache-memory-bytes), None when neither."""
         if self.kv_cache_memory is not None and self.kv_cache_memory_bytes is not None:
             raise ConfigError(
                 "--kv-cache-memory and --kv-cache-memory-bytes both set the KV-cache budget: give one."
@@ -298,36 +301,21 @@ class EngineArgs:
                 "--no-enable-chunked-prefill has no effect: chunked prefill is always on here (prompts "
                 "longer than --max-num-batched-tokens are split across steps)."
             )
-        local = self.model is None or os.path.exists(self.model)
-        model = "the embedded default model" if self.model is None else repr(self.model)
-        if self.revision is not None:
-            where = (
-                f"{model} is a local path"
-                if local
-                else f"pagedserve loads {model} from the hub cache's current snapshot and cannot pick "
-                "a revision (download that revision and pass its folder as --model)"
-            )
-            raise ConfigError(
-                f"revision={self.revision!r} names a hub revision, but {where}: drop revision (--revision)."
-            )
-        if self.download_dir is not None and not local:
-            raise ConfigError(
-                f"download_dir={self.download_dir!r}: pagedserve never downloads; it reads {model} from "
-                "the hub cache (HF_HUB_CACHE). Set HF_HUB_CACHE instead, or drop download_dir "
-                "(--download-dir)."
-            )
 
     def model_config(self, device: str) -> ModelConfig:
         """The model's settings as they resolve on `device` (reads its config, never its weights)."""
+        # NOTE: hub ids become local paths here, once: the engine's processes get the paths.
+        hub_model = self.model is not None and is_hub_id(self.model)
         model = load_model_config(
-            self.model,
+            self.model and resolve_model_path(self.model, self.revision, self.download_dir),
             dtype=self.dtype,
             device=device,
             max_model_len=self.max_model_len,
-            served_model_name=self.served_model_name,
+            served_model_name=self.served_model_name or (self.model if hub_model else None),
             seed=self.seed,
             load_format=self.load_format,
-            tokenizer=self.tokenizer,
+            tokenizer=self.tokenizer
+            and resolve_model_path(self.tokenizer, self.tokenizer_revision, self.download_dir, "--tokenizer"),
             max_logprobs=self.max_logprobs,
         )
         return dataclasses.replace(
@@ -343,7 +331,9 @@ class EngineArgs:
         if tp >= 1:
             check_tensor_parallel(model.hf_config, tp)
         backend = resolve_executor_backend(self.distributed_executor_backend, tp, _local_devices(device, tp))
-        return ParallelConfig(tp, backend, float(self.distributed_timeout), self.pipeline_parallel_size)
+        return ParallelConfig(
+            tp, backend, float(self.distributed_timeout), self.pipeline_parallel_size, self.data_parallel_size
+        )
 
 
 def cuda_graph_capture_sizes(sizes: str | list[int], max_num_seqs: int) -> tuple[int, ...]:

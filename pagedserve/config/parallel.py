@@ -22,6 +22,7 @@ class ParallelConfig:
     distributed_executor_backend: ExecutorBackend = "uni"  # resolved: uni (in-process) | mp | ray
     distributed_timeout_s: float = 600.0  # longest a call to the workers (a step, a collective) may take
     pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         tp, backend = self.tensor_parallel_size, self.distributed_executor_backend
@@ -30,6 +31,11 @@ class ParallelConfig:
                 f"pipeline_parallel_size={self.pipeline_parallel_size} is not supported yet: "
                 "use --pipeline-parallel-size 1 and split the model with "
                 "--tensor-parallel-size instead."
+            )
+        if self.data_parallel_size != 1:
+            raise ConfigError(
+                f"data_parallel_size={self.data_parallel_size} is not supported yet: use "
+                "--data-parallel-size 1 and run one server per replica behind a load balancer."
             )
         if tp < 1:
             raise ConfigError(f"tensor_parallel_size={tp} must be at least 1 (--tensor-parallel-size).")

@@ -115,7 +115,6 @@ class RequestState:
             sum(len(s.token_ids) for s in self.samples),
             len(self.samples),
             self.max_tokens,
-            queue_time=(scheduled or now) - self.arrival_time,
             prefill_time=0.0 if scheduled is None else (first_token or now) - scheduled,
             decode_time=0.0 if first_token is None else now - first_token,
         )

@@ -3,8 +3,9 @@ Shared by `LLM.chat` and the OpenAI-compatible server."""
 
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from pagedserve.errors import ConfigError, InvalidRequestError
 
@@ -47,6 +48,32 @@ def load_chat_template(value: str | None) -> str | None:
     raise ConfigError(f"--chat-template {value!r} is neither a file nor a Jinja template.")
 
 
+ContentFormat = Literal["auto", "string", "openai"]
+# A template that loops over a message's content (`{% for part in message['content'] %}`) expects
+# OpenAI's list of parts; any other reads it as one string.
+_LOOPS_OVER_CONTENT = re.compile(r"for\s+\w+\s+in\s+\w+(\.content|\[\s*['\"]content['\"]\s*\])")
+
+
+def resolve_content_format(
+    content_format: ContentFormat, template: str | None
+) -> Literal["string", "openai"]:
+    """--chat-template-content-format: auto detects what `template` expects (string when unknown)."""
+    if content_format != "auto":
+        return content_format
+    return "openai" if template and _LOOPS_OVER_CONTENT.search(template) else "string"
+
+
+def _content(content: Any, index: int, content_format: str) -> str | list[dict[str, str]]:
+    """A message's content as the template expects it: one string, or OpenAI's text parts."""
+    text = _text_content(content, index)
+    if content_format == "string":
+        return text
+    if content is None:
+        return []
+    parts = content if isinstance(content, Sequence) and not isinstance(content, str) else [text]
+    return [{"type": "text", "text": p if isinstance(p, str) else p["text"]} for p in parts]
+
+
 def _text_content(content: Any, index: int) -> str:
     if isinstance(content, str):
         return content
@@ -74,10 +101,12 @@ def _text_content(content: Any, index: int) -> str:
     )
 
 
-def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Check roles and flatten text-part content into strings; keep an assistant's `tool_calls` (their
-    arguments as objects, which chat templates expect) and a tool message's `tool_call_id` and `name`.
-    Raises InvalidRequestError."""
+def normalize_messages(
+    messages: Sequence[Mapping[str, Any]], content_format: Literal["string", "openai"] = "string"
+) -> list[dict[str, Any]]:
+    """Check roles and give each content as `content_format` says (text parts joined into one string, or
+    a list of text parts); keep an assistant's `tool_calls` (their arguments as objects, which chat
+    templates expect) and a tool message's `tool_call_id` and `name`. Raises InvalidRequestError."""
     if not messages:
         raise InvalidRequestError("messages must contain at least one message.", param="messages")
     conversation = []
@@ -89,7 +118,10 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
                 param=f"messages[{index}].role",
             )
         role = _ROLE_ALIASES.get(role, role)
-        entry: dict[str, Any] = {"role": role, "content": _text_content(message.get("content"), index)}
+        entry: dict[str, Any] = {
+            "role": role,
+            "content": _content(message.get("content"), index, content_format),
+        }
         if role == "assistant" and message.get("tool_calls"):
             entry["tool_calls"] = [_template_tool_call(call, index) for call in message["tool_calls"]]
         if role == "tool":

@@ -10,7 +10,12 @@ from tqdm.auto import tqdm
 from pagedserve.config import EngineArgs
 from pagedserve.engine.input_processor import PromptType
 from pagedserve.engine.llm_engine import LLMEngine
-from pagedserve.entrypoints.chat_utils import apply_chat_template
+from pagedserve.entrypoints.chat_utils import (
+    ContentFormat,
+    apply_chat_template,
+    normalize_messages,
+    resolve_content_format,
+)
 from pagedserve.errors import InvalidRequestError
 from pagedserve.outputs import BeamSearchOutput, BeamSearchSequence, RequestOutput
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams
@@ -115,9 +120,14 @@ class LLM:
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
+        *,
+        chat_template_content_format: ContentFormat = "auto",
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Apply the tokenizer's chat template to each conversation (with `tools`, OpenAI's function list,
-        as the template's `tools`), then generate. Constrain the output with
+        as the template's `tools`; `chat_template_kwargs` as further template variables, e.g.
+        enable_thinking; vLLM's arguments), then generate. Constrain the output with
         `SamplingParams(structured_outputs=...)`."""
         conversations = (
             cast(list[ChatMessages], [messages])
@@ -125,10 +135,20 @@ class LLM:
             else cast(Sequence[ChatMessages], messages)
         )
         tokenizer = self.get_tokenizer()
+        template = chat_template or getattr(tokenizer, "chat_template", None)
+        content_format = resolve_content_format(
+            chat_template_content_format, template if isinstance(template, str) else None
+        )
         prompts = [
             {
                 "prompt_token_ids": apply_chat_template(
-                    tokenizer, conversation, chat_template, add_generation_prompt, tools
+                    tokenizer,
+                    normalize_messages(conversation, content_format),
+                    chat_template,
+                    add_generation_prompt,
+                    tools,
+                    continue_final_message=continue_final_message,
+                    template_kwargs=chat_template_kwargs,
                 )
             }
             for conversation in conversations

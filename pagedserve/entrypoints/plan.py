@@ -45,6 +45,7 @@ ENGINE_FLAGS = (
     "block_size",
     "gpu_memory_utilization",
     "kv_cache_memory",
+    "kv_cache_memory_bytes",
     "tensor_parallel_size",
     "max_num_batched_tokens",
     "kv_cache_dtype",
@@ -233,11 +234,7 @@ def resolve_inputs(args: PlanArgs, engine_args: EngineArgs) -> PlanInputs:
     dtype_bytes = DTYPE_BYTES[model_config.dtype]
     kv_cache_dtype = engine_args.kv_cache_dtype
     kv_dtype_bytes = dtype_bytes if kv_cache_dtype == "auto" else DTYPE_BYTES[kv_cache_dtype]
-    kv_memory = (
-        None
-        if engine_args.kv_cache_memory is None
-        else parse_bytes(engine_args.kv_cache_memory, "--kv-cache-memory")
-    )
+    kv_memory = engine_args.kv_cache_bytes()
     gpu_memory = None if kv_memory is not None else _gpu_memory(args.gpu_memory)
     batched = engine_args.max_num_batched_tokens or default_max_num_batched_tokens(args.concurrency)
     groups = KVCacheGroups.for_model(

@@ -253,19 +253,19 @@ class PrometheusStatLogger(StatLoggerBase):
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric, under both prefixes."""
-        return prometheus_client.generate_latest(self.registry) + prometheus_client.generate_latest(
-            _VllmNames(self.registry)
-        )
+        return prometheus_client.generate_latest(_TwoNames(self.registry))
 
 
-class _VllmNames:
-    """The registry's families again under vLLM's `vllm:` prefix: the same collectors, a second name."""
+class _TwoNames:
+    """The registry's families, each followed by its twin under vLLM's `vllm:` prefix: one collection
+    gives both names, so a scrape can never show the twins apart."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
 
     def collect(self) -> Iterator[Metric]:
         for family in self.registry.collect():
+            yield family
             renamed = Metric(_vllm_name(family.name), family.documentation, family.type, family.unit)
             renamed.samples = [sample._replace(name=_vllm_name(sample.name)) for sample in family.samples]
             yield renamed

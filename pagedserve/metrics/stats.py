@@ -13,9 +13,9 @@ class FinishedRequestStats:
     num_generation_tokens: int
     n: int  # the samples it returns
     max_tokens: int | None
-    # Its phases, in seconds (vLLM's): queued until first scheduled, then prefill until the first token,
-    # then decode until the end (inference = prefill + decode); 0 for a phase it never reached.
-    queue_time: float = 0.0
+    # Its phases after the queue, in seconds (vLLM's): prefill from first scheduled to the first token,
+    # then decode until the end (inference = prefill + decode); 0 for a phase it never reached. (The
+    # queue time is measured when the request is first scheduled: IterationStats.queue_times.)
     prefill_time: float = 0.0
     decode_time: float = 0.0
 

@@ -40,6 +40,15 @@ def test_llama_2_7b_fp16_explicit_budget(capsys: pytest.CaptureFixture[str]) -> 
     assert status == 0 and result["recommended_flags"]["--max-model-len"] == 4096
 
 
+def test_kv_cache_memory_bytes_is_vllms_name_for_the_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    config = os.path.join(DATA, "llama-2-7b", "config.json")
+    _, named = plan(capsys, config, "--kv-cache-memory", "64GiB")
+    _, in_bytes = plan(capsys, config, "--kv-cache-memory-bytes", str(64 * GiB))
+    assert in_bytes["num_blocks"] == named["num_blocks"] == 8191
+    _, smaller = plan(capsys, config, "--kv-cache-memory-bytes", str(32 * GiB))
+    assert smaller["num_blocks"] == 32 * GiB // (16 * 524_288) - 1
+
+
 def test_llama_3_8b_on_an_80gib_gpu(capsys: pytest.CaptureFixture[str]) -> None:
     status, result = plan(
         capsys,

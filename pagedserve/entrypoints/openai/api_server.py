@@ -97,7 +97,13 @@ def build_app(
     if origins:  # NOTE: added last, so it runs first: a preflight (OPTIONS) never needs the key
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"])
     model_name = engine.config.model.served_model_name
-    chat = OpenAIServingChat(engine, model_name, chat_template, server_args.auto_tool_parser)
+    chat = OpenAIServingChat(
+        engine,
+        model_name,
+        chat_template,
+        server_args.auto_tool_parser,
+        server_args.chat_template_content_format,
+    )
     _add_generation_routes(app, OpenAIServingCompletion(engine, model_name), chat, bounds)
     _add_info_routes(app, engine, loggers.metrics)
     add_dashboard_routes(app, engine, loggers.dashboard)

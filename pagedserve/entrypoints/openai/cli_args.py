@@ -10,6 +10,7 @@ from typing import Literal
 from pagedserve import envs
 from pagedserve.config import EngineArgs, add_dataclass_cli_args, config_field, dataclass_from_cli_args
 from pagedserve.engine.admission import ServingLimits
+from pagedserve.entrypoints.chat_utils import ContentFormat
 from pagedserve.entrypoints.openai.request_bounds import RequestBounds
 from pagedserve.entrypoints.openai.tool_parsers import TOOL_PARSERS, ToolCallParserName
 from pagedserve.errors import ConfigError
@@ -36,6 +37,12 @@ class ServerArgs:
         None,
         "Chat template for /v1/chat/completions: a file, or the Jinja template itself. Default: the "
         "tokenizer's.",
+    )
+    chat_template_content_format: ContentFormat = config_field(
+        "auto",
+        "How a message's content reaches the chat template: string (text parts joined), openai (a list "
+        "of {'type': 'text', 'text': ...} parts), auto (openai when the template loops over a message's "
+        "content, else string).",
     )
     disable_log_stats: bool = config_field(
         False, "Do not log the periodic stats line (throughput, queue, KV-cache usage)."

@@ -9,7 +9,12 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 
 from pagedserve.engine.async_llm import AsyncLLM
-from pagedserve.entrypoints.chat_utils import apply_chat_template, normalize_messages
+from pagedserve.entrypoints.chat_utils import (
+    ContentFormat,
+    apply_chat_template,
+    normalize_messages,
+    resolve_content_format,
+)
 from pagedserve.entrypoints.openai.chat_tools import ChatTools, ToolStreamer, resolve_chat_tools
 from pagedserve.entrypoints.openai.errors import stream_error_event
 from pagedserve.entrypoints.openai.protocol import (
@@ -46,17 +51,23 @@ class OpenAIServingChat(OpenAIServing):
         model_name: str,
         chat_template: str | None,
         tool_call_parser: str | None = None,
+        content_format: ContentFormat = "auto",
     ) -> None:
-        """`tool_call_parser`: set with --enable-auto-tool-choice; None: tool_choice "auto" is refused."""
+        """`tool_call_parser`: set with --enable-auto-tool-choice; None: tool_choice "auto" is refused.
+        `content_format`: --chat-template-content-format."""
         super().__init__(engine, model_name)
         self.chat_template = chat_template
         self.tool_call_parser = tool_call_parser
+        template = chat_template or getattr(self.tokenizer, "chat_template", None)
+        self.content_format = resolve_content_format(
+            content_format, template if isinstance(template, str) else None
+        )
 
     def render(self, request: ChatTemplateRequest) -> list[int]:
         """The prompt token ids of a request's conversation. Raises InvalidRequestError."""
         return apply_chat_template(
             self.tokenizer,
-            normalize_messages([m.model_dump() for m in request.messages or ()]),
+            normalize_messages([m.model_dump() for m in request.messages or ()], self.content_format),
             self.chat_template,
             request.add_generation_prompt,
             request.tools,
