@@ -3,9 +3,9 @@
 import enum
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar
 
 from pagedserve.errors import InvalidRequestError
 from pagedserve.structured_outputs_params import StructuredOutputsParams
@@ -57,18 +57,21 @@ def _as_float(param: str, value: object) -> float:
     return number
 
 
+T = TypeVar("T")
+
+
 def wrap_int64(value: int) -> int:
     """`value` wrapped into the int64 range (two's complement), e.g. a derived seed."""
     return (value - INT64_MIN) % 2**64 + INT64_MIN
 
 
-def _as_list(param: str, value: object) -> list:
+def _as_list(param: str, value: Sequence[T] | None) -> list[T]:
     """A list field's value as a list (None: empty), or InvalidRequestError."""
     _check(value is None or isinstance(value, (list, tuple)), param, f"must be a list, got {value!r}.")
-    return list(value or [])  # type: ignore[call-overload]
+    return list(value or [])
 
 
-def logit_bias_token_ids(bias: Mapping[Any, float] | None) -> dict[int, float] | None:
+def logit_bias_token_ids(bias: Mapping[int, float] | Mapping[str, float] | None) -> dict[int, float] | None:
     """logit_bias with token ids as ints and biases as floats (None when empty), or InvalidRequestError
     naming the bad entry. A key is an int, or a string of ASCII digits (JSON's keys are strings)."""
     if not bias:

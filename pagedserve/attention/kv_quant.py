@@ -98,7 +98,7 @@ def key_rotation(head_dim: int, dtype: torch.dtype, device: torch.device) -> tor
     block = torch.ones(1, 1, dtype=torch.float64)
     while block.shape[0] < size:
         block = torch.cat([torch.cat([block, block], 1), torch.cat([block, -block], 1)])
-    rotation = torch.block_diag(*[block / size**0.5] * (head_dim // size))
+    rotation: torch.Tensor = torch.block_diag(*[block / size**0.5] * (head_dim // size))
     return rotation.to(dtype=dtype, device=device)
 
 

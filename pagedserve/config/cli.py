@@ -16,7 +16,7 @@ T = TypeVar("T")
 _SCALAR_TYPES = (int, float, str, bool)
 
 
-def config_field(default: Any, help: str, aliases: tuple[str, ...] = ()) -> Any:
+def config_field(default: T, help: str, aliases: tuple[str, ...] = ()) -> T:
     """A dataclass field with its command-line help (shown by --help) and extra flag names (`aliases`)."""
     return dataclasses.field(default=default, metadata={"help": help, "aliases": aliases})
 
@@ -53,14 +53,14 @@ def dataclass_from_cli_args(cls: type[T], args: argparse.Namespace) -> T:
     return cls(**{name: getattr(args, name) for name in names})
 
 
-def takes_several(annotation: Any) -> bool:
+def takes_several(annotation: object) -> bool:
     """Whether the flag of a field takes one or more values: its annotation is `X | list[X]` (or None)."""
     return typing.get_origin(annotation) in (Union, types.UnionType) and any(
         typing.get_origin(a) is list for a in typing.get_args(annotation)
     )
 
 
-def cli_type(annotation: Any) -> tuple[type, tuple[Any, ...] | None]:
+def cli_type(annotation: object) -> tuple[type, tuple[object, ...] | None]:
     """(argparse type, choices or None) of a field annotation: a scalar, a Literal, either | None, or
     `X | list[X]` (several values: `takes_several`). Raises TypeError for anything else (a settings
     field the command line cannot express)."""
@@ -75,6 +75,6 @@ def cli_type(annotation: Any) -> tuple[type, tuple[Any, ...] | None]:
     if typing.get_origin(annotation) is Literal:
         choices = typing.get_args(annotation)
         return type(choices[0]), choices
-    if annotation in _SCALAR_TYPES:
+    if isinstance(annotation, type) and annotation in _SCALAR_TYPES:
         return annotation, None
     raise TypeError(f"{annotation} cannot be a command-line flag: use int, float, str, bool or a Literal.")

@@ -118,9 +118,9 @@ class EngineArgs:
     scheduling_policy: SchedulingPolicy = config_field(
         "fcfs",
         "fcfs: requests are admitted in arrival order and the newest is preempted first. priority: each "
-        "request's `priority` (lower first; ties by arrival) orders admission, the least urgent running "
-        "request is preempted first, and a waiting request that does not fit preempts running ones of a "
-        "larger priority value (vLLM's rule).",
+        "request's `priority` (lower first; ties by arrival) orders admission and swap-in, the least "
+        "urgent running request is preempted first (vLLM V1's rule), and a waiting request that does not "
+        "fit preempts running ones of a larger priority value (as vLLM V0 did).",
     )
     max_num_seqs: int = config_field(256, "Maximum requests in one step.")
     max_num_batched_tokens: int | None = config_field(
@@ -212,6 +212,11 @@ class EngineArgs:
         None, "Hub revision (branch, tag or commit) of a hub id --model. Default: main."
     )
     tokenizer_revision: str | None = config_field(None, "Hub revision of a hub id --tokenizer.")
+    hf_config_path: str | None = config_field(
+        None,
+        "Folder or hub id (at --revision) whose config.json describes the model, instead of the model's "
+        "own; e.g. the original model's for a GGUF --model.",
+    )
     download_dir: str | None = config_field(
         None,
         "Hugging Face cache folder for hub ids (default: HF_HUB_CACHE's). With HF_HUB_OFFLINE=1 models are "
@@ -271,7 +276,7 @@ class EngineArgs:
             enforce_eager=self.enforce_eager,
             attention_backend=self.attention_backend,
             speculative=resolve_speculative_config(
-                self.speculative_config, model, device, parallel.tensor_parallel_size
+                self.speculative_config, model, device, parallel.tensor_parallel_size, self.download_dir
             ),
             cuda_graph_sizes=cuda_graph_capture_sizes(self.cuda_graph_sizes, scheduler.max_num_seqs),
         )
@@ -289,8 +294,7 @@ class EngineArgs:
         )
 
     def _check_vllm_only_settings(self) -> None:
-        """Warn about vLLM's settings that change nothing here; refuse those pagedserve cannot honour.
-        Raises ConfigError naming the field."""
+        """Warn about vLLM's settings that change nothing here."""
         if self.trust_remote_code:
             logger.warning(
                 "trust_remote_code (--trust-remote-code) is accepted but has no effect: pagedserve never "
@@ -317,6 +321,8 @@ class EngineArgs:
             tokenizer=self.tokenizer
             and resolve_model_path(self.tokenizer, self.tokenizer_revision, self.download_dir, "--tokenizer"),
             max_logprobs=self.max_logprobs,
+            hf_config_path=self.hf_config_path
+            and resolve_model_path(self.hf_config_path, self.revision, self.download_dir, "--hf-config-path"),
         )
         return dataclasses.replace(
             model,

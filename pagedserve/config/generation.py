@@ -2,23 +2,32 @@
 to the requests that leave those fields unset, on the server and offline."""
 
 import json
-import math
 import os
 from typing import Any
 
-from pagedserve.errors import ConfigError
+from pagedserve.errors import ConfigError, InvalidRequestError
 from pagedserve.logger import init_logger
+from pagedserve.sampling_params import SamplingParams
 
 logger = init_logger(__name__)
 
-# generation_config.json key -> SamplingParams field, with the range each must be in.
-_FIELDS: dict[str, tuple[str, float, float]] = {
-    "temperature": ("temperature", 0.0, 1e6),
-    "top_p": ("top_p", 0.0, 1.0),
-    "top_k": ("top_k", -1, 2**63 - 1),
-    "min_p": ("min_p", 0.0, 1.0),
-    "repetition_penalty": ("repetition_penalty", 1e-6, 1e6),
-    "max_new_tokens": ("max_tokens", 1, 2**63 - 1),
+# generation_config.json key -> SamplingParams field.
+_FIELDS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_new_tokens": "max_tokens",
+}
+_KEYS = {field: key for key, field in _FIELDS.items()}
+# transformers' own defaults: a file value equal to one is no default, as in vLLM (which reads the file's
+# difference from them), so a file's "top_k": 50 leaves top-k off there and here.
+_TRANSFORMERS_DEFAULTS: dict[str, float] = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": 50,
+    "repetition_penalty": 1.0,
 }
 
 
@@ -37,8 +46,11 @@ def generation_defaults(
             raise ConfigError(f"--generation-config {source!r} is neither auto, vllm nor a folder.")
         path = os.path.join(folder, "generation_config.json") if os.path.isdir(folder) else None
         found = _read(path) if path is not None and os.path.isfile(path) else {}
-    defaults = _validated(found, path or "generation_config.json")
-    defaults.update(_validated(_override(override), "--override-generation-config"))
+    found = {key: value for key, value in found.items() if not _is_transformers_default(key, value)}
+    defaults = _validated(
+        found, path or "generation_config.json", "fix it, or start with --generation-config vllm to ignore it"
+    )
+    defaults.update(_validated(_override(override), "--override-generation-config", "fix the flag's JSON"))
     if defaults:
         logger.info(
             "Default sampling parameters from the model's generation_config (requests that set a field "
@@ -71,20 +83,18 @@ def _override(value: str | dict[str, Any] | None) -> dict[str, Any]:
     return data
 
 
-def _validated(values: dict[str, Any], source: str) -> dict[str, Any]:
-    """The known sampling keys of `values`, as SamplingParams fields; out-of-range values are errors.
-    A key set to null counts as unset."""
-    defaults: dict[str, Any] = {}
-    for key, (field, low, high) in _FIELDS.items():
-        value = values.get(key)
-        if value is None:
-            continue
-        integer = field in ("top_k", "max_tokens")
-        kind_ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-        if isinstance(value, bool) or not kind_ok or not math.isfinite(value) or not low <= value <= high:
-            raise ConfigError(
-                f"{source}: {key}={value!r} must be {'an integer' if integer else 'a number'} in "
-                f"[{low}, {high}] (fix it, or start with --generation-config vllm to ignore the file)."
-            )
-        defaults[field] = value
+def _is_transformers_default(key: str, value: Any) -> bool:
+    return type(value) in (int, float) and _TRANSFORMERS_DEFAULTS.get(key) == value
+
+
+def _validated(values: dict[str, Any], source: str, hint: str) -> dict[str, Any]:
+    """The sampling keys of `values` as SamplingParams fields, checked by SamplingParams itself (the rules
+    of a request's fields), so a default that passes here never fails a request. A key set to null
+    counts as unset."""
+    defaults = {field: values[key] for key, field in _FIELDS.items() if values.get(key) is not None}
+    try:
+        SamplingParams(**defaults)
+    except InvalidRequestError as exc:
+        key = _KEYS.get(str(exc.param), str(exc.param))
+        raise ConfigError(f"{source}: {key}={values.get(key)!r} is invalid: {exc} ({hint}).") from exc
     return defaults

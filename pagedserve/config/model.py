@@ -111,14 +111,16 @@ def load_model_config(
     load_format: LoadFormat,
     tokenizer: str | None,
     max_logprobs: int,
+    hf_config_path: str | None = None,
 ) -> ModelConfig:
-    """Read the model's config (the embedded default model when `model` is None) and resolve the
-    defaults: architecture, dtype for `device`, context length, served name."""
+    """Read the model's config (the embedded default model when `model` is None; `hf_config_path`'s
+    config.json when given) and resolve the defaults: architecture, dtype for `device`, context length,
+    served name."""
     path = model
     if path is None:
         path = default_model_path()
         logger.info("No model given: using the embedded default %s (%s).", DEFAULT_MODEL_NAME, path)
-    hf_config, gguf_file = _load_hf_config(path)
+    hf_config, gguf_file = _load_hf_config(path, hf_config_path)
     archs = getattr(hf_config, "architectures", None) or [
         MODEL_ARCHITECTURES.get(hf_config.model_type, hf_config.model_type)
     ]
@@ -160,8 +162,9 @@ def _resolve_dtype(dtype: str, hf_config: "PretrainedConfig", device: str) -> st
     return checkpoint if checkpoint in ("float16", "bfloat16") else "bfloat16"
 
 
-def _load_hf_config(model: str) -> tuple["PretrainedConfig", str | None]:
-    """config.json of a folder, the metadata of a GGUF file, or a hub id (offline cache)."""
+def _load_hf_config(model: str, hf_config_path: str | None) -> tuple["PretrainedConfig", str | None]:
+    """config.json of a folder (or of `hf_config_path`), or the metadata of a GGUF file; hub ids are
+    local paths by now (utils/hub.py)."""
     from transformers import AutoConfig  # NOTE: lazy: core/ imports config, and must stay light
 
     gguf_file = None
@@ -174,9 +177,9 @@ def _load_hf_config(model: str) -> tuple["PretrainedConfig", str | None]:
         if not ggufs:
             raise ConfigError(f"Model folder {model} has neither config.json nor a .gguf file (--model).")
         gguf_file = os.path.join(model, ggufs[0])
+    source = hf_config_path or (gguf_hf_folder(gguf_file) if gguf_file else model)
     try:
-        if gguf_file:
-            return AutoConfig.from_pretrained(gguf_hf_folder(gguf_file)), gguf_file
-        return AutoConfig.from_pretrained(model), None
-    except OSError as exc:
-        raise ConfigError(f"Cannot load the model config of {model!r}: {exc}") from exc
+        return AutoConfig.from_pretrained(source), gguf_file
+    except (OSError, ValueError) as exc:  # ValueError: a folder without a usable config.json
+        flag = "--hf-config-path" if hf_config_path else "--model"
+        raise ConfigError(f"Cannot load the model config of {source!r} ({flag}): {exc}") from exc

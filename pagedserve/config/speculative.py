@@ -5,6 +5,7 @@ from typing import Any
 
 from pagedserve.config.model import ModelConfig, load_model_config
 from pagedserve.errors import ConfigError
+from pagedserve.utils.hub import resolve_model_path
 from pagedserve.utils.user_json import load_user_json
 
 _KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
@@ -41,7 +42,7 @@ class SpeculativeConfig:
         if method not in ("ngram", "draft_model"):
             raise ConfigError(
                 f'speculative_config method {method!r} is not supported; supported: "ngram" '
-                '(prompt lookup) and "draft_model" (with "model": a folder or GGUF file).'
+                '(prompt lookup) and "draft_model" (with "model": a folder, GGUF file or hub id).'
             )
         if (method == "draft_model") != isinstance(value.get("model"), str):
             raise ConfigError(
@@ -70,22 +71,27 @@ def _count(key: str, number: Any) -> int:
 
 
 def resolve_speculative_config(
-    value: dict[str, Any] | str | None, target: ModelConfig, device: str, tensor_parallel_size: int
+    value: dict[str, Any] | str | None,
+    target: ModelConfig,
+    device: str,
+    tensor_parallel_size: int,
+    download_dir: str | None = None,
 ) -> SpeculativeConfig | None:
     """The user's speculative_config, with a draft model's config read (never its weights) and checked
     against the target's."""
     if value is None:
         return None
     spec = SpeculativeConfig.from_user(value)
-    if spec.method != "draft_model":
+    if spec.model is None:  # ngram: from_user gives every draft_model a model
         return spec
     if tensor_parallel_size != 1:
         raise ConfigError(
             "A draft model (speculative_config) runs with --tensor-parallel-size 1 only; "
             'use {"method": "ngram"} with tensor parallelism.'
         )
+    # A hub id draft model becomes its local snapshot here, as the model does (utils/hub.py).
     draft = load_model_config(
-        spec.model,
+        resolve_model_path(spec.model, None, download_dir, "speculative_config model"),
         dtype=target.dtype,
         device=device,
         max_model_len=target.max_model_len,

@@ -1,5 +1,6 @@
-"""Preemption: when the running groups need KV blocks and none are free, the newest group is swapped out
-to host blocks or dropped and recomputed later; a request that can never fit ends with 'length'."""
+"""Preemption: when the running groups need KV blocks and none are free, the newest group (the least
+urgent under --scheduling-policy priority) is swapped out to host blocks or dropped and recomputed later;
+a request that can never fit ends with 'length'."""
 
 from collections.abc import Callable
 
@@ -82,11 +83,12 @@ class Preemption(SchedulerState):
             )
 
     def _requeue(self, group: list[Request], drop_kv: Callable[[Request], None]) -> None:
-        """Recompute preemption: drop the KV (`drop_kv`), queue the group first."""
+        """Recompute preemption: drop the KV (`drop_kv`), queue the group first (under priority, first
+        among its equals)."""
         for request in reversed(group):
             drop_kv(request)
             self.beam_search.forget_report(request)
             request.status = RequestStatus.PREEMPTED
             self.num_recomputed_tokens_total += request.num_computed_tokens
             request.num_computed_tokens = 0
-            self.waiting.appendleft(request)
+            self.order.enqueue(self.waiting, request, first=True)

@@ -46,8 +46,7 @@ class Scheduler(Preemption, DraftSettling):
         # NOTE: nobody comes back or is admitted in a step that had to preempt: memory is short already.
         if not step.preempted:
             self._swap_in(step)
-            if not self.swapped:
-                self._admit_waiting(step)
+            self._admit_waiting(step)
         for request_id, num_new in step.num_scheduled.items():
             self.requests[request_id].num_computed_tokens += num_new
         output = SchedulerOutput(
@@ -117,11 +116,15 @@ class Scheduler(Preemption, DraftSettling):
             index += 1
 
     def _swap_in(self, step: ScheduleStep) -> None:
-        """Bring swapped-out groups back in order while blocks and seats suffice."""
+        """Bring swapped-out groups back in order while blocks and seats suffice, and while no waiting
+        request outranks them (the priority policy: it is admitted first)."""
         swap, kv = self.swap_space, self.kv_cache_manager
+        urgent = self.order.next_waiting(self.waiting, self.structured.is_ready)
         while self.swapped and step.budget > 0:
             assert swap is not None, "only a swap space holds swapped-out requests"
             group = self.order.next_swapped(self.swapped)
+            if urgent is not None and self.order.outranks(urgent, group):
+                return
             plan = plan_group(group, step.budget)
             if (
                 self._num_seats_taken() + self._num_seats(group) > self.config.max_num_seqs
@@ -140,12 +143,13 @@ class Scheduler(Preemption, DraftSettling):
                 self._record(step, request, num_new, kv.allocate_slots(request, num_new))
 
     def _admit_waiting(self, step: ScheduleStep) -> None:
-        """Admit waiting requests in order (`RequestOrder`), reusing their longest cached prefix, while
-        the seats and the KV admission policy allow (`_admission`)."""
+        """Admit waiting requests in order (`RequestOrder`; not before the swapped-out groups it puts
+        first), reusing their longest cached prefix, while the seats and the KV admission policy allow
+        (`_admission`)."""
         kv = self.kv_cache_manager
         seats = self._num_seats_taken()
         while self.waiting and step.budget > 0:
-            request = self.order.next_waiting(self.waiting, self.structured.is_ready)
+            request = self.order.next_admission(self.waiting, self.swapped, self.structured.is_ready)
             if request is None:
                 return
             admission = self._admission(request, seats, step.budget)
@@ -182,10 +186,10 @@ class Scheduler(Preemption, DraftSettling):
     def _preempt_for_urgent_waiting(self, step: ScheduleStep) -> None:
         """--scheduling-policy priority: while the most urgent waiting request cannot be admitted, preempt
         the least urgent running group of a larger priority value. The request is admitted in a later
-        step (nobody is admitted in a step that preempted)."""
+        step (nobody is admitted in a step that preempted); not while swapped-out groups come first."""
         if not self.order.by_priority:
             return
-        request = self.order.next_waiting(self.waiting, self.structured.is_ready)
+        request = self.order.next_admission(self.waiting, self.swapped, self.structured.is_ready)
         if request is None:
             return
         groups = self.order.running_groups(groups_of(self.running))

@@ -86,7 +86,7 @@ class SchedulerState:
         self.requests[request.request_id] = request
         self.structured.add(request)
         if not self.parallel_sampling.hold(request):
-            self.waiting.append(request)
+            self.order.enqueue(self.waiting, request)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -136,7 +136,8 @@ class SchedulerState:
             self._forget(request.request_id)
             del self.requests[request.request_id]
         # NOTE: samples whose leader ended before they forked compute the prompt themselves.
-        self.waiting.extendleft(reversed([r for r in released if r.request_id not in gone]))
+        for request in reversed([r for r in released if r.request_id not in gone]):
+            self.order.enqueue(self.waiting, request, first=True)
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached block hash; returns how many blocks were cached."""

@@ -42,6 +42,7 @@ def init_distributed_environment(init: DistributedInit, rank: int) -> None:
 
 def _loopback_interface() -> str:
     """The name of the interface holding 127.0.0.1 (lo on Linux, lo0 on macOS)."""
+    name: str  # psutil is untyped: interface name -> its addresses
     for name, addresses in psutil.net_if_addrs().items():
         if any(address.address == "127.0.0.1" for address in addresses):
             return name

@@ -145,8 +145,8 @@ class AdmissionControl:
         if max_requests is not None and len(self.queued) + num_requests > max_requests:
             raise CapacityError(
                 f"The server is at capacity: {len(self.queued)} requests are waiting for the engine, the "
-                f"limit is {max_requests} (raise --max-num-queued-requests to queue more; vLLM queues "
-                f"without a limit). Retry after "
+                f"limit is {max_requests} (raise --max-num-queued-requests to queue more, -1 for no limit; "
+                f"vLLM queues without a limit). Retry after "
                 f"{self.retry_after_s():.0f} s.",
                 self.retry_after_s(),
             )
@@ -154,7 +154,8 @@ class AdmissionControl:
             raise CapacityError(
                 f"The server is at capacity: {self.num_queued_tokens} prompt tokens are waiting for the "
                 f"engine and this request adds {num_tokens}, over the limit of "
-                f"{max_tokens} (raise --max-num-queued-tokens to queue more). Retry after "
+                f"{max_tokens} (raise --max-num-queued-tokens to queue more, -1 for no limit; vLLM queues "
+                f"without a limit). Retry after "
                 f"{self.retry_after_s():.0f} s.",
                 self.retry_after_s(),
             )

@@ -3,7 +3,7 @@ process; the EngineCore runs its busy loop in another (core_proc.py) behind an M
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pagedserve.config import EngineConfig
 from pagedserve.engine.admission import AdmissionControl, Deadlines, ServingLimits, with_queue_defaults
@@ -21,6 +21,9 @@ from pagedserve.metrics.loggers import StatLoggerBase
 from pagedserve.metrics.stats import IterationStats
 from pagedserve.protocol import BlockSnapshot, EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 logger = init_logger(__name__)
 
@@ -113,7 +116,7 @@ class AsyncLLM:
     def limits(self) -> ServingLimits:
         return self.frontend.admission.limits
 
-    def get_tokenizer(self) -> Any:
+    def get_tokenizer(self) -> "PreTrainedTokenizerBase":
         return self.tokenizer
 
     @property

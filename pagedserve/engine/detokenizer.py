@@ -1,9 +1,12 @@
 """Incremental detokenization and stop strings (the engine core sees only token ids)."""
 
 import logging
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from tokenizers.decoders import DecodeStream
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -21,7 +24,9 @@ class WindowDecoder:
     """Any tokenizer: decodes a short window twice per token and keeps what the new token added. Holds
     back output while it ends in an incomplete character (U+FFFD)."""
 
-    def __init__(self, tokenizer: Any, context: list[int], skip_special_tokens: bool) -> None:
+    def __init__(
+        self, tokenizer: "PreTrainedTokenizerBase", context: list[int], skip_special_tokens: bool
+    ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.tokens = list(context)
@@ -45,13 +50,15 @@ class StreamDecoder:
     """Fast tokenizers: the `tokenizers` library's own DecodeStream (one decode of a few tokens per step,
     in Rust), as vLLM v1 does. Falls back to the window decoder if the stream rejects a token sequence."""
 
-    def __init__(self, tokenizer: Any, context: list[int], skip_special_tokens: bool) -> None:
+    def __init__(
+        self, tokenizer: "PreTrainedTokenizerBase", context: list[int], skip_special_tokens: bool
+    ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.backend = tokenizer.backend_tokenizer
         # NOTE: a prompt ending inside a character (a byte token) would make the stream hold that piece
         # back and emit it, with prompt text before it, as the first output: the context stops before it.
-        while context and tokenizer.decode(context, skip_special_tokens=skip_special_tokens).endswith(
+        while context and str(tokenizer.decode(context, skip_special_tokens=skip_special_tokens)).endswith(
             "\ufffd"
         ):
             context = context[:-1]
@@ -77,7 +84,9 @@ class StreamDecoder:
         return self.fallback.step(token)
 
 
-def make_token_decoder(tokenizer: Any, context: list[int], skip_special_tokens: bool) -> _TokenDecoder:
+def make_token_decoder(
+    tokenizer: "PreTrainedTokenizerBase", context: list[int], skip_special_tokens: bool
+) -> _TokenDecoder:
     if getattr(tokenizer, "is_fast", False) and hasattr(tokenizer, "backend_tokenizer"):
         return StreamDecoder(tokenizer, context, skip_special_tokens)
     return WindowDecoder(tokenizer, context, skip_special_tokens)
@@ -88,7 +97,7 @@ class IncrementalDetokenizer:
 
     def __init__(
         self,
-        tokenizer: Any,
+        tokenizer: "PreTrainedTokenizerBase",
         prompt_token_ids: list[int],
         skip_special_tokens: bool,
         stop: list[str],

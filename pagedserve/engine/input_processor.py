@@ -2,7 +2,7 @@
 
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -12,6 +12,9 @@ from pagedserve.errors import InvalidRequestError
 from pagedserve.protocol import EngineCoreRequest
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams, wrap_int64
 from pagedserve.utils import cdiv
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # A prompt: text, token ids, or {"prompt": text} / {"prompt_token_ids": ids}.
 PromptType = str | list[int] | dict[str, Any]
@@ -33,7 +36,7 @@ class InputProcessor:
     def __init__(
         self,
         model_config: ModelConfig,
-        tokenizer: Any,
+        tokenizer: "PreTrainedTokenizerBase",
         limits: EngineLimits | None = None,
         scheduling_policy: str = "fcfs",
     ) -> None:
@@ -75,8 +78,9 @@ class InputProcessor:
         beam_search: BeamSearchParams | None = None,
         priority: int = 0,
     ) -> tuple[str | None, EngineCoreRequest]:
-        """Validate and resolve: truncation, max_tokens (None = the rest of the context), limits. With
-        `beam_search`, its max_tokens wins and `params.n` best beams come back."""
+        """Validate and resolve: truncation, max_tokens (None = the rest of the context, at most the
+        model's default), limits. With `beam_search`, its max_tokens wins and `params.n` best beams come
+        back."""
         self._validate_priority(priority)
         text, token_ids = self.tokenize(prompt)
         if beam_search is not None:
@@ -86,7 +90,12 @@ class InputProcessor:
         self._validate(token_ids, params)
         self.structured_outputs.validate(params, beam_search)
         max_model_len = self.model_config.max_model_len
-        max_tokens = params.max_tokens if params.max_tokens is not None else max_model_len - len(token_ids)
+        max_tokens = params.max_tokens
+        if max_tokens is None:
+            # NOTE: the model's default (generation_config.json's max_new_tokens) caps the rest of the
+            # context, as in vLLM: a default the client never set never makes a request too long.
+            rest = max_model_len - len(token_ids)
+            max_tokens = min(rest, self.model_config.generation_defaults.get("max_tokens", rest))
         if len(token_ids) + max_tokens > max_model_len:
             raise InvalidRequestError(
                 f"This model's maximum context length is {max_model_len} tokens. However, you requested "

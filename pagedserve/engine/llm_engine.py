@@ -2,7 +2,7 @@
 has_unfinished_requests API. Tokenizes and detokenizes around an EngineCore in the same process
 (`InprocClient`), through the same `Frontend` as the server."""
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pagedserve.config import EngineArgs
 from pagedserve.engine.admission import ServingLimits
@@ -14,6 +14,9 @@ from pagedserve.engine.output_processor import OutputProcessor
 from pagedserve.engine.tokenizer import load_tokenizer
 from pagedserve.outputs import RequestOutput
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class LLMEngine:
@@ -79,5 +82,5 @@ class LLMEngine:
         """Forget every cached KV block (e.g. after changing weights, or between benchmark runs)."""
         return self.client.reset_prefix_cache()
 
-    def get_tokenizer(self) -> Any:
+    def get_tokenizer(self) -> "PreTrainedTokenizerBase":
         return self.tokenizer

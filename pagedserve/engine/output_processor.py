@@ -7,7 +7,7 @@ final output): each request's `SamplingParams.output_kind` decides.
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pagedserve.engine.detokenizer import IncrementalDetokenizer
 from pagedserve.engine.input_processor import split_samples
@@ -21,6 +21,9 @@ from pagedserve.protocol import (
     child_request_id,
 )
 from pagedserve.sampling_params import RequestOutputKind, SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass
@@ -123,7 +126,7 @@ class RequestState:
 class OutputProcessor:
     """Tracks every request in flight on the frontend side. Not thread-safe: one caller drives it."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: "PreTrainedTokenizerBase") -> None:
         self.tokenizer = tokenizer
         self._requests: dict[str, RequestState] = {}
         self._child_to_parent: dict[str, tuple[RequestState, SampleState]] = {}

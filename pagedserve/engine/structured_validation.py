@@ -1,7 +1,7 @@
 """The frontend's check of a request's structured_outputs, so a bad schema or grammar is a 400 (a too
 large one a 413) before anything reaches the engine."""
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import llguidance
 
@@ -9,11 +9,19 @@ from pagedserve.errors import InvalidRequestError
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams
 from pagedserve.structured_output.grammar import DEFAULT_MAX_SPEC_BYTES, make_ll_tokenizer, validate
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 
 class StructuredOutputValidator:
     """Builds llguidance's tokenizer on the first constrained request (about a second, once)."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, max_spec_bytes: int = DEFAULT_MAX_SPEC_BYTES) -> None:
+    def __init__(
+        self,
+        tokenizer: "PreTrainedTokenizerBase",
+        vocab_size: int,
+        max_spec_bytes: int = DEFAULT_MAX_SPEC_BYTES,
+    ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_spec_bytes = max_spec_bytes

@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         init(subparsers)
     args = parser.parse_args(argv)
     try:
-        return args.handler(args)
+        status: int = args.handler(args)  # the subcommand's exit status
+        return status
     except ConfigError as exc:
         parser.exit(2, f"pagedserve: error: {exc}\n")
 

@@ -3,6 +3,7 @@
 import itertools
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, cast
 
 from tqdm.auto import tqdm
@@ -36,8 +37,16 @@ class LLM:
 
     def get_default_sampling_params(self) -> SamplingParams:
         """SamplingParams with the model's defaults (generation_config.json, --generation-config), what
-        generate() uses when given none."""
+        generate() uses when given none (its max_tokens capped at the rest of the context)."""
         return SamplingParams(**self.llm_engine.config.model.generation_defaults)
+
+    def _unset_sampling_params(self) -> SamplingParams:
+        """get_default_sampling_params() with the model's max_tokens left to the engine, which caps the rest
+        of the context at it: a long prompt still fits, as in vLLM."""
+        params = self.get_default_sampling_params()
+        if "max_tokens" in self.llm_engine.config.model.generation_defaults:
+            return replace(params, max_tokens=None)
+        return params
 
     def generate(
         self,
@@ -50,7 +59,7 @@ class LLM:
         `cache_salt`: prefix-cache hits only between prompts with the same salt. `priority`: one per
         prompt, with scheduling_policy="priority" (lower first)."""
         prompts = _as_prompt_list(prompts)
-        params = sampling_params or self.get_default_sampling_params()
+        params = sampling_params or self._unset_sampling_params()
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         for name, values in (("sampling_params", params), ("priority", priority)):

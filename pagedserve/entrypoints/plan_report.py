@@ -8,7 +8,10 @@ from pagedserve.utils import format_bytes
 
 def format_table(result: dict[str, Any]) -> str:
     """The plan as a two-column table, then the verdict and the flags (or what would fit)."""
-    gib = lambda key: format_bytes(result[key])  # noqa: E731
+
+    def gib(key: str) -> str:
+        return format_bytes(result[key])
+
     rows = [
         ("model", f"{result['model']} ({result['architecture']}, {result['dtype']})"),
         (

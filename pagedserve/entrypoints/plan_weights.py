@@ -3,6 +3,7 @@ linear layers of a quantized checkpoint, counted as the engine holds them once l
 blocks; fp8: 1 byte per weight plus float32 scales per output row)."""
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pagedserve.config import ModelConfig
@@ -55,7 +56,7 @@ def _scales_per_rank(shape: ModelShape, tp: int, block_k: int | None) -> int:
     qkv_rows = (shape.num_heads // tp + 2 * shape.kv_heads_per_rank(tp)) * head_dim
     attention_width = shape.num_heads * head_dim // tp
     intermediate = shape.intermediate_size // tp
-    blocks = (lambda k: 1) if block_k is None else (lambda k: cdiv(k, block_k))
+    blocks: Callable[[int], int] = (lambda k: 1) if block_k is None else (lambda k: cdiv(k, block_k))
     attention = qkv_rows * blocks(hidden) + hidden * blocks(attention_width)  # qkv_proj, o_proj
     # gate and up (or Falcon's up alone) read the hidden state, down the intermediate one
     mlp = (shape.mlp_matrices - 1) * intermediate * blocks(hidden) + hidden * blocks(intermediate)

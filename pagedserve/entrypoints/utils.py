@@ -4,11 +4,12 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import ParamSpec, Protocol, TypeVar, cast
 
 from starlette.requests import Request
 
 T = TypeVar("T")
+P = ParamSpec("P")
 T_co = TypeVar("T_co", covariant=True)
 
 
@@ -86,14 +87,14 @@ async def _wait_for_disconnect(request: Request) -> None:
         pass
 
 
-def with_cancellation(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+def with_cancellation(handler: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T | None]]:
     """Run a route handler, cancelling it as soon as its client disconnects (so a non-streamed request
     stops using the engine at once). The handler must take the starlette Request as `raw_request`.
     Streamed responses need no wrapper: starlette cancels them on a disconnect itself."""
 
     @functools.wraps(handler)
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        raw_request: Request = kwargs["raw_request"]
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T | None:
+        raw_request = cast(Request, kwargs["raw_request"])  # FastAPI passes the Request there
         handler_task = asyncio.ensure_future(handler(*args, **kwargs))
         watcher = asyncio.ensure_future(_wait_for_disconnect(raw_request))
         try:

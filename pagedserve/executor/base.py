@@ -1,7 +1,7 @@
 """The interface the EngineCore drives, whatever runs the workers."""
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import cast
 
 from pagedserve.config import EngineConfig
 from pagedserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
@@ -16,21 +16,22 @@ class Executor(ABC):
 
     @abstractmethod
     def collective_rpc(
-        self, method: str, args: tuple[Any, ...] = (), unique_reply_rank: int | None = None
-    ) -> list[Any]:
+        self, method: str, args: tuple[object, ...] = (), unique_reply_rank: int | None = None
+    ) -> list[object]:
         """Call `Worker.<method>(*args)` on every rank at once and return the results in rank order; with
         `unique_reply_rank`, only that rank's result is sent back (a one-item list), the others only
         acknowledge. Raises EngineDeadError naming the rank when a worker died, raised, or did not answer
         within --distributed-timeout (the executor is then dead: every later call raises it again);
-        a ConfigError raised by a worker passes through unchanged."""
+        a ConfigError raised by a worker passes through unchanged. A result is what the Worker method
+        returns: the typed calls below cast to its return type."""
 
     def kv_cache_bytes_per_block(self) -> int:
         """Bytes of one KV block on the rank that needs the most."""
-        return max(self.collective_rpc("kv_cache_bytes_per_block"))
+        return max(cast(list[int], self.collective_rpc("kv_cache_bytes_per_block")))
 
     def determine_kv_memory(self) -> list[MemoryReport]:
         """Every rank's KV budget, in rank order (sizing.size_kv_cache takes the tightest)."""
-        return self.collective_rpc("determine_kv_memory")
+        return cast(list[MemoryReport], self.collective_rpc("determine_kv_memory"))
 
     def initialize_kv_cache(self, num_blocks: int, num_host_blocks: int = 0) -> None:
         """Allocate `num_blocks` device blocks, and `num_host_blocks` host blocks of swap space, on every
@@ -39,7 +40,8 @@ class Executor(ABC):
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step on every rank; rank 0's sampled tokens come back."""
-        return self.collective_rpc("execute_model", (scheduler_output,), unique_reply_rank=0)[0]
+        output = self.collective_rpc("execute_model", (scheduler_output,), unique_reply_rank=0)[0]
+        return cast(ModelRunnerOutput, output)
 
     def shutdown(self) -> None:
         """Release workers (processes, actors, a Ray instance started for the run). Idempotent."""

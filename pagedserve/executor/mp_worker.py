@@ -8,7 +8,6 @@ import pickle
 import signal
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
 
 from pagedserve.config import EngineConfig
 from pagedserve.distributed import DistributedInit, init_distributed_environment
@@ -40,7 +39,7 @@ class WorkerFailure:
     config_error: ConfigError | None
 
 
-def dumps(message: Any) -> bytes:
+def dumps(message: object) -> bytes:
     return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
 
 

@@ -8,9 +8,9 @@ import pickle
 import shutil
 import time
 import weakref
+from collections.abc import Collection
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import Any
 
 from pagedserve.config import EngineConfig
 from pagedserve.distributed import DistributedInit
@@ -72,8 +72,8 @@ class MultiprocExecutor(Executor):
         )
 
     def collective_rpc(
-        self, method: str, args: tuple[Any, ...] = (), unique_reply_rank: int | None = None
-    ) -> list[Any]:
+        self, method: str, args: tuple[object, ...] = (), unique_reply_rank: int | None = None
+    ) -> list[object]:
         if self._failure is not None:
             raise self._failure
         data = dumps((method, args, unique_reply_rank))  # one pickle, whatever the number of ranks
@@ -92,12 +92,12 @@ class MultiprocExecutor(Executor):
     def shutdown(self) -> None:
         self._finalizer()
 
-    def _gather(self, call: str, timeout_s: float | None = None) -> list[Any]:
+    def _gather(self, call: str, timeout_s: float | None = None) -> list[object]:
         """Every rank's answer, in rank order. On the first death, failure or silence past the timeout
         (default --distributed-timeout), stops every worker and raises (EngineDeadError, or a worker's
         ConfigError)."""
         timeout_s = timeout_s or self.timeout_s
-        results: dict[int, Any] = {}
+        results: dict[int, object] = {}
         failures = RankFailures(call, timeout_s)
         deadline = time.monotonic() + timeout_s
         while len(results) < len(self.workers) and not failures:
@@ -114,7 +114,11 @@ class MultiprocExecutor(Executor):
         return [results[w.rank] for w in self.workers]
 
     def _read(
-        self, worker: _WorkerHandle, ready: list[Any], results: dict[int, Any], failures: RankFailures
+        self,
+        worker: _WorkerHandle,
+        ready: Collection[object],
+        results: dict[int, object],
+        failures: RankFailures,
     ) -> None:
         """Take one rank's answer, failure report or death from the `ready` objects of wait()."""
         if worker.conn in ready or (worker.process.sentinel in ready and worker.conn.poll()):
@@ -134,7 +138,7 @@ class MultiprocExecutor(Executor):
             worker.process.join(1.0)
             failures.died[worker.rank] = describe_exit(worker.process.pid, worker.process.exitcode)
 
-    def _fail(self, failures: RankFailures, results: dict[int, Any]) -> None:
+    def _fail(self, failures: RankFailures, results: dict[int, object]) -> None:
         """Give the other ranks a moment to report (a peer's error is often the consequence of a death
         the sentinel shows a little later), stop every worker, and raise."""
         grace_end = time.monotonic() + (0.0 if failures.timed_out else GRACE_S)

@@ -8,7 +8,7 @@ import os
 import shutil
 import sys
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pagedserve.config import EngineConfig
 from pagedserve.distributed import DistributedInit, init_distributed_environment
@@ -19,6 +19,10 @@ from pagedserve.logger import init_logger
 from pagedserve.platforms import get_platform
 from pagedserve.utils.run_dir import make_run_dir
 from pagedserve.worker.worker import Worker
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.util.placement_group import PlacementGroup
 
 logger = init_logger(__name__)
 
@@ -44,17 +48,21 @@ class RayWorker:
 
         with socket.socket() as sock:
             sock.bind(("", 0))
-            return sock.getsockname()[1]
+            port: int = sock.getsockname()[1]  # (host, port)
+            return port
 
     def init_worker(self, config: EngineConfig, init: DistributedInit) -> None:
         init_distributed_environment(init, self.rank)
         # NOTE: Ray shows each actor only the GPU of its bundle, as device 0.
         self.worker = Worker(config, self.rank, local_rank=0)
 
-    def execute(self, method: str, args: tuple[Any, ...], unique_reply_rank: int | None) -> Any:
+    def execute(self, method: str, args: tuple[object, ...], unique_reply_rank: int | None) -> object:
         assert self.worker is not None, "init_worker() first"
         result = getattr(self.worker, method)(*args)
         return result if unique_reply_rank in (None, self.rank) else None
+
+
+T = TypeVar("T")
 
 
 class RayExecutor(Executor):
@@ -73,6 +81,7 @@ class RayExecutor(Executor):
         bundle = get_platform(config.device).ray_bundle()
         self._placement_group = ray.util.placement_group([bundle] * size, strategy="PACK")
         self._rendezvous = make_run_dir("tp")
+        # NOTE: Any: Ray's ActorHandle types the actor's methods as Never.
         self.actors: list[Any] = []
         self._finalizer = weakref.finalize(
             self, _release, self.actors, self._placement_group, owns_ray, self._rendezvous
@@ -120,8 +129,8 @@ class RayExecutor(Executor):
         return DistributedInit(f"tcp://{nodes[0][1]}:{port}", size, backend, timeout, loopback_only=False)
 
     def collective_rpc(
-        self, method: str, args: tuple[Any, ...] = (), unique_reply_rank: int | None = None
-    ) -> list[Any]:
+        self, method: str, args: tuple[object, ...] = (), unique_reply_rank: int | None = None
+    ) -> list[object]:
         import ray
 
         if self._failure is not None:
@@ -135,7 +144,7 @@ class RayExecutor(Executor):
     def shutdown(self) -> None:
         self._finalizer()
 
-    def _gather(self, call: str, refs: list[Any]) -> list[Any]:
+    def _gather(self, call: str, refs: "list[ObjectRef[T]]") -> list[T]:
         """The result of each ref (ref i belongs to rank i). On a failure or a timeout: name the ranks,
         stop everything, raise."""
         import ray
@@ -159,7 +168,7 @@ class RayExecutor(Executor):
         raise error
 
 
-def _take(ref: Any, rank: int, failures: RankFailures) -> None:
+def _take(ref: "ObjectRef[T]", rank: int, failures: RankFailures) -> None:
     """Record why a finished ref failed (a finished ref that succeeded needs nothing)."""
     import ray
 
@@ -212,7 +221,7 @@ def _connect(num_workers: int) -> bool:
     return True
 
 
-def _release(actors: list[Any], placement_group: Any, owns_ray: bool, rendezvous: str) -> None:
+def _release(actors: list[Any], placement_group: "PlacementGroup", owns_ray: bool, rendezvous: str) -> None:
     """Kill the actors, free the placement group, stop a Ray started for the run. Idempotent."""
     import ray
 

@@ -1,7 +1,5 @@
 """One worker in the engine's own process (tp=1)."""
 
-from typing import Any
-
 from pagedserve.config import EngineConfig
 from pagedserve.executor.base import Executor
 from pagedserve.worker.worker import Worker
@@ -13,6 +11,6 @@ class UniProcExecutor(Executor):
         self.worker = Worker(config)
 
     def collective_rpc(
-        self, method: str, args: tuple[Any, ...] = (), unique_reply_rank: int | None = None
-    ) -> list[Any]:
+        self, method: str, args: tuple[object, ...] = (), unique_reply_rank: int | None = None
+    ) -> list[object]:
         return [getattr(self.worker, method)(*args)]

@@ -1,11 +1,9 @@
 """The Attention layer models use: q/k/v in, attention over the paged cache out."""
 
-from typing import Any
-
 import torch
 from torch import nn
 
-from pagedserve.attention.backends.base import AttentionBackend, AttentionLayerSpec
+from pagedserve.attention.backends.base import AnyAttentionBackend, AttentionLayerSpec
 from pagedserve.attention.forward_context import get_attention_metadata
 
 
@@ -26,7 +24,7 @@ class Attention(nn.Module):
         self.spec = AttentionLayerSpec(
             num_heads, num_kv_heads, head_dim, scale, sliding_window, logits_soft_cap
         )
-        self.backend: AttentionBackend[Any] | None = None  # NOTE: Any: each backend reads its own metadata
+        self.backend: AnyAttentionBackend | None = None
         self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
         self.kv_cache_group = 0
         # (k_scale, v_scale) shipped in an fp8 checkpoint (model_loader/kv_scales.py), else None

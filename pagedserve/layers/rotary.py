@@ -2,23 +2,46 @@
 (Phi-3's "su") scaling, over the whole head or its first `partial_rotary_factor` part."""
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Required, TypedDict, cast
 
 import torch
 from torch import nn
 
 from pagedserve.kernels.cpu import fused_ops
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 
 
-def rope_parameters(hf_config: Any, layer_type: str | None = None) -> dict[str, Any]:
+class RopeParams(TypedDict, total=False):
+    """The fields this module reads from a config's rope dict once `rope_parameters` filled in the
+    defaults (HF's dict may hold more, e.g. yarn's, which stay unread). The scaling fields are there
+    for their rope_type only: `factor` for linear and llama3 (optional for longrope), `low_freq_factor`
+    and `high_freq_factor` for llama3, `long_factor`, `short_factor` and `attention_factor` for longrope."""
+
+    rope_theta: Required[float]
+    rope_type: Required[str]
+    partial_rotary_factor: Required[float]
+    max_position_embeddings: Required[int]
+    original_max_position_embeddings: Required[int]
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    long_factor: list[float]
+    short_factor: list[float]
+    attention_factor: float | None
+
+
+def rope_parameters(hf_config: "PretrainedConfig", layer_type: str | None = None) -> RopeParams:
     """rope_theta, rope_type and scaling fields, from transformers 5's `rope_parameters` or the older
     `rope_theta` + `rope_scaling` pair. Models whose layer types rotate differently (Gemma 3: local and
     global layers) keep one dict per layer type: `layer_type` picks it."""
-    params = dict(getattr(hf_config, "rope_parameters", None) or {})
+    # The config's dicts are untyped JSON; `params` holds them until the defaults below are set.
+    params: dict[str, object] = dict(getattr(hf_config, "rope_parameters", None) or {})
     if layer_type is not None and layer_type in params:
-        params = dict(params[layer_type])
+        params = dict(cast("dict[str, object]", params[layer_type]))
     scaling = getattr(hf_config, "rope_scaling", None) or {}
     params = {**scaling, **params}
     params.setdefault("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
@@ -36,28 +59,29 @@ def rope_parameters(hf_config: Any, layer_type: str | None = None) -> dict[str, 
             f"rope_type={params['rope_type']!r} is not supported; supported: "
             f"{', '.join(SUPPORTED_ROPE_TYPES)}."
         )
-    return params
+    return cast(RopeParams, params)
 
 
 def _exponents(rotary_dim: int) -> torch.Tensor:
     return torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
 
 
-def longrope_attention_factor(params: dict[str, Any]) -> float:
+def longrope_attention_factor(params: RopeParams) -> float:
     """LongRoPE's scaling of cos/sin: given, or sqrt(1 + ln(factor) / ln(original length)), as HF."""
-    if params.get("attention_factor") is not None:
-        return params["attention_factor"]
+    given = params.get("attention_factor")
+    if given is not None:
+        return given
     original = params["original_max_position_embeddings"]
     factor = params.get("factor") or params["max_position_embeddings"] / original
     return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
 
 
-def longrope_inv_freq(rotary_dim: int, params: dict[str, Any], long: bool) -> torch.Tensor:
+def longrope_inv_freq(rotary_dim: int, params: RopeParams, long: bool) -> torch.Tensor:
     factors = torch.tensor(params["long_factor" if long else "short_factor"], dtype=torch.float32)
     return 1.0 / (factors * params["rope_theta"] ** _exponents(rotary_dim))
 
 
-def _inv_freq(head_dim: int, params: dict[str, Any]) -> torch.Tensor:
+def _inv_freq(head_dim: int, params: RopeParams) -> torch.Tensor:
     inv_freq = 1.0 / (params["rope_theta"] ** _exponents(head_dim))
     if params["rope_type"] == "linear":
         return inv_freq / params["factor"]
@@ -73,7 +97,7 @@ def _inv_freq(head_dim: int, params: dict[str, Any]) -> torch.Tensor:
     return inv_freq
 
 
-def _cos_sin(rotary_dim: int, max_position: int, params: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+def _cos_sin(rotary_dim: int, max_position: int, params: RopeParams) -> tuple[torch.Tensor, torch.Tensor]:
     """[max_position, rotary_dim // 2] each. LongRoPE rotates positions below the original context with
     its short factors and those past it with its long ones (vLLM's rule; HF switches the whole sequence
     once it is longer than the original context)."""
@@ -99,7 +123,7 @@ class RotaryEmbedding(nn.Module):
     once per step, by the first layer."""
 
     def __init__(
-        self, head_dim: int, max_position: int, params: dict[str, Any], is_neox_style: bool = True
+        self, head_dim: int, max_position: int, params: RopeParams, is_neox_style: bool = True
     ) -> None:
         super().__init__()
         self.head_dim = head_dim

@@ -10,13 +10,17 @@ with `llama.expert_count` in its metadata; its config, and Qwen2/3-MoE's expert 
 
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from pagedserve.kernels.cpu.gguf_ops import NATIVE_GGML_TYPES
 from pagedserve.logger import init_logger
+
+if TYPE_CHECKING:
+    from gguf import ReaderTensor
+    from transformers import PretrainedConfig
 
 logger = init_logger(__name__)
 
@@ -73,7 +77,7 @@ _GEMMA_ARCHS = ("gemma2", "gemma3")
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 
 
-def _hf_name(name: str, arch: str, hf_config: Any) -> str | None:
+def _hf_name(name: str, arch: str, hf_config: "PretrainedConfig") -> str | None:
     base, _, suffix = name.rpartition(".")
     match = re.fullmatch(r"blk\.(\d+)\.(\w+)", base)
     if arch == "falcon":
@@ -98,7 +102,7 @@ def _unpermute(weight: np.ndarray, num_heads: int) -> np.ndarray:
     )
 
 
-def _falcon_qkv(weight: np.ndarray, hf_config: Any) -> np.ndarray:
+def _falcon_qkv(weight: np.ndarray, hf_config: "PretrainedConfig") -> np.ndarray:
     """[q; k; v] (llama.cpp) -> per KV group its query heads, key, value (HF's new architecture)."""
     if not hf_config.new_decoder_architecture:
         return weight  # 7B's multi-query layout is [q; k; v] already
@@ -117,7 +121,9 @@ def _falcon_qkv(weight: np.ndarray, hf_config: Any) -> np.ndarray:
     return grouped.reshape(weight.shape)
 
 
-def _hf_tensors(name: str, weight: np.ndarray, arch: str, hf_config: Any) -> Iterator[tuple[str, np.ndarray]]:
+def _hf_tensors(
+    name: str, weight: np.ndarray, arch: str, hf_config: "PretrainedConfig"
+) -> Iterator[tuple[str, np.ndarray]]:
     """One GGUF tensor (already under its HF name) -> HF tensors in HF's layout."""
     if arch in _PERMUTED_ARCHS and name.endswith(("q_proj.weight", "k_proj.weight")):
         heads = hf_config.num_attention_heads if "q_proj" in name else hf_config.num_key_value_heads
@@ -137,7 +143,7 @@ def _hf_tensors(name: str, weight: np.ndarray, arch: str, hf_config: Any) -> Ite
 
 
 def iterate_gguf(
-    path: str, hf_config: Any, keep_quantized: bool = False
+    path: str, hf_config: "PretrainedConfig", keep_quantized: bool = False
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF name, float32 tensor) for every tensor of the file. With `keep_quantized`, a 2-D tensor
     `<x>.weight` that needs no regrouping comes instead as `<x>.qweight_type` (its ggml type id, a 0-d
@@ -195,7 +201,7 @@ def _log_dequantized(dequantized_types: set[str], dequantized_experts: set[str])
         )
 
 
-def _native_rows(tensor: Any, dequantized_types: set[str]) -> tuple[int, np.ndarray]:
+def _native_rows(tensor: "ReaderTensor", dequantized_types: set[str]) -> tuple[int, np.ndarray]:
     """(ggml type id, uint8 [rows, row_bytes]) of a 2-D tensor, dequantized to F32 rows if its type has no
     native kernel (its name is then added to `dequantized_types`)."""
     from gguf.quants import dequantize

@@ -11,8 +11,7 @@ import json
 import math
 import os
 import struct
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Collection, Iterator
 
 import torch
 
@@ -79,12 +78,14 @@ class CheckpointTensor:
     @classmethod
     def __torch_function__(
         cls,
-        func: Callable[..., Any],
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        read = lambda value: value.read() if isinstance(value, CheckpointTensor) else value  # noqa: E731
+        func: Callable[..., object],
+        types: Collection[type],
+        args: tuple[object, ...] = (),
+        kwargs: dict[str, object] | None = None,
+    ) -> object:
+        def read(value: object) -> object:
+            return value.read() if isinstance(value, CheckpointTensor) else value
+
         return func(*map(read, args), **{key: read(value) for key, value in (kwargs or {}).items()})
 
 

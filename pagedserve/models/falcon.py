@@ -5,7 +5,7 @@ query_key_value is split into q, k and v here, whatever its layout. ALiBi varian
 
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +19,9 @@ from pagedserve.layers.rotary import RotaryEmbedding, rope_parameters
 from pagedserve.models.llama import AttentionOptions, LlamaAttention, LlamaForCausalLM, ParamShard, head_dim
 from pagedserve.utils.hf_config import falcon_parallel_attention, falcon_two_layernorms, num_kv_heads
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
 # HF Falcon names -> ours (the Llama attention's, and the model's embed_tokens / layers / norm).
 _RENAMES = [
     (r"^transformer\.word_embeddings\.", "model.embed_tokens."),
@@ -30,18 +33,19 @@ _RENAMES = [
 
 
 class FalconMLP(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: "PretrainedConfig") -> None:
         super().__init__()
         ffn = config.ffn_hidden_size or 4 * config.hidden_size
         self.dense_h_to_4h = ColumnParallelLinear(config.hidden_size, ffn, bias=config.bias)
         self.dense_4h_to_h = RowParallelLinear(ffn, config.hidden_size, bias=config.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(x)))
+        out: torch.Tensor = self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(x)))
+        return out
 
 
 class FalconDecoderLayer(nn.Module):
-    def __init__(self, config: Any, self_attn: nn.Module) -> None:
+    def __init__(self, config: "PretrainedConfig", self_attn: nn.Module) -> None:
         super().__init__()
         self.self_attn = self_attn
         self.mlp = FalconMLP(config)
@@ -60,15 +64,17 @@ class FalconDecoderLayer(nn.Module):
             attn_in, mlp_in = self.ln_attn(hidden), self.ln_mlp(hidden)
         else:
             attn_in = mlp_in = self.input_layernorm(hidden)
-        attn_out = self.self_attn(positions, attn_in)
+        attn_out: torch.Tensor = self.self_attn(positions, attn_in)
         if self.parallel:
-            return (self.mlp(mlp_in) + attn_out) + hidden  # HF's order of the sums
+            mlp_out: torch.Tensor = self.mlp(mlp_in)
+            return (mlp_out + attn_out) + hidden  # HF's order of the sums
         hidden = attn_out + hidden
-        return self.mlp(self.post_attention_layernorm(hidden)) + hidden
+        mlp_out = self.mlp(self.post_attention_layernorm(hidden))
+        return mlp_out + hidden
 
 
 class FalconModel(nn.Module):
-    def __init__(self, config: Any, layers: list[nn.Module]) -> None:
+    def __init__(self, config: "PretrainedConfig", layers: list[nn.Module]) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(layers)
@@ -78,11 +84,12 @@ class FalconModel(nn.Module):
         hidden = self.embed_tokens(input_ids)
         for layer in self.layers:
             hidden = layer(positions, hidden)
-        return self.norm(hidden)
+        normed: torch.Tensor = self.norm(hidden)
+        return normed
 
 
 class FalconForCausalLM(LlamaForCausalLM):
-    def make_model(self, config: Any) -> nn.Module:
+    def make_model(self, config: "PretrainedConfig") -> nn.Module:
         if config.alibi:
             raise ConfigError(
                 "Falcon with alibi=true (ALiBi position biases, e.g. falcon-rw) is not "

@@ -3,7 +3,7 @@ after attention, before and after the MLP), the embedding scaled by sqrt(hidden_
 query_pre_attn_scalar ** -0.5, soft-capped attention and final logits, and alternating local (sliding
 window) and global layers."""
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -21,9 +21,12 @@ from pagedserve.models.llama import (
 )
 from pagedserve.utils.hf_config import layer_sliding_window
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
 
 class Gemma2DecoderLayer(nn.Module):
-    def __init__(self, config: Any, self_attn: nn.Module, mlp: nn.Module) -> None:
+    def __init__(self, config: "PretrainedConfig", self_attn: nn.Module, mlp: nn.Module) -> None:
         super().__init__()
         self.self_attn = self_attn
         self.mlp = mlp
@@ -43,7 +46,7 @@ class Gemma2DecoderLayer(nn.Module):
 
 
 class Gemma2ForCausalLM(LlamaForCausalLM):
-    def make_model(self, config: Any) -> nn.Module:
+    def make_model(self, config: "PretrainedConfig") -> nn.Module:
         rotaries = {
             layer_type: RotaryEmbedding(
                 head_dim(config), config.max_position_embeddings, rope_parameters(config, layer_type)
@@ -57,7 +60,7 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
             embed_scale=config.hidden_size**0.5,
         )
 
-    def attention_options(self, config: Any, layer_idx: int) -> AttentionOptions:
+    def attention_options(self, config: "PretrainedConfig", layer_idx: int) -> AttentionOptions:
         return AttentionOptions(
             qkv_bias=getattr(config, "attention_bias", False),
             qk_norm=self.qk_norm,
@@ -66,11 +69,13 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
             logits_soft_cap=getattr(config, "attn_logit_softcapping", None),
         )
 
-    def make_mlp(self, config: Any, layer_idx: int) -> nn.Module:
+    def make_mlp(self, config: "PretrainedConfig", layer_idx: int) -> nn.Module:
         activation = getattr(config, "hidden_activation", None) or config.hidden_act
         return LlamaMLP(config.hidden_size, config.intermediate_size, activation)
 
-    def make_layer(self, config: Any, layer_idx: int, rotary_emb: RotaryEmbedding) -> nn.Module:
+    def make_layer(
+        self, config: "PretrainedConfig", layer_idx: int, rotary_emb: RotaryEmbedding
+    ) -> nn.Module:
         attention = LlamaAttention(config, self.attention_options(config, layer_idx), rotary_emb)
         return Gemma2DecoderLayer(config, attention, self.make_mlp(config, layer_idx))
 

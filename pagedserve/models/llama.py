@@ -4,7 +4,7 @@ layer itself, the checkpoint's names) wherever their math is Llama's."""
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -18,6 +18,9 @@ from pagedserve.layers.rotary import RotaryEmbedding, rope_parameters
 from pagedserve.models.interface import CausalLM
 from pagedserve.utils.hf_config import layer_sliding_window
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
 # (our parameter name, checkpoint tensor, shard id for the parameter's weight_loader)
 ParamShard = tuple[str, torch.Tensor, object]
 
@@ -30,11 +33,13 @@ class LlamaMLP(nn.Module):
         self.act_fn = gated_activation(hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        out: torch.Tensor = self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        return out
 
 
-def head_dim(config: Any) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+def head_dim(config: "PretrainedConfig") -> int:
+    dim: int = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return dim
 
 
 @dataclass(frozen=True)
@@ -51,7 +56,9 @@ class AttentionOptions:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: Any, options: AttentionOptions, rotary_emb: RotaryEmbedding) -> None:
+    def __init__(
+        self, config: "PretrainedConfig", options: AttentionOptions, rotary_emb: RotaryEmbedding
+    ) -> None:
         super().__init__()
         dim = head_dim(config)
         self.qkv_proj = QKVParallelLinear(
@@ -85,7 +92,8 @@ class LlamaAttention(nn.Module):
             q = self.q_norm(q.reshape(-1, self.head_dim)).view_as(q)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view_as(k)
         q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v))
+        out: torch.Tensor = self.o_proj(self.attn(q, k, v))
+        return out
 
 
 def add_and_norm(
@@ -94,11 +102,12 @@ def add_and_norm(
     """(norm(hidden + residual), hidden + residual); the first layer has no residual yet."""
     if residual is None:
         return norm(hidden), hidden
-    return norm(hidden, residual)
+    normed: tuple[torch.Tensor, torch.Tensor] = norm(hidden, residual)
+    return normed
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: Any, self_attn: nn.Module, mlp: nn.Module) -> None:
+    def __init__(self, config: "PretrainedConfig", self_attn: nn.Module, mlp: nn.Module) -> None:
         super().__init__()
         self.self_attn = self_attn
         self.mlp = mlp
@@ -111,7 +120,8 @@ class LlamaDecoderLayer(nn.Module):
         hidden, residual = add_and_norm(self.input_layernorm, hidden, residual)
         hidden = self.self_attn(positions, hidden)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        out: torch.Tensor = self.mlp(hidden)
+        return out, residual
 
 
 class LlamaModel(nn.Module):
@@ -119,7 +129,7 @@ class LlamaModel(nn.Module):
 
     def __init__(
         self,
-        config: Any,
+        config: "PretrainedConfig",
         make_layer: Callable[[int], nn.Module],
         norm_class: type[RMSNorm] = RMSNorm,
         embed_scale: float | None = None,
@@ -131,7 +141,8 @@ class LlamaModel(nn.Module):
         self.norm = norm_class(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden, residual = self.embed_tokens(input_ids), None
+        hidden: torch.Tensor = self.embed_tokens(input_ids)
+        residual: torch.Tensor | None = None
         if self.embed_scale is not None:
             # NOTE: HF rounds the scale to the activations' dtype first.
             hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
@@ -156,7 +167,7 @@ class LlamaForCausalLM(CausalLM):
         "up_proj": ("gate_up_proj", 1),
     }
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: "PretrainedConfig") -> None:
         super().__init__()
         self.config = config
         self.model = self.make_model(config)
@@ -166,28 +177,31 @@ class LlamaForCausalLM(CausalLM):
             assert isinstance(embed_tokens, VocabParallelEmbedding), "every family names its embedding so"
             self.lm_head.tie_to(embed_tokens)
 
-    def make_model(self, config: Any) -> nn.Module:
+    def make_model(self, config: "PretrainedConfig") -> nn.Module:
         rotary_emb = RotaryEmbedding(
             head_dim(config), config.max_position_embeddings, rope_parameters(config)
         )
         return LlamaModel(config, lambda i: self.make_layer(config, i, rotary_emb))
 
-    def attention_options(self, config: Any, layer_idx: int) -> AttentionOptions:
+    def attention_options(self, config: "PretrainedConfig", layer_idx: int) -> AttentionOptions:
         return AttentionOptions(
             qkv_bias=self.qkv_bias,
             qk_norm=self.qk_norm,
             sliding_window=layer_sliding_window(config, layer_idx, type(self).__name__),
         )
 
-    def make_mlp(self, config: Any, layer_idx: int) -> nn.Module:
+    def make_mlp(self, config: "PretrainedConfig", layer_idx: int) -> nn.Module:
         return LlamaMLP(config.hidden_size, config.intermediate_size, getattr(config, "hidden_act", "silu"))
 
-    def make_layer(self, config: Any, layer_idx: int, rotary_emb: RotaryEmbedding) -> nn.Module:
+    def make_layer(
+        self, config: "PretrainedConfig", layer_idx: int, rotary_emb: RotaryEmbedding
+    ) -> nn.Module:
         attention = LlamaAttention(config, self.attention_options(config, layer_idx), rotary_emb)
         return LlamaDecoderLayer(config, attention, self.make_mlp(config, layer_idx))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions)
+        hidden: torch.Tensor = self.model(input_ids, positions)
+        return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.compute_logits(hidden)

@@ -3,13 +3,16 @@ router, renormalized), run by the fused experts layer (layers/moe.py)."""
 
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from pagedserve.layers.moe import FusedMoE, select_experts
 from pagedserve.models.llama import LlamaForCausalLM, ParamShard
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 # A per-expert checkpoint tensor: Mixtral's w1 (gate), w3 (up), w2 (down), or Qwen-MoE's gate/up/down_proj.
 _EXPERT = re.compile(r"(.*\.experts)\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$")
@@ -31,7 +34,11 @@ class SparseMoeBlock(nn.Module):
     every token's output, weighted by sigmoid(shared_expert_gate(x))."""
 
     def __init__(
-        self, config: Any, intermediate_size: int, renormalize: bool, shared_expert: nn.Module | None = None
+        self,
+        config: "PretrainedConfig",
+        intermediate_size: int,
+        renormalize: bool,
+        shared_expert: nn.Module | None = None,
     ) -> None:
         super().__init__()
         num_experts = getattr(config, "num_local_experts", None) or config.num_experts
@@ -44,10 +51,11 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = select_experts(self.gate(x), self.top_k, self.renormalize)
-        out = self.experts(x, weights, ids)
+        out: torch.Tensor = self.experts(x, weights, ids)
         if self.shared_expert is None:
             return out
-        return out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        shared: torch.Tensor = self.shared_expert(x)
+        return out + torch.sigmoid(self.shared_expert_gate(x)) * shared
 
 
 def expert_tensors(name: str, tensor: torch.Tensor) -> ParamShard | None:
@@ -66,7 +74,7 @@ def expert_tensors(name: str, tensor: torch.Tensor) -> ParamShard | None:
 class MixtralForCausalLM(LlamaForCausalLM):
     moe_module_name = "block_sparse_moe"  # where HF's checkpoint keeps the experts
 
-    def make_mlp(self, config: Any, layer_idx: int) -> nn.Module:
+    def make_mlp(self, config: "PretrainedConfig", layer_idx: int) -> nn.Module:
         return SparseMoeBlock(config, config.intermediate_size, renormalize=True)
 
     def checkpoint_tensors(self, name: str, tensor: torch.Tensor) -> Iterator[ParamShard]:

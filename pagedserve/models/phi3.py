@@ -2,14 +2,17 @@
 split here into the shards each rank keeps; LongRoPE ("su") scaling is in layers/rotary.py."""
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from pagedserve.models.llama import LlamaForCausalLM, ParamShard, head_dim
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
-def split_qkv(config: Any, tensor: torch.Tensor) -> list[tuple[torch.Tensor, str]]:
+
+def split_qkv(config: "PretrainedConfig", tensor: torch.Tensor) -> list[tuple[torch.Tensor, str]]:
     """A fused [q; k; v] tensor (rows) -> its three parts with their shard ids."""
     dim = head_dim(config)
     sizes = [config.num_attention_heads * dim] + [config.num_key_value_heads * dim] * 2

@@ -1,7 +1,7 @@
 """Qwen2-MoE: the Qwen2 attention (q/k/v bias); sparse layers (every `decoder_sparse_step`-th, except
 `mlp_only_layers`) are a mixture of experts plus a gated shared expert, the others a dense MLP."""
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from torch import nn
 
@@ -9,12 +9,15 @@ from pagedserve.models.llama import LlamaMLP
 from pagedserve.models.mixtral import MixtralForCausalLM, SparseMoeBlock
 from pagedserve.utils.hf_config import is_sparse_layer
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
 
 class Qwen2MoeForCausalLM(MixtralForCausalLM):
     qkv_bias = True
     moe_module_name = "mlp"
 
-    def make_mlp(self, config: Any, layer_idx: int) -> nn.Module:
+    def make_mlp(self, config: "PretrainedConfig", layer_idx: int) -> nn.Module:
         if not is_sparse_layer(config, layer_idx):
             return super(MixtralForCausalLM, self).make_mlp(config, layer_idx)
         shared = None

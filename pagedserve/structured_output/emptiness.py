@@ -12,14 +12,17 @@ It over-approximates, so it refuses only what certainly produces nothing: what i
 run-time check (matcher.py: the request ends with finish_reason "error") catches the rest.
 """
 
+import enum
 import json
 import re
 import urllib.parse
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Literal
+
+from pagedserve.utils.user_json import JsonObject, JsonValue
 
 
-def json_schema_emptiness(schema: Any) -> str | None:
+def json_schema_emptiness(schema: JsonValue) -> str | None:
     """Why the JSON schema allows no value (for the 400's message), or None when it may allow one."""
     dead = _dead_json_refs(schema)
     if dead is None:
@@ -74,10 +77,18 @@ def _productive_names(uses: dict[str, set[str]], derives: Callable[[str, set[str
 # ---- JSON schemas: a $ref is a name, its target the definition ----
 
 _DATA_KEYWORDS = ("const", "enum", "default", "examples")  # values, not schemas: no $ref in them counts
-_MISSING = object()
 
 
-def _dead_json_refs(schema: Any) -> list[str] | None:
+class _Missing(enum.Enum):
+    """What `_resolve` finds for a $ref it does not follow (None would be JSON's null)."""
+
+    MISSING = enum.auto()
+
+
+_MISSING = _Missing.MISSING
+
+
+def _dead_json_refs(schema: JsonValue) -> list[str] | None:
     """None when `schema` allows a finite value; else its $refs that allow none (maybe [])."""
     targets = {ref: target for ref in _refs_in(schema) if (target := _resolve(schema, ref)) is not _MISSING}
     uses = {ref: _refs_in(target) & targets.keys() for ref, target in targets.items()}
@@ -87,17 +98,18 @@ def _dead_json_refs(schema: Any) -> list[str] | None:
     return sorted(targets.keys() - productive)
 
 
-def _refs_in(schema: Any) -> set[str]:
+def _refs_in(schema: JsonValue) -> set[str]:
     """Every $ref string anywhere in `schema` (its $defs included)."""
     if isinstance(schema, list):
         return set().union(*(_refs_in(item) for item in schema))
     if not isinstance(schema, dict):
         return set()
-    refs = {schema["$ref"]} if isinstance(schema.get("$ref"), str) else set()
+    ref = schema.get("$ref")
+    refs = {ref} if isinstance(ref, str) else set()
     return refs.union(*(_refs_in(value) for key, value in schema.items() if key not in _DATA_KEYWORDS))
 
 
-def _resolve(root: Any, ref: str) -> Any:
+def _resolve(root: JsonValue, ref: str) -> JsonValue | Literal[_Missing.MISSING]:
     """The subschema a local JSON-pointer $ref names ("#", "#/$defs/x"), or _MISSING (other refs are
     not followed: they count as productive)."""
     if ref != "#" and not ref.startswith("#/"):
@@ -114,7 +126,7 @@ def _resolve(root: Any, ref: str) -> Any:
     return node
 
 
-def _json_productive(schema: Any, known: set[str], refs: dict[str, Any]) -> bool:
+def _json_productive(schema: JsonValue, known: set[str], refs: dict[str, JsonValue]) -> bool:
     """Whether `schema` allows a finite value, given the $refs that do (`known`; the other local ones,
     in `refs`, allow none)."""
     if schema is False:
@@ -125,7 +137,7 @@ def _json_productive(schema: Any, known: set[str], refs: dict[str, Any]) -> bool
     if isinstance(ref, str) and ref in refs and ref not in known:
         return False
 
-    def productive(subschema: Any) -> bool:
+    def productive(subschema: JsonValue) -> bool:
         return _json_productive(subschema, known, refs)
 
     if not all(productive(sub) for sub in _schema_list(schema, "allOf")):
@@ -146,12 +158,12 @@ def _json_productive(schema: Any, known: set[str], refs: dict[str, Any]) -> bool
     )
 
 
-def _schema_list(schema: dict, key: str) -> list:
+def _schema_list(schema: JsonObject, key: str) -> list[JsonValue]:
     value = schema.get(key)
     return value if isinstance(value, list) else []
 
 
-def _object_needs(schema: dict) -> Iterator[Any]:
+def _object_needs(schema: JsonObject) -> Iterator[JsonValue]:
     """The subschemas an object of `schema` must hold a value of: its required properties'."""
     properties = schema.get("properties")
     properties = properties if isinstance(properties, dict) else {}
@@ -164,7 +176,7 @@ def _object_needs(schema: dict) -> Iterator[Any]:
             yield schema.get("additionalProperties", True)
 
 
-def _array_needs(schema: dict) -> Iterator[Any]:
+def _array_needs(schema: JsonObject) -> Iterator[JsonValue]:
     """The subschemas an array of `schema` must hold an item of: minItems' first items, `contains`."""
     min_items = schema.get("minItems", 0)
     min_items = min_items if isinstance(min_items, int) else 0

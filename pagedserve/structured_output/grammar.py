@@ -9,7 +9,7 @@ in bounded time instead of stalling the engine. xgrammar's masks are faster (~2 
 
 import json
 import re
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import llguidance
 import llguidance.hf
@@ -19,10 +19,14 @@ from pagedserve.errors import InvalidRequestError
 from pagedserve.structured_output.emptiness import json_schema_emptiness, lark_emptiness
 from pagedserve.structured_output.json_bounds import bounded_json_object, bounded_schema
 from pagedserve.structured_outputs_params import StructuredOutputsParams
-from pagedserve.utils.user_json import nests_deeper_than
+from pagedserve.utils.user_json import JsonValue, nests_deeper_than
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+    from transformers import PreTrainedTokenizerBase
 
 # Compact JSON (no free whitespace between tokens): a small model cannot loop on spaces and newlines.
-_JSON_OPTIONS: Any = {"whitespace_flexible": False}
+_JSON_OPTIONS: "JsonCompileOptions" = {"whitespace_flexible": False}
 # llguidance's own defaults bound each compile and each mask step (fuel); spelled out to keep them visible.
 PARSER_LIMITS = llguidance.LLParserLimits(
     initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, max_grammar_size=500_000
@@ -37,13 +41,18 @@ MAX_CONSTRAINT_DEPTH = 100
 _GBNF_PARENTHESES = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|#[^\n]*|[()]')
 
 
-def make_ll_tokenizer(hf_tokenizer: Any, vocab_size: int) -> llguidance.LLTokenizer:
+def make_ll_tokenizer(hf_tokenizer: "PreTrainedTokenizerBase", vocab_size: int) -> llguidance.LLTokenizer:
     """llguidance's view of the model's tokenizer (~1 s to build: build once). `vocab_size`: the model's
-    logits width, so the bitmask has one bit per logit."""
+    logits width, so the bitmask has one bit per logit. llguidance reads a fast tokenizer's Rust backend:
+    a slow one raises ValueError (as llguidance would)."""
+    from transformers import PreTrainedTokenizerFast  # NOTE: loaded by llguidance.hf already
+
+    if not isinstance(hf_tokenizer, PreTrainedTokenizerFast):
+        raise ValueError("Only fast tokenizers are supported")
     return llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size)
 
 
-def closed_objects(schema: Any) -> Any:
+def closed_objects(schema: JsonValue) -> JsonValue:
     """`schema` with `"additionalProperties": false` on every object schema that does not say otherwise,
     as xgrammar's strict mode (vLLM's default) and OpenAI's strict structured outputs do. NOTE: left open, a
     small model fills the output with invented keys until max_tokens instead of closing the object. The
@@ -65,9 +74,11 @@ def to_grammar(params: StructuredOutputsParams) -> str:
     if params.json_object:
         return llguidance.LLMatcher.grammar_from_json_schema(bounded_json_object(), defaults=_JSON_OPTIONS)
     if params.json is not None:
+        schema = closed_objects(params.json)
+        assert isinstance(schema, dict), "StructuredOutputsParams holds a JSON schema as an object"
         try:
             return llguidance.LLMatcher.grammar_from_json_schema(
-                bounded_schema(closed_objects(params.json)), defaults=_JSON_OPTIONS
+                bounded_schema(schema), defaults=_JSON_OPTIONS
             )
         except (ValueError, TypeError) as exc:
             raise InvalidRequestError(
@@ -100,7 +111,7 @@ def _lark(grammar: str) -> str:
         ) from exc
 
 
-def check_schema_depth(schema: Any, param: str, limit: int = MAX_CONSTRAINT_DEPTH) -> None:
+def check_schema_depth(schema: object, param: str, limit: int = MAX_CONSTRAINT_DEPTH) -> None:
     """Raises InvalidRequestError (400, naming `param`) when objects and arrays in `schema` nest more than
     `limit` levels deep."""
     if nests_deeper_than(schema, limit):

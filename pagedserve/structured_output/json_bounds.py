@@ -11,7 +11,7 @@ that states its own bound (maximum, exclusiveMaximum, maxLength, pattern, format
 compiled as written: these defaults only fill what it leaves open.
 """
 
-from typing import Any
+from pagedserve.utils.user_json import JsonObject, JsonValue
 
 MAX_SAFE_INTEGER = 2**53 - 1  # I-JSON: the integers every JSON parser reads exactly (16 digits)
 MAX_FRACTION_DIGITS = 10  # a number's digits after the point (llguidance takes multipleOf down to 1e-10)
@@ -28,12 +28,12 @@ _STRING_BOUNDS = ("maxLength", "pattern", "format", "enum", "const")
 _NUMBER_BOUNDS = ("enum", "const")
 
 
-def _type_includes(schema: dict, kind: str) -> bool:
+def _type_includes(schema: JsonObject, kind: str) -> bool:
     declared = schema.get("type")
     return declared == kind or (isinstance(declared, list) and kind in declared)
 
 
-def _bound_number(schema: dict, bounded: dict) -> None:
+def _bound_number(schema: JsonObject, bounded: JsonObject) -> None:
     """Integers within ±MAX_SAFE_INTEGER; numbers there too, with at most MAX_FRACTION_DIGITS decimals
     (no exponent: llguidance writes bounded numbers in plain notation)."""
     if any(key in schema for key in _NUMBER_BOUNDS):
@@ -58,12 +58,23 @@ _SCHEMA_MAP = ("properties", "patternProperties", "$defs", "definitions", "depen
 _SCHEMA_LIST = ("anyOf", "oneOf", "allOf", "prefixItems")
 
 
-def _bound(schema: Any) -> tuple[Any, bool]:
+def _bound(schema: JsonValue) -> tuple[JsonValue, bool]:
     """(the bounded subschema, whether it refers to the bounded any-value)."""
-    if schema is True or schema == {}:
-        return {"$ref": f"#/$defs/{_ANY_VALUE}"}, True
+    if schema is True:
+        return _any_value_ref(), True
     if not isinstance(schema, dict):
         return schema, False
+    return _bound_object(schema)
+
+
+def _any_value_ref() -> JsonObject:
+    return {"$ref": f"#/$defs/{_ANY_VALUE}"}
+
+
+def _bound_object(schema: JsonObject) -> tuple[JsonObject, bool]:
+    """`_bound` of an object schema, which stays an object."""
+    if not schema:
+        return _any_value_ref(), True
     bounded, uses_any = dict(schema), False
     for key, value in schema.items():
         if key in _SCHEMA:
@@ -86,20 +97,23 @@ def _bound(schema: Any) -> tuple[Any, bool]:
     return bounded, uses_any
 
 
-def bounded_schema(schema: Any) -> Any:
+def bounded_schema(schema: JsonObject) -> JsonObject:
     """`schema` with the defaults above on every integer, number and string subschema that leaves them
     open, and every empty subschema ({} or true: any value) made a bounded any-value. The result allows
     a subset of what `schema` allows: outputs still validate against `schema`."""
-    bounded, uses_any = _bound(schema)
+    bounded, uses_any = _bound_object(schema)
     if not uses_any:
         return bounded
-    if not isinstance(bounded, dict) or "$ref" in bounded:  # the whole schema was {} or true
+    if "$ref" in bounded:  # the whole schema was {}
         bounded = {"allOf": [bounded]}
-    bounded["$defs"] = {**bounded.get("$defs", {}), **_bounded_any_value_defs()}
+    defs = bounded.get("$defs", {})
+    if not isinstance(defs, dict):  # a TypeError: to_grammar makes it the request's 400
+        raise TypeError(f"$defs must be an object, not {type(defs).__name__}")
+    bounded["$defs"] = {**defs, **_bounded_any_value_defs()}
     return bounded
 
 
-def _scalars() -> list[dict]:
+def _scalars() -> list[JsonValue]:
     return [
         {"type": "null"},
         {"type": "boolean"},
@@ -109,7 +123,7 @@ def _scalars() -> list[dict]:
     ]
 
 
-def _object_of(value: dict) -> dict:
+def _object_of(value: JsonValue) -> JsonObject:
     # The pattern is matched against the decoded key: any character but a newline, MAX_KEY_LENGTH at most.
     return {
         "type": "object",
@@ -119,19 +133,19 @@ def _object_of(value: dict) -> dict:
     }
 
 
-def _bounded_any_value_defs() -> dict:
+def _bounded_any_value_defs() -> JsonObject:
     """$defs for any JSON value within the bounds: one entry per nesting level (a recursive $ref could
     nest without end); `_ANY_VALUE` holds up to MAX_NESTING levels of arrays and objects."""
-    levels: dict[str, dict] = {f"{_ANY_VALUE}1": {"anyOf": _scalars()}}
+    levels: JsonObject = {f"{_ANY_VALUE}1": {"anyOf": _scalars()}}
     for depth in range(2, MAX_NESTING + 2):
-        inner = {"$ref": f"#/$defs/{_ANY_VALUE}{depth - 1}"}
-        array = {"type": "array", "items": inner, "maxItems": MAX_ARRAY_ITEMS}
+        inner: JsonObject = {"$ref": f"#/$defs/{_ANY_VALUE}{depth - 1}"}
+        array: JsonObject = {"type": "array", "items": inner, "maxItems": MAX_ARRAY_ITEMS}
         levels[f"{_ANY_VALUE}{depth}"] = {"anyOf": [*_scalars(), array, _object_of(inner)]}
     levels[_ANY_VALUE] = {"$ref": f"#/$defs/{_ANY_VALUE}{MAX_NESTING + 1}"}
     return levels
 
 
-def bounded_json_object() -> dict:
+def bounded_json_object() -> JsonObject:
     """`json_object`'s schema: any JSON object (MAX_NESTING levels at most, itself included), every
     value bounded."""
     return {"$defs": _bounded_any_value_defs(), **_object_of({"$ref": f"#/$defs/{_ANY_VALUE}{MAX_NESTING}"})}

@@ -7,7 +7,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import llguidance
 import llguidance.numpy
@@ -17,6 +17,9 @@ from pagedserve.logger import init_logger
 from pagedserve.structured_output.grammar import PARSER_LIMITS, make_ll_tokenizer, to_grammar
 from pagedserve.structured_output.matcher import RequestGrammar
 from pagedserve.structured_outputs_params import StructuredOutputsParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 logger = init_logger(__name__)
 
@@ -37,7 +40,9 @@ class StructuredOutputManager:
     """`load_tokenizer` builds the HF tokenizer on the first compile (in the compile thread: an engine
     without constrained requests never pays for it)."""
 
-    def __init__(self, load_tokenizer: Callable[[], Any], vocab_size: int, num_threads: int = 1) -> None:
+    def __init__(
+        self, load_tokenizer: Callable[[], "PreTrainedTokenizerBase"], vocab_size: int, num_threads: int = 1
+    ) -> None:
         self._load_tokenizer = load_tokenizer
         self.vocab_size = vocab_size
         # NOTE: llguidance drops the GIL while it compiles: the engine keeps stepping meanwhile.

@@ -13,14 +13,13 @@ import sys
 import weakref
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
 
 
 class ChildProcess:
     """A started child; the subset of multiprocessing.Process the executors use (`pid`, `sentinel`,
     `exitcode`, `is_alive`, `join`, `terminate`, `kill`). `conn`: the parent's end of the socket."""
 
-    def __init__(self, target: Callable[..., None], args: tuple[Any, ...], name: str) -> None:
+    def __init__(self, target: Callable[..., None], args: tuple[object, ...], name: str) -> None:
         ours, theirs = socket.socketpair()
         # NOTE: the name is in the command line only so that `ps` (and tests) can tell children apart.
         self._popen = subprocess.Popen(

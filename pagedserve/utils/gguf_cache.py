@@ -20,8 +20,10 @@ _CACHE_ROOT = os.path.join(
 def gguf_hf_folder(gguf_file: str) -> str:
     """A folder with config.json and tokenizer files for `gguf_file`, created on first use."""
     stat = os.stat(gguf_file)
+    # realpath: a hub cache snapshot links its files to blobs/, so every revision (and path) holding the
+    # same file shares one conversion.
     key = hashlib.sha256(
-        f"{os.path.abspath(gguf_file)}:{stat.st_size}:{stat.st_mtime_ns}:{_CONVERSION_VERSION}".encode()
+        f"{os.path.realpath(gguf_file)}:{stat.st_size}:{stat.st_mtime_ns}:{_CONVERSION_VERSION}".encode()
     )
     folder = os.path.join(os.environ.get("PAGEDSERVE_CACHE_DIR", _CACHE_ROOT), key.hexdigest()[:16])
     if os.path.isfile(os.path.join(folder, "done")):

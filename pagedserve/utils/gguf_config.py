@@ -3,9 +3,14 @@ misses what llama.cpp's converter wrote (Mixtral's experts, Qwen-MoE's expert si
 architectures (`general.architecture`) pagedserve loads; any other is refused with that list."""
 
 import os
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from pagedserve.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gguf import ReaderField
+    from transformers import PretrainedConfig
 
 # general.architecture -> the families it holds (llama.cpp writes Mistral and Mixtral as "llama").
 GGUF_ARCHITECTURES = {
@@ -21,7 +26,7 @@ GGUF_ARCHITECTURES = {
 }
 
 
-def gguf_hf_config(directory: str, name: str) -> Any:
+def gguf_hf_config(directory: str, name: str) -> "PretrainedConfig":
     """The transformers config of `directory`/`name`. Raises ConfigError for an architecture pagedserve
     does not load, naming the ones it does."""
     from gguf import GGUFReader
@@ -35,7 +40,7 @@ def gguf_hf_config(directory: str, name: str) -> Any:
             f"GGUF architecture {arch!r} (general.architecture of {name}) is not supported. Supported GGUF "
             f"architectures: {supported}. Other families load from a HF folder (--model)."
         )
-    config = AutoConfig.from_pretrained(directory, gguf_file=name)
+    config: PretrainedConfig = AutoConfig.from_pretrained(directory, gguf_file=name)
     if arch == "llama":
         return _as_mixtral_if_sparse(config, fields)
     if arch in ("qwen2moe", "qwen3moe"):
@@ -43,11 +48,11 @@ def gguf_hf_config(directory: str, name: str) -> Any:
     return config
 
 
-def _string(fields: dict[str, Any], key: str) -> str:
+def _string(fields: Mapping[str, "ReaderField"], key: str) -> str:
     return bytes(fields[key].parts[-1]).decode()
 
 
-def _int(fields: dict[str, Any], key: str, default: int | None = None) -> int:
+def _int(fields: Mapping[str, "ReaderField"], key: str, default: int | None = None) -> int:
     field = fields.get(key)
     if field is None:
         if default is None:
@@ -56,7 +61,9 @@ def _int(fields: dict[str, Any], key: str, default: int | None = None) -> int:
     return int(field.contents())
 
 
-def _as_mixtral_if_sparse(config: Any, fields: dict[str, Any]) -> Any:
+def _as_mixtral_if_sparse(
+    config: "PretrainedConfig", fields: Mapping[str, "ReaderField"]
+) -> "PretrainedConfig":
     """llama.cpp stores Mixtral as architecture "llama" with `llama.expert_count` experts, which
     transformers reads as a dense Llama: such a config becomes the MixtralConfig it describes."""
     if _int(fields, "llama.expert_count", 0) == 0:
@@ -75,7 +82,9 @@ def _as_mixtral_if_sparse(config: Any, fields: dict[str, Any]) -> Any:
     )
 
 
-def _with_qwen_moe_sizes(config: Any, fields: dict[str, Any], arch: str) -> Any:
+def _with_qwen_moe_sizes(
+    config: "PretrainedConfig", fields: Mapping[str, "ReaderField"], arch: str
+) -> "PretrainedConfig":
     """transformers reads a Qwen2/3-MoE GGUF's expert counts but not the experts' sizes, leaving the
     config class's defaults (Qwen1.5-MoE-A2.7B's). The sizes come from llama.cpp's keys, as its converter
     writes them; every layer is sparse (llama.cpp builds no dense layer for these architectures)."""

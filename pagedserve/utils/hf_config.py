@@ -1,7 +1,10 @@
 """What a family's HF config means, read without torch: shared by the models (which build the layers) and
 the sizing arithmetic (which counts them), so both read a config the same way."""
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 # Families whose HF code puts `sliding_window` on every layer, ignoring any `layer_types`.
 _WINDOW_ON_EVERY_LAYER = frozenset(
@@ -9,7 +12,7 @@ _WINDOW_ON_EVERY_LAYER = frozenset(
 )
 
 
-def layer_sliding_window(config: Any, layer_idx: int, architecture: str) -> int | None:
+def layer_sliding_window(config: "PretrainedConfig", layer_idx: int, architecture: str) -> int | None:
     """The sliding window of layer `layer_idx`, as HF decides it: from `layer_types` ("sliding_attention")
     for the families that list them (Qwen2/3, Gemma 2/3), else `sliding_window` on every layer."""
     window = getattr(config, "sliding_window", None)
@@ -19,22 +22,24 @@ def layer_sliding_window(config: Any, layer_idx: int, architecture: str) -> int 
     return window
 
 
-def layer_windows(config: Any, architecture: str) -> list[int | None]:
+def layer_windows(config: "PretrainedConfig", architecture: str) -> list[int | None]:
     """Every layer's sliding window (None: full attention)."""
     return [layer_sliding_window(config, i, architecture) for i in range(config.num_hidden_layers)]
 
 
-def num_kv_heads(config: Any, architecture: str) -> int:
+def num_kv_heads(config: "PretrainedConfig", architecture: str) -> int:
     """KV heads of the model. Falcon (HF's rule): grouped KV with the new architecture, one KV head for
     multi-query, else one per head."""
     if architecture == "FalconForCausalLM":
         if config.new_decoder_architecture or not config.multi_query:
-            return config.num_kv_heads or config.num_attention_heads
+            grouped: int = config.num_kv_heads or config.num_attention_heads
+            return grouped
         return 1
-    return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    heads: int = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return heads
 
 
-def is_sparse_layer(config: Any, layer_idx: int) -> bool:
+def is_sparse_layer(config: "PretrainedConfig", layer_idx: int) -> bool:
     """Qwen-MoE: every `decoder_sparse_step`-th layer but `mlp_only_layers` is a mixture of experts."""
     return (
         layer_idx not in (getattr(config, "mlp_only_layers", None) or [])
@@ -43,11 +48,12 @@ def is_sparse_layer(config: Any, layer_idx: int) -> bool:
     )
 
 
-def falcon_two_layernorms(config: Any) -> bool:
+def falcon_two_layernorms(config: "PretrainedConfig") -> bool:
     """Falcon's new architecture normalizes attention and MLP inputs apart (num_ln_in_parallel_attn 2)."""
     return config.new_decoder_architecture and (config.num_ln_in_parallel_attn or 2) == 2
 
 
-def falcon_parallel_attention(config: Any) -> bool:
+def falcon_parallel_attention(config: "PretrainedConfig") -> bool:
     """Attention and MLP read the same input and their outputs are summed (7B, and the new architecture)."""
-    return config.new_decoder_architecture or config.parallel_attn
+    parallel: bool = config.new_decoder_architecture or config.parallel_attn
+    return parallel

@@ -11,6 +11,7 @@ from pagedserve.logger import init_logger
 logger = init_logger(__name__)
 
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+_QUANT = re.compile(r"^[\w.-]+$")
 # What a checkpoint folder needs besides its weights: configs, tokenizer files, chat templates.
 _CONFIG_FILES = ["*.json", "*.jinja", "tokenizer*", "*.model", "*.tiktoken", "merges.txt", "vocab.txt"]
 
@@ -30,9 +31,7 @@ def resolve_model_path(
         return model
     repo_id, _, quant = model.partition(":")
     if quant:
-        folder = _snapshot(
-            repo_id, revision, download_dir, [f"*{quant}*.gguf", f"*{quant.lower()}*.gguf"], what
-        )
+        folder = _snapshot(repo_id, revision, download_dir, [_gguf_pattern(repo_id, quant, what)], what)
         return _gguf_file(folder, repo_id, quant, what)
     folder = _snapshot(repo_id, revision, download_dir, [*_CONFIG_FILES, "*.safetensors"], what)
     if not any(name.endswith(".safetensors") for name in os.listdir(folder)):
@@ -65,6 +64,17 @@ def _snapshot(
         raise ConfigError(
             f"{what} {repo_id!r} (revision {revision or 'main'}) could not be fetched into {cache}: {exc}"
         ) from exc
+
+
+def _gguf_pattern(repo_id: str, quant: str, what: str) -> str:
+    """The glob of the GGUF files whose name holds `quant` in any case (huggingface_hub's patterns are
+    case-sensitive, and repos write Q4_K_M as well as q4_k_m)."""
+    if not _QUANT.match(quant):
+        raise ConfigError(
+            f"{what} {repo_id}:{quant}: after the colon comes a GGUF quantization type such as Q4_K_M "
+            "(letters, digits, '_', '-' or '.')."
+        )
+    return "*" + "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else c for c in quant) + "*.gguf"
 
 
 def _gguf_file(folder: str, repo_id: str, quant: str, what: str) -> str:

@@ -14,10 +14,13 @@ One group (every layer of the same type: Llama, Mistral, ...) is the layout of a
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pagedserve.utils import cdiv
 from pagedserve.utils.hf_config import layer_windows
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ class KVCacheGroups:
         return cls(tuple(layers), tuple(windows), block_size)
 
     @classmethod
-    def for_model(cls, hf_config: Any, architecture: str, block_size: int) -> "KVCacheGroups":
+    def for_model(cls, hf_config: "PretrainedConfig", architecture: str, block_size: int) -> "KVCacheGroups":
         """The groups of a model's layers, read from its HF config (the engine and the workers agree)."""
         return cls.from_layer_windows(layer_windows(hf_config, architecture), block_size)
 

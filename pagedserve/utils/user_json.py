@@ -2,7 +2,11 @@
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
+
+# A JSON document as json.loads returns it: objects are dicts, arrays lists.
+JsonValue: TypeAlias = "dict[str, JsonValue] | list[JsonValue] | str | int | float | bool | None"
+JsonObject: TypeAlias = "dict[str, JsonValue]"
 
 
 def load_user_json(value: Any, error: Callable[[str], Exception], what: str = "is not valid JSON") -> Any:
@@ -16,7 +20,7 @@ def load_user_json(value: Any, error: Callable[[str], Exception], what: str = "i
         raise error(f"{what}: {exc}") from exc
 
 
-def nests_deeper_than(value: Any, limit: int) -> bool:
+def nests_deeper_than(value: object, limit: int) -> bool:
     """Whether objects and arrays (dicts, lists, tuples) nest in `value` more than `limit` levels deep
     ({"a": [1]}: 2). Iterative, and it stops at the first level too deep: any nesting, a cycle too, is
     measured without recursion in bounded time."""

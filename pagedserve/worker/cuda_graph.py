@@ -10,11 +10,10 @@ The backend must build its metadata over the buffers (`build_graph_metadata`: th
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from pagedserve.attention.backends.base import AttentionBackend
+from pagedserve.attention.backends.base import AnyAttentionBackend
 from pagedserve.attention.forward_context import set_forward_context
 from pagedserve.logger import init_logger
 from pagedserve.utils import cdiv
@@ -78,7 +77,7 @@ class CudaGraphRunner:
     def __init__(
         self,
         model: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-        backend: AttentionBackend[Any],
+        backend: AnyAttentionBackend,
         sizes: tuple[int, ...],
         block_size: int,
         max_model_len: int,

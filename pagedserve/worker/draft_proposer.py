@@ -10,7 +10,7 @@ blocks at the end of the draft cache, so the scheduler allocates nothing for the
 import numpy as np
 import torch
 
-from pagedserve.attention.backends.base import AttentionBackend, CommonAttentionMetadata
+from pagedserve.attention.backends.base import AnyAttentionBackend, CommonAttentionMetadata
 from pagedserve.attention.forward_context import set_forward_context
 from pagedserve.config import ModelConfig
 from pagedserve.layers.attention import Attention
@@ -39,7 +39,7 @@ class DraftModelProposer:
 
     def propose(
         self,
-        backend: AttentionBackend,
+        backend: AnyAttentionBackend,
         tables: np.ndarray,
         num_blocks: np.ndarray,
         last_tokens: list[int],

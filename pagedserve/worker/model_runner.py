@@ -192,7 +192,7 @@ class ModelRunner:
             if size is not None:
                 return self.cuda_graphs.run(batch, size)
         with set_forward_context(*[self.backend.build_metadata(group) for group in batch.attention]):
-            hidden = self.model(batch.input_ids, batch.positions)
+            hidden: torch.Tensor = self.model(batch.input_ids, batch.positions)
             if self.drafter is not None:  # its K/V of the same tokens, for its proposals
                 self.drafter.model(batch.input_ids, batch.positions)
         return hidden

@@ -74,3 +74,40 @@ def test_swapped_groups_come_back_most_urgent_first() -> None:
     assert not scheduler.has_unfinished_requests() and scheduler.num_preemptions_total > 0
     finished_order = sorted("abc", key=lambda r: max(i for i, step in enumerate(seen) if r in step))
     assert finished_order == ["b", "c", "a"]
+
+
+def test_a_preempted_request_goes_back_to_its_place_in_the_queue() -> None:
+    scheduler = make_scheduler(num_blocks=4, block_size=4, policy="priority")  # 3 usable blocks
+    scheduler.add_request(make_request("old-lazy", 4, max_tokens=8, priority=7))
+    scheduler.add_request(make_request("new-urgent", 4, max_tokens=8, priority=0))
+    finish_step(scheduler)
+    for request_id, priority in [("waiting-lazier", 9), ("waiting-urgent", 3)]:
+        scheduler.add_request(make_request(request_id, 4, max_tokens=1, priority=priority))
+    finish_step(scheduler)  # old-lazy is preempted (recompute): back in the queue by its priority
+    assert scheduler.num_preemptions_total == 1
+    assert [r.request_id for r in scheduler.waiting] == ["waiting-urgent", "old-lazy", "waiting-lazier"]
+
+
+def test_an_urgent_request_goes_before_a_swapped_out_lazier_group_and_the_group_before_lazier_ones() -> None:
+    """A sample group (preempted whole, swapped out) gives way to an urgent request once, without coming
+    back only to be preempted again; it comes back before a lazier request is admitted."""
+    scheduler = make_scheduler(
+        num_blocks=7, block_size=4, max_model_len=64, policy="priority", num_host_blocks=16
+    )
+    for index in range(2):
+        scheduler.add_request(make_request(f"{index}_g", 6, max_tokens=6, group_id="g", priority=5))
+    finish_step(scheduler)
+    assert finish_step(scheduler) == ["0_g", "1_g"]  # the samples forked: the group runs
+    scheduler.add_request(make_request("urgent", 12, max_tokens=4, priority=0))
+    scheduler.add_request(make_request("lazier", 4, max_tokens=2, priority=9))
+    out = scheduler.schedule()
+    assert out.blocks_to_swap_out and not out.num_scheduled_tokens  # the group yields, swapped out
+    scheduler.update_from_output(out, ModelRunnerOutput({}))
+    seen: list[list[str]] = []
+    while scheduler.has_unfinished_requests() and len(seen) < 30:
+        seen.append(finish_step(scheduler))
+    assert seen[:5] == [["urgent"]] * 4 + [["0_g", "1_g"]]  # then the group comes back (swapped in)
+    assert any("lazier" in step for step in seen[5:]) and not scheduler.has_unfinished_requests()
+    assert scheduler.num_preemptions_total == 1
+    kv, swap = scheduler.kv_cache_manager, scheduler.swap_space
+    assert kv.num_free_blocks() == kv.num_usable_blocks and swap is not None and not swap.tables

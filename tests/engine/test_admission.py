@@ -42,14 +42,16 @@ def test_queue_limits_refuse_with_retry_after() -> None:
     admission.admit([("a", 40)])
     admission.admit([("b", 40)])
     with pytest.raises(
-        CapacityError, match=r"2 requests are waiting .* limit is 2 \(raise --max-num-queued-requests"
+        CapacityError,
+        match=r"2 requests are waiting .* limit is 2 \(raise --max-num-queued-requests to queue more, -1 "
+        r"for no limit; vLLM queues without a limit\)",
     ):
         admission.admit([("c", 1)])
     admission.dequeue("a", started=True)
     with pytest.raises(
         CapacityError,
         match=r"40 prompt tokens are waiting .* adds 61, over the limit of 100 "
-        r"\(raise --max-num-queued-tokens",
+        r"\(raise --max-num-queued-tokens to queue more, -1 for no limit; vLLM queues without a limit\)",
     ) as caught:
         admission.admit([("c", 61)])
     assert 1 <= caught.value.retry_after_s <= 60

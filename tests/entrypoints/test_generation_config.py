@@ -10,7 +10,8 @@ import pytest
 from server_utils import API_SERVER, RemoteServer
 
 from pagedserve import LLM, SamplingParams
-from pagedserve.errors import ConfigError
+from pagedserve.config.generation import generation_defaults
+from pagedserve.errors import ConfigError, InvalidRequestError
 
 GENERATION = {"temperature": 0.0, "top_k": 7, "top_p": 0.9, "repetition_penalty": 1.1, "max_new_tokens": 3}
 
@@ -45,11 +46,12 @@ def test_offline_defaults_and_overrides(model_with_defaults: str) -> None:
 @pytest.mark.parametrize(
     "generation, words",
     [
-        ({"temperature": -1}, "temperature=-1 must be a number"),
-        ({"top_p": 2}, "top_p=2 must be a number"),
-        ({"top_k": 1.5}, "top_k=1.5 must be an integer"),
-        ({"max_new_tokens": 0}, "max_new_tokens=0"),
-        ({"temperature": "hot"}, "temperature='hot'"),
+        ({"temperature": -1}, "temperature=-1 is invalid: temperature must be non-negative"),
+        ({"temperature": float("nan")}, "temperature=nan is invalid"),
+        ({"top_p": 0}, r"top_p=0 is invalid: top_p must be in \(0, 1\]"),  # a request's rule, too
+        ({"top_k": 1.5}, "top_k=1.5 is invalid: top_k must be an integer"),
+        ({"max_new_tokens": 0}, "max_new_tokens=0 is invalid: max_tokens must be at least 1"),
+        ({"temperature": "hot"}, "temperature='hot' is invalid"),
     ],
 )
 def test_bad_values_fail_at_startup_naming_the_file(
@@ -59,6 +61,27 @@ def test_bad_values_fail_at_startup_naming_the_file(
     with pytest.raises(ConfigError, match=words) as raised:
         LLM(model_with_defaults, kv_cache_memory="4MiB", generation_config=str(tmp_path))
     assert "generation_config.json" in str(raised.value) and "--generation-config vllm" in str(raised.value)
+
+
+def test_transformers_defaults_in_the_file_are_no_defaults(tmp_path: Path) -> None:
+    """As vLLM, which reads the file's difference from transformers' defaults: "top_k": 50 is not kept."""
+    (tmp_path / "generation_config.json").write_text(json.dumps({"top_k": 50, "temperature": 0.7}))
+    assert generation_defaults(str(tmp_path), "unused") == {"temperature": 0.7}
+    assert generation_defaults(str(tmp_path), "unused", '{"top_k": 50}') == {"temperature": 0.7, "top_k": 50}
+
+
+def test_the_default_max_tokens_caps_the_rest_of_the_context(
+    model_with_defaults: str, tmp_path: Path
+) -> None:
+    """A model's max_new_tokens beyond the context never fails a request that did not set max_tokens."""
+    (tmp_path / "generation_config.json").write_text(json.dumps({"max_new_tokens": 1000, "temperature": 0}))
+    llm = LLM(model_with_defaults, kv_cache_memory="4MiB", max_model_len=32, generation_config=str(tmp_path))
+    assert llm.get_default_sampling_params().max_tokens == 1000
+    prompt = list(range(10, 30))
+    output = llm.generate({"prompt_token_ids": prompt}, use_tqdm=False)[0].outputs[0]
+    assert len(output.token_ids) == 32 - len(prompt) and output.finish_reason == "length"
+    with pytest.raises(InvalidRequestError, match="maximum context length is 32"):
+        llm.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=1000), use_tqdm=False)
 
 
 def test_bad_flag_values(model_with_defaults: str) -> None:

@@ -10,11 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from huggingface_hub.utils import filter_repo_objects
 from server_utils import API_SERVER, RemoteServer
 
 from pagedserve import LLM, SamplingParams
 from pagedserve.config import EngineArgs
 from pagedserve.errors import ConfigError
+from pagedserve.utils.gguf_cache import gguf_hf_folder
+from pagedserve.utils.hub import _gguf_pattern
 
 MAIN, V2 = "a" * 40, "b" * 40
 
@@ -85,6 +88,42 @@ def test_missing_offline_names_the_cache(
     with pytest.raises(ConfigError, match=words) as raised:
         EngineArgs(model=model, revision=revision, download_dir=str(hub_cache)).create_engine_config()
     assert str(hub_cache) in str(raised.value) and "HF_HUB_OFFLINE" in str(raised.value)
+
+
+def test_gguf_quant_matches_file_names_in_any_case() -> None:
+    # What the Hub is asked for: huggingface_hub filters allow_patterns case-sensitively.
+    names = ["m-Q4_K_M.gguf", "m-q4_k_m.gguf", "m-Q4_K_S.gguf", "m-Q8_0.gguf", "Q4_K_M.md"]
+    assert list(filter_repo_objects(names, allow_patterns=_gguf_pattern("org/m", "q4_K_m", "--model"))) == [
+        "m-Q4_K_M.gguf",
+        "m-q4_k_m.gguf",
+    ]
+    with pytest.raises(ConfigError, match=r"org/m:Q4 K: after the colon comes a GGUF quantization type"):
+        EngineArgs(model="org/m:Q4 K").create_engine_config()
+
+
+def test_hf_config_path_and_draft_model_from_the_hub(
+    hub_cache: Path, default_model: str, tiny_llama: str, tmp_path: Path
+) -> None:
+    # The original model's config beside a GGUF file (vLLM's --hf-config-path), here the GGUF's own
+    # with a shorter context to tell them apart.
+    config_folder = tmp_path / "config"
+    shutil.copytree(gguf_hf_folder(default_model), config_folder)
+    config = json.loads((config_folder / "config.json").read_text())
+    (config_folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 512}))
+    add_snapshot(hub_cache, "org/smol", "main", MAIN, config_folder)
+    gguf = EngineArgs(model="org/smol-gguf:Q4_1", hf_config_path="org/smol", download_dir=str(hub_cache))
+    resolved = gguf.create_engine_config().model
+    assert resolved.max_model_len == 512 and resolved.gguf_file is not None
+    with pytest.raises(ConfigError, match=r"Cannot load the model config of .* \(--hf-config-path\)"):
+        EngineArgs(model=default_model, hf_config_path=str(tmp_path)).create_engine_config()
+    draft = {"model": "org/tiny", "num_speculative_tokens": 2}
+    spec = EngineArgs(
+        model=tiny_llama, speculative_config=json.dumps(draft), download_dir=str(hub_cache)
+    ).create_engine_config()
+    assert spec.speculative is not None and spec.speculative.draft_model_config is not None
+    assert spec.speculative.draft_model_config.model == str(
+        hub_cache / "models--org--tiny" / "snapshots" / MAIN
+    )
 
 
 # A client script as written for a vLLM deployment: wait for /health, chat and stream with the openai

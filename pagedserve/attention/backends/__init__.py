@@ -1,10 +1,8 @@
 """Backend registry. Backends are imported lazily: optional libraries (triton) stay unimported on a CPU
 install, and the native CPU kernels are built only when the cpu backend is chosen."""
 
-from typing import Any
-
 from pagedserve import envs
-from pagedserve.attention.backends.base import AttentionBackend
+from pagedserve.attention.backends.base import AnyAttentionBackend
 from pagedserve.errors import ConfigError
 from pagedserve.logger import init_logger
 from pagedserve.platforms import Platform
@@ -13,20 +11,20 @@ from pagedserve.utils.registry import Registry
 logger = init_logger(__name__)
 
 # --attention-backend -> backend; config.AttentionBackendName lists the same names, plus auto.
-ATTENTION_BACKENDS: "Registry[AttentionBackend[Any]]" = Registry("Attention backend", "--attention-backend")
+ATTENTION_BACKENDS: "Registry[AnyAttentionBackend]" = Registry("Attention backend", "--attention-backend")
 ATTENTION_BACKENDS.register("torch", "pagedserve.attention.backends.torch_paged:TorchPagedAttentionBackend")
 ATTENTION_BACKENDS.register("cpu", "pagedserve.attention.backends.cpu_native:CpuNativeAttentionBackend")
 ATTENTION_BACKENDS.register("triton", "pagedserve.attention.backends.triton:TritonAttentionBackend")
 
 
-def get_attention_backend(name: str) -> "AttentionBackend[Any]":
+def get_attention_backend(name: str) -> AnyAttentionBackend:
     """`name`: torch (reference; CPU and GPU) | cpu (native CPU decode kernel; CPU tensors only) |
     triton (Triton kernels; CUDA tensors, or CPU ones under TRITON_INTERPRET=1).
     Raises ConfigError for any other name."""
     return ATTENTION_BACKENDS.load(name)()
 
 
-def select_attention_backend(requested: str, platform: Platform) -> "AttentionBackend[Any]":
+def select_attention_backend(requested: str, platform: Platform) -> AnyAttentionBackend:
     """The backend for `requested` (auto or a registered name) on `platform`, with the choice logged.
 
     auto is the platform's default (cpu on a CPU, triton on CUDA). cpu needs the native kernels: when

@@ -2,7 +2,7 @@
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeAlias, TypeVar
 
 import torch
 
@@ -85,3 +85,8 @@ class AttentionBackend(ABC, Generic[MetadataT]):
         (key_cache, value_cache), each [num_blocks, block_size, num_kv_heads, head_dim], in q's dtype or,
         when `spec.kv_quant` is set, uint8 fp8 bits to store and read through it.
         Returns [T, num_heads * head_dim]."""
+
+
+# A backend held where its metadata type is not known (the model runner, the layers): its metadata
+# goes from its own build_metadata, unread, to its own forward.
+AnyAttentionBackend: TypeAlias = "AttentionBackend[Any]"

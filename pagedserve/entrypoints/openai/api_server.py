@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -288,7 +289,7 @@ async def run_server(
     return 1 if engine is not None and engine.dead_error is not None else 0
 
 
-def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
+def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 

@@ -18,6 +18,7 @@ from pagedserve.entrypoints.openai.tool_parsers.streaming import ToolCallDelta, 
 from pagedserve.errors import InvalidRequestError
 from pagedserve.structured_output.grammar import MAX_CONSTRAINT_DEPTH, check_schema_depth
 from pagedserve.structured_outputs_params import StructuredOutputsParams
+from pagedserve.utils.user_json import JsonObject, JsonValue
 
 
 @dataclass
@@ -39,7 +40,7 @@ class ChatTools:
     """One request's tool handling. `mode`: none | auto (with `parser`) | required | named (`named`)."""
 
     mode: str
-    functions: dict[str, dict[str, Any]]  # name -> the function's JSON schema of parameters
+    functions: dict[str, JsonObject]  # name -> the function's JSON schema of parameters
     named: str | None = None
     parser: ToolParser | None = None
     parallel: bool = True  # parallel_tool_calls: false keeps one call (the first)
@@ -129,8 +130,8 @@ def resolve_chat_tools(
 _REQUIRED_WRAPPING = 2
 
 
-def _functions(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    functions: dict[str, dict[str, Any]] = {}
+def _functions(tools: list[dict[str, Any]]) -> dict[str, JsonObject]:
+    functions: dict[str, JsonObject] = {}
     indexes: dict[str, int] = {}
     for index, tool in enumerate(tools):
         function = tool.get("function") if isinstance(tool, dict) else None
@@ -166,14 +167,14 @@ def _functions(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return functions
 
 
-def _required_schema(functions: dict[str, dict[str, Any]], parallel: bool = True) -> dict[str, Any]:
+def _required_schema(functions: dict[str, JsonObject], parallel: bool = True) -> JsonObject:
     """A JSON array of at least one (exactly one unless `parallel`) {"name": <a tool>, "parameters": <its
     arguments>} (vLLM's form). Each
     tool's parameters schema moves whole under the root's $defs, its local $refs rebased there ("#/$defs/X"
     -> "#/$defs/tool0/$defs/X", "#" -> "#/$defs/tool0"): every ref resolves as it did in the tool's own
     schema."""
     defs = {f"tool{i}": _rebased(schema, f"#/$defs/tool{i}") for i, schema in enumerate(functions.values())}
-    calls = [
+    calls: list[JsonValue] = [
         {
             "type": "object",
             "properties": {
@@ -184,7 +185,7 @@ def _required_schema(functions: dict[str, dict[str, Any]], parallel: bool = True
         }
         for i, name in enumerate(functions)
     ]
-    schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}, "$defs": defs}
+    schema: JsonObject = {"type": "array", "minItems": 1, "items": {"anyOf": calls}, "$defs": defs}
     return schema if parallel else {**schema, "maxItems": 1}
 
 
@@ -192,13 +193,13 @@ def _required_schema(functions: dict[str, dict[str, Any]], parallel: bool = True
 _DATA_KEYWORDS = ("const", "enum", "default", "examples")
 
 
-def _rebased(schema: Any, base: str) -> Any:
+def _rebased(schema: JsonValue, base: str) -> JsonValue:
     """`schema` with each local $ref ("#...") under `base` instead of "#"."""
     if isinstance(schema, list):
         return [_rebased(item, base) for item in schema]
     if not isinstance(schema, dict):
         return schema
-    rebased = {}
+    rebased: JsonObject = {}
     for key, value in schema.items():
         if key == "$ref" and isinstance(value, str) and value.startswith("#"):
             rebased[key] = base + value[1:]

@@ -127,7 +127,7 @@ class SamplingRequest(OpenAIRequestModel):
             stop=self.stop,
             stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos,
-            max_tokens=_or(max_tokens, defaults.get("max_tokens")),
+            max_tokens=max_tokens,  # unset: the engine caps the rest of the context at the default
             min_tokens=self.min_tokens,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,

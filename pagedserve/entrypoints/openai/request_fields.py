@@ -3,8 +3,6 @@ model forbids it; a request ignores it with a warning, once per field name, as v
 vLLM has but pagedserve does not implement (UNSUPPORTED_FIELDS), which are errors (400 naming the field),
 never silently dropped."""
 
-from typing import Any
-
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from pagedserve.logger import init_logger
@@ -42,7 +40,7 @@ class OpenAIRequestModel(OpenAIBaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _drop_unknown_fields(cls, data: Any) -> Any:
+    def _drop_unknown_fields(cls, data: object) -> object:
         if not isinstance(data, dict):
             return data
         unknown = [k for k in data if k not in cls.model_fields and k not in UNSUPPORTED_FIELDS]

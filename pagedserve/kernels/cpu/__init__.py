@@ -168,7 +168,7 @@ def paged_attention_decode(
     if kernels.module is None:
         raise RuntimeError(f"The native CPU kernels are unavailable: {kernels.error}")
     k_values, v_values = fp8_values or (None, None)
-    return kernels.module.paged_attention_decode(
+    out: torch.Tensor = kernels.module.paged_attention_decode(
         q,
         key_cache,
         value_cache,
@@ -180,6 +180,7 @@ def paged_attention_decode(
         k_values,
         v_values,
     )
+    return out
 
 
 def reshape_and_cache_fp8(

@@ -16,10 +16,12 @@ def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, bloc
     `scales` [N, ceil(K / block_k)] float32 (one column: a scale per row). Returns [B, N] float32.
     Raises RuntimeError when the kernels are unavailable or a shape is wrong."""
     _require_kernels()
-    return torch.ops.pagedserve.fp8_matmul(x, weight, scales, block_k)
+    out: torch.Tensor = torch.ops.pagedserve.fp8_matmul(x, weight, scales, block_k)
+    return out
 
 
 def fp8_matmul_isa() -> str:
     """The vector code the build widens fp8 weights with: "avx512", "avx2" or "scalar"."""
     _require_kernels()
-    return torch.ops.pagedserve.fp8_matmul_isa()
+    isa: str = torch.ops.pagedserve.fp8_matmul_isa()
+    return isa

@@ -32,7 +32,8 @@ def usable(x: torch.Tensor) -> bool:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool) -> torch.Tensor:
     """x [rows, n] (rows contiguous) -> norm(x) * weight, or * (1 + weight) with `offset` (Gemma)."""
-    return _ops().rms_norm(x, weight, eps, offset)
+    out: torch.Tensor = _ops().rms_norm(x, weight, eps, offset)
+    return out
 
 
 def fused_add_rms_norm(
@@ -59,9 +60,11 @@ def rotary_embedding(
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x [rows, 2d] -> silu(x[:, :d]) * x[:, d:]."""
-    return _ops().silu_and_mul(x)
+    out: torch.Tensor = _ops().silu_and_mul(x)
+    return out
 
 
 def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x [rows, 2d] -> gelu_tanh(x[:, :d]) * x[:, d:]."""
-    return _ops().gelu_tanh_and_mul(x)
+    out: torch.Tensor = _ops().gelu_tanh_and_mul(x)
+    return out

@@ -44,12 +44,14 @@ def gguf_matmul(
     each 32-value block of x is rounded to that many bits (one scale per block) and dotted in integers, as
     llama.cpp does; 32 (and every other case) computes on x's float32 values. Raises RuntimeError on a bad
     shape or `activation_bits`."""
-    return _ops().gguf_matmul(x, qweight, ggml_type, activation_bits)
+    out: torch.Tensor = _ops().gguf_matmul(x, qweight, ggml_type, activation_bits)
+    return out
 
 
 def gguf_dequantize(qweight: torch.Tensor, ggml_type: int, cols: int) -> torch.Tensor:
     """qweight [N, row_bytes] uint8 rows of `ggml_type` blocks holding `cols` weights each -> float32 [N, cols]."""
-    return _ops().gguf_dequantize(qweight, ggml_type, cols)
+    weights: torch.Tensor = _ops().gguf_dequantize(qweight, ggml_type, cols)
+    return weights
 
 
 def gguf_packable(ggml_type: int) -> bool:
@@ -66,7 +68,8 @@ def gguf_packed_max_batch() -> int:
 def gguf_pack(qweight: torch.Tensor, ggml_type: int) -> torch.Tensor:
     """qweight [N, row_bytes] uint8 rows of ggml blocks -> the packed layout of gguf_packed_matmul.cpp:
     16 rows side by side per 32-column block, the same bytes (plus zero rows up to a multiple of 16)."""
-    return _ops().gguf_pack(qweight, ggml_type)
+    packed: torch.Tensor = _ops().gguf_pack(qweight, ggml_type)
+    return packed
 
 
 def gguf_packed_matmul(
@@ -75,11 +78,13 @@ def gguf_packed_matmul(
     """x [B, K] float32 times W^T, W [rows, K] as `gguf_pack` left it; activations rounded to
     `activation_bits` (8 or 16) per 32-value block at B <= gguf_packed_max_batch(); 32, or a larger B,
     computes on x's float32 values. Returns [B, rows] float32."""
-    return _ops().gguf_packed_matmul(x, packed, ggml_type, rows, activation_bits)
+    out: torch.Tensor = _ops().gguf_packed_matmul(x, packed, ggml_type, rows, activation_bits)
+    return out
 
 
 def gguf_packed_rows(
     packed: torch.Tensor, ggml_type: int, rows: int, cols: int, ids: torch.Tensor
 ) -> torch.Tensor:
     """Rows `ids` of a packed [rows, cols] matrix, dequantized: float32 [len(ids), cols]."""
-    return _ops().gguf_packed_rows(packed, ggml_type, rows, cols, ids)
+    weights: torch.Tensor = _ops().gguf_packed_rows(packed, ggml_type, rows, cols, ids)
+    return weights

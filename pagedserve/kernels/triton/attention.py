@@ -25,8 +25,9 @@ TARGET_PROGRAMS = 128  # about one wave of programs on a large GPU (132 SMs on a
 LOG2E_CONST = tl.constexpr(1.4426950408889634)  # the softmax runs in exp2: scores are scaled by log2(e)
 
 
-@triton.jit
-def _paged_attention_kernel(
+# NOTE: untyped: triton ships no types, and @triton.jit compiles this source (tl.constexpr marks only).
+@triton.jit  # type: ignore[untyped-decorator]
+def _paged_attention_kernel(  # type: ignore[no-untyped-def]
     out_ptr,
     q_ptr,
     key_cache_ptr,
@@ -154,8 +155,9 @@ def _paged_attention_kernel(
         tl.store(partial_lse_ptr + partial, lse, mask=row_valid)
 
 
-@triton.jit
-def _combine_splits_kernel(
+# NOTE: untyped: triton ships no types, and @triton.jit compiles this source (tl.constexpr marks only).
+@triton.jit  # type: ignore[untyped-decorator]
+def _combine_splits_kernel(  # type: ignore[no-untyped-def]
     out_ptr,
     partial_out_ptr,
     partial_lse_ptr,
@@ -237,7 +239,8 @@ def choose_num_splits(num_requests: int, max_seq_len: int, decode_only: bool) ->
 
 def prefill_block_q(num_queries_per_kv: int) -> int:
     """Query tokens per tile so that a tile has about 64 rows (tokens x query heads of one KV head)."""
-    return max(1, 64 // triton.next_power_of_2(num_queries_per_kv))
+    padded_heads: int = triton.next_power_of_2(num_queries_per_kv)
+    return max(1, 64 // padded_heads)
 
 
 def paged_attention(

@@ -5,8 +5,9 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
-def _reshape_and_cache_kernel(
+# NOTE: untyped: triton ships no types, and @triton.jit compiles this source (tl.constexpr marks only).
+@triton.jit  # type: ignore[untyped-decorator]
+def _reshape_and_cache_kernel(  # type: ignore[no-untyped-def]
     key_ptr,
     value_ptr,
     key_cache_ptr,

@@ -5,9 +5,9 @@ import json
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
 
 from pagedserve.entrypoints.openai.unicode_text import has_lone_surrogate
+from pagedserve.utils.user_json import JsonValue
 
 
 @dataclass
@@ -25,15 +25,16 @@ class ExtractedToolCalls:
     tool_calls: list[ParsedToolCall]
 
 
-def load_json(text: str) -> Any:
+def load_json(text: str) -> JsonValue:
     """json.loads for text a model wrote: ValueError (never RecursionError) when it is no JSON value."""
     try:
-        return json.loads(text)
+        value: JsonValue = json.loads(text)
     except RecursionError as exc:
         raise ValueError("JSON nested too deeply") from exc
+    return value
 
 
-def arguments_json(arguments: Any) -> str | None:
+def arguments_json(arguments: object) -> str | None:
     """function.arguments as OpenAI sends it: JSON text (a model may emit an object, or a string of JSON).
     None when it is no JSON: text that does not parse, NaN or Infinity (1e999), a value JSON has no form
     for (a Python set or bytes), or a lone surrogate (the "\\ud800" escape)."""
@@ -46,7 +47,7 @@ def arguments_json(arguments: Any) -> str | None:
     return None if has_lone_surrogate(text) else text
 
 
-def call_from_json(obj: Any, arguments_key: str = "arguments") -> ParsedToolCall | None:
+def call_from_json(obj: object, arguments_key: str = "arguments") -> ParsedToolCall | None:
     """{"name": ..., "arguments"/"parameters": {...}} -> a call, or None if `obj` is not one."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or has_lone_surrogate(obj["name"]):
         return None

@@ -16,11 +16,11 @@ class ToolCallDelta:
     name: str | None = None
     arguments: str = ""
 
-    def to_openai(self) -> dict:
+    def to_openai(self) -> dict[str, object]:
         function = (
             {"arguments": self.arguments} if self.name is None else {"name": self.name, "arguments": ""}
         )
-        delta: dict = {"index": self.index, "function": function}
+        delta: dict[str, object] = {"index": self.index, "function": function}
         if self.id is not None:
             delta.update(id=self.id, type="function")
         return delta
