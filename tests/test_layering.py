@@ -132,3 +132,37 @@ def test_relative_imports_resolve() -> None:
 def test_find_cycle() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"b"}}) == ["b", "c", "b"]
+
+
+def _contract_layers() -> list[list[str]]:
+    """The layers of .importlinter's layers contract, top first, each a list of independent packages."""
+    text = (Path(ROOT) / ".importlinter").read_text()
+    block = text.split("layers =\n", 1)[1].split("\n\n", 1)[0]
+    return [
+        [name.strip().removeprefix("pagedserve.") for name in line.split("|")]
+        for line in block.splitlines()
+        if line.strip()
+    ]
+
+
+def _design_layers() -> list[list[str]]:
+    """The layer block of docs/design.md's "Layers" section: the packages before the description."""
+    text = (Path(ROOT) / "docs" / "design.md").read_text()
+    section = text.split("## Layers", 1)[1]
+    block = section.split("```\n", 2)[1]
+    layers = []
+    for line in block.splitlines():
+        names = line.split("  ", 1)[0]  # two spaces part the packages from what they hold
+        layers.append([name.strip() for name in names.split("|")])
+    return layers
+
+
+def test_design_md_lists_the_contracts_layers() -> None:
+    """design.md's layer diagram is the import-linter contract, line for line and sibling for sibling,
+    and siblings are independent (`|`), never `:` (which would let them import each other)."""
+    assert ":" not in "".join(" ".join(layer) for layer in _contract_layers())
+    assert _design_layers() == _contract_layers()
+    listed = {name for layer in _contract_layers() for name in layer}
+    packages = {path.stem if path.suffix == ".py" else path.name for path in PACKAGE.iterdir()}
+    packages -= {"__init__", "__main__", "__pycache__"}
+    assert packages - listed == set(), "packages the layers contract leaves out"
