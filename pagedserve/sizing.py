@@ -14,24 +14,23 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pagedserve.config import EngineConfig, KVCacheConfig
+from pagedserve.config.kv_layout import KVCacheLayout, kv_heads_per_rank
 from pagedserve.errors import ConfigError
 from pagedserve.logger import init_logger
 from pagedserve.utils import cdiv, format_bytes
 from pagedserve.utils.hf_config import (
     falcon_parallel_attention,
     falcon_two_layernorms,
+    head_dim,
     is_sparse_layer,
     num_kv_heads,
 )
-from pagedserve.utils.kv_cache_groups import KVCacheGroups
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 logger = init_logger(__name__)
 
-# Bytes per element of each dtype the engine or the planner knows.
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 # Architectures whose q/k/v projections carry a bias (models/qwen2.py, qwen2_moe.py).
 _QKV_BIAS_ARCHITECTURES = frozenset({"Qwen2ForCausalLM", "Qwen2MoeForCausalLM"})
 # ... with an RMSNorm over each head of q and k (models/qwen3.py, gemma3_text.py, qwen3_moe.py).
@@ -88,7 +87,7 @@ class ModelShape:
             num_layers=layers,
             num_heads=heads,
             num_kv_heads=num_kv_heads(hf_config, architecture),
-            head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads,
+            head_dim=head_dim(hf_config),
             tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
             qkv_bias=architecture in _QKV_BIAS_ARCHITECTURES or (falcon and hf_config.bias),
             qk_norm=architecture in _QK_NORM_ARCHITECTURES,
@@ -107,8 +106,7 @@ class ModelShape:
         )
 
     def kv_heads_per_rank(self, tp: int) -> int:
-        """KV heads are split over the ranks, or replicated (one per rank) when there are fewer."""
-        return self.num_kv_heads // tp if self.num_kv_heads >= tp else 1
+        return kv_heads_per_rank(self.num_kv_heads, tp)
 
     def num_parameters(self, tp: int = 1) -> int:
         """Parameters held by one of `tp` ranks: the vocabulary split (padded) over the ranks, linear
@@ -148,10 +146,6 @@ class ModelShape:
         bias = per_rank + self.hidden_size if self.linear_bias else 0
         return self.mlp_matrices * self.hidden_size * per_rank + bias
 
-    def kv_bytes_per_token(self, tp: int, kv_dtype_bytes: int) -> int:
-        """K and V of one token in every layer of one rank."""
-        return 2 * self.num_layers * self.kv_heads_per_rank(tp) * self.head_dim * kv_dtype_bytes
-
     def activation_bytes(self, num_tokens: int, tp: int, dtype_bytes: int) -> int:
         """An estimate of the peak activations of a forward over `num_tokens` tokens (the engine
         measures it instead, with a profiling run): the residual and hidden states, the q/k/v and
@@ -182,49 +176,21 @@ def kv_cache_config(kv_bytes: int, bytes_per_block: int, block_size: int) -> KVC
     return KVCacheConfig(max(0, kv_bytes) // bytes_per_block, block_size, bytes_per_block)
 
 
-@dataclass(frozen=True)
-class WindowedKV:
-    """A model with sliding-window layers (`groups`: its KV cache groups, utils/kv_cache_groups.py): the KV
-    manager frees a window group's blocks before a request's last W tokens as it grows, so in that group
-    a request holds at most the window, one step's new tokens (`max_chunk`, the step's token budget) and a
-    partly filled block at each end; a full-attention group holds every block."""
-
-    groups: KVCacheGroups
-    max_chunk: int
-
-    def max_blocks(self, num_tokens: int, block_size: int) -> int:
-        """Blocks (every group's) a request of `num_tokens` tokens holds at most: per window group a decode
-        (one new token) holds ceil(W / block_size) + 1, a prefill chunk of n tokens
-        ceil((W - 1 + n) / block_size) + 1."""
-        assert block_size == self.groups.block_size, "the groups were made for this block size"
-        return self.groups.max_blocks(num_tokens, min(self.max_chunk, num_tokens))
-
-    @property
-    def widest_window(self) -> int | None:
-        """The widest window when every layer has one (nothing older is read again), else None."""
-        windows = self.groups.windows
-        return None if None in windows else max(w for w in windows if w is not None)
-
-
-def _blocks_per_request(kv: KVCacheConfig, num_tokens: int, reach: WindowedKV | None) -> int:
-    return cdiv(num_tokens, kv.block_size) if reach is None else reach.max_blocks(num_tokens, kv.block_size)
-
-
-def max_concurrency(kv: KVCacheConfig, max_model_len: int, reach: WindowedKV | None = None) -> float:
+def max_concurrency(kv: KVCacheConfig, max_model_len: int, layout: KVCacheLayout) -> float:
     """How many requests of `max_model_len` tokens the cache holds at once, as the startup log says."""
-    if reach is None:
+    if not layout.groups.has_windows:
         return kv.capacity_tokens / max_model_len
-    return max(0, kv.num_blocks - 1) / reach.max_blocks(max_model_len, kv.block_size)
+    return max(0, kv.num_blocks - 1) / layout.max_blocks(max_model_len)
 
 
-def max_full_requests(kv: KVCacheConfig, num_tokens: int, reach: WindowedKV | None = None) -> int:
+def max_full_requests(kv: KVCacheConfig, num_tokens: int, layout: KVCacheLayout) -> int:
     """How many requests of `num_tokens` tokens fit at once, whole blocks each."""
-    return max(0, kv.num_blocks - 1) // _blocks_per_request(kv, num_tokens, reach)
+    return max(0, kv.num_blocks - 1) // layout.max_blocks(num_tokens)
 
 
-def check_fits(kv: KVCacheConfig, max_model_len: int, reach: WindowedKV | None = None) -> None:
+def check_fits(kv: KVCacheConfig, max_model_len: int, layout: KVCacheLayout) -> None:
     """Raises ConfigError (numbers and flags) when one request of `max_model_len` tokens cannot fit."""
-    if kv.num_blocks < 2 or max_full_requests(kv, max_model_len, reach) < 1:
+    if kv.num_blocks < 2 or max_full_requests(kv, max_model_len, layout) < 1:
         raise ConfigError(
             f"The KV cache holds {kv.capacity_tokens} tokens, fewer than one request of "
             f"max_model_len={max_model_len} tokens needs; the largest max_model_len that fits is "
@@ -254,13 +220,12 @@ def tightest(reports: Sequence[MemoryReport]) -> MemoryReport:
     )
 
 
-def size_kv_cache(
-    config: EngineConfig, bytes_per_block: int, measure: Callable[[], Sequence[MemoryReport]]
-) -> KVCacheConfig:
+def size_kv_cache(config: EngineConfig, measure: Callable[[], Sequence[MemoryReport]]) -> KVCacheConfig:
     """The KV cache of the engine: --num-gpu-blocks-override, else what the tightest rank's measured
     budget (`measure()`, one report per rank) holds; swap space in blocks. Logs the breakdown and
     raises ConfigError (numbers and flags) when one request of max_model_len tokens cannot fit."""
-    cache, block_size = config.cache, config.cache.block_size
+    cache, layout = config.cache, config.kv_layout
+    block_size, bytes_per_block = layout.block_size, layout.bytes_per_block
     if cache.num_gpu_blocks_override is not None:
         num_blocks, source = cache.num_gpu_blocks_override, "num_gpu_blocks_override"
     else:
@@ -283,9 +248,8 @@ def size_kv_cache(
         format_bytes(bytes_per_block * num_blocks),
         kv.capacity_tokens,
     )
-    reach = windowed_kv(config)
-    if reach is not None:
-        groups = reach.groups
+    if layout.groups.has_windows:
+        groups = layout.groups
         logger.info(
             "Sliding windows: %d KV cache group(s) of %d layer(s), windows %s (None: full attention); a block "
             "holds one group's layers, and blocks out of a window group's reach are freed as requests grow.",
@@ -296,7 +260,7 @@ def size_kv_cache(
     logger.info(
         "Maximum concurrency for %d tokens per request: %.2fx",
         max_model_len,
-        max_concurrency(kv, max_model_len, reach),
+        max_concurrency(kv, max_model_len, layout),
     )
     logger.info(
         "Swap space: %d host blocks (%s, --swap-space); prefix caching %s.",
@@ -304,16 +268,5 @@ def size_kv_cache(
         format_bytes(kv.num_host_blocks * bytes_per_block),
         "on" if cache.enable_prefix_caching else "off (--no-enable-prefix-caching)",
     )
-    check_fits(kv, max_model_len, reach)
+    check_fits(kv, max_model_len, layout)
     return kv
-
-
-def windowed_kv(config: EngineConfig) -> WindowedKV | None:
-    """What the model's windows save (the engine frees the blocks out of their reach); None when no layer
-    has a window."""
-    groups = KVCacheGroups.for_model(
-        config.model.hf_config, config.model.architecture, config.cache.block_size
-    )
-    if groups.windows == (None,):
-        return None
-    return WindowedKV(groups, config.scheduler.max_num_batched_tokens)

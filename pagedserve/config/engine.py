@@ -9,6 +9,7 @@ from typing import Any, Literal, get_args
 from pagedserve.config.cache import BlockSize, CacheConfig, KVCacheDType
 from pagedserve.config.cli import add_dataclass_cli_args, config_field, dataclass_from_cli_args
 from pagedserve.config.generation import generation_defaults
+from pagedserve.config.kv_layout import KVCacheLayout
 from pagedserve.config.model import DType, LoadFormat, ModelConfig, load_model_config
 from pagedserve.config.parallel import (
     ExecutorBackend,
@@ -51,8 +52,19 @@ class EngineConfig:
     attention_backend: AttentionBackendName = "auto"  # auto is resolved by the worker's platform
     cuda_graph_sizes: tuple[int, ...] = ()  # decode batch sizes captured in CUDA graphs, ascending
     speculative: SpeculativeConfig | None = None
+    # Computed once from the configs above; every part that sizes, allocates or counts blocks reads it.
+    kv_layout: KVCacheLayout = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
+        draft = None if self.speculative is None else self.speculative.draft_model_config
+        layout = KVCacheLayout.for_engine(
+            self.model,
+            self.cache,
+            self.parallel.tensor_parallel_size,
+            self.scheduler.max_num_batched_tokens,
+            draft,
+        )
+        object.__setattr__(self, "kv_layout", layout)
         if self.device not in ("cpu", "cuda"):
             raise ConfigError(
                 f"device={self.device!r} is not supported; --device must be one of "

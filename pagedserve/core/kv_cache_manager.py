@@ -1,15 +1,14 @@
 """Per-request block tables over the block pool: allocation, prefix caching, forks and copy-on-write, one
-table per KV cache group (`utils/kv_cache_groups.py`)."""
+table per KV cache group (`config/kv_layout.py`)."""
 
 from collections import Counter
 from dataclasses import dataclass, field
 
+from pagedserve.config.kv_layout import KVCacheGroups
 from pagedserve.core.block_pool import BlockPool, KVCacheBlock
 from pagedserve.core.hashing import extend_block_hashes
 from pagedserve.core.prefix_hit import find_longest_cache_hit
 from pagedserve.core.request import Request
-from pagedserve.utils import cdiv
-from pagedserve.utils.kv_cache_groups import KVCacheGroups
 
 Plan = list[tuple[Request, int]]  # (request, number of new tokens to compute this step)
 
@@ -78,15 +77,9 @@ class KVCacheManager:
     a window group needs only the blocks its window still reads, the rest of its entries are the null
     block)."""
 
-    def __init__(
-        self,
-        num_blocks: int,
-        block_size: int,
-        enable_caching: bool = True,
-        groups: KVCacheGroups | None = None,
-    ) -> None:
-        self.block_size = block_size
-        self.groups = groups or KVCacheGroups(((0,),), (None,), block_size)
+    def __init__(self, num_blocks: int, groups: KVCacheGroups, enable_caching: bool = True) -> None:
+        self.groups = groups
+        self.block_size = groups.block_size
         self.num_groups = self.groups.num_groups
         self.enable_caching = enable_caching
         # Per request and group: leading entries of the group's table already the null block.
@@ -259,8 +252,7 @@ class KVCacheManager:
         return [block for block in blocks if block is not self.block_pool.null_block]
 
     def _num_blocks(self, num_tokens: int) -> int:
-        """Table length (every group's blocks) that holds `num_tokens` tokens."""
-        return cdiv(num_tokens, self.block_size) * self.num_groups
+        return self.groups.table_entries(num_tokens)
 
     def _free_unreachable(
         self, request_id: str, blocks: list[KVCacheBlock], num_computed_tokens: int

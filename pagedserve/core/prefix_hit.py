@@ -16,10 +16,10 @@ under the smallest length found until every group serves the same length."""
 
 from collections.abc import Sequence
 
+from pagedserve.config.kv_layout import KVCacheGroups
 from pagedserve.core.block_pool import BlockPool, KVCacheBlock
 from pagedserve.core.hashing import BlockHash
 from pagedserve.utils import cdiv
-from pagedserve.utils.kv_cache_groups import KVCacheGroups
 
 Entry = tuple[KVCacheBlock, ...]  # one entry's cached blocks, one per group of an attention type
 

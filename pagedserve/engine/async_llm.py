@@ -85,7 +85,7 @@ class AsyncLLM:
             engine.handshake = await engine.engine_core.wait_until_ready()
             num_kv_blocks, block_size = engine.handshake.num_blocks - 1, engine.handshake.block_size
             engine.input_processor.limits = EngineLimits(
-                config.scheduler.max_num_seqs, num_kv_blocks, block_size
+                config.scheduler.max_num_seqs, num_kv_blocks, config.kv_layout
             )
             engine.admission.limits = with_queue_defaults(
                 engine.limits, config.scheduler.max_num_seqs, num_kv_blocks, block_size

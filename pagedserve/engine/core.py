@@ -16,7 +16,6 @@ from pagedserve.logger import init_logger
 from pagedserve.protocol import BlockSnapshot, EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from pagedserve.sizing import size_kv_cache
 from pagedserve.structured_output.manager import StructuredOutputManager
-from pagedserve.utils.kv_cache_groups import KVCacheGroups
 
 logger = init_logger(__name__)
 
@@ -29,9 +28,7 @@ class EngineCore:
         self.executor = get_executor_class(config)(config)
         try:
             # NOTE: the same arithmetic as `pagedserve plan` (sizing.py), so its figures match the log.
-            self.kv_cache_config = size_kv_cache(
-                config, self.executor.kv_cache_bytes_per_block(), self.executor.determine_kv_memory
-            )
+            self.kv_cache_config = size_kv_cache(config, self.executor.determine_kv_memory)
             self.executor.initialize_kv_cache(
                 self.kv_cache_config.num_blocks, self.kv_cache_config.num_host_blocks
             )
@@ -45,8 +42,7 @@ class EngineCore:
         self.structured_output = StructuredOutputManager(
             lambda: load_tokenizer(config.model), config.model.vocab_size
         )
-        groups = KVCacheGroups.for_model(config.model.hf_config, config.model.architecture, kv.block_size)
-        manager = KVCacheManager(kv.num_blocks, kv.block_size, config.cache.enable_prefix_caching, groups)
+        manager = KVCacheManager(kv.num_blocks, config.kv_layout.groups, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(
             config.scheduler,
             manager,

@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from pagedserve.config import ModelConfig
+from pagedserve.config.kv_layout import KVCacheLayout
 from pagedserve.engine.structured_validation import StructuredOutputValidator
 from pagedserve.errors import InvalidRequestError
 from pagedserve.protocol import EngineCoreRequest
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams, wrap_int64
-from pagedserve.utils import cdiv
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -26,7 +26,7 @@ class EngineLimits:
 
     max_num_seqs: int
     num_kv_blocks: int  # usable
-    block_size: int
+    layout: KVCacheLayout
 
 
 class InputProcessor:
@@ -155,7 +155,7 @@ class InputProcessor:
                 f"(--max-num-seqs {self.limits.max_num_seqs}).",
                 param="beam_width",
             )
-        need = beam.beam_width * cdiv(max_len, self.limits.block_size)
+        need = beam.beam_width * self.limits.layout.max_blocks(max_len)
         if need > self.limits.num_kv_blocks:
             raise InvalidRequestError(
                 f"A beam search of width {beam.beam_width} over {max_len} tokens may need {need} KV blocks; "

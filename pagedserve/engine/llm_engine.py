@@ -32,7 +32,7 @@ class LLMEngine:
         input_processor = InputProcessor(
             self.config.model,
             self.tokenizer,
-            EngineLimits(max_num_seqs, kv.num_blocks - 1, kv.block_size),
+            EngineLimits(max_num_seqs, kv.num_blocks - 1, self.config.kv_layout),
             self.config.scheduler.policy,
         )
         self.frontend = Frontend(

@@ -21,22 +21,20 @@ from pagedserve.config import (
     dataclass_from_cli_args,
     default_max_num_batched_tokens,
 )
+from pagedserve.config.kv_layout import DTYPE_BYTES, KVCacheLayout
 from pagedserve.config.parallel import uneven_for_tensor_parallel
 from pagedserve.entrypoints.model_tag import take_model_tag
 from pagedserve.entrypoints.plan_report import format_table
 from pagedserve.entrypoints.plan_weights import LinearStorage, linear_storage, weights_bytes
 from pagedserve.errors import ConfigError
 from pagedserve.sizing import (
-    DTYPE_BYTES,
     ModelShape,
-    WindowedKV,
     gpu_kv_budget,
     kv_cache_config,
     max_concurrency,
     max_full_requests,
 )
-from pagedserve.utils import cdiv, parse_bytes
-from pagedserve.utils.kv_cache_groups import KVCacheGroups
+from pagedserve.utils import parse_bytes
 
 # The engine flags the plan takes, with the engine's names, help and defaults.
 ENGINE_FLAGS = (
@@ -88,8 +86,14 @@ class PlanInputs:
     max_num_batched_tokens: int
     concurrency: int
     request_tokens: int
-    reach: WindowedKV | None = None  # windowed layers: out-of-window blocks are freed
     linear_storage: LinearStorage | None = None  # a quantized checkpoint's linear layers
+
+    @property
+    def layout(self) -> KVCacheLayout:
+        """The KV cache layout the engine would have on one of `tp` ranks (the engine's own arithmetic)."""
+        return KVCacheLayout.build(
+            self.model_config, self.block_size, self.kv_dtype_bytes, self.tp, self.max_num_batched_tokens
+        )
 
 
 @dataclass(frozen=True)
@@ -113,10 +117,7 @@ def compute_plan(inputs: PlanInputs) -> Plan:
     """The engine's arithmetic (sizing.py) on `inputs`."""
     shape, tp = inputs.shape, inputs.tp
     weights = weights_bytes(shape, tp, inputs.dtype_bytes, inputs.linear_storage)
-    per_token = shape.kv_bytes_per_token(tp, inputs.kv_dtype_bytes)
-    # NOTE: a block holds one KV cache group's layers (all of them for a model without windows).
-    layers_per_block = shape.num_layers if inputs.reach is None else inputs.reach.groups.group_size
-    per_block = per_token * inputs.block_size * layers_per_block // shape.num_layers
+    layout = inputs.layout
     activations = non_torch = 0
     if inputs.kv_cache_memory is not None:
         budget = inputs.kv_cache_memory
@@ -127,21 +128,21 @@ def compute_plan(inputs: PlanInputs) -> Plan:
         activations = shape.activation_bytes(num_tokens, tp, inputs.dtype_bytes)
         non_torch = NON_TORCH_BYTES
         budget = gpu_kv_budget(inputs.gpu_memory, inputs.utilization, weights, activations, non_torch)
-    kv = kv_cache_config(budget, per_block, inputs.block_size)
+    kv = kv_cache_config(budget, layout.bytes_per_block, inputs.block_size)
     max_model_len = inputs.model_config.max_model_len
-    fitting = max_full_requests(kv, inputs.request_tokens, inputs.reach)
-    fits = fitting >= inputs.concurrency and max_full_requests(kv, max_model_len, inputs.reach) >= 1
+    fitting = max_full_requests(kv, inputs.request_tokens, layout)
+    fits = fitting >= inputs.concurrency and max_full_requests(kv, max_model_len, layout) >= 1
     usable = max(0, kv.num_blocks - 1)
     return Plan(
         weights,
-        per_token,
-        per_block,
+        layout.bytes_per_token,
+        layout.bytes_per_block,
         activations,
         non_torch,
         budget,
         usable,
         usable * inputs.block_size,
-        max(0.0, max_concurrency(kv, max_model_len, inputs.reach)),
+        max(0.0, max_concurrency(kv, max_model_len, layout)),
         fitting,
         fits,
     )
@@ -152,12 +153,7 @@ def needed_utilization(inputs: PlanInputs, plan: Plan) -> float | None:
     size."""
     if inputs.gpu_memory is None:
         return None
-    per_request = (
-        cdiv(inputs.request_tokens, inputs.block_size)
-        if inputs.reach is None
-        else inputs.reach.max_blocks(inputs.request_tokens, inputs.block_size)
-    )
-    blocks = inputs.concurrency * per_request + 1  # + the null block
+    blocks = inputs.concurrency * inputs.layout.max_blocks(inputs.request_tokens) + 1  # + the null block
     needed = plan.weights_bytes + plan.activation_bytes + plan.non_torch_bytes + blocks * plan.bytes_per_block
     return math.ceil(needed / inputs.gpu_memory * 100) / 100
 
@@ -237,9 +233,6 @@ def resolve_inputs(args: PlanArgs, engine_args: EngineArgs) -> PlanInputs:
     kv_memory = engine_args.kv_cache_bytes()
     gpu_memory = None if kv_memory is not None else _gpu_memory(args.gpu_memory)
     batched = engine_args.max_num_batched_tokens or default_max_num_batched_tokens(args.concurrency)
-    groups = KVCacheGroups.for_model(
-        model_config.hf_config, model_config.architecture, engine_args.block_size
-    )
     return PlanInputs(
         shape,
         model_config,
@@ -253,7 +246,6 @@ def resolve_inputs(args: PlanArgs, engine_args: EngineArgs) -> PlanInputs:
         batched,
         args.concurrency,
         request_tokens,
-        None if groups.windows == (None,) else WindowedKV(groups, batched),
         linear_storage(model_config),
     )
 
@@ -298,8 +290,8 @@ def report(inputs: PlanInputs, plan: Plan) -> dict[str, Any]:
         "max_model_len": inputs.model_config.max_model_len,
         "concurrency": inputs.concurrency,
         "request_tokens": inputs.request_tokens,
-        "sliding_window": None if inputs.reach is None else inputs.reach.widest_window,
-        "kv_cache_groups": 1 if inputs.reach is None else inputs.reach.groups.num_groups,
+        "sliding_window": inputs.layout.widest_window,
+        "kv_cache_groups": inputs.layout.num_groups,
         **asdict(plan),
         "recommended_flags": recommendations(inputs, plan) if plan.fits else None,
         "would_fit": [] if plan.fits else alternatives(inputs),

@@ -25,10 +25,6 @@ class Executor(ABC):
         a ConfigError raised by a worker passes through unchanged. A result is what the Worker method
         returns: the typed calls below cast to its return type."""
 
-    def kv_cache_bytes_per_block(self) -> int:
-        """Bytes of one KV block on the rank that needs the most."""
-        return max(cast(list[int], self.collective_rpc("kv_cache_bytes_per_block")))
-
     def determine_kv_memory(self) -> list[MemoryReport]:
         """Every rank's KV budget, in rank order (sizing.size_kv_cache takes the tightest)."""
         return cast(list[MemoryReport], self.collective_rpc("determine_kv_memory"))

@@ -16,8 +16,13 @@ from pagedserve.layers.embedding import VocabParallelEmbedding
 from pagedserve.layers.layernorm import LayerNorm
 from pagedserve.layers.linear import ColumnParallelLinear, RowParallelLinear
 from pagedserve.layers.rotary import RotaryEmbedding, rope_parameters
-from pagedserve.models.llama import AttentionOptions, LlamaAttention, LlamaForCausalLM, ParamShard, head_dim
-from pagedserve.utils.hf_config import falcon_parallel_attention, falcon_two_layernorms, num_kv_heads
+from pagedserve.models.llama import AttentionOptions, LlamaAttention, LlamaForCausalLM, ParamShard
+from pagedserve.utils.hf_config import (
+    falcon_parallel_attention,
+    falcon_two_layernorms,
+    head_dim,
+    num_kv_heads,
+)
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig

@@ -17,9 +17,8 @@ from pagedserve.models.llama import (
     LlamaMLP,
     LlamaModel,
     add_and_norm,
-    head_dim,
 )
-from pagedserve.utils.hf_config import layer_sliding_window
+from pagedserve.utils.hf_config import head_dim, layer_sliding_window
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig

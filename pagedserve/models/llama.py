@@ -16,7 +16,7 @@ from pagedserve.layers.layernorm import RMSNorm
 from pagedserve.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from pagedserve.layers.rotary import RotaryEmbedding, rope_parameters
 from pagedserve.models.interface import CausalLM
-from pagedserve.utils.hf_config import layer_sliding_window
+from pagedserve.utils.hf_config import head_dim, layer_sliding_window
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -35,11 +35,6 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.down_proj(self.act_fn(self.gate_up_proj(x)))
         return out
-
-
-def head_dim(config: "PretrainedConfig") -> int:
-    dim: int = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return dim
 
 
 @dataclass(frozen=True)

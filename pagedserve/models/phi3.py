@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pagedserve.models.llama import LlamaForCausalLM, ParamShard, head_dim
+from pagedserve.models.llama import LlamaForCausalLM, ParamShard
+from pagedserve.utils.hf_config import head_dim
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig

@@ -39,6 +39,12 @@ def num_kv_heads(config: "PretrainedConfig", architecture: str) -> int:
     return heads
 
 
+def head_dim(config: "PretrainedConfig") -> int:
+    """Size of one attention head: the config's `head_dim`, else hidden size / heads."""
+    dim: int = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return dim
+
+
 def is_sparse_layer(config: "PretrainedConfig", layer_idx: int) -> bool:
     """Qwen-MoE: every `decoder_sparse_step`-th layer but `mlp_only_layers` is a mixture of experts."""
     return (

@@ -1,9 +1,9 @@
-"""The workers' side of KV cache groups (`utils/kv_cache_groups.py`): which block tables each attention
+"""The workers' side of KV cache groups (`config/kv_layout.py`): which block tables each attention
 layer reads, and which K/V tensor it shares with the layers at the same place in the other groups."""
 
+from pagedserve.config.kv_layout import KVCacheGroups
 from pagedserve.errors import ConfigError
 from pagedserve.layers.attention import Attention
-from pagedserve.utils.kv_cache_groups import KVCacheGroups
 
 
 def bind_kv_cache_groups(layers: list[Attention], groups: KVCacheGroups) -> dict[int, int]:

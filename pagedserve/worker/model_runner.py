@@ -10,13 +10,13 @@ from pagedserve.attention.kv_quant import kv_cache_storage_dtype, kv_quantizatio
 from pagedserve.config import EngineConfig
 from pagedserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagedserve.distributed import get_tp_rank
+from pagedserve.errors import ConfigError
 from pagedserve.layers.attention import Attention
 from pagedserve.layers.sampler import Sampler
 from pagedserve.logger import init_logger
 from pagedserve.model_loader import load_model
 from pagedserve.platforms import Platform
 from pagedserve.utils import format_bytes
-from pagedserve.utils.kv_cache_groups import KVCacheGroups
 from pagedserve.worker.block_ops import KVBlockMover
 from pagedserve.worker.cuda_graph import CudaGraphRunner
 from pagedserve.worker.draft_proposer import DraftModelProposer
@@ -40,9 +40,7 @@ class ModelRunner:
         self.dtype = getattr(torch, config.model.dtype)
         self.backend = select_attention_backend(config.attention_backend, platform)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        self.kv_groups = KVCacheGroups.for_model(
-            config.model.hf_config, config.model.architecture, self.block_size
-        )
+        self.kv_groups = config.kv_layout.groups
         # id(layer) -> the K/V tensor it shares with the same place in every other group (target layers).
         self.kv_tensor_of = bind_kv_cache_groups(self.attention_layers, self.kv_groups)
         spec = config.speculative
@@ -64,6 +62,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.input_batch = InputBatch(self.block_size, device, self.kv_groups.num_groups)
         self.prompt_logprobs = PromptLogprobs(self.model.compute_logits)
+        self._check_kv_layout()
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.block_mover: KVBlockMover | None = None
         self.cuda_graphs: CudaGraphRunner | None = None
@@ -78,10 +77,21 @@ class ModelRunner:
             )
 
     def kv_cache_bytes_per_block(self) -> int:
-        """K and V of `block_size` tokens in every K/V tensor of this rank: one block id spans the layers of
-        one KV cache group (and the draft model's layers)."""
+        """K and V of `block_size` tokens in every K/V tensor this rank allocates: one block id spans the
+        layers of one KV cache group (and the draft model's layers)."""
         per_token = sum(2 * layer.spec.num_kv_heads * layer.spec.head_dim for layer in self._tensor_owners())
         return per_token * self.block_size * self.kv_dtype.itemsize
+
+    def _check_kv_layout(self) -> None:
+        """The engine sized the cache from `config.kv_layout` (read from the configs); the layers built here
+        must need exactly that, or blocks would overrun their memory."""
+        built, stated = self.kv_cache_bytes_per_block(), self.config.kv_layout.bytes_per_block
+        if built != stated:
+            raise ConfigError(
+                f"The model's attention layers need {built} bytes per KV block on this rank, but its config "
+                f"gives {stated} (config/kv_layout.py): the model and its config disagree about KV heads, "
+                "head size or layers."
+            )
 
     def _tensor_owners(self) -> list[Attention]:
         """The layers that allocate a K/V tensor: the first of each shared tensor, every draft layer."""

@@ -30,9 +30,6 @@ class Worker:
         self.model_runner = ModelRunner(config, self.device, self.platform)
         self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model_runner.model.parameters())
 
-    def kv_cache_bytes_per_block(self) -> int:
-        return self.model_runner.kv_cache_bytes_per_block()
-
     def determine_kv_memory(self) -> MemoryReport:
         """This rank's KV budget, measured by its platform (sizing.size_kv_cache decides the size)."""
         return self.platform.kv_budget(

@@ -1,7 +1,7 @@
 """KV cache groups: how layers are grouped (vLLM's rule), and which leading blocks a group no longer reads."""
 
+from pagedserve.config.kv_layout import KVCacheGroups
 from pagedserve.utils import cdiv
-from pagedserve.utils.kv_cache_groups import KVCacheGroups
 
 
 def reads(window: int, position: int, token: int) -> bool:

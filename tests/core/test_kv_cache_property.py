@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from pagedserve.config import SchedulerConfig
+from pagedserve.config.kv_layout import KVCacheGroups
 from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
 from pagedserve.core.sched_output import ModelRunnerOutput
@@ -20,7 +21,6 @@ from pagedserve.core.scheduler import Scheduler
 from pagedserve.protocol import EngineCoreRequest
 from pagedserve.sampling_params import SamplingParams
 from pagedserve.utils import cdiv
-from pagedserve.utils.kv_cache_groups import KVCacheGroups
 
 BLOCK_SIZE, MAX_MODEL_LEN, CHUNK = 4, 64, 24
 
@@ -32,7 +32,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         groups = KVCacheGroups.from_layer_windows(self.layer_windows, BLOCK_SIZE)
-        self.kv = KVCacheManager(self.num_blocks, BLOCK_SIZE, groups=groups)
+        self.kv = KVCacheManager(self.num_blocks, groups)
         self.scheduler = Scheduler(
             SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=CHUNK, max_model_len=MAX_MODEL_LEN),
             self.kv,

@@ -15,13 +15,13 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from pagedserve.config.kv_layout import KVCacheGroups
 from pagedserve.core.block_pool import BlockPool, KVCacheBlock
 from pagedserve.core.kv_cache_manager import KVCacheManager, SlotAllocation
 from pagedserve.core.request import Request
 from pagedserve.core.swap import SwapSpace
 from pagedserve.protocol import EngineCoreRequest
 from pagedserve.sampling_params import SamplingParams
-from pagedserve.utils.kv_cache_groups import KVCacheGroups
 
 NUM_BLOCKS, NUM_HOST_BLOCKS, BLOCK_SIZE, MAX_LEN = 20, 12, 4, 32
 Store = dict[int, int | None]  # slot -> the token whose K/V it holds
@@ -67,7 +67,7 @@ class SharingMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         groups = KVCacheGroups.from_layer_windows(self.layer_windows, BLOCK_SIZE)
-        self.kv = KVCacheManager(self.num_blocks, BLOCK_SIZE, groups=groups)
+        self.kv = KVCacheManager(self.num_blocks, groups)
         self.swap = SwapSpace(self.num_host_blocks)
         self.device: Store = {}
         self.host: Store = {}

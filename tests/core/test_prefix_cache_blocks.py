@@ -5,6 +5,7 @@ from core.utils import make_request
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pagedserve.config.kv_layout import KVCacheGroups
 from pagedserve.core.hashing import extend_block_hashes, hash_block_tokens
 from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
@@ -46,7 +47,7 @@ def test_same_block_after_different_prefixes_differs() -> None:
 def test_cache_salt_separates_tenants() -> None:
     tokens = list(range(10, 22))
     assert chain(tokens, "tenant-a")[0] != chain(tokens, "tenant-b")[0] != chain(tokens)[0]
-    kv = KVCacheManager(32, BLOCK_SIZE)
+    kv = KVCacheManager(32, KVCacheGroups.uniform(BLOCK_SIZE))
     admit(kv, make_request("a", tokens, cache_salt="tenant-a"))
     assert admit(kv, make_request("b", tokens, cache_salt="tenant-b")) == 0
     assert admit(kv, make_request("no-salt", tokens)) == 0
@@ -56,7 +57,7 @@ def test_cache_salt_separates_tenants() -> None:
 
 
 def test_longest_prefix_hit_never_covers_the_last_token() -> None:
-    kv = KVCacheManager(32, BLOCK_SIZE)
+    kv = KVCacheManager(32, KVCacheGroups.uniform(BLOCK_SIZE))
     tokens = list(range(100, 112))  # three full blocks
     admit(kv, make_request("first", tokens))
     assert admit(kv, make_request("same", tokens)) == 8  # the last token is computed again
@@ -71,18 +72,20 @@ def test_longest_prefix_hit_never_covers_the_last_token() -> None:
 
 
 def test_prompt_logprobs_skip_the_lookup() -> None:
-    kv = KVCacheManager(32, BLOCK_SIZE)
+    kv = KVCacheManager(32, KVCacheGroups.uniform(BLOCK_SIZE))
     tokens = list(range(100, 112))
     admit(kv, make_request("first", tokens))
     assert kv.get_computed_blocks(make_request("logprobs", tokens, prompt_logprobs=1)) is None
     assert (
-        KVCacheManager(32, BLOCK_SIZE, enable_caching=False).get_computed_blocks(make_request("off", tokens))
+        KVCacheManager(32, KVCacheGroups.uniform(BLOCK_SIZE), enable_caching=False).get_computed_blocks(
+            make_request("off", tokens)
+        )
         is None
     )
 
 
 def test_a_hit_is_verified_by_token_ids() -> None:
-    kv = KVCacheManager(32, BLOCK_SIZE)
+    kv = KVCacheManager(32, KVCacheGroups.uniform(BLOCK_SIZE))
     tokens = list(range(100, 109))
     admit(kv, make_request("first", tokens))
     block = kv.req_to_blocks["first"][0]
@@ -91,7 +94,7 @@ def test_a_hit_is_verified_by_token_ids() -> None:
 
 
 def test_freed_blocks_stay_revivable_until_evicted_least_recently_used() -> None:
-    kv = KVCacheManager(7, BLOCK_SIZE)  # 6 usable blocks
+    kv = KVCacheManager(7, KVCacheGroups.uniform(BLOCK_SIZE))  # 6 usable blocks
     old_tokens, new_tokens = list(range(100, 109)), list(range(200, 209))
     for request_id, tokens in (("old", old_tokens), ("new", new_tokens)):
         request = make_request(request_id, tokens)  # 3 blocks: two full (cached), one partial
@@ -111,7 +114,7 @@ def test_freed_blocks_stay_revivable_until_evicted_least_recently_used() -> None
 
 
 def test_reset_prefix_cache_and_statistics() -> None:
-    kv = KVCacheManager(32, BLOCK_SIZE)
+    kv = KVCacheManager(32, KVCacheGroups.uniform(BLOCK_SIZE))
     tokens = list(range(100, 112))
     admit(kv, make_request("first", tokens))
     admit(kv, make_request("second", tokens))

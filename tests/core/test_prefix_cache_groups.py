@@ -6,12 +6,12 @@ never the last token, statistics and reset."""
 
 from core.utils import make_request
 
+from pagedserve.config.kv_layout import KVCacheGroups
 from pagedserve.core.block_pool import BlockPool, KVCacheBlock
 from pagedserve.core.hashing import extend_block_hashes
 from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.prefix_hit import find_longest_cache_hit
 from pagedserve.core.request import Request
-from pagedserve.utils.kv_cache_groups import KVCacheGroups
 
 BLOCK_SIZE = 4
 TOKENS = list(range(100, 128))  # 7 full blocks
@@ -88,7 +88,7 @@ def test_window_only_models_and_hits_verified_by_tokens() -> None:
 
 def gemma(num_blocks: int = 64) -> KVCacheManager:
     """Gemma 2's layout: a full-attention group and a window of 6 tokens (it reads two blocks of 4)."""
-    return KVCacheManager(num_blocks, BLOCK_SIZE, groups=KVCacheGroups.from_layer_windows([6, None], 4))
+    return KVCacheManager(num_blocks, KVCacheGroups.from_layer_windows([6, None], 4))
 
 
 def admit(kv: KVCacheManager, request: Request) -> list[KVCacheBlock]:

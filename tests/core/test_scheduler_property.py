@@ -13,6 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from test_kv_sharing_property import check_pool
 
 from pagedserve.config import SchedulerConfig
+from pagedserve.config.kv_layout import KVCacheGroups
 from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
 from pagedserve.core.sched_output import ModelRunnerOutput
@@ -39,7 +40,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.num_usable = num_blocks - 1
         self.scheduler = Scheduler(
             SchedulerConfig(MAX_NUM_SEQS, 16, MAX_MODEL_LEN, mode),
-            KVCacheManager(num_blocks, BLOCK_SIZE, caching),
+            KVCacheManager(num_blocks, KVCacheGroups.uniform(BLOCK_SIZE), caching),
             SwapSpace(num_host_blocks) if num_host_blocks else None,
         )
         self.next_id = 0

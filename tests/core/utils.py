@@ -4,6 +4,7 @@ import time
 from typing import Any
 
 from pagedserve.config import PreemptionMode, SchedulerConfig, SpeculativeConfig
+from pagedserve.config.kv_layout import KVCacheGroups
 from pagedserve.config.scheduler import SchedulingPolicy
 from pagedserve.core.kv_admission import KVAdmissionPolicy
 from pagedserve.core.kv_cache_manager import KVCacheManager
@@ -62,7 +63,7 @@ def make_scheduler(
     config = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, preemption_mode, policy)
     return Scheduler(
         config,
-        KVCacheManager(num_blocks, block_size, enable_caching),
+        KVCacheManager(num_blocks, KVCacheGroups.uniform(block_size), enable_caching),
         SwapSpace(num_host_blocks) if num_host_blocks else None,
         admission=admission,
         speculative=speculative,

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from pagedserve.config.kv_layout import KVCacheGroups
 from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
 from pagedserve.engine.admission import (
@@ -136,7 +137,7 @@ def test_stall_watchdog_fires_only_on_a_long_step() -> None:
 
 
 def test_block_snapshot_shows_owners_shared_and_cached() -> None:
-    kv = KVCacheManager(9, 4)
+    kv = KVCacheManager(9, KVCacheGroups.uniform(4))
     first = Request(core_request(8, 4, "first"))
     assert kv.allocate_slots(first, 8) is not None
     first.num_computed_tokens = 8

@@ -6,10 +6,9 @@ import random
 import pytest
 
 from pagedserve import LLM, SamplingParams
+from pagedserve.config.kv_layout import KVCacheGroups
 from pagedserve.engine.core import EngineCore
-from pagedserve.sizing import WindowedKV
 from pagedserve.utils import cdiv
-from pagedserve.utils.kv_cache_groups import KVCacheGroups
 
 WINDOW = 24  # tests/conftest.py: mistral-swa and gemma2's local layers
 CHUNK = 16  # max_num_batched_tokens: long prompts are chunked
@@ -54,7 +53,7 @@ def test_long_request_holds_only_its_window(tiny_model_factory, block_size: int)
     bound = cdiv(WINDOW, block_size) + 1
     assert decode and max(decode[:-1]) <= bound  # the last step finished the request: it holds nothing
     groups = KVCacheGroups.from_layer_windows([WINDOW, WINDOW], block_size)
-    assert max(prefill) <= WindowedKV(groups, CHUNK).max_blocks(160, block_size)
+    assert max(prefill) <= groups.max_blocks(160, CHUNK)
     assert cdiv(160, block_size) > bound, "the request must outgrow its window"
     assert all_blocks_free(core)
     # The same prompt again (its prefix blocks partly evicted, partly revived): the same tokens.
@@ -121,3 +120,30 @@ def test_swap_preemption_with_freed_blocks_keeps_outputs(tiny_model_factory, nam
                 "the pool was meant to force swapping"
             )
     assert outputs["tight"] == outputs["roomy"]
+
+
+def test_a_beam_search_longer_than_the_pool_fits_in_its_windows(tiny_model_factory) -> None:
+    """The beam-width check counts what each beam holds at most (its window), as the KV manager frees it:
+    a search whose beams would need more blocks than the pool if they kept every block is accepted and
+    runs to its end, while one that cannot fit even in its windows is refused with the numbers."""
+    from pagedserve.errors import InvalidRequestError
+    from pagedserve.sampling_params import BeamSearchParams
+
+    block_size = 8
+    llm = LLM(
+        tiny_model_factory("mistral-swa"),
+        block_size=block_size,
+        num_gpu_blocks_override=25,  # 24 usable blocks
+        max_num_batched_tokens=CHUNK,
+        max_model_len=512,
+    )
+    layout = llm.llm_engine.config.kv_layout
+    prompt = [random.Random(7).randrange(3, 49152) for _ in range(40)]
+    params = BeamSearchParams(beam_width=2, max_tokens=120, ignore_eos=True)
+    assert 2 * cdiv(40 + 120, block_size) > 24, "unwindowed, the beams would need more than the pool"
+    assert 2 * layout.max_blocks(40 + 120) <= 24
+    (output,) = llm.beam_search([{"prompt_token_ids": prompt}], params)
+    assert len(output.sequences[0].tokens) == 40 + 120
+    assert all_blocks_free(llm.llm_engine.engine_core)
+    with pytest.raises(InvalidRequestError, match="may need .* KV blocks; the KV cache has 24"):
+        llm.beam_search([{"prompt_token_ids": prompt}], BeamSearchParams(beam_width=12, max_tokens=120))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pagedserve import LLM, SamplingParams
-from pagedserve.utils.kv_cache_groups import KVCacheGroups
+from pagedserve.config.kv_layout import KVCacheGroups
 
 MAX_TOKENS = 12
 PROMPT_LENS = [3, 17, 40, 64, 101]

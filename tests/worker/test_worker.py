@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from pagedserve.config import EngineArgs, EngineConfig
+from pagedserve.config.kv_layout import DTYPE_BYTES
 from pagedserve.core.sched_output import SchedulerOutput
-from pagedserve.sizing import DTYPE_BYTES, ModelShape
+from pagedserve.sizing import ModelShape
 from pagedserve.worker.worker import Worker
 
 
@@ -27,7 +28,9 @@ def worker(config: EngineConfig) -> Worker:
 def test_sizes_agree_with_sizing(worker: Worker, config: EngineConfig) -> None:
     shape = ModelShape.from_hf_config(config.model.hf_config, config.model.architecture)
     dtype_bytes = DTYPE_BYTES[config.model.dtype]
-    assert worker.kv_cache_bytes_per_block() == shape.kv_bytes_per_token(1, dtype_bytes) * 8
+    per_token = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * dtype_bytes
+    assert worker.model_runner.kv_cache_bytes_per_block() == per_token * 8
+    assert config.kv_layout.bytes_per_block == per_token * 8  # what the engine sizes the cache by
     assert worker.weights_bytes == shape.num_parameters(1) * dtype_bytes
 
 
