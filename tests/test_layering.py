@@ -166,3 +166,21 @@ def test_design_md_lists_the_contracts_layers() -> None:
     packages = {path.stem if path.suffix == ".py" else path.name for path in PACKAGE.iterdir()}
     packages -= {"__init__", "__main__", "__pycache__"}
     assert packages - listed == set(), "packages the layers contract leaves out"
+
+
+# The KV manager's own state, and the modules that are its parts (docs/design.md: a sealed KV manager).
+KV_MANAGER_STATE = {"req_to_blocks", "block_pool", "ref_cnt", "num_freed_leading", "device_null_block"}
+KV_MANAGER_MODULES = {"kv_cache_manager.py", "block_pool.py", "swap.py", "prefix_hit.py", "hashing.py"}
+
+
+def test_nobody_reads_the_kv_managers_state() -> None:
+    """The scheduler and everything else ask the KV manager (allocate, fork, swap out/in, free, stats);
+    only its own modules touch its tables, pools and reference counts."""
+    readers = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.parent.name == "core" and path.name in KV_MANAGER_MODULES:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in KV_MANAGER_STATE:
+                readers.append(f"{path.relative_to(PACKAGE)}:{node.lineno} .{node.attr}")
+    assert readers == []

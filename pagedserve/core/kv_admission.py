@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pagedserve.core.block_pool import KVCacheBlock
 from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
-from pagedserve.utils import cdiv
 
 
 @dataclass(frozen=True)
@@ -36,19 +35,12 @@ class KVAdmissionPolicy:
         if not running:
             return True
         lookahead = self.lookahead_tokens or kv.block_size
-        revived = sum(
-            1 for block in hits or [] if block.ref_cnt == 0
-        )  # cached blocks taken from the free list
-        held = kv.num_table_entries(request.request_id) + len(hits or [])
-        need = self._blocks(request, num_tokens + lookahead, held, kv) + revived
+        need = kv.num_blocks_to_grow(request, _capped(request, num_tokens + lookahead), hits)
         for other in running:
-            held = kv.num_table_entries(other.request_id)
-            need += self._blocks(other, other.num_computed_tokens + lookahead, held, kv)
+            need += kv.num_blocks_to_grow(other, _capped(other, other.num_computed_tokens + lookahead))
         return need <= kv.num_free_blocks()
 
-    @staticmethod
-    def _blocks(request: Request, num_tokens: int, held: int, kv: KVCacheManager) -> int:
-        """Blocks `request` needs beyond the `held` ones to hold `num_tokens` tokens (at most its length),
-        one per KV cache group for each block of tokens."""
-        longest = request.num_prompt_tokens + request.max_tokens
-        return max(0, cdiv(min(num_tokens, longest), kv.block_size) * kv.num_groups - held)
+
+def _capped(request: Request, num_tokens: int) -> int:
+    """`num_tokens`, at most the length the request may reach."""
+    return min(num_tokens, request.num_prompt_tokens + request.max_tokens)

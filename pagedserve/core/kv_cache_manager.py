@@ -9,6 +9,7 @@ from pagedserve.core.block_pool import BlockPool, KVCacheBlock
 from pagedserve.core.hashing import extend_block_hashes
 from pagedserve.core.prefix_hit import find_longest_cache_hit
 from pagedserve.core.request import Request
+from pagedserve.core.swap import SwapSpace, num_distinct
 
 Plan = list[tuple[Request, int]]  # (request, number of new tokens to compute this step)
 
@@ -41,6 +42,8 @@ class BlockOwners:
     # holding a revivable cached prefix) or FREE.
     owners: list[int]
     block_size: int
+    num_host_blocks: int = 0  # swap space
+    num_free_host_blocks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +80,9 @@ class KVCacheManager:
     a window group needs only the blocks its window still reads, the rest of its entries are the null
     block)."""
 
-    def __init__(self, num_blocks: int, groups: KVCacheGroups, enable_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, groups: KVCacheGroups, enable_caching: bool = True, num_host_blocks: int = 0
+    ) -> None:
         self.groups = groups
         self.block_size = groups.block_size
         self.num_groups = self.groups.num_groups
@@ -91,6 +96,8 @@ class KVCacheManager:
         ] = {}  # leading entries of each table already offered to the cache
         self.prefix_cache_queries = 0  # tokens looked up (cumulative)
         self.prefix_cache_hits = 0  # tokens found
+        # Swap preemption's host blocks (--swap-space), None without.
+        self.swap_space = SwapSpace(num_host_blocks, self.block_pool.null_block) if num_host_blocks else None
 
     def get_computed_blocks(self, request: Request) -> list[KVCacheBlock] | None:
         """The cached blocks of the longest prefix of the request's tokens that every KV cache group can
@@ -159,6 +166,53 @@ class KVCacheManager:
         # one writes in place when c == k.
         return total + sum(k - (shared[bid].ref_cnt == k) for bid, k in writers.items())
 
+    def num_blocks_to_grow(
+        self, request: Request, num_tokens: int, hits: list[KVCacheBlock] | None = None
+    ) -> int:
+        """Free blocks `request` takes to hold its first `num_tokens` tokens: the table entries beyond those
+        it holds and its prefix hits `hits`, and the hits that come off the free list (cached blocks
+        nobody holds)."""
+        held = self.num_table_entries(request.request_id) + len(hits or [])
+        revived = sum(1 for block in hits or [] if block.ref_cnt == 0)
+        return max(0, self.groups.table_entries(num_tokens) - held) + revived
+
+    @property
+    def can_swap(self) -> bool:
+        return self.swap_space is not None
+
+    def swap_out(self, requests: list[Request]) -> list[tuple[int, int]] | None:
+        """Move the requests' blocks (a group: blocks they share move once) to host blocks and free their
+        device blocks. Returns the (device, host) pairs to copy, or None (nothing changed) without swap
+        space or when it is short."""
+        if self.swap_space is None:
+            return None
+        pairs = self.swap_space.store(
+            {r.request_id: self.req_to_blocks.get(r.request_id, []) for r in requests}
+        )
+        if pairs is not None:
+            for request in requests:
+                self.free(request)
+        return pairs
+
+    def num_blocks_to_resume(self, requests: list[Request], plan: Plan) -> int:
+        """Device blocks that swapping `requests` in and then growing them by `plan` needs."""
+        assert self.swap_space is not None, "only a swap space holds swapped-out requests"
+        tables = self.swap_space.held_tables(request.request_id for request in requests)
+        return num_distinct(tables, self.block_pool.null_block) + self.num_blocks_needed(plan, tables)
+
+    def swap_in(self, requests: list[Request]) -> list[tuple[int, int]]:
+        """Give swapped-out requests device blocks again; returns the (host, device) pairs to copy. The
+        caller checks the free blocks first (`num_blocks_to_resume`)."""
+        assert self.swap_space is not None, "only a swap space holds swapped-out requests"
+        tables, pairs = self.swap_space.load((request.request_id for request in requests), self.block_pool)
+        self.req_to_blocks.update(tables)
+        return pairs
+
+    def discard_swapped(self, request: Request) -> None:
+        """Drop a swapped-out request's host blocks (it ended while swapped out)."""
+        assert self.swap_space is not None, "only a swap space holds swapped-out requests"
+        self.swap_space.discard(request.request_id)
+
     def fork(self, parent: Request, child: Request, num_tokens: int) -> None:
         """Let `child` (holding no blocks) share the blocks of `parent` that hold its first
         `num_tokens` tokens: one more reference each, no copy until someone writes."""
@@ -217,7 +271,14 @@ class KVCacheManager:
         for block in pool.blocks[1:]:
             if block.ref_cnt == 0 and block.cache_key is not None:
                 owners[block.block_id - 1] = CACHED
-        return BlockOwners(request_ids, owners, self.block_size)
+        swap = self.swap_space
+        return BlockOwners(
+            request_ids,
+            owners,
+            self.block_size,
+            0 if swap is None else swap.num_blocks,
+            0 if swap is None else swap.num_free_blocks(),
+        )
 
     def stats(self) -> KVCacheStats:
         pool = self.block_pool

@@ -52,8 +52,8 @@ class Preemption(SchedulerState):
         self.num_preemptions_total += 1
         mode = self.config.preemption_mode or ("swap" if len(group) > 1 else "recompute")
         pairs = None
-        if mode == "swap" and swap_allowed and self.swap_space is not None:
-            pairs = self.swap_space.swap_out(group, self.kv_cache_manager)
+        if mode == "swap" and swap_allowed:
+            pairs = self.kv_cache_manager.swap_out(group)
         if pairs is not None:
             step.swap_out += pairs
             for request in group:
@@ -67,7 +67,7 @@ class Preemption(SchedulerState):
                 ", too large to swap whole"
                 if not swap_allowed
                 else ", the swap space (--swap-space) is full"
-                if self.swap_space
+                if self.kv_cache_manager.can_swap
                 else ", no --swap-space"
             )
         for request in group:

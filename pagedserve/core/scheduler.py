@@ -34,9 +34,10 @@ class Admission:
 class Scheduler(Preemption, DraftSettling):
     """Decides, each step, which requests compute how many tokens, within `max_num_seqs`,
     `max_num_batched_tokens` and the free KV blocks. When running requests need blocks and none are
-    free, the newest (or least urgent) group is preempted: swapped out to host memory (`swap_space`) or recomputed later
-    (`config.preemption_mode`; by default groups that share blocks swap, single requests recompute).
-    Waiting requests are admitted only as far as `admission` allows (KV-aware: preemptions stay rare)."""
+    free, the newest (or least urgent) group is preempted: swapped out to host memory (the KV manager's
+    swap space) or recomputed later (`config.preemption_mode`; by default groups that share blocks swap,
+    single requests recompute). Waiting requests are admitted only as far as `admission` allows
+    (KV-aware: preemptions stay rare)."""
 
     def schedule(self) -> SchedulerOutput:
         step = ScheduleStep(self.config.max_num_batched_tokens)
@@ -118,23 +119,22 @@ class Scheduler(Preemption, DraftSettling):
     def _swap_in(self, step: ScheduleStep) -> None:
         """Bring swapped-out groups back in order while blocks and seats suffice, and while no waiting
         request outranks them (the priority policy: it is admitted first)."""
-        swap, kv = self.swap_space, self.kv_cache_manager
+        kv = self.kv_cache_manager
         urgent = self.order.next_waiting(self.waiting, self.structured.is_ready)
         while self.swapped and step.budget > 0:
-            assert swap is not None, "only a swap space holds swapped-out requests"
             group = self.order.next_swapped(self.swapped)
             if urgent is not None and self.order.outranks(urgent, group):
                 return
             plan = plan_group(group, step.budget)
             if (
                 self._num_seats_taken() + self._num_seats(group) > self.config.max_num_seqs
-                or swap.num_blocks_to_resume(group, plan, kv) > kv.num_free_blocks()
+                or kv.num_blocks_to_resume(group, plan) > kv.num_free_blocks()
             ):
                 if not self.running:  # it will never fit whole: recompute it request by request
                     self.swapped.remove(group)
-                    self._requeue(group, swap.discard)
+                    self._requeue(group, kv.discard_swapped)
                 return
-            step.swap_in += swap.swap_in(group, kv)
+            step.swap_in += kv.swap_in(group)
             self.swapped.remove(group)
             for request in group:
                 request.status = RequestStatus.RUNNING

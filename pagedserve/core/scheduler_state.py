@@ -16,7 +16,6 @@ from pagedserve.core.request_order import RequestOrder
 from pagedserve.core.sched_output import CachedRequestData, NewRequestData
 from pagedserve.core.spec_decode import NgramProposer
 from pagedserve.core.structured import StructuredOutputs
-from pagedserve.core.swap import SwapSpace
 from pagedserve.protocol import EngineCoreOutput, FinishReason, SchedulerStats
 from pagedserve.structured_output.manager import StructuredOutputManager
 
@@ -52,7 +51,6 @@ class SchedulerState:
         self,
         config: SchedulerConfig,
         kv_cache_manager: KVCacheManager,
-        swap_space: SwapSpace | None = None,
         admission: KVAdmissionPolicy | None = None,
         structured_output: StructuredOutputManager | None = None,
         speculative: SpeculativeConfig | None = None,
@@ -62,7 +60,6 @@ class SchedulerState:
         self.structured = StructuredOutputs(structured_output)
         self.admission = admission or KVAdmissionPolicy()
         self.kv_cache_manager = kv_cache_manager
-        self.swap_space = swap_space
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -126,8 +123,7 @@ class SchedulerState:
         released: list[Request] = []
         for request in requests:
             if request.status is RequestStatus.SWAPPED:
-                assert self.swap_space is not None
-                self.swap_space.discard(request)
+                self.kv_cache_manager.discard_swapped(request)
             else:
                 self.kv_cache_manager.free(request)
             request.status = RequestStatus.FINISHED

@@ -2,7 +2,6 @@
 when the pool is large), saying who holds it. Taken in the engine core between steps."""
 
 from pagedserve.core.kv_cache_manager import CACHED, FREE, SHARED, BlockOwners
-from pagedserve.core.swap import SwapSpace
 from pagedserve.protocol import BlockSnapshot
 from pagedserve.utils import cdiv
 
@@ -11,10 +10,10 @@ MAX_CELLS = 4096  # larger pools are drawn a group of blocks per cell
 __all__ = ["CACHED", "FREE", "MAX_CELLS", "SHARED", "snapshot_blocks"]
 
 
-def snapshot_blocks(blocks: BlockOwners, swap_space: SwapSpace | None = None) -> BlockSnapshot:
+def snapshot_blocks(blocks: BlockOwners) -> BlockSnapshot:
     """Every usable block: free, free but holding a revivable cached prefix, shared by several requests,
     or held by one request. A cell of several blocks shows the most telling state among them
-    (held > shared > cached > free). With the host blocks of `swap_space` counted."""
+    (held > shared > cached > free). With the host blocks of the swap space counted."""
     owners = blocks.owners
     num_blocks = len(owners)
     per_cell = cdiv(num_blocks, MAX_CELLS)
@@ -32,8 +31,8 @@ def snapshot_blocks(blocks: BlockOwners, swap_space: SwapSpace | None = None) ->
         sum(1 for value in owners if value in (FREE, CACHED)),
         owners.count(CACHED),
         owners.count(SHARED),
-        0 if swap_space is None else swap_space.num_blocks,
-        0 if swap_space is None else swap_space.num_free_blocks(),
+        blocks.num_host_blocks,
+        blocks.num_free_host_blocks,
     )
 
 

@@ -8,7 +8,6 @@ from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
 from pagedserve.core.scheduler import Scheduler
 from pagedserve.core.scheduler_state import RequestKVUsage
-from pagedserve.core.swap import SwapSpace
 from pagedserve.engine.block_state import snapshot_blocks
 from pagedserve.engine.tokenizer import load_tokenizer
 from pagedserve.executor import get_executor_class
@@ -36,17 +35,17 @@ class EngineCore:
             self.executor.shutdown()  # no worker outlives a failed start
             raise
         kv = self.kv_cache_config
-        self._swap_space = swap_space = SwapSpace(kv.num_host_blocks) if kv.num_host_blocks else None
         # NOTE: the grammars live here, next to the scheduler (vLLM v1's choice): the matchers advance where
         # the sampled tokens arrive, and the workers only get each step's bitmask.
         self.structured_output = StructuredOutputManager(
             lambda: load_tokenizer(config.model), config.model.vocab_size
         )
-        manager = KVCacheManager(kv.num_blocks, config.kv_layout.groups, config.cache.enable_prefix_caching)
+        manager = KVCacheManager(
+            kv.num_blocks, config.kv_layout.groups, config.cache.enable_prefix_caching, kv.num_host_blocks
+        )
         self.scheduler = Scheduler(
             config.scheduler,
             manager,
-            swap_space,
             speculative=config.speculative,
             structured_output=self.structured_output,
         )
@@ -104,7 +103,7 @@ class EngineCore:
 
     def block_snapshot(self) -> BlockSnapshot:
         """The KV block pool as the dashboard draws it, and the host blocks of the swap space."""
-        return snapshot_blocks(self.scheduler.block_owners(), self._swap_space)
+        return snapshot_blocks(self.scheduler.block_owners())
 
     def shutdown(self) -> None:
         self.structured_output.shutdown()

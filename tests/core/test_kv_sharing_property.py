@@ -19,7 +19,6 @@ from pagedserve.config.kv_layout import KVCacheGroups
 from pagedserve.core.block_pool import BlockPool, KVCacheBlock
 from pagedserve.core.kv_cache_manager import KVCacheManager, SlotAllocation
 from pagedserve.core.request import Request
-from pagedserve.core.swap import SwapSpace
 from pagedserve.protocol import EngineCoreRequest
 from pagedserve.sampling_params import SamplingParams
 
@@ -67,8 +66,9 @@ class SharingMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         groups = KVCacheGroups.from_layer_windows(self.layer_windows, BLOCK_SIZE)
-        self.kv = KVCacheManager(self.num_blocks, groups)
-        self.swap = SwapSpace(self.num_host_blocks)
+        self.kv = KVCacheManager(self.num_blocks, groups, num_host_blocks=self.num_host_blocks)
+        assert self.kv.swap_space is not None
+        self.swap = self.kv.swap_space
         self.device: Store = {}
         self.host: Store = {}
         self.live: dict[str, Request] = {}
@@ -134,7 +134,7 @@ class SharingMachine(RuleBasedStateMachine):
     def swap_out(self, data: st.DataObject) -> None:
         ids = data.draw(st.lists(st.sampled_from(sorted(self.live)), min_size=1, max_size=3, unique=True))
         group = [self.live[request_id] for request_id in ids]
-        pairs = self.swap.swap_out(group, self.kv)
+        pairs = self.kv.swap_out(group)
         if pairs is None:
             return
         assert all(0 <= host < self.num_host_blocks for _, host in pairs), "host ids are the workers' rows"
@@ -146,9 +146,9 @@ class SharingMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def swap_in(self, data: st.DataObject) -> None:
         request = self.swapped[data.draw(st.sampled_from(sorted(self.swapped)))]
-        if self.swap.num_blocks_to_resume([request], [], self.kv) > self.kv.num_free_blocks():
+        if self.kv.num_blocks_to_resume([request], []) > self.kv.num_free_blocks():
             return
-        move(self.host, self.device, self.swap.swap_in([request], self.kv))
+        move(self.host, self.device, self.kv.swap_in([request]))
         self.live[request.request_id] = self.swapped.pop(request.request_id)
 
     def _check_tables(
@@ -194,7 +194,7 @@ class SharingMachine(RuleBasedStateMachine):
         for request in self.live.values():
             self.kv.free(request)
         for request in self.swapped.values():
-            self.swap.discard(request)
+            self.kv.discard_swapped(request)
         assert self.kv.num_free_blocks() == self.num_blocks - 1 and self.kv.block_pool.num_blocks_saved == 0
         assert self.swap.num_free_blocks() == self.num_host_blocks
 

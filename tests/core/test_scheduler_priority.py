@@ -109,5 +109,5 @@ def test_an_urgent_request_goes_before_a_swapped_out_lazier_group_and_the_group_
     assert seen[:5] == [["urgent"]] * 4 + [["0_g", "1_g"]]  # then the group comes back (swapped in)
     assert any("lazier" in step for step in seen[5:]) and not scheduler.has_unfinished_requests()
     assert scheduler.num_preemptions_total == 1
-    kv, swap = scheduler.kv_cache_manager, scheduler.swap_space
+    kv, swap = scheduler.kv_cache_manager, scheduler.kv_cache_manager.swap_space
     assert kv.num_free_blocks() == kv.num_usable_blocks and swap is not None and not swap.tables

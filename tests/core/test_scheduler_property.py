@@ -18,7 +18,6 @@ from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
 from pagedserve.core.sched_output import ModelRunnerOutput
 from pagedserve.core.scheduler import Scheduler
-from pagedserve.core.swap import SwapSpace
 from pagedserve.protocol import EngineCoreRequest, child_request_id
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams
 
@@ -40,8 +39,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.num_usable = num_blocks - 1
         self.scheduler = Scheduler(
             SchedulerConfig(MAX_NUM_SEQS, 16, MAX_MODEL_LEN, mode),
-            KVCacheManager(num_blocks, KVCacheGroups.uniform(BLOCK_SIZE), caching),
-            SwapSpace(num_host_blocks) if num_host_blocks else None,
+            KVCacheManager(num_blocks, KVCacheGroups.uniform(BLOCK_SIZE), caching, num_host_blocks),
         )
         self.next_id = 0
         self.ended: set[str] = set()  # frontend ids whose every output finished
@@ -144,7 +142,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @invariant()
     def pools_are_consistent(self) -> None:
-        kv, swap = self.scheduler.kv_cache_manager, self.scheduler.swap_space
+        kv, swap = self.scheduler.kv_cache_manager, self.scheduler.kv_cache_manager.swap_space
         null = kv.block_pool.null_block
         check_pool(kv.block_pool, kv.req_to_blocks, self.num_usable, null)
         if swap is not None:
@@ -158,7 +156,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.progress_within_k_steps()
         assert not self.scheduler.has_unfinished_requests(), "work left after 2000 steps"
         assert not self.expected, f"requests never answered: {sorted(self.expected)}"
-        kv, swap = self.scheduler.kv_cache_manager, self.scheduler.swap_space
+        kv, swap = self.scheduler.kv_cache_manager, self.scheduler.kv_cache_manager.swap_space
         assert kv.num_free_blocks() == self.num_usable and not kv.req_to_blocks
         assert swap is None or (swap.num_free_blocks() == swap.num_blocks and not swap.tables)
 

@@ -51,7 +51,7 @@ def run_to_end(scheduler: Scheduler, max_steps: int = 500) -> list[SchedulerOutp
 
 
 def assert_no_leaks(scheduler: Scheduler) -> None:
-    kv, swap = scheduler.kv_cache_manager, scheduler.swap_space
+    kv, swap = scheduler.kv_cache_manager, scheduler.kv_cache_manager.swap_space
     assert kv.num_free_blocks() == kv.block_pool.num_usable_blocks and not kv.req_to_blocks
     assert swap is not None and swap.num_free_blocks() == swap.num_blocks and not swap.tables
 
@@ -138,13 +138,13 @@ def test_a_group_too_large_to_fit_alone_is_recomputed_request_by_request() -> No
 def test_host_block_ids_are_the_workers_rows() -> None:
     """A group that fills the host pool exactly gets host ids 0..N-1, the rows the workers allocate."""
     scheduler = sharing_scheduler(32, num_host_blocks=3)
-    kv, swap = scheduler.kv_cache_manager, scheduler.swap_space
+    kv, swap = scheduler.kv_cache_manager, scheduler.kv_cache_manager.swap_space
     request = make_request("r", 12, 4)  # 3 blocks of 4
     kv.allocate_slots(request, 12)
-    pairs = swap.swap_out([request], kv)
+    pairs = kv.swap_out([request])
     assert pairs is not None and sorted(host for _, host in pairs) == [0, 1, 2]
-    assert swap.num_free_blocks() == 0
-    swap.discard(request)
+    assert swap is not None and swap.num_free_blocks() == 0
+    kv.discard_swapped(request)
     assert swap.num_free_blocks() == 3
 
 

@@ -10,7 +10,6 @@ from pagedserve.core.kv_admission import KVAdmissionPolicy
 from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
 from pagedserve.core.scheduler import Scheduler
-from pagedserve.core.swap import SwapSpace
 from pagedserve.protocol import EngineCoreRequest
 from pagedserve.sampling_params import SamplingParams
 
@@ -63,8 +62,7 @@ def make_scheduler(
     config = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, preemption_mode, policy)
     return Scheduler(
         config,
-        KVCacheManager(num_blocks, KVCacheGroups.uniform(block_size), enable_caching),
-        SwapSpace(num_host_blocks) if num_host_blocks else None,
+        KVCacheManager(num_blocks, KVCacheGroups.uniform(block_size), enable_caching, num_host_blocks),
         admission=admission,
         speculative=speculative,
     )

@@ -192,7 +192,7 @@ def assert_same(batched: RequestOutput, alone: RequestOutput, case: Case) -> Non
 
 def assert_all_blocks_back(llm: LLM) -> None:
     scheduler = llm.llm_engine.engine_core.scheduler
-    kv, swap = scheduler.kv_cache_manager, scheduler.swap_space
+    kv, swap = scheduler.kv_cache_manager, scheduler.kv_cache_manager.swap_space
     assert kv.num_free_blocks() == kv.num_usable_blocks and not kv.req_to_blocks
     if swap is not None:
         assert swap.num_free_blocks() == swap.num_blocks and not swap.tables
