@@ -1,38 +1,37 @@
 """Speculative decoding in the scheduler: after a step verified a request's drafts, settle them (count,
 adapt, release the rejected drafts' blocks); after each step, propose the next drafts."""
 
+from pagedserve.config import SpeculativeConfig
+from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
-from pagedserve.core.scheduler_state import SchedulerState
-from pagedserve.core.spec_decode import adapt_num_spec_tokens, num_drafts_allowed
+from pagedserve.core.spec_decode import NgramProposer, adapt_num_spec_tokens, num_drafts_allowed
 
 
-class DraftSettling(SchedulerState):
-    """The Scheduler's side of draft tokens."""
+class DraftSettling:
+    """The scheduler's collaborator for draft tokens, with the cumulative counts it reports: steps with
+    drafts, draft tokens verified, drafts accepted."""
 
-    def _settle_drafts(self, request: Request, drafts: list[int], num_accepted: int) -> None:
+    def __init__(self, speculative: SpeculativeConfig, kv: KVCacheManager, max_model_len: int) -> None:
+        self.speculative, self.kv, self.max_model_len = speculative, kv, max_model_len
+        self.ngram = NgramProposer(speculative) if speculative.method == "ngram" else None
+        self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
+
+    def settle(self, request: Request, drafts: list[int], num_accepted: int) -> int:
         """After verification: the rejected drafts' K/V were computed but are not the request's. Their
-        slots are written again from num_computed_tokens on; blocks holding nothing else are released."""
-        self.spec_num_drafts += 1
-        self.spec_num_draft_tokens += len(drafts)
-        self.spec_num_accepted_tokens += num_accepted
-        assert self.speculative is not None, "drafts come with a speculative config"
+        slots are written again from num_computed_tokens on; blocks holding nothing else are released.
+        Returns how many were (the workers must hear of it)."""
+        self.num_drafts += 1
+        self.num_draft_tokens += len(drafts)
+        self.num_accepted_tokens += num_accepted
         adapt_num_spec_tokens(request, len(drafts), num_accepted, self.speculative.num_speculative_tokens)
         request.spec_token_ids = []
         request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens - 1)
-        if request.finish_reason is None:
-            dropped = self.kv_cache_manager.trim(request)
-            if dropped:
-                self._num_dropped_blocks[request.request_id] = (
-                    self._num_dropped_blocks.get(request.request_id, 0) + dropped
-                )
+        return self.kv.trim(request) if request.finish_reason is None else 0
 
-    def _propose_drafts(self, draft_model_proposals: dict[str, list[int]]) -> None:
+    def propose(self, running: list[Request], draft_model_proposals: dict[str, list[int]]) -> None:
         """Draft tokens for the next step: n-gram prompt lookup here, or the draft model's proposals."""
-        assert self.speculative is not None
-        for request in self.running:
-            num = num_drafts_allowed(
-                request, self.speculative.num_speculative_tokens, self.config.max_model_len
-            )
+        for request in running:
+            num = num_drafts_allowed(request, self.speculative.num_speculative_tokens, self.max_model_len)
             if not num:
                 request.spec_token_ids = []
             elif self.ngram is not None:

@@ -10,14 +10,13 @@ together. Which request comes first in each of those is `RequestOrder`'s (--sche
 from dataclasses import dataclass
 
 from pagedserve.core.block_pool import KVCacheBlock
-from pagedserve.core.draft_settling import DraftSettling
 from pagedserve.core.groups import groups_of, plan_group
 from pagedserve.core.kv_cache_manager import SlotAllocation
-from pagedserve.core.preemption import Preemption
+from pagedserve.core.preemption import log_cut_short
 from pagedserve.core.request import Request, RequestStatus
 from pagedserve.core.sched_output import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
-from pagedserve.core.scheduler_state import ScheduleStep
-from pagedserve.protocol import EngineCoreOutput
+from pagedserve.core.scheduler_state import SchedulerState, ScheduleStep
+from pagedserve.protocol import EngineCoreOutput, FinishReason
 
 
 @dataclass(frozen=True)
@@ -31,7 +30,7 @@ class Admission:
     num_new: int
 
 
-class Scheduler(Preemption, DraftSettling):
+class Scheduler(SchedulerState):
     """Decides, each step, which requests compute how many tokens, within `max_num_seqs`,
     `max_num_batched_tokens` and the free KV blocks. When running requests need blocks and none are
     free, the newest (or least urgent) group is preempted: swapped out to host memory (the KV manager's
@@ -132,7 +131,7 @@ class Scheduler(Preemption, DraftSettling):
             ):
                 if not self.running:  # it will never fit whole: recompute it request by request
                     self.swapped.remove(group)
-                    self._requeue(group, kv.discard_swapped)
+                    self.preemption.requeue(group, self.waiting, kv.discard_swapped)
                 return
             step.swap_in += kv.swap_in(group)
             self.swapped.remove(group)
@@ -199,6 +198,30 @@ class Scheduler(Preemption, DraftSettling):
             and self._admission(request, self._num_seats_taken(), step.budget) is None
         ):
             self._preempt(groups.pop(), step, alone=False)
+
+    def _preempt(self, group: list[Request], step: ScheduleStep, alone: bool) -> None:
+        """Take the group out of `running`: swapped out, or back to `waiting` (`Preemption`)."""
+        step.preempted = True
+        ids = {request.request_id for request in group}
+        self.running = [r for r in self.running if r.request_id not in ids]
+        for request in group:
+            self._forget(request.request_id)
+        pairs = self.preemption.preempt(group, self.waiting, alone)
+        if pairs is not None:
+            step.swap_out += pairs
+            self.swapped.appendleft(group)
+
+    def _cut_short(self, request: Request) -> None:
+        """End a request that can never be computed (its tokens need more blocks than the whole pool)."""
+        log_cut_short(request, self.kv_cache_manager)
+        request.finish_reason = FinishReason.LENGTH
+        self._cut_outputs.append(EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.LENGTH))
+        self._finish([request])
+
+    def _note_dropped(self, request_id: str, num_blocks: int) -> None:
+        """`num_blocks` trimmed off the request's table: its next diff tells the workers."""
+        if num_blocks:
+            self._num_dropped_blocks[request_id] = self._num_dropped_blocks.get(request_id, 0) + num_blocks
 
     def _record(
         self, step: ScheduleStep, request: Request, num_new: int, allocation: SlotAllocation | None
@@ -271,12 +294,15 @@ class Scheduler(Preemption, DraftSettling):
                     break
             drafts = scheduler_output.scheduled_spec_decode_tokens.get(request_id)
             if drafts:
-                self._settle_drafts(request, drafts, len(output.new_token_ids) - 1)
+                assert self.drafts is not None, "drafts come with a speculative config"
+                self._note_dropped(
+                    request_id, self.drafts.settle(request, drafts, len(output.new_token_ids) - 1)
+                )
             outputs.append(output)
         pruned, beam_outputs = self.beam_search.advance(self._fork_beam)
         self._finish(finished + pruned)
-        if self.speculative is not None:
-            self._propose_drafts(runner_output.draft_token_ids)
+        if self.drafts is not None:
+            self.drafts.propose(self.running, runner_output.draft_token_ids)
         return outputs + beam_outputs
 
     @staticmethod

@@ -1,20 +1,21 @@
 """The scheduler's state: its queues (waiting, running, swapped-out groups), its requests, what the workers
 were last told, and what it reports (stats, the stall log). The scheduling decisions build on it
-(scheduler.py, preemption.py, draft_settling.py)."""
+(scheduler.py); preemption and draft settling are its collaborators (preemption.py, draft_settling.py)."""
 
 from collections import deque
 from dataclasses import dataclass, field
 
 from pagedserve.config import SchedulerConfig, SpeculativeConfig
 from pagedserve.core.beam_search import BeamSearchManager
+from pagedserve.core.draft_settling import DraftSettling
 from pagedserve.core.groups import groups_of
 from pagedserve.core.kv_admission import KVAdmissionPolicy
 from pagedserve.core.kv_cache_manager import BlockOwners, KVCacheManager
 from pagedserve.core.parallel_sampling import ParallelSampling
+from pagedserve.core.preemption import Preemption
 from pagedserve.core.request import Request, RequestStatus
 from pagedserve.core.request_order import RequestOrder
 from pagedserve.core.sched_output import CachedRequestData, NewRequestData
-from pagedserve.core.spec_decode import NgramProposer
 from pagedserve.core.structured import StructuredOutputs
 from pagedserve.protocol import EngineCoreOutput, FinishReason, SchedulerStats
 from pagedserve.structured_output.manager import StructuredOutputManager
@@ -66,16 +67,16 @@ class SchedulerState:
         self.swapped: deque[list[Request]] = deque()  # groups, oldest first
         self.parallel_sampling = ParallelSampling()
         self.beam_search = BeamSearchManager()
-        self.num_preemptions_total = 0
-        self.num_recomputed_tokens_total = 0  # computed tokens whose KV a preemption dropped
+        self.preemption = Preemption(config, kv_cache_manager, self.order, self.beam_search)
+        self.drafts = (
+            None
+            if speculative is None
+            else DraftSettling(speculative, kv_cache_manager, config.max_model_len)
+        )
         self._forget_req_ids: set[str] = set()  # the workers must drop these next step
         self._num_tokens_sent: dict[str, int] = {}  # how many tokens each worker copy holds
         self._cut_outputs: list[EngineCoreOutput] = []  # final outputs of requests that can never fit
         self._num_dropped_blocks: dict[str, int] = {}  # blocks trimmed since the workers last heard
-        self.speculative = speculative
-        self.ngram = NgramProposer(speculative) if speculative and speculative.method == "ngram" else None
-        # Speculative decoding, cumulative: steps with drafts, draft tokens verified, drafts accepted.
-        self.spec_num_drafts = self.spec_num_draft_tokens = self.spec_num_accepted_tokens = 0
 
     def add_request(self, request: Request) -> None:
         if request.beam_search is not None:
@@ -166,7 +167,7 @@ class SchedulerState:
         )
 
     def get_stats(self) -> SchedulerStats:
-        kv = self.kv_cache_manager
+        kv, drafts = self.kv_cache_manager, self.drafts
         kv_stats = kv.stats()
         stored = sum(
             request.num_computed_tokens
@@ -177,8 +178,8 @@ class SchedulerState:
             num_running_reqs=len(self.running),
             num_waiting_reqs=len(self.waiting) + self.parallel_sampling.num_held(),
             kv_cache_usage=kv_stats.usage,
-            num_preemptions_total=self.num_preemptions_total,
-            num_recomputed_tokens_total=self.num_recomputed_tokens_total,
+            num_preemptions_total=self.preemption.num_preemptions_total,
+            num_recomputed_tokens_total=self.preemption.num_recomputed_tokens_total,
             num_kv_slots_allocated=kv_stats.num_allocated_slots,
             num_kv_tokens_stored=stored,
             num_shared_blocks=kv_stats.num_shared_blocks,
@@ -186,7 +187,7 @@ class SchedulerState:
             num_swapped_reqs=sum(len(group) for group in self.swapped),
             prefix_cache_queries=kv_stats.prefix_cache_queries,
             prefix_cache_hits=kv_stats.prefix_cache_hits,
-            spec_decode_num_drafts=self.spec_num_drafts,
-            spec_decode_num_draft_tokens=self.spec_num_draft_tokens,
-            spec_decode_num_accepted_tokens=self.spec_num_accepted_tokens,
+            spec_decode_num_drafts=drafts.num_drafts if drafts else 0,
+            spec_decode_num_draft_tokens=drafts.num_draft_tokens if drafts else 0,
+            spec_decode_num_accepted_tokens=drafts.num_accepted_tokens if drafts else 0,
         )

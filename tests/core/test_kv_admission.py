@@ -67,7 +67,7 @@ def test_overload_preempts_far_less_than_admitting_everything() -> None:
             scheduler.add_request(distinct_request(f"r{i}", rng.randint(8, 120), rng.randint(8, 120)))
         run_to_completion(scheduler)
         assert scheduler.kv_cache_manager.num_free_blocks() == 64  # every block came back
-        return scheduler.num_preemptions_total, scheduler.num_recomputed_tokens_total
+        return scheduler.preemption.num_preemptions_total, scheduler.preemption.num_recomputed_tokens_total
 
     admit_all, kv_aware = preemptions(_AdmitAll()), preemptions(KVAdmissionPolicy())
     assert admit_all[0] >= 10 and admit_all[1] > 0

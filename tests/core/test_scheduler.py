@@ -51,7 +51,7 @@ def test_preempts_newest_and_resumes_it_first() -> None:
     out = scheduler.schedule()
     scheduler.update_from_output(out, ModelRunnerOutput({"old": 9, "new": 9}))
     out = scheduler.schedule()  # both need a second block; only one is free: the newest yields
-    assert scheduler.num_preemptions_total == 1
+    assert scheduler.get_stats().num_preemptions_total == 1
     assert "new" in out.finished_req_ids and list(out.num_scheduled_tokens) == ["old"]
     assert scheduler.waiting[0].request_id == "new" and scheduler.waiting[0].num_computed_tokens == 0
     assert scheduler.waiting[0].all_token_ids[-1] == 9, "its sampled token is kept for the recompute"

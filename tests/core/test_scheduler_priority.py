@@ -48,7 +48,7 @@ def test_an_urgent_waiting_request_preempts_a_lazier_running_one() -> None:
         scheduler.add_request(make_request("urgent", 8, max_tokens=4, priority=1 if preempts else 0))
         out = scheduler.schedule()
         assert ("lazy" in out.finished_req_ids) == preempts
-        assert scheduler.num_preemptions_total == int(preempts)
+        assert scheduler.get_stats().num_preemptions_total == int(preempts)
         scheduler.update_from_output(out, ModelRunnerOutput({rid: 9 for rid in out.num_scheduled_tokens}))
         if preempts:
             assert finish_step(scheduler) == ["urgent"]  # admitted the step after
@@ -59,7 +59,7 @@ def test_an_equal_priority_never_preempts() -> None:
     scheduler.add_request(make_request("first", 8, max_tokens=4, priority=2))
     finish_step(scheduler)
     scheduler.add_request(make_request("second", 8, max_tokens=4, priority=2))
-    assert finish_step(scheduler) == ["first"] and scheduler.num_preemptions_total == 0
+    assert finish_step(scheduler) == ["first"] and scheduler.get_stats().num_preemptions_total == 0
 
 
 def test_swapped_groups_come_back_most_urgent_first() -> None:
@@ -71,7 +71,7 @@ def test_swapped_groups_come_back_most_urgent_first() -> None:
     seen: list[list[str]] = []
     while scheduler.has_unfinished_requests() and len(seen) < 60:
         seen.append(finish_step(scheduler))
-    assert not scheduler.has_unfinished_requests() and scheduler.num_preemptions_total > 0
+    assert not scheduler.has_unfinished_requests() and scheduler.get_stats().num_preemptions_total > 0
     finished_order = sorted("abc", key=lambda r: max(i for i, step in enumerate(seen) if r in step))
     assert finished_order == ["b", "c", "a"]
 
@@ -84,7 +84,7 @@ def test_a_preempted_request_goes_back_to_its_place_in_the_queue() -> None:
     for request_id, priority in [("waiting-lazier", 9), ("waiting-urgent", 3)]:
         scheduler.add_request(make_request(request_id, 4, max_tokens=1, priority=priority))
     finish_step(scheduler)  # old-lazy is preempted (recompute): back in the queue by its priority
-    assert scheduler.num_preemptions_total == 1
+    assert scheduler.get_stats().num_preemptions_total == 1
     assert [r.request_id for r in scheduler.waiting] == ["waiting-urgent", "old-lazy", "waiting-lazier"]
 
 
@@ -108,6 +108,6 @@ def test_an_urgent_request_goes_before_a_swapped_out_lazier_group_and_the_group_
         seen.append(finish_step(scheduler))
     assert seen[:5] == [["urgent"]] * 4 + [["0_g", "1_g"]]  # then the group comes back (swapped in)
     assert any("lazier" in step for step in seen[5:]) and not scheduler.has_unfinished_requests()
-    assert scheduler.num_preemptions_total == 1
+    assert scheduler.get_stats().num_preemptions_total == 1
     kv, swap = scheduler.kv_cache_manager, scheduler.kv_cache_manager.swap_space
     assert kv.num_free_blocks() == kv.num_usable_blocks and swap is not None and not swap.tables

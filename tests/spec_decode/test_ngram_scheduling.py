@@ -48,9 +48,9 @@ def test_rejected_drafts_release_their_blocks_and_the_workers_hear_of_it() -> No
     assert a.num_tokens == 11 and a.num_computed_tokens == 10  # the last token is computed next step
     assert len(kv.get_block_ids("a")) == 3 and kv.num_free_blocks() == free_before - 1
     assert (
-        scheduler.spec_num_drafts,
-        scheduler.spec_num_draft_tokens,
-        scheduler.spec_num_accepted_tokens,
+        scheduler.get_stats().spec_decode_num_drafts,
+        scheduler.get_stats().spec_decode_num_draft_tokens,
+        scheduler.get_stats().spec_decode_num_accepted_tokens,
     ) == (1, 4, 1)
     out = scheduler.schedule()
     cached = out.scheduled_cached_reqs[0]
