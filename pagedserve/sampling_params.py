@@ -154,6 +154,15 @@ class SamplingParams:
             self.temperature = 0.0  # greedy
 
     def _validate(self) -> None:
+        """Every field's type first (so the range checks compare numbers), then each group's ranges. The
+        order is the order of the errors a request with several bad fields gets: the first one raises."""
+        self._check_types()
+        self._check_sampling_ranges()
+        self._check_length_limits()
+        self._check_stops_and_bias()
+
+    def _check_types(self) -> None:
+        """Integer fields are int64 ints; float fields become finite floats (an int 1 reads as 1.0)."""
         for name in ("n", "top_k", "min_tokens"):
             _check_int(name, getattr(self, name))
         for name in (
@@ -174,6 +183,9 @@ class SamplingParams:
             "min_p",
         ):
             setattr(self, name, _as_float(name, getattr(self, name)))
+
+    def _check_sampling_ranges(self) -> None:
+        """How many samples, and the knobs that shape each token's distribution (vLLM's ranges)."""
         _check(self.n >= 1, "n", f"must be at least 1, got {self.n}.")
         if self.best_of is not None:
             _check(self.best_of >= self.n, "best_of", f"must be at least n={self.n}, got {self.best_of}.")
@@ -197,6 +209,9 @@ class SamplingParams:
             "repetition_penalty",
             f"must be in [{low:g}, {high:g}], got {self.repetition_penalty}.",
         )
+
+    def _check_length_limits(self) -> None:
+        """Token counts: the output's bounds (min_tokens within max_tokens), logprobs, the prompt's cut."""
         if self.max_tokens is not None:
             _check(self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}.")
         _check(self.min_tokens >= 0, "min_tokens", f"must be non-negative, got {self.min_tokens}.")
@@ -215,6 +230,9 @@ class SamplingParams:
                 "truncate_prompt_tokens",
                 f"must be at least 1, got {self.truncate_prompt_tokens}.",
             )
+
+    def _check_stops_and_bias(self) -> None:
+        """The list fields' entries (__post_init__ made them lists): stop strings, stop token ids, biases."""
         _check(
             all(isinstance(s, str) for s in self.stop_strings),
             "stop",

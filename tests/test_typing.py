@@ -1,5 +1,6 @@
 """The package's typing stays strict (issue 27): mypy's strict mode on all of pagedserve, and fewer than
-MAX_ANY_USES uses of `Any` (scripts/count_any.py counts them)."""
+MAX_ANY_USES uses of `Any` (scripts/count_any.py counts them). And its functions stay short: none over
+MAX_FUNCTION_LINES lines outside pagedserve/kernels."""
 
 import ast
 import importlib.util
@@ -9,6 +10,8 @@ from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_ANY_USES = 80  # exclusive: the count must stay below it
+# Inclusive. The kernels are exempt: a kernel's body is one tight loop nest that reads best unsplit.
+MAX_FUNCTION_LINES = 60
 
 
 def _count_any() -> ModuleType:
@@ -48,3 +51,20 @@ Json: TypeAlias = "dict[str, Any]"
 message = "Any"
 '''
     assert sorted(_count_any().any_uses(ast.parse(source))) == [4, 5, 5, 5, 7, 8]
+
+
+def test_no_function_over_60_lines_outside_the_kernels() -> None:
+    package = ROOT / "pagedserve"
+    kernels = package / "kernels"
+    offenders = []
+    for path in sorted(package.rglob("*.py")):
+        if path.is_relative_to(kernels):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            # Nested functions count on their own too (and inside the function that holds them).
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                assert node.end_lineno is not None
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length} lines)")
+    assert not offenders, f"functions over {MAX_FUNCTION_LINES} lines (split them):\n" + "\n".join(offenders)

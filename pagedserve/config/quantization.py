@@ -36,6 +36,16 @@ def checkpoint_quantization(model: "ModelConfig") -> str | None:
 def resolve_quantization(requested: str | None, model: "ModelConfig", device: str) -> str | None:
     """The scheme to load `model` with (None: unquantized). Raises ConfigError naming the choices."""
     detected = checkpoint_quantization(model)
+    _check_supported(requested, detected, model)
+    _check_checkpoint_matches(requested, detected)
+    if requested is None:
+        return _detected_scheme(detected, model, device)
+    _check_online_scheme(requested, detected, model, device)
+    return None if requested == "none" else requested
+
+
+def _check_supported(requested: str | None, detected: str | None, model: "ModelConfig") -> None:
+    """Both schemes are ones pagedserve knows, and a GPTQ/AWQ checkpoint is one it can load."""
     if requested not in (None, *get_args(QuantizationName)):
         raise ConfigError(
             f"quantization={requested!r} is not supported; --quantization must be one of {_SUPPORTED}."
@@ -50,6 +60,11 @@ def resolve_quantization(requested: str | None, model: "ModelConfig", device: st
         # kernels only), since `pagedserve plan` resolves this config as on a GPU.
         parse_int4_checkpoint(detected, checkpoint_quantization_config(model))
         check_architecture(detected, model.architecture)
+
+
+def _check_checkpoint_matches(requested: str | None, detected: str | None) -> None:
+    """The schemes that only exist in a checkpoint (GPTQ, AWQ, fp8) are loaded as they are: never asked
+    for without such a checkpoint, never overridden when the checkpoint has one."""
     if requested == "none" and detected in _CHECKPOINT_FORMATS:
         raise ConfigError(
             f"--quantization none cannot load a {detected} checkpoint (its weights exist only as 4-bit "
@@ -71,17 +86,25 @@ def resolve_quantization(requested: str | None, model: "ModelConfig", device: st
             f"quant_method fp8), but this one is {detected or 'not quantized'}; use int8 to quantize a "
             "float checkpoint online."
         )
-    if requested is None:
-        if detected in ("gguf", *_CHECKPOINT_FORMATS) and model.load_format == "dummy":
-            logger.info("Dummy weights are random floats: the checkpoint's %s layout is not used.", detected)
-            return None
-        if detected == "gguf" and device != "cpu":
-            logger.info(
-                "GGUF weights are dequantized: the native GGUF kernels run on the CPU, on the "
-                "checkpoint's weights."
-            )
-            return None
-        return detected
+
+
+def _detected_scheme(detected: str | None, model: "ModelConfig", device: str) -> str | None:
+    """With --quantization unset: the checkpoint's own scheme, unless its weights end up as floats
+    anyway (dummy weights; GGUF off the CPU, dequantized at load)."""
+    if detected in ("gguf", *_CHECKPOINT_FORMATS) and model.load_format == "dummy":
+        logger.info("Dummy weights are random floats: the checkpoint's %s layout is not used.", detected)
+        return None
+    if detected == "gguf" and device != "cpu":
+        logger.info(
+            "GGUF weights are dequantized: the native GGUF kernels run on the CPU, on the "
+            "checkpoint's weights."
+        )
+        return None
+    return detected
+
+
+def _check_online_scheme(requested: str, detected: str | None, model: "ModelConfig", device: str) -> None:
+    """A scheme asked for explicitly runs on the CPU kernels, and int8/int4 quantize only float weights."""
     if requested == "gguf" and not model.gguf_file:
         raise ConfigError("--quantization gguf needs a GGUF file (--model *.gguf).")
     if requested in QUANTIZATION_METHODS and requested != "fp8" and device != "cpu":
@@ -94,4 +117,3 @@ def resolve_quantization(requested: str | None, model: "ModelConfig", device: st
             f"--quantization {requested} quantizes a float checkpoint, but this one is already "
             f"{detected}; use --quantization none (GGUF) or leave it unset."
         )
-    return None if requested == "none" else requested

@@ -109,6 +109,20 @@ class PrometheusStatLogger(StatLoggerBase):
         prometheus_client.disable_created_metrics()
         self.registry = CollectorRegistry()
         self.label_values = [model_name, str(engine)]
+        # NOTE: /metrics lists the families in the order they are registered here.
+        self._register_scheduler_metrics()
+        self._register_latency_histograms()
+        self._register_request_histograms(max_model_len)
+        self.last_preemptions_total = 0
+        self.last_recomputed_total = 0
+        # The engine's counts of these (SchedulerStats fields, same names) are cumulative too.
+        self.cumulative = {
+            name: self._counter(name, description) for name, description in _CUMULATIVE_STATS.items()
+        }
+        self.last_cumulative = dict.fromkeys(self.cumulative, 0)
+
+    def _register_scheduler_metrics(self) -> None:
+        """The queues and the KV cache now, and the running totals of tokens and requests."""
         self.running = self._gauge("num_requests_running", "Number of requests in model execution batches.")
         self.waiting = self._gauge("num_requests_waiting", "Number of requests waiting to be processed.")
         self.kv_usage = self._gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
@@ -131,6 +145,9 @@ class PrometheusStatLogger(StatLoggerBase):
             registry=self.registry,
         )
         self.success = {str(r): success.labels(*self.label_values, str(r)) for r in FinishReason}
+
+    def _register_latency_histograms(self) -> None:
+        """Per token and per request, in seconds (vLLM's buckets)."""
         self.ttft = self._seconds("time_to_first_token_seconds", "time to first token", _TTFT_BUCKETS)
         self.itl = self._seconds("inter_token_latency_seconds", "inter-token latency", _ITL_BUCKETS)
         self.tpot = self._seconds(
@@ -144,6 +161,9 @@ class PrometheusStatLogger(StatLoggerBase):
             phase: self._seconds(f"request_{phase}_time_seconds", f"time spent in {phase}", _LATENCY_BUCKETS)
             for phase in ("inference", "prefill", "decode")
         }
+
+    def _register_request_histograms(self, max_model_len: int) -> None:
+        """Token counts per request (buckets up to the context length) and per engine step."""
         token_buckets = _one_two_five(max_model_len)
         self.request_prompt_tokens = self._histogram(
             "request_prompt_tokens", "Number of prefill tokens processed, per request.", token_buckets
@@ -158,13 +178,6 @@ class PrometheusStatLogger(StatLoggerBase):
         self.iteration_tokens = self._histogram(
             "iteration_tokens_total", "Number of tokens per engine step.", _ITERATION_TOKEN_BUCKETS
         )
-        self.last_preemptions_total = 0
-        self.last_recomputed_total = 0
-        # The engine's counts of these (SchedulerStats fields, same names) are cumulative too.
-        self.cumulative = {
-            name: self._counter(name, description) for name, description in _CUMULATIVE_STATS.items()
-        }
-        self.last_cumulative = dict.fromkeys(self.cumulative, 0)
 
     def _gauge(self, name: str, description: str) -> Gauge:
         labels = ["model_name", "engine"]

@@ -2,7 +2,7 @@
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import replace
 from typing import Any
 
@@ -42,6 +42,7 @@ from pagedserve.entrypoints.utils import started
 from pagedserve.errors import InvalidRequestError
 from pagedserve.outputs import CompletionOutput, RequestOutput
 from pagedserve.protocol import EngineCoreRequest
+from pagedserve.sampling_params import SamplingParams
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -88,20 +89,7 @@ class OpenAIServingChat(OpenAIServing):
             self.tool_call_parser,
             request.parallel_tool_calls is not False,
         )
-        max_tokens = request.max_completion_tokens
-        if max_tokens is None:
-            max_tokens = request.max_tokens
-        params = request.to_sampling_params(
-            max_tokens, request.num_logprobs(), request.prompt_logprobs, defaults=self.sampling_defaults
-        )
-        if tools.constraint is not None:
-            if params.structured_outputs is not None:
-                raise InvalidRequestError(
-                    "A required or named tool_choice constrains the output already: drop "
-                    "response_format / structured_outputs.",
-                    param="tool_choice",
-                )
-            params = replace(params, structured_outputs=tools.constraint)
+        params = self._sampling_params(request, tools)
         request_id = random_id("chatcmpl")
 
         def process() -> EngineCoreRequest:
@@ -112,44 +100,51 @@ class OpenAIServingChat(OpenAIServing):
 
         # NOTE: templating and tokenizing in a thread: a huge conversation never holds up the event loop.
         core = await asyncio.to_thread(process)
-        num_prompt_tokens = len(core.prompt_token_ids)
         # NOTE: admitted before the response starts: a full queue is a 503, not a broken stream.
         (outputs,) = self.engine.submit([core], request.timeout)
         if request.stream:
             # NOTE: started: a refusal before the first output is a status, not an event in a 200 stream.
             return StreamingResponse(
-                self._stream(request, request_id, num_prompt_tokens, tools, await started(outputs)),
+                self._stream(request, request_id, len(core.prompt_token_ids), tools, await started(outputs)),
                 media_type="text/event-stream",
             )
+        return await self._full(request, request_id, core, tools, outputs)
+
+    def _sampling_params(self, request: ChatCompletionRequest, tools: ChatTools) -> SamplingParams:
+        """The request's sampling parameters (max_completion_tokens over the deprecated max_tokens); a
+        required or named tool_choice becomes the output's constraint."""
+        max_tokens = request.max_completion_tokens
+        if max_tokens is None:
+            max_tokens = request.max_tokens
+        params = request.to_sampling_params(
+            max_tokens, request.num_logprobs(), request.prompt_logprobs, defaults=self.sampling_defaults
+        )
+        if tools.constraint is None:
+            return params
+        if params.structured_outputs is not None:
+            raise InvalidRequestError(
+                "A required or named tool_choice constrains the output already: drop "
+                "response_format / structured_outputs.",
+                param="tool_choice",
+            )
+        return replace(params, structured_outputs=tools.constraint)
+
+    async def _full(
+        self,
+        request: ChatCompletionRequest,
+        request_id: str,
+        core: EngineCoreRequest,
+        tools: ChatTools,
+        outputs: AsyncIterator[RequestOutput],
+    ) -> ChatCompletionResponse:
+        """The whole response, once the request has finished: a choice per sample, usage, prompt logprobs."""
         final: RequestOutput | None = None
         async for output in outputs:  # FINAL_ONLY: one output, the finished one
             final = output
         assert final is not None, "a request ends with its final output"
         samples = final.outputs
-        choices = []
-        for sample in samples:
-            result = tools.output(sample.text, sample.finish_reason)
-            message = ChatResponseMessage(
-                content=result.content,
-                tool_calls=[
-                    {
-                        "id": call.id,
-                        "type": "function",
-                        "function": {"name": call.name, "arguments": call.arguments},
-                    }
-                    for call in result.tool_calls
-                ],
-            )
-            choices.append(
-                ChatChoice(
-                    index=sample.index,
-                    message=message,
-                    logprobs=self._logprobs(request, sample),
-                    finish_reason=result.finish_reason,
-                    stop_reason=sample.stop_reason,
-                )
-            )
-        usage = usage_info(num_prompt_tokens, sum(len(s.token_ids) for s in samples))
+        choices = [self._choice(request, tools, sample) for sample in samples]
+        usage = usage_info(len(core.prompt_token_ids), sum(len(s.token_ids) for s in samples))
         return ChatCompletionResponse(
             id=request_id,
             model=self.model_name,
@@ -158,6 +153,30 @@ class OpenAIServingChat(OpenAIServing):
             prompt_logprobs=self.prompt_logprobs(
                 core.prompt_token_ids, final.prompt_logprobs, request.return_tokens_as_token_ids
             ),
+        )
+
+    def _choice(
+        self, request: ChatCompletionRequest, tools: ChatTools, sample: CompletionOutput
+    ) -> ChatChoice:
+        """A finished sample as a choice: its text parsed for tool calls when tools are on."""
+        result = tools.output(sample.text, sample.finish_reason)
+        message = ChatResponseMessage(
+            content=result.content,
+            tool_calls=[
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+                for call in result.tool_calls
+            ],
+        )
+        return ChatChoice(
+            index=sample.index,
+            message=message,
+            logprobs=self._logprobs(request, sample),
+            finish_reason=result.finish_reason,
+            stop_reason=sample.stop_reason,
         )
 
     async def _stream(
