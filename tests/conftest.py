@@ -1,6 +1,8 @@
 """Shared fixtures: tiny random-weight HF checkpoints of each architecture, built on the fly."""
 
+import datetime
 import os
+import random
 import shutil
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -196,10 +198,59 @@ _SLOW_FOLDERS = ("entrypoints", "distributed")
 _MODEL_FIXTURES = {"tiny_llama", "tiny_model_factory", "default_model"}
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--sample-all",
+        action="store_true",
+        help="run every case of the tests marked `sampled` (CI runs a seeded half of each)",
+    )
+    parser.addoption(
+        "--sample-seed",
+        default=None,
+        help="seed of the sampled cases (default: today's date, so the cases rotate day by day)",
+    )
+
+
+def _sample_seed(config: pytest.Config) -> str:
+    seed: str = config.getoption("--sample-seed") or datetime.date.today().strftime("%Y%m%d")
+    return seed
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if config.getoption("--sample-all"):
+        return "sampled tests: every case (--sample-all)"
+    return (
+        f"sampled tests: half the cases of each, seed {_sample_seed(config)} "
+        "(--sample-seed S reruns a draw, --sample-all runs them all)"
+    )
+
+
+def _sample(config: pytest.Config, items: list[pytest.Item]) -> list[pytest.Item]:
+    """`sampled`: end-to-end tests parametrized over many cases (models, settings) that check the same
+    code paths case by case. Unless --sample-all, each such test keeps a seeded half of its cases (at least
+    one); the rest are deselected (reported as such, never counted as passed)."""
+    if config.getoption("--sample-all"):
+        return []
+    cases: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        if item.get_closest_marker("sampled") is not None:
+            cases.setdefault(item.nodeid.split("[")[0], []).append(item)
+    seed, dropped = _sample_seed(config), []
+    for function, members in cases.items():
+        keep = set(random.Random(f"{seed}:{function}").sample(range(len(members)), (len(members) + 1) // 2))
+        dropped += [item for index, item in enumerate(members) if index not in keep]
+    return dropped
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`slow`: server, process and end-to-end tests (a folder above, or a model fixture), so that
     `-m "not slow"` runs the millisecond tests alone. `nightly`: skipped unless `-m nightly` selects it.
-    `gpu`: skipped, visibly (-ra), without a CUDA GPU."""
+    `gpu`: skipped, visibly (-ra), without a CUDA GPU. `sampled`: a seeded half of the cases (`_sample`)."""
+    dropped = _sample(config, items)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        gone = set(map(id, dropped))
+        items[:] = [item for item in items if id(item) not in gone]
     skip_gpu = (
         None
         if torch.cuda.is_available()
