@@ -18,7 +18,7 @@ writes, swaps and copies on write) are not implemented for float8 dtypes; every 
 """
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -38,15 +38,6 @@ class KVQuantization:
     rotate_keys: bool = False  # q and k multiplied by key_rotation (the module's note)
     # [num_kv_heads, head_dim], rotated: the first batch's mean key, subtracted (--calculate-kv-scales)
     key_offset: torch.Tensor | None = None
-    _tables: dict[float, torch.Tensor] = field(default_factory=dict, repr=False)
-
-    def value_table(self, scale: float = 1.0) -> torch.Tensor:
-        """[256] float32: the value of each fp8 bit pattern times `scale`, as `dequantize` computes it
-        (the native CPU kernels read and write fp8 through it)."""
-        if scale not in self._tables:
-            bits = torch.arange(256, dtype=torch.int32).to(torch.uint8)
-            self._tables[scale] = bits.view(self.fp8_dtype).float() * scale
-        return self._tables[scale]
 
     def quantize(self, x: torch.Tensor, scale: float) -> torch.Tensor:
         """Values -> uint8 fp8 bits, saturating at the format's largest finite value (no inf/NaN)."""

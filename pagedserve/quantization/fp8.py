@@ -4,11 +4,12 @@ with float32 scales, per tensor or per output channel (`weight_scale`, weight = 
 [block_n x block_k] block (`weight_scale_inv` with `weight_block_size`), and for static W8A8 an
 activation scale per layer (`input_scale`).
 
-CPU: weight-only. The fp8 bytes stay resident (1 byte per weight); every matmul widens each weight row
-through a 256-value table into a small float32 buffer and computes in float32 (kernels/cpu/
-fp8_matmul.cpp). NOTE: why a kernel: torch's fp8 -> float32 conversion of a weight costs ~100x the
-float32 matmul it feeds on this CPU (benchmarks/quant_kernels.py: "torch fp8 upcast"). CUDA: W8A8 with
-torch._scaled_mm (activations quantized per token) where it applies, else the same dequantize-and-matmul.
+CPU: weight-only. The fp8 bytes stay resident (1 byte per weight); every matmul widens them to float32
+as it reads them (in vector registers at decode batch sizes, into float32 tiles for ATen's GEMM above
+them) and computes in float32 (kernels/cpu/fp8_matmul.cpp, with vec.h's fp8 codec). NOTE: why a
+kernel: torch's fp8 -> float32 conversion of a weight costs ~100x the float32 matmul it feeds on this CPU
+(benchmarks/quant_kernels.py: "torch fp8 upcast"). CUDA: W8A8 with torch._scaled_mm (activations
+quantized per token) where it applies, else the same dequantize-and-matmul.
 
 `ignored_layers` (vLLM's name; llm-compressor writes `ignore`, transformers `modules_to_not_convert`):
 module names or `re:` regexes (matched from the start) of layers the checkpoint leaves in float; they load

@@ -24,7 +24,7 @@ def kernels_built() -> None:
 def awkward_values(quant: KVQuantization, scale: float, shape: tuple[int, ...]) -> torch.Tensor:
     """Random values spanning the format's whole range at `scale`, plus its edges: every finite value
     exactly, every midpoint between neighbours (ties), past the largest value, zeros of both signs."""
-    table = quant.value_table(scale)
+    table = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(quant.fp8_dtype).float() * scale
     finite = table[torch.isfinite(table)].unique()
     midpoints = (finite[1:] + finite[:-1]) / 2
     largest = finite.abs().max().item()
@@ -46,7 +46,7 @@ def test_native_write_equals_torch_cast(cache_dtype: str, dtype: torch.dtype) ->
     v = awkward_values(quant, quant.v_scale, (40, heads, dim)).to(dtype)
     k[0, 0, :2] = torch.tensor([float("nan"), float("-inf")])
     caches = [torch.zeros(shape, dtype=torch.uint8) for _ in range(2)]
-    cpu_kernels.reshape_and_cache_fp8(k, v, *caches, slots, quant.value_table(), quant.k_scale, quant.v_scale)
+    cpu_kernels.reshape_and_cache_fp8(k, v, *caches, slots, quant.fp8_dtype, quant.k_scale, quant.v_scale)
     for cache, x, scale in zip(caches, (k, v), (quant.k_scale, quant.v_scale)):
         written = cache.view(-1, heads, dim)[slots]
         expected = quant.quantize(x, scale)
@@ -63,11 +63,11 @@ def test_native_write_rejects_bad_slots_and_scales() -> None:
     caches = [torch.zeros(4, 8, 1, 16, dtype=torch.uint8) for _ in range(2)]
     k = torch.randn(2, 1, 16)
     with pytest.raises(RuntimeError, match="outside the cache's 32 slots"):
-        cpu_kernels.reshape_and_cache_fp8(k, k, *caches, torch.tensor([3, 32]), quant.value_table(), 1.0, 1.0)
+        cpu_kernels.reshape_and_cache_fp8(k, k, *caches, torch.tensor([3, 32]), quant.fp8_dtype, 1.0, 1.0)
     for scale in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(RuntimeError, match="must be finite and > 0"):
             cpu_kernels.reshape_and_cache_fp8(
-                k, k, *caches, torch.tensor([0, 1]), quant.value_table(), scale, 1.0
+                k, k, *caches, torch.tensor([0, 1]), quant.fp8_dtype, scale, 1.0
             )
 
 
@@ -126,8 +126,8 @@ def test_mixed_fp8_batch_through_backend_matches_torch(
     assert (outputs[0] - outputs[1]).abs().max().item() < 1e-5
 
 
-def test_kernel_refuses_an_fp8_cache_without_tables() -> None:
+def test_kernel_refuses_an_fp8_cache_without_a_format() -> None:
     q = torch.randn(1, 4, 16)
     cache = torch.zeros(4, 8, 4, 16, dtype=torch.uint8)
-    with pytest.raises(RuntimeError, match="needs k_fp8_values and v_fp8_values"):
+    with pytest.raises(RuntimeError, match="needs fp8_format"):
         cpu_kernels.paged_attention_decode(q, cache, cache, torch.tensor([[1]]), torch.tensor([3]), 0.25)

@@ -2,7 +2,7 @@
 
 The kernel reads each decode's K/V in place through its block table, where the torch backend first
 gathers every request's K/V into a padded copy (per layer) and then reads that copy again; an fp8 cache
-too (each value widened through a table of its format's 256 values times the scale), and its K/V are
+too (its bits widened and scaled as they are read), and its K/V are
 written by a native kernel in one pass. Short chunks right after the decodes (a speculative step's
 verification: 1 + k tokens over a long context) go through the kernel too, each token one query up to its
 own position. Float K/V writes and longer prefill chunks are the torch backend's, inherited from
@@ -69,8 +69,9 @@ class CpuNativeAttentionBackend(SdpaPrefillBackend[NativeDecodeMetadata]):
         if quant is None:
             super().store_kv(spec, cache, new, slots)
         else:
-            table = quant.value_table()
-            cpu_kernels.reshape_and_cache_fp8(*new, *cache, slots, table, quant.k_scale, quant.v_scale)
+            cpu_kernels.reshape_and_cache_fp8(
+                *new, *cache, slots, quant.fp8_dtype, quant.k_scale, quant.v_scale
+            )
 
     def attend_decodes(
         self,
@@ -90,5 +91,5 @@ class CpuNativeAttentionBackend(SdpaPrefillBackend[NativeDecodeMetadata]):
             spec.scale,
             spec.sliding_window,
             spec.logits_soft_cap,
-            None if quant is None else (quant.value_table(quant.k_scale), quant.value_table(quant.v_scale)),
+            None if quant is None else (quant.fp8_dtype, quant.k_scale, quant.v_scale),
         )

@@ -150,7 +150,7 @@ def paged_attention_decode(
     scale: float,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
-    fp8_values: tuple[torch.Tensor, torch.Tensor] | None = None,
+    fp8: tuple[torch.dtype, float, float] | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per request over its K/V, read in place through its block table.
 
@@ -159,15 +159,15 @@ def paged_attention_decode(
     block_tables [num_decodes, max_blocks] int64 or int32; seq_lens [num_decodes], each in
     [1, max_blocks * block_size]. `sliding_window` W: attend only to each request's last W tokens (the
     blocks before them are never read); `soft_cap` c: scores s become c * tanh(s / c).
-    An fp8 cache: uint8 bits, read in place through `fp8_values` (K's and V's [256] float32 tables: each
-    bit pattern's value times the layer's scale).
+    An fp8 cache: uint8 bits, read in place; `fp8` = (format, k_scale, v_scale): torch.float8_e4m3fn or
+    torch.float8_e5m2, and the scales the values were stored with (stored = value / scale).
     Returns [num_decodes, num_heads, head_dim] in q's dtype.
     Raises RuntimeError when the kernels are unavailable or an input breaks this contract.
     """
     kernels = load_cpu_kernels()
     if kernels.module is None:
         raise RuntimeError(f"The native CPU kernels are unavailable: {kernels.error}")
-    k_values, v_values = fp8_values or (None, None)
+    fp8_dtype, k_scale, v_scale = fp8 or (None, 1.0, 1.0)
     out: torch.Tensor = kernels.module.paged_attention_decode(
         q,
         key_cache,
@@ -177,8 +177,9 @@ def paged_attention_decode(
         scale,
         sliding_window or 0,
         soft_cap or 0.0,
-        k_values,
-        v_values,
+        _fp8_format(fp8_dtype) if fp8_dtype else "",
+        k_scale,
+        v_scale,
     )
     return out
 
@@ -189,21 +190,26 @@ def reshape_and_cache_fp8(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
-    fp8_values: torch.Tensor,
+    fp8_dtype: torch.dtype,
     k_scale: float,
     v_scale: float,
 ) -> None:
     """Token i's key / k_scale and value / v_scale [num_kv_heads, head_dim] as fp8 bits at slot
     slot_mapping[i] of the uint8 caches, saturated at the format's largest value and rounded to nearest
-    even: what `(x.float() / scale).clamp(-max, max).to(fp8)` gives. `fp8_values`: the format's [256]
-    float32 table (bit pattern -> value). Raises RuntimeError when the kernels are unavailable or an input
-    breaks this contract (a slot outside the cache, a scale <= 0)."""
+    even: what `(x.float() / scale).clamp(-max, max).to(fp8_dtype)` gives (torch.float8_e4m3fn or
+    torch.float8_e5m2). Raises RuntimeError when the kernels are unavailable or an input breaks this
+    contract (a slot outside the cache, a scale <= 0, another dtype)."""
     kernels = load_cpu_kernels()
     if kernels.module is None:
         raise RuntimeError(f"The native CPU kernels are unavailable: {kernels.error}")
     torch.ops.pagedserve.reshape_and_cache_fp8(
-        key, value, key_cache, value_cache, slot_mapping, fp8_values, k_scale, v_scale
+        key, value, key_cache, value_cache, slot_mapping, _fp8_format(fp8_dtype), k_scale, v_scale
     )
+
+
+def _fp8_format(dtype: torch.dtype) -> str:
+    """The kernels' name of an fp8 dtype: "e4m3fn" or "e5m2" (another dtype's name, which they refuse)."""
+    return str(dtype).removeprefix("torch.float8_")
 
 
 def _arch_flags() -> list[str]:

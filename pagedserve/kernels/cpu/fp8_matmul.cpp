@@ -2,7 +2,7 @@
 // row (per-tensor and per-channel checkpoints) or per [row, block of block_k columns] (block-wise).
 //
 // Batch 1..8 (decode): the weight is read once per call at 1 byte per value, each vector of weights
-// widened in registers (fp8_lanes.h) and multiplied into every activation row; the accumulators stay in
+// widened in registers (vec.h) and multiplied into every activation row; the accumulators stay in
 // registers (the batch and the rows per step are template parameters), a block's partial sums are scaled
 // when the block ends. Rows are split across threads. Larger batches are compute bound: tiles of rows are
 // widened (scaled) into float32 and handed to ATen's GEMM.
@@ -14,20 +14,20 @@
 #include <cstdint>
 #include <vector>
 
-#include "fp8_lanes.h"
+#include "vec.h"
 
 namespace {
 
-using fp8::Lanes;
-using V = Lanes::V;
-constexpr int W = Lanes::kWidth;
+using vec::E4m3fn;
+using vec::Vec;
+constexpr int W = vec::kLanes;
 constexpr int64_t kMaxRegisterBatch = 8;   // above: widened tiles + GEMM
 constexpr int64_t kTileFloats = 1 << 18;   // a GEMM tile: 1 MiB of widened weights
 constexpr int64_t kGrainWeights = 1 << 14;  // the least work a thread is given
 
 struct Problem {
   const float* x;        // [B, K]
-  const uint8_t* w;      // [N, K]
+  const E4m3fn* w;       // [N, K]
   const float* scales;   // [N, blocks]
   int64_t batch, n, k, block_k, blocks;
 };
@@ -38,32 +38,32 @@ constexpr int rows_per_step(int batch) { return batch <= 2 ? 4 : batch <= 4 ? 2 
 
 // part[r][i] += w[r] * x row i over one vector of columns (activation rows `x_stride` apart).
 template <int kBatch, int kRows>
-inline void multiply_rows(V (&part)[kRows][kBatch], const V (&w)[kRows], const float* x, int64_t x_stride) {
-  V xv[kBatch];
+inline void multiply_rows(Vec (&part)[kRows][kBatch], const Vec (&w)[kRows], const float* x, int64_t x_stride) {
+  Vec xv[kBatch];
 #pragma GCC unroll 8
-  for (int i = 0; i < kBatch; ++i) xv[i] = Lanes::load(x + i * x_stride);
+  for (int i = 0; i < kBatch; ++i) xv[i] = vec::load(x + i * x_stride);
 #pragma GCC unroll 4
   for (int r = 0; r < kRows; ++r) {
 #pragma GCC unroll 8
-    for (int i = 0; i < kBatch; ++i) part[r][i] = Lanes::fma(w[r], xv[i], part[r][i]);
+    for (int i = 0; i < kBatch; ++i) part[r][i] = vec::fma(w[r], xv[i], part[r][i]);
   }
 }
 
 // part[r][i] += widen(weight row r) * x row i over one vector of columns; weight rows `w_stride` apart.
 template <int kBatch, int kRows>
-inline void accumulate(V (&part)[kRows][kBatch], const uint8_t* w, int64_t w_stride, const float* x,
+inline void accumulate(Vec (&part)[kRows][kBatch], const E4m3fn* w, int64_t w_stride, const float* x,
                        int64_t x_stride) {
-  V wv[kRows];
-  for (int r = 0; r < kRows; ++r) wv[r] = Lanes::widen(w + r * w_stride);
+  Vec wv[kRows];
+  for (int r = 0; r < kRows; ++r) wv[r] = vec::widen(w + r * w_stride);
   multiply_rows<kBatch, kRows>(part, wv, x, x_stride);
 }
 
 // The same over two vectors of columns, widened together.
 template <int kBatch, int kRows>
-inline void accumulate_pair(V (&part)[kRows][kBatch], const uint8_t* w, int64_t w_stride, const float* x,
+inline void accumulate_pair(Vec (&part)[kRows][kBatch], const E4m3fn* w, int64_t w_stride, const float* x,
                             int64_t x_stride) {
-  V low[kRows], high[kRows];
-  for (int r = 0; r < kRows; ++r) fp8::widen_pair(w + r * w_stride, low[r], high[r]);
+  Vec low[kRows], high[kRows];
+  for (int r = 0; r < kRows; ++r) vec::widen_pair(w + r * w_stride, low[r], high[r]);
   multiply_rows<kBatch, kRows>(part, low, x, x_stride);
   multiply_rows<kBatch, kRows>(part, high, x + W, x_stride);
 }
@@ -71,31 +71,31 @@ inline void accumulate_pair(V (&part)[kRows][kBatch], const uint8_t* w, int64_t 
 // y[i, row .. row + kRows) for every activation row i.
 template <int kBatch, int kRows>
 void rows_times_batch(const Problem& p, int64_t row, float* y) {
-  V total[kRows][kBatch], part[kRows][kBatch];
-  for (auto& per_row : total) std::fill(per_row, per_row + kBatch, Lanes::zero());
-  const uint8_t* w = p.w + row * p.k;
+  Vec total[kRows][kBatch], part[kRows][kBatch];
+  for (auto& per_row : total) std::fill(per_row, per_row + kBatch, Vec{});
+  const E4m3fn* w = p.w + row * p.k;
   for (int64_t b = 0; b < p.blocks; ++b) {
     const int64_t start = b * p.block_k, stop = std::min(p.k, start + p.block_k);
-    for (auto& per_row : part) std::fill(per_row, per_row + kBatch, Lanes::zero());
+    for (auto& per_row : part) std::fill(per_row, per_row + kBatch, Vec{});
     int64_t k = start;
     for (; k + 2 * W <= stop; k += 2 * W) accumulate_pair<kBatch, kRows>(part, w + k, p.k, p.x + k, p.k);
     for (; k + W <= stop; k += W) accumulate<kBatch, kRows>(part, w + k, p.k, p.x + k, p.k);
     if (k < stop) {  // the block's last columns, zero padded to a whole vector
-      uint8_t w_tail[kRows][W] = {};
+      E4m3fn w_tail[kRows][W] = {};
       float x_tail[kBatch][W] = {};
       for (int r = 0; r < kRows; ++r) std::copy(w + r * p.k + k, w + r * p.k + stop, w_tail[r]);
       for (int i = 0; i < kBatch; ++i) std::copy(p.x + i * p.k + k, p.x + i * p.k + stop, x_tail[i]);
       accumulate<kBatch, kRows>(part, w_tail[0], W, x_tail[0], W);
     }
     for (int r = 0; r < kRows; ++r) {
-      const V scale = Lanes::splat(p.scales[(row + r) * p.blocks + b] * Lanes::kScaleFactor);
-      for (int i = 0; i < kBatch; ++i) total[r][i] = Lanes::fma(part[r][i], scale, total[r][i]);
+      const Vec scale = vec::splat(p.scales[(row + r) * p.blocks + b] * E4m3fn::kWidenScale);
+      for (int i = 0; i < kBatch; ++i) total[r][i] = vec::fma(part[r][i], scale, total[r][i]);
     }
   }
   for (int r = 0; r < kRows; ++r) {
     // a NaN weight makes its output NaN whatever x holds, as in float
-    const bool nan_row = fp8::has_nan(w + r * p.k, p.k);
-    for (int i = 0; i < kBatch; ++i) y[i * p.n + row + r] = nan_row ? NAN : Lanes::sum(total[r][i]);
+    const bool nan_row = vec::has_nan(w + r * p.k, p.k);
+    for (int i = 0; i < kBatch; ++i) y[i * p.n + row + r] = nan_row ? NAN : vec::sum(total[r][i]);
   }
 }
 
@@ -117,17 +117,17 @@ void small_batch(const Problem& p, float* y) {
 }
 
 // W[row] * its scales as float32 (exactly fp8 value * scale: the 2^8 of the widening is exact). A row
-// holding NaN patterns goes the scalar way, which reads them as NaN.
+// holding NaN patterns goes value by value, which reads them as NaN.
 void widen_row(const Problem& p, int64_t row, float* out) {
-  const uint8_t* w = p.w + row * p.k;
-  const bool vectors = !fp8::has_nan(w, p.k);
+  const E4m3fn* w = p.w + row * p.k;
+  const bool vectors = !vec::has_nan(w, p.k);
   for (int64_t b = 0; b < p.blocks; ++b) {
     const float scale_value = p.scales[row * p.blocks + b];
-    const V scale = Lanes::splat(scale_value * Lanes::kScaleFactor);
+    const Vec scale = vec::splat(scale_value * E4m3fn::kWidenScale);
     const int64_t start = b * p.block_k, stop = std::min(p.k, start + p.block_k);
     int64_t k = start;
-    for (; vectors && k + W <= stop; k += W) Lanes::store(out + k, Lanes::mul(Lanes::widen(w + k), scale));
-    for (; k < stop; ++k) out[k] = fp8::e4m3fn_to_float(w[k]) * scale_value;
+    for (; vectors && k + W <= stop; k += W) vec::store(out + k, vec::widen(w + k) * scale);
+    for (; k < stop; ++k) out[k] = vec::decode(w[k]) * scale_value;
   }
 }
 
@@ -170,7 +170,8 @@ at::Tensor fp8_matmul(const at::Tensor& x, const at::Tensor& weight, const at::T
               "scales must be [N, ceil(K / block_k)] = [", N, ", ", blocks, "] float32, got ", scales.sizes());
   const at::Tensor xc = x.contiguous(), wc = weight.contiguous(), sc = scales.contiguous();
   if (B == 0 || N == 0 || K == 0) return at::zeros({B, N}, x.options());
-  const Problem p{xc.data_ptr<float>(), wc.data_ptr<uint8_t>(), sc.data_ptr<float>(), B, N, K, block_k, blocks};
+  const Problem p{xc.data_ptr<float>(), reinterpret_cast<const E4m3fn*>(wc.data_ptr<uint8_t>()), sc.data_ptr<float>(),
+                  B, N, K, block_k, blocks};
   if (B > kMaxRegisterBatch) {
     at::Tensor y_t = at::empty({N, B}, x.options());
     large_batch(p, xc, y_t);
@@ -182,7 +183,7 @@ at::Tensor fp8_matmul(const at::Tensor& x, const at::Tensor& weight, const at::T
 }
 
 // The vector code this build widens fp8 with: "avx512", "avx2" or "scalar" (benchmarks print it).
-std::string fp8_matmul_isa() { return Lanes::kName; }
+std::string fp8_matmul_isa() { return vec::kIsa; }
 
 TORCH_LIBRARY_FRAGMENT(pagedserve, m) {
   m.def("fp8_matmul(Tensor x, Tensor weight, Tensor scales, int block_k) -> Tensor", fp8_matmul);

@@ -3,17 +3,14 @@
 #pragma once
 
 #include <c10/util/Exception.h>
-#include <c10/util/Half.h>
-
-#if defined(__F16C__)
-#include <immintrin.h>
-#endif
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <vector>
+
+#include "vec.h"
 
 namespace gguf {
 
@@ -40,16 +37,11 @@ inline BlockFormat block_format(int64_t type) {
   return {0, 0};
 }
 
-// An fp16 field of a block. NOTE: F16C's one-instruction conversion where the build has it: c10's portable
-// bit manipulation costs more than a whole block's integer dot in the decode kernels.
+// An fp16 field of a block.
 inline float half_at(const uint8_t* p) {
   uint16_t bits;
   std::memcpy(&bits, p, sizeof bits);
-#if defined(__F16C__)
-  return _cvtsh_ss(bits);
-#else
-  return c10::detail::fp16_ieee_to_fp32_value(bits);
-#endif
+  return vec::half_to_float(bits);
 }
 
 // The 6-bit scale and min of sub-block j of a K-quant super-block (ggml's get_scale_min_k4).

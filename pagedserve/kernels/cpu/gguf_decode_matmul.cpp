@@ -22,29 +22,9 @@ namespace gguf {
 
 namespace {
 
+using vec::Floats8;  // a 32-weight block is four of them
+
 constexpr int64_t kRowGrain = 16;  // weight rows per task: enough work to pay for a thread's wake-up
-
-// sum over groups of four of u[i] * s[i] (u unsigned, s signed bytes) -> eight int32.
-inline __m256i dot_unsigned_signed_bytes(__m256i u, __m256i s) {
-#if defined(__AVXVNNI__)
-  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
-#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-#else  // NOTE: no int16 saturation: |u| <= 128 and |s| <= 127 give pair sums up to 32512.
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-#endif
-}
-
-// acc + sum over pairs of a[i] * b[i] (int16) -> eight int32.
-inline __m256i dot_int16_accumulate(__m256i acc, __m256i a, __m256i b) {
-#if defined(__AVXVNNI__)
-  return _mm256_dpwssd_avx_epi32(acc, a, b);
-#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpwssd_epi32(acc, a, b);
-#else
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
-#endif
-}
 
 inline __m128i load64(const void* p) { return _mm_loadl_epi64(static_cast<const __m128i*>(p)); }
 inline __m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
@@ -59,13 +39,13 @@ inline __m128i high_nibbles(__m128i bytes) { return _mm_and_si128(_mm_srli_epi16
 template <int64_t kType, typename Value>
 struct WeightBlock;
 
-inline __m256 bytes_to_floats(__m128i eight_bytes, bool is_signed) {
+inline Floats8 bytes_to_floats(__m128i eight_bytes, bool is_signed) {
   return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(eight_bytes) : _mm256_cvtepu8_epi32(eight_bytes));
 }
 
 template <int64_t kType>
 struct WeightBlock<kType, float> {  // four vectors of eight floats, in order
-  __m256 values[4];
+  Floats8 values[4];
   explicit WeightBlock(__m256i in_order) {  // 32 unsigned values (K-quant sub-blocks)
     const __m128i low = _mm256_castsi256_si128(in_order), high = _mm256_extracti128_si256(in_order, 1);
     values[0] = bytes_to_floats(low, false);
@@ -84,11 +64,11 @@ struct WeightBlock<kType, float> {  // four vectors of eight floats, in order
       values[3] = bytes_to_floats(_mm_srli_si128(high, 8), false);
     }
   }
-  __m256 dot(const float* x) const {
-    __m256 sum = _mm256_mul_ps(values[0], _mm256_loadu_ps(x));
-    sum = _mm256_fmadd_ps(values[1], _mm256_loadu_ps(x + 8), sum);
-    sum = _mm256_fmadd_ps(values[2], _mm256_loadu_ps(x + 16), sum);
-    return _mm256_fmadd_ps(values[3], _mm256_loadu_ps(x + 24), sum);
+  Floats8 dot(const float* x) const {
+    Floats8 sum = values[0] * vec::load<Floats8>(x);
+    sum = vec::fma(values[1], vec::load<Floats8>(x + 8), sum);
+    sum = vec::fma(values[2], vec::load<Floats8>(x + 16), sum);
+    return vec::fma(values[3], vec::load<Floats8>(x + 24), sum);
   }
 };
 
@@ -100,20 +80,20 @@ struct WeightBlock<kType, int8_t> {  // unsigned bytes
     const __m128i bytes = load128(qs);
     values = _mm256_set_m128i(high_nibbles(bytes), low_nibbles(bytes));
   }
-  __m256 dot(const int8_t* x) const { return _mm256_cvtepi32_ps(dot_unsigned_signed_bytes(values, load256(x))); }
+  Floats8 dot(const int8_t* x) const { return _mm256_cvtepi32_ps(vec::dot_groups(values, load256(x))); }
 };
 
 template <>
 struct WeightBlock<Q8_0, int8_t> {  // signed bytes: |w| times x with w's sign (the unsigned operand is |w|)
   __m256i values, magnitudes;
   explicit WeightBlock(const uint8_t* qs) : values(load256(qs)), magnitudes(_mm256_abs_epi8(values)) {}
-  __m256 dot(const int8_t* x) const {
-    return _mm256_cvtepi32_ps(dot_unsigned_signed_bytes(magnitudes, _mm256_sign_epi8(load256(x), values)));
+  Floats8 dot(const int8_t* x) const {
+    return _mm256_cvtepi32_ps(vec::dot_groups(magnitudes, _mm256_sign_epi8(load256(x), values)));
   }
 };
 
-inline __m256 dot_int16_blocks(__m256i low, __m256i high, const int16_t* x) {
-  return _mm256_cvtepi32_ps(dot_int16_accumulate(_mm256_madd_epi16(low, load256(x)), high, load256(x + 16)));
+inline Floats8 dot_int16_blocks(__m256i low, __m256i high, const int16_t* x) {
+  return _mm256_cvtepi32_ps(vec::dot_pairs(_mm256_madd_epi16(low, load256(x)), high, load256(x + 16)));
 }
 
 template <int64_t kType>
@@ -127,7 +107,7 @@ struct WeightBlock<kType, int16_t> {  // unsigned values widened to int16: weigh
     low = _mm256_cvtepu8_epi16(low_nibbles(bytes));
     high = _mm256_cvtepu8_epi16(high_nibbles(bytes));
   }
-  __m256 dot(const int16_t* x) const { return dot_int16_blocks(low, high, x); }
+  Floats8 dot(const int16_t* x) const { return dot_int16_blocks(low, high, x); }
 };
 
 template <>
@@ -135,7 +115,7 @@ struct WeightBlock<Q8_0, int16_t> {
   __m256i low, high;
   explicit WeightBlock(const uint8_t* qs)
       : low(_mm256_cvtepi8_epi16(load128(qs))), high(_mm256_cvtepi8_epi16(load128(qs + 16))) {}
-  __m256 dot(const int16_t* x) const { return dot_int16_blocks(low, high, x); }
+  Floats8 dot(const int16_t* x) const { return dot_int16_blocks(low, high, x); }
 };
 
 // A block's weights are d q + c: c = m (Q4_1), -8 d (Q4_0), 0 (Q8_0); q starts after d (and m).
@@ -149,28 +129,22 @@ inline float block_offset(const uint8_t* block, float d) {
   return 0.f;
 }
 
-inline float horizontal_sum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
 // Adds the products of a 32-weight block (weights d q + c) with every activation row's block i.
 template <int64_t kType, typename Value, int64_t kBatch>
 __attribute__((always_inline)) inline void add_scaled(const WeightBlock<kType, Value>& weights, float d, float c,
                                                       const ActivationBlocks<Value>& a, int64_t i, int64_t blocks,
-                                                      __m256 (&acc)[kBatch], float (&offsets)[kBatch]) {
+                                                      Floats8 (&acc)[kBatch], float (&offsets)[kBatch]) {
 #pragma GCC unroll 8
   for (int64_t b = 0; b < kBatch; ++b) {
     const int64_t at = b * blocks + i;
-    acc[b] = _mm256_fmadd_ps(weights.dot(a.values + at * kBlock), _mm256_set1_ps(d * a.scales[at]), acc[b]);
+    acc[b] = vec::fma(weights.dot(a.values + at * kBlock), vec::splat<Floats8>(d * a.scales[at]), acc[b]);
     if constexpr (kType != Q8_0) offsets[b] += c * a.sums[at];
   }
 }
 
 template <int64_t kType, typename Value, int64_t kBatch>
 __attribute__((always_inline)) inline void add_block(const uint8_t* block, const ActivationBlocks<Value>& a,
-                                                     int64_t i, int64_t blocks, __m256 (&acc)[kBatch],
+                                                     int64_t i, int64_t blocks, Floats8 (&acc)[kBatch],
                                                      float (&offsets)[kBatch]) {
   const float d = half_at(block);
   add_scaled<kType>(WeightBlock<kType, Value>(block + kValuesOffset<kType>), d, block_offset<kType>(block, d), a,
@@ -183,7 +157,7 @@ __attribute__((always_inline)) inline void add_block(const uint8_t* block, const
 template <int64_t kType, typename Value, int64_t kChains, int64_t kBatch>
 __attribute__((always_inline)) inline void add_super_block(const uint8_t* block, const ActivationBlocks<Value>& a,
                                                            int64_t i, int64_t blocks,
-                                                           __m256 (&acc)[kChains][kBatch],
+                                                           Floats8 (&acc)[kChains][kBatch],
                                                            float (&offsets)[kChains][kBatch]) {
   const float d = half_at(block), dmin = half_at(block + 2);
   const uint8_t* q = block + (kType == Q5_K ? 48 : 16);
@@ -212,10 +186,10 @@ void matmul_rows(const ActivationBlocks<Value>& a, const QuantizedRows& w, float
   const int64_t blocks = w.cols / kBlock, block_bytes = w.format.bytes;
   at::parallel_for(0, w.rows, kRowGrain, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
-      __m256 acc[kChains][kBatch];
+      Floats8 acc[kChains][kBatch];
       float offsets[kChains][kBatch];
       for (int64_t c = 0; c < kChains; ++c)
-        for (int64_t b = 0; b < kBatch; ++b) acc[c][b] = _mm256_setzero_ps(), offsets[c][b] = 0.f;
+        for (int64_t b = 0; b < kBatch; ++b) acc[c][b] = Floats8{}, offsets[c][b] = 0.f;
       const uint8_t* row = w.data + n * w.row_bytes;
       if constexpr (kType == Q4_K || kType == Q5_K) {
         for (int64_t i = 0; i < blocks; i += 8, row += block_bytes) add_super_block<kType>(row, a, i, blocks, acc, offsets);
@@ -228,10 +202,10 @@ void matmul_rows(const ActivationBlocks<Value>& a, const QuantizedRows& w, float
         if (i < blocks) add_block<kType>(row + i * block_bytes, a, i, blocks, acc[0], offsets[0]);
       }
       for (int64_t b = 0; b < kBatch; ++b) {
-        __m256 total = acc[0][b];
+        Floats8 total = acc[0][b];
         float offset = offsets[0][b];
-        for (int64_t c = 1; c < kChains; ++c) total = _mm256_add_ps(total, acc[c][b]), offset += offsets[c][b];
-        y[b * w.rows + n] = horizontal_sum(total) + offset;
+        for (int64_t c = 1; c < kChains; ++c) total = total + acc[c][b], offset += offsets[c][b];
+        y[b * w.rows + n] = vec::sum(total) + offset;
       }
     }
   });

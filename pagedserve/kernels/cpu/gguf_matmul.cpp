@@ -121,29 +121,19 @@ QuantizedRows check_rows(const at::Tensor& qweight, int64_t type, int64_t cols) 
   return {qweight.data_ptr<uint8_t>(), qweight.size(0), cols, qweight.size(1), format, block_dequantizer(type)};
 }
 
-// Eight float lanes (one AVX2 register); the compiler lowers it to whatever the target has.
-using Vec = float __attribute__((vector_size(32)));
-constexpr int64_t kLanes = 8;
-
-inline Vec load_vec(const float* p) {
-  Vec v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
 // sum_k w[k] * x[k], with four independent accumulators so the FMAs pipeline.
 inline float row_dot(const float* w, const float* x, int64_t n) {
-  Vec a0 = {}, a1 = {}, a2 = {}, a3 = {};
+  constexpr int64_t kLanes = vec::kLanes;
+  vec::Vec a0 = {}, a1 = {}, a2 = {}, a3 = {};
   int64_t k = 0;
   for (; k + 4 * kLanes <= n; k += 4 * kLanes) {
-    a0 += load_vec(w + k) * load_vec(x + k);
-    a1 += load_vec(w + k + kLanes) * load_vec(x + k + kLanes);
-    a2 += load_vec(w + k + 2 * kLanes) * load_vec(x + k + 2 * kLanes);
-    a3 += load_vec(w + k + 3 * kLanes) * load_vec(x + k + 3 * kLanes);
+    a0 += vec::load(w + k) * vec::load(x + k);
+    a1 += vec::load(w + k + kLanes) * vec::load(x + k + kLanes);
+    a2 += vec::load(w + k + 2 * kLanes) * vec::load(x + k + 2 * kLanes);
+    a3 += vec::load(w + k + 3 * kLanes) * vec::load(x + k + 3 * kLanes);
   }
-  for (; k + kLanes <= n; k += kLanes) a0 += load_vec(w + k) * load_vec(x + k);
-  const Vec s = (a0 + a1) + (a2 + a3);
-  float sum = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+  for (; k + kLanes <= n; k += kLanes) a0 += vec::load(w + k) * vec::load(x + k);
+  float sum = vec::sum((a0 + a1) + (a2 + a3));
   for (; k < n; ++k) sum += w[k] * x[k];
   return sum;
 }

@@ -101,111 +101,46 @@ void dequantize_packed_rows(const uint8_t* packed, int64_t type, int64_t cols, i
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
-// 16 lanes of int32 / float (one per row of a tile) and 32 of int16: one AVX-512 register, or two AVX2 ones.
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-struct Ints {
-  __m512i v;
-};
-struct Floats {
-  __m512 v;
-};
-inline Ints zero_ints() { return {_mm512_setzero_si512()}; }
-inline Floats zero_floats() { return {_mm512_setzero_ps()}; }
-inline Ints widen_unsigned(const uint8_t* p) { return {_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)p))}; }
-inline Ints widen_signed(const uint8_t* p) { return {_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)p))}; }
-inline Ints low_nibbles(Ints v) { return {_mm512_and_si512(v.v, _mm512_set1_epi16(0x0F))}; }
-inline Ints high_nibbles(Ints v) { return {_mm512_srli_epi16(v.v, 4)}; }
-// acc + per lane: w[2l] x[0] + w[2l+1] x[1], x a pair of int16 activations read as one int32.
-inline Ints dot_pairs(Ints acc, Ints w, const int32_t* x_pair) {
-#if defined(__AVX512VNNI__)
-  return {_mm512_dpwssd_epi32(acc.v, w.v, _mm512_set1_epi32(*x_pair))};
-#else
-  return {_mm512_add_epi32(acc.v, _mm512_madd_epi16(w.v, _mm512_set1_epi32(*x_pair)))};
-#endif
-}
-inline Floats halves(const uint8_t* p) { return {_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p))}; }
-inline Floats to_floats(Ints v) { return {_mm512_cvtepi32_ps(v.v)}; }
-inline Floats scaled(Floats v, float s) { return {_mm512_mul_ps(v.v, _mm512_set1_ps(s))}; }
-inline Floats fma(Floats a, Floats b, Floats c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
-inline Floats fma(Floats a, float b, Floats c) { return {_mm512_fmadd_ps(a.v, _mm512_set1_ps(b), c.v)}; }
-inline void store(float* p, Floats v) { _mm512_storeu_ps(p, v.v); }
-#else
-struct Ints {
-  __m256i lo, hi;  // rows 0..7, 8..15
-};
-struct Floats {
-  __m256 lo, hi;
-};
-inline Ints zero_ints() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
-inline Floats zero_floats() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
-inline __m128i load128(const uint8_t* p) { return _mm_loadu_si128((const __m128i*)p); }
-inline Ints widen_unsigned(const uint8_t* p) {
-  return {_mm256_cvtepu8_epi16(load128(p)), _mm256_cvtepu8_epi16(load128(p + 16))};
-}
-inline Ints widen_signed(const uint8_t* p) {
-  return {_mm256_cvtepi8_epi16(load128(p)), _mm256_cvtepi8_epi16(load128(p + 16))};
-}
-inline Ints low_nibbles(Ints v) {
-  const __m256i mask = _mm256_set1_epi16(0x0F);
-  return {_mm256_and_si256(v.lo, mask), _mm256_and_si256(v.hi, mask)};
-}
-inline Ints high_nibbles(Ints v) { return {_mm256_srli_epi16(v.lo, 4), _mm256_srli_epi16(v.hi, 4)}; }
-inline __m256i dot_pairs_half(__m256i acc, __m256i w, __m256i x) {
-#if defined(__AVXVNNI__)
-  return _mm256_dpwssd_avx_epi32(acc, w, x);
-#else
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(w, x));
-#endif
-}
-inline Ints dot_pairs(Ints acc, Ints w, const int32_t* x_pair) {
-  const __m256i x = _mm256_set1_epi32(*x_pair);
-  return {dot_pairs_half(acc.lo, w.lo, x), dot_pairs_half(acc.hi, w.hi, x)};
-}
-inline Floats halves(const uint8_t* p) {
-  return {_mm256_cvtph_ps(load128(p)), _mm256_cvtph_ps(load128(p + 16))};
-}
-inline Floats to_floats(Ints v) { return {_mm256_cvtepi32_ps(v.lo), _mm256_cvtepi32_ps(v.hi)}; }
-inline Floats scaled(Floats v, float s) {
-  const __m256 k = _mm256_set1_ps(s);
-  return {_mm256_mul_ps(v.lo, k), _mm256_mul_ps(v.hi, k)};
-}
-inline Floats fma(Floats a, Floats b, Floats c) {
-  return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
-}
-inline Floats fma(Floats a, float b, Floats c) {
-  const __m256 k = _mm256_set1_ps(b);
-  return {_mm256_fmadd_ps(a.lo, k, c.lo), _mm256_fmadd_ps(a.hi, k, c.hi)};
-}
-inline void store(float* p, Floats v) { _mm256_storeu_ps(p, v.lo), _mm256_storeu_ps(p + 8, v.hi); }
-#endif
+using vec::Int16s, vec::Int32s, vec::Vec;
+
+// A tile's 16 rows in vec::kLanes-wide registers: one (AVX-512) or two (AVX2) per 16 int32 or float lanes.
+constexpr int kRegisters = kTileRows / vec::kLanes;
 
 constexpr bool kHasPackedKernel = true;
 
 // Activation rows per pass over a tile: their int32 dot accumulators stay in registers (one zmm each on
 // AVX-512, two ymm each on AVX2's 16 registers, beside the widened weights). 8 rows on AVX2 spill and ran
 // 7x slower than one row instead of ~2x.
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-constexpr int64_t kBatchChunk = 8;
-#else
-constexpr int64_t kBatchChunk = 4;
-#endif
+constexpr int64_t kBatchChunk = vec::kLanes == 16 ? 8 : 4;
 
-// One tile's integer dots with every activation row's block i: dots[b] lane r = sum_k q[r][k] x[b][k].
+// A pair of int16 activations (read as one int32) in every lane pair.
+inline Int16s pair_in_every_lane(const int32_t* pair) { return (Int16s)(Int32s{} + *pair); }
+
+// One tile's integer dots with every activation row's block i: lane l of dots[b][j] = sum_k q[r][k] x[b][k]
+// for row r = j * kLanes + l.
 template <int64_t kType, int64_t kBatch>
 __attribute__((always_inline)) inline void tile_dots(const uint8_t* values, const int32_t* const (&x)[kBatch],
-                                                     Ints (&dots)[kBatch]) {
-  for (int64_t b = 0; b < kBatch; ++b) dots[b] = zero_ints();
+                                                     Int32s (&dots)[kBatch][kRegisters]) {
+  constexpr int kRegisterBytes = 2 * vec::kLanes;  // a register's rows' pairs of values
+  for (auto& per_row : dots) std::fill(per_row, per_row + kRegisters, Int32s{});
   if constexpr (kType == Q8_0) {
 #pragma GCC unroll 16
     for (int p = 0; p < 16; ++p) {
-      const Ints w = widen_signed(values + 32 * p);
-      for (int64_t b = 0; b < kBatch; ++b) dots[b] = dot_pairs(dots[b], w, x[b] + p);
+      for (int j = 0; j < kRegisters; ++j) {
+        const Int16s w = vec::widen_bytes(reinterpret_cast<const int8_t*>(values + 32 * p + kRegisterBytes * j));
+        for (int64_t b = 0; b < kBatch; ++b) dots[b][j] = vec::dot_pairs(dots[b][j], w, pair_in_every_lane(x[b] + p));
+      }
     }
   } else {
 #pragma GCC unroll 8
     for (int l = 0; l < 8; ++l) {
-      const Ints bytes = widen_unsigned(values + 32 * l), low = low_nibbles(bytes), high = high_nibbles(bytes);
-      for (int64_t b = 0; b < kBatch; ++b) dots[b] = dot_pairs(dot_pairs(dots[b], low, x[b] + 2 * l), high, x[b] + 2 * l + 1);
+      for (int j = 0; j < kRegisters; ++j) {
+        const Int16s bytes = vec::widen_bytes(values + 32 * l + kRegisterBytes * j);
+        const Int16s low = bytes & 0x0F, high = bytes >> 4;
+        for (int64_t b = 0; b < kBatch; ++b)
+          dots[b][j] = vec::dot_pairs(vec::dot_pairs(dots[b][j], low, pair_in_every_lane(x[b] + 2 * l)), high,
+                                      pair_in_every_lane(x[b] + 2 * l + 1));
+      }
     }
   }
 }
@@ -220,32 +155,31 @@ void packed_group(const ActivationBlocks<int16_t>& a, int64_t first, const uint8
   const float* scales = a.scales.data() + first * blocks;
   const float* sums = a.sums.data() + first * blocks;
   const uint8_t* t = packed + g * blocks * tile;
-  Floats acc[kBatch];
-  for (int64_t b = 0; b < kBatch; ++b) acc[b] = zero_floats();
+  Vec acc[kBatch][kRegisters];
+  for (auto& per_row : acc) std::fill(per_row, per_row + kRegisters, Vec{});
   for (int64_t i = 0; i < blocks; ++i, t += tile) {
     const int32_t* x[kBatch];
     for (int64_t b = 0; b < kBatch; ++b) x[b] = pairs + (b * cols + i * kBlock) / 2;
-    Ints dots[kBatch];
+    Int32s dots[kBatch][kRegisters];
     tile_dots<kType, kBatch>(t, x, dots);
-    const Floats d = halves(t + scales_at);
-    // sum_k (d q + c) x = d (sum_k q x) + c (sum_k x): c = m (Q4_1), -8 d (Q4_0), 0 (Q8_0).
-    const Floats c = kType == Q4_1 ? halves(t + scales_at + 32) : scaled(d, -8.f);
-    for (int64_t b = 0; b < kBatch; ++b) {
-      const int64_t at = b * blocks + i;
-      acc[b] = fma(to_floats(dots[b]), scaled(d, scales[at]), acc[b]);
-      if constexpr (kType != Q8_0) acc[b] = fma(c, sums[at], acc[b]);
+    const auto* halves = reinterpret_cast<const c10::Half*>(t + scales_at);  // d, then (Q4_1) m of the rows
+    for (int j = 0; j < kRegisters; ++j) {
+      const Vec d = vec::load(halves + j * vec::kLanes);
+      // sum_k (d q + c) x = d (sum_k q x) + c (sum_k x): c = m (Q4_1), -8 d (Q4_0), 0 (Q8_0).
+      const Vec c = kType == Q4_1 ? vec::load(halves + kTileRows + j * vec::kLanes) : d * -8.f;
+      for (int64_t b = 0; b < kBatch; ++b) {
+        const int64_t at = b * blocks + i;
+        acc[b][j] = vec::fma(vec::to_floats(dots[b][j]), d * scales[at], acc[b][j]);
+        if constexpr (kType != Q8_0) acc[b][j] = vec::fma(c, vec::splat(sums[at]), acc[b][j]);
+      }
     }
   }
   const int64_t row = g * kTileRows, valid = std::min(kTileRows, rows - row);
   for (int64_t b = 0; b < kBatch; ++b) {
-    float* out = y + (first + b) * rows + row;
-    if (valid == kTileRows) {
-      store(out, acc[b]);
-    } else {  // the padded last group
-      float lanes[kTileRows];
-      store(lanes, acc[b]);
-      std::memcpy(out, lanes, valid * sizeof(float));
-    }
+    float lanes[kTileRows];
+    float* out = valid == kTileRows ? y + (first + b) * rows + row : lanes;  // the padded last group via lanes
+    for (int j = 0; j < kRegisters; ++j) vec::store(out + j * vec::kLanes, acc[b][j]);
+    if (out == lanes) std::memcpy(y + (first + b) * rows + row, lanes, valid * sizeof(float));
   }
 }
 

@@ -1,7 +1,7 @@
 // Paged-attention decode on CPU: one query token per request, K/V read in place through the block
 // tables (no gather into a padded copy), float32 softmax and accumulation for every storage dtype.
-// An fp8 cache (uint8 bits, --kv-cache-dtype fp8*) is read through a 256-entry table per K and V: the
-// value of each bit pattern times the layer's scale, so one load widens a value, whatever the format.
+// An fp8 cache (uint8 bits, --kv-cache-dtype fp8*) is widened a block at a time (vec.h's fp8 codec) and
+// times the layer's K or V scale.
 //
 // Work item = (request, kv head): the G = num_heads / num_kv_heads query heads of that kv head are
 // attended together, so each K/V row is read from memory once and used G times. Two passes per item,
@@ -15,8 +15,6 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -24,7 +22,15 @@
 #include <type_traits>
 #include <vector>
 
+#include "vec.h"
+
 namespace {
+
+using vec::Vec;
+// NOTE: AVX-512's 16 lanes measured 1.3-1.5x faster than 8 on a decode batch of 32
+// (benchmarks/cpu_attention.py).
+constexpr int64_t kLanes = vec::kLanes;
+constexpr int64_t kTile = 64;  // head_dim columns whose accumulators stay in registers (4 or 8 vectors)
 
 struct Geometry {
   int64_t num_kv_heads;
@@ -42,73 +48,17 @@ struct Scoring {
   int64_t window;
 };
 
-// One vector register of float lanes: 16 (AVX-512) or 8 (AVX2; GCC and Clang lower it to whatever the
-// target has, two SSE registers or scalars), so the loops below are vectorized by construction, not by the
-// optimizer's luck. AVX-512's width measured 1.3-1.5x faster than 8 lanes on a decode batch of 32
-// (benchmarks/cpu_attention.py).
-#if defined(__AVX512F__)
-constexpr int64_t kLanes = 16;
-#else
-constexpr int64_t kLanes = 8;
-#endif
-using Vec = float __attribute__((vector_size(kLanes * sizeof(float))));
-constexpr int64_t kTile = 64;  // head_dim columns whose accumulators stay in registers (8 or 4 vectors)
-
-inline Vec load(const float* p) {
-  Vec v;
-  std::memcpy(&v, p, sizeof v);  // an unaligned vector load
-  return v;
-}
-
-inline void store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
-
-// The sum of a vector's lanes as a tree (halves, then pairs): fewer, independent adds than lane by lane.
-inline float hsum(Vec v) {
-#if defined(__AVX512F__)
-  return _mm512_reduce_add_ps(reinterpret_cast<__m512>(v));
-#else
-  using Half = float __attribute__((vector_size(sizeof(Vec) / 2)));
-  Half low, high;
-  std::memcpy(&low, &v, sizeof low);
-  std::memcpy(&high, reinterpret_cast<const char*>(&v) + sizeof low, sizeof high);
-  const Half s = low + high;
-  return (s[0] + s[2]) + (s[1] + s[3]);
-#endif
-}
-
 inline float dot(const float* a, const float* b, int64_t n) {
   Vec acc0 = {}, acc1 = {};  // two accumulators: consecutive FMAs do not wait on each other
   int64_t i = 0;
   for (; i + 2 * kLanes <= n; i += 2 * kLanes) {
-    acc0 += load(a + i) * load(b + i);
-    acc1 += load(a + i + kLanes) * load(b + i + kLanes);
+    acc0 += vec::load(a + i) * vec::load(b + i);
+    acc1 += vec::load(a + i + kLanes) * vec::load(b + i + kLanes);
   }
-  for (; i + kLanes <= n; i += kLanes) acc0 += load(a + i) * load(b + i);
-  float sum = hsum(acc0 + acc1);
+  for (; i + kLanes <= n; i += kLanes) acc0 += vec::load(a + i) * vec::load(b + i);
+  float sum = vec::sum(acc0 + acc1);
   for (; i < n; ++i) sum += a[i] * b[i];
   return sum;
-}
-
-// The lane sums of four vectors at once, into out[0:4]: halves added (AVX-512), then three horizontal adds
-// serve all four, where four separate reductions take ~2.5x the shuffles (the score loop's largest cost).
-inline void hsum4(Vec a, Vec b, Vec c, Vec d, float* out) {
-#if defined(__AVX__)
-  const auto to256 = [](Vec v) {
-#if defined(__AVX512F__)
-    const __m512 x = reinterpret_cast<__m512>(v);
-    return _mm256_add_ps(_mm512_castps512_ps256(x),
-                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
-#else
-    return reinterpret_cast<__m256>(v);
-#endif
-  };
-  // hadd(x, y) = [x0+x1, x2+x3, y0+y1, y2+y3, x4+x5, x6+x7, y4+y5, y6+y7], so h's lanes j and j + 4 hold
-  // the two halves of vector j's sum.
-  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(to256(a), to256(b)), _mm256_hadd_ps(to256(c), to256(d)));
-  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
-#else
-  out[0] = hsum(a), out[1] = hsum(b), out[2] = hsum(c), out[3] = hsum(d);
-#endif
 }
 
 // e^x for softmax numerators (x <= 0) without a libm call, so the loop over it vectorizes: Cephes' expf,
@@ -138,20 +88,26 @@ struct Rows {
   int64_t stride;
 };
 
-// The rows as float32: float32 rows are read in place, others are widened into `buffer` (n * D floats);
-// fp8 bits (uint8) through `fp8_values`, the 256 values (scale applied) of the cache's format.
+// The rows as float32: float32 rows are read in place, others are widened into `buffer` (n * D floats), fp8
+// values times `fp8_scale` (a row holding a NaN pattern value by value: the vector widening misreads them).
 template <typename C>
-inline Rows<float> widen(Rows<C> rows, int64_t D, float* buffer, const float* fp8_values) {
+inline Rows<float> widen(Rows<C> rows, int64_t D, float* buffer, float fp8_scale) {
   if constexpr (std::is_same_v<C, float>) {
     return rows;
   } else {
     for (int64_t t = 0; t < rows.n; ++t) {
       const C* row = rows.data + t * rows.stride;
-      if constexpr (std::is_same_v<C, uint8_t>) {
-        for (int64_t d = 0; d < D; ++d) buffer[t * D + d] = fp8_values[row[d]];
+      float* out = buffer + t * D;
+      int64_t d = 0;
+      if constexpr (vec::kIsFp8<C>) {
+        // value / kWidenScale * (scale * kWidenScale): the value times the scale, rounded once
+        const Vec scale = vec::splat(fp8_scale * C::kWidenScale);
+        const bool vectors = !vec::has_nan(row, D);
+        for (; vectors && d + kLanes <= D; d += kLanes) vec::store(out + d, vec::widen(row + d) * scale);
+        for (; d < D; ++d) out[d] = vec::decode(row[d]) * fp8_scale;
       } else {
-#pragma omp simd
-        for (int64_t d = 0; d < D; ++d) buffer[t * D + d] = static_cast<float>(row[d]);
+        for (; d + kLanes <= D; d += kLanes) vec::store(out + d, vec::load(row + d));
+        for (; d < D; ++d) out[d] = static_cast<float>(row[d]);
       }
     }
     return {buffer, rows.n, D};
@@ -172,27 +128,27 @@ inline void accumulate(const float* p, int64_t p_stride, Rows<float> v, float* a
     constexpr int64_t J = kTile / kLanes;
     Vec a[H][J];
     for (int64_t h = 0; h < H; ++h)
-      for (int64_t j = 0; j < J; ++j) a[h][j] = load(acc + h * D + c + j * kLanes);
+      for (int64_t j = 0; j < J; ++j) a[h][j] = vec::load(acc + h * D + c + j * kLanes);
     for (int64_t t = 0; t < v.n; ++t) {
       const float* row = v.data + t * v.stride + c;
       Vec r[J];
-      for (int64_t j = 0; j < J; ++j) r[j] = load(row + j * kLanes);
+      for (int64_t j = 0; j < J; ++j) r[j] = vec::load(row + j * kLanes);
       for (int64_t h = 0; h < H; ++h) {
         const float weight = p[h * p_stride + t];
         for (int64_t j = 0; j < J; ++j) a[h][j] += weight * r[j];
       }
     }
     for (int64_t h = 0; h < H; ++h)
-      for (int64_t j = 0; j < J; ++j) store(acc + h * D + c + j * kLanes, a[h][j]);
+      for (int64_t j = 0; j < J; ++j) vec::store(acc + h * D + c + j * kLanes, a[h][j]);
   }
   for (int64_t h = 0; h < H; ++h) {
     const float* ph = p + h * p_stride;
     float* acc_h = acc + h * D;
     int64_t col = c;
     for (; col + kLanes <= D; col += kLanes) {
-      Vec a = load(acc_h + col);
-      for (int64_t t = 0; t < v.n; ++t) a += ph[t] * load(v.data + t * v.stride + col);
-      store(acc_h + col, a);
+      Vec a = vec::load(acc_h + col);
+      for (int64_t t = 0; t < v.n; ++t) a += ph[t] * vec::load(v.data + t * v.stride + col);
+      vec::store(acc_h + col, a);
     }
     for (; col < D; ++col) {
       for (int64_t t = 0; t < v.n; ++t) acc_h[col] += ph[t] * v.data[t * v.stride + col];
@@ -224,13 +180,13 @@ inline void score_rows(const float* q, Rows<float> k, int64_t D, float* scores) 
       const float* r = k.data + t * k.stride;
       Vec a0 = {}, a1 = {}, a2 = {}, a3 = {};
       for (int64_t c = 0; c < D; c += kLanes) {
-        const Vec qv = load(q + c);
-        a0 += qv * load(r + c);
-        a1 += qv * load(r + k.stride + c);
-        a2 += qv * load(r + 2 * k.stride + c);
-        a3 += qv * load(r + 3 * k.stride + c);
+        const Vec qv = vec::load(q + c);
+        a0 += qv * vec::load(r + c);
+        a1 += qv * vec::load(r + k.stride + c);
+        a2 += qv * vec::load(r + 2 * k.stride + c);
+        a3 += qv * vec::load(r + 3 * k.stride + c);
       }
-      hsum4(a0, a1, a2, a3, scores + t);
+      vec::sum4(a0, a1, a2, a3, scores + t);
     }
   }
   for (; t < k.n; ++t) scores[t] = dot(q, k.data + t * k.stride, D);
@@ -281,18 +237,19 @@ inline void for_each_block(const T* cache, const Index* block_table, int64_t fir
   }
 }
 
-// The 256 float values of an fp8 cache's K and V bit patterns (nullptr for a float cache).
-struct Fp8Values {
-  const float* k;
-  const float* v;
+// An fp8 cache's K and V scales (stored = value / scale).
+struct Fp8Scales {
+  float k;
+  float v;
 };
 
 // Attends the G query heads q[G, D] of one kv head over seq_len tokens (the last `window` of them when
-// windowed); writes out[G, D]. The cache holds C: T, or uint8 fp8 bits read through `fp8`.
+// windowed); writes out[G, D]. The cache holds C: T, bfloat16 for a float32 T, or an fp8 format (`fp8`: its
+// scales).
 template <typename T, typename C, typename Index>
 void attend(const T* q, const C* key_cache, const C* value_cache, const Index* block_table,
             int64_t seq_len, int64_t kv_head, const Scoring& scoring, const Geometry& g,
-            const Fp8Values& fp8, std::vector<float>& scratch, T* out) {
+            const Fp8Scales& fp8, std::vector<float>& scratch, T* out) {
   const int64_t G = g.group, D = g.head_dim;
   const int64_t first = scoring.window > 0 ? std::max<int64_t>(0, seq_len - scoring.window) : 0;
   const int64_t n = seq_len - first;  // tokens attended to
@@ -343,7 +300,7 @@ void attend(const T* q, const C* key_cache, const C* value_cache, const Index* b
 template <typename T, typename C, typename Index>
 void run(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
          const at::Tensor& block_tables, const std::vector<int64_t>& seq_lens, const Scoring& scoring,
-         const Geometry& g, const Fp8Values& fp8, at::Tensor& out) {
+         const Geometry& g, const Fp8Scales& fp8, at::Tensor& out) {
   const int64_t num_items = q.size(0) * g.num_kv_heads;
   const T* q_ptr = q.data_ptr<T>();
   const C* k_ptr = static_cast<const C*>(key_cache.data_ptr());
@@ -369,26 +326,12 @@ void run(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& val
 template <typename T, typename C>
 void run_any_index(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
                    const at::Tensor& block_tables, const std::vector<int64_t>& seq_lens,
-                   const Scoring& scoring, const Geometry& g, const Fp8Values& fp8, at::Tensor& out) {
+                   const Scoring& scoring, const Geometry& g, const Fp8Scales& fp8, at::Tensor& out) {
   if (block_tables.scalar_type() == at::kLong) {
     run<T, C, int64_t>(q, key_cache, value_cache, block_tables, seq_lens, scoring, g, fp8, out);
   } else {
     run<T, C, int32_t>(q, key_cache, value_cache, block_tables, seq_lens, scoring, g, fp8, out);
   }
-}
-
-// The fp8 tables' pointers: both [256] float32 for a uint8 cache, both undefined for a float one.
-Fp8Values check_fp8_values(const at::Tensor& key_cache, const c10::optional<at::Tensor>& k_values,
-                           const c10::optional<at::Tensor>& v_values) {
-  const bool fp8 = key_cache.scalar_type() == at::kByte;
-  TORCH_CHECK(fp8 == k_values.has_value() && fp8 == v_values.has_value(),
-              "an fp8 (uint8) KV cache needs k_fp8_values and v_fp8_values, a float cache neither");
-  if (!fp8) return {nullptr, nullptr};
-  for (const at::Tensor* t : {&*k_values, &*v_values}) {
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->numel() == 256 && t->is_contiguous() && t->is_cpu(),
-                "k_fp8_values / v_fp8_values must be contiguous float32 CPU tensors of 256 values");
-  }
-  return {k_values->data_ptr<float>(), v_values->data_ptr<float>()};
 }
 
 // Checks everything the threads will index, so no error can arise inside the parallel region.
@@ -439,31 +382,34 @@ Geometry check_inputs(const at::Tensor& q, const at::Tensor& key_cache, const at
 
 // q [num_decodes, num_heads, head_dim]; key_cache/value_cache [num_blocks, block_size, num_kv_heads,
 // head_dim] (same dtype as q: float32, float16 or bfloat16; bfloat16 for a float32 q (--kv-cache-dtype
-// bfloat16); or uint8 fp8 bits, read through
-// k_fp8_values / v_fp8_values: [256] float32, each bit pattern's value times the scale); block_tables [num_decodes, max_blocks]
-// int32/int64; seq_lens [num_decodes] (tokens of K/V each request attends to, >= 1).
+// bfloat16); or uint8 fp8 bits of `fp8_format` ("e4m3fn" or "e5m2"; "" for a float cache), stored = value /
+// k_scale or v_scale); block_tables [num_decodes, max_blocks] int32/int64; seq_lens [num_decodes] (tokens of K/V each request attends to, >= 1).
 // sliding_window > 0: each request attends only to its last sliding_window tokens; soft_cap > 0: scores
 // s become soft_cap * tanh(s / soft_cap).
 // Returns softmax(scale * q k^T) v as [num_decodes, num_heads, head_dim] in q's dtype.
 at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& key_cache,
                                   const at::Tensor& value_cache, const at::Tensor& block_tables,
                                   const at::Tensor& seq_lens, double scale, int64_t sliding_window,
-                                  double soft_cap, const c10::optional<at::Tensor>& k_fp8_values,
-                                  const c10::optional<at::Tensor>& v_fp8_values) {
+                                  double soft_cap, const std::string& fp8_format, double k_scale,
+                                  double v_scale) {
   TORCH_CHECK(seq_lens.dim() == 1, "seq_lens must be 1-D");
   TORCH_CHECK(sliding_window >= 0 && soft_cap >= 0, "sliding_window and soft_cap must be >= 0 (0: none)");
   const at::Tensor lens = seq_lens.to(at::kCPU, at::kLong).contiguous();
   const std::vector<int64_t> lens_vec(lens.data_ptr<int64_t>(), lens.data_ptr<int64_t>() + lens.numel());
   const Geometry g = check_inputs(q, key_cache, value_cache, block_tables, lens_vec);
-  const Fp8Values fp8 = check_fp8_values(key_cache, k_fp8_values, v_fp8_values);
+  TORCH_CHECK((key_cache.scalar_type() == at::kByte) != fp8_format.empty(),
+              "an fp8 (uint8) KV cache needs fp8_format (\"e4m3fn\" or \"e5m2\"), a float cache none");
+  const Fp8Scales fp8{static_cast<float>(k_scale), static_cast<float>(v_scale)};
   const at::Tensor q_c = q.contiguous();
   const at::Tensor tables = block_tables.contiguous();
   at::Tensor out = at::empty_like(q_c);
   const Scoring scoring{static_cast<float>(scale), static_cast<float>(soft_cap), sliding_window};
 #define PAGEDSERVE_RUN                                                                              \
   [&] {                                                                                             \
-    if (fp8.k != nullptr) {                                                                         \
-      run_any_index<scalar_t, uint8_t>(q_c, key_cache, value_cache, tables, lens_vec, scoring, g, fp8, out); \
+    if (!fp8_format.empty()) {                                                                      \
+      vec::with_fp8_format(fp8_format, [&](auto format) {                                           \
+        run_any_index<scalar_t, decltype(format)>(q_c, key_cache, value_cache, tables, lens_vec, scoring, g, fp8, out); \
+      });                                                                                           \
     } else if (key_cache.scalar_type() != q.scalar_type()) { /* a bfloat16 cache, float32 q */       \
       run_any_index<float, c10::BFloat16>(q_c, key_cache, value_cache, tables, lens_vec, scoring, g, fp8, out); \
     } else {                                                                                        \
@@ -480,8 +426,8 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& key_cac
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention_decode", &paged_attention_decode,
-        "Paged-attention decode over block tables (K/V read in place; fp8 bits through value tables).",
+        "Paged-attention decode over block tables (K/V read in place, fp8 bits widened as they are read).",
         py::arg("q"), py::arg("key_cache"), py::arg("value_cache"), py::arg("block_tables"),
         py::arg("seq_lens"), py::arg("scale"), py::arg("sliding_window"), py::arg("soft_cap"),
-        py::arg("k_fp8_values") = py::none(), py::arg("v_fp8_values") = py::none());
+        py::arg("fp8_format") = "", py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0);
 }
