@@ -220,7 +220,7 @@ def pytest_report_header(config: pytest.Config) -> str:
     if config.getoption("--sample-all"):
         return "sampled tests: every case (--sample-all)"
     return (
-        f"sampled tests: half the cases of each, seed {_sample_seed(config)} "
+        f"sampled tests: half the cases of each (at least one), seed {_sample_seed(config)} "
         "(--sample-seed S reruns a draw, --sample-all runs them all)"
     )
 
@@ -228,16 +228,21 @@ def pytest_report_header(config: pytest.Config) -> str:
 def _sample(config: pytest.Config, items: list[pytest.Item]) -> list[pytest.Item]:
     """`sampled`: end-to-end tests parametrized over many cases (models, settings) that check the same
     code paths case by case. Unless --sample-all, each such test keeps a seeded half of its cases (at least
-    one); the rest are deselected (reported as such, never counted as passed)."""
+    one); with `sampled(by="param")` half of the cases of each value of that parameter (every model stays
+    covered, by one of its block sizes, say). The rest are deselected (reported so, never counted passed)."""
     if config.getoption("--sample-all"):
         return []
-    cases: dict[str, list[pytest.Item]] = {}
+    strata: dict[str, list[pytest.Item]] = {}
     for item in items:
-        if item.get_closest_marker("sampled") is not None:
-            cases.setdefault(item.nodeid.split("[")[0], []).append(item)
+        marker = item.get_closest_marker("sampled")
+        if marker is None:
+            continue
+        by = marker.kwargs.get("by")
+        value = item.callspec.params[by] if by is not None and hasattr(item, "callspec") else None
+        strata.setdefault(f"{item.nodeid.split('[')[0]}:{value}", []).append(item)
     seed, dropped = _sample_seed(config), []
-    for function, members in cases.items():
-        keep = set(random.Random(f"{seed}:{function}").sample(range(len(members)), (len(members) + 1) // 2))
+    for stratum, members in strata.items():
+        keep = set(random.Random(f"{seed}:{stratum}").sample(range(len(members)), max(1, len(members) // 2)))
         dropped += [item for index, item in enumerate(members) if index not in keep]
     return dropped
 

@@ -36,6 +36,7 @@ def engine(tiny_model_factory) -> Iterator[Callable[[str, int], LLM]]:
         shutdown(llm)
 
 
+@pytest.mark.sampled
 @pytest.mark.parametrize("name", MODELS + MORE_FAMILIES)
 def test_tp2_greedy_equals_tp1(engine, name: str) -> None:
     llm = engine(name, TP)

@@ -53,6 +53,7 @@ def model(request, tiny_model_factory, tmp_path_factory) -> tuple[LLM, object]:
     return llm, AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 
 
+@pytest.mark.sampled(by="model")
 @pytest.mark.parametrize(
     "width, length_penalty, early_stopping, ignore_eos",
     [

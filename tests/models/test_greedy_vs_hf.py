@@ -80,8 +80,8 @@ def assert_matches(
         assert max(abs(a - b) for a, b in zip(our_logprobs, their_logprobs)) < 1e-4
 
 
-# Every block size for the Llama blocks and the sliding-window families; one each (all three sizes
-# covered) for the other families, to keep the suite short.
+# Every block size for the Llama blocks and the sliding-window families (CI runs one of them per family,
+# rotating: the sampled marker); one each (all three sizes covered) for the other families.
 FAMILY_BLOCK_SIZES = [
     (name, block_size)
     for name in ("llama", "llama-tied-mha", "mistral", "qwen2", "mistral-swa", "gemma2")
@@ -100,6 +100,7 @@ FAMILY_BLOCK_SIZES = [
 ]
 
 
+@pytest.mark.sampled(by="name")
 @pytest.mark.parametrize("name,block_size", FAMILY_BLOCK_SIZES)
 def test_greedy_matches_hf(tiny_model_factory, name: str, block_size: int) -> None:
     path = tiny_model_factory(name)
@@ -108,6 +109,7 @@ def test_greedy_matches_hf(tiny_model_factory, name: str, block_size: int) -> No
     assert_matches(ours, reference(path, prompts))
 
 
+@pytest.mark.sampled(by="name")
 @pytest.mark.parametrize(
     "name,block_size",
     [
@@ -200,6 +202,7 @@ def test_gguf_matches_hf(tmp_path, name: str, overrides: dict) -> None:
 
 # Mixtral (arch llama with `llama.expert_count`, q/k permuted); Qwen2-MoE (gated shared expert, top-k not
 # renormalized) and Qwen3-MoE (q/k norms, renormalized), whose expert sizes transformers does not read.
+@pytest.mark.sampled(by="name")
 @pytest.mark.parametrize(
     "name,arch,quant_type",
     [

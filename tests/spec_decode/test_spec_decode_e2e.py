@@ -90,6 +90,7 @@ def test_sampled_outputs_keep_their_distribution(tiny_vocab_llama: str) -> None:
         assert chi2_contingency(table).pvalue > 0.001, (position, table)
 
 
+@pytest.mark.sampled
 @pytest.mark.parametrize("target,draft", [("llama", "llama"), ("llama", "qwen2"), ("gemma2", "gemma2")])
 def test_draft_model_greedy_identical_under_preemption(tiny_model_factory, target: str, draft: str) -> None:
     """A draft model sharing the tokenizer: the target itself (drafts almost always accepted) or an
