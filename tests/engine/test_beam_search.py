@@ -152,6 +152,7 @@ def ending_stop_token(hf, prompts: list[list[int]], params: BeamSearchParams, mi
     raise AssertionError("no stop token ends a beam")
 
 
+@pytest.mark.sampled(by="model")
 @pytest.mark.parametrize("width, min_tokens, with_stop_token", [(2, 0, True), (3, 4, False), (4, 3, True)])
 def test_stop_token_ids_and_min_tokens_equal_hf(
     model, width: int, min_tokens: int, with_stop_token: bool

@@ -38,6 +38,7 @@ def stats(llm: LLM):
     return llm.llm_engine.engine_core.get_stats()
 
 
+@pytest.mark.sampled
 @pytest.mark.parametrize("block_size", [8, 16, 32])
 def test_greedy_identical_with_prefix_caching_on_and_off(tiny_llama: str, block_size: int) -> None:
     prompts = shared_prefix_prompts(block_size)

@@ -62,6 +62,7 @@ def test_long_request_holds_only_its_window(tiny_model_factory, block_size: int)
     assert all_blocks_free(core)
 
 
+@pytest.mark.sampled
 @pytest.mark.parametrize("block_size", [8, 16, 32])
 def test_window_groups_free_while_the_global_group_keeps_every_block(
     tiny_model_factory, block_size: int

@@ -140,6 +140,7 @@ def _prompt_logprobs(llm: LLM, sequences: list[list[int]]) -> torch.Tensor:
     )
 
 
+@pytest.mark.sampled
 @pytest.mark.parametrize(
     ("kv_cache_dtype", "calculate_kv_scales", "bound"),
     [("fp8", False, 0.05), ("fp8", True, 0.05), ("bfloat16", False, 0.005)],

@@ -142,6 +142,7 @@ def test_penalties_and_min_tokens_identical_with_and_without_drafts(tiny_vocab_l
     assert 0 < stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens
 
 
+@pytest.mark.sampled
 @pytest.mark.parametrize("speculative_config", [NGRAM, "draft"], ids=["ngram", "draft_model"])
 def test_constrained_requests_beside_speculating_ones_keep_their_grammar(
     default_model: str, speculative_config: object
@@ -175,6 +176,7 @@ def test_constrained_requests_beside_speculating_ones_keep_their_grammar(
     assert all(re.fullmatch(pattern, t) for t in texts), texts
 
 
+@pytest.mark.sampled
 @pytest.mark.parametrize("stop", [["nectarine"], ["orange", "nectarine"]])
 def test_stop_strings_crossing_drafts_end_as_without_speculation(default_model: str, stop: list[str]) -> None:
     """An accepted draft that runs past a stop string: text, token ids, logprobs and stop_reason are
