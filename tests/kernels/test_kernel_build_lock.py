@@ -84,3 +84,20 @@ def test_failing_build_falls_back_to_torch_with_a_warning(tiny_llama: str, tmp_p
     backend, log, _ = _start_engine(tiny_llama, str(tmp_path / "empty"), CXX="false")
     assert backend == "TorchPagedAttentionBackend"
     assert "WARNING" in log and "the native CPU kernels are unavailable" in log
+
+
+def test_each_version_of_the_sources_builds_in_its_own_folder(tmp_path) -> None:
+    """Two versions of the kernels (an upgraded package beside a running server) never share a build
+    folder: the extension's name carries a digest of every source and header."""
+    import shutil
+    from pathlib import Path
+
+    from pagedserve.kernels import cpu
+
+    folder = Path(cpu.__file__).parent
+    copy = Path(shutil.copytree(folder, tmp_path / "cpu", ignore=shutil.ignore_patterns("__pycache__")))
+    assert cpu.sources_digest(copy) == cpu.sources_digest(folder)
+    assert cpu.sources_digest(folder) in cpu._extension_name()
+    header = copy / "vec.h"
+    header.write_text(header.read_text() + "\n// changed\n")
+    assert cpu.sources_digest(copy) != cpu.sources_digest(folder)

@@ -9,6 +9,7 @@ Importing this module compiles nothing: `load_cpu_kernels()` does, once per proc
 
 import contextlib
 import functools
+import hashlib
 import os
 import queue
 import subprocess
@@ -98,11 +99,23 @@ def _build(timeout_s: float) -> CpuKernels:
     return CpuKernels(module)
 
 
+@functools.cache
 def _extension_name() -> str:
     # NOTE: cpp_extension's cache key (sources + flags) cannot tell CPUs apart, "-march=native" reading
     # the same everywhere; the capability in the name at least keeps a shared extensions folder from
-    # handing an AVX-512 build to an AVX2-only CPU.
-    return f"pagedserve_cpu_kernels_{torch.backends.cpu.get_cpu_capability().lower()}"
+    # handing an AVX-512 build to an AVX2-only CPU. The sources' digest gives every version of the kernels
+    # its own folder: two versions of pagedserve started at once (an upgrade beside a running server, two
+    # checkouts) would otherwise rebuild one folder in turn and one could load the other's library.
+    capability = torch.backends.cpu.get_cpu_capability().lower()
+    return f"pagedserve_cpu_kernels_{capability}_{sources_digest(Path(__file__).parent)}"
+
+
+def sources_digest(folder: Path) -> str:
+    """A digest of the C++ sources and headers in `folder` (names and contents)."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.glob("*.[ch]*")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def _build_directory() -> str:
