@@ -34,6 +34,7 @@ class RequestOutput:
     finished: bool
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None  # why the engine could not run it (its samples' finish_reason: "error")
+    pooled: list[float] | None = None  # --runner pooling: the prompt's embedding or scores
 
 
 @dataclass
@@ -52,3 +53,35 @@ class BeamSearchOutput:
     """The best beams of one prompt, best first (by cumulative logprob / length ** length_penalty)."""
 
     sequences: list[BeamSearchSequence]
+
+
+@dataclass
+class PoolingRequestOutput:
+    """What `LLM.encode` / `embed` / `classify` return per prompt (vLLM's layout): `outputs.data` is the
+    embedding or the class probabilities."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: "PoolingOutput"
+    finished: bool = True
+
+
+@dataclass
+class PoolingOutput:
+    data: list[float]
+
+    @property
+    def embedding(self) -> list[float]:
+        return self.data
+
+    @property
+    def probs(self) -> list[float]:
+        return self.data
+
+
+@dataclass
+class ScoringRequestOutput:
+    """`LLM.score`: one per (query, document) pair; `score` is the cosine or the cross-encoder's score."""
+
+    request_id: str
+    score: float

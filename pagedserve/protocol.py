@@ -31,6 +31,20 @@ class EngineCoreRequestType(bytes, enum.Enum):
     RESET_PREFIX_CACHE = b"\x03"  # no payload
 
 
+class PoolingParams(msgspec.Struct, array_like=True, omit_defaults=True):
+    """A pooling runner's request (--runner pooling): what its prompt's hidden states become, resolved by
+    the frontend (engine/pooling_input.py) so the workers only apply it. `task`: embed (a vector) or
+    classify (the head's scores); `dimensions`: keep the first d values (Matryoshka), before `normalize`;
+    `activation`: softmax over the labels (sigmoid for one); `token_type_start`: the second segment of a
+    cross-encoder's pair starts here (BERT's token_type_ids are 1 from it on)."""
+
+    task: str = "embed"
+    dimensions: int | None = None
+    normalize: bool = False
+    activation: bool = False
+    token_type_start: int | None = None
+
+
 class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     """A tokenized, validated request. `max_tokens` is resolved (never None here).
 
@@ -49,6 +63,8 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     beam_search: BeamSearchParams | None = None
     # --scheduling-policy priority: lower values are admitted first and preempted last (vLLM's rule).
     priority: int = 0
+    # --runner pooling: the request is pooled, not sampled (its sampling_params are a placeholder).
+    pooling_params: PoolingParams | None = None
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -63,6 +79,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     stop_reason: int | str | None = None
     cumulative_logprob: float | None = None  # set on the final outputs of a beam search
     error: str | None = None  # with FinishReason.ERROR: what went wrong, for the request's caller
+    pooled: list[float] | None = None  # --runner pooling: the request's embedding or scores
 
     @property
     def finished(self) -> bool:

@@ -195,7 +195,14 @@ def default_model() -> str:
 # Folders whose tests start servers, CLIs or worker processes.
 _SLOW_FOLDERS = ("entrypoints", "distributed")
 # Fixtures that build a model, so the test runs a real engine.
-_MODEL_FIXTURES = {"tiny_llama", "tiny_model_factory", "default_model"}
+_MODEL_FIXTURES = {
+    "tiny_llama",
+    "tiny_model_factory",
+    "default_model",
+    "tiny_bert_embedder",
+    "tiny_bert_cross_encoder",
+    "tiny_llama_embedder",
+}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -276,3 +283,111 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # folders above the test, and a checkout under a folder named gpu would skip every test.
         if skip_gpu is not None and item.get_closest_marker("gpu") is not None:
             item.add_marker(skip_gpu)
+
+
+# --- Pooling models (--runner pooling): built with sentence-transformers' own layout -------------------
+
+_WORDS = (
+    "the a of to and in is it that was for on are with as be at by this have from or one had not but "
+    "what all were when we there can an your which their said if do will each about how up out them "
+    "then she many some so these would other into has more her two like him see time could no make "
+    "than first been its who now people my made over did down only way find use may water long little "
+    "very after words called just where most know cat dog paris capital france weather sunny rain"
+).split()
+
+
+def _wordpiece_tokenizer(path: str):
+    """A BERT tokenizer with its own small WordPiece vocabulary (words, letters, ## pieces)."""
+    from transformers import BertTokenizerFast
+
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + list("0123456789.,!?'-")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *letters, *[f"##{c}" for c in letters], *_WORDS]
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "vocab.txt"), "w") as f:
+        f.write("\n".join(dict.fromkeys(vocab)) + "\n")
+    return BertTokenizerFast(os.path.join(path, "vocab.txt"), model_max_length=128)
+
+
+def _randomize_biases(model) -> None:
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_(0.0, 0.1)
+
+
+def build_tiny_bert(path: str, cross_encoder: bool = False) -> str:
+    """A tiny random BERT in sentence-transformers' layout (mean pooling, Normalize), or a BERT
+    cross-encoder (BertForSequenceClassification, one label) with the same tokenizer."""
+    from transformers import BertConfig, BertForSequenceClassification, BertModel
+
+    tokenizer = _wordpiece_tokenizer(path)
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=128,
+        num_labels=1,
+    )
+    torch.manual_seed(0)
+    model = (BertForSequenceClassification if cross_encoder else BertModel)(config).eval()
+    _randomize_biases(model)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    if not cross_encoder:
+        _write_sentence_transformers_layout(path, 64, "pooling_mode_mean_tokens")
+    return path
+
+
+def build_tiny_llama_embedder(path: str, source: str) -> str:
+    """The tiny Llama (its checkpoint and tokenizer copied) with last-token pooling and Normalize."""
+    shutil.copytree(source, path, dirs_exist_ok=True)
+    _write_sentence_transformers_layout(path, 64, "pooling_mode_lasttoken")
+    return path
+
+
+def _write_sentence_transformers_layout(path: str, dim: int, mode: str) -> None:
+    import json
+
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    pooling = {
+        "word_embedding_dimension": dim,
+        "pooling_mode_cls_token": False,
+        "pooling_mode_mean_tokens": False,
+        "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False,
+        "pooling_mode_weightedmean_tokens": False,
+        "pooling_mode_lasttoken": False,
+        "include_prompt": True,
+        mode: True,
+    }
+    os.makedirs(os.path.join(path, "1_Pooling"), exist_ok=True)
+    os.makedirs(os.path.join(path, "2_Normalize"), exist_ok=True)
+    with open(os.path.join(path, "modules.json"), "w") as f:
+        json.dump(modules, f)
+    with open(os.path.join(path, "1_Pooling", "config.json"), "w") as f:
+        json.dump(pooling, f)
+    with open(os.path.join(path, "sentence_bert_config.json"), "w") as f:
+        json.dump({"max_seq_length": 128, "do_lower_case": False}, f)
+    with open(os.path.join(path, "config_sentence_transformers.json"), "w") as f:
+        json.dump({"prompts": {"query": "query: ", "document": ""}, "default_prompt_name": None}, f)
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_embedder(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return build_tiny_bert(str(tmp_path_factory.mktemp("bert-embed")))
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_cross_encoder(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return build_tiny_bert(str(tmp_path_factory.mktemp("bert-rerank")), cross_encoder=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_embedder(tmp_path_factory: pytest.TempPathFactory, tiny_model_factory) -> str:
+    return build_tiny_llama_embedder(str(tmp_path_factory.mktemp("llama-embed")), tiny_model_factory("llama"))

@@ -9,12 +9,13 @@ import pytest
 from pagedserve.attention.backends import ATTENTION_BACKENDS
 from pagedserve.attention.backends.base import AttentionBackend
 from pagedserve.config import MODEL_ARCHITECTURES, AttentionBackendName, ExecutorBackend
+from pagedserve.config.pooling import ENCODER_ARCHITECTURES
 from pagedserve.config.quantization import QUANTIZATION_METHODS
 from pagedserve.errors import ConfigError
 from pagedserve.executor import EXECUTORS
 from pagedserve.executor.base import Executor
-from pagedserve.models.interface import CausalLM
-from pagedserve.models.registry import MODELS
+from pagedserve.models.interface import CausalLM, EncoderModel
+from pagedserve.models.registry import ENCODER_MODELS, MODELS
 from pagedserve.quantization import QUANTIZATION_CONFIGS
 from pagedserve.quantization.base import QuantizationConfig
 from pagedserve.utils.registry import Registry
@@ -23,6 +24,7 @@ REGISTRIES = [
     (ATTENTION_BACKENDS, set(get_args(AttentionBackendName)) - {"auto"}, AttentionBackend),
     (EXECUTORS, set(get_args(ExecutorBackend)), Executor),
     (MODELS, set(MODEL_ARCHITECTURES.values()), CausalLM),
+    (ENCODER_MODELS, set(ENCODER_ARCHITECTURES), EncoderModel),
     (QUANTIZATION_CONFIGS, set(QUANTIZATION_METHODS), QuantizationConfig),
 ]
 

@@ -17,6 +17,7 @@ from pagedserve.config.parallel import (
     check_tensor_parallel,
     resolve_executor_backend,
 )
+from pagedserve.config.pooling import ConvertName, RunnerName
 from pagedserve.config.quantization import QuantizationName, resolve_quantization
 from pagedserve.config.scheduler import (
     PreemptionMode,
@@ -229,6 +230,23 @@ class EngineArgs:
         "Folder or hub id (at --revision) whose config.json describes the model, instead of the model's "
         "own; e.g. the original model's for a GGUF --model.",
     )
+    runner: RunnerName = config_field(
+        "auto",
+        "generate: sample tokens. pooling: embeddings and scores (/v1/embeddings, /pooling, /classify, "
+        "/score, /rerank), one forward per prompt, no KV cache kept. auto: pooling for encoders (BERT, "
+        "RoBERTa), generate for decoders.",
+    )
+    convert: ConvertName = config_field(
+        "auto",
+        "With --runner pooling: embed (a decoder or encoder used as an embedder) or classify (a "
+        "*ForSequenceClassification head). auto: classify for classification heads, else embed.",
+    )
+    pooler_config: str | None = config_field(
+        None,
+        'With --runner pooling, JSON over the model\'s own pooling: {"pooling_type": "MEAN"|"CLS"|"LAST", '
+        '"normalize": true, "activation": true}. Default: sentence-transformers\' modules.json and '
+        "1_Pooling, else CLS for encoders and LAST for decoders, normalized.",
+    )
     download_dir: str | None = config_field(
         None,
         "Hugging Face cache folder for hub ids (default: HF_HUB_CACHE's). With HF_HUB_OFFLINE=1 models are "
@@ -273,10 +291,14 @@ class EngineArgs:
         model = self.model_config(device)
         scheduler = SchedulerConfig(
             self.max_num_seqs,
-            self.max_num_batched_tokens or default_max_num_batched_tokens(self.max_num_seqs),
+            self.max_num_batched_tokens
+            or default_max_num_batched_tokens(
+                self.max_num_seqs, model.max_model_len, model.pooling is not None
+            ),
             model.max_model_len,
             self.preemption_mode,
             self.scheduling_policy,
+            pooling=model.pooling is not None,
         )
         parallel = self._parallel_config(device, model)
         return EngineConfig(
@@ -335,6 +357,9 @@ class EngineArgs:
             max_logprobs=self.max_logprobs,
             hf_config_path=self.hf_config_path
             and resolve_model_path(self.hf_config_path, self.revision, self.download_dir, "--hf-config-path"),
+            runner=self.runner,
+            convert=self.convert,
+            pooler_config=self.pooler_config,
         )
         return dataclasses.replace(
             model,

@@ -5,6 +5,13 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from pagedserve.config.pooling import (
+    ENCODER_ARCHITECTURES,
+    PoolingModelConfig,
+    encoder_position_offset,
+    resolve_pooling,
+    resolve_runner,
+)
 from pagedserve.errors import ConfigError
 from pagedserve.logger import init_logger
 from pagedserve.utils.default_model import DEFAULT_MODEL_NAME, default_model_path
@@ -56,12 +63,15 @@ class ModelConfig:
     served_model_aliases: tuple[str, ...] = ()  # --served-model-name's names after the first
     # SamplingParams field -> the model's default (generation_config.json; --generation-config).
     generation_defaults: dict[str, Any] = field(default_factory=dict)
+    # --runner pooling (config/pooling.py): embeddings or scores instead of generation; None: generate.
+    pooling: PoolingModelConfig | None = None
 
     def __post_init__(self) -> None:
-        if self.architecture not in MODEL_ARCHITECTURES.values():
+        supported = set(MODEL_ARCHITECTURES.values()) | set(ENCODER_ARCHITECTURES)
+        if self.architecture not in supported:
             raise ConfigError(
                 f"Model architecture {self.architecture!r} is not supported. Supported "
-                f"architectures: {', '.join(sorted(MODEL_ARCHITECTURES.values()))}."
+                f"architectures: {', '.join(sorted(supported))}."
             )
         if self.dtype not in SUPPORTED_DTYPES[1:]:
             raise ConfigError(
@@ -97,7 +107,9 @@ class ModelConfig:
 def model_len_limit(hf_config: "PretrainedConfig") -> tuple[int, str]:
     """The longest context the model supports, and the config.json key it comes from. Sliding-window
     layers attend through their window at any length, so the positions are the limit."""
-    return int(hf_config.max_position_embeddings), "max_position_embeddings"
+    # NOTE: RoBERTa's first positions are its padding's: 514 positions hold 512 tokens.
+    limit = int(hf_config.max_position_embeddings) - encoder_position_offset(hf_config)
+    return limit, "max_position_embeddings"
 
 
 def load_model_config(
@@ -112,6 +124,9 @@ def load_model_config(
     tokenizer: str | None,
     max_logprobs: int,
     hf_config_path: str | None = None,
+    runner: str = "auto",
+    convert: str = "auto",
+    pooler_config: str | None = None,
 ) -> ModelConfig:
     """Read the model's config (the embedded default model when `model` is None; `hf_config_path`'s
     config.json when given) and resolve the defaults: architecture, dtype for `device`, context length,
@@ -132,6 +147,11 @@ def load_model_config(
         )
     if not names:
         names = [DEFAULT_MODEL_NAME if model is None else model]
+    pooling = (
+        resolve_pooling(path, hf_config, archs[0], convert, pooler_config)
+        if resolve_runner(runner, archs[0])
+        else None
+    )
     return ModelConfig(
         model=path,
         gguf_file=gguf_file,
@@ -145,6 +165,7 @@ def load_model_config(
         load_format=load_format,
         tokenizer=tokenizer,
         max_logprobs=max_logprobs,
+        pooling=pooling,
     )
 
 

@@ -11,9 +11,10 @@ SchedulingPolicy = Literal["fcfs", "priority"]
 SCHEDULING_POLICIES: tuple[str, ...] = get_args(SchedulingPolicy)
 
 
-def default_max_num_batched_tokens(max_num_seqs: int) -> int:
-    """The step's token budget when --max-num-batched-tokens is not given."""
-    return max(2048, max_num_seqs)
+def default_max_num_batched_tokens(max_num_seqs: int, max_model_len: int = 0, pooling: bool = False) -> int:
+    """The step's token budget when --max-num-batched-tokens is not given (a pooling runner's step holds
+    a whole prompt: it keeps no KV cache to chunk it over)."""
+    return max(2048, max_num_seqs, max_model_len if pooling else 0)
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class SchedulerConfig:
     max_model_len: int
     preemption_mode: PreemptionMode | None = None  # None: swap groups that share blocks, recompute others
     policy: SchedulingPolicy = "fcfs"
+    pooling: bool = False  # --runner pooling: every prompt is computed in one step
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -36,6 +38,11 @@ class SchedulerConfig:
             )
         if self.max_model_len < 1:
             raise ConfigError(f"max_model_len={self.max_model_len} must be at least 1 (--max-model-len).")
+        if self.pooling and self.max_num_batched_tokens < self.max_model_len:
+            raise ConfigError(
+                f"--runner pooling computes each prompt in one step: --max-num-batched-tokens "
+                f"({self.max_num_batched_tokens}) must be at least --max-model-len ({self.max_model_len})."
+            )
         if self.preemption_mode not in (None, *PREEMPTION_MODES):
             raise ConfigError(
                 f"preemption_mode={self.preemption_mode!r} is not supported; "

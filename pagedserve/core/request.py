@@ -40,6 +40,7 @@ class Request:
         self.cache_salt = request.cache_salt
         self.group_id = request.group_id
         self.beam_search = request.beam_search
+        self.pooling_params = request.pooling_params  # --runner pooling: pooled, never sampled
         self.block_hashes: list[BlockHash] = []  # chained hashes of the first full blocks (prefix cache)
         self.grammar: RequestGrammar | None = None  # set by the scheduler for a structured_outputs request
         self.spec_token_ids: list[int] = []  # draft tokens to verify next step (speculative decoding)

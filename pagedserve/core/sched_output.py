@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, field
 
+from pagedserve.protocol import PoolingParams
 from pagedserve.sampling_params import SamplingParams
 from pagedserve.structured_output.manager import GrammarBitmask
 
@@ -17,6 +18,7 @@ class NewRequestData:
     eos_token_id: int | None
     block_ids: list[int]
     num_computed_tokens: int
+    pooling_params: PoolingParams | None = None  # --runner pooling: pool the prompt, sample nothing
 
 
 @dataclass(slots=True)
@@ -83,3 +85,5 @@ class ModelRunnerOutput:
     logprobs: dict[str, dict[int, float]] = field(default_factory=dict)
     # request id -> logprobs of the prompt positions computed this step (first position: None).
     prompt_logprobs: dict[str, list[dict[int, float] | None]] = field(default_factory=dict)
+    # --runner pooling: request id -> its pooled vector (embedding or scores).
+    pooled: dict[str, list[float]] = field(default_factory=dict)

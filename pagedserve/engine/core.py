@@ -4,7 +4,9 @@ schedule -> execute -> update. Only EngineCoreRequest / EngineCoreOutputs cross 
 import time
 
 from pagedserve.config import EngineConfig
+from pagedserve.config.cache import KVCacheConfig
 from pagedserve.core.kv_cache_manager import KVCacheManager
+from pagedserve.core.pooling_scheduler import PoolingScheduler
 from pagedserve.core.request import Request
 from pagedserve.core.scheduler import Scheduler
 from pagedserve.core.scheduler_state import RequestKVUsage
@@ -15,6 +17,7 @@ from pagedserve.logger import init_logger
 from pagedserve.protocol import BlockSnapshot, EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from pagedserve.sizing import size_kv_cache
 from pagedserve.structured_output.manager import StructuredOutputManager
+from pagedserve.utils import cdiv
 
 logger = init_logger(__name__)
 
@@ -25,6 +28,19 @@ class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.executor = get_executor_class(config)(config)
+        self.structured_output = StructuredOutputManager(
+            lambda: load_tokenizer(config.model), config.model.vocab_size
+        )
+        self.scheduler: Scheduler | PoolingScheduler
+        if config.model.pooling is not None:
+            # NOTE: --runner pooling: whole prompts, one forward each, no KV cache to size or manage.
+            self.kv_cache_config = KVCacheConfig(
+                cdiv(config.scheduler.max_num_batched_tokens, config.cache.block_size) + 1,
+                config.cache.block_size,
+                0,
+            )
+            self.scheduler = PoolingScheduler(config.scheduler, config.cache.block_size)
+            return
         try:
             # NOTE: the same arithmetic as `pagedserve plan` (sizing.py), so its figures match the log.
             self.kv_cache_config = size_kv_cache(config, self.executor.determine_kv_memory)
@@ -37,9 +53,6 @@ class EngineCore:
         kv = self.kv_cache_config
         # NOTE: the grammars live here, next to the scheduler (vLLM v1's choice): the matchers advance where
         # the sampled tokens arrive, and the workers only get each step's bitmask.
-        self.structured_output = StructuredOutputManager(
-            lambda: load_tokenizer(config.model), config.model.vocab_size
-        )
         manager = KVCacheManager(
             kv.num_blocks, config.kv_layout.groups, config.cache.enable_prefix_caching, kv.num_host_blocks
         )

@@ -14,6 +14,7 @@ from pagedserve.engine.admission import (
 from pagedserve.engine.core_client import EngineCoreClient
 from pagedserve.engine.input_processor import InputProcessor, PromptType
 from pagedserve.engine.output_processor import OutputProcessor
+from pagedserve.engine.pooling_input import POOLING_SAMPLING_PARAMS, PoolingInputProcessor, PoolingOptions
 from pagedserve.errors import InvalidRequestError
 from pagedserve.metrics.stats import IterationStats
 from pagedserve.outputs import RequestOutput
@@ -41,6 +42,9 @@ class Frontend:
         self.client = client
         self.max_num_seqs = max_num_seqs
         self.admission = AdmissionControl(limits)
+        pooling = input_processor.model_config.pooling
+        # --runner pooling: pooling requests only (generation ones are refused by `process`).
+        self.pooling_inputs = None if pooling is None else PoolingInputProcessor(input_processor, pooling)
         # NOTE: admission and enqueue happen under this lock, in one call: two concurrent submits can never
         # both pass the check and together exceed the queue limits.
         self._submit_lock = threading.Lock()
@@ -56,11 +60,31 @@ class Frontend:
     ) -> ProcessedRequest:
         """Validate and tokenize, within the token budgets; nothing is queued (a request of several
         prompts is checked whole first). Thread-safe. Raises InvalidRequestError."""
+        if self.pooling_inputs is not None:
+            raise InvalidRequestError(
+                "This model is served by the pooling runner (--runner pooling): it computes embeddings and "
+                "scores, not text. Use /v1/embeddings, /pooling, /classify, /score or /rerank (LLM.embed, "
+                "LLM.classify, LLM.score), or serve it with --runner generate.",
+                param="model",
+            )
         check_num_samples(params, self.max_num_seqs)
         text, request = self.input_processor.process(
             request_id, prompt, params, arrival_time, beam_search, priority
         )
         return text, apply_token_budgets(request, params, self.admission.limits)
+
+    def process_pooling(
+        self, request_id: str, prompt: PromptType, options: PoolingOptions, arrival_time: float | None = None
+    ) -> ProcessedRequest:
+        """`process` for the pooling runner: validate and tokenize, within the input token budget."""
+        if self.pooling_inputs is None:
+            raise InvalidRequestError(
+                "This model generates text: embeddings, classification and scores need a pooling model "
+                "served with --runner pooling (an encoder such as BERT, or --convert embed).",
+                param="model",
+            )
+        text, request = self.pooling_inputs.process(request_id, prompt, options, arrival_time)
+        return text, apply_token_budgets(request, POOLING_SAMPLING_PARAMS, self.admission.limits)
 
     def submit(self, requests: list[ProcessedRequest]) -> None:
         """Admit all of `requests` or none (InvalidRequestError for a request id in use, CapacityError when

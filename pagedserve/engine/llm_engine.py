@@ -11,6 +11,7 @@ from pagedserve.engine.core_client import InprocClient
 from pagedserve.engine.frontend import Frontend
 from pagedserve.engine.input_processor import EngineLimits, InputProcessor, PromptType
 from pagedserve.engine.output_processor import OutputProcessor
+from pagedserve.engine.pooling_input import PoolingOptions
 from pagedserve.engine.tokenizer import load_tokenizer
 from pagedserve.outputs import RequestOutput
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams
@@ -66,6 +67,12 @@ class LLMEngine:
         refused is queued."""
         processed = self.frontend.process(request_id, prompt, params, beam_search, arrival_time, priority)
         self.frontend.submit([processed])
+
+    def add_pooling_request(
+        self, request_id: str, prompt: PromptType, options: PoolingOptions, arrival_time: float | None = None
+    ) -> None:
+        """Validate and queue a pooling request (--runner pooling); raises as add_request does."""
+        self.frontend.submit([self.frontend.process_pooling(request_id, prompt, options, arrival_time)])
 
     def step(self) -> list[RequestOutput]:
         """Run one engine step; returns the requests that progressed (with `finished` set on the last)."""

@@ -73,6 +73,7 @@ class RequestState:
     scheduled_time: float | None = None
     num_outputs_sent: int = 0
     error: str | None = None  # set when the engine could not take one of its samples
+    pooled: list[float] | None = None  # --runner pooling: the prompt's embedding or scores
     child_ids: list[str] = field(default_factory=list)  # its samples' engine-core ids
 
     @property
@@ -107,6 +108,7 @@ class RequestState:
             self.finished,
             metrics,
             self.error,
+            self.pooled,
         )
 
     def finished_stats(self, now: float, reason: str | None = None) -> FinishedRequestStats:
@@ -235,6 +237,9 @@ class OutputProcessor:
                 state.prompt_logprobs.extend(output.prompt_logprobs)
             if not output.new_token_ids and not output.finished:
                 continue  # a prompt chunk: nothing to show yet
+            if output.pooled is not None:
+                state.pooled = output.pooled
+                stats.num_prompt_tokens += len(state.prompt_token_ids)
             self._record_tokens(state, sample, output, now, stats)
             if self._update_sample(sample, output):
                 to_abort.append(output.request_id)

@@ -11,14 +11,23 @@ from tqdm.auto import tqdm
 from pagedserve.config import EngineArgs
 from pagedserve.engine.input_processor import PromptType
 from pagedserve.engine.llm_engine import LLMEngine
+from pagedserve.engine.pooling_input import PoolingOptions, tokenize_pair
 from pagedserve.entrypoints.chat_utils import (
     ContentFormat,
     apply_chat_template,
     normalize_messages,
     resolve_content_format,
 )
+from pagedserve.entrypoints.scoring import cosine, score_pairs
 from pagedserve.errors import InvalidRequestError
-from pagedserve.outputs import BeamSearchOutput, BeamSearchSequence, RequestOutput
+from pagedserve.outputs import (
+    BeamSearchOutput,
+    BeamSearchSequence,
+    PoolingOutput,
+    PoolingRequestOutput,
+    RequestOutput,
+    ScoringRequestOutput,
+)
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams
 
 ChatMessages = list[dict[str, Any]]
@@ -95,6 +104,76 @@ class LLM:
                 ]
             )
             for output in outputs
+        ]
+
+    def encode(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingOptions | Sequence[PoolingOptions] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[PoolingRequestOutput]:
+        """Pool every prompt (--runner pooling): the model's own task, embeddings or class probabilities;
+        one PoolingOptions for all prompts, or one each."""
+        prompt_list = _as_prompt_list(prompts)
+        options = pooling_params or PoolingOptions()
+        option_list = [options] * len(prompt_list) if isinstance(options, PoolingOptions) else list(options)
+        if len(option_list) != len(prompt_list):
+            raise InvalidRequestError(
+                f"Got {len(prompt_list)} prompts but {len(option_list)} pooling_params.",
+                param="pooling_params",
+            )
+        request_ids = [str(next(self._request_counter)) for _ in prompt_list]
+        added: list[str] = []
+        try:
+            for request_id, prompt, option in zip(request_ids, prompt_list, option_list):
+                self.llm_engine.add_pooling_request(request_id, prompt, option)
+                added.append(request_id)
+        except Exception:
+            self.llm_engine.abort_request(added)  # nothing half-submitted stays in the engine
+            raise
+        return [
+            PoolingRequestOutput(o.request_id, o.prompt_token_ids, PoolingOutput(o.pooled or []))
+            for o in self._run_engine(request_ids, use_tqdm)
+        ]
+
+    def embed(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingOptions | None = None,
+        **kw: Any,
+    ) -> list[PoolingRequestOutput]:
+        """Embeddings (`outputs.embedding`), normalized as the model's pooler says unless asked otherwise."""
+        return self.encode(prompts, replace(pooling_params or PoolingOptions(), task="embed"), **kw)
+
+    def classify(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingOptions | None = None,
+        **kw: Any,
+    ) -> list[PoolingRequestOutput]:
+        """A cross-encoder's class probabilities per prompt (`outputs.probs`)."""
+        return self.encode(prompts, replace(pooling_params or PoolingOptions(), task="classify"), **kw)
+
+    def score(
+        self, query: str | Sequence[str], documents: str | Sequence[str], use_tqdm: bool = False
+    ) -> list[ScoringRequestOutput]:
+        """One score per (query, document) pair (one query against many, or pairwise): the cosine of their
+        embeddings for an embedding model, the head's score of the pair for a cross-encoder."""
+        queries, docs = score_pairs(query, documents)
+        pooling = self.llm_engine.config.model.pooling
+        if pooling is not None and pooling.task == "classify":
+            pairs = [tokenize_pair(self.get_tokenizer(), q, d) for q, d in zip(queries, docs)]
+            outputs = self.encode(
+                [{"prompt_token_ids": ids} for ids, _ in pairs],
+                [PoolingOptions(task="classify", token_type_start=start) for _, start in pairs],
+                use_tqdm,
+            )
+            return [ScoringRequestOutput(o.request_id, o.outputs.data[0]) for o in outputs]
+        texts = list(dict.fromkeys([*queries, *docs]))  # each text embedded once
+        vectors = dict(zip(texts, (o.outputs.data for o in self.embed(texts, use_tqdm=use_tqdm))))
+        return [
+            ScoringRequestOutput(str(i), cosine(vectors[q], vectors[d]))
+            for i, (q, d) in enumerate(zip(queries, docs))
         ]
 
     def reset_prefix_cache(self) -> bool:

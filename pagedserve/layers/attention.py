@@ -6,6 +6,9 @@ from torch import nn
 from pagedserve.attention.backends.base import AnyAttentionBackend, AttentionLayerSpec
 from pagedserve.attention.forward_context import get_attention_metadata
 
+# The pooling runner's dense backend reads no cache; its layers get this empty pair (never read).
+NO_KV_CACHE = (torch.empty(0), torch.empty(0))
+
 
 class Attention(nn.Module):
     """Delegates to the engine's backend; `kv_cache` (and `kv_cache_group`, whose block tables the layer

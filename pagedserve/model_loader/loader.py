@@ -1,7 +1,7 @@
 """Construct the model on its device in its dtype, then load (or randomize) its weights."""
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import cast
 
 import torch
@@ -14,8 +14,8 @@ from pagedserve.logger import init_logger
 from pagedserve.model_loader.gguf import iterate_gguf
 from pagedserve.model_loader.kv_scales import KVScaleCollector
 from pagedserve.model_loader.safetensors import iterate_safetensors
-from pagedserve.models.interface import CausalLM
-from pagedserve.models.registry import get_model_class
+from pagedserve.models.interface import CausalLM, PoolingModel
+from pagedserve.models.registry import ENCODER_MODELS, get_model_class
 from pagedserve.quantization import get_quantization_config
 from pagedserve.quantization.base import QuantizeMethodBase, set_quantization_config
 
@@ -23,8 +23,30 @@ logger = init_logger(__name__)
 
 
 def load_model(config: ModelConfig, device: torch.device) -> CausalLM:
+    return cast(CausalLM, _load(get_model_class(config.architecture), config, device))
+
+
+def load_pooling_model(config: ModelConfig, device: torch.device) -> PoolingModel:
+    """An encoder, or a decoder used as an embedder: its checkpoint may be the bare model (Qwen3-Embedding:
+    no `model.` prefix, no lm_head), and the LM head is never needed."""
+    if config.architecture in ENCODER_MODELS:
+        return _load(ENCODER_MODELS.load(config.architecture), config, device)
+    return _load(get_model_class(config.architecture), config, device, _as_decoder_body)
+
+
+def _as_decoder_body(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, tensor in weights:
+        if not name.startswith("lm_head."):
+            yield (name if name.startswith("model.") else f"model.{name}"), tensor
+
+
+def _load(
+    model_class: type[PoolingModel],
+    config: ModelConfig,
+    device: torch.device,
+    rename: Callable[[Iterator[tuple[str, torch.Tensor]]], Iterator[tuple[str, torch.Tensor]]] | None = None,
+) -> PoolingModel:
     dtype = getattr(torch, config.dtype)
-    model_class = get_model_class(config.architecture)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     quantization = get_quantization_config(config.quantization, checkpoint_quantization_config(config))
@@ -50,9 +72,11 @@ def load_model(config: ModelConfig, device: torch.device) -> CausalLM:
             "not download models: pass a local path (--model)."
         )
     kv_scales = KVScaleCollector()
-    loaded = model.load_weights(kv_scales.filter(weights))
+    loaded = model.load_weights(kv_scales.filter(weights if rename is None else rename(weights)))
     kv_scales.apply(model)
     expected = {name for name, _ in model.named_parameters()}
+    if rename is not None:  # NOTE: an embedder never computes logits: its head may be absent
+        expected = {name for name in expected if not name.startswith("lm_head.")}
     missing = expected - loaded
     if missing:
         raise ConfigError(

@@ -21,3 +21,29 @@ class CausalLM(nn.Module, ABC):
     @abstractmethod
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy each rank's shard of the checkpoint tensors in; returns the parameter names loaded."""
+
+
+class EncoderModel(nn.Module, ABC):
+    """A bidirectional encoder (BERT family) over one flattened, unpadded batch, for the pooling runner.
+    `token_type_ids`: BERT's segment of each token (None: all 0)."""
+
+    @abstractmethod
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """input_ids, positions [T] (0 at each prompt's start) -> hidden states [T, hidden_size]."""
+
+    @abstractmethod
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy each rank's shard of the checkpoint tensors in; returns the parameter names loaded."""
+
+
+class SequenceClassifier(ABC):
+    """A model with a classification head over each prompt's pooled hidden state (a cross-encoder)."""
+
+    @abstractmethod
+    def classify(self, pooled: torch.Tensor) -> torch.Tensor:
+        """pooled [R, hidden_size] -> logits [R, num_labels]."""
+
+
+PoolingModel = CausalLM | EncoderModel

@@ -1,8 +1,17 @@
 """Architecture name (config.json's `architectures`) -> model class, imported on demand. Family `t`
 lives in models/t.py; config.MODEL_ARCHITECTURES lists the same architectures (a test checks it)."""
 
-from pagedserve.models.interface import CausalLM
+from pagedserve.models.interface import CausalLM, EncoderModel
 from pagedserve.utils.registry import Registry
+
+ENCODER_ARCHITECTURE_NAMES = (
+    "BertModel",
+    "RobertaModel",
+    "XLMRobertaModel",
+    "BertForSequenceClassification",
+    "RobertaForSequenceClassification",
+    "XLMRobertaForSequenceClassification",
+)
 
 MODELS: Registry[CausalLM] = Registry("Model architecture", "--model")
 MODELS.register("LlamaForCausalLM", "pagedserve.models.llama:LlamaForCausalLM")
@@ -19,6 +28,12 @@ for _module, _architecture in (
     ("qwen3_moe", "Qwen3MoeForCausalLM"),
 ):
     MODELS.register(_architecture, f"pagedserve.models.{_module}:{_architecture}")
+
+
+# Encoders for the pooling runner (config.pooling.ENCODER_ARCHITECTURES lists the same; a test checks it).
+ENCODER_MODELS: Registry[EncoderModel] = Registry("Encoder architecture", "--model")
+for _architecture in ENCODER_ARCHITECTURE_NAMES:
+    ENCODER_MODELS.register(_architecture, f"pagedserve.models.bert:{_architecture}")
 
 
 def supported_architectures() -> list[str]:

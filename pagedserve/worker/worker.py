@@ -10,6 +10,7 @@ from pagedserve.sampling_params import SamplingParams
 from pagedserve.sizing import MemoryReport
 from pagedserve.utils import cdiv
 from pagedserve.worker.model_runner import ModelRunner
+from pagedserve.worker.pooling_runner import PoolingModelRunner
 
 
 class Worker:
@@ -27,8 +28,19 @@ class Worker:
         )
         self._memory_baseline = self.platform.memory_baseline(self.device)
         torch.manual_seed(config.model.seed)
-        self.model_runner = ModelRunner(config, self.device, self.platform)
-        self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model_runner.model.parameters())
+        # NOTE: --runner pooling: one forward per prompt, no KV cache (the KV calls below never come).
+        self.runner: ModelRunner | PoolingModelRunner = (
+            ModelRunner(config, self.device, self.platform)
+            if config.model.pooling is None
+            else PoolingModelRunner(config, self.device)
+        )
+        self.weights_bytes = sum(p.numel() * p.element_size() for p in self.runner.model.parameters())
+
+    @property
+    def model_runner(self) -> ModelRunner:
+        """The generation runner (the KV cache's owner)."""
+        assert isinstance(self.runner, ModelRunner), "a pooling worker has no KV cache"
+        return self.runner
 
     def determine_kv_memory(self) -> MemoryReport:
         """This rank's KV budget, measured by its platform (sizing.size_kv_cache decides the size)."""
@@ -43,11 +55,11 @@ class Worker:
         self.model_runner.capture_cuda_graphs()
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.model_runner.execute_model(scheduler_output)
+        return self.runner.execute_model(scheduler_output)
 
     def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
         """The shape of every parameter this rank holds (its shards)."""
-        return {name: tuple(p.shape) for name, p in self.model_runner.model.named_parameters()}
+        return {name: tuple(p.shape) for name, p in self.runner.model.named_parameters()}
 
     def _profile_run(self) -> None:
         """The largest steps through the real step path, for the peak-memory profile, on a temporary KV

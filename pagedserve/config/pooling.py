@@ -1,0 +1,166 @@
+"""The pooling runner's model settings (--runner pooling, --convert, --pooler-config): what a forward's
+hidden states become, read from the model's own sentence-transformers files (modules.json,
+1_Pooling/config.json, 2_Normalize, config_sentence_transformers.json) and overridable as in vLLM."""
+
+import json
+import os
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Literal, get_args
+
+from pagedserve.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+PoolingType = Literal["MEAN", "CLS", "LAST"]
+POOLING_TYPES: tuple[str, ...] = get_args(PoolingType)
+PoolingTask = Literal["embed", "classify"]
+RunnerName = Literal["auto", "generate", "pooling"]
+ConvertName = Literal["auto", "embed", "classify"]
+
+# Bidirectional encoders: they run on the pooling runner only, with no KV cache.
+ENCODER_ARCHITECTURES = {
+    "BertModel": "embed",
+    "RobertaModel": "embed",
+    "XLMRobertaModel": "embed",
+    "BertForSequenceClassification": "classify",
+    "RobertaForSequenceClassification": "classify",
+    "XLMRobertaForSequenceClassification": "classify",
+}
+# sentence-transformers' 1_Pooling/config.json flags -> our pooling type.
+_ST_POOLING_MODES = {
+    "pooling_mode_cls_token": "CLS",
+    "pooling_mode_mean_tokens": "MEAN",
+    "pooling_mode_lasttoken": "LAST",
+}
+
+
+@dataclass(frozen=True)
+class PoolerConfig:
+    """How hidden states are pooled: `pooling_type` over each prompt's tokens; `normalize`: L2 of an
+    embedding (sentence-transformers' Normalize module); `activation`: softmax (sigmoid for one label)
+    over a classifier's logits."""
+
+    pooling_type: PoolingType
+    normalize: bool = True
+    activation: bool = True
+
+
+@dataclass(frozen=True)
+class PoolingModelConfig:
+    """A model served by the pooling runner. `hidden_size`: an embedding's full length;
+    `matryoshka_dimensions`: None when the model declares no Matryoshka training (`dimensions` is then
+    refused), () when any length works; `prompts`: sentence-transformers' named prompt prefixes."""
+
+    task: PoolingTask
+    pooler: PoolerConfig
+    is_encoder: bool
+    hidden_size: int
+    num_labels: int = 0
+    matryoshka_dimensions: tuple[int, ...] | None = None
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+
+
+def resolve_runner(runner: str, architecture: str) -> bool:
+    """Whether the model runs on the pooling runner (auto: encoders do, decoders generate)."""
+    if runner not in get_args(RunnerName):
+        raise ConfigError(f"runner={runner!r}: --runner must be one of {', '.join(get_args(RunnerName))}.")
+    if architecture in ENCODER_ARCHITECTURES and runner == "generate":
+        raise ConfigError(
+            f"{architecture} is an encoder: it cannot generate. Use --runner pooling (or auto)."
+        )
+    return runner == "pooling" or architecture in ENCODER_ARCHITECTURES
+
+
+def resolve_pooling(
+    model_path: str, hf_config: "PretrainedConfig", architecture: str, convert: str, pooler_json: str | None
+) -> PoolingModelConfig:
+    """The model's pooling settings: --convert's task (auto: classify for *ForSequenceClassification,
+    else embed), the sentence-transformers files' pooling, --pooler-config over both."""
+    if convert not in get_args(ConvertName):
+        raise ConfigError(
+            f"convert={convert!r}: --convert must be one of {', '.join(get_args(ConvertName))}."
+        )
+    is_encoder = architecture in ENCODER_ARCHITECTURES
+    task = ENCODER_ARCHITECTURES.get(architecture, "embed") if convert == "auto" else convert
+    if task == "classify" and not architecture.endswith("ForSequenceClassification"):
+        raise ConfigError(
+            f"--convert classify needs a classification head, and {architecture} has none; supported "
+            f"cross-encoders: {', '.join(a for a, t in ENCODER_ARCHITECTURES.items() if t == 'classify')}."
+        )
+    folder = model_path if os.path.isdir(model_path) else ""
+    pooler = _sentence_transformers_pooler(folder) or PoolerConfig("CLS" if is_encoder else "LAST")
+    if pooler_json:
+        pooler = _override_pooler(pooler, pooler_json)
+    st = _read_json(folder, "config_sentence_transformers.json")
+    prompts = st.get("prompts")
+    default_prompt = st.get("default_prompt_name")
+    dims = getattr(hf_config, "matryoshka_dimensions", None)
+    matryoshka = (
+        tuple(int(d) for d in dims) if dims else (() if getattr(hf_config, "is_matryoshka", False) else None)
+    )
+    return PoolingModelConfig(
+        task="classify" if task == "classify" else "embed",
+        pooler=pooler,
+        is_encoder=is_encoder,
+        hidden_size=int(hf_config.hidden_size),
+        num_labels=int(getattr(hf_config, "num_labels", 0) or 0) if task == "classify" else 0,
+        matryoshka_dimensions=matryoshka,
+        prompts={str(k): str(v) for k, v in prompts.items()} if isinstance(prompts, dict) else {},
+        default_prompt_name=default_prompt if isinstance(default_prompt, str) else None,
+    )
+
+
+def _read_json(folder: str, name: str) -> dict[str, object]:
+    path = os.path.join(folder, name)
+    if not folder or not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    return data if isinstance(data, dict) else {}
+
+
+def _sentence_transformers_pooler(folder: str) -> PoolerConfig | None:
+    """modules.json's Pooling module (its mode) and whether a Normalize module follows; None without one."""
+    path = os.path.join(folder, "modules.json")
+    if not folder or not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        modules = json.load(f)
+    types = {str(m.get("type", "")).rsplit(".", 1)[-1]: str(m.get("path", "")) for m in modules}
+    if "Pooling" not in types:
+        return None
+    settings = _read_json(os.path.join(folder, types["Pooling"]), "config.json")
+    modes = [ours for key, ours in _ST_POOLING_MODES.items() if settings.get(key)]
+    if len(modes) != 1:
+        raise ConfigError(
+            f"{folder}'s pooling ({types['Pooling']}/config.json) is not one of CLS, mean or last token; "
+            'set it with --pooler-config \'{"pooling_type": "MEAN"}\'.'
+        )
+    return PoolerConfig(modes[0], normalize="Normalize" in types)  # type: ignore[arg-type]
+
+
+def _override_pooler(pooler: PoolerConfig, text: str) -> PoolerConfig:
+    """--pooler-config: JSON with pooling_type (MEAN, CLS, LAST), normalize, activation (vLLM's names)."""
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--pooler-config is not JSON: {exc}") from exc
+    allowed = {"pooling_type", "normalize", "activation"}
+    if not isinstance(values, dict) or set(values) - allowed:
+        raise ConfigError(f"--pooler-config must be a JSON object with keys among {sorted(allowed)}.")
+    kind = str(values.get("pooling_type", pooler.pooling_type)).upper()
+    if kind not in POOLING_TYPES:
+        raise ConfigError(f"--pooler-config pooling_type {kind!r} must be one of {', '.join(POOLING_TYPES)}.")
+    flags = {k: values[k] for k in ("normalize", "activation") if k in values}
+    if any(not isinstance(v, bool) for v in flags.values()):
+        raise ConfigError("--pooler-config normalize and activation must be true or false.")
+    return replace(pooler, pooling_type=kind, **flags)  # type: ignore[arg-type]
+
+
+def encoder_position_offset(hf_config: "PretrainedConfig") -> int:
+    """RoBERTa's positions start after its padding index (HF's create_position_ids_from_input_ids)."""
+    if hf_config.model_type in ("roberta", "xlm-roberta", "camembert"):
+        return int(hf_config.pad_token_id) + 1
+    return 0

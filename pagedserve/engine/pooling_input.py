@@ -1,0 +1,161 @@
+"""Prompt + PoolingOptions -> a validated EngineCoreRequest for the pooling runner (--runner pooling):
+the task the model serves, Matryoshka `dimensions`, truncation, the model's prompt prefixes, the
+context length; and a cross-encoder's (query, document) pair tokenized as its tokenizer pairs them."""
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pagedserve.config.pooling import PoolingModelConfig
+from pagedserve.engine.input_processor import InputProcessor, PromptType
+from pagedserve.errors import InvalidRequestError
+from pagedserve.protocol import EngineCoreRequest, PoolingParams
+from pagedserve.sampling_params import RequestOutputKind, SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+# A pooling request's sampling parameters: a placeholder (nothing is sampled), final output only.
+POOLING_SAMPLING_PARAMS = SamplingParams(max_tokens=1, output_kind=RequestOutputKind.FINAL_ONLY)
+_TASK_ENDPOINTS = {"embed": "/v1/embeddings (LLM.embed)", "classify": "/classify (LLM.classify)"}
+
+
+@dataclass(frozen=True)
+class PoolingOptions:
+    """What a caller asks of one pooling request (vLLM's names). `task`: embed, classify, or encode (the
+    model's own task); `normalize` / `activation`: None keeps the model's pooler settings;
+    `truncate_prompt_tokens`: keep the first k tokens (-1: --max-model-len), so the CLS token stays;
+    `prompt_name`: one of the model's sentence-transformers prompts, put before a text prompt;
+    `token_type_start`: where a pair's second segment starts (set by `tokenize_pair`)."""
+
+    task: str = "encode"
+    dimensions: int | None = None
+    normalize: bool | None = None
+    activation: bool | None = None
+    truncate_prompt_tokens: int | None = None
+    prompt_name: str | None = None
+    token_type_start: int | None = None
+
+
+def tokenize_pair(
+    tokenizer: "PreTrainedTokenizerBase", query: str, document: str
+) -> tuple[list[int], int | None]:
+    """A cross-encoder's input: the tokenizer's own pair encoding, and where the second segment's token
+    types start (None when the tokenizer has no token types, e.g. RoBERTa)."""
+    encoded = tokenizer(query, document)
+    types = encoded.get("token_type_ids")
+    start = next((i for i, t in enumerate(types) if t == 1), None) if types else None
+    return list(encoded["input_ids"]), start
+
+
+class PoolingInputProcessor:
+    """Validates pooling requests against the model (`pooling`) and the context length, reusing the
+    generation processor's tokenization."""
+
+    def __init__(self, inputs: InputProcessor, pooling: PoolingModelConfig) -> None:
+        self.inputs = inputs
+        self.pooling = pooling
+
+    def process(
+        self, request_id: str, prompt: PromptType, options: PoolingOptions, arrival_time: float | None = None
+    ) -> tuple[str | None, EngineCoreRequest]:
+        """Raises InvalidRequestError saying what was wrong, the limit and the field to change."""
+        task = self._task(options.task)
+        text, token_ids = self.inputs.tokenize(self._with_prompt_prefix(prompt, options.prompt_name))
+        token_ids = self._truncate(token_ids, options.truncate_prompt_tokens)
+        self._check_tokens(token_ids)
+        pooler = self.pooling.pooler
+        params = PoolingParams(
+            task,
+            self._dimensions(options.dimensions) if task == "embed" else None,
+            pooler.normalize if options.normalize is None else bool(options.normalize),
+            pooler.activation if options.activation is None else bool(options.activation),
+            options.token_type_start,
+        )
+        return text, EngineCoreRequest(
+            request_id,
+            token_ids,
+            POOLING_SAMPLING_PARAMS,
+            None,
+            arrival_time or time.time(),
+            pooling_params=params,
+        )
+
+    def _task(self, task: str) -> str:
+        served = self.pooling.task
+        if task not in ("encode", "embed", "classify"):
+            raise InvalidRequestError(
+                f"Unknown pooling task {task!r}: use embed, classify or encode.", param="task"
+            )
+        if task not in ("encode", served):
+            raise InvalidRequestError(
+                f"This model serves the {served} task, not {task}: use {_TASK_ENDPOINTS[served]}, or serve a "
+                f"{'cross-encoder (a *ForSequenceClassification model)' if task == 'classify' else 'embedding model'}"
+                " for it.",
+                param="model",
+            )
+        return served
+
+    def _with_prompt_prefix(self, prompt: PromptType, prompt_name: str | None) -> PromptType:
+        name = prompt_name or self.pooling.default_prompt_name
+        if name is None:
+            return prompt
+        if name not in self.pooling.prompts:
+            raise InvalidRequestError(
+                f"prompt_name {name!r} is not one of the model's prompts ({sorted(self.pooling.prompts)}, "
+                "config_sentence_transformers.json).",
+                param="prompt_name",
+            )
+        return self.pooling.prompts[name] + prompt if isinstance(prompt, str) else prompt
+
+    def _truncate(self, token_ids: list[int], keep: int | None) -> list[int]:
+        max_len = self.inputs.model_config.max_model_len
+        if keep is None:
+            return token_ids
+        if isinstance(keep, bool) or not isinstance(keep, int) or not (keep == -1 or 1 <= keep <= max_len):
+            raise InvalidRequestError(
+                f"truncate_prompt_tokens must be -1 (the model's {max_len} tokens) or an integer from 1 to "
+                f"{max_len} (--max-model-len), got {keep!r}.",
+                param="truncate_prompt_tokens",
+            )
+        return token_ids[: max_len if keep == -1 else keep]
+
+    def _check_tokens(self, token_ids: list[int]) -> None:
+        max_len, vocab = self.inputs.model_config.max_model_len, self.inputs.model_config.vocab_size
+        if not token_ids:
+            raise InvalidRequestError("The input is empty: it must have at least one token.", param="input")
+        if len(token_ids) > max_len:
+            raise InvalidRequestError(
+                f"This model's maximum context length is {max_len} tokens, but the input has {len(token_ids)} "
+                "tokens. Shorten it, or set truncate_prompt_tokens (at most the context length) to keep its "
+                "first tokens; the server's limit is --max-model-len.",
+                param="input",
+            )
+        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequestError(
+                f"Token id {bad} is out of vocabulary (valid ids: 0 to {vocab - 1}).", param="input"
+            )
+
+    def _dimensions(self, dimensions: int | None) -> int | None:
+        if dimensions is None:
+            return None
+        hidden, allowed = self.pooling.hidden_size, self.pooling.matryoshka_dimensions
+        if isinstance(dimensions, bool) or not isinstance(dimensions, int):
+            raise InvalidRequestError(
+                f"dimensions must be an integer, got {dimensions!r}.", param="dimensions"
+            )
+        if allowed is None:
+            raise InvalidRequestError(
+                "This model does not support dimensions: it declares no Matryoshka training "
+                "(matryoshka_dimensions or is_matryoshka in config.json), and a truncated embedding of it "
+                "would lose quality. Drop dimensions.",
+                param="dimensions",
+            )
+        if not 1 <= dimensions <= hidden or (allowed and dimensions not in allowed):
+            choices = ", ".join(map(str, allowed)) if allowed else f"1 to {hidden}"
+            raise InvalidRequestError(
+                f"dimensions={dimensions} is not supported by this model: use one of {choices}.",
+                param="dimensions",
+            )
+        return dimensions

@@ -1,0 +1,130 @@
+"""The pooling runner against the references: sentence-transformers' `encode` (BERT with mean pooling and
+Normalize, a Llama with last-token pooling) and HF transformers' cross-encoder logits, batched and one at
+a time, within 1e-4."""
+
+import pytest
+import torch
+
+from pagedserve import LLM
+from pagedserve.engine.pooling_input import PoolingOptions
+from pagedserve.errors import InvalidRequestError
+
+TEXTS = [
+    "the cat is on the mat",
+    "paris is the capital of france",
+    "what is the weather like in paris",
+    "a",
+    "dogs and cats were there when we had water " * 3,
+]
+
+
+def _st_encode(path: str, texts: list[str]) -> torch.Tensor:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(path, device="cpu")
+    return torch.tensor(model.encode(texts, batch_size=len(texts)))
+
+
+@pytest.fixture(scope="module")
+def bert_llm(tiny_bert_embedder: str):
+    llm = LLM(tiny_bert_embedder, max_num_seqs=8)
+    yield llm
+    llm.llm_engine.client.shutdown()
+
+
+def _assert_close(ours: list[list[float]], reference: torch.Tensor) -> None:
+    got = torch.tensor(ours)
+    assert got.shape == reference.shape
+    torch.testing.assert_close(got, reference.float(), atol=1e-4, rtol=0)
+    cosines = torch.nn.functional.cosine_similarity(got, reference.float(), dim=-1)
+    assert cosines.min() > 0.9999
+
+
+def test_bert_embeddings_equal_sentence_transformers(bert_llm: LLM, tiny_bert_embedder: str) -> None:
+    reference = _st_encode(tiny_bert_embedder, TEXTS)
+    batched = bert_llm.embed(TEXTS)
+    _assert_close([o.outputs.embedding for o in batched], reference)
+    one_by_one = [bert_llm.embed(text)[0].outputs.embedding for text in TEXTS]
+    _assert_close(one_by_one, reference)
+    assert all(abs(sum(x * x for x in v) - 1) < 1e-5 for v in one_by_one)  # 2_Normalize
+
+
+def test_llama_last_token_embeddings_equal_sentence_transformers(tiny_llama_embedder: str) -> None:
+    llm = LLM(tiny_llama_embedder, runner="pooling")
+    try:
+        reference = _st_encode(tiny_llama_embedder, TEXTS)
+        _assert_close([o.outputs.embedding for o in llm.embed(TEXTS)], reference)
+        _assert_close([llm.embed(t)[0].outputs.embedding for t in TEXTS], reference)
+    finally:
+        llm.llm_engine.client.shutdown()
+
+
+def test_cross_encoder_scores_equal_hf(tiny_bert_cross_encoder: str) -> None:
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    hf = AutoModelForSequenceClassification.from_pretrained(tiny_bert_cross_encoder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert_cross_encoder)
+    query, docs = "what is the capital of france", TEXTS
+    with torch.no_grad():
+        encoded = tokenizer([query] * len(docs), docs, padding=True, return_tensors="pt")
+        reference = torch.sigmoid(hf(**encoded).logits[:, 0])
+    llm = LLM(tiny_bert_cross_encoder)
+    try:
+        scores = [s.score for s in llm.score(query, docs)]
+        torch.testing.assert_close(torch.tensor(scores), reference, atol=1e-4, rtol=0)
+        one = llm.score(query, docs[1])[0].score
+        assert abs(one - reference[1].item()) < 1e-4
+        with pytest.raises(InvalidRequestError, match="serves the classify task"):
+            llm.embed("a")
+    finally:
+        llm.llm_engine.client.shutdown()
+
+
+def test_score_with_an_embedding_model_is_the_cosine(bert_llm: LLM) -> None:
+    vectors = torch.tensor([o.outputs.embedding for o in bert_llm.embed(TEXTS[:3])])
+    scores = [s.score for s in bert_llm.score(TEXTS[0], TEXTS[1:3])]
+    expected = (vectors[1:3] @ vectors[0]).tolist()
+    assert scores == pytest.approx(expected, abs=1e-5)
+
+
+def test_limits_and_options(bert_llm: LLM, tiny_bert_embedder: str) -> None:
+    long_text = "the cat " * 200
+    with pytest.raises(
+        InvalidRequestError, match="maximum context length is 128 tokens.*truncate_prompt_tokens"
+    ):
+        bert_llm.embed(long_text)
+    truncated = bert_llm.embed(long_text, PoolingOptions(truncate_prompt_tokens=16))[0]
+    assert len(truncated.prompt_token_ids) == 16
+    with pytest.raises(InvalidRequestError, match="does not support dimensions"):
+        bert_llm.embed("a", PoolingOptions(dimensions=8))
+    with pytest.raises(InvalidRequestError, match="serves the embed task"):
+        bert_llm.classify("a")
+    with pytest.raises(InvalidRequestError, match="pooling runner"):
+        bert_llm.generate("a")
+    raw = bert_llm.embed("the cat", PoolingOptions(normalize=False))[0].outputs.embedding
+    assert abs(sum(x * x for x in raw) - 1) > 1e-3
+    # The model's named prompt prefix (config_sentence_transformers.json), as sentence-transformers adds it.
+    from sentence_transformers import SentenceTransformer
+
+    reference = SentenceTransformer(tiny_bert_embedder, device="cpu").encode(["the cat"], prompt_name="query")
+    ours = bert_llm.embed("the cat", PoolingOptions(prompt_name="query"))[0].outputs.embedding
+    _assert_close([ours], torch.tensor(reference))
+
+
+def test_matryoshka_dimensions(tiny_bert_embedder: str, tmp_path) -> None:
+    import json
+    import shutil
+
+    folder = shutil.copytree(tiny_bert_embedder, tmp_path / "mrl")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "matryoshka_dimensions": [16, 32, 64]}))
+    llm = LLM(str(folder))
+    try:
+        full = torch.tensor(llm.embed("the cat", PoolingOptions(normalize=False))[0].outputs.embedding)
+        short = llm.embed("the cat", PoolingOptions(dimensions=16))[0].outputs.embedding
+        assert len(short) == 16
+        _assert_close([short], torch.nn.functional.normalize(full[:16], dim=0)[None])
+        with pytest.raises(InvalidRequestError, match="use one of 16, 32, 64"):
+            llm.embed("a", PoolingOptions(dimensions=20))
+    finally:
+        llm.llm_engine.client.shutdown()
