@@ -12,6 +12,7 @@ from pagedserve.engine.frontend import Frontend
 from pagedserve.engine.input_processor import EngineLimits, InputProcessor, PromptType
 from pagedserve.engine.mp_client import MPClient
 from pagedserve.engine.output_processor import OutputProcessor, RequestState
+from pagedserve.engine.pooling_input import PoolingOptions
 from pagedserve.engine.request_stream import RequestStream
 from pagedserve.engine.tokenizer import load_tokenizer
 from pagedserve.engine.watchdog import FRONTEND_GRACE_S, poll_interval_s, stall_message
@@ -144,6 +145,13 @@ class AsyncLLM:
         whole before any of it reaches the engine), within the token budgets; with `beam_search`, a beam
         search whose `params.n` best beams come back. Thread-safe. Raises InvalidRequestError."""
         return self.frontend.process(request_id, prompt, params, beam_search, priority=priority)[1]
+
+    def process_pooling_inputs(
+        self, request_id: str, prompt: PromptType, options: PoolingOptions
+    ) -> EngineCoreRequest:
+        """process_inputs() for the pooling runner (--runner pooling). Thread-safe; raises
+        InvalidRequestError (for a generation model too, naming the runner to use)."""
+        return self.frontend.process_pooling(request_id, prompt, options)[1]
 
     async def reset_prefix_cache(self) -> None:
         """Make the engine forget its cached KV blocks. Raises EngineDeadError."""

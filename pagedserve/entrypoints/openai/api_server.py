@@ -33,6 +33,7 @@ from pagedserve.entrypoints.openai.cli_args import ServerArgs, args_from_namespa
 from pagedserve.entrypoints.openai.dashboard import add_dashboard_routes
 from pagedserve.entrypoints.openai.errors import ERROR_RESPONSES, register_error_handlers
 from pagedserve.entrypoints.openai.lifecycle import LifecycleServer, ServerLifecycle
+from pagedserve.entrypoints.openai.pooling_routes import add_pooling_routes
 from pagedserve.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -48,6 +49,7 @@ from pagedserve.entrypoints.openai.protocol import (
 from pagedserve.entrypoints.openai.request_bounds import BodySizeLimitMiddleware, RequestBounds
 from pagedserve.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedserve.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from pagedserve.entrypoints.openai.serving_pooling import OpenAIServingPooling
 from pagedserve.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from pagedserve.entrypoints.openai.unicode_text import reject_lone_surrogates
 from pagedserve.entrypoints.utils import with_cancellation
@@ -106,6 +108,7 @@ def build_app(
         server_args.chat_template_content_format,
     )
     _add_generation_routes(app, OpenAIServingCompletion(engine, model_name), chat, bounds)
+    add_pooling_routes(app, OpenAIServingPooling(engine, model_name), bounds)
     _add_info_routes(app, engine, loggers.metrics)
     add_dashboard_routes(app, engine, loggers.dashboard)
     tokenization = OpenAIServingTokenization(engine, model_name, chat.render)

@@ -64,6 +64,11 @@ class RequestBounds:
         _bound("prompt", "prompts", num_prompts, self.max_prompts_per_request, "max_prompts_per_request")
         self._check_sampling(request, num_prompts * max(request.best_of or 0, request.n))
 
+    def check_pooling(self, num_inputs: int, param: str) -> None:
+        """A pooling request's inputs (/v1/embeddings, /classify, /pooling) or documents (/score, /rerank):
+        at most --max-prompts-per-request. Raises InvalidRequestError (400)."""
+        _bound(param, "inputs", num_inputs, self.max_prompts_per_request, "max_prompts_per_request")
+
     def check_chat(self, request: ChatCompletionRequest) -> None:
         """Raises InvalidRequestError (400) naming the first bound `request` exceeds."""
         self.check_chat_template(request)
