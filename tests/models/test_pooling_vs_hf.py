@@ -2,6 +2,8 @@
 Normalize, a Llama with last-token pooling) and HF transformers' cross-encoder logits, batched and one at
 a time, within 1e-4."""
 
+import os
+
 import pytest
 import torch
 
@@ -126,5 +128,62 @@ def test_matryoshka_dimensions(tiny_bert_embedder: str, tmp_path) -> None:
         _assert_close([short], torch.nn.functional.normalize(full[:16], dim=0)[None])
         with pytest.raises(InvalidRequestError, match="use one of 16, 32, 64"):
             llm.embed("a", PoolingOptions(dimensions=20))
+    finally:
+        llm.llm_engine.client.shutdown()
+
+
+@pytest.mark.parametrize("head", [False, True], ids=["encoder", "cross-encoder"])
+def test_roberta_equals_hf(tiny_bert_embedder: str, tmp_path, head: bool) -> None:
+    """RoBERTa / XLM-RoBERTa (bge, e5, bge-reranker): positions after the padding index, one token type,
+    the classifier's dense + out_proj head; CLS pooling by default."""
+    import shutil
+
+    from transformers import XLMRobertaConfig, XLMRobertaForSequenceClassification, XLMRobertaModel
+
+    config = XLMRobertaConfig(
+        vocab_size=200,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=66,
+        pad_token_id=1,
+        type_vocab_size=1,
+        num_labels=1,
+    )
+    torch.manual_seed(0)
+    hf = (XLMRobertaForSequenceClassification if head else XLMRobertaModel)(config).eval()
+    hf.save_pretrained(tmp_path)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (src := os.path.join(tiny_bert_embedder, name)) and os.path.exists(src):
+            shutil.copy(src, tmp_path)
+    prompts = [[0, 50, 60, 70, 2], [0, 99, 2], list(range(3, 67))]
+    llm = LLM(str(tmp_path), max_model_len=64)
+    try:
+        with torch.no_grad():
+            if head:
+                expected = [torch.sigmoid(hf(torch.tensor([p])).logits[0]) for p in prompts]
+            else:
+                expected = [
+                    torch.nn.functional.normalize(hf(torch.tensor([p])).last_hidden_state[0, 0], dim=0)
+                    for p in prompts
+                ]
+        got = llm.encode([{"prompt_token_ids": p} for p in prompts])
+        _assert_close([o.outputs.data for o in got], torch.stack(expected))
+    finally:
+        llm.llm_engine.client.shutdown()
+
+
+def test_pooler_config_overrides_the_model(tiny_bert_embedder: str) -> None:
+    """--pooler-config over sentence-transformers' files: CLS, not normalized, equals HF's CLS state."""
+    from transformers import AutoModel, AutoTokenizer
+
+    llm = LLM(tiny_bert_embedder, pooler_config='{"pooling_type": "CLS", "normalize": false}')
+    try:
+        hf = AutoModel.from_pretrained(tiny_bert_embedder).eval()
+        ids = AutoTokenizer.from_pretrained(tiny_bert_embedder)(TEXTS[1], return_tensors="pt")
+        with torch.no_grad():
+            expected = hf(**ids).last_hidden_state[0, 0]
+        _assert_close([llm.embed(TEXTS[1])[0].outputs.embedding], expected[None])
     finally:
         llm.llm_engine.client.shutdown()
