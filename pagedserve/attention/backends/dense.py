@@ -1,7 +1,9 @@
 """Attention with no KV cache, for the pooling runner: each prompt of the batch attends over its own
 tokens in one call (bidirectional for encoders, causal for decoder embedders), padded into a
 [requests, heads, longest, head_dim] batch for torch's scaled_dot_product_attention. Nothing is stored:
-a pooling request is computed once and never decodes."""
+a pooling request is computed once and never decodes. (Measured on CPU at batch 64, mixed lengths: one
+call per prompt, or per group of similar lengths, was no faster: the calls and gathers cost what the
+padding saved.)"""
 
 from dataclasses import dataclass
 
