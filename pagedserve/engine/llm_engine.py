@@ -68,11 +68,13 @@ class LLMEngine:
         processed = self.frontend.process(request_id, prompt, params, beam_search, arrival_time, priority)
         self.frontend.submit([processed])
 
-    def add_pooling_request(
-        self, request_id: str, prompt: PromptType, options: PoolingOptions, arrival_time: float | None = None
-    ) -> None:
-        """Validate and queue a pooling request (--runner pooling); raises as add_request does."""
-        self.frontend.submit([self.frontend.process_pooling(request_id, prompt, options, arrival_time)])
+    def add_pooling_requests(self, requests: list[tuple[str, PromptType, PoolingOptions]]) -> None:
+        """Validate every (request id, prompt, options) of a pooling batch (--runner pooling), then queue
+        all or none (raises as add_request does), longest first: each step then batches prompts of
+        similar lengths, little padding in the attention, as sentence-transformers sorts its batches."""
+        processed = [self.frontend.process_pooling(*request) for request in requests]
+        processed.sort(key=lambda item: -len(item[1].prompt_token_ids))
+        self.frontend.submit(processed)
 
     def step(self) -> list[RequestOutput]:
         """Run one engine step; returns the requests that progressed (with `finished` set on the last)."""

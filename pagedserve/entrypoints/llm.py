@@ -123,14 +123,7 @@ class LLM:
                 param="pooling_params",
             )
         request_ids = [str(next(self._request_counter)) for _ in prompt_list]
-        added: list[str] = []
-        try:
-            for request_id, prompt, option in zip(request_ids, prompt_list, option_list):
-                self.llm_engine.add_pooling_request(request_id, prompt, option)
-                added.append(request_id)
-        except Exception:
-            self.llm_engine.abort_request(added)  # nothing half-submitted stays in the engine
-            raise
+        self.llm_engine.add_pooling_requests(list(zip(request_ids, prompt_list, option_list)))
         return [
             PoolingRequestOutput(o.request_id, o.prompt_token_ids, PoolingOutput(o.pooled or []))
             for o in self._run_engine(request_ids, use_tqdm)

@@ -45,8 +45,8 @@ class DenseAttentionMetadata(AttentionMetadata):
 
     def pad(self, x: torch.Tensor, num_heads: int, head_dim: int) -> torch.Tensor:
         """[T, heads * head_dim] -> [num_reqs, heads, max_len, head_dim] (padding rows are zero)."""
-        if self.num_reqs == 1:
-            return x.view(1, -1, num_heads, head_dim).transpose(1, 2)
+        if self.mask is None:  # equal lengths: the flat batch is already [num_reqs, max_len] rows
+            return x.view(self.num_reqs, self.max_len, num_heads, head_dim).transpose(1, 2)
         padded = x.new_zeros(self.num_reqs * self.max_len, num_heads * head_dim)
         padded[self.rows] = x
         return padded.view(self.num_reqs, self.max_len, num_heads, head_dim).transpose(1, 2)
@@ -54,7 +54,7 @@ class DenseAttentionMetadata(AttentionMetadata):
     def unpad(self, out: torch.Tensor) -> torch.Tensor:
         """[num_reqs, heads, max_len, head_dim] -> [T, heads * head_dim]."""
         flat = out.transpose(1, 2).reshape(self.num_reqs * self.max_len, -1)
-        return flat if self.num_reqs == 1 else flat[self.rows]
+        return flat if self.mask is None else flat[self.rows]
 
 
 class DenseAttentionBackend(AttentionBackend[DenseAttentionMetadata]):
