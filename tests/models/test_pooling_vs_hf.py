@@ -187,3 +187,46 @@ def test_pooler_config_overrides_the_model(tiny_bert_embedder: str) -> None:
         _assert_close([llm.embed(TEXTS[1])[0].outputs.embedding], expected[None])
     finally:
         llm.llm_engine.client.shutdown()
+
+
+def test_a_bare_decoder_checkpoint_embeds(tiny_llama: str, tmp_path) -> None:
+    """Qwen3-Embedding's layout: the bare model's tensors (no `model.` prefix, no lm_head) under a
+    *ForCausalLM config; last-token pooling, normalized, equals HF's last hidden state."""
+    import json
+    import shutil
+
+    from transformers import AutoModel
+
+    hf = AutoModel.from_pretrained(tiny_llama).eval()  # LlamaModel: saves without the prefix
+    hf.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForCausalLM"]}))
+    for name in os.listdir(tiny_llama):
+        if name.startswith("tokenizer") or name.startswith("special_tokens"):
+            shutil.copy(os.path.join(tiny_llama, name), tmp_path)
+    llm = LLM(str(tmp_path), runner="pooling")
+    try:
+        prompts = [[1, 5, 9, 300], [1, 77]]
+        with torch.no_grad():
+            expected = [
+                torch.nn.functional.normalize(hf(torch.tensor([p])).last_hidden_state[0, -1], dim=0)
+                for p in prompts
+            ]
+        got = llm.embed([{"prompt_token_ids": p} for p in prompts])
+        _assert_close([o.outputs.embedding for o in got], torch.stack(expected))
+    finally:
+        llm.llm_engine.client.shutdown()
+
+
+def test_a_decoder_gguf_embeds(default_model: str) -> None:
+    """A GGUF decoder (the default SmolLM2) on the pooling runner: last token, normalized vectors of
+    its hidden size, the same batched and alone."""
+    llm = LLM(default_model, runner="pooling", max_model_len=256)
+    try:
+        batched = [o.outputs.embedding for o in llm.embed(TEXTS[:3])]
+        alone = [llm.embed(t)[0].outputs.embedding for t in TEXTS[:3]]
+        assert len(batched[0]) == llm.llm_engine.config.model.hf_config.hidden_size
+        _assert_close(batched, torch.tensor(alone))
+        assert all(abs(sum(x * x for x in v) - 1) < 1e-5 for v in batched)
+    finally:
+        llm.llm_engine.client.shutdown()
