@@ -147,11 +147,7 @@ def load_model_config(
         )
     if not names:
         names = [DEFAULT_MODEL_NAME if model is None else model]
-    pooling = (
-        resolve_pooling(path, hf_config, archs[0], convert, pooler_config)
-        if resolve_runner(runner, archs[0])
-        else None
-    )
+    pooling = _pooling(path, hf_config, archs[0], runner, convert, pooler_config, tokenizer, gguf_file)
     return ModelConfig(
         model=path,
         gguf_file=gguf_file,
@@ -167,6 +163,23 @@ def load_model_config(
         max_logprobs=max_logprobs,
         pooling=pooling,
     )
+
+
+def _pooling(
+    path: str,
+    hf_config: "PretrainedConfig",
+    architecture: str,
+    runner: str,
+    convert: str,
+    pooler_config: str | None,
+    tokenizer: str | None,
+    gguf_file: str | None,
+) -> PoolingModelConfig | None:
+    """The pooling runner's settings when the model runs on it (--runner), else None."""
+    if not resolve_runner(runner, architecture):
+        return None
+    tokenizer_source = tokenizer or (gguf_hf_folder(gguf_file) if gguf_file else path)
+    return resolve_pooling(path, hf_config, architecture, convert, pooler_config, tokenizer_source)
 
 
 def _resolve_dtype(dtype: str, hf_config: "PretrainedConfig", device: str) -> str:

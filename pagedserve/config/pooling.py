@@ -44,6 +44,9 @@ class PoolerConfig:
     pooling_type: PoolingType
     normalize: bool = True
     activation: bool = True
+    # A decoder as a cross-encoder (Qwen3-Reranker, vLLM's name): its LM head's logits of these tokens at
+    # the last position; two ("no", "yes"): the score is sigmoid(yes - no), one: sigmoid of its logit.
+    classifier_from_token: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class PoolingModelConfig:
     matryoshka_dimensions: tuple[int, ...] | None = None
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
+    classifier_token_ids: tuple[int, ...] = ()  # the pooler's classifier_from_token, as token ids
 
 
 def resolve_runner(runner: str, architecture: str) -> bool:
@@ -74,7 +78,12 @@ def resolve_runner(runner: str, architecture: str) -> bool:
 
 
 def resolve_pooling(
-    model_path: str, hf_config: "PretrainedConfig", architecture: str, convert: str, pooler_json: str | None
+    model_path: str,
+    hf_config: "PretrainedConfig",
+    architecture: str,
+    convert: str,
+    pooler_json: str | None,
+    tokenizer_source: str = "",
 ) -> PoolingModelConfig:
     """The model's pooling settings: --convert's task (auto: classify for *ForSequenceClassification,
     else embed), the sentence-transformers files' pooling, --pooler-config over both."""
@@ -84,15 +93,18 @@ def resolve_pooling(
         )
     is_encoder = architecture in ENCODER_ARCHITECTURES
     task = ENCODER_ARCHITECTURES.get(architecture, "embed") if convert == "auto" else convert
-    if task == "classify" and not architecture.endswith("ForSequenceClassification"):
-        raise ConfigError(
-            f"--convert classify needs a classification head, and {architecture} has none; supported "
-            f"cross-encoders: {', '.join(a for a, t in ENCODER_ARCHITECTURES.items() if t == 'classify')}."
-        )
     folder = model_path if os.path.isdir(model_path) else ""
     pooler = _sentence_transformers_pooler(folder) or PoolerConfig("CLS" if is_encoder else "LAST")
     if pooler_json:
         pooler = _override_pooler(pooler, pooler_json)
+    if task == "classify" and not (
+        architecture.endswith("ForSequenceClassification") or pooler.classifier_from_token
+    ):
+        raise ConfigError(
+            f"--convert classify needs a classification head, and {architecture} has none; supported "
+            f"cross-encoders: {', '.join(a for a, t in ENCODER_ARCHITECTURES.items() if t == 'classify')}, "
+            'or a decoder reranker with --pooler-config \'{"classifier_from_token": ["no", "yes"]}\'.'
+        )
     st = _read_json(folder, "config_sentence_transformers.json")
     prompts = st.get("prompts")
     default_prompt = st.get("default_prompt_name")
@@ -105,11 +117,35 @@ def resolve_pooling(
         pooler=pooler,
         is_encoder=is_encoder,
         hidden_size=int(hf_config.hidden_size),
-        num_labels=int(getattr(hf_config, "num_labels", 0) or 0) if task == "classify" else 0,
+        num_labels=(1 if pooler.classifier_from_token else int(getattr(hf_config, "num_labels", 0) or 0))
+        if task == "classify"
+        else 0,
         matryoshka_dimensions=matryoshka,
         prompts={str(k): str(v) for k, v in prompts.items()} if isinstance(prompts, dict) else {},
         default_prompt_name=default_prompt if isinstance(default_prompt, str) else None,
+        classifier_token_ids=_token_ids(pooler.classifier_from_token, tokenizer_source or model_path)
+        if task == "classify"
+        else (),
     )
+
+
+def _token_ids(tokens: tuple[str, ...], tokenizer_source: str) -> tuple[int, ...]:
+    """Each token's id in the model's tokenizer (one token each, or the reranker would score another)."""
+    if not tokens:
+        return ()
+    from transformers import AutoTokenizer  # NOTE: lazy: config/ stays light
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
+    ids = []
+    for token in tokens:
+        encoded = tokenizer.encode(token, add_special_tokens=False)
+        if len(encoded) != 1:
+            raise ConfigError(
+                f"--pooler-config classifier_from_token {token!r} is {len(encoded)} tokens in the model's "
+                "tokenizer; each must be exactly one."
+            )
+        ids.append(int(encoded[0]))
+    return tuple(ids)
 
 
 def _read_json(folder: str, name: str) -> dict[str, object]:
@@ -147,7 +183,7 @@ def _override_pooler(pooler: PoolerConfig, text: str) -> PoolerConfig:
         values = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--pooler-config is not JSON: {exc}") from exc
-    allowed = {"pooling_type", "normalize", "activation"}
+    allowed = {"pooling_type", "normalize", "activation", "classifier_from_token"}
     if not isinstance(values, dict) or set(values) - allowed:
         raise ConfigError(f"--pooler-config must be a JSON object with keys among {sorted(allowed)}.")
     kind = str(values.get("pooling_type", pooler.pooling_type)).upper()
@@ -156,7 +192,12 @@ def _override_pooler(pooler: PoolerConfig, text: str) -> PoolerConfig:
     flags = {k: values[k] for k in ("normalize", "activation") if k in values}
     if any(not isinstance(v, bool) for v in flags.values()):
         raise ConfigError("--pooler-config normalize and activation must be true or false.")
-    return replace(pooler, pooling_type=kind, **flags)  # type: ignore[arg-type]
+    tokens = values.get("classifier_from_token", [])
+    if not isinstance(tokens, list) or len(tokens) > 2 or not all(isinstance(t, str) and t for t in tokens):
+        raise ConfigError(
+            '--pooler-config classifier_from_token must be one or two tokens, e.g. ["no", "yes"].'
+        )
+    return replace(pooler, pooling_type=kind, classifier_from_token=tuple(tokens), **flags)  # type: ignore[arg-type]
 
 
 def encoder_position_offset(hf_config: "PretrainedConfig") -> int:

@@ -31,12 +31,16 @@ def load_pooling_model(config: ModelConfig, device: torch.device) -> PoolingMode
     no `model.` prefix, no lm_head), and the LM head is never needed."""
     if config.architecture in ENCODER_MODELS:
         return _load(ENCODER_MODELS.load(config.architecture), config, device)
-    return _load(get_model_class(config.architecture), config, device, _as_decoder_body)
+    # NOTE: a decoder reranker (classifier_from_token) scores with its LM head: that one must load.
+    keep_head = bool(config.pooling and config.pooling.classifier_token_ids)
+    return _load(get_model_class(config.architecture), config, device, _as_decoder_body, keep_head)
 
 
 def _as_decoder_body(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
     for name, tensor in weights:
-        if not name.startswith("lm_head."):
+        if name.startswith("lm_head."):
+            yield name, tensor
+        else:
             yield (name if name.startswith("model.") else f"model.{name}"), tensor
 
 
@@ -45,6 +49,7 @@ def _load(
     config: ModelConfig,
     device: torch.device,
     rename: Callable[[Iterator[tuple[str, torch.Tensor]]], Iterator[tuple[str, torch.Tensor]]] | None = None,
+    keep_head: bool = True,
 ) -> PoolingModel:
     dtype = getattr(torch, config.dtype)
     previous = torch.get_default_dtype()
@@ -75,7 +80,7 @@ def _load(
     loaded = model.load_weights(kv_scales.filter(weights if rename is None else rename(weights)))
     kv_scales.apply(model)
     expected = {name for name, _ in model.named_parameters()}
-    if rename is not None:  # NOTE: an embedder never computes logits: its head may be absent
+    if not keep_head:  # NOTE: an embedder never computes logits: its head may be absent
         expected = {name for name in expected if not name.startswith("lm_head.")}
     missing = expected - loaded
     if missing:

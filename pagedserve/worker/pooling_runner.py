@@ -12,7 +12,7 @@ from pagedserve.errors import ConfigError
 from pagedserve.layers.attention import NO_KV_CACHE, Attention
 from pagedserve.layers.pooler import classification_head, embedding_head, pool
 from pagedserve.model_loader.loader import load_pooling_model
-from pagedserve.models.interface import EncoderModel, SequenceClassifier
+from pagedserve.models.interface import CausalLM, EncoderModel, SequenceClassifier
 from pagedserve.protocol import PoolingParams
 
 
@@ -44,8 +44,7 @@ class PoolingModelRunner:
         hidden = self._forward(requests)
         seq_lens = [len(r.token_ids) for r in requests]
         pooled = pool(hidden, seq_lens, self.pooling.pooler.pooling_type)
-        if isinstance(self.model, SequenceClassifier):
-            pooled = self.model.classify(pooled.to(hidden.dtype)).float()
+        pooled = self._classify(pooled.to(hidden.dtype)).float()
         for request, vector in zip(requests, pooled):
             params = request.pooling_params or PoolingParams()
             if params.task == "classify":
@@ -54,6 +53,17 @@ class PoolingModelRunner:
                 vector = embedding_head(vector, params.dimensions, params.normalize)
             output.pooled[request.request_id] = vector.tolist()
         return output
+
+    def _classify(self, pooled: torch.Tensor) -> torch.Tensor:
+        """A cross-encoder's logits [R, labels]: its head, or (a decoder reranker) its LM head's logits of
+        the classifier tokens, yes - no for two. Embedders' pooled states pass through."""
+        if isinstance(self.model, SequenceClassifier):
+            return self.model.classify(pooled)
+        ids = self.pooling.classifier_token_ids
+        if not ids or not isinstance(self.model, CausalLM):
+            return pooled
+        logits = self.model.compute_logits(pooled)[:, list(ids)]
+        return logits[:, 1:] - logits[:, :1] if len(ids) == 2 else logits
 
     def _forward(self, requests: list[NewRequestData]) -> torch.Tensor:
         """Hidden states [T, hidden] of the prompts laid end to end."""

@@ -230,3 +230,30 @@ def test_a_decoder_gguf_embeds(default_model: str) -> None:
         assert all(abs(sum(x * x for x in v) - 1) < 1e-5 for v in batched)
     finally:
         llm.llm_engine.client.shutdown()
+
+
+def test_a_decoder_reranker_scores_by_its_classifier_tokens(tiny_llama: str) -> None:
+    """Qwen3-Reranker's way (vLLM's classifier_from_token): sigmoid(logit(yes) - logit(no)) at the last
+    token, from the LM head, equal to HF's."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    no, yes = (tokenizer.encode(t, add_special_tokens=False)[0] for t in ("no", "yes"))
+    hf = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    llm = LLM(
+        tiny_llama,
+        runner="pooling",
+        convert="classify",
+        pooler_config='{"classifier_from_token": ["no", "yes"]}',
+    )
+    try:
+        scores = [s.score for s in llm.score("is paris in france", ["yes it is", "the cat sat", "a"])]
+        expected = []
+        for doc in ["yes it is", "the cat sat", "a"]:
+            ids = tokenizer("is paris in france", doc)["input_ids"]
+            with torch.no_grad():
+                logits = hf(torch.tensor([ids])).logits[0, -1]
+            expected.append(torch.sigmoid(logits[yes] - logits[no]).item())
+        assert scores == pytest.approx(expected, abs=1e-4)
+    finally:
+        llm.llm_engine.client.shutdown()
