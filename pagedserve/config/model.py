@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from pagedserve.config.pooling import (
     ENCODER_ARCHITECTURES,
+    ENCODER_MODEL_TYPES,
     PoolingModelConfig,
     encoder_position_offset,
     resolve_pooling,
@@ -137,7 +138,8 @@ def load_model_config(
         logger.info("No model given: using the embedded default %s (%s).", DEFAULT_MODEL_NAME, path)
     hf_config, gguf_file = _load_hf_config(path, hf_config_path)
     archs = getattr(hf_config, "architectures", None) or [
-        MODEL_ARCHITECTURES.get(hf_config.model_type, hf_config.model_type)
+        MODEL_ARCHITECTURES.get(hf_config.model_type)
+        or ENCODER_MODEL_TYPES.get(hf_config.model_type, hf_config.model_type)
     ]
     limit, _ = model_len_limit(hf_config)
     names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name or [])

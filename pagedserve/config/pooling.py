@@ -27,6 +27,8 @@ ENCODER_ARCHITECTURES = {
     "RobertaForSequenceClassification": "classify",
     "XLMRobertaForSequenceClassification": "classify",
 }
+# config.json without `architectures`: the encoder its model_type means.
+ENCODER_MODEL_TYPES = {"bert": "BertModel", "roberta": "RobertaModel", "xlm-roberta": "XLMRobertaModel"}
 # sentence-transformers' 1_Pooling/config.json flags -> our pooling type.
 _ST_POOLING_MODES = {
     "pooling_mode_cls_token": "CLS",

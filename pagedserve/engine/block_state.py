@@ -16,7 +16,7 @@ def snapshot_blocks(blocks: BlockOwners) -> BlockSnapshot:
     (held > shared > cached > free). With the host blocks of the swap space counted."""
     owners = blocks.owners
     num_blocks = len(owners)
-    per_cell = cdiv(num_blocks, MAX_CELLS)
+    per_cell = max(1, cdiv(num_blocks, MAX_CELLS))  # NOTE: the pooling runner has no blocks at all
     cells = (
         owners
         if per_cell == 1

@@ -190,3 +190,12 @@ def test_a_generation_model_refuses_pooling_endpoints(tiny_llama: str) -> None:
         assert post(server, "/v1/completions", {"prompt": "a", "max_tokens": 2}).status_code == 200
     finally:
         server.stop()
+
+
+def test_metrics_and_dashboard_count_pooling_requests(embedder: RemoteServer) -> None:
+    before = embedder.metrics().get("pagedserve:prompt_tokens_total", 0.0)
+    usage = post(embedder, "/v1/embeddings", {"input": ["the cat", "a dog"]}).json()["usage"]
+    after = embedder.metrics()
+    assert after["pagedserve:prompt_tokens_total"] - before == usage["prompt_tokens"]
+    state = httpx.get(embedder.base_url + "/dashboard/state", headers=embedder.headers(), timeout=30)
+    assert state.status_code == 200, state.text
