@@ -184,7 +184,9 @@ class AsyncLLM:
                     "Added request %s: %d prompt tokens, %s.",
                     request.request_id,
                     len(request.prompt_token_ids),
-                    _describe(request.sampling_params),
+                    _describe(request.sampling_params)
+                    if request.pooling_params is None
+                    else f"pooling ({request.pooling_params.task})",
                 )
         return streams
 

@@ -33,9 +33,12 @@ class EngineCore:
         )
         self.scheduler: Scheduler | PoolingScheduler
         if config.model.pooling is not None:
-            # NOTE: --runner pooling: whole prompts, one forward each, no KV cache to size or manage.
+            # NOTE: --runner pooling: whole prompts, one forward each, no KV cache to size or manage. The
+            # notional blocks only size the default queue limits (twice this, admission.py): a waiting
+            # prompt holds its token ids alone, so every seat's full-length prompt counts as held.
+            sched = config.scheduler
             self.kv_cache_config = KVCacheConfig(
-                cdiv(config.scheduler.max_num_batched_tokens, config.cache.block_size) + 1,
+                cdiv(sched.max_num_seqs * sched.max_model_len, config.cache.block_size) + 1,
                 config.cache.block_size,
                 0,
             )
