@@ -62,7 +62,16 @@ class PoolingInputProcessor:
         """Raises InvalidRequestError saying what was wrong, the limit and the field to change."""
         task = self._task(options.task)
         text, token_ids = self.inputs.tokenize(self._with_prompt_prefix(prompt, options.prompt_name))
-        token_ids = self._truncate(token_ids, options.truncate_prompt_tokens)
+        keep = self._keep(options.truncate_prompt_tokens)
+        if keep is not None and len(token_ids) > keep:
+            # NOTE: a text is cut by its tokenizer (BERT's [SEP] stays, as sentence-transformers cuts);
+            # token ids are kept as given, the first `keep`.
+            cut = text is not None and (isinstance(prompt, str) or "prompt_token_ids" not in prompt)
+            token_ids = (
+                self.inputs.tokenizer.encode(text, truncation=True, max_length=keep)
+                if cut
+                else token_ids[:keep]
+            )
         self._check_tokens(token_ids)
         pooler = self.pooling.pooler
         params = PoolingParams(
@@ -108,17 +117,18 @@ class PoolingInputProcessor:
             )
         return self.pooling.prompts[name] + prompt if isinstance(prompt, str) else prompt
 
-    def _truncate(self, token_ids: list[int], keep: int | None) -> list[int]:
+    def _keep(self, keep: int | None) -> int | None:
+        """truncate_prompt_tokens as a token count (-1: the context length), validated."""
         max_len = self.inputs.model_config.max_model_len
         if keep is None:
-            return token_ids
+            return None
         if isinstance(keep, bool) or not isinstance(keep, int) or not (keep == -1 or 1 <= keep <= max_len):
             raise InvalidRequestError(
                 f"truncate_prompt_tokens must be -1 (the model's {max_len} tokens) or an integer from 1 to "
                 f"{max_len} (--max-model-len), got {keep!r}.",
                 param="truncate_prompt_tokens",
             )
-        return token_ids[: max_len if keep == -1 else keep]
+        return max_len if keep == -1 else keep
 
     def _check_tokens(self, token_ids: list[int]) -> None:
         max_len, vocab = self.inputs.model_config.max_model_len, self.inputs.model_config.vocab_size

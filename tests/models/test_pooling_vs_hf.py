@@ -97,6 +97,12 @@ def test_limits_and_options(bert_llm: LLM, tiny_bert_embedder: str) -> None:
         bert_llm.embed(long_text)
     truncated = bert_llm.embed(long_text, PoolingOptions(truncate_prompt_tokens=16))[0]
     assert len(truncated.prompt_token_ids) == 16
+    assert truncated.prompt_token_ids[-1] == bert_llm.get_tokenizer().sep_token_id  # cut by the tokenizer
+    # Cut to the context length as sentence-transformers cuts a long text (max_seq_length 128).
+    whole = bert_llm.embed(long_text, PoolingOptions(truncate_prompt_tokens=-1))[0].outputs.embedding
+    _assert_close([whole], _st_encode(tiny_bert_embedder, [long_text]))
+    ids = bert_llm.embed({"prompt_token_ids": list(range(5, 300))}, PoolingOptions(truncate_prompt_tokens=-1))
+    assert ids[0].prompt_token_ids == list(range(5, 133))  # token ids: the first 128 as given
     with pytest.raises(InvalidRequestError, match="does not support dimensions"):
         bert_llm.embed("a", PoolingOptions(dimensions=8))
     with pytest.raises(InvalidRequestError, match="serves the embed task"):
