@@ -142,6 +142,12 @@ class AdmissionControl:
                 "fewer prompts in one request.",
                 param="prompt",
             )
+        if max_requests is not None and num_requests > max_requests:
+            raise InvalidRequestError(
+                f"The request's {num_requests} prompts are more than may ever wait at once, {max_requests} "
+                "(--max-num-queued-requests); send fewer prompts in one request.",
+                param="prompt",
+            )
         if max_requests is not None and len(self.queued) + num_requests > max_requests:
             raise CapacityError(
                 f"The server is at capacity: {len(self.queued)} requests are waiting for the engine, the "

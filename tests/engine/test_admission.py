@@ -59,6 +59,8 @@ def test_queue_limits_refuse_with_retry_after() -> None:
     admission.admit([("c", 60)])
     with pytest.raises(InvalidRequestError, match="more than may ever wait"):
         admission.check(1, 101)  # could never be admitted: 400, not 503
+    with pytest.raises(InvalidRequestError, match=r"3 prompts .* at once, 2 \(--max-num-queued-requests\)"):
+        admission.check(3, 3)  # more prompts than the queue ever holds: 400 even on an idle server
     admission.dequeue("b", started=False)
     admission.dequeue("b", started=False)  # idempotent
     assert admission.num_queued_tokens == 60 and list(admission.queued) == ["c"]

@@ -221,6 +221,7 @@ def check_batch(llm: LLM, drawn: list[Case]) -> None:
 EXAMPLES = int(os.environ.get("PAGEDSERVE_FEATURES_EXAMPLES", "8"))
 
 
+@pytest.mark.sampled
 @pytest.mark.parametrize("setting", list(SETTINGS))
 @settings(
     max_examples=EXAMPLES,

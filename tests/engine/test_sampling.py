@@ -171,6 +171,7 @@ def test_max_tokens_none_fills_context_and_min_tokens(llm: LLM) -> None:
     assert len(forced.token_ids) == 6 and eos not in forced.token_ids[:5]
 
 
+@pytest.mark.sampled
 @pytest.mark.parametrize("max_num_batched_tokens", [512, 16], ids=["whole", "chunked"])
 def test_prompt_logprobs_once_per_position_after_recompute_preemption(
     tiny_llama: str, llm: LLM, max_num_batched_tokens: int

@@ -39,6 +39,7 @@ def all_blocks_free(core: EngineCore) -> bool:
     return blocks.num_free_blocks == blocks.num_blocks and not blocks.request_ids
 
 
+@pytest.mark.sampled
 @pytest.mark.parametrize("block_size", [8, 32])
 def test_long_request_holds_only_its_window(tiny_model_factory, block_size: int) -> None:
     llm = LLM(
@@ -96,6 +97,7 @@ def test_window_groups_free_while_the_global_group_keeps_every_block(
     assert all_blocks_free(engine.engine_core)  # all returned
 
 
+@pytest.mark.sampled
 @pytest.mark.parametrize("name", ["mistral-swa", "gemma2"])
 def test_swap_preemption_with_freed_blocks_keeps_outputs(tiny_model_factory, name: str) -> None:
     """Requests whose tables hold freed (null) entries swap out and back in: the same tokens as with room

@@ -74,6 +74,7 @@ def worker_pid(server: RemoteServer) -> int:
     return workers[0].pid
 
 
+@pytest.mark.sampled
 @pytest.mark.parametrize("frozen", ["worker", "engine"])
 def test_stall_fails_requests_health_and_exits(tiny_llama: str, frozen: str) -> None:
     """worker: its step never finishes; the engine's own watchdog logs the step and exits. engine: the

@@ -135,6 +135,7 @@ PACKED_SHAPES = [*SMOLLM2_SHAPES, (37, 64), (1, 32)]
 PACKED_BATCHES = [*range(1, 10), 16, 27]
 
 
+@pytest.mark.sampled(by="type_name")
 @pytest.mark.parametrize(("type_name", "shape"), [(t, s) for t in PACKED_TYPES for s in PACKED_SHAPES])
 def test_packed_rows_compute_as_the_file_rows(type_name: str, shape: tuple[int, int]) -> None:
     """gguf_pack's 16-row layout: the integer kernel on 8- and 16-bit activations equals the rounded x times

@@ -54,6 +54,7 @@ def test_default_model_chat_stops_at_eos(smol_llm: LLM) -> None:
     assert "<|im_end|>" not in completion.text
 
 
+@pytest.mark.sampled
 @pytest.mark.parametrize("early_stopping, length_penalty", [(True, 1.0), ("never", 0.5)])
 def test_default_model_beam_search_with_eos_equals_hf(
     smol_llm: LLM, hf_smol, early_stopping: bool | str, length_penalty: float

@@ -202,7 +202,7 @@ def test_gguf_matches_hf(tmp_path, name: str, overrides: dict) -> None:
 
 # Mixtral (arch llama with `llama.expert_count`, q/k permuted); Qwen2-MoE (gated shared expert, top-k not
 # renormalized) and Qwen3-MoE (q/k norms, renormalized), whose expert sizes transformers does not read.
-@pytest.mark.sampled(by="name")
+@pytest.mark.sampled
 @pytest.mark.parametrize(
     "name,arch,quant_type",
     [

@@ -174,6 +174,7 @@ def test_fp8_logprobs_stay_close_to_the_float_cache(
         assert quant is None
 
 
+@pytest.mark.sampled
 @pytest.mark.parametrize("kv_cache_dtype", ["fp8", "bfloat16"])
 def test_a_rounding_cache_gives_the_same_output_however_the_prompt_was_computed(
     tiny_llama: str, kv_cache_dtype: str

@@ -194,6 +194,7 @@ def test_stop_strings_crossing_drafts_end_as_without_speculation(default_model: 
     assert [getattr(actual, f) for f in fields] == [getattr(expected, f) for f in fields]
 
 
+@pytest.mark.sampled
 @pytest.mark.parametrize("pattern", [r"[a-z, ]+", r"[a-z ]+"], ids=["drafts_fit", "drafts_break_it"])
 def test_constrained_requests_speculate_within_their_grammar(default_model: str, pattern: str) -> None:
     """A constrained request verifies drafts against its grammar at every position: the same output as

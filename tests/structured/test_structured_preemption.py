@@ -54,6 +54,7 @@ def roomy(tiny_llama: str) -> LLM:
     return LLM(tiny_llama, block_size=8, max_model_len=64, kv_cache_memory="8MiB")
 
 
+@pytest.mark.sampled
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_preemption_keeps_the_constraint_state(roomy: LLM, tiny_llama: str, mode: str) -> None:
     tiny = LLM(tiny_llama, preemption_mode=mode, swap_space=0.01, **TINY)
