@@ -437,6 +437,17 @@ def test_openapi_fuzzing_finds_no_server_error(server: RemoteServer, tmp_path) -
     assert completion(server, prompt="Still fine", max_tokens=2).status_code == 200
 
 
+def test_more_prompts_than_the_queue_ever_holds_is_a_400(server: RemoteServer) -> None:
+    """Nine prompts in one request, on a server that queues at most eight: it could never be admitted,
+    so it is a 400 naming the flag (a 503 would invite retries that can never succeed); the server goes on."""
+    response = completion(server, prompt=[f"Prompt {i}" for i in range(9)], max_tokens=2)
+    assert response.status_code == 400, response.text
+    assert "9 prompts are more than may ever wait at once, 8 (--max-num-queued-requests)" in error_message(
+        response
+    )
+    assert completion(server, prompt="Still serving", max_tokens=2).status_code == 200
+
+
 def test_sigterm_drains_then_exits_zero(server: RemoteServer) -> None:
     """Runs last (it stops the module's server): SIGTERM stops new requests (503) and readiness, lets the
     request in flight finish, and the process exits 0."""
@@ -462,14 +473,3 @@ def test_sigterm_drains_then_exits_zero(server: RemoteServer) -> None:
     assert chunks[-1].get("choices", [{}])[0].get("finish_reason") == "length", chunks[-1]  # it finished
     assert server.proc.wait(timeout=30) == 0
     assert "every request in flight finished" in server.log()
-
-
-def test_more_prompts_than_the_queue_ever_holds_is_a_400(server: RemoteServer) -> None:
-    """Nine prompts in one request, on a server that queues at most eight: it could never be admitted,
-    so it is a 400 naming the flag (a 503 would invite retries that can never succeed); the server goes on."""
-    response = completion(server, prompt=[f"Prompt {i}" for i in range(9)], max_tokens=2)
-    assert response.status_code == 400, response.text
-    assert "9 prompts are more than may ever wait at once, 8 (--max-num-queued-requests)" in error_message(
-        response
-    )
-    assert completion(server, prompt="Still serving", max_tokens=2).status_code == 200

@@ -31,6 +31,7 @@ def _constrained(**kind) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=120, structured_outputs=StructuredOutputsParams(**kind))
 
 
+@pytest.mark.sampled
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_every_schema_output_validates(llm: LLM, temperature: float) -> None:
     params = [
