@@ -16,6 +16,7 @@ same type: Llama, Mistral, ...) is the layout of a model without groups.
 Each group's attention type is one of two rules behind one interface (vLLM v1's per-type managers):
 `FullAttention` keeps every block of a request; `SlidingWindow` frees the blocks before its window."""
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -112,9 +113,9 @@ class KVCacheGroups:
         """Layers per group (the last group of a type may have fewer): the K/V tensors a block id spans."""
         return max(len(members) for members in self.layers)
 
-    @property
+    @functools.cached_property
     def attention_types(self) -> tuple[AttentionType, ...]:
-        """Each group's rule."""
+        """Each group's rule (built once: the KV manager asks for it every step)."""
         return tuple(
             FullAttention(self.block_size) if window is None else SlidingWindow(self.block_size, window)
             for window in self.windows
