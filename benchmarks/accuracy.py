@@ -25,6 +25,11 @@ TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "opticks
 SETTINGS = {
     "float32 (reference)": ("gguf", dict(quantization="none")),
     "gguf Q4_1 native": ("gguf", dict()),
+    # NOTE: chunks of 32 tokens, so every matmul takes the integer kernels of the activation width asked for
+    # (Q4_1's packed kernel computes larger batches on float activations).
+    "Q4_1, float activations": ("gguf", dict(activation_bits=32, max_num_batched_tokens=32)),
+    "Q4_1, 16-bit activations": ("gguf", dict(activation_bits=16, max_num_batched_tokens=32)),
+    "Q4_1, 8-bit activations": ("gguf", dict(activation_bits=8, max_num_batched_tokens=32)),
     "int8 (online, g32)": ("hf", dict(quantization="int8")),
     "int4 (online, g32)": ("hf", dict(quantization="int4")),
     "fp8 weights (per channel)": ("fp8", dict()),
@@ -86,8 +91,16 @@ def fp8_folder(float_folder: str, folder: str) -> str:
 
 
 def perplexity(model: str, windows: list[list[int]], engine_args: dict, window: int) -> tuple[float, float]:
-    """(perplexity, seconds) over the windows."""
-    llm = LLM(model, kv_cache_memory="512MiB", max_model_len=window + 8, **engine_args)
+    """(perplexity, seconds) over the windows. `activation_bits` in engine_args: the GGUF kernels' activation
+    width (PAGEDSERVE_GGUF_ACTIVATION_BITS) for this engine."""
+    engine_args = dict(engine_args)
+    bits = engine_args.pop("activation_bits", None)
+    if bits is not None:
+        os.environ["PAGEDSERVE_GGUF_ACTIVATION_BITS"] = str(bits)
+    try:
+        llm = LLM(model, kv_cache_memory="512MiB", max_model_len=window + 8, **engine_args)
+    finally:
+        os.environ.pop("PAGEDSERVE_GGUF_ACTIVATION_BITS", None)
     start = time.perf_counter()
     params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
     outputs = llm.generate([{"prompt_token_ids": w} for w in windows], params, use_tqdm=False)

@@ -152,6 +152,11 @@ class EngineArgs:
         "machine) or ray (Ray actors, across the nodes of a Ray cluster). Default: uni at tp=1, mp "
         "when all ranks fit on this machine, else ray.",
     )
+    cpu_threads: int | None = config_field(
+        None,
+        "CPU: threads per rank for the matmuls and attention (one pool, started once). Default: "
+        "OMP_NUM_THREADS if set (as llama.cpp's -t), else the physical cores shared by the ranks.",
+    )
     distributed_timeout: float = config_field(
         600.0,
         "Seconds one call to the workers (loading, a step, a "
@@ -375,7 +380,12 @@ class EngineArgs:
             check_tensor_parallel(model.hf_config, tp)
         backend = resolve_executor_backend(self.distributed_executor_backend, tp, _local_devices(device, tp))
         return ParallelConfig(
-            tp, backend, float(self.distributed_timeout), self.pipeline_parallel_size, self.data_parallel_size
+            tp,
+            backend,
+            float(self.distributed_timeout),
+            self.pipeline_parallel_size,
+            self.data_parallel_size,
+            self.cpu_threads,
         )
 
 

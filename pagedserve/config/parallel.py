@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 # --distributed-executor-backend choices; executor/__init__.py registers the same names.
 ExecutorBackend = Literal["uni", "mp", "ray"]
 EXECUTOR_BACKENDS: tuple[str, ...] = get_args(ExecutorBackend)
+MAX_CPU_THREADS = 4096
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,7 @@ class ParallelConfig:
     distributed_timeout_s: float = 600.0  # longest a call to the workers (a step, a collective) may take
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
+    cpu_threads: int | None = None  # CPU: threads per rank (None: OMP_NUM_THREADS, else physical cores / tp)
 
     def __post_init__(self) -> None:
         tp, backend = self.tensor_parallel_size, self.distributed_executor_backend
@@ -39,6 +41,11 @@ class ParallelConfig:
             )
         if tp < 1:
             raise ConfigError(f"tensor_parallel_size={tp} must be at least 1 (--tensor-parallel-size).")
+        if self.cpu_threads is not None and not 1 <= self.cpu_threads <= MAX_CPU_THREADS:
+            raise ConfigError(
+                f"cpu_threads={self.cpu_threads} must be between 1 and {MAX_CPU_THREADS} (--cpu-threads; "
+                "leave it unset for one thread per physical core)."
+            )
         if self.distributed_timeout_s <= 0:
             raise ConfigError(
                 f"distributed_timeout={self.distributed_timeout_s} must be positive "

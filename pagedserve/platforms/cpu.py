@@ -9,7 +9,7 @@ from collections.abc import Callable
 import psutil
 import torch
 
-from pagedserve.config import CacheConfig
+from pagedserve.config import CacheConfig, ParallelConfig
 from pagedserve.logger import init_logger
 from pagedserve.platforms.interface import Platform
 from pagedserve.sizing import MemoryReport
@@ -25,11 +25,12 @@ class CpuPlatform(Platform):
     dist_backend = "gloo"
     default_attention_backend = "cpu"
 
-    def init_device(self, local_rank: int, tensor_parallel_size: int) -> torch.device:
-        # The cores are split between the ranks, unless the user pinned the thread count (OMP_NUM_THREADS,
-        # as llama.cpp's -t): more threads than free cores make every parallel region wait on a descheduled one.
-        if "OMP_NUM_THREADS" not in os.environ:
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // tensor_parallel_size))
+    def init_device(self, local_rank: int, parallel: ParallelConfig) -> torch.device:
+        # NOTE: every native kernel splits its output rows over ATen's one OpenMP pool (at::parallel_for):
+        # its threads start once and wait between calls, so its size is the only thread setting.
+        threads = cpu_threads(parallel.cpu_threads, parallel.tensor_parallel_size)
+        torch.set_num_threads(threads)
+        logger.info("CPU: %d threads per rank (--cpu-threads).", threads)
         return torch.device("cpu")
 
     def kv_budget(
@@ -64,6 +65,21 @@ class CpuPlatform(Platform):
 
     def ray_bundle(self) -> dict[str, float]:
         return {"CPU": 1.0}
+
+
+def cpu_threads(requested: int | None, tensor_parallel_size: int) -> int:
+    """--cpu-threads, else OMP_NUM_THREADS (a user's pin, as llama.cpp's -t), else the physical cores this
+    process may run on, shared by the ranks. Why physical: a core's two hyperthreads share its vector units,
+    so a second matmul thread per core only waits on them; and more threads than free cores make every
+    parallel region wait on a descheduled one."""
+    if requested is not None:
+        return requested
+    pinned = os.environ.get("OMP_NUM_THREADS", "")
+    if pinned.isdigit() and int(pinned) > 0:
+        return int(pinned)
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = min(psutil.cpu_count(logical=False) or usable, usable)
+    return max(1, cores // tensor_parallel_size)
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 import torch
 
-from pagedserve.config import CacheConfig
+from pagedserve.config import CacheConfig, ParallelConfig
 from pagedserve.errors import ConfigError
 from pagedserve.platforms.interface import Platform
 from pagedserve.sizing import MemoryReport, gpu_kv_budget
@@ -17,7 +17,7 @@ class CudaPlatform(Platform):
     dist_backend = "nccl"
     default_attention_backend = "triton"  # torch when triton does not import (logged)
 
-    def init_device(self, local_rank: int, tensor_parallel_size: int) -> torch.device:
+    def init_device(self, local_rank: int, parallel: ParallelConfig) -> torch.device:
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         return device

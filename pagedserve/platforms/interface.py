@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from pagedserve.config import CacheConfig
+from pagedserve.config import CacheConfig, ParallelConfig
 from pagedserve.sizing import MemoryReport
 
 
@@ -18,7 +18,7 @@ class Platform(ABC):
     default_attention_backend: str  # what --attention-backend auto means here
 
     @abstractmethod
-    def init_device(self, local_rank: int, tensor_parallel_size: int) -> torch.device:
+    def init_device(self, local_rank: int, parallel: ParallelConfig) -> torch.device:
         """Claim this rank's device (and its share of the host's threads) and return it."""
 
     def memory_baseline(self, device: torch.device) -> int:

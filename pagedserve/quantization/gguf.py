@@ -68,11 +68,11 @@ class GGUFPart:
         return gguf_dequantize(self.rows.index_select(0, ids), self.ggml_type, cols)
 
     def packed_for_integers(self, activation_bits: int) -> "GGUFPart":
-        """This part in the 16-row packed layout where it has one (Q4_0, Q4_1, Q8_0 with integer
-        activations): the same bytes, a few times faster than the row kernels at decode-sized batches
-        (gguf_packed_matmul.cpp says why). Float activations (PAGEDSERVE_GGUF_ACTIVATION_BITS=32) keep the
-        rows and their exact kernel."""
-        if self.packed or activation_bits == 32 or not gguf_packable(self.ggml_type):
+        """This part in the 16-row packed layout where it has one for `activation_bits` (Q4_0, Q4_1, Q8_0
+        with 8 or 16; Q4_K, Q5_K, Q6_K with 8): a few times faster than the row kernels
+        (gguf_packed_matmul.cpp, gguf_kquant_matmul.cpp say why). Float activations
+        (PAGEDSERVE_GGUF_ACTIVATION_BITS=32) keep the rows and their exact kernel."""
+        if self.packed or not gguf_packable(self.ggml_type, activation_bits):
             return self
         return replace(self, rows=gguf_pack(self.rows, self.ggml_type), packed=True)
 

@@ -23,9 +23,7 @@ class Worker:
         self.rank = rank
         init_tp_group(rank, config.parallel.tensor_parallel_size)  # NOTE: layers read it when built
         self.platform = get_platform(config.device)
-        self.device = self.platform.init_device(
-            rank if local_rank is None else local_rank, config.parallel.tensor_parallel_size
-        )
+        self.device = self.platform.init_device(rank if local_rank is None else local_rank, config.parallel)
         self._memory_baseline = self.platform.memory_baseline(self.device)
         torch.manual_seed(config.model.seed)
         # NOTE: --runner pooling: one forward per prompt, no KV cache (the KV calls below never come).

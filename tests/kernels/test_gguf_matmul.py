@@ -127,7 +127,7 @@ def test_integer_activations_match_rounded_x_times_the_dequantized_weight(
         assert error < 1e-5, f"{type_name} {shape} {bits}-bit batch {batch}: relative error {error:.2e}"
 
 
-PACKED_TYPES = [name for name, ggml_type in NATIVE_GGML_TYPES.items() if gguf_packable(ggml_type)]
+PACKED_TYPES = [name for name, ggml_type in NATIVE_GGML_TYPES.items() if gguf_packable(ggml_type, 16)]
 # SmolLM2's shapes, and rows that leave the last 16-row group part full.
 PACKED_SHAPES = [*SMOLLM2_SHAPES, (37, 64), (1, 32)]
 # Activation rows go through the integer kernel in chunks (8 on AVX-512, 4 on AVX2): every chunk count,
@@ -161,11 +161,45 @@ def test_packed_rows_compute_as_the_file_rows(type_name: str, shape: tuple[int, 
             assert error < 1e-5, f"{type_name} {shape} {bits}-bit batch {batch}: relative error {error:.2e}"
 
 
+K_QUANT_TYPES = ["Q4_K", "Q5_K", "Q6_K"]
+# Llama-like widths, a 1B-class square matrix, and rows that leave the last 16-row group part full.
+K_PACKED_SHAPES = [(256, 768), (576, 1536), (2048, 2048), (37, 256), (1, 512)]
+# Every chunk count of activation rows (8 on AVX-512, 4 on AVX2), partial last chunks, prefill-sized batches.
+K_PACKED_BATCHES = [*range(1, 10), 16, 33, 64]
+
+
+@pytest.mark.parametrize(("type_name", "shape"), [(t, s) for t in K_QUANT_TYPES for s in K_PACKED_SHAPES])
+def test_k_quants_packed_compute_on_8_bit_activation_blocks(type_name: str, shape: tuple[int, int]) -> None:
+    """gguf_pack's K-quant layout (gguf_kquant_matmul.cpp): with 8-bit activations, at every batch size,
+    the rounded x times the dequantized weight; float activations the float x times it; a row lookup the
+    weight's rows, exactly."""
+    ggml_type, (n, k) = NATIVE_GGML_TYPES[type_name], shape
+    assert gguf_packable(ggml_type, 8) and not gguf_packable(ggml_type, 16)
+    rng = np.random.default_rng(n * 11 + k + ggml_type)
+    rows = random_rows(ggml_type, n, k, rng)
+    weight = reference_weight(rows, ggml_type)
+    packed = gguf_pack(torch.from_numpy(rows), ggml_type)
+    ids = torch.from_numpy(rng.integers(0, n, 9))
+    assert torch.equal(gguf_packed_rows(packed, ggml_type, n, k, ids), weight[ids])
+    for bits in (8, 32):
+        for batch in K_PACKED_BATCHES if bits == 8 else [1, 9]:
+            x = torch.randn(batch, k, generator=torch.Generator().manual_seed(batch)) * 3
+            x_used = rounded_activations(x, 8) if bits == 8 else x.double()
+            expected = x_used @ weight.double().T
+            got = gguf_packed_matmul(x, packed, ggml_type, n, bits)
+            error = ((got.double() - expected).abs().max() / expected.abs().max()).item()
+            assert error < 1e-5, f"{type_name} {shape} {bits}-bit batch {batch}: relative error {error:.2e}"
+
+
 def test_packed_layout_rejects_what_it_cannot_hold() -> None:
-    q4_k, q4_1 = NATIVE_GGML_TYPES["Q4_K"], NATIVE_GGML_TYPES["Q4_1"]
-    assert not gguf_packable(q4_k)
+    f16, q4_1, q4_k = NATIVE_GGML_TYPES["F16"], NATIVE_GGML_TYPES["Q4_1"], NATIVE_GGML_TYPES["Q4_K"]
+    assert not gguf_packable(f16, 8) and not gguf_packable(q4_1, 32)
     with pytest.raises(RuntimeError, match="cannot be packed"):
-        gguf_pack(torch.zeros(16, 144, dtype=torch.uint8), q4_k)
+        gguf_pack(torch.zeros(16, 512, dtype=torch.uint8), f16)
+    with pytest.raises(RuntimeError, match="not a multiple of 256"):
+        gguf_packed_matmul(
+            torch.zeros(1, 32), gguf_pack(torch.zeros(16, 144, dtype=torch.uint8), q4_k), q4_k, 16, 8
+        )
     packed = gguf_pack(torch.zeros(16, 20 * 18, dtype=torch.uint8), q4_1)  # Q4_1 rows of K=576
     with pytest.raises(RuntimeError, match="activation_bits must be 8, 16 or 32"):
         gguf_packed_matmul(torch.zeros(1, 576), packed, q4_1, 16, 4)
@@ -176,14 +210,16 @@ def test_packed_layout_rejects_what_it_cannot_hold() -> None:
 
 
 @pytest.mark.parametrize(
-    ("bits", "packed"), [(bits, packed) for bits in (8, 16, 32) for packed in (False, True)]
+    ("type_name", "bits", "packed"),
+    [("Q4_1", bits, packed) for bits in (8, 16, 32) for packed in (False, True)] + [("Q6_K", 8, True)],
 )
-def test_decode_kernel_edge_inputs(bits: int, packed: bool) -> None:
+def test_decode_kernel_edge_inputs(type_name: str, bits: int, packed: bool) -> None:
     """Zero blocks give zeros, a non-finite activation makes only its own row non-finite, batch 0 is empty."""
-    ggml_type = NATIVE_GGML_TYPES["Q4_1"]
-    rows = random_rows(ggml_type, 64, 576, np.random.default_rng(bits))
+    ggml_type = NATIVE_GGML_TYPES[type_name]
+    k = 576 if ggml_type == NATIVE_GGML_TYPES["Q4_1"] else 512
+    rows = random_rows(ggml_type, 64, k, np.random.default_rng(bits))
     qweight = torch.from_numpy(rows)
-    x = torch.randn(3, 576)
+    x = torch.randn(3, k)
     x[0] = 0.0
     x[1, 100] = float("inf")
     x[2, 7] = float("nan")
@@ -197,7 +233,7 @@ def test_decode_kernel_edge_inputs(bits: int, packed: bool) -> None:
     got = matmul(x, qweight, ggml_type, bits)
     assert torch.equal(got[0], torch.zeros(64))
     assert not torch.isfinite(got[1]).any() and torch.isnan(got[2]).all()
-    assert matmul(torch.zeros(0, 576), qweight, ggml_type, bits).shape == (0, 64)
+    assert matmul(torch.zeros(0, k), qweight, ggml_type, bits).shape == (0, 64)
 
 
 @pytest.mark.parametrize("bits", [-1, 0, 4, 31, 64, 2**63 - 1])

@@ -4,10 +4,12 @@ import os
 import subprocess
 import sys
 
+import psutil
 import pytest
 import torch
 
-from pagedserve.config import CacheConfig
+from pagedserve.config import CacheConfig, ParallelConfig
+from pagedserve.errors import ConfigError
 from pagedserve.platforms import get_platform
 from pagedserve.platforms.cpu import CPU_DEFAULT_KV_BYTES, CpuPlatform
 from pagedserve.sizing import MemoryReport, tightest
@@ -21,7 +23,7 @@ def test_cpu_platform_choices() -> None:
         "cpu",
         {"CPU": 1.0},
     )
-    assert platform.init_device(0, 1) == torch.device("cpu")
+    assert platform.init_device(0, ParallelConfig()) == torch.device("cpu")
 
 
 def test_cpu_allocations_start_zeroed_and_writable() -> None:
@@ -53,7 +55,7 @@ def test_tightest_rank_sizes_every_rank() -> None:
 @pytest.mark.gpu
 def test_cuda_platform_pins_swap_and_profiles() -> None:
     platform = get_platform("cuda")
-    device = platform.init_device(0, 1)
+    device = platform.init_device(0, ParallelConfig())
     assert (platform.dist_backend, platform.default_attention_backend) == ("nccl", "torch")
     assert platform.allocate_host_swap((2, 16, 2, 8), torch.float16).is_pinned()
     assert not platform.allocate_kv_cache((2, 16, 2, 8), torch.float16, device).any()
@@ -68,21 +70,40 @@ def test_cuda_platform_pins_swap_and_profiles() -> None:
     assert 0 < report.kv_cache_bytes and "peak activations" in report.detail
 
 
+PHYSICAL_CORES = min(psutil.cpu_count(logical=False) or os.cpu_count() or 1, len(os.sched_getaffinity(0)))
+
+
 @pytest.mark.parametrize(
-    ("omp", "tp", "expected"),
-    [(None, 1, os.cpu_count() or 1), (None, 2, max(1, (os.cpu_count() or 1) // 2)), ("1", 1, 1)],
+    ("omp", "tp", "flag", "expected"),
+    [
+        (None, 1, None, PHYSICAL_CORES),
+        (None, 2, None, max(1, PHYSICAL_CORES // 2)),
+        ("1", 1, None, 1),
+        ("1", 1, 3, 3),
+    ],
 )
-def test_cpu_threads_split_between_ranks_unless_pinned(omp: str | None, tp: int, expected: int) -> None:
-    """OMP_NUM_THREADS (a user's pin, as llama.cpp's -t) wins; otherwise the ranks share the cores."""
+def test_cpu_threads_physical_cores_split_between_ranks_unless_pinned(
+    omp: str | None, tp: int, flag: int | None, expected: int
+) -> None:
+    """--cpu-threads wins, then OMP_NUM_THREADS (a user's pin, as llama.cpp's -t); otherwise the ranks
+    share the physical cores."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | (
         {"OMP_NUM_THREADS": omp} if omp else {}
     )
     code = (
-        "import torch; from pagedserve.platforms.cpu import CpuPlatform; "
-        f"CpuPlatform().init_device(0, {tp}); print(torch.get_num_threads())"
+        "import torch; from pagedserve.config import ParallelConfig; "
+        "from pagedserve.platforms.cpu import CpuPlatform; "
+        f"CpuPlatform().init_device(0, ParallelConfig({tp}, 'mp', cpu_threads={flag})); "
+        "print(torch.get_num_threads())"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
     assert int(result.stdout.split()[-1]) == expected
+
+
+@pytest.mark.parametrize("threads", [0, -1, 2**63, 2**64])
+def test_cpu_threads_out_of_range_is_refused_naming_the_flag(threads: int) -> None:
+    with pytest.raises(ConfigError, match="--cpu-threads"):
+        ParallelConfig(cpu_threads=threads)

@@ -33,6 +33,7 @@ _SOURCES = [
         "gguf_matmul.cpp",
         "gguf_decode_matmul.cpp",
         "gguf_packed_matmul.cpp",
+        "gguf_kquant_matmul.cpp",
         "fp8_kv_cache.cpp",
         "fp8_matmul.cpp",
         "fused_ops.cpp",

@@ -2,6 +2,7 @@
 // decode path for 32-weight blocks (gguf_decode_matmul.cpp) that gguf_matmul.cpp dispatches to.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
@@ -139,5 +140,14 @@ bool has_block_decode_path(int64_t type);
 // dotted with the weight blocks in integers.
 void matmul_decode_blocks(const float* x, int64_t batch, const QuantizedRows& w, int64_t type,
                           int64_t activation_bits, float* y);
+
+// K-quants (Q4_K, Q5_K, Q6_K) in the 16-row packed layout of gguf_kquant_matmul.cpp, multiplied on 8-bit
+// activation blocks at every batch size.
+bool is_k_quant(int64_t type);
+int64_t kquant_packed_bytes(int64_t type, int64_t rows, int64_t cols);
+at::Tensor kquant_pack(const at::Tensor& qweight, int64_t type);  // qweight: contiguous [rows, row_bytes]
+void kquant_packed_matmul(const float* x, int64_t batch, const uint8_t* packed, int64_t type, int64_t rows,
+                          int64_t cols, float* y);
+void kquant_dequantize_row(const uint8_t* packed, int64_t type, int64_t cols, int64_t row, float* out);
 
 }  // namespace gguf

@@ -9,7 +9,7 @@ from pagedserve.kernels.cpu import load_cpu_kernels
 
 # ggml type ids (gguf.GGMLQuantizationType) the native kernels compute on directly.
 NATIVE_GGML_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
-# The ggml types with an integer-activation decode kernel, and the largest batch it takes
+# The ggml types with an integer-activation row decode kernel, and the largest batch it takes
 # (gguf_blocks.h: kDecodeMaxBatch); larger batches compute in float32.
 INTEGER_ACTIVATION_TYPES = {2, 3, 8, 12, 13}
 DECODE_MAX_BATCH = 8
@@ -54,9 +54,10 @@ def gguf_dequantize(qweight: torch.Tensor, ggml_type: int, cols: int) -> torch.T
     return weights
 
 
-def gguf_packable(ggml_type: int) -> bool:
-    """Whether `gguf_pack` takes `ggml_type` in this build (Q4_0, Q4_1, Q8_0 with AVX2+FMA+F16C)."""
-    return bool(_ops().gguf_packable(ggml_type))
+def gguf_packable(ggml_type: int, activation_bits: int) -> bool:
+    """Whether `gguf_pack` takes `ggml_type` in this build for activations of `activation_bits`: Q4_0, Q4_1
+    and Q8_0 for 8 or 16 bits (AVX2+FMA+F16C builds), Q4_K, Q5_K and Q6_K for 8 bits (every build)."""
+    return bool(_ops().gguf_packable(ggml_type, activation_bits))
 
 
 def gguf_packed_max_batch() -> int:
@@ -66,8 +67,9 @@ def gguf_packed_max_batch() -> int:
 
 
 def gguf_pack(qweight: torch.Tensor, ggml_type: int) -> torch.Tensor:
-    """qweight [N, row_bytes] uint8 rows of ggml blocks -> the packed layout of gguf_packed_matmul.cpp:
-    16 rows side by side per 32-column block, the same bytes (plus zero rows up to a multiple of 16)."""
+    """qweight [N, row_bytes] uint8 rows of ggml blocks -> 16 rows side by side (plus zero rows up to a
+    multiple of 16): per 32-column block, the same bytes (Q4_0, Q4_1, Q8_0: gguf_packed_matmul.cpp); per
+    256-column super-block, its integers, scales and minimums (K-quants: gguf_kquant_matmul.cpp)."""
     packed: torch.Tensor = _ops().gguf_pack(qweight, ggml_type)
     return packed
 
@@ -76,8 +78,8 @@ def gguf_packed_matmul(
     x: torch.Tensor, packed: torch.Tensor, ggml_type: int, rows: int, activation_bits: int
 ) -> torch.Tensor:
     """x [B, K] float32 times W^T, W [rows, K] as `gguf_pack` left it; activations rounded to
-    `activation_bits` (8 or 16) per 32-value block at B <= gguf_packed_max_batch(); 32, or a larger B,
-    computes on x's float32 values. Returns [B, rows] float32."""
+    `activation_bits` per 32-value block: K-quants with 8 at every B, the others with 8 or 16 at
+    B <= gguf_packed_max_batch(); any other case computes on x's float32 values. Returns [B, rows] float32."""
     out: torch.Tensor = _ops().gguf_packed_matmul(x, packed, ggml_type, rows, activation_bits)
     return out
 

@@ -38,6 +38,7 @@ constexpr int64_t kTileRows = 16;
 constexpr int64_t kPackedMaxBatch = 32;
 
 bool packable(int64_t type) { return type == Q4_0 || type == Q4_1 || type == Q8_0; }
+int64_t packed_bytes(int64_t type, int64_t rows, int64_t cols);
 int64_t values_bytes(int64_t type) { return type == Q8_0 ? 512 : 256; }
 int64_t tile_bytes(int64_t type) { return kTileRows * block_format(type).bytes; }
 
@@ -48,12 +49,17 @@ int block_value(int64_t type, const uint8_t* qs, int k) {
 }
 
 void check_packed(const at::Tensor& packed, int64_t type, int64_t rows, int64_t cols) {
-  TORCH_CHECK(packable(type), "GGML type ", type, " has no packed layout (Q4_0, Q4_1 and Q8_0 have)");
-  TORCH_CHECK(cols % kBlock == 0, "K=", cols, " is not a multiple of ", kBlock);
-  const int64_t groups = (rows + kTileRows - 1) / kTileRows;
-  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() &&
-                  packed.numel() == groups * (cols / kBlock) * tile_bytes(type),
+  TORCH_CHECK(packable(type) || is_k_quant(type), "GGML type ", type,
+              " has no packed layout (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K have)");
+  const int64_t block = is_k_quant(type) ? 256 : kBlock;
+  TORCH_CHECK(cols % block == 0, "K=", cols, " is not a multiple of ", block);
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.numel() == packed_bytes(type, rows, cols),
               "packed must be the contiguous uint8 output of gguf_pack for ", rows, " rows of K=", cols);
+}
+
+int64_t packed_bytes(int64_t type, int64_t rows, int64_t cols) {
+  if (is_k_quant(type)) return kquant_packed_bytes(type, rows, cols);
+  return (rows + kTileRows - 1) / kTileRows * (cols / kBlock) * tile_bytes(type);
 }
 
 // Rows [first, first + count) of tile t (32 weights each) in float32, `stride` floats apart: the values
@@ -90,6 +96,10 @@ void dequantize_tile(const uint8_t* t, int64_t type, int64_t first, int64_t coun
 // (whole groups).
 void dequantize_packed_rows(const uint8_t* packed, int64_t type, int64_t cols, int64_t first, int64_t count,
                             float* out) {
+  if (is_k_quant(type)) {
+    for (int64_t row = first; row < first + count; ++row) kquant_dequantize_row(packed, type, cols, row, out + (row - first) * cols);
+    return;
+  }
   const int64_t blocks = cols / kBlock, tile = tile_bytes(type);
   for (int64_t row = first; row < first + count; row += kTileRows) {
     const uint8_t* t = packed + row / kTileRows * blocks * tile;
@@ -228,16 +238,24 @@ void packed_integer_matmul(const float*, int64_t, const uint8_t*, int64_t, int64
 
 }  // namespace
 
-// Whether gguf_pack takes `type` in this build.
-bool gguf_packable(int64_t type) { return kHasPackedKernel && packable(type); }
+// Whether gguf_pack takes `type` in this build for activations of `activation_bits`: Q4_0, Q4_1 and Q8_0 for
+// 8 or 16 (AVX2 builds), the K-quants for 8 (every build).
+bool gguf_packable(int64_t type, int64_t activation_bits) {
+  if (is_k_quant(type)) return activation_bits == 8;
+  return kHasPackedKernel && packable(type) && (activation_bits == 8 || activation_bits == 16);
+}
 
 int64_t gguf_packed_max_batch() { return kPackedMaxBatch; }
 
 // qweight [N, row_bytes] uint8 rows of ggml `type` blocks -> the packed layout above (uint8, flat).
 at::Tensor gguf_pack(const at::Tensor& qweight, int64_t type) {
-  TORCH_CHECK(gguf_packable(type), "GGML type ", type, " cannot be packed in this build");
+  TORCH_CHECK(gguf_packable(type, 8), "GGML type ", type, " cannot be packed in this build");
   TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kByte, "qweight must be uint8 [rows, row_bytes]");
   const at::Tensor rows_in = qweight.contiguous();
+  if (is_k_quant(type)) {
+    TORCH_CHECK(rows_in.size(1) % block_format(type).bytes == 0, "row_bytes ", rows_in.size(1), " is not whole blocks");
+    return kquant_pack(rows_in, type);
+  }
   const BlockFormat format = block_format(type);
   const int64_t rows = rows_in.size(0), blocks = rows_in.size(1) / format.bytes;
   TORCH_CHECK(rows_in.size(1) % format.bytes == 0, "row_bytes ", rows_in.size(1), " is not whole blocks");
@@ -268,9 +286,9 @@ at::Tensor gguf_pack(const at::Tensor& qweight, int64_t type) {
   return packed;
 }
 
-// x [B, K] float32 times the packed W^T (W [rows, K]) -> [B, rows]. activation_bits 8 or 16 and
-// B <= kPackedMaxBatch: integer dots on x rounded to that width per 32-value block; otherwise (32, or a
-// larger B) tiles dequantized to float32 for ATen's GEMM on x itself.
+// x [B, K] float32 times the packed W^T (W [rows, K]) -> [B, rows]. K-quants with activation_bits 8: integer
+// dots on x rounded to 8 bits per 32-value block at every B. Q4_0/Q4_1/Q8_0 with 8 or 16 and
+// B <= kPackedMaxBatch: the same at that width. Otherwise tiles dequantized to float32 for ATen's GEMM on x.
 at::Tensor gguf_packed_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t rows,
                               int64_t activation_bits) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a float32 [B, K] tensor");
@@ -282,7 +300,11 @@ at::Tensor gguf_packed_matmul(const at::Tensor& x, const at::Tensor& packed, int
   at::Tensor y = at::empty({batch, rows}, xc.options());
   if (batch == 0) return y;
   const uint8_t* weights = packed.data_ptr<uint8_t>();
-  if (activation_bits != 32 && batch <= kPackedMaxBatch) {
+  if (is_k_quant(type) && activation_bits == 8) {
+    kquant_packed_matmul(xc.data_ptr<float>(), batch, weights, type, rows, cols, y.data_ptr<float>());
+    return y;
+  }
+  if (!is_k_quant(type) && activation_bits != 32 && batch <= kPackedMaxBatch) {
     packed_integer_matmul(xc.data_ptr<float>(), batch, weights, type, rows, cols, activation_bits, y.data_ptr<float>());
     return y;
   }
@@ -312,6 +334,10 @@ at::Tensor gguf_packed_rows(const at::Tensor& packed, int64_t type, int64_t rows
   const int64_t blocks = cols / kBlock, tile = tile_bytes(type);
   at::parallel_for(0, idc.numel(), 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
+      if (is_k_quant(type)) {
+        kquant_dequantize_row(packed.data_ptr<uint8_t>(), type, cols, index[i], out.data_ptr<float>() + i * cols);
+        continue;
+      }
       const uint8_t* t = packed.data_ptr<uint8_t>() + index[i] / kTileRows * blocks * tile;
       for (int64_t block = 0; block < blocks; ++block, t += tile)
         dequantize_tile(t, type, index[i] % kTileRows, 1, out.data_ptr<float>() + i * cols + block * kBlock, cols);
@@ -321,7 +347,7 @@ at::Tensor gguf_packed_rows(const at::Tensor& packed, int64_t type, int64_t rows
 }
 
 TORCH_LIBRARY_FRAGMENT(pagedserve, m) {
-  m.def("gguf_packable(int type) -> bool", gguf_packable);
+  m.def("gguf_packable(int type, int activation_bits) -> bool", gguf_packable);
   m.def("gguf_packed_max_batch() -> int", gguf_packed_max_batch);
   m.def("gguf_pack(Tensor qweight, int type) -> Tensor", gguf_pack);
   m.def("gguf_packed_matmul(Tensor x, Tensor packed, int type, int rows, int activation_bits) -> Tensor",

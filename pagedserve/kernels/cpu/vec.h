@@ -223,6 +223,47 @@ inline __m256i dot_groups(__m256i u, __m256i s) {
 }
 #endif
 
+// ---- byte quads: every build ---------------------------------------------------------------------------------
+// Bytes: 4 * kLanes bytes in one Vec-sized register, four per int32 lane (Quads: the same bits as int32 lanes).
+using Bytes = uint8_t __attribute__((vector_size(sizeof(Vec))));
+using Quads = int32_t __attribute__((vector_size(sizeof(Vec))));
+
+// acc + per int32 lane the sum of its four u[i] * s[i] (u unsigned bytes up to 63, s signed bytes in
+// [-127, 127]): one AVX-512 VNNI or AVX-VNNI `vpdpbusd`, else maddubs + madd (no int16 saturation at these
+// bounds: pair sums up to 16002), else plain C++.
+inline Quads dot_quads(Quads acc, Bytes u, Bytes s) {
+#if defined(PAGEDSERVE_VEC_AVX512) && defined(__AVX512VNNI__)
+  return (Quads)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)u, (__m512i)s);
+#elif defined(PAGEDSERVE_VEC_AVX512)
+  return acc + (Quads)_mm512_madd_epi16(_mm512_maddubs_epi16((__m512i)u, (__m512i)s), _mm512_set1_epi16(1));
+#elif defined(__AVXVNNI__)
+  return (Quads)_mm256_dpbusd_avx_epi32((__m256i)acc, (__m256i)u, (__m256i)s);
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return (Quads)_mm256_dpbusd_epi32((__m256i)acc, (__m256i)u, (__m256i)s);
+#elif defined(__AVX2__)
+  return acc + (Quads)_mm256_madd_epi16(_mm256_maddubs_epi16((__m256i)u, (__m256i)s), _mm256_set1_epi16(1));
+#else
+  for (int lane = 0; lane < kLanes; ++lane)
+    for (int i = 0; i < 4; ++i)
+      acc[lane] += static_cast<int32_t>(u[4 * lane + i]) * static_cast<int8_t>(s[4 * lane + i]);
+  return acc;
+#endif
+}
+
+// kLanes bytes, signed or unsigned, widened to float32 lanes.
+inline Vec bytes_to_floats(const int8_t* p) {
+  using Narrow = int8_t __attribute__((vector_size(kLanes)));
+  Narrow narrow;
+  std::memcpy(&narrow, p, sizeof narrow);
+  return __builtin_convertvector(narrow, Vec);
+}
+inline Vec bytes_to_floats(const uint8_t* p) {
+  using Narrow = uint8_t __attribute__((vector_size(kLanes)));
+  Narrow narrow;
+  std::memcpy(&narrow, p, sizeof narrow);
+  return __builtin_convertvector(narrow, Vec);
+}
+
 // ---- fp8 ----------------------------------------------------------------------------------------------------
 
 // One byte of an fp8 format (the storage of an fp8 KV cache or checkpoint), the format in the type.
