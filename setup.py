@@ -42,7 +42,7 @@ def _skip(reason: str) -> None:
     )
 
 
-class NoTorchNotice(build_py):
+class NoTorchNotice(build_py):  # type: ignore[misc]
     """Says, once per build, that the extension is skipped (setup.py itself runs several times)."""
 
     def run(self) -> None:
@@ -57,7 +57,7 @@ def _extension_setup() -> dict[str, Any]:
     except ImportError:  # an isolated build environment
         return {"cmdclass": {"build_py": NoTorchNotice}}
 
-    class BuildKernels(BuildExtension):  # type: ignore[misc]
+    class BuildKernels(BuildExtension):
         """BuildExtension with the JIT build's flags, that records what the library was built from beside
         it (build_config.BUILD_INFO) and turns a failure into a message."""
 
@@ -73,18 +73,19 @@ def _extension_setup() -> dict[str, Any]:
             print(f"pagedserve: compiled the native CPU kernels at install ({info.parent})", file=sys.stderr)
 
         def build_extensions(self) -> None:
-            compiler = self.compiler.compiler_so[0]  # $CC, else the compiler Python was built with
+            compiler = build_config.cxx_compiler()
             if not build_config.compiler_accepts(compiler, []):
-                raise RuntimeError(f"no working C++ compiler ({compiler})")
-            # NOTE: -g0 and -fno-wrapv undo Python's own CFLAGS (-g -fwrapv), which setuptools passes
-            # first: the library is then compiled as the JIT build compiles it.
-            flags = [*build_config.CFLAGS, *build_config.arch_flags(compiler), "-g0", "-fno-wrapv"]
+                raise RuntimeError(f"no working C++ compiler (${{CXX:-c++}} is {compiler!r})")
+            # NOTE: setuptools starts each compile line with Python's own CFLAGS (-g -fwrapv -Wall ...);
+            # the JIT build has none of them: drop them, so both compile the same library.
+            self.compiler.set_executable("compiler_so", [self.compiler.compiler_so[0], "-fPIC"])
+            flags = [*build_config.CFLAGS, *build_config.arch_flags(compiler)]
             for extension in self.extensions:
                 extension.extra_compile_args = {"cxx": flags}
                 extension.extra_link_args = build_config.LDFLAGS
             super().build_extensions()
 
-    extension = CppExtension(
+    extension = CppExtension(  # type: ignore[no-untyped-call]
         build_config.EXTENSION,
         sources=[f"{KERNELS}/{name}" for name in build_config.source_names()],
         depends=[f"{KERNELS}/{path.name}" for path in sorted((ROOT / KERNELS).glob("*.h"))],

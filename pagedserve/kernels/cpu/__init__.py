@@ -133,8 +133,7 @@ def _build(timeout_s: float) -> CpuKernels:
             name=_extension_name(),
             build_directory=build_directory,
             sources=_SOURCES,
-            # NOTE: $CXX, else c++: the compiler cpp_extension.load uses (its -march=native is checked).
-            extra_cflags=[*build_config.CFLAGS, *build_config.arch_flags(os.environ.get("CXX", "c++"))],
+            extra_cflags=[*build_config.CFLAGS, *build_config.arch_flags(build_config.cxx_compiler())],
             extra_ldflags=build_config.LDFLAGS,
             verbose=False,
         )

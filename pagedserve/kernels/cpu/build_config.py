@@ -48,6 +48,11 @@ def sources_digest(folder: Path) -> str:
     return digest.hexdigest()[:12]
 
 
+def cxx_compiler() -> str:
+    """The compiler torch's cpp_extension compiles with, at first use and in setup.py's ninja build."""
+    return os.environ.get("CXX", "c++")
+
+
 def arch_flags(compiler: str) -> list[str]:
     """-march=native where the compiler takes it, else AVX2+FMA+F16C where this CPU has them (every AVX2
     CPU has F16C: the fp8 kernel widens weights with it), else none."""
