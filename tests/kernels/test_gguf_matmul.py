@@ -139,7 +139,7 @@ PACKED_BATCHES = [*range(1, 10), 16, 27]
 @pytest.mark.parametrize(("type_name", "shape"), [(t, s) for t in PACKED_TYPES for s in PACKED_SHAPES])
 def test_packed_rows_compute_as_the_file_rows(type_name: str, shape: tuple[int, int]) -> None:
     """gguf_pack's 16-row layout: the integer kernel on 8- and 16-bit activations equals the rounded x times
-    the dequantized weight up to gguf_packed_max_batch(), float activations (and larger batches) the float
+    the dequantized weight up to gguf_packed_max_batch(bits), float activations (and larger batches) the float
     x times it, and a row lookup the weight's rows."""
     ggml_type, (n, k) = NATIVE_GGML_TYPES[type_name], shape
     rng = np.random.default_rng(n * 5 + k + ggml_type)
@@ -148,12 +148,13 @@ def test_packed_rows_compute_as_the_file_rows(type_name: str, shape: tuple[int, 
     packed = gguf_pack(torch.from_numpy(rows), ggml_type)
     ids = torch.from_numpy(rng.integers(0, n, 9))
     assert torch.equal(gguf_packed_rows(packed, ggml_type, n, k, ids), weight[ids])
-    max_batch = gguf_packed_max_batch()
-    batches = [*PACKED_BATCHES, max_batch, max_batch + 1] if n < 49152 else [1, max_batch, max_batch + 1]
     for bits in (8, 16, 32):
+        max_batch = gguf_packed_max_batch(bits)
+        first_float = min(max_batch, 64) + 1  # 8 bits on VNNI: integer at every batch, 65 included
+        batches = [*PACKED_BATCHES, first_float - 1, first_float] if n < 49152 else [1, first_float]
         for batch in batches if bits != 32 else [1, 9]:
             x = torch.randn(batch, k, generator=torch.Generator().manual_seed(batch)) * 3
-            integer = bits != 32 and batch <= max_batch
+            integer = batch <= max_batch
             x_used = rounded_activations(x, bits) if integer else x.double()
             expected = x_used @ weight.double().T
             got = gguf_packed_matmul(x, packed, ggml_type, n, bits)

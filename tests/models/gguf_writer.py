@@ -122,7 +122,7 @@ def write_gguf(folder: str, arch: str, path: str, quant_type: str = "F32") -> st
         if _stays_float(name, weight, qtype):
             writer.add_tensor(name, weight)
         else:
-            writer.add_tensor(name, quantize(weight, qtype), raw_dtype=qtype)
+            writer.add_tensor(name, _quantize(weight, qtype), raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -130,6 +130,79 @@ def write_gguf(folder: str, arch: str, path: str, quant_type: str = "F32") -> st
     if qtype != GGMLQuantizationType.F32:
         _round_trip_folder(folder, qtype)
     return path
+
+
+def _quantize(weight: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+    """gguf-py's quantizer, and round-to-nearest K-quants where it has none (Q4_K, Q5_K, Q6_K: the blocks
+    llama.cpp's formats hold, not its search for the best scales)."""
+    if qtype in _K_QUANT_BITS:
+        return _quantize_k(weight, qtype)
+    return quantize(weight, qtype)
+
+
+_K_QUANT_BITS = {GGMLQuantizationType.Q4_K: 4, GGMLQuantizationType.Q5_K: 5, GGMLQuantizationType.Q6_K: 6}
+
+
+def _quantize_k(weight: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+    """Rows of 256-value super-blocks -> uint8 [rows, row_bytes] in ggml's K-quant layout."""
+    x = weight.astype(np.float32).reshape(-1, 256)
+    if qtype == GGMLQuantizationType.Q6_K:
+        blocks = _q6_k(x)
+    else:
+        blocks = _q4_k_q5_k(x, _K_QUANT_BITS[qtype])
+    return blocks.reshape(*weight.shape[:-1], -1)
+
+
+def _fp16_scale(values: np.ndarray, levels: int) -> np.ndarray:
+    """A super-block's fp16 scale putting its largest sub-block value at `levels`."""
+    return (values.max(axis=1, keepdims=True) / levels).astype(np.float16)
+
+
+def _divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.divide(a, b, out=np.zeros_like(a), where=b != 0)
+
+
+def _q4_k_q5_k(x: np.ndarray, bits: int) -> np.ndarray:
+    """Per 32-value sub-block w = d sc q - dmin m (q < 2^bits, sc and m 6-bit), ggml's byte layout."""
+    sub = x.reshape(-1, 8, 32)
+    low = np.minimum(sub.min(axis=2), 0.0)
+    scale, offset = (sub.max(axis=2) - low) / (2**bits - 1), -low
+    d, dmin = _fp16_scale(scale, 63), _fp16_scale(offset, 63)
+    sc = np.clip(np.round(_divide(scale, d.astype(np.float32))), 0, 63).astype(np.uint8)
+    mn = np.clip(np.round(_divide(offset, dmin.astype(np.float32))), 0, 63).astype(np.uint8)
+    step = (d.astype(np.float32) * sc)[..., None]
+    q = np.clip(np.round(_divide(sub + (dmin.astype(np.float32) * mn)[..., None], step)), 0, 2**bits - 1)
+    q = q.astype(np.uint8).reshape(-1, 4, 2, 32)  # [chunk of 64][low / high 32]
+    packed_scales = np.concatenate(  # get_scale_min_k4's inverse: 6-bit pairs, high bits of 4..7 in 0..3
+        [
+            sc[:, :4] | (sc[:, 4:] >> 4) << 6,
+            mn[:, :4] | (mn[:, 4:] >> 4) << 6,
+            (sc[:, 4:] & 15) | (mn[:, 4:] & 15) << 4,
+        ],
+        axis=1,
+    )
+    nibbles = ((q[:, :, 0] & 15) | (q[:, :, 1] & 15) << 4).reshape(-1, 128)
+    parts = [d.view(np.uint8), dmin.view(np.uint8), packed_scales]
+    if bits == 5:  # qh bit 2c of byte l: value 64c + l's fifth bit; bit 2c + 1: value 64c + 32 + l's
+        fifth = (q >> 4).transpose(0, 3, 1, 2).reshape(-1, 32, 8)
+        parts.append((fifth << np.arange(8, dtype=np.uint8)).sum(axis=2, dtype=np.uint8))
+    return np.concatenate([*parts, nibbles], axis=1)
+
+
+def _q6_k(x: np.ndarray) -> np.ndarray:
+    """Per 16-value sub-block w = d sc (u - 32) (u < 64, sc int8), ggml's byte layout."""
+    sub = x.reshape(-1, 16, 16)
+    scale = np.abs(sub).max(axis=2) / 31
+    d = _fp16_scale(scale, 127)
+    sc = np.clip(np.round(_divide(scale, d.astype(np.float32))), -128, 127).astype(np.int8)
+    step = (d.astype(np.float32) * sc)[..., None]
+    u = (np.clip(np.round(_divide(sub, step)), -32, 31) + 32).astype(np.uint8).reshape(-1, 2, 4, 32)
+    low, high = u & 15, u >> 4
+    ql = np.concatenate([low[:, :, 0] | low[:, :, 2] << 4, low[:, :, 1] | low[:, :, 3] << 4], axis=2)
+    qh = high[:, :, 0] | high[:, :, 1] << 2 | high[:, :, 2] << 4 | high[:, :, 3] << 6
+    return np.concatenate(
+        [ql.reshape(-1, 128), qh.reshape(-1, 64), sc.view(np.uint8), d.view(np.uint8)], axis=1
+    )
 
 
 # HF matrices whose GGUF tensor stays float: the routers (as llama.cpp's quantizer leaves them) and the
@@ -160,5 +233,5 @@ def _round_trip_folder(folder: str, qtype: GGMLQuantizationType) -> None:
     for name, tensor in tensors.items():
         weight = tensor.to(torch.float32).numpy()
         if tensor.ndim == 2 and not name.endswith(_FLOAT_MATRICES) and _fills_blocks(weight, qtype):
-            tensors[name] = torch.from_numpy(dequantize(quantize(weight, qtype), qtype).copy())
+            tensors[name] = torch.from_numpy(dequantize(_quantize(weight, qtype), qtype).copy())
     save_file(tensors, path, metadata={"format": "pt"})

@@ -5,10 +5,13 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "vec.h"
@@ -140,6 +143,34 @@ bool has_block_decode_path(int64_t type);
 // dotted with the weight blocks in integers.
 void matmul_decode_blocks(const float* x, int64_t batch, const QuantizedRows& w, int64_t type,
                           int64_t activation_bits, float* y);
+
+// ---- what the packed kernels (16 weight rows side by side) share ----
+constexpr int64_t kTileRows = 16;
+constexpr int kTileRegisters = kTileRows / vec::kLanes;  // one (AVX-512) or two vectors hold 16 lanes
+
+// fn(std::integral_constant<int64_t, count>{}) for count in 1..kMax: one compiled kernel per number of
+// activation rows, so their accumulators are arrays of known size (registers).
+template <int64_t kMax, int64_t kBatch = 1, typename Fn>
+inline void with_batch(int64_t count, Fn&& fn) {
+  if constexpr (kBatch < kMax) {
+    if (count != kBatch) return with_batch<kMax, kBatch + 1>(count, std::forward<Fn>(fn));
+  }
+  fn(std::integral_constant<int64_t, kBatch>{});
+}
+
+// Group g's 16 rows of y [batch, rows] for activation rows [first, first + kBatch) from a packed kernel's
+// accumulators; the padded last group's extra lanes are dropped.
+template <int64_t kBatch>
+inline void store_group(const vec::Vec (&acc)[kBatch][kTileRegisters], int64_t first, int64_t rows, int64_t g,
+                        float* y) {
+  const int64_t row = g * kTileRows, valid = std::min(kTileRows, rows - row);
+  for (int64_t b = 0; b < kBatch; ++b) {
+    float lanes[kTileRows];
+    float* out = valid == kTileRows ? y + (first + b) * rows + row : lanes;
+    for (int j = 0; j < kTileRegisters; ++j) vec::store(out + j * vec::kLanes, acc[b][j]);
+    if (out == lanes) std::memcpy(y + (first + b) * rows + row, lanes, valid * sizeof(float));
+  }
+}
 
 // K-quants (Q4_K, Q5_K, Q6_K) in the 16-row packed layout of gguf_kquant_matmul.cpp, multiplied on 8-bit
 // activation blocks at every batch size.

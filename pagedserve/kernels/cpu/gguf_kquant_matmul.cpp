@@ -32,8 +32,7 @@ namespace {
 using vec::Bytes, vec::Quads, vec::Vec;
 using Words = uint16_t __attribute__((vector_size(sizeof(Vec))));
 
-constexpr int64_t kTileRows = 16, kSuper = 256;
-constexpr int kRegisters = kTileRows / vec::kLanes;  // one (AVX-512) or two registers per 16 lanes
+constexpr int64_t kSuper = 256;
 constexpr int64_t kQuadBytes = 4 * kTileRows;
 // Activation rows per pass over a group's tiles: their accumulators stay in registers.
 constexpr int64_t kBatchChunk = vec::kLanes == 16 ? 8 : 4;
@@ -173,11 +172,11 @@ inline Bytes load_bytes(const uint8_t* p) {
 template <int64_t kType, int64_t kBatch>
 __attribute__((always_inline)) inline void add_quads(const uint8_t* values, int64_t first, int64_t count,
                                                      const int8_t* const (&x)[kBatch],
-                                                     Quads (&dots)[kBatch][kRegisters]) {
+                                                     Quads (&dots)[kBatch][kTileRegisters]) {
   constexpr int kRegisterBytes = 4 * vec::kLanes;
   if constexpr (kType == Q4_K) {
     for (int64_t p = first / 2; p < (first + count) / 2; ++p)
-      for (int j = 0; j < kRegisters; ++j) {
+      for (int j = 0; j < kTileRegisters; ++j) {
         const Bytes both = load_bytes(values + kQuadBytes * p + kRegisterBytes * j);
         const Bytes low = both & 0x0F, high = (Bytes)((Words)both >> 4) & 0x0F;  // no byte shifts: words
         for (int64_t b = 0; b < kBatch; ++b) {
@@ -187,7 +186,7 @@ __attribute__((always_inline)) inline void add_quads(const uint8_t* values, int6
       }
   } else {
     for (int64_t c = first; c < first + count; ++c)
-      for (int j = 0; j < kRegisters; ++j) {
+      for (int j = 0; j < kTileRegisters; ++j) {
         const Bytes u = load_bytes(values + kQuadBytes * c + kRegisterBytes * j);
         for (int64_t b = 0; b < kBatch; ++b)
           dots[b][j] = vec::dot_quads(dots[b][j], u, (Bytes)in_every_lane(x[b] + 4 * c));
@@ -203,11 +202,11 @@ void kquant_group(const Int8Activations& a, int64_t first, const uint8_t* packed
   constexpr int64_t kPerScale = kSuper / f.sub_blocks;  // 32 or 16 columns
   const int64_t supers = cols / kSuper, blocks = cols / kBlock;
   const uint8_t* t = packed + g * supers * f.bytes();
-  Vec acc[kBatch][kRegisters];
-  for (auto& per_row : acc) std::fill(per_row, per_row + kRegisters, Vec{});
+  Vec acc[kBatch][kTileRegisters];
+  for (auto& per_row : acc) std::fill(per_row, per_row + kTileRegisters, Vec{});
   for (int64_t s = 0; s < supers; ++s, t += f.bytes()) {
-    Vec d[kRegisters], dmin[kRegisters];
-    for (int j = 0; j < kRegisters; ++j) {
+    Vec d[kTileRegisters], dmin[kTileRegisters];
+    for (int j = 0; j < kTileRegisters; ++j) {
       d[j] = vec::load(reinterpret_cast<const c10::Half*>(t + f.d_at()) + j * vec::kLanes);
       if constexpr (f.has_mins) dmin[j] = vec::load(reinterpret_cast<const c10::Half*>(t + f.d_at() + 32) + j * vec::kLanes);
     }
@@ -215,9 +214,9 @@ void kquant_group(const Int8Activations& a, int64_t first, const uint8_t* packed
       const int64_t column = s * kSuper + sub * kPerScale, block = column / kBlock;
       const int8_t* x[kBatch];
       for (int64_t b = 0; b < kBatch; ++b) x[b] = a.blocks.values + (first + b) * cols + s * kSuper;
-      Quads dots[kBatch][kRegisters] = {};
+      Quads dots[kBatch][kTileRegisters] = {};
       add_quads<kType, kBatch>(t, sub * kPerScale / 4, kPerScale / 4, x, dots);
-      for (int j = 0; j < kRegisters; ++j) {
+      for (int j = 0; j < kTileRegisters; ++j) {
         const Vec scale = d[j] * vec::bytes_to_floats(reinterpret_cast<const int8_t*>(t + f.scales_at() + sub * kTileRows) + j * vec::kLanes);
         for (int64_t b = 0; b < kBatch; ++b) {
           const int64_t at = (first + b) * blocks + block;
@@ -233,23 +232,7 @@ void kquant_group(const Int8Activations& a, int64_t first, const uint8_t* packed
       }
     }
   }
-  const int64_t row = g * kTileRows, valid = std::min(kTileRows, rows - row);
-  for (int64_t b = 0; b < kBatch; ++b) {
-    float lanes[kTileRows];
-    float* out = valid == kTileRows ? y + (first + b) * rows + row : lanes;  // the padded last group via lanes
-    for (int j = 0; j < kRegisters; ++j) vec::store(out + j * vec::kLanes, acc[b][j]);
-    if (out == lanes) std::memcpy(y + (first + b) * rows + row, lanes, valid * sizeof(float));
-  }
-}
-
-// kquant_group for `count` (1..kBatchChunk) activation rows: one compiled kernel per count.
-template <int64_t kType, int64_t kBatch = 1>
-void kquant_chunk(int64_t count, const Int8Activations& a, int64_t first, const uint8_t* packed, int64_t rows,
-                  int64_t cols, int64_t g, float* y) {
-  if constexpr (kBatch < kBatchChunk) {
-    if (count != kBatch) return kquant_chunk<kType, kBatch + 1>(count, a, first, packed, rows, cols, g, y);
-  }
-  kquant_group<kType, kBatch>(a, first, packed, rows, cols, g, y);
+  store_group<kBatch>(acc, first, rows, g, y);
 }
 
 // Each thread takes whole groups and runs every chunk of activation rows through a group before the next,
@@ -262,7 +245,9 @@ void kquant_matmul(const Int8Activations& a, int64_t batch, const uint8_t* packe
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g)
       for (int64_t first = 0; first < batch; first += kBatchChunk)
-        kquant_chunk<kType>(std::min(kBatchChunk, batch - first), a, first, packed, rows, cols, g, y);
+        with_batch<kBatchChunk>(std::min(kBatchChunk, batch - first), [&](auto count) {
+          kquant_group<kType, decltype(count)::value>(a, first, packed, rows, cols, g, y);
+        });
   });
 }
 

@@ -60,10 +60,11 @@ def gguf_packable(ggml_type: int, activation_bits: int) -> bool:
     return bool(_ops().gguf_packable(ggml_type, activation_bits))
 
 
-def gguf_packed_max_batch() -> int:
-    """The largest batch `gguf_packed_matmul` computes on integer activations (decode-sized batches:
-    gguf_packed_matmul.cpp says why); larger batches compute in float32."""
-    return int(_ops().gguf_packed_max_batch())
+def gguf_packed_max_batch(activation_bits: int) -> int:
+    """The largest batch `gguf_packed_matmul` computes on integer activations of `activation_bits` for
+    Q4_0, Q4_1 and Q8_0: 32 (decode-sized; gguf_packed_matmul.cpp says why), every batch for 8 bits on VNNI
+    builds, 0 for 32 bits; larger batches compute in float32. K-quants: every batch at 8 bits."""
+    return int(_ops().gguf_packed_max_batch(activation_bits))
 
 
 def gguf_pack(qweight: torch.Tensor, ggml_type: int) -> torch.Tensor:
@@ -79,7 +80,8 @@ def gguf_packed_matmul(
 ) -> torch.Tensor:
     """x [B, K] float32 times W^T, W [rows, K] as `gguf_pack` left it; activations rounded to
     `activation_bits` per 32-value block: K-quants with 8 at every B, the others with 8 or 16 at
-    B <= gguf_packed_max_batch(); any other case computes on x's float32 values. Returns [B, rows] float32."""
+    B <= gguf_packed_max_batch(activation_bits); any other case computes on x's float32 values.
+    Returns [B, rows] float32."""
     out: torch.Tensor = _ops().gguf_packed_matmul(x, packed, ggml_type, rows, activation_bits)
     return out
 

@@ -26,7 +26,6 @@ using namespace gguf;  // NOLINT(build/namespaces): the shared declarations of g
 
 namespace {
 
-constexpr int64_t kTileRows = 16;
 // The largest batch computed on integer activations (gguf_packed_max_batch); larger ones (prefill chunks)
 // dequantize tiles for ATen's float32 GEMM. Why 32: measured on SmolLM2's matrices, 2 threads
 // (benchmarks/quant_kernels.py), the integer kernel is 1.5-3x faster than the float GEMM up to 32 rows with
@@ -34,8 +33,14 @@ constexpr int64_t kTileRows = 16;
 // ~2x faster at every batch up to 2048. But 16-bit blocks lose precision next to SmolLM2's outlier
 // channels: prompt logprobs of a 41-token prefill moved by 1.02e-3 per value (decode steps: 3e-4 to 1.6e-3,
 // docs/benchmarks.md, Activation precision), past the 1e-3 the prompt logprobs promise, so prefill-sized
-// batches keep float32 activations on every ISA.
+// batches keep float32 activations on every ISA, unless the activations are 8-bit (then a prefill loses no
+// more than a decode step already does) and VNNI makes the integer kernel the faster one at every batch.
 constexpr int64_t kPackedMaxBatch = 32;
+#if defined(__AVX512VNNI__) || defined(__AVXVNNI__)
+constexpr bool kIntegerPrefill = true;
+#else
+constexpr bool kIntegerPrefill = false;
+#endif
 
 bool packable(int64_t type) { return type == Q4_0 || type == Q4_1 || type == Q8_0; }
 int64_t packed_bytes(int64_t type, int64_t rows, int64_t cols);
@@ -113,9 +118,6 @@ void dequantize_packed_rows(const uint8_t* packed, int64_t type, int64_t cols, i
 
 using vec::Int16s, vec::Int32s, vec::Vec;
 
-// A tile's 16 rows in vec::kLanes-wide registers: one (AVX-512) or two (AVX2) per 16 int32 or float lanes.
-constexpr int kRegisters = kTileRows / vec::kLanes;
-
 constexpr bool kHasPackedKernel = true;
 
 // Activation rows per pass over a tile: their int32 dot accumulators stay in registers (one zmm each on
@@ -130,13 +132,13 @@ inline Int16s pair_in_every_lane(const int32_t* pair) { return (Int16s)(Int32s{}
 // for row r = j * kLanes + l.
 template <int64_t kType, int64_t kBatch>
 __attribute__((always_inline)) inline void tile_dots(const uint8_t* values, const int32_t* const (&x)[kBatch],
-                                                     Int32s (&dots)[kBatch][kRegisters]) {
+                                                     Int32s (&dots)[kBatch][kTileRegisters]) {
   constexpr int kRegisterBytes = 2 * vec::kLanes;  // a register's rows' pairs of values
-  for (auto& per_row : dots) std::fill(per_row, per_row + kRegisters, Int32s{});
+  for (auto& per_row : dots) std::fill(per_row, per_row + kTileRegisters, Int32s{});
   if constexpr (kType == Q8_0) {
 #pragma GCC unroll 16
     for (int p = 0; p < 16; ++p) {
-      for (int j = 0; j < kRegisters; ++j) {
+      for (int j = 0; j < kTileRegisters; ++j) {
         const Int16s w = vec::widen_bytes(reinterpret_cast<const int8_t*>(values + 32 * p + kRegisterBytes * j));
         for (int64_t b = 0; b < kBatch; ++b) dots[b][j] = vec::dot_pairs(dots[b][j], w, pair_in_every_lane(x[b] + p));
       }
@@ -144,7 +146,7 @@ __attribute__((always_inline)) inline void tile_dots(const uint8_t* values, cons
   } else {
 #pragma GCC unroll 8
     for (int l = 0; l < 8; ++l) {
-      for (int j = 0; j < kRegisters; ++j) {
+      for (int j = 0; j < kTileRegisters; ++j) {
         const Int16s bytes = vec::widen_bytes(values + 32 * l + kRegisterBytes * j);
         const Int16s low = bytes & 0x0F, high = bytes >> 4;
         for (int64_t b = 0; b < kBatch; ++b)
@@ -165,15 +167,15 @@ void packed_group(const ActivationBlocks<int16_t>& a, int64_t first, const uint8
   const float* scales = a.scales.data() + first * blocks;
   const float* sums = a.sums.data() + first * blocks;
   const uint8_t* t = packed + g * blocks * tile;
-  Vec acc[kBatch][kRegisters];
-  for (auto& per_row : acc) std::fill(per_row, per_row + kRegisters, Vec{});
+  Vec acc[kBatch][kTileRegisters];
+  for (auto& per_row : acc) std::fill(per_row, per_row + kTileRegisters, Vec{});
   for (int64_t i = 0; i < blocks; ++i, t += tile) {
     const int32_t* x[kBatch];
     for (int64_t b = 0; b < kBatch; ++b) x[b] = pairs + (b * cols + i * kBlock) / 2;
-    Int32s dots[kBatch][kRegisters];
+    Int32s dots[kBatch][kTileRegisters];
     tile_dots<kType, kBatch>(t, x, dots);
     const auto* halves = reinterpret_cast<const c10::Half*>(t + scales_at);  // d, then (Q4_1) m of the rows
-    for (int j = 0; j < kRegisters; ++j) {
+    for (int j = 0; j < kTileRegisters; ++j) {
       const Vec d = vec::load(halves + j * vec::kLanes);
       // sum_k (d q + c) x = d (sum_k q x) + c (sum_k x): c = m (Q4_1), -8 d (Q4_0), 0 (Q8_0).
       const Vec c = kType == Q4_1 ? vec::load(halves + kTileRows + j * vec::kLanes) : d * -8.f;
@@ -184,23 +186,7 @@ void packed_group(const ActivationBlocks<int16_t>& a, int64_t first, const uint8
       }
     }
   }
-  const int64_t row = g * kTileRows, valid = std::min(kTileRows, rows - row);
-  for (int64_t b = 0; b < kBatch; ++b) {
-    float lanes[kTileRows];
-    float* out = valid == kTileRows ? y + (first + b) * rows + row : lanes;  // the padded last group via lanes
-    for (int j = 0; j < kRegisters; ++j) vec::store(out + j * vec::kLanes, acc[b][j]);
-    if (out == lanes) std::memcpy(y + (first + b) * rows + row, lanes, valid * sizeof(float));
-  }
-}
-
-// packed_group for `count` (1..kBatchChunk) activation rows: one compiled kernel per count.
-template <int64_t kType, int64_t kBatch = 1>
-void packed_chunk(int64_t count, const ActivationBlocks<int16_t>& a, int64_t first, const uint8_t* packed,
-                  int64_t rows, int64_t cols, int64_t g, float* y) {
-  if constexpr (kBatch < kBatchChunk) {
-    if (count != kBatch) return packed_chunk<kType, kBatch + 1>(count, a, first, packed, rows, cols, g, y);
-  }
-  packed_group<kType, kBatch>(a, first, packed, rows, cols, g, y);
+  store_group<kBatch>(acc, first, rows, g, y);
 }
 
 // Each thread takes whole groups; every chunk of activation rows goes through a group before the next group,
@@ -212,7 +198,9 @@ void packed_integer(const ActivationBlocks<int16_t>& a, int64_t batch, const uin
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g)
       for (int64_t first = 0; first < batch; first += kBatchChunk)
-        packed_chunk<kType>(std::min(kBatchChunk, batch - first), a, first, packed, rows, cols, g, y);
+        with_batch<kBatchChunk>(std::min(kBatchChunk, batch - first), [&](auto count) {
+          packed_group<kType, decltype(count)::value>(a, first, packed, rows, cols, g, y);
+        });
   });
 }
 
@@ -245,7 +233,12 @@ bool gguf_packable(int64_t type, int64_t activation_bits) {
   return kHasPackedKernel && packable(type) && (activation_bits == 8 || activation_bits == 16);
 }
 
-int64_t gguf_packed_max_batch() { return kPackedMaxBatch; }
+// The largest batch gguf_packed_matmul computes on integer activations of `activation_bits` for Q4_0, Q4_1
+// and Q8_0 (K-quants: every batch at 8 bits).
+int64_t gguf_packed_max_batch(int64_t activation_bits) {
+  if (activation_bits == 32) return 0;
+  return activation_bits == 8 && kIntegerPrefill ? std::numeric_limits<int64_t>::max() : kPackedMaxBatch;
+}
 
 // qweight [N, row_bytes] uint8 rows of ggml `type` blocks -> the packed layout above (uint8, flat).
 at::Tensor gguf_pack(const at::Tensor& qweight, int64_t type) {
@@ -304,7 +297,7 @@ at::Tensor gguf_packed_matmul(const at::Tensor& x, const at::Tensor& packed, int
     kquant_packed_matmul(xc.data_ptr<float>(), batch, weights, type, rows, cols, y.data_ptr<float>());
     return y;
   }
-  if (!is_k_quant(type) && activation_bits != 32 && batch <= kPackedMaxBatch) {
+  if (!is_k_quant(type) && batch <= gguf_packed_max_batch(activation_bits)) {
     packed_integer_matmul(xc.data_ptr<float>(), batch, weights, type, rows, cols, activation_bits, y.data_ptr<float>());
     return y;
   }
@@ -348,7 +341,7 @@ at::Tensor gguf_packed_rows(const at::Tensor& packed, int64_t type, int64_t rows
 
 TORCH_LIBRARY_FRAGMENT(pagedserve, m) {
   m.def("gguf_packable(int type, int activation_bits) -> bool", gguf_packable);
-  m.def("gguf_packed_max_batch() -> int", gguf_packed_max_batch);
+  m.def("gguf_packed_max_batch(int activation_bits) -> int", gguf_packed_max_batch);
   m.def("gguf_pack(Tensor qweight, int type) -> Tensor", gguf_pack);
   m.def("gguf_packed_matmul(Tensor x, Tensor packed, int type, int rows, int activation_bits) -> Tensor",
         gguf_packed_matmul);
