@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build llama.cpp's native llama-server once, the peer of benchmarks/serving.py (see shared PEERS.md).
+# Build llama.cpp's native llama-server once, the peer of benchmarks/serving.py, with its llama-quantize
+# (benchmarks/kquant_serving.sh makes K-quant files with it).
 #
 # The sources come from the llama-cpp-python source distribution on PyPI (vendor/llama.cpp inside it);
 # everything lives in a cache folder outside the repository, and none of it is ever committed. The build
@@ -17,7 +18,7 @@ SRC="$CACHE/llama.cpp"
 BIN="$SRC/build/bin/llama-server"
 STAMP="$SRC/build/.pagedserve-built"
 
-if [[ -f "$STAMP" && -x "$BIN" ]]; then
+if [[ -f "$STAMP" && -x "$BIN" && -x "$SRC/build/bin/llama-quantize" ]]; then
     echo "$BIN"
     exit 0
 fi
@@ -44,6 +45,6 @@ NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 cmake -B build -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DGGML_NATIVE=ON \
     -DCMAKE_C_FLAGS="$NO_AMX" -DCMAKE_CXX_FLAGS="$NO_AMX" -DCMAKE_BUILD_TYPE=Release >&2
-cmake --build build --target llama-server -j2 >&2
+cmake --build build --target llama-server llama-quantize -j2 >&2
 touch "$STAMP"
 echo "$BIN"
