@@ -3,15 +3,18 @@
 The model: hidden 2048, 16 layers, 32 heads / 8 KV heads, intermediate 8192, rope_theta 500000, tied
 embeddings, seeded random weights (std 0.02), with the embedded SmolLM2's tokenizer (vocab 49152). It is
 saved as bfloat16 safetensors, converted by llama.cpp's convert_hf_to_gguf.py to a BF16 GGUF, and quantized
-by llama-quantize (both from benchmarks/build_llama_server.sh's build). Files that exist are kept; the
+by llama-quantize (both from benchmarks/build_llama_server.sh's build; the converter needs sentencepiece,
+pip-installed here if missing). Files that exist are kept; the
 paths of the quantized files are printed, one a line. Random weights make degenerate text: serve with
-ignore_eos. About 2.5 GB for the checkpoint, 2.5 GB for the BF16 GGUF, 0.8-1.3 GB per quantized file.
+ignore_eos. 2.1 GB for the checkpoint and for the BF16 GGUF, 0.6-1.1 GB per quantized file; about 2.5
+minutes on 2 cores (Q4_K_M's quantization is most of it).
 
     python benchmarks/make_kquant_model.py                       # Q4_K_M, Q4_0 and Q8_0
     python benchmarks/make_kquant_model.py --quant Q4_0 --out-dir /somewhere
 """
 
 import argparse
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -70,7 +73,7 @@ def make_checkpoint(folder: str, seed: int) -> None:
 
 def run(command: list[str]) -> None:
     print("+", " ".join(command), file=sys.stderr, flush=True)
-    subprocess.run(command, check=True)
+    subprocess.run(command, check=True, stdout=sys.stderr)  # stdout: only the paths
 
 
 def main() -> int:
@@ -92,6 +95,8 @@ def main() -> int:
         print(f"checkpoint made in {time.time() - start:.0f} s", file=sys.stderr)
     tree = llama_cpp_tree() if missing else ""
     if missing and not os.path.exists(bf16):
+        if importlib.util.find_spec("sentencepiece") is None:  # the converter imports it for any Llama
+            run([sys.executable, "-m", "pip", "install", "sentencepiece>=0.1.98,<0.3.0"])
         # NOTE: the converter puts its tree's gguf-py first on sys.path (the installed gguf may be older).
         start = time.time()
         convert = os.path.join(tree, "convert_hf_to_gguf.py")
