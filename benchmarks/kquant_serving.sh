@@ -8,8 +8,8 @@
 # Workloads (random token-id prompts, EOS ignored, 32 output tokens): concurrency 1: 4 prompts of 92-223
 # tokens; 8: 16 prompts of 35-250; 32 (and any other): 32 prompts of 35-250. --num-prompts N overrides the
 # counts (a quick check). For each concurrency each server is started alone, polled on /health, warmed by
-# one request, measured by serving.py (its process tree's peak RSS sampled meanwhile), and stopped; then
-# one markdown table. Flags as in docs/benchmarks.md's "Serving against llama.cpp", both with 2 threads:
+# one request (~64 prompt tokens, 4 out), measured by serving.py (its process tree's peak RSS sampled
+# meanwhile) and stopped; then one markdown table. Flags as in docs/benchmarks.md's "Serving against llama.cpp", both with 2 threads:
 #   pagedserve serve FILE --kv-cache-memory 2GiB --max-model-len 2048 --no-enable-prefix-caching --max-num-seqs 32
 #   llama-server -m FILE -np C -c C*1024 -t 2 -cb --no-cache-prompt --cache-ram 0
 # Environment: PAGEDSERVE_ARGS (more pagedserve flags, e.g. "--kv-cache-dtype bfloat16"), PAGEDSERVE_PORT
@@ -25,7 +25,7 @@ while [[ $# -gt 0 ]]; do
         --quant) QUANT="$2"; shift 2 ;;
         --concurrency) CONCURRENCY="$2"; shift 2 ;;
         --num-prompts) NUM_PROMPTS="$2"; shift 2 ;;
-        *) sed -n '2,16p' "$0" >&2; exit 2 ;;
+        *) sed -n '2,17p' "$0" >&2; exit 2 ;;
     esac
 done
 export HF_HUB_OFFLINE=1
@@ -60,8 +60,9 @@ start_server() {
     SERVER_PID=$!
     for _ in $(seq 1200); do
         if [[ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/health")" == 200 ]]; then
+            # warm-up, not measured: a prefill of ~64 tokens and a few decode steps
             curl -sf -o /dev/null "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
-                -d '{"prompt": "Hello", "max_tokens": 4, "temperature": 0}'  # warm-up, not measured
+                -d "{\"prompt\": \"$(printf 'hello %.0s' {1..64})\", \"max_tokens\": 4, \"temperature\": 0}"
             return
         fi
         kill -0 "$SERVER_PID" 2>/dev/null || { echo "server died; its log: $log" >&2; tail -n 20 "$log" >&2; exit 1; }
