@@ -30,9 +30,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def llama_cpp_tree() -> str:
     """The llama.cpp source tree, built by build_llama_server.sh if it is not yet (it prints the server)."""
-    server = subprocess.run(
-        ["bash", os.path.join(HERE, "build_llama_server.sh")], check=True, capture_output=True, text=True
-    ).stdout.strip()
+    build = os.path.join(HERE, "build_llama_server.sh")
+    server = subprocess.run(["bash", build], check=True, stdout=subprocess.PIPE, text=True).stdout.strip()
     return os.path.dirname(os.path.dirname(os.path.dirname(server)))  # .../llama.cpp/build/bin/llama-server
 
 
