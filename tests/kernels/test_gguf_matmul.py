@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from activation_rounding import rounded_activations
 
 from pagedserve.kernels.cpu import load_cpu_kernels
 from pagedserve.kernels.cpu.gguf_ops import (
@@ -78,19 +79,6 @@ def test_gguf_matmul_matches_dequantize_then_matmul(type_name: str, shape: tuple
         got = gguf_matmul(x, qweight, ggml_type)
         error = ((got.double() - expected).abs().max() / expected.abs().max()).item()
         assert error < 1e-5, f"{type_name} {shape} batch {batch}: relative error {error:.2e}"
-
-
-def rounded_activations(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """x with each 32-value block rounded as the kernel does: q = round(x * (L / max|x|)), x ~ q max|x| / L,
-    L = 2^(bits-1) - 1 (float32 arithmetic, ties to even), as float64."""
-    largest = 2 ** (bits - 1) - 1
-    blocks = x.reshape(-1, 32)
-    block_max = blocks.abs().amax(dim=1, keepdim=True)
-    # NOTE: the float32 inverse comes from a float64 division: torch's float32 `scalar / tensor` is not
-    # correctly rounded (off by an ulp), which moved a product across a rounding tie at batch 64.
-    inverse = torch.where(block_max > 0, (largest / block_max.double()).float(), torch.zeros_like(block_max))
-    q = torch.round(blocks * inverse)
-    return (q.double() * (block_max / largest).double()).reshape(x.shape)
 
 
 # Every decode batch size is its own compiled kernel; 9 takes the float GEMM path whatever the bits.
