@@ -115,7 +115,12 @@ def test_integer_activations_match_rounded_x_times_the_dequantized_weight(
         assert error < 1e-5, f"{type_name} {shape} {bits}-bit batch {batch}: relative error {error:.2e}"
 
 
-PACKED_TYPES = [name for name, ggml_type in NATIVE_GGML_TYPES.items() if gguf_packable(ggml_type, 16)]
+# The 32-weight block types with a packed layout (the K-quants' is tested below, on their own shapes).
+PACKED_TYPES = [
+    name
+    for name, ggml_type in NATIVE_GGML_TYPES.items()
+    if gguf_packable(ggml_type, 16) and GGML_BLOCK_FORMATS[ggml_type][0] == 32
+]
 # SmolLM2's shapes, and rows that leave the last 16-row group part full.
 PACKED_SHAPES = [*SMOLLM2_SHAPES, (37, 64), (1, 32)]
 # Activation rows go through the integer kernel in chunks (8 on AVX-512, 4 on AVX2): every chunk count,
@@ -158,22 +163,22 @@ K_PACKED_BATCHES = [*range(1, 10), 16, 33, 64]
 
 
 @pytest.mark.parametrize(("type_name", "shape"), [(t, s) for t in K_QUANT_TYPES for s in K_PACKED_SHAPES])
-def test_k_quants_packed_compute_on_8_bit_activation_blocks(type_name: str, shape: tuple[int, int]) -> None:
-    """gguf_pack's K-quant layout (gguf_kquant_matmul.cpp): with 8-bit activations, at every batch size,
-    the rounded x times the dequantized weight; float activations the float x times it; a row lookup the
-    weight's rows, exactly."""
+def test_k_quants_packed_compute_on_integer_activation_blocks(type_name: str, shape: tuple[int, int]) -> None:
+    """gguf_pack's K-quant layout (gguf_kquant_matmul.cpp): with 8-bit activations, or the 16-bit setting's
+    15-bit blocks, at every batch size, the rounded x times the dequantized weight; float activations the
+    float x times it; a row lookup the weight's rows, exactly."""
     ggml_type, (n, k) = NATIVE_GGML_TYPES[type_name], shape
-    assert gguf_packable(ggml_type, 8) and not gguf_packable(ggml_type, 16)
+    assert gguf_packable(ggml_type, 8) and gguf_packable(ggml_type, 16)
     rng = np.random.default_rng(n * 11 + k + ggml_type)
     rows = random_rows(ggml_type, n, k, rng)
     weight = reference_weight(rows, ggml_type)
     packed = gguf_pack(torch.from_numpy(rows), ggml_type)
     ids = torch.from_numpy(rng.integers(0, n, 9))
     assert torch.equal(gguf_packed_rows(packed, ggml_type, n, k, ids), weight[ids])
-    for bits in (8, 32):
-        for batch in K_PACKED_BATCHES if bits == 8 else [1, 9]:
+    for bits, rounded_bits in ((8, 8), (16, 15), (32, None)):
+        for batch in K_PACKED_BATCHES if rounded_bits else [1, 9]:
             x = torch.randn(batch, k, generator=torch.Generator().manual_seed(batch)) * 3
-            x_used = rounded_activations(x, 8) if bits == 8 else x.double()
+            x_used = rounded_activations(x, rounded_bits) if rounded_bits else x.double()
             expected = x_used @ weight.double().T
             got = gguf_packed_matmul(x, packed, ggml_type, n, bits)
             error = ((got.double() - expected).abs().max() / expected.abs().max()).item()
@@ -200,7 +205,8 @@ def test_packed_layout_rejects_what_it_cannot_hold() -> None:
 
 @pytest.mark.parametrize(
     ("type_name", "bits", "packed"),
-    [("Q4_1", bits, packed) for bits in (8, 16, 32) for packed in (False, True)] + [("Q6_K", 8, True)],
+    [("Q4_1", bits, packed) for bits in (8, 16, 32) for packed in (False, True)]
+    + [("Q6_K", bits, True) for bits in (8, 16)],
 )
 def test_decode_kernel_edge_inputs(type_name: str, bits: int, packed: bool) -> None:
     """Zero blocks give zeros, a non-finite activation makes only its own row non-finite, batch 0 is empty."""

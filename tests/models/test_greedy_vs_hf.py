@@ -265,29 +265,32 @@ _MOE_CONFIG_KEYS = {
 KQUANT_LLAMA = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
 
 
-def hf_greedy_on_8_bit_activations(
-    folder: str, prompts: list[list[int]]
+def hf_greedy_on_rounded_activations(
+    folder: str, prompts: list[list[int]], bits: int
 ) -> list[tuple[list[int], list[float]]]:
-    """HF transformers with every linear layer's input rounded to 8-bit integers per 32-value block (one
-    scale each), as the GGUF kernels take them: the plain-PyTorch definition of the 8-bit path."""
+    """HF transformers with every linear layer's input rounded to `bits`-bit integers per 32-value block (one
+    scale each), as the GGUF kernels take them: the plain-PyTorch definition of the integer paths."""
     from activation_rounding import rounded_activations
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
     for module in model.modules():
         if isinstance(module, torch.nn.Linear):
-            module.register_forward_pre_hook(lambda _, args: (rounded_activations(args[0], 8).float(),))
+            module.register_forward_pre_hook(lambda _, args: (rounded_activations(args[0], bits).float(),))
     return hf_greedy(model, prompts, MAX_TOKENS)
 
 
-@pytest.mark.parametrize("quant_type", ["Q4_K", "Q5_K", "Q6_K"])
-def test_k_quant_gguf_matches_hf(tmp_path, monkeypatch, quant_type: str) -> None:
+@pytest.mark.parametrize(
+    ("quant_type", "bits"), [("Q4_K", "16"), ("Q4_K", "8"), ("Q5_K", "16"), ("Q6_K", "16")]
+)
+def test_k_quant_gguf_matches_hf(tmp_path, monkeypatch, quant_type: str, bits: str) -> None:
     """A K-quant GGUF (every matrix, the embedding and LM head included, in `quant_type` blocks) against HF
     on the float folder holding the same values. Float activations (the file's rows, the exact path): the
-    same greedy tokens and logprobs (1e-4). 8-bit activation blocks (the 16-row packed kernel, prefill and
-    decode): against HF with each linear layer's input rounded as the kernel rounds it, the prefill's token
-    equal and its logprob within 5e-2; the kernel's own exactness on rounded inputs is tested per type,
-    shape and batch in tests/kernels/test_gguf_matmul.py."""
+    same greedy tokens and logprobs (1e-4). Integer activation blocks (`bits` 16: 15-bit blocks, the
+    default; 8) through the 16-row packed kernel, prefill and decode: against HF with each linear layer's
+    input rounded as the kernel rounds it, the prefill's token equal and its logprob within 5e-2; the
+    kernel's own exactness on rounded inputs is tested per type, shape and batch in
+    tests/kernels/test_gguf_matmul.py."""
     from conftest import build_tiny_model
     from gguf_writer import write_gguf
 
@@ -297,12 +300,12 @@ def test_k_quant_gguf_matches_hf(tmp_path, monkeypatch, quant_type: str) -> None
     monkeypatch.setenv("PAGEDSERVE_GGUF_ACTIVATION_BITS", "32")
     exact, _ = run(path, prompts, block_size=16, kv_cache_memory="16MiB")
     assert_matches(exact, reference(folder, prompts))
-    monkeypatch.setenv("PAGEDSERVE_GGUF_ACTIVATION_BITS", "8")
+    monkeypatch.setenv("PAGEDSERVE_GGUF_ACTIVATION_BITS", bits)
     rounded, _ = run(path, prompts, block_size=16, kv_cache_memory="16MiB", max_num_batched_tokens=64)
     # NOTE: only the first token: an activation on a rounding tie goes either way under float32 summation
     # order, and this random model turns one such flip into later tokens' logprobs moving by up to ~0.8.
     for (tokens, logprobs), (hf_tokens, hf_logprobs) in zip(
-        rounded, hf_greedy_on_8_bit_activations(folder, prompts)
+        rounded, hf_greedy_on_rounded_activations(folder, prompts, 15 if bits == "16" else 8)
     ):
         assert tokens[0] == hf_tokens[0] and abs(logprobs[0] - hf_logprobs[0]) < 5e-2
-    assert rounded != exact  # the 8-bit kernels ran
+    assert rounded != exact  # the integer kernels ran

@@ -172,13 +172,13 @@ inline void store_group(const vec::Vec (&acc)[kBatch][kTileRegisters], int64_t f
   }
 }
 
-// K-quants (Q4_K, Q5_K, Q6_K) in the 16-row packed layout of gguf_kquant_matmul.cpp, multiplied on 8-bit
-// activation blocks at every batch size.
+// K-quants (Q4_K, Q5_K, Q6_K) in the 16-row packed layout of gguf_kquant_matmul.cpp, multiplied on integer
+// activation blocks (activation_bits 8, or 16: 15-bit blocks) at every batch size.
 bool is_k_quant(int64_t type);
 int64_t kquant_packed_bytes(int64_t type, int64_t rows, int64_t cols);
 at::Tensor kquant_pack(const at::Tensor& qweight, int64_t type);  // qweight: contiguous [rows, row_bytes]
 void kquant_packed_matmul(const float* x, int64_t batch, const uint8_t* packed, int64_t type, int64_t rows,
-                          int64_t cols, float* y);
+                          int64_t cols, int64_t activation_bits, float* y);
 void kquant_dequantize_row(const uint8_t* packed, int64_t type, int64_t cols, int64_t row, float* out);
 
 }  // namespace gguf

@@ -1,6 +1,7 @@
 // K-quant weights (Q4_K, Q5_K, Q6_K) repacked at load 16 rows side by side and multiplied in integers by
-// activations rounded to 8 bits per 32-value block (one float scale each: llama.cpp's 8-bit activations), at
-// every batch size, so a prefill chunk is an integer GEMM as much as a decode step is.
+// activations rounded per 32-value block (one float scale each) to 8 bits (llama.cpp's) or 15 (the 16-bit
+// setting: two byte dots per quad), at every batch size, so a prefill chunk is an integer GEMM as much as a
+// decode step is.
 //
 // Why repack: in the file's rows a super-block of 256 weights carries its own scales, and the row kernels
 // spent more time unpacking and reducing than multiplying (a 1B-class Q4_K_M model decoded 9x slower than
@@ -140,20 +141,32 @@ void dequantize_tile_row(const uint8_t* t, int64_t type, int64_t r, float* out) 
   }
 }
 
-// The 8-bit activations: per 32-value block the integers, the scale, and the integer sums of each half.
-struct Int8Activations {
-  ActivationBlocks<int8_t> blocks;
-  std::vector<int32_t> half_sums;  // [batch, cols / 16]
+// The activations as bytes for `vpdpbusd`: per 32-value block integers q and a scale (x ~ scale q). 8 bits: q
+// in [-127, 127], one byte (`high`). 15 bits: q in [-16383, 16383] split as 128 high + low (high in
+// [-128, 127], low in [0, 127]): two byte dots per quad, for 16-bit-class precision on the same instruction.
+struct ByteActivations {
+  std::vector<int8_t> high, low;   // [batch, cols]; low: 15 bits only
+  std::vector<float> scales, sums;  // [batch, cols / 32]: the block's scale, and its sum scale * sum(q)
+  std::vector<int32_t> half_sums;  // [batch, cols / 16]: sum(q) of each half block (Q6_K's offset)
 };
 
-Int8Activations round_activations(const float* x, int64_t batch, int64_t cols) {
-  Int8Activations a{rounded_activations<int8_t>(x, batch, cols), std::vector<int32_t>(batch * cols / 16)};
-  for (size_t h = 0; h < a.half_sums.size(); ++h) {
-    int32_t sum = 0;
-    for (int64_t j = 0; j < 16; ++j) sum += a.blocks.rounded[16 * h + j];
-    a.half_sums[h] = sum;
+template <typename Int>
+ByteActivations split_activations(ActivationBlocks<Int> blocks, int64_t values) {
+  ByteActivations a{std::vector<int8_t>(values), {}, std::move(blocks.scales), std::move(blocks.sums),
+                    std::vector<int32_t>(values / 16)};
+  if constexpr (sizeof(Int) == 2) a.low.resize(values);
+  for (int64_t i = 0; i < values; ++i) {
+    const int32_t q = blocks.rounded[i];
+    a.high[i] = static_cast<int8_t>(sizeof(Int) == 2 ? q >> 7 : q);  // arithmetic shift: floor(q / 128)
+    if constexpr (sizeof(Int) == 2) a.low[i] = static_cast<int8_t>(q & 127);
+    a.half_sums[i / 16] += q;
   }
   return a;
+}
+
+ByteActivations round_activations(const float* x, int64_t batch, int64_t cols, int64_t bits) {
+  if (bits == 8) return split_activations(rounded_activations<int8_t>(x, batch, cols), batch * cols);
+  return split_activations(rounded_activations<int16_t>(x, batch, cols, 16383.f), batch * cols);
 }
 
 inline Quads in_every_lane(const int8_t* four) {
@@ -168,7 +181,8 @@ inline Bytes load_bytes(const uint8_t* p) {
   return v;
 }
 
-// dots[b][j] += the integer dots of quads [first, first + count) with activation row b (columns 4 quad on).
+// dots[b][j] += the integer dots of quads [first, first + count) with activation row b's bytes x[b] (columns
+// 4 quad on).
 template <int64_t kType, int64_t kBatch>
 __attribute__((always_inline)) inline void add_quads(const uint8_t* values, int64_t first, int64_t count,
                                                      const int8_t* const (&x)[kBatch],
@@ -194,9 +208,26 @@ __attribute__((always_inline)) inline void add_quads(const uint8_t* values, int6
   }
 }
 
+// Sub-block `sub`'s integer dots: 8 bits one byte dot per quad, 15 bits two (128 high + low).
+template <int64_t kType, int64_t kBatch, bool kSplit>
+__attribute__((always_inline)) inline void sub_block_dots(const uint8_t* t, int64_t first_quad, int64_t quads,
+                                                          const ByteActivations& a, const int64_t (&at)[kBatch],
+                                                          Quads (&dots)[kBatch][kTileRegisters]) {
+  const int8_t* x[kBatch];
+  for (int64_t b = 0; b < kBatch; ++b) x[b] = a.high.data() + at[b];
+  add_quads<kType, kBatch>(t, first_quad, quads, x, dots);
+  if constexpr (kSplit) {
+    Quads low[kBatch][kTileRegisters] = {};
+    for (int64_t b = 0; b < kBatch; ++b) x[b] = a.low.data() + at[b];
+    add_quads<kType, kBatch>(t, first_quad, quads, x, low);
+    for (int64_t b = 0; b < kBatch; ++b)
+      for (int j = 0; j < kTileRegisters; ++j) dots[b][j] = (dots[b][j] << 7) + low[b][j];
+  }
+}
+
 // Group g's rows of y for activation rows [first, first + kBatch).
-template <int64_t kType, int64_t kBatch>
-void kquant_group(const Int8Activations& a, int64_t first, const uint8_t* packed, int64_t rows, int64_t cols,
+template <int64_t kType, int64_t kBatch, bool kSplit>
+void kquant_group(const ByteActivations& a, int64_t first, const uint8_t* packed, int64_t rows, int64_t cols,
                   int64_t g, float* y) {
   constexpr TileFormat f = tile_format(kType);
   constexpr int64_t kPerScale = kSuper / f.sub_blocks;  // 32 or 16 columns
@@ -212,22 +243,22 @@ void kquant_group(const Int8Activations& a, int64_t first, const uint8_t* packed
     }
     for (int64_t sub = 0; sub < f.sub_blocks; ++sub) {
       const int64_t column = s * kSuper + sub * kPerScale, block = column / kBlock;
-      const int8_t* x[kBatch];
-      for (int64_t b = 0; b < kBatch; ++b) x[b] = a.blocks.values + (first + b) * cols + s * kSuper;
+      int64_t at[kBatch];
+      for (int64_t b = 0; b < kBatch; ++b) at[b] = (first + b) * cols + s * kSuper;
       Quads dots[kBatch][kTileRegisters] = {};
-      add_quads<kType, kBatch>(t, sub * kPerScale / 4, kPerScale / 4, x, dots);
+      sub_block_dots<kType, kBatch, kSplit>(t, sub * kPerScale / 4, kPerScale / 4, a, at, dots);
       for (int j = 0; j < kTileRegisters; ++j) {
         const Vec scale = d[j] * vec::bytes_to_floats(reinterpret_cast<const int8_t*>(t + f.scales_at() + sub * kTileRows) + j * vec::kLanes);
         for (int64_t b = 0; b < kBatch; ++b) {
           const int64_t at = (first + b) * blocks + block;
           Quads dot = dots[b][j];
           if constexpr (!f.has_mins) dot -= 32 * a.half_sums[(first + b) * cols / 16 + column / 16];  // u - 32
-          acc[b][j] = vec::fma(vec::to_floats(dot), scale * a.blocks.scales[at], acc[b][j]);
+          acc[b][j] = vec::fma(vec::to_floats(dot), scale * a.scales[at], acc[b][j]);
         }
         if constexpr (f.has_mins) {
           const Vec min = dmin[j] * vec::bytes_to_floats(t + f.mins_at() + sub * kTileRows + j * vec::kLanes);
           for (int64_t b = 0; b < kBatch; ++b)
-            acc[b][j] = vec::fma(min, vec::splat(-a.blocks.sums[(first + b) * blocks + block]), acc[b][j]);
+            acc[b][j] = vec::fma(min, vec::splat(-a.sums[(first + b) * blocks + block]), acc[b][j]);
         }
       }
     }
@@ -238,17 +269,25 @@ void kquant_group(const Int8Activations& a, int64_t first, const uint8_t* packed
 // Each thread takes whole groups and runs every chunk of activation rows through a group before the next,
 // so the group's tiles come from memory once and from cache for the later chunks (the cache blocking of a
 // prefill GEMM: a group of a 2048-column Q4_K matrix is 18 KiB).
-template <int64_t kType>
-void kquant_matmul(const Int8Activations& a, int64_t batch, const uint8_t* packed, int64_t rows, int64_t cols,
+template <int64_t kType, bool kSplit>
+void kquant_matmul(const ByteActivations& a, int64_t batch, const uint8_t* packed, int64_t rows, int64_t cols,
                    float* y) {
+  constexpr int64_t kChunk = kSplit ? kBatchChunk / 2 : kBatchChunk;  // twice the dot accumulators when split
   const int64_t groups = (rows + kTileRows - 1) / kTileRows;
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g)
-      for (int64_t first = 0; first < batch; first += kBatchChunk)
-        with_batch<kBatchChunk>(std::min(kBatchChunk, batch - first), [&](auto count) {
-          kquant_group<kType, decltype(count)::value>(a, first, packed, rows, cols, g, y);
+      for (int64_t first = 0; first < batch; first += kChunk)
+        with_batch<kChunk>(std::min(kChunk, batch - first), [&](auto count) {
+          kquant_group<kType, decltype(count)::value, kSplit>(a, first, packed, rows, cols, g, y);
         });
   });
+}
+
+template <int64_t kType>
+void kquant_matmul(const ByteActivations& a, int64_t batch, const uint8_t* packed, int64_t rows, int64_t cols,
+                   float* y) {
+  if (a.low.empty()) return kquant_matmul<kType, false>(a, batch, packed, rows, cols, y);
+  kquant_matmul<kType, true>(a, batch, packed, rows, cols, y);
 }
 
 }  // namespace
@@ -277,8 +316,8 @@ at::Tensor kquant_pack(const at::Tensor& qweight, int64_t type) {
 }
 
 void kquant_packed_matmul(const float* x, int64_t batch, const uint8_t* packed, int64_t type, int64_t rows,
-                          int64_t cols, float* y) {
-  const Int8Activations a = round_activations(x, batch, cols);
+                          int64_t cols, int64_t activation_bits, float* y) {
+  const ByteActivations a = round_activations(x, batch, cols, activation_bits);
   switch (type) {
     case Q4_K: return kquant_matmul<Q4_K>(a, batch, packed, rows, cols, y);
     case Q5_K: return kquant_matmul<Q5_K>(a, batch, packed, rows, cols, y);

@@ -227,9 +227,9 @@ void packed_integer_matmul(const float*, int64_t, const uint8_t*, int64_t, int64
 }  // namespace
 
 // Whether gguf_pack takes `type` in this build for activations of `activation_bits`: Q4_0, Q4_1 and Q8_0 for
-// 8 or 16 (AVX2 builds), the K-quants for 8 (every build).
+// 8 or 16 (AVX2 builds), the K-quants for both (every build).
 bool gguf_packable(int64_t type, int64_t activation_bits) {
-  if (is_k_quant(type)) return activation_bits == 8;
+  if (is_k_quant(type)) return activation_bits == 8 || activation_bits == 16;
   return kHasPackedKernel && packable(type) && (activation_bits == 8 || activation_bits == 16);
 }
 
@@ -279,8 +279,8 @@ at::Tensor gguf_pack(const at::Tensor& qweight, int64_t type) {
   return packed;
 }
 
-// x [B, K] float32 times the packed W^T (W [rows, K]) -> [B, rows]. K-quants with activation_bits 8: integer
-// dots on x rounded to 8 bits per 32-value block at every B. Q4_0/Q4_1/Q8_0 with 8 or 16 and
+// x [B, K] float32 times the packed W^T (W [rows, K]) -> [B, rows]. K-quants with activation_bits 8 or 16:
+// integer dots on x rounded to 8 or 15 bits per 32-value block at every B. Q4_0/Q4_1/Q8_0 with 8 or 16 and
 // B <= kPackedMaxBatch: the same at that width. Otherwise tiles dequantized to float32 for ATen's GEMM on x.
 at::Tensor gguf_packed_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t rows,
                               int64_t activation_bits) {
@@ -293,8 +293,8 @@ at::Tensor gguf_packed_matmul(const at::Tensor& x, const at::Tensor& packed, int
   at::Tensor y = at::empty({batch, rows}, xc.options());
   if (batch == 0) return y;
   const uint8_t* weights = packed.data_ptr<uint8_t>();
-  if (is_k_quant(type) && activation_bits == 8) {
-    kquant_packed_matmul(xc.data_ptr<float>(), batch, weights, type, rows, cols, y.data_ptr<float>());
+  if (is_k_quant(type) && activation_bits != 32) {
+    kquant_packed_matmul(xc.data_ptr<float>(), batch, weights, type, rows, cols, activation_bits, y.data_ptr<float>());
     return y;
   }
   if (!is_k_quant(type) && batch <= gguf_packed_max_batch(activation_bits)) {
