@@ -243,6 +243,7 @@ def main() -> None:
         args.model,
         dtype=args.dtype,
         kv_cache_memory=512 * 2**20,
+        max_model_len=2048,  # what the 512 MiB cache holds for a 1B-class model too
         enable_prefix_caching=False,
         distributed_executor_backend="uni",
     )

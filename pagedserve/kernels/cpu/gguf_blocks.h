@@ -148,6 +148,15 @@ void matmul_decode_blocks(const float* x, int64_t batch, const QuantizedRows& w,
 constexpr int64_t kTileRows = 16;
 constexpr int kTileRegisters = kTileRows / vec::kLanes;  // one (AVX-512) or two vectors hold 16 lanes
 
+// Asks for the tile about 4.5 KiB past `tile` (`bytes` long) while this one is computed: the packed kernels
+// read their tiles in order, and the hardware prefetcher alone left a decode step's matmuls at half the
+// memory bandwidth (a 1B-class Q4_K matrix, 2 threads: 20 GB/s without, 47 with; 4 tiles ahead: 31-37).
+inline void prefetch_tile(const uint8_t* tile, int64_t bytes) {
+  constexpr int64_t kAhead = 4608, kLine = 64;
+  const int64_t ahead = (kAhead + bytes - 1) / bytes * bytes;
+  for (int64_t line = 0; line < bytes; line += kLine) __builtin_prefetch(tile + ahead + line);
+}
+
 // fn(std::integral_constant<int64_t, count>{}) for count in 1..kMax: one compiled kernel per number of
 // activation rows, so their accumulators are arrays of known size (registers).
 template <int64_t kMax, int64_t kBatch = 1, typename Fn>

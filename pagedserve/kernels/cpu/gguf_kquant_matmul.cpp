@@ -236,6 +236,7 @@ void kquant_group(const ByteActivations& a, int64_t first, const uint8_t* packed
   Vec acc[kBatch][kTileRegisters];
   for (auto& per_row : acc) std::fill(per_row, per_row + kTileRegisters, Vec{});
   for (int64_t s = 0; s < supers; ++s, t += f.bytes()) {
+    prefetch_tile(t, f.bytes());
     Vec d[kTileRegisters], dmin[kTileRegisters];
     for (int j = 0; j < kTileRegisters; ++j) {
       d[j] = vec::load(reinterpret_cast<const c10::Half*>(t + f.d_at()) + j * vec::kLanes);

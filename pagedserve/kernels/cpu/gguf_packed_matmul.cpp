@@ -170,6 +170,7 @@ void packed_group(const ActivationBlocks<int16_t>& a, int64_t first, const uint8
   Vec acc[kBatch][kTileRegisters];
   for (auto& per_row : acc) std::fill(per_row, per_row + kTileRegisters, Vec{});
   for (int64_t i = 0; i < blocks; ++i, t += tile) {
+    prefetch_tile(t, tile);
     const int32_t* x[kBatch];
     for (int64_t b = 0; b < kBatch; ++b) x[b] = pairs + (b * cols + i * kBlock) / 2;
     Int32s dots[kBatch][kTileRegisters];
