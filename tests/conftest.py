@@ -77,6 +77,11 @@ TINY_MODELS = {
         }
     ),
     "llama-tied-mha": dict(num_key_value_heads=4, tie_word_embeddings=True),
+    # Every matrix fills 256-value K-quant super-blocks; plain rotary embeddings (a GGUF has no llama3 table);
+    # weights of a trained model's scale, so one activation rounding flip (integer activation blocks: a value
+    # on a rounding tie goes either way under float summation order) moves logprobs by a rounding's worth,
+    # not the ~0.8 that 0.1-scale random weights amplify it to.
+    "llama-kquant": dict(hidden_size=256, intermediate_size=512, initializer_range=0.02),
     # Fewer KV heads than tensor-parallel ranks (replicated) and a vocab-parallel tied head.
     "llama-1kv-tied": dict(num_key_value_heads=1, tie_word_embeddings=True),
     "mistral": dict(sliding_window=None),

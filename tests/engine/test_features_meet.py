@@ -54,7 +54,19 @@ SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "fp8_chunked_prefix_cache": ("llama", dict(TIGHT, kv_cache_dtype="fp8", max_num_batched_tokens=16)),
     "window_recompute": ("mistral-swa", dict(TIGHT, preemption_mode="recompute", max_num_batched_tokens=24)),
+    # A Q4_K GGUF: the packed K-quant kernels on integer activations, prefill chunks and decode alike.
+    "kquant_gguf_ngram_swap": (
+        "llama-kquant",
+        dict(
+            TIGHT,
+            speculative_config=NGRAM,
+            preemption_mode="swap",
+            swap_space=0.01,
+            max_num_batched_tokens=32,
+        ),
+    ),
 }
+GGUF_MODELS = {"llama-kquant": "Q4_K"}  # tiny models these settings load as a GGUF of that type
 
 # Two block-aligned shared prefixes (prefix-cache hits), one a repeating pattern (n-gram proposals).
 PREFIXES = [[11, 12, 13, 14, 15, 16, 17, 18] * 3, list(range(3000, 3024))]
@@ -133,6 +145,10 @@ def engine(name: str, tiny_model_factory: Any) -> LLM:
     if name not in _ENGINES:
         model_name, args = SETTINGS[name]
         model = tiny_model_factory(model_name)
+        if model_name in GGUF_MODELS:
+            from gguf_writer import write_gguf
+
+            model = write_gguf(model, "llama", os.path.join(model, "model.gguf"), GGUF_MODELS[model_name])
         spec = args.get("speculative_config")
         if spec and spec.get("model") == "{model}":
             args = dict(args, speculative_config=dict(spec, model=model))

@@ -162,6 +162,7 @@ K_PACKED_SHAPES = [(256, 768), (576, 1536), (2048, 2048), (37, 256), (1, 512)]
 K_PACKED_BATCHES = [*range(1, 10), 16, 33, 64]
 
 
+@pytest.mark.sampled(by="type_name")
 @pytest.mark.parametrize(("type_name", "shape"), [(t, s) for t in K_QUANT_TYPES for s in K_PACKED_SHAPES])
 def test_k_quants_packed_compute_on_integer_activation_blocks(type_name: str, shape: tuple[int, int]) -> None:
     """gguf_pack's K-quant layout (gguf_kquant_matmul.cpp): with 8-bit activations, or the 16-bit setting's

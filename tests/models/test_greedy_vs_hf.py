@@ -260,11 +260,6 @@ _MOE_CONFIG_KEYS = {
 }
 
 
-# A Llama whose every matrix fills 256-value K-quant super-blocks (hidden 256, MLP 512), with plain rotary
-# embeddings (the GGUF writer has no llama3 frequency table).
-KQUANT_LLAMA = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
-
-
 def hf_greedy_on_rounded_activations(
     folder: str, prompts: list[list[int]], bits: int
 ) -> list[tuple[list[int], list[float]]]:
@@ -280,6 +275,7 @@ def hf_greedy_on_rounded_activations(
     return hf_greedy(model, prompts, MAX_TOKENS)
 
 
+@pytest.mark.sampled
 @pytest.mark.parametrize(
     ("quant_type", "bits"), [("Q4_K", "16"), ("Q4_K", "8"), ("Q5_K", "16"), ("Q6_K", "16")]
 )
@@ -291,10 +287,10 @@ def test_k_quant_gguf_matches_hf(tmp_path, monkeypatch, quant_type: str, bits: s
     input rounded as the kernel rounds it, the prefill's token equal and its logprob within 5e-2; the
     kernel's own exactness on rounded inputs is tested per type, shape and batch in
     tests/kernels/test_gguf_matmul.py."""
-    from conftest import build_tiny_model
+    from conftest import TINY_MODELS, build_tiny_model
     from gguf_writer import write_gguf
 
-    folder = build_tiny_model(str(tmp_path / "hf"), "llama", **KQUANT_LLAMA)
+    folder = build_tiny_model(str(tmp_path / "hf"), "llama", **TINY_MODELS["llama-kquant"])
     path = write_gguf(folder, "llama", str(tmp_path / "llama.gguf"), quant_type=quant_type)
     prompts = make_prompts(5, [5, 9, 12, 40, 70])
     monkeypatch.setenv("PAGEDSERVE_GGUF_ACTIVATION_BITS", "32")
