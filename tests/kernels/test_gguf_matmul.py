@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from activation_rounding import rounded_activations
+from gguf_reference import random_rows, reference_weight, rounded_activations
 
 from pagedserve.kernels.cpu import load_cpu_kernels
 from pagedserve.kernels.cpu.gguf_ops import (
@@ -24,35 +24,11 @@ pytestmark = pytest.mark.skipif(
     load_cpu_kernels().module is None, reason=f"native CPU kernels unavailable: {load_cpu_kernels().error}"
 )
 
-# Byte offsets of the fp16 fields (scales, minimums) inside each type's block.
-_HALF_OFFSETS = {2: (0,), 3: (0, 2), 8: (0,), 12: (0, 2), 13: (0, 2), 14: (208,)}
 # SmolLM2-135M's weights as [N, K]: q, k/v, o, fused qkv, gate/up, fused gate_up, down, embedding/LM head.
 SMOLLM2_SHAPES = [(576, 576), (192, 576), (960, 576), (1536, 576), (3072, 576), (576, 1536), (49152, 576)]
 # K-quant blocks hold 256 weights: SmolLM2's K=576 does not fit them; Llama-like widths do.
 K_QUANT_SHAPES = [(576, 1536), (256, 768)]
 BATCHES = [1, 2, 8, 9, 64, 256]
-
-
-def random_rows(ggml_type: int, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
-    """uint8 [rows, row_bytes] of random blocks whose fp16 fields are finite values of a weight's scale."""
-    if ggml_type in (0, 1):
-        dtype = np.float32 if ggml_type == 0 else np.float16
-        return rng.standard_normal((rows, cols)).astype(dtype).view(np.uint8)
-    weights, nbytes = GGML_BLOCK_FORMATS[ggml_type]
-    blocks = rng.integers(0, 256, (rows * cols // weights, nbytes), dtype=np.uint8)
-    for offset in _HALF_OFFSETS[ggml_type]:
-        halves = (rng.standard_normal(len(blocks)) * 0.01).astype(np.float16)
-        blocks[:, offset : offset + 2] = halves.view(np.uint8).reshape(-1, 2)
-    return blocks.reshape(rows, -1)
-
-
-def reference_weight(rows: np.ndarray, ggml_type: int) -> torch.Tensor:
-    from gguf.constants import GGMLQuantizationType
-    from gguf.quants import dequantize
-
-    if ggml_type in (0, 1):
-        return torch.from_numpy(rows.view(np.float32 if ggml_type == 0 else np.float16).astype(np.float32))
-    return torch.from_numpy(dequantize(rows, GGMLQuantizationType(ggml_type)).astype(np.float32))
 
 
 def _cases() -> list[tuple[str, tuple[int, int]]]:

@@ -265,7 +265,7 @@ def hf_greedy_on_rounded_activations(
 ) -> list[tuple[list[int], list[float]]]:
     """HF transformers with every linear layer's input rounded to `bits`-bit integers per 32-value block (one
     scale each), as the GGUF kernels take them: the plain-PyTorch definition of the integer paths."""
-    from activation_rounding import rounded_activations
+    from gguf_reference import rounded_activations
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")

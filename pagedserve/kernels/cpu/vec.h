@@ -187,7 +187,6 @@ inline Int16s widen_bytes(const int8_t* p) {
 #endif
 }
 
-inline Vec to_floats(Int32s v) { return __builtin_convertvector(v, Vec); }
 
 // acc + sum over lane pairs of a[i] * b[i] (int16) -> eight int32 (AVX-VNNI's dpwssd where the build has it).
 inline __m256i dot_pairs(__m256i acc, __m256i a, __m256i b) {
@@ -249,6 +248,9 @@ inline Quads dot_quads(Quads acc, Bytes u, Bytes s) {
   return acc;
 #endif
 }
+
+// int32 lanes to float32 (Quads is Int32s where the build has AVX2).
+inline Vec to_floats(Quads v) { return __builtin_convertvector(v, Vec); }
 
 // kLanes bytes, signed or unsigned, widened to float32 lanes.
 inline Vec bytes_to_floats(const int8_t* p) {
