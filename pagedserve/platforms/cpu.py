@@ -10,6 +10,7 @@ import psutil
 import torch
 
 from pagedserve.config import CacheConfig, ParallelConfig
+from pagedserve.config.parallel import MAX_CPU_THREADS
 from pagedserve.logger import init_logger
 from pagedserve.platforms.interface import Platform
 from pagedserve.sizing import MemoryReport
@@ -76,7 +77,7 @@ def cpu_threads(requested: int | None, tensor_parallel_size: int) -> int:
         return requested
     pinned = os.environ.get("OMP_NUM_THREADS", "")
     if pinned.isdigit() and int(pinned) > 0:
-        return int(pinned)
+        return min(int(pinned), MAX_CPU_THREADS)  # one pool thread each: a typo must not start millions
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     cores = min(psutil.cpu_count(logical=False) or usable, usable)
     return max(1, cores // tensor_parallel_size)

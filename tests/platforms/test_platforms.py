@@ -80,6 +80,7 @@ PHYSICAL_CORES = min(psutil.cpu_count(logical=False) or os.cpu_count() or 1, len
         (None, 2, None, max(1, PHYSICAL_CORES // 2)),
         ("1", 1, None, 1),
         ("1", 1, 3, 3),
+        ("18446744073709551616", 1, None, 4096),  # capped, not millions of pool threads
     ],
 )
 def test_cpu_threads_physical_cores_split_between_ranks_unless_pinned(
