@@ -58,3 +58,16 @@ def gguf_activation_bits() -> int:
     if raw not in ("8", "16", "32"):
         raise ConfigError(f"PAGEDSERVE_GGUF_ACTIVATION_BITS={raw!r} must be 8, 16 or 32.")
     return int(raw)
+
+
+def allow_runtime_lora_updating() -> bool:
+    """PAGEDSERVE_ALLOW_RUNTIME_LORA_UPDATING, else vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING: 1 or true opens
+    /v1/load_lora_adapter and /v1/unload_lora_adapter (default off)."""
+    for name in ("PAGEDSERVE_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_ALLOW_RUNTIME_LORA_UPDATING"):
+        raw = os.environ.get(name)
+        if raw is not None:
+            value = raw.strip().lower()
+            if value not in ("0", "1", "true", "false", ""):
+                raise ConfigError(f"{name}={raw!r} must be 1/true (allow) or 0/false.")
+            return value in ("1", "true")
+    return False

@@ -4,6 +4,7 @@ import enum
 
 import msgspec
 
+from pagedserve.lora.request import LoRARequest
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams
 
 
@@ -65,6 +66,8 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     priority: int = 0
     # --runner pooling: the request is pooled, not sampled (its sampling_params are a placeholder).
     pooling_params: PoolingParams | None = None
+    # --enable-lora: the adapter over the base model (None: the base model).
+    lora_request: LoRARequest | None = None
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -108,6 +111,9 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
     spec_decode_num_drafts: int = 0
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
+    # --enable-lora: the names of the adapters of the running and of the waiting requests.
+    running_lora_adapters: list[str] = msgspec.field(default_factory=list)
+    waiting_lora_adapters: list[str] = msgspec.field(default_factory=list)
 
 
 def child_request_id(request_id: str, index: int, n: int) -> str:

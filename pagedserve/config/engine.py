@@ -10,6 +10,7 @@ from pagedserve.config.cache import BlockSize, CacheConfig, KVCacheDType
 from pagedserve.config.cli import add_dataclass_cli_args, config_field, dataclass_from_cli_args
 from pagedserve.config.generation import generation_defaults
 from pagedserve.config.kv_layout import KVCacheLayout
+from pagedserve.config.lora import LoRAConfig
 from pagedserve.config.model import DType, LoadFormat, ModelConfig, load_model_config
 from pagedserve.config.parallel import (
     ExecutorBackend,
@@ -53,6 +54,7 @@ class EngineConfig:
     attention_backend: AttentionBackendName = "auto"  # auto is resolved by the worker's platform
     cuda_graph_sizes: tuple[int, ...] = ()  # decode batch sizes captured in CUDA graphs, ascending
     speculative: SpeculativeConfig | None = None
+    lora: LoRAConfig | None = None  # --enable-lora
     # Computed once from the configs above; every part that sizes, allocates or counts blocks reads it.
     kv_layout: KVCacheLayout = dataclasses.field(init=False)
 
@@ -252,6 +254,19 @@ class EngineArgs:
         '"normalize": true, "activation": true}. Default: sentence-transformers\' modules.json and '
         "1_Pooling, else CLS for encoders and LAST for decoders, normalized.",
     )
+    enable_lora: bool = config_field(
+        False, "Serve LoRA adapters over the base model (--lora-modules, lora_request)."
+    )
+    max_loras: int = config_field(
+        1, "--enable-lora: the most adapters in one step (each takes a slot of weights)."
+    )
+    max_lora_rank: int = config_field(
+        16, "--enable-lora: the largest adapter rank (every slot is this wide)."
+    )
+    max_cpu_loras: int | None = config_field(
+        None,
+        "--enable-lora: adapters kept read in host memory, least recently used evicted (default --max-loras).",
+    )
     download_dir: str | None = config_field(
         None,
         "Hugging Face cache folder for hub ids (default: HF_HUB_CACHE's). With HF_HUB_OFFLINE=1 models are "
@@ -294,6 +309,17 @@ class EngineArgs:
             self.calculate_kv_scales,
         )
         model = self.model_config(device)
+        lora = (
+            LoRAConfig.for_model(
+                model.architecture,
+                model.pooling is not None,
+                max_loras=self.max_loras,
+                max_lora_rank=self.max_lora_rank,
+                max_cpu_loras=self.max_cpu_loras,
+            )
+            if self.enable_lora
+            else None
+        )
         scheduler = SchedulerConfig(
             self.max_num_seqs,
             self.max_num_batched_tokens
@@ -304,6 +330,7 @@ class EngineArgs:
             self.preemption_mode,
             self.scheduling_policy,
             pooling=model.pooling is not None,
+            max_loras=None if lora is None else lora.max_loras,
         )
         parallel = self._parallel_config(device, model)
         return EngineConfig(
@@ -318,6 +345,7 @@ class EngineArgs:
                 self.speculative_config, model, device, parallel.tensor_parallel_size, self.download_dir
             ),
             cuda_graph_sizes=cuda_graph_capture_sizes(self.cuda_graph_sizes, scheduler.max_num_seqs),
+            lora=lora,
         )
 
     def kv_cache_bytes(self) -> int | None:

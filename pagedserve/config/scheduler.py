@@ -27,6 +27,7 @@ class SchedulerConfig:
     preemption_mode: PreemptionMode | None = None  # None: swap groups that share blocks, recompute others
     policy: SchedulingPolicy = "fcfs"
     pooling: bool = False  # --runner pooling: every prompt is computed in one step
+    max_loras: int | None = None  # --enable-lora: the most adapters running at once (--max-loras)
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

@@ -110,7 +110,9 @@ class KVCacheManager:
             return None
         size, tokens = self.block_size, request.all_token_ids
         max_entries = (request.num_tokens - 1) // size
-        extend_block_hashes(request.block_hashes, tokens, size, max_entries, request.cache_salt)
+        extend_block_hashes(
+            request.block_hashes, tokens, size, max_entries, request.cache_salt, request.lora_id
+        )
         return find_longest_cache_hit(self.block_pool, self.groups, request.block_hashes, tokens, max_entries)
 
     def num_hit_tokens(self, hits: list[KVCacheBlock] | None) -> int:
@@ -372,7 +374,9 @@ class KVCacheManager:
         num_full = num_tokens // size
         if num_full <= start:
             return
-        extend_block_hashes(request.block_hashes, request.all_token_ids, size, num_full, request.cache_salt)
+        extend_block_hashes(
+            request.block_hashes, request.all_token_ids, size, num_full, request.cache_salt, request.lora_id
+        )
         for entry in range(start, num_full):
             tokens = request.all_token_ids[entry * size : (entry + 1) * size]
             for group in range(self.num_groups):

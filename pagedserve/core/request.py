@@ -38,6 +38,7 @@ class Request:
         self.finish_reason: FinishReason | None = None
         self.stop_reason: int | str | None = None
         self.cache_salt = request.cache_salt
+        self.lora_request = request.lora_request  # --enable-lora: its adapter (None: the base model)
         self.group_id = request.group_id
         self.beam_search = request.beam_search
         self.pooling_params = request.pooling_params  # --runner pooling: pooled, never sampled
@@ -48,6 +49,11 @@ class Request:
         # Prompt positions whose logprobs (prompt_logprobs) were reported: a request recomputed after a
         # preemption computes them again, and they must not be reported twice.
         self.num_prompt_logprobs_reported = 0
+
+    @property
+    def lora_id(self) -> int:
+        """Its adapter's id; 0 for the base model."""
+        return 0 if self.lora_request is None else self.lora_request.lora_int_id
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, field
 
+from pagedserve.lora.request import LoRARequest
 from pagedserve.protocol import PoolingParams
 from pagedserve.sampling_params import SamplingParams
 from pagedserve.structured_output.manager import GrammarBitmask
@@ -19,6 +20,7 @@ class NewRequestData:
     block_ids: list[int]
     num_computed_tokens: int
     pooling_params: PoolingParams | None = None  # --runner pooling: pool the prompt, sample nothing
+    lora_request: LoRARequest | None = None  # --enable-lora: its adapter
 
 
 @dataclass(slots=True)

@@ -126,7 +126,8 @@ class Scheduler(SchedulerState):
                 return
             plan = plan_group(group, step.budget)
             if (
-                self._num_seats_taken() + self._num_seats(group) > self.config.max_num_seqs
+                not self._adapter_fits(group[0], self._running_adapters())
+                or self._num_seats_taken() + self._num_seats(group) > self.config.max_num_seqs
                 or kv.num_blocks_to_resume(group, plan) > kv.num_free_blocks()
             ):
                 if not self.running:  # it will never fit whole: recompute it request by request
@@ -144,11 +145,16 @@ class Scheduler(SchedulerState):
     def _admit_waiting(self, step: ScheduleStep) -> None:
         """Admit waiting requests in order (`RequestOrder`; not before the swapped-out groups it puts
         first), reusing their longest cached prefix, while the seats and the KV admission policy allow
-        (`_admission`)."""
+        (`_admission`). A request whose adapter would exceed --max-loras waits; those behind it go on."""
         kv = self.kv_cache_manager
         seats = self._num_seats_taken()
+        adapters = self._running_adapters()
+
+        def ready(request: Request) -> bool:
+            return self.structured.is_ready(request) and self._adapter_fits(request, adapters)
+
         while self.waiting and step.budget > 0:
-            request = self.order.next_admission(self.waiting, self.swapped, self.structured.is_ready)
+            request = self.order.next_admission(self.waiting, self.swapped, ready)
             if request is None:
                 return
             admission = self._admission(request, seats, step.budget)
@@ -162,10 +168,22 @@ class Scheduler(SchedulerState):
                 continue
             self.waiting.remove(request)
             seats += admission.more_seats
+            if request.lora_id:
+                adapters.add(request.lora_id)
             request.num_computed_tokens = admission.num_cached
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             self._record(step, request, admission.num_new, allocation)
+
+    def _running_adapters(self) -> set[int]:
+        """The adapter ids of the running requests (the base model's requests take no slot)."""
+        return {request.lora_id for request in self.running if request.lora_id}
+
+    def _adapter_fits(self, request: Request, adapters: set[int]) -> bool:
+        """--max-loras: the request's adapter runs already, or a slot is left for it."""
+        limit = self.config.max_loras
+        lora_id = request.lora_id
+        return limit is None or not lora_id or lora_id in adapters or len(adapters) < limit
 
     def _admission(self, request: Request, seats: int, budget: int) -> Admission | None:
         """What admitting `request` now takes, or None when the seats (--max-num-seqs, counting the forks
@@ -252,6 +270,7 @@ class Scheduler(SchedulerState):
                     request.eos_token_id,
                     self.kv_cache_manager.get_block_ids(request_id),
                     request.num_computed_tokens,
+                    lora_request=request.lora_request,
                 )
             )
         self._num_tokens_sent[request_id] = request.num_tokens

@@ -3,6 +3,7 @@ were last told, and what it reports (stats, the stall log). The scheduling decis
 (scheduler.py); preemption and draft settling are its collaborators (preemption.py, draft_settling.py)."""
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from pagedserve.config import SchedulerConfig, SpeculativeConfig
@@ -190,4 +191,10 @@ class SchedulerState:
             spec_decode_num_drafts=drafts.num_drafts if drafts else 0,
             spec_decode_num_draft_tokens=drafts.num_draft_tokens if drafts else 0,
             spec_decode_num_accepted_tokens=drafts.num_accepted_tokens if drafts else 0,
+            running_lora_adapters=_adapter_names(self.running),
+            waiting_lora_adapters=_adapter_names(self.waiting),
         )
+
+
+def _adapter_names(requests: Iterable[Request]) -> list[str]:
+    return sorted({r.lora_request.lora_name for r in requests if r.lora_request is not None})

@@ -18,6 +18,7 @@ from pagedserve.engine.tokenizer import load_tokenizer
 from pagedserve.engine.watchdog import FRONTEND_GRACE_S, poll_interval_s, stall_message
 from pagedserve.errors import CapacityError, EngineDeadError, RequestFailedError
 from pagedserve.logger import init_logger
+from pagedserve.lora.request import LoRARequest
 from pagedserve.metrics.loggers import StatLoggerBase
 from pagedserve.metrics.stats import IterationStats
 from pagedserve.protocol import BlockSnapshot, EngineCoreOutputs, EngineCoreRequest, SchedulerStats
@@ -47,7 +48,7 @@ class AsyncLLM:
         self.config = config
         self.tokenizer = load_tokenizer(config.model)
         self.input_processor = InputProcessor(
-            config.model, self.tokenizer, scheduling_policy=config.scheduler.policy
+            config.model, self.tokenizer, scheduling_policy=config.scheduler.policy, lora=config.lora
         )
         self.input_processor.structured_outputs.max_spec_bytes = limits.max_structured_output_bytes
         self.stat_loggers = stat_loggers
@@ -140,11 +141,14 @@ class AsyncLLM:
         params: SamplingParams,
         beam_search: BeamSearchParams | None = None,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> EngineCoreRequest:
         """Validate and tokenize without queuing anything (so a request of several prompts can be checked
         whole before any of it reaches the engine), within the token budgets; with `beam_search`, a beam
         search whose `params.n` best beams come back. Thread-safe. Raises InvalidRequestError."""
-        return self.frontend.process(request_id, prompt, params, beam_search, priority=priority)[1]
+        return self.frontend.process(
+            request_id, prompt, params, beam_search, priority=priority, lora_request=lora_request
+        )[1]
 
     def process_pooling_inputs(
         self, request_id: str, prompt: PromptType, options: PoolingOptions

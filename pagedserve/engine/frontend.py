@@ -16,6 +16,7 @@ from pagedserve.engine.input_processor import InputProcessor, PromptType
 from pagedserve.engine.output_processor import OutputProcessor
 from pagedserve.engine.pooling_input import POOLING_SAMPLING_PARAMS, PoolingInputProcessor, PoolingOptions
 from pagedserve.errors import InvalidRequestError
+from pagedserve.lora.request import LoRARequest
 from pagedserve.metrics.stats import IterationStats
 from pagedserve.outputs import RequestOutput
 from pagedserve.protocol import EngineCoreOutputs, EngineCoreRequest
@@ -57,6 +58,7 @@ class Frontend:
         beam_search: BeamSearchParams | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> ProcessedRequest:
         """Validate and tokenize, within the token budgets; nothing is queued (a request of several
         prompts is checked whole first). Thread-safe. Raises InvalidRequestError."""
@@ -69,7 +71,7 @@ class Frontend:
             )
         check_num_samples(params, self.max_num_seqs)
         text, request = self.input_processor.process(
-            request_id, prompt, params, arrival_time, beam_search, priority
+            request_id, prompt, params, arrival_time, beam_search, priority, lora_request
         )
         return text, apply_token_budgets(request, params, self.admission.limits)
 

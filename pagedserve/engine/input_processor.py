@@ -8,8 +8,11 @@ import msgspec
 
 from pagedserve.config import ModelConfig
 from pagedserve.config.kv_layout import KVCacheLayout
+from pagedserve.config.lora import LoRAConfig
+from pagedserve.engine.lora_validation import LoRAValidator
 from pagedserve.engine.structured_validation import StructuredOutputValidator
 from pagedserve.errors import InvalidRequestError
+from pagedserve.lora.request import LoRARequest
 from pagedserve.protocol import EngineCoreRequest
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams, wrap_int64
 
@@ -39,6 +42,7 @@ class InputProcessor:
         tokenizer: "PreTrainedTokenizerBase",
         limits: EngineLimits | None = None,
         scheduling_policy: str = "fcfs",
+        lora: LoRAConfig | None = None,
     ) -> None:
         self.model_config = model_config
         self.scheduling_policy = scheduling_policy
@@ -46,6 +50,7 @@ class InputProcessor:
         self.eos_token_id = tokenizer.eos_token_id
         self.limits = limits
         self.structured_outputs = StructuredOutputValidator(tokenizer, model_config.vocab_size)
+        self.lora = LoRAValidator(lora, model_config.hf_config)
 
     def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         """Returns (prompt text or None, prompt token ids). A dict prompt may also carry `cache_salt`."""
@@ -77,11 +82,13 @@ class InputProcessor:
         arrival_time: float | None = None,
         beam_search: BeamSearchParams | None = None,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> tuple[str | None, EngineCoreRequest]:
         """Validate and resolve: truncation, max_tokens (None = the rest of the context, at most the
-        model's default), limits. With `beam_search`, its max_tokens wins and `params.n` best beams come
-        back."""
+        model's default), limits, the LoRA adapter. With `beam_search`, its max_tokens wins and `params.n`
+        best beams come back."""
         self._validate_priority(priority)
+        self.lora.check(lora_request)
         text, token_ids = self.tokenize(prompt)
         if beam_search is not None:
             params = replace(params, max_tokens=beam_search.max_tokens, ignore_eos=beam_search.ignore_eos)
@@ -114,6 +121,7 @@ class InputProcessor:
             cache_salt=_cache_salt(prompt),
             beam_search=beam_search,
             priority=priority,
+            lora_request=lora_request,
         )
 
     def _validate_priority(self, priority: int) -> None:

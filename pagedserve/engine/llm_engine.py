@@ -13,6 +13,7 @@ from pagedserve.engine.input_processor import EngineLimits, InputProcessor, Prom
 from pagedserve.engine.output_processor import OutputProcessor
 from pagedserve.engine.pooling_input import PoolingOptions
 from pagedserve.engine.tokenizer import load_tokenizer
+from pagedserve.lora.request import LoRARequest
 from pagedserve.outputs import RequestOutput
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams
 
@@ -35,6 +36,7 @@ class LLMEngine:
             self.tokenizer,
             EngineLimits(max_num_seqs, kv.num_blocks - 1, self.config.kv_layout),
             self.config.scheduler.policy,
+            self.config.lora,
         )
         self.frontend = Frontend(
             input_processor,
@@ -60,12 +62,15 @@ class LLMEngine:
         arrival_time: float | None = None,
         beam_search: BeamSearchParams | None = None,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Validate and queue a request (a beam search with `beam_search`: its `params.n` best beams
         come back; `priority` under --scheduling-policy priority). Several threads may add at once (not
         while step() runs). Raises InvalidRequestError, or CapacityError past the queue limits; nothing
         refused is queued."""
-        processed = self.frontend.process(request_id, prompt, params, beam_search, arrival_time, priority)
+        processed = self.frontend.process(
+            request_id, prompt, params, beam_search, arrival_time, priority, lora_request
+        )
         self.frontend.submit([processed])
 
     def add_pooling_requests(self, requests: list[tuple[str, PromptType, PoolingOptions]]) -> None:

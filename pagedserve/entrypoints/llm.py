@@ -20,6 +20,7 @@ from pagedserve.entrypoints.chat_utils import (
 )
 from pagedserve.entrypoints.scoring import cosine, score_pairs
 from pagedserve.errors import InvalidRequestError
+from pagedserve.lora.request import LoRARequest
 from pagedserve.outputs import (
     BeamSearchOutput,
     BeamSearchSequence,
@@ -63,22 +64,25 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in input order. A dict prompt may carry a
         `cache_salt`: prefix-cache hits only between prompts with the same salt. `priority`: one per
-        prompt, with scheduling_policy="priority" (lower first)."""
+        prompt, with scheduling_policy="priority" (lower first). `lora_request`: the adapter of every
+        prompt, or one per prompt (None: the base model), with enable_lora=True."""
         prompts = _as_prompt_list(prompts)
         params = sampling_params or self._unset_sampling_params()
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
-        for name, values in (("sampling_params", params), ("priority", priority)):
+        adapters = lora_request if isinstance(lora_request, Sequence) else [lora_request] * len(prompts)
+        for name, values in (("sampling_params", params), ("priority", priority), ("lora_request", adapters)):
             if values is not None and len(values) != len(prompts):
                 raise InvalidRequestError(
                     f"Got {len(prompts)} prompts but {len(values)} {name}: pass one per prompt"
-                    + (", or one SamplingParams." if name == "sampling_params" else "."),
+                    + ("." if name == "priority" else f", or one {name}."),
                     param=name,
                 )
-        return self._run(prompts, params, use_tqdm, priorities=priority)
+        return self._run(prompts, params, use_tqdm, priorities=priority, adapters=adapters)
 
     def beam_search(
         self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams, use_tqdm: bool = False
@@ -180,13 +184,19 @@ class LLM:
         use_tqdm: bool,
         beam_search: BeamSearchParams | None = None,
         priorities: Sequence[int] | None = None,
+        adapters: Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         request_ids = [str(next(self._request_counter)) for _ in prompts]
         priorities = priorities or [0] * len(prompts)
+        adapters = adapters or [None] * len(prompts)
         added = []
         try:
-            for request_id, prompt, p, priority in zip(request_ids, prompts, params, priorities):
-                self.llm_engine.add_request(request_id, prompt, p, beam_search=beam_search, priority=priority)
+            for request_id, prompt, p, priority, adapter in zip(
+                request_ids, prompts, params, priorities, adapters
+            ):
+                self.llm_engine.add_request(
+                    request_id, prompt, p, beam_search=beam_search, priority=priority, lora_request=adapter
+                )
                 added.append(request_id)
         except Exception:
             self.llm_engine.abort_request(added)  # nothing half-submitted stays in the engine
@@ -205,6 +215,7 @@ class LLM:
         chat_template_content_format: ContentFormat = "auto",
         continue_final_message: bool = False,
         chat_template_kwargs: dict[str, Any] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Apply the tokenizer's chat template to each conversation (with `tools`, OpenAI's function list,
         as the template's `tools`; `chat_template_kwargs` as further template variables, e.g.
@@ -234,7 +245,7 @@ class LLM:
             }
             for conversation in conversations
         ]
-        return self.generate(prompts, sampling_params, use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm, lora_request=lora_request)
 
     def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}

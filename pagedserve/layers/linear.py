@@ -3,6 +3,7 @@ full checkpoint tensor, so no rank ever materializes more than its part of the m
 stored and multiplied (float, or a quantization scheme) is the layer's `quant_method`'s business."""
 
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -32,18 +33,30 @@ def _copy_whole(param: nn.Parameter, loaded: torch.Tensor, shard_id: object = No
     param.data.copy_(loaded)
 
 
+class LinearDelta(Protocol):
+    """What a layer adds to its output beside its weight: the LoRA adapters of the step (lora/layers.py)."""
+
+    def add_to(self, y: torch.Tensor, x: torch.Tensor) -> None:
+        """y [T, out] += the delta of input x [T, in], in place."""
+
+
 def set_weight_loader(param: nn.Parameter, loader: WeightLoader) -> None:
     """Attach the function that copies this rank's shard of a checkpoint tensor into `param`."""
     param.weight_loader = loader  # type: ignore[attr-defined]  # NOTE: read by the model's load_weights
 
 
 class ColumnParallelLinear(nn.Module):
-    """y = x W^T + b with W split by output rows: each rank computes its slice of y."""
+    """y = x W^T + b with W split by output rows: each rank computes its slice of y. `shard_ids`: the
+    checkpoint projections fused in it, in output order (what its weight_loader takes)."""
+
+    shard_ids: tuple[object, ...] = (None,)
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
         super().__init__()
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_world_size()
+        self.input_size_per_partition = input_size
         self.output_size_per_partition = _divide(output_size, self.tp_size, "output size")
+        self.lora: LinearDelta | None = None
         self.quant_method = linear_method()
         self.quant_method.create_weights(self, input_size, self.output_size_per_partition)
         self.bias = _param(self.output_size_per_partition) if bias else None
@@ -56,6 +69,8 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.quant_method.apply(self, x)
+        if self.lora is not None:
+            self.lora.add_to(y, x)
         return y if self.bias is None else y + self.bias
 
 
@@ -64,6 +79,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
         self.output_sizes = output_sizes
+        self.shard_ids = tuple(range(len(output_sizes)))
         super().__init__(input_size, sum(output_sizes), bias)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
@@ -76,6 +92,8 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 class QKVParallelLinear(ColumnParallelLinear):
     """Fused q/k/v projection. Heads are split across ranks; with fewer KV heads than ranks, each KV
     head is replicated on tp_size / num_kv_heads ranks."""
+
+    shard_ids = ("q", "k", "v")
 
     def __init__(
         self,
@@ -113,10 +131,14 @@ class RowParallelLinear(nn.Module):
     """y = x W^T + b with W split by input columns: each rank multiplies its slice of x (the output of
     a column-parallel layer) and the partial sums are all-reduced."""
 
+    shard_ids: tuple[object, ...] = (None,)
+
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
         super().__init__()
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_world_size()
         self.input_size_per_partition = _divide(input_size, self.tp_size, "input size")
+        self.output_size_per_partition = output_size
+        self.lora: LinearDelta | None = None
         self.quant_method = linear_method()
         self.quant_method.create_weights(self, self.input_size_per_partition, output_size)
         self.bias = _param(output_size) if bias else None
@@ -128,5 +150,8 @@ class RowParallelLinear(nn.Module):
         param.data.copy_(loaded.narrow(1, self.tp_rank * size, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = tensor_model_parallel_all_reduce(self.quant_method.apply(self, x))
+        y = self.quant_method.apply(self, x)
+        if self.lora is not None:  # NOTE: its partial sum too, before the all-reduce adds the ranks'
+            self.lora.add_to(y, x)
+        y = tensor_model_parallel_all_reduce(y)
         return y if self.bias is None else y + self.bias

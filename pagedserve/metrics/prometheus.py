@@ -2,6 +2,7 @@
 Each family is exported twice from the same collectors: under the `pagedserve:` prefix and under vLLM's
 `vllm:`, so that dashboards, alerts and autoscalers written for vLLM work unchanged."""
 
+import time
 from collections.abc import Iterator, Sequence
 
 import prometheus_client
@@ -104,7 +105,9 @@ class PrometheusStatLogger(StatLoggerBase):
     """Every metric carries `model_name` (the first served name) and `engine` (the engine's index; one
     engine today) labels. `render()` gives the /metrics body: each family under both prefixes."""
 
-    def __init__(self, model_name: str, max_model_len: int, engine: int = 0) -> None:
+    def __init__(
+        self, model_name: str, max_model_len: int, engine: int = 0, max_loras: int | None = None
+    ) -> None:
         # NOTE: no `_created` series: they double the output and no dashboard of vLLM's uses them.
         prometheus_client.disable_created_metrics()
         self.registry = CollectorRegistry()
@@ -120,6 +123,18 @@ class PrometheusStatLogger(StatLoggerBase):
             name: self._counter(name, description) for name, description in _CUMULATIVE_STATS.items()
         }
         self.last_cumulative = dict.fromkeys(self.cumulative, 0)
+        self.max_loras = max_loras
+        # --enable-lora: one series, labelled with the adapters running and waiting now (vLLM's gauge).
+        self.lora_info = (
+            None
+            if max_loras is None
+            else Gauge(
+                "pagedserve:lora_requests_info",
+                "Running and waiting LoRA adapters (comma-separated names); the value is when it was set.",
+                ["model_name", "engine", "max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+                registry=self.registry,
+            )
+        )
 
     def _register_scheduler_metrics(self) -> None:
         """The queues and the KV cache now, and the running totals of tokens and requests."""
@@ -263,6 +278,14 @@ class PrometheusStatLogger(StatLoggerBase):
             total = getattr(stats, name)
             counter.inc(max(0, total - self.last_cumulative[name]))
             self.last_cumulative[name] = total
+        if self.lora_info is not None:
+            self.lora_info.clear()
+            self.lora_info.labels(
+                *self.label_values,
+                str(self.max_loras),
+                ",".join(stats.waiting_lora_adapters),
+                ",".join(stats.running_lora_adapters),
+            ).set(time.time())
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric, under both prefixes."""

@@ -8,6 +8,7 @@ import torch
 
 from pagedserve.attention.backends.base import CommonAttentionMetadata
 from pagedserve.core.sched_output import SchedulerOutput
+from pagedserve.lora.request import LoRARequest
 from pagedserve.sampling_params import SamplingParams
 from pagedserve.worker.block_table import BlockTables
 
@@ -20,6 +21,7 @@ class CachedRequestState:
     sampling_params: SamplingParams
     eos_token_id: int | None
     num_computed_tokens: int
+    lora_request: LoRARequest | None = None
 
 
 @dataclass
@@ -35,6 +37,11 @@ class BatchInputs:
     # (speculative decoding) the last 1 + num_drafts tokens.
     logits_indices: torch.Tensor
     draft_token_ids: list[list[int]]  # per sampling row (empty: no drafts)
+
+    @property
+    def num_tokens_per_row(self) -> list[int]:
+        starts = self.attention[0].query_start_loc
+        return [end - start for start, end in zip(starts, starts[1:])]
 
 
 class InputBatch:
@@ -60,6 +67,7 @@ class InputBatch:
                 new.sampling_params,
                 new.eos_token_id,
                 new.num_computed_tokens,
+                new.lora_request,
             )
             self.block_tables.remove(new.request_id)  # NOTE: a resumed request comes back as new
             self.block_tables.add(new.request_id, list(new.block_ids))

@@ -14,6 +14,7 @@ from pagedserve.errors import ConfigError
 from pagedserve.layers.attention import Attention
 from pagedserve.layers.sampler import Sampler
 from pagedserve.logger import init_logger
+from pagedserve.lora.manager import LoRAManager
 from pagedserve.model_loader import load_model
 from pagedserve.platforms import Platform
 from pagedserve.utils import format_bytes
@@ -59,6 +60,8 @@ class ModelRunner:
         for layer in self.attention_layers:
             layer.backend = self.backend
         self.reset_kv_quantization()
+        # NOTE: before the draft model joins: adapters apply to the target model's layers only.
+        self.lora = None if config.lora is None else LoRAManager(self.model, config.lora, device, self.dtype)
         self.sampler = Sampler()
         self.input_batch = InputBatch(self.block_size, device, self.kv_groups.num_groups)
         self.prompt_logprobs = PromptLogprobs(self.model.compute_logits)
@@ -184,6 +187,7 @@ class ModelRunner:
                 "not supported yet at --tensor-parallel-size > 1",
             ),
             (self.drafter is not None, "not supported yet with a draft model (--speculative-config)"),
+            (self.lora is not None, "not supported yet with --enable-lora"),
             (
                 self.kv_groups.num_groups > 1,
                 "not supported yet for models mixing windowed and full-attention layers",
@@ -215,6 +219,12 @@ class ModelRunner:
         if scheduler_output.is_empty:
             return ModelRunnerOutput({})
         batch = self.input_batch.build(scheduler_output)
+        if self.lora is not None:
+            states = self.input_batch.states
+            self.lora.set_batch(
+                [states[request_id].lora_request for request_id in batch.request_ids],
+                batch.num_tokens_per_row,
+            )
         hidden = self._forward(batch)  # [T, hidden]
         output = ModelRunnerOutput({})
         self.prompt_logprobs.compute(batch, hidden, self.input_batch.states, output)

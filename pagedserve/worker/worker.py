@@ -33,6 +33,8 @@ class Worker:
             else PoolingModelRunner(config, self.device)
         )
         self.weights_bytes = sum(p.numel() * p.element_size() for p in self.runner.model.parameters())
+        if isinstance(self.runner, ModelRunner) and self.runner.lora is not None:
+            self.weights_bytes += self.runner.lora.num_bytes  # NOTE: the adapters' slots, for the KV budget
 
     @property
     def model_runner(self) -> ModelRunner:

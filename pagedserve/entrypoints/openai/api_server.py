@@ -33,6 +33,7 @@ from pagedserve.entrypoints.openai.cli_args import ServerArgs, args_from_namespa
 from pagedserve.entrypoints.openai.dashboard import add_dashboard_routes
 from pagedserve.entrypoints.openai.errors import ERROR_RESPONSES, register_error_handlers
 from pagedserve.entrypoints.openai.lifecycle import LifecycleServer, ServerLifecycle
+from pagedserve.entrypoints.openai.lora_routes import add_lora_routes
 from pagedserve.entrypoints.openai.pooling_routes import add_pooling_routes
 from pagedserve.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -41,12 +42,12 @@ from pagedserve.entrypoints.openai.protocol import (
     CompletionResponse,
     DetokenizeRequest,
     DetokenizeResponse,
-    ModelCard,
     ModelList,
     TokenizeRequest,
     TokenizeResponse,
 )
 from pagedserve.entrypoints.openai.request_bounds import BodySizeLimitMiddleware, RequestBounds
+from pagedserve.entrypoints.openai.served_models import ServedModels, serve_lora_modules
 from pagedserve.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedserve.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedserve.entrypoints.openai.serving_pooling import OpenAIServingPooling
@@ -99,19 +100,21 @@ def build_app(
     origins = server_args.cors_origins()
     if origins:  # NOTE: added last, so it runs first: a preflight (OPTIONS) never needs the key
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"])
-    model_name = engine.config.model.served_model_name
+    models = serve_lora_modules(ServedModels(engine), server_args.lora_modules)
     chat = OpenAIServingChat(
         engine,
-        model_name,
+        models,
         chat_template,
         server_args.auto_tool_parser,
         server_args.chat_template_content_format,
     )
-    _add_generation_routes(app, OpenAIServingCompletion(engine, model_name), chat, bounds)
-    add_pooling_routes(app, OpenAIServingPooling(engine, model_name), bounds)
-    _add_info_routes(app, engine, loggers.metrics)
+    _add_generation_routes(app, OpenAIServingCompletion(engine, models), chat, bounds)
+    add_pooling_routes(app, OpenAIServingPooling(engine, models), bounds)
+    _add_info_routes(app, engine, models, loggers.metrics)
     add_dashboard_routes(app, engine, loggers.dashboard)
-    tokenization = OpenAIServingTokenization(engine, model_name, chat.render)
+    if envs.allow_runtime_lora_updating():
+        add_lora_routes(app, models)
+    tokenization = OpenAIServingTokenization(engine, models, chat.render)
 
     @app.post("/tokenize", responses=ERROR_RESPONSES)
     async def tokenize(request: TokenizeRequest) -> TokenizeResponse:
@@ -157,9 +160,9 @@ def _add_generation_routes(
         return await chat.create_chat_completion(request)
 
 
-def _add_info_routes(app: FastAPI, engine: AsyncLLM, metrics: PrometheusStatLogger) -> None:
-    model = engine.config.model
-
+def _add_info_routes(
+    app: FastAPI, engine: AsyncLLM, models: ServedModels, metrics: PrometheusStatLogger
+) -> None:
     @app.get("/version")
     async def version() -> dict[str, str]:
         return {"version": __version__}
@@ -178,12 +181,7 @@ def _add_info_routes(app: FastAPI, engine: AsyncLLM, metrics: PrometheusStatLogg
 
     @app.get("/v1/models")
     async def list_models() -> ModelList:
-        return ModelList(
-            data=[
-                ModelCard(id=name, root=model.model, max_model_len=model.max_model_len)
-                for name in model.served_model_names
-            ]
-        )
+        return ModelList(data=models.cards())
 
 
 def _bind_socket(host: str, port: int) -> socket.socket:
@@ -244,7 +242,11 @@ async def run_server(
     chat_template = load_chat_template(server_args.chat_template)
     sock = _bind_socket(server_args.host, server_args.port)
     loggers = StatLoggers(
-        PrometheusStatLogger(config.model.served_model_name, config.model.max_model_len),
+        PrometheusStatLogger(
+            config.model.served_model_name,
+            config.model.max_model_len,
+            max_loras=None if config.lora is None else config.lora.max_loras,
+        ),
         DashboardStatLogger(),
         None if server_args.disable_log_stats else LoggingStatLogger(),
     )

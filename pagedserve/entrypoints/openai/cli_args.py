@@ -74,6 +74,13 @@ class ServerArgs:
         None, "How tool calls are written in this model's output (with --enable-auto-tool-choice)."
     )
 
+    lora_modules: str | list[str] | None = config_field(
+        None,
+        "LoRA adapters to serve (with --enable-lora), each name=path or vLLM's JSON form "
+        '\'{"name": "a", "path": "/adapters/a", "base_model_name": "base"}\'; a request picks one by its '
+        "`model`.",
+    )
+
     def __post_init__(self) -> None:
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
             raise ConfigError(

@@ -341,6 +341,7 @@ class ModelCard(OpenAIBaseModel):
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "pagedserve"
     root: str
+    parent: str | None = None  # a LoRA adapter's base model
     max_model_len: int
 
 

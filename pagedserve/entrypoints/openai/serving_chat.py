@@ -30,6 +30,7 @@ from pagedserve.entrypoints.openai.protocol import (
     DeltaMessage,
     TopLogprob,
 )
+from pagedserve.entrypoints.openai.served_models import ServedModels
 from pagedserve.entrypoints.openai.serving_engine import (
     MIN_LOGPROB,
     SSE_DONE,
@@ -49,14 +50,14 @@ class OpenAIServingChat(OpenAIServing):
     def __init__(
         self,
         engine: AsyncLLM,
-        model_name: str,
+        models: ServedModels,
         chat_template: str | None,
         tool_call_parser: str | None = None,
         content_format: ContentFormat = "auto",
     ) -> None:
         """`tool_call_parser`: set with --enable-auto-tool-choice; None: tool_choice "auto" is refused.
         `content_format`: --chat-template-content-format."""
-        super().__init__(engine, model_name)
+        super().__init__(engine, models)
         self.chat_template = chat_template
         self.tool_call_parser = tool_call_parser
         template = chat_template or getattr(self.tokenizer, "chat_template", None)
@@ -81,7 +82,7 @@ class OpenAIServingChat(OpenAIServing):
         self, request: ChatCompletionRequest
     ) -> ChatCompletionResponse | StreamingResponse:
         """Raises InvalidRequestError before anything reaches the engine."""
-        self.check_model(request.model)
+        lora_request = self.check_model(request.model)
         request.check_supported()
         tools = resolve_chat_tools(
             request.tools,
@@ -95,7 +96,11 @@ class OpenAIServingChat(OpenAIServing):
         def process() -> EngineCoreRequest:
             prompt_ids = self.render(request)
             return self.engine.process_inputs(
-                request_id, request.prompt_with_salt(prompt_ids), params, priority=request.priority
+                request_id,
+                request.prompt_with_salt(prompt_ids),
+                params,
+                priority=request.priority,
+                lora_request=lora_request,
             )
 
         # NOTE: templating and tokenizing in a thread: a huge conversation never holds up the event loop.
@@ -147,7 +152,7 @@ class OpenAIServingChat(OpenAIServing):
         usage = usage_info(len(core.prompt_token_ids), sum(len(s.token_ids) for s in samples))
         return ChatCompletionResponse(
             id=request_id,
-            model=self.model_name,
+            model=self.models.response_name(request.model),
             choices=choices,
             usage=usage,
             prompt_logprobs=self.prompt_logprobs(
@@ -198,7 +203,11 @@ class OpenAIServingChat(OpenAIServing):
             usage = usage_info(num_prompt_tokens, num_generated) if continuous_usage else None
             return sse(
                 ChatCompletionChunk(
-                    id=request_id, created=created, model=self.model_name, choices=[choice], usage=usage
+                    id=request_id,
+                    created=created,
+                    model=self.models.response_name(request.model),
+                    choices=[choice],
+                    usage=usage,
                 )
             )
 
@@ -227,7 +236,7 @@ class OpenAIServingChat(OpenAIServing):
                     ChatCompletionChunk(
                         id=request_id,
                         created=created,
-                        model=self.model_name,
+                        model=self.models.response_name(request.model),
                         choices=[],
                         usage=usage_info(num_prompt_tokens, num_generated),
                     )

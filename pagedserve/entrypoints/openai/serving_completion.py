@@ -16,6 +16,7 @@ from pagedserve.entrypoints.openai.protocol import (
     CompletionRequest,
     CompletionResponse,
 )
+from pagedserve.entrypoints.openai.served_models import ServedModels
 from pagedserve.entrypoints.openai.serving_engine import SSE_DONE, OpenAIServing, random_id, sse, usage_info
 from pagedserve.entrypoints.utils import merge_async_iterators, started
 from pagedserve.errors import InvalidRequestError
@@ -51,13 +52,13 @@ def _split_prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> lis
 
 
 class OpenAIServingCompletion(OpenAIServing):
-    def __init__(self, engine: AsyncLLM, model_name: str) -> None:
-        super().__init__(engine, model_name)
+    def __init__(self, engine: AsyncLLM, models: ServedModels) -> None:
+        super().__init__(engine, models)
         self._skipped: dict[int, bool] = {}  # token id -> whether skip_special_tokens drops it
 
     async def create_completion(self, request: CompletionRequest) -> CompletionResponse | StreamingResponse:
         """Raises InvalidRequestError (every prompt is checked before any reaches the engine)."""
-        self.check_model(request.model)
+        lora_request = self.check_model(request.model)
         request.check_supported()
         num_logprobs = request.logprobs
         beam_search = request.beam_search_params()
@@ -79,6 +80,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     params,
                     beam_search,
                     request.priority,
+                    lora_request,
                 )
                 for i, prompt in enumerate(prompts)
             ]
@@ -118,7 +120,7 @@ class OpenAIServingCompletion(OpenAIServing):
         return CompletionResponse(
             id=batch.request_id,
             created=batch.created,
-            model=self.model_name,
+            model=self.models.response_name(batch.request.model),
             choices=choices,
             usage=usage_info(batch.num_prompt_tokens, num_generated),
         )
@@ -151,7 +153,7 @@ class OpenAIServingCompletion(OpenAIServing):
                         CompletionResponse(
                             id=batch.request_id,
                             created=batch.created,
-                            model=self.model_name,
+                            model=self.models.response_name(batch.request.model),
                             choices=[choice],
                             usage=usage_info(batch.num_prompt_tokens, num_generated)
                             if continuous_usage
@@ -164,7 +166,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     CompletionResponse(
                         id=batch.request_id,
                         created=batch.created,
-                        model=self.model_name,
+                        model=self.models.response_name(batch.request.model),
                         choices=[],
                         usage=usage,
                     )

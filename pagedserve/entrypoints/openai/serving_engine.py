@@ -8,7 +8,8 @@ from pydantic import BaseModel
 
 from pagedserve.engine.async_llm import AsyncLLM
 from pagedserve.entrypoints.openai.protocol import PromptLogprob, PromptLogprobs, UsageInfo
-from pagedserve.errors import InvalidRequestError
+from pagedserve.entrypoints.openai.served_models import ServedModels
+from pagedserve.lora.request import LoRARequest
 
 
 def random_id(prefix: str) -> str:
@@ -37,24 +38,19 @@ def usage_info(num_prompt_tokens: int, num_generated: int) -> UsageInfo:
 class OpenAIServing:
     """Base of the endpoint handlers: owns nothing but references to the engine and its tokenizer."""
 
-    def __init__(self, engine: AsyncLLM, model_name: str) -> None:
+    def __init__(self, engine: AsyncLLM, models: ServedModels) -> None:
         self.engine = engine
-        self.model_name = model_name  # the name responses report
-        self.served_names = {model_name, *engine.config.model.served_model_names}
+        self.models = models
+        self.model_name = models.base_name  # the name responses report (an adapter's requests: its own)
         self.tokenizer: Any = engine.get_tokenizer()
         self.max_model_len = engine.config.model.max_model_len
         self.sampling_defaults = engine.config.model.generation_defaults  # --generation-config
         self._token_strings: dict[int, str] = {}
 
-    def check_model(self, model: str | None) -> None:
-        """Raises InvalidRequestError (404) for a model this server does not serve."""
-        if model is not None and model not in self.served_names:
-            names = ", ".join(f"`{name}`" for name in sorted(self.served_names))
-            raise InvalidRequestError(
-                f"The model `{model}` does not exist: this server serves {names} (see GET /v1/models).",
-                param="model",
-                status_code=404,
-            )
+    def check_model(self, model: str | None) -> LoRARequest | None:
+        """The LoRA adapter `model` names (None: the base model). Raises InvalidRequestError (404) for a
+        model this server does not serve."""
+        return self.models.resolve(model)
 
     def token_string(self, token_id: int) -> str:
         """The text of one token on its own, as logprobs show it."""

@@ -11,6 +11,7 @@ from pagedserve.entrypoints.openai.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from pagedserve.entrypoints.openai.served_models import ServedModels
 from pagedserve.entrypoints.openai.serving_engine import OpenAIServing
 from pagedserve.errors import InvalidRequestError
 
@@ -19,8 +20,8 @@ ChatRenderer = Callable[[ChatTemplateRequest], list[int]]
 
 
 class OpenAIServingTokenization(OpenAIServing):
-    def __init__(self, engine: AsyncLLM, model_name: str, render_chat: ChatRenderer) -> None:
-        super().__init__(engine, model_name)
+    def __init__(self, engine: AsyncLLM, models: ServedModels, render_chat: ChatRenderer) -> None:
+        super().__init__(engine, models)
         self.render_chat = render_chat
 
     async def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:

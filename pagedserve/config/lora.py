@@ -1,0 +1,60 @@
+"""--enable-lora and its limits (vLLM's flags)."""
+
+from dataclasses import dataclass
+
+from pagedserve.errors import ConfigError
+
+# The ranks a slot can hold, as vLLM allows them.
+SUPPORTED_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# The families made of the projections adapters target (q/k/v/o, gate/up/down: lora/peft.py).
+LORA_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+)
+
+
+@dataclass(frozen=True)
+class LoRAConfig:
+    """`max_loras` adapters can be in one step (their weights sit in that many slots beside every linear
+    layer); `max_cpu_loras` adapters stay loaded in host memory (least recently used evicted);
+    `max_lora_rank` is the largest rank an adapter may have (each slot is that wide)."""
+
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None  # None: max_loras
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_loras <= 1024:
+            raise ConfigError(f"max_loras={self.max_loras} must be between 1 and 1024 (--max-loras).")
+        if self.max_lora_rank not in SUPPORTED_LORA_RANKS:
+            raise ConfigError(
+                f"max_lora_rank={self.max_lora_rank} is not supported; --max-lora-rank must be one of "
+                f"{', '.join(map(str, SUPPORTED_LORA_RANKS))}."
+            )
+        if self.max_cpu_loras is None:
+            object.__setattr__(self, "max_cpu_loras", self.max_loras)
+        elif not self.max_loras <= self.max_cpu_loras <= 65536:
+            raise ConfigError(
+                f"max_cpu_loras={self.max_cpu_loras} must be at least --max-loras ({self.max_loras}) and at "
+                "most 65536 (--max-cpu-loras)."
+            )
+
+    @classmethod
+    def for_model(cls, architecture: str, pooling: bool, **limits: int | None) -> "LoRAConfig":
+        """--enable-lora's settings for a model, or ConfigError when its architecture or runner has none."""
+        if pooling:
+            raise ConfigError("--enable-lora serves generation models only; drop it with --runner pooling.")
+        if architecture not in LORA_ARCHITECTURES:
+            raise ConfigError(
+                f"--enable-lora does not support {architecture}; it serves {', '.join(LORA_ARCHITECTURES)}."
+            )
+        return cls(**limits)  # type: ignore[arg-type]
+
+    @property
+    def num_cpu_loras(self) -> int:
+        assert self.max_cpu_loras is not None, "resolved in __post_init__"
+        return self.max_cpu_loras
