@@ -10,6 +10,7 @@ from pagedserve.core.kv_admission import KVAdmissionPolicy
 from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
 from pagedserve.core.scheduler import Scheduler
+from pagedserve.lora.request import LoRARequest
 from pagedserve.protocol import EngineCoreRequest
 from pagedserve.sampling_params import SamplingParams
 
@@ -24,6 +25,7 @@ def make_request(
     group_id: str | None = None,
     cache_salt: str | None = None,
     priority: int = 0,
+    lora_request: LoRARequest | None = None,
     **params: Any,
 ) -> Request:
     """A request whose prompt is `prompt` tokens counting up from `first_token` (or the given token ids);
@@ -40,6 +42,7 @@ def make_request(
             group_id=group_id,
             cache_salt=cache_salt,
             priority=priority,
+            lora_request=lora_request,
         )
     )
 
@@ -57,9 +60,12 @@ def make_scheduler(
     enable_caching: bool = True,
     speculative: SpeculativeConfig | None = None,
     policy: SchedulingPolicy = "fcfs",
+    max_loras: int | None = None,
 ) -> Scheduler:
     """A scheduler over a fresh KV-cache manager (and a swap space of `num_host_blocks`, if any)."""
-    config = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, preemption_mode, policy)
+    config = SchedulerConfig(
+        max_num_seqs, max_num_batched_tokens, max_model_len, preemption_mode, policy, max_loras=max_loras
+    )
     return Scheduler(
         config,
         KVCacheManager(num_blocks, KVCacheGroups.uniform(block_size), enable_caching, num_host_blocks),

@@ -2,10 +2,10 @@
 
 Hypothesis draws a batch of requests from the whole feature space (greedy and seeded sampling, n and
 best_of, beam search, stop strings and stop token ids, min_tokens, logprobs and prompt_logprobs, guided
-regex / choice / JSON, logit_bias, penalties, shared prefixes for prefix-cache hits, cache_salt, priority)
-and runs it under one of several engine settings (n-gram and draft-model speculation, forced recompute and
-swap preemption in a tiny pool, priority scheduling, chunked prefill, an fp8 KV cache, a sliding-window
-model). For every request:
+regex / choice / JSON, logit_bias, penalties, shared prefixes for prefix-cache hits, cache_salt, priority,
+a LoRA adapter) and runs it under one of several engine settings (n-gram and draft-model speculation,
+forced recompute and swap preemption in a tiny pool, priority scheduling, chunked prefill, an fp8 KV cache,
+a sliding-window model, a K-quant GGUF, three adapters over two slots). For every request:
 
 - its output in the batch equals its output run alone: tokens, text, finish and stop reasons exactly,
   logprobs and prompt logprobs within 1e-4 (greedy and seeded sampling are reproducible per position);
@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 
 from pagedserve import LLM, SamplingParams
 from pagedserve.errors import InvalidRequestError
+from pagedserve.lora.request import LoRARequest
 from pagedserve.outputs import RequestOutput
 from pagedserve.sampling_params import BeamSearchParams
 from pagedserve.structured_outputs_params import StructuredOutputsParams
@@ -65,6 +66,21 @@ SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
             max_num_batched_tokens=32,
         ),
     ),
+    # Three adapters (ranks 8, 4, 8; attention, q/v, MLP) over two slots: requests wait for a slot, adapters
+    # leave host memory and are read again, beams and samples fork with their adapter.
+    "lora_ngram_swap": (
+        "llama",
+        dict(
+            TIGHT,
+            speculative_config=NGRAM,
+            preemption_mode="swap",
+            swap_space=0.01,
+            enable_lora=True,
+            max_loras=2,
+            max_cpu_loras=2,
+            max_lora_rank=8,
+        ),
+    ),
 }
 GGUF_MODELS = {"llama-kquant": "Q4_K"}  # tiny models these settings load as a GGUF of that type
 
@@ -91,6 +107,7 @@ class Case:
     check: Any = None  # the constraint's check on the output text
     stopped: dict[str, Any] = field(default_factory=dict)  # the stop fields derived at run time
     priority: int = 0  # honoured by the settings with scheduling_policy="priority"
+    lora: int | None = None  # the adapter (an index into the setting's), with enable_lora
 
 
 @st.composite
@@ -134,10 +151,12 @@ def cases(draw: st.DrawFn) -> Case:
     if max_tokens > 1 and draw(st.booleans()):
         stop_at = (draw(st.sampled_from(["string", "token"])), draw(st.integers(0, max_tokens - 1)))
     priority = draw(st.integers(-2, 2))
-    return Case(prompt, SamplingParams(**kwargs), stop_at=stop_at, check=check, priority=priority)
+    lora = draw(st.none() | st.integers(0, 2))
+    return Case(prompt, SamplingParams(**kwargs), stop_at=stop_at, check=check, priority=priority, lora=lora)
 
 
 _ENGINES: dict[str, LLM] = {}
+_ADAPTERS: dict[str, list[LoRARequest]] = {}  # per setting with enable_lora
 
 
 def engine(name: str, tiny_model_factory: Any) -> LLM:
@@ -152,19 +171,39 @@ def engine(name: str, tiny_model_factory: Any) -> LLM:
         spec = args.get("speculative_config")
         if spec and spec.get("model") == "{model}":
             args = dict(args, speculative_config=dict(spec, model=model))
+        if args.get("enable_lora"):
+            _ADAPTERS[name] = _write_adapters(model)
         _ENGINES[name] = LLM(model, **args)
     return _ENGINES[name]
+
+
+def _write_adapters(model: str) -> list[LoRARequest]:
+    from lora_adapters import ATTENTION, MLP, write_adapter
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model)
+    shapes = [(8, 16, ATTENTION + MLP), (4, 8, ("q_proj", "v_proj")), (8, 4, MLP)]
+    return [
+        LoRARequest(
+            f"a{i}", i + 1, write_adapter(os.path.join(model, f"lora-{i}"), config, r, alpha, targets, i)
+        )
+        for i, (r, alpha, targets) in enumerate(shapes)
+    ]
 
 
 def run(llm: LLM, cases: list[Case]) -> list[RequestOutput]:
     """Submit every case in one batch (beams and samples mixed) and step the engine to the end."""
     engine_ = llm.llm_engine
     by_priority = engine_.config.scheduler.policy == "priority"
+    adapters = next((a for name, a in _ADAPTERS.items() if _ENGINES.get(name) is llm), None)
     ids = [f"{id(case)}-{i}" for i, case in enumerate(cases)]
     for request_id, case in zip(ids, cases):
         params = replace(case.params, **case.stopped)
         priority = case.priority if by_priority else 0
-        engine_.add_request(request_id, case.prompt, params, beam_search=case.beam, priority=priority)
+        lora = None if adapters is None or case.lora is None else adapters[case.lora]
+        engine_.add_request(
+            request_id, case.prompt, params, beam_search=case.beam, priority=priority, lora_request=lora
+        )
     finished: dict[str, RequestOutput] = {}
     while engine_.has_unfinished_requests():
         finished.update((o.request_id, o) for o in engine_.step() if o.finished)
