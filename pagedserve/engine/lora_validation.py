@@ -6,8 +6,9 @@ from typing import TYPE_CHECKING
 
 from pagedserve.config.lora import LoRAConfig
 from pagedserve.errors import InvalidRequestError
-from pagedserve.lora.peft import LoRAAdapter, ModelShapes, load_adapter
+from pagedserve.lora.peft import LoRAAdapter, load_adapter
 from pagedserve.lora.request import LoRARequest
+from pagedserve.lora.shapes import ModelShapes
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig

@@ -22,11 +22,13 @@ from pagedserve.config import (
     default_max_num_batched_tokens,
 )
 from pagedserve.config.kv_layout import DTYPE_BYTES, KVCacheLayout
+from pagedserve.config.lora import LoRAConfig
 from pagedserve.config.parallel import uneven_for_tensor_parallel
 from pagedserve.entrypoints.model_tag import take_model_tag
 from pagedserve.entrypoints.plan_report import format_table
 from pagedserve.entrypoints.plan_weights import LinearStorage, linear_storage, weights_bytes
 from pagedserve.errors import ConfigError
+from pagedserve.lora.shapes import ModelShapes
 from pagedserve.sizing import (
     ModelShape,
     gpu_kv_budget,
@@ -47,6 +49,9 @@ ENGINE_FLAGS = (
     "tensor_parallel_size",
     "max_num_batched_tokens",
     "kv_cache_dtype",
+    "enable_lora",
+    "max_loras",
+    "max_lora_rank",
 )
 # Memory a GPU engine uses outside torch's allocator (NCCL buffers, cuBLAS workspaces): an estimate.
 NON_TORCH_BYTES = 512 * 2**20
@@ -87,6 +92,7 @@ class PlanInputs:
     concurrency: int
     request_tokens: int
     linear_storage: LinearStorage | None = None  # a quantized checkpoint's linear layers
+    lora_bytes: int = 0  # --enable-lora: the adapters' slots (--max-loras x --max-lora-rank), per GPU
 
     @property
     def layout(self) -> KVCacheLayout:
@@ -100,7 +106,8 @@ class PlanInputs:
 class Plan:
     """The figures, per GPU (rank), as the engine's startup log gives them."""
 
-    weights_bytes: int
+    weights_bytes: int  # the LoRA slots included
+    lora_bytes: int
     kv_bytes_per_token: int
     bytes_per_block: int
     activation_bytes: int  # estimated (0 with an explicit KV budget)
@@ -116,7 +123,7 @@ class Plan:
 def compute_plan(inputs: PlanInputs) -> Plan:
     """The engine's arithmetic (sizing.py) on `inputs`."""
     shape, tp = inputs.shape, inputs.tp
-    weights = weights_bytes(shape, tp, inputs.dtype_bytes, inputs.linear_storage)
+    weights = weights_bytes(shape, tp, inputs.dtype_bytes, inputs.linear_storage) + inputs.lora_bytes
     layout = inputs.layout
     activations = non_torch = 0
     if inputs.kv_cache_memory is not None:
@@ -135,6 +142,7 @@ def compute_plan(inputs: PlanInputs) -> Plan:
     usable = max(0, kv.num_blocks - 1)
     return Plan(
         weights,
+        inputs.lora_bytes,
         layout.bytes_per_token,
         layout.bytes_per_block,
         activations,
@@ -247,7 +255,22 @@ def resolve_inputs(args: PlanArgs, engine_args: EngineArgs) -> PlanInputs:
         args.concurrency,
         request_tokens,
         linear_storage(model_config),
+        _lora_bytes(engine_args, model_config, tp, dtype_bytes),
     )
+
+
+def _lora_bytes(engine_args: EngineArgs, model_config: ModelConfig, tp: int, dtype_bytes: int) -> int:
+    """What the workers allocate for --enable-lora's slots (as the engine validates the flags)."""
+    if not engine_args.enable_lora:
+        return 0
+    config = LoRAConfig.for_model(
+        model_config.architecture,
+        model_config.pooling is not None,
+        max_loras=engine_args.max_loras,
+        max_lora_rank=engine_args.max_lora_rank,
+    )
+    slot = ModelShapes.of(model_config.hf_config).slot_elements(config.max_lora_rank, tp)
+    return config.max_loras * slot * dtype_bytes
 
 
 def _request_tokens(args: PlanArgs, max_model_len: int) -> int:

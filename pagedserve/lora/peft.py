@@ -8,54 +8,15 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from pagedserve.errors import InvalidRequestError
-from pagedserve.utils.hf_config import head_dim
+from pagedserve.lora.shapes import MODULE_PARENT, TARGET_MODULES, ModelShapes
 
-if TYPE_CHECKING:
-    from transformers import PretrainedConfig
-
-# The modules an adapter may target: the dense Llama-style projections every LoRA-capable family has.
-TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _MODULE = re.compile(r"^model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)$")
-MODULE_PARENT = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn"}
 _MAX_CONFIG_BYTES = 1 << 20
-
-
-@dataclass(frozen=True)
-class ModelShapes:
-    """(input size, output size) of each target module kind in every layer of the base model."""
-
-    num_layers: int
-    sizes: dict[str, tuple[int, int]]
-
-    @classmethod
-    def of(cls, config: "PretrainedConfig") -> "ModelShapes":
-        hidden, dim = config.hidden_size, head_dim(config)
-        q, kv, mlp = (
-            config.num_attention_heads * dim,
-            config.num_key_value_heads * dim,
-            config.intermediate_size,
-        )
-        sizes = {
-            "q_proj": (hidden, q),
-            "k_proj": (hidden, kv),
-            "v_proj": (hidden, kv),
-            "o_proj": (q, hidden),
-            "gate_proj": (hidden, mlp),
-            "up_proj": (hidden, mlp),
-            "down_proj": (mlp, hidden),
-        }
-        return cls(config.num_hidden_layers, sizes)
-
-    def max_adapter_bytes(self, max_rank: int) -> int:
-        """The largest file an adapter of rank <= max_rank can be (float32, every module), plus slack for
-        the file's header: anything larger is refused unread."""
-        per_layer = sum(max_rank * (n_in + n_out) for n_in, n_out in self.sizes.values())
-        return 4 * per_layer * self.num_layers + (1 << 20)
 
 
 @dataclass(frozen=True)

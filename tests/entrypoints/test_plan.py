@@ -263,3 +263,43 @@ def test_model_as_flag_like_serve(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         cli_main(["plan", *workload])
     assert "No model given" in capsys.readouterr().err
+
+
+def test_lora_slots_count_as_weights(capsys: pytest.CaptureFixture[str]) -> None:
+    """Llama-3-8B, 4 slots of rank 16, tp 2: per layer q/k/v (4096 in; 4096 + 2 x 1024 out, split), o (4096
+    split in, 4096 out), gate/up (4096 in; 2 x 14336 out, split), down (14336 split in, 4096 out), each
+    slot rank wide per fused projection; fp16."""
+    config = os.path.join(DATA, "llama-3-8b", "config.json")
+    flags = ["--kv-cache-memory", "16GiB", "--tensor-parallel-size", "2"]
+    _, plain = plan(capsys, config, *flags)
+    _, lora = plan(capsys, config, *flags, "--enable-lora", "--max-loras", "4", "--max-lora-rank", "16")
+    r = 16
+    per_layer = (
+        3 * r * (4096 + 6144 // 2)
+        + r * (4096 // 2 + 4096)
+        + 2 * r * (4096 + 28672 // 2)
+        + r * (14336 // 2 + 4096)
+    )
+    assert lora["lora_bytes"] == 4 * 32 * per_layer * 2 and plain["lora_bytes"] == 0
+    assert lora["weights_bytes"] == plain["weights_bytes"] + lora["lora_bytes"]
+
+
+def test_plan_lora_bytes_are_what_the_worker_allocates(
+    tiny_llama: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, result = plan(
+        capsys,
+        tiny_llama,
+        "--kv-cache-memory",
+        "8MiB",
+        "--enable-lora",
+        "--max-loras",
+        "3",
+        "--max-lora-rank",
+        "8",
+        "--dtype",
+        "float32",
+    )
+    llm = LLM(tiny_llama, kv_cache_memory="8MiB", enable_lora=True, max_loras=3, max_lora_rank=8)
+    runner = llm.llm_engine.engine_core.executor.worker.model_runner
+    assert runner.lora is not None and result["lora_bytes"] == runner.lora.num_bytes > 0
