@@ -2,8 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from pagedserve.lora.request import LoRARequest
-from pagedserve.protocol import PoolingParams
+from pagedserve.protocol import LoRARequest, PoolingParams
 from pagedserve.sampling_params import SamplingParams
 from pagedserve.structured_output.manager import GrammarBitmask
 

@@ -18,10 +18,15 @@ from pagedserve.engine.tokenizer import load_tokenizer
 from pagedserve.engine.watchdog import FRONTEND_GRACE_S, poll_interval_s, stall_message
 from pagedserve.errors import CapacityError, EngineDeadError, RequestFailedError
 from pagedserve.logger import init_logger
-from pagedserve.lora.request import LoRARequest
 from pagedserve.metrics.loggers import StatLoggerBase
 from pagedserve.metrics.stats import IterationStats
-from pagedserve.protocol import BlockSnapshot, EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+from pagedserve.protocol import (
+    BlockSnapshot,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    LoRARequest,
+    SchedulerStats,
+)
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams
 
 if TYPE_CHECKING:

@@ -16,10 +16,9 @@ from pagedserve.engine.input_processor import InputProcessor, PromptType
 from pagedserve.engine.output_processor import OutputProcessor
 from pagedserve.engine.pooling_input import POOLING_SAMPLING_PARAMS, PoolingInputProcessor, PoolingOptions
 from pagedserve.errors import InvalidRequestError
-from pagedserve.lora.request import LoRARequest
 from pagedserve.metrics.stats import IterationStats
 from pagedserve.outputs import RequestOutput
-from pagedserve.protocol import EngineCoreOutputs, EngineCoreRequest
+from pagedserve.protocol import EngineCoreOutputs, EngineCoreRequest, LoRARequest
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams
 
 # A validated request and its prompt's text (None when it came as token ids, or is not wanted back).

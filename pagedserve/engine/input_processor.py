@@ -12,8 +12,7 @@ from pagedserve.config.lora import LoRAConfig
 from pagedserve.engine.lora_validation import LoRAValidator
 from pagedserve.engine.structured_validation import StructuredOutputValidator
 from pagedserve.errors import InvalidRequestError
-from pagedserve.lora.request import LoRARequest
-from pagedserve.protocol import EngineCoreRequest
+from pagedserve.protocol import EngineCoreRequest, LoRARequest
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams, wrap_int64
 
 if TYPE_CHECKING:

@@ -13,8 +13,8 @@ from pagedserve.engine.input_processor import EngineLimits, InputProcessor, Prom
 from pagedserve.engine.output_processor import OutputProcessor
 from pagedserve.engine.pooling_input import PoolingOptions
 from pagedserve.engine.tokenizer import load_tokenizer
-from pagedserve.lora.request import LoRARequest
 from pagedserve.outputs import RequestOutput
+from pagedserve.protocol import LoRARequest
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams
 
 if TYPE_CHECKING:

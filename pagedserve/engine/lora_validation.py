@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 from pagedserve.config.lora import LoRAConfig
 from pagedserve.errors import InvalidRequestError
 from pagedserve.lora.peft import LoRAAdapter, load_adapter
-from pagedserve.lora.request import LoRARequest
 from pagedserve.lora.shapes import ModelShapes
+from pagedserve.protocol import LoRARequest
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig

@@ -14,8 +14,8 @@ from pagedserve.layers.linear import ColumnParallelLinear, RowParallelLinear
 from pagedserve.logger import init_logger
 from pagedserve.lora.linear import LinearLoRA, LoRABatch
 from pagedserve.lora.peft import LoRAAdapter, load_adapter
-from pagedserve.lora.request import LoRARequest
 from pagedserve.lora.shapes import MODULE_PARENT, TARGET_MODULES, ModelShapes
+from pagedserve.protocol import LoRARequest
 
 logger = init_logger(__name__)
 

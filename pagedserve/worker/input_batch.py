@@ -8,7 +8,7 @@ import torch
 
 from pagedserve.attention.backends.base import CommonAttentionMetadata
 from pagedserve.core.sched_output import SchedulerOutput
-from pagedserve.lora.request import LoRARequest
+from pagedserve.protocol import LoRARequest
 from pagedserve.sampling_params import SamplingParams
 from pagedserve.worker.block_table import BlockTables
 

@@ -112,3 +112,19 @@ def test_bad_adapters_are_refused_naming_the_problem(tiny_model_factory, tmp_pat
     good = write_adapter(str(tmp_path / "good"), config, 4, 8, ATTENTION)
     out = llm.generate(PROMPTS[2], GREEDY, use_tqdm=False, lora_request=LoRARequest("good", 99, good))
     assert out[0].outputs[0].token_ids == hf_greedy(base, good, [PROMPTS[2]])[0]
+
+
+def test_tensor_parallel_shards_the_adapters(tiny_model_factory, tmp_path) -> None:
+    """tp=2 (worker processes): each rank holds its shard of every adapter, B split by output rows beside
+    q/k/v and gate/up, A split by input columns beside o and down (added before the all-reduce); each rank
+    reads the adapter from disk itself. Tokens as HF's with the adapter merged."""
+    base = tiny_model_factory("llama")
+    adapters = make_adapters(str(tmp_path), base)[:2]
+    llm = LLM(
+        base, tensor_parallel_size=2, enable_lora=True, max_lora_rank=8, max_loras=2, kv_cache_memory="8MiB"
+    )
+    requests = [adapters[0], None, adapters[1]]
+    outputs = llm.generate([PROMPTS[0]] * 3, GREEDY, use_tqdm=False, lora_request=requests)
+    for output, adapter in zip(outputs, requests):
+        path = None if adapter is None else adapter.lora_path
+        assert output.outputs[0].token_ids == hf_greedy(base, path, [PROMPTS[0]])[0], adapter

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pagedserve.engine.async_llm import AsyncLLM
 from pagedserve.entrypoints.openai.protocol import ModelCard
 from pagedserve.errors import ConfigError, InvalidRequestError
-from pagedserve.lora.request import LoRARequest
+from pagedserve.protocol import LoRARequest
 
 MAX_LORA_NAME_CHARS = 256
 MAX_LORA_PATH_CHARS = 4096

@@ -9,7 +9,7 @@ from pydantic import BaseModel
 from pagedserve.engine.async_llm import AsyncLLM
 from pagedserve.entrypoints.openai.protocol import PromptLogprob, PromptLogprobs, UsageInfo
 from pagedserve.entrypoints.openai.served_models import ServedModels
-from pagedserve.lora.request import LoRARequest
+from pagedserve.protocol import LoRARequest
 
 
 def random_id(prefix: str) -> str:
