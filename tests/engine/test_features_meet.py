@@ -235,7 +235,11 @@ def assert_same(batched: RequestOutput, alone: RequestOutput, case: Case) -> Non
         if b.logprobs is not None:
             assert a.logprobs is not None and len(a.logprobs) == len(b.logprobs) == len(b.token_ids)
             for x, y in zip(a.logprobs, b.logprobs):
-                assert x.keys() == y.keys() and all(x[k] == pytest.approx(y[k], abs=1e-4) for k in x), (case, x, y)
+                assert x.keys() == y.keys() and all(x[k] == pytest.approx(y[k], abs=1e-4) for k in x), (
+                    case,
+                    x,
+                    y,
+                )
     if case.params.prompt_logprobs is not None:
         prompt_len = len(case.prompt["prompt_token_ids"])
         for output in (batched, alone):
