@@ -1,0 +1,1 @@
+"""Multi-LoRA serving: adapters over one base model, mixed in a batch."""
