@@ -38,7 +38,7 @@ def add_lora_reference(
 ) -> None:
     """`add_lora` in plain PyTorch (the tests' reference, and the fallback): one pair of float32 matmuls per
     adapter in the batch, over the rows of its tokens."""
-    for slot in slots.unique().tolist():
+    for slot in torch.unique(slots).tolist():
         if slot < 0:
             continue
         rows = (slots == slot).nonzero().squeeze(1)

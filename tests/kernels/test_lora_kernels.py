@@ -3,6 +3,8 @@
 of the vector width, slots mixed, repeated and -1. The reference itself is checked once against a plain
 per-token loop. The Triton kernels run through Triton's interpreter on CPU (small shapes: it is slow)."""
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from interpreted_triton import DEVICE, import_triton_kernels
@@ -13,11 +15,10 @@ from pagedserve.lora.ops import add_lora, add_lora_reference
 triton_kernels = import_triton_kernels()
 
 # float32: summation order only; bfloat16/float16: y + update rounded once, so one step of 2^-8 (2^-11).
-TOLERANCE = {
-    torch.float32: dict(rtol=1e-5, atol=1e-5),
-    torch.bfloat16: dict(rtol=1e-2, atol=1e-2),
-    torch.float16: dict(rtol=2e-3, atol=2e-3),
-}
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}  # rtol and atol
+
+# y, x, lora_a, lora_b, slots
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 @pytest.fixture(scope="module")
@@ -36,24 +37,29 @@ def random_batch(
     dtype: torch.dtype,
     weight_dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
-) -> tuple[torch.Tensor, ...]:
+) -> Batch:
     """y, x, lora_a, lora_b, slots: slots drawn from [-1, adapters), so some repeat and some are -1."""
     x = torch.randn(tokens, in_features).to(dtype)
     y = torch.randn(tokens, out_features).to(dtype)
     lora_a = (torch.randn(adapters, rank, in_features) * in_features**-0.5).to(weight_dtype)
     lora_b = torch.randn(adapters, out_features, rank).to(weight_dtype)
     slots = torch.randint(-1, adapters, (tokens,), dtype=torch.int32)
-    return tuple(t.to(device) for t in (y, x, lora_a, lora_b, slots))
+    return y.to(device), x.to(device), lora_a.to(device), lora_b.to(device), slots.to(device)
 
 
 def check_against_reference(
-    y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, slots: torch.Tensor
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    slots: torch.Tensor,
+    op: Callable[..., None] = add_lora,
 ) -> None:
-    """add_lora on a copy of y against the reference on another: close, and base-model rows untouched."""
+    """`op` on a copy of y against the reference on another: close, and base-model rows untouched."""
     actual, expected = y.clone(), y.clone()
-    add_lora(actual, x, lora_a, lora_b, slots)
+    op(actual, x, lora_a, lora_b, slots)
     add_lora_reference(expected, x, lora_a, lora_b, slots)
-    torch.testing.assert_close(actual, expected, **TOLERANCE[y.dtype])
+    torch.testing.assert_close(actual, expected, rtol=TOLERANCE[y.dtype], atol=TOLERANCE[y.dtype])
     assert torch.equal(actual[slots < 0], y[slots < 0])
 
 
@@ -72,7 +78,9 @@ def test_reference_matches_a_per_token_loop() -> None:
                     for r in range(3)
                 )
     add_lora_reference(y, x, lora_a, lora_b, slots)
-    torch.testing.assert_close(y, expected.float(), **TOLERANCE[torch.float32])
+    torch.testing.assert_close(
+        y, expected.float(), rtol=TOLERANCE[torch.float32], atol=TOLERANCE[torch.float32]
+    )
 
 
 @pytest.mark.usefixtures("native")
@@ -97,10 +105,11 @@ def test_native_weights_in_the_activation_dtype(dtype: torch.dtype) -> None:
 
 
 @pytest.mark.usefixtures("native")
-def test_native_prefill_of_one_adapter_int64_slots() -> None:
+@pytest.mark.parametrize("rank", [1, 16, 37])
+def test_native_prefill_of_one_adapter_int64_slots(rank: int) -> None:
     """A prefill chunk: 512 tokens of one adapter (then a few decodes of others), slots as int64."""
     torch.manual_seed(2)
-    y, x, lora_a, lora_b, _ = random_batch(520, 256, 384, 16, 4, torch.float32)
+    y, x, lora_a, lora_b, _ = random_batch(520, 256, 390, rank, 4, torch.float32)
     slots = torch.tensor([3] * 512 + [0, -1, 1, 2, 0, 0, -1, 3])
     check_against_reference(y, x, lora_a, lora_b, slots)
 
@@ -134,9 +143,4 @@ def test_triton_matches_reference(
 ) -> None:
     torch.manual_seed(tokens + rank)
     batch = random_batch(tokens, in_features, out_features, rank, adapters, dtype, device=DEVICE)
-    y, x, lora_a, lora_b, slots = batch
-    actual, expected = y.clone(), y.clone()
-    triton_kernels.add_lora(actual, x, lora_a, lora_b, slots)
-    add_lora_reference(expected, x, lora_a, lora_b, slots)
-    torch.testing.assert_close(actual, expected, **TOLERANCE[dtype])
-    assert torch.equal(actual[slots < 0], y[slots < 0])
+    check_against_reference(*batch, op=triton_kernels.add_lora)

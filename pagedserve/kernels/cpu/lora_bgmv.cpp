@@ -4,9 +4,9 @@
 //   shrink  h[t] = A[s] x[t]: R dot products of length `in` per token, into a float32 buffer [T, R];
 //           parallel over tokens; four rows of A per pass over x (x read once per four), so a prefill's
 //           tokens (one slot) stream x past an A[s] that stays in cache.
-//   expand  y[t, o] += B[s][o] · h[t]: parallel over (output block, token) pairs, numbered block-major so
-//           that a thread's consecutive pairs are one block's tokens: the block of B[s] they read stays in
-//           L1 across a prefill's tokens, and a decode's many slots still spread over every thread.
+//   expand  y[t, o] += B[s][o] · h[t]: parallel over (output block, run of consecutive tokens of one slot)
+//           pairs, so a block of B[s] is read once per run (in L1 across a prefill's tokens) and a decode's
+//           many slots still spread over every thread; a long run transposes its block first (see expand).
 // Sums are float32 (activations and weights widened exactly); the sum y + delta is rounded once to y's
 // dtype.
 #include <ATen/Parallel.h>
@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "vec.h"
 
@@ -23,7 +24,9 @@ using vec::kLanes;
 using vec::Vec;
 
 constexpr int64_t kGrainMacs = 1 << 16;  // multiply-adds below which a call stays on one thread
-constexpr int64_t kOutputBlock = 128;    // outputs per expand work item: 8 KiB of a rank-16 float32 B[s]
+constexpr int64_t kOutputBlock = 64;     // outputs per expand work item: 4 KiB of a rank-16 float32 B[s]
+constexpr int64_t kRunTokens = 64;       // tokens per expand work item at most
+constexpr int64_t kPanelTokens = 8;      // from this many tokens of one slot the expand transposes B
 
 // kLanes values of p widened to float32, or the first n of them (n < kLanes) and zeros: no read past a
 // row's end, whatever the size.
@@ -80,22 +83,86 @@ void shrink(const at::Tensor& x, const at::Tensor& lora_a, const int64_t* slots,
   });
 }
 
+// The batch's tokens that have an adapter, as runs of consecutive tokens of one slot (a prefill chunk is
+// one run, cut at kRunTokens; a decode token is mostly a run of its own).
+struct Run {
+  int64_t first, count;
+};
+
+std::vector<Run> runs_of(const int64_t* slots, int64_t tokens) {
+  std::vector<Run> runs;
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (slots[t] < 0) continue;
+    if (!runs.empty()) {
+      Run& last = runs.back();
+      if (last.first + last.count == t && slots[last.first] == slots[t] && last.count < kRunTokens) {
+        ++last.count;
+        continue;
+      }
+    }
+    runs.push_back({t, 1});
+  }
+  return runs;
+}
+
+// panel[r * kOutputBlock + o] = rows[o][r] (count rows of `rank` values), zeros for o >= count: one block of
+// B[s] transposed, so that a token's outputs are sums of h[r] * panel row r (see panel_product).
+template <typename TW>
+void transpose_block(const TW* rows, int64_t rank, int64_t count, float* panel) {
+  for (int64_t r = 0; r < rank; ++r) {
+    float* line = panel + r * kOutputBlock;
+    for (int64_t o = 0; o < count; ++o) line[o] = static_cast<float>(rows[o * rank + r]);
+    std::fill(line + count, line + kOutputBlock, 0.f);
+  }
+}
+
+// delta[o] = sum over r of h[r] * panel[r][o]: vertical multiply-adds only, where the dot products of
+// dot_rows end in a horizontal sum per output (their cost at small ranks).
+inline void panel_product(const float* h, const float* panel, int64_t rank, float* delta) {
+  constexpr int64_t kVecs = kOutputBlock / kLanes;
+  Vec acc[kVecs] = {};
+  for (int64_t r = 0; r < rank; ++r) {
+    const Vec hr = vec::splat(h[r]);
+    for (int64_t j = 0; j < kVecs; ++j) acc[j] = vec::fma(hr, vec::load(panel + r * kOutputBlock + j * kLanes), acc[j]);
+  }
+  for (int64_t j = 0; j < kVecs; ++j) vec::store(delta + j * kLanes, acc[j]);
+}
+
+// Work items: (output block, run), block-major. A run of kPanelTokens tokens or more transposes its block of
+// B[s] once for all of them (a prefill); a shorter one takes dot products (decodes: a transposition per
+// token would cost more than it saves).
 template <typename T, typename TW>
 void expand(at::Tensor& y, const at::Tensor& lora_b, const int64_t* slots, const float* h) {
-  const int64_t tokens = y.size(0), out = y.size(1), rank = lora_b.size(2);
+  const int64_t out = y.size(1), rank = lora_b.size(2);
   const int64_t blocks = (out + kOutputBlock - 1) / kOutputBlock;
+  const std::vector<Run> runs = runs_of(slots, y.size(0));
+  const int64_t num_runs = static_cast<int64_t>(runs.size());
+  if (num_runs == 0) return;
   T* yp = y.data_ptr<T>();
   const TW* bp = lora_b.data_ptr<TW>();
   const int64_t grain = std::max<int64_t>(1, kGrainMacs / (kOutputBlock * rank));
-  at::parallel_for(0, blocks * tokens, grain, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, blocks * num_runs, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> panel;
     float delta[kOutputBlock];
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t block = item / tokens, t = item % tokens;
-      if (slots[t] < 0) continue;
-      const int64_t first = block * kOutputBlock, count = std::min(kOutputBlock, out - first);
-      dot_rows(h + t * rank, bp + (slots[t] * out + first) * rank, rank, count, rank, delta);
-      T* row = yp + t * y.stride(0) + first;
-      for (int64_t o = 0; o < count; ++o) row[o] = static_cast<T>(static_cast<float>(row[o]) + delta[o]);
+      const int64_t block = item / num_runs, first = block * kOutputBlock;
+      const int64_t count = std::min(kOutputBlock, out - first);
+      const Run run = runs[item % num_runs];
+      const TW* rows = bp + (slots[run.first] * out + first) * rank;
+      const bool transposed = run.count >= kPanelTokens;
+      if (transposed) {
+        panel.resize(rank * kOutputBlock);
+        transpose_block(rows, rank, count, panel.data());
+      }
+      for (int64_t t = run.first; t < run.first + run.count; ++t) {
+        if (transposed) {
+          panel_product(h + t * rank, panel.data(), rank, delta);
+        } else {
+          dot_rows(h + t * rank, rows, rank, count, rank, delta);
+        }
+        T* row = yp + t * y.stride(0) + first;
+        for (int64_t o = 0; o < count; ++o) row[o] = static_cast<T>(static_cast<float>(row[o]) + delta[o]);
+      }
     }
   });
 }
