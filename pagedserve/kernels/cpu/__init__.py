@@ -43,6 +43,7 @@ _SOURCES = [
         "fp8_kv_cache.cpp",
         "fp8_matmul.cpp",
         "fused_ops.cpp",
+        "lora_bgmv.cpp",
     )
 ]
 

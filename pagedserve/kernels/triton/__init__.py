@@ -1,6 +1,6 @@
-"""Triton kernels of the triton attention backend (GPU). Importing this package imports triton and defines
-the kernels: with TRITON_INTERPRET=1 set before that import they run on CPU tensors through Triton's
-interpreter (slow, for tests), otherwise they compile for the GPU."""
+"""Triton kernels of the triton attention backend and of multi-LoRA serving (GPU). Importing this package
+imports triton and defines the kernels: with TRITON_INTERPRET=1 set before that import they run on CPU
+tensors through Triton's interpreter (slow, for tests), otherwise they compile for the GPU."""
 
 from triton.runtime.interpreter import InterpretedFunction
 
@@ -11,8 +11,16 @@ from pagedserve.kernels.triton.attention import (
     paged_attention,
 )
 from pagedserve.kernels.triton.cache import reshape_and_cache
+from pagedserve.kernels.triton.lora import add_lora
 
 # Whether the kernels were defined under TRITON_INTERPRET=1, so run on CPU tensors.
 INTERPRETED = isinstance(_paged_attention_kernel, InterpretedFunction)
 
-__all__ = ["INTERPRETED", "PagedBatch", "choose_num_splits", "paged_attention", "reshape_and_cache"]
+__all__ = [
+    "INTERPRETED",
+    "PagedBatch",
+    "add_lora",
+    "choose_num_splits",
+    "paged_attention",
+    "reshape_and_cache",
+]
