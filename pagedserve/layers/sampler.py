@@ -123,5 +123,19 @@ def gather_logprobs(
     chosen = logprobs.gather(1, token_ids[:, None])
     if num_top == 0:
         return token_ids[:, None], chosen
-    top_values, top_ids = logprobs.topk(num_top, dim=-1)
+    top_values, top_ids = top_tokens(logprobs, num_top)
     return torch.cat([token_ids[:, None], top_ids], dim=1), torch.cat([chosen, top_values], dim=1)
+
+
+def top_tokens(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest values of each row [N, V] and their ids, largest first, equal values by ascending id.
+    NOTE: torch.topk orders equal values as its kernel happens to (it varies with the batch): a grammar
+    masks thousands of tokens to -inf, and which of them a row reports must not depend on its batch."""
+    kth = logprobs.topk(k, dim=-1).values[:, -1:]
+    above = logprobs > kth
+    at_kth = logprobs == kth
+    take = above | (at_kth & (at_kth.cumsum(dim=-1) <= k - above.sum(dim=-1, keepdim=True)))
+    ids = take.nonzero()[:, 1].view(-1, k)  # each row's k ids, ascending
+    values = logprobs.gather(1, ids)
+    order = values.sort(dim=-1, descending=True, stable=True).indices
+    return values.gather(1, order), ids.gather(1, order)

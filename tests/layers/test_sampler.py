@@ -2,7 +2,7 @@
 
 import torch
 
-from pagedserve.layers.sampler import Sampler, SamplingMetadata
+from pagedserve.layers.sampler import Sampler, SamplingMetadata, top_tokens
 
 VOCAB = 64
 
@@ -115,3 +115,19 @@ def test_sampling_follows_the_distribution() -> None:
     for _ in range(3000):
         counts[Sampler()(logits, meta).sampled_token_ids[0]] += 1
     torch.testing.assert_close(counts / 3000, torch.tensor([0.7, 0.2, 0.1]), atol=0.03, rtol=0)
+
+
+def test_top_tokens_break_ties_by_token_id_whatever_the_batch() -> None:
+    """Equal logprobs (a grammar's -inf mask, repeated values) come largest first, then by ascending id,
+    the same for a row alone and in any batch (torch.topk alone orders ties as its kernel happens to)."""
+    generator = torch.Generator().manual_seed(0)
+    logprobs = torch.randint(-3, 3, (6, 4000), generator=generator).float()
+    logprobs[logprobs < -2] = float("-inf")
+    logprobs[0, :3999] = float("-inf")  # one allowed token, as a grammar leaves it
+    for k in (1, 2, 5, 20):
+        values, ids = top_tokens(logprobs, k)
+        for row in range(logprobs.shape[0]):
+            expected = sorted(range(logprobs.shape[1]), key=lambda i: (-logprobs[row, i].item(), i))[:k]
+            assert ids[row].tolist() == expected and torch.equal(values[row], logprobs[row, expected])
+            alone_values, alone_ids = top_tokens(logprobs[row : row + 1], k)
+            assert torch.equal(alone_ids[0], ids[row]) and torch.equal(alone_values[0], values[row])
