@@ -27,6 +27,18 @@ ENCODER_ARCHITECTURES = {
     "RobertaForSequenceClassification": "classify",
     "XLMRobertaForSequenceClassification": "classify",
 }
+# Decoders with HF's sequence-classification head (a `score` linear, no bias, at each prompt's last token):
+# causal attention, pooling runner only (no LM head to generate with).
+DECODER_CLASSIFIER_ARCHITECTURES = (
+    "LlamaForSequenceClassification",
+    "Qwen2ForSequenceClassification",
+    "Qwen3ForSequenceClassification",
+)
+# Every architecture that only pools -> its task under --convert auto.
+POOLING_ONLY_ARCHITECTURES: dict[str, str] = {
+    **ENCODER_ARCHITECTURES,
+    **dict.fromkeys(DECODER_CLASSIFIER_ARCHITECTURES, "classify"),
+}
 # config.json without `architectures`: the encoder its model_type means.
 ENCODER_MODEL_TYPES = {"bert": "BertModel", "roberta": "RobertaModel", "xlm-roberta": "XLMRobertaModel"}
 # sentence-transformers' 1_Pooling/config.json flags -> our pooling type.
@@ -69,14 +81,14 @@ class PoolingModelConfig:
 
 
 def resolve_runner(runner: str, architecture: str) -> bool:
-    """Whether the model runs on the pooling runner (auto: encoders do, decoders generate)."""
+    """Whether the model runs on the pooling runner (auto: encoders and classifiers do, decoders
+    generate)."""
     if runner not in get_args(RunnerName):
         raise ConfigError(f"runner={runner!r}: --runner must be one of {', '.join(get_args(RunnerName))}.")
-    if architecture in ENCODER_ARCHITECTURES and runner == "generate":
-        raise ConfigError(
-            f"{architecture} is an encoder: it cannot generate. Use --runner pooling (or auto)."
-        )
-    return runner == "pooling" or architecture in ENCODER_ARCHITECTURES
+    if architecture in POOLING_ONLY_ARCHITECTURES and runner == "generate":
+        kind = "an encoder" if architecture in ENCODER_ARCHITECTURES else "a classifier (no LM head)"
+        raise ConfigError(f"{architecture} is {kind}: it cannot generate. Use --runner pooling (or auto).")
+    return runner == "pooling" or architecture in POOLING_ONLY_ARCHITECTURES
 
 
 def resolve_pooling(
@@ -94,7 +106,7 @@ def resolve_pooling(
             f"convert={convert!r}: --convert must be one of {', '.join(get_args(ConvertName))}."
         )
     is_encoder = architecture in ENCODER_ARCHITECTURES
-    task = ENCODER_ARCHITECTURES.get(architecture, "embed") if convert == "auto" else convert
+    task = POOLING_ONLY_ARCHITECTURES.get(architecture, "embed") if convert == "auto" else convert
     folder = model_path if os.path.isdir(model_path) else ""
     pooler = _sentence_transformers_pooler(folder) or PoolerConfig("CLS" if is_encoder else "LAST")
     if pooler_json:
@@ -104,7 +116,7 @@ def resolve_pooling(
     ):
         raise ConfigError(
             f"--convert classify needs a classification head, and {architecture} has none; supported "
-            f"cross-encoders: {', '.join(a for a, t in ENCODER_ARCHITECTURES.items() if t == 'classify')}, "
+            f"cross-encoders: {', '.join(a for a, t in POOLING_ONLY_ARCHITECTURES.items() if t == 'classify')}, "
             'or a decoder reranker with --pooler-config \'{"classifier_from_token": ["no", "yes"]}\'.'
         )
     st = _read_json(folder, "config_sentence_transformers.json")

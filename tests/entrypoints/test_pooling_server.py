@@ -174,6 +174,33 @@ def test_cross_encoder_endpoints_equal_hf(tiny_bert_cross_encoder: str) -> None:
         server.stop()
 
 
+def test_decoder_classifier_endpoints_equal_hf(tiny_qwen3_classifier: str) -> None:
+    """Qwen3ForSequenceClassification (Qwen3-Reranker with a `score` head): /rerank, /score and /classify
+    equal HF's head at each pair's (text's) last token."""
+    from conftest import hf_classifier_logits
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3_classifier)
+    pairs = hf_classifier_logits(tiny_qwen3_classifier, [tokenizer(QUERY, t)["input_ids"] for t in TEXTS])
+    expected = torch.sigmoid(pairs[:, 0]).tolist()
+    server = _serve(tiny_qwen3_classifier)  # --runner auto: no LM head, so the pooling runner
+    try:
+        body = post(server, "/v1/rerank", {"query": QUERY, "documents": TEXTS}).json()
+        assert [r["index"] for r in body["results"]] == sorted(range(len(TEXTS)), key=lambda i: -expected[i])
+        assert [r["relevance_score"] for r in body["results"]] == pytest.approx(
+            sorted(expected, reverse=True), abs=1e-4
+        )
+        data = post(server, "/score", {"text_1": QUERY, "text_2": TEXTS[1]}).json()["data"]
+        assert data[0]["score"] == pytest.approx(expected[1], abs=1e-4)
+        single = hf_classifier_logits(tiny_qwen3_classifier, [tokenizer(TEXTS[0])["input_ids"]])
+        probs = post(server, "/classify", {"input": TEXTS[0]}).json()["data"][0]["probs"]
+        assert probs == pytest.approx(torch.sigmoid(single[0]).tolist(), abs=1e-4)
+        completion = post(server, "/v1/completions", {"prompt": "a", "max_tokens": 2})
+        assert completion.status_code == 400 and "pooling runner" in completion.text
+    finally:
+        server.stop()
+
+
 def test_a_generation_model_refuses_pooling_endpoints(tiny_llama: str) -> None:
     server = _serve(tiny_llama, "--kv-cache-memory", "4MiB")
     try:
