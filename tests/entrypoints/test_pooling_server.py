@@ -43,10 +43,15 @@ def embedder(tiny_bert_embedder: str):
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_bert_embedder: str) -> torch.Tensor:
+def sentence_transformer(tiny_bert_embedder: str):
     from sentence_transformers import SentenceTransformer
 
-    return torch.tensor(SentenceTransformer(tiny_bert_embedder, device="cpu").encode(TEXTS))
+    return SentenceTransformer(tiny_bert_embedder, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def reference(sentence_transformer) -> torch.Tensor:
+    return torch.tensor(sentence_transformer.encode(TEXTS))
 
 
 def _close(got: list[list[float]], expected: torch.Tensor) -> None:
@@ -84,6 +89,19 @@ def test_plain_http_embeddings_and_pooling(embedder: RemoteServer, reference: to
     )
 
 
+def test_prompt_name_puts_the_models_prompt_first(embedder: RemoteServer, sentence_transformer) -> None:
+    """prompt_name (config_sentence_transformers.json's prompts) as sentence-transformers applies it."""
+    expected = torch.tensor(sentence_transformer.encode(TEXTS[:2], prompt_name="query"))
+    response = embedder.client().embeddings.create(
+        model="m", input=TEXTS[:2], extra_body={"prompt_name": "query"}
+    )
+    _close([d.embedding for d in response.data], expected)
+    pooled = post(embedder, "/pooling", {"input": TEXTS[0], "prompt_name": "query"}).json()["data"]
+    _close([pooled[0]["data"]], expected[:1])
+    plain = post(embedder, "/v1/embeddings", {"input": TEXTS[0], "prompt_name": None}).json()["data"]
+    _close([plain[0]["embedding"]], torch.tensor(sentence_transformer.encode(TEXTS[:1])))
+
+
 def test_auth_and_generation_refused(embedder: RemoteServer) -> None:
     no_key = httpx.post(embedder.base_url + "/v1/embeddings", json={"input": "a"}, timeout=30)
     assert no_key.status_code == 401
@@ -119,6 +137,13 @@ HOSTILE = [
     ("/v1/embeddings", {"input": "a", "truncate_prompt_tokens": 2**64}, "truncate_prompt_tokens"),
     ("/v1/embeddings", {"input": "a", "truncate_prompt_tokens": float("inf")}, "truncate_prompt_tokens"),
     ("/v1/embeddings", {"input": "a", "truncate_prompt_tokens": 1.5}, "truncate_prompt_tokens"),
+    ("/v1/embeddings", {"input": "a", "prompt_name": "nope"}, "'document', 'query'"),
+    ("/v1/embeddings", {"input": "a", "prompt_name": ""}, "not one of the model's prompts"),
+    ("/v1/embeddings", {"input": "a", "prompt_name": "q" * 100_000}, "at most 256 characters"),
+    ("/v1/embeddings", {"input": "a", "prompt_name": 5}, "prompt_name"),
+    ("/v1/embeddings", {"input": "a", "prompt_name": ["query"]}, "prompt_name"),
+    ("/v1/embeddings", {"input": [[2, 40, 3]], "prompt_name": "query"}, "token ids"),
+    ("/pooling", {"input": "a", "prompt_name": "nope"}, "drop prompt_name"),
     ("/rerank", {"query": "a", "documents": []}, "documents"),
     ("/rerank", {"query": "a", "documents": ["b"] * 9}, "max-prompts-per-request"),
     ("/rerank", {"query": "a", "documents": ["b"], "top_n": 0}, "top_n"),
@@ -137,6 +162,7 @@ def test_hostile_inputs_are_400s_and_the_server_serves_on(embedder: RemoteServer
         response = post(embedder, path, body)
         assert response.status_code == 400, (path, body, response.text)
         assert expected in response.text, (path, body, response.text)
+        assert len(response.text) < 2000, (path, "the error must not echo a huge input")
     huge_top_n = post(embedder, "/rerank", {"query": "a", "documents": ["b", "c"], "top_n": 2**64})
     assert huge_top_n.status_code == 200 and len(huge_top_n.json()["results"]) == 2
     truncated = post(embedder, "/v1/embeddings", {"input": "the cat " * 100, "truncate_prompt_tokens": -1})
