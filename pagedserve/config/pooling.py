@@ -1,6 +1,7 @@
 """The pooling runner's model settings (--runner pooling, --convert, --pooler-config): what a forward's
 hidden states become, read from the model's own sentence-transformers files (modules.json,
-1_Pooling/config.json, 2_Normalize, config_sentence_transformers.json) and overridable as in vLLM."""
+1_Pooling/config.json, 2_Normalize, config_sentence_transformers.json) or a GGUF's pooling type, and
+overridable as in vLLM."""
 
 import json
 import os
@@ -100,7 +101,7 @@ def resolve_pooling(
     tokenizer_source: str = "",
 ) -> PoolingModelConfig:
     """The model's pooling settings: --convert's task (auto: classify for *ForSequenceClassification,
-    else embed), the sentence-transformers files' pooling, --pooler-config over both."""
+    else embed), the sentence-transformers files' pooling (else a GGUF's), --pooler-config over them."""
     if convert not in get_args(ConvertName):
         raise ConfigError(
             f"convert={convert!r}: --convert must be one of {', '.join(get_args(ConvertName))}."
@@ -108,7 +109,11 @@ def resolve_pooling(
     is_encoder = architecture in ENCODER_ARCHITECTURES
     task = POOLING_ONLY_ARCHITECTURES.get(architecture, "embed") if convert == "auto" else convert
     folder = model_path if os.path.isdir(model_path) else ""
-    pooler = _sentence_transformers_pooler(folder) or PoolerConfig("CLS" if is_encoder else "LAST")
+    pooler = (
+        _sentence_transformers_pooler(folder)
+        or _gguf_pooler(hf_config)
+        or PoolerConfig("CLS" if is_encoder else "LAST")
+    )
     if pooler_json:
         pooler = _override_pooler(pooler, pooler_json)
     if task == "classify" and not (
@@ -189,6 +194,20 @@ def _sentence_transformers_pooler(folder: str) -> PoolerConfig | None:
             'set it with --pooler-config \'{"pooling_type": "MEAN"}\'.'
         )
     return PoolerConfig(modes[0], normalize="Normalize" in types)  # type: ignore[arg-type]
+
+
+def _gguf_pooler(hf_config: "PretrainedConfig") -> PoolerConfig | None:
+    """A GGUF's own pooling type (llama.cpp's `{arch}.pooling_type`, utils/gguf_config.py), normalized as
+    llama.cpp's server returns embeddings; None when the file declares none."""
+    kind = getattr(hf_config, "gguf_pooling_type", None)
+    if kind is None:
+        return None
+    if kind not in POOLING_TYPES:
+        raise ConfigError(
+            f"The GGUF's pooling type is {kind} (a reranker's classification head), which pagedserve does "
+            "not load from GGUF yet; serve the reranker's HF folder (--model)."
+        )
+    return PoolerConfig(kind)
 
 
 def _override_pooler(pooler: PoolerConfig, text: str) -> PoolerConfig:
