@@ -207,8 +207,9 @@ def test_decoder_classifier_endpoints_equal_hf(tiny_qwen3_classifier: str) -> No
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3_classifier)
-    pairs = hf_classifier_logits(tiny_qwen3_classifier, [tokenizer(QUERY, t)["input_ids"] for t in TEXTS])
-    expected = torch.sigmoid(pairs[:, 0]).tolist()
+    prompts = [tokenizer(QUERY, t)["input_ids"] for t in TEXTS] + [tokenizer(TEXTS[0])["input_ids"]]
+    logits = torch.sigmoid(hf_classifier_logits(tiny_qwen3_classifier, prompts)[:, 0]).tolist()
+    expected, single = logits[:-1], logits[-1]
     server = _serve(tiny_qwen3_classifier)  # --runner auto: no LM head, so the pooling runner
     try:
         body = post(server, "/v1/rerank", {"query": QUERY, "documents": TEXTS}).json()
@@ -218,9 +219,8 @@ def test_decoder_classifier_endpoints_equal_hf(tiny_qwen3_classifier: str) -> No
         )
         data = post(server, "/score", {"text_1": QUERY, "text_2": TEXTS[1]}).json()["data"]
         assert data[0]["score"] == pytest.approx(expected[1], abs=1e-4)
-        single = hf_classifier_logits(tiny_qwen3_classifier, [tokenizer(TEXTS[0])["input_ids"]])
         probs = post(server, "/classify", {"input": TEXTS[0]}).json()["data"][0]["probs"]
-        assert probs == pytest.approx(torch.sigmoid(single[0]).tolist(), abs=1e-4)
+        assert probs == pytest.approx([single], abs=1e-4)
         completion = post(server, "/v1/completions", {"prompt": "a", "max_tokens": 2})
         assert completion.status_code == 400 and "pooling runner" in completion.text
     finally:

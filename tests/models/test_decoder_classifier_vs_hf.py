@@ -21,7 +21,9 @@ def test_decoder_classifier_equals_hf(tmp_path, model_type: str, num_labels: int
 
     path = build_tiny_decoder_classifier(str(tmp_path), model_type, num_labels)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    single = hf_classifier_logits(path, [tokenizer(t)["input_ids"] for t in TEXTS])
+    texts = [tokenizer(t)["input_ids"] for t in TEXTS]
+    pairs = [tokenizer(QUERY, t)["input_ids"] for t in TEXTS]
+    single, paired = hf_classifier_logits(path, texts + pairs).split(len(TEXTS))
     expected = torch.sigmoid(single) if num_labels == 1 else torch.softmax(single, dim=-1)
     llm = LLM(path)  # --runner auto: a classifier has no LM head, so the pooling runner serves it
     try:
@@ -31,9 +33,8 @@ def test_decoder_classifier_equals_hf(tmp_path, model_type: str, num_labels: int
         torch.testing.assert_close(batched, expected, atol=1e-4, rtol=0)
         torch.testing.assert_close(alone, expected, atol=1e-4, rtol=0)
         if num_labels == 1:  # a reranker: the pair as the tokenizer joins it, scored by the head
-            pairs = hf_classifier_logits(path, [tokenizer(QUERY, t)["input_ids"] for t in TEXTS])
             scores = [s.score for s in llm.score(QUERY, TEXTS)]
-            assert scores == pytest.approx(torch.sigmoid(pairs[:, 0]).tolist(), abs=1e-4)
+            assert scores == pytest.approx(torch.sigmoid(paired[:, 0]).tolist(), abs=1e-4)
             assert llm.score(QUERY, TEXTS[1])[0].score == pytest.approx(scores[1], abs=1e-4)
     finally:
         llm.llm_engine.client.shutdown()
