@@ -207,6 +207,7 @@ _MODEL_FIXTURES = {
     "tiny_bert_embedder",
     "tiny_bert_cross_encoder",
     "tiny_llama_embedder",
+    "tiny_qwen3_classifier",
 }
 
 
@@ -345,6 +346,35 @@ def build_tiny_bert(path: str, cross_encoder: bool = False) -> str:
     return path
 
 
+def build_tiny_decoder_classifier(path: str, model_type: str, num_labels: int) -> str:
+    """A tiny random Llama/Qwen2/Qwen3 *ForSequenceClassification (HF's `score` head) with the SmolLM2
+    tokenizer; `pad_token_id` is set, as HF needs to pool a padded batch."""
+    from transformers import AutoModelForSequenceClassification
+
+    overrides = {"head_dim": 16} if model_type == "qwen3" else {}
+    config = tiny_hf_config(model_type, num_labels=num_labels, **overrides)
+    torch.manual_seed(0)
+    AutoModelForSequenceClassification.from_config(config, dtype=torch.float32).save_pretrained(path)
+    for name in os.listdir(_tokenizer_folder()):
+        if name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(os.path.join(_tokenizer_folder(), name), path)
+    return path
+
+
+def hf_classifier_logits(path: str, prompts: list[list[int]]) -> torch.Tensor:
+    """HF transformers' sequence-classification logits of the prompts in one right-padded batch (HF pools
+    each row's last token that is not `pad_token_id`)."""
+    from transformers import AutoModelForSequenceClassification
+
+    hf = AutoModelForSequenceClassification.from_pretrained(path).eval()
+    width, pad = max(map(len, prompts)), hf.config.pad_token_id
+    input_ids = torch.tensor([p + [pad] * (width - len(p)) for p in prompts])
+    mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in prompts])
+    with torch.no_grad():
+        logits: torch.Tensor = hf(input_ids=input_ids, attention_mask=mask).logits
+    return logits
+
+
 def build_tiny_llama_embedder(path: str, source: str) -> str:
     """The tiny Llama (its checkpoint and tokenizer copied) with last-token pooling and Normalize."""
     shutil.copytree(source, path, dirs_exist_ok=True)
@@ -396,3 +426,8 @@ def tiny_bert_cross_encoder(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="session")
 def tiny_llama_embedder(tmp_path_factory: pytest.TempPathFactory, tiny_model_factory) -> str:
     return build_tiny_llama_embedder(str(tmp_path_factory.mktemp("llama-embed")), tiny_model_factory("llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_classifier(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return build_tiny_decoder_classifier(str(tmp_path_factory.mktemp("qwen3-classify")), "qwen3", 1)

@@ -1,7 +1,8 @@
 """Write a tiny HF checkpoint as a GGUF file the way llama.cpp's converter lays it out (its tensor names,
 Gemma's norms stored as 1 + w, fused tensors kept fused, Llama's q/k rows permuted, experts stacked per
 projection, Qwen-MoE's expert sizes), with the default model's tokenizer metadata: a GGUF of any family for
-the loading tests, read back by both pagedserve and transformers."""
+the loading tests, read back by both pagedserve and transformers. `write_bert_gguf`: a BERT embedding GGUF
+with its own WordPiece vocabulary, which transformers cannot read."""
 
 import os
 import re
@@ -57,6 +58,8 @@ def _gguf_tensors(folder: str, arch: str, config) -> dict[str, np.ndarray]:
     tensors: dict[str, np.ndarray] = {}
     experts: dict[str, dict[int, np.ndarray]] = {}
     for name, tensor in load_file(os.path.join(folder, "model.safetensors")).items():
+        if name.startswith("pooler."):  # llama.cpp's BERT converter drops the unused pooler
+            continue
         weight = tensor.to(torch.float32).numpy().astype(np.float32)
         if arch == "gemma2" and name.endswith("norm.weight"):
             weight = weight + 1  # llama.cpp stores Gemma's (1 + w)
@@ -83,6 +86,17 @@ def _gguf_tensors(folder: str, arch: str, config) -> dict[str, np.ndarray]:
     return converted
 
 
+def _writer(path: str, arch: str, config) -> GGUFWriter:
+    """A writer of `arch` with the shape keys every architecture has."""
+    writer = GGUFWriter(path, arch)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_head_count(config.num_attention_heads)
+    return writer
+
+
 def write_gguf(folder: str, arch: str, path: str, quant_type: str = "F32") -> str:
     """`folder`'s config and tensors as `path` (general.architecture `arch`: gemma2 | phi3 | llama, Mixtral
     being llama with experts | qwen2moe | qwen3moe, every Qwen-MoE layer sparse as llama.cpp builds them).
@@ -92,12 +106,7 @@ def write_gguf(folder: str, arch: str, path: str, quant_type: str = "F32") -> st
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(folder)
-    writer = GGUFWriter(path, arch)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_head_count(config.num_attention_heads)
+    writer = _writer(path, arch, config)
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_rope_freq_base(config.rope_parameters.get("rope_theta", 10000.0))
@@ -117,6 +126,46 @@ def write_gguf(folder: str, arch: str, path: str, quant_type: str = "F32") -> st
     if getattr(config, "shared_expert_intermediate_size", None):
         writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
     _copy_tokenizer(writer)
+    return _write_tensors(writer, folder, arch, config, quant_type, path)
+
+
+def write_bert_gguf(folder: str, path: str, quant_type: str = "F32", pooling_type: int = 1) -> str:
+    """A BertModel folder (WordPiece tokenizer) as llama.cpp's converter writes an embedding GGUF: arch
+    "bert", its metadata keys, the vocabulary in phantom-space form ("▁word", "##piece" as "piece"), [CLS]
+    as BOS and [SEP] as EOS and separator, `pooling_type` (llama.cpp's enum: 1 mean, 2 CLS, 4 rank)."""
+    from gguf import PoolingType, TokenType
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    writer = _writer(path, "bert", config)
+    writer.add_layer_norm_eps(config.layer_norm_eps)
+    writer.add_causal_attention(False)
+    writer.add_pooling_type(PoolingType(pooling_type))
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    special = set(tokenizer.all_special_tokens)
+    writer.add_tokenizer_model("bert")
+    writer.add_token_type_count(config.type_vocab_size)
+    writer.add_token_list([_phantom(token) for token, _ in vocab])
+    writer.add_token_types([TokenType.CONTROL if t in special else TokenType.NORMAL for t, _ in vocab])
+    writer.add_bos_token_id(tokenizer.cls_token_id)
+    writer.add_eos_token_id(tokenizer.sep_token_id)
+    writer.add_sep_token_id(tokenizer.sep_token_id)
+    writer.add_pad_token_id(tokenizer.pad_token_id)
+    writer.add_unk_token_id(tokenizer.unk_token_id)
+    writer.add_mask_token_id(tokenizer.mask_token_id)
+    return _write_tensors(writer, folder, "bert", config, quant_type, path)
+
+
+def _phantom(token: str) -> str:
+    """llama.cpp's BERT vocabulary form (convert_hf_to_gguf.py's `phantom`)."""
+    if token.startswith("[") and token.endswith("]"):
+        return token
+    return token[2:] if token.startswith("##") else "\u2581" + token
+
+
+def _write_tensors(writer: GGUFWriter, folder: str, arch: str, config, quant_type: str, path: str) -> str:
+    """`folder`'s tensors in `quant_type` (see write_gguf), then the file; returns `path`."""
     qtype = GGMLQuantizationType[quant_type]
     for name, weight in _gguf_tensors(folder, arch, config).items():
         if _stays_float(name, weight, qtype):
@@ -205,16 +254,22 @@ def _q6_k(x: np.ndarray) -> np.ndarray:
     )
 
 
-# HF matrices whose GGUF tensor stays float: the routers (as llama.cpp's quantizer leaves them) and the
-# shared expert's gate (a vector in the GGUF).
-_FLOAT_MATRICES = ("block_sparse_moe.gate.weight", "mlp.gate.weight", "shared_expert_gate.weight")
+# HF matrices whose GGUF tensor stays float: the routers and BERT's position and token-type tables (as
+# llama.cpp's quantizer leaves them) and the shared expert's gate (a vector in the GGUF).
+_FLOAT_MATRICES = (
+    "block_sparse_moe.gate.weight",
+    "mlp.gate.weight",
+    "shared_expert_gate.weight",
+    "position_embeddings.weight",
+    "token_type_embeddings.weight",
+)
 
 
 def _stays_float(name: str, weight: np.ndarray, qtype: GGMLQuantizationType) -> bool:
     return (
         qtype == GGMLQuantizationType.F32
         or weight.ndim < 2
-        or "ffn_gate_inp" in name
+        or any(part in name for part in ("ffn_gate_inp", "position_embd", "token_types"))
         or not _fills_blocks(weight, qtype)
     )
 

@@ -9,13 +9,13 @@ import pytest
 from pagedserve.attention.backends import ATTENTION_BACKENDS
 from pagedserve.attention.backends.base import AttentionBackend
 from pagedserve.config import MODEL_ARCHITECTURES, AttentionBackendName, ExecutorBackend
-from pagedserve.config.pooling import ENCODER_ARCHITECTURES
+from pagedserve.config.pooling import DECODER_CLASSIFIER_ARCHITECTURES, ENCODER_ARCHITECTURES
 from pagedserve.config.quantization import QUANTIZATION_METHODS
 from pagedserve.errors import ConfigError
 from pagedserve.executor import EXECUTORS
 from pagedserve.executor.base import Executor
-from pagedserve.models.interface import CausalLM, EncoderModel
-from pagedserve.models.registry import ENCODER_MODELS, MODELS
+from pagedserve.models.interface import CausalLM, EncoderModel, SequenceClassifier
+from pagedserve.models.registry import DECODER_CLASSIFIERS, ENCODER_MODELS, MODELS
 from pagedserve.quantization import QUANTIZATION_CONFIGS
 from pagedserve.quantization.base import QuantizationConfig
 from pagedserve.utils.registry import Registry
@@ -25,6 +25,7 @@ REGISTRIES = [
     (EXECUTORS, set(get_args(ExecutorBackend)), Executor),
     (MODELS, set(MODEL_ARCHITECTURES.values()), CausalLM),
     (ENCODER_MODELS, set(ENCODER_ARCHITECTURES), EncoderModel),
+    (DECODER_CLASSIFIERS, set(DECODER_CLASSIFIER_ARCHITECTURES), SequenceClassifier),
     (QUANTIZATION_CONFIGS, set(QUANTIZATION_METHODS), QuantizationConfig),
 ]
 

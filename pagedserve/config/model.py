@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from pagedserve.config.pooling import (
-    ENCODER_ARCHITECTURES,
     ENCODER_MODEL_TYPES,
+    POOLING_ONLY_ARCHITECTURES,
     PoolingModelConfig,
     encoder_position_offset,
     resolve_pooling,
@@ -68,7 +68,7 @@ class ModelConfig:
     pooling: PoolingModelConfig | None = None
 
     def __post_init__(self) -> None:
-        supported = set(MODEL_ARCHITECTURES.values()) | set(ENCODER_ARCHITECTURES)
+        supported = set(MODEL_ARCHITECTURES.values()) | set(POOLING_ONLY_ARCHITECTURES)
         if self.architecture not in supported:
             raise ConfigError(
                 f"Model architecture {self.architecture!r} is not supported. Supported "

@@ -1,6 +1,7 @@
 """The pooling runner's model settings (--runner pooling, --convert, --pooler-config): what a forward's
 hidden states become, read from the model's own sentence-transformers files (modules.json,
-1_Pooling/config.json, 2_Normalize, config_sentence_transformers.json) and overridable as in vLLM."""
+1_Pooling/config.json, 2_Normalize, config_sentence_transformers.json) or a GGUF's pooling type, and
+overridable as in vLLM."""
 
 import json
 import os
@@ -26,6 +27,18 @@ ENCODER_ARCHITECTURES = {
     "BertForSequenceClassification": "classify",
     "RobertaForSequenceClassification": "classify",
     "XLMRobertaForSequenceClassification": "classify",
+}
+# Decoders with HF's sequence-classification head (a `score` linear, no bias, at each prompt's last token):
+# causal attention, pooling runner only (no LM head to generate with).
+DECODER_CLASSIFIER_ARCHITECTURES = (
+    "LlamaForSequenceClassification",
+    "Qwen2ForSequenceClassification",
+    "Qwen3ForSequenceClassification",
+)
+# Every architecture that only pools -> its task under --convert auto.
+POOLING_ONLY_ARCHITECTURES: dict[str, str] = {
+    **ENCODER_ARCHITECTURES,
+    **dict.fromkeys(DECODER_CLASSIFIER_ARCHITECTURES, "classify"),
 }
 # config.json without `architectures`: the encoder its model_type means.
 ENCODER_MODEL_TYPES = {"bert": "BertModel", "roberta": "RobertaModel", "xlm-roberta": "XLMRobertaModel"}
@@ -69,14 +82,14 @@ class PoolingModelConfig:
 
 
 def resolve_runner(runner: str, architecture: str) -> bool:
-    """Whether the model runs on the pooling runner (auto: encoders do, decoders generate)."""
+    """Whether the model runs on the pooling runner (auto: encoders and classifiers do, decoders
+    generate)."""
     if runner not in get_args(RunnerName):
         raise ConfigError(f"runner={runner!r}: --runner must be one of {', '.join(get_args(RunnerName))}.")
-    if architecture in ENCODER_ARCHITECTURES and runner == "generate":
-        raise ConfigError(
-            f"{architecture} is an encoder: it cannot generate. Use --runner pooling (or auto)."
-        )
-    return runner == "pooling" or architecture in ENCODER_ARCHITECTURES
+    if architecture in POOLING_ONLY_ARCHITECTURES and runner == "generate":
+        kind = "an encoder" if architecture in ENCODER_ARCHITECTURES else "a classifier (no LM head)"
+        raise ConfigError(f"{architecture} is {kind}: it cannot generate. Use --runner pooling (or auto).")
+    return runner == "pooling" or architecture in POOLING_ONLY_ARCHITECTURES
 
 
 def resolve_pooling(
@@ -88,15 +101,19 @@ def resolve_pooling(
     tokenizer_source: str = "",
 ) -> PoolingModelConfig:
     """The model's pooling settings: --convert's task (auto: classify for *ForSequenceClassification,
-    else embed), the sentence-transformers files' pooling, --pooler-config over both."""
+    else embed), the sentence-transformers files' pooling (else a GGUF's), --pooler-config over them."""
     if convert not in get_args(ConvertName):
         raise ConfigError(
             f"convert={convert!r}: --convert must be one of {', '.join(get_args(ConvertName))}."
         )
     is_encoder = architecture in ENCODER_ARCHITECTURES
-    task = ENCODER_ARCHITECTURES.get(architecture, "embed") if convert == "auto" else convert
+    task = POOLING_ONLY_ARCHITECTURES.get(architecture, "embed") if convert == "auto" else convert
     folder = model_path if os.path.isdir(model_path) else ""
-    pooler = _sentence_transformers_pooler(folder) or PoolerConfig("CLS" if is_encoder else "LAST")
+    pooler = (
+        _sentence_transformers_pooler(folder)
+        or _gguf_pooler(hf_config)
+        or PoolerConfig("CLS" if is_encoder else "LAST")
+    )
     if pooler_json:
         pooler = _override_pooler(pooler, pooler_json)
     if task == "classify" and not (
@@ -104,7 +121,7 @@ def resolve_pooling(
     ):
         raise ConfigError(
             f"--convert classify needs a classification head, and {architecture} has none; supported "
-            f"cross-encoders: {', '.join(a for a, t in ENCODER_ARCHITECTURES.items() if t == 'classify')}, "
+            f"cross-encoders: {', '.join(a for a, t in POOLING_ONLY_ARCHITECTURES.items() if t == 'classify')}, "
             'or a decoder reranker with --pooler-config \'{"classifier_from_token": ["no", "yes"]}\'.'
         )
     st = _read_json(folder, "config_sentence_transformers.json")
@@ -177,6 +194,20 @@ def _sentence_transformers_pooler(folder: str) -> PoolerConfig | None:
             'set it with --pooler-config \'{"pooling_type": "MEAN"}\'.'
         )
     return PoolerConfig(modes[0], normalize="Normalize" in types)  # type: ignore[arg-type]
+
+
+def _gguf_pooler(hf_config: "PretrainedConfig") -> PoolerConfig | None:
+    """A GGUF's own pooling type (llama.cpp's `{arch}.pooling_type`, utils/gguf_config.py), normalized as
+    llama.cpp's server returns embeddings; None when the file declares none."""
+    kind = getattr(hf_config, "gguf_pooling_type", None)
+    if kind is None:
+        return None
+    if kind not in POOLING_TYPES:
+        raise ConfigError(
+            f"The GGUF's pooling type is {kind} (a reranker's classification head), which pagedserve does "
+            "not load from GGUF yet; serve the reranker's HF folder (--model)."
+        )
+    return PoolerConfig(kind)
 
 
 def _override_pooler(pooler: PoolerConfig, text: str) -> PoolerConfig:

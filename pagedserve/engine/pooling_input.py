@@ -106,16 +106,34 @@ class PoolingInputProcessor:
         return served
 
     def _with_prompt_prefix(self, prompt: PromptType, prompt_name: str | None) -> PromptType:
-        name = prompt_name or self.pooling.default_prompt_name
+        """A text with the named prompt's text before it, as sentence-transformers puts it (the model's
+        default_prompt_name when none is asked for); token ids as given."""
+        name = self.pooling.default_prompt_name if prompt_name is None else prompt_name
         if name is None:
             return prompt
-        if name not in self.pooling.prompts:
+        if not isinstance(name, str) or name not in self.pooling.prompts:
+            known = ", ".join(map(repr, sorted(self.pooling.prompts))) or "none"
             raise InvalidRequestError(
-                f"prompt_name {name!r} is not one of the model's prompts ({sorted(self.pooling.prompts)}, "
-                "config_sentence_transformers.json).",
+                f"prompt_name {name!r} is not one of the model's prompts ({known}; "
+                "config_sentence_transformers.json): use one of them, or drop prompt_name.",
                 param="prompt_name",
             )
-        return self.pooling.prompts[name] + prompt if isinstance(prompt, str) else prompt
+        prefix = self.pooling.prompts[name]
+        if isinstance(prompt, str):
+            return prefix + prompt
+        if (
+            isinstance(prompt, dict)
+            and isinstance(prompt.get("prompt"), str)
+            and "prompt_token_ids" not in prompt
+        ):
+            return {**prompt, "prompt": prefix + prompt["prompt"]}
+        if prompt_name is not None:
+            raise InvalidRequestError(
+                "prompt_name puts a text before a text input, and this input is token ids: send text, or "
+                "put the prompt's tokens in yourself and drop prompt_name.",
+                param="prompt_name",
+            )
+        return prompt
 
     def _keep(self, keep: int | None) -> int | None:
         """truncate_prompt_tokens as a token count (-1: the context length), validated."""

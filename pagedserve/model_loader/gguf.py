@@ -6,7 +6,7 @@ llama.cpp's converters change some tensors, undone here: q/k rows permuted for i
 mistral), Gemma's norm weights stored as 1 + w, Falcon's fused q/k/v regrouped as [q; k; v], and experts
 stacked into one tensor per projection (split here into HF's per-expert tensors). Mixtral is arch "llama"
 with `llama.expert_count` in its metadata; its config, and Qwen2/3-MoE's expert sizes, are completed in
-`utils/gguf_config.py`."""
+`utils/gguf_config.py`. BERT's ("bert", llama.cpp's embedding GGUFs) tensors take HF BertModel's names."""
 
 import re
 from collections.abc import Iterator
@@ -71,6 +71,26 @@ _FALCON_GLOBAL_NAMES = {
     "output_norm": "transformer.ln_f",
     "output": "lm_head",
 }
+# BERT ("bert"): llama.cpp's names -> HF BertModel's (its reranker head, `cls`, is not read).
+_BERT_GLOBAL_NAMES = {
+    "token_embd": "embeddings.word_embeddings",
+    "token_types": "embeddings.token_type_embeddings",
+    "position_embd": "embeddings.position_embeddings",
+    "token_embd_norm": "embeddings.LayerNorm",
+}
+_BERT_LAYER_NAMES = {
+    "attn_q": "attention.self.query",
+    "attn_k": "attention.self.key",
+    "attn_v": "attention.self.value",
+    "attn_output": "attention.output.dense",
+    "attn_output_norm": "attention.output.LayerNorm",
+    "ffn_up": "intermediate.dense",
+    "ffn_down": "output.dense",
+    "layer_output_norm": "output.LayerNorm",
+}
+# Matrices that are read as float32 whatever `keep_quantized` says: their layers are plain torch ones (a
+# MoE router, BERT's position and token-type tables).
+_ALWAYS_FLOAT = (".mlp.gate.weight", "position_embeddings.weight", "token_type_embeddings.weight")
 # llama.cpp's converter permutes q/k rows of these architectures for its rope layout; we undo it.
 _PERMUTED_ARCHS = ("llama", "mistral")
 _GEMMA_ARCHS = ("gemma2", "gemma3")
@@ -87,6 +107,10 @@ def _hf_name(name: str, arch: str, hf_config: "PretrainedConfig") -> str | None:
         if match and match.group(2) in names:
             return f"transformer.h.{match.group(1)}.{names[match.group(2)]}.{suffix}"
         return f"{_FALCON_GLOBAL_NAMES[base]}.{suffix}" if base in _FALCON_GLOBAL_NAMES else None
+    if arch == "bert":
+        if match and match.group(2) in _BERT_LAYER_NAMES:
+            return f"encoder.layer.{match.group(1)}.{_BERT_LAYER_NAMES[match.group(2)]}.{suffix}"
+        return f"{_BERT_GLOBAL_NAMES[base]}.{suffix}" if base in _BERT_GLOBAL_NAMES else None
     names = {**_LAYER_NAMES, **_ARCH_LAYER_NAMES.get(arch, {})}
     if match and match.group(2) in names:
         return f"model.layers.{match.group(1)}.{names[match.group(2)]}.{suffix}"
@@ -148,8 +172,8 @@ def iterate_gguf(
     """Yield (HF name, float32 tensor) for every tensor of the file. With `keep_quantized`, a 2-D tensor
     `<x>.weight` that needs no regrouping comes instead as `<x>.qweight_type` (its ggml type id, a 0-d
     int64 tensor) followed by `<x>.qweight` (uint8 [rows, row_bytes], its raw blocks, q/k rows in HF's
-    order); types without a native kernel are dequantized to F32 rows, with a log line. A MoE router
-    (a plain linear layer) and the stacked experts always come as float32 (see `_log_dequantized`)."""
+    order); types without a native kernel are dequantized to F32 rows, with a log line. The `_ALWAYS_FLOAT`
+    matrices and the stacked experts always come as float32 (see `_log_dequantized`)."""
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
@@ -164,8 +188,7 @@ def iterate_gguf(
         permuted = arch in _PERMUTED_ARCHS and name.endswith(("q_proj.weight", "k_proj.weight"))
         # NOTE: Falcon's fused q/k/v is regrouped row-wise in float (see _hf_tensors).
         regrouped = arch == "falcon" and "query_key_value" in name
-        router = name.endswith(".mlp.gate.weight")
-        if keep_quantized and len(tensor.shape) == 2 and not regrouped and not router:
+        if keep_quantized and len(tensor.shape) == 2 and not regrouped and not name.endswith(_ALWAYS_FLOAT):
             ggml_type, rows = _native_rows(tensor, dequantized_types)
             base = name.removesuffix(".weight")
             yield f"{base}.qweight_type", torch.tensor(ggml_type)

@@ -15,7 +15,7 @@ from pagedserve.model_loader.gguf import iterate_gguf
 from pagedserve.model_loader.kv_scales import KVScaleCollector
 from pagedserve.model_loader.safetensors import iterate_safetensors
 from pagedserve.models.interface import CausalLM, PoolingModel
-from pagedserve.models.registry import ENCODER_MODELS, get_model_class
+from pagedserve.models.registry import DECODER_CLASSIFIERS, ENCODER_MODELS, get_model_class
 from pagedserve.quantization import get_quantization_config
 from pagedserve.quantization.base import QuantizeMethodBase, set_quantization_config
 
@@ -27,18 +27,23 @@ def load_model(config: ModelConfig, device: torch.device) -> CausalLM:
 
 
 def load_pooling_model(config: ModelConfig, device: torch.device) -> PoolingModel:
-    """An encoder, or a decoder used as an embedder: its checkpoint may be the bare model (Qwen3-Embedding:
-    no `model.` prefix, no lm_head), and the LM head is never needed."""
+    """An encoder, a decoder with a classification head, or a decoder used as an embedder: its checkpoint
+    may be the bare model (Qwen3-Embedding: no `model.` prefix, no lm_head), and the LM head is never
+    needed."""
     if config.architecture in ENCODER_MODELS:
         return _load(ENCODER_MODELS.load(config.architecture), config, device)
+    if config.architecture in DECODER_CLASSIFIERS:
+        return _load(DECODER_CLASSIFIERS.load(config.architecture), config, device, _as_decoder_body)
     # NOTE: a decoder reranker (classifier_from_token) scores with its LM head: that one must load.
     keep_head = bool(config.pooling and config.pooling.classifier_token_ids)
     return _load(get_model_class(config.architecture), config, device, _as_decoder_body, keep_head)
 
 
 def _as_decoder_body(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Checkpoint names under the body's `model.` prefix; the heads (`lm_head`, a classifier's `score`)
+    as they are."""
     for name, tensor in weights:
-        if name.startswith("lm_head."):
+        if name.startswith(("lm_head.", "score.")):
             yield name, tensor
         else:
             yield (name if name.startswith("model.") else f"model.{name}"), tensor

@@ -166,6 +166,10 @@ class LlamaForCausalLM(CausalLM):
         super().__init__()
         self.config = config
         self.model = self.make_model(config)
+        self.make_head(config)
+
+    def make_head(self, config: "PretrainedConfig") -> None:
+        """The LM head, tied to the embedding when the config says so (a classifier has another head)."""
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if getattr(config, "tie_word_embeddings", False):
             embed_tokens = self.model.get_submodule("embed_tokens")

@@ -1,6 +1,7 @@
 """Architecture name (config.json's `architectures`) -> model class, imported on demand. Family `t`
 lives in models/t.py; config.MODEL_ARCHITECTURES lists the same architectures (a test checks it)."""
 
+from pagedserve.config.pooling import DECODER_CLASSIFIER_ARCHITECTURES
 from pagedserve.models.interface import CausalLM, EncoderModel
 from pagedserve.utils.registry import Registry
 
@@ -34,6 +35,11 @@ for _module, _architecture in (
 ENCODER_MODELS: Registry[EncoderModel] = Registry("Encoder architecture", "--model")
 for _architecture in ENCODER_ARCHITECTURE_NAMES:
     ENCODER_MODELS.register(_architecture, f"pagedserve.models.bert:{_architecture}")
+
+# Decoders with a classification head, for the pooling runner (the same names as config.pooling's).
+DECODER_CLASSIFIERS: Registry[CausalLM] = Registry("Sequence classifier architecture", "--model")
+for _architecture in DECODER_CLASSIFIER_ARCHITECTURES:
+    DECODER_CLASSIFIERS.register(_architecture, f"pagedserve.models.decoder_classifier:{_architecture}")
 
 
 def supported_architectures() -> list[str]:

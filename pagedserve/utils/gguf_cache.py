@@ -7,10 +7,11 @@ and again for the tokenizer, several seconds each; the converted folder loads in
 import hashlib
 import os
 
+from pagedserve.utils.gguf_bert import bert_tokenizer
 from pagedserve.utils.gguf_config import gguf_hf_config
 
 # Bumped when the conversion changes, so folders converted by an older version are not reused.
-_CONVERSION_VERSION = 3
+_CONVERSION_VERSION = 4
 
 _CACHE_ROOT = os.path.join(
     os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pagedserve", "gguf"
@@ -28,12 +29,18 @@ def gguf_hf_folder(gguf_file: str) -> str:
     folder = os.path.join(os.environ.get("PAGEDSERVE_CACHE_DIR", _CACHE_ROOT), key.hexdigest()[:16])
     if os.path.isfile(os.path.join(folder, "done")):
         return folder
+    from gguf import GGUFReader
     from transformers import AutoTokenizer
 
     directory, name = os.path.split(gguf_file)
     tmp = f"{folder}.tmp{os.getpid()}"
-    gguf_hf_config(directory or ".", name).save_pretrained(tmp)
-    AutoTokenizer.from_pretrained(directory or ".", gguf_file=name).save_pretrained(tmp)
+    config = gguf_hf_config(directory or ".", name)
+    config.save_pretrained(tmp)
+    if config.model_type == "bert":  # NOTE: transformers reads no WordPiece vocabulary from a GGUF
+        tokenizer = bert_tokenizer(GGUFReader(gguf_file).fields, tmp)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(directory or ".", gguf_file=name)
+    tokenizer.save_pretrained(tmp)
     open(os.path.join(tmp, "done"), "w").close()
     os.makedirs(os.path.dirname(folder), exist_ok=True)
     try:

@@ -1,12 +1,15 @@
 """The HF config of a GGUF file: transformers' reading of its metadata, completed where transformers
-misses what llama.cpp's converter wrote (Mixtral's experts, Qwen-MoE's expert sizes), for the
-architectures (`general.architecture`) pagedserve loads; any other is refused with that list."""
+misses what llama.cpp's converter wrote (Mixtral's experts, Qwen-MoE's expert sizes, a BERT's whole
+config, an embedding model's pooling type), for the architectures (`general.architecture`) pagedserve
+loads; any other is refused with that list."""
 
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from pagedserve.errors import ConfigError
+from pagedserve.utils.gguf_bert import bert_config
+from pagedserve.utils.gguf_metadata import metadata_int, metadata_string
 
 if TYPE_CHECKING:
     from gguf import ReaderField
@@ -23,7 +26,10 @@ GGUF_ARCHITECTURES = {
     "falcon": "Falcon",
     "qwen2moe": "Qwen2-MoE",
     "qwen3moe": "Qwen3-MoE",
+    "bert": "BERT embedding models, --runner pooling",
 }
+# llama.cpp's `{arch}.pooling_type` values (its enum llama_pooling_type) -> their names; 0 (none) is none.
+_GGUF_POOLING_TYPES = {1: "MEAN", 2: "CLS", 3: "LAST", 4: "RANK"}
 
 
 def gguf_hf_config(directory: str, name: str) -> "PretrainedConfig":
@@ -33,32 +39,23 @@ def gguf_hf_config(directory: str, name: str) -> "PretrainedConfig":
     from transformers import AutoConfig
 
     fields = GGUFReader(os.path.join(directory, name)).fields
-    arch = _string(fields, "general.architecture")
+    arch = metadata_string(fields, "general.architecture")
     if arch not in GGUF_ARCHITECTURES:
         supported = "; ".join(f"{key} ({families})" for key, families in GGUF_ARCHITECTURES.items())
         raise ConfigError(
             f"GGUF architecture {arch!r} (general.architecture of {name}) is not supported. Supported GGUF "
             f"architectures: {supported}. Other families load from a HF folder (--model)."
         )
-    config: PretrainedConfig = AutoConfig.from_pretrained(directory, gguf_file=name)
+    # NOTE: transformers reads no "bert" GGUF.
+    config = bert_config(fields) if arch == "bert" else AutoConfig.from_pretrained(directory, gguf_file=name)
     if arch == "llama":
-        return _as_mixtral_if_sparse(config, fields)
+        config = _as_mixtral_if_sparse(config, fields)
     if arch in ("qwen2moe", "qwen3moe"):
-        return _with_qwen_moe_sizes(config, fields, arch)
+        config = _with_qwen_moe_sizes(config, fields, arch)
+    pooling = _GGUF_POOLING_TYPES.get(metadata_int(fields, f"{arch}.pooling_type", 0))
+    if pooling is not None:  # the pooling runner's default for this model (config/pooling.py)
+        config.gguf_pooling_type = pooling
     return config
-
-
-def _string(fields: Mapping[str, "ReaderField"], key: str) -> str:
-    return bytes(fields[key].parts[-1]).decode()
-
-
-def _int(fields: Mapping[str, "ReaderField"], key: str, default: int | None = None) -> int:
-    field = fields.get(key)
-    if field is None:
-        if default is None:
-            raise ConfigError(f"The GGUF file lacks the metadata key {key!r}, which its architecture needs.")
-        return default
-    return int(field.contents())
 
 
 def _as_mixtral_if_sparse(
@@ -66,7 +63,7 @@ def _as_mixtral_if_sparse(
 ) -> "PretrainedConfig":
     """llama.cpp stores Mixtral as architecture "llama" with `llama.expert_count` experts, which
     transformers reads as a dense Llama: such a config becomes the MixtralConfig it describes."""
-    if _int(fields, "llama.expert_count", 0) == 0:
+    if metadata_int(fields, "llama.expert_count", 0) == 0:
         return config
     from transformers import MixtralConfig
 
@@ -75,8 +72,8 @@ def _as_mixtral_if_sparse(
     }
     return MixtralConfig(
         **settings,
-        num_local_experts=_int(fields, "llama.expert_count"),
-        num_experts_per_tok=_int(fields, "llama.expert_used_count"),
+        num_local_experts=metadata_int(fields, "llama.expert_count"),
+        num_experts_per_tok=metadata_int(fields, "llama.expert_used_count"),
         sliding_window=settings.pop("sliding_window", None),  # Mixtral's GGUFs carry no window
         architectures=["MixtralForCausalLM"],
     )
@@ -88,13 +85,15 @@ def _with_qwen_moe_sizes(
     """transformers reads a Qwen2/3-MoE GGUF's expert counts but not the experts' sizes, leaving the
     config class's defaults (Qwen1.5-MoE-A2.7B's). The sizes come from llama.cpp's keys, as its converter
     writes them; every layer is sparse (llama.cpp builds no dense layer for these architectures)."""
-    config.num_experts = _int(fields, f"{arch}.expert_count")
-    config.num_experts_per_tok = _int(fields, f"{arch}.expert_used_count")
-    config.moe_intermediate_size = _int(fields, f"{arch}.expert_feed_forward_length")
+    config.num_experts = metadata_int(fields, f"{arch}.expert_count")
+    config.num_experts_per_tok = metadata_int(fields, f"{arch}.expert_used_count")
+    config.moe_intermediate_size = metadata_int(fields, f"{arch}.expert_feed_forward_length")
     config.decoder_sparse_step = 1
     config.mlp_only_layers = []
     if arch == "qwen2moe":  # 0: no shared expert (the model builds none)
-        config.shared_expert_intermediate_size = _int(fields, f"{arch}.expert_shared_feed_forward_length", 0)
+        config.shared_expert_intermediate_size = metadata_int(
+            fields, f"{arch}.expert_shared_feed_forward_length", 0
+        )
     norm = fields.get(f"{arch}.expert_weights_norm")
     if norm is not None:  # else the family's rule: llama.cpp renormalizes Qwen3-MoE's top-k, not Qwen2's
         config.norm_topk_prob = bool(norm.contents())

@@ -71,3 +71,23 @@ def test_sentence_transformers_files_and_the_override(bert_folder) -> None:
 def test_wrong_settings_name_the_flag(bert_folder, kwargs, message) -> None:
     with pytest.raises(ConfigError, match=message):
         _config(bert_folder, **kwargs)
+
+
+def test_a_decoder_classifier_pools_its_last_token(tmp_path) -> None:
+    from transformers import Qwen3Config
+
+    Qwen3Config(
+        vocab_size=50,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        num_labels=1,
+        architectures=["Qwen3ForSequenceClassification"],
+    ).save_pretrained(tmp_path)
+    pooling = _config(tmp_path).model.pooling  # --runner auto: it has no LM head to generate with
+    assert pooling is not None and pooling.task == "classify" and not pooling.is_encoder
+    assert (pooling.pooler.pooling_type, pooling.num_labels) == ("LAST", 1)
+    with pytest.raises(ConfigError, match="is a classifier \\(no LM head\\): it cannot generate"):
+        _config(tmp_path, runner="generate")

@@ -130,9 +130,9 @@ def test_unsupported_architecture(tmp_path) -> None:
 
     GPT2Config(n_layer=1, n_embd=32, n_head=2, architectures=["GPT2LMHeadModel"]).save_pretrained(tmp_path)
     from pagedserve.config import MODEL_ARCHITECTURES
-    from pagedserve.config.pooling import ENCODER_ARCHITECTURES
+    from pagedserve.config.pooling import POOLING_ONLY_ARCHITECTURES
 
-    supported = ", ".join(sorted({*MODEL_ARCHITECTURES.values(), *ENCODER_ARCHITECTURES}))
+    supported = ", ".join(sorted({*MODEL_ARCHITECTURES.values(), *POOLING_ONLY_ARCHITECTURES}))
     with pytest.raises(
         ConfigError, match=f"'GPT2LMHeadModel' is not supported. Supported architectures: {supported}."
     ):

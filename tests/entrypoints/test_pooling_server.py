@@ -43,10 +43,15 @@ def embedder(tiny_bert_embedder: str):
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_bert_embedder: str) -> torch.Tensor:
+def sentence_transformer(tiny_bert_embedder: str):
     from sentence_transformers import SentenceTransformer
 
-    return torch.tensor(SentenceTransformer(tiny_bert_embedder, device="cpu").encode(TEXTS))
+    return SentenceTransformer(tiny_bert_embedder, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def reference(sentence_transformer) -> torch.Tensor:
+    return torch.tensor(sentence_transformer.encode(TEXTS))
 
 
 def _close(got: list[list[float]], expected: torch.Tensor) -> None:
@@ -84,6 +89,19 @@ def test_plain_http_embeddings_and_pooling(embedder: RemoteServer, reference: to
     )
 
 
+def test_prompt_name_puts_the_models_prompt_first(embedder: RemoteServer, sentence_transformer) -> None:
+    """prompt_name (config_sentence_transformers.json's prompts) as sentence-transformers applies it."""
+    expected = torch.tensor(sentence_transformer.encode(TEXTS[:2], prompt_name="query"))
+    response = embedder.client().embeddings.create(
+        model="m", input=TEXTS[:2], extra_body={"prompt_name": "query"}
+    )
+    _close([d.embedding for d in response.data], expected)
+    pooled = post(embedder, "/pooling", {"input": TEXTS[0], "prompt_name": "query"}).json()["data"]
+    _close([pooled[0]["data"]], expected[:1])
+    plain = post(embedder, "/v1/embeddings", {"input": TEXTS[0], "prompt_name": None}).json()["data"]
+    _close([plain[0]["embedding"]], torch.tensor(sentence_transformer.encode(TEXTS[:1])))
+
+
 def test_auth_and_generation_refused(embedder: RemoteServer) -> None:
     no_key = httpx.post(embedder.base_url + "/v1/embeddings", json={"input": "a"}, timeout=30)
     assert no_key.status_code == 401
@@ -119,6 +137,13 @@ HOSTILE = [
     ("/v1/embeddings", {"input": "a", "truncate_prompt_tokens": 2**64}, "truncate_prompt_tokens"),
     ("/v1/embeddings", {"input": "a", "truncate_prompt_tokens": float("inf")}, "truncate_prompt_tokens"),
     ("/v1/embeddings", {"input": "a", "truncate_prompt_tokens": 1.5}, "truncate_prompt_tokens"),
+    ("/v1/embeddings", {"input": "a", "prompt_name": "nope"}, "'document', 'query'"),
+    ("/v1/embeddings", {"input": "a", "prompt_name": ""}, "not one of the model's prompts"),
+    ("/v1/embeddings", {"input": "a", "prompt_name": "q" * 100_000}, "at most 256 characters"),
+    ("/v1/embeddings", {"input": "a", "prompt_name": 5}, "prompt_name"),
+    ("/v1/embeddings", {"input": "a", "prompt_name": ["query"]}, "prompt_name"),
+    ("/v1/embeddings", {"input": [[2, 40, 3]], "prompt_name": "query"}, "token ids"),
+    ("/pooling", {"input": "a", "prompt_name": "nope"}, "drop prompt_name"),
     ("/rerank", {"query": "a", "documents": []}, "documents"),
     ("/rerank", {"query": "a", "documents": ["b"] * 9}, "max-prompts-per-request"),
     ("/rerank", {"query": "a", "documents": ["b"], "top_n": 0}, "top_n"),
@@ -137,6 +162,7 @@ def test_hostile_inputs_are_400s_and_the_server_serves_on(embedder: RemoteServer
         response = post(embedder, path, body)
         assert response.status_code == 400, (path, body, response.text)
         assert expected in response.text, (path, body, response.text)
+        assert len(response.text) < 2000, (path, "the error must not echo a huge input")
     huge_top_n = post(embedder, "/rerank", {"query": "a", "documents": ["b", "c"], "top_n": 2**64})
     assert huge_top_n.status_code == 200 and len(huge_top_n.json()["results"]) == 2
     truncated = post(embedder, "/v1/embeddings", {"input": "the cat " * 100, "truncate_prompt_tokens": -1})
@@ -170,6 +196,33 @@ def test_cross_encoder_endpoints_equal_hf(tiny_bert_cross_encoder: str) -> None:
         assert all(d["num_classes"] == 1 and 0 < d["probs"][0] < 1 for d in probs)
         refused = post(server, "/v1/embeddings", {"input": "a"})
         assert refused.status_code == 400 and "classify" in refused.text
+    finally:
+        server.stop()
+
+
+def test_decoder_classifier_endpoints_equal_hf(tiny_qwen3_classifier: str) -> None:
+    """Qwen3ForSequenceClassification (Qwen3-Reranker with a `score` head): /rerank, /score and /classify
+    equal HF's head at each pair's (text's) last token."""
+    from conftest import hf_classifier_logits
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3_classifier)
+    prompts = [tokenizer(QUERY, t)["input_ids"] for t in TEXTS] + [tokenizer(TEXTS[0])["input_ids"]]
+    logits = torch.sigmoid(hf_classifier_logits(tiny_qwen3_classifier, prompts)[:, 0]).tolist()
+    expected, single = logits[:-1], logits[-1]
+    server = _serve(tiny_qwen3_classifier)  # --runner auto: no LM head, so the pooling runner
+    try:
+        body = post(server, "/v1/rerank", {"query": QUERY, "documents": TEXTS}).json()
+        assert [r["index"] for r in body["results"]] == sorted(range(len(TEXTS)), key=lambda i: -expected[i])
+        assert [r["relevance_score"] for r in body["results"]] == pytest.approx(
+            sorted(expected, reverse=True), abs=1e-4
+        )
+        data = post(server, "/score", {"text_1": QUERY, "text_2": TEXTS[1]}).json()["data"]
+        assert data[0]["score"] == pytest.approx(expected[1], abs=1e-4)
+        probs = post(server, "/classify", {"input": TEXTS[0]}).json()["data"][0]["probs"]
+        assert probs == pytest.approx([single], abs=1e-4)
+        completion = post(server, "/v1/completions", {"prompt": "a", "max_tokens": 2})
+        assert completion.status_code == 400 and "pooling runner" in completion.text
     finally:
         server.stop()
 

@@ -22,11 +22,18 @@ class PoolingRequestBase(OpenAIRequestModel):
     user: str | None = None
 
 
+# The longest prompt_name accepted (sentence-transformers' names are words: "query", "document").
+MAX_PROMPT_NAME_LENGTH = 256
+
+
 class EmbeddingRequest(PoolingRequestBase):
     input: PoolingInput
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = None
     normalize: bool | None = None  # vLLM's: None keeps the model's pooler setting
+    # One of the model's sentence-transformers prompts (config_sentence_transformers.json), put before
+    # each text input; None: the model's default_prompt_name, if any.
+    prompt_name: Annotated[str, Field(strict=True, max_length=MAX_PROMPT_NAME_LENGTH)] | None = None
 
 
 class ClassificationRequest(PoolingRequestBase):

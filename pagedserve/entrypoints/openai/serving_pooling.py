@@ -85,11 +85,8 @@ class OpenAIServingPooling(OpenAIServing):
     async def embeddings(self, request: EmbeddingRequest) -> EmbeddingResponse:
         self.check_model(request.model)
         prompts = split_input(request.input)
-        option = PoolingOptions(
-            "embed", request.dimensions, request.normalize, None, request.truncate_prompt_tokens
-        )
         request_id = random_id("embd")
-        results = await self.pool(request_id, prompts, [option] * len(prompts))
+        results = await self.pool(request_id, prompts, [_embedding_options("embed", request)] * len(prompts))
         return EmbeddingResponse(
             id=request_id,
             created=int(time.time()),
@@ -105,11 +102,8 @@ class OpenAIServingPooling(OpenAIServing):
         """vLLM's /pooling: the model's own task (an embedding, or a classifier's probabilities)."""
         self.check_model(request.model)
         prompts = split_input(request.input)
-        option = PoolingOptions(
-            "encode", request.dimensions, request.normalize, None, request.truncate_prompt_tokens
-        )
         request_id = random_id("pool")
-        results = await self.pool(request_id, prompts, [option] * len(prompts))
+        results = await self.pool(request_id, prompts, [_embedding_options("encode", request)] * len(prompts))
         return PoolingResponse(
             id=request_id,
             created=int(time.time()),
@@ -201,6 +195,17 @@ class OpenAIServingPooling(OpenAIServing):
             ],
             usage=RerankUsage(total_tokens=num_tokens),
         )
+
+
+def _embedding_options(task: str, request: EmbeddingRequest) -> PoolingOptions:
+    """/v1/embeddings' and /pooling's fields as each input's pooling options."""
+    return PoolingOptions(
+        task,
+        request.dimensions,
+        request.normalize,
+        truncate_prompt_tokens=request.truncate_prompt_tokens,
+        prompt_name=request.prompt_name,
+    )
 
 
 def _num_tokens(results: list[RequestOutput]) -> int:
