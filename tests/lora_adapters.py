@@ -8,23 +8,10 @@ import os
 import torch
 from safetensors.torch import save_file
 
+from pagedserve.lora.shapes import ModelShapes
+
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
-
-
-def _shapes(config) -> dict[str, tuple[int, int]]:
-    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    hidden, q, kv = config.hidden_size, config.num_attention_heads * dim, config.num_key_value_heads * dim
-    mlp = config.intermediate_size
-    return {
-        "q_proj": (hidden, q),
-        "k_proj": (hidden, kv),
-        "v_proj": (hidden, kv),
-        "o_proj": (q, hidden),
-        "gate_proj": (hidden, mlp),
-        "up_proj": (hidden, mlp),
-        "down_proj": (mlp, hidden),
-    }
 
 
 def write_adapter(
@@ -44,9 +31,10 @@ def write_adapter(
     os.makedirs(path, exist_ok=True)
     generator = torch.Generator().manual_seed(seed)
     tensors = {}
+    sizes = ModelShapes.of(config).sizes
     for layer in range(config.num_hidden_layers):
         for kind in targets:
-            n_in, n_out = _shapes(config)[kind]
+            n_in, n_out = sizes[kind]
             parent = "self_attn" if kind in ATTENTION else "mlp"
             prefix = f"base_model.model.model.layers.{layer}.{parent}.{kind}"
             tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, n_in, generator=generator) * std

@@ -5,6 +5,7 @@ config is made (before any weight is read; no torch here). The tensors themselve
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pagedserve.config.model import SEPARATE_PROJECTION_ARCHITECTURES
 from pagedserve.errors import ConfigError
 
 BLOCK = 32  # weights per block of the native Q4_0/Q4_1 kernels the groups are repacked into
@@ -14,17 +15,9 @@ SUPPORTED = (
     "version gemm"
 )
 
-# Families whose checkpoints keep q/k/v and gate/up as separate projections and have no experts: their 4-bit
-# tensors go through the layers' shard loaders as they are. (Phi-3 and Falcon split fused checkpoint tensors
-# by rows, which GPTQ's packing does not allow; experts are not quantized layers yet.)
-ARCHITECTURES = (
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-    "Gemma2ForCausalLM",
-    "Gemma3ForCausalLM",
-)
+# NOTE: Phi-3 and Falcon split fused checkpoint tensors by rows, which GPTQ's packing does not allow;
+# experts are not quantized layers yet.
+ARCHITECTURES = SEPARATE_PROJECTION_ARCHITECTURES
 
 
 @dataclass(frozen=True)

@@ -2,19 +2,13 @@
 
 from dataclasses import dataclass
 
+from pagedserve.config.model import SEPARATE_PROJECTION_ARCHITECTURES
 from pagedserve.errors import ConfigError
 
 # The ranks a slot can hold, as vLLM allows them.
 SUPPORTED_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-# The families made of the projections adapters target (q/k/v/o, gate/up/down: lora/peft.py).
-LORA_ARCHITECTURES = (
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-    "Gemma2ForCausalLM",
-    "Gemma3ForCausalLM",
-)
+# The families made of the projections adapters target (q/k/v/o, gate/up/down: lora/shapes.py).
+LORA_ARCHITECTURES = SEPARATE_PROJECTION_ARCHITECTURES
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,17 @@ MODEL_ARCHITECTURES = {
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
 }
+# The dense families whose checkpoints keep q/k/v and gate/up as separate projections (Phi-3 and Falcon
+# fuse them in the checkpoint; MoE families have experts): 4-bit checkpoints load into their layers as they
+# are, and LoRA adapters target their projections.
+SEPARATE_PROJECTION_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+)
 
 
 @dataclass(frozen=True)
