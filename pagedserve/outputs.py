@@ -81,7 +81,16 @@ class PoolingOutput:
 
 @dataclass
 class ScoringRequestOutput:
-    """`LLM.score`: one per (query, document) pair; `score` is the cosine or the cross-encoder's score."""
+    """`LLM.score`: one per (query, document) pair (vLLM's layout): `outputs.score` is the cosine of their
+    embeddings or the cross-encoder's score; `prompt_token_ids` the pair's tokens (an embedding model's:
+    the query's, then the document's)."""
 
     request_id: str
+    prompt_token_ids: list[int]
+    outputs: "ScoringOutput"
+    finished: bool = True
+
+
+@dataclass
+class ScoringOutput:
     score: float

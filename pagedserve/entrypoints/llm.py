@@ -27,6 +27,7 @@ from pagedserve.outputs import (
     PoolingOutput,
     PoolingRequestOutput,
     RequestOutput,
+    ScoringOutput,
     ScoringRequestOutput,
 )
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams
@@ -165,11 +166,18 @@ class LLM:
                 [PoolingOptions(task="classify", token_type_start=start) for _, start in pairs],
                 use_tqdm,
             )
-            return [ScoringRequestOutput(o.request_id, o.outputs.data[0]) for o in outputs]
+            return [
+                ScoringRequestOutput(o.request_id, o.prompt_token_ids, ScoringOutput(o.outputs.data[0]))
+                for o in outputs
+            ]
         texts = list(dict.fromkeys([*queries, *docs]))  # each text embedded once
-        vectors = dict(zip(texts, (o.outputs.data for o in self.embed(texts, use_tqdm=use_tqdm))))
+        embedded = dict(zip(texts, self.embed(texts, use_tqdm=use_tqdm)))
         return [
-            ScoringRequestOutput(str(i), cosine(vectors[q], vectors[d]))
+            ScoringRequestOutput(
+                str(i),
+                embedded[q].prompt_token_ids + embedded[d].prompt_token_ids,
+                ScoringOutput(cosine(embedded[q].outputs.data, embedded[d].outputs.data)),
+            )
             for i, (q, d) in enumerate(zip(queries, docs))
         ]
 

@@ -33,8 +33,8 @@ def test_decoder_classifier_equals_hf(tmp_path, model_type: str, num_labels: int
         torch.testing.assert_close(batched, expected, atol=1e-4, rtol=0)
         torch.testing.assert_close(alone, expected, atol=1e-4, rtol=0)
         if num_labels == 1:  # a reranker: the pair as the tokenizer joins it, scored by the head
-            scores = [s.score for s in llm.score(QUERY, TEXTS)]
+            scores = [s.outputs.score for s in llm.score(QUERY, TEXTS)]
             assert scores == pytest.approx(torch.sigmoid(paired[:, 0]).tolist(), abs=1e-4)
-            assert llm.score(QUERY, TEXTS[1])[0].score == pytest.approx(scores[1], abs=1e-4)
+            assert llm.score(QUERY, TEXTS[1])[0].outputs.score == pytest.approx(scores[1], abs=1e-4)
     finally:
         llm.llm_engine.client.shutdown()

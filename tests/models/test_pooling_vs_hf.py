@@ -72,9 +72,9 @@ def test_cross_encoder_scores_equal_hf(tiny_bert_cross_encoder: str) -> None:
         reference = torch.sigmoid(hf(**encoded).logits[:, 0])
     llm = LLM(tiny_bert_cross_encoder)
     try:
-        scores = [s.score for s in llm.score(query, docs)]
+        scores = [s.outputs.score for s in llm.score(query, docs)]
         torch.testing.assert_close(torch.tensor(scores), reference, atol=1e-4, rtol=0)
-        one = llm.score(query, docs[1])[0].score
+        one = llm.score(query, docs[1])[0].outputs.score
         assert abs(one - reference[1].item()) < 1e-4
         with pytest.raises(InvalidRequestError, match="serves the classify task"):
             llm.embed("a")
@@ -84,7 +84,7 @@ def test_cross_encoder_scores_equal_hf(tiny_bert_cross_encoder: str) -> None:
 
 def test_score_with_an_embedding_model_is_the_cosine(bert_llm: LLM) -> None:
     vectors = torch.tensor([o.outputs.embedding for o in bert_llm.embed(TEXTS[:3])])
-    scores = [s.score for s in bert_llm.score(TEXTS[0], TEXTS[1:3])]
+    scores = [s.outputs.score for s in bert_llm.score(TEXTS[0], TEXTS[1:3])]
     expected = (vectors[1:3] @ vectors[0]).tolist()
     assert scores == pytest.approx(expected, abs=1e-5)
 
@@ -253,7 +253,7 @@ def test_a_decoder_reranker_scores_by_its_classifier_tokens(tiny_llama: str) -> 
         pooler_config='{"classifier_from_token": ["no", "yes"]}',
     )
     try:
-        scores = [s.score for s in llm.score("is paris in france", ["yes it is", "the cat sat", "a"])]
+        scores = [s.outputs.score for s in llm.score("is paris in france", ["yes it is", "the cat sat", "a"])]
         expected = []
         for doc in ["yes it is", "the cat sat", "a"]:
             ids = tokenizer("is paris in france", doc)["input_ids"]
@@ -263,3 +263,23 @@ def test_a_decoder_reranker_scores_by_its_classifier_tokens(tiny_llama: str) -> 
         assert scores == pytest.approx(expected, abs=1e-4)
     finally:
         llm.llm_engine.client.shutdown()
+
+
+def test_tensor_parallel_pooling_equals_sentence_transformers(
+    tiny_bert_embedder: str, tiny_bert_cross_encoder: str
+) -> None:
+    """tp=2 (worker processes): the encoder's heads and MLP split over two ranks, pooled on rank 0; the
+    embeddings as sentence-transformers', and a cross-encoder's scores as at tp=1."""
+    llm = LLM(tiny_bert_embedder, tensor_parallel_size=2, max_num_seqs=8)
+    try:
+        _assert_close([o.outputs.embedding for o in llm.embed(TEXTS)], _st_encode(tiny_bert_embedder, TEXTS))
+    finally:
+        llm.llm_engine.client.shutdown()
+    scores = {}
+    for tp in (1, 2):
+        llm = LLM(tiny_bert_cross_encoder, tensor_parallel_size=tp)
+        try:
+            scores[tp] = [o.outputs.score for o in llm.score(TEXTS[1], TEXTS)]
+        finally:
+            llm.llm_engine.client.shutdown()
+    assert scores[2] == pytest.approx(scores[1], abs=1e-4)
