@@ -55,13 +55,13 @@ def complete(server: RemoteServer, model: str) -> list[str]:
     return response.choices[0].logprobs.tokens
 
 
-def offline(base: str, adapter: str | None) -> list[str]:
+def offline(base: str, adapter: str | None, max_tokens: int = 8) -> list[str]:
     """The same request through LLM on one adapter at a time: the server's tokens must equal these."""
     from pagedserve import LLM, SamplingParams
     from pagedserve.lora.request import LoRARequest
 
     llm = LLM(base, enable_lora=True, max_lora_rank=8, kv_cache_memory="8MiB")
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     request = None if adapter is None else LoRARequest("x", 1, adapter)
     token_ids = llm.generate([PROMPT], params, use_tqdm=False, lora_request=request)[0].outputs[0].token_ids
     return [llm.get_tokenizer().decode([t]) for t in token_ids]
@@ -96,9 +96,24 @@ def test_runtime_load_and_unload(server: RemoteServer, adapters) -> None:
     assert complete(server, "late") == offline(adapters["base"], adapters["late"])
     again = post(server, "/v1/load_lora_adapter", {"lora_name": "late", "lora_path": adapters["late"]})
     assert again.status_code == 400 and "already served" in again.text
+    # Unloaded while a request of it streams: that request finishes with the adapter, new ones get a 404.
+    stream = server.client().completions.create(
+        model="late",
+        prompt=PROMPT,
+        max_tokens=24,
+        temperature=0,
+        logprobs=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    chunks = [next(stream)]
     assert post(server, "/v1/unload_lora_adapter", {"lora_name": "late"}).status_code == 200
     gone = post(server, "/v1/completions", {"model": "late", "prompt": "a", "max_tokens": 1})
     assert gone.status_code == 404
+    chunks += list(stream)
+    assert chunks[-1].choices[0].finish_reason == "length" and all(c.model == "late" for c in chunks)
+    streamed = [token for c in chunks if c.choices[0].logprobs for token in c.choices[0].logprobs.tokens]
+    assert streamed == offline(adapters["base"], adapters["late"], 24)
     assert post(server, "/v1/unload_lora_adapter", {"lora_name": "late"}).status_code == 404
 
 

@@ -74,10 +74,6 @@ class ServedModels:
             )
         return adapter
 
-    def response_name(self, model: str | None) -> str:
-        """The `model` a response reports: the adapter's name for an adapter's request."""
-        return model if model is not None and model in self.adapters else self.base_name
-
     def cards(self) -> list[ModelCard]:
         base = [
             ModelCard(id=name, root=self.root, max_model_len=self.max_model_len) for name in self.base_names

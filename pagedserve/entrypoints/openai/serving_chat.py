@@ -110,7 +110,7 @@ class OpenAIServingChat(OpenAIServing):
         if request.stream:
             # NOTE: started: a refusal before the first output is a status, not an event in a 200 stream.
             return StreamingResponse(
-                self._stream(request, request_id, len(core.prompt_token_ids), tools, await started(outputs)),
+                self._stream(request, request_id, core, tools, await started(outputs)),
                 media_type="text/event-stream",
             )
         return await self._full(request, request_id, core, tools, outputs)
@@ -152,7 +152,7 @@ class OpenAIServingChat(OpenAIServing):
         usage = usage_info(len(core.prompt_token_ids), sum(len(s.token_ids) for s in samples))
         return ChatCompletionResponse(
             id=request_id,
-            model=self.models.response_name(request.model),
+            model=self.response_model(core),
             choices=choices,
             usage=usage,
             prompt_logprobs=self.prompt_logprobs(
@@ -188,14 +188,14 @@ class OpenAIServingChat(OpenAIServing):
         self,
         request: ChatCompletionRequest,
         request_id: str,
-        num_prompt_tokens: int,
+        core: EngineCoreRequest,
         tools: ChatTools,
         outputs: AsyncGenerator[RequestOutput, None],
     ) -> AsyncGenerator[str, None]:
         """First a role chunk per choice, then content (or tool-call) deltas, the finish reason with the
         last one."""
         created = int(time.time())
-
+        num_prompt_tokens = len(core.prompt_token_ids)
         num_generated = 0
         continuous_usage = request.usage_in_every_chunk()
 
@@ -205,7 +205,7 @@ class OpenAIServingChat(OpenAIServing):
                 ChatCompletionChunk(
                     id=request_id,
                     created=created,
-                    model=self.models.response_name(request.model),
+                    model=self.response_model(core),
                     choices=[choice],
                     usage=usage,
                 )
@@ -236,7 +236,7 @@ class OpenAIServingChat(OpenAIServing):
                     ChatCompletionChunk(
                         id=request_id,
                         created=created,
-                        model=self.models.response_name(request.model),
+                        model=self.response_model(core),
                         choices=[],
                         usage=usage_info(num_prompt_tokens, num_generated),
                     )

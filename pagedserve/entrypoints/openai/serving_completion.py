@@ -120,7 +120,7 @@ class OpenAIServingCompletion(OpenAIServing):
         return CompletionResponse(
             id=batch.request_id,
             created=batch.created,
-            model=self.models.response_name(batch.request.model),
+            model=self.response_model(batch.core_requests[0]),
             choices=choices,
             usage=usage_info(batch.num_prompt_tokens, num_generated),
         )
@@ -153,7 +153,7 @@ class OpenAIServingCompletion(OpenAIServing):
                         CompletionResponse(
                             id=batch.request_id,
                             created=batch.created,
-                            model=self.models.response_name(batch.request.model),
+                            model=self.response_model(batch.core_requests[0]),
                             choices=[choice],
                             usage=usage_info(batch.num_prompt_tokens, num_generated)
                             if continuous_usage
@@ -166,7 +166,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     CompletionResponse(
                         id=batch.request_id,
                         created=batch.created,
-                        model=self.models.response_name(batch.request.model),
+                        model=self.response_model(batch.core_requests[0]),
                         choices=[],
                         usage=usage,
                     )

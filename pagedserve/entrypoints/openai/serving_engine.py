@@ -9,7 +9,7 @@ from pydantic import BaseModel
 from pagedserve.engine.async_llm import AsyncLLM
 from pagedserve.entrypoints.openai.protocol import PromptLogprob, PromptLogprobs, UsageInfo
 from pagedserve.entrypoints.openai.served_models import ServedModels
-from pagedserve.protocol import LoRARequest
+from pagedserve.protocol import EngineCoreRequest, LoRARequest
 
 
 def random_id(prefix: str) -> str:
@@ -51,6 +51,11 @@ class OpenAIServing:
         """The LoRA adapter `model` names (None: the base model). Raises InvalidRequestError (404) for a
         model this server does not serve."""
         return self.models.resolve(model)
+
+    def response_model(self, core: EngineCoreRequest) -> str:
+        """The `model` a response reports: its adapter's name (as it was when the request came: an adapter
+        unloaded meanwhile still serves its requests in flight), else the base model's first name."""
+        return self.model_name if core.lora_request is None else core.lora_request.lora_name
 
     def token_string(self, token_id: int) -> str:
         """The text of one token on its own, as logprobs show it."""
