@@ -117,3 +117,34 @@ def test_profiled_kv_budget_stays_within_the_share(tiny_llama: str) -> None:
     assert 0 < kv_bytes <= total * utilization - worker.weights_bytes
     # what this engine holds in torch (weights, KV cache, cached activation memory) stays in its share
     assert torch.cuda.memory_reserved() - reserved_before <= total * utilization * 1.02
+
+
+def test_lora_mixed_batch_on_cuda_equals_merged(tiny_llama: str, tmp_path) -> None:
+    """The Triton bgmv kernels in a mixed batch (two adapters and the base model, float32): tokens as HF's
+    with each adapter merged into the weights."""
+    from lora_adapters import MLP, merge_adapter, write_adapter
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from pagedserve.lora.request import LoRARequest
+
+    config = AutoConfig.from_pretrained(tiny_llama)
+    paths = [
+        write_adapter(str(tmp_path / "all"), config, 8, 16, seed=1),
+        write_adapter(str(tmp_path / "mlp"), config, 4, 8, MLP, seed=2),
+    ]
+    adapters = [LoRARequest("all", 1, paths[0]), LoRARequest("mlp", 2, paths[1]), None]
+    prompt = [1, 5, 9, 200, 17, 44, 80, 3000, 12, 7]
+    llm = LLM(
+        tiny_llama, dtype="float32", enable_lora=True, max_loras=2, max_lora_rank=8, kv_cache_memory="256MiB"
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    outputs = llm.generate([prompt] * 3, params, use_tqdm=False, lora_request=adapters)
+    for output, adapter in zip(outputs, adapters):
+        model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
+        if adapter is not None:
+            merge_adapter(model, adapter.lora_path)
+        ids = torch.tensor([prompt], device="cuda")
+        out = model.cuda().generate(
+            ids, max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+        assert list(output.outputs[0].token_ids) == out[0, len(prompt) :].tolist(), adapter
