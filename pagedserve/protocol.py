@@ -179,3 +179,4 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
     scheduled_request_ids: list[str] = []
     block_snapshot: BlockSnapshot | None = None  # only in the answer to BLOCK_SNAPSHOT
     num_scheduled_tokens: int = 0  # tokens the step computed (vllm:iteration_tokens_total)
+    engine_index: int = 0  # --data-parallel-size: the replica it came from (set by the frontend's client)

@@ -407,6 +407,7 @@ class EngineArgs:
         if tp >= 1:
             check_tensor_parallel(model.hf_config, tp)
         backend = resolve_executor_backend(self.distributed_executor_backend, tp, _local_devices(device, tp))
+        _check_data_parallel_devices(device, tp, self.data_parallel_size)
         return ParallelConfig(
             tp,
             backend,
@@ -456,3 +457,12 @@ def _local_devices(device: str, tp: int) -> int:
     import torch
 
     return torch.cuda.device_count() if device == "cuda" else tp
+
+
+def _check_data_parallel_devices(device: str, tp: int, dp: int) -> None:
+    """On CUDA every replica needs GPUs of its own: tp x dp of them on this machine."""
+    if device == "cuda" and dp > 1 and tp * dp > _local_devices(device, tp):
+        raise ConfigError(
+            f"--data-parallel-size {dp} x --tensor-parallel-size {tp} needs {tp * dp} GPUs on this machine, "
+            f"found {_local_devices(device, tp)}; lower --data-parallel-size."
+        )

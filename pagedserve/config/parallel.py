@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 ExecutorBackend = Literal["uni", "mp", "ray"]
 EXECUTOR_BACKENDS: tuple[str, ...] = get_args(ExecutorBackend)
 MAX_CPU_THREADS = 4096
+MAX_DATA_PARALLEL_SIZE = 64
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,8 @@ class ParallelConfig:
     distributed_timeout_s: float = 600.0  # longest a call to the workers (a step, a collective) may take
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
-    cpu_threads: int | None = None  # CPU: threads per rank (None: OMP_NUM_THREADS, else physical cores / tp)
+    cpu_threads: int | None = None  # CPU: threads per rank (None: OMP_NUM_THREADS, else cores / (tp x dp))
+    data_parallel_rank: int = 0  # which replica this engine is (set per engine process by the DP client)
 
     def __post_init__(self) -> None:
         tp, backend = self.tensor_parallel_size, self.distributed_executor_backend
@@ -34,10 +36,10 @@ class ParallelConfig:
                 "use --pipeline-parallel-size 1 and split the model with "
                 "--tensor-parallel-size instead."
             )
-        if self.data_parallel_size != 1:
+        if not 1 <= self.data_parallel_size <= MAX_DATA_PARALLEL_SIZE:
             raise ConfigError(
-                f"data_parallel_size={self.data_parallel_size} is not supported yet: use "
-                "--data-parallel-size 1 and run one server per replica behind a load balancer."
+                f"data_parallel_size={self.data_parallel_size} must be between 1 and {MAX_DATA_PARALLEL_SIZE} "
+                "(--data-parallel-size: engine replicas on this machine)."
             )
         if tp < 1:
             raise ConfigError(f"tensor_parallel_size={tp} must be at least 1 (--tensor-parallel-size).")

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from pagedserve.config import EngineConfig
 from pagedserve.engine.admission import AdmissionControl, Deadlines, ServingLimits, with_queue_defaults
 from pagedserve.engine.core_proc import EngineCoreHandshake
+from pagedserve.engine.dp_client import DPClient
 from pagedserve.engine.frontend import Frontend
 from pagedserve.engine.input_processor import EngineLimits, InputProcessor, PromptType
 from pagedserve.engine.mp_client import MPClient
@@ -19,7 +20,7 @@ from pagedserve.engine.watchdog import FRONTEND_GRACE_S, poll_interval_s, stall_
 from pagedserve.errors import CapacityError, EngineDeadError, RequestFailedError
 from pagedserve.logger import init_logger
 from pagedserve.metrics.loggers import StatLoggerBase
-from pagedserve.metrics.stats import IterationStats
+from pagedserve.metrics.stats import EngineStats, IterationStats
 from pagedserve.protocol import (
     BlockSnapshot,
     EngineCoreOutputs,
@@ -59,7 +60,12 @@ class AsyncLLM:
         self.stat_loggers = stat_loggers
         self.log_requests = log_requests
         self.log_stats_interval_s = log_stats_interval_s
-        self.engine_core = MPClient(config, limits.engine_stall_timeout)
+        # NOTE: --data-parallel-size N: N engine processes (replicas) behind this one frontend.
+        self.engine_core: MPClient | DPClient = (
+            MPClient(config, limits.engine_stall_timeout)
+            if config.parallel.data_parallel_size == 1
+            else DPClient(config, limits.engine_stall_timeout)
+        )
         self.frontend = Frontend(
             self.input_processor,
             OutputProcessor(self.tokenizer),
@@ -71,7 +77,7 @@ class AsyncLLM:
         self.dead_error: EngineDeadError | None = None
         self.dead_event = asyncio.Event()  # set once the engine has died
         self._streams: dict[str, RequestStream] = {}  # the submitted requests whose stream is open
-        self._last_scheduler_stats = SchedulerStats()
+        self._scheduler_stats = EngineStats()  # each replica's latest
         self._tasks: list[asyncio.Task[None]] = []
         self._last_progress = time.monotonic()  # the engine's last output, or when work arrived
         self._snapshot: asyncio.Future[BlockSnapshot] | None = None
@@ -94,8 +100,9 @@ class AsyncLLM:
             engine.input_processor.limits = EngineLimits(
                 config.scheduler.max_num_seqs, num_kv_blocks, config.kv_layout
             )
+            replicas = config.parallel.data_parallel_size
             engine.admission.limits = with_queue_defaults(
-                engine.limits, config.scheduler.max_num_seqs, num_kv_blocks, block_size
+                engine.limits, config.scheduler.max_num_seqs * replicas, num_kv_blocks * replicas, block_size
             )
             logger.info(
                 "Queue: at most %d requests and %d prompt tokens wait for the engine "
@@ -271,17 +278,18 @@ class AsyncLLM:
             stream = self._streams.get(output.request_id)
             if stream is not None:
                 stream.queue.put_nowait(output if output.error is None else RequestFailedError(output.error))
-        self._record(core_outputs.scheduler_stats, stats)
+        self._record(core_outputs.scheduler_stats, stats, core_outputs.engine_index)
 
     def record_rejected(self, num_requests: int) -> None:
         """Count requests refused for capacity (a full queue, the queue time)."""
         self._record(None, IterationStats(num_rejected_requests=num_requests))
 
-    def _record(self, scheduler_stats: SchedulerStats | None, stats: IterationStats) -> None:
-        if scheduler_stats is not None:
-            self._last_scheduler_stats = scheduler_stats
+    def _record(
+        self, scheduler_stats: SchedulerStats | None, stats: IterationStats, engine_index: int = 0
+    ) -> None:
+        self._scheduler_stats.update(scheduler_stats, engine_index)
         for stat_logger in self.stat_loggers:
-            stat_logger.record(scheduler_stats, stats)
+            stat_logger.record(scheduler_stats, stats, engine_index)
 
     async def _run_stat_logging(self) -> None:
         while True:
@@ -315,7 +323,7 @@ class AsyncLLM:
             return
         self.dead_error = error
         states = self.frontend.output_processor.fail_all()
-        stats = self._last_scheduler_stats
+        stats = self._scheduler_stats.combined()
         details = ", ".join(
             f"{s.request_id} ({len(s.prompt_token_ids)} prompt + "
             f"{sum(len(x.token_ids) for x in s.samples)} generated tokens)"

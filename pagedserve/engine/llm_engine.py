@@ -8,6 +8,7 @@ from pagedserve.config import EngineArgs
 from pagedserve.engine.admission import ServingLimits
 from pagedserve.engine.core import EngineCore
 from pagedserve.engine.core_client import InprocClient
+from pagedserve.engine.dp_client import SyncDPClient
 from pagedserve.engine.frontend import Frontend
 from pagedserve.engine.input_processor import EngineLimits, InputProcessor, PromptType
 from pagedserve.engine.output_processor import OutputProcessor
@@ -28,13 +29,19 @@ class LLMEngine:
     def __init__(self, engine_args: EngineArgs, limits: ServingLimits | None = None) -> None:
         self.config = engine_args.create_engine_config()
         self.tokenizer = load_tokenizer(self.config.model)
-        self.client = InprocClient(EngineCore(self.config))
-        kv = self.engine_core.kv_cache_config
+        # NOTE: --data-parallel-size N: the replicas are engine processes; step() waits for any of them.
+        self.client: InprocClient | SyncDPClient
+        if self.config.parallel.data_parallel_size == 1:
+            self.client = InprocClient(EngineCore(self.config))
+            num_blocks = self.client.engine_core.kv_cache_config.num_blocks
+        else:
+            self.client = SyncDPClient(self.config)
+            num_blocks = self.client.handshake.num_blocks
         max_num_seqs = self.config.scheduler.max_num_seqs
         input_processor = InputProcessor(
             self.config.model,
             self.tokenizer,
-            EngineLimits(max_num_seqs, kv.num_blocks - 1, self.config.kv_layout),
+            EngineLimits(max_num_seqs, num_blocks - 1, self.config.kv_layout),
             self.config.scheduler.policy,
             self.config.lora,
         )
@@ -52,6 +59,8 @@ class LLMEngine:
 
     @property
     def engine_core(self) -> EngineCore:
+        """The engine core, in this process (not with --data-parallel-size > 1: the replicas' are not)."""
+        assert isinstance(self.client, InprocClient), "data-parallel replicas run in processes of their own"
         return self.client.engine_core
 
     def add_request(

@@ -54,7 +54,8 @@ class ColumnParallelLinear(nn.Module):
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
         super().__init__()
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_world_size()
-        self.input_size_per_partition = input_size
+        # NOTE: not `input_size_per_partition`: quantization methods tell a row-parallel layer by that name.
+        self.input_size = input_size
         self.output_size_per_partition = _divide(output_size, self.tp_size, "output size")
         self.lora: LinearDelta | None = None
         self.quant_method = linear_method()
@@ -137,7 +138,7 @@ class RowParallelLinear(nn.Module):
         super().__init__()
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_world_size()
         self.input_size_per_partition = _divide(input_size, self.tp_size, "input size")
-        self.output_size_per_partition = output_size
+        self.output_size = output_size
         self.lora: LinearDelta | None = None
         self.quant_method = linear_method()
         self.quant_method.create_weights(self, self.input_size_per_partition, output_size)

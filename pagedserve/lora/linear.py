@@ -34,8 +34,13 @@ class LinearLoRA:
         self.max_rank = max_rank
         self.batch = batch
         width = len(layer.shard_ids) * max_rank
-        self.a = torch.zeros(max_loras, width, layer.input_size_per_partition, device=device, dtype=dtype)
-        self.b = torch.zeros(max_loras, layer.output_size_per_partition, width, device=device, dtype=dtype)
+        # This rank's sizes: a row-parallel layer splits its input, a column-parallel one its output.
+        if isinstance(layer, RowParallelLinear):
+            size_in, size_out = layer.input_size_per_partition, layer.output_size
+        else:
+            size_in, size_out = layer.input_size, layer.output_size_per_partition
+        self.a = torch.zeros(max_loras, width, size_in, device=device, dtype=dtype)
+        self.b = torch.zeros(max_loras, size_out, width, device=device, dtype=dtype)
 
     @property
     def num_bytes(self) -> int:

@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 
 from pagedserve.metrics.loggers import StatLoggerBase
-from pagedserve.metrics.stats import IterationStats
+from pagedserve.metrics.stats import EngineStats, IterationStats
 from pagedserve.protocol import SchedulerStats
 
 
@@ -16,7 +16,7 @@ class DashboardStatLogger(StatLoggerBase):
     Called from the event loop only."""
 
     def __init__(self) -> None:
-        self.scheduler_stats = SchedulerStats()
+        self.engines = EngineStats()
         self.totals: dict[str, float] = {
             "prompt_tokens": 0,
             "generation_tokens": 0,
@@ -31,9 +31,10 @@ class DashboardStatLogger(StatLoggerBase):
             "e2e_count": 0,
         }
 
-    def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats) -> None:
-        if scheduler_stats is not None:
-            self.scheduler_stats = scheduler_stats
+    def record(
+        self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats, engine_index: int = 0
+    ) -> None:
+        self.engines.update(scheduler_stats, engine_index)
         totals, stats = self.totals, iteration_stats
         totals["prompt_tokens"] += stats.num_prompt_tokens
         totals["generation_tokens"] += stats.num_generation_tokens
@@ -52,6 +53,6 @@ class DashboardStatLogger(StatLoggerBase):
         """{"time", "scheduler": the SchedulerStats fields, "totals": the counters}."""
         return {
             "time": time.time(),
-            "scheduler": msgspec.structs.asdict(self.scheduler_stats),
+            "scheduler": msgspec.structs.asdict(self.engines.combined()),
             "totals": dict(self.totals),
         }

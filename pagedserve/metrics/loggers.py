@@ -4,7 +4,7 @@ import time
 from abc import ABC, abstractmethod
 
 from pagedserve.logger import init_logger
-from pagedserve.metrics.stats import IterationStats
+from pagedserve.metrics.stats import EngineStats, IterationStats
 from pagedserve.protocol import SchedulerStats
 
 logger = init_logger(__name__)
@@ -14,8 +14,11 @@ class StatLoggerBase(ABC):
     """Interface of a consumer of serving statistics. Called from the event loop only."""
 
     @abstractmethod
-    def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats) -> None:
-        """Account for one batch of engine-core outputs (`scheduler_stats` is the engine's latest view)."""
+    def record(
+        self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats, engine_index: int = 0
+    ) -> None:
+        """Account for one batch of engine-core outputs (`scheduler_stats` is the engine's latest view;
+        `engine_index`: which data-parallel replica's)."""
 
     def log(self) -> None:
         """Periodic hook (every PAGEDSERVE_LOG_STATS_INTERVAL seconds); nothing by default."""
@@ -25,7 +28,7 @@ class LoggingStatLogger(StatLoggerBase):
     """One INFO line per interval while the engine is busy: throughputs, queue, KV usage, preemptions."""
 
     def __init__(self) -> None:
-        self.scheduler_stats = SchedulerStats()
+        self.engines = EngineStats()
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
         self.last_log_time = time.monotonic()
@@ -33,16 +36,17 @@ class LoggingStatLogger(StatLoggerBase):
         self.last_prefix_cache = (0, 0)  # cumulative (queries, hits) at the last log line
         self.last_spec = (0, 0)  # cumulative (draft tokens, accepted) at the last log line
 
-    def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats) -> None:
-        if scheduler_stats is not None:
-            self.scheduler_stats = scheduler_stats
+    def record(
+        self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats, engine_index: int = 0
+    ) -> None:
+        self.engines.update(scheduler_stats, engine_index)
         self.num_prompt_tokens += iteration_stats.num_prompt_tokens
         self.num_generation_tokens += iteration_stats.num_generation_tokens
 
     def log(self) -> None:
         now = time.monotonic()
         elapsed, self.last_log_time = now - self.last_log_time, now
-        stats = self.scheduler_stats
+        stats = self.engines.combined()
         active = stats.num_running_reqs or stats.num_waiting_reqs
         if not (active or self.num_prompt_tokens or self.num_generation_tokens):
             return  # idle: nothing to say

@@ -4,15 +4,19 @@ Each family is exported twice from the same collectors: under the `pagedserve:` 
 
 import time
 from collections.abc import Iterator, Sequence
+from typing import Any, TypeVar
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import Metric
 
 from pagedserve.config import CacheConfig
 from pagedserve.metrics.loggers import StatLoggerBase
 from pagedserve.metrics.stats import IterationStats
 from pagedserve.protocol import FinishReason, SchedulerStats
+
+M = TypeVar("M", bound=MetricWrapperBase)
 
 # vLLM's buckets, in seconds.
 _TTFT_BUCKETS = [
@@ -102,16 +106,54 @@ def _one_two_five(limit: int) -> list[float]:
 
 
 class PrometheusStatLogger(StatLoggerBase):
-    """Every metric carries `model_name` (the first served name) and `engine` (the engine's index; one
-    engine today) labels. `render()` gives the /metrics body: each family under both prefixes."""
+    """Every metric carries `model_name` (the first served name) and `engine` (the engine's index: one
+    series per data-parallel replica) labels. `render()` gives the /metrics body: each family under both
+    prefixes."""
 
     def __init__(
-        self, model_name: str, max_model_len: int, engine: int = 0, max_loras: int | None = None
+        self, model_name: str, max_model_len: int, num_engines: int = 1, max_loras: int | None = None
     ) -> None:
         # NOTE: no `_created` series: they double the output and no dashboard of vLLM's uses them.
         prometheus_client.disable_created_metrics()
         self.registry = CollectorRegistry()
-        self.label_values = [model_name, str(engine)]
+        families: dict[str, MetricWrapperBase] = {}
+        self.engines = [
+            _EngineMetrics(self.registry, families, [model_name, str(i)], max_model_len, max_loras)
+            for i in range(num_engines)
+        ]
+
+    def record(
+        self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats, engine_index: int = 0
+    ) -> None:
+        self.engines[engine_index].record(scheduler_stats, iteration_stats)
+
+    def record_cache_config(
+        self, cache: CacheConfig, cache_dtype: str, num_gpu_blocks: int, num_cpu_blocks: int
+    ) -> None:
+        """`cache_config_info`: a gauge at 1 whose labels are the sized KV cache (`cache_dtype` resolved:
+        auto is the model's dtype), per engine."""
+        for engine in self.engines:
+            engine.record_cache_config(cache, cache_dtype, num_gpu_blocks, num_cpu_blocks)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric, under both prefixes."""
+        return prometheus_client.generate_latest(_TwoNames(self.registry))
+
+
+class _EngineMetrics:
+    """One engine's series of every family (`families`: the families by name, shared by the engines)."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        families: dict[str, MetricWrapperBase],
+        label_values: list[str],
+        max_model_len: int,
+        max_loras: int | None,
+    ) -> None:
+        self.registry = registry
+        self.families = families
+        self.label_values = label_values
         # NOTE: /metrics lists the families in the order they are registered here.
         self._register_scheduler_metrics()
         self._register_latency_histograms()
@@ -128,13 +170,14 @@ class PrometheusStatLogger(StatLoggerBase):
         self.lora_info = (
             None
             if max_loras is None
-            else Gauge(
-                "pagedserve:lora_requests_info",
+            else self._family(
+                Gauge,
+                "lora_requests_info",
                 "Running and waiting LoRA adapters (comma-separated names); the value is when it was set.",
-                ["model_name", "engine", "max_lora", "waiting_lora_adapters", "running_lora_adapters"],
-                registry=self.registry,
+                ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
             )
         )
+        self.lora_labels: tuple[str, ...] | None = None
 
     def _register_scheduler_metrics(self) -> None:
         """The queues and the KV cache now, and the running totals of tokens and requests."""
@@ -153,11 +196,11 @@ class PrometheusStatLogger(StatLoggerBase):
         )
         self.prompt_tokens = self._counter("prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = self._counter("generation_tokens", "Number of generation tokens processed.")
-        success = Counter(
-            "pagedserve:request_success",
+        success = self._family(
+            Counter,
+            "request_success",
             "Count of successfully processed requests, by finish reason.",
-            ["model_name", "engine", "finished_reason"],
-            registry=self.registry,
+            ["finished_reason"],
         )
         self.success = {str(r): success.labels(*self.label_values, str(r)) for r in FinishReason}
 
@@ -194,23 +237,31 @@ class PrometheusStatLogger(StatLoggerBase):
             "iteration_tokens_total", "Number of tokens per engine step.", _ITERATION_TOKEN_BUCKETS
         )
 
+    def _family(
+        self, kind: type[M], name: str, description: str, labels: Sequence[str] = (), **kwargs: Any
+    ) -> M:
+        """The family `pagedserve:<name>` (labels: model_name, engine, then `labels`), made by the first
+        engine that asks."""
+        family = self.families.get(name)
+        if family is None:
+            family = self.families[name] = kind(
+                f"pagedserve:{name}",
+                description,
+                ["model_name", "engine", *labels],
+                registry=self.registry,
+                **kwargs,
+            )
+        assert isinstance(family, kind)
+        return family
+
     def _gauge(self, name: str, description: str) -> Gauge:
-        labels = ["model_name", "engine"]
-        return Gauge(f"pagedserve:{name}", description, labels, registry=self.registry).labels(
-            *self.label_values
-        )
+        return self._family(Gauge, name, description).labels(*self.label_values)
 
     def _counter(self, name: str, description: str) -> Counter:
-        labels = ["model_name", "engine"]
-        counter = Counter(f"pagedserve:{name}", description, labels, registry=self.registry)
-        return counter.labels(*self.label_values)
+        return self._family(Counter, name, description).labels(*self.label_values)
 
     def _histogram(self, name: str, description: str, buckets: Sequence[float]) -> Histogram:
-        labels = ["model_name", "engine"]
-        histogram = Histogram(
-            f"pagedserve:{name}", description, labels, buckets=buckets, registry=self.registry
-        )
-        return histogram.labels(*self.label_values)
+        return self._family(Histogram, name, description, buckets=buckets).labels(*self.label_values)
 
     def _seconds(self, name: str, what: str, buckets: Sequence[float]) -> Histogram:
         return self._histogram(name, f"Histogram of {what} in seconds.", buckets)
@@ -218,8 +269,6 @@ class PrometheusStatLogger(StatLoggerBase):
     def record_cache_config(
         self, cache: CacheConfig, cache_dtype: str, num_gpu_blocks: int, num_cpu_blocks: int
     ) -> None:
-        """`cache_config_info`: a gauge at 1 whose labels are the sized KV cache (`cache_dtype` resolved:
-        auto is the model's dtype)."""
         labels = {
             "block_size": cache.block_size,
             "cache_dtype": cache_dtype,
@@ -230,11 +279,8 @@ class PrometheusStatLogger(StatLoggerBase):
             "swap_space_bytes": cache.swap_space_bytes,
             "calculate_kv_scales": cache.calculate_kv_scales,
         }
-        Gauge(
-            "pagedserve:cache_config_info",
-            "Information of the KV cache configuration.",
-            ["model_name", "engine", *labels],
-            registry=self.registry,
+        self._family(
+            Gauge, "cache_config_info", "Information of the KV cache configuration.", list(labels)
         ).labels(*self.label_values, *map(str, labels.values())).set(1)
 
     def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats) -> None:
@@ -279,17 +325,16 @@ class PrometheusStatLogger(StatLoggerBase):
             counter.inc(max(0, total - self.last_cumulative[name]))
             self.last_cumulative[name] = total
         if self.lora_info is not None:
-            self.lora_info.clear()
-            self.lora_info.labels(
+            labels = (
                 *self.label_values,
                 str(self.max_loras),
                 ",".join(stats.waiting_lora_adapters),
                 ",".join(stats.running_lora_adapters),
-            ).set(time.time())
-
-    def render(self) -> bytes:
-        """The Prometheus text exposition of every metric, under both prefixes."""
-        return prometheus_client.generate_latest(_TwoNames(self.registry))
+            )
+            if self.lora_labels is not None and self.lora_labels != labels:
+                self.lora_info.remove(*self.lora_labels)  # NOTE: this engine's last series only
+            self.lora_info.labels(*labels).set(time.time())
+            self.lora_labels = labels
 
 
 class _TwoNames:

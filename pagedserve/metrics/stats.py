@@ -1,6 +1,9 @@
 """What the frontend measures from the engine-core outputs, one batch of outputs at a time."""
 
 from dataclasses import dataclass, field
+from typing import Any
+
+from pagedserve.protocol import SchedulerStats
 
 
 @dataclass(slots=True)
@@ -43,3 +46,30 @@ class IterationStats:
     finished_requests: list[FinishedRequestStats] = field(default_factory=list)
     num_iteration_tokens: list[int] = field(default_factory=list)  # tokens computed, per engine step
     num_rejected_requests: int = 0  # refused by admission control (queue full, or waited too long)
+
+
+class EngineStats:
+    """The latest SchedulerStats of each engine (data-parallel replica), and their sum for one view."""
+
+    def __init__(self) -> None:
+        self.latest: dict[int, SchedulerStats] = {}
+
+    def update(self, stats: SchedulerStats | None, engine_index: int) -> None:
+        if stats is not None:
+            self.latest[engine_index] = stats
+
+    def combined(self) -> SchedulerStats:
+        """Counts summed over the engines, KV usage their mean, adapters their union."""
+        engines = list(self.latest.values())
+        if len(engines) <= 1:
+            return engines[0] if engines else SchedulerStats()
+        fields: dict[str, Any] = {}
+        for name in SchedulerStats.__struct_fields__:
+            values = [getattr(stats, name) for stats in engines]
+            if name == "kv_cache_usage":
+                fields[name] = sum(values) / len(values)
+            elif isinstance(values[0], list):
+                fields[name] = sorted({item for value in values for item in value})
+            else:
+                fields[name] = sum(values)
+        return SchedulerStats(**fields)

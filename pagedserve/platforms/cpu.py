@@ -29,7 +29,9 @@ class CpuPlatform(Platform):
     def init_device(self, local_rank: int, parallel: ParallelConfig) -> torch.device:
         # NOTE: every native kernel splits its output rows over ATen's one OpenMP pool (at::parallel_for):
         # its threads start once and wait between calls, so its size is the only thread setting.
-        threads = cpu_threads(parallel.cpu_threads, parallel.tensor_parallel_size)
+        threads = cpu_threads(
+            parallel.cpu_threads, parallel.tensor_parallel_size * parallel.data_parallel_size
+        )
         torch.set_num_threads(threads)
         logger.info("CPU: %d threads per rank (--cpu-threads).", threads)
         return torch.device("cpu")
@@ -68,11 +70,11 @@ class CpuPlatform(Platform):
         return {"CPU": 1.0}
 
 
-def cpu_threads(requested: int | None, tensor_parallel_size: int) -> int:
+def cpu_threads(requested: int | None, num_ranks: int) -> int:
     """--cpu-threads, else OMP_NUM_THREADS (a user's pin, as llama.cpp's -t), else the physical cores this
-    process may run on, shared by the ranks. Why physical: a core's two hyperthreads share its vector units,
-    so a second matmul thread per core only waits on them; and more threads than free cores make every
-    parallel region wait on a descheduled one."""
+    process may run on, shared by the ranks (tensor-parallel ranks times data-parallel replicas). Why
+    physical: a core's two hyperthreads share its vector units, so a second matmul thread per core only
+    waits on them; and more threads than free cores make every parallel region wait on a descheduled one."""
     if requested is not None:
         return requested
     pinned = os.environ.get("OMP_NUM_THREADS", "")
@@ -80,7 +82,7 @@ def cpu_threads(requested: int | None, tensor_parallel_size: int) -> int:
         return min(int(pinned), MAX_CPU_THREADS)  # one pool thread each: a typo must not start millions
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     cores = min(psutil.cpu_count(logical=False) or usable, usable)
-    return max(1, cores // tensor_parallel_size)
+    return max(1, cores // num_ranks)
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -18,7 +18,10 @@ class CudaPlatform(Platform):
     default_attention_backend = "triton"  # torch when triton does not import (logged)
 
     def init_device(self, local_rank: int, parallel: ParallelConfig) -> torch.device:
-        device = torch.device("cuda", local_rank)
+        # NOTE: data-parallel replica r takes the r-th run of --tensor-parallel-size GPUs.
+        device = torch.device(
+            "cuda", parallel.data_parallel_rank * parallel.tensor_parallel_size + local_rank
+        )
         torch.cuda.set_device(device)
         return device
 

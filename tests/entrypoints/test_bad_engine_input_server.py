@@ -28,8 +28,8 @@ from pagedserve.entrypoints.openai.api_server import main
 
 process_inputs = AsyncLLM.process_inputs
 
-def with_hole(self, request_id, prompt, params, beam_search=None, priority=0):
-    request = process_inputs(self, request_id, prompt, params, beam_search, priority)
+def with_hole(self, request_id, prompt, params, beam_search=None, priority=0, lora_request=None):
+    request = process_inputs(self, request_id, prompt, params, beam_search, priority, lora_request)
     if params.seed == {UNDECODABLE_SEED}:
         return msgspec.structs.replace(request, cache_salt=7)
     if params.seed == {UNTAKEABLE_SEED}:

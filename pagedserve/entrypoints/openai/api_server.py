@@ -79,6 +79,16 @@ class StatLoggers:
     def all(self) -> list[StatLoggerBase]:
         return [self.metrics, self.dashboard, *([self.log_line] if self.log_line else [])]
 
+    @classmethod
+    def for_config(cls, config: EngineConfig, disable_log_stats: bool) -> "StatLoggers":
+        metrics = PrometheusStatLogger(
+            config.model.served_model_name,
+            config.model.max_model_len,
+            num_engines=config.parallel.data_parallel_size,
+            max_loras=None if config.lora is None else config.lora.max_loras,
+        )
+        return cls(metrics, DashboardStatLogger(), None if disable_log_stats else LoggingStatLogger())
+
 
 def build_app(
     engine: AsyncLLM,
@@ -241,15 +251,7 @@ async def run_server(
     config = engine_args.create_engine_config()
     chat_template = load_chat_template(server_args.chat_template)
     sock = _bind_socket(server_args.host, server_args.port)
-    loggers = StatLoggers(
-        PrometheusStatLogger(
-            config.model.served_model_name,
-            config.model.max_model_len,
-            max_loras=None if config.lora is None else config.lora.max_loras,
-        ),
-        DashboardStatLogger(),
-        None if server_args.disable_log_stats else LoggingStatLogger(),
-    )
+    loggers = StatLoggers.for_config(config, server_args.disable_log_stats)
     lifecycle = ServerLifecycle(server_args.shutdown_timeout)
     server = LifecycleServer(
         uvicorn.Config(

@@ -86,7 +86,9 @@ class ServerLifecycle:
 
     def _health(self) -> JSONResponse:
         if self.dead:
-            return error_response("The engine is dead; the server is shutting down.", 503)
+            assert self.engine is not None
+            why = self.engine.dead_error or self.engine.engine_core.dead_error()
+            return error_response(f"The engine is dead; the server is shutting down. {why}", 503)
         if self.phase is Phase.LOADING:
             return error_response(
                 "Not healthy yet: the model is still loading.",
