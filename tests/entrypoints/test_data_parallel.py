@@ -107,16 +107,39 @@ def test_both_replicas_serve_and_give_one_engines_tokens(
 
 
 def test_a_killed_replica_fails_its_requests_only(server: RemoteServer) -> None:
-    async def run() -> list:
-        pending = asyncio.ensure_future(_complete_all(server, PROMPTS[:8], max_tokens=200))
-        await asyncio.sleep(1.0)
+    """Eight streams over both replicas; once each has its first token, replica 0's process is killed."""
+
+    async def run() -> list[BaseException | str]:
+        client = server.async_client()
+        streams = [
+            await client.completions.create(
+                model="m",
+                prompt=p,
+                max_tokens=240,
+                temperature=0,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
+            for p in PROMPTS[:8]
+        ]
+        firsts = [await stream.__anext__() for stream in streams]
         os.kill(engine_pids(server)[0], signal.SIGKILL)
-        return await pending
+
+        async def rest(stream, first) -> BaseException | str:
+            text = first.choices[0].text
+            try:
+                async for chunk in stream:
+                    text += chunk.choices[0].text if chunk.choices else ""
+            except Exception as exc:  # noqa: BLE001  # the killed replica's requests end in an error
+                return exc
+            return text
+
+        return await asyncio.gather(*(rest(stream, first) for stream, first in zip(streams, firsts)))
 
     results = asyncio.run(run())
-    failed = [r for r in results if isinstance(r, Exception)]
-    finished = [r for r in results if not isinstance(r, Exception)]
+    failed = [r for r in results if isinstance(r, BaseException)]
+    finished = [r for r in results if isinstance(r, str)]
     assert failed and finished, results  # both replicas had requests; only the killed one's fail
-    assert all(len(r.choices[0].text) > 0 for r in finished)
+    assert all("replica 0" in str(error) for error in failed), failed
     health = httpx.get(server.base_url + "/health", timeout=10)
-    assert health.status_code == 503 and "replica" in health.text
+    assert health.status_code == 503 and "replica 0" in health.text, health.text
