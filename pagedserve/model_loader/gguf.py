@@ -19,8 +19,9 @@ from pagedserve.kernels.cpu.gguf_ops import NATIVE_GGML_TYPES
 from pagedserve.logger import init_logger
 
 if TYPE_CHECKING:
-    from gguf import ReaderTensor
     from transformers import PretrainedConfig
+
+    from pagedserve.utils.gguf_tensors import GGUFTensor
 
 logger = init_logger(__name__)
 
@@ -174,11 +175,12 @@ def iterate_gguf(
     int64 tensor) followed by `<x>.qweight` (uint8 [rows, row_bytes], its raw blocks, q/k rows in HF's
     order); types without a native kernel are dequantized to F32 rows, with a log line. The `_ALWAYS_FLOAT`
     matrices and the stacked experts always come as float32 (see `_log_dequantized`)."""
-    from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    reader = GGUFReader(path)
-    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    from pagedserve.utils.gguf_tensors import read_gguf
+
+    reader = read_gguf(path)  # NOTE: not gguf's GGUFReader, which decodes every metadata value (seconds)
+    arch = str(reader.metadata["general.architecture"])
     dequantized_types: set[str] = set()
     dequantized_experts: set[str] = set()
     for tensor in reader.tensors:
@@ -224,7 +226,7 @@ def _log_dequantized(dequantized_types: set[str], dequantized_experts: set[str])
         )
 
 
-def _native_rows(tensor: "ReaderTensor", dequantized_types: set[str]) -> tuple[int, np.ndarray]:
+def _native_rows(tensor: "GGUFTensor", dequantized_types: set[str]) -> tuple[int, np.ndarray]:
     """(ggml type id, uint8 [rows, row_bytes]) of a 2-D tensor, dequantized to F32 rows if its type has no
     native kernel (its name is then added to `dequantized_types`)."""
     from gguf.quants import dequantize
