@@ -5,7 +5,8 @@ best_of, beam search, stop strings and stop token ids, min_tokens, logprobs and 
 regex / choice / JSON, logit_bias, penalties, shared prefixes for prefix-cache hits, cache_salt, priority,
 a LoRA adapter) and runs it under one of several engine settings (n-gram and draft-model speculation,
 forced recompute and swap preemption in a tiny pool, priority scheduling, chunked prefill, an fp8 KV cache,
-a sliding-window model, a K-quant GGUF, three adapters over two slots). For every request:
+a sliding-window model, a K-quant GGUF, three adapters over two slots, two data-parallel replicas). For
+every request:
 
 - its output in the batch equals its output run alone: tokens, text, finish and stop reasons exactly,
   logprobs and prompt logprobs within 1e-4 (greedy and seeded sampling are reproducible per position);
@@ -79,6 +80,19 @@ SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
             max_loras=2,
             max_cpu_loras=2,
             max_lora_rank=8,
+        ),
+    ),
+    # Two data-parallel replicas (engine processes, one thread each): a request and its samples or beams
+    # go to one replica; its output must not depend on which, nor on what else that replica runs.
+    "dp2_ngram_recompute": (
+        "llama",
+        dict(
+            TIGHT,
+            data_parallel_size=2,
+            cpu_threads=1,
+            speculative_config=NGRAM,
+            preemption_mode="recompute",
+            max_num_batched_tokens=32,
         ),
     ),
 }
@@ -250,6 +264,8 @@ def assert_same(batched: RequestOutput, alone: RequestOutput, case: Case) -> Non
 
 
 def assert_all_blocks_back(llm: LLM) -> None:
+    if llm.llm_engine.config.parallel.data_parallel_size > 1:
+        return  # NOTE: the replicas' block pools live in their own processes, out of reach here
     scheduler = llm.llm_engine.engine_core.scheduler
     kv, swap = scheduler.kv_cache_manager, scheduler.kv_cache_manager.swap_space
     assert kv.num_free_blocks() == kv.num_usable_blocks and not kv.req_to_blocks
