@@ -146,7 +146,10 @@ class EngineArgs:
         1, "Number of pipeline-parallel stages. Only 1 is supported yet.", aliases=("-pp",)
     )
     data_parallel_size: int = config_field(
-        1, "Number of data-parallel engine replicas. Only 1 is supported yet.", aliases=("-dp",)
+        1,
+        "Engine replicas on this machine (each a full copy of the model, in its own process); each request "
+        "goes to the least loaded.",
+        aliases=("-dp",),
     )
     distributed_executor_backend: ExecutorBackend | None = config_field(
         None,

@@ -138,7 +138,8 @@ def test_vllm_engine_settings_resolve(tiny_llama: str, caplog: pytest.LogCapture
         EngineArgs(model=tiny_llama, kv_cache_memory="4MiB", kv_cache_memory_bytes=4).create_engine_config()
     for flags, words in (
         (["-pp", "2"], "--pipeline-parallel-size 1"),
-        (["-dp", "2"], "--data-parallel-size 1"),
+        (["-dp", "65"], "between 1 and 64 \\(--data-parallel-size"),
+        (["-dp", "0"], "between 1 and 64 \\(--data-parallel-size"),
     ):
         with pytest.raises(ConfigError, match=words):
             parse(["--model", tiny_llama, *flags])[0].create_engine_config()
