@@ -208,11 +208,13 @@ class MemoryReport:
     detail: str  # the breakdown, for the startup log
 
 
-def tightest(reports: Sequence[MemoryReport]) -> MemoryReport:
-    """The report of the rank with the smallest budget: every rank allocates the same block count."""
+def tightest(reports: Sequence[MemoryReport], bytes_per_block: Sequence[int] | None = None) -> MemoryReport:
+    """The report of the rank whose budget holds the fewest blocks (`bytes_per_block[rank]`: its stage's
+    block; default the same on every rank): every rank allocates the same block count."""
     if len(reports) == 1:
         return reports[0]
-    rank = min(range(len(reports)), key=lambda r: reports[r].kv_cache_bytes)
+    sizes = bytes_per_block or [1] * len(reports)
+    rank = min(range(len(reports)), key=lambda r: reports[r].kv_cache_bytes // sizes[r])
     return MemoryReport(
         reports[rank].kv_cache_bytes,
         reports[rank].weights_bytes,
@@ -229,8 +231,14 @@ def size_kv_cache(config: EngineConfig, measure: Callable[[], Sequence[MemoryRep
     if cache.num_gpu_blocks_override is not None:
         num_blocks, source = cache.num_gpu_blocks_override, "num_gpu_blocks_override"
     else:
-        report = tightest(measure())
-        num_blocks = kv_cache_config(report.kv_cache_bytes, bytes_per_block, block_size).num_blocks
+        reports, tp = measure(), config.parallel.tensor_parallel_size
+        # NOTE: ranks in order, pp_rank * tp + tp_rank: a pipeline stage stores only its own layers.
+        stage_bytes = [layout.stage_bytes_per_block(rank // tp) for rank in range(len(reports))]
+        report = tightest(reports, stage_bytes)
+        num_blocks = min(
+            kv_cache_config(r.kv_cache_bytes, size, block_size).num_blocks
+            for r, size in zip(reports, stage_bytes)
+        )
         source = report.detail
         logger.info("Model weights: %s.", format_bytes(report.weights_bytes))
     kv = KVCacheConfig(num_blocks, block_size, bytes_per_block, cache.swap_space_bytes // bytes_per_block)

@@ -1,0 +1,119 @@
+"""Pipeline parallelism on gloo through `LLM`: greedy tokens of pp=2, pp=3 (uneven stages) and tp=2 x pp=2
+equal one process's, with preemption (a tiny KV pool) and prefix caching (repeated prefixes); the layer
+partition and the settings pp > 1 refuses."""
+
+import random
+from collections.abc import Callable
+
+import pytest
+from tp_utils import shutdown
+
+from pagedserve import LLM, SamplingParams
+from pagedserve.config import EngineArgs
+from pagedserve.config.parallel import PP_LAYER_PARTITION_ENV, pipeline_stages
+from pagedserve.errors import ConfigError
+
+ENGINE_ARGS = dict(max_model_len=64, block_size=8, max_num_batched_tokens=16)
+# KV blocks of 8 tokens: fewer than the 4 requests need at once, so some are preempted (recompute). With
+# four KV cache groups (qwen3-4l) a request holds a block per group and token.
+NUM_BLOCKS = {"llama-5l-tied": 10, "qwen3-4l": 28}
+PREFIX = [random.Random(1).randrange(3, 49152) for _ in range(16)]  # two blocks shared by every prompt
+
+
+def _prompts() -> list[dict[str, list[int]]]:
+    rng = random.Random(0)
+    return [
+        {"prompt_token_ids": PREFIX + [rng.randrange(3, 49152) for _ in range(n)]} for n in (1, 9, 20, 30)
+    ]
+
+
+def _greedy_twice(llm: LLM) -> list[list[int]]:
+    """Greedy tokens of the prompts, run twice: the second round starts from cached prefix blocks."""
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    return [
+        list(out.outputs[0].token_ids)
+        for _ in range(2)
+        for out in llm.generate(_prompts(), params, use_tqdm=False)
+    ]
+
+
+def _run(model: str, num_blocks: int, tp: int = 1, pp: int = 1) -> tuple[list[list[int]], int]:
+    """(greedy tokens, preemptions) of one engine."""
+    llm = LLM(
+        model,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        num_gpu_blocks_override=num_blocks,
+        **ENGINE_ARGS,
+    )
+    try:
+        return _greedy_twice(llm), llm.llm_engine.engine_core.get_stats().num_preemptions_total
+    finally:
+        shutdown(llm)
+
+
+@pytest.fixture(scope="module")
+def one_process(tiny_model_factory) -> Callable[[str], list[list[int]]]:
+    """one_process(name): the greedy tokens of one process (uni executor), computed once per model."""
+    cache: dict[str, list[list[int]]] = {}
+
+    def get(name: str) -> list[list[int]]:
+        if name not in cache:
+            cache[name], _ = _run(tiny_model_factory(name), NUM_BLOCKS[name])
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize(
+    ("name", "tp", "pp", "partition"),
+    [
+        ("llama-5l-tied", 1, 2, None),  # layers 0-2 | 3-4
+        ("llama-5l-tied", 1, 3, "1,1,3"),
+        ("qwen3-4l", 1, 2, None),  # KV cache groups (full + windowed) split over the stages
+        ("llama-5l-tied", 2, 2, None),
+    ],
+)
+def test_pp_greedy_equals_one_process(
+    tiny_model_factory,
+    one_process,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    tp: int,
+    pp: int,
+    partition: str | None,
+) -> None:
+    expected = one_process(name)
+    if partition is not None:
+        monkeypatch.setenv(PP_LAYER_PARTITION_ENV, partition)
+    tokens, preemptions = _run(tiny_model_factory(name), NUM_BLOCKS[name], tp, pp)
+    assert tokens == expected
+    assert preemptions > 0
+
+
+def test_default_partition_gives_extra_layers_before_the_last_stage() -> None:
+    spans = [(s.start, s.end) for s in pipeline_stages(5, 3)]
+    assert spans == [(0, 2), (2, 4), (4, 5)]
+    assert [(s.start, s.end) for s in pipeline_stages(8, 4)] == [(0, 2), (2, 4), (4, 6), (6, 8)]
+
+
+@pytest.mark.parametrize("partition", ["2,2", "1,x,1", "0,2,3", "2,2,2"])
+def test_bad_partition_names_the_variable(monkeypatch: pytest.MonkeyPatch, partition: str) -> None:
+    monkeypatch.setenv(PP_LAYER_PARTITION_ENV, partition)
+    with pytest.raises(ConfigError, match=PP_LAYER_PARTITION_ENV):
+        pipeline_stages(5, 3)
+
+
+@pytest.mark.parametrize(
+    ("name", "settings", "match"),
+    [
+        ("falcon-7b", {}, "supports LlamaForCausalLM"),
+        ("llama", {"pipeline_parallel_size": 3}, "exceeds the model's 2 layers"),
+        ("llama", {"enable_lora": True}, "--enable-lora"),
+        ("llama", {"distributed_executor_backend": "uni"}, "uni runs one rank"),
+    ],
+)
+def test_unsupported_settings_are_refused(tiny_model_factory, name: str, settings: dict, match: str) -> None:
+    args = EngineArgs(model=tiny_model_factory(name), **{"pipeline_parallel_size": 2, **settings})
+    with pytest.raises(ConfigError, match=match):
+        args.create_engine_config()
