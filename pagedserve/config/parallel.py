@@ -69,6 +69,11 @@ class ParallelConfig:
                 f"--distributed-executor-backend uni runs one rank, but tensor_parallel_size={tp} x "
                 f"pipeline_parallel_size={pp} needs {self.world_size}; use mp (this machine) or ray."
             )
+        if pp > 1 and self.data_parallel_size > 1:
+            raise ConfigError(
+                "--pipeline-parallel-size > 1 with --data-parallel-size > 1 is not supported yet; "
+                "set one of them to 1."
+            )
         if backend == "ray" and pp > 1:
             raise ConfigError(
                 "--pipeline-parallel-size > 1 runs on --distributed-executor-backend mp only (not ray yet)."

@@ -3,14 +3,14 @@ equal one process's, with preemption (a tiny KV pool) and prefix caching (repeat
 partition and the settings pp > 1 refuses."""
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import pytest
 from tp_utils import shutdown
 
 from pagedserve import LLM, SamplingParams
 from pagedserve.config import EngineArgs
-from pagedserve.config.parallel import PP_LAYER_PARTITION_ENV, pipeline_stages
+from pagedserve.config.parallel import PP_LAYER_PARTITION_ENV, PipelineStage, pipeline_stages
 from pagedserve.errors import ConfigError
 
 ENGINE_ARGS = dict(max_model_len=64, block_size=8, max_num_batched_tokens=16)
@@ -38,7 +38,7 @@ def _greedy_twice(llm: LLM) -> list[list[int]]:
 
 
 def _run(model: str, num_blocks: int, tp: int = 1, pp: int = 1) -> tuple[list[list[int]], int]:
-    """(greedy tokens, preemptions) of one engine."""
+    """(greedy tokens, preemptions) of one engine; checks that each rank holds only its stage's part."""
     llm = LLM(
         model,
         tensor_parallel_size=tp,
@@ -47,9 +47,23 @@ def _run(model: str, num_blocks: int, tp: int = 1, pp: int = 1) -> tuple[list[li
         **ENGINE_ARGS,
     )
     try:
-        return _greedy_twice(llm), llm.llm_engine.engine_core.get_stats().num_preemptions_total
+        engine = llm.llm_engine
+        per_rank = engine.engine_core.executor.collective_rpc("parameter_shapes")
+        for rank, shapes in enumerate(per_rank):
+            _check_stage_parameters(shapes.keys(), engine.config.kv_layout.stages[rank // tp])
+        return _greedy_twice(llm), engine.engine_core.get_stats().num_preemptions_total
     finally:
         shutdown(llm)
+
+
+def _check_stage_parameters(names: Iterable[str], stage: PipelineStage) -> None:
+    """The stage's layers, the embedding on the first stage only, the norm and head on the last only (a
+    head tied to the embedding at pp=1 is no parameter of its own)."""
+    layers = {int(name.split(".")[2]) for name in names if name.startswith("model.layers.")}
+    assert layers == set(range(stage.start, stage.end))
+    assert any(name.startswith("model.embed_tokens.") for name in names) == stage.is_first
+    assert any(name.startswith("model.norm.") for name in names) == stage.is_last
+    assert stage.is_last or not any(name.startswith("lm_head.") for name in names)
 
 
 @pytest.fixture(scope="module")
@@ -111,9 +125,14 @@ def test_bad_partition_names_the_variable(monkeypatch: pytest.MonkeyPatch, parti
         ("llama", {"pipeline_parallel_size": 3}, "exceeds the model's 2 layers"),
         ("llama", {"enable_lora": True}, "--enable-lora"),
         ("llama", {"distributed_executor_backend": "uni"}, "uni runs one rank"),
+        ("llama", {"data_parallel_size": 2}, "--data-parallel-size"),
+        ("llama", {"speculative_config": {"model": "{self}", "num_speculative_tokens": 2}}, "a draft model"),
     ],
 )
 def test_unsupported_settings_are_refused(tiny_model_factory, name: str, settings: dict, match: str) -> None:
-    args = EngineArgs(model=tiny_model_factory(name), **{"pipeline_parallel_size": 2, **settings})
+    model = tiny_model_factory(name)
+    if "speculative_config" in settings:  # the model drafts for itself
+        settings = {"speculative_config": {**settings["speculative_config"], "model": model}}
+    args = EngineArgs(model=model, **{"pipeline_parallel_size": 2, **settings})
     with pytest.raises(ConfigError, match=match):
         args.create_engine_config()
