@@ -136,3 +136,22 @@ def test_unsupported_settings_are_refused(tiny_model_factory, name: str, setting
     args = EngineArgs(model=model, **{"pipeline_parallel_size": 2, **settings})
     with pytest.raises(ConfigError, match=match):
         args.create_engine_config()
+
+
+def test_gguf_pp2_greedy_equals_one_process() -> None:
+    """The embedded SmolLM2 GGUF (30 layers, quantized blocks, a tied head): each stage decodes only its
+    tensors, holds about half the layers, and the tokens are one process's."""
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    tokens, weights = [], []
+    for pp in (1, 2):
+        llm = LLM(pipeline_parallel_size=pp, kv_cache_memory="16MiB", max_model_len=64)
+        try:
+            tokens.append([o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)])
+            weights.append(
+                [r.weights_bytes for r in llm.llm_engine.engine_core.executor.determine_kv_memory()]
+            )
+        finally:
+            shutdown(llm)
+    assert tokens[1] == tokens[0]
+    assert len(weights[1]) == 2 and max(weights[1]) < 0.7 * weights[0][0]
