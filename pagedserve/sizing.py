@@ -10,11 +10,12 @@ block); capacity = usable blocks x block_size tokens.
 """
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pagedserve.config import EngineConfig, KVCacheConfig
 from pagedserve.config.kv_layout import KVCacheLayout, kv_heads_per_rank
+from pagedserve.config.parallel import PipelineStage
 from pagedserve.errors import ConfigError
 from pagedserve.logger import init_logger
 from pagedserve.utils import cdiv, format_bytes
@@ -62,6 +63,17 @@ class ModelShape:
     num_experts: int = 0
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
+    has_embedding: bool = True  # False on a pipeline stage after the first
+    has_head: bool = True  # the final norm and LM head; False on a pipeline stage before the last
+
+    def stage(self, stage: PipelineStage) -> "ModelShape":
+        """The part one pipeline stage holds (dense models: the only ones split into stages)."""
+        if stage.num_stages == 1:
+            return self
+        assert self.num_moe_layers == 0, "config/parallel.py admits dense families only at pp > 1"
+        return replace(
+            self, num_layers=stage.end - stage.start, has_embedding=stage.is_first, has_head=stage.is_last
+        )
 
     @classmethod
     def from_hf_config(cls, hf_config: "PretrainedConfig", architecture: str) -> "ModelShape":
@@ -130,8 +142,10 @@ class ModelShape:
             + (self.num_layers - self.num_moe_layers) * dense_mlp
             + self.num_moe_layers * moe
         )
-        vocab = cdiv(self.vocab_size, tp) * hidden
-        return vocab * (1 if self.tie_word_embeddings else 2) + layers + norm
+        # NOTE: a tied head is the embedding, unless a later pipeline stage holds it (as a copy).
+        own_head = self.has_head and not (self.tie_word_embeddings and self.has_embedding)
+        vocab = cdiv(self.vocab_size, tp) * hidden * (int(self.has_embedding) + int(own_head))
+        return vocab + layers + (norm if self.has_head else 0)
 
     def num_linear_weights(self, tp: int = 1) -> int:
         """Weights of one rank's attention projections and dense MLPs (no biases, embeddings, norms or

@@ -2,6 +2,7 @@
 equal one process's, with preemption (a tiny KV pool) and prefix caching (repeated prefixes); the layer
 partition and the settings pp > 1 refuses."""
 
+import json
 import random
 from collections.abc import Callable, Iterable
 
@@ -11,6 +12,7 @@ from tp_utils import shutdown
 from pagedserve import LLM, SamplingParams
 from pagedserve.config import EngineArgs
 from pagedserve.config.parallel import PP_LAYER_PARTITION_ENV, PipelineStage, pipeline_stages
+from pagedserve.entrypoints.cli import main as cli_main
 from pagedserve.errors import ConfigError
 
 ENGINE_ARGS = dict(max_model_len=64, block_size=8, max_num_batched_tokens=16)
@@ -155,3 +157,20 @@ def test_gguf_pp2_greedy_equals_one_process() -> None:
             shutdown(llm)
     assert tokens[1] == tokens[0]
     assert len(weights[1]) == 2 and max(weights[1]) < 0.7 * weights[0][0]
+
+
+def test_plan_numbers_are_the_engines_at_pp2(tiny_model_factory, capsys: pytest.CaptureFixture[str]) -> None:
+    """`pagedserve plan -pp 2`: the largest stage's weights and block, the engine's block count."""
+    model = tiny_model_factory("llama-5l-tied")
+    settings = ["--kv-cache-memory", "1MiB", "--max-model-len", "64", "--dtype", "float32"]
+    llm = LLM(model, pipeline_parallel_size=2, kv_cache_memory="1MiB", max_model_len=64, dtype="float32")
+    try:
+        core = llm.llm_engine.engine_core
+        kv, reports = core.kv_cache_config, core.executor.determine_kv_memory()
+    finally:
+        shutdown(llm)
+    assert cli_main(["plan", model, *settings, "-pp", "2", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["pipeline_parallel_size"] == 2
+    assert result["weights_bytes"] == max(report.weights_bytes for report in reports)
+    assert (result["bytes_per_block"], result["num_blocks"]) == (kv.bytes_per_block, kv.num_blocks - 1)
