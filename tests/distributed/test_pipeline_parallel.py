@@ -39,7 +39,9 @@ def _greedy_twice(llm: LLM) -> list[list[int]]:
     ]
 
 
-def _run(model: str, num_blocks: int, tp: int = 1, pp: int = 1) -> tuple[list[list[int]], int]:
+def _run(
+    model: str, num_blocks: int, tp: int = 1, pp: int = 1, **settings: object
+) -> tuple[list[list[int]], int]:
     """(greedy tokens, preemptions) of one engine; checks that each rank holds only its stage's part."""
     llm = LLM(
         model,
@@ -47,6 +49,7 @@ def _run(model: str, num_blocks: int, tp: int = 1, pp: int = 1) -> tuple[list[li
         pipeline_parallel_size=pp,
         num_gpu_blocks_override=num_blocks,
         **ENGINE_ARGS,
+        **settings,
     )
     try:
         engine = llm.llm_engine
@@ -103,6 +106,20 @@ def test_pp_greedy_equals_one_process(
     if partition is not None:
         monkeypatch.setenv(PP_LAYER_PARTITION_ENV, partition)
     tokens, preemptions = _run(tiny_model_factory(name), NUM_BLOCKS[name], tp, pp)
+    assert tokens == expected
+    assert preemptions > 0
+
+
+def test_swap_preemption_and_ngram_speculation_at_pp2(tiny_model_factory) -> None:
+    """Each stage swaps its own layers' blocks; n-gram drafts are verified by the last stage's sampler."""
+    settings = dict(
+        preemption_mode="swap",
+        swap_space=0.01,
+        speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3},
+    )
+    model, num_blocks = tiny_model_factory("llama-5l-tied"), NUM_BLOCKS["llama-5l-tied"]
+    expected, _ = _run(model, num_blocks, **settings)
+    tokens, preemptions = _run(model, num_blocks, 1, 2, **settings)
     assert tokens == expected
     assert preemptions > 0
 
