@@ -71,3 +71,9 @@ def allow_runtime_lora_updating() -> bool:
                 raise ConfigError(f"{name}={raw!r} must be 1/true (allow) or 0/false.")
             return value in ("1", "true")
     return False
+
+
+def pp_layer_partition() -> str | None:
+    """PAGEDSERVE_PP_LAYER_PARTITION: layers per pipeline stage, e.g. "4,4,8" (default: an even split;
+    config/parallel.py's `pipeline_stages` checks it against the model)."""
+    return os.environ.get("PAGEDSERVE_PP_LAYER_PARTITION")

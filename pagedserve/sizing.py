@@ -10,11 +10,12 @@ block); capacity = usable blocks x block_size tokens.
 """
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pagedserve.config import EngineConfig, KVCacheConfig
 from pagedserve.config.kv_layout import KVCacheLayout, kv_heads_per_rank
+from pagedserve.config.parallel import PipelineStage
 from pagedserve.errors import ConfigError
 from pagedserve.logger import init_logger
 from pagedserve.utils import cdiv, format_bytes
@@ -62,6 +63,17 @@ class ModelShape:
     num_experts: int = 0
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
+    has_embedding: bool = True  # False on a pipeline stage after the first
+    has_head: bool = True  # the final norm and LM head; False on a pipeline stage before the last
+
+    def stage(self, stage: PipelineStage) -> "ModelShape":
+        """The part one pipeline stage holds (dense models: the only ones split into stages)."""
+        if stage.num_stages == 1:
+            return self
+        assert self.num_moe_layers == 0, "config/parallel.py admits dense families only at pp > 1"
+        return replace(
+            self, num_layers=stage.end - stage.start, has_embedding=stage.is_first, has_head=stage.is_last
+        )
 
     @classmethod
     def from_hf_config(cls, hf_config: "PretrainedConfig", architecture: str) -> "ModelShape":
@@ -130,8 +142,10 @@ class ModelShape:
             + (self.num_layers - self.num_moe_layers) * dense_mlp
             + self.num_moe_layers * moe
         )
-        vocab = cdiv(self.vocab_size, tp) * hidden
-        return vocab * (1 if self.tie_word_embeddings else 2) + layers + norm
+        # NOTE: a tied head is the embedding, unless a later pipeline stage holds it (as a copy).
+        own_head = self.has_head and not (self.tie_word_embeddings and self.has_embedding)
+        vocab = cdiv(self.vocab_size, tp) * hidden * (int(self.has_embedding) + int(own_head))
+        return vocab + layers + (norm if self.has_head else 0)
 
     def num_linear_weights(self, tp: int = 1) -> int:
         """Weights of one rank's attention projections and dense MLPs (no biases, embeddings, norms or
@@ -208,11 +222,13 @@ class MemoryReport:
     detail: str  # the breakdown, for the startup log
 
 
-def tightest(reports: Sequence[MemoryReport]) -> MemoryReport:
-    """The report of the rank with the smallest budget: every rank allocates the same block count."""
+def tightest(reports: Sequence[MemoryReport], bytes_per_block: Sequence[int] | None = None) -> MemoryReport:
+    """The report of the rank whose budget holds the fewest blocks (`bytes_per_block[rank]`: its stage's
+    block; default the same on every rank): every rank allocates the same block count."""
     if len(reports) == 1:
         return reports[0]
-    rank = min(range(len(reports)), key=lambda r: reports[r].kv_cache_bytes)
+    sizes = bytes_per_block or [1] * len(reports)
+    rank = min(range(len(reports)), key=lambda r: reports[r].kv_cache_bytes // sizes[r])
     return MemoryReport(
         reports[rank].kv_cache_bytes,
         reports[rank].weights_bytes,
@@ -229,8 +245,14 @@ def size_kv_cache(config: EngineConfig, measure: Callable[[], Sequence[MemoryRep
     if cache.num_gpu_blocks_override is not None:
         num_blocks, source = cache.num_gpu_blocks_override, "num_gpu_blocks_override"
     else:
-        report = tightest(measure())
-        num_blocks = kv_cache_config(report.kv_cache_bytes, bytes_per_block, block_size).num_blocks
+        reports, tp = measure(), config.parallel.tensor_parallel_size
+        # NOTE: ranks in order, pp_rank * tp + tp_rank: a pipeline stage stores only its own layers.
+        stage_bytes = [layout.stage_bytes_per_block(rank // tp) for rank in range(len(reports))]
+        report = tightest(reports, stage_bytes)
+        num_blocks = min(
+            kv_cache_config(r.kv_cache_bytes, size, block_size).num_blocks
+            for r, size in zip(reports, stage_bytes)
+        )
         source = report.detail
         logger.info("Model weights: %s.", format_bytes(report.weights_bytes))
     kv = KVCacheConfig(num_blocks, block_size, bytes_per_block, cache.swap_space_bytes // bytes_per_block)

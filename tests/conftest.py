@@ -84,6 +84,8 @@ TINY_MODELS = {
     "llama-kquant": dict(hidden_size=256, intermediate_size=512, initializer_range=0.02),
     # Fewer KV heads than tensor-parallel ranks (replicated) and a vocab-parallel tied head.
     "llama-1kv-tied": dict(num_key_value_heads=1, tie_word_embeddings=True),
+    # Pipeline parallelism: 5 layers split unevenly; a tied head on the last stage, away from the embedding.
+    "llama-5l-tied": dict(num_hidden_layers=5, tie_word_embeddings=True),
     "mistral": dict(sliding_window=None),
     "qwen2": dict(num_key_value_heads=1),
     # Sliding windows (24) shorter than most test prompts, so the window really cuts.
@@ -93,6 +95,10 @@ TINY_MODELS = {
     "qwen2-mwl": dict(use_sliding_window=True, sliding_window=24, max_window_layers=1),
     # Layer 0 global, layer 1 windowed.
     "qwen3": dict(head_dim=16, use_sliding_window=True, sliding_window=24, max_window_layers=1),
+    # Layer 0 global, layers 1-3 windowed: four KV cache groups of one layer, split over pipeline stages.
+    "qwen3-4l": dict(
+        head_dim=16, num_hidden_layers=4, use_sliding_window=True, sliding_window=24, max_window_layers=1
+    ),
     "gemma2": dict(
         head_dim=16,
         query_pre_attn_scalar=24,

@@ -15,6 +15,7 @@ from pagedserve.config.model import DType, LoadFormat, ModelConfig, load_model_c
 from pagedserve.config.parallel import (
     ExecutorBackend,
     ParallelConfig,
+    check_pipeline_parallel,
     check_tensor_parallel,
     resolve_executor_backend,
 )
@@ -66,6 +67,7 @@ class EngineConfig:
             self.parallel.tensor_parallel_size,
             self.scheduler.max_num_batched_tokens,
             draft,
+            self.parallel.pipeline_parallel_size,
         )
         object.__setattr__(self, "kv_layout", layout)
         if self.device not in ("cpu", "cuda"):
@@ -88,6 +90,21 @@ class EngineConfig:
                 "--preemption-mode swap needs host memory to swap to: set --swap-space "
                 "(GiB) above 0, or use --preemption-mode recompute."
             )
+        self._check_pipeline_parallel(draft is not None)
+
+    def _check_pipeline_parallel(self, has_draft: bool) -> None:
+        """Raises ConfigError naming what pipeline parallelism does not support yet."""
+        pp = self.parallel.pipeline_parallel_size
+        unsupported = [
+            (has_draft, "a draft model (speculative_config; the ngram method works)"),
+            (self.lora is not None, "--enable-lora"),
+            (self.model.pooling is not None, "pooling models (--runner pooling)"),
+        ]
+        for applies, what in unsupported:
+            if pp > 1 and applies:
+                raise ConfigError(
+                    f"--pipeline-parallel-size {pp} does not support {what} yet; use --pipeline-parallel-size 1."
+                )
 
 
 @dataclass
@@ -143,7 +160,9 @@ class EngineArgs:
     )
     tensor_parallel_size: int = config_field(1, "Number of tensor-parallel ranks.", aliases=("-tp",))
     pipeline_parallel_size: int = config_field(
-        1, "Number of pipeline-parallel stages. Only 1 is supported yet.", aliases=("-pp",)
+        1,
+        "Number of pipeline-parallel stages (contiguous layers each; Llama-style families, mp executor).",
+        aliases=("-pp",),
     )
     data_parallel_size: int = config_field(
         1,
@@ -406,10 +425,13 @@ class EngineArgs:
         )
 
     def _parallel_config(self, device: str, model: ModelConfig) -> ParallelConfig:
-        tp = self.tensor_parallel_size
+        tp, pp = self.tensor_parallel_size, self.pipeline_parallel_size
         if tp >= 1:
             check_tensor_parallel(model.hf_config, tp)
-        backend = resolve_executor_backend(self.distributed_executor_backend, tp, _local_devices(device, tp))
+        check_pipeline_parallel(model.architecture, pp)
+        backend = resolve_executor_backend(
+            self.distributed_executor_backend, tp * pp, _local_devices(device, tp * pp)
+        )
         _check_data_parallel_devices(device, tp, self.data_parallel_size)
         return ParallelConfig(
             tp,

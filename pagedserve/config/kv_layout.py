@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pagedserve.config.parallel import PipelineStage, pipeline_stages
 from pagedserve.utils import cdiv
 from pagedserve.utils.hf_config import head_dim, layer_windows, num_kv_heads
 
@@ -176,15 +177,17 @@ class KVTensors:
 
 @dataclass(frozen=True)
 class KVCacheLayout:
-    """The KV cache of one rank: its groups, the tensors a block id spans (`group_size` of the model's
+    """The KV cache of the ranks: its groups, the tensors a block id spans (`group_size` of the model's
     layers, and every layer of a draft model, which keeps its own cache under the same block ids) and the
-    bytes of one stored value."""
+    bytes of one stored value. Under pipeline parallelism each stage stores its own layers only: the
+    `stage_*` figures are one stage's; the unprefixed ones the largest stage's."""
 
     groups: KVCacheGroups
     model: KVTensors
     dtype_bytes: int
     draft: KVTensors | None = None
     max_chunk: int = 0  # the most tokens a request computes in one step (the step's token budget)
+    stages: tuple[PipelineStage, ...] = ()  # every pipeline stage's layers (build: one stage at pp=1)
 
     @classmethod
     def build(
@@ -195,6 +198,7 @@ class KVCacheLayout:
         tp: int = 1,
         max_chunk: int = 0,
         draft: "ModelConfig | None" = None,
+        pp: int = 1,
     ) -> "KVCacheLayout":
         return cls(
             KVCacheGroups.for_model(model.hf_config, model.architecture, block_size),
@@ -202,6 +206,7 @@ class KVCacheLayout:
             kv_dtype_bytes,
             None if draft is None else KVTensors.of(draft.hf_config, draft.architecture, tp),
             max_chunk,
+            pipeline_stages(model.hf_config.num_hidden_layers, pp),
         )
 
     @classmethod
@@ -212,10 +217,11 @@ class KVCacheLayout:
         tp: int,
         max_chunk: int,
         draft: "ModelConfig | None",
+        pp: int = 1,
     ) -> "KVCacheLayout":
         """The layout the engine's configs give (an fp8 cache stores one byte per value)."""
         dtype = model.dtype if cache.cache_dtype == "auto" else cache.cache_dtype
-        return cls.build(model, cache.block_size, DTYPE_BYTES[dtype], tp, max_chunk, draft)
+        return cls.build(model, cache.block_size, DTYPE_BYTES[dtype], tp, max_chunk, draft, pp)
 
     @property
     def block_size(self) -> int:
@@ -225,18 +231,29 @@ class KVCacheLayout:
     def num_groups(self) -> int:
         return self.groups.num_groups
 
-    @property
-    def bytes_per_block(self) -> int:
-        """What one block id costs: `block_size` tokens of K and V in every tensor it spans."""
-        values = self.groups.group_size * self.model.values_per_token
+    def stage_num_tensors(self, stage: int) -> int:
+        """The model's K/V tensors a stage allocates: one per place in a group that its layers use (at
+        pp=1 `group_size`: the i-th layer of every group shares tensor i)."""
+        holds = self.stages[stage].holds
+        return len({slot for layer, (_, slot) in self.groups.tensor_of_layer().items() if holds(layer)})
+
+    def stage_bytes_per_block(self, stage: int) -> int:
+        """What one block id costs on a rank of `stage`: `block_size` tokens of K and V in every tensor it
+        spans there."""
+        values = self.stage_num_tensors(stage) * self.model.values_per_token
         if self.draft is not None:
             values += self.draft.num_layers * self.draft.values_per_token
         return values * self.block_size * self.dtype_bytes
 
     @property
+    def bytes_per_block(self) -> int:
+        """What one block id costs on the ranks of the largest stage (all of them at pp=1)."""
+        return max(self.stage_bytes_per_block(stage) for stage in range(len(self.stages)))
+
+    @property
     def bytes_per_token(self) -> int:
-        """K and V of one token in every attention layer of the rank (draft model included)."""
-        values = self.model.num_layers * self.model.values_per_token
+        """K and V of one token in every attention layer of a rank of the largest stage (draft included)."""
+        values = max(stage.end - stage.start for stage in self.stages) * self.model.values_per_token
         if self.draft is not None:
             values += self.draft.num_layers * self.draft.values_per_token
         return values * self.dtype_bytes

@@ -4,6 +4,8 @@ import importlib.util
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, get_args
 
+from pagedserve.config.model import SEPARATE_PROJECTION_ARCHITECTURES
+from pagedserve.envs import pp_layer_partition
 from pagedserve.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -14,6 +16,10 @@ ExecutorBackend = Literal["uni", "mp", "ray"]
 EXECUTOR_BACKENDS: tuple[str, ...] = get_args(ExecutorBackend)
 MAX_CPU_THREADS = 4096
 MAX_DATA_PARALLEL_SIZE = 64
+PP_LAYER_PARTITION_ENV = "PAGEDSERVE_PP_LAYER_PARTITION"  # envs.pp_layer_partition
+# The dense families built on llama.LlamaModel (those whose checkpoints keep separate projections): the
+# ones whose stages are tested; the others are refused at pp > 1.
+PIPELINE_PARALLEL_ARCHITECTURES = SEPARATE_PROJECTION_ARCHITECTURES
 
 
 @dataclass(frozen=True)
@@ -29,13 +35,13 @@ class ParallelConfig:
     data_parallel_rank: int = 0  # which replica this engine is (set per engine process by the DP client)
 
     def __post_init__(self) -> None:
-        tp, backend = self.tensor_parallel_size, self.distributed_executor_backend
-        if self.pipeline_parallel_size != 1:
-            raise ConfigError(
-                f"pipeline_parallel_size={self.pipeline_parallel_size} is not supported yet: "
-                "use --pipeline-parallel-size 1 and split the model with "
-                "--tensor-parallel-size instead."
-            )
+        tp, pp, backend = (
+            self.tensor_parallel_size,
+            self.pipeline_parallel_size,
+            self.distributed_executor_backend,
+        )
+        if pp < 1:
+            raise ConfigError(f"pipeline_parallel_size={pp} must be at least 1 (--pipeline-parallel-size).")
         if not 1 <= self.data_parallel_size <= MAX_DATA_PARALLEL_SIZE:
             raise ConfigError(
                 f"data_parallel_size={self.data_parallel_size} must be between 1 and {MAX_DATA_PARALLEL_SIZE} "
@@ -58,10 +64,19 @@ class ParallelConfig:
                 f"distributed_executor_backend={backend!r} is not supported; "
                 f"--distributed-executor-backend must be one of {', '.join(EXECUTOR_BACKENDS)}."
             )
-        if backend == "uni" and tp > 1:
+        if backend == "uni" and self.world_size > 1:
             raise ConfigError(
-                f"--distributed-executor-backend uni runs one rank, but tensor_parallel_size="
-                f"{tp}; use mp (this machine) or ray."
+                f"--distributed-executor-backend uni runs one rank, but tensor_parallel_size={tp} x "
+                f"pipeline_parallel_size={pp} needs {self.world_size}; use mp (this machine) or ray."
+            )
+        if pp > 1 and self.data_parallel_size > 1:
+            raise ConfigError(
+                "--pipeline-parallel-size > 1 with --data-parallel-size > 1 is not supported yet; "
+                "set one of them to 1."
+            )
+        if backend == "ray" and pp > 1:
+            raise ConfigError(
+                "--pipeline-parallel-size > 1 runs on --distributed-executor-backend mp only (not ray yet)."
             )
         if backend == "ray" and importlib.util.find_spec("ray") is None:
             raise ConfigError(
@@ -69,18 +84,85 @@ class ParallelConfig:
                 "pip install 'pagedserve[ray]'."
             )
 
+    @property
+    def world_size(self) -> int:
+        """Ranks of one engine: tp per stage, pp stages (global rank = pp_rank * tp + tp_rank)."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
-def resolve_executor_backend(backend: ExecutorBackend | None, tp: int, local_devices: int) -> ExecutorBackend:
-    """uni at tp=1, mp when every rank has a device on this machine (`local_devices`), else ray."""
+
+def resolve_executor_backend(
+    backend: ExecutorBackend | None, world_size: int, local_devices: int
+) -> ExecutorBackend:
+    """uni for one rank, mp when every rank has a device on this machine (`local_devices`), else ray."""
     if backend is None:
-        return "uni" if tp == 1 else "mp" if tp <= local_devices else "ray"
-    if backend == "mp" and tp > local_devices:
+        return "uni" if world_size == 1 else "mp" if world_size <= local_devices else "ray"
+    if backend == "mp" and world_size > local_devices:
         raise ConfigError(
-            f"--distributed-executor-backend mp needs {tp} GPUs on this machine, found "
-            f"{local_devices}; lower --tensor-parallel-size or use "
+            f"--distributed-executor-backend mp needs {world_size} GPUs on this machine, found "
+            f"{local_devices}; lower --tensor-parallel-size / --pipeline-parallel-size or use "
             "--distributed-executor-backend ray across nodes."
         )
     return backend
+
+
+@dataclass(frozen=True)
+class PipelineStage:
+    """The layers [start, end) one pipeline stage runs, of `num_stages`."""
+
+    rank: int
+    num_stages: int
+    start: int
+    end: int
+
+    @property
+    def is_first(self) -> bool:  # embeds the tokens
+        return self.rank == 0
+
+    @property
+    def is_last(self) -> bool:  # the final norm, the LM head and the sampler
+        return self.rank == self.num_stages - 1
+
+    def holds(self, layer: int) -> bool:
+        return self.start <= layer < self.end
+
+
+def pipeline_stages(num_layers: int, pp: int) -> tuple[PipelineStage, ...]:
+    """Contiguous stages of the model's layers: PAGEDSERVE_PP_LAYER_PARTITION's counts when set, else an
+    even split whose extra layers go to the stages before the last (vLLM's rule: the last stage also
+    computes the logits)."""
+    if num_layers < pp:
+        raise ConfigError(
+            f"pipeline_parallel_size={pp} exceeds the model's {num_layers} layers; "
+            "lower --pipeline-parallel-size."
+        )
+    partition = pp_layer_partition() if pp > 1 else None
+    if partition is None:
+        counts = [num_layers // pp] * pp
+        for stage in range(num_layers % pp):
+            counts[-2 - stage] += 1
+    else:
+        try:
+            counts = [int(count) for count in partition.split(",")]
+        except ValueError:
+            counts = []
+        if len(counts) != pp or sum(counts) != num_layers or min(counts) < 1:
+            raise ConfigError(
+                f"{PP_LAYER_PARTITION_ENV}={partition!r} must give {pp} positive layer counts (one per "
+                f"stage of --pipeline-parallel-size {pp}) summing to num_hidden_layers={num_layers}."
+            )
+    starts = [sum(counts[:stage]) for stage in range(pp)]
+    return tuple(
+        PipelineStage(rank, pp, start, start + n) for rank, (start, n) in enumerate(zip(starts, counts))
+    )
+
+
+def check_pipeline_parallel(architecture: str, pp: int) -> None:
+    """Raises ConfigError unless `architecture` can be split into pipeline stages."""
+    if pp > 1 and architecture not in PIPELINE_PARALLEL_ARCHITECTURES:
+        raise ConfigError(
+            f"--pipeline-parallel-size {pp} supports {', '.join(PIPELINE_PARALLEL_ARCHITECTURES)}, "
+            f"not {architecture}; use --pipeline-parallel-size 1."
+        )
 
 
 def uneven_for_tensor_parallel(hf_config: "PretrainedConfig", tp: int) -> list[str]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from pagedserve.config import (
     EngineArgs,
+    KVCacheConfig,
     ModelConfig,
     add_dataclass_cli_args,
     config_field,
@@ -23,7 +24,7 @@ from pagedserve.config import (
 )
 from pagedserve.config.kv_layout import DTYPE_BYTES, KVCacheLayout
 from pagedserve.config.lora import LoRAConfig
-from pagedserve.config.parallel import uneven_for_tensor_parallel
+from pagedserve.config.parallel import PipelineStage, check_pipeline_parallel, uneven_for_tensor_parallel
 from pagedserve.entrypoints.model_tag import take_model_tag
 from pagedserve.entrypoints.plan_report import format_table
 from pagedserve.entrypoints.plan_weights import LinearStorage, linear_storage, weights_bytes
@@ -47,6 +48,7 @@ ENGINE_FLAGS = (
     "kv_cache_memory",
     "kv_cache_memory_bytes",
     "tensor_parallel_size",
+    "pipeline_parallel_size",
     "max_num_batched_tokens",
     "kv_cache_dtype",
     "enable_lora",
@@ -82,6 +84,7 @@ class PlanInputs:
     shape: ModelShape
     model_config: ModelConfig
     tp: int
+    pp: int
     dtype_bytes: int
     kv_dtype_bytes: int
     block_size: int
@@ -96,15 +99,21 @@ class PlanInputs:
 
     @property
     def layout(self) -> KVCacheLayout:
-        """The KV cache layout the engine would have on one of `tp` ranks (the engine's own arithmetic)."""
+        """The KV cache layout the engine would have on its `tp` x `pp` ranks (the engine's own arithmetic)."""
         return KVCacheLayout.build(
-            self.model_config, self.block_size, self.kv_dtype_bytes, self.tp, self.max_num_batched_tokens
+            self.model_config,
+            self.block_size,
+            self.kv_dtype_bytes,
+            self.tp,
+            self.max_num_batched_tokens,
+            pp=self.pp,
         )
 
 
 @dataclass(frozen=True)
 class Plan:
-    """The figures, per GPU (rank), as the engine's startup log gives them."""
+    """The figures, per GPU (rank), as the engine's startup log gives them; at pp > 1 the largest
+    stage's weights and block, the budget of the stage that holds the fewest blocks."""
 
     weights_bytes: int  # the LoRA slots included
     lora_bytes: int
@@ -121,39 +130,56 @@ class Plan:
 
 
 def compute_plan(inputs: PlanInputs) -> Plan:
-    """The engine's arithmetic (sizing.py) on `inputs`."""
-    shape, tp = inputs.shape, inputs.tp
-    weights = weights_bytes(shape, tp, inputs.dtype_bytes, inputs.linear_storage) + inputs.lora_bytes
+    """The engine's arithmetic (sizing.py) on `inputs`: every pipeline stage gets the block count of the
+    stage whose budget holds the fewest blocks (its own layers' bytes per block)."""
     layout = inputs.layout
-    activations = non_torch = 0
-    if inputs.kv_cache_memory is not None:
-        budget = inputs.kv_cache_memory
-    else:
-        assert inputs.gpu_memory is not None, "resolve_inputs sets one of the two"
-        # NOTE: the engine profiles one request of this many tokens (worker._profile_run).
-        num_tokens = min(inputs.max_num_batched_tokens, inputs.model_config.max_model_len)
-        activations = shape.activation_bytes(num_tokens, tp, inputs.dtype_bytes)
-        non_torch = NON_TORCH_BYTES
-        budget = gpu_kv_budget(inputs.gpu_memory, inputs.utilization, weights, activations, non_torch)
-    kv = kv_cache_config(budget, layout.bytes_per_block, inputs.block_size)
+    stages = [_stage_memory(inputs, stage) for stage in layout.stages]
+    blocks = [
+        kv_cache_config(memory.kv_budget, layout.stage_bytes_per_block(rank), inputs.block_size).num_blocks
+        for rank, memory in enumerate(stages)
+    ]
+    tightest = stages[blocks.index(min(blocks))]
+    kv = KVCacheConfig(min(blocks), inputs.block_size, layout.bytes_per_block)
     max_model_len = inputs.model_config.max_model_len
     fitting = max_full_requests(kv, inputs.request_tokens, layout)
     fits = fitting >= inputs.concurrency and max_full_requests(kv, max_model_len, layout) >= 1
     usable = max(0, kv.num_blocks - 1)
     return Plan(
-        weights,
+        max(memory.weights for memory in stages),
         inputs.lora_bytes,
         layout.bytes_per_token,
         layout.bytes_per_block,
-        activations,
-        non_torch,
-        budget,
+        tightest.activations,
+        0 if inputs.kv_cache_memory is not None else NON_TORCH_BYTES,
+        tightest.kv_budget,
         usable,
         usable * inputs.block_size,
         max(0.0, max_concurrency(kv, max_model_len, layout)),
         fitting,
         fits,
     )
+
+
+@dataclass(frozen=True)
+class _StageMemory:
+    """One rank's memory in a pipeline stage (every rank at pp=1)."""
+
+    weights: int
+    activations: int  # estimated (0 with an explicit KV budget)
+    kv_budget: int
+
+
+def _stage_memory(inputs: PlanInputs, stage: PipelineStage) -> _StageMemory:
+    shape = inputs.shape.stage(stage)
+    weights = weights_bytes(shape, inputs.tp, inputs.dtype_bytes, inputs.linear_storage) + inputs.lora_bytes
+    if inputs.kv_cache_memory is not None:
+        return _StageMemory(weights, 0, inputs.kv_cache_memory)
+    assert inputs.gpu_memory is not None, "resolve_inputs sets one of the two"
+    # NOTE: the engine profiles one request of this many tokens (worker._profile_run).
+    num_tokens = min(inputs.max_num_batched_tokens, inputs.model_config.max_model_len)
+    activations = shape.activation_bytes(num_tokens, inputs.tp, inputs.dtype_bytes)
+    budget = gpu_kv_budget(inputs.gpu_memory, inputs.utilization, weights, activations, NON_TORCH_BYTES)
+    return _StageMemory(weights, activations, budget)
 
 
 def needed_utilization(inputs: PlanInputs, plan: Plan) -> float | None:
@@ -174,6 +200,8 @@ def recommendations(inputs: PlanInputs, plan: Plan) -> dict[str, Any]:
         "--max-num-batched-tokens": inputs.max_num_batched_tokens,
         "--tensor-parallel-size": inputs.tp,
     }
+    if inputs.pp > 1:
+        flags["--pipeline-parallel-size"] = inputs.pp
     needed = needed_utilization(inputs, plan)
     if needed is not None:
         # NOTE: keep the asked-for share when it fits: the extra KV absorbs bursts.
@@ -232,6 +260,10 @@ def resolve_inputs(args: PlanArgs, engine_args: EngineArgs) -> PlanInputs:
             f"--tensor-parallel-size {tp} does not divide the model's heads and MLP; choose "
             f"one of {', '.join(str(t) for t in choices)}."
         )
+    pp = engine_args.pipeline_parallel_size
+    check_pipeline_parallel(model_config.architecture, pp)
+    if pp > 1 and engine_args.enable_lora:
+        raise ConfigError(f"--pipeline-parallel-size {pp} does not support --enable-lora yet.")
     request_tokens = _request_tokens(args, model_config.max_model_len)
     if engine_args.max_model_len is None:  # the recommended context: what the workload needs
         model_config = replace(model_config, max_model_len=request_tokens)
@@ -245,6 +277,7 @@ def resolve_inputs(args: PlanArgs, engine_args: EngineArgs) -> PlanInputs:
         shape,
         model_config,
         tp,
+        pp,
         dtype_bytes,
         kv_dtype_bytes,
         engine_args.block_size,
@@ -305,11 +338,14 @@ def report(inputs: PlanInputs, plan: Plan) -> dict[str, Any]:
         "dtype": inputs.model_config.dtype,
         "kv_cache_dtype_bytes": inputs.kv_dtype_bytes,
         "tensor_parallel_size": inputs.tp,
+        "pipeline_parallel_size": inputs.pp,
         "block_size": inputs.block_size,
         "gpu_memory_bytes": inputs.gpu_memory,
         "gpu_memory_utilization": inputs.utilization,
         "num_parameters": inputs.shape.num_parameters(1),
-        "num_parameters_per_gpu": inputs.shape.num_parameters(inputs.tp),
+        "num_parameters_per_gpu": max(
+            inputs.shape.stage(stage).num_parameters(inputs.tp) for stage in inputs.layout.stages
+        ),
         "max_model_len": inputs.model_config.max_model_len,
         "concurrency": inputs.concurrency,
         "request_tokens": inputs.request_tokens,

@@ -32,7 +32,7 @@ def _model_rows(result: PlanReport) -> list[Row]:
         (
             "parameters",
             f"{result['num_parameters']:,} ({result['num_parameters_per_gpu']:,} per GPU, "
-            f"tp={result['tensor_parallel_size']})",
+            f"tp={result['tensor_parallel_size']}, pp={result['pipeline_parallel_size']})",
         ),
         ("weights per GPU", f"{result['weights_bytes']:,} B ({_gib(result, 'weights_bytes')})"),
         ("KV bytes per token", f"{result['kv_bytes_per_token']:,} B per GPU"),

@@ -9,7 +9,8 @@ from pagedserve.sizing import MemoryReport
 
 
 class Executor(ABC):
-    """Runs every rank's worker in lockstep. Rank 0's output is the engine's (only rank 0 samples)."""
+    """Runs every rank's worker in lockstep. The output of the last pipeline stage's first rank is the
+    engine's (only it samples)."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -35,8 +36,11 @@ class Executor(ABC):
         self.collective_rpc("initialize_kv_cache", (num_blocks, num_host_blocks))
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one step on every rank; rank 0's sampled tokens come back."""
-        output = self.collective_rpc("execute_model", (scheduler_output,), unique_reply_rank=0)[0]
+        """Run one step on every rank; the sampled tokens of the last pipeline stage's first rank (rank 0
+        at pp=1) come back."""
+        parallel = self.config.parallel
+        sampler_rank = parallel.world_size - parallel.tensor_parallel_size
+        output = self.collective_rpc("execute_model", (scheduler_output,), unique_reply_rank=sampler_rank)[0]
         return cast(ModelRunnerOutput, output)
 
     def shutdown(self) -> None:

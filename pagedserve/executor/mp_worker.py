@@ -80,7 +80,7 @@ def _serve(worker: Worker, rank: int, conn: Connection) -> None:
 
 
 def _report_failure(conn: Connection, rank: int, call: str, exc: BaseException) -> None:
-    logger.exception("Tensor-parallel rank %d failed during %s.", rank, call)
+    logger.exception("Rank %d failed during %s.", rank, call)
     failure = WorkerFailure(summarize(exc), exc if isinstance(exc, ConfigError) else None)
     try:
         conn.send_bytes(dumps((False, failure)))

@@ -49,13 +49,13 @@ class MultiprocExecutor(Executor):
         store = os.path.join(self._rendezvous, "store")
         init = DistributedInit(
             f"file://{store}",
-            parallel.tensor_parallel_size,
+            parallel.world_size,
             get_platform(config.device).dist_backend,
             self.timeout_s,
             loopback_only=True,
         )
         self.workers: list[_WorkerHandle] = []
-        for rank in range(parallel.tensor_parallel_size):
+        for rank in range(parallel.world_size):
             # NOTE: fresh interpreters, not multiprocessing: the user's __main__ is never re-imported.
             process = ChildProcess(
                 run_worker, (WorkerProcessSpec(config, rank, init),), f"pagedserve-tp{rank}"
@@ -66,8 +66,10 @@ class MultiprocExecutor(Executor):
         # weights first, which may take longer than a step may (a death is still seen at once).
         self._gather("startup", max(self.timeout_s, _STARTUP_TIMEOUT_S))
         logger.info(
-            "Started %d tensor-parallel worker processes (pids %s).",
+            "Started %d worker processes (tp=%d x pp=%d; pids %s).",
             len(self.workers),
+            parallel.tensor_parallel_size,
+            parallel.pipeline_parallel_size,
             ", ".join(str(w.process.pid) for w in self.workers),
         )
 

@@ -9,7 +9,7 @@ with `llama.expert_count` in its metadata; its config, and Qwen2/3-MoE's expert 
 `utils/gguf_config.py`. BERT's ("bert", llama.cpp's embedding GGUFs) tensors take HF BertModel's names."""
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -168,13 +168,17 @@ def _hf_tensors(
 
 
 def iterate_gguf(
-    path: str, hf_config: "PretrainedConfig", keep_quantized: bool = False
+    path: str,
+    hf_config: "PretrainedConfig",
+    keep_quantized: bool = False,
+    loads: Callable[[str], bool] = lambda name: True,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF name, float32 tensor) for every tensor of the file. With `keep_quantized`, a 2-D tensor
     `<x>.weight` that needs no regrouping comes instead as `<x>.qweight_type` (its ggml type id, a 0-d
     int64 tensor) followed by `<x>.qweight` (uint8 [rows, row_bytes], its raw blocks, q/k rows in HF's
     order); types without a native kernel are dequantized to F32 rows, with a log line. The `_ALWAYS_FLOAT`
-    matrices and the stacked experts always come as float32 (see `_log_dequantized`)."""
+    matrices and the stacked experts always come as float32 (see `_log_dequantized`). Tensors whose HF
+    name `loads` refuses (another pipeline stage's) are skipped unread."""
     from gguf.quants import dequantize
 
     from pagedserve.utils.gguf_tensors import read_gguf
@@ -185,7 +189,7 @@ def iterate_gguf(
     dequantized_experts: set[str] = set()
     for tensor in reader.tensors:
         name = _hf_name(tensor.name, arch, hf_config)
-        if name is None:
+        if name is None or not loads(name):
             continue
         permuted = arch in _PERMUTED_ARCHS and name.endswith(("q_proj.weight", "k_proj.weight"))
         # NOTE: Falcon's fused q/k/v is regrouped row-wise in float (see _hf_tensors).

@@ -72,7 +72,8 @@ def _load(
         return model.eval()
     hf = config.hf_config
     if config.gguf_file:
-        weights = iterate_gguf(config.gguf_file, hf, keep_quantized=config.quantization == "gguf")
+        loads = model.loads_tensor if isinstance(model, CausalLM) else lambda name: True
+        weights = iterate_gguf(config.gguf_file, hf, config.quantization == "gguf", loads)
     elif os.path.isdir(config.model):
         # NOTE: CheckpointTensor stands in for a tensor (it reads itself under any torch function).
         weights = cast(Iterator[tuple[str, torch.Tensor]], iterate_safetensors(config.model))

@@ -22,6 +22,11 @@ class CausalLM(nn.Module, ABC):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy each rank's shard of the checkpoint tensors in; returns the parameter names loaded."""
 
+    def loads_tensor(self, name: str) -> bool:
+        """Whether this rank loads the checkpoint tensor `name` (HF name): a pipeline stage skips the other
+        stages' tensors, which the GGUF reader then never decodes."""
+        return True
+
 
 class EncoderModel(nn.Module, ABC):
     """A bidirectional encoder (BERT family) over one flattened, unpadded batch, for the pooling runner.

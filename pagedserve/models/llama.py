@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from pagedserve.config.parallel import PipelineStage
+from pagedserve.distributed import get_pp_stage
 from pagedserve.layers.activation import gated_activation
 from pagedserve.layers.attention import Attention
 from pagedserve.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -23,6 +25,21 @@ if TYPE_CHECKING:
 
 # (our parameter name, checkpoint tensor, shard id for the parameter's weight_loader)
 ParamShard = tuple[str, torch.Tensor, object]
+# What a pipeline stage hands the next: (hidden states, residual), [T, hidden] each.
+IntermediateTensors = tuple[torch.Tensor, torch.Tensor]
+
+
+def model_stage(config: "PretrainedConfig") -> PipelineStage:
+    """The pipeline stage this process builds: the worker's at pp > 1, else every layer (a draft model, a
+    model built outside a worker)."""
+    stage = get_pp_stage()
+    if stage is None or stage.num_stages == 1:
+        return PipelineStage(0, 1, 0, config.num_hidden_layers)
+    return stage
+
+
+class MissingLayer(nn.Module):
+    """Stands in for a layer of another pipeline stage, so layer indices stay the checkpoint's."""
 
 
 class LlamaMLP(nn.Module):
@@ -120,7 +137,8 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    """Embedding (times `embed_scale`, Gemma's), the decoder layers `make_layer(i)` and the final norm."""
+    """Embedding (times `embed_scale`, Gemma's), the decoder layers `make_layer(i)` and the final norm.
+    A pipeline stage builds only its layers, the first stage alone the embedding, the last the norm."""
 
     def __init__(
         self,
@@ -130,19 +148,38 @@ class LlamaModel(nn.Module):
         embed_scale: float | None = None,
     ) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.stage = model_stage(config)
+        if self.stage.is_first:
+            self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.embed_scale = embed_scale
-        self.layers = nn.ModuleList(make_layer(i) for i in range(config.num_hidden_layers))
-        self.norm = norm_class(config.hidden_size, config.rms_norm_eps)
+        self.layers = nn.ModuleList(
+            make_layer(i) if self.stage.holds(i) else MissingLayer() for i in range(config.num_hidden_layers)
+        )
+        if self.stage.is_last:
+            self.norm = norm_class(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden: torch.Tensor = self.embed_tokens(input_ids)
-        residual: torch.Tensor | None = None
-        if self.embed_scale is not None:
-            # NOTE: HF rounds the scale to the activations' dtype first.
-            hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
-        for layer in self.layers:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        intermediate: IntermediateTensors | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        """Normed hidden states on the last stage, else (hidden, residual) for the next stage, which
+        passes them as `intermediate` instead of embedding `input_ids`."""
+        residual: torch.Tensor | None
+        if intermediate is None:
+            hidden: torch.Tensor = self.embed_tokens(input_ids)
+            residual = None
+            if self.embed_scale is not None:
+                # NOTE: HF rounds the scale to the activations' dtype first.
+                hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
+        else:
+            hidden, residual = intermediate
+        for layer in self.layers[self.stage.start : self.stage.end]:
             hidden, residual = layer(positions, hidden, residual)
+        assert residual is not None, "every stage runs at least one layer"
+        if not self.stage.is_last:
+            return hidden, residual
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
@@ -165,13 +202,16 @@ class LlamaForCausalLM(CausalLM):
     def __init__(self, config: "PretrainedConfig") -> None:
         super().__init__()
         self.config = config
+        self.stage = model_stage(config)
         self.model = self.make_model(config)
-        self.make_head(config)
+        if self.stage.is_last:
+            self.make_head(config)
 
     def make_head(self, config: "PretrainedConfig") -> None:
         """The LM head, tied to the embedding when the config says so (a classifier has another head)."""
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
-        if getattr(config, "tie_word_embeddings", False):
+        # NOTE: at pp > 1 the last stage has no embedding: its head loads the embedding's tensor instead.
+        if getattr(config, "tie_word_embeddings", False) and self.stage.is_first:
             embed_tokens = self.model.get_submodule("embed_tokens")
             assert isinstance(embed_tokens, VocabParallelEmbedding), "every family names its embedding so"
             self.lm_head.tie_to(embed_tokens)
@@ -202,6 +242,13 @@ class LlamaForCausalLM(CausalLM):
         hidden: torch.Tensor = self.model(input_ids, positions)
         return hidden
 
+    def forward_stage(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate: IntermediateTensors | None
+    ) -> torch.Tensor | IntermediateTensors:
+        """One pipeline stage's part of `forward` (LlamaModel.forward)."""
+        out: torch.Tensor | IntermediateTensors = self.model(input_ids, positions, intermediate)
+        return out
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.compute_logits(hidden)
 
@@ -211,7 +258,11 @@ class LlamaForCausalLM(CausalLM):
         if "rotary_emb.inv_freq" in name:
             return
         # NOTE: every lm_head tensor (a quantized head has several) when the head is the embedding.
-        if name.startswith("lm_head.") and getattr(self.config, "tie_word_embeddings", False):
+        if (
+            name.startswith("lm_head.")
+            and getattr(self.config, "tie_word_embeddings", False)
+            and self.stage.is_first
+        ):
             return
         for fragment, (fused, shard) in self.stacked_params.items():
             if f".{fragment}." in name:
@@ -219,12 +270,33 @@ class LlamaForCausalLM(CausalLM):
                 return
         yield name, tensor, None
 
+    def stage_tensor_name(self, name: str) -> str | None:
+        """The name this pipeline stage loads a checkpoint tensor under: None for the embedding, layers,
+        norm and head of other stages; the embedding as the head of a last stage whose head is tied."""
+        stage = self.stage
+        if name.startswith("model.layers."):
+            return name if stage.holds(int(name.split(".")[2])) else None
+        if name.startswith("model.embed_tokens."):
+            if stage.is_first:
+                return name
+            tied = stage.is_last and getattr(self.config, "tie_word_embeddings", False)
+            return name.replace("model.embed_tokens.", "lm_head.", 1) if tied else None
+        if name.startswith("model.norm.") or name.startswith("lm_head."):
+            return name if stage.is_last else None
+        return name
+
+    def loads_tensor(self, name: str) -> bool:
+        return self.stage_tensor_name(name) is not None
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy each checkpoint tensor (HF names) into its parameter shard. Returns the loaded names."""
         params = dict(self.named_parameters(remove_duplicate=False))
         loaded: set[str] = set()
         for checkpoint_name, checkpoint_tensor in weights:
-            for name, tensor, shard_id in self.checkpoint_tensors(checkpoint_name, checkpoint_tensor):
+            stage_name = self.stage_tensor_name(checkpoint_name)
+            if stage_name is None:
+                continue  # another pipeline stage's: never read
+            for name, tensor, shard_id in self.checkpoint_tensors(stage_name, checkpoint_tensor):
                 param = params[name]
                 loader = getattr(param, "weight_loader", None)
                 if loader is None:

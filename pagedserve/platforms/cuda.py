@@ -19,9 +19,7 @@ class CudaPlatform(Platform):
 
     def init_device(self, local_rank: int, parallel: ParallelConfig) -> torch.device:
         # NOTE: data-parallel replica r takes the r-th run of --tensor-parallel-size GPUs.
-        device = torch.device(
-            "cuda", parallel.data_parallel_rank * parallel.tensor_parallel_size + local_rank
-        )
+        device = torch.device("cuda", parallel.data_parallel_rank * parallel.world_size + local_rank)
         torch.cuda.set_device(device)
         return device
 

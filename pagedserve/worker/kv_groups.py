@@ -6,20 +6,21 @@ from pagedserve.errors import ConfigError
 from pagedserve.layers.attention import Attention
 
 
-def bind_kv_cache_groups(layers: list[Attention], groups: KVCacheGroups) -> dict[int, int]:
-    """Set each of the model's attention layers (in model order) to its group; returns id(layer) -> the
-    index of the K/V tensor it uses. Raises ConfigError when the layers do not match the groups read from
-    the config (a family whose layers and config disagree about windows), or when layers that share a
-    tensor differ in KV heads or head size."""
+def bind_kv_cache_groups(layers: list[Attention], groups: KVCacheGroups, indices: range) -> dict[int, int]:
+    """Set each of the model's attention layers (in model order; `indices`: their layer indices, a
+    pipeline stage's) to its group; returns id(layer) -> the index of the K/V tensor it uses. Raises
+    ConfigError when the layers do not match the groups read from the config (a family whose layers and
+    config disagree about windows), or when layers that share a tensor differ in KV heads or head size."""
     places = groups.tensor_of_layer()
-    if len(layers) != len(places):
+    if len(layers) != len(indices) or indices.stop > len(places):
         raise ConfigError(
-            f"The model has {len(layers)} attention layers but its config describes {len(places)} "
-            "(num_hidden_layers): the KV cache groups cannot be laid out."
+            f"The model has {len(layers)} attention layers (layers {indices.start}-{indices.stop - 1} on "
+            f"this rank) but its config describes {len(places)} (num_hidden_layers): the KV cache groups "
+            "cannot be laid out."
         )
     tensor_of: dict[int, int] = {}
     shapes: dict[int, tuple[int, int]] = {}
-    for index, layer in enumerate(layers):
+    for index, layer in zip(indices, layers):
         group, tensor = places[index]
         if layer.spec.sliding_window != groups.windows[group]:
             raise ConfigError(

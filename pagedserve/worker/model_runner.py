@@ -9,13 +9,14 @@ from pagedserve.attention.forward_context import set_forward_context
 from pagedserve.attention.kv_quant import kv_cache_storage_dtype, kv_quantization
 from pagedserve.config import EngineConfig
 from pagedserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from pagedserve.distributed import get_tp_rank
+from pagedserve.distributed import get_pp_stage, get_tp_rank, recv_from_previous_stage, send_to_next_stage
 from pagedserve.errors import ConfigError
 from pagedserve.layers.attention import Attention
 from pagedserve.layers.sampler import Sampler
 from pagedserve.logger import init_logger
 from pagedserve.lora.manager import LoRAManager
 from pagedserve.model_loader import load_model
+from pagedserve.models.llama import LlamaForCausalLM
 from pagedserve.platforms import Platform
 from pagedserve.utils import format_bytes
 from pagedserve.worker.block_ops import KVBlockMover
@@ -42,8 +43,12 @@ class ModelRunner:
         self.backend = select_attention_backend(config.attention_backend, platform)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.kv_groups = config.kv_layout.groups
+        # This rank's pipeline stage (every layer at pp=1): its layers alone have a K/V cache here.
+        self.stage = get_pp_stage() or config.kv_layout.stages[0]
         # id(layer) -> the K/V tensor it shares with the same place in every other group (target layers).
-        self.kv_tensor_of = bind_kv_cache_groups(self.attention_layers, self.kv_groups)
+        self.kv_tensor_of = bind_kv_cache_groups(
+            self.attention_layers, self.kv_groups, range(self.stage.start, self.stage.end)
+        )
         spec = config.speculative
         self.drafter = None
         if spec is not None and spec.draft_model_config is not None:
@@ -88,7 +93,10 @@ class ModelRunner:
     def _check_kv_layout(self) -> None:
         """The engine sized the cache from `config.kv_layout` (read from the configs); the layers built here
         must need exactly that, or blocks would overrun their memory."""
-        built, stated = self.kv_cache_bytes_per_block(), self.config.kv_layout.bytes_per_block
+        built, stated = (
+            self.kv_cache_bytes_per_block(),
+            self.config.kv_layout.stage_bytes_per_block(self.stage.rank),
+        )
         if built != stated:
             raise ConfigError(
                 f"The model's attention layers need {built} bytes per KV block on this rank, but its config "
@@ -183,8 +191,8 @@ class ModelRunner:
                 f"the {self.backend.name} attention backend cannot be captured (triton can)",
             ),
             (
-                self.config.parallel.tensor_parallel_size > 1,
-                "not supported yet at --tensor-parallel-size > 1",
+                self.config.parallel.world_size > 1,
+                "not supported yet at --tensor-parallel-size or --pipeline-parallel-size > 1",
             ),
             (self.drafter is not None, "not supported yet with a draft model (--speculative-config)"),
             (self.lora is not None, "not supported yet with --enable-lora"),
@@ -199,17 +207,36 @@ class ModelRunner:
             ),
         ]
 
-    def _forward(self, batch: BatchInputs) -> torch.Tensor:
-        """Hidden states [T, hidden]: replayed from a CUDA graph for decode-only batches that fit one."""
+    def _forward(self, batch: BatchInputs) -> torch.Tensor | None:
+        """Hidden states [T, hidden]: replayed from a CUDA graph for decode-only batches that fit one.
+        None on a pipeline stage before the last (it sent its output on)."""
         if self.cuda_graphs is not None:
             size = self.cuda_graphs.bucket(batch)
             if size is not None:
                 return self.cuda_graphs.run(batch, size)
         with set_forward_context(*[self.backend.build_metadata(group) for group in batch.attention]):
+            if self.stage.num_stages > 1:
+                return self._forward_stage(batch)
             hidden: torch.Tensor = self.model(batch.input_ids, batch.positions)
             if self.drafter is not None:  # its K/V of the same tokens, for its proposals
                 self.drafter.model(batch.input_ids, batch.positions)
         return hidden
+
+    def _forward_stage(self, batch: BatchInputs) -> torch.Tensor | None:
+        """Pipeline parallelism, one batch at a time: (hidden, residual) from the same tp rank of the
+        previous stage (their shape follows from the batch every rank builds alike), this stage's layers,
+        then on to the next stage; the last stage returns the normed hidden states."""
+        assert isinstance(self.model, LlamaForCausalLM), "config/parallel.py admits Llama-style families only"
+        intermediate = None
+        if not self.stage.is_first:
+            shape = (batch.input_ids.shape[0], self.model.config.hidden_size)
+            hidden_in, residual_in = recv_from_previous_stage(2, shape, self.dtype, self.device)
+            intermediate = (hidden_in, residual_in)
+        out = self.model.forward_stage(batch.input_ids, batch.positions, intermediate)
+        if isinstance(out, torch.Tensor):
+            return out
+        send_to_next_stage(out)
+        return None
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -227,6 +254,8 @@ class ModelRunner:
             )
         hidden = self._forward(batch)  # [T, hidden]
         output = ModelRunnerOutput({})
+        if hidden is None:  # a pipeline stage before the last: the last one samples
+            return output
         self.prompt_logprobs.compute(batch, hidden, self.input_batch.states, output)
         if not batch.sample_rows:
             return output

@@ -4,13 +4,16 @@ import torch
 
 from pagedserve.config import EngineConfig
 from pagedserve.core.sched_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
-from pagedserve.distributed import init_tp_group
+from pagedserve.distributed import init_parallel_groups
+from pagedserve.logger import init_logger
 from pagedserve.platforms import get_platform
 from pagedserve.sampling_params import SamplingParams
 from pagedserve.sizing import MemoryReport
-from pagedserve.utils import cdiv
+from pagedserve.utils import cdiv, format_bytes
 from pagedserve.worker.model_runner import ModelRunner
 from pagedserve.worker.pooling_runner import PoolingModelRunner
+
+logger = init_logger(__name__)
 
 
 class Worker:
@@ -21,7 +24,8 @@ class Worker:
     def __init__(self, config: EngineConfig, rank: int = 0, local_rank: int | None = None) -> None:
         self.config = config
         self.rank = rank
-        init_tp_group(rank, config.parallel.tensor_parallel_size)  # NOTE: layers read it when built
+        # NOTE: layers read the tp rank and the model its stage when built
+        init_parallel_groups(rank, config.parallel.tensor_parallel_size, config.kv_layout.stages)
         self.platform = get_platform(config.device)
         self.device = self.platform.init_device(rank if local_rank is None else local_rank, config.parallel)
         self._memory_baseline = self.platform.memory_baseline(self.device)
@@ -50,9 +54,23 @@ class Worker:
 
     def initialize_kv_cache(self, num_blocks: int, num_host_blocks: int = 0) -> None:
         """Allocate the KV cache and swap space, then capture the decode CUDA graphs over them."""
-        self.model_runner.initialize_kv_cache(num_blocks)
-        self.model_runner.initialize_swap_space(num_host_blocks)
-        self.model_runner.capture_cuda_graphs()
+        runner = self.model_runner
+        runner.initialize_kv_cache(num_blocks)
+        runner.initialize_swap_space(num_host_blocks)
+        runner.capture_cuda_graphs()
+        stage = runner.stage
+        if stage.num_stages > 1 and self.rank % self.config.parallel.tensor_parallel_size == 0:
+            logger.info(
+                "Pipeline stage %d of %d: layers %d-%d of %d, %d KV blocks of %s (+1 reserved), %s in all.",
+                stage.rank,
+                stage.num_stages,
+                stage.start,
+                stage.end - 1,
+                self.config.model.hf_config.num_hidden_layers,
+                num_blocks - 1,
+                format_bytes(runner.kv_cache_bytes_per_block()),
+                format_bytes(runner.kv_cache_bytes_per_block() * num_blocks),
+            )
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.runner.execute_model(scheduler_output)

@@ -73,7 +73,12 @@ def test_unexpressible_field_type_is_refused() -> None:
         (lambda: CacheConfig(16, 0.9, None, None, swap_space=-1), r"must not be negative \(--swap-space\)"),
         (lambda: ParallelConfig(2, "uni"), "--distributed-executor-backend uni runs one rank"),
         (lambda: ParallelConfig(1, "uni", 0.0), r"must be positive \(--distributed-timeout"),
-        (lambda: ParallelConfig(1, "uni", 1.0, 2), "use --pipeline-parallel-size 1"),
+        (lambda: ParallelConfig(1, "uni", 1.0, 0), r"must be at least 1 \(--pipeline-parallel-size\)"),
+        (
+            lambda: ParallelConfig(1, "uni", 1.0, 2),
+            "uni runs one rank, but tensor_parallel_size=1 x pipeline",
+        ),
+        (lambda: ParallelConfig(1, "mp", 1.0, 2, 2), "with --data-parallel-size > 1 is not supported yet"),
     ],
 )
 def test_each_config_validates_itself(build, message: str) -> None:

@@ -13,12 +13,13 @@ import sys
 import psutil, torch
 from pagedserve.config import EngineArgs
 from pagedserve.distributed import DistributedInit, init_distributed_environment
-from pagedserve.distributed.parallel_state import init_tp_group
+from pagedserve.distributed.parallel_state import init_parallel_groups
 from pagedserve.model_loader.loader import load_model
 model, store, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
 init_distributed_environment(DistributedInit(f"file://{store}", 2, "gloo", 120, True), rank)
-init_tp_group(rank, 2)
-config = EngineArgs(model=model, dtype="float32").create_engine_config().model
+engine = EngineArgs(model=model, dtype="float32").create_engine_config()
+init_parallel_groups(rank, 2, engine.kv_layout.stages)
+config = engine.model
 before = psutil.Process().memory_info().rss
 loaded = load_model(config, torch.device("cpu"))
 # NOTE: VmHWM, not ru_maxrss, which keeps the peak of the forked parent from before exec.

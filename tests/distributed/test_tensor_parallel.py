@@ -94,15 +94,17 @@ def _config(**kwargs) -> None:
     EngineArgs(**kwargs).create_engine_config()
 
 
-def test_pipeline_parallel_rejected(tiny_llama: str) -> None:
+def test_pipeline_parallel_flag_combines_with_tp_on_mp_only(tiny_llama: str) -> None:
+    """-pp 2 -tp 2: four ranks on the mp executor; Ray is refused (tests/distributed/test_pipeline_parallel.py
+    runs the stages)."""
     parser = argparse.ArgumentParser()
     EngineArgs.add_cli_args(parser)
-    flags = ["--model", tiny_llama, "--pipeline-parallel-size", "2"]
-    args = EngineArgs.from_cli_args(parser.parse_args(flags))
+    flags = ["--model", tiny_llama, "-pp", "2", "-tp", "2"]
+    config = EngineArgs.from_cli_args(parser.parse_args(flags)).create_engine_config()
+    assert config.parallel.world_size == 4 and config.parallel.distributed_executor_backend == "mp"
+    args = EngineArgs.from_cli_args(parser.parse_args([*flags, "--distributed-executor-backend", "ray"]))
     with pytest.raises(
-        ConfigError,
-        match=r"pipeline_parallel_size=2 is not supported yet.*"
-        r"--pipeline-parallel-size 1",
+        ConfigError, match=r"--pipeline-parallel-size > 1 runs on --distributed-executor-backend mp"
     ):
         args.create_engine_config()
 

@@ -137,7 +137,7 @@ def test_vllm_engine_settings_resolve(tiny_llama: str, caplog: pytest.LogCapture
     with pytest.raises(ConfigError, match="give one"):
         EngineArgs(model=tiny_llama, kv_cache_memory="4MiB", kv_cache_memory_bytes=4).create_engine_config()
     for flags, words in (
-        (["-pp", "2"], "--pipeline-parallel-size 1"),
+        (["-pp", "3"], "exceeds the model's 2 layers; lower --pipeline-parallel-size"),
         (["-dp", "65"], "between 1 and 64 \\(--data-parallel-size"),
         (["-dp", "0"], "between 1 and 64 \\(--data-parallel-size"),
     ):
