@@ -5,8 +5,8 @@ best_of, beam search, stop strings and stop token ids, min_tokens, logprobs and 
 regex / choice / JSON, logit_bias, penalties, shared prefixes for prefix-cache hits, cache_salt, priority,
 a LoRA adapter) and runs it under one of several engine settings (n-gram and draft-model speculation,
 forced recompute and swap preemption in a tiny pool, priority scheduling, chunked prefill, an fp8 KV cache,
-a sliding-window model, a K-quant GGUF, three adapters over two slots, two data-parallel replicas). For
-every request:
+a sliding-window model, a K-quant GGUF, three adapters over two slots, two data-parallel replicas, two
+pipeline stages). For every request:
 
 - its output in the batch equals its output run alone: tokens, text, finish and stop reasons exactly,
   logprobs and prompt logprobs within 1e-4 (greedy and seeded sampling are reproducible per position);
@@ -93,6 +93,13 @@ SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
             speculative_config=NGRAM,
             preemption_mode="recompute",
             max_num_batched_tokens=32,
+        ),
+    ),
+    # Two pipeline stages (worker processes, one layer each): hidden states cross between them every step.
+    "pp2_ngram_swap": (
+        "llama",
+        dict(
+            TIGHT, pipeline_parallel_size=2, speculative_config=NGRAM, preemption_mode="swap", swap_space=0.01
         ),
     ),
 }
