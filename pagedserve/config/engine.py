@@ -15,9 +15,8 @@ from pagedserve.config.model import DType, LoadFormat, ModelConfig, load_model_c
 from pagedserve.config.parallel import (
     ExecutorBackend,
     ParallelConfig,
-    check_pipeline_parallel,
-    check_tensor_parallel,
-    resolve_executor_backend,
+    check_pipeline_features,
+    resolve_parallel_config,
 )
 from pagedserve.config.pooling import ConvertName, RunnerName
 from pagedserve.config.quantization import QuantizationName, resolve_quantization
@@ -90,21 +89,12 @@ class EngineConfig:
                 "--preemption-mode swap needs host memory to swap to: set --swap-space "
                 "(GiB) above 0, or use --preemption-mode recompute."
             )
-        self._check_pipeline_parallel(draft is not None)
-
-    def _check_pipeline_parallel(self, has_draft: bool) -> None:
-        """Raises ConfigError naming what pipeline parallelism does not support yet."""
-        pp = self.parallel.pipeline_parallel_size
-        unsupported = [
-            (has_draft, "a draft model (speculative_config; the ngram method works)"),
-            (self.lora is not None, "--enable-lora"),
-            (self.model.pooling is not None, "pooling models (--runner pooling)"),
-        ]
-        for applies, what in unsupported:
-            if pp > 1 and applies:
-                raise ConfigError(
-                    f"--pipeline-parallel-size {pp} does not support {what} yet; use --pipeline-parallel-size 1."
-                )
+        check_pipeline_features(
+            self.parallel.pipeline_parallel_size,
+            draft is not None,
+            self.lora is not None,
+            self.model.pooling is not None,
+        )
 
 
 @dataclass
@@ -331,17 +321,10 @@ class EngineArgs:
             self.calculate_kv_scales,
         )
         model = self.model_config(device)
-        lora = (
-            LoRAConfig.for_model(
-                model.architecture,
-                model.pooling is not None,
-                max_loras=self.max_loras,
-                max_lora_rank=self.max_lora_rank,
-                max_cpu_loras=self.max_cpu_loras,
-            )
-            if self.enable_lora
-            else None
+        limits = dict(
+            max_loras=self.max_loras, max_lora_rank=self.max_lora_rank, max_cpu_loras=self.max_cpu_loras
         )
+        lora = LoRAConfig.for_model(model, **limits) if self.enable_lora else None
         scheduler = SchedulerConfig(
             self.max_num_seqs,
             self.max_num_batched_tokens
@@ -425,21 +408,15 @@ class EngineArgs:
         )
 
     def _parallel_config(self, device: str, model: ModelConfig) -> ParallelConfig:
-        tp, pp = self.tensor_parallel_size, self.pipeline_parallel_size
-        if tp >= 1:
-            check_tensor_parallel(model.hf_config, tp)
-        check_pipeline_parallel(model.architecture, pp)
-        backend = resolve_executor_backend(
-            self.distributed_executor_backend, tp * pp, _local_devices(device, tp * pp)
-        )
-        _check_data_parallel_devices(device, tp, self.data_parallel_size)
-        return ParallelConfig(
-            tp,
-            backend,
-            float(self.distributed_timeout),
-            self.pipeline_parallel_size,
-            self.data_parallel_size,
-            self.cpu_threads,
+        return resolve_parallel_config(
+            model,
+            device,
+            self.distributed_executor_backend,
+            tensor_parallel_size=self.tensor_parallel_size,
+            distributed_timeout_s=float(self.distributed_timeout),
+            pipeline_parallel_size=self.pipeline_parallel_size,
+            data_parallel_size=self.data_parallel_size,
+            cpu_threads=self.cpu_threads,
         )
 
 
@@ -475,19 +452,3 @@ def resolve_device(device: str) -> str:
             f"device={device!r} is not supported; --device must be one of {', '.join(get_args(Device))}."
         )
     return device
-
-
-def _local_devices(device: str, tp: int) -> int:
-    """Ranks this machine can hold: its GPUs, or any number of CPU ranks (they share the host)."""
-    import torch
-
-    return torch.cuda.device_count() if device == "cuda" else tp
-
-
-def _check_data_parallel_devices(device: str, tp: int, dp: int) -> None:
-    """On CUDA every replica needs GPUs of its own: tp x dp of them on this machine."""
-    if device == "cuda" and dp > 1 and tp * dp > _local_devices(device, tp):
-        raise ConfigError(
-            f"--data-parallel-size {dp} x --tensor-parallel-size {tp} needs {tp * dp} GPUs on this machine, "
-            f"found {_local_devices(device, tp)}; lower --data-parallel-size."
-        )

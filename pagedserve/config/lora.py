@@ -1,9 +1,13 @@
 """--enable-lora and its limits (vLLM's flags)."""
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pagedserve.config.model import SEPARATE_PROJECTION_ARCHITECTURES
 from pagedserve.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pagedserve.config.model import ModelConfig
 
 # The ranks a slot can hold, as vLLM allows them.
 SUPPORTED_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -38,9 +42,10 @@ class LoRAConfig:
             )
 
     @classmethod
-    def for_model(cls, architecture: str, pooling: bool, **limits: int | None) -> "LoRAConfig":
+    def for_model(cls, model: "ModelConfig", **limits: int | None) -> "LoRAConfig":
         """--enable-lora's settings for a model, or ConfigError when its architecture or runner has none."""
-        if pooling:
+        architecture = model.architecture
+        if model.pooling is not None:
             raise ConfigError("--enable-lora serves generation models only; drop it with --runner pooling.")
         if architecture not in LORA_ARCHITECTURES:
             raise ConfigError(

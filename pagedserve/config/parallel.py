@@ -2,7 +2,7 @@
 
 import importlib.util
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from pagedserve.config.model import SEPARATE_PROJECTION_ARCHITECTURES
 from pagedserve.envs import pp_layer_partition
@@ -10,6 +10,8 @@ from pagedserve.errors import ConfigError
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
+
+    from pagedserve.config.model import ModelConfig
 
 # --distributed-executor-backend choices; executor/__init__.py registers the same names.
 ExecutorBackend = Literal["uni", "mp", "ray"]
@@ -165,6 +167,20 @@ def check_pipeline_parallel(architecture: str, pp: int) -> None:
         )
 
 
+def check_pipeline_features(pp: int, draft_model: bool, lora: bool, pooling: bool) -> None:
+    """Raises ConfigError naming what pipeline parallelism does not support yet."""
+    unsupported = [
+        (draft_model, "a draft model (speculative_config; the ngram method works)"),
+        (lora, "--enable-lora"),
+        (pooling, "pooling models (--runner pooling)"),
+    ]
+    for applies, what in unsupported:
+        if pp > 1 and applies:
+            raise ConfigError(
+                f"--pipeline-parallel-size {pp} does not support {what} yet; use --pipeline-parallel-size 1."
+            )
+
+
 def uneven_for_tensor_parallel(hf_config: "PretrainedConfig", tp: int) -> list[str]:
     """The model's sizes that `tp` ranks cannot split evenly (none: `tp` fits). Heads and the MLP must
     split evenly over the ranks; KV heads may instead be replicated."""
@@ -196,3 +212,33 @@ def check_tensor_parallel(hf_config: "PretrainedConfig", tp: int) -> None:
             f"tensor_parallel_size={tp} does not divide the model's {', '.join(uneven)}; "
             "choose a --tensor-parallel-size that does."
         )
+
+
+def resolve_parallel_config(
+    model: "ModelConfig", device: str, backend: ExecutorBackend | None, **settings: Any
+) -> ParallelConfig:
+    """The ParallelConfig of `settings` (its fields but the backend), checked against the model and this
+    machine, with the executor backend resolved (`backend`: --distributed-executor-backend; None: from
+    the ranks and the devices)."""
+    tp, pp = settings["tensor_parallel_size"], settings["pipeline_parallel_size"]
+    dp = settings["data_parallel_size"]
+    if tp >= 1:
+        check_tensor_parallel(model.hf_config, tp)
+    check_pipeline_parallel(model.architecture, pp)
+    devices = _local_devices(device, tp * pp)
+    # NOTE: on CUDA every data-parallel replica needs GPUs of its own: tp x dp of them on this machine.
+    if device == "cuda" and dp > 1 and tp * dp > devices:
+        raise ConfigError(
+            f"--data-parallel-size {dp} x --tensor-parallel-size {tp} needs {tp * dp} GPUs on this machine, "
+            f"found {devices}; lower --data-parallel-size."
+        )
+    return ParallelConfig(
+        distributed_executor_backend=resolve_executor_backend(backend, tp * pp, devices), **settings
+    )
+
+
+def _local_devices(device: str, ranks: int) -> int:
+    """Ranks this machine can hold: its GPUs, or any number of CPU ranks (they share the host)."""
+    import torch  # NOTE: lazy, so core/ (which imports config) stays free of torch
+
+    return torch.cuda.device_count() if device == "cuda" else ranks

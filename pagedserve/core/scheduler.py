@@ -176,7 +176,10 @@ class Scheduler(SchedulerState):
             self._record(step, request, admission.num_new, allocation)
 
     def _running_adapters(self) -> set[int]:
-        """The adapter ids of the running requests (the base model's requests take no slot)."""
+        """The adapter ids of the running requests (the base model's requests take no slot); none looked
+        for without --enable-lora (this runs every step)."""
+        if self.config.max_loras is None:
+            return set()
         return {request.lora_id for request in self.running if request.lora_id}
 
     def _adapter_fits(self, request: Request, adapters: set[int]) -> bool:

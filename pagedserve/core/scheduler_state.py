@@ -191,10 +191,12 @@ class SchedulerState:
             spec_decode_num_drafts=drafts.num_drafts if drafts else 0,
             spec_decode_num_draft_tokens=drafts.num_draft_tokens if drafts else 0,
             spec_decode_num_accepted_tokens=drafts.num_accepted_tokens if drafts else 0,
-            running_lora_adapters=_adapter_names(self.running),
-            waiting_lora_adapters=_adapter_names(self.waiting),
+            running_lora_adapters=self._adapter_names(self.running),
+            waiting_lora_adapters=self._adapter_names(self.waiting),
         )
 
-
-def _adapter_names(requests: Iterable[Request]) -> list[str]:
-    return sorted({r.lora_request.lora_name for r in requests if r.lora_request is not None})
+    def _adapter_names(self, requests: Iterable[Request]) -> list[str]:
+        """The adapters of `requests` (without --enable-lora: none, without looking at each request)."""
+        if self.config.max_loras is None:
+            return []
+        return sorted({r.lora_request.lora_name for r in requests if r.lora_request is not None})

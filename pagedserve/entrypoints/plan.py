@@ -297,8 +297,7 @@ def _lora_bytes(engine_args: EngineArgs, model_config: ModelConfig, tp: int, dty
     if not engine_args.enable_lora:
         return 0
     config = LoRAConfig.for_model(
-        model_config.architecture,
-        model_config.pooling is not None,
+        model_config,
         max_loras=engine_args.max_loras,
         max_lora_rank=engine_args.max_lora_rank,
     )
