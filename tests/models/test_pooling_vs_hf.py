@@ -51,6 +51,27 @@ def test_bert_embeddings_equal_sentence_transformers(bert_llm: LLM, tiny_bert_em
     assert all(abs(sum(x * x for x in v) - 1) < 1e-5 for v in one_by_one)  # 2_Normalize
 
 
+def test_bfloat16_bert_embeddings_are_bfloat16_close(tiny_bert_embedder: str) -> None:
+    """--dtype bfloat16 (its GEMMs are 4x float32's on AVX-512 BF16 CPUs): within bfloat16's rounding of
+    the float32 reference, as close as sentence-transformers' own bfloat16 model gets."""
+    from sentence_transformers import SentenceTransformer
+
+    reference = _st_encode(tiny_bert_embedder, TEXTS)
+    st_bf16 = SentenceTransformer(
+        tiny_bert_embedder, device="cpu", model_kwargs={"torch_dtype": torch.bfloat16}
+    )
+    peer = st_bf16.encode(TEXTS, batch_size=len(TEXTS), convert_to_tensor=True).float()
+    llm = LLM(tiny_bert_embedder, max_num_seqs=8, dtype="bfloat16")
+    try:
+        ours = torch.tensor([o.outputs.embedding for o in llm.embed(TEXTS)])
+    finally:
+        llm.llm_engine.client.shutdown()
+    cosine = torch.nn.functional.cosine_similarity
+    peer_error = (1 - cosine(peer, reference, dim=-1)).max().item()
+    assert (1 - cosine(ours, reference, dim=-1)).max().item() <= max(2 * peer_error, 1e-4)
+    assert cosine(ours, reference, dim=-1).min() > 0.999
+
+
 def test_llama_last_token_embeddings_equal_sentence_transformers(tiny_llama_embedder: str) -> None:
     llm = LLM(tiny_llama_embedder, runner="pooling")
     try:
