@@ -59,20 +59,27 @@ class ModelShape:
     norm_params: int = 1  # per element of a norm: 1 (RMSNorm), 2 (LayerNorm with bias: Falcon)
     mlp_matrices: int = 3  # gate, up, down (gated) or up, down (Falcon)
     linear_bias: bool = False  # Falcon's `bias`: o_proj and the MLP too
-    num_moe_layers: int = 0
+    moe_layers: tuple[int, ...] = ()  # the indices of the mixture-of-experts layers
     num_experts: int = 0
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
     has_embedding: bool = True  # False on a pipeline stage after the first
     has_head: bool = True  # the final norm and LM head; False on a pipeline stage before the last
 
+    @property
+    def num_moe_layers(self) -> int:
+        return len(self.moe_layers)
+
     def stage(self, stage: PipelineStage) -> "ModelShape":
-        """The part one pipeline stage holds (dense models: the only ones split into stages)."""
+        """The part one pipeline stage holds: its layers (and their experts)."""
         if stage.num_stages == 1:
             return self
-        assert self.num_moe_layers == 0, "config/parallel.py admits dense families only at pp > 1"
         return replace(
-            self, num_layers=stage.end - stage.start, has_embedding=stage.is_first, has_head=stage.is_last
+            self,
+            num_layers=stage.end - stage.start,
+            moe_layers=tuple(layer for layer in self.moe_layers if stage.holds(layer)),
+            has_embedding=stage.is_first,
+            has_head=stage.is_last,
         )
 
     @classmethod
@@ -84,12 +91,12 @@ class ModelShape:
             getattr(hf_config, "num_local_experts", None) or getattr(hf_config, "num_experts", 0) or 0
         )
         if architecture == "MixtralForCausalLM":
-            num_moe_layers, moe_size = layers, hf_config.intermediate_size
+            moe_layers, moe_size = tuple(range(layers)), hf_config.intermediate_size
         elif num_experts:
-            num_moe_layers = sum(is_sparse_layer(hf_config, i) for i in range(layers))
+            moe_layers = tuple(i for i in range(layers) if is_sparse_layer(hf_config, i))
             moe_size = hf_config.moe_intermediate_size
         else:
-            num_moe_layers, moe_size = 0, 0
+            moe_layers, moe_size = (), 0
         return cls(
             vocab_size=hf_config.vocab_size,
             hidden_size=hf_config.hidden_size,
@@ -111,8 +118,8 @@ class ModelShape:
             norm_params=2 if falcon else 1,
             mlp_matrices=2 if falcon else 3,
             linear_bias=falcon and hf_config.bias,
-            num_moe_layers=num_moe_layers,
-            num_experts=num_experts if num_moe_layers else 0,
+            moe_layers=moe_layers,
+            num_experts=num_experts if moe_layers else 0,
             moe_intermediate_size=moe_size,
             shared_expert_intermediate_size=getattr(hf_config, "shared_expert_intermediate_size", 0) or 0,
         )

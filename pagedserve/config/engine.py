@@ -89,12 +89,7 @@ class EngineConfig:
                 "--preemption-mode swap needs host memory to swap to: set --swap-space "
                 "(GiB) above 0, or use --preemption-mode recompute."
             )
-        check_pipeline_features(
-            self.parallel.pipeline_parallel_size,
-            draft is not None,
-            self.lora is not None,
-            self.model.pooling is not None,
-        )
+        check_pipeline_features(self.parallel.pipeline_parallel_size, self.model.pooling is not None)
 
 
 @dataclass
@@ -151,7 +146,7 @@ class EngineArgs:
     tensor_parallel_size: int = config_field(1, "Number of tensor-parallel ranks.", aliases=("-tp",))
     pipeline_parallel_size: int = config_field(
         1,
-        "Number of pipeline-parallel stages (contiguous layers each; Llama-style families, mp executor).",
+        "Number of pipeline-parallel stages (contiguous layers each; mp executor).",
         aliases=("-pp",),
     )
     data_parallel_size: int = config_field(

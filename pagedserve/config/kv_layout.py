@@ -237,12 +237,18 @@ class KVCacheLayout:
         holds = self.stages[stage].holds
         return len({slot for layer, (_, slot) in self.groups.tensor_of_layer().items() if holds(layer)})
 
+    def stage_draft_values_per_token(self, stage: int) -> int:
+        """K and V values of one token in the draft model's layers on `stage`: all of them on the last
+        stage (which samples, so it runs the draft model whole), none elsewhere."""
+        if self.draft is None or not self.stages[stage].is_last:
+            return 0
+        return self.draft.num_layers * self.draft.values_per_token
+
     def stage_bytes_per_block(self, stage: int) -> int:
         """What one block id costs on a rank of `stage`: `block_size` tokens of K and V in every tensor it
         spans there."""
         values = self.stage_num_tensors(stage) * self.model.values_per_token
-        if self.draft is not None:
-            values += self.draft.num_layers * self.draft.values_per_token
+        values += self.stage_draft_values_per_token(stage)
         return values * self.block_size * self.dtype_bytes
 
     @property
@@ -253,9 +259,10 @@ class KVCacheLayout:
     @property
     def bytes_per_token(self) -> int:
         """K and V of one token in every attention layer of a rank of the largest stage (draft included)."""
-        values = max(stage.end - stage.start for stage in self.stages) * self.model.values_per_token
-        if self.draft is not None:
-            values += self.draft.num_layers * self.draft.values_per_token
+        values = max(
+            (stage.end - stage.start) * self.model.values_per_token + self.stage_draft_values_per_token(rank)
+            for rank, stage in enumerate(self.stages)
+        )
         return values * self.dtype_bytes
 
     def max_blocks(self, num_tokens: int) -> int:

@@ -4,7 +4,6 @@ import importlib.util
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from pagedserve.config.model import SEPARATE_PROJECTION_ARCHITECTURES
 from pagedserve.envs import pp_layer_partition
 from pagedserve.errors import ConfigError
 
@@ -19,9 +18,6 @@ EXECUTOR_BACKENDS: tuple[str, ...] = get_args(ExecutorBackend)
 MAX_CPU_THREADS = 4096
 MAX_DATA_PARALLEL_SIZE = 64
 PP_LAYER_PARTITION_ENV = "PAGEDSERVE_PP_LAYER_PARTITION"  # envs.pp_layer_partition
-# The dense families built on llama.LlamaModel (those whose checkpoints keep separate projections): the
-# ones whose stages are tested; the others are refused at pp > 1.
-PIPELINE_PARALLEL_ARCHITECTURES = SEPARATE_PROJECTION_ARCHITECTURES
 
 
 @dataclass(frozen=True)
@@ -158,27 +154,15 @@ def pipeline_stages(num_layers: int, pp: int) -> tuple[PipelineStage, ...]:
     )
 
 
-def check_pipeline_parallel(architecture: str, pp: int) -> None:
-    """Raises ConfigError unless `architecture` can be split into pipeline stages."""
-    if pp > 1 and architecture not in PIPELINE_PARALLEL_ARCHITECTURES:
+def check_pipeline_features(pp: int, pooling: bool) -> None:
+    """Raises ConfigError for what pipeline stages do not run: a pooling model (every decoder family
+    splits into stages, with LoRA and a draft model too)."""
+    if pp > 1 and pooling:
         raise ConfigError(
-            f"--pipeline-parallel-size {pp} supports {', '.join(PIPELINE_PARALLEL_ARCHITECTURES)}, "
-            f"not {architecture}; use --pipeline-parallel-size 1."
+            f"--pipeline-parallel-size {pp} does not serve pooling models (--runner pooling): a pooling "
+            "step is one forward over whole prompts without a KV cache, run by one process; use "
+            "--pipeline-parallel-size 1 (--tensor-parallel-size splits the model instead)."
         )
-
-
-def check_pipeline_features(pp: int, draft_model: bool, lora: bool, pooling: bool) -> None:
-    """Raises ConfigError naming what pipeline parallelism does not support yet."""
-    unsupported = [
-        (draft_model, "a draft model (speculative_config; the ngram method works)"),
-        (lora, "--enable-lora"),
-        (pooling, "pooling models (--runner pooling)"),
-    ]
-    for applies, what in unsupported:
-        if pp > 1 and applies:
-            raise ConfigError(
-                f"--pipeline-parallel-size {pp} does not support {what} yet; use --pipeline-parallel-size 1."
-            )
 
 
 def uneven_for_tensor_parallel(hf_config: "PretrainedConfig", tp: int) -> list[str]:
@@ -224,7 +208,6 @@ def resolve_parallel_config(
     dp = settings["data_parallel_size"]
     if tp >= 1:
         check_tensor_parallel(model.hf_config, tp)
-    check_pipeline_parallel(model.architecture, pp)
     devices = _local_devices(device, tp * pp)
     # NOTE: on CUDA every data-parallel replica needs GPUs of its own: tp x dp of them on this machine.
     if device == "cuda" and dp > 1 and tp * dp > devices:

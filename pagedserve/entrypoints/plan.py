@@ -24,7 +24,7 @@ from pagedserve.config import (
 )
 from pagedserve.config.kv_layout import DTYPE_BYTES, KVCacheLayout
 from pagedserve.config.lora import LoRAConfig
-from pagedserve.config.parallel import PipelineStage, check_pipeline_parallel, uneven_for_tensor_parallel
+from pagedserve.config.parallel import PipelineStage, uneven_for_tensor_parallel
 from pagedserve.entrypoints.model_tag import take_model_tag
 from pagedserve.entrypoints.plan_report import format_table
 from pagedserve.entrypoints.plan_weights import LinearStorage, linear_storage, weights_bytes
@@ -95,7 +95,11 @@ class PlanInputs:
     concurrency: int
     request_tokens: int
     linear_storage: LinearStorage | None = None  # a quantized checkpoint's linear layers
-    lora_bytes: int = 0  # --enable-lora: the adapters' slots (--max-loras x --max-lora-rank), per GPU
+    lora_bytes: int = 0  # --enable-lora: the adapters' slots (--max-loras x --max-lora-rank), all layers
+
+    def stage_lora_bytes(self, stage: PipelineStage) -> int:
+        """The slots a rank of `stage` allocates: those beside its own layers."""
+        return self.lora_bytes * (stage.end - stage.start) // self.shape.num_layers
 
     @property
     def layout(self) -> KVCacheLayout:
@@ -146,7 +150,7 @@ def compute_plan(inputs: PlanInputs) -> Plan:
     usable = max(0, kv.num_blocks - 1)
     return Plan(
         max(memory.weights for memory in stages),
-        inputs.lora_bytes,
+        max(inputs.stage_lora_bytes(stage) for stage in layout.stages),
         layout.bytes_per_token,
         layout.bytes_per_block,
         tightest.activations,
@@ -171,7 +175,8 @@ class _StageMemory:
 
 def _stage_memory(inputs: PlanInputs, stage: PipelineStage) -> _StageMemory:
     shape = inputs.shape.stage(stage)
-    weights = weights_bytes(shape, inputs.tp, inputs.dtype_bytes, inputs.linear_storage) + inputs.lora_bytes
+    weights = weights_bytes(shape, inputs.tp, inputs.dtype_bytes, inputs.linear_storage)
+    weights += inputs.stage_lora_bytes(stage)
     if inputs.kv_cache_memory is not None:
         return _StageMemory(weights, 0, inputs.kv_cache_memory)
     assert inputs.gpu_memory is not None, "resolve_inputs sets one of the two"
@@ -261,9 +266,6 @@ def resolve_inputs(args: PlanArgs, engine_args: EngineArgs) -> PlanInputs:
             f"one of {', '.join(str(t) for t in choices)}."
         )
     pp = engine_args.pipeline_parallel_size
-    check_pipeline_parallel(model_config.architecture, pp)
-    if pp > 1 and engine_args.enable_lora:
-        raise ConfigError(f"--pipeline-parallel-size {pp} does not support --enable-lora yet.")
     request_tokens = _request_tokens(args, model_config.max_model_len)
     if engine_args.max_model_len is None:  # the recommended context: what the workload needs
         model_config = replace(model_config, max_model_len=request_tokens)

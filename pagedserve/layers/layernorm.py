@@ -72,5 +72,11 @@ class LayerNorm(nn.LayerNorm):
         for param in self.parameters():
             param.requires_grad_(False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+    def forward(  # type: ignore[override]  # RMSNorm's contract: the residual add too
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Without `residual`: norm(x). With it: (norm(x + residual), x + residual), as RMSNorm."""
+        if residual is None:
+            return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        x = x + residual
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps), x

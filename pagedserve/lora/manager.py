@@ -3,6 +3,7 @@ requests), up to --max-cpu-loras read into host memory (least recently used evic
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -22,10 +23,16 @@ logger = init_logger(__name__)
 
 class LoRAManager:
     """Attaches a LinearLoRA to every linear layer of `model` and, each step, puts the step's adapters in
-    slots and tells the layers which slot each token uses."""
+    slots and tells the layers which slot each token uses. `layers`: the decoder layers `model` holds (a
+    pipeline stage's): their modules alone are targets, and an adapter keeps only theirs in host memory."""
 
     def __init__(
-        self, model: nn.Module, config: LoRAConfig, device: torch.device, dtype: torch.dtype
+        self,
+        model: nn.Module,
+        config: LoRAConfig,
+        device: torch.device,
+        dtype: torch.dtype,
+        layers: range,
     ) -> None:
         self.config = config
         self.device = device
@@ -39,7 +46,7 @@ class LoRAManager:
                 )
         # HF module name -> (our layer, its shard id), for every module an adapter may target.
         self.targets: dict[str, tuple[LinearLoRA, object]] = {}
-        for index in range(self.shapes.num_layers):
+        for index in layers:
             for kind in TARGET_MODULES:
                 module = f"model.layers.{index}.{MODULE_PARENT.get(kind, 'mlp')}.{kind}"
                 self.targets[module] = self._target(model, module)
@@ -96,6 +103,9 @@ class LoRAManager:
         adapter = self.host.pop(request.lora_int_id, None)
         if adapter is None:
             adapter = load_adapter(request.lora_path, self.shapes, self.config.max_lora_rank)
+            # NOTE: checked whole (every rank refuses the same files), kept for this stage's layers only.
+            ours = {module: w for module, w in adapter.modules.items() if module in self.targets}
+            adapter = replace(adapter, modules=ours)
             logger.info(
                 "LoRA adapter %s (id %d) read from %s.",
                 request.lora_name,

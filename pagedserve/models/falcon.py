@@ -1,7 +1,8 @@
 """Falcon, both layouts: 7B (parallel attention and MLP off one LayerNorm, multi-query attention) and the
 40B/180B `new_decoder_architecture` (grouped KV, separate LayerNorms for attention and MLP); rotary
-positions. The attention is Llama's (with biases where `bias` is set); the checkpoint's fused
-query_key_value is split into q, k and v here, whatever its layout. ALiBi variants are refused."""
+positions. The attention is Llama's (with biases where `bias` is set) and the trunk Llama's (so pipeline
+stages split it as any family's); the checkpoint's fused query_key_value is split into q, k and v here,
+whatever its layout. ALiBi variants are refused."""
 
 import re
 from collections.abc import Iterator
@@ -12,11 +13,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedserve.errors import ConfigError
-from pagedserve.layers.embedding import VocabParallelEmbedding
 from pagedserve.layers.layernorm import LayerNorm
 from pagedserve.layers.linear import ColumnParallelLinear, RowParallelLinear
 from pagedserve.layers.rotary import RotaryEmbedding, rope_parameters
-from pagedserve.models.llama import AttentionOptions, LlamaAttention, LlamaForCausalLM, ParamShard
+from pagedserve.models.llama import AttentionOptions, LlamaAttention, LlamaForCausalLM, LlamaModel, ParamShard
 from pagedserve.utils.hf_config import (
     falcon_parallel_attention,
     falcon_two_layernorms,
@@ -50,6 +50,9 @@ class FalconMLP(nn.Module):
 
 
 class FalconDecoderLayer(nn.Module):
+    """Falcon's layer on Llama's residual stream: it returns its branch outputs and the stream so far
+    apart, and the next layer (or the final norm) adds them, in HF's order of the sums."""
+
     def __init__(self, config: "PretrainedConfig", self_attn: nn.Module) -> None:
         super().__init__()
         self.self_attn = self_attn
@@ -64,33 +67,20 @@ class FalconDecoderLayer(nn.Module):
             if not self.parallel:
                 self.post_attention_layernorm = LayerNorm(size, eps)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        stream = hidden if residual is None else hidden + residual
         if self.two_layernorms:
-            attn_in, mlp_in = self.ln_attn(hidden), self.ln_mlp(hidden)
+            attn_in, mlp_in = self.ln_attn(stream), self.ln_mlp(stream)
         else:
-            attn_in = mlp_in = self.input_layernorm(hidden)
+            attn_in = mlp_in = self.input_layernorm(stream)
         attn_out: torch.Tensor = self.self_attn(positions, attn_in)
         if self.parallel:
             mlp_out: torch.Tensor = self.mlp(mlp_in)
-            return (mlp_out + attn_out) + hidden  # HF's order of the sums
-        hidden = attn_out + hidden
-        mlp_out = self.mlp(self.post_attention_layernorm(hidden))
-        return mlp_out + hidden
-
-
-class FalconModel(nn.Module):
-    def __init__(self, config: "PretrainedConfig", layers: list[nn.Module]) -> None:
-        super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(layers)
-        self.norm = LayerNorm(config.hidden_size, config.layer_norm_epsilon)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        for layer in self.layers:
-            hidden = layer(positions, hidden)
-        normed: torch.Tensor = self.norm(hidden)
-        return normed
+            return mlp_out + attn_out, stream  # HF: (mlp + attention) + the layer's input
+        stream = attn_out + stream
+        return self.mlp(self.post_attention_layernorm(stream)), stream
 
 
 class FalconForCausalLM(LlamaForCausalLM):
@@ -106,21 +96,23 @@ class FalconForCausalLM(LlamaForCausalLM):
         options = AttentionOptions(
             qkv_bias=config.bias, o_bias=config.bias, num_kv_heads=num_kv_heads(config, "FalconForCausalLM")
         )
-        return FalconModel(
+        return LlamaModel(
             config,
-            [
-                FalconDecoderLayer(config, LlamaAttention(config, options, rotary_emb))
-                for _ in range(config.num_hidden_layers)
-            ],
+            lambda i: FalconDecoderLayer(config, LlamaAttention(config, options, rotary_emb)),
+            LayerNorm,
+            norm_eps=config.layer_norm_epsilon,
         )
 
-    def checkpoint_tensors(self, name: str, tensor: torch.Tensor) -> Iterator[ParamShard]:
+    def checkpoint_name(self, name: str) -> str:
         for pattern, replacement in _RENAMES:
             name = re.sub(pattern, replacement, name)
+        return name
+
+    def checkpoint_tensors(self, name: str, tensor: torch.Tensor) -> Iterator[ParamShard]:
         if ".qkv_proj." in name:
             yield from ((name, part, shard) for part, shard in self._split_qkv(tensor))
-        elif name != "lm_head.weight" or not self.config.tie_word_embeddings:
-            yield name, tensor, None
+        else:
+            yield from super().checkpoint_tensors(name, tensor)
 
     def _split_qkv(self, tensor: torch.Tensor) -> list[tuple[torch.Tensor, str]]:
         """query_key_value rows -> q, k, v rows. Layouts: new architecture: per KV group, its query heads

@@ -3,6 +3,8 @@ reuse these blocks through the hooks of `LlamaForCausalLM` (attention options, t
 layer itself, the checkpoint's names) wherever their math is Llama's."""
 
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -29,11 +31,25 @@ ParamShard = tuple[str, torch.Tensor, object]
 IntermediateTensors = tuple[torch.Tensor, torch.Tensor]
 
 
+# Set while a model is built whole beside a pipeline stage's part of the target (the draft model).
+_WHOLE_MODEL: ContextVar[bool] = ContextVar("whole_model", default=False)
+
+
+@contextmanager
+def whole_model() -> Iterator[None]:
+    """Models built inside hold every layer, whatever this worker's pipeline stage."""
+    token = _WHOLE_MODEL.set(True)
+    try:
+        yield
+    finally:
+        _WHOLE_MODEL.reset(token)
+
+
 def model_stage(config: "PretrainedConfig") -> PipelineStage:
-    """The pipeline stage this process builds: the worker's at pp > 1, else every layer (a draft model, a
-    model built outside a worker)."""
+    """The pipeline stage this process builds: the worker's at pp > 1, else every layer (a model built
+    outside a worker or inside `whole_model()`)."""
     stage = get_pp_stage()
-    if stage is None or stage.num_stages == 1:
+    if stage is None or stage.num_stages == 1 or _WHOLE_MODEL.get():
         return PipelineStage(0, 1, 0, config.num_hidden_layers)
     return stage
 
@@ -137,15 +153,19 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    """Embedding (times `embed_scale`, Gemma's), the decoder layers `make_layer(i)` and the final norm.
-    A pipeline stage builds only its layers, the first stage alone the embedding, the last the norm."""
+    """Embedding (times `embed_scale`, Gemma's), the decoder layers `make_layer(i)` and the final norm
+    (`norm_class(hidden_size, norm_eps)`, default the config's rms_norm_eps): every family's trunk.
+    A pipeline stage builds only its layers, the first stage alone the embedding, the last the norm.
+    Layers map (positions, hidden, residual) -> (hidden, residual), the residual None before the first,
+    so that the pair is all a stage hands the next."""
 
     def __init__(
         self,
         config: "PretrainedConfig",
         make_layer: Callable[[int], nn.Module],
-        norm_class: type[RMSNorm] = RMSNorm,
+        norm_class: Callable[[int, float], nn.Module] = RMSNorm,
         embed_scale: float | None = None,
+        norm_eps: float | None = None,
     ) -> None:
         super().__init__()
         self.stage = model_stage(config)
@@ -156,7 +176,7 @@ class LlamaModel(nn.Module):
             make_layer(i) if self.stage.holds(i) else MissingLayer() for i in range(config.num_hidden_layers)
         )
         if self.stage.is_last:
-            self.norm = norm_class(config.hidden_size, config.rms_norm_eps)
+            self.norm = norm_class(config.hidden_size, norm_eps or config.rms_norm_eps)
 
     def forward(
         self,
@@ -253,8 +273,8 @@ class LlamaForCausalLM(CausalLM):
         return self.lm_head.compute_logits(hidden)
 
     def checkpoint_tensors(self, name: str, tensor: torch.Tensor) -> Iterator[ParamShard]:
-        """Where a checkpoint tensor (HF name) goes: nothing for tensors not kept, else one or more
-        (parameter, tensor, shard id). Families with other checkpoint layouts override this."""
+        """Where a checkpoint tensor (named by `checkpoint_name`) goes: nothing for tensors not kept, else
+        one or more (parameter, tensor, shard id). Families with other checkpoint layouts override this."""
         if "rotary_emb.inv_freq" in name:
             return
         # NOTE: every lm_head tensor (a quantized head has several) when the head is the embedding.
@@ -270,10 +290,17 @@ class LlamaForCausalLM(CausalLM):
                 return
         yield name, tensor, None
 
+    def checkpoint_name(self, name: str) -> str:
+        """Our name for the checkpoint tensor `name` (HF's): families whose checkpoints name the
+        embedding, layers and norm otherwise (Falcon) map them to `model.embed_tokens`, `model.layers.N`
+        and `model.norm` here, so one stage rule serves every family."""
+        return name
+
     def stage_tensor_name(self, name: str) -> str | None:
-        """The name this pipeline stage loads a checkpoint tensor under: None for the embedding, layers,
-        norm and head of other stages; the embedding as the head of a last stage whose head is tied."""
-        stage = self.stage
+        """The name (ours) this pipeline stage loads a checkpoint tensor (HF name) under: None for the
+        embedding, layers, norm and head of other stages; the embedding as the head of a last stage whose
+        head is tied."""
+        stage, name = self.stage, self.checkpoint_name(name)
         if name.startswith("model.layers."):
             return name if stage.holds(int(name.split(".")[2])) else None
         if name.startswith("model.embed_tokens."):

@@ -15,6 +15,7 @@ from pagedserve.attention.forward_context import set_forward_context
 from pagedserve.config import ModelConfig
 from pagedserve.layers.attention import Attention
 from pagedserve.model_loader import load_model
+from pagedserve.models.llama import whole_model
 from pagedserve.utils import cdiv
 
 
@@ -27,7 +28,8 @@ class DraftModelProposer:
         block_size: int,
         device: torch.device,
     ) -> None:
-        self.model = load_model(model_config, device)
+        with whole_model():  # NOTE: at pp > 1 the last stage holds the whole draft model
+            self.model = load_model(model_config, device)
         self.k = num_speculative_tokens
         self.block_size = block_size
         self.device = device

@@ -45,13 +45,13 @@ class ModelRunner:
         self.kv_groups = config.kv_layout.groups
         # This rank's pipeline stage (every layer at pp=1): its layers alone have a K/V cache here.
         self.stage = get_pp_stage() or config.kv_layout.stages[0]
+        stage_layers = range(self.stage.start, self.stage.end)
         # id(layer) -> the K/V tensor it shares with the same place in every other group (target layers).
-        self.kv_tensor_of = bind_kv_cache_groups(
-            self.attention_layers, self.kv_groups, range(self.stage.start, self.stage.end)
-        )
+        self.kv_tensor_of = bind_kv_cache_groups(self.attention_layers, self.kv_groups, stage_layers)
         spec = config.speculative
         self.drafter = None
-        if spec is not None and spec.draft_model_config is not None:
+        # NOTE: the stage that samples runs the draft model, whole: its proposals follow the sampled tokens.
+        if spec is not None and spec.draft_model_config is not None and self.stage.is_last:
             self.drafter = DraftModelProposer(
                 spec.draft_model_config,
                 spec.num_speculative_tokens,
@@ -66,7 +66,11 @@ class ModelRunner:
             layer.backend = self.backend
         self.reset_kv_quantization()
         # NOTE: before the draft model joins: adapters apply to the target model's layers only.
-        self.lora = None if config.lora is None else LoRAManager(self.model, config.lora, device, self.dtype)
+        self.lora = (
+            None
+            if config.lora is None
+            else LoRAManager(self.model, config.lora, device, self.dtype, stage_layers)
+        )
         self.sampler = Sampler()
         self.input_batch = InputBatch(self.block_size, device, self.kv_groups.num_groups)
         self.prompt_logprobs = PromptLogprobs(self.model.compute_logits)
@@ -215,10 +219,12 @@ class ModelRunner:
             if size is not None:
                 return self.cuda_graphs.run(batch, size)
         with set_forward_context(*[self.backend.build_metadata(group) for group in batch.attention]):
-            if self.stage.num_stages > 1:
-                return self._forward_stage(batch)
-            hidden: torch.Tensor = self.model(batch.input_ids, batch.positions)
-            if self.drafter is not None:  # its K/V of the same tokens, for its proposals
+            hidden = (
+                self._forward_stage(batch)
+                if self.stage.num_stages > 1
+                else self.model(batch.input_ids, batch.positions)
+            )
+            if self.drafter is not None:  # its K/V of the same tokens, for its proposals (last stage)
                 self.drafter.model(batch.input_ids, batch.positions)
         return hidden
 
@@ -226,7 +232,7 @@ class ModelRunner:
         """Pipeline parallelism, one batch at a time: (hidden, residual) from the same tp rank of the
         previous stage (their shape follows from the batch every rank builds alike), this stage's layers,
         then on to the next stage; the last stage returns the normed hidden states."""
-        assert isinstance(self.model, LlamaForCausalLM), "config/parallel.py admits Llama-style families only"
+        assert isinstance(self.model, LlamaForCausalLM), "every decoder family's trunk is models/llama.py's"
         intermediate = None
         if not self.stage.is_first:
             shape = (batch.input_ids.shape[0], self.model.config.hidden_size)

@@ -1,24 +1,31 @@
 """Pipeline parallelism on gloo through `LLM`: greedy tokens of pp=2, pp=3 (uneven stages) and tp=2 x pp=2
-equal one process's, with preemption (a tiny KV pool) and prefix caching (repeated prefixes); the layer
-partition and the settings pp > 1 refuses."""
+equal one process's, with preemption (a tiny KV pool) and prefix caching (repeated prefixes), for every
+family's layers (MoE, fused checkpoints, Falcon's, windowed KV groups) and with LoRA adapters or a draft
+model; the layer partition and the settings pp > 1 refuses."""
 
 import json
+import math
 import random
 from collections.abc import Callable, Iterable
 
 import pytest
+from lora_adapters import write_adapter
 from tp_utils import shutdown
+from transformers import AutoConfig
 
 from pagedserve import LLM, SamplingParams
 from pagedserve.config import EngineArgs
 from pagedserve.config.parallel import PP_LAYER_PARTITION_ENV, PipelineStage, pipeline_stages
 from pagedserve.entrypoints.cli import main as cli_main
 from pagedserve.errors import ConfigError
+from pagedserve.lora.request import LoRARequest
+from pagedserve.protocol import SchedulerStats
+from pagedserve.sizing import ModelShape
 
 ENGINE_ARGS = dict(max_model_len=64, block_size=8, max_num_batched_tokens=16)
 # KV blocks of 8 tokens: fewer than the 4 requests need at once, so some are preempted (recompute). With
-# four KV cache groups (qwen3-4l) a request holds a block per group and token.
-NUM_BLOCKS = {"llama-5l-tied": 10, "qwen3-4l": 28}
+# KV cache groups (qwen3-4l: four, gemma2: two) a request holds a block per group and token.
+NUM_BLOCKS = {"llama-5l-tied": 10, "qwen3-4l": 28, "gemma2": 16, "qwen2_moe": 10, "phi3": 10, "falcon-7b": 10}
 PREFIX = [random.Random(1).randrange(3, 49152) for _ in range(16)]  # two blocks shared by every prompt
 
 
@@ -29,20 +36,27 @@ def _prompts() -> list[dict[str, list[int]]]:
     ]
 
 
-def _greedy_twice(llm: LLM) -> list[list[int]]:
-    """Greedy tokens of the prompts, run twice: the second round starts from cached prefix blocks."""
+def _greedy_twice(llm: LLM, lora: list[LoRARequest | None] | None) -> list[list[int]]:
+    """Greedy tokens of the prompts (with adapters `lora`, one per prompt), run twice: the second round
+    starts from cached prefix blocks."""
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     return [
         list(out.outputs[0].token_ids)
         for _ in range(2)
-        for out in llm.generate(_prompts(), params, use_tqdm=False)
+        for out in llm.generate(_prompts(), params, use_tqdm=False, lora_request=lora)
     ]
 
 
 def _run(
-    model: str, num_blocks: int, tp: int = 1, pp: int = 1, **settings: object
-) -> tuple[list[list[int]], int]:
-    """(greedy tokens, preemptions) of one engine; checks that each rank holds only its stage's part."""
+    model: str,
+    num_blocks: int,
+    tp: int = 1,
+    pp: int = 1,
+    lora: list[LoRARequest | None] | None = None,
+    **settings: object,
+) -> tuple[list[list[int]], SchedulerStats]:
+    """(greedy tokens, the scheduler's stats) of one engine; checks that each rank holds only its stage's
+    part, and as many parameters as the planner counts for it."""
     llm = LLM(
         model,
         tensor_parallel_size=tp,
@@ -54,9 +68,13 @@ def _run(
     try:
         engine = llm.llm_engine
         per_rank = engine.engine_core.executor.collective_rpc("parameter_shapes")
+        model_config = engine.config.model
+        shape = ModelShape.from_hf_config(model_config.hf_config, model_config.architecture)
         for rank, shapes in enumerate(per_rank):
-            _check_stage_parameters(shapes.keys(), engine.config.kv_layout.stages[rank // tp])
-        return _greedy_twice(llm), engine.engine_core.get_stats().num_preemptions_total
+            stage = engine.config.kv_layout.stages[rank // tp]
+            _check_stage_parameters(shapes.keys(), stage)
+            assert sum(math.prod(size) for size in shapes.values()) == shape.stage(stage).num_parameters(tp)
+        return _greedy_twice(llm, lora), engine.engine_core.get_stats()
     finally:
         shutdown(llm)
 
@@ -91,6 +109,10 @@ def one_process(tiny_model_factory) -> Callable[[str], list[list[int]]]:
         ("llama-5l-tied", 1, 3, "1,1,3"),
         ("qwen3-4l", 1, 2, None),  # KV cache groups (full + windowed) split over the stages
         ("llama-5l-tied", 2, 2, None),
+        ("qwen2_moe", 1, 2, None),  # experts (and the shared expert) on stage 0 only: layer 1 is dense
+        ("phi3", 1, 2, None),  # fused qkv_proj / gate_up_proj checkpoint tensors
+        ("falcon-7b", 1, 2, None),  # its own names, parallel attention/MLP, LayerNorms, a tied head
+        ("gemma2", 1, 2, None),  # a windowed layer, then a global one: one KV cache group per stage
     ],
 )
 def test_pp_greedy_equals_one_process(
@@ -105,9 +127,43 @@ def test_pp_greedy_equals_one_process(
     expected = one_process(name)
     if partition is not None:
         monkeypatch.setenv(PP_LAYER_PARTITION_ENV, partition)
-    tokens, preemptions = _run(tiny_model_factory(name), NUM_BLOCKS[name], tp, pp)
+    tokens, stats = _run(tiny_model_factory(name), NUM_BLOCKS[name], tp, pp)
     assert tokens == expected
-    assert preemptions > 0
+    assert stats.num_preemptions_total > 0
+
+
+def _feature(
+    feature: str, model: str, folder: str
+) -> tuple[dict[str, object], list[LoRARequest | None] | None]:
+    """(engine settings, adapter per prompt) of a feature: three adapters over two slots (each stage swaps
+    its layers' part in and out), or the model drafting 3 tokens for itself, built whole beside the last
+    stage's layers (its drafts are accepted: the draft model ran)."""
+    if feature == "draft":
+        return {"speculative_config": {"model": model, "num_speculative_tokens": 3}}, None
+    config = AutoConfig.from_pretrained(model)
+    a, b, c = (
+        LoRARequest(f"a{seed}", seed, write_adapter(f"{folder}/a{seed}", config, 8, 16, seed=seed))
+        for seed in (1, 2, 3)
+    )
+    return dict(enable_lora=True, max_loras=2, max_lora_rank=8), [a, None, b, c]
+
+
+@pytest.mark.parametrize("feature", ["lora", "draft"])
+def test_feature_at_pp2_equals_one_process(tiny_model_factory, one_process, tmp_path, feature: str) -> None:
+    """LoRA: each stage holds its own layers' slots; the adapters change the tokens (not the base model's
+    request). A draft model runs whole on the last stage: the same drafts are accepted as in one process."""
+    name = "llama-5l-tied"
+    model = tiny_model_factory(name)
+    settings, lora = _feature(feature, model, str(tmp_path))
+    expected, one = _run(model, NUM_BLOCKS[name], lora=lora, **settings)
+    tokens, staged = _run(model, NUM_BLOCKS[name], 1, 2, lora=lora, **settings)
+    assert tokens == expected
+    assert staged.num_preemptions_total > 0
+    if lora is not None:
+        changed = [t != base for t, base in zip(tokens, one_process(name))]
+        assert changed == [adapter is not None for adapter in lora * 2]
+    else:
+        assert staged.spec_decode_num_accepted_tokens == one.spec_decode_num_accepted_tokens > 0
 
 
 def test_swap_preemption_and_ngram_speculation_at_pp2(tiny_model_factory) -> None:
@@ -119,9 +175,9 @@ def test_swap_preemption_and_ngram_speculation_at_pp2(tiny_model_factory) -> Non
     )
     model, num_blocks = tiny_model_factory("llama-5l-tied"), NUM_BLOCKS["llama-5l-tied"]
     expected, _ = _run(model, num_blocks, **settings)
-    tokens, preemptions = _run(model, num_blocks, 1, 2, **settings)
+    tokens, stats = _run(model, num_blocks, 1, 2, **settings)
     assert tokens == expected
-    assert preemptions > 0
+    assert stats.num_preemptions_total > 0
 
 
 def test_default_partition_gives_extra_layers_before_the_last_stage() -> None:
@@ -140,18 +196,14 @@ def test_bad_partition_names_the_variable(monkeypatch: pytest.MonkeyPatch, parti
 @pytest.mark.parametrize(
     ("name", "settings", "match"),
     [
-        ("falcon-7b", {}, "supports LlamaForCausalLM"),
         ("llama", {"pipeline_parallel_size": 3}, "exceeds the model's 2 layers"),
-        ("llama", {"enable_lora": True}, "--enable-lora"),
         ("llama", {"distributed_executor_backend": "uni"}, "uni runs one rank"),
         ("llama", {"data_parallel_size": 2}, "--data-parallel-size"),
-        ("llama", {"speculative_config": {"model": "{self}", "num_speculative_tokens": 2}}, "a draft model"),
+        ("llama", {"runner": "pooling"}, "does not serve pooling models"),
     ],
 )
 def test_unsupported_settings_are_refused(tiny_model_factory, name: str, settings: dict, match: str) -> None:
     model = tiny_model_factory(name)
-    if "speculative_config" in settings:  # the model drafts for itself
-        settings = {"speculative_config": {**settings["speculative_config"], "model": model}}
     args = EngineArgs(model=model, **{"pipeline_parallel_size": 2, **settings})
     with pytest.raises(ConfigError, match=match):
         args.create_engine_config()

@@ -6,7 +6,7 @@ regex / choice / JSON, logit_bias, penalties, shared prefixes for prefix-cache h
 a LoRA adapter) and runs it under one of several engine settings (n-gram and draft-model speculation,
 forced recompute and swap preemption in a tiny pool, priority scheduling, chunked prefill, an fp8 KV cache,
 a sliding-window model, a K-quant GGUF, three adapters over two slots, two data-parallel replicas, two
-pipeline stages). For every request:
+pipeline stages with adapters). For every request:
 
 - its output in the batch equals its output run alone: tokens, text, finish and stop reasons exactly,
   logprobs and prompt logprobs within 1e-4 (greedy and seeded sampling are reproducible per position);
@@ -95,11 +95,20 @@ SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
             max_num_batched_tokens=32,
         ),
     ),
-    # Two pipeline stages (worker processes, one layer each): hidden states cross between them every step.
-    "pp2_ngram_swap": (
+    # Two pipeline stages (worker processes, one layer each): hidden states cross between them every step;
+    # each stage holds its own layer's part of the three adapters in two slots.
+    "pp2_lora_ngram_swap": (
         "llama",
         dict(
-            TIGHT, pipeline_parallel_size=2, speculative_config=NGRAM, preemption_mode="swap", swap_space=0.01
+            TIGHT,
+            pipeline_parallel_size=2,
+            speculative_config=NGRAM,
+            preemption_mode="swap",
+            swap_space=0.01,
+            enable_lora=True,
+            max_loras=2,
+            max_cpu_loras=2,
+            max_lora_rank=8,
         ),
     ),
 }
