@@ -229,10 +229,18 @@ def test_gguf_pp2_greedy_equals_one_process() -> None:
 
 
 def test_plan_numbers_are_the_engines_at_pp2(tiny_model_factory, capsys: pytest.CaptureFixture[str]) -> None:
-    """`pagedserve plan -pp 2`: the largest stage's weights and block, the engine's block count."""
+    """`pagedserve plan -pp 2`: the largest stage's weights (its layers' LoRA slots too) and block, the
+    engine's block count."""
     model = tiny_model_factory("llama-5l-tied")
-    settings = ["--kv-cache-memory", "1MiB", "--max-model-len", "64", "--dtype", "float32"]
-    llm = LLM(model, pipeline_parallel_size=2, kv_cache_memory="1MiB", max_model_len=64, dtype="float32")
+    settings = ["--kv-cache-memory", "1MiB", "--max-model-len", "64", "--dtype", "float32", "--enable-lora"]
+    llm = LLM(
+        model,
+        pipeline_parallel_size=2,
+        kv_cache_memory="1MiB",
+        max_model_len=64,
+        dtype="float32",
+        enable_lora=True,
+    )
     try:
         core = llm.llm_engine.engine_core
         kv, reports = core.kv_cache_config, core.executor.determine_kv_memory()
