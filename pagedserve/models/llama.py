@@ -176,7 +176,7 @@ class LlamaModel(nn.Module):
             make_layer(i) if self.stage.holds(i) else MissingLayer() for i in range(config.num_hidden_layers)
         )
         if self.stage.is_last:
-            self.norm = norm_class(config.hidden_size, norm_eps or config.rms_norm_eps)
+            self.norm = norm_class(config.hidden_size, config.rms_norm_eps if norm_eps is None else norm_eps)
 
     def forward(
         self,
