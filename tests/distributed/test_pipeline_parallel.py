@@ -3,85 +3,16 @@ equal one process's, with preemption (a tiny KV pool) and prefix caching (repeat
 partition and the settings pp > 1 refuses."""
 
 import json
-import random
-from collections.abc import Callable, Iterable
 
 import pytest
+from pp_utils import NUM_BLOCKS, run_engine
 from tp_utils import shutdown
 
 from pagedserve import LLM, SamplingParams
 from pagedserve.config import EngineArgs
-from pagedserve.config.parallel import PP_LAYER_PARTITION_ENV, PipelineStage, pipeline_stages
+from pagedserve.config.parallel import PP_LAYER_PARTITION_ENV, pipeline_stages
 from pagedserve.entrypoints.cli import main as cli_main
 from pagedserve.errors import ConfigError
-
-ENGINE_ARGS = dict(max_model_len=64, block_size=8, max_num_batched_tokens=16)
-# KV blocks of 8 tokens: fewer than the 4 requests need at once, so some are preempted (recompute). With
-# four KV cache groups (qwen3-4l) a request holds a block per group and token.
-NUM_BLOCKS = {"llama-5l-tied": 10, "qwen3-4l": 28}
-PREFIX = [random.Random(1).randrange(3, 49152) for _ in range(16)]  # two blocks shared by every prompt
-
-
-def _prompts() -> list[dict[str, list[int]]]:
-    rng = random.Random(0)
-    return [
-        {"prompt_token_ids": PREFIX + [rng.randrange(3, 49152) for _ in range(n)]} for n in (1, 9, 20, 30)
-    ]
-
-
-def _greedy_twice(llm: LLM) -> list[list[int]]:
-    """Greedy tokens of the prompts, run twice: the second round starts from cached prefix blocks."""
-    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-    return [
-        list(out.outputs[0].token_ids)
-        for _ in range(2)
-        for out in llm.generate(_prompts(), params, use_tqdm=False)
-    ]
-
-
-def _run(
-    model: str, num_blocks: int, tp: int = 1, pp: int = 1, **settings: object
-) -> tuple[list[list[int]], int]:
-    """(greedy tokens, preemptions) of one engine; checks that each rank holds only its stage's part."""
-    llm = LLM(
-        model,
-        tensor_parallel_size=tp,
-        pipeline_parallel_size=pp,
-        num_gpu_blocks_override=num_blocks,
-        **ENGINE_ARGS,
-        **settings,
-    )
-    try:
-        engine = llm.llm_engine
-        per_rank = engine.engine_core.executor.collective_rpc("parameter_shapes")
-        for rank, shapes in enumerate(per_rank):
-            _check_stage_parameters(shapes.keys(), engine.config.kv_layout.stages[rank // tp])
-        return _greedy_twice(llm), engine.engine_core.get_stats().num_preemptions_total
-    finally:
-        shutdown(llm)
-
-
-def _check_stage_parameters(names: Iterable[str], stage: PipelineStage) -> None:
-    """The stage's layers, the embedding on the first stage only, the norm and head on the last only (a
-    head tied to the embedding at pp=1 is no parameter of its own)."""
-    layers = {int(name.split(".")[2]) for name in names if name.startswith("model.layers.")}
-    assert layers == set(range(stage.start, stage.end))
-    assert any(name.startswith("model.embed_tokens.") for name in names) == stage.is_first
-    assert any(name.startswith("model.norm.") for name in names) == stage.is_last
-    assert stage.is_last or not any(name.startswith("lm_head.") for name in names)
-
-
-@pytest.fixture(scope="module")
-def one_process(tiny_model_factory) -> Callable[[str], list[list[int]]]:
-    """one_process(name): the greedy tokens of one process (uni executor), computed once per model."""
-    cache: dict[str, list[list[int]]] = {}
-
-    def get(name: str) -> list[list[int]]:
-        if name not in cache:
-            cache[name], _ = _run(tiny_model_factory(name), NUM_BLOCKS[name])
-        return cache[name]
-
-    return get
 
 
 @pytest.mark.parametrize(
@@ -105,7 +36,7 @@ def test_pp_greedy_equals_one_process(
     expected = one_process(name)
     if partition is not None:
         monkeypatch.setenv(PP_LAYER_PARTITION_ENV, partition)
-    tokens, preemptions = _run(tiny_model_factory(name), NUM_BLOCKS[name], tp, pp)
+    tokens, preemptions = run_engine(tiny_model_factory(name), NUM_BLOCKS[name], tp, pp)
     assert tokens == expected
     assert preemptions > 0
 
@@ -118,8 +49,8 @@ def test_swap_preemption_and_ngram_speculation_at_pp2(tiny_model_factory) -> Non
         speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3},
     )
     model, num_blocks = tiny_model_factory("llama-5l-tied"), NUM_BLOCKS["llama-5l-tied"]
-    expected, _ = _run(model, num_blocks, **settings)
-    tokens, preemptions = _run(model, num_blocks, 1, 2, **settings)
+    expected, _ = run_engine(model, num_blocks, **settings)
+    tokens, preemptions = run_engine(model, num_blocks, 1, 2, **settings)
     assert tokens == expected
     assert preemptions > 0
 
