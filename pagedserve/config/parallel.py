@@ -72,10 +72,6 @@ class ParallelConfig:
                 "--pipeline-parallel-size > 1 with --data-parallel-size > 1 is not supported yet; "
                 "set one of them to 1."
             )
-        if backend == "ray" and pp > 1:
-            raise ConfigError(
-                "--pipeline-parallel-size > 1 runs on --distributed-executor-backend mp only (not ray yet)."
-            )
         if backend == "ray" and importlib.util.find_spec("ray") is None:
             raise ConfigError(
                 "--distributed-executor-backend ray needs Ray, which is not installed: "

@@ -1,13 +1,15 @@
-"""Ray executor: the same workers as Ray actors, one per rank, placed by a placement group across the
-nodes of a running Ray cluster when RAY_ADDRESS names it (`ray start --head` / `ray start --address ...`),
-else on a private local Ray instance started for the run with every port on 127.0.0.1. Ray is optional
-(pip install 'pagedserve[ray]')
-and imported only here, lazily."""
+"""Ray executor: the same workers as Ray actors, one per rank (tp x pp of them), placed by a placement
+group across the nodes of a running Ray cluster when RAY_ADDRESS names it (`ray start --head` /
+`ray start --address ...`), else on a private local Ray instance started for the run with every port on
+127.0.0.1. Ranks are numbered node by node, so each pipeline stage's tensor-parallel group shares a node
+wherever the cluster allows. Ray is optional (pip install 'pagedserve[ray]') and imported only here,
+lazily."""
 
 import os
 import shutil
 import sys
 import weakref
+from collections import Counter
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pagedserve.config import EngineConfig
@@ -36,20 +38,17 @@ class RayWorker:
         self.rank = rank
         self.worker: Worker | None = None
 
-    def node(self) -> tuple[str, str]:
-        """(node id, node IP address) of this actor."""
-        import ray
-
-        return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
-
-    def free_port(self) -> int:
-        """A TCP port free on this node now (for the rendezvous store of a multi-node group)."""
+    def store_address(self) -> tuple[str, int]:
+        """This node's IP address and a TCP port free on it now (the rendezvous store of a multi-node
+        group)."""
         import socket
+
+        import ray
 
         with socket.socket() as sock:
             sock.bind(("", 0))
             port: int = sock.getsockname()[1]  # (host, port)
-            return port
+            return ray.util.get_node_ip_address(), port
 
     def init_worker(self, config: EngineConfig, init: DistributedInit) -> None:
         init_distributed_environment(init, self.rank)
@@ -71,53 +70,88 @@ class RayExecutor(Executor):
 
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
-        self.timeout_s = config.parallel.distributed_timeout_s
+        parallel = config.parallel
+        self.timeout_s = parallel.distributed_timeout_s
         self._failure: EngineDeadError | None = None
-        size = config.parallel.tensor_parallel_size
-        owns_ray = _connect(size)  # NOTE: before this module's first `import ray`
+        owns_ray = _connect(parallel.world_size)  # NOTE: before this module's first `import ray`
         import ray
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         bundle = get_platform(config.device).ray_bundle()
-        self._placement_group = ray.util.placement_group([bundle] * size, strategy="PACK")
+        # NOTE: PACK fills as few nodes as possible, so a stage's tp ranks can share one (their per-layer
+        # all-reduces then stay off the network); SPREAD would scatter them.
+        self._placement_group = ray.util.placement_group([bundle] * parallel.world_size, strategy="PACK")
         self._rendezvous = make_run_dir("tp")
         # NOTE: Any: Ray's ActorHandle types the actor's methods as Never.
         self.actors: list[Any] = []
         self._finalizer = weakref.finalize(
             self, _release, self.actors, self._placement_group, owns_ray, self._rendezvous
         )
+        self._wait_for_placement(bundle)
+        rank_nodes = self._start_actors(bundle, parallel.tensor_parallel_size)
+        init = self._distributed_init(config, rank_nodes)
+        self._gather("startup", [actor.init_worker.remote(config, init) for actor in self.actors])
+        logger.info(
+            "Started %d Ray actors (tp=%d x pp=%d) on %d node(s); rendezvous %s.",
+            parallel.world_size,
+            parallel.tensor_parallel_size,
+            parallel.pipeline_parallel_size,
+            len(set(rank_nodes)),
+            init.init_method,
+        )
+
+    def _wait_for_placement(self, bundle: dict[str, float]) -> None:
+        """Wait until the cluster has reserved every rank's bundle; raises ConfigError past the timeout."""
+        import ray
+
         try:
             ray.get(self._placement_group.ready(), timeout=self.timeout_s)
         except ray.exceptions.GetTimeoutError:
             self.shutdown()
             raise ConfigError(
-                f"The Ray cluster cannot place {size} workers needing {bundle} each within "
-                f"--distributed-timeout={self.timeout_s:g}s (available: "
-                f"{ray.available_resources()}); add nodes or lower --tensor-parallel-size."
+                f"The Ray cluster cannot place {self.config.parallel.world_size} workers needing {bundle} "
+                f"each within --distributed-timeout={self.timeout_s:g}s (available: "
+                f"{ray.available_resources()}); add nodes or lower --tensor-parallel-size / "
+                "--pipeline-parallel-size."
             ) from None
+
+    def _start_actors(self, bundle: dict[str, float], tp: int) -> list[str]:
+        """One actor per rank in the bundle rank_bundles() gives it; returns each rank's node id."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        placed = ray.util.placement_group_table(self._placement_group)["bundles_to_node_id"]
+        bundle_nodes = [placed[index] for index in range(len(placed))]
+        bundle_of_rank = rank_bundles(bundle_nodes, tp)
+        rank_nodes = [bundle_nodes[index] for index in bundle_of_rank]
+        straddling = straddling_stages(rank_nodes, tp)
+        if straddling:
+            logger.warning(
+                "The tensor-parallel ranks of pipeline stage(s) %s are on more than one node: each "
+                "layer's all-reduce crosses the network. Give every node a multiple of "
+                "--tensor-parallel-size=%d GPUs.",
+                ", ".join(map(str, straddling)),
+                tp,
+            )
         actor_class = ray.remote(RayWorker)
-        for rank in range(size):
+        for rank, index in enumerate(bundle_of_rank):
             strategy = PlacementGroupSchedulingStrategy(
-                placement_group=self._placement_group, placement_group_bundle_index=rank
+                placement_group=self._placement_group, placement_group_bundle_index=index
             )
             self.actors.append(
                 actor_class.options(
                     num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), scheduling_strategy=strategy
                 ).remote(rank)
             )
-        init = self._distributed_init(config)
-        self._gather("startup", [actor.init_worker.remote(config, init) for actor in self.actors])
-        logger.info("Started %d tensor-parallel Ray actors (rendezvous %s).", size, init.init_method)
+        return rank_nodes
 
-    def _distributed_init(self, config: EngineConfig) -> DistributedInit:
+    def _distributed_init(self, config: EngineConfig, rank_nodes: list[str]) -> DistributedInit:
         """A file rendezvous with loopback sockets when every actor is on this node, else a TCP store on
         rank 0's node (multi-node groups need its address reachable from every node)."""
         import ray
 
-        nodes = self._gather("startup", [actor.node.remote() for actor in self.actors])
         backend = get_platform(config.device).dist_backend
         size, timeout = len(self.actors), self.timeout_s
-        if all(node_id == ray.get_runtime_context().get_node_id() for node_id, _ in nodes):
+        if set(rank_nodes) == {ray.get_runtime_context().get_node_id()}:
             return DistributedInit(
                 f"file://{os.path.join(self._rendezvous, 'store')}",
                 size,
@@ -125,8 +159,8 @@ class RayExecutor(Executor):
                 timeout,
                 loopback_only=True,
             )
-        port = self._gather("startup", [self.actors[0].free_port.remote()])[0]
-        return DistributedInit(f"tcp://{nodes[0][1]}:{port}", size, backend, timeout, loopback_only=False)
+        host, port = self._gather("startup", [self.actors[0].store_address.remote()])[0]
+        return DistributedInit(f"tcp://{host}:{port}", size, backend, timeout, loopback_only=False)
 
     def collective_rpc(
         self, method: str, args: tuple[object, ...] = (), unique_reply_rank: int | None = None
@@ -181,6 +215,29 @@ def _take(ref: "ObjectRef[T]", rank: int, failures: RankFailures) -> None:
         failures.raised[rank] = summarize(cause)
         if isinstance(cause, ConfigError):
             failures.config_error = cause
+
+
+def rank_bundles(bundle_nodes: list[str], tp: int) -> list[int]:
+    """The placement-group bundle of each rank, from each bundle's node (`bundle_nodes`): numbered node
+    by node, so consecutive ranks (a stage's `tp` ranks, then the next stage's) share a node. Nodes
+    holding whole tensor-parallel groups (a multiple of `tp` bundles) come first: a group then straddles
+    two nodes only where some node holds part of one."""
+    first_bundle: dict[str, int] = {}
+    for index, node in enumerate(bundle_nodes):
+        first_bundle.setdefault(node, index)
+    per_node = Counter(bundle_nodes)
+
+    def order(index: int) -> tuple[bool, int]:
+        node = bundle_nodes[index]
+        return per_node[node] % tp != 0, first_bundle[node]
+
+    return sorted(range(len(bundle_nodes)), key=order)  # NOTE: stable: a node's bundles keep their order
+
+
+def straddling_stages(rank_nodes: list[str], tp: int) -> list[int]:
+    """The pipeline stages whose `tp` ranks (global rank = stage * tp + tp rank) span nodes."""
+    stages = range(len(rank_nodes) // tp)
+    return [stage for stage in stages if len(set(rank_nodes[stage * tp : (stage + 1) * tp])) > 1]
 
 
 def _connect(num_workers: int) -> bool:

@@ -4,102 +4,19 @@ family's layers (MoE, fused checkpoints, Falcon's, windowed KV groups) and with 
 model; the layer partition and the settings pp > 1 refuses."""
 
 import json
-import math
-import random
-from collections.abc import Callable, Iterable
 
 import pytest
 from lora_adapters import write_adapter
+from pp_utils import NUM_BLOCKS, run_engine
 from tp_utils import shutdown
 from transformers import AutoConfig
 
 from pagedserve import LLM, SamplingParams
 from pagedserve.config import EngineArgs
-from pagedserve.config.parallel import PP_LAYER_PARTITION_ENV, PipelineStage, pipeline_stages
+from pagedserve.config.parallel import PP_LAYER_PARTITION_ENV, pipeline_stages
 from pagedserve.entrypoints.cli import main as cli_main
 from pagedserve.errors import ConfigError
 from pagedserve.lora.request import LoRARequest
-from pagedserve.protocol import SchedulerStats
-from pagedserve.sizing import ModelShape
-
-ENGINE_ARGS = dict(max_model_len=64, block_size=8, max_num_batched_tokens=16)
-# KV blocks of 8 tokens: fewer than the 4 requests need at once, so some are preempted (recompute). With
-# KV cache groups (qwen3-4l: four, gemma2: two) a request holds a block per group and token.
-NUM_BLOCKS = {"llama-5l-tied": 10, "qwen3-4l": 28, "gemma2": 16, "qwen2_moe": 10, "phi3": 10, "falcon-7b": 10}
-PREFIX = [random.Random(1).randrange(3, 49152) for _ in range(16)]  # two blocks shared by every prompt
-
-
-def _prompts() -> list[dict[str, list[int]]]:
-    rng = random.Random(0)
-    return [
-        {"prompt_token_ids": PREFIX + [rng.randrange(3, 49152) for _ in range(n)]} for n in (1, 9, 20, 30)
-    ]
-
-
-def _greedy_twice(llm: LLM, lora: list[LoRARequest | None] | None) -> list[list[int]]:
-    """Greedy tokens of the prompts (with adapters `lora`, one per prompt), run twice: the second round
-    starts from cached prefix blocks."""
-    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-    return [
-        list(out.outputs[0].token_ids)
-        for _ in range(2)
-        for out in llm.generate(_prompts(), params, use_tqdm=False, lora_request=lora)
-    ]
-
-
-def _run(
-    model: str,
-    num_blocks: int,
-    tp: int = 1,
-    pp: int = 1,
-    lora: list[LoRARequest | None] | None = None,
-    **settings: object,
-) -> tuple[list[list[int]], SchedulerStats]:
-    """(greedy tokens, the scheduler's stats) of one engine; checks that each rank holds only its stage's
-    part, and as many parameters as the planner counts for it."""
-    llm = LLM(
-        model,
-        tensor_parallel_size=tp,
-        pipeline_parallel_size=pp,
-        num_gpu_blocks_override=num_blocks,
-        **ENGINE_ARGS,
-        **settings,
-    )
-    try:
-        engine = llm.llm_engine
-        per_rank = engine.engine_core.executor.collective_rpc("parameter_shapes")
-        model_config = engine.config.model
-        shape = ModelShape.from_hf_config(model_config.hf_config, model_config.architecture)
-        for rank, shapes in enumerate(per_rank):
-            stage = engine.config.kv_layout.stages[rank // tp]
-            _check_stage_parameters(shapes.keys(), stage)
-            assert sum(math.prod(size) for size in shapes.values()) == shape.stage(stage).num_parameters(tp)
-        return _greedy_twice(llm, lora), engine.engine_core.get_stats()
-    finally:
-        shutdown(llm)
-
-
-def _check_stage_parameters(names: Iterable[str], stage: PipelineStage) -> None:
-    """The stage's layers, the embedding on the first stage only, the norm and head on the last only (a
-    head tied to the embedding at pp=1 is no parameter of its own)."""
-    layers = {int(name.split(".")[2]) for name in names if name.startswith("model.layers.")}
-    assert layers == set(range(stage.start, stage.end))
-    assert any(name.startswith("model.embed_tokens.") for name in names) == stage.is_first
-    assert any(name.startswith("model.norm.") for name in names) == stage.is_last
-    assert stage.is_last or not any(name.startswith("lm_head.") for name in names)
-
-
-@pytest.fixture(scope="module")
-def one_process(tiny_model_factory) -> Callable[[str], list[list[int]]]:
-    """one_process(name): the greedy tokens of one process (uni executor), computed once per model."""
-    cache: dict[str, list[list[int]]] = {}
-
-    def get(name: str) -> list[list[int]]:
-        if name not in cache:
-            cache[name], _ = _run(tiny_model_factory(name), NUM_BLOCKS[name])
-        return cache[name]
-
-    return get
 
 
 @pytest.mark.parametrize(
@@ -113,12 +30,8 @@ def one_process(tiny_model_factory) -> Callable[[str], list[list[int]]]:
         *(
             pytest.param(*case, marks=pytest.mark.sampled)
             for case in [
-                (
-                    "qwen2_moe",
-                    1,
-                    2,
-                    None,
-                ),  # experts (and the shared expert) on stage 0 only: layer 1 is dense
+                # experts (and the shared expert) on stage 0 only: layer 1 is dense
+                ("qwen2_moe", 1, 2, None),
                 ("phi3", 1, 2, None),  # fused qkv_proj / gate_up_proj checkpoint tensors
                 ("falcon-7b", 1, 2, None),  # its own names, parallel attention/MLP, LayerNorms, a tied head
                 ("gemma2", 1, 2, None),  # a windowed layer, then a global one: one KV cache group per stage
@@ -138,7 +51,7 @@ def test_pp_greedy_equals_one_process(
     expected = one_process(name)
     if partition is not None:
         monkeypatch.setenv(PP_LAYER_PARTITION_ENV, partition)
-    tokens, stats = _run(tiny_model_factory(name), NUM_BLOCKS[name], tp, pp)
+    tokens, stats = run_engine(tiny_model_factory(name), NUM_BLOCKS[name], tp, pp)
     assert tokens == expected
     assert stats.num_preemptions_total > 0
 
@@ -166,8 +79,8 @@ def test_feature_at_pp2_equals_one_process(tiny_model_factory, one_process, tmp_
     name = "llama-5l-tied"
     model = tiny_model_factory(name)
     settings, lora = _feature(feature, model, str(tmp_path))
-    expected, one = _run(model, NUM_BLOCKS[name], lora=lora, **settings)
-    tokens, staged = _run(model, NUM_BLOCKS[name], 1, 2, lora=lora, **settings)
+    expected, one = run_engine(model, NUM_BLOCKS[name], lora=lora, **settings)
+    tokens, staged = run_engine(model, NUM_BLOCKS[name], 1, 2, lora=lora, **settings)
     assert tokens == expected
     assert staged.num_preemptions_total > 0
     if lora is not None:
@@ -185,8 +98,8 @@ def test_swap_preemption_and_ngram_speculation_at_pp2(tiny_model_factory) -> Non
         speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3},
     )
     model, num_blocks = tiny_model_factory("llama-5l-tied"), NUM_BLOCKS["llama-5l-tied"]
-    expected, _ = _run(model, num_blocks, **settings)
-    tokens, stats = _run(model, num_blocks, 1, 2, **settings)
+    expected, _ = run_engine(model, num_blocks, **settings)
+    tokens, stats = run_engine(model, num_blocks, 1, 2, **settings)
     assert tokens == expected
     assert stats.num_preemptions_total > 0
 

@@ -2,6 +2,7 @@
 socket on loopback; the parallel flags validated. (Equality through the server: see tests/entrypoints.)"""
 
 import argparse
+import importlib.util
 from collections.abc import Callable, Iterator
 
 import psutil
@@ -94,19 +95,19 @@ def _config(**kwargs) -> None:
     EngineArgs(**kwargs).create_engine_config()
 
 
-def test_pipeline_parallel_flag_combines_with_tp_on_mp_only(tiny_llama: str) -> None:
-    """-pp 2 -tp 2: four ranks on the mp executor; Ray is refused (tests/distributed/test_pipeline_parallel.py
-    runs the stages)."""
+def test_pipeline_parallel_flag_combines_with_tp(tiny_llama: str) -> None:
+    """-pp 2 -tp 2: four ranks on the mp executor by default, or on Ray when asked
+    (tests/distributed/test_pipeline_parallel.py and test_ray_executor.py run the stages)."""
     parser = argparse.ArgumentParser()
     EngineArgs.add_cli_args(parser)
     flags = ["--model", tiny_llama, "-pp", "2", "-tp", "2"]
-    config = EngineArgs.from_cli_args(parser.parse_args(flags)).create_engine_config()
-    assert config.parallel.world_size == 4 and config.parallel.distributed_executor_backend == "mp"
-    args = EngineArgs.from_cli_args(parser.parse_args([*flags, "--distributed-executor-backend", "ray"]))
-    with pytest.raises(
-        ConfigError, match=r"--pipeline-parallel-size > 1 runs on --distributed-executor-backend mp"
-    ):
-        args.create_engine_config()
+    cases = [([], "mp")]
+    if importlib.util.find_spec("ray") is not None:  # an optional extra
+        cases.append((["--distributed-executor-backend", "ray"], "ray"))
+    for backend_flags, backend in cases:
+        args = EngineArgs.from_cli_args(parser.parse_args([*flags, *backend_flags]))
+        parallel = args.create_engine_config().parallel
+        assert (parallel.world_size, parallel.distributed_executor_backend) == (4, backend)
 
 
 def test_parallel_flags_validated(tiny_llama: str) -> None:

@@ -1,0 +1,93 @@
+"""Helpers of the pipeline-parallel tests (any executor): a workload with a shared prefix run twice
+(prefix caching) over a KV pool too small for it (preemption), and the check that each rank holds only
+its stage's parameters."""
+
+import math
+import random
+from collections.abc import Iterable
+
+from tp_utils import shutdown
+
+from pagedserve import LLM, SamplingParams
+from pagedserve.config.parallel import PipelineStage
+from pagedserve.lora.request import LoRARequest
+from pagedserve.protocol import SchedulerStats
+from pagedserve.sizing import ModelShape
+
+PP_ENGINE_ARGS = dict(max_model_len=64, block_size=8, max_num_batched_tokens=16)
+# KV blocks of 8 tokens: fewer than the 4 requests need at once, so some are preempted (recompute). With
+# KV cache groups (qwen3-4l: four, gemma2: two) a request holds a block per group and token.
+NUM_BLOCKS = {"llama-5l-tied": 10, "qwen3-4l": 28, "gemma2": 16, "qwen2_moe": 10, "phi3": 10, "falcon-7b": 10}
+PREFIX = [random.Random(1).randrange(3, 49152) for _ in range(16)]  # two blocks shared by every prompt
+
+
+def prompts() -> list[dict[str, list[int]]]:
+    rng = random.Random(0)
+    return [
+        {"prompt_token_ids": PREFIX + [rng.randrange(3, 49152) for _ in range(n)]} for n in (1, 9, 20, 30)
+    ]
+
+
+def greedy_twice(llm: LLM, lora: list[LoRARequest | None] | None = None) -> list[list[int]]:
+    """Greedy tokens of the prompts (with adapters `lora`, one per prompt), run twice: the second round
+    starts from cached prefix blocks."""
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    return [
+        list(out.outputs[0].token_ids)
+        for _ in range(2)
+        for out in llm.generate(prompts(), params, use_tqdm=False, lora_request=lora)
+    ]
+
+
+def start_engine(model: str, num_blocks: int, tp: int = 1, pp: int = 1, **settings: object) -> LLM:
+    return LLM(
+        model,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        num_gpu_blocks_override=num_blocks,
+        **PP_ENGINE_ARGS,
+        **settings,
+    )
+
+
+def generate_checked(
+    llm: LLM, lora: list[LoRARequest | None] | None = None
+) -> tuple[list[list[int]], SchedulerStats]:
+    """(greedy tokens, the scheduler's stats) of `llm`; checks that each rank holds only its stage's part,
+    and as many parameters as the planner counts for it."""
+    engine = llm.llm_engine
+    tp = engine.config.parallel.tensor_parallel_size
+    per_rank = engine.engine_core.executor.collective_rpc("parameter_shapes")
+    model_config = engine.config.model
+    shape = ModelShape.from_hf_config(model_config.hf_config, model_config.architecture)
+    for rank, shapes in enumerate(per_rank):
+        stage = engine.config.kv_layout.stages[rank // tp]
+        check_stage_parameters(shapes.keys(), stage)
+        assert sum(math.prod(size) for size in shapes.values()) == shape.stage(stage).num_parameters(tp)
+    return greedy_twice(llm, lora), engine.engine_core.get_stats()
+
+
+def run_engine(
+    model: str,
+    num_blocks: int,
+    tp: int = 1,
+    pp: int = 1,
+    lora: list[LoRARequest | None] | None = None,
+    **settings: object,
+) -> tuple[list[list[int]], SchedulerStats]:
+    """generate_checked() of an engine started for it (and shut down)."""
+    llm = start_engine(model, num_blocks, tp, pp, **settings)
+    try:
+        return generate_checked(llm, lora)
+    finally:
+        shutdown(llm)
+
+
+def check_stage_parameters(names: Iterable[str], stage: PipelineStage) -> None:
+    """The stage's layers, the embedding on the first stage only, the norm and head on the last only (a
+    head tied to the embedding at pp=1 is no parameter of its own)."""
+    layers = {int(name.split(".")[2]) for name in names if name.startswith("model.layers.")}
+    assert layers == set(range(stage.start, stage.end))
+    assert any(name.startswith("model.embed_tokens.") for name in names) == stage.is_first
+    assert any(name.startswith("model.norm.") for name in names) == stage.is_last
+    assert stage.is_last or not any(name.startswith("lm_head.") for name in names)
