@@ -4,7 +4,8 @@ ones coming back, then to waiting ones.
 There are no prefill/decode phases: a request has `num_computed_tokens` and `num_tokens`, and a step
 computes some of the difference (a decode is a request with one new token; a long prompt is chunked).
 Requests of one group (the samples of a prompt, the beams of a search) share KV blocks and are preempted
-together. Which request comes first in each of those is `RequestOrder`'s (--scheduling-policy).
+together. Which request comes first in each of those is `RequestOrder`'s (--scheduling-policy). With
+pipeline micro-batches, requests whose step is in flight sit out (`StepsInFlight`'s rules).
 """
 
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from pagedserve.core.request import Request, RequestStatus
 from pagedserve.core.sched_output import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
 from pagedserve.core.scheduler_state import SchedulerState, ScheduleStep
 from pagedserve.protocol import EngineCoreOutput, FinishReason
+from pagedserve.utils import cdiv
 
 
 @dataclass(frozen=True)
@@ -39,12 +41,12 @@ class Scheduler(SchedulerState):
     (KV-aware: preemptions stay rare)."""
 
     def schedule(self) -> SchedulerOutput:
-        step = ScheduleStep(self.config.max_num_batched_tokens)
         self._fork_ready_samples()
+        step = ScheduleStep(self.config.max_num_batched_tokens, max_requests=self._batch_share())
         self._preempt_for_urgent_waiting(step)
         self._schedule_running(step)
         # NOTE: nobody comes back or is admitted in a step that had to preempt: memory is short already.
-        if not step.preempted:
+        if not step.memory_short:
             self._swap_in(step)
             self._admit_waiting(step)
         for request_id, num_new in step.num_scheduled.items():
@@ -62,10 +64,21 @@ class Scheduler(SchedulerState):
         )
         output.first_scheduled_req_ids = self._started_request_ids(output)
         self._forget_req_ids = set()
+        self.in_flight.sent(step.num_scheduled)
         output.grammar_bitmask = self.structured.bitmask(
             (self.requests[rid] for rid in step.num_scheduled), step.spec_tokens
         )
         return output
+
+    def _batch_share(self) -> int | None:
+        """Pipeline micro-batches: the most requests one batch takes, an even share of the live ones
+        (running, waiting, swapped; at most --max-num-seqs run at once), so that the batches in flight
+        stay balanced. None (no limit) with one batch at a time."""
+        max_batches = self.in_flight.max_batches
+        if max_batches == 1:
+            return None
+        num_live = len(self.running) + len(self.waiting) + sum(len(group) for group in self.swapped)
+        return cdiv(min(num_live, self.config.max_num_seqs), max_batches)
 
     def _started_request_ids(self, output: SchedulerOutput) -> list[str]:
         """The frontend's ids (output ids) of the requests `output` starts for the first time. A request
@@ -93,12 +106,17 @@ class Scheduler(SchedulerState):
     def _schedule_running(self, step: ScheduleStep) -> None:
         """Grow the running groups in order; when the blocks run out, preempt the last group."""
         kv = self.kv_cache_manager
-        groups = self.order.running_groups(groups_of(self.running))
+        groups = self.in_flight.idle_groups(self.order.running_groups(groups_of(self.running)))
         index = 0
-        while index < len(groups) and step.budget > 0:
+        while index < len(groups) and step.budget > 0 and not step.full:
             group = groups[index]
             plan = plan_group(group, step.budget)
             while kv.num_blocks_needed(plan) > kv.num_free_blocks():
+                if self.in_flight.any:
+                    # NOTE: no preemption while steps are in flight; once they are back, the group grows,
+                    # or the victim is chosen among all running groups as at one batch at a time.
+                    step.memory_short = True
+                    return
                 victim = groups.pop()
                 if (
                     victim is group
@@ -120,7 +138,7 @@ class Scheduler(SchedulerState):
         request outranks them (the priority policy: it is admitted first)."""
         kv = self.kv_cache_manager
         urgent = self.order.next_waiting(self.waiting, self.structured.is_ready)
-        while self.swapped and step.budget > 0:
+        while self.swapped and step.budget > 0 and not step.full:
             group = self.order.next_swapped(self.swapped)
             if urgent is not None and self.order.outranks(urgent, group):
                 return
@@ -130,7 +148,9 @@ class Scheduler(SchedulerState):
                 or self._num_seats_taken() + self._num_seats(group) > self.config.max_num_seqs
                 or kv.num_blocks_to_resume(group, plan) > kv.num_free_blocks()
             ):
-                if not self.running:  # it will never fit whole: recompute it request by request
+                if (
+                    not self.running and not self.in_flight.any
+                ):  # it never fits whole: recompute it per request
                     self.swapped.remove(group)
                     self.preemption.requeue(group, self.waiting, kv.discard_swapped)
                 return
@@ -153,7 +173,7 @@ class Scheduler(SchedulerState):
         def ready(request: Request) -> bool:
             return self.structured.is_ready(request) and self._adapter_fits(request, adapters)
 
-        while self.waiting and step.budget > 0:
+        while self.waiting and step.budget > 0 and not step.full:
             request = self.order.next_admission(self.waiting, self.swapped, ready)
             if request is None:
                 return
@@ -162,7 +182,7 @@ class Scheduler(SchedulerState):
                 return
             allocation = kv.allocate_slots(request, admission.num_new, admission.hits)
             if allocation is None:
-                if self.running:
+                if self.running or self.in_flight.any:
                     return
                 self._cut_short(request)  # the pool is all free (nothing runs or is swapped) and too small
                 continue
@@ -207,7 +227,7 @@ class Scheduler(SchedulerState):
         """--scheduling-policy priority: while the most urgent waiting request cannot be admitted, preempt
         the least urgent running group of a larger priority value. The request is admitted in a later
         step (nobody is admitted in a step that preempted); not while swapped-out groups come first."""
-        if not self.order.by_priority:
+        if not self.order.by_priority or self.in_flight.any:  # NOTE: no preemption while steps are in flight
             return
         request = self.order.next_admission(self.waiting, self.swapped, self.structured.is_ready)
         if request is None:
@@ -222,7 +242,7 @@ class Scheduler(SchedulerState):
 
     def _preempt(self, group: list[Request], step: ScheduleStep, alone: bool) -> None:
         """Take the group out of `running`: swapped out, or back to `waiting` (`Preemption`)."""
-        step.preempted = True
+        step.memory_short = True
         ids = {request.request_id for request in group}
         self.running = [r for r in self.running if r.request_id not in ids]
         for request in group:
@@ -289,6 +309,8 @@ class Scheduler(SchedulerState):
         """Append sampled tokens, apply token-level stop conditions, free finished requests, advance
         beam searches."""
         outputs, self._cut_outputs = self._cut_outputs, []
+        for ended in self.in_flight.returned(scheduler_output.num_scheduled_tokens):
+            self.kv_cache_manager.free(ended)  # aborted while its step ran: the step wrote its last now
         finished: list[Request] = []
         for request_id in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(request_id)
@@ -324,7 +346,7 @@ class Scheduler(SchedulerState):
         pruned, beam_outputs = self.beam_search.advance(self._fork_beam)
         self._finish(finished + pruned)
         if self.drafts is not None:
-            self.drafts.propose(self.running, runner_output.draft_token_ids)
+            self.drafts.propose(self.in_flight.idle(self.running), runner_output.draft_token_ids)
         return outputs + beam_outputs
 
     @staticmethod

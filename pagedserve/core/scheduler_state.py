@@ -17,6 +17,7 @@ from pagedserve.core.preemption import Preemption
 from pagedserve.core.request import Request, RequestStatus
 from pagedserve.core.request_order import RequestOrder
 from pagedserve.core.sched_output import CachedRequestData, NewRequestData
+from pagedserve.core.steps_in_flight import StepsInFlight
 from pagedserve.core.structured import StructuredOutputs
 from pagedserve.protocol import EngineCoreOutput, FinishReason, SchedulerStats
 from pagedserve.structured_output.manager import StructuredOutputManager
@@ -42,7 +43,15 @@ class ScheduleStep:
     swap_in: list[tuple[int, int]] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)
     spec_tokens: dict[str, list[int]] = field(default_factory=dict)
-    preempted: bool = False
+    # The most requests this step takes (None: any number; pipeline micro-batches take a share each).
+    max_requests: int | None = None
+    # Blocks ran short: a group was preempted, or waits for the steps in flight. Nobody comes back or is
+    # admitted in such a step.
+    memory_short: bool = False
+
+    @property
+    def full(self) -> bool:
+        return self.max_requests is not None and len(self.num_scheduled) >= self.max_requests
 
 
 class SchedulerState:
@@ -56,6 +65,7 @@ class SchedulerState:
         admission: KVAdmissionPolicy | None = None,
         structured_output: StructuredOutputManager | None = None,
         speculative: SpeculativeConfig | None = None,
+        max_batches_in_flight: int = 1,
     ) -> None:
         self.config = config
         self.order = RequestOrder(config)
@@ -69,6 +79,7 @@ class SchedulerState:
         self.parallel_sampling = ParallelSampling()
         self.beam_search = BeamSearchManager()
         self.preemption = Preemption(config, kv_cache_manager, self.order, self.beam_search)
+        self.in_flight = StepsInFlight(max_batches_in_flight)
         self.drafts = (
             None
             if speculative is None
@@ -108,7 +119,8 @@ class SchedulerState:
 
     def abort_requests(self, request_ids: list[str]) -> None:
         """End requests wherever they are (held, waiting, running, swapped) and free their blocks at
-        once. A beam search's request id or output ids end the whole search."""
+        once (a running request's when its step in flight returns). A beam search's request id or output
+        ids end the whole search."""
         request_ids = self.beam_search.take_aborted(request_ids)
         requests = [self.requests[rid] for rid in request_ids if rid in self.requests]
         for request in requests:
@@ -126,7 +138,7 @@ class SchedulerState:
         for request in requests:
             if request.status is RequestStatus.SWAPPED:
                 self.kv_cache_manager.discard_swapped(request)
-            else:
+            elif not self.in_flight.keep_blocks_of(request):
                 self.kv_cache_manager.free(request)
             request.status = RequestStatus.FINISHED
             self.structured.remove(request)

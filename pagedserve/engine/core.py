@@ -1,5 +1,6 @@
 """EngineCore: owns the scheduler, the KV-cache manager and the executor. One `step()` is
-schedule -> execute -> update. Only EngineCoreRequest / EngineCoreOutputs cross its boundary."""
+schedule -> execute -> update; with pipeline stages, a step of the batch queue (engine/batch_queue.py).
+Only EngineCoreRequest / EngineCoreOutputs cross its boundary."""
 
 import time
 
@@ -8,8 +9,10 @@ from pagedserve.config.cache import KVCacheConfig
 from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.pooling_scheduler import PoolingScheduler
 from pagedserve.core.request import Request
+from pagedserve.core.sched_output import SchedulerOutput
 from pagedserve.core.scheduler import Scheduler
 from pagedserve.core.scheduler_state import RequestKVUsage
+from pagedserve.engine.batch_queue import BatchQueue
 from pagedserve.engine.block_state import snapshot_blocks
 from pagedserve.engine.tokenizer import load_tokenizer
 from pagedserve.executor import get_executor_class
@@ -32,6 +35,7 @@ class EngineCore:
             lambda: load_tokenizer(config.model), config.model.vocab_size
         )
         self.scheduler: Scheduler | PoolingScheduler
+        self.batch_queue: BatchQueue | None = None  # pipeline stages: micro-batches in flight
         if config.model.pooling is not None:
             # NOTE: --runner pooling: whole prompts, one forward each, no KV cache to size or manage. The
             # notional blocks only size the default queue limits (twice this, admission.py): a waiting
@@ -59,12 +63,17 @@ class EngineCore:
         manager = KVCacheManager(
             kv.num_blocks, config.kv_layout.groups, config.cache.enable_prefix_caching, kv.num_host_blocks
         )
+        pp = config.parallel.pipeline_parallel_size
         self.scheduler = Scheduler(
             config.scheduler,
             manager,
             speculative=config.speculative,
             structured_output=self.structured_output,
+            max_batches_in_flight=pp,
         )
+        if pp > 1:
+            # NOTE: as many batches in flight as stages: each stage has one to compute.
+            self.batch_queue = BatchQueue(self.scheduler, self.executor, pp, self._wait_for_compile)
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """Queue a request. Whatever it raises, nothing of the request is left in the scheduler."""
@@ -80,26 +89,35 @@ class EngineCore:
         self.scheduler.abort_requests(request_ids)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        """Requests to run, or batches in flight (their outputs, even of aborted requests, are due)."""
+        return self.scheduler.has_unfinished_requests() or bool(self.batch_queue)
 
     def step(self) -> EngineCoreOutputs:
         """Schedule, run the model, update. The stats are taken after the update (finished requests'
         blocks already freed)."""
-        if not self.scheduler.has_unfinished_requests():
+        if not self.has_unfinished_requests():
             return EngineCoreOutputs()
         timestamp = time.time()
-        scheduler_output = self.scheduler.schedule()
-        if scheduler_output.is_empty and not scheduler_output.has_block_ops:
-            self.structured_output.wait_for_compile(timeout_s=0.05)  # only grammars being compiled are left
-        runner_output = self.executor.execute_model(scheduler_output)
-        outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        scheduler_output: SchedulerOutput | None
+        if self.batch_queue is not None:
+            outputs, scheduler_output = self.batch_queue.step()
+        else:
+            scheduler_output = self.scheduler.schedule()
+            if scheduler_output.is_empty and not scheduler_output.has_block_ops:
+                self._wait_for_compile()
+            runner_output = self.executor.execute_model(scheduler_output)
+            outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         return EngineCoreOutputs(
             outputs,
             self.scheduler.get_stats(),
             timestamp,
-            scheduler_output.first_scheduled_req_ids,
-            num_scheduled_tokens=scheduler_output.total_num_scheduled_tokens,
+            scheduler_output.first_scheduled_req_ids if scheduler_output else [],
+            num_scheduled_tokens=scheduler_output.total_num_scheduled_tokens if scheduler_output else 0,
         )
+
+    def _wait_for_compile(self) -> None:
+        """Nothing could be scheduled: only grammars being compiled are left (not a busy loop)."""
+        self.structured_output.wait_for_compile(timeout_s=0.05)
 
     def reset_prefix_cache(self) -> bool:
         """Make every cached KV block unfindable (blocks in use stay with their requests)."""

@@ -1,11 +1,29 @@
 """The interface the EngineCore drives, whatever runs the workers."""
 
 from abc import ABC, abstractmethod
-from typing import cast
+from dataclasses import dataclass
+from typing import Literal, Protocol, cast, overload
 
 from pagedserve.config import EngineConfig
 from pagedserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagedserve.sizing import MemoryReport
+
+
+class StepFuture(Protocol):
+    """A step sent to the workers (`execute_model(..., non_block=True)`): `result()` waits for its sampled
+    output. concurrent.futures.Future fits, so an executor may hand out its own kind of future."""
+
+    def result(self) -> ModelRunnerOutput: ...
+
+
+@dataclass(frozen=True)
+class CompletedStep:
+    """A step that already ran (an executor that cannot overlap steps runs it at once)."""
+
+    output: ModelRunnerOutput
+
+    def result(self) -> ModelRunnerOutput:
+        return self.output
 
 
 class Executor(ABC):
@@ -35,13 +53,37 @@ class Executor(ABC):
         rank."""
         self.collective_rpc("initialize_kv_cache", (num_blocks, num_host_blocks))
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one step on every rank; the sampled tokens of the last pipeline stage's first rank (rank 0
-        at pp=1) come back."""
+    @property
+    def sampler_rank(self) -> int:
+        """The rank that samples: the last pipeline stage's first (rank 0 at pp=1)."""
         parallel = self.config.parallel
-        sampler_rank = parallel.world_size - parallel.tensor_parallel_size
-        output = self.collective_rpc("execute_model", (scheduler_output,), unique_reply_rank=sampler_rank)[0]
-        return cast(ModelRunnerOutput, output)
+        return parallel.world_size - parallel.tensor_parallel_size
+
+    @overload
+    def execute_model(
+        self, scheduler_output: SchedulerOutput, non_block: Literal[False] = False
+    ) -> ModelRunnerOutput: ...
+
+    @overload
+    def execute_model(self, scheduler_output: SchedulerOutput, non_block: Literal[True]) -> StepFuture: ...
+
+    def execute_model(
+        self, scheduler_output: SchedulerOutput, non_block: bool = False
+    ) -> ModelRunnerOutput | StepFuture:
+        """Run one step on every rank; the sampled tokens of the sampler rank come back. With `non_block`,
+        return as soon as the step is on its way: a future of those tokens. Steps run on every rank in
+        the order they were sent (pipeline micro-batches rely on it: a step sees every earlier step's KV
+        writes), and their futures resolve in that order."""
+        if non_block:
+            return self._start_step(scheduler_output)
+        output = self.collective_rpc(
+            "execute_model", (scheduler_output,), unique_reply_rank=self.sampler_rank
+        )
+        return cast(ModelRunnerOutput, output[0])
+
+    def _start_step(self, scheduler_output: SchedulerOutput) -> StepFuture:
+        """Send a step without waiting for it; executors that can overlap steps override this."""
+        return CompletedStep(self.execute_model(scheduler_output))
 
     def shutdown(self) -> None:
         """Release workers (processes, actors, a Ray instance started for the run). Idempotent."""

@@ -2,10 +2,15 @@
 
 Protocol (one pickle per call, the same bytes written to every rank's pipe):
 engine -> worker: (method, args, unique_reply_rank); worker -> engine: (True, result) or (False, failure).
+Calls run one at a time, in the order they arrive; with pipeline stages the engine sends a step while the
+ranks still run earlier ones, and a thread takes each call off the pipe as it arrives (`_receiver`).
 """
 
 import pickle
+import queue
 import signal
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -57,15 +62,42 @@ def run_worker(conn: Connection, spec: WorkerProcessSpec) -> None:
         _report_failure(conn, spec.rank, "startup", exc)
         return
     conn.send_bytes(dumps((True, None)))
-    _serve(worker, spec.rank, conn)
+    _serve(worker, spec.rank, conn, _receiver(conn, spec.config.parallel.pipeline_parallel_size > 1))
 
 
-def _serve(worker: Worker, rank: int, conn: Connection) -> None:
+def _receiver(conn: Connection, pipelined: bool) -> Callable[[], bytes]:
+    """How the serving loop takes the next call (raises EOFError once the engine is gone). Pipelined: a
+    thread reads every call as soon as it arrives, so that the engine's write of a step never waits for
+    this rank to finish an earlier one (a large step and a large answer would otherwise each wait for
+    the other side to read)."""
+    if not pipelined:
+        return conn.recv_bytes
+    inbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+
+    def read_calls() -> None:
+        try:
+            while True:
+                inbox.put(conn.recv_bytes())
+        except (EOFError, OSError):
+            inbox.put(None)
+
+    threading.Thread(target=read_calls, name="pagedserve-calls", daemon=True).start()
+
+    def receive() -> bytes:
+        data = inbox.get()
+        if data is None:
+            raise EOFError("the engine closed the pipe")
+        return data
+
+    return receive
+
+
+def _serve(worker: Worker, rank: int, conn: Connection, receive: Callable[[], bytes]) -> None:
     import torch.distributed as dist
 
     while True:
         try:
-            method, args, unique_reply_rank = pickle.loads(conn.recv_bytes())
+            method, args, unique_reply_rank = pickle.loads(receive())
         except (EOFError, OSError):
             return  # the engine is gone
         if method == SHUTDOWN:

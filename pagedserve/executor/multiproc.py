@@ -1,21 +1,26 @@
 """Multiprocess executor: one worker process per rank on this machine, joined by torch.distributed
 (gloo on CPU, NCCL on CUDA) with every socket on 127.0.0.1. The engine keeps no model: it pickles each
 call once, writes the bytes to every rank's pipe, and waits on the pipes and the processes' sentinels
-together, so a dead or hung rank becomes an EngineDeadError instead of a silent hang."""
+together, so a dead or hung rank becomes an EngineDeadError instead of a silent hang. With pipeline stages
+a step may be sent before the earlier ones are answered (`execute_model(..., non_block=True)`): the ranks
+answer in order, and the answers are read when a step's future or any other call needs them."""
 
 import os
 import pickle
 import shutil
 import time
 import weakref
-from collections.abc import Collection
+from collections import deque
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
+from typing import cast
 
 from pagedserve.config import EngineConfig
+from pagedserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagedserve.distributed import DistributedInit
 from pagedserve.errors import EngineDeadError
-from pagedserve.executor.base import Executor
+from pagedserve.executor.base import Executor, StepFuture
 from pagedserve.executor.failure import GRACE_S, RankFailures, describe_exit
 from pagedserve.executor.mp_worker import SHUTDOWN, WorkerFailure, WorkerProcessSpec, dumps, run_worker
 from pagedserve.logger import init_logger
@@ -34,6 +39,20 @@ class _WorkerHandle:
     rank: int
     process: ChildProcess
     conn: Connection  # duplex pipe to the worker
+
+
+@dataclass
+class _PendingStep:
+    """A step sent to every rank, its answers not read yet. `collect_oldest` reads the answers of the
+    oldest pending step (they come in the order the steps went out) until this one's are in."""
+
+    collect_oldest: Callable[[], None]
+    output: ModelRunnerOutput | None = None
+
+    def result(self) -> ModelRunnerOutput:
+        while self.output is None:
+            self.collect_oldest()
+        return self.output
 
 
 class MultiprocExecutor(Executor):
@@ -55,6 +74,7 @@ class MultiprocExecutor(Executor):
             loopback_only=True,
         )
         self.workers: list[_WorkerHandle] = []
+        self._pending: deque[_PendingStep] = deque()  # steps sent whose answers are not read, oldest first
         for rank in range(parallel.world_size):
             # NOTE: fresh interpreters, not multiprocessing: the user's __main__ is never re-imported.
             process = ChildProcess(
@@ -76,16 +96,34 @@ class MultiprocExecutor(Executor):
     def collective_rpc(
         self, method: str, args: tuple[object, ...] = (), unique_reply_rank: int | None = None
     ) -> list[object]:
+        while self._pending:  # NOTE: every rank answers in order: the next answers are those steps'
+            self._collect_oldest_step()
+        self._send(method, args, unique_reply_rank)
+        results = self._gather(method)
+        return results if unique_reply_rank is None else [results[unique_reply_rank]]
+
+    def _start_step(self, scheduler_output: SchedulerOutput) -> StepFuture:
+        self._send("execute_model", (scheduler_output,), self.sampler_rank)
+        step = _PendingStep(self._collect_oldest_step)
+        self._pending.append(step)
+        return step
+
+    def _collect_oldest_step(self) -> None:
         if self._failure is not None:
             raise self._failure
-        data = dumps((method, args, unique_reply_rank))  # one pickle, whatever the number of ranks
+        step = self._pending.popleft()
+        step.output = cast(ModelRunnerOutput, self._gather("execute_model")[self.sampler_rank])
+
+    def _send(self, method: str, args: tuple[object, ...], unique_reply_rank: int | None) -> None:
+        """Write one call to every rank (in one pickle)."""
+        if self._failure is not None:
+            raise self._failure
+        data = dumps((method, args, unique_reply_rank))
         for worker in self.workers:
             try:
                 worker.conn.send_bytes(data)
             except OSError:
                 break  # its process is gone: _gather names it
-        results = self._gather(method)
-        return results if unique_reply_rank is None else [results[unique_reply_rank]]
 
     def worker_pids(self) -> list[int | None]:
         """The process id of each rank, in rank order."""

@@ -61,6 +61,7 @@ def make_scheduler(
     speculative: SpeculativeConfig | None = None,
     policy: SchedulingPolicy = "fcfs",
     max_loras: int | None = None,
+    max_batches_in_flight: int = 1,
 ) -> Scheduler:
     """A scheduler over a fresh KV-cache manager (and a swap space of `num_host_blocks`, if any)."""
     config = SchedulerConfig(
@@ -71,4 +72,5 @@ def make_scheduler(
         KVCacheManager(num_blocks, KVCacheGroups.uniform(block_size), enable_caching, num_host_blocks),
         admission=admission,
         speculative=speculative,
+        max_batches_in_flight=max_batches_in_flight,
     )
