@@ -23,6 +23,10 @@ class StepsInFlight:
         self._request_ids: set[str] = set()
         self._ended: dict[str, Request] = {}  # aborted while in flight: their blocks go when the step returns
 
+    def __contains__(self, request_id: object) -> bool:
+        """The request has a step in flight."""
+        return request_id in self._request_ids
+
     @property
     def any(self) -> bool:
         """Some step is in flight (its requests, even ended ones, may still hold blocks)."""

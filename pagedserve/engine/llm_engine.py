@@ -99,7 +99,11 @@ class LLMEngine:
             self.frontend.abort(request_id)
 
     def has_unfinished_requests(self) -> bool:
-        return self.frontend.output_processor.num_unfinished > 0
+        """Requests not finished, or pipeline batches still in flight (only of aborted requests then:
+        stepping them to their end gives those requests' blocks back)."""
+        client = self.client
+        in_flight = isinstance(client, InprocClient) and bool(client.engine_core.batch_queue)
+        return self.frontend.output_processor.num_unfinished > 0 or in_flight
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached KV block (e.g. after changing weights, or between benchmark runs)."""
