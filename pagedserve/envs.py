@@ -77,3 +77,14 @@ def pp_layer_partition() -> str | None:
     """PAGEDSERVE_PP_LAYER_PARTITION: layers per pipeline stage, e.g. "4,4,8" (default: an even split;
     config/parallel.py's `pipeline_stages` checks it against the model)."""
     return os.environ.get("PAGEDSERVE_PP_LAYER_PARTITION")
+
+
+def pp_batch_queue_enabled() -> bool:
+    """PAGEDSERVE_PP_BATCH_QUEUE: 0 runs pipeline stages one batch at a time, no micro-batches in flight
+    (default 1: --pipeline-parallel-size batches in flight; for before/after measurements)."""
+    raw = os.environ.get("PAGEDSERVE_PP_BATCH_QUEUE", "1")
+    if raw not in ("0", "1"):
+        raise ConfigError(
+            f"PAGEDSERVE_PP_BATCH_QUEUE={raw!r} must be 0 (one batch at a time) or 1 (micro-batches)."
+        )
+    return raw == "1"

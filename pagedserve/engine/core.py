@@ -15,6 +15,7 @@ from pagedserve.core.scheduler_state import RequestKVUsage
 from pagedserve.engine.batch_queue import BatchQueue
 from pagedserve.engine.block_state import snapshot_blocks
 from pagedserve.engine.tokenizer import load_tokenizer
+from pagedserve.envs import pp_batch_queue_enabled
 from pagedserve.executor import get_executor_class
 from pagedserve.logger import init_logger
 from pagedserve.protocol import BlockSnapshot, EngineCoreOutputs, EngineCoreRequest, SchedulerStats
@@ -30,6 +31,8 @@ class EngineCore:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        # NOTE: as many batches in flight as pipeline stages: each stage has one to compute.
+        max_batches = config.parallel.pipeline_parallel_size if pp_batch_queue_enabled() else 1
         self.executor = get_executor_class(config)(config)
         self.structured_output = StructuredOutputManager(
             lambda: load_tokenizer(config.model), config.model.vocab_size
@@ -63,17 +66,15 @@ class EngineCore:
         manager = KVCacheManager(
             kv.num_blocks, config.kv_layout.groups, config.cache.enable_prefix_caching, kv.num_host_blocks
         )
-        pp = config.parallel.pipeline_parallel_size
         self.scheduler = Scheduler(
             config.scheduler,
             manager,
             speculative=config.speculative,
             structured_output=self.structured_output,
-            max_batches_in_flight=pp,
+            max_batches_in_flight=max_batches,
         )
-        if pp > 1:
-            # NOTE: as many batches in flight as stages: each stage has one to compute.
-            self.batch_queue = BatchQueue(self.scheduler, self.executor, pp, self._wait_for_compile)
+        if max_batches > 1:
+            self.batch_queue = BatchQueue(self.scheduler, self.executor, max_batches, self._wait_for_compile)
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """Queue a request. Whatever it raises, nothing of the request is left in the scheduler."""
