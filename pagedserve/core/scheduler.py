@@ -148,9 +148,8 @@ class Scheduler(SchedulerState):
                 or self._num_seats_taken() + self._num_seats(group) > self.config.max_num_seqs
                 or kv.num_blocks_to_resume(group, plan) > kv.num_free_blocks()
             ):
-                if (
-                    not self.running and not self.in_flight.any
-                ):  # it never fits whole: recompute it per request
+                # NOTE: it will never fit whole: recompute it request by request
+                if not self.running and not self.in_flight.any:
                     self.swapped.remove(group)
                     self.preemption.requeue(group, self.waiting, kv.discard_swapped)
                 return
