@@ -1,13 +1,12 @@
 """Requests with a step in flight: scheduled and sent to the workers, their output not back yet.
 
-With pipeline stages the engine keeps up to `max_batches` scheduled batches in flight (engine/core.py), so
-that the stages work on different batches at once. The scheduler then keeps three rules, which this
-collaborator tracks for it:
+With pipeline stages the engine keeps up to `max_batches` scheduled batches in flight
+(engine/batch_queue.py), so that the stages work on different batches at once. The scheduler then keeps
+two rules, which this collaborator tracks for it:
 - one step in flight per request: a request is scheduled again only once its last step's tokens are back
   (a decode needs the sampled token; the workers' copy of the request must hear every token);
 - no preemption while any step is in flight (a preempted request never has one), and an aborted request
-  keeps its KV blocks until its step returns (freed then), so no block is reused while a step may write it;
-- each batch takes an even share of the live requests, so the batches in flight stay balanced.
+  keeps its KV blocks until its step returns (freed then), so no block is reused while a step may write it.
 At max_batches 1 the engine applies each step's output before the next schedule: nothing is tracked,
 and the scheduler decides exactly as without this collaborator.
 """
@@ -18,6 +17,8 @@ from pagedserve.core.request import Request
 
 
 class StepsInFlight:
+    """The ids of the requests with a step in flight, and the ended ones whose blocks wait for it."""
+
     def __init__(self, max_batches: int) -> None:
         self.max_batches = max_batches  # the engine's batch queue: 1, or --pipeline-parallel-size
         self._request_ids: set[str] = set()
