@@ -95,8 +95,9 @@ SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
             max_num_batched_tokens=32,
         ),
     ),
-    # Two pipeline stages (worker processes, one layer each): hidden states cross between them every step;
-    # each stage holds its own layer's part of the three adapters in two slots.
+    # Two pipeline stages (worker processes, one layer each): hidden states cross between them every step,
+    # two micro-batches in flight (a request sits out while its step is in flight); each stage holds its own
+    # layer's part of the three adapters in two slots.
     "pp2_lora_ngram_swap": (
         "llama",
         dict(
