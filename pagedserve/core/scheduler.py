@@ -345,7 +345,8 @@ class Scheduler(SchedulerState):
         pruned, beam_outputs = self.beam_search.advance(self._fork_beam)
         self._finish(finished + pruned)
         if self.drafts is not None:
-            self.drafts.propose(self.in_flight.idle(self.running), runner_output.draft_token_ids)
+            drafting = self.in_flight.drafting(self.running, scheduler_output.num_scheduled_tokens)
+            self.drafts.propose(drafting, runner_output.draft_token_ids)
         return outputs + beam_outputs
 
     @staticmethod

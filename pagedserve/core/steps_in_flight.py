@@ -11,7 +11,7 @@ At max_batches 1 the engine applies each step's output before the next schedule:
 and the scheduler decides exactly as without this collaborator.
 """
 
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 
 from pagedserve.core.request import Request
 
@@ -39,11 +39,13 @@ class StepsInFlight:
             return groups
         return [group for group in groups if not any(r.request_id in self._request_ids for r in group)]
 
-    def idle(self, requests: list[Request]) -> list[Request]:
-        """The requests without a step in flight."""
-        if not self._request_ids:
-            return requests
-        return [request for request in requests if request.request_id not in self._request_ids]
+    def drafting(self, running: list[Request], step_request_ids: Container[str]) -> list[Request]:
+        """The running requests to propose drafts for after a step returned: with batches in flight, that
+        step's own (the others keep the drafts proposed after their own step, which a draft model's output
+        of this step does not carry); all of them with one batch at a time."""
+        if self.max_batches == 1:
+            return running
+        return [request for request in running if request.request_id in step_request_ids]
 
     def sent(self, request_ids: Iterable[str]) -> None:
         """A step went out with these requests (nothing is tracked with one batch at a time)."""

@@ -2,7 +2,8 @@
 group across the nodes of a running Ray cluster when RAY_ADDRESS names it (`ray start --head` /
 `ray start --address ...`), else on a private local Ray instance started for the run with every port on
 127.0.0.1. Ranks are numbered node by node, so each pipeline stage's tensor-parallel group shares a node
-wherever the cluster allows. Ray is optional (pip install 'pagedserve[ray]') and imported only here,
+wherever the cluster allows. Pipeline micro-batches: a step is sent without waiting and its ObjectRefs
+gathered when its output is needed. Ray is optional (pip install 'pagedserve[ray]') and imported only here,
 lazily."""
 
 import os
@@ -10,12 +11,15 @@ import shutil
 import sys
 import weakref
 from collections import Counter
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from pagedserve.config import EngineConfig
+from pagedserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagedserve.distributed import DistributedInit, init_distributed_environment
 from pagedserve.errors import ConfigError, EngineDeadError
-from pagedserve.executor.base import Executor
+from pagedserve.executor.base import Executor, StepFuture
 from pagedserve.executor.failure import GRACE_S, RankFailures, summarize
 from pagedserve.logger import init_logger
 from pagedserve.platforms import get_platform
@@ -62,6 +66,19 @@ class RayWorker:
 
 
 T = TypeVar("T")
+
+
+@dataclass
+class _RayStep:
+    """A step sent to every actor: `result()` gathers their answers (once) and gives the sampler's."""
+
+    gather: Callable[[], ModelRunnerOutput]
+    output: ModelRunnerOutput | None = None
+
+    def result(self) -> ModelRunnerOutput:
+        if self.output is None:
+            self.output = self.gather()
+        return self.output
 
 
 class RayExecutor(Executor):
@@ -165,15 +182,26 @@ class RayExecutor(Executor):
     def collective_rpc(
         self, method: str, args: tuple[object, ...] = (), unique_reply_rank: int | None = None
     ) -> list[object]:
+        results = self._gather(method, self._submit(method, args, unique_reply_rank))
+        return results if unique_reply_rank is None else [results[unique_reply_rank]]
+
+    def _start_step(self, scheduler_output: SchedulerOutput) -> StepFuture:
+        """Pipeline micro-batches: the step goes to every actor at once; an actor runs the calls of one
+        caller in the order they were submitted, so steps run in order on every rank."""
+        refs = self._submit("execute_model", (scheduler_output,), self.sampler_rank)
+        return _RayStep(
+            lambda: cast(ModelRunnerOutput, self._gather("execute_model", refs)[self.sampler_rank])
+        )
+
+    def _submit(
+        self, method: str, args: tuple[object, ...], unique_reply_rank: int | None
+    ) -> "list[ObjectRef[object]]":
         import ray
 
         if self._failure is not None:
             raise self._failure
         args_ref = ray.put(args)  # NOTE: serialized once into the object store, whatever the rank count
-        results = self._gather(
-            method, [actor.execute.remote(method, args_ref, unique_reply_rank) for actor in self.actors]
-        )
-        return results if unique_reply_rank is None else [results[unique_reply_rank]]
+        return [actor.execute.remote(method, args_ref, unique_reply_rank) for actor in self.actors]
 
     def shutdown(self) -> None:
         self._finalizer()

@@ -1,6 +1,6 @@
 """Helpers of the pipeline-parallel tests (any executor): a workload with a shared prefix run twice
-(prefix caching) over a KV pool too small for it (preemption), and the check that each rank holds only
-its stage's parameters."""
+(prefix caching) over a KV pool too small for it (preemption), then a third time with a request aborted
+mid-flight (pp batches in flight), and the check that each rank holds only its stage's parameters."""
 
 import math
 import random
@@ -39,6 +39,34 @@ def greedy_twice(llm: LLM, lora: list[LoRARequest | None] | None = None) -> list
     ]
 
 
+def abort_mid_flight(llm: LLM, lora: list[LoRARequest | None] | None = None) -> list[list[int]]:
+    """The prompts again, stepped by hand; the longest is aborted once it has a step in flight (in one
+    process: once it started). Its blocks stay held until that step returns; every block is free at the
+    end; at pp > 1, pp batches were in flight (pp - 1 still out after a step). Returns the greedy tokens
+    of the other three."""
+    engine, target = llm.llm_engine, "abort-3"
+    core, params = engine.engine_core, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    kv = core.scheduler.kv_cache_manager
+    for i, prompt in enumerate(prompts()):
+        engine.add_request(f"abort-{i}", prompt, params, lora_request=lora[i] if lora else None)
+    finished: dict[str, list[int]] = {}
+    depth, aborted = 0, False
+    while engine.has_unfinished_requests():
+        finished.update((o.request_id, list(o.outputs[0].token_ids)) for o in engine.step() if o.finished)
+        depth = max(depth, len(core.batch_queue or ()))
+        request = core.scheduler.requests.get(target)
+        in_flight = target in core.scheduler.in_flight
+        if request is not None and (in_flight or (core.batch_queue is None and request.num_computed_tokens)):
+            num_free = kv.num_free_blocks()
+            engine.abort_request(target)
+            assert kv.num_free_blocks() == num_free or not in_flight, "freed while its step may write them"
+            aborted = True
+    assert aborted
+    assert depth == engine.config.parallel.pipeline_parallel_size - 1
+    assert kv.num_free_blocks() == kv.num_usable_blocks
+    return [finished[f"abort-{i}"] for i in range(3)]
+
+
 def start_engine(model: str, num_blocks: int, tp: int = 1, pp: int = 1, **settings: object) -> LLM:
     return LLM(
         model,
@@ -53,8 +81,9 @@ def start_engine(model: str, num_blocks: int, tp: int = 1, pp: int = 1, **settin
 def generate_checked(
     llm: LLM, lora: list[LoRARequest | None] | None = None
 ) -> tuple[list[list[int]], SchedulerStats]:
-    """(greedy tokens, the scheduler's stats) of `llm`; checks that each rank holds only its stage's part,
-    and as many parameters as the planner counts for it."""
+    """(greedy tokens of greedy_twice, then abort_mid_flight's; the scheduler's stats before the abort) of
+    `llm`; checks that each rank holds only its stage's part, and as many parameters as the planner counts
+    for it."""
     engine = llm.llm_engine
     tp = engine.config.parallel.tensor_parallel_size
     per_rank = engine.engine_core.executor.collective_rpc("parameter_shapes")
@@ -64,7 +93,8 @@ def generate_checked(
         stage = engine.config.kv_layout.stages[rank // tp]
         check_stage_parameters(shapes.keys(), stage)
         assert sum(math.prod(size) for size in shapes.values()) == shape.stage(stage).num_parameters(tp)
-    return greedy_twice(llm, lora), engine.engine_core.get_stats()
+    tokens, stats = greedy_twice(llm, lora), engine.engine_core.get_stats()
+    return tokens + abort_mid_flight(llm, lora), stats
 
 
 def run_engine(
