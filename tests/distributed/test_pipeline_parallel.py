@@ -75,7 +75,7 @@ def _feature(
 @pytest.mark.parametrize("feature", ["lora", "draft"])
 def test_feature_at_pp2_equals_one_process(tiny_model_factory, one_process, tmp_path, feature: str) -> None:
     """LoRA: each stage holds its own layers' slots; the adapters change the tokens (not the base model's
-    request). A draft model runs whole on the last stage: the same drafts are accepted as in one process."""
+    request). A draft model runs whole on the last stage: as in one process, every draft is accepted."""
     name = "llama-5l-tied"
     model = tiny_model_factory(name)
     settings, lora = _feature(feature, model, str(tmp_path))
@@ -87,7 +87,10 @@ def test_feature_at_pp2_equals_one_process(tiny_model_factory, one_process, tmp_
         changed = [t != base for t, base in zip(tokens, one_process(name))]
         assert changed == [adapter is not None for adapter in lora * 2 + lora[:3]]
     else:
-        assert staged.spec_decode_num_accepted_tokens == one.spec_decode_num_accepted_tokens > 0
+        # NOTE: the model drafts for itself: every draft is accepted. The counts differ from one process's
+        # with micro-batches in flight (another schedule: other preemptions, which drop drafts).
+        for stats in (one, staged):
+            assert stats.spec_decode_num_accepted_tokens == stats.spec_decode_num_draft_tokens > 0
 
 
 def test_swap_preemption_and_ngram_speculation_at_pp2(tiny_model_factory) -> None:
