@@ -4,7 +4,7 @@ mid-flight (pp batches in flight), and the check that each rank holds only its s
 
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from tp_utils import shutdown
 
@@ -121,3 +121,18 @@ def check_stage_parameters(names: Iterable[str], stage: PipelineStage) -> None:
     assert any(name.startswith("model.embed_tokens.") for name in names) == stage.is_first
     assert any(name.startswith("model.norm.") for name in names) == stage.is_last
     assert stage.is_last or not any(name.startswith("lm_head.") for name in names)
+
+
+def one_process_tokens(tiny_model_factory: Callable[[str], str]) -> Callable[[str], list[list[int]]]:
+    """The body of a test module's `one_process` fixture (module-scoped: `one_process =
+    pytest.fixture(scope="module", name="one_process")(one_process_tokens)`): one_process(name) gives the
+    greedy tokens of this workload in one process (uni executor), computed once per model. (Not a
+    tests/distributed/conftest.py: that would shadow tests/conftest.py for `from conftest import`.)"""
+    cache: dict[str, list[list[int]]] = {}
+
+    def get(name: str) -> list[list[int]]:
+        if name not in cache:
+            cache[name], _ = run_engine(tiny_model_factory(name), NUM_BLOCKS[name])
+        return cache[name]
+
+    return get

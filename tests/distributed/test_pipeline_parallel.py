@@ -7,7 +7,7 @@ import json
 
 import pytest
 from lora_adapters import write_adapter
-from pp_utils import NUM_BLOCKS, run_engine
+from pp_utils import NUM_BLOCKS, one_process_tokens, run_engine
 from tp_utils import shutdown
 from transformers import AutoConfig
 
@@ -17,6 +17,8 @@ from pagedserve.config.parallel import PP_LAYER_PARTITION_ENV, pipeline_stages
 from pagedserve.entrypoints.cli import main as cli_main
 from pagedserve.errors import ConfigError
 from pagedserve.lora.request import LoRARequest
+
+one_process = pytest.fixture(scope="module", name="one_process")(one_process_tokens)
 
 
 @pytest.mark.parametrize(

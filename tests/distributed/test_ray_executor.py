@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
-from pp_utils import NUM_BLOCKS, PP_ENGINE_ARGS, generate_checked, prompts, start_engine
+from pp_utils import NUM_BLOCKS, PP_ENGINE_ARGS, generate_checked, one_process_tokens, prompts, start_engine
 from tp_utils import inet_sockets, is_loopback, shutdown
 
 from pagedserve import LLM, SamplingParams
@@ -32,6 +32,8 @@ MODEL = "llama-5l-tied"  # pp=2: layers 0-2 | 3-4
 CPUS_PER_NODE = 2  # a placement bundle per rank takes one: tp=2 x pp=2 needs both nodes
 # NOTE: far above how fast a death must be seen, so a failure found only by the timeout fails the test.
 TIMEOUT_S = 60.0
+
+one_process = pytest.fixture(scope="module", name="one_process")(one_process_tokens)
 
 
 @pytest.fixture(scope="module")
