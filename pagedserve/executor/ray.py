@@ -74,7 +74,7 @@ class RayExecutor(Executor):
         self.timeout_s = config.parallel.distributed_timeout_s
         self._failure: EngineDeadError | None = None
         size = config.parallel.tensor_parallel_size
-        owns_ray = _connect(size)  # NOTE: before this module's first `import ray`
+        owns_ray = connect_ray(size)  # NOTE: before this module's first `import ray`
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -183,7 +183,7 @@ def _take(ref: "ObjectRef[T]", rank: int, failures: RankFailures) -> None:
             failures.config_error = cause
 
 
-def _connect(num_workers: int) -> bool:
+def connect_ray(num_workers: int) -> bool:
     """Use this process's Ray, else join the cluster at RAY_ADDRESS (only when asked: a cluster that
     merely runs on this machine may be someone else's), else start a private local instance on
     127.0.0.1 for this run. Returns True when the instance was started here (so shutdown stops it)."""
