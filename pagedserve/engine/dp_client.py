@@ -56,7 +56,9 @@ class DPClient(EngineCoreClient):
         self.replicas: list[SocketClient] = [
             MPClient(replica_config(config, rank, rank), stall_timeout_s) for rank in range(local)
         ]
-        self.load = [0] * parallel.data_parallel_size  # unfinished outputs (requests, samples, beams) per replica
+        self.load = [
+            0
+        ] * parallel.data_parallel_size  # unfinished outputs (requests, samples, beams) per replica
         self.outstanding: dict[str, int] = {}  # unfinished output id -> its replica
         # submitted engine-core request id -> (its replica, its unfinished output ids); and back
         self.handles: dict[str, tuple[int, list[str]]] = {}

@@ -39,10 +39,14 @@ class SocketClient(EngineCoreClient):
 
     async def _recv(self) -> bytes:
         """The next output message; raises EngineDeadError once the core is gone and nothing is left."""
-        while not await self._output_socket.poll(_DEATH_CHECK_MS):
-            if not self.is_alive():
+        while True:
+            if await self._output_socket.poll(_DEATH_CHECK_MS):
+                try:
+                    return await self._output_socket.recv(flags=zmq.NOBLOCK, copy=True)
+                except zmq.Again:
+                    continue  # NOTE: a readable event without a message (seen over TCP with CURVE)
+            elif not self.is_alive():
                 raise self.dead_error()
-        return await self._output_socket.recv(copy=True)
 
     async def wait_until_ready(self) -> EngineCoreHandshake:
         """Wait (however long loading takes) for the engine to report its KV cache. Raises ConfigError
