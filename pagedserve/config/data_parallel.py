@@ -3,12 +3,9 @@ serves the API with some replicas, `--headless` nodes with the others, joined ov
 (`--data-parallel-backend ray`). The checks of those flags live here, each naming the flag to change."""
 
 import importlib.util
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import Literal, Protocol, get_args
 
 from pagedserve.errors import ConfigError
-
-if TYPE_CHECKING:
-    from pagedserve.config.parallel import ParallelConfig
 
 # --data-parallel-backend choices.
 DataParallelBackend = Literal["mp", "ray"]
@@ -21,7 +18,26 @@ _RAY_PLACES = (
 )
 
 
-def check_data_parallel(parallel: "ParallelConfig") -> None:
+class DataParallelSettings(Protocol):
+    """ParallelConfig's data-parallel fields (that module imports this one)."""
+
+    @property
+    def data_parallel_size(self) -> int: ...
+    @property
+    def data_parallel_size_local(self) -> int | None: ...
+    @property
+    def data_parallel_start_rank(self) -> int: ...
+    @property
+    def data_parallel_address(self) -> str | None: ...
+    @property
+    def data_parallel_rpc_port(self) -> int | None: ...
+    @property
+    def data_parallel_backend(self) -> DataParallelBackend: ...
+    @property
+    def headless(self) -> bool: ...
+
+
+def check_data_parallel(parallel: DataParallelSettings) -> None:
     """Raises ConfigError naming the data-parallel flag that is out of range or contradicts another."""
     size, local, start = (
         parallel.data_parallel_size,
@@ -65,7 +81,7 @@ def check_data_parallel(parallel: "ParallelConfig") -> None:
         )
 
 
-def _check_headless(parallel: "ParallelConfig") -> None:
+def _check_headless(parallel: DataParallelSettings) -> None:
     if parallel.data_parallel_address is None:
         raise ConfigError(
             "--headless needs --data-parallel-address: the head node's address, where its replicas "
@@ -78,7 +94,7 @@ def _check_headless(parallel: "ParallelConfig") -> None:
         )
 
 
-def _check_ray(parallel: "ParallelConfig") -> None:
+def _check_ray(parallel: DataParallelSettings) -> None:
     placed = [
         (parallel.headless, "--headless"),
         (parallel.data_parallel_start_rank != 0, "--data-parallel-start-rank"),

@@ -7,7 +7,7 @@ local instance on 127.0.0.1)."""
 import os
 from collections import Counter
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagedserve.config import EngineConfig, ParallelConfig
 from pagedserve.engine.dp_auth import CurveKeys
@@ -16,6 +16,9 @@ from pagedserve.errors import ConfigError
 from pagedserve.executor.ray import connect_ray
 from pagedserve.logger import init_logger
 from pagedserve.platforms import get_platform
+
+if TYPE_CHECKING:
+    from ray.util.placement_group import PlacementGroup
 
 logger = init_logger(__name__)
 
@@ -50,8 +53,7 @@ class RayReplicas:
         self.config = config
         self.stall_timeout_s = stall_timeout_s
         self.actors: list[Any] = []  # NOTE: Any: Ray's ActorHandle types the actor's methods as Never
-        self.runs: list[Any] = []  # each actor's serve() call (it ends when the replica does)
-        self.placement_group: Any = None
+        self.placement_group: PlacementGroup | None = None
         self.owns_ray = False
 
     def launch(self, address: str, port: int, keys: CurveKeys) -> None:
@@ -63,30 +65,31 @@ class RayReplicas:
 
         rank_bundle = get_platform(self.config.device).ray_bundle()
         bundle = {resource: amount * parallel.world_size for resource, amount in rank_bundle.items()}
-        self.placement_group = ray.util.placement_group(
-            [bundle] * parallel.data_parallel_size, strategy="PACK"
-        )
+        placement_group = ray.util.placement_group([bundle] * parallel.data_parallel_size, strategy="PACK")
+        self.placement_group = placement_group
         try:
-            ray.get(self.placement_group.ready(), timeout=parallel.distributed_timeout_s)
+            ray.get(placement_group.ready(), timeout=parallel.distributed_timeout_s)
         except ray.exceptions.GetTimeoutError:
             raise ConfigError(
                 f"The Ray cluster cannot place {parallel.data_parallel_size} replicas needing {bundle} each "
                 f"within --distributed-timeout={parallel.distributed_timeout_s:g}s (available: "
                 f"{ray.available_resources()}); add nodes or lower --data-parallel-size."
             ) from None
-        nodes = ray.util.placement_group_table(self.placement_group)["bundles_to_node_id"]
+        nodes = ray.util.placement_group_table(placement_group)["bundles_to_node_id"]
         per_node = Counter(nodes.values())
         actor_class = ray.remote(RayEngineCore)
         for rank in range(parallel.data_parallel_size):
             strategy = PlacementGroupSchedulingStrategy(
-                placement_group=self.placement_group, placement_group_bundle_index=rank
+                placement_group=placement_group, placement_group_bundle_index=rank
             )
-            actor: Any = actor_class.options(
-                num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0), scheduling_strategy=strategy
-            ).remote()
-            self.actors.append(actor)
+            self.actors.append(
+                actor_class.options(
+                    num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0), scheduling_strategy=strategy
+                ).remote()
+            )
             config = _placed(self.config, rank, per_node[nodes[rank]])
-            self.runs.append(actor.serve.remote(config, address, port, keys, self.stall_timeout_s))
+            # NOTE: serve() runs until the replica stops; its death shows as its connection closing.
+            self.actors[-1].serve.remote(config, address, port, keys, self.stall_timeout_s)
         logger.info("Placed %d data-parallel replicas as Ray actors.", len(self.actors))
 
     def shutdown(self) -> None:
