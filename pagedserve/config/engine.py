@@ -8,6 +8,7 @@ from typing import Any, Literal, get_args
 
 from pagedserve.config.cache import BlockSize, CacheConfig, KVCacheDType
 from pagedserve.config.cli import add_dataclass_cli_args, config_field, dataclass_from_cli_args
+from pagedserve.config.data_parallel import DataParallelBackend
 from pagedserve.config.generation import generation_defaults
 from pagedserve.config.kv_layout import KVCacheLayout
 from pagedserve.config.lora import LoRAConfig
@@ -151,9 +152,41 @@ class EngineArgs:
     )
     data_parallel_size: int = config_field(
         1,
-        "Engine replicas on this machine (each a full copy of the model, in its own process); each request "
-        "goes to the least loaded.",
+        "Engine replicas in all (each a full copy of the model, itself tp x pp ranks, in its own "
+        "process); each request goes to the least loaded.",
         aliases=("-dp",),
+    )
+    data_parallel_size_local: int | None = config_field(
+        None,
+        "Replicas this node runs (default: all of --data-parallel-size); the head runs ranks 0 .. this - 1, "
+        "the others connect from --headless nodes.",
+        aliases=("-dpl",),
+    )
+    data_parallel_start_rank: int = config_field(
+        0, "--headless: the first data-parallel rank this node runs.", aliases=("-dpr",)
+    )
+    data_parallel_address: str | None = config_field(
+        None,
+        "The head's address for replicas on other nodes: the head listens there (only), --headless nodes "
+        "connect to it. Needs PAGEDSERVE_DATA_PARALLEL_SECRET on every node.",
+        aliases=("-dpa",),
+    )
+    data_parallel_rpc_port: int | None = config_field(
+        None,
+        "The head's port for replicas on other nodes (default 29550; with --data-parallel-backend ray, "
+        "any free port).",
+        aliases=("-dpp",),
+    )
+    data_parallel_backend: DataParallelBackend = config_field(
+        "mp",
+        "mp: replicas are processes started on each node (the head's, and --headless nodes'); ray: Ray "
+        "places them as actors on the cluster at RAY_ADDRESS, else on a private local Ray instance.",
+        aliases=("-dpb",),
+    )
+    headless: bool = config_field(
+        False,
+        "Run engine replicas only (no API server), for the head at --data-parallel-address: ranks "
+        "--data-parallel-start-rank .. + --data-parallel-size-local - 1.",
     )
     distributed_executor_backend: ExecutorBackend | None = config_field(
         None,
@@ -412,6 +445,12 @@ class EngineArgs:
             pipeline_parallel_size=self.pipeline_parallel_size,
             data_parallel_size=self.data_parallel_size,
             cpu_threads=self.cpu_threads,
+            data_parallel_size_local=self.data_parallel_size_local,
+            data_parallel_start_rank=self.data_parallel_start_rank,
+            data_parallel_address=self.data_parallel_address,
+            data_parallel_rpc_port=self.data_parallel_rpc_port,
+            data_parallel_backend=self.data_parallel_backend,
+            headless=self.headless,
         )
 
 

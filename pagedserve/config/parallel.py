@@ -4,6 +4,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from pagedserve.config.data_parallel import DataParallelBackend, check_data_parallel, check_ray_placement
 from pagedserve.envs import pp_layer_partition
 from pagedserve.errors import ConfigError
 
@@ -30,7 +31,16 @@ class ParallelConfig:
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
     cpu_threads: int | None = None  # CPU: threads per rank (None: OMP_NUM_THREADS, else cores / (tp x dp))
-    data_parallel_rank: int = 0  # which replica this engine is (set per engine process by the DP client)
+    data_parallel_rank: int = 0  # which replica this engine is (set per engine process by its launcher)
+    # Multi-node data parallelism (config/data_parallel.py checks them):
+    data_parallel_size_local: int | None = None  # replicas on this node (None: all of them)
+    data_parallel_start_rank: int = 0  # the first rank this node runs (--headless nodes)
+    data_parallel_address: str | None = None  # the head's address, where remote replicas connect
+    data_parallel_rpc_port: int | None = None  # the head's port for them (None: DEFAULT_RPC_PORT)
+    data_parallel_backend: DataParallelBackend = "mp"  # mp: started per node; ray: placed by Ray
+    headless: bool = False  # this node runs replicas only, for the head at data_parallel_address
+    # NOTE: which replica on this node this engine is: it offsets the replica's GPUs.
+    data_parallel_rank_local: int = 0
 
     def __post_init__(self) -> None:
         tp, pp, backend = (
@@ -43,7 +53,7 @@ class ParallelConfig:
         if not 1 <= self.data_parallel_size <= MAX_DATA_PARALLEL_SIZE:
             raise ConfigError(
                 f"data_parallel_size={self.data_parallel_size} must be between 1 and {MAX_DATA_PARALLEL_SIZE} "
-                "(--data-parallel-size: engine replicas on this machine)."
+                "(--data-parallel-size: engine replicas in all, on every node)."
             )
         if tp < 1:
             raise ConfigError(f"tensor_parallel_size={tp} must be at least 1 (--tensor-parallel-size).")
@@ -67,16 +77,25 @@ class ParallelConfig:
                 f"--distributed-executor-backend uni runs one rank, but tensor_parallel_size={tp} x "
                 f"pipeline_parallel_size={pp} needs {self.world_size}; use mp (this machine) or ray."
             )
-        if pp > 1 and self.data_parallel_size > 1:
-            raise ConfigError(
-                "--pipeline-parallel-size > 1 with --data-parallel-size > 1 is not supported yet; "
-                "set one of them to 1."
-            )
         if backend == "ray" and importlib.util.find_spec("ray") is None:
             raise ConfigError(
                 "--distributed-executor-backend ray needs Ray, which is not installed: "
                 "pip install 'pagedserve[ray]'."
             )
+        if self.data_parallel_size_local is None:
+            object.__setattr__(self, "data_parallel_size_local", self.data_parallel_size)
+        check_data_parallel(self)
+
+    @property
+    def local_replicas(self) -> int:
+        """Data-parallel replicas on this node (they share its cores and GPUs)."""
+        assert self.data_parallel_size_local is not None, "resolved in __post_init__"
+        return self.data_parallel_size_local
+
+    @property
+    def remote_replicas(self) -> bool:
+        """Whether some replicas connect over TCP (from other nodes, or Ray's actors)."""
+        return self.data_parallel_backend == "ray" or self.local_replicas < self.data_parallel_size
 
     @property
     def world_size(self) -> int:
@@ -201,15 +220,18 @@ def resolve_parallel_config(
     machine, with the executor backend resolved (`backend`: --distributed-executor-backend; None: from
     the ranks and the devices)."""
     tp, pp = settings["tensor_parallel_size"], settings["pipeline_parallel_size"]
-    dp = settings["data_parallel_size"]
+    local = settings["data_parallel_size_local"]
+    check_ray_placement(settings["data_parallel_backend"], local)
+    dp = settings["data_parallel_size"] if local is None else local  # replicas on this machine
     if tp >= 1:
         check_tensor_parallel(model.hf_config, tp)
     devices = _local_devices(device, tp * pp)
-    # NOTE: on CUDA every data-parallel replica needs GPUs of its own: tp x dp of them on this machine.
-    if device == "cuda" and dp > 1 and tp * dp > devices:
+    # NOTE: on CUDA every data-parallel replica here needs GPUs of its own: tp x pp x dp of them.
+    if device == "cuda" and settings["data_parallel_backend"] == "mp" and dp > 1 and tp * pp * dp > devices:
         raise ConfigError(
-            f"--data-parallel-size {dp} x --tensor-parallel-size {tp} needs {tp * dp} GPUs on this machine, "
-            f"found {devices}; lower --data-parallel-size."
+            f"{dp} data-parallel replicas on this machine x --tensor-parallel-size {tp} x "
+            f"--pipeline-parallel-size {pp} need {tp * pp * dp} GPUs, found {devices}; lower "
+            "--data-parallel-size (or --data-parallel-size-local)."
         )
     return ParallelConfig(
         distributed_executor_backend=resolve_executor_backend(backend, tp * pp, devices), **settings

@@ -60,10 +60,11 @@ class AsyncLLM:
         self.stat_loggers = stat_loggers
         self.log_requests = log_requests
         self.log_stats_interval_s = log_stats_interval_s
-        # NOTE: --data-parallel-size N: N engine processes (replicas) behind this one frontend.
+        # NOTE: --data-parallel-size N: N engine processes (replicas, here or on other nodes) behind this
+        # one frontend.
         self.engine_core: MPClient | DPClient = (
             MPClient(config, limits.engine_stall_timeout)
-            if config.parallel.data_parallel_size == 1
+            if config.parallel.data_parallel_size == 1 and not config.parallel.remote_replicas
             else DPClient(config, limits.engine_stall_timeout)
         )
         self.frontend = Frontend(

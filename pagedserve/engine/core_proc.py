@@ -9,6 +9,7 @@ Wire protocol over two ZMQ PUSH/PULL sockets, both bound by the client:
 import re
 import signal
 import sys
+import threading
 import time
 from multiprocessing.connection import Connection
 from types import FrameType
@@ -19,6 +20,7 @@ import zmq
 
 from pagedserve.config import EngineConfig
 from pagedserve.engine.core import EngineCore
+from pagedserve.engine.dp_auth import CurveKeys, exit_when_disconnected, secure_client
 from pagedserve.engine.watchdog import StallWatchdog
 from pagedserve.errors import ConfigError
 from pagedserve.logger import init_logger
@@ -217,20 +219,39 @@ def run_engine_core(
     input_address: str,
     output_address: str,
     stall_timeout_s: float = 0.0,
+    keys: CurveKeys | None = None,
 ) -> None:
-    """Process entry point: build the EngineCore, report readiness, run the busy loop. Exits 0 after a
-    SHUTDOWN, 1 when the engine fails to start or crashes (the traceback goes to the log), STALL_EXIT_CODE
-    when a step runs past `stall_timeout_s` (0: no watchdog). Dies with the API server, whatever kills
-    it: SIGTERM then (a clean stop of the workers), SIGKILL if that does not end it."""
+    """Process entry point: serve_engine_core() in a child of the API server (or of a --headless
+    launcher). Dies with its parent, whatever kills it: SIGTERM then (a clean stop of the workers),
+    SIGKILL if that does not end it."""
     # NOTE: Ctrl-C reaches the whole process group; the API server then shuts this process down cleanly.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     die_with_parent(signal.SIGTERM)
     launcher.close()  # the socket that brought the arguments (ChildProcess): the rest goes over ZMQ
+    serve_engine_core(config, input_address, output_address, stall_timeout_s, keys)
+
+
+def serve_engine_core(
+    config: EngineConfig,
+    input_address: str,
+    output_address: str,
+    stall_timeout_s: float = 0.0,
+    keys: CurveKeys | None = None,
+) -> None:
+    """Connect to the client's sockets, build the EngineCore, report readiness, run the busy loop.
+    Returns after a SHUTDOWN; exits 1 when the engine fails to start or crashes (the traceback goes to
+    the log), STALL_EXIT_CODE when a step runs past `stall_timeout_s` (0: no watchdog). `keys`: the
+    client is the data-parallel head over TCP (CURVE); losing it ends this process."""
     context = zmq.Context()
     input_socket = context.socket(zmq.PULL)
-    input_socket.connect(input_address)
     output_socket = context.socket(zmq.PUSH)
+    stopping = threading.Event()
+    if keys is not None:
+        for socket in (input_socket, output_socket):
+            secure_client(socket, keys)
+        stopping = exit_when_disconnected(output_socket, f"the data-parallel head at {output_address}")
+    input_socket.connect(input_address)
     output_socket.connect(output_address)
     encoder = msgspec.msgpack.Encoder()
     engine_core = None
@@ -241,6 +262,7 @@ def run_engine_core(
             encoder.encode(EngineCoreHandshake(kv.num_blocks, kv.block_size, kv.num_host_blocks))
         )
         EngineCoreProc(engine_core, input_socket, output_socket, stall_timeout_s).run_busy_loop()
+        stopping.set()
     except Exception as exc:
         if engine_core is None:  # failed to start: tell the client why
             if not isinstance(exc, ConfigError):

@@ -1,5 +1,7 @@
-"""--data-parallel-size N: N engine cores, each a full replica of the model (itself --tensor-parallel-size
-ranks) in its own process, behind one frontend (vLLM's DP, on one machine).
+"""--data-parallel-size N: N engine cores, each a full replica of the model (itself tp x pp ranks) in its
+own process, behind one frontend (vLLM's DP). Ranks 0 .. --data-parallel-size-local - 1 run on this node
+(MPClients over Unix sockets); the others connect over TCP (dp_remote.py): from --headless nodes, or as
+Ray's actors with --data-parallel-backend ray (dp_ray.py, every rank then). The client waits for all N.
 
 Routing: a request, with its samples or beams (they share KV blocks), goes to the replica with the fewest
 unfinished requests; among equally loaded ones, to the replica its prompt's first KV block hashes to, so
@@ -16,13 +18,17 @@ import asyncio
 import hashlib
 from array import array
 from collections.abc import Callable
-from dataclasses import replace
 from typing import TypeVar
 
 from pagedserve.config import EngineConfig
+from pagedserve.config.data_parallel import DEFAULT_RPC_PORT
 from pagedserve.engine.core_client import EngineCoreClient
 from pagedserve.engine.core_proc import EngineCoreHandshake
-from pagedserve.engine.mp_client import MPClient
+from pagedserve.engine.dp_auth import SECRET_ENV, run_keys, shared_keys
+from pagedserve.engine.dp_headless import replica_config
+from pagedserve.engine.dp_ray import RayReplicas, listen_address
+from pagedserve.engine.dp_remote import ReplicaListener
+from pagedserve.engine.mp_client import MPClient, SocketClient
 from pagedserve.errors import EngineDeadError
 from pagedserve.protocol import (
     EngineCoreOutput,
@@ -39,14 +45,20 @@ class DPClient(EngineCoreClient):
     """The replicas' MPClients behind one EngineCoreClient. Use from one event loop."""
 
     def __init__(self, config: EngineConfig, stall_timeout_s: float = 0.0) -> None:
+        self.config = config
         self.block_size = config.cache.block_size
-        self.replicas = [
-            MPClient(
-                replace(config, parallel=replace(config.parallel, data_parallel_rank=i)), stall_timeout_s
-            )
-            for i in range(config.parallel.data_parallel_size)
+        parallel = config.parallel
+        local = parallel.local_replicas if parallel.data_parallel_backend == "mp" else 0
+        self.listener: ReplicaListener | None = None
+        self.ray: RayReplicas | None = None
+        if parallel.remote_replicas:  # NOTE: first, so that a taken port fails before any process starts
+            self._listen(list(range(local, parallel.data_parallel_size)), stall_timeout_s)
+        self.replicas: list[SocketClient] = [
+            MPClient(replica_config(config, rank, rank), stall_timeout_s) for rank in range(local)
         ]
-        self.load = [0] * len(self.replicas)  # unfinished outputs (requests, samples, beams) per replica
+        self.load = [
+            0
+        ] * parallel.data_parallel_size  # unfinished outputs (requests, samples, beams) per replica
         self.outstanding: dict[str, int] = {}  # unfinished output id -> its replica
         # submitted engine-core request id -> (its replica, its unfinished output ids); and back
         self.handles: dict[str, tuple[int, list[str]]] = {}
@@ -55,9 +67,50 @@ class DPClient(EngineCoreClient):
         self._outputs: asyncio.Queue[EngineCoreOutputs] = asyncio.Queue()
         self._readers: list[asyncio.Task[None]] = []
 
+    def _listen(self, ranks: list[int], stall_timeout_s: float) -> None:
+        """Listen for the remote ranks: the secret's keys for other nodes, a fresh one for Ray's actors."""
+        parallel = self.config.parallel
+        if parallel.data_parallel_backend == "ray":
+            self.ray = RayReplicas(self.config, stall_timeout_s)
+            address, keys = listen_address(parallel), run_keys()
+        else:
+            assert parallel.data_parallel_address is not None, "ParallelConfig checks the head's address"
+            address, keys = parallel.data_parallel_address, shared_keys("Replicas on other nodes")
+        port = parallel.data_parallel_rpc_port or (0 if self.ray else DEFAULT_RPC_PORT)
+        self.listener = ReplicaListener(self.config, ranks, address, port, keys)
+
+    async def _accept_remote(self) -> list[SocketClient]:
+        """The remote ranks' clients in rank order, once each said hello (Ray's actors placed first)."""
+        if self.listener is None:
+            return []
+        parallel, listener = self.config.parallel, self.listener
+        if self.ray is not None:
+            self.ray.launch(listener.address, listener.port, listener.keys)
+            how_to_start = (
+                "Ray's actors for them did not start or could not reach this address; see the Ray log."
+            )
+        else:
+            first = listener.ranks[0]
+            how_to_start = (
+                f"Start them on their nodes: pagedserve serve MODEL --headless --data-parallel-size "
+                f"{parallel.data_parallel_size} --data-parallel-size-local N --data-parallel-start-rank {first} "
+                f"--data-parallel-address {listener.address} --data-parallel-rpc-port {listener.port}, with "
+                f"this node's {SECRET_ENV}."
+            )
+        remote = await listener.accept(parallel.distributed_timeout_s, how_to_start)
+        listener.close_port()
+        return [remote[rank] for rank in sorted(remote)]
+
     async def wait_until_ready(self) -> EngineCoreHandshake:
         """Every replica ready (they load at once, one process each); the handshake of the smallest."""
-        handshakes = [await replica.wait_until_ready() for replica in self.replicas]
+        accepting = asyncio.ensure_future(self._accept_remote())
+        try:
+            handshakes = [await replica.wait_until_ready() for replica in self.replicas]
+            remote = await accepting
+        finally:
+            accepting.cancel()
+        self.replicas += remote
+        handshakes += [await replica.wait_until_ready() for replica in remote]
         self._readers = [asyncio.create_task(self._read(i)) for i in range(len(self.replicas))]
         return min(handshakes, key=lambda h: h.num_blocks)
 
@@ -171,12 +224,20 @@ class DPClient(EngineCoreClient):
     def kill(self) -> None:
         for replica in self.replicas:
             replica.kill()
+        self._release_remote()
 
     def shutdown(self) -> None:
         for task in self._readers:
             task.cancel()
         for replica in self.replicas:
             replica.shutdown()
+        self._release_remote()
+
+    def _release_remote(self) -> None:
+        if self.listener is not None:
+            self.listener.shutdown()
+        if self.ray is not None:
+            self.ray.shutdown()
 
 
 def _output_ids(request: EngineCoreRequest) -> list[str]:

@@ -14,6 +14,7 @@ from pagedserve.engine.input_processor import EngineLimits, InputProcessor, Prom
 from pagedserve.engine.output_processor import OutputProcessor
 from pagedserve.engine.pooling_input import PoolingOptions
 from pagedserve.engine.tokenizer import load_tokenizer
+from pagedserve.errors import ConfigError
 from pagedserve.outputs import RequestOutput
 from pagedserve.protocol import LoRARequest
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams
@@ -28,10 +29,14 @@ class LLMEngine:
 
     def __init__(self, engine_args: EngineArgs, limits: ServingLimits | None = None) -> None:
         self.config = engine_args.create_engine_config()
+        if self.config.parallel.headless:
+            raise ConfigError(
+                "headless=True runs replicas for a server's head: use `pagedserve serve --headless`."
+            )
         self.tokenizer = load_tokenizer(self.config.model)
         # NOTE: --data-parallel-size N: the replicas are engine processes; step() waits for any of them.
         self.client: InprocClient | SyncDPClient
-        if self.config.parallel.data_parallel_size == 1:
+        if self.config.parallel.data_parallel_size == 1 and not self.config.parallel.remote_replicas:
             self.client = InprocClient(EngineCore(self.config))
             num_blocks = self.client.engine_core.kv_cache_config.num_blocks
         else:

@@ -4,6 +4,7 @@ outputs (asyncio + ZMQ + msgspec). See core_proc.py for the wire protocol."""
 import atexit
 import os
 import uuid
+from abc import abstractmethod
 
 import msgspec
 import zmq
@@ -25,48 +26,27 @@ _DEATH_CHECK_MS = 200
 _SHUTDOWN_TIMEOUT_S = 5.0
 
 
-class MPClient(EngineCoreClient):
-    """Owns the EngineCore process. Use from one event loop; `shutdown()` is idempotent.
-    `stall_timeout_s`: the engine's own watchdog (--engine-stall-timeout; 0: none)."""
+class SocketClient(EngineCoreClient):
+    """The client's half of the wire protocol over a bound input (PUSH) and output (PULL) socket; the
+    subclass says where the engine core runs and whether it lives. Use from one event loop."""
 
-    def __init__(self, config: EngineConfig, stall_timeout_s: float = 0.0) -> None:
-        self.stall_timeout_s = stall_timeout_s
-        # NOTE: abstract Unix sockets ("@", Linux): no file to leave behind, even when SIGKILLed.
-        name = f"ipc://@pagedserve-{os.getpid()}-{uuid.uuid4().hex}"
-        input_address, output_address = f"{name}-input", f"{name}-output"
-        self._context = zmq.asyncio.Context()
-        self._input_socket = self._context.socket(zmq.PUSH)
-        self._input_socket.bind(input_address)
-        self._output_socket = self._context.socket(zmq.PULL)
-        self._output_socket.bind(output_address)
+    def __init__(self, input_socket: zmq.asyncio.Socket, output_socket: zmq.asyncio.Socket) -> None:
+        self._input_socket = input_socket
+        self._output_socket = output_socket
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
-        # NOTE: a fresh interpreter, not multiprocessing: the user's __main__ is never re-imported there.
-        # shutdown() (also run at exit) ends it.
-        self.process = ChildProcess(
-            run_engine_core, (config, input_address, output_address, stall_timeout_s), "EngineCore"
-        )
         self._closed = False
-        atexit.register(self.shutdown)
-        logger.info("Started the engine core process (pid %d).", self.process.pid)
-
-    def is_alive(self) -> bool:
-        return not self._closed and self.process.is_alive()
-
-    def dead_error(self) -> EngineDeadError:
-        if self.process.exitcode == STALL_EXIT_CODE:
-            return EngineDeadError(stall_message(self.stall_timeout_s))
-        return EngineDeadError(
-            f"The engine core process (pid {self.process.pid}) died with exit code "
-            f"{self.process.exitcode}; see the server log. The server must be restarted."
-        )
 
     async def _recv(self) -> bytes:
-        """The next output message; raises EngineDeadError once the process is gone and nothing is left."""
-        while not await self._output_socket.poll(_DEATH_CHECK_MS):
-            if not self.process.is_alive():
+        """The next output message; raises EngineDeadError once the core is gone and nothing is left."""
+        while True:
+            if await self._output_socket.poll(_DEATH_CHECK_MS):
+                try:
+                    return await self._output_socket.recv(flags=zmq.NOBLOCK, copy=True)
+                except zmq.Again:
+                    continue  # NOTE: a readable event without a message (seen over TCP with CURVE)
+            elif not self.is_alive():
                 raise self.dead_error()
-        return await self._output_socket.recv(copy=True)
 
     async def wait_until_ready(self) -> EngineCoreHandshake:
         """Wait (however long loading takes) for the engine to report its KV cache. Raises ConfigError
@@ -103,12 +83,6 @@ class MPClient(EngineCoreClient):
         """Ask for the KV block pool's state; it comes back as an output with `block_snapshot` set."""
         self._send(EngineCoreRequestType.BLOCK_SNAPSHOT, b"")
 
-    def kill(self) -> None:
-        """End an unresponsive engine process at once (it may be stopped or stuck)."""
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(_SHUTDOWN_TIMEOUT_S)
-
     def _send(self, kind: EngineCoreRequestType, payload: bytes) -> None:
         """Send without waiting (call from the event loop): pyzmq's asyncio socket sends at once when it
         can, else queues the message behind the earlier ones, so the order holds either way."""
@@ -116,19 +90,71 @@ class MPClient(EngineCoreClient):
             raise self.dead_error()
         self._input_socket.send_multipart([kind.value, payload], copy=False)
 
+    @abstractmethod
+    def kill(self) -> None:
+        """End an unresponsive engine core at once."""
+
+    def request_shutdown(self) -> None:
+        """Ask the engine core to stop (without waiting: its queue may be full or gone)."""
+        try:
+            self._input_socket.send_multipart([EngineCoreRequestType.SHUTDOWN.value, b""], flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # the caller ends it otherwise
+
+    def close(self) -> None:
+        """Mark the engine core gone and close the sockets (idempotent)."""
+        self._closed = True
+        self._input_socket.close(linger=0)
+        self._output_socket.close(linger=0)
+
+
+class MPClient(SocketClient):
+    """Owns the EngineCore process. Use from one event loop; `shutdown()` is idempotent.
+    `stall_timeout_s`: the engine's own watchdog (--engine-stall-timeout; 0: none)."""
+
+    def __init__(self, config: EngineConfig, stall_timeout_s: float = 0.0) -> None:
+        self.stall_timeout_s = stall_timeout_s
+        # NOTE: abstract Unix sockets ("@", Linux): no file to leave behind, even when SIGKILLed.
+        name = f"ipc://@pagedserve-{os.getpid()}-{uuid.uuid4().hex}"
+        input_address, output_address = f"{name}-input", f"{name}-output"
+        self._context = zmq.asyncio.Context()
+        input_socket = self._context.socket(zmq.PUSH)
+        input_socket.bind(input_address)
+        output_socket = self._context.socket(zmq.PULL)
+        output_socket.bind(output_address)
+        super().__init__(input_socket, output_socket)
+        # NOTE: a fresh interpreter, not multiprocessing: the user's __main__ is never re-imported there.
+        # shutdown() (also run at exit) ends it.
+        self.process = ChildProcess(
+            run_engine_core, (config, input_address, output_address, stall_timeout_s), "EngineCore"
+        )
+        atexit.register(self.shutdown)
+        logger.info("Started the engine core process (pid %d).", self.process.pid)
+
+    def is_alive(self) -> bool:
+        return not self._closed and self.process.is_alive()
+
+    def dead_error(self) -> EngineDeadError:
+        if self.process.exitcode == STALL_EXIT_CODE:
+            return EngineDeadError(stall_message(self.stall_timeout_s))
+        return EngineDeadError(
+            f"The engine core process (pid {self.process.pid}) died with exit code "
+            f"{self.process.exitcode}; see the server log. The server must be restarted."
+        )
+
+    def kill(self) -> None:
+        """End an unresponsive engine process at once (it may be stopped or stuck)."""
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(_SHUTDOWN_TIMEOUT_S)
+
     def shutdown(self) -> None:
         """Ask the process to stop, then terminate it if it does not within a few seconds."""
         if self._closed:
             return
-        self._closed = True
         atexit.unregister(self.shutdown)
         if self.process.is_alive():
-            try:
-                self._input_socket.send_multipart(
-                    [EngineCoreRequestType.SHUTDOWN.value, b""], flags=zmq.NOBLOCK
-                )
-            except zmq.ZMQError:
-                pass  # its queue is full or gone: terminate below
+            self.request_shutdown()
             self.process.join(_SHUTDOWN_TIMEOUT_S)
             if self.process.is_alive():
                 logger.warning(
@@ -139,4 +165,5 @@ class MPClient(EngineCoreClient):
                 if self.process.is_alive():
                     self.process.kill()
                     self.process.join()
+        self.close()
         self._context.destroy(linger=0)

@@ -90,7 +90,7 @@ class RayExecutor(Executor):
         parallel = config.parallel
         self.timeout_s = parallel.distributed_timeout_s
         self._failure: EngineDeadError | None = None
-        owns_ray = _connect(parallel.world_size)  # NOTE: before this module's first `import ray`
+        owns_ray = connect_ray(parallel.world_size)  # NOTE: before this module's first `import ray`
         import ray
 
         bundle = get_platform(config.device).ray_bundle()
@@ -268,7 +268,7 @@ def straddling_stages(rank_nodes: list[str], tp: int) -> list[int]:
     return [stage for stage in stages if len(set(rank_nodes[stage * tp : (stage + 1) * tp])) > 1]
 
 
-def _connect(num_workers: int) -> bool:
+def connect_ray(num_workers: int) -> bool:
     """Use this process's Ray, else join the cluster at RAY_ADDRESS (only when asked: a cluster that
     merely runs on this machine may be someone else's), else start a private local instance on
     127.0.0.1 for this run. Returns True when the instance was started here (so shutdown stops it)."""

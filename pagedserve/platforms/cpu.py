@@ -29,7 +29,7 @@ class CpuPlatform(Platform):
     def init_device(self, local_rank: int, parallel: ParallelConfig) -> torch.device:
         # NOTE: every native kernel splits its output rows over ATen's one OpenMP pool (at::parallel_for):
         # its threads start once and wait between calls, so its size is the only thread setting.
-        threads = cpu_threads(parallel.cpu_threads, parallel.world_size * parallel.data_parallel_size)
+        threads = cpu_threads(parallel.cpu_threads, parallel.world_size * max(1, parallel.local_replicas))
         torch.set_num_threads(threads)
         logger.info("CPU: %d threads per rank (--cpu-threads).", threads)
         return torch.device("cpu")

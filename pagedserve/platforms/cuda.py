@@ -18,8 +18,8 @@ class CudaPlatform(Platform):
     default_attention_backend = "triton"  # torch when triton does not import (logged)
 
     def init_device(self, local_rank: int, parallel: ParallelConfig) -> torch.device:
-        # NOTE: data-parallel replica r takes the r-th run of --tensor-parallel-size GPUs.
-        device = torch.device("cuda", parallel.data_parallel_rank * parallel.world_size + local_rank)
+        # NOTE: the r-th data-parallel replica on this node takes its r-th run of tp x pp GPUs.
+        device = torch.device("cuda", parallel.data_parallel_rank_local * parallel.world_size + local_rank)
         torch.cuda.set_device(device)
         return device
 

@@ -78,7 +78,10 @@ def test_unexpressible_field_type_is_refused() -> None:
             lambda: ParallelConfig(1, "uni", 1.0, 2),
             "uni runs one rank, but tensor_parallel_size=1 x pipeline",
         ),
-        (lambda: ParallelConfig(1, "mp", 1.0, 2, 2), "with --data-parallel-size > 1 is not supported yet"),
+        (
+            lambda: ParallelConfig(1, "mp", 1.0, 1, 2, data_parallel_backend="pp"),  # type: ignore[arg-type]
+            "--data-parallel-backend must be one of mp, ray",
+        ),
     ],
 )
 def test_each_config_validates_itself(build, message: str) -> None:

@@ -127,7 +127,6 @@ def test_bad_partition_names_the_variable(monkeypatch: pytest.MonkeyPatch, parti
     [
         ("llama", {"pipeline_parallel_size": 3}, "exceeds the model's 2 layers"),
         ("llama", {"distributed_executor_backend": "uni"}, "uni runs one rank"),
-        ("llama", {"data_parallel_size": 2}, "--data-parallel-size"),
         ("llama", {"runner": "pooling"}, "does not serve pooling models"),
     ],
 )

@@ -27,6 +27,7 @@ from pagedserve import __version__, envs
 from pagedserve.config import EngineArgs, EngineConfig
 from pagedserve.engine.admission import ServingLimits
 from pagedserve.engine.async_llm import AsyncLLM
+from pagedserve.engine.dp_headless import run_headless
 from pagedserve.entrypoints.chat_utils import load_chat_template
 from pagedserve.entrypoints.openai.auth import ApiKeyMiddleware
 from pagedserve.entrypoints.openai.cli_args import ServerArgs, args_from_namespace, make_arg_parser
@@ -306,7 +307,10 @@ def run(args: argparse.Namespace) -> int:
     # orphaned; while it runs, LifecycleServer drains on SIGTERM instead.
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
-        return asyncio.run(run_server(*args_from_namespace(args)))
+        engine_args, server_args, limits, bounds = args_from_namespace(args)
+        if engine_args.headless:  # this node runs replicas for a head elsewhere: no API server
+            return run_headless(engine_args.create_engine_config(), limits.engine_stall_timeout)
+        return asyncio.run(run_server(engine_args, server_args, limits, bounds))
     except PagedServeError as exc:
         logger.error("%s", exc)
         return 1
