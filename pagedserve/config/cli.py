@@ -27,7 +27,7 @@ def flag_name(field_name: str) -> str:
 
 
 def add_dataclass_cli_args(
-    cls: type, parser: argparse.ArgumentParser, only: Collection[str] | None = None
+    cls: type, parser: argparse.ArgumentParser | argparse._ArgumentGroup, only: Collection[str] | None = None
 ) -> None:
     """One flag per field of the dataclass `cls` (or per field named in `only`)."""
     hints = typing.get_type_hints(cls)

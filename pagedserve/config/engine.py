@@ -8,17 +8,12 @@ from typing import Any, Literal, get_args
 
 from pagedserve.config.cache import BlockSize, CacheConfig, KVCacheDType
 from pagedserve.config.cli import add_dataclass_cli_args, config_field, dataclass_from_cli_args
-from pagedserve.config.data_parallel import DataParallelBackend
 from pagedserve.config.generation import generation_defaults
 from pagedserve.config.kv_layout import KVCacheLayout
 from pagedserve.config.lora import LoRAConfig
 from pagedserve.config.model import DType, LoadFormat, ModelConfig, load_model_config
-from pagedserve.config.parallel import (
-    ExecutorBackend,
-    ParallelConfig,
-    check_pipeline_features,
-    resolve_parallel_config,
-)
+from pagedserve.config.parallel import ParallelConfig, check_pipeline_features
+from pagedserve.config.parallel_args import ParallelArgs
 from pagedserve.config.pooling import ConvertName, RunnerName
 from pagedserve.config.quantization import QuantizationName, resolve_quantization
 from pagedserve.config.scheduler import (
@@ -94,8 +89,9 @@ class EngineConfig:
 
 
 @dataclass
-class EngineArgs:
-    """Every engine setting, with vLLM's names. `create_engine_config()` validates and resolves them."""
+class EngineArgs(ParallelArgs):
+    """Every engine setting, with vLLM's names (the parallelism ones in ParallelArgs).
+    `create_engine_config()` validates and resolves them."""
 
     model: str | None = config_field(
         None, f"Model: HF folder, GGUF file or hub id. Default: the embedded {DEFAULT_MODEL_NAME}."
@@ -143,66 +139,6 @@ class EngineArgs:
     max_num_seqs: int = config_field(256, "Maximum requests in one step.")
     max_num_batched_tokens: int | None = config_field(
         None, "Token budget of one step (default 2048, at least max_num_seqs); longer prompts are chunked."
-    )
-    tensor_parallel_size: int = config_field(1, "Number of tensor-parallel ranks.", aliases=("-tp",))
-    pipeline_parallel_size: int = config_field(
-        1,
-        "Number of pipeline-parallel stages (contiguous layers each; mp executor).",
-        aliases=("-pp",),
-    )
-    data_parallel_size: int = config_field(
-        1,
-        "Engine replicas in all (each a full copy of the model, itself tp x pp ranks, in its own "
-        "process); each request goes to the least loaded.",
-        aliases=("-dp",),
-    )
-    data_parallel_size_local: int | None = config_field(
-        None,
-        "Replicas this node runs (default: all of --data-parallel-size); the head runs ranks 0 .. this - 1, "
-        "the others connect from --headless nodes.",
-        aliases=("-dpl",),
-    )
-    data_parallel_start_rank: int = config_field(
-        0, "--headless: the first data-parallel rank this node runs.", aliases=("-dpr",)
-    )
-    data_parallel_address: str | None = config_field(
-        None,
-        "The head's address for replicas on other nodes: the head listens there (only), --headless nodes "
-        "connect to it. Needs PAGEDSERVE_DATA_PARALLEL_SECRET on every node.",
-        aliases=("-dpa",),
-    )
-    data_parallel_rpc_port: int | None = config_field(
-        None,
-        "The head's port for replicas on other nodes (default 29550; with --data-parallel-backend ray, "
-        "any free port).",
-        aliases=("-dpp",),
-    )
-    data_parallel_backend: DataParallelBackend = config_field(
-        "mp",
-        "mp: replicas are processes started on each node (the head's, and --headless nodes'); ray: Ray "
-        "places them as actors on the cluster at RAY_ADDRESS, else on a private local Ray instance.",
-        aliases=("-dpb",),
-    )
-    headless: bool = config_field(
-        False,
-        "Run engine replicas only (no API server), for the head at --data-parallel-address: ranks "
-        "--data-parallel-start-rank .. + --data-parallel-size-local - 1.",
-    )
-    distributed_executor_backend: ExecutorBackend | None = config_field(
-        None,
-        "How the ranks run: uni (this process, tp=1 only), mp (one process per rank on this "
-        "machine) or ray (Ray actors, across the nodes of a Ray cluster). Default: uni at tp=1, mp "
-        "when all ranks fit on this machine, else ray.",
-    )
-    cpu_threads: int | None = config_field(
-        None,
-        "CPU: threads per rank for the matmuls and attention (one pool, started once). Default: "
-        "OMP_NUM_THREADS if set (as llama.cpp's -t), else the physical cores shared by the ranks.",
-    )
-    distributed_timeout: float = config_field(
-        600.0,
-        "Seconds one call to the workers (loading, a step, a "
-        "collective) may take before the engine is declared dead.",
     )
     quantization: QuantizationName | None = config_field(
         None,
@@ -326,7 +262,11 @@ class EngineArgs:
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
-        add_dataclass_cli_args(cls, parser)
+        parallel = {f.name for f in dataclasses.fields(ParallelArgs)}
+        add_dataclass_cli_args(
+            cls, parser, [f.name for f in dataclasses.fields(cls) if f.name not in parallel]
+        )
+        add_dataclass_cli_args(ParallelArgs, parser.add_argument_group("parallelism"))
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
@@ -365,7 +305,7 @@ class EngineArgs:
             pooling=model.pooling is not None,
             max_loras=None if lora is None else lora.max_loras,
         )
-        parallel = self._parallel_config(device, model)
+        parallel = self.parallel_config(device, model)
         return EngineConfig(
             model=model,
             cache=cache,
@@ -433,24 +373,6 @@ class EngineArgs:
             generation_defaults=generation_defaults(
                 self.generation_config, model.model, self.override_generation_config
             ),
-        )
-
-    def _parallel_config(self, device: str, model: ModelConfig) -> ParallelConfig:
-        return resolve_parallel_config(
-            model,
-            device,
-            self.distributed_executor_backend,
-            tensor_parallel_size=self.tensor_parallel_size,
-            distributed_timeout_s=float(self.distributed_timeout),
-            pipeline_parallel_size=self.pipeline_parallel_size,
-            data_parallel_size=self.data_parallel_size,
-            cpu_threads=self.cpu_threads,
-            data_parallel_size_local=self.data_parallel_size_local,
-            data_parallel_start_rank=self.data_parallel_start_rank,
-            data_parallel_address=self.data_parallel_address,
-            data_parallel_rpc_port=self.data_parallel_rpc_port,
-            data_parallel_backend=self.data_parallel_backend,
-            headless=self.headless,
         )
 
 
