@@ -15,6 +15,8 @@ from pagedserve.protocol import EngineCoreOutput
 
 
 class BatchQueue:
+    """The batches in flight between the scheduler and a non-blocking executor. Driven by EngineCore.step."""
+
     def __init__(
         self,
         scheduler: Scheduler,
@@ -23,9 +25,8 @@ class BatchQueue:
         wait_for_compile: Callable[[], None],
     ) -> None:
         self.scheduler, self.executor, self.max_batches = scheduler, executor, max_batches
-        self._wait_for_compile = (
-            wait_for_compile  # when nothing runs and only grammars being compiled are left
-        )
+        # NOTE: called when nothing runs and only grammars being compiled are left (not a busy loop)
+        self._wait_for_compile = wait_for_compile
         self._batches: deque[tuple[SchedulerOutput, StepFuture]] = deque()  # in flight, oldest first
 
     def __len__(self) -> int:
