@@ -1,6 +1,7 @@
 """The Ray executor on a two-node Ray cluster, both raylets on 127.0.0.1 (ray.cluster_utils, started once
-for the module: a start costs seconds), joined as any Ray this process already runs: greedy tokens of pp=2
-(one node) and tp=2 x pp=2 (one stage per node, a TCP rendezvous store) equal one process's, with prefix
+for the module: a start costs seconds), joined as any Ray this process already runs: greedy tokens of pp=3
+(uneven stages of a Qwen3 with KV cache groups, 3 actors over the 2 nodes) and tp=2 x pp=2 (one stage per
+node, a TCP rendezvous store) equal one process's, with prefix
 caching and preemption; each rank holds only its stage; `pagedserve plan` gives the engine's figures; a
 killed actor ends the engine naming its rank, and no actor outlives it. test_ray_private.py covers an
 executor starting (and stopping) a private instance of its own, at tp=2."""
@@ -28,7 +29,6 @@ pytestmark = pytest.mark.skipif(
     reason="Ray is an optional extra (pip install 'pagedserve[ray]'), not installed here",
 )
 
-MODEL = "llama-5l-tied"  # pp=2: layers 0-2 | 3-4
 CPUS_PER_NODE = 2  # a placement bundle per rank takes one: tp=2 x pp=2 needs both nodes
 # NOTE: far above how fast a death must be seen, so a failure found only by the timeout fails the test.
 TIMEOUT_S = 60.0
@@ -54,21 +54,28 @@ def two_node_ray() -> Iterator[None]:
     cluster.shutdown()
 
 
-@pytest.mark.parametrize(("tp", "pp", "nodes", "victim"), [(1, 2, 1, 0), (2, 2, 2, 1)])
+@pytest.mark.parametrize(
+    ("name", "tp", "pp", "nodes", "victim"),
+    [
+        ("qwen3-4l", 1, 3, 2, 0),  # uneven stages (layers 0 | 1-2 | 3), KV cache groups, 3 actors on 2 nodes
+        ("llama-5l-tied", 2, 2, 2, 1),  # a stage per node, its tp group inside it
+    ],
+)
 def test_ray_greedy_equals_one_process_until_a_rank_is_killed(
     two_node_ray,
     one_process,
     tiny_model_factory,
     capsys: pytest.CaptureFixture[str],
+    name: str,
     tp: int,
     pp: int,
     nodes: int,
     victim: int,
 ) -> None:
-    expected = one_process(MODEL)
-    model = tiny_model_factory(MODEL)
+    expected = one_process(name)
+    model = tiny_model_factory(name)
     llm = start_engine(
-        model, NUM_BLOCKS[MODEL], tp, pp, distributed_executor_backend="ray", distributed_timeout=TIMEOUT_S
+        model, NUM_BLOCKS[name], tp, pp, distributed_executor_backend="ray", distributed_timeout=TIMEOUT_S
     )
     try:
         executor = llm.llm_engine.engine_core.executor
