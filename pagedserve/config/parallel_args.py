@@ -9,7 +9,9 @@ from pagedserve.config.model import ModelConfig
 from pagedserve.config.parallel import ExecutorBackend, ParallelConfig, resolve_parallel_config
 
 
-@dataclass
+# NOTE: keyword-only, so that in EngineArgs' __init__ they come after its own fields: EngineArgs("model")
+# still names the model.
+@dataclass(kw_only=True)
 class ParallelArgs:
     """The parallelism half of EngineArgs (its base class: the flags are one flat set)."""
 

@@ -43,6 +43,13 @@ def test_every_field_help_is_shown() -> None:
         assert " ".join(f.metadata["help"].split())[:40] in text
 
 
+def test_the_model_is_engine_args_first_positional_argument() -> None:
+    """The parallelism flags live in a base class (their own --help group) but come after the model."""
+    assert EngineArgs("some/model", "some/tokenizer").model == "some/model"
+    assert EngineArgs("some/model", tensor_parallel_size=2).tensor_parallel_size == 2
+    assert "parallelism" in engine_parser().format_help()
+
+
 def test_optional_and_bool_fields() -> None:
     args = engine_parser().parse_args(["--max-model-len", "64", "--no-enable-prefix-caching"])
     assert args.max_model_len == 64 and args.enable_prefix_caching is False and args.kv_cache_memory is None
