@@ -24,7 +24,8 @@ one_process = pytest.fixture(scope="module", name="one_process")(one_process_tok
 @pytest.mark.parametrize(
     ("name", "tp", "pp", "partition"),
     [
-        ("llama-5l-tied", 1, 2, None),  # layers 0-2 | 3-4
+        # (llama-5l-tied at pp=2, layers 0-2 | 3-4, is compared with one process by the swap, LoRA, draft
+        # and GGUF tests below, with their features on)
         ("llama-5l-tied", 1, 3, "1,1,3"),
         ("qwen3-4l", 1, 2, None),  # KV cache groups (full + windowed) split over the stages
         ("llama-5l-tied", 2, 2, None),

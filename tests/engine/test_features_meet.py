@@ -36,6 +36,16 @@ from pagedserve.sampling_params import BeamSearchParams
 from pagedserve.structured_outputs_params import StructuredOutputsParams
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+# n-gram speculation, swap preemption and three adapters (ranks 8, 4, 8) over two slots and two host slots.
+LORA_NGRAM_SWAP: dict[str, object] = dict(
+    speculative_config=NGRAM,
+    preemption_mode="swap",
+    swap_space=0.01,
+    enable_lora=True,
+    max_loras=2,
+    max_cpu_loras=2,
+    max_lora_rank=8,
+)
 TIGHT = dict(block_size=8, num_gpu_blocks_override=24, max_model_len=96, max_num_seqs=6)
 
 # name -> (tiny model, engine arguments); "{model}" in a speculative config is the model itself.
@@ -69,19 +79,7 @@ SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     # Three adapters (ranks 8, 4, 8; attention, q/v, MLP) over two slots: requests wait for a slot, adapters
     # leave host memory and are read again, beams and samples fork with their adapter.
-    "lora_ngram_swap": (
-        "llama",
-        dict(
-            TIGHT,
-            speculative_config=NGRAM,
-            preemption_mode="swap",
-            swap_space=0.01,
-            enable_lora=True,
-            max_loras=2,
-            max_cpu_loras=2,
-            max_lora_rank=8,
-        ),
-    ),
+    "lora_ngram_swap": ("llama", dict(TIGHT, **LORA_NGRAM_SWAP)),
     # Two data-parallel replicas (engine processes, one thread each): a request and its samples or beams
     # go to one replica; its output must not depend on which, nor on what else that replica runs.
     "dp2_ngram_recompute": (
@@ -98,20 +96,7 @@ SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
     # Two pipeline stages (worker processes, one layer each): hidden states cross between them every step,
     # two micro-batches in flight (a request sits out while its step is in flight); each stage holds its own
     # layer's part of the three adapters in two slots.
-    "pp2_lora_ngram_swap": (
-        "llama",
-        dict(
-            TIGHT,
-            pipeline_parallel_size=2,
-            speculative_config=NGRAM,
-            preemption_mode="swap",
-            swap_space=0.01,
-            enable_lora=True,
-            max_loras=2,
-            max_cpu_loras=2,
-            max_lora_rank=8,
-        ),
-    ),
+    "pp2_lora_ngram_swap": ("llama", dict(TIGHT, pipeline_parallel_size=2, **LORA_NGRAM_SWAP)),
 }
 GGUF_MODELS = {"llama-kquant": "Q4_K"}  # tiny models these settings load as a GGUF of that type
 
