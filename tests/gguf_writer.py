@@ -4,6 +4,7 @@ projection, Qwen-MoE's expert sizes), with the default model's tokenizer metadat
 the loading tests, read back by both pagedserve and transformers. `write_bert_gguf`: a BERT embedding GGUF
 with its own WordPiece vocabulary, which transformers cannot read."""
 
+import functools
 import os
 import re
 
@@ -26,16 +27,19 @@ from pagedserve.utils.default_model import default_model_path
 _MODEL_ARCH = {name: arch for arch, name in MODEL_ARCH_NAMES.items()}
 
 
+@functools.cache
+def _default_tokenizer() -> list[tuple[str, object, GGUFValueType]]:
+    """The default model's tokenizer.* metadata: (key, value, type), read once (GGUFReader takes ~2 s)."""
+    fields = GGUFReader(default_model_path()).fields.items()
+    return [(k, f.contents(), f.types[0]) for k, f in fields if k.startswith("tokenizer.")]
+
+
 def _copy_tokenizer(writer: GGUFWriter) -> None:
-    reader = GGUFReader(default_model_path())
-    for key, field in reader.fields.items():
-        if not key.startswith("tokenizer."):
-            continue
-        value_type = field.types[0]
+    for key, value, value_type in _default_tokenizer():
         if value_type == GGUFValueType.ARRAY:
-            writer.add_array(key, field.contents())
+            writer.add_array(key, value)  # type: ignore[arg-type]
         else:
-            writer.add_key_value(key, field.contents(), value_type)
+            writer.add_key_value(key, value, value_type)
 
 
 # A per-expert tensor (Mixtral's w1/w2/w3, Qwen-MoE's gate/up/down_proj) -> the name of its projection's

@@ -10,29 +10,35 @@ from typing import TYPE_CHECKING
 from pagedserve.utils.gguf_metadata import metadata_int
 
 if TYPE_CHECKING:
-    from gguf import ReaderField
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 _PHANTOM_SPACE = "\u2581"
 
 
-def bert_config(fields: Mapping[str, "ReaderField"]) -> "PretrainedConfig":
+def bert_config(metadata: Mapping[str, object]) -> "PretrainedConfig":
     """The BertConfig a "bert" GGUF describes (GELU, as HF's BERT; token types from its metadata)."""
     from transformers import BertConfig
 
-    eps = fields.get("bert.attention.layer_norm_epsilon")
+    eps = metadata.get("bert.attention.layer_norm_epsilon")
     return BertConfig(
-        vocab_size=len(fields["tokenizer.ggml.tokens"].contents()),
-        hidden_size=metadata_int(fields, "bert.embedding_length"),
-        num_hidden_layers=metadata_int(fields, "bert.block_count"),
-        num_attention_heads=metadata_int(fields, "bert.attention.head_count"),
-        intermediate_size=metadata_int(fields, "bert.feed_forward_length"),
-        max_position_embeddings=metadata_int(fields, "bert.context_length"),
-        type_vocab_size=metadata_int(fields, "tokenizer.ggml.token_type_count", 2),
-        layer_norm_eps=1e-12 if eps is None else float(eps.contents()),
-        pad_token_id=metadata_int(fields, "tokenizer.ggml.padding_token_id", 0),
+        vocab_size=len(_tokens(metadata)),
+        hidden_size=metadata_int(metadata, "bert.embedding_length"),
+        num_hidden_layers=metadata_int(metadata, "bert.block_count"),
+        num_attention_heads=metadata_int(metadata, "bert.attention.head_count"),
+        intermediate_size=metadata_int(metadata, "bert.feed_forward_length"),
+        max_position_embeddings=metadata_int(metadata, "bert.context_length"),
+        type_vocab_size=metadata_int(metadata, "tokenizer.ggml.token_type_count", 2),
+        layer_norm_eps=1e-12 if eps is None else float(eps),  # type: ignore[arg-type]
+        pad_token_id=metadata_int(metadata, "tokenizer.ggml.padding_token_id", 0),
         architectures=["BertModel"],
     )
+
+
+def _tokens(metadata: Mapping[str, object]) -> list[str]:
+    """The vocabulary (read with arrays: `read_gguf(path, arrays=True)`)."""
+    tokens = metadata["tokenizer.ggml.tokens"]
+    assert isinstance(tokens, list), "the metadata was read without its arrays"
+    return [str(token) for token in tokens]
 
 
 def wordpiece_vocabulary(tokens: list[str]) -> list[str]:
@@ -47,12 +53,12 @@ def wordpiece_vocabulary(tokens: list[str]) -> list[str]:
     ]
 
 
-def bert_tokenizer(fields: Mapping[str, "ReaderField"], folder: str) -> "PreTrainedTokenizerBase":
+def bert_tokenizer(metadata: Mapping[str, object], folder: str) -> "PreTrainedTokenizerBase":
     """The GGUF's WordPiece tokenizer, its vocab.txt written into `folder`: [CLS] (llama.cpp's BOS) and
     [SEP] ids from the metadata, lower-casing as llama.cpp's WPM tokenizer does."""
     from transformers import BertTokenizer
 
-    vocab = wordpiece_vocabulary([str(t) for t in fields["tokenizer.ggml.tokens"].contents()])
+    vocab = wordpiece_vocabulary(_tokens(metadata))
     os.makedirs(folder, exist_ok=True)
     vocab_file = os.path.join(folder, "vocab.txt")
     with open(vocab_file, "w", encoding="utf-8") as f:
@@ -60,22 +66,20 @@ def bert_tokenizer(fields: Mapping[str, "ReaderField"], folder: str) -> "PreTrai
     tokenizer: PreTrainedTokenizerBase = BertTokenizer(
         vocab_file,
         do_lower_case=True,
-        model_max_length=metadata_int(fields, "bert.context_length"),
-        cls_token=_special(fields, vocab, ("bos_token_id", "cls_token_id"), "[CLS]"),
-        sep_token=_special(fields, vocab, ("seperator_token_id", "eos_token_id"), "[SEP]"),
-        unk_token=_special(fields, vocab, ("unknown_token_id",), "[UNK]"),
-        pad_token=_special(fields, vocab, ("padding_token_id",), "[PAD]"),
-        mask_token=_special(fields, vocab, ("mask_token_id",), "[MASK]"),
+        model_max_length=metadata_int(metadata, "bert.context_length"),
+        cls_token=_special(metadata, vocab, ("bos_token_id", "cls_token_id"), "[CLS]"),
+        sep_token=_special(metadata, vocab, ("seperator_token_id", "eos_token_id"), "[SEP]"),
+        unk_token=_special(metadata, vocab, ("unknown_token_id",), "[UNK]"),
+        pad_token=_special(metadata, vocab, ("padding_token_id",), "[PAD]"),
+        mask_token=_special(metadata, vocab, ("mask_token_id",), "[MASK]"),
     )
     return tokenizer
 
 
-def _special(
-    fields: Mapping[str, "ReaderField"], vocab: list[str], keys: tuple[str, ...], default: str
-) -> str:
+def _special(metadata: Mapping[str, object], vocab: list[str], keys: tuple[str, ...], default: str) -> str:
     """The first of the metadata keys `tokenizer.ggml.<key>` present names the token; else `default`."""
     for key in keys:
-        field = fields.get(f"tokenizer.ggml.{key}")
-        if field is not None and 0 <= int(field.contents()) < len(vocab):
-            return vocab[int(field.contents())]
+        index = metadata_int(metadata, f"tokenizer.ggml.{key}", -1)
+        if 0 <= index < len(vocab):
+            return vocab[index]
     return default

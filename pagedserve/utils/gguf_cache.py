@@ -1,7 +1,9 @@
 """A GGUF file's config and tokenizer, converted by transformers once and kept as a HF folder.
 
 NOTE: transformers re-parses the whole GGUF (tens of thousands of vocabulary strings) for the config
-and again for the tokenizer, several seconds each; the converted folder loads in milliseconds.
+and again for the tokenizer, several seconds each; the converted folder loads in milliseconds. It reads
+only the header (metadata and tensor infos), so a conversion is keyed on the header's digest: a copy, a
+re-download, or another file of the same header (the same model's shapes and metadata) share one.
 """
 
 import hashlib
@@ -9,9 +11,10 @@ import os
 
 from pagedserve.utils.gguf_bert import bert_tokenizer
 from pagedserve.utils.gguf_config import gguf_hf_config
+from pagedserve.utils.gguf_tensors import read_gguf
 
 # Bumped when the conversion changes, so folders converted by an older version are not reused.
-_CONVERSION_VERSION = 4
+_CONVERSION_VERSION = 5
 
 _CACHE_ROOT = os.path.join(
     os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pagedserve", "gguf"
@@ -20,16 +23,10 @@ _CACHE_ROOT = os.path.join(
 
 def gguf_hf_folder(gguf_file: str) -> str:
     """A folder with config.json and tokenizer files for `gguf_file`, created on first use."""
-    stat = os.stat(gguf_file)
-    # realpath: a hub cache snapshot links its files to blobs/, so every revision (and path) holding the
-    # same file shares one conversion.
-    key = hashlib.sha256(
-        f"{os.path.realpath(gguf_file)}:{stat.st_size}:{stat.st_mtime_ns}:{_CONVERSION_VERSION}".encode()
-    )
+    key = hashlib.sha256(f"{read_gguf(gguf_file).header_digest}:{_CONVERSION_VERSION}".encode())
     folder = os.path.join(os.environ.get("PAGEDSERVE_CACHE_DIR", _CACHE_ROOT), key.hexdigest()[:16])
     if os.path.isfile(os.path.join(folder, "done")):
         return folder
-    from gguf import GGUFReader
     from transformers import AutoTokenizer
 
     directory, name = os.path.split(gguf_file)
@@ -37,7 +34,7 @@ def gguf_hf_folder(gguf_file: str) -> str:
     config = gguf_hf_config(directory or ".", name)
     config.save_pretrained(tmp)
     if config.model_type == "bert":  # NOTE: transformers reads no WordPiece vocabulary from a GGUF
-        tokenizer = bert_tokenizer(GGUFReader(gguf_file).fields, tmp)
+        tokenizer = bert_tokenizer(read_gguf(gguf_file, arrays=True).metadata, tmp)
     else:
         tokenizer = AutoTokenizer.from_pretrained(directory or ".", gguf_file=name)
     tokenizer.save_pretrained(tmp)

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 from pagedserve.errors import ConfigError
 from pagedserve.utils.gguf_bert import bert_config
 from pagedserve.utils.gguf_metadata import metadata_int, metadata_string
+from pagedserve.utils.gguf_tensors import read_gguf
 
 if TYPE_CHECKING:
-    from gguf import ReaderField
     from transformers import PretrainedConfig
 
 # general.architecture -> the families it holds (llama.cpp writes Mistral and Mixtral as "llama").
@@ -35,35 +35,35 @@ _GGUF_POOLING_TYPES = {1: "MEAN", 2: "CLS", 3: "LAST", 4: "RANK"}
 def gguf_hf_config(directory: str, name: str) -> "PretrainedConfig":
     """The transformers config of `directory`/`name`. Raises ConfigError for an architecture pagedserve
     does not load, naming the ones it does."""
-    from gguf import GGUFReader
     from transformers import AutoConfig
 
-    fields = GGUFReader(os.path.join(directory, name)).fields
-    arch = metadata_string(fields, "general.architecture")
+    path = os.path.join(directory, name)
+    metadata = read_gguf(path).metadata
+    arch = metadata_string(metadata, "general.architecture")
     if arch not in GGUF_ARCHITECTURES:
         supported = "; ".join(f"{key} ({families})" for key, families in GGUF_ARCHITECTURES.items())
         raise ConfigError(
             f"GGUF architecture {arch!r} (general.architecture of {name}) is not supported. Supported GGUF "
             f"architectures: {supported}. Other families load from a HF folder (--model)."
         )
-    # NOTE: transformers reads no "bert" GGUF.
-    config = bert_config(fields) if arch == "bert" else AutoConfig.from_pretrained(directory, gguf_file=name)
+    if arch == "bert":  # NOTE: transformers reads no "bert" GGUF
+        config = bert_config(read_gguf(path, arrays=True).metadata)
+    else:
+        config = AutoConfig.from_pretrained(directory, gguf_file=name)
     if arch == "llama":
-        config = _as_mixtral_if_sparse(config, fields)
+        config = _as_mixtral_if_sparse(config, metadata)
     if arch in ("qwen2moe", "qwen3moe"):
-        config = _with_qwen_moe_sizes(config, fields, arch)
-    pooling = _GGUF_POOLING_TYPES.get(metadata_int(fields, f"{arch}.pooling_type", 0))
+        config = _with_qwen_moe_sizes(config, metadata, arch)
+    pooling = _GGUF_POOLING_TYPES.get(metadata_int(metadata, f"{arch}.pooling_type", 0))
     if pooling is not None:  # the pooling runner's default for this model (config/pooling.py)
         config.gguf_pooling_type = pooling
     return config
 
 
-def _as_mixtral_if_sparse(
-    config: "PretrainedConfig", fields: Mapping[str, "ReaderField"]
-) -> "PretrainedConfig":
+def _as_mixtral_if_sparse(config: "PretrainedConfig", metadata: Mapping[str, object]) -> "PretrainedConfig":
     """llama.cpp stores Mixtral as architecture "llama" with `llama.expert_count` experts, which
     transformers reads as a dense Llama: such a config becomes the MixtralConfig it describes."""
-    if metadata_int(fields, "llama.expert_count", 0) == 0:
+    if metadata_int(metadata, "llama.expert_count", 0) == 0:
         return config
     from transformers import MixtralConfig
 
@@ -72,29 +72,29 @@ def _as_mixtral_if_sparse(
     }
     return MixtralConfig(
         **settings,
-        num_local_experts=metadata_int(fields, "llama.expert_count"),
-        num_experts_per_tok=metadata_int(fields, "llama.expert_used_count"),
+        num_local_experts=metadata_int(metadata, "llama.expert_count"),
+        num_experts_per_tok=metadata_int(metadata, "llama.expert_used_count"),
         sliding_window=settings.pop("sliding_window", None),  # Mixtral's GGUFs carry no window
         architectures=["MixtralForCausalLM"],
     )
 
 
 def _with_qwen_moe_sizes(
-    config: "PretrainedConfig", fields: Mapping[str, "ReaderField"], arch: str
+    config: "PretrainedConfig", metadata: Mapping[str, object], arch: str
 ) -> "PretrainedConfig":
     """transformers reads a Qwen2/3-MoE GGUF's expert counts but not the experts' sizes, leaving the
     config class's defaults (Qwen1.5-MoE-A2.7B's). The sizes come from llama.cpp's keys, as its converter
     writes them; every layer is sparse (llama.cpp builds no dense layer for these architectures)."""
-    config.num_experts = metadata_int(fields, f"{arch}.expert_count")
-    config.num_experts_per_tok = metadata_int(fields, f"{arch}.expert_used_count")
-    config.moe_intermediate_size = metadata_int(fields, f"{arch}.expert_feed_forward_length")
+    config.num_experts = metadata_int(metadata, f"{arch}.expert_count")
+    config.num_experts_per_tok = metadata_int(metadata, f"{arch}.expert_used_count")
+    config.moe_intermediate_size = metadata_int(metadata, f"{arch}.expert_feed_forward_length")
     config.decoder_sparse_step = 1
     config.mlp_only_layers = []
     if arch == "qwen2moe":  # 0: no shared expert (the model builds none)
         config.shared_expert_intermediate_size = metadata_int(
-            fields, f"{arch}.expert_shared_feed_forward_length", 0
+            metadata, f"{arch}.expert_shared_feed_forward_length", 0
         )
-    norm = fields.get(f"{arch}.expert_weights_norm")
+    norm = metadata.get(f"{arch}.expert_weights_norm")
     if norm is not None:  # else the family's rule: llama.cpp renormalizes Qwen3-MoE's top-k, not Qwen2's
-        config.norm_topk_prob = bool(norm.contents())
+        config.norm_topk_prob = bool(norm)
     return config

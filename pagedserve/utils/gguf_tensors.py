@@ -1,9 +1,10 @@
-"""A GGUF file's tensors, read without decoding its metadata: gguf's GGUFReader builds numpy views of every
-metadata value, ~2 s for a 49k-token vocabulary (longer for Llama 3's 128k) on every model load, where the
-loader needs the tensors and a few scalars. This walks the header, skips each value by its length, keeps
-the scalar and string values, and maps the tensor data zero-copy, in the layout GGUFReader gives it.
-(Little-endian files, versions 2 and 3: what llama.cpp writes.)"""
+"""A GGUF file's tensors and metadata, read without gguf's GGUFReader, which builds numpy views of every
+metadata value, ~2 s for a 49k-token vocabulary (longer for Llama 3's 128k) on every read. This walks the
+header once, skips each array by its length unless asked for them (the loader needs the tensors and a few
+scalars; a BERT's vocabulary is the one array pagedserve reads), and maps the tensor data zero-copy, in the
+layout GGUFReader gives it. (Little-endian files, versions 2 and 3: what llama.cpp writes.)"""
 
+import hashlib
 import struct
 from dataclasses import dataclass
 
@@ -51,13 +52,16 @@ class GGUFTensor:
 
 @dataclass(frozen=True)
 class GGUFFile:
-    metadata: dict[str, object]  # the scalar and string values (arrays skipped)
+    metadata: dict[str, object]  # the scalar and string values; arrays as lists when read with arrays=True
     tensors: list[GGUFTensor]
+    # sha256 of every byte before the tensor data (metadata and tensor infos): what transformers reads to
+    # convert the file's config and tokenizer (utils/gguf_cache.py keys its conversions on it).
+    header_digest: str
 
 
-def read_gguf(path: str) -> GGUFFile:
-    """The tensors (memory-mapped) and scalar metadata of the GGUF file at `path`. Raises ConfigError for a
-    file that is not a GGUF this reads."""
+def read_gguf(path: str, arrays: bool = False) -> GGUFFile:
+    """The tensors (memory-mapped) and metadata of the GGUF file at `path`, its arrays only with `arrays`.
+    Raises ConfigError for a file that is not a GGUF this reads."""
     data = np.memmap(path, mode="r")
     buffer = data.data  # the bytes, without a copy
     magic, version, num_tensors, num_values = struct.unpack_from("<4sIQQ", buffer, 0)
@@ -70,7 +74,7 @@ def read_gguf(path: str) -> GGUFFile:
     for _ in range(num_values):
         key, offset = _string(buffer, offset)
         (kind,), offset = struct.unpack_from("<I", buffer, offset), offset + 4
-        value, offset = _value(buffer, offset, GGUFValueType(kind))
+        value, offset = _value(buffer, offset, GGUFValueType(kind), arrays)
         if value is not None:
             metadata[key] = value
     infos = []
@@ -83,7 +87,8 @@ def read_gguf(path: str) -> GGUFFile:
         infos.append((name, dims, GGMLQuantizationType(kind), start))
     alignment = int(metadata.get("general.alignment", _DEFAULT_ALIGNMENT))  # type: ignore[call-overload]
     data_start = -(-offset // alignment) * alignment
-    return GGUFFile(metadata, [_tensor(data, data_start, *info) for info in infos])
+    digest = hashlib.sha256(buffer[:data_start]).hexdigest()
+    return GGUFFile(metadata, [_tensor(data, data_start, *info) for info in infos], digest)
 
 
 def _string(buffer: memoryview, offset: int) -> tuple[str, int]:
@@ -93,24 +98,32 @@ def _string(buffer: memoryview, offset: int) -> tuple[str, int]:
     ), offset + 8 + length
 
 
-def _value(buffer: memoryview, offset: int, kind: GGUFValueType) -> tuple[object, int]:
-    """(the value, or None for an array, which is skipped; the offset after it)."""
+def _value(buffer: memoryview, offset: int, kind: GGUFValueType, arrays: bool) -> tuple[object, int]:
+    """(the value, None for an array unless `arrays`; the offset after it)."""
     if kind == GGUFValueType.STRING:
         return _string(buffer, offset)
-    if kind == GGUFValueType.ARRAY:
-        element, count = struct.unpack_from("<IQ", buffer, offset)
-        offset += 12
-        if GGUFValueType(element) == GGUFValueType.STRING:
-            for _ in range(count):  # NOTE: only the lengths are read: ~50 ms for 100k strings
-                offset += 8 + struct.unpack_from("<Q", buffer, offset)[0]
-        elif GGUFValueType(element) == GGUFValueType.ARRAY:
-            for _ in range(count):
-                offset = _value(buffer, offset, GGUFValueType.ARRAY)[1]
-        else:
-            offset += count * struct.calcsize(_SCALARS[GGUFValueType(element)])
+    if kind != GGUFValueType.ARRAY:
+        form = _SCALARS[kind]
+        return struct.unpack_from(form, buffer, offset)[0], offset + struct.calcsize(form)
+    element_kind, count = struct.unpack_from("<IQ", buffer, offset)
+    element, offset = GGUFValueType(element_kind), offset + 12
+    if element in (GGUFValueType.STRING, GGUFValueType.ARRAY) and arrays:
+        items = []
+        for _ in range(count):
+            item, offset = _value(buffer, offset, element, arrays)
+            items.append(item)
+        return items, offset
+    if element == GGUFValueType.STRING:
+        for _ in range(count):  # NOTE: only the lengths are read: ~50 ms for 100k strings
+            offset += 8 + struct.unpack_from("<Q", buffer, offset)[0]
         return None, offset
-    form = _SCALARS[kind]
-    return struct.unpack_from(form, buffer, offset)[0], offset + struct.calcsize(form)
+    if element == GGUFValueType.ARRAY:
+        for _ in range(count):
+            offset = _value(buffer, offset, element, arrays)[1]
+        return None, offset
+    form = _SCALARS[element]
+    values = np.frombuffer(buffer, np.dtype(form), count, offset).tolist() if arrays else None
+    return values, offset + count * struct.calcsize(form)
 
 
 def _tensor(

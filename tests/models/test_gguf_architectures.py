@@ -2,14 +2,16 @@
 GGUF's config (expert sizes from llama.cpp's metadata keys) is what `pagedserve plan` counts."""
 
 import json
+import math
 
 import pytest
-from gguf import GGUFReader, GGUFWriter
+from gguf import GGUFWriter
 
 from pagedserve.config import EngineArgs
 from pagedserve.entrypoints.cli import main as cli_main
 from pagedserve.errors import ConfigError
 from pagedserve.utils.gguf_config import GGUF_ARCHITECTURES
+from pagedserve.utils.gguf_tensors import read_gguf
 
 
 def test_unsupported_gguf_architecture_lists_the_supported(tmp_path) -> None:
@@ -38,4 +40,4 @@ def test_plan_counts_a_qwen2_moe_gguf(tmp_path, capsys: pytest.CaptureFixture[st
     status = cli_main(["plan", path, "--kv-cache-memory", "1MiB", "--max-model-len", "256", "--json"])
     result = json.loads(capsys.readouterr().out)
     assert status == 0 and result["architecture"] == "Qwen2MoeForCausalLM"
-    assert result["num_parameters"] == sum(int(t.n_elements) for t in GGUFReader(path).tensors)
+    assert result["num_parameters"] == sum(math.prod(t.shape) for t in read_gguf(path).tensors)
