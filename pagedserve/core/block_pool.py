@@ -31,19 +31,19 @@ class BlockPool:
 
     Free blocks wait in one queue, first out first reused. A freed block that is in the prefix cache
     joins the back (it stays revivable, and the least recently used one is evicted first); a freed
-    block without a hash joins the front (nothing is lost by reusing it at once)."""
+    block without a hash joins the front (nothing is lost by reusing it at once). So the queue is three
+    runs: freed blocks without a hash, the never-used blocks in id order, the freed cached ones; the
+    never-used run is a counter, its blocks made on first use (a host swap pool for a small model holds
+    hundreds of thousands: their objects took a second at every engine start)."""
 
     def __init__(self, num_blocks: int, reserve_null_block: bool = True) -> None:
         self.num_reserved = int(reserve_null_block)
         assert num_blocks > self.num_reserved, "at least one usable block"
         self.num_blocks = num_blocks
-        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
-        self.null_block = self.blocks[0] if reserve_null_block else None
-        if self.null_block is not None:
-            self.null_block.ref_cnt = 1
-        self._free: OrderedDict[int, KVCacheBlock] = OrderedDict(
-            (b.block_id, b) for b in self.blocks[self.num_reserved :]
-        )
+        self.null_block = KVCacheBlock(0, ref_cnt=1) if reserve_null_block else None
+        self._front: list[KVCacheBlock] = []  # freed without a hash; its end is the queue's front
+        self._next_unused = self.num_reserved  # ids from here on were never handed out
+        self._back: OrderedDict[int, KVCacheBlock] = OrderedDict()  # freed cached blocks, LRU first
         self.cached: dict[CacheKey, KVCacheBlock] = {}
         # Counters for the sharing metrics, kept up to date on every reference change (O(1) reads).
         self._num_refs = 0  # sum of ref_cnt over usable blocks
@@ -56,23 +56,32 @@ class BlockPool:
 
     def get_num_free_blocks(self) -> int:
         """Blocks no request holds, revivable cached ones included (they are evicted on demand)."""
-        return len(self._free)
+        return len(self._front) + self.num_blocks - self._next_unused + len(self._back)
 
     def allocate(self, num_blocks: int) -> list[KVCacheBlock]:
         """Take `num_blocks` blocks from the front of the free queue (ref_cnt 1), evicting their hashes.
         The caller checks availability first."""
-        assert num_blocks <= len(self._free), f"asked {num_blocks} blocks, {len(self._free)} free"
-        blocks = [self._free.popitem(last=False)[1] for _ in range(num_blocks)]
+        free = self.get_num_free_blocks()
+        assert num_blocks <= free, f"asked {num_blocks} blocks, {free} free"
+        blocks = [self._pop_front() for _ in range(num_blocks)]
         for block in blocks:
             self._evict(block)
             self._incref(block)
         return blocks
 
+    def _pop_front(self) -> KVCacheBlock:
+        if self._front:
+            return self._front.pop()
+        if self._next_unused < self.num_blocks:
+            self._next_unused += 1
+            return KVCacheBlock(self._next_unused - 1)
+        return self._back.popitem(last=False)[1]
+
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Add one reference to each block (a prefix hit, a fork); a free cached block is revived."""
         for block in blocks:
-            if block.ref_cnt == 0:
-                del self._free[block.block_id]
+            if block.ref_cnt == 0:  # a free cached block (only those are found to be touched)
+                del self._back[block.block_id]
             self._incref(block)
 
     def free(self, blocks: Iterable[KVCacheBlock]) -> None:
@@ -85,9 +94,10 @@ class BlockPool:
                 self.num_shared_blocks -= 1
             elif block.ref_cnt == 0:
                 self._num_used -= 1
-                self._free[block.block_id] = block
                 if block.cache_key is None:
-                    self._free.move_to_end(block.block_id, last=False)
+                    self._front.append(block)
+                else:
+                    self._back[block.block_id] = block
 
     def lookup(self, key: CacheKey, token_ids: Sequence[int]) -> KVCacheBlock | None:
         """The cached block with this key whose tokens are exactly `token_ids`, else None."""

@@ -270,8 +270,8 @@ class KVCacheManager:
             for block in self.req_to_blocks[request_id]:
                 if block.block_id > 0:
                     owners[block.block_id - 1] = SHARED if block.ref_cnt > 1 else index
-        for block in pool.blocks[1:]:
-            if block.ref_cnt == 0 and block.cache_key is not None:
+        for block in pool.cached.values():
+            if block.ref_cnt == 0:
                 owners[block.block_id - 1] = CACHED
         swap = self.swap_space
         return BlockOwners(
