@@ -49,7 +49,7 @@ struct SuperScales {
 template <int64_t kType>
 __attribute__((always_inline)) inline SuperScales super_scales(const uint8_t* t) {
   constexpr TileFormat f = tile_format(kType);
-  SuperScales s;
+  SuperScales s{};
   for (int j = 0; j < kTileRegisters; ++j) {
     s.d[j] = vec::load(reinterpret_cast<const c10::Half*>(t + f.d_at()) + j * vec::kLanes);
     if constexpr (f.has_mins) s.dmin[j] = vec::load(reinterpret_cast<const c10::Half*>(t + f.d_at() + 32) + j * vec::kLanes);

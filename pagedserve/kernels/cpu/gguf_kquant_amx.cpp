@@ -140,11 +140,14 @@ __attribute__((always_inline)) inline void start_dots(const Operands& o, int64_t
 // The dots tile set kSet computed: 8 bits the high bytes', 15 bits 128 high + low.
 template <bool kSplit, int kSet>
 __attribute__((always_inline)) inline void finish_dots(Dots& dots) {
-  store_dots<kSet>(dots);
   if constexpr (kSplit) {
-    alignas(64) Dots low;
+    alignas(64) Dots high, low;
+    store_dots<kSet>(high);
     store_dots<2 + kSet>(low);
-    for (int64_t b = 0; b < kTileRows; ++b) dots[b][0] = (dots[b][0] << 7) + low[b][0];
+#pragma GCC unroll 16
+    for (int64_t b = 0; b < kTileRows; ++b) dots[b][0] = (high[b][0] << 7) + low[b][0];
+  } else {
+    store_dots<kSet>(dots);
   }
 }
 
@@ -156,7 +159,7 @@ void amx_chunk(const ByteActivations& a, int64_t first, const Operands& o, int64
   Vec acc[kTileRows][1];
 #pragma GCC unroll 16  // NOTE: as add_sub_block's loops (gguf_kquant.h); a loop left whole also became memset
   for (auto& row : acc) row[0] = Vec{};
-  SuperScales scales;
+  SuperScales scales{};  // set at each super-block's first sub-block
   const auto add = [&](int64_t i, const Dots& dots) __attribute__((always_inline)) {
     const int64_t sub = i % f.sub_blocks;
     const uint8_t* t = o.t + i / f.sub_blocks * f.bytes();
