@@ -43,6 +43,15 @@ def fused_cpu_ops_enabled() -> bool:
     return raw == "1"
 
 
+def cpu_amx_enabled() -> bool:
+    """PAGEDSERVE_CPU_AMX: 0 keeps the K-quant matmul off AMX tiles where the CPU has them (default 1;
+    for before/after measurements: the results are the same bits either way)."""
+    raw = os.environ.get("PAGEDSERVE_CPU_AMX", "1")
+    if raw not in ("0", "1"):
+        raise ConfigError(f"PAGEDSERVE_CPU_AMX={raw!r} must be 0 (no AMX) or 1 (AMX where the CPU has it).")
+    return raw == "1"
+
+
 def cpu_kernels_build_timeout_s() -> float:
     """PAGEDSERVE_CPU_KERNELS_BUILD_TIMEOUT: seconds the native CPU kernels may take to build (or to wait
     for another process's build) before the torch attention backend is used instead (default 600). A build

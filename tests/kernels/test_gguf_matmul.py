@@ -1,11 +1,14 @@
 """Native GGUF kernels against dequantize-then-float32-matmul (gguf-py's reference dequantizer)."""
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 import torch
 from gguf_reference import random_rows, reference_weight, rounded_activations
 
-from pagedserve.kernels.cpu import load_cpu_kernels
+from pagedserve.errors import ConfigError
+from pagedserve.kernels.cpu import gguf_ops, load_cpu_kernels
 from pagedserve.kernels.cpu.gguf_ops import (
     DECODE_MAX_BATCH,
     GGML_BLOCK_FORMATS,
@@ -18,6 +21,7 @@ from pagedserve.kernels.cpu.gguf_ops import (
     gguf_packed_matmul,
     gguf_packed_max_batch,
     gguf_packed_rows,
+    gguf_set_amx,
 )
 
 pytestmark = pytest.mark.skipif(
@@ -160,6 +164,84 @@ def test_k_quants_packed_compute_on_integer_activation_blocks(type_name: str, sh
             got = gguf_packed_matmul(x, packed, ggml_type, n, bits)
             error = ((got.double() - expected).abs().max() / expected.abs().max()).item()
             assert error < 1e-5, f"{type_name} {shape} {bits}-bit batch {batch}: relative error {error:.2e}"
+
+
+@pytest.fixture
+def amx() -> Iterator[None]:
+    """The AMX path switched on (skipped where the build or the CPU has none), and back on after the test."""
+    if not gguf_set_amx(True):
+        pytest.skip("no AMX-INT8 here (CPU flag amx_int8, a build with it, the tile state from Linux 5.16+)")
+    yield
+    gguf_set_amx(True)
+
+
+def _amx_and_vnni(
+    x: torch.Tensor, packed: torch.Tensor, ggml_type: int, n: int, bits: int
+) -> list[torch.Tensor]:
+    """The packed matmul with the AMX path on, then off."""
+    results = []
+    for enabled in (True, False):
+        gguf_set_amx(enabled)
+        results.append(gguf_packed_matmul(x, packed, ggml_type, n, bits))
+    gguf_set_amx(True)
+    return results
+
+
+# Rows that leave the last 16-row group part full; one and eight super-blocks a row.
+AMX_SHAPES = [(37, 256), (37, 2048)]
+# One 16-row chunk, chunks with 1 and 15 rows left to the VNNI path, two and four chunks, six plus four rows.
+AMX_BATCHES = [16, 17, 31, 32, 64, 100]
+
+
+@pytest.mark.parametrize(("type_name", "shape"), [(t, s) for t in K_QUANT_TYPES for s in AMX_SHAPES])
+def test_k_quants_on_amx_equal_the_vnni_path(amx: None, type_name: str, shape: tuple[int, int]) -> None:
+    """Whole 16-row chunks on AMX tiles, the rows left on the VNNI path: the same bits as all on the VNNI
+    path (the same integer dots, scaled by the same float operations), and the rounded x times the weight."""
+    ggml_type, (n, k) = NATIVE_GGML_TYPES[type_name], shape
+    rng = np.random.default_rng(n * 13 + k + ggml_type)
+    rows = random_rows(ggml_type, n, k, rng)
+    weight = reference_weight(rows, ggml_type).double()
+    packed = gguf_pack(torch.from_numpy(rows), ggml_type)
+    for bits, rounded_bits in ((8, 8), (16, 15)):
+        for batch in AMX_BATCHES:
+            x = torch.randn(batch, k, generator=torch.Generator().manual_seed(batch)) * 3
+            on_amx, on_vnni = _amx_and_vnni(x, packed, ggml_type, n, bits)
+            assert torch.equal(on_amx, on_vnni), f"{type_name} {shape} {bits}-bit batch {batch}"
+            expected = rounded_activations(x, rounded_bits) @ weight.T
+            error = ((on_amx.double() - expected).abs().max() / expected.abs().max()).item()
+            assert error < 1e-5, f"{type_name} {shape} {bits}-bit batch {batch}: relative error {error:.2e}"
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+def test_amx_non_finite_activations_poison_only_their_row(amx: None, bits: int) -> None:
+    """Rows 1 and 2 in the AMX chunk, 32 in the one left to the VNNI path."""
+    ggml_type = NATIVE_GGML_TYPES["Q4_K"]
+    rows = random_rows(ggml_type, 64, 512, np.random.default_rng(bits))
+    packed = gguf_pack(torch.from_numpy(rows), ggml_type)
+    x = torch.randn(33, 512)
+    x[0] = 0.0
+    x[1, 100] = float("inf")
+    x[2, 7] = float("nan")
+    x[32, 300] = float("nan")
+    on_amx, on_vnni = _amx_and_vnni(x, packed, ggml_type, 64, bits)
+    assert torch.equal(on_amx[0], torch.zeros(64))
+    assert not torch.isfinite(on_amx[1]).any()
+    assert torch.isnan(on_amx[2]).all() and torch.isnan(on_amx[32]).all()
+    finite = [0, *range(3, 32)]
+    assert torch.isfinite(on_amx[finite]).all() and torch.equal(on_amx[finite], on_vnni[finite])
+
+
+@pytest.mark.parametrize("raw", ["", "2", "yes", "true"])
+def test_amx_switch_rejects_other_values(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    """PAGEDSERVE_CPU_AMX is read when the ops are first used: re-read here, and again after the test."""
+    gguf_ops._ops.cache_clear()
+    monkeypatch.setenv("PAGEDSERVE_CPU_AMX", raw)
+    try:
+        with pytest.raises(ConfigError, match=r"PAGEDSERVE_CPU_AMX=.* must be 0 .* or 1"):
+            gguf_ops.gguf_set_amx(True)
+    finally:
+        monkeypatch.undo()
+        gguf_ops._ops.cache_clear()
 
 
 def test_packed_layout_rejects_what_it_cannot_hold() -> None:

@@ -17,6 +17,7 @@ GGUF_SOURCES = [
     "gguf_decode_matmul.cpp",
     "gguf_packed_matmul.cpp",
     "gguf_kquant_matmul.cpp",
+    "gguf_kquant_amx.cpp",
 ]
 
 CHECK = textwrap.dedent(

@@ -173,6 +173,7 @@ template <int64_t kBatch>
 inline void store_group(const vec::Vec (&acc)[kBatch][kTileRegisters], int64_t first, int64_t rows, int64_t g,
                         float* y) {
   const int64_t row = g * kTileRows, valid = std::min(kTileRows, rows - row);
+#pragma GCC unroll 16  // NOTE: as early as add_sub_block's (gguf_kquant.h), to keep acc in registers
   for (int64_t b = 0; b < kBatch; ++b) {
     float lanes[kTileRows];
     float* out = valid == kTileRows ? y + (first + b) * rows + row : lanes;

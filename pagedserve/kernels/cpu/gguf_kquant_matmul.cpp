@@ -17,41 +17,27 @@
 //   d, then dmin (Q4_K, Q5_K): fp16 [16 rows] each.
 // Weights: d scale u - dmin min (Q4_K: u in 0..15, Q5_K: 0..31), d scale (u - 32) (Q6_K: u in 0..63), as
 // ggml dequantizes them; only the values' storage differs from the file (Q5_K and Q6_K bytes instead of bit
-// planes: 1.45x and 1.22x their bytes, for one load per quad).
-#include "gguf_blocks.h"
-
+// planes: 1.45x and 1.22x their bytes, for one load per quad). The values are AMX's weight tile layout too:
+// where the CPU has AMX-INT8, whole 16-row chunks of activation rows take tile dot products instead
+// (gguf_kquant_amx.cpp), with the same results to the bit.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
 #include <algorithm>
 #include <cstring>
 
-using namespace gguf;  // NOLINT(build/namespaces): the shared declarations of gguf_blocks.h
+#include "gguf_kquant.h"
+
+using namespace gguf;          // NOLINT(build/namespaces): the shared declarations of gguf_blocks.h
+using namespace gguf::kquant;  // NOLINT(build/namespaces): and of the K-quant kernels (gguf_kquant.h)
 
 namespace {
 
-using vec::Bytes, vec::Quads, vec::Vec;
+using vec::Bytes;
 using Words = uint16_t __attribute__((vector_size(sizeof(Vec))));
 
-constexpr int64_t kSuper = 256;
-constexpr int64_t kQuadBytes = 4 * kTileRows;
 // Activation rows per pass over a group's tiles: their accumulators stay in registers.
 constexpr int64_t kBatchChunk = vec::kLanes == 16 ? 8 : 4;
-
-struct TileFormat {
-  bool nibbles;        // Q4_K: two quads per 64 bytes
-  int64_t sub_blocks;  // scales per row and super-block
-  bool has_mins;
-  int64_t values_bytes() const { return nibbles ? 2048 : 4096; }
-  int64_t scales_at() const { return values_bytes(); }
-  int64_t mins_at() const { return scales_at() + sub_blocks * kTileRows; }
-  int64_t d_at() const { return mins_at() + (has_mins ? 8 * kTileRows : 0); }
-  int64_t bytes() const { return d_at() + (has_mins ? 4 : 2) * kTileRows; }
-};
-
-constexpr TileFormat tile_format(int64_t type) {
-  return type == Q4_K ? TileFormat{true, 8, true} : type == Q5_K ? TileFormat{false, 8, true} : TileFormat{false, 16, false};
-}
 
 // One ggml super-block of `type` as integers: u[256], its sub-block scales and mins, d and dmin (fp16 bits).
 struct SuperBlock {
@@ -141,32 +127,42 @@ void dequantize_tile_row(const uint8_t* t, int64_t type, int64_t r, float* out) 
   }
 }
 
-// The activations as bytes for `vpdpbusd`: per 32-value block integers q and a scale (x ~ scale q). 8 bits: q
-// in [-127, 127], one byte (`high`). 15 bits: q in [-16383, 16383] split as 128 high + low (high in
-// [-128, 127], low in [0, 127]): two byte dots per quad, for 16-bit-class precision on the same instruction.
-struct ByteActivations {
-  std::vector<int8_t> high, low;   // [batch, cols]; low: 15 bits only
-  std::vector<float> scales, sums;  // [batch, cols / 32]: the block's scale, and its sum scale * sum(q)
-  std::vector<int32_t> half_sums;  // [batch, cols / 16]: sum(q) of each half block (Q6_K's offset)
-};
-
+// Rows [first, first + rows) of `a` from their rounded blocks.
 template <typename Int>
-ByteActivations split_activations(ActivationBlocks<Int> blocks, int64_t values) {
-  ByteActivations a{std::vector<int8_t>(values), {}, std::move(blocks.scales), std::move(blocks.sums),
-                    std::vector<int32_t>(values / 16)};
-  if constexpr (sizeof(Int) == 2) a.low.resize(values);
-  for (int64_t i = 0; i < values; ++i) {
-    const int32_t q = blocks.rounded[i];
-    a.high[i] = static_cast<int8_t>(sizeof(Int) == 2 ? q >> 7 : q);  // arithmetic shift: floor(q / 128)
-    if constexpr (sizeof(Int) == 2) a.low[i] = static_cast<int8_t>(q & 127);
-    a.half_sums[i / 16] += q;
+void split_rows(const ActivationBlocks<Int>& blocks, int64_t first, int64_t rows, int64_t cols, ByteActivations& a) {
+  const int64_t row_blocks = cols / kBlock;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t row = first + r;
+    for (int64_t half = 0; half < cols / 16; ++half) {
+      int32_t sum = 0;
+      for (int64_t k = 16 * half; k < 16 * half + 16; ++k) {
+        const int32_t q = blocks.rounded[r * cols + k];
+        a.high[row * cols + k] = static_cast<int8_t>(sizeof(Int) == 2 ? q >> 7 : q);  // arithmetic: floor(q / 128)
+        if constexpr (sizeof(Int) == 2) a.low[row * cols + k] = static_cast<int8_t>(q & 127);
+        sum += q;
+      }
+      a.offsets[half * a.batch + row] = 32 * sum;
+    }
+    for (int64_t block = 0; block < row_blocks; ++block) {
+      a.scales[block * a.batch + row] = blocks.scales[r * row_blocks + block];
+      a.sums[block * a.batch + row] = blocks.sums[r * row_blocks + block];
+    }
   }
-  return a;
 }
 
+// NOTE: rounded in parallel, by rows: on one thread it took 10-15% of a prefill-sized matmul's time.
 ByteActivations round_activations(const float* x, int64_t batch, int64_t cols, int64_t bits) {
-  if (bits == 8) return split_activations(rounded_activations<int8_t>(x, batch, cols), batch * cols);
-  return split_activations(rounded_activations<int16_t>(x, batch, cols, 16383.f), batch * cols);
+  const int64_t values = batch * cols;
+  ByteActivations a{batch, std::vector<int8_t>(values), std::vector<int8_t>(bits == 8 ? 0 : values),
+                    std::vector<float>(values / kBlock), std::vector<float>(values / kBlock),
+                    std::vector<int32_t>(values / 16)};
+  constexpr int64_t kRowsPerTask = 4;
+  at::parallel_for(0, batch, kRowsPerTask, [&](int64_t begin, int64_t end) {
+    const float* rows = x + begin * cols;
+    if (bits == 8) return split_rows(rounded_activations<int8_t>(rows, end - begin, cols), begin, end - begin, cols, a);
+    split_rows(rounded_activations<int16_t>(rows, end - begin, cols, 16383.f), begin, end - begin, cols, a);
+  });
+  return a;
 }
 
 inline Quads in_every_lane(const int8_t* four) {
@@ -230,38 +226,20 @@ template <int64_t kType, int64_t kBatch, bool kSplit>
 void kquant_group(const ByteActivations& a, int64_t first, const uint8_t* packed, int64_t rows, int64_t cols,
                   int64_t g, float* y) {
   constexpr TileFormat f = tile_format(kType);
-  constexpr int64_t kPerScale = kSuper / f.sub_blocks;  // 32 or 16 columns
-  const int64_t supers = cols / kSuper, blocks = cols / kBlock;
+  constexpr int64_t kPerScale = f.columns_per_scale();
+  const int64_t supers = cols / kSuper;
   const uint8_t* t = packed + g * supers * f.bytes();
   Vec acc[kBatch][kTileRegisters];
   for (auto& per_row : acc) std::fill(per_row, per_row + kTileRegisters, Vec{});
   for (int64_t s = 0; s < supers; ++s, t += f.bytes()) {
     prefetch_tile(t, f.bytes());
-    Vec d[kTileRegisters], dmin[kTileRegisters];
-    for (int j = 0; j < kTileRegisters; ++j) {
-      d[j] = vec::load(reinterpret_cast<const c10::Half*>(t + f.d_at()) + j * vec::kLanes);
-      if constexpr (f.has_mins) dmin[j] = vec::load(reinterpret_cast<const c10::Half*>(t + f.d_at() + 32) + j * vec::kLanes);
-    }
+    const SuperScales scales = super_scales<kType>(t);
+    int64_t at[kBatch];
+    for (int64_t b = 0; b < kBatch; ++b) at[b] = (first + b) * cols + s * kSuper;
     for (int64_t sub = 0; sub < f.sub_blocks; ++sub) {
-      const int64_t column = s * kSuper + sub * kPerScale, block = column / kBlock;
-      int64_t at[kBatch];
-      for (int64_t b = 0; b < kBatch; ++b) at[b] = (first + b) * cols + s * kSuper;
       Quads dots[kBatch][kTileRegisters] = {};
       sub_block_dots<kType, kBatch, kSplit>(t, sub * kPerScale / 4, kPerScale / 4, a, at, dots);
-      for (int j = 0; j < kTileRegisters; ++j) {
-        const Vec scale = d[j] * vec::bytes_to_floats(reinterpret_cast<const int8_t*>(t + f.scales_at() + sub * kTileRows) + j * vec::kLanes);
-        for (int64_t b = 0; b < kBatch; ++b) {
-          const int64_t at = (first + b) * blocks + block;
-          Quads dot = dots[b][j];
-          if constexpr (!f.has_mins) dot -= 32 * a.half_sums[(first + b) * cols / 16 + column / 16];  // u - 32
-          acc[b][j] = vec::fma(vec::to_floats(dot), scale * a.scales[at], acc[b][j]);
-        }
-        if constexpr (f.has_mins) {
-          const Vec min = dmin[j] * vec::bytes_to_floats(t + f.mins_at() + sub * kTileRows + j * vec::kLanes);
-          for (int64_t b = 0; b < kBatch; ++b)
-            acc[b][j] = vec::fma(min, vec::splat(-a.sums[(first + b) * blocks + block]), acc[b][j]);
-        }
-      }
+      add_sub_block<kType, kBatch>(t, scales, sub, s * kSuper + sub * kPerScale, a, first, dots, acc);
     }
   }
   store_group<kBatch>(acc, first, rows, g, y);
@@ -269,20 +247,24 @@ void kquant_group(const ByteActivations& a, int64_t first, const uint8_t* packed
 
 // Each thread takes whole groups and runs every chunk of activation rows through a group before the next,
 // so the group's tiles come from memory once and from cache for the later chunks (the cache blocking of a
-// prefill GEMM: a group of a 2048-column Q4_K matrix is 18 KiB).
+// prefill GEMM: a group of a 2048-column Q4_K matrix is 18 KiB). AMX, where it runs, takes the whole 16-row
+// chunks first (gguf_kquant_amx.cpp), these dots the rows left.
 template <int64_t kType, bool kSplit>
 void kquant_matmul(const ByteActivations& a, int64_t batch, const uint8_t* packed, int64_t rows, int64_t cols,
                    float* y) {
   // NOTE: split, twice the dot accumulators: 6 rows a pass on AVX-512 (4: 15% slower at batch 64; 8 spilled on
   // Q6_K), 3 on AVX2.
   constexpr int64_t kChunk = kSplit ? kBatchChunk * 3 / 4 : kBatchChunk;
-  const int64_t groups = (rows + kTileRows - 1) / kTileRows;
+  const int64_t groups = (rows + kTileRows - 1) / kTileRows, on_amx = amx_rows(batch);
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; ++g)
-      for (int64_t first = 0; first < batch; first += kChunk)
+    AmxTiles amx(kType, cols, on_amx);
+    for (int64_t g = begin; g < end; ++g) {
+      amx.multiply(a, packed, rows, g, y);
+      for (int64_t first = on_amx; first < batch; first += kChunk)
         with_batch<kChunk>(std::min(kChunk, batch - first), [&](auto count) {
           kquant_group<kType, decltype(count)::value, kSplit>(a, first, packed, rows, cols, g, y);
         });
+    }
   });
 }
 

@@ -5,6 +5,7 @@ from typing import Any
 
 import torch
 
+from pagedserve import envs
 from pagedserve.kernels.cpu import load_cpu_kernels
 
 # ggml type ids (gguf.GGMLQuantizationType) the native kernels compute on directly.
@@ -31,6 +32,7 @@ def _ops() -> Any:
     kernels = load_cpu_kernels()
     if kernels.module is None:
         raise RuntimeError(f"The native CPU kernels are unavailable: {kernels.error}")
+    torch.ops.pagedserve.gguf_set_amx(envs.cpu_amx_enabled())
     return torch.ops.pagedserve
 
 
@@ -84,6 +86,13 @@ def gguf_packed_matmul(
     Returns [B, rows] float32."""
     out: torch.Tensor = _ops().gguf_packed_matmul(x, packed, ggml_type, rows, activation_bits)
     return out
+
+
+def gguf_set_amx(enabled: bool) -> bool:
+    """Whether the K-quant packed matmul takes whole 16-row chunks of activation rows on AMX tiles (the
+    process's setting, PAGEDSERVE_CPU_AMX at first use; the results are the same bits either way). Returns
+    whether it now does: False when `enabled` is False or this build or CPU has no AMX-INT8."""
+    return bool(_ops().gguf_set_amx(enabled))
 
 
 def gguf_packed_rows(
