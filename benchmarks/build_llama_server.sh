@@ -38,36 +38,15 @@ mv "$UNPACK"/llama_cpp_python-*/vendor/llama.cpp "$SRC"
 echo "Building llama-server in $SRC (5-10 minutes) ..." >&2
 cd "$SRC"
 # Without LLAMA_USE_PREBUILT_UI=OFF the build tries to download its web UI, and fails offline.
-# AMX only where this machine runs tile instructions: virtual machines often report AMX without granting its
-# tile state, and ggml's AMX kernel then dies of SIGILL (tilezero in tinygemm_kernel_amx). The probe asks the
-# kernel for the tile state and runs a tile instruction; without AMX every other ISA of this CPU is used
-# (GCC's explicit -mno-* flags win over -march=native whatever their order). pagedserve takes the same
-# decision at run time (kernels/cpu/gguf_kquant_amx.cpp), so both use AMX or neither does.
-PROBE="$(mktemp -d)"
-cat > "$PROBE/amx.c" <<'C'
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-int main(void) {
-  if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */)) return 1;
-  /* palette 1, tile 0: 16 rows of 64 bytes. NOTE: a static initializer: GCC drops stores to a local array
-     that only ldtilecfg reads, and the garbage config then faults. */
-  static const unsigned char config[64] = {[0] = 1, [16] = 64, [48] = 16};
-  _tile_loadconfig(config);
-  _tile_zero(0);
-  _tile_release();
-  return 0;
-}
-C
-AMX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-if cc -mamx-tile -O2 "$PROBE/amx.c" -o "$PROBE/amx" 2>/dev/null && "$PROBE/amx"; then
-    AMX_FLAGS=""
-    echo "This machine runs AMX: llama.cpp is built with it." >&2
-fi
-rm -rf "$PROBE"
+# NOTE: every ISA of this CPU but AMX. Virtual machines often report AMX without granting its tile state, and
+# ggml's AMX kernel then dies of SIGILL (tilezero in tinygemm_kernel_amx); on a Xeon that does grant it
+# (2026-12-05, llama.cpp of llama-cpp-python 0.3.36) its AMX weight repacking crashed loading a Q4_K_M file
+# (SIGSEGV; fine with --no-repack, which also turns off its other repacked kernels). GCC's explicit -mno-*
+# flags win over -march=native whatever their order.
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 cmake -B build -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DGGML_NATIVE=ON \
-    -DCMAKE_C_FLAGS="$AMX_FLAGS" -DCMAKE_CXX_FLAGS="$AMX_FLAGS" -DCMAKE_BUILD_TYPE=Release >&2
+    -DCMAKE_C_FLAGS="$NO_AMX" -DCMAKE_CXX_FLAGS="$NO_AMX" -DCMAKE_BUILD_TYPE=Release >&2
 cmake --build build --target llama-server llama-quantize -j2 >&2
 touch "$STAMP"
 echo "$BIN"
