@@ -139,12 +139,15 @@ def test_gated_activation_keeps_leading_dimensions() -> None:
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
-def test_non_finite_inputs_propagate_as_torch(value: float) -> None:
+@pytest.mark.parametrize("width", [4, 37])  # the scalar loop only; vectors of lanes and a scalar tail
+def test_non_finite_inputs_propagate_as_torch(value: float, width: int) -> None:
     """A NaN or inf activation comes out NaN where torch's does (not hidden by exp's clamp)."""
-    x = torch.randn(1, 8)
-    x[0, 0] = value
-    assert torch.isnan(SiluAndMul()(x)[0, 0]) == torch.isnan(SiluAndMul().forward_torch(x)[0, 0])
-    norm = random_norm(RMSNorm, 8, torch.float32)
+    x = torch.randn(1, 2 * width)
+    x[0, [0, width - 1]] = value
+    assert torch.equal(torch.isnan(SiluAndMul()(x)), torch.isnan(SiluAndMul().forward_torch(x))), (
+        "NaN where torch has none, or none where it has"
+    )
+    norm = random_norm(RMSNorm, 2 * width, torch.float32)
     assert torch.isnan(norm(x)).any() == torch.isnan(norm.forward_torch(x)).any()
 
 
