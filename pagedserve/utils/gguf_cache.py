@@ -6,6 +6,7 @@ only the header (metadata and tensor infos), so a conversion is keyed on the hea
 re-download, or another file of the same header (the same model's shapes and metadata) share one.
 """
 
+import functools
 import hashlib
 import os
 
@@ -21,9 +22,18 @@ _CACHE_ROOT = os.path.join(
 )
 
 
+@functools.lru_cache(maxsize=64)
+def _header_digest(path: str, size: int, mtime_ns: int) -> str:
+    """Read once per file version and process: a load asks for the folder several times (config,
+    tokenizer, plan), and the header walk takes tens of milliseconds for a large vocabulary."""
+    return read_gguf(path).header_digest
+
+
 def gguf_hf_folder(gguf_file: str) -> str:
     """A folder with config.json and tokenizer files for `gguf_file`, created on first use."""
-    key = hashlib.sha256(f"{read_gguf(gguf_file).header_digest}:{_CONVERSION_VERSION}".encode())
+    stat = os.stat(gguf_file)
+    digest = _header_digest(os.path.realpath(gguf_file), stat.st_size, stat.st_mtime_ns)
+    key = hashlib.sha256(f"{digest}:{_CONVERSION_VERSION}".encode())
     folder = os.path.join(os.environ.get("PAGEDSERVE_CACHE_DIR", _CACHE_ROOT), key.hexdigest()[:16])
     if os.path.isfile(os.path.join(folder, "done")):
         return folder
