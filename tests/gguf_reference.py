@@ -7,11 +7,12 @@ import torch
 from pagedserve.kernels.cpu.gguf_ops import GGML_BLOCK_FORMATS
 
 
-def rounded_activations(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """x with each 32-value block rounded as the kernel does: q = round(x * (L / max|x|)), x ~ q max|x| / L,
-    L = 2^(bits-1) - 1 (float32 arithmetic, ties to even), as float64."""
+def rounded_activations(x: torch.Tensor, bits: int, block: int = 32) -> torch.Tensor:
+    """x with each block of `block` values (the K-quant kernels: 256) rounded as the kernel does:
+    q = round(x * (L / max|x|)), x ~ q max|x| / L, L = 2^(bits-1) - 1 (float32 arithmetic, ties to even),
+    as float64."""
     largest = 2 ** (bits - 1) - 1
-    blocks = x.reshape(-1, 32)
+    blocks = x.reshape(-1, block)
     block_max = blocks.abs().amax(dim=1, keepdim=True)
     # NOTE: the float32 inverse comes from a float64 division: torch's float32 `scalar / tensor` is not
     # correctly rounded (off by an ulp), which moved a product across a rounding tie at batch 64.

@@ -159,7 +159,7 @@ def test_k_quants_packed_compute_on_integer_activation_blocks(type_name: str, sh
     for bits, rounded_bits in ((8, 8), (16, 15), (32, None)):
         for batch in K_PACKED_BATCHES if rounded_bits else [1, 9]:
             x = torch.randn(batch, k, generator=torch.Generator().manual_seed(batch)) * 3
-            x_used = rounded_activations(x, rounded_bits) if rounded_bits else x.double()
+            x_used = rounded_activations(x, rounded_bits, 256) if rounded_bits else x.double()
             expected = x_used @ weight.double().T
             got = gguf_packed_matmul(x, packed, ggml_type, n, bits)
             error = ((got.double() - expected).abs().max() / expected.abs().max()).item()
@@ -187,8 +187,9 @@ def _amx_and_vnni(
     return results
 
 
-# Rows that leave the last 16-row group part full; one and eight super-blocks a row.
-AMX_SHAPES = [(37, 256), (37, 2048)]
+# Rows that leave the last 16-row group part full; one, eight and 64 super-blocks a row (16384 columns: passes
+# of 32 activation rows at 15 bits, 64 at 8, so batches 64 and 100 take several).
+AMX_SHAPES = [(37, 256), (37, 2048), (37, 16384)]
 # One 16-row chunk, chunks with 1 and 15 rows left to the VNNI path, two and four chunks, six plus four rows.
 AMX_BATCHES = [16, 17, 31, 32, 64, 100]
 
@@ -196,7 +197,8 @@ AMX_BATCHES = [16, 17, 31, 32, 64, 100]
 @pytest.mark.parametrize(("type_name", "shape"), [(t, s) for t in K_QUANT_TYPES for s in AMX_SHAPES])
 def test_k_quants_on_amx_equal_the_vnni_path(amx: None, type_name: str, shape: tuple[int, int]) -> None:
     """Whole 16-row chunks on AMX tiles, the rows left on the VNNI path: the same bits as all on the VNNI
-    path (the same integer dots, scaled by the same float operations), and the rounded x times the weight."""
+    path (the same exact integer sums per super-block, scaled by the same float operations), and the rounded
+    x (one scale per 256 values) times the weight."""
     ggml_type, (n, k) = NATIVE_GGML_TYPES[type_name], shape
     rng = np.random.default_rng(n * 13 + k + ggml_type)
     rows = random_rows(ggml_type, n, k, rng)
@@ -207,7 +209,7 @@ def test_k_quants_on_amx_equal_the_vnni_path(amx: None, type_name: str, shape: t
             x = torch.randn(batch, k, generator=torch.Generator().manual_seed(batch)) * 3
             on_amx, on_vnni = _amx_and_vnni(x, packed, ggml_type, n, bits)
             assert torch.equal(on_amx, on_vnni), f"{type_name} {shape} {bits}-bit batch {batch}"
-            expected = rounded_activations(x, rounded_bits) @ weight.T
+            expected = rounded_activations(x, rounded_bits, 256) @ weight.T
             error = ((on_amx.double() - expected).abs().max() / expected.abs().max()).item()
             assert error < 1e-5, f"{type_name} {shape} {bits}-bit batch {batch}: relative error {error:.2e}"
 

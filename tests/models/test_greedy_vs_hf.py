@@ -261,17 +261,20 @@ _MOE_CONFIG_KEYS = {
 
 
 def hf_greedy_on_rounded_activations(
-    folder: str, prompts: list[list[int]], bits: int
+    folder: str, prompts: list[list[int]], bits: int, block: int = 32
 ) -> list[tuple[list[int], list[float]]]:
-    """HF transformers with every linear layer's input rounded to `bits`-bit integers per 32-value block (one
-    scale each), as the GGUF kernels take them: the plain-PyTorch definition of the integer paths."""
+    """HF transformers with every linear layer's input rounded to `bits`-bit integers per block of `block`
+    values (one scale each; the K-quant kernels: 256), as the GGUF kernels take them: the plain-PyTorch
+    definition of the integer paths."""
     from gguf_reference import rounded_activations
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
     for module in model.modules():
         if isinstance(module, torch.nn.Linear):
-            module.register_forward_pre_hook(lambda _, args: (rounded_activations(args[0], bits).float(),))
+            module.register_forward_pre_hook(
+                lambda _, args: (rounded_activations(args[0], bits, block).float(),)
+            )
     return hf_greedy(model, prompts, MAX_TOKENS)
 
 
@@ -301,7 +304,7 @@ def test_k_quant_gguf_matches_hf(tmp_path, monkeypatch, quant_type: str, bits: s
     # NOTE: only the first token: an activation on a rounding tie goes either way under float32 summation
     # order, and this random model turns one such flip into later tokens' logprobs moving by up to ~0.8.
     for (tokens, logprobs), (hf_tokens, hf_logprobs) in zip(
-        rounded, hf_greedy_on_rounded_activations(folder, prompts, 15 if bits == "16" else 8)
+        rounded, hf_greedy_on_rounded_activations(folder, prompts, 15 if bits == "16" else 8, 256)
     ):
         assert tokens[0] == hf_tokens[0] and abs(logprobs[0] - hf_logprobs[0]) < 5e-2
     assert rounded != exact  # the integer kernels ran

@@ -29,61 +29,68 @@ constexpr TileFormat tile_format(int64_t type) {
   return type == Q4_K ? TileFormat{true, 8, true} : type == Q5_K ? TileFormat{false, 8, true} : TileFormat{false, 16, false};
 }
 
-// The activations as bytes for `vpdpbusd` (and AMX's `tdpbsud`): per 32-value block integers q and a scale
-// (x ~ scale q). 8 bits: q in [-127, 127], one byte (`high`). 15 bits: q in [-16383, 16383] split as
-// 128 high + low (high in [-128, 127], low in [0, 127]): two byte dots per quad, for 16-bit-class precision on
-// the same instruction.
+// The activations as bytes for `vpdpbusd` (and AMX's tile dots): per 256-value super-block integers q and one
+// float scale (x ~ scale q). 8 bits: q in [-127, 127], one byte (`high`). 15 bits: q in [-16383, 16383] split
+// as 128 high + low (high in [-128, 127], low in [0, 127]): two byte dots per quad, for 16-bit-class precision
+// on the same instructions. NOTE: one scale per super-block, as llama.cpp's Q8_K, not per 32 values: the
+// weights' integer sub-block scales then fold into integer sums, and a super-block's dots leave the integers
+// once (the float epilogue per 32 columns was most of a prefill matmul's time).
 struct ByteActivations {
-  int64_t batch;
-  std::vector<int8_t> high, low;  // [batch, cols]; low: 15 bits only
-  // Per block, the rows side by side (a sub-block's scaling reads them in a row):
-  std::vector<float> scales, sums;  // [cols / 32, batch]: the block's scale, and its sum scale * sum(q)
-  std::vector<int32_t> offsets;     // [cols / 16, batch]: 32 sum(q) of each half block (Q6_K's u - 32)
-};
+  int64_t batch, cols;
+  bool split;          // 15 bits: high and low bytes
+  int64_t tiled_rows;  // rows [0, tiled_rows) go to AMX, as `tiles`; the others are `high` and `low`
+  // Rows [tiled_rows, batch) by row: [batch - tiled_rows, cols]; low: 15 bits only.
+  std::vector<int8_t> high, low;
+  // The AMX rows' bytes as tiles: per 16-row chunk and 64-column step, 16 rows of 64 high bytes, then (15
+  // bits) of 64 low bytes. NOTE: rows a power of two apart (cols bytes) fell in a few cache sets and missed:
+  // 1.5-2x slower at batch 256.
+  std::vector<int8_t> tiles;
+  // By row. NOTE: not rows side by side: the rounding writes a row at a time, and a write 4 KiB from the last
+  // missed the cache (at batch 1024, most of the rounding's time).
+  std::vector<float> scales;          // [batch, cols / 256]
+  std::vector<int32_t> sums;          // [batch, cols / 32]: sum(q) of each 32 values (the mins' term)
+  std::vector<int32_t> high_offsets;  // [batch, cols / 16]: 32 sum(high) of each 16 values (Q6_K's u - 32)
+  std::vector<int32_t> low_offsets;   // the same of `low`
 
-// A tile's d and dmin (fp16 per row) as floats.
-struct SuperScales {
-  Vec d[kTileRegisters], dmin[kTileRegisters];
-};
-
-template <int64_t kType>
-__attribute__((always_inline)) inline SuperScales super_scales(const uint8_t* t) {
-  constexpr TileFormat f = tile_format(kType);
-  SuperScales s{};
-  for (int j = 0; j < kTileRegisters; ++j) {
-    s.d[j] = vec::load(reinterpret_cast<const c10::Half*>(t + f.d_at()) + j * vec::kLanes);
-    if constexpr (f.has_mins) s.dmin[j] = vec::load(reinterpret_cast<const c10::Half*>(t + f.d_at() + 32) + j * vec::kLanes);
+  // Where row `row`'s bytes (low: `part` 1) from column `col` on (16 of them, 16 | col) are.
+  int8_t* bytes_at(int64_t row, int64_t col, int part) {
+    if (row >= tiled_rows) return (part ? low : high).data() + (row - tiled_rows) * cols + col;
+    const int64_t parts = split ? 2 : 1, step = row / kTileRows * (cols / 64) + col / 64;
+    return tiles.data() + ((step * parts + part) * kTileRows + row % kTileRows) * 64 + col % 64;
   }
-  return s;
-}
+};
 
-// acc[b] += sub-block `sub` of tile t (columns from `column`) given the integer dots of activation rows
-// [first, first + kBatch) with its 16 rows: (d scale) (dot - offset) times the activation block's scale for
-// Q6_K, else (d scale) dot times it - (dmin min) sum. NOTE: the row loops are unrolled from the start (GCC's
-// own unrolling comes after its scalar replacement of arrays): at 16 rows a loop left whole keeps the
-// caller's accumulators in memory, a load and a store around every multiply-add.
+// A super-block's exact integer sums for kBatch activation rows and 16 weight rows: the dots of q with the
+// weights' integers scaled by their sub-block scales, 128 high + low (int32 each: the whole sum can pass
+// 2^31), and of q with the sub-block mins (Q4_K, Q5_K).
+template <int64_t kBatch>
+struct SuperDots {
+  Quads high[kBatch][kTileRegisters], low[kBatch][kTileRegisters], mins[kBatch][kTileRegisters];
+};
+
+// acc[b] += super-block s of tile t for activation rows [first, first + kBatch): d times the scaled dots
+// minus dmin times the mins' dots, times the activations' scale. Both paths (VNNI and AMX) end here, with
+// the same integers, so they give the same bits. NOTE: the row loops are unrolled from the start (GCC's own
+// unrolling comes after its scalar replacement of arrays): at 16 rows a loop left whole keeps the caller's
+// accumulators in memory, a load and a store around every multiply-add.
 template <int64_t kType, int64_t kBatch>
-__attribute__((always_inline)) inline void add_sub_block(const uint8_t* t, const SuperScales& ss, int64_t sub,
-                                                         int64_t column, const ByteActivations& a, int64_t first,
-                                                         const Quads (&dots)[kBatch][kTileRegisters],
-                                                         Vec (&acc)[kBatch][kTileRegisters]) {
+__attribute__((always_inline)) inline void add_super_block(const uint8_t* t, int64_t s, const ByteActivations& a,
+                                                           int64_t first, const SuperDots<kBatch>& dots,
+                                                           Vec (&acc)[kBatch][kTileRegisters]) {
   constexpr TileFormat f = tile_format(kType);
-  const int64_t at = column / kBlock * a.batch + first;
-  const float *scales = a.scales.data() + at, *sums = a.sums.data() + at;
-  const int32_t* offsets = a.offsets.data() + column / 16 * a.batch + first;
+  const int64_t supers = a.cols / kSuper;
+  const float* scales = a.scales.data() + first * supers + s;
   for (int j = 0; j < kTileRegisters; ++j) {
-    const Vec scale = ss.d[j] * vec::bytes_to_floats(reinterpret_cast<const int8_t*>(t + f.scales_at() + sub * kTileRows) + j * vec::kLanes);
+    const Vec d = vec::load(reinterpret_cast<const c10::Half*>(t + f.d_at()) + j * vec::kLanes);
 #pragma GCC unroll 16
-    for (int64_t b = 0; b < kBatch; ++b) {
-      Quads dot = dots[b][j];
-      if constexpr (!f.has_mins) dot -= offsets[b];  // u - 32
-      acc[b][j] = vec::fma(vec::to_floats(dot), scale * scales[b], acc[b][j]);
-    }
+    for (int64_t b = 0; b < kBatch; ++b)
+      acc[b][j] = vec::fma(vec::exact_floats(dots.high[b][j], dots.low[b][j]), d * scales[b * supers], acc[b][j]);
     if constexpr (f.has_mins) {
-      // NOTE: (-min) sum, not min (-sum): the same product, its negation on one vector instead of every row's.
-      const Vec minus_min = -(ss.dmin[j] * vec::bytes_to_floats(t + f.mins_at() + sub * kTileRows + j * vec::kLanes));
+      // NOTE: (-dmin) scale, not dmin (-scale): the same product, its negation on one vector instead of every row's.
+      const Vec minus_dmin = -vec::load(reinterpret_cast<const c10::Half*>(t + f.d_at() + 32) + j * vec::kLanes);
 #pragma GCC unroll 16
-      for (int64_t b = 0; b < kBatch; ++b) acc[b][j] = vec::fma(minus_min, vec::splat(sums[b]), acc[b][j]);
+      for (int64_t b = 0; b < kBatch; ++b)
+        acc[b][j] = vec::fma(vec::to_floats(dots.mins[b][j]), minus_dmin * scales[b * supers], acc[b][j]);
     }
   }
 }
@@ -94,21 +101,24 @@ __attribute__((always_inline)) inline void add_sub_block(const uint8_t* t, const
 // the process got the tile state, it is switched on (gguf_set_amx) and the batch is large enough; else 0.
 int64_t amx_rows(int64_t batch);
 
-// One thread's AMX tiles for a K-quant type, configured on construction and released on destruction (tile
-// state is per thread: each at::parallel_for chunk holds its own), with the scratch a Q4_K group's values are
-// unpacked into (AMX reads one byte per value).
+
+// One thread's AMX tiles, configured on construction and released on destruction (tile state is per thread:
+// each at::parallel_for chunk holds its own), with its scratch: a super-block's weights unpacked for the
+// tiles, and the float accumulators of the AMX rows. NOTE: Vec-typed, for 64-byte alignment.
 class AmxTiles {
  public:
   AmxTiles(int64_t type, int64_t cols, int64_t amx_rows);
   ~AmxTiles();
   AmxTiles(const AmxTiles&) = delete;
   AmxTiles& operator=(const AmxTiles&) = delete;
-  // Group g's rows of y for activation rows [0, amx_rows).
-  void multiply(const ByteActivations& a, const uint8_t* packed, int64_t rows, int64_t g, float* y);
+  // Groups [first_group, end_group)'s rows of y for activation rows [0, amx_rows).
+  void multiply(const ByteActivations& a, const uint8_t* packed, int64_t rows, int64_t first_group,
+                int64_t end_group, float* y);
 
  private:
+  uint8_t* weights() { return reinterpret_cast<uint8_t*>(weights_.data()); }
   int64_t type_, cols_, amx_rows_;
-  std::vector<uint8_t> unpacked_;
+  std::vector<Vec> weights_, acc_;
 };
 
 }  // namespace gguf::kquant

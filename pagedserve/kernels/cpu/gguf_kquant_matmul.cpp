@@ -1,7 +1,8 @@
 // K-quant weights (Q4_K, Q5_K, Q6_K) repacked at load 16 rows side by side and multiplied in integers by
-// activations rounded per 32-value block (one float scale each) to 8 bits (llama.cpp's) or 15 (the 16-bit
-// setting: two byte dots per quad), at every batch size, so a prefill chunk is an integer GEMM as much as a
-// decode step is.
+// activations rounded per 256-value super-block (one float scale each, as llama.cpp's Q8_K) to 8 bits
+// (llama.cpp's) or 15 (the 16-bit setting: two byte dots per quad), at every batch size, so a prefill chunk is
+// an integer GEMM as much as a decode step is. A sub-block's dots are scaled by its integer scale in integers
+// (gguf_kquant.h: SuperDots), so a super-block takes one float epilogue, not one per sub-block.
 //
 // Why repack: in the file's rows a super-block of 256 weights carries its own scales, and the row kernels
 // spent more time unpacking and reducing than multiplying (a 1B-class Q4_K_M model decoded 9x slower than
@@ -127,40 +128,72 @@ void dequantize_tile_row(const uint8_t* t, int64_t type, int64_t r, float* out) 
   }
 }
 
-// Rows [first, first + rows) of `a` from their rounded blocks.
-template <typename Int>
-void split_rows(const ActivationBlocks<Int>& blocks, int64_t first, int64_t rows, int64_t cols, ByteActivations& a) {
-  const int64_t row_blocks = cols / kBlock;
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t row = first + r;
-    for (int64_t half = 0; half < cols / 16; ++half) {
-      int32_t sum = 0;
-      for (int64_t k = 16 * half; k < 16 * half + 16; ++k) {
-        const int32_t q = blocks.rounded[r * cols + k];
-        a.high[row * cols + k] = static_cast<int8_t>(sizeof(Int) == 2 ? q >> 7 : q);  // arithmetic: floor(q / 128)
-        if constexpr (sizeof(Int) == 2) a.low[row * cols + k] = static_cast<int8_t>(q & 127);
-        sum += q;
-      }
-      a.offsets[half * a.batch + row] = 32 * sum;
+// Row `row` of x rounded per super-block into `a`: q = round(x (L / max|x|)), scale max|x| / L (L = 127 or
+// 16383), as rounded_activations rounds (gguf_blocks.h), on vector lanes. NOTE: that scalar loop took 3 ns a
+// value here, more than the AMX matmul of a 2048-row matrix at batch 1024.
+template <bool kSplit>
+void round_row(const float* x, int64_t row, ByteActivations& a) {
+  constexpr float kLargest = kSplit ? 16383.f : 127.f;
+  constexpr int64_t kHalves = kSuper / 16, kVectors = 16 / vec::kLanes;  // per super-block, per half
+  for (int64_t s = 0; s < a.cols / kSuper; ++s) {
+    const float* xs = x + s * kSuper;
+    Vec largest{}, poison{};  // poison: x * 0, NaN where x is not finite
+    for (int64_t i = 0; i < kSuper; i += vec::kLanes) {
+      const Vec v = vec::load(xs + i), magnitude = (Vec)((Quads)v & 0x7FFFFFFF);
+      largest = largest > magnitude ? largest : magnitude;
+      poison += v * 0.f;
     }
-    for (int64_t block = 0; block < row_blocks; ++block) {
-      a.scales[block * a.batch + row] = blocks.scales[r * row_blocks + block];
-      a.sums[block * a.batch + row] = blocks.sums[r * row_blocks + block];
+    float most = 0.f;
+    for (int lane = 0; lane < vec::kLanes; ++lane) most = std::max(most, largest[lane]);
+    // NOTE: a non-finite value makes the super-block's scale NaN (and its integers 0), as rounded_activations.
+    const bool finite = vec::sum(poison) == 0.f;
+    a.scales[row * (a.cols / kSuper) + s] = finite ? most / kLargest : std::numeric_limits<float>::quiet_NaN();
+    const float inverse = finite && most > 0.f ? kLargest / most : 0.f;
+    for (int64_t half = 0; half < kHalves; ++half) {
+      const int64_t col = s * kSuper + 16 * half;
+      int8_t *high = a.bytes_at(row, col, 0), *low = kSplit ? a.bytes_at(row, col, 1) : nullptr;
+      int32_t high_sum = 0, low_sum = 0;
+      for (int64_t v = 0; v < kVectors; ++v) {
+        const Quads q = finite ? vec::round_to_quads(vec::load(xs + 16 * half + v * vec::kLanes) * inverse) : Quads{};
+        const Quads q_high = kSplit ? q >> 7 : q;  // arithmetic: floor(q / 128)
+        vec::store_low_bytes(high + v * vec::kLanes, q_high);
+        high_sum += vec::sum(q_high);
+        if constexpr (kSplit) {
+          vec::store_low_bytes(low + v * vec::kLanes, q & 127);
+          low_sum += vec::sum(q & 127);
+        }
+      }
+      const int64_t at = row * (a.cols / 16) + col / 16;
+      a.high_offsets[at] = 32 * high_sum;
+      a.low_offsets[at] = 32 * low_sum;
+      a.sums[at / 2] += kSplit ? 128 * high_sum + low_sum : high_sum;
     }
   }
 }
 
-// NOTE: rounded in parallel, by rows: on one thread it took 10-15% of a prefill-sized matmul's time.
-ByteActivations round_activations(const float* x, int64_t batch, int64_t cols, int64_t bits) {
-  const int64_t values = batch * cols;
-  ByteActivations a{batch, std::vector<int8_t>(values), std::vector<int8_t>(bits == 8 ? 0 : values),
-                    std::vector<float>(values / kBlock), std::vector<float>(values / kBlock),
+// x's rows as bytes, rows [0, tiled_rows) as AMX tiles. NOTE: in parallel, by rows.
+ByteActivations round_activations(const float* x, int64_t batch, int64_t cols, int64_t bits, int64_t tiled_rows) {
+  const bool split = bits != 8;
+  const int64_t values = batch * cols, by_row = (batch - tiled_rows) * cols;
+  ByteActivations a{batch,
+                    cols,
+                    split,
+                    tiled_rows,
+                    std::vector<int8_t>(by_row),
+                    std::vector<int8_t>(split ? by_row : 0),
+                    std::vector<int8_t>(tiled_rows * cols * (split ? 2 : 1)),
+                    std::vector<float>(values / kSuper),
+                    std::vector<int32_t>(values / kBlock),
+                    std::vector<int32_t>(values / 16),
                     std::vector<int32_t>(values / 16)};
   constexpr int64_t kRowsPerTask = 4;
   at::parallel_for(0, batch, kRowsPerTask, [&](int64_t begin, int64_t end) {
-    const float* rows = x + begin * cols;
-    if (bits == 8) return split_rows(rounded_activations<int8_t>(rows, end - begin, cols), begin, end - begin, cols, a);
-    split_rows(rounded_activations<int16_t>(rows, end - begin, cols, 16383.f), begin, end - begin, cols, a);
+    for (int64_t row = begin; row < end; ++row) {
+      if (split)
+        round_row<true>(x + row * cols, row, a);
+      else
+        round_row<false>(x + row * cols, row, a);
+    }
   });
   return a;
 }
@@ -204,20 +237,54 @@ __attribute__((always_inline)) inline void add_quads(const uint8_t* values, int6
   }
 }
 
-// Sub-block `sub`'s integer dots: 8 bits one byte dot per quad, 15 bits two (128 high + low).
+// Sub-block `sub`'s integer dots into the super-block's: its high (and low) bytes' dots with the unsigned
+// values (less 32 times the activations' sums for Q6_K), times the sub-block's scales. 8 bits: the one byte's
+// into `low` (128 high + low is then the dot itself).
 template <int64_t kType, int64_t kBatch, bool kSplit>
-__attribute__((always_inline)) inline void sub_block_dots(const uint8_t* t, int64_t first_quad, int64_t quads,
-                                                          const ByteActivations& a, const int64_t (&at)[kBatch],
-                                                          Quads (&dots)[kBatch][kTileRegisters]) {
+__attribute__((always_inline)) inline void add_sub_block(const uint8_t* t, int64_t sub, int64_t column,
+                                                         const ByteActivations& a, int64_t first,
+                                                         const int64_t (&at)[kBatch], SuperDots<kBatch>& dots) {
+  constexpr TileFormat f = tile_format(kType);
+  constexpr int64_t kQuads = f.columns_per_scale() / 4;
+  Quads high[kBatch][kTileRegisters] = {}, low[kBatch][kTileRegisters] = {};
   const int8_t* x[kBatch];
   for (int64_t b = 0; b < kBatch; ++b) x[b] = a.high.data() + at[b];
-  add_quads<kType, kBatch>(t, first_quad, quads, x, dots);
+  add_quads<kType, kBatch>(t, sub * kQuads, kQuads, x, high);
   if constexpr (kSplit) {
-    Quads low[kBatch][kTileRegisters] = {};
     for (int64_t b = 0; b < kBatch; ++b) x[b] = a.low.data() + at[b];
-    add_quads<kType, kBatch>(t, first_quad, quads, x, low);
-    for (int64_t b = 0; b < kBatch; ++b)
-      for (int j = 0; j < kTileRegisters; ++j) dots[b][j] = (dots[b][j] << 7) + low[b][j];
+    add_quads<kType, kBatch>(t, sub * kQuads, kQuads, x, low);
+  }
+  const int64_t halves = a.cols / 16, half = first * halves + column / 16;
+  for (int j = 0; j < kTileRegisters; ++j) {
+    const auto* scales = reinterpret_cast<const int8_t*>(t + f.scales_at() + sub * kTileRows);
+    const Quads scale = vec::bytes_to_quads(scales + j * vec::kLanes);
+#pragma GCC unroll 16
+    for (int64_t b = 0; b < kBatch; ++b) {
+      if constexpr (!f.has_mins) high[b][j] -= a.high_offsets[half + b * halves];
+      if constexpr (kSplit) {
+        if constexpr (!f.has_mins) low[b][j] -= a.low_offsets[half + b * halves];
+        dots.high[b][j] += high[b][j] * scale;
+        dots.low[b][j] += low[b][j] * scale;
+      } else {
+        dots.low[b][j] += high[b][j] * scale;
+      }
+    }
+  }
+}
+
+// The mins' dots of super-block s: each sub-block's min times the activations' sum over it.
+template <int64_t kType, int64_t kBatch>
+__attribute__((always_inline)) inline void add_mins(const uint8_t* t, int64_t s, const ByteActivations& a,
+                                                    int64_t first, SuperDots<kBatch>& dots) {
+  constexpr TileFormat f = tile_format(kType);
+  for (int64_t sub = 0; sub < 8; ++sub) {
+    const int64_t blocks = a.cols / kBlock;
+    const int32_t* sums = a.sums.data() + first * blocks + s * 8 + sub;
+    for (int j = 0; j < kTileRegisters; ++j) {
+      const Quads min = vec::bytes_to_quads(t + f.mins_at() + sub * kTileRows + j * vec::kLanes);
+#pragma GCC unroll 16
+      for (int64_t b = 0; b < kBatch; ++b) dots.mins[b][j] += min * sums[b * blocks];
+    }
   }
 }
 
@@ -226,21 +293,19 @@ template <int64_t kType, int64_t kBatch, bool kSplit>
 void kquant_group(const ByteActivations& a, int64_t first, const uint8_t* packed, int64_t rows, int64_t cols,
                   int64_t g, float* y) {
   constexpr TileFormat f = tile_format(kType);
-  constexpr int64_t kPerScale = f.columns_per_scale();
   const int64_t supers = cols / kSuper;
   const uint8_t* t = packed + g * supers * f.bytes();
   Vec acc[kBatch][kTileRegisters];
   for (auto& per_row : acc) std::fill(per_row, per_row + kTileRegisters, Vec{});
   for (int64_t s = 0; s < supers; ++s, t += f.bytes()) {
     prefetch_tile(t, f.bytes());
-    const SuperScales scales = super_scales<kType>(t);
     int64_t at[kBatch];
-    for (int64_t b = 0; b < kBatch; ++b) at[b] = (first + b) * cols + s * kSuper;
-    for (int64_t sub = 0; sub < f.sub_blocks; ++sub) {
-      Quads dots[kBatch][kTileRegisters] = {};
-      sub_block_dots<kType, kBatch, kSplit>(t, sub * kPerScale / 4, kPerScale / 4, a, at, dots);
-      add_sub_block<kType, kBatch>(t, scales, sub, s * kSuper + sub * kPerScale, a, first, dots, acc);
-    }
+    for (int64_t b = 0; b < kBatch; ++b) at[b] = (first + b - a.tiled_rows) * cols + s * kSuper;
+    SuperDots<kBatch> dots{};
+    for (int64_t sub = 0; sub < f.sub_blocks; ++sub)
+      add_sub_block<kType, kBatch, kSplit>(t, sub, s * kSuper + sub * f.columns_per_scale(), a, first, at, dots);
+    if constexpr (f.has_mins) add_mins<kType, kBatch>(t, s, a, first, dots);
+    add_super_block<kType, kBatch>(t, s, a, first, dots, acc);
   }
   store_group<kBatch>(acc, first, rows, g, y);
 }
@@ -248,18 +313,18 @@ void kquant_group(const ByteActivations& a, int64_t first, const uint8_t* packed
 // Each thread takes whole groups and runs every chunk of activation rows through a group before the next,
 // so the group's tiles come from memory once and from cache for the later chunks (the cache blocking of a
 // prefill GEMM: a group of a 2048-column Q4_K matrix is 18 KiB). AMX, where it runs, takes the whole 16-row
-// chunks first (gguf_kquant_amx.cpp), these dots the rows left.
+// chunks first (gguf_kquant_amx.cpp: a thread's groups in passes over rows that stay in L2), these dots the
+// rows left.
 template <int64_t kType, bool kSplit>
 void kquant_matmul(const ByteActivations& a, int64_t batch, const uint8_t* packed, int64_t rows, int64_t cols,
                    float* y) {
   // NOTE: split, twice the dot accumulators: 6 rows a pass on AVX-512 (4: 15% slower at batch 64; 8 spilled on
   // Q6_K), 3 on AVX2.
   constexpr int64_t kChunk = kSplit ? kBatchChunk * 3 / 4 : kBatchChunk;
-  const int64_t groups = (rows + kTileRows - 1) / kTileRows, on_amx = amx_rows(batch);
+  const int64_t groups = (rows + kTileRows - 1) / kTileRows, on_amx = a.tiled_rows;
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
-    AmxTiles amx(kType, cols, on_amx);
+    AmxTiles(kType, cols, on_amx).multiply(a, packed, rows, begin, end, y);
     for (int64_t g = begin; g < end; ++g) {
-      amx.multiply(a, packed, rows, g, y);
       for (int64_t first = on_amx; first < batch; first += kChunk)
         with_batch<kChunk>(std::min(kChunk, batch - first), [&](auto count) {
           kquant_group<kType, decltype(count)::value, kSplit>(a, first, packed, rows, cols, g, y);
@@ -271,7 +336,7 @@ void kquant_matmul(const ByteActivations& a, int64_t batch, const uint8_t* packe
 template <int64_t kType>
 void kquant_matmul(const ByteActivations& a, int64_t batch, const uint8_t* packed, int64_t rows, int64_t cols,
                    float* y) {
-  if (a.low.empty()) return kquant_matmul<kType, false>(a, batch, packed, rows, cols, y);
+  if (!a.split) return kquant_matmul<kType, false>(a, batch, packed, rows, cols, y);
   kquant_matmul<kType, true>(a, batch, packed, rows, cols, y);
 }
 
@@ -302,7 +367,7 @@ at::Tensor kquant_pack(const at::Tensor& qweight, int64_t type) {
 
 void kquant_packed_matmul(const float* x, int64_t batch, const uint8_t* packed, int64_t type, int64_t rows,
                           int64_t cols, int64_t activation_bits, float* y) {
-  const ByteActivations a = round_activations(x, batch, cols, activation_bits);
+  const ByteActivations a = round_activations(x, batch, cols, activation_bits, amx_rows(batch));
   switch (type) {
     case Q4_K: return kquant_matmul<Q4_K>(a, batch, packed, rows, cols, y);
     case Q5_K: return kquant_matmul<Q5_K>(a, batch, packed, rows, cols, y);

@@ -249,26 +249,72 @@ inline Quads dot_quads(Quads acc, Bytes u, Bytes s) {
 #endif
 }
 
-// int32 lanes to float32 (Quads is Int32s where the build has AVX2).
-inline Vec to_floats(Quads v) { return __builtin_convertvector(v, Vec); }
-
-// kLanes bytes, signed or unsigned, widened to float32 lanes. NOTE: intrinsics where the build has them:
-// GCC 12 turns __builtin_convertvector of bytes into one scalar conversion per lane (~60 instructions).
+// kLanes bytes, signed or unsigned, widened to int32 lanes.
 template <typename Byte>
-inline Vec bytes_to_floats(const Byte* p) {
+inline Quads bytes_to_quads(const Byte* p) {
   static_assert(sizeof(Byte) == 1, "bytes: int8_t or uint8_t");
   constexpr bool kSigned = std::is_signed_v<Byte>;
 #if defined(PAGEDSERVE_VEC_AVX512)
   const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm512_cvtepi32_ps(kSigned ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes));
+  return (Quads)(kSigned ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes));
 #elif defined(__AVX2__)
   const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-  return _mm256_cvtepi32_ps(kSigned ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes));
+  return (Quads)(kSigned ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes));
 #else
-  Vec v;
-  for (int i = 0; i < kLanes; ++i) v[i] = static_cast<float>(p[i]);
+  Quads v;
+  for (int i = 0; i < kLanes; ++i) v[i] = p[i];
   return v;
 #endif
+}
+
+// int32 lanes to float32 (Quads is Int32s where the build has AVX2).
+inline Vec to_floats(Quads v) { return __builtin_convertvector(v, Vec); }
+
+// kLanes bytes, signed or unsigned, widened to float32 lanes. NOTE: through bytes_to_quads' intrinsics: GCC 12
+// turns __builtin_convertvector of bytes into one scalar conversion per lane (~60 instructions).
+template <typename Byte>
+inline Vec bytes_to_floats(const Byte* p) {
+  return to_floats(bytes_to_quads(p));
+}
+
+// float32 lanes rounded to int32, ties to even (as std::nearbyint in the default rounding mode).
+inline Quads round_to_quads(Vec v) {
+#if defined(PAGEDSERVE_VEC_AVX512)
+  return (Quads)_mm512_cvtps_epi32(v);
+#elif defined(__AVX2__)
+  return (Quads)_mm256_cvtps_epi32(v);
+#else
+  Quads q;
+  for (int i = 0; i < kLanes; ++i) q[i] = static_cast<int32_t>(std::nearbyint(v[i]));
+  return q;
+#endif
+}
+
+// The low byte of each int32 lane, stored to p[0..kLanes).
+inline void store_low_bytes(int8_t* p, Quads v) {
+#if defined(PAGEDSERVE_VEC_AVX512)
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8((__m512i)v));
+#else
+  for (int i = 0; i < kLanes; ++i) p[i] = static_cast<int8_t>(v[i]);
+#endif
+}
+
+inline int32_t sum(Quads v) {
+#if defined(PAGEDSERVE_VEC_AVX512)
+  return _mm512_reduce_add_epi32((__m512i)v);
+#else
+  int32_t total = 0;
+  for (int i = 0; i < kLanes; ++i) total += v[i];
+  return total;
+#endif
+}
+
+// 128 high + low per lane to float32, rounded once from the exact integer (up to 2^38 here: exact in
+// float64), so any two ways of splitting the same integer give the same float.
+inline Vec exact_floats(Quads high, Quads low) {
+  using Doubles = double __attribute__((vector_size(2 * sizeof(Vec))));
+  const Doubles exact = __builtin_convertvector(high, Doubles) * 128.0 + __builtin_convertvector(low, Doubles);
+  return __builtin_convertvector(exact, Vec);
 }
 
 // ---- fp8 ----------------------------------------------------------------------------------------------------
