@@ -16,7 +16,7 @@ minutes on 2 cores (Q4_K_M's quantization is most of it).
 --model smollm2: the embedded Q4_1 GGUF dequantized to a float32 folder (accuracy.py's float_folder), an F32
 GGUF (bfloat16 would round the Q4_1 values), Q4_K_M by default. SmolLM2's hidden size 576 is not a multiple
 of 256, where llama-quantize would fall back to Q5_0 (which the engine does not read): K-quant files take
-Q8_0 for every tensor whose rows are not a multiple of 256 (there, every tensor but ffn_down); 8 s in all.
+Q8_0 for every tensor whose rows are not a multiple of 256 (there, every tensor but ffn_down); 15 s in all.
 
     python benchmarks/make_kquant_model.py --model smollm2   # .../smollm2-kquant/SmolLM2-135M-Instruct.Q4_K_M.gguf
 """
