@@ -1,5 +1,7 @@
 """Perplexity of SmolLM2-135M on a fixed public-domain text (benchmarks/data/opticks.txt, ~22k tokens) for
-each weight / KV-cache quantization, against the float32 reference (the GGUF's weights dequantized).
+each weight / KV-cache quantization, against the float32 reference (the GGUF's weights dequantized). The
+GGUF is the embedded Q4_1 file, or --gguf's (e.g. a K-quant file of the same weights from
+`make_kquant_model.py --model smollm2`).
 
 The text is split into windows of --window tokens; every token but a window's first is scored with the
 engine's prompt_logprobs. int8 and int4 quantize a float32 HF folder written from the same GGUF (there is
@@ -7,6 +9,7 @@ no other local copy of the model), so every row starts from the same weights; th
 fp8 checkpoint written here from that folder (per-channel scales, as llm-compressor's FP8_DYNAMIC).
 
     python benchmarks/accuracy.py --window 1024
+    python benchmarks/accuracy.py --gguf FILE.gguf --only "float32 (reference)" "GGUF native, 8-bit activations"
 """
 
 import argparse
@@ -24,12 +27,12 @@ TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "opticks
 # row name -> (model: "gguf" file or "hf" folder, engine arguments)
 SETTINGS = {
     "float32 (reference)": ("gguf", dict(quantization="none")),
-    "gguf Q4_1 native": ("gguf", dict()),
+    "GGUF native": ("gguf", dict()),
     # NOTE: chunks of 32 tokens, so every matmul takes the integer kernels of the activation width asked for
     # (Q4_1's packed kernel computes larger batches on float activations).
-    "Q4_1, float activations": ("gguf", dict(activation_bits=32, max_num_batched_tokens=32)),
-    "Q4_1, 16-bit activations": ("gguf", dict(activation_bits=16, max_num_batched_tokens=32)),
-    "Q4_1, 8-bit activations": ("gguf", dict(activation_bits=8, max_num_batched_tokens=32)),
+    "GGUF native, float activations": ("gguf", dict(activation_bits=32, max_num_batched_tokens=32)),
+    "GGUF native, 16-bit activations": ("gguf", dict(activation_bits=16, max_num_batched_tokens=32)),
+    "GGUF native, 8-bit activations": ("gguf", dict(activation_bits=8, max_num_batched_tokens=32)),
     "int8 (online, g32)": ("hf", dict(quantization="int8")),
     "int4 (online, g32)": ("hf", dict(quantization="int4")),
     "fp8 weights (per channel)": ("fp8", dict()),
@@ -123,8 +126,11 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=1024, help="tokens per scored window")
     parser.add_argument("--max-tokens", type=int, default=None, help="score only the text's first N tokens")
     parser.add_argument("--only", nargs="*", default=None, help="row names to run (default: all)")
+    parser.add_argument("--gguf", default=None, help="the GGUF file (default: the embedded Q4_1 SmolLM2)")
     args = parser.parse_args()
-    gguf_file = default_model_path()
+    if unknown := set(args.only or ()) - set(SETTINGS):
+        parser.error(f"unknown rows {sorted(unknown)}; the rows: {list(SETTINGS)}")
+    gguf_file = args.gguf or default_model_path()
     with tempfile.TemporaryDirectory() as folder:
         models = {"gguf": gguf_file, "hf": float_folder(gguf_file, folder)}
         models["fp8"] = fp8_folder(models["hf"], os.path.join(folder, "fp8"))
@@ -134,7 +140,8 @@ def main() -> None:
         tokens = tokens[: args.max_tokens]
         windows = [tokens[i : i + args.window] for i in range(0, len(tokens) - 1, args.window)]
         print(f"{len(tokens)} tokens of {os.path.basename(TEXT)} in {len(windows)} windows of {args.window}")
-        print(f"{'setting':28s} {'perplexity':>10s} {'vs float32':>10s} {'seconds':>8s}")
+        print(f"GGUF: {os.path.basename(gguf_file)}")
+        print(f"{'setting':32s} {'perplexity':>10s} {'vs float32':>10s} {'seconds':>8s}")
         reference = None
         for name, (kind, engine_args) in SETTINGS.items():
             if args.only and name not in args.only and reference is not None:
@@ -142,7 +149,7 @@ def main() -> None:
             value, seconds = perplexity(models[kind], windows, engine_args, args.window)
             reference = reference or value
             print(
-                f"{name:28s} {value:10.4f} {100 * (value / reference - 1):+9.2f}% {seconds:8.1f}", flush=True
+                f"{name:32s} {value:10.4f} {100 * (value / reference - 1):+9.2f}% {seconds:8.1f}", flush=True
             )
 
 
