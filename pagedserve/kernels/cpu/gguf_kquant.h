@@ -101,10 +101,9 @@ __attribute__((always_inline)) inline void add_super_block(const uint8_t* t, int
 // the process got the tile state, it is switched on (gguf_set_amx) and the batch is large enough; else 0.
 int64_t amx_rows(int64_t batch);
 
-
 // One thread's AMX tiles, configured on construction and released on destruction (tile state is per thread:
 // each at::parallel_for chunk holds its own), with its scratch: a super-block's weights unpacked for the
-// tiles, and the float accumulators of the AMX rows. NOTE: Vec-typed, for 64-byte alignment.
+// tiles, and the float accumulators of a pass's AMX rows. NOTE: Vec-typed, for 64-byte alignment.
 class AmxTiles {
  public:
   AmxTiles(int64_t type, int64_t cols, int64_t amx_rows);

@@ -62,8 +62,9 @@ const TileConfig& tile_config() {
   return kConfig;
 }
 
-// The weights as AMX multiplies them, per group (unpacked once per call, read by every chunk of activation
-// rows): per super-block and 64-column step, three tiles of 16 quads x 16 rows x 4 bytes: the weight's
+// The weights as AMX multiplies them, a super-block of a group at a time (unpacked once per pass over the
+// activation rows, read by each of its chunks): per 64-column step, three tiles of 16 quads x 16 rows x 4
+// bytes: the weight's
 // integer times its sub-block scale, v = scale u (Q6_K: scale (u - 32), up to 2^12 in magnitude), split as
 // 128 high + low (high signed, low in [0, 127]), then each column's sub-block min (Q4_K, Q5_K). The scales
 // folded into the integers, a super-block's dots add up in the tiles: no float work per sub-block.
@@ -148,20 +149,21 @@ __attribute__((always_inline)) inline void chunk_dots(const int8_t* tiles, const
   constexpr bool kMins = tile_format(kType).has_mins;
   zero_tile<3>(), zero_tile<4>(), zero_tile<5>();
   if constexpr (kMins) zero_tile<6>(), zero_tile<7>();
-  for (int64_t step = 0; step < kSteps; ++step, weights += step_bytes(kType), tiles += activation_step_bytes(kSplit)) {
+  for (int64_t step = 0; step < kSteps; ++step) {
     load_tile<0>(tiles, 64);
     if constexpr (kSplit) load_tile<1>(tiles + kTileBytes, 64);
     load_tile<2>(weights, kQuadBytes);  // vh
     dot_tiles<3, 0, 2>();
     if constexpr (kSplit) dot_tiles<4, 1, 2>();
     load_tile<2>(weights + kTileBytes, kQuadBytes);  // vl
+    if constexpr (kSplit) dot_tiles<5, 1, 2>();  // NOTE: between the two sums into tile 4, which wait on each other
     dot_tiles<4, 0, 2>();
-    if constexpr (kSplit) dot_tiles<5, 1, 2>();
     if constexpr (kMins) {
       load_tile<2>(weights + 2 * kTileBytes, kQuadBytes);  // min
       dot_tiles<6, 0, 2>();
       if constexpr (kSplit) dot_tiles<7, 1, 2>();
     }
+    weights += step_bytes(kType), tiles += activation_step_bytes(kSplit);
   }
   alignas(64) Dots hh, mixed, ll, min_high, min_low;
   store_dots<3>(hh), store_dots<4>(mixed);

@@ -81,8 +81,9 @@ def gguf_packed_matmul(
     x: torch.Tensor, packed: torch.Tensor, ggml_type: int, rows: int, activation_bits: int
 ) -> torch.Tensor:
     """x [B, K] float32 times W^T, W [rows, K] as `gguf_pack` left it; activations rounded to
-    `activation_bits` per 32-value block: K-quants with 8 at every B, the others with 8 or 16 at
-    B <= gguf_packed_max_batch(activation_bits); any other case computes on x's float32 values.
+    `activation_bits`: K-quants with 8 or 16 (15-bit) per 256-value super-block at every B, the others with
+    8 or 16 per 32-value block at B <= gguf_packed_max_batch(activation_bits); any other case computes on
+    x's float32 values.
     Returns [B, rows] float32."""
     out: torch.Tensor = _ops().gguf_packed_matmul(x, packed, ggml_type, rows, activation_bits)
     return out
