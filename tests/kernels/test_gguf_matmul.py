@@ -166,6 +166,23 @@ def test_k_quants_packed_compute_on_integer_activation_blocks(type_name: str, sh
             assert error < 1e-5, f"{type_name} {shape} {bits}-bit batch {batch}: relative error {error:.2e}"
 
 
+def test_packed_float_prefill_under_inference_mode() -> None:
+    """Prefill-sized batches of Q4_0/Q4_1/Q8_0 multiply tiles on the worker threads: in inference mode (the
+    engine's; 4096 columns: tiles of 64 rows, several tasks) the same result as outside it, the float x
+    times the dequantized weight."""
+    for type_name in ("Q4_0", "Q4_1", "Q8_0"):
+        ggml_type = NATIVE_GGML_TYPES[type_name]
+        rows = random_rows(ggml_type, 300, 4096, np.random.default_rng(ggml_type))
+        weight = reference_weight(rows, ggml_type).double()
+        packed = gguf_pack(torch.from_numpy(rows), ggml_type)
+        x = torch.randn(100, 4096, generator=torch.Generator().manual_seed(ggml_type))
+        with torch.inference_mode():
+            got = gguf_packed_matmul(x, packed, ggml_type, 300, 16)
+        assert torch.equal(got, gguf_packed_matmul(x, packed, ggml_type, 300, 16))
+        expected = x.double() @ weight.T
+        assert ((got.double() - expected).abs().max() / expected.abs().max()).item() < 1e-5, type_name
+
+
 @pytest.fixture
 def amx() -> Iterator[None]:
     """The AMX path switched on (skipped where the build or the CPU has none), and back on after the test."""

@@ -308,7 +308,11 @@ at::Tensor gguf_packed_matmul(const at::Tensor& x, const at::Tensor& packed, int
   // 16384 x 2048 matrix at batch 256 took 880 ms; 150 with OMP_WAIT_POLICY=passive).
   constexpr int64_t kTileFloats = int64_t{1} << 18;
   const int64_t tile_groups = std::max<int64_t>(1, kTileFloats / cols / kTileRows), groups = (rows + kTileRows - 1) / kTileRows;
+  // NOTE: the caller's inference mode, which the worker threads do not inherit: y is an inference tensor in
+  // the engine, and an in-place copy into one outside inference mode raises.
+  const bool inference = c10::InferenceMode::is_enabled();
   at::parallel_for(0, groups, tile_groups, [&](int64_t begin, int64_t end) {
+    const c10::InferenceMode inference_mode(inference);
     at::Tensor tile = at::empty({tile_groups * kTileRows, cols}, xc.options());
     for (int64_t group = begin; group < end; group += tile_groups) {
       const int64_t first = group * kTileRows, count = std::min(std::min(group + tile_groups, end) * kTileRows, rows) - first;
