@@ -231,6 +231,24 @@ def test_k_quants_on_amx_equal_the_vnni_path(amx: None, type_name: str, shape: t
             assert error < 1e-5, f"{type_name} {shape} {bits}-bit batch {batch}: relative error {error:.2e}"
 
 
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
+def test_packed_float_prefill_on_amx(amx: None, type_name: str) -> None:
+    """Q4_0/Q4_1/Q8_0 prefill-sized batches on AMX-BF16 tiles (float activations split into three bfloat16):
+    within float32 rounding of the float x times the dequantized weight, as the ATen GEMM path (AMX off) is,
+    and a row's result the same bits whatever shares its batch (the last 16-row chunk padded with zeros)."""
+    ggml_type = NATIVE_GGML_TYPES[type_name]
+    rows = random_rows(ggml_type, 37, 1024, np.random.default_rng(ggml_type))
+    weight = reference_weight(rows, ggml_type).double()
+    packed = gguf_pack(torch.from_numpy(rows), ggml_type)
+    x = torch.randn(100, 1024, generator=torch.Generator().manual_seed(ggml_type)) * 3
+    on_amx, on_aten = _amx_and_vnni(x, packed, ggml_type, 37, 16)
+    expected = x.double() @ weight.T
+    for got in (on_amx, on_aten):
+        assert ((got.double() - expected).abs().max() / expected.abs().max()).item() < 1e-5
+    for batch in (33, 47, 64):  # over gguf_packed_max_batch: the float path
+        assert torch.equal(gguf_packed_matmul(x[:batch], packed, ggml_type, 37, 16), on_amx[:batch])
+
+
 @pytest.mark.parametrize("bits", [8, 16])
 def test_amx_non_finite_activations_poison_only_their_row(amx: None, bits: int) -> None:
     """Rows 1 and 2 in the AMX chunk, 32 in the one left to the VNNI path."""

@@ -18,6 +18,7 @@ GGUF_SOURCES = [
     "gguf_packed_matmul.cpp",
     "gguf_kquant_matmul.cpp",
     "gguf_kquant_amx.cpp",
+    "gguf_float_amx.cpp",
 ]
 
 CHECK = textwrap.dedent(

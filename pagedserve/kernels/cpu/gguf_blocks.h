@@ -197,4 +197,10 @@ void kquant_packed_matmul(const float* x, int64_t batch, const uint8_t* packed, 
                           int64_t cols, int64_t activation_bits, float* y);
 void kquant_dequantize_row(const uint8_t* packed, int64_t type, int64_t cols, int64_t row, float* out);
 
+// Q4_0, Q4_1, Q8_0 in the 16-row packed layout on float32 activations with AMX-BF16 tiles
+// (gguf_float_amx.cpp): whether it takes this batch here, and y [batch, rows] = x W^T.
+bool float_amx_usable(int64_t type, int64_t batch);
+void float_amx_matmul(const float* x, int64_t batch, const uint8_t* packed, int64_t type, int64_t rows,
+                      int64_t cols, float* y);
+
 }  // namespace gguf

@@ -4,6 +4,9 @@
 // exact integer dots by the same float operations in the same order and give bitwise equal results.
 #pragma once
 
+#include <optional>
+
+#include "amx.h"
 #include "gguf_blocks.h"
 
 namespace gguf::kquant {
@@ -101,9 +104,9 @@ __attribute__((always_inline)) inline void add_super_block(const uint8_t* t, int
 // the process got the tile state, it is switched on (gguf_set_amx) and the batch is large enough; else 0.
 int64_t amx_rows(int64_t batch);
 
-// One thread's AMX tiles, configured on construction and released on destruction (tile state is per thread:
-// each at::parallel_for chunk holds its own), with its scratch: a super-block's weights unpacked for the
-// tiles, and the float accumulators of a pass's AMX rows. NOTE: Vec-typed, for 64-byte alignment.
+// One thread's AMX tiles (configured while it holds rows to multiply) with its scratch: a super-block's
+// weights unpacked for the tiles, and the float accumulators of a pass's AMX rows. NOTE: Vec-typed, for
+// 64-byte alignment.
 class AmxTiles {
  public:
   AmxTiles(int64_t type, int64_t cols, int64_t amx_rows);
@@ -117,6 +120,9 @@ class AmxTiles {
  private:
   uint8_t* weights() { return reinterpret_cast<uint8_t*>(weights_.data()); }
   int64_t type_, cols_, amx_rows_;
+#if defined(PAGEDSERVE_AMX)
+  std::optional<amx::Tiles> tiles_;
+#endif
   std::vector<Vec> weights_, acc_;
 };
 

@@ -14,13 +14,11 @@
 #include <atomic>
 #include <cstring>
 
+#include "amx.h"
 #include "gguf_kquant.h"
 
-#if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(PAGEDSERVE_VEC_AVX512)
+#if defined(__AMX_INT8__) && defined(PAGEDSERVE_AMX)
 #define PAGEDSERVE_KQUANT_AMX 1
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #endif
 
 namespace gguf::kquant {
@@ -35,40 +33,14 @@ std::atomic<bool> amx_switched_on{true};  // gguf_set_amx: PAGEDSERVE_CPU_AMX, r
 #if defined(PAGEDSERVE_KQUANT_AMX)
 static_assert(kTileRegisters == 1, "AMX builds have AVX-512: a tile row of 16 int32 dots is one Quads");
 
-// Linux hands a process AMX's 8 KiB tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM for the
-// XTILEDATA feature, Linux 5.16+); a tile instruction without it dies of SIGILL. Asked once, for every thread.
-bool tile_state_granted() {
-  constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;  // asm/prctl.h; the kernel's xfeature number
-  static const bool granted = syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
-  return granted;
-}
-
-// Tiles: 0 and 1 the activation bytes (16 rows x 64 columns; high, then low), 2 the weights' (16 quads x 16
-// rows x 4), 3-7 the dots (16 x 16 int32; see chunk_dots). One shape for all.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// NOTE: static, so every byte is in place when ldtilecfg reads it: GCC 12's _tile_loadconfig tells the
-// compiler it reads 8 bytes, and it could leave a local's other stores for later.
-const TileConfig& tile_config() {
-  static constexpr TileConfig kConfig = [] {
-    TileConfig c;
-    for (int tile = 0; tile < 8; ++tile) c.bytes_per_row[tile] = 64, c.rows[tile] = kTileRows;
-    return c;
-  }();
-  return kConfig;
-}
-
 // The weights as AMX multiplies them, a super-block of a group at a time (unpacked once per pass over the
 // activation rows, read by each of its chunks): per 64-column step, three tiles of 16 quads x 16 rows x 4
 // bytes: the weight's
 // integer times its sub-block scale, v = scale u (Q6_K: scale (u - 32), up to 2^12 in magnitude), split as
 // 128 high + low (high signed, low in [0, 127]), then each column's sub-block min (Q4_K, Q5_K). The scales
 // folded into the integers, a super-block's dots add up in the tiles: no float work per sub-block.
-constexpr int64_t kTileBytes = 1024, kSteps = kSuper / 64;
+using amx::kTileBytes;
+constexpr int64_t kSteps = kSuper / 64;
 constexpr int64_t step_bytes(int64_t type) { return (tile_format(type).has_mins ? 3 : 2) * kTileBytes; }
 // The activations' tiles of a 64-column step (ByteActivations::tiles): high, then low bytes.
 constexpr int64_t activation_step_bytes(bool split) { return (split ? 2 : 1) * kTileBytes; }
@@ -111,33 +83,13 @@ void unpack_super_block(const uint8_t* t, uint8_t* out) {
   }
 }
 
-// The tile instructions, the tile a template argument. NOTE: not GCC 12's intrinsics, which take it as a literal
-// only, and whose tile store clobbers all memory: that keeps the float accumulators on the stack (a load and a
-// store around every multiply-add); store_dots names what it writes.
-template <int kTile>
-inline void load_tile(const void* at, int64_t stride) {
-  asm volatile("tileloadd (%[at],%[stride],1), %%tmm%c[tile]" ::[tile] "i"(kTile), [at] "r"(at), [stride] "r"(stride));
-}
-
-template <int kTile>
-inline void zero_tile() {
-  asm volatile("tilezero %%tmm%c[tile]" ::[tile] "i"(kTile));
-}
-
 // c += a b, signed bytes both.
 template <int kC, int kA, int kB>
 inline void dot_tiles() {
   asm volatile("tdpbssd %%tmm%c[b], %%tmm%c[a], %%tmm%c[c]" ::[c] "i"(kC), [a] "i"(kA), [b] "i"(kB));
 }
 
-using Dots = Quads[kTileRows];  // a dots tile: 16 activation rows of 16 weight rows' int32
-
-template <int kTile>
-inline void store_dots(Dots& dots) {
-  asm volatile("tilestored %%tmm%c[tile], (%[at],%[stride],1)"
-               : "=m"(dots)
-               : [tile] "i"(kTile), [at] "r"(dots), [stride] "r"(int64_t{sizeof dots[0]}));
-}
+using Dots = amx::Rows<Quads>;  // a dots tile: 16 activation rows of 16 weight rows' int32
 
 // Super-block s's dots of 16 activation rows (their tiles from the super-block's first step on) and
 // a group's unpacked weights: with activations a = 128 ah + al (8 bits: ah alone) and weights v = 128 vh + vl,
@@ -147,29 +99,29 @@ template <int64_t kType, bool kSplit>
 __attribute__((always_inline)) inline void chunk_dots(const int8_t* tiles, const uint8_t* weights,
                                                       SuperDots<kTileRows>& out) {
   constexpr bool kMins = tile_format(kType).has_mins;
-  zero_tile<3>(), zero_tile<4>(), zero_tile<5>();
-  if constexpr (kMins) zero_tile<6>(), zero_tile<7>();
+  amx::zero<3>(), amx::zero<4>(), amx::zero<5>();
+  if constexpr (kMins) amx::zero<6>(), amx::zero<7>();
   for (int64_t step = 0; step < kSteps; ++step) {
-    load_tile<0>(tiles, 64);
-    if constexpr (kSplit) load_tile<1>(tiles + kTileBytes, 64);
-    load_tile<2>(weights, kQuadBytes);  // vh
+    amx::load<0>(tiles, 64);
+    if constexpr (kSplit) amx::load<1>(tiles + kTileBytes, 64);
+    amx::load<2>(weights, kQuadBytes);  // vh
     dot_tiles<3, 0, 2>();
     if constexpr (kSplit) dot_tiles<4, 1, 2>();
-    load_tile<2>(weights + kTileBytes, kQuadBytes);  // vl
+    amx::load<2>(weights + kTileBytes, kQuadBytes);  // vl
     if constexpr (kSplit) dot_tiles<5, 1, 2>();  // NOTE: between the two sums into tile 4, which wait on each other
     dot_tiles<4, 0, 2>();
     if constexpr (kMins) {
-      load_tile<2>(weights + 2 * kTileBytes, kQuadBytes);  // min
+      amx::load<2>(weights + 2 * kTileBytes, kQuadBytes);  // min
       dot_tiles<6, 0, 2>();
       if constexpr (kSplit) dot_tiles<7, 1, 2>();
     }
     weights += step_bytes(kType), tiles += activation_step_bytes(kSplit);
   }
   alignas(64) Dots hh, mixed, ll, min_high, min_low;
-  store_dots<3>(hh), store_dots<4>(mixed);
-  if constexpr (kSplit) store_dots<5>(ll);
-  if constexpr (kMins) store_dots<6>(min_high);
-  if constexpr (kMins && kSplit) store_dots<7>(min_low);
+  amx::store<3>(hh), amx::store<4>(mixed);
+  if constexpr (kSplit) amx::store<5>(ll);
+  if constexpr (kMins) amx::store<6>(min_high);
+  if constexpr (kMins && kSplit) amx::store<7>(min_low);
 #pragma GCC unroll 16
   for (int64_t b = 0; b < kTileRows; ++b) {
     out.high[b][0] = kSplit ? (hh[b] << 7) + mixed[b] : hh[b];
@@ -220,33 +172,28 @@ int64_t rows_per_pass(int64_t cols, bool split) {
   constexpr int64_t kL2Bytes = 1 << 20;
   return std::max<int64_t>(kTileRows, kL2Bytes / (cols * (split ? 2 : 1)) / kTileRows * kTileRows);
 }
-#else
-bool tile_state_granted() { return false; }  // no AMX-INT8 in this build
 #endif
 
 bool gguf_set_amx(bool enabled) {
   amx_switched_on = enabled;
-  return enabled && tile_state_granted();
+  return amx::usable();
 }
 
 }  // namespace
 
 int64_t amx_rows(int64_t batch) {
-  const bool usable = batch >= kMinAmxBatch && amx_switched_on && tile_state_granted();
-  return usable ? batch / kTileRows * kTileRows : 0;
+  return batch >= kMinAmxBatch && amx::usable() ? batch / kTileRows * kTileRows : 0;
 }
 
 #if defined(PAGEDSERVE_KQUANT_AMX)
 AmxTiles::AmxTiles(int64_t type, int64_t cols, int64_t amx_rows) : type_(type), cols_(cols), amx_rows_(amx_rows) {
   if (amx_rows_ == 0) return;
-  _tile_loadconfig(&tile_config());
+  tiles_.emplace();
   weights_.resize(kSteps * step_bytes(type) / sizeof(Vec));
   acc_.resize(std::min(amx_rows, rows_per_pass(cols, false)));  // the longer pass
 }
 
-AmxTiles::~AmxTiles() {
-  if (amx_rows_ > 0) _tile_release();
-}
+AmxTiles::~AmxTiles() = default;
 
 void AmxTiles::multiply(const ByteActivations& a, const uint8_t* packed, int64_t rows, int64_t first_group,
                         int64_t end_group, float* y) {
@@ -270,6 +217,16 @@ void AmxTiles::multiply(const ByteActivations&, const uint8_t*, int64_t, int64_t
 #endif
 
 }  // namespace gguf::kquant
+
+namespace amx {
+
+#if defined(PAGEDSERVE_AMX)
+bool usable() { return gguf::kquant::amx_switched_on && tile_state_granted(); }
+#else
+bool usable() { return false; }  // no AMX in this build
+#endif
+
+}  // namespace amx
 
 TORCH_LIBRARY_FRAGMENT(pagedserve, m) {
   // Whether the K-quant matmul takes whole 16-row chunks of activation rows on AMX (default on); returns

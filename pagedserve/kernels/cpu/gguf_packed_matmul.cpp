@@ -282,7 +282,8 @@ at::Tensor gguf_pack(const at::Tensor& qweight, int64_t type) {
 
 // x [B, K] float32 times the packed W^T (W [rows, K]) -> [B, rows]. K-quants with activation_bits 8 or 16:
 // integer dots on x rounded to 8 or 15 bits per 32-value block at every B. Q4_0/Q4_1/Q8_0 with 8 or 16 and
-// B <= kPackedMaxBatch: the same at that width. Otherwise tiles dequantized to float32 for ATen's GEMM on x.
+// B <= kPackedMaxBatch: the same at that width. Otherwise float32 x: AMX-BF16 tiles where the CPU has them
+// (gguf_float_amx.cpp), else tiles dequantized to float32 for ATen's GEMM.
 at::Tensor gguf_packed_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t rows,
                               int64_t activation_bits) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a float32 [B, K] tensor");
@@ -302,12 +303,17 @@ at::Tensor gguf_packed_matmul(const at::Tensor& x, const at::Tensor& packed, int
     packed_integer_matmul(xc.data_ptr<float>(), batch, weights, type, rows, cols, activation_bits, y.data_ptr<float>());
     return y;
   }
+  if (float_amx_usable(type, batch)) {
+    float_amx_matmul(xc.data_ptr<float>(), batch, weights, type, rows, cols, y.data_ptr<float>());
+    return y;
+  }
   // Each thread dequantizes a tile of rows (about 1 MiB, in L2) and multiplies it by x with a one-thread GEMM
   // (ATen's inside a parallel region). NOTE: not a parallel dequantization then ATen's parallel GEMM, tile
   // after tile: on 2 cores the hand-offs between the two left the threads spin-waiting most of the time (a
   // 16384 x 2048 matrix at batch 256 took 880 ms; 150 with OMP_WAIT_POLICY=passive).
   constexpr int64_t kTileFloats = int64_t{1} << 18;
-  const int64_t tile_groups = std::max<int64_t>(1, kTileFloats / cols / kTileRows), groups = (rows + kTileRows - 1) / kTileRows;
+  const int64_t tile_groups = std::max<int64_t>(1, kTileFloats / cols / kTileRows);
+  const int64_t groups = (rows + kTileRows - 1) / kTileRows;
   // NOTE: the caller's inference mode, which the worker threads do not inherit: y is an inference tensor in
   // the engine, and an in-place copy into one outside inference mode raises.
   const bool inference = c10::InferenceMode::is_enabled();
@@ -315,7 +321,8 @@ at::Tensor gguf_packed_matmul(const at::Tensor& x, const at::Tensor& packed, int
     const c10::InferenceMode inference_mode(inference);
     at::Tensor tile = at::empty({tile_groups * kTileRows, cols}, xc.options());
     for (int64_t group = begin; group < end; group += tile_groups) {
-      const int64_t first = group * kTileRows, count = std::min(std::min(group + tile_groups, end) * kTileRows, rows) - first;
+      const int64_t first = group * kTileRows;
+      const int64_t count = std::min(std::min(group + tile_groups, end) * kTileRows, rows) - first;
       dequantize_packed_rows(weights, type, cols, first, count, tile.data_ptr<float>());
       y.narrow(1, first, count).copy_(at::mm(xc, tile.narrow(0, 0, count).t()));
     }
