@@ -44,8 +44,9 @@ def fused_cpu_ops_enabled() -> bool:
 
 
 def cpu_amx_enabled() -> bool:
-    """PAGEDSERVE_CPU_AMX: 0 keeps the K-quant matmul off AMX tiles where the CPU has them (default 1;
-    for before/after measurements: the results are the same bits either way)."""
+    """PAGEDSERVE_CPU_AMX: 0 keeps the GGUF matmuls off AMX tiles where the CPU has them (default 1; for
+    before/after measurements: K-quants give the same bits either way, Q4_0/Q4_1/Q8_0 prefill the same
+    float32 arithmetic up to the order of additions)."""
     raw = os.environ.get("PAGEDSERVE_CPU_AMX", "1")
     if raw not in ("0", "1"):
         raise ConfigError(f"PAGEDSERVE_CPU_AMX={raw!r} must be 0 (no AMX) or 1 (AMX where the CPU has it).")
