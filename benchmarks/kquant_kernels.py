@@ -7,10 +7,12 @@ depend on their values). Median microseconds per call.
 
     python benchmarks/kquant_kernels.py --threads 2 --batch-sizes 1 8 32 128 512
 
---amx: the packed kernel with its AMX path (kernels/cpu/gguf_kquant_amx.cpp) on and off, on 16-bit (the
-default setting's 15-bit blocks) and 8-bit activations, the LM head left out; GOPS counts a multiply-add as 2.
+--amx: the packed kernel with its AMX path (kernels/cpu/gguf_kquant_amx.cpp; Q4_0/Q4_1/Q8_0:
+gguf_block_amx.cpp) on and off, on 16-bit (the default setting; K-quants' 15-bit blocks) and 8-bit
+activations (--bits 32: float32, the exact setting), the LM head left out; GOPS counts a multiply-add as 2.
 
     python benchmarks/kquant_kernels.py --amx --threads 2 --batch-sizes 64 256
+    python benchmarks/kquant_kernels.py --amx --types Q4_0 Q8_0 --bits 16 32 --batch-sizes 16 256
 """
 
 import argparse
@@ -60,20 +62,24 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 128, 512])
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--amx", action="store_true", help="the packed kernel with AMX on and off")
+    parser.add_argument("--types", nargs="+", default=TYPES, choices=[*TYPES, "Q4_0", "Q4_1", "Q8_0"])
+    parser.add_argument(
+        "--bits", type=int, nargs="+", default=[16, 8], choices=[8, 16, 32], help="with --amx"
+    )
     args = parser.parse_args()
     if args.amx:
-        compare_amx(args.threads, args.batch_sizes, args.iterations)
+        compare_amx(args.types, args.bits, args.threads, args.batch_sizes, args.iterations)
     else:
-        compare_paths(args.threads, args.batch_sizes, args.iterations)
+        compare_paths(args.types, args.threads, args.batch_sizes, args.iterations)
 
 
-def compare_paths(threads: int, batch_sizes: list[int], iterations: int) -> None:
+def compare_paths(types: list[str], threads: int, batch_sizes: list[int], iterations: int) -> None:
     print(f"median us per call, {threads} threads")
     print(
         f"{'type':>5s} {'N x K':>12s} {'batch':>5s} {'packed i8':>10s} {'rows f32':>10s} {'float32':>10s} "
         f"{'vs rows':>8s} {'vs f32':>8s} {'1 thread':>9s} {'scaling':>8s}"
     )
-    for name in TYPES:
+    for name in types:
         ggml_type = NATIVE_GGML_TYPES[name]
         for n, k in SHAPES:
             rows = random_rows(ggml_type, n, k)
@@ -97,7 +103,9 @@ def compare_paths(threads: int, batch_sizes: list[int], iterations: int) -> None
                 )
 
 
-def compare_amx(threads: int, batch_sizes: list[int], iterations: int) -> None:
+def compare_amx(
+    types: list[str], bit_widths: list[int], threads: int, batch_sizes: list[int], iterations: int
+) -> None:
     if not gguf_set_amx(True):
         sys.exit("no AMX-INT8 here (CPU flag amx_int8, a build with it, Linux 5.16+)")
     torch.set_num_threads(threads)
@@ -106,11 +114,11 @@ def compare_amx(threads: int, batch_sizes: list[int], iterations: int) -> None:
         f"{'type':>5s} {'N x K':>12s} {'bits':>4s} {'batch':>5s} {'AMX us':>8s} {'GOPS':>6s} "
         f"{'VNNI us':>8s} {'GOPS':>6s} {'AMX vs VNNI':>11s}"
     )
-    for name in TYPES:
+    for name in types:
         ggml_type = NATIVE_GGML_TYPES[name]
         for n, k in SHAPES[:-1]:
             packed = gguf_pack(random_rows(ggml_type, n, k), ggml_type)
-            for bits in (16, 8):
+            for bits in bit_widths:
                 for batch in batch_sizes:
                     call = partial(gguf_packed_matmul, torch.randn(batch, k), packed, ggml_type, n, bits)
                     us = []

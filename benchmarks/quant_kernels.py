@@ -1,7 +1,7 @@
 """Quantized matmul kernels on CPU, SmolLM2-135M's shapes: our GGUF kernels (Q4_1, Q8_0) on the file's
 rows and on the 16-row packed layout the engine uses (`gguf_pack`), with float32 activations ("f32"),
-16-bit ("i16", the default) and 8-bit ("i8", llama.cpp's) integer activations (these apply at batch <= 8 on
-the rows, <= 32 packed; larger batches compute in float32 whatever the setting) against torch's own
+16-bit ("i16", the default) and 8-bit ("i8", llama.cpp's) integer activations (on the rows at batch <= 8,
+larger batches in float32 whatever the setting; packed at every batch) against torch's own
 int8/int4 kernels and the float32 matmul, same inputs.
 
 torch's: `_weight_int8pack_mm` (int8, one scale per output channel), `_weight_int4pack_mm_for_cpu` (int4,

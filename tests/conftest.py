@@ -82,6 +82,7 @@ TINY_MODELS = {
     # on a rounding tie goes either way under float summation order) moves logprobs by a rounding's worth,
     # not the ~0.8 that 0.1-scale random weights amplify it to.
     "llama-kquant": dict(hidden_size=256, intermediate_size=512, initializer_range=0.02),
+    "llama-q4_0": dict(hidden_size=256, intermediate_size=512, initializer_range=0.02),  # the same, as Q4_0
     # Fewer KV heads than tensor-parallel ranks (replicated) and a vocab-parallel tied head.
     "llama-1kv-tied": dict(num_key_value_heads=1, tie_word_embeddings=True),
     # Pipeline parallelism: 5 layers split unevenly; a tied head on the last stage, away from the embedding.

@@ -6,7 +6,7 @@ activation scale per layer (`input_scale`).
 
 CPU: weight-only. The fp8 bytes stay resident (1 byte per weight); every matmul widens them to float32
 as it reads them (in vector registers at decode batch sizes, into float32 tiles for ATen's GEMM above
-them) and computes in float32 (kernels/cpu/fp8_matmul.cpp, with vec.h's fp8 codec). NOTE: why a
+them) and computes in float32 (kernels/cpu/fp8_matmul.cpp, with vec_fp8.h's fp8 codec). NOTE: why a
 kernel: torch's fp8 -> float32 conversion of a weight costs ~100x the float32 matmul it feeds on this CPU
 (benchmarks/quant_kernels.py: "torch fp8 upcast"). CUDA: W8A8 with torch._scaled_mm (activations
 quantized per token) where it applies, else the same dequantize-and-matmul.

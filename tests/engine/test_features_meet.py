@@ -5,8 +5,8 @@ best_of, beam search, stop strings and stop token ids, min_tokens, logprobs and 
 regex / choice / JSON, logit_bias, penalties, shared prefixes for prefix-cache hits, cache_salt, priority,
 a LoRA adapter) and runs it under one of several engine settings (n-gram and draft-model speculation,
 forced recompute and swap preemption in a tiny pool, priority scheduling, chunked prefill, an fp8 KV cache,
-a sliding-window model, a K-quant GGUF, three adapters over two slots, two data-parallel replicas, two
-pipeline stages with adapters). For every request:
+a sliding-window model, a K-quant and a Q4_0 GGUF, three adapters over two slots, two data-parallel
+replicas, two pipeline stages with adapters). For every request:
 
 - its output in the batch equals its output run alone: tokens, text, finish and stop reasons exactly,
   logprobs and prompt logprobs within 1e-4 (greedy and seeded sampling are reproducible per position);
@@ -77,6 +77,12 @@ SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
             max_num_batched_tokens=32,
         ),
     ),
+    # A Q4_0 GGUF: integer activation blocks at every batch, steps of 16 tokens and more on AMX tiles where
+    # the CPU has them (the same bits as the smaller steps' kernel).
+    "q4_0_gguf_recompute_priority": (
+        "llama-q4_0",
+        dict(TIGHT, preemption_mode="recompute", scheduling_policy="priority", max_num_batched_tokens=64),
+    ),
     # Three adapters (ranks 8, 4, 8; attention, q/v, MLP) over two slots: requests wait for a slot, adapters
     # leave host memory and are read again, beams and samples fork with their adapter.
     "lora_ngram_swap": ("llama", dict(TIGHT, **LORA_NGRAM_SWAP)),
@@ -98,7 +104,7 @@ SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
     # layer's part of the three adapters in two slots.
     "pp2_lora_ngram_swap": ("llama", dict(TIGHT, pipeline_parallel_size=2, **LORA_NGRAM_SWAP)),
 }
-GGUF_MODELS = {"llama-kquant": "Q4_K"}  # tiny models these settings load as a GGUF of that type
+GGUF_MODELS = {"llama-kquant": "Q4_K", "llama-q4_0": "Q4_0"}  # tiny models loaded as a GGUF of that type
 
 # Two block-aligned shared prefixes (prefix-cache hits), one a repeating pattern (n-gram proposals).
 PREFIXES = [[11, 12, 13, 14, 15, 16, 17, 18] * 3, list(range(3000, 3024))]

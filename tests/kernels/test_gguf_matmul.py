@@ -19,7 +19,6 @@ from pagedserve.kernels.cpu.gguf_ops import (
     gguf_pack,
     gguf_packable,
     gguf_packed_matmul,
-    gguf_packed_max_batch,
     gguf_packed_rows,
     gguf_set_amx,
 )
@@ -103,17 +102,16 @@ PACKED_TYPES = [
 ]
 # SmolLM2's shapes, and rows that leave the last 16-row group part full.
 PACKED_SHAPES = [*SMOLLM2_SHAPES, (37, 64), (1, 32)]
-# Activation rows go through the integer kernel in chunks (8 on AVX-512, 4 on AVX2): every chunk count,
-# full and partial last chunks, the largest integer batch and the first float GEMM one.
-PACKED_BATCHES = [*range(1, 10), 16, 27]
+# Activation rows go through the integer kernel in chunks (8 on AVX-512, 4 on AVX2): every chunk count, full
+# and partial last chunks; from 16 rows on, AMX tiles where the CPU has them (a padded last chunk at 27 and 33).
+PACKED_BATCHES = [*range(1, 10), 16, 27, 33]
 
 
 @pytest.mark.sampled(by="type_name")
 @pytest.mark.parametrize(("type_name", "shape"), [(t, s) for t in PACKED_TYPES for s in PACKED_SHAPES])
 def test_packed_rows_compute_as_the_file_rows(type_name: str, shape: tuple[int, int]) -> None:
-    """gguf_pack's 16-row layout: the integer kernel on 8- and 16-bit activations equals the rounded x times
-    the dequantized weight up to gguf_packed_max_batch(bits), float activations (and larger batches) the float
-    x times it, and a row lookup the weight's rows."""
+    """gguf_pack's 16-row layout: on 8- and 16-bit activations, at every batch, the rounded x times the
+    dequantized weight; on float activations the float x times it; a row lookup the weight's rows."""
     ggml_type, (n, k) = NATIVE_GGML_TYPES[type_name], shape
     rng = np.random.default_rng(n * 5 + k + ggml_type)
     rows = random_rows(ggml_type, n, k, rng)
@@ -122,13 +120,10 @@ def test_packed_rows_compute_as_the_file_rows(type_name: str, shape: tuple[int, 
     ids = torch.from_numpy(rng.integers(0, n, 9))
     assert torch.equal(gguf_packed_rows(packed, ggml_type, n, k, ids), weight[ids])
     for bits in (8, 16, 32):
-        max_batch = gguf_packed_max_batch(bits)
-        first_float = min(max_batch, 64) + 1  # 8 bits on VNNI: integer at every batch, 65 included
-        batches = [*PACKED_BATCHES, first_float - 1, first_float] if n < 49152 else [1, first_float]
+        batches = PACKED_BATCHES if n < 49152 else [1, 33]
         for batch in batches if bits != 32 else [1, 9]:
             x = torch.randn(batch, k, generator=torch.Generator().manual_seed(batch)) * 3
-            integer = batch <= max_batch
-            x_used = rounded_activations(x, bits) if integer else x.double()
+            x_used = rounded_activations(x, bits) if bits != 32 else x.double()
             expected = x_used @ weight.double().T
             got = gguf_packed_matmul(x, packed, ggml_type, n, bits)
             error = ((got.double() - expected).abs().max() / expected.abs().max()).item()
@@ -167,18 +162,22 @@ def test_k_quants_packed_compute_on_integer_activation_blocks(type_name: str, sh
 
 
 def test_packed_float_prefill_under_inference_mode() -> None:
-    """Prefill-sized batches of Q4_0/Q4_1/Q8_0 multiply tiles on the worker threads: in inference mode (the
-    engine's; 4096 columns: tiles of 64 rows, several tasks) the same result as outside it, the float x
-    times the dequantized weight."""
+    """Float activations on Q4_0/Q4_1/Q8_0 without AMX multiply tiles on the worker threads: in inference
+    mode (the engine's; 4096 columns: tiles of 64 rows, several tasks) the same result as outside it, the
+    float x times the dequantized weight."""
     for type_name in ("Q4_0", "Q4_1", "Q8_0"):
         ggml_type = NATIVE_GGML_TYPES[type_name]
         rows = random_rows(ggml_type, 300, 4096, np.random.default_rng(ggml_type))
         weight = reference_weight(rows, ggml_type).double()
         packed = gguf_pack(torch.from_numpy(rows), ggml_type)
         x = torch.randn(100, 4096, generator=torch.Generator().manual_seed(ggml_type))
-        with torch.inference_mode():
-            got = gguf_packed_matmul(x, packed, ggml_type, 300, 16)
-        assert torch.equal(got, gguf_packed_matmul(x, packed, ggml_type, 300, 16))
+        gguf_set_amx(False)
+        try:
+            with torch.inference_mode():
+                got = gguf_packed_matmul(x, packed, ggml_type, 300, 32)
+            assert torch.equal(got, gguf_packed_matmul(x, packed, ggml_type, 300, 32))
+        finally:
+            gguf_set_amx(True)
         expected = x.double() @ weight.T
         assert ((got.double() - expected).abs().max() / expected.abs().max()).item() < 1e-5, type_name
 
@@ -231,28 +230,58 @@ def test_k_quants_on_amx_equal_the_vnni_path(amx: None, type_name: str, shape: t
             assert error < 1e-5, f"{type_name} {shape} {bits}-bit batch {batch}: relative error {error:.2e}"
 
 
-@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
+BLOCK_TYPES = ["Q4_0", "Q4_1", "Q8_0"]
+
+
+@pytest.mark.parametrize(("type_name", "shape"), [(t, s) for t in ("Q4_0", "Q4_1") for s in AMX_SHAPES])
+def test_blocks_on_amx_equal_the_vnni_path(amx: None, type_name: str, shape: tuple[int, int]) -> None:
+    """Q4_0/Q4_1 on integer activations: from 16 rows on, AMX-BF16 tiles (the last chunk padded) give the
+    same bits as the VNNI kernel (every block's integer dot exact in float32, scaled by the same float
+    operations), so a row's result does not depend on its batch; and the rounded x times the weight."""
+    ggml_type, (n, k) = NATIVE_GGML_TYPES[type_name], shape
+    rng = np.random.default_rng(n * 17 + k + ggml_type)
+    rows = random_rows(ggml_type, n, k, rng)
+    # Weight row 0's first block all at its largest integer (15), activation row 0's all equal: the block's
+    # dot is the largest there is (Q4_1: 15 * 32767 * 32, just under float32's exact 2^24).
+    values_at = {"Q4_0": 2, "Q4_1": 4}[type_name]
+    rows[0, values_at : GGML_BLOCK_FORMATS[ggml_type][1]] = 0xFF
+    weight = reference_weight(rows, ggml_type).double()
+    packed = gguf_pack(torch.from_numpy(rows), ggml_type)
+    for bits in (8, 16):
+        for batch in AMX_BATCHES:
+            x = torch.randn(batch, k, generator=torch.Generator().manual_seed(batch)) * 3
+            x[0, :32] = 1.0
+            on_amx, on_vnni = _amx_and_vnni(x, packed, ggml_type, n, bits)
+            assert torch.equal(on_amx, on_vnni), f"{type_name} {shape} {bits}-bit batch {batch}"
+            assert torch.equal(on_amx[:1], gguf_packed_matmul(x[:1], packed, ggml_type, n, bits))
+            expected = rounded_activations(x, bits) @ weight.T
+            error = ((on_amx.double() - expected).abs().max() / expected.abs().max()).item()
+            assert error < 1e-5, f"{type_name} {shape} {bits}-bit batch {batch}: relative error {error:.2e}"
+
+
+@pytest.mark.parametrize("type_name", BLOCK_TYPES)
 def test_packed_float_prefill_on_amx(amx: None, type_name: str) -> None:
-    """Q4_0/Q4_1/Q8_0 prefill-sized batches on AMX-BF16 tiles (float activations split into three bfloat16):
-    within float32 rounding of the float x times the dequantized weight, as the ATen GEMM path (AMX off) is,
-    and a row's result the same bits whatever shares its batch (the last 16-row chunk padded with zeros)."""
+    """Q4_0/Q4_1/Q8_0 on float activations (the exact setting) on AMX-BF16 tiles (each value split into three
+    bfloat16): within float32 rounding of the float x times the dequantized weight, as the ATen GEMM path
+    (AMX off) is, and a row's result the same bits whatever shares its batch (the last chunk padded)."""
     ggml_type = NATIVE_GGML_TYPES[type_name]
     rows = random_rows(ggml_type, 37, 1024, np.random.default_rng(ggml_type))
     weight = reference_weight(rows, ggml_type).double()
     packed = gguf_pack(torch.from_numpy(rows), ggml_type)
     x = torch.randn(100, 1024, generator=torch.Generator().manual_seed(ggml_type)) * 3
-    on_amx, on_aten = _amx_and_vnni(x, packed, ggml_type, 37, 16)
+    on_amx, on_aten = _amx_and_vnni(x, packed, ggml_type, 37, 32)
     expected = x.double() @ weight.T
     for got in (on_amx, on_aten):
         assert ((got.double() - expected).abs().max() / expected.abs().max()).item() < 1e-5
-    for batch in (33, 47, 64):  # over gguf_packed_max_batch: the float path
-        assert torch.equal(gguf_packed_matmul(x[:batch], packed, ggml_type, 37, 16), on_amx[:batch])
+    for batch in (16, 33, 47, 64):
+        assert torch.equal(gguf_packed_matmul(x[:batch], packed, ggml_type, 37, 32), on_amx[:batch])
 
 
 @pytest.mark.parametrize("bits", [8, 16])
-def test_amx_non_finite_activations_poison_only_their_row(amx: None, bits: int) -> None:
-    """Rows 1 and 2 in the AMX chunk, 32 in the one left to the VNNI path."""
-    ggml_type = NATIVE_GGML_TYPES["Q4_K"]
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q4_1"])
+def test_amx_non_finite_activations_poison_only_their_row(amx: None, type_name: str, bits: int) -> None:
+    """Rows 1 and 2 in the first AMX chunk, 32 in the last (K-quants: left to the VNNI path; Q4_1: padded)."""
+    ggml_type = NATIVE_GGML_TYPES[type_name]
     rows = random_rows(ggml_type, 64, 512, np.random.default_rng(bits))
     packed = gguf_pack(torch.from_numpy(rows), ggml_type)
     x = torch.randn(33, 512)

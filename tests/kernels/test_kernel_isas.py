@@ -18,7 +18,7 @@ GGUF_SOURCES = [
     "gguf_packed_matmul.cpp",
     "gguf_kquant_matmul.cpp",
     "gguf_kquant_amx.cpp",
-    "gguf_float_amx.cpp",
+    "gguf_block_amx.cpp",
 ]
 
 CHECK = textwrap.dedent(
@@ -43,11 +43,10 @@ CHECK = textwrap.dedent(
             if not ops.gguf_packable(ggml_type, bits):
                 continue
             packed = ops.gguf_pack(torch.from_numpy(rows), ggml_type)
-            for batch in (1, 5, 9):
+            for batch in (1, 5, 9, 40):
                 x = torch.randn(batch, k, generator=torch.Generator().manual_seed(batch))
-                integer = rounded_bits and (ggml_type >= 12 or batch <= ops.gguf_packed_max_batch(bits))
                 block = 256 if ggml_type >= 12 else 32  # K-quants: one scale per super-block
-                expected = (rounded_activations(x, rounded_bits, block) if integer else x.double()) @ weight.T
+                expected = (rounded_activations(x, rounded_bits, block) if rounded_bits else x.double()) @ weight.T
                 got = ops.gguf_packed_matmul(x, packed, ggml_type, 37, bits).double()
                 error = ((got - expected).abs().max() / expected.abs().max()).item()
                 assert error < 1e-5, (arch, ggml_type, bits, batch, error)

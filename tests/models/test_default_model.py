@@ -84,9 +84,11 @@ def test_default_model_beam_search_with_eos_equals_hf(
         beams, scores = hf_beam_search(hf_smol, list(prompt), params, tokenizer.eos_token_id)
         ours = [sequence.tokens[len(prompt) :] for sequence in output.sequences]
         assert ours == beams
+        # Every logprob within 2e-3 of max(|HF's|, 1) (16-bit activation blocks, prompt and decode alike:
+        # docs/quantization.md); a beam's score within 2e-3 of its magnitude (measured: 1.05e-3 at most).
         assert [
             s.cum_logprob / len(tokens) ** length_penalty for s, tokens in zip(output.sequences, ours)
-        ] == pytest.approx(scores, abs=1e-3)
+        ] == pytest.approx(scores, rel=2e-3, abs=2e-3)
         assert all(
             (s.finish_reason == "stop") == (tokens[-1] == tokenizer.eos_token_id)
             for s, tokens in zip(output.sequences, ours)

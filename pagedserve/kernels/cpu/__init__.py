@@ -41,7 +41,7 @@ _SOURCES = [
         "gguf_packed_matmul.cpp",
         "gguf_kquant_matmul.cpp",
         "gguf_kquant_amx.cpp",
-        "gguf_float_amx.cpp",
+        "gguf_block_amx.cpp",
         "fp8_kv_cache.cpp",
         "fp8_matmul.cpp",
         "fused_ops.cpp",

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "vec.h"
+#include "vec_fp8.h"
 
 namespace {
 

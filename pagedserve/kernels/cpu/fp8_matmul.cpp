@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "vec.h"
+#include "vec_fp8.h"
 
 namespace {
 

@@ -2,6 +2,7 @@
 // decode path for 32-weight blocks (gguf_decode_matmul.cpp) that gguf_matmul.cpp dispatches to.
 #pragma once
 
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
@@ -14,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "vec.h"
+#include "vec_int.h"
 
 namespace gguf {
 
@@ -106,27 +107,31 @@ inline ActivationBlocks<Int> rounded_activations(const float* x, int64_t batch, 
   ActivationBlocks<Int> out{nullptr, std::vector<Int>(batch * cols), std::vector<float>(blocks),
                             std::vector<float>(blocks)};
   out.values = out.rounded.data();
-  for (int64_t i = 0; i < blocks; ++i) {
-    const float* xb = x + i * kBlock;
-    Int* q = out.rounded.data() + i * kBlock;
-    float largest = 0.f;
-    bool finite = true;
-    for (int64_t j = 0; j < kBlock; ++j) {
-      largest = std::max(largest, std::fabs(xb[j]));
-      finite = finite && std::isfinite(xb[j]);
+  // NOTE: in parallel where a call has prefill-sized batches (a decode step's few blocks stay on this thread).
+  constexpr int64_t kBlocksPerTask = 256;
+  at::parallel_for(0, blocks, kBlocksPerTask, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float* xb = x + i * kBlock;
+      Int* q = out.rounded.data() + i * kBlock;
+      float largest = 0.f;
+      bool finite = true;
+      for (int64_t j = 0; j < kBlock; ++j) {
+        largest = std::max(largest, std::fabs(xb[j]));
+        finite = finite && std::isfinite(xb[j]);
+      }
+      // NOTE: a non-finite value makes the block's scale NaN (and its integers 0), so the outputs it touches
+      // are NaN as the float path's would be non-finite, instead of an undefined float-to-int conversion.
+      const float scale = finite ? largest / largest_integer : std::numeric_limits<float>::quiet_NaN();
+      const float inverse = finite && largest > 0.f ? largest_integer / largest : 0.f;
+      int32_t sum = 0;
+      for (int64_t j = 0; j < kBlock; ++j) {
+        q[j] = static_cast<Int>(std::nearbyint(finite ? xb[j] * inverse : 0.f));
+        sum += q[j];
+      }
+      out.scales[i] = scale;
+      out.sums[i] = scale * static_cast<float>(sum);
     }
-    // NOTE: a non-finite value makes the block's scale NaN (and its integers 0), so the outputs it touches
-    // are NaN as the float path's would be non-finite, instead of an undefined float-to-int conversion.
-    const float scale = finite ? largest / largest_integer : std::numeric_limits<float>::quiet_NaN();
-    const float inverse = finite && largest > 0.f ? largest_integer / largest : 0.f;
-    int32_t sum = 0;
-    for (int64_t j = 0; j < kBlock; ++j) {
-      q[j] = static_cast<Int>(std::nearbyint(finite ? xb[j] * inverse : 0.f));
-      sum += q[j];
-    }
-    out.scales[i] = scale;
-    out.sums[i] = scale * static_cast<float>(sum);
-  }
+  });
   return out;
 }
 
@@ -197,10 +202,11 @@ void kquant_packed_matmul(const float* x, int64_t batch, const uint8_t* packed, 
                           int64_t cols, int64_t activation_bits, float* y);
 void kquant_dequantize_row(const uint8_t* packed, int64_t type, int64_t cols, int64_t row, float* out);
 
-// Q4_0, Q4_1, Q8_0 in the 16-row packed layout on float32 activations with AMX-BF16 tiles
-// (gguf_float_amx.cpp): whether it takes this batch here, and y [batch, rows] = x W^T.
-bool float_amx_usable(int64_t type, int64_t batch);
-void float_amx_matmul(const float* x, int64_t batch, const uint8_t* packed, int64_t type, int64_t rows,
-                      int64_t cols, float* y);
+// Q4_0, Q4_1, Q8_0 in the 16-row packed layout with AMX-BF16 tiles (gguf_block_amx.cpp), on integer
+// activation blocks (activation_bits 8, 16: the VNNI kernel's bits; Q4_0 and Q4_1) or float32 (32): whether
+// it takes this batch here, and y [batch, rows] = x W^T.
+bool block_amx_usable(int64_t type, int64_t batch, int64_t activation_bits);
+void block_amx_matmul(const float* x, int64_t batch, const uint8_t* packed, int64_t type, int64_t rows,
+                      int64_t cols, int64_t activation_bits, float* y);
 
 }  // namespace gguf

@@ -51,9 +51,10 @@ struct ByteActivations {
   // By row. NOTE: not rows side by side: the rounding writes a row at a time, and a write 4 KiB from the last
   // missed the cache (at batch 1024, most of the rounding's time).
   std::vector<float> scales;          // [batch, cols / 256]
-  std::vector<int32_t> sums;          // [batch, cols / 32]: sum(q) of each 32 values (the mins' term)
-  std::vector<int32_t> high_offsets;  // [batch, cols / 16]: 32 sum(high) of each 16 values (Q6_K's u - 32)
-  std::vector<int32_t> low_offsets;   // the same of `low`
+  // Types with minimums (Q4_K, Q5_K): [batch, cols / 32]: sum(q) of each 32 values (the mins' term).
+  std::vector<int32_t> sums;
+  // Q6_K: [batch, cols / 16]: 32 sum(high) of each 16 values (its u - 32); the same of `low`.
+  std::vector<int32_t> high_offsets, low_offsets;
 
   // Where row `row`'s bytes (low: `part` 1) from column `col` on (16 of them, 16 | col) are.
   int8_t* bytes_at(int64_t row, int64_t col, int part) {

@@ -166,11 +166,9 @@ void amx_group(const ByteActivations& a, int64_t first, int64_t end, const uint8
     store_group<kTileRows>(*reinterpret_cast<const Vec(*)[kTileRows][1]>(acc + chunk - first), chunk, rows, g, y);
 }
 
-// Activation rows per pass over a thread's groups: their tiles (1 MiB) stay in L2 while every group takes them.
-// NOTE: all rows at once (each group reading the whole activations from L3) ran at 60% of the speed at 1024.
+// Activation rows per pass over a thread's groups: their tiles (1 MiB) stay in L2.
 int64_t rows_per_pass(int64_t cols, bool split) {
-  constexpr int64_t kL2Bytes = 1 << 20;
-  return std::max<int64_t>(kTileRows, kL2Bytes / (cols * (split ? 2 : 1)) / kTileRows * kTileRows);
+  return amx::chunks_per_pass(cols * (split ? 2 : 1), int64_t{1} << 20) * kTileRows;
 }
 #endif
 

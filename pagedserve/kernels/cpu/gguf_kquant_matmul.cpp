@@ -129,9 +129,10 @@ void dequantize_tile_row(const uint8_t* t, int64_t type, int64_t r, float* out) 
 }
 
 // Row `row` of x rounded per super-block into `a`: q = round(x (L / max|x|)), scale max|x| / L (L = 127 or
-// 16383), as rounded_activations rounds (gguf_blocks.h), on vector lanes. NOTE: that scalar loop took 3 ns a
-// value here, more than the AMX matmul of a 2048-row matrix at batch 1024.
-template <bool kSplit>
+// 16383), as rounded_activations rounds (gguf_blocks.h), on vector lanes; with the sums the weights' type
+// reads: per 32 values for a type with minimums (kMins), else per 16 (Q6_K's offsets). NOTE: that scalar
+// loop took 3 ns a value here, more than the AMX matmul of a 2048-row matrix at batch 1024.
+template <bool kSplit, bool kMins>
 void round_row(const float* x, int64_t row, ByteActivations& a) {
   constexpr float kLargest = kSplit ? 16383.f : 127.f;
   constexpr int64_t kHalves = kSuper / 16, kVectors = 16 / vec::kLanes;  // per super-block, per half
@@ -164,15 +165,20 @@ void round_row(const float* x, int64_t row, ByteActivations& a) {
         }
       }
       const int64_t at = row * (a.cols / 16) + col / 16;
-      a.high_offsets[at] = 32 * high_sum;
-      a.low_offsets[at] = 32 * low_sum;
-      a.sums[at / 2] += kSplit ? 128 * high_sum + low_sum : high_sum;
+      if constexpr (kMins) {
+        a.sums[at / 2] += kSplit ? 128 * high_sum + low_sum : high_sum;
+      } else {
+        a.high_offsets[at] = 32 * high_sum;
+        a.low_offsets[at] = 32 * low_sum;
+      }
     }
   }
 }
 
-// x's rows as bytes, rows [0, tiled_rows) as AMX tiles. NOTE: in parallel, by rows.
-ByteActivations round_activations(const float* x, int64_t batch, int64_t cols, int64_t bits, int64_t tiled_rows) {
+// x's rows as bytes, rows [0, tiled_rows) as AMX tiles, with the sums the weights' type reads (`mins`: it
+// has minimums). NOTE: in parallel, by rows.
+ByteActivations round_activations(const float* x, int64_t batch, int64_t cols, int64_t bits, int64_t tiled_rows,
+                                  bool mins) {
   const bool split = bits != 8;
   const int64_t values = batch * cols, by_row = (batch - tiled_rows) * cols;
   ByteActivations a{batch,
@@ -183,17 +189,15 @@ ByteActivations round_activations(const float* x, int64_t batch, int64_t cols, i
                     std::vector<int8_t>(split ? by_row : 0),
                     std::vector<int8_t>(tiled_rows * cols * (split ? 2 : 1)),
                     std::vector<float>(values / kSuper),
-                    std::vector<int32_t>(values / kBlock),
-                    std::vector<int32_t>(values / 16),
-                    std::vector<int32_t>(values / 16)};
+                    std::vector<int32_t>(mins ? values / kBlock : 0),
+                    std::vector<int32_t>(mins ? 0 : values / 16),
+                    std::vector<int32_t>(mins ? 0 : values / 16)};
+  void (*const round)(const float*, int64_t, ByteActivations&) =
+      split ? (mins ? round_row<true, true> : round_row<true, false>)
+            : (mins ? round_row<false, true> : round_row<false, false>);
   constexpr int64_t kRowsPerTask = 4;
   at::parallel_for(0, batch, kRowsPerTask, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      if (split)
-        round_row<true>(x + row * cols, row, a);
-      else
-        round_row<false>(x + row * cols, row, a);
-    }
+    for (int64_t row = begin; row < end; ++row) round(x + row * cols, row, a);
   });
   return a;
 }
@@ -367,7 +371,7 @@ at::Tensor kquant_pack(const at::Tensor& qweight, int64_t type) {
 
 void kquant_packed_matmul(const float* x, int64_t batch, const uint8_t* packed, int64_t type, int64_t rows,
                           int64_t cols, int64_t activation_bits, float* y) {
-  const ByteActivations a = round_activations(x, batch, cols, activation_bits, amx_rows(batch));
+  const ByteActivations a = round_activations(x, batch, cols, activation_bits, amx_rows(batch), type != Q6_K);
   switch (type) {
     case Q4_K: return kquant_matmul<Q4_K>(a, batch, packed, rows, cols, y);
     case Q5_K: return kquant_matmul<Q5_K>(a, batch, packed, rows, cols, y);

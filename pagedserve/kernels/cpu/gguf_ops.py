@@ -62,13 +62,6 @@ def gguf_packable(ggml_type: int, activation_bits: int) -> bool:
     return bool(_ops().gguf_packable(ggml_type, activation_bits))
 
 
-def gguf_packed_max_batch(activation_bits: int) -> int:
-    """The largest batch `gguf_packed_matmul` computes on integer activations of `activation_bits` for
-    Q4_0, Q4_1 and Q8_0: 32 (decode-sized; gguf_packed_matmul.cpp says why), every batch for 8 bits on VNNI
-    builds, 0 for 32 bits; larger batches compute in float32. K-quants: every batch at 8 bits."""
-    return int(_ops().gguf_packed_max_batch(activation_bits))
-
-
 def gguf_pack(qweight: torch.Tensor, ggml_type: int) -> torch.Tensor:
     """qweight [N, row_bytes] uint8 rows of ggml blocks -> 16 rows side by side (plus zero rows up to a
     multiple of 16): per 32-column block, the same bytes (Q4_0, Q4_1, Q8_0: gguf_packed_matmul.cpp); per
@@ -81,18 +74,18 @@ def gguf_packed_matmul(
     x: torch.Tensor, packed: torch.Tensor, ggml_type: int, rows: int, activation_bits: int
 ) -> torch.Tensor:
     """x [B, K] float32 times W^T, W [rows, K] as `gguf_pack` left it; activations rounded to
-    `activation_bits`: K-quants with 8 or 16 (15-bit) per 256-value super-block at every B, the others with
-    8 or 16 per 32-value block at B <= gguf_packed_max_batch(activation_bits); any other case computes on
-    x's float32 values.
-    Returns [B, rows] float32."""
+    `activation_bits` at every B (a row's result the same bits whatever shares its batch): K-quants with 8 or
+    16 (15-bit) per 256-value super-block, the others with 8 or 16 per 32-value block; 32 computes on x's
+    float32 values. Returns [B, rows] float32."""
     out: torch.Tensor = _ops().gguf_packed_matmul(x, packed, ggml_type, rows, activation_bits)
     return out
 
 
 def gguf_set_amx(enabled: bool) -> bool:
-    """Whether the K-quant packed matmul takes whole 16-row chunks of activation rows on AMX tiles (the
-    process's setting, PAGEDSERVE_CPU_AMX at first use; the results are the same bits either way). Returns
-    whether it now does: False when `enabled` is False or this build or CPU has no AMX-INT8."""
+    """Whether the packed matmul takes whole 16-row chunks of activation rows on AMX tiles (the process's
+    setting, PAGEDSERVE_CPU_AMX at first use): K-quants on AMX-INT8, Q4_0/Q4_1/Q8_0 on AMX-BF16; on integer
+    activations the results are the same bits either way. Returns whether it now does: False when `enabled`
+    is False or this build or CPU has no AMX-INT8."""
     return bool(_ops().gguf_set_amx(enabled))
 
 

@@ -6,7 +6,8 @@
 // one-user decode step compute-bound (11.9 ms for 96 MB of SmolLM2 weights). Here a tile of 16 rows x 32
 // columns is 8 (Q4) or 16 (Q8_0) loads widened to int16 and 16 `vpdpwssd` per activation row: the same
 // bytes, a few times less work. The same layout as llama.cpp's repacked CPU formats (rows interleaved
-// so a vector holds one column of several rows); ours pairs columns for int16 dots.
+// so a vector holds one column of several rows); ours pairs columns for int16 dots. Batches of 16 rows and
+// more take AMX tiles where the CPU has them (gguf_block_amx.cpp), with the same bits.
 //
 // Layout, per group of 16 rows (the last group padded with zero rows) and per 32-column block, one tile:
 //   values: Q4: 8 chunks L of 32 bytes, byte 2r+j of chunk L = q[r][4L+j] | q[r][4L+2+j] << 4;
@@ -26,21 +27,12 @@ using namespace gguf;  // NOLINT(build/namespaces): the shared declarations of g
 
 namespace {
 
-// The largest batch computed on integer activations (gguf_packed_max_batch); larger ones (prefill chunks)
-// dequantize tiles for ATen's float32 GEMM. Why 32: measured on SmolLM2's matrices, 2 threads
-// (benchmarks/quant_kernels.py), the integer kernel is 1.5-3x faster than the float GEMM up to 32 rows with
-// AVX2 alone (madd + add, 4 rows per pass), even at 64 and slower from 256; with AVX-512 VNNI it stays
-// ~2x faster at every batch up to 2048. But 16-bit blocks lose precision next to SmolLM2's outlier
-// channels: prompt logprobs of a 41-token prefill moved by 1.02e-3 per value (decode steps: 3e-4 to 1.6e-3,
-// docs/benchmarks.md, Activation precision), past the 1e-3 the prompt logprobs promise, so prefill-sized
-// batches keep float32 activations on every ISA, unless the activations are 8-bit (then a prefill loses no
-// more than a decode step already does) and VNNI makes the integer kernel the faster one at every batch.
-constexpr int64_t kPackedMaxBatch = 32;
-#if defined(__AVX512VNNI__) || defined(__AVXVNNI__)
-constexpr bool kIntegerPrefill = true;
-#else
-constexpr bool kIntegerPrefill = false;
-#endif
+// 8- and 16-bit activations are integers at every batch: a row's result is the same bits whatever shares its
+// batch (decode steps, prefill chunks, both in one step). Q4_0 and Q4_1 batches of 16 rows and more go to
+// AMX-BF16 tiles where the CPU has them (gguf_block_amx.cpp, bitwise equal to this kernel). NOTE: until 2026-12 prefill-sized
+// batches (over 32 rows) computed on float32 activations, for the prompt logprobs' precision (16-bit blocks
+// moved them by 1.02e-3 per value on SmolLM2, decode steps' 3e-4 to 1.6e-3 alike); that made a token's logits
+// depend on the size of its batch.
 
 bool packable(int64_t type) { return type == Q4_0 || type == Q4_1 || type == Q8_0; }
 int64_t packed_bytes(int64_t type, int64_t rows, int64_t cols);
@@ -148,7 +140,8 @@ __attribute__((always_inline)) inline void tile_dots(const uint8_t* values, cons
     for (int l = 0; l < 8; ++l) {
       for (int j = 0; j < kTileRegisters; ++j) {
         const Int16s bytes = vec::widen_bytes(values + 32 * l + kRegisterBytes * j);
-        const Int16s low = bytes & 0x0F, high = bytes >> 4;
+        constexpr int16_t kOffset = kType == Q4_0 ? 8 : 0;  // Q4_0's q - 8, signed: no term for the offset
+        const Int16s low = (bytes & 0x0F) - kOffset, high = (bytes >> 4) - kOffset;
         for (int64_t b = 0; b < kBatch; ++b)
           dots[b][j] = vec::dot_pairs(vec::dot_pairs(dots[b][j], low, pair_in_every_lane(x[b] + 2 * l)), high,
                                       pair_in_every_lane(x[b] + 2 * l + 1));
@@ -178,12 +171,12 @@ void packed_group(const ActivationBlocks<int16_t>& a, int64_t first, const uint8
     const auto* halves = reinterpret_cast<const c10::Half*>(t + scales_at);  // d, then (Q4_1) m of the rows
     for (int j = 0; j < kTileRegisters; ++j) {
       const Vec d = vec::load(halves + j * vec::kLanes);
-      // sum_k (d q + c) x = d (sum_k q x) + c (sum_k x): c = m (Q4_1), -8 d (Q4_0), 0 (Q8_0).
-      const Vec c = kType == Q4_1 ? vec::load(halves + kTileRows + j * vec::kLanes) : d * -8.f;
+      const Vec m = kType == Q4_1 ? vec::load(halves + kTileRows + j * vec::kLanes) : Vec{};
       for (int64_t b = 0; b < kBatch; ++b) {
         const int64_t at = b * blocks + i;
         acc[b][j] = vec::fma(vec::to_floats(dots[b][j]), d * scales[at], acc[b][j]);
-        if constexpr (kType != Q8_0) acc[b][j] = vec::fma(c, vec::splat(sums[at]), acc[b][j]);
+        // Q4_1: sum_k (d q + m) x = d (sum_k q x) + m (sum_k x)
+        if constexpr (kType == Q4_1) acc[b][j] = vec::fma(m, vec::splat(sums[at]), acc[b][j]);
       }
     }
   }
@@ -234,13 +227,6 @@ bool gguf_packable(int64_t type, int64_t activation_bits) {
   return kHasPackedKernel && packable(type) && (activation_bits == 8 || activation_bits == 16);
 }
 
-// The largest batch gguf_packed_matmul computes on integer activations of `activation_bits` for Q4_0, Q4_1
-// and Q8_0 (K-quants: every batch at 8 bits).
-int64_t gguf_packed_max_batch(int64_t activation_bits) {
-  if (activation_bits == 32) return 0;
-  return activation_bits == 8 && kIntegerPrefill ? std::numeric_limits<int64_t>::max() : kPackedMaxBatch;
-}
-
 // qweight [N, row_bytes] uint8 rows of ggml `type` blocks -> the packed layout above (uint8, flat).
 at::Tensor gguf_pack(const at::Tensor& qweight, int64_t type) {
   TORCH_CHECK(gguf_packable(type, 8), "GGML type ", type, " cannot be packed in this build");
@@ -280,10 +266,10 @@ at::Tensor gguf_pack(const at::Tensor& qweight, int64_t type) {
   return packed;
 }
 
-// x [B, K] float32 times the packed W^T (W [rows, K]) -> [B, rows]. K-quants with activation_bits 8 or 16:
-// integer dots on x rounded to 8 or 15 bits per 32-value block at every B. Q4_0/Q4_1/Q8_0 with 8 or 16 and
-// B <= kPackedMaxBatch: the same at that width. Otherwise float32 x: AMX-BF16 tiles where the CPU has them
-// (gguf_float_amx.cpp), else tiles dequantized to float32 for ATen's GEMM.
+// x [B, K] float32 times the packed W^T (W [rows, K]) -> [B, rows]. activation_bits 8 or 16: integer dots on
+// x rounded to 8 or 16 bits per 32-value block (K-quants: 8 or 15 bits per 256) at every B. 32: float32 x.
+// B >= 16 on AMX-BF16 tiles where the CPU has them (gguf_block_amx.cpp: Q4_0 and Q4_1 on integers, all three
+// on float32); float32 otherwise on tiles dequantized to float32 for ATen's GEMM.
 at::Tensor gguf_packed_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t rows,
                               int64_t activation_bits) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a float32 [B, K] tensor");
@@ -299,12 +285,12 @@ at::Tensor gguf_packed_matmul(const at::Tensor& x, const at::Tensor& packed, int
     kquant_packed_matmul(xc.data_ptr<float>(), batch, weights, type, rows, cols, activation_bits, y.data_ptr<float>());
     return y;
   }
-  if (!is_k_quant(type) && batch <= gguf_packed_max_batch(activation_bits)) {
-    packed_integer_matmul(xc.data_ptr<float>(), batch, weights, type, rows, cols, activation_bits, y.data_ptr<float>());
+  if (block_amx_usable(type, batch, activation_bits)) {
+    block_amx_matmul(xc.data_ptr<float>(), batch, weights, type, rows, cols, activation_bits, y.data_ptr<float>());
     return y;
   }
-  if (float_amx_usable(type, batch)) {
-    float_amx_matmul(xc.data_ptr<float>(), batch, weights, type, rows, cols, y.data_ptr<float>());
+  if (activation_bits != 32) {
+    packed_integer_matmul(xc.data_ptr<float>(), batch, weights, type, rows, cols, activation_bits, y.data_ptr<float>());
     return y;
   }
   // Each thread dequantizes a tile of rows (about 1 MiB, in L2) and multiplies it by x with a one-thread GEMM
@@ -355,7 +341,6 @@ at::Tensor gguf_packed_rows(const at::Tensor& packed, int64_t type, int64_t rows
 
 TORCH_LIBRARY_FRAGMENT(pagedserve, m) {
   m.def("gguf_packable(int type, int activation_bits) -> bool", gguf_packable);
-  m.def("gguf_packed_max_batch(int activation_bits) -> int", gguf_packed_max_batch);
   m.def("gguf_pack(Tensor qweight, int type) -> Tensor", gguf_pack);
   m.def("gguf_packed_matmul(Tensor x, Tensor packed, int type, int rows, int activation_bits) -> Tensor",
         gguf_packed_matmul);

@@ -22,7 +22,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "vec.h"
+#include "vec_fp8.h"
 
 namespace {
 
