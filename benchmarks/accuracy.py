@@ -28,11 +28,9 @@ TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "opticks
 SETTINGS = {
     "float32 (reference)": ("gguf", dict(quantization="none")),
     "GGUF native": ("gguf", dict()),
-    # NOTE: chunks of 32 tokens, so every matmul takes the integer kernels of the activation width asked for
-    # (Q4_1's packed kernel computes larger batches on float activations).
-    "GGUF native, float activations": ("gguf", dict(activation_bits=32, max_num_batched_tokens=32)),
-    "GGUF native, 16-bit activations": ("gguf", dict(activation_bits=16, max_num_batched_tokens=32)),
-    "GGUF native, 8-bit activations": ("gguf", dict(activation_bits=8, max_num_batched_tokens=32)),
+    "GGUF native, float activations": ("gguf", dict(activation_bits=32)),
+    "GGUF native, 16-bit activations": ("gguf", dict(activation_bits=16)),
+    "GGUF native, 8-bit activations": ("gguf", dict(activation_bits=8)),
     "int8 (online, g32)": ("hf", dict(quantization="int8")),
     "int4 (online, g32)": ("hf", dict(quantization="int4")),
     "fp8 weights (per channel)": ("fp8", dict()),

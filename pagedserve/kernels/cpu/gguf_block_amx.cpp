@@ -176,28 +176,31 @@ __attribute__((always_inline)) inline void scale_block(const BlockTiles& a, int6
 }
 
 // Block i of one or two groups (weights in tiles 6 and 7, tiles t and t2) for the 16 rows of `chunk`: the
-// parts' dots summed in tile 0 (and 2), lo first (float x: lo, mid, hi in tiles 4, 5, 1; integers: lo, hi in
-// 4, 5). The two groups' sums alternate, so neither waits on its previous tile op.
-template <int64_t kParts, bool kPair>
+// parts' dots summed in tile kAcc (and kAcc + 2), lo first (float x: lo, mid, hi in tiles 4, 5, 1; integers:
+// lo, hi in 4, 5). The two groups' sums alternate, so neither waits on its previous tile op; on integers,
+// chunks alternate between accumulators 0, 2 and 1, 3, so one chunk's tile ops can run during the scaling of
+// the one before.
+template <int64_t kParts, int kAcc, bool kPair>
 void add_block(const BlockTiles& a, int64_t chunk, int64_t blocks, int64_t i, const uint8_t* t, const uint8_t* t2,
                int64_t type, Vec* acc, Vec* acc2) {
+  static_assert(kParts == 2 || kAcc == 0, "float x's third part takes tile 1");
   constexpr int64_t kPart = amx::kRows * kBlock;
   const uint16_t* parts = a.tiles.data() + (chunk * blocks + i) * kParts * kPart;
-  amx::zero<0>();
-  if constexpr (kPair) amx::zero<2>();
+  amx::zero<kAcc>();
+  if constexpr (kPair) amx::zero<kAcc + 2>();
   amx::load<4>(parts + (kParts - 1) * kPart, amx::kRowBytes);
   amx::load<5>(parts + (kParts - 2) * kPart, amx::kRowBytes);
   if constexpr (kParts == 3) amx::load<1>(parts, amx::kRowBytes);
-  dot_tiles<0, 4, 6>();
-  if constexpr (kPair) dot_tiles<2, 4, 7>();
-  dot_tiles<0, 5, 6>();
-  if constexpr (kPair) dot_tiles<2, 5, 7>();
+  dot_tiles<kAcc, 4, 6>();
+  if constexpr (kPair) dot_tiles<kAcc + 2, 4, 7>();
+  dot_tiles<kAcc, 5, 6>();
+  if constexpr (kPair) dot_tiles<kAcc + 2, 5, 7>();
   if constexpr (kParts == 3) {
     dot_tiles<0, 1, 6>();
     if constexpr (kPair) dot_tiles<2, 1, 7>();
   }
-  scale_block<0>(a, chunk, blocks, i, t, type, acc);
-  if constexpr (kPair) scale_block<2>(a, chunk, blocks, i, t2, type, acc2);
+  scale_block<kAcc>(a, chunk, blocks, i, t, type, acc);
+  if constexpr (kPair) scale_block<kAcc + 2>(a, chunk, blocks, i, t2, type, acc2);
 }
 
 // Groups [g, g + count) (count 1 or 2) for the chunks [first, last) of activation rows.
@@ -217,10 +220,15 @@ void add_groups(const BlockTiles& a, int64_t first, int64_t last, const uint8_t*
     if (count == 2) amx::load<7>(weights + amx::kRows * kBlock, amx::kRowBytes);
     for (int64_t chunk = first; chunk < last; ++chunk) {
       Vec* at = acc + (chunk - first) * amx::kRows;
-      if (count == 2)
-        add_block<kParts, true>(a, chunk, blocks, i, t, t2, type, at, at + rows);
+      constexpr int kOdd = kParts == 2 ? 1 : 0;
+      if (count == 2 && chunk % 2)
+        add_block<kParts, kOdd, true>(a, chunk, blocks, i, t, t2, type, at, at + rows);
+      else if (count == 2)
+        add_block<kParts, 0, true>(a, chunk, blocks, i, t, t2, type, at, at + rows);
+      else if (chunk % 2)
+        add_block<kParts, kOdd, false>(a, chunk, blocks, i, t, t2, type, at, nullptr);
       else
-        add_block<kParts, false>(a, chunk, blocks, i, t, t2, type, at, nullptr);
+        add_block<kParts, 0, false>(a, chunk, blocks, i, t, t2, type, at, nullptr);
     }
   }
 }
