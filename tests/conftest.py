@@ -204,6 +204,24 @@ def default_model() -> str:
     return default_model_path()
 
 
+@pytest.fixture(scope="session")
+def default_llm(default_model: str):
+    """The embedded model on the engine (its GGUF blocks kept quantized), shared by the modules that compare
+    it with HF transformers (loading each costs seconds)."""
+    from pagedserve import LLM
+
+    return LLM(default_model, dtype="float32", kv_cache_memory="256MiB", max_model_len=1024)
+
+
+@pytest.fixture(scope="session")
+def default_hf_model(default_model: str):
+    """The embedded model in HF transformers, dequantized from its GGUF to float32: the reference."""
+    from transformers import AutoModelForCausalLM
+
+    folder, name = os.path.split(default_model)
+    return AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+
+
 # Folders whose tests start servers, CLIs or worker processes.
 _SLOW_FOLDERS = ("entrypoints", "distributed")
 # Fixtures that build a model, so the test runs a real engine.

@@ -4,7 +4,6 @@ equal, weights resident at about the file's size."""
 
 import os
 
-import pytest
 import torch
 
 from pagedserve import LLM, SamplingParams
@@ -17,22 +16,9 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def native_llm() -> LLM:
-    return LLM(kv_cache_memory="64MiB", max_model_len=512)
-
-
-@pytest.fixture(scope="module")
-def hf_model(default_model: str):
-    from transformers import AutoModelForCausalLM
-
-    folder, name = os.path.split(default_model)
-    return AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-
-
-def test_gguf_is_kept_quantized_by_default(native_llm: LLM, default_model: str) -> None:
-    assert native_llm.llm_engine.config.model.quantization == "gguf"
-    weights = native_llm.llm_engine.engine_core.executor.determine_kv_memory()[0].weights_bytes  # rank 0
+def test_gguf_is_kept_quantized_by_default(default_llm: LLM, default_model: str) -> None:
+    assert default_llm.llm_engine.config.model.quantization == "gguf"
+    weights = default_llm.llm_engine.engine_core.executor.determine_kv_memory()[0].weights_bytes  # rank 0
     assert weights <= 1.2 * os.path.getsize(default_model), (weights, os.path.getsize(default_model))
 
 
@@ -54,40 +40,40 @@ def _assert_the_16_bit_promise(steps: list, expected: torch.Tensor, prompt: str)
     assert largest_error < 1e-3 * largest, f"{prompt!r}: {largest_error:.2e} of {largest:.2f}"
 
 
-def _reference_logprobs(hf_model, token_ids: list[int]) -> torch.Tensor:
+def _reference_logprobs(default_hf_model, token_ids: list[int]) -> torch.Tensor:
     with torch.no_grad():
-        return torch.log_softmax(hf_model(torch.tensor([token_ids])).logits[0].double(), dim=-1)
+        return torch.log_softmax(default_hf_model(torch.tensor([token_ids])).logits[0].double(), dim=-1)
 
 
-def test_prompt_logprobs_match_the_dequantized_model(native_llm: LLM, hf_model) -> None:
+def test_prompt_logprobs_match_the_dequantized_model(default_llm: LLM, default_hf_model) -> None:
     """The prompts' logprobs, from one prefill step of all four (AMX tiles where the CPU has them)."""
     params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=5)
-    for output in native_llm.generate(PROMPTS, params, use_tqdm=False):
-        expected = _reference_logprobs(hf_model, output.prompt_token_ids)
+    for output in default_llm.generate(PROMPTS, params, use_tqdm=False):
+        expected = _reference_logprobs(default_hf_model, output.prompt_token_ids)
         _assert_the_16_bit_promise(output.prompt_logprobs[1:], expected, output.prompt)
 
 
-def test_decode_logprobs_match_the_dequantized_model(native_llm: LLM, hf_model) -> None:
+def test_decode_logprobs_match_the_dequantized_model(default_llm: LLM, default_hf_model) -> None:
     """Decode steps (the prompts decode together: batch 4)."""
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=5)
-    for output in native_llm.generate(PROMPTS, params, use_tqdm=False):
+    for output in default_llm.generate(PROMPTS, params, use_tqdm=False):
         completion = output.outputs[0]
-        expected = _reference_logprobs(hf_model, output.prompt_token_ids + completion.token_ids)
+        expected = _reference_logprobs(default_hf_model, output.prompt_token_ids + completion.token_ids)
         steps = expected[len(output.prompt_token_ids) - 1 :]
         _assert_the_16_bit_promise(completion.logprobs, steps, output.prompt)
 
 
-def test_greedy_tokens_equal_the_dequantized_model(native_llm: LLM, hf_model) -> None:
+def test_greedy_tokens_equal_the_dequantized_model(default_llm: LLM, default_hf_model) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-    for output in native_llm.generate(PROMPTS, params, use_tqdm=False):
+    for output in default_llm.generate(PROMPTS, params, use_tqdm=False):
         ids = torch.tensor([output.prompt_token_ids])
-        expected = hf_model.generate(
+        expected = default_hf_model.generate(
             ids, max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0
         )
         assert output.outputs[0].token_ids == expected[0, ids.shape[1] :].tolist(), output.prompt
 
 
-def test_logprobs_do_not_depend_on_what_shares_the_batch(native_llm: LLM) -> None:
+def test_logprobs_do_not_depend_on_what_shares_the_batch(default_llm: LLM) -> None:
     """Each prompt alone (a prefill of 5-18 rows, then decode steps of one) and all four together (one
     prefill of ~45 rows, decode steps of four): the same tokens and the same logprob bits, prompt and decode."""
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=3, prompt_logprobs=3)
@@ -96,8 +82,8 @@ def test_logprobs_do_not_depend_on_what_shares_the_batch(native_llm: LLM) -> Non
         steps = output.prompt_logprobs[1:] + output.outputs[0].logprobs
         return [{token: getattr(value, "logprob", value) for token, value in step.items()} for step in steps]
 
-    together = native_llm.generate(PROMPTS, params, use_tqdm=False)
+    together = default_llm.generate(PROMPTS, params, use_tqdm=False)
     for prompt, batched in zip(PROMPTS, together):
-        (alone,) = native_llm.generate([prompt], params, use_tqdm=False)
+        (alone,) = default_llm.generate([prompt], params, use_tqdm=False)
         assert alone.outputs[0].token_ids == batched.outputs[0].token_ids, prompt
         assert values(alone) == values(batched), prompt

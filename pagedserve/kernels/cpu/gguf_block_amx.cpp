@@ -35,7 +35,6 @@ namespace gguf {
 namespace {
 
 using vec::Vec;
-constexpr int64_t kMaxParts = 3;
 
 // c += a b, bfloat16 pairs into float32.
 template <int kC, int kA, int kB>
@@ -75,8 +74,8 @@ float split_floats(const __m512 (&v)[2], uint16_t* tile) {
 
 // One row's 32 values of a block rounded as rounded_activations rounds them (gguf_blocks.h: the same
 // operations on vector lanes, so the same integers and scale), as the parts hi and lo; sets the block's
-// scale and sum (scale times the integers' sum).
-void split_integers(const __m512 (&v)[2], float largest_integer, uint16_t* tile, float* scale, float* sum) {
+// scale, returns its sum (the scale times the integers' sum).
+float split_integers(const __m512 (&v)[2], float largest_integer, uint16_t* tile, float* scale) {
   const __m512 magnitude = _mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1]));
   const float largest = _mm512_reduce_max_ps(magnitude);
   // NOTE: x * 0 is 0 for finite x and NaN otherwise; as rounded_activations, a non-finite value makes the
@@ -95,7 +94,7 @@ void split_integers(const __m512 (&v)[2], float largest_integer, uint16_t* tile,
     for (int64_t p = 0; p < 2; ++p)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(tile + p * amx::kRows * kBlock + 16 * half), part[p]);
   }
-  *sum = *scale * static_cast<float>(_mm512_reduce_add_epi32(total));
+  return *scale * static_cast<float>(_mm512_reduce_add_epi32(total));
 }
 
 BlockTiles split_activations(const float* x, int64_t batch, int64_t cols, int64_t type, int64_t bits) {
@@ -112,13 +111,10 @@ BlockTiles split_activations(const float* x, int64_t batch, int64_t cols, int64_
         __m512 v[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
         if (row < batch)
           for (int64_t half = 0; half < 2; ++half) v[half] = _mm512_loadu_ps(x + row * cols + block * kBlock + 16 * half);
-        float scale = 1.f, sum;
-        if (integers)
-          split_integers(v, largest_integer, tile, &scale, &sum);
-        else
-          sum = split_floats(v, tile);
-        if (integers) out.scales[row * blocks + block] = scale;
-        if (sums) out.sums[row * blocks + block] = sum;
+        const int64_t at_block = row * blocks + block;
+        const float sum = integers ? split_integers(v, largest_integer, tile, &out.scales[at_block])
+                                   : split_floats(v, tile);
+        if (sums) out.sums[at_block] = sum;
       }
   });
   return out;
