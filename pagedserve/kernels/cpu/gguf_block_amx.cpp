@@ -109,8 +109,9 @@ BlockTiles split_activations(const float* x, int64_t batch, int64_t cols, int64_
         const int64_t at = (row / amx::kRows * blocks + block) * out.parts * amx::kRows + row % amx::kRows;
         uint16_t* tile = out.tiles.data() + at * kBlock;
         __m512 v[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+        const float* values = x + row * cols + block * kBlock;
         if (row < batch)
-          for (int64_t half = 0; half < 2; ++half) v[half] = _mm512_loadu_ps(x + row * cols + block * kBlock + 16 * half);
+          for (int64_t half = 0; half < 2; ++half) v[half] = _mm512_loadu_ps(values + 16 * half);
         const int64_t at_block = row * blocks + block;
         const float sum = integers ? split_integers(v, largest_integer, tile, &out.scales[at_block])
                                    : split_floats(v, tile);
