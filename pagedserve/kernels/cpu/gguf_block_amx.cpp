@@ -121,10 +121,18 @@ BlockTiles split_activations(const float* x, int64_t batch, int64_t cols, int64_
   return out;
 }
 
+// bfloat16 of nibble - offset for every nibble, Q4_0's offset 8 (an exact table: small integers); Q8_0: none.
+__m512i nibble_values(int64_t type) {
+  alignas(64) uint16_t table[32];
+  const int offset = type == Q4_0 ? 8 : 0;
+  for (int i = 0; i < 32; ++i) table[i] = c10::BFloat16(static_cast<float>(i % 16 - offset)).x;
+  return _mm512_load_si512(table);
+}
+
 // A 16-row tile of the packed layout (gguf_packed_matmul.cpp) as AMX's bfloat16 weight tile: row p holds
 // columns 2p, 2p + 1 of the 16 weight rows (lanes). Q4: chunk L's low nibbles are columns 4L, 4L + 1 of each
-// row, its high nibbles 4L + 2, 4L + 3 (pairs 2L, 2L + 1), Q4_0's less 8; Q8_0: chunk p is pair p.
-void unpack_tile(const uint8_t* t, int64_t type, uint16_t* out) {
+// row, its high nibbles 4L + 2, 4L + 3 (pairs 2L, 2L + 1), as `values` gives them; Q8_0: chunk p is pair p.
+void unpack_tile(const uint8_t* t, int64_t type, __m512i values, uint16_t* out) {
   if (type == Q8_0) {
     for (int64_t p = 0; p < 16; ++p)
       for (int64_t half = 0; half < 2; ++half) {
@@ -134,11 +142,7 @@ void unpack_tile(const uint8_t* t, int64_t type, uint16_t* out) {
       }
     return;
   }
-  // bfloat16 of nibble - offset for every nibble (an exact table: small integers).
-  alignas(64) uint16_t table[32];
-  const int offset = type == Q4_0 ? 8 : 0;
-  for (int i = 0; i < 32; ++i) table[i] = c10::BFloat16(static_cast<float>(i % 16 - offset)).x;
-  const __m512i values = _mm512_load_si512(table), low4 = _mm512_set1_epi16(0xF);
+  const __m512i low4 = _mm512_set1_epi16(0xF);
   for (int64_t chunk = 0; chunk < 8; ++chunk) {
     const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32 * chunk)));
     _mm512_storeu_si512(out + 64 * chunk, _mm512_permutexvar_epi16(_mm512_and_si512(bytes, low4), values));
@@ -206,11 +210,12 @@ void add_groups(const BlockTiles& a, int64_t first, int64_t last, const uint8_t*
                 int64_t blocks, int64_t g, int64_t count, uint16_t* weights, Vec* acc) {
   const int64_t tile = kTileRows * block_format(type).bytes, rows = (last - first) * amx::kRows;
   const uint8_t* t = packed + g * blocks * tile;
+  const __m512i values = nibble_values(type);  // NOTE: once, not per block (32 conversions, an unpack's cost)
   for (int64_t i = 0; i < blocks; ++i, t += tile) {
     const uint8_t* t2 = t + blocks * tile;  // the next group's block i
     for (int64_t k = 0; k < count; ++k) {
       if (first == 0) prefetch_tile(t + k * blocks * tile, tile);
-      unpack_tile(t + k * blocks * tile, type, weights + k * amx::kRows * kBlock);
+      unpack_tile(t + k * blocks * tile, type, values, weights + k * amx::kRows * kBlock);
     }
     asm volatile("" ::: "memory");  // the unpacked stores before the tile loads (amx.h)
     amx::load<6>(weights, amx::kRowBytes);

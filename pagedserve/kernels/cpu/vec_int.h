@@ -17,20 +17,17 @@ namespace vec {
 using Int16s = int16_t __attribute__((vector_size(sizeof(Vec))));
 using Int32s = int32_t __attribute__((vector_size(sizeof(Vec))));
 
-// 2 * kLanes bytes widened to int16 lanes: unsigned or signed.
-inline Int16s widen_bytes(const uint8_t* p) {
+// 2 * kLanes bytes, signed or unsigned, widened to int16 lanes.
+template <typename Byte>
+inline Int16s widen_bytes(const Byte* p) {
+  static_assert(sizeof(Byte) == 1, "bytes: int8_t or uint8_t");
+  constexpr bool kSigned = std::is_signed_v<Byte>;
 #if defined(PAGEDSERVE_VEC_AVX512)
-  return (Int16s)_mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return (Int16s)(kSigned ? _mm512_cvtepi8_epi16(bytes) : _mm512_cvtepu8_epi16(bytes));
 #else
-  return (Int16s)_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-#endif
-}
-
-inline Int16s widen_bytes(const int8_t* p) {
-#if defined(PAGEDSERVE_VEC_AVX512)
-  return (Int16s)_mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-#else
-  return (Int16s)_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return (Int16s)(kSigned ? _mm256_cvtepi8_epi16(bytes) : _mm256_cvtepu8_epi16(bytes));
 #endif
 }
 
