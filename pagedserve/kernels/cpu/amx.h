@@ -1,6 +1,6 @@
-// What the AMX kernels share (gguf_kquant_amx.cpp: INT8 tiles for the K-quants; gguf_float_amx.cpp: BF16
-// tiles for Q4_0/Q4_1/Q8_0 prefill on float activations): the tile state, one tile shape, the tile
-// instructions, and the switch (PAGEDSERVE_CPU_AMX).
+// What the AMX kernels share (gguf_kquant_amx.cpp: INT8 tiles for the K-quants; gguf_block_amx.cpp: BF16
+// tiles for Q4_0/Q4_1/Q8_0 on integer or float activations): the tile state, one tile shape, the tile
+// instructions, the L2-sized passes, and the switch (PAGEDSERVE_CPU_AMX).
 #pragma once
 
 #include <algorithm>
