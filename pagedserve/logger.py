@@ -1,7 +1,8 @@
 """Package-wide logging setup: one handler on the `pagedserve` logger, level from PAGEDSERVE_LOGGING_LEVEL."""
 
 import logging
-import os
+
+from pagedserve import envs
 
 _FORMAT = "%(levelname)s %(asctime)s [%(name)s] %(message)s"
 
@@ -12,6 +13,6 @@ def init_logger(name: str) -> logging.Logger:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%m-%d %H:%M:%S"))
         root.addHandler(handler)
-        root.setLevel(os.environ.get("PAGEDSERVE_LOGGING_LEVEL", "INFO").upper())
+        root.setLevel(envs.logging_level())
         root.propagate = False
     return logging.getLogger(name)

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from pagedserve import envs
 from pagedserve.config import EngineArgs
 from pagedserve.engine.admission import ServingLimits
 from pagedserve.entrypoints.cli import main as cli_main
@@ -209,3 +210,15 @@ def test_help_lists_the_same_flags(command: list[str]) -> None:
     )
     for flag in ("--max-model-len", "--gpu-memory-utilization", "--api-key", "--chat-template", "--port"):
         assert flag in result.stdout
+
+
+@pytest.mark.parametrize("value", ["bogus", "", "10", "INFO; rm"])
+def test_a_bad_logging_level_names_the_variable(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PAGEDSERVE_LOGGING_LEVEL", value)
+    with pytest.raises(ConfigError, match="PAGEDSERVE_LOGGING_LEVEL"):
+        envs.logging_level()
+
+
+def test_logging_level_takes_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PAGEDSERVE_LOGGING_LEVEL", "debug")
+    assert envs.logging_level() == "DEBUG"
