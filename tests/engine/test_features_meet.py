@@ -3,13 +3,19 @@
 Hypothesis draws a batch of requests from the whole feature space (greedy and seeded sampling, n and
 best_of, beam search, stop strings and stop token ids, min_tokens, logprobs and prompt_logprobs, guided
 regex / choice / JSON, logit_bias, penalties, shared prefixes for prefix-cache hits, cache_salt, priority,
-a LoRA adapter) and runs it under one of several engine settings (n-gram and draft-model speculation,
-forced recompute and swap preemption in a tiny pool, priority scheduling, chunked prefill, an fp8 KV cache,
-a sliding-window model, a K-quant and a Q4_0 GGUF, three adapters over two slots, two data-parallel
-replicas, two pipeline stages with adapters). For every request:
+a LoRA adapter) and two token budgets, one for the batch and one for each request run alone, so prompts are
+cut into chunks at other places; it runs them under one of several engine settings (n-gram and draft-model
+speculation, forced recompute and swap preemption in a tiny pool, priority scheduling, chunked prefill, an
+fp8 KV cache, a sliding-window model, a K-quant and a Q4_0 GGUF, three adapters over two slots, adapters in
+one slot under priority and a draft model, wide batches whose decode steps run above 8 and 16 rows, two
+data-parallel replicas, two pipeline stages with adapters). For every request:
 
-- its output in the batch equals its output run alone: tokens, text, finish and stop reasons exactly,
-  logprobs and prompt logprobs within 1e-4 (greedy and seeded sampling are reproducible per position);
+- its output in the batch equals its output run alone: tokens, text, finish and stop reasons, and the
+  logprobs and prompt logprobs **bit for bit**: a token's logits do not depend on what shares its step, on
+  where its prompt was cut, nor on its neighbours' adapters (docs/design.md); greedy and seeded sampling are
+  reproducible per position;
+- on the settings of a HF model in float32, a greedy request without logits processors also gives HF
+  transformers' greedy tokens, so an engine that is consistently wrong fails too;
 - a constrained output that finished matches its constraint;
 - prompt logprobs: one entry per prompt token, the first None;
 - nothing raises, and every KV block (and swap block) is back in its pool at the end.
@@ -18,9 +24,11 @@ A stop string or stop token id is taken from the request's own unstopped output,
 CI runs a fixed (derandomized) set of examples per setting; `-m nightly` runs many more, randomized.
 """
 
+import contextlib
 import json
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,6 +44,7 @@ from pagedserve.sampling_params import BeamSearchParams
 from pagedserve.structured_outputs_params import StructuredOutputsParams
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+DRAFT = {"model": "{model}", "num_speculative_tokens": 3}  # "{model}": the setting's model itself
 # n-gram speculation, swap preemption and three adapters (ranks 8, 4, 8) over two slots and two host slots.
 LORA_NGRAM_SWAP: dict[str, object] = dict(
     speculative_config=NGRAM,
@@ -47,27 +56,43 @@ LORA_NGRAM_SWAP: dict[str, object] = dict(
     max_lora_rank=8,
 )
 TIGHT = dict(block_size=8, num_gpu_blocks_override=24, max_model_len=96, max_num_seqs=6)
+# Decode steps of up to 32 rows (the GGUF kernels change instruction paths at 8, 16 and 32 rows; the LoRA
+# expand at runs of 8 tokens of one adapter) in a pool that still runs short under 20 requests.
+WIDE = dict(block_size=8, num_gpu_blocks_override=120, max_model_len=96, max_num_seqs=32)
 
-# name -> (tiny model, engine arguments); "{model}" in a speculative config is the model itself.
-SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "ngram_recompute_chunked": (
+
+@dataclass(frozen=True)
+class Setting:
+    model: str  # a tiny model of tests/conftest.py's TINY_MODELS (GGUF_MODELS: written as a GGUF)
+    args: dict[str, Any]  # the engine's arguments
+    max_batch: int = 5  # requests drawn per batch (at least 2)
+    hf_reference: bool = False  # greedy requests also equal HF transformers' greedy tokens
+
+
+SETTINGS: dict[str, Setting] = {
+    "ngram_recompute_chunked": Setting(
         "llama",
         dict(TIGHT, speculative_config=NGRAM, preemption_mode="recompute", max_num_batched_tokens=32),
+        hf_reference=True,
     ),
-    "draft_swap": (
+    "draft_swap": Setting(
         "llama",
         dict(
             TIGHT,
-            speculative_config={"model": "{model}", "num_speculative_tokens": 3},
+            speculative_config=DRAFT,
             preemption_mode="swap",
             swap_space=0.01,
             scheduling_policy="priority",  # the drawn priorities order admission, preemption, swap-in
         ),
     ),
-    "fp8_chunked_prefix_cache": ("llama", dict(TIGHT, kv_cache_dtype="fp8", max_num_batched_tokens=16)),
-    "window_recompute": ("mistral-swa", dict(TIGHT, preemption_mode="recompute", max_num_batched_tokens=24)),
+    "fp8_chunked_prefix_cache": Setting(
+        "llama", dict(TIGHT, kv_cache_dtype="fp8", max_num_batched_tokens=16)
+    ),
+    "window_recompute": Setting(
+        "mistral-swa", dict(TIGHT, preemption_mode="recompute", max_num_batched_tokens=24), hf_reference=True
+    ),
     # A Q4_K GGUF: the packed K-quant kernels on integer activations, prefill chunks and decode alike.
-    "kquant_gguf_ngram_swap": (
+    "kquant_gguf_ngram_swap": Setting(
         "llama-kquant",
         dict(
             TIGHT,
@@ -79,16 +104,41 @@ SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     # A Q4_0 GGUF: integer activation blocks at every batch, steps of 16 tokens and more on AMX tiles where
     # the CPU has them (the same bits as the smaller steps' kernel).
-    "q4_0_gguf_recompute_priority": (
+    "q4_0_gguf_recompute_priority": Setting(
         "llama-q4_0",
         dict(TIGHT, preemption_mode="recompute", scheduling_policy="priority", max_num_batched_tokens=64),
     ),
+    # Wide decode batches of a Q4_0 GGUF: the decode kernel (8 rows or fewer), the packed kernel and AMX
+    # tiles (16 rows and more) meet within one request's life.
+    "q4_0_gguf_wide": Setting("llama-q4_0", dict(WIDE, max_num_batched_tokens=48), max_batch=18),
     # Three adapters (ranks 8, 4, 8; attention, q/v, MLP) over two slots: requests wait for a slot, adapters
     # leave host memory and are read again, beams and samples fork with their adapter.
-    "lora_ngram_swap": ("llama", dict(TIGHT, **LORA_NGRAM_SWAP)),
+    "lora_ngram_swap": Setting("llama", dict(TIGHT, **LORA_NGRAM_SWAP)),
+    # Three adapters in three slots beside base-model requests in wide batches: a token's update must not
+    # depend on how many neighbours share its adapter (the expand's runs), nor on which adapters they use.
+    "lora_wide": Setting(
+        "llama",
+        dict(WIDE, enable_lora=True, max_loras=3, max_lora_rank=8, max_num_batched_tokens=48),
+        max_batch=18,
+    ),
+    # One adapter slot under priority scheduling and a draft model: urgent requests of another adapter must
+    # wait for the slot rather than preempt requests whose leaving would not free it.
+    "lora_one_slot_draft_priority": Setting(
+        "llama",
+        dict(
+            TIGHT,
+            speculative_config=DRAFT,
+            scheduling_policy="priority",
+            preemption_mode="recompute",
+            enable_lora=True,
+            max_loras=1,
+            max_lora_rank=8,
+            max_num_batched_tokens=24,
+        ),
+    ),
     # Two data-parallel replicas (engine processes, one thread each): a request and its samples or beams
     # go to one replica; its output must not depend on which, nor on what else that replica runs.
-    "dp2_ngram_recompute": (
+    "dp2_ngram_recompute": Setting(
         "llama",
         dict(
             TIGHT,
@@ -102,9 +152,12 @@ SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
     # Two pipeline stages (worker processes, one layer each): hidden states cross between them every step,
     # two micro-batches in flight (a request sits out while its step is in flight); each stage holds its own
     # layer's part of the three adapters in two slots.
-    "pp2_lora_ngram_swap": ("llama", dict(TIGHT, pipeline_parallel_size=2, **LORA_NGRAM_SWAP)),
+    "pp2_lora_ngram_swap": Setting("llama", dict(TIGHT, pipeline_parallel_size=2, **LORA_NGRAM_SWAP)),
 }
 GGUF_MODELS = {"llama-kquant": "Q4_K", "llama-q4_0": "Q4_0"}  # tiny models loaded as a GGUF of that type
+# Token budgets a run may take instead of its setting's (None), so a prompt is cut at other places alone
+# than in its batch. Only smaller ones: the workers' buffers and the window's block bound follow the setting.
+BUDGETS = (None, 5, 8, 13)
 
 # Two block-aligned shared prefixes (prefix-cache hits), one a repeating pattern (n-gram proposals).
 PREFIXES = [[11, 12, 13, 14, 15, 16, 17, 18] * 3, list(range(3000, 3024))]
@@ -140,14 +193,24 @@ def cases(draw: st.DrawFn) -> Case:
     if draw(st.booleans()):
         prompt["cache_salt"] = draw(st.sampled_from(["tenant-a", "tenant-b"]))
     max_tokens = draw(st.integers(1, 14))
-    if draw(st.integers(0, 9)) == 0:  # beam search
+    priority = draw(st.integers(-2, 2))
+    lora = draw(st.none() | st.integers(0, 2))
+    kwargs: dict[str, Any] = dict(max_tokens=max_tokens)
+    if draw(st.booleans()):
+        kwargs["logit_bias"] = {draw(st.integers(100, 40000)): draw(st.sampled_from([-100.0, 3.0, 100.0]))}
+    penalty = draw(st.sampled_from(["none", "none", "repetition", "frequency"]))
+    if penalty == "repetition":
+        kwargs["repetition_penalty"] = 1.3
+    elif penalty == "frequency":
+        kwargs.update(frequency_penalty=0.5, presence_penalty=0.3)
+    if draw(st.integers(0, 9)) == 0:  # beam search (the processors above apply to every beam's logits)
         width = draw(st.integers(2, 3))
-        params = SamplingParams(n=width, temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-        return Case(prompt, params, BeamSearchParams(width, max_tokens, ignore_eos=True))
+        params = SamplingParams(n=width, temperature=0.0, ignore_eos=True, **kwargs)
+        beam = BeamSearchParams(width, max_tokens, ignore_eos=True)
+        return Case(prompt, params, beam, priority=priority, lora=lora)
     sampled = draw(st.booleans())
     n = draw(st.integers(1, 2))
-    kwargs: dict[str, Any] = dict(
-        max_tokens=max_tokens,
+    kwargs.update(
         temperature=draw(st.sampled_from([0.5, 1.0])) if sampled else 0.0,
         seed=draw(st.integers(0, 2**63 - 1)) if sampled else None,
         n=n,
@@ -158,13 +221,6 @@ def cases(draw: st.DrawFn) -> Case:
     )
     if sampled and draw(st.booleans()):
         kwargs["best_of"] = n + 1
-    if draw(st.booleans()):
-        kwargs["logit_bias"] = {draw(st.integers(100, 40000)): draw(st.sampled_from([-100.0, 3.0, 100.0]))}
-    penalty = draw(st.sampled_from(["none", "none", "repetition", "frequency"]))
-    if penalty == "repetition":
-        kwargs["repetition_penalty"] = 1.3
-    elif penalty == "frequency":
-        kwargs.update(frequency_penalty=0.5, presence_penalty=0.3)
     check = None
     if draw(st.integers(0, 3)) == 0:
         constraint, check = draw(st.sampled_from(CONSTRAINTS))
@@ -172,24 +228,25 @@ def cases(draw: st.DrawFn) -> Case:
     stop_at = None
     if max_tokens > 1 and draw(st.booleans()):
         stop_at = (draw(st.sampled_from(["string", "token"])), draw(st.integers(0, max_tokens - 1)))
-    priority = draw(st.integers(-2, 2))
-    lora = draw(st.none() | st.integers(0, 2))
     return Case(prompt, SamplingParams(**kwargs), stop_at=stop_at, check=check, priority=priority, lora=lora)
 
 
 _ENGINES: dict[str, LLM] = {}
 _ADAPTERS: dict[str, list[LoRARequest]] = {}  # per setting with enable_lora
+_MODELS: dict[str, str] = {}  # per setting: the HF folder its model was built from
 
 
 def engine(name: str, tiny_model_factory: Any) -> LLM:
     """One engine per setting for the whole module (building one costs seconds)."""
     if name not in _ENGINES:
-        model_name, args = SETTINGS[name]
-        model = tiny_model_factory(model_name)
-        if model_name in GGUF_MODELS:
+        setting = SETTINGS[name]
+        model = _MODELS[name] = tiny_model_factory(setting.model)
+        args = setting.args
+        if setting.model in GGUF_MODELS:
             from gguf_writer import write_gguf
 
-            model = write_gguf(model, "llama", os.path.join(model, "model.gguf"), GGUF_MODELS[model_name])
+            gguf = os.path.join(model, "model.gguf")
+            model = write_gguf(model, "llama", gguf, GGUF_MODELS[setting.model])
         spec = args.get("speculative_config")
         if spec and spec.get("model") == "{model}":
             args = dict(args, speculative_config=dict(spec, model=model))
@@ -213,7 +270,24 @@ def _write_adapters(model: str) -> list[LoRARequest]:
     ]
 
 
-def run(llm: LLM, cases: list[Case]) -> list[RequestOutput]:
+@contextlib.contextmanager
+def token_budget(llm: LLM, budget: int | None) -> Iterator[None]:
+    """The scheduler's --max-num-batched-tokens set to `budget` for the runs inside (None: the setting's).
+    NOTE: reaches into the in-process scheduler; data-parallel replicas keep their setting's budget."""
+    core = llm.llm_engine.engine_core
+    scheduler = getattr(core, "scheduler", None)
+    if budget is None or scheduler is None:
+        yield
+        return
+    config = scheduler.config
+    scheduler.config = replace(config, max_num_batched_tokens=min(budget, config.max_num_batched_tokens))
+    try:
+        yield
+    finally:
+        scheduler.config = config
+
+
+def run(llm: LLM, cases: list[Case], budget: int | None = None) -> list[RequestOutput]:
     """Submit every case in one batch (beams and samples mixed) and step the engine to the end."""
     engine_ = llm.llm_engine
     by_priority = engine_.config.scheduler.policy == "priority"
@@ -227,8 +301,9 @@ def run(llm: LLM, cases: list[Case]) -> list[RequestOutput]:
             request_id, case.prompt, params, beam_search=case.beam, priority=priority, lora_request=lora
         )
     finished: dict[str, RequestOutput] = {}
-    while engine_.has_unfinished_requests():
-        finished.update((o.request_id, o) for o in engine_.step() if o.finished)
+    with token_budget(llm, budget):
+        while engine_.has_unfinished_requests():
+            finished.update((o.request_id, o) for o in engine_.step() if o.finished)
     return [finished[request_id] for request_id in ids]
 
 
@@ -250,25 +325,78 @@ def derive_stop(llm: LLM, case: Case) -> None:
 
 
 def assert_same(batched: RequestOutput, alone: RequestOutput, case: Case) -> None:
+    """Equal outputs, logprobs and prompt logprobs to the bit."""
     assert len(batched.outputs) == len(alone.outputs)
     for a, b in zip(batched.outputs, alone.outputs):
-        fields = ("token_ids", "text", "finish_reason", "stop_reason")
+        fields = ("token_ids", "text", "finish_reason", "stop_reason", "logprobs")
         assert [getattr(a, f) for f in fields] == [getattr(b, f) for f in fields], case
-        if b.logprobs is not None:
-            assert a.logprobs is not None and len(a.logprobs) == len(b.logprobs) == len(b.token_ids)
-            for x, y in zip(a.logprobs, b.logprobs):
-                assert x.keys() == y.keys() and all(x[k] == pytest.approx(y[k], abs=1e-4) for k in x), (
-                    case,
-                    x,
-                    y,
-                )
+    assert batched.prompt_logprobs == alone.prompt_logprobs, case
     if case.params.prompt_logprobs is not None:
         prompt_len = len(case.prompt["prompt_token_ids"])
-        for output in (batched, alone):
-            assert output.prompt_logprobs is not None and len(output.prompt_logprobs) == prompt_len
-            assert output.prompt_logprobs[0] is None and None not in output.prompt_logprobs[1:]
-        for x, y in zip(batched.prompt_logprobs[1:], alone.prompt_logprobs[1:]):  # type: ignore[index]
-            assert x.keys() == y.keys() and all(x[k] == pytest.approx(y[k], abs=1e-4) for k in x)
+        assert alone.prompt_logprobs is not None and len(alone.prompt_logprobs) == prompt_len
+        assert alone.prompt_logprobs[0] is None and None not in alone.prompt_logprobs[1:]
+
+
+def compares_with_hf(case: Case, lora: bool) -> bool:
+    """A greedy request that HF's plain greedy search defines: no processor, constraint, stop or adapter."""
+    params = case.params
+    return (
+        case.beam is None
+        and not lora
+        and params.temperature == 0.0
+        and params.n == 1
+        and params.min_tokens == 0
+        and params.logit_bias is None
+        and params.repetition_penalty == 1.0
+        and params.frequency_penalty == params.presence_penalty == 0.0
+        and params.structured_outputs is None
+        and not case.stopped
+    )
+
+
+_HF_MODELS: dict[str, Any] = {}
+
+
+def assert_hf_greedy(folder: str, case: Case, output: RequestOutput) -> None:
+    """The engine's greedy tokens are HF transformers' (eager attention, float32) for the same prompt: up to
+    the engine's own end (EOS included, when it stopped there)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if folder not in _HF_MODELS:
+        _HF_MODELS[folder] = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=torch.float32, attn_implementation="eager"
+        )
+    tokens = output.outputs[0].token_ids
+    prompt = torch.tensor([case.prompt["prompt_token_ids"]])
+    generated = _HF_MODELS[folder].generate(
+        prompt, max_new_tokens=len(tokens), do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    assert generated[0, prompt.shape[1] :].tolist() == tokens, case
+
+
+def check_batch(llm: LLM, drawn: list[Case], budgets: tuple[int | None, int | None], setting: str) -> None:
+    alone_budget, batch_budget = budgets
+    accepted = []
+    for case in drawn:
+        try:
+            derive_stop(llm, case)
+            alone = run(llm, [case], alone_budget)[0]
+        except InvalidRequestError:
+            continue  # a combination the engine refuses (with its message) stays out of the batch
+        accepted.append((case, alone))
+    batched = run(llm, [case for case, _ in accepted], batch_budget)
+    adapters = setting in _ADAPTERS
+    for (case, alone), output in zip(accepted, batched):
+        assert output.error is None and alone.error is None, output.error
+        assert_same(output, alone, case)
+        if SETTINGS[setting].hf_reference and compares_with_hf(case, adapters and case.lora is not None):
+            assert_hf_greedy(_MODELS[setting], case, output)
+        if case.check is not None:
+            for sample in output.outputs:
+                if sample.finish_reason == "stop" and sample.stop_reason is None:
+                    assert case.check(sample.text), (case, sample.text)
+    assert_all_blocks_back(llm)
 
 
 def assert_all_blocks_back(llm: LLM) -> None:
@@ -281,24 +409,12 @@ def assert_all_blocks_back(llm: LLM) -> None:
         assert swap.num_free_blocks() == swap.num_blocks and not swap.tables
 
 
-def check_batch(llm: LLM, drawn: list[Case]) -> None:
-    accepted = []
-    for case in drawn:
-        try:
-            derive_stop(llm, case)
-            alone = run(llm, [case])[0]
-        except InvalidRequestError:
-            continue  # a combination the engine refuses (with its message) stays out of the batch
-        accepted.append((case, alone))
-    batched = run(llm, [case for case, _ in accepted])
-    for (case, alone), output in zip(accepted, batched):
-        assert output.error is None and alone.error is None, output.error
-        assert_same(output, alone, case)
-        if case.check is not None:
-            for sample in output.outputs:
-                if sample.finish_reason == "stop" and sample.stop_reason is None:
-                    assert case.check(sample.text), (case, sample.text)
-    assert_all_blocks_back(llm)
+@st.composite
+def batches(draw: st.DrawFn, setting: str, longest: int = 0) -> tuple[list[Case], tuple[Any, Any]]:
+    """Requests for one batch of `setting` (up to its max_batch, or `longest`), and the two token budgets."""
+    size = longest or SETTINGS[setting].max_batch
+    drawn = draw(st.lists(cases(), min_size=min(2, size), max_size=size))
+    return drawn, (draw(st.sampled_from(BUDGETS)), draw(st.sampled_from(BUDGETS)))
 
 
 EXAMPLES = int(os.environ.get("PAGEDSERVE_FEATURES_EXAMPLES", "8"))
@@ -312,9 +428,10 @@ EXAMPLES = int(os.environ.get("PAGEDSERVE_FEATURES_EXAMPLES", "8"))
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(batch=st.lists(cases(), min_size=2, max_size=5))
-def test_features_meet(setting: str, batch: list[Case], tiny_model_factory: Any) -> None:
-    check_batch(engine(setting, tiny_model_factory), batch)
+@given(data=st.data())
+def test_features_meet(setting: str, data: st.DataObject, tiny_model_factory: Any) -> None:
+    drawn, budgets = data.draw(batches(setting))
+    check_batch(engine(setting, tiny_model_factory), drawn, budgets, setting)
 
 
 @pytest.mark.nightly
@@ -324,6 +441,7 @@ def test_features_meet(setting: str, batch: list[Case], tiny_model_factory: Any)
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(batch=st.lists(cases(), min_size=2, max_size=8))
-def test_features_meet_long(setting: str, batch: list[Case], tiny_model_factory: Any) -> None:
-    check_batch(engine(setting, tiny_model_factory), batch)
+@given(data=st.data())
+def test_features_meet_long(setting: str, data: st.DataObject, tiny_model_factory: Any) -> None:
+    drawn, budgets = data.draw(batches(setting, longest=max(8, SETTINGS[setting].max_batch)))
+    check_batch(engine(setting, tiny_model_factory), drawn, budgets, setting)
