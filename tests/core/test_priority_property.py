@@ -69,4 +69,6 @@ def test_every_request_finishes_having_yielded_at_most_max_yields_times(
     assert all(request.num_yields <= MAX_YIELDS for _, request in requests)
     stats, kv = scheduler.get_stats(), scheduler.kv_cache_manager
     assert stats.num_priority_preemptions == sum(request.num_yields for _, request in requests)
-    assert kv.num_free_blocks() == kv.num_usable_blocks and (kv.swap_space is None or not kv.swap_space.tables)
+    assert kv.num_free_blocks() == kv.num_usable_blocks and (
+        kv.swap_space is None or not kv.swap_space.tables
+    )
