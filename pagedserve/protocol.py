@@ -127,6 +127,7 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
     kv_cache_usage: float = 0.0  # fraction of blocks in use
     num_preemptions_total: int = 0  # cumulative: consumers take differences
     num_recomputed_tokens_total: int = 0  # cumulative: computed tokens whose KV preemptions dropped
+    num_priority_preemptions: int = 0  # cumulative: those for a more urgent waiting request (priority)
     # Slots of the blocks in the requests' block tables (a shared block counts once per holder), and
     # the tokens the running requests have computed: the difference is paging's waste.
     num_kv_slots_allocated: int = 0

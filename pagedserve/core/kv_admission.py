@@ -28,17 +28,19 @@ class KVAdmissionPolicy:
         hits: list[KVCacheBlock] | None,
         running: list[Request],
         kv: KVCacheManager,
+        num_released: int = 0,
     ) -> bool:
         """Whether `request`, which would compute up to its first `num_tokens` tokens (prefix hits
-        `hits` included), may be admitted now. With nothing running it always may: the pool holds one
-        request of max_model_len, and refusing it would leave the engine idle."""
+        `hits` included), may be admitted now, or once requests not in `running` are preempted and free
+        `num_released` more blocks. With nothing running it always may: the pool holds one request of
+        max_model_len, and refusing it would leave the engine idle."""
         if not running:
             return True
         lookahead = self.lookahead_tokens or kv.block_size
         need = kv.num_blocks_to_grow(request, _capped(request, num_tokens + lookahead), hits)
         for other in running:
             need += kv.num_blocks_to_grow(other, _capped(other, other.num_computed_tokens + lookahead))
-        return need <= kv.num_free_blocks()
+        return need <= kv.num_free_blocks() + num_released
 
 
 def _capped(request: Request, num_tokens: int) -> int:

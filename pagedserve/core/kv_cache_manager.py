@@ -178,6 +178,16 @@ class KVCacheManager:
         revived = sum(1 for block in hits or [] if block.ref_cnt == 0)
         return max(0, self.groups.table_entries(num_tokens) - held) + revived
 
+    def num_blocks_released(self, requests: list[Request], hits: list[KVCacheBlock] | None) -> int:
+        """Blocks that would be free once `requests` let go of theirs (swapped out or freed): those nobody
+        else holds, less the prefix hits `hits` of a request to admit (freed, they come off the free list
+        again for it)."""
+        held = [block for r in requests for block in self._held(self.req_to_blocks.get(r.request_id, []))]
+        refs = Counter(block.block_id for block in held)
+        kept = {block.block_id for block in hits or []}
+        distinct = {block.block_id: block for block in held}
+        return sum(1 for bid, block in distinct.items() if block.ref_cnt == refs[bid] and bid not in kept)
+
     @property
     def can_swap(self) -> bool:
         return self.swap_space is not None

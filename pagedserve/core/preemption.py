@@ -1,6 +1,7 @@
 """Preemption: when the running groups need KV blocks and none are free, the newest group (the least
 urgent under --scheduling-policy priority) is swapped out to host blocks or dropped and recomputed later;
-a request that can never fit ends with 'length'. The scheduler picks the victim; this collaborator
+under priority a waiting request also preempts lazier groups when that admits it (urgent_preemption.py).
+A request that can never fit ends with 'length'. The scheduler picks the victim; this collaborator
 decides how it goes and keeps the counts."""
 
 from collections import deque
@@ -29,24 +30,28 @@ class Preemption:
     ) -> None:
         self.config, self.kv, self.order, self.beam_search = config, kv, order, beam_search
         self.num_preemptions_total = 0
+        self.num_yields_total = 0  # those for a more urgent waiting request
         self.num_recomputed_tokens_total = 0  # computed tokens whose KV a preemption dropped
 
     def preempt(
-        self, group: list[Request], waiting: deque[Request], alone: bool
+        self, group: list[Request], waiting: deque[Request], alone: bool, urgent: Request | None = None
     ) -> list[tuple[int, int]] | None:
         """Swap the group out (its KV to host blocks) when the mode says so and the host blocks suffice:
         returns the (device, host) pairs to copy, and the caller keeps the group as swapped out. Else drop
         its KV and queue it first in `waiting` for recompute (returns None). A group that cannot grow even
         `alone` (nothing else running) is recomputed; parallel samples then go on as independent requests
         (each fits the pool alone), else they would be admitted and preempted together forever. (A beam
-        search always fits alone: the frontend checks its worst case.)"""
+        search always fits alone: the frontend checks its worst case.) `urgent`: the waiting request it
+        yields to (counted apart), None when the running requests need its blocks."""
         if alone and self.beam_search.width_of(group[0]) == 0:
             for request in group:
                 request.group_id = None
         for request in group:
             request.num_preemptions += 1
+            request.num_yields += int(urgent is not None)
             request.spec_token_ids = []
         self.num_preemptions_total += 1
+        self.num_yields_total += int(urgent is not None)
         mode = self.config.preemption_mode or ("swap" if len(group) > 1 else "recompute")
         pairs = self.kv.swap_out(group) if mode == "swap" and not alone else None
         if pairs is not None:
@@ -54,7 +59,7 @@ class Preemption:
                 request.status = RequestStatus.SWAPPED
         else:
             self.requeue(group, waiting, self.kv.free)
-        self._log(group, mode, pairs is not None, alone)
+        self._log(group, mode, pairs is not None, alone, urgent)
         return pairs
 
     def requeue(
@@ -70,7 +75,9 @@ class Preemption:
             request.num_computed_tokens = 0
             self.order.enqueue(waiting, request, first=True)
 
-    def _log(self, group: list[Request], mode: str, swapped: bool, alone: bool) -> None:
+    def _log(
+        self, group: list[Request], mode: str, swapped: bool, alone: bool, urgent: Request | None
+    ) -> None:
         how = "swap" if swapped else "recompute"
         if mode == "swap" and not swapped:
             how += (
@@ -80,13 +87,19 @@ class Preemption:
                 if self.kv.can_swap
                 else ", no --swap-space"
             )
+        why = (
+            "no free KV block for the running requests"
+            if urgent is None
+            else f"it yields to the more urgent waiting request {urgent.request_id}"
+        )
         for request in group:
             logger.info(
-                "Preempted request %s (%s; %d tokens): no free KV block for the running requests "
-                "(%d free after it). Total preemptions: %d, recomputed tokens: %d.",
+                "Preempted request %s (%s; %d tokens): %s (%d free blocks after it). Total preemptions: "
+                "%d, recomputed tokens: %d.",
                 request.request_id,
                 how,
                 request.num_tokens,
+                why,
                 self.kv.num_free_blocks(),
                 self.num_preemptions_total,
                 self.num_recomputed_tokens_total,

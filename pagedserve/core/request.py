@@ -34,6 +34,7 @@ class Request:
         self.all_token_ids: list[int] = list(request.prompt_token_ids)
         self.num_computed_tokens = 0
         self.num_preemptions = 0
+        self.num_yields = 0  # preemptions for a more urgent waiting request (bounded: urgent_preemption.py)
         self.status = RequestStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.stop_reason: int | str | None = None

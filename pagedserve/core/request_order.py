@@ -8,8 +8,8 @@ and preempted last, ties go by arrival time (vLLM V1's rule). The waiting queue 
 insertion; a preempted request goes before the waiting ones of the same (priority, arrival), as under
 fcfs. Waiting and swapped-out requests take turns by priority: a waiting request of a lower value than
 every swapped-out group is admitted before they come back. And a waiting request that cannot be admitted
-preempts running groups whose priority value is larger than its own (vLLM V0 did; V1 only preempts when
-a running request cannot grow)."""
+preempts running groups whose priority value is larger than its own when that admits it (vLLM V0 did;
+V1 only preempts when a running request cannot grow; which ones: urgent_preemption.py)."""
 
 from bisect import insort_left, insort_right
 from collections import deque

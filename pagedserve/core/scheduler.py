@@ -194,12 +194,14 @@ class Scheduler(SchedulerState):
             self.running.append(request)
             self._record(step, request, admission.num_new, allocation)
 
-    def _running_adapters(self) -> set[int]:
-        """The adapter ids of the running requests (the base model's requests take no slot); none looked
-        for without --enable-lora (this runs every step)."""
+    def _running_adapters(self, running: list[Request] | None = None) -> set[int]:
+        """The adapter ids of the running requests (or of `running`; the base model's requests take no
+        slot); none looked for without --enable-lora (this runs every step)."""
         if self.config.max_loras is None:
             return set()
-        return {request.lora_id for request in self.running if request.lora_id}
+        return {
+            request.lora_id for request in (self.running if running is None else running) if request.lora_id
+        }
 
     def _adapter_fits(self, request: Request, adapters: set[int]) -> bool:
         """--max-loras: the request's adapter runs already, or a slot is left for it."""
@@ -207,46 +209,66 @@ class Scheduler(SchedulerState):
         lora_id = request.lora_id
         return limit is None or not lora_id or lora_id in adapters or len(adapters) < limit
 
-    def _admission(self, request: Request, seats: int, budget: int) -> Admission | None:
+    def _admission(
+        self,
+        request: Request,
+        seats: int,
+        budget: int,
+        running: list[Request] | None = None,
+        victims: list[Request] | None = None,
+    ) -> Admission | None:
         """What admitting `request` now takes, or None when the seats (--max-num-seqs, counting the forks
-        each group will make; `seats` are taken) or the KV admission policy do not allow it."""
+        each group will make; `seats` are taken) or the KV admission policy do not allow it. With
+        `victims`: as if they were preempted first (`running` are the others, `seats` theirs)."""
         kv = self.kv_cache_manager
-        mates = [r for r in self.running if request.group_id is not None and r.group_id == request.group_id]
+        running = self.running if running is None else running
+        mates = [r for r in running if request.group_id is not None and r.group_id == request.group_id]
         more_seats = self._num_seats(mates + [request]) - (self._num_seats(mates) if mates else 0)
         if seats + more_seats > self.config.max_num_seqs:
             return None
         hits = kv.get_computed_blocks(request)
         num_cached = kv.num_hit_tokens(hits)
         num_new = min(request.num_tokens - num_cached, budget)
-        if not self.admission.admits(request, num_cached + num_new, hits, self.running, kv):
+        released = kv.num_blocks_released(victims, hits) if victims else 0
+        if not self.admission.admits(request, num_cached + num_new, hits, running, kv, released):
             return None
         return Admission(more_seats, hits, num_cached, num_new)
 
     def _preempt_for_urgent_waiting(self, step: ScheduleStep) -> None:
-        """--scheduling-policy priority: while the most urgent waiting request cannot be admitted, preempt
-        the least urgent running group of a larger priority value. The request is admitted in a later
-        step (nobody is admitted in a step that preempted); not while swapped-out groups come first."""
+        """--scheduling-policy priority: when the most urgent waiting request cannot be admitted, preempt
+        the fewest running groups of a larger priority value that make room for it, or none when that
+        would not admit it (`UrgentPreemption`). It is admitted in the next step (nobody is admitted in a
+        step that preempted); not while swapped-out groups come first."""
         if not self.order.by_priority or self.in_flight.any:  # NOTE: no preemption while steps are in flight
             return
         request = self.order.next_admission(self.waiting, self.swapped, self.structured.is_ready)
         if request is None:
             return
-        groups = self.order.running_groups(groups_of(self.running))
-        while (
-            groups
-            and self.order.outranks(request, groups[-1])
-            and self._admission(request, self._num_seats_taken(), step.budget) is None
-        ):
-            self._preempt(groups.pop(), step, alone=False)
 
-    def _preempt(self, group: list[Request], step: ScheduleStep, alone: bool) -> None:
-        """Take the group out of `running`: swapped out, or back to `waiting` (`Preemption`)."""
+        def admits(victims: list[list[Request]]) -> bool:
+            gone = {id(r) for group in victims for r in group}
+            running = [r for r in self.running if id(r) not in gone]
+            seats = sum(self._num_seats(group) for group in groups_of(running))
+            victim_requests = [r for group in victims for r in group]
+            return self._adapter_fits(request, self._running_adapters(running)) and (
+                self._admission(request, seats, step.budget, running, victim_requests) is not None
+            )
+
+        groups = self.order.running_groups(groups_of(self.running))
+        for victim in self.urgent_preemption.victims(request, groups, admits):
+            self._preempt(victim, step, alone=False, urgent=request)
+
+    def _preempt(
+        self, group: list[Request], step: ScheduleStep, alone: bool, urgent: Request | None = None
+    ) -> None:
+        """Take the group out of `running`: swapped out, or back to `waiting` (`Preemption`; `urgent`:
+        the waiting request it yields to)."""
         step.memory_short = True
         ids = {request.request_id for request in group}
         self.running = [r for r in self.running if r.request_id not in ids]
         for request in group:
             self._forget(request.request_id)
-        pairs = self.preemption.preempt(group, self.waiting, alone)
+        pairs = self.preemption.preempt(group, self.waiting, alone, urgent)
         if pairs is not None:
             step.swap_out += pairs
             self.swapped.appendleft(group)

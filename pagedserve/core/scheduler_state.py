@@ -19,6 +19,7 @@ from pagedserve.core.request_order import RequestOrder
 from pagedserve.core.sched_output import CachedRequestData, NewRequestData
 from pagedserve.core.steps_in_flight import StepsInFlight
 from pagedserve.core.structured import StructuredOutputs
+from pagedserve.core.urgent_preemption import UrgentPreemption
 from pagedserve.protocol import EngineCoreOutput, FinishReason, SchedulerStats
 from pagedserve.structured_output.manager import StructuredOutputManager
 
@@ -79,6 +80,7 @@ class SchedulerState:
         self.parallel_sampling = ParallelSampling()
         self.beam_search = BeamSearchManager()
         self.preemption = Preemption(config, kv_cache_manager, self.order, self.beam_search)
+        self.urgent_preemption = UrgentPreemption(self.order)
         self.in_flight = StepsInFlight(max_batches_in_flight)
         self.drafts = (
             None
@@ -193,6 +195,7 @@ class SchedulerState:
             kv_cache_usage=kv_stats.usage,
             num_preemptions_total=self.preemption.num_preemptions_total,
             num_recomputed_tokens_total=self.preemption.num_recomputed_tokens_total,
+            num_priority_preemptions=self.preemption.num_yields_total,
             num_kv_slots_allocated=kv_stats.num_allocated_slots,
             num_kv_tokens_stored=stored,
             num_shared_blocks=kv_stats.num_shared_blocks,

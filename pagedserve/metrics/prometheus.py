@@ -359,6 +359,7 @@ def _vllm_name(name: str) -> str:
 CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
 
 _CUMULATIVE_STATS = {
+    "num_priority_preemptions": "Preemptions for a more urgent waiting request (--scheduling-policy priority).",
     "prefix_cache_queries": "Prefix-cache queries, in tokens.",
     "prefix_cache_hits": "Prefix-cache hits, in tokens.",
     "spec_decode_num_drafts": "Speculative decoding: steps that verified draft tokens, per request.",

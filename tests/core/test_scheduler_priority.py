@@ -6,6 +6,8 @@ from utils import make_request, make_scheduler
 
 from pagedserve.core.request import RequestStatus
 from pagedserve.core.sched_output import ModelRunnerOutput
+from pagedserve.core.urgent_preemption import MAX_YIELDS
+from pagedserve.lora.request import LoRARequest
 
 
 def finish_step(scheduler, token: int = 9) -> list[str]:
@@ -111,3 +113,81 @@ def test_an_urgent_request_goes_before_a_swapped_out_lazier_group_and_the_group_
     assert scheduler.get_stats().num_preemptions_total == 1
     kv, swap = scheduler.kv_cache_manager, scheduler.kv_cache_manager.swap_space
     assert kv.num_free_blocks() == kv.num_usable_blocks and swap is not None and not swap.tables
+
+
+def adapter(lora_id: int) -> LoRARequest:
+    return LoRARequest(f"a{lora_id}", lora_id, f"/adapters/a{lora_id}")
+
+
+def test_an_urgent_request_preempts_nobody_while_its_adapter_cannot_get_the_slot() -> None:
+    """--max-loras 1: a more urgent request of adapter 1 runs, so preempting the lazy one (adapter 1 too)
+    would not free the slot. Nobody is preempted (main preempted and re-admitted it every other step);
+    once the urgent one ends, the lazy one yields once and adapter 2's request runs the step after."""
+    scheduler = make_scheduler(block_size=4, max_num_seqs=2, policy="priority", max_loras=1)
+    scheduler.add_request(make_request("urgent-1", 8, max_tokens=12, priority=0, lora_request=adapter(1)))
+    scheduler.add_request(make_request("lazy-1", 8, max_tokens=30, priority=5, lora_request=adapter(1)))
+    finish_step(scheduler)
+    scheduler.add_request(make_request("urgent-2", 8, max_tokens=4, priority=1, lora_request=adapter(2)))
+    seen = [finish_step(scheduler) for _ in range(11)]
+    assert seen == [["urgent-1", "lazy-1"]] * 11 and scheduler.get_stats().num_preemptions_total == 0
+    assert finish_step(scheduler) == []  # urgent-1 ended: lazy-1 yields its slot
+    assert scheduler.get_stats().num_priority_preemptions == 1
+    assert finish_step(scheduler) == ["urgent-2"]
+
+
+def test_the_fewest_groups_that_free_a_slot_are_preempted_not_the_laziest() -> None:
+    """The base model's request is lazier but holds no slot: only adapter 1's request yields."""
+    scheduler = make_scheduler(block_size=4, policy="priority", max_loras=1)
+    scheduler.add_request(make_request("lazy-1", 8, max_tokens=30, priority=3, lora_request=adapter(1)))
+    scheduler.add_request(make_request("lazier-base", 8, max_tokens=30, priority=5))
+    finish_step(scheduler)
+    scheduler.add_request(make_request("urgent-2", 8, max_tokens=4, priority=0, lora_request=adapter(2)))
+    out = scheduler.schedule()
+    assert out.finished_req_ids == {"lazy-1"} and list(out.num_scheduled_tokens) == ["lazier-base"]
+    scheduler.update_from_output(out, ModelRunnerOutput({rid: 9 for rid in out.num_scheduled_tokens}))
+    assert finish_step(scheduler) == ["lazier-base", "urgent-2"]
+    assert scheduler.get_stats().num_priority_preemptions == 1
+
+
+def test_no_preemption_in_vain_when_the_blocks_would_still_be_short() -> None:
+    """A more urgent request holds most of the pool: even without the lazy one, the urgent waiting one
+    would not fit, so the lazy one keeps running (main preempted it and the urgent one waited anyway)."""
+    scheduler = make_scheduler(num_blocks=9, block_size=4, policy="priority")  # 8 usable blocks
+    scheduler.add_request(make_request("holder", 16, max_tokens=12, priority=0))  # 4 blocks, 1 to grow
+    scheduler.add_request(make_request("lazy", 8, max_tokens=12, priority=5, first_token=50))  # 2, 1
+    finish_step(scheduler)
+    scheduler.add_request(make_request("urgent", 12, max_tokens=4, priority=1, first_token=100))  # 3, 1
+    assert finish_step(scheduler) == ["holder", "lazy"]
+    assert scheduler.get_stats().num_preemptions_total == 0
+
+
+def test_the_laziest_groups_that_free_enough_blocks_yield_and_no_more() -> None:
+    scheduler = make_scheduler(num_blocks=10, block_size=4, policy="priority")  # 9 usable blocks
+    for index, (request_id, priority) in enumerate([("lazy", 4), ("laziest", 6), ("lazier", 5)]):
+        scheduler.add_request(make_request(request_id, 8, 12, priority=priority, first_token=50 * index))
+    finish_step(scheduler)  # 6 of 9 blocks held, 3 more to grow
+    scheduler.add_request(make_request("urgent", 12, max_tokens=4, priority=1, first_token=200))  # 3, 1
+    out = scheduler.schedule()
+    assert out.finished_req_ids == {"laziest", "lazier"}
+    scheduler.update_from_output(out, ModelRunnerOutput({rid: 9 for rid in out.num_scheduled_tokens}))
+    assert finish_step(scheduler) == ["lazy", "urgent"]
+    assert [scheduler.requests[rid].num_yields for rid in ("laziest", "lazier", "lazy")] == [1, 1, 0]
+
+
+def test_a_request_yields_at_most_max_yields_times() -> None:
+    """Ever more urgent arrivals, one seat: the lazy request yields MAX_YIELDS times, then finishes
+    before the next urgent one gets in."""
+    scheduler = make_scheduler(max_num_seqs=1, policy="priority")
+    lazy = make_request("lazy", 4, max_tokens=6, priority=10)
+    scheduler.add_request(lazy)
+    finish_step(scheduler)
+    for index in range(MAX_YIELDS + 1):
+        scheduler.add_request(make_request(f"urgent-{index}", 4, max_tokens=1, priority=-index))
+        seen = [finish_step(scheduler) for _ in range(2)]
+        if index < MAX_YIELDS:
+            assert seen == [[], [f"urgent-{index}"]] and lazy.num_yields == index + 1
+            assert finish_step(scheduler) == ["lazy"]  # back: recomputed
+    assert seen == [["lazy"], ["lazy"]] and lazy.num_yields == MAX_YIELDS
+    while scheduler.has_unfinished_requests():
+        finish_step(scheduler)
+    assert lazy.status is RequestStatus.FINISHED and lazy.num_output_tokens == 6
