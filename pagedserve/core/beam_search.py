@@ -2,8 +2,8 @@
 
 Each beam is a request that computes one token per step and reports the top 2 * beam_width logprobs
 of its last position (its own sampled token is ignored), processed as HF's beam search processes them:
-logit_bias and the penalties applied to the log-softmax (layers/sampler.py). Once every live beam of a search reported,
-the search picks the 2 * beam_width best continuations by cumulative logprob: the ones among the top
+logit_bias and the penalties applied to the log-softmax (layers/sampler.py). Once every live beam of a
+search reported, the search picks the 2 * beam_width best continuations by cumulative logprob: the ones among the top
 beam_width that end (EOS, a stop_token_ids token, or max_tokens) become hypotheses, and the best
 beam_width others live on. Before min_tokens, EOS and stop tokens are no continuations (HF's
 min_new_tokens: their scores are -inf), so every beam goes on.

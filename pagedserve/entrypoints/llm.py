@@ -288,6 +288,7 @@ def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptTy
 
 
 def _check_one_per_prompt(num_prompts: int, name: str, values: Sized | None) -> None:
+    """A per-prompt argument (None: not given) has one value per prompt, or InvalidRequestError."""
     if values is not None and len(values) != num_prompts:
         raise InvalidRequestError(
             f"Got {num_prompts} prompts but {len(values)} {name}: pass one per prompt"

@@ -1,7 +1,8 @@
 """The OpenAI API's request and response bodies (pydantic), with vLLM's extra sampling fields.
 
 Unknown request fields are handled by the base models (request_fields.py). Ranges are checked once, by
-SamplingParams; here only types and what SamplingParams cannot know.
+SamplingParams; here only types and what SamplingParams cannot know. Boolean fields are strict (true or
+false: pydantic would read "yes", "on" or 1 as true).
 """
 
 import time

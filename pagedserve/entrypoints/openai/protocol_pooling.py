@@ -1,7 +1,8 @@
 """Bodies of the pooling endpoints (--runner pooling): /v1/embeddings (OpenAI's), /pooling and /classify
 (vLLM's), /score and /rerank (vLLM's, the rerank one in Cohere's and Jina's shape). Integer fields are
-strict (no booleans, strings or floats); their ranges are checked against the model when the request is
-processed (engine/pooling_input.py) and the list lengths by RequestBounds."""
+strict (no booleans, strings or floats), boolean ones too (true or false, never "yes" or 1); their ranges
+are checked against the model when the request is processed (engine/pooling_input.py) and the list
+lengths by RequestBounds."""
 
 from typing import Annotated, Literal
 
