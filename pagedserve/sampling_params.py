@@ -5,7 +5,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pagedserve.errors import InvalidRequestError
 from pagedserve.structured_outputs_params import StructuredOutputsParams
@@ -281,3 +281,40 @@ class BeamSearchParams:
             "early_stopping",
             f"must be true, false or 'never', got {self.early_stopping!r}.",
         )
+
+
+# The fields that shape sampling only, and their values that change nothing. A beam search ranks by the
+# model's log-probabilities (HF's beam search, do_sample=False), processed by the penalties and logit_bias:
+# any other value of these is refused, never silently ignored (nor is a model default of them applied).
+SAMPLING_ONLY_FIELDS: dict[str, tuple[float, ...]] = {
+    "temperature": (0.0, 1.0),
+    "top_p": (1.0,),
+    "top_k": (0, -1),
+    "min_p": (0.0,),
+}
+
+
+def beam_search_defaults(defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The model's sampling defaults (--generation-config) a beam search takes: all but the sampling knobs,
+    which it ignores as HF's beam search does (a request setting one is refused instead)."""
+    return {name: value for name, value in defaults.items() if name not in SAMPLING_ONLY_FIELDS}
+
+
+def check_beam_search_fields(params: SamplingParams) -> None:
+    """Raise InvalidRequestError naming the first field of `params` a beam search cannot honour: a sampling
+    knob (SAMPLING_ONLY_FIELDS) or stop strings (a beam ends on tokens: EOS, stop_token_ids)."""
+    for name, neutral in SAMPLING_ONLY_FIELDS.items():
+        value = getattr(params, name)
+        _check(
+            value in neutral,
+            name,
+            f"cannot be combined with beam search, got {value}: beams rank continuations by the model's "
+            f"log-probabilities (HF's beam search), so {name} would change nothing. Leave it unset "
+            f"(or {' or '.join(f'{v:g}' for v in neutral)}), or drop use_beam_search.",
+        )
+    _check(
+        not params.stop_strings,
+        "stop",
+        "strings cannot be combined with beam search (a beam ends on a token: EOS or stop_token_ids): "
+        "drop stop, or pass the stop tokens' ids as stop_token_ids.",
+    )

@@ -154,11 +154,17 @@ TINY_MODELS = {
 
 
 def hf_beam_search(
-    hf, prompt: list[int], params, eos_token_id: int | list[int] | None, min_new_tokens: int = 0
+    hf,
+    prompt: list[int],
+    params,
+    eos_token_id: int | list[int] | None,
+    min_new_tokens: int = 0,
+    **processors: object,
 ) -> tuple[list[list[int]], list[float]]:
     """HF transformers' beam search (`generate(num_beams=...)`) with `params` (a BeamSearchParams):
     its best beams (generated tokens only, the final EOS included) and their scores, best first.
-    `eos_token_id`: the tokens that end a beam (EOS and stop_token_ids)."""
+    `eos_token_id`: the tokens that end a beam (EOS and stop_token_ids). `processors`: generate()'s
+    logits processor arguments (repetition_penalty, sequence_bias)."""
     out = hf.generate(
         torch.tensor([prompt]),
         min_new_tokens=min_new_tokens,
@@ -172,6 +178,7 @@ def hf_beam_search(
         pad_token_id=0,
         return_dict_in_generate=True,
         output_scores=True,
+        **processors,
     )
     # NOTE: sequences are padded to the longest; beam_indices marks each beam's generated length.
     lengths = (out.beam_indices != -1).sum(dim=-1).tolist()

@@ -1,8 +1,9 @@
 """Beam search in the engine core, with HF transformers' selection rules.
 
 Each beam is a request that computes one token per step and reports the top 2 * beam_width logprobs
-of its last position (its own sampled token is ignored). Once every live beam of a search reported,
-the search picks the 2 * beam_width best continuations by cumulative logprob: the ones among the top
+of its last position (its own sampled token is ignored), processed as HF's beam search processes them:
+logit_bias and the penalties applied to the log-softmax (layers/sampler.py). Once every live beam of a
+search reported, the search picks the 2 * beam_width best continuations by cumulative logprob: the ones among the top
 beam_width that end (EOS, a stop_token_ids token, or max_tokens) become hypotheses, and the best
 beam_width others live on. Before min_tokens, EOS and stop tokens are no continuations (HF's
 min_new_tokens: their scores are -inf), so every beam goes on.
@@ -54,7 +55,7 @@ class BeamSearchGroup:
         # NOTE: under min_tokens the ending tokens are dropped from a beam's report: it reports that many
         # more, so that its best 2 * beam_width others are still there.
         num_enders = len(self.ending_tokens) if self.min_tokens else 0
-        # NOTE: every beam computes greedily and reports the raw logprobs HF's beam search ranks.
+        # NOTE: every beam computes greedily and reports the processed logprobs HF's beam search ranks.
         request.sampling_params = replace(
             sampling,
             n=1,

@@ -20,6 +20,7 @@ class NewRequestData:
     num_computed_tokens: int
     pooling_params: PoolingParams | None = None  # --runner pooling: pool the prompt, sample nothing
     lora_request: LoRARequest | None = None  # --enable-lora: its adapter
+    beam: bool = False  # a beam of a beam search: it reports HF's beam scores as its logprobs
 
 
 @dataclass(slots=True)

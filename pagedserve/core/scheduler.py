@@ -315,6 +315,7 @@ class Scheduler(SchedulerState):
                     self.kv_cache_manager.get_block_ids(request_id),
                     request.num_computed_tokens,
                     lora_request=request.lora_request,
+                    beam=request.beam_search is not None,
                 )
             )
         self._num_tokens_sent[request_id] = request.num_tokens

@@ -13,7 +13,12 @@ from pagedserve.engine.lora_validation import LoRAValidator
 from pagedserve.engine.structured_validation import StructuredOutputValidator
 from pagedserve.errors import InvalidRequestError
 from pagedserve.protocol import EngineCoreRequest, LoRARequest
-from pagedserve.sampling_params import BeamSearchParams, SamplingParams, wrap_int64
+from pagedserve.sampling_params import (
+    BeamSearchParams,
+    SamplingParams,
+    check_beam_search_fields,
+    wrap_int64,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -139,7 +144,9 @@ class InputProcessor:
     def _validate_beam_search(self, beam: BeamSearchParams, params: SamplingParams, max_len: int) -> None:
         """Its beams run in lockstep, all at once: they must fit in a step and, at worst unshared, in
         the KV cache. Its outputs are the best beams, with their cumulative logprob but no per-token
-        logprobs (stop_token_ids and min_tokens it honours, core/beam_search.py)."""
+        logprobs (stop_token_ids, min_tokens, the penalties and logit_bias it honours, core/beam_search.py),
+        nor sampling knobs."""
+        check_beam_search_fields(params)
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(params, name) is not None:
                 raise InvalidRequestError(

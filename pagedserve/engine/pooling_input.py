@@ -37,6 +37,16 @@ class PoolingOptions:
     token_type_start: int | None = None
 
 
+def _switch(name: str, value: object, default: bool) -> bool:
+    """An on/off option: a bool, or None for the model's pooler setting (`default`); anything else (a
+    string "yes", a 1) is refused, naming the option, rather than read as true."""
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InvalidRequestError(f"{name} must be true or false, got {value!r}.", param=name)
+    return value
+
+
 def tokenize_pair(
     tokenizer: "PreTrainedTokenizerBase", query: str, document: str
 ) -> tuple[list[int], int | None]:
@@ -77,8 +87,8 @@ class PoolingInputProcessor:
         params = PoolingParams(
             task,
             self._dimensions(options.dimensions) if task == "embed" else None,
-            pooler.normalize if options.normalize is None else bool(options.normalize),
-            pooler.activation if options.activation is None else bool(options.activation),
+            _switch("normalize", options.normalize, pooler.normalize),
+            _switch("activation", options.activation, pooler.activation),
             options.token_type_start,
         )
         return text, EngineCoreRequest(

@@ -2,7 +2,7 @@
 
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 from dataclasses import replace
 from typing import Any, cast
 
@@ -30,7 +30,7 @@ from pagedserve.outputs import (
     ScoringOutput,
     ScoringRequestOutput,
 )
-from pagedserve.sampling_params import BeamSearchParams, SamplingParams
+from pagedserve.sampling_params import BeamSearchParams, SamplingParams, beam_search_defaults
 
 ChatMessages = list[dict[str, Any]]
 
@@ -75,26 +75,35 @@ class LLM:
         params = sampling_params or self._unset_sampling_params()
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
-        adapters = lora_request if isinstance(lora_request, Sequence) else [lora_request] * len(prompts)
-        for name, values in (("sampling_params", params), ("priority", priority), ("lora_request", adapters)):
-            if values is not None and len(values) != len(prompts):
-                raise InvalidRequestError(
-                    f"Got {len(prompts)} prompts but {len(values)} {name}: pass one per prompt"
-                    + ("." if name == "priority" else f", or one {name}."),
-                    param=name,
-                )
+        _check_one_per_prompt(len(prompts), "sampling_params", params)
+        _check_one_per_prompt(len(prompts), "priority", priority)
+        adapters = _adapters_per_prompt(len(prompts), lora_request)
         return self._run(prompts, params, use_tqdm, priorities=priority, adapters=adapters)
 
     def beam_search(
-        self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams, use_tqdm: bool = False
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        params: BeamSearchParams,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        use_tqdm: bool = False,
     ) -> list[BeamSearchOutput]:
-        """Beam search for every prompt (HF transformers' rules, see BeamSearchParams); each output holds
-        `beam_width` sequences, best first. The beams share KV blocks, copying on write."""
+        """Beam search for every prompt (HF transformers' rules, see BeamSearchParams), with the model's
+        default repetition_penalty (--generation-config) as HF applies it; each output holds `beam_width`
+        sequences, best first. The beams share KV blocks, copying on write. `lora_request`: as generate()'s
+        (vLLM's argument order)."""
         prompts = _as_prompt_list(prompts)
+        defaults = beam_search_defaults(self.llm_engine.config.model.generation_defaults)
         sampling = SamplingParams(
-            n=params.beam_width, temperature=0.0, max_tokens=params.max_tokens, ignore_eos=params.ignore_eos
+            **{
+                **defaults,
+                "n": params.beam_width,
+                "temperature": 0.0,
+                "max_tokens": params.max_tokens,
+                "ignore_eos": params.ignore_eos,
+            }
         )
-        outputs = self._run(prompts, [sampling] * len(prompts), use_tqdm, params)
+        adapters = _adapters_per_prompt(len(prompts), lora_request)
+        outputs = self._run(prompts, [sampling] * len(prompts), use_tqdm, params, adapters=adapters)
         tokenizer = self.get_tokenizer()
         return [
             BeamSearchOutput(
@@ -276,3 +285,22 @@ def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptTy
     ):
         return [prompts]
     return list(prompts)
+
+
+def _check_one_per_prompt(num_prompts: int, name: str, values: Sized | None) -> None:
+    """A per-prompt argument (None: not given) has one value per prompt, or InvalidRequestError."""
+    if values is not None and len(values) != num_prompts:
+        raise InvalidRequestError(
+            f"Got {num_prompts} prompts but {len(values)} {name}: pass one per prompt"
+            + ("." if name == "priority" else f", or one {name}."),
+            param=name,
+        )
+
+
+def _adapters_per_prompt(
+    num_prompts: int, lora_request: LoRARequest | Sequence[LoRARequest | None] | None
+) -> list[LoRARequest | None]:
+    """`lora_request` (one for every prompt, or one each) as one per prompt."""
+    adapters = list(lora_request) if isinstance(lora_request, Sequence) else [lora_request] * num_prompts
+    _check_one_per_prompt(num_prompts, "lora_request", adapters)
+    return adapters

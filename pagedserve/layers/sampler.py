@@ -27,6 +27,8 @@ class SamplingMetadata:
     prompt_token_mask: torch.Tensor | None = None  # [R, V] bool: token occurs in the prompt
     # Additive biases (logit_bias, and -inf for stop tokens before min_tokens): [R, V] or None.
     logit_bias: torch.Tensor | None = None
+    # [R] bool: the rows of beams (core/beam_search.py), whose logprobs are HF's beam scores; None: none.
+    beam_rows: torch.Tensor | None = None
 
 
 @dataclass
@@ -37,10 +39,15 @@ class SamplerOutput:
 
 
 class Sampler:
-    """logits [R, V] float32 -> one token per row, plus the logprobs of the raw model distribution."""
+    """logits [R, V] float32 -> one token per row, plus the logprobs of the raw model distribution (a
+    beam's: processed, as HF's beam search ranks them)."""
 
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
         raw_logprobs = None if meta.max_num_logprobs is None else torch.log_softmax(logits, dim=-1)
+        if raw_logprobs is not None and meta.beam_rows is not None:
+            # NOTE: HF's beam search applies the processors to the log-softmax, not renormalized after.
+            processed = self.apply_penalties_and_bias(raw_logprobs, meta)
+            raw_logprobs = torch.where(meta.beam_rows[:, None], processed, raw_logprobs)
         logits = self.apply_penalties_and_bias(logits, meta)
         if meta.all_greedy:
             sampled = logits.argmax(dim=-1)
@@ -52,6 +59,10 @@ class Sampler:
         return SamplerOutput(sampled, token_ids, values)
 
     def apply_penalties_and_bias(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        """logit_bias (and min_tokens' -inf) first, then the penalties: the order of vLLM's sampler and of
+        HF's processors (sequence_bias before repetition_penalty)."""
+        if meta.logit_bias is not None:
+            logits = logits + meta.logit_bias
         if meta.repetition_penalty is not None:
             assert meta.prompt_token_mask is not None and meta.output_token_counts is not None
             seen = meta.prompt_token_mask | (meta.output_token_counts > 0)
@@ -62,8 +73,6 @@ class Sampler:
             assert counts is not None and meta.presence_penalty is not None, "set with frequency_penalty"
             logits = logits - meta.frequency_penalty[:, None] * counts
             logits = logits - meta.presence_penalty[:, None] * (counts > 0)
-        if meta.logit_bias is not None:
-            logits = logits + meta.logit_bias
         return logits
 
     def _sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:

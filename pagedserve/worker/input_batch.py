@@ -22,6 +22,7 @@ class CachedRequestState:
     eos_token_id: int | None
     num_computed_tokens: int
     lora_request: LoRARequest | None = None
+    beam: bool = False  # a beam search's beam: its logprobs are HF's beam scores (layers/sampler.py)
 
 
 @dataclass
@@ -68,6 +69,7 @@ class InputBatch:
                 new.eos_token_id,
                 new.num_computed_tokens,
                 new.lora_request,
+                new.beam,
             )
             self.block_tables.remove(new.request_id)  # NOTE: a resumed request comes back as new
             self.block_tables.add(new.request_id, list(new.block_ids))

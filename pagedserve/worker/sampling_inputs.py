@@ -54,6 +54,8 @@ def build_sampling_metadata(
         meta.frequency_penalty = column([p.frequency_penalty for p in params])
         meta.repetition_penalty = column([p.repetition_penalty for p in params])
     meta.logit_bias = _logit_bias(requests, drafted, vocab_size, device)
+    if any(r.beam for r in requests):
+        meta.beam_rows = column([r.beam for r in requests], torch.bool)
     return meta
 
 

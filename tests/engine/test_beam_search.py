@@ -1,7 +1,8 @@
 """Beam search equals HF transformers' (num_beams, length_penalty, early_stopping, stop_token_ids as extra
 EOS ids, min_tokens as min_new_tokens) on tiny random Llama and Qwen2 models, widths 2 to 4. The models'
 EOS row is made competitive, so beams end at different lengths and the length penalty and stopping
-rules matter. Per-token logprobs it cannot give are refused."""
+rules matter. repetition_penalty and logit_bias equal HF's (sequence_bias), presence/frequency penalties
+equal a processor with vLLM's semantics in HF's beam search. Fields it cannot honour are refused."""
 
 import os
 import random
@@ -11,6 +12,7 @@ from collections import Counter
 import pytest
 import torch
 from conftest import hf_beam_search
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from pagedserve import LLM, BeamSearchParams, SamplingParams
 from pagedserve.errors import InvalidRequestError
@@ -182,12 +184,109 @@ def test_stop_token_ids_and_min_tokens_equal_hf(
         assert any(len(beam) <= min_tokens for beams in unbounded for beam in beams), "min_tokens matters"
 
 
-@pytest.mark.parametrize("field", ["logprobs", "prompt_logprobs"])
-def test_per_token_logprobs_are_refused(model, field: str) -> None:
-    """A beam keeps no per-token logprobs (the server's logprobs, and echo's prompt logprobs): refused,
-    naming the field, rather than silently left out."""
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("logprobs", 1),
+        ("prompt_logprobs", 1),
+        ("temperature", 0.7),
+        ("top_p", 0.9),
+        ("top_k", 5),
+        ("min_p", 0.1),
+        ("stop", ["."]),
+    ],
+)
+def test_fields_beams_cannot_honour_are_refused(model, field: str, value: object) -> None:
+    """A beam keeps no per-token logprobs (the server's logprobs, and echo's prompt logprobs), ranks by
+    log-probabilities (no sampling knob), and ends on tokens (no stop strings): each refused, naming the
+    field, rather than silently ignored."""
     llm, _ = model
-    params = SamplingParams(n=2, temperature=0.0, max_tokens=4, **{field: 1})
-    with pytest.raises(InvalidRequestError, match=f"{field} cannot be combined with beam search") as info:
+    params = SamplingParams(**{"n": 2, "temperature": 0.0, "max_tokens": 4, field: value})
+    with pytest.raises(InvalidRequestError, match="cannot be combined with beam search") as info:
         llm.llm_engine.add_request("refused", [5, 6, 7], params, beam_search=BeamSearchParams(2, 4))
     assert info.value.param == field and not llm.llm_engine.has_unfinished_requests()
+
+
+class PresenceFrequency(LogitsProcessor):
+    """vLLM's presence and frequency penalties over each beam's generated tokens, as a processor of HF's
+    beam search (which applies it to the log-softmax, after its own processors)."""
+
+    def __init__(self, prompt_length: int, presence: float, frequency: float) -> None:
+        self.prompt_length, self.presence, self.frequency = prompt_length, presence, frequency
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        generated = input_ids[:, self.prompt_length :]
+        counts = torch.zeros_like(scores).scatter_add_(
+            1, generated, torch.ones_like(scores[:, :1]).expand_as(generated)
+        )
+        return scores - self.frequency * counts - self.presence * (counts > 0)
+
+
+def hf_processed_beam_search(hf, prompt: list[int], params: BeamSearchParams, processed: dict) -> list:
+    """HF's beams and scores with `processed` (SamplingParams' penalty and bias fields) as HF's own
+    repetition_penalty and sequence_bias, presence/frequency as PresenceFrequency."""
+    bias = processed.get("logit_bias") or {}
+    return hf_beam_search(
+        hf,
+        prompt,
+        params,
+        EOS,
+        repetition_penalty=processed.get("repetition_penalty", 1.0),
+        sequence_bias={(token,): value for token, value in bias.items()} or None,
+        logits_processor=LogitsProcessorList(
+            [
+                PresenceFrequency(
+                    len(prompt),
+                    processed.get("presence_penalty", 0.0),
+                    processed.get("frequency_penalty", 0.0),
+                )
+            ]
+        ),
+    )
+
+
+def most_generated_token(beams: list[list[list[int]]]) -> int:
+    """The token HF's plain beams (per prompt) generate most often, EOS aside: biasing it matters."""
+    tokens = Counter(token for prompt_beams in beams for beam in prompt_beams for token in beam)
+    return next(token for token, _ in tokens.most_common() if token != EOS)
+
+
+@pytest.mark.sampled(by="model")
+@pytest.mark.parametrize(
+    "width, repetition, presence, frequency, bias",
+    [
+        (2, 1.5, 0.0, 0.0, 0.0),
+        (2, 1.0, 0.0, 0.0, 100.0),
+        (4, 1.3, 0.5, 0.8, -2.0),
+        (3, 0.8, 1.5, 2.0, 4.0),
+    ],
+)
+def test_penalties_and_bias_equal_hf(
+    model, width: int, repetition: float, presence: float, frequency: float, bias: float
+) -> None:
+    """Each beam's logprobs are processed as HF's beam search processes them (the log-softmax, then
+    sequence_bias, repetition_penalty over the beam's prompt and tokens, then presence/frequency as vLLM
+    applies them): the beams and scores are HF's. They were ignored: a +100 bias left the beams as they
+    were, where greedy picks the token every time."""
+    llm, hf = model
+    params = BeamSearchParams(beam_width=width, max_tokens=MAX_TOKENS)
+    prompts = make_prompts()
+    plain = [hf_beam_search(hf, prompt, params, EOS)[0] for prompt in prompts]
+    biased = most_generated_token(plain)
+    processed = dict(
+        repetition_penalty=repetition,
+        presence_penalty=presence,
+        frequency_penalty=frequency,
+        logit_bias={biased: bias} if bias else None,
+    )
+    outputs = run_beam_search(llm, prompts, params, **processed)
+    changed = False
+    for prompt, beams, unprocessed in zip(prompts, outputs, plain):
+        expected, scores = hf_processed_beam_search(hf, prompt, params, processed)
+        ours = [beam.token_ids for beam in beams]
+        assert ours == expected
+        assert [b.cumulative_logprob / len(b.token_ids) for b in beams] == pytest.approx(scores, abs=1e-4)
+        changed |= expected != unprocessed
+        if bias == 100.0:
+            assert ours[0] == [biased] * MAX_TOKENS
+    assert changed, "the processors change some prompt's beams"

@@ -7,9 +7,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
+from conftest import hf_beam_search
 from server_utils import API_SERVER, RemoteServer
+from transformers import AutoTokenizer
 
-from pagedserve import LLM, SamplingParams
+from pagedserve import LLM, BeamSearchParams, SamplingParams
 from pagedserve.config.generation import generation_defaults
 from pagedserve.errors import ConfigError, InvalidRequestError
 
@@ -84,6 +87,35 @@ def test_the_default_max_tokens_caps_the_rest_of_the_context(
         llm.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=1000), use_tqdm=False)
 
 
+BEAM_PROMPT = [5, 9, 5, 9, 300, 301, 5, 9]  # a repeated prompt: the penalty matters
+BEAMS = BeamSearchParams(beam_width=3, max_tokens=6)
+
+
+def hf_beams(model: str, repetition_penalty: float) -> list[list[int]]:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    eos = AutoTokenizer.from_pretrained(model).eos_token_id
+    return hf_beam_search(hf, BEAM_PROMPT, BEAMS, eos, repetition_penalty=repetition_penalty)[0]
+
+
+@pytest.fixture(scope="module")
+def penalized_beams(model_with_defaults: str) -> list[list[int]]:
+    """HF's beams with the model's repetition_penalty (its other defaults, sampling knobs, HF's beam
+    search ignores); they differ from the unpenalized ones."""
+    beams = hf_beams(model_with_defaults, GENERATION["repetition_penalty"])
+    assert beams != hf_beams(model_with_defaults, 1.0), "the default penalty changes the beams"
+    return beams
+
+
+def test_beams_take_the_default_penalty(model_with_defaults: str, penalized_beams: list) -> None:
+    """The model's repetition_penalty applies to LLM.beam_search as to HF's; its top_k, top_p and
+    temperature, sampling knobs, neither apply nor fail the search. The penalty was ignored."""
+    llm = LLM(model_with_defaults, kv_cache_memory="4MiB")
+    (output,) = llm.beam_search({"prompt_token_ids": BEAM_PROMPT}, BEAMS)
+    assert [s.tokens[len(BEAM_PROMPT) :] for s in output.sequences] == penalized_beams
+
+
 def test_bad_flag_values(model_with_defaults: str) -> None:
     with pytest.raises(ConfigError, match="neither auto, vllm nor a folder"):
         LLM(model_with_defaults, generation_config="/no/such/folder")
@@ -91,7 +123,7 @@ def test_bad_flag_values(model_with_defaults: str) -> None:
         LLM(model_with_defaults, override_generation_config="{temperature")
 
 
-def test_server_applies_the_defaults(model_with_defaults: str) -> None:
+def test_server_applies_the_defaults(model_with_defaults: str, penalized_beams: list) -> None:
     server = RemoteServer(API_SERVER, ["--model", model_with_defaults, "--kv-cache-memory", "4MiB"])
     try:
         assert "Default sampling parameters from the model's generation_config" in server.log()
@@ -104,5 +136,15 @@ def test_server_applies_the_defaults(model_with_defaults: str) -> None:
         assert first.choices[0].message.content == again.choices[0].message.content  # greedy by default
         longer = client.chat.completions.create(model=model, messages=ask, max_tokens=5)
         assert longer.usage.completion_tokens == 5
+        beams = client.completions.create(
+            model=model,
+            prompt=BEAM_PROMPT,
+            max_tokens=BEAMS.max_tokens,
+            n=BEAMS.beam_width,
+            extra_body={"use_beam_search": True},
+        )
+        tokenizer = AutoTokenizer.from_pretrained(model_with_defaults)
+        expected = [tokenizer.decode(beam, skip_special_tokens=True) for beam in penalized_beams]
+        assert [c.text for c in sorted(beams.choices, key=lambda c: c.index)] == expected
     finally:
         server.stop()

@@ -167,6 +167,25 @@ def test_completion_logprobs_and_echo(client: openai.OpenAI) -> None:
     assert echoed.logprobs.token_logprobs[0] is None and len(echoed.logprobs.tokens) > 5
 
 
+def test_echo_with_max_tokens_0_scores_the_prompt(client: openai.OpenAI, llm: LLM) -> None:
+    """vLLM's prompt scoring: echo, logprobs and max_tokens 0 return the prompt with its logprobs (the
+    first None) and generate nothing, streamed or not. It was a 400."""
+    ids = llm.get_tokenizer().encode(PROMPTS[1])
+    offline = llm.generate(
+        {"prompt_token_ids": ids}, SamplingParams(max_tokens=1, prompt_logprobs=1), use_tqdm=False
+    )[0].prompt_logprobs
+    common = dict(model=MODEL, prompt=PROMPTS[1], max_tokens=0, echo=True, logprobs=1)
+    scored = client.completions.create(**common)
+    (choice,) = scored.choices
+    assert choice.text == PROMPTS[1] and scored.usage.completion_tokens == 0
+    assert len(choice.logprobs.tokens) == len(ids) and choice.logprobs.token_logprobs[0] is None
+    expected = [entry[token] for entry, token in zip(offline[1:], ids[1:])]
+    assert choice.logprobs.token_logprobs[1:] == pytest.approx(expected, abs=1e-5)
+    streamed = [c.choices[0] for c in client.completions.create(**common, stream=True) if c.choices]
+    assert "".join(c.text for c in streamed) == PROMPTS[1]
+    assert [v for c in streamed for v in c.logprobs.token_logprobs] == choice.logprobs.token_logprobs
+
+
 def _offsets_index_the_text(text: str, tokens: list[str], offsets: list[int]) -> None:
     """Each offset is where its token starts in `text`; a token the text left out (a special token under
     skip_special_tokens) takes no room there."""
@@ -308,6 +327,22 @@ BAD_REQUESTS = [  # (path, body, status, param, words in the message)
         "model",
         "nope",
     ),
+    (
+        "/v1/completions",
+        {"prompt": "hi", "use_beam_search": True, "top_k": 5},
+        400,
+        "top_k",
+        "cannot be combined with beam search",
+    ),
+    (
+        "/v1/completions",
+        {"prompt": "hi", "use_beam_search": True, "stop": ["."]},
+        400,
+        "stop",
+        "cannot be combined with beam search",
+    ),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens", "0 only with echo"),
+    ("/v1/completions", {"prompt": "hi", "echo": "yes"}, 400, "echo", "echo"),
 ]
 
 

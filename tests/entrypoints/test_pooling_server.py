@@ -144,6 +144,9 @@ HOSTILE = [
     ("/v1/embeddings", {"input": "a", "prompt_name": ["query"]}, "prompt_name"),
     ("/v1/embeddings", {"input": [[2, 40, 3]], "prompt_name": "query"}, "token ids"),
     ("/pooling", {"input": "a", "prompt_name": "nope"}, "drop prompt_name"),
+    ("/v1/embeddings", {"input": "a", "normalize": "yes"}, "normalize"),  # was read as true
+    ("/pooling", {"input": "a", "normalize": 1}, "normalize"),
+    ("/rerank", {"query": "a", "documents": ["b"], "return_documents": "no"}, "return_documents"),
     ("/rerank", {"query": "a", "documents": []}, "documents"),
     ("/rerank", {"query": "a", "documents": ["b"] * 9}, "max-prompts-per-request"),
     ("/rerank", {"query": "a", "documents": ["b"], "top_n": 0}, "top_n"),

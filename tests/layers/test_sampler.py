@@ -17,12 +17,12 @@ def reference_row(
     bias: dict[int, float],
 ) -> torch.Tensor:
     logits = logits.clone()
+    for token, value in bias.items():  # first, as vLLM's sampler and HF's processors (sequence_bias)
+        logits[token] += value
     for token in set(prompt) | set(output):
         logits[token] = logits[token] / repetition if logits[token] > 0 else logits[token] * repetition
     for token in set(output):
         logits[token] -= frequency * output.count(token) + presence
-    for token, value in bias.items():
-        logits[token] += value
     return logits
 
 
@@ -31,7 +31,7 @@ def test_penalties_and_bias_match_reference() -> None:
     logits = torch.randn(3, VOCAB) * 3
     prompts, outputs = [[1, 2, 3], [4, 4], [5]], [[2, 2, 9], [], [5, 6, 6, 6]]
     presence, frequency, repetition = [0.5, 0.0, 1.0], [0.3, 0.0, 0.7], [1.2, 1.0, 2.0]
-    biases = [{7: 5.0}, {}, {8: -3.0}]
+    biases = [{7: 5.0, 2: 4.0}, {}, {8: -3.0, 5: 2.0}]  # 2 and 5 are penalized too
     counts = torch.zeros(3, VOCAB)
     prompt_mask = torch.zeros(3, VOCAB, dtype=torch.bool)
     bias = torch.zeros(3, VOCAB)

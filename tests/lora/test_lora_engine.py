@@ -7,10 +7,11 @@ import os
 
 import pytest
 import torch
+from conftest import hf_beam_search
 from lora_adapters import ATTENTION, MLP, merge_adapter, write_adapter
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from pagedserve import LLM, SamplingParams
+from pagedserve import LLM, BeamSearchParams, SamplingParams
 from pagedserve.lora.request import LoRARequest
 
 PROMPTS = [
@@ -70,6 +71,27 @@ def test_mixed_batch_equals_merged_models(tiny_model_factory, tmp_path, family) 
     # One engine request per adapter afterwards: it still serves each of them right (slots reused).
     again = llm.generate(PROMPTS[2], GREEDY, use_tqdm=False, lora_request=adapters[1])
     assert again[0].outputs[0].token_ids == expected[2][2]
+
+
+def test_beam_search_takes_an_adapter(tiny_model_factory, tmp_path) -> None:
+    """LLM.beam_search(..., lora_request=) (vLLM's argument; one adapter, or one per prompt): the beams
+    of the base model with the adapter merged in (HF's beam search). It took no adapter."""
+    base = tiny_model_factory("llama")
+    adapter = make_adapters(str(tmp_path), base)[0]
+    llm = LLM(base, enable_lora=True, max_lora_rank=8, kv_cache_memory="8MiB")
+    params = BeamSearchParams(beam_width=3, max_tokens=6)
+    prompts = PROMPTS[1:]
+    outputs = llm.beam_search([{"prompt_token_ids": p} for p in prompts], params, [adapter, None])
+    beams = [[s.tokens[len(p) :] for s in o.sequences] for p, o in zip(prompts, outputs)]
+    merged = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    merge_adapter(merged, adapter.lora_path)
+    plain = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    eos = llm.get_tokenizer().eos_token_id
+    assert beams[0] == hf_beam_search(merged, prompts[0], params, eos)[0]
+    assert beams[1] == hf_beam_search(plain, prompts[1], params, eos)[0]
+    assert beams[0] != hf_beam_search(plain, prompts[0], params, eos)[0], "the adapter changes the beams"
+    (alone,) = llm.beam_search({"prompt_token_ids": prompts[0]}, params, lora_request=adapter)
+    assert [s.tokens[len(prompts[0]) :] for s in alone.sequences] == beams[0]
 
 
 def test_adapter_on_a_quantized_gguf_base(tmp_path, monkeypatch) -> None:

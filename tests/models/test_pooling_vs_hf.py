@@ -132,6 +132,8 @@ def test_limits_and_options(bert_llm: LLM, tiny_bert_embedder: str) -> None:
         bert_llm.generate("a")
     raw = bert_llm.embed("the cat", PoolingOptions(normalize=False))[0].outputs.embedding
     assert abs(sum(x * x for x in raw) - 1) > 1e-3
+    with pytest.raises(InvalidRequestError, match="normalize must be true or false, got 'no'"):
+        bert_llm.embed("the cat", PoolingOptions(normalize="no"))  # was read as true
     # The model's named prompt prefix (config_sentence_transformers.json), as sentence-transformers adds it.
     from sentence_transformers import SentenceTransformer
 

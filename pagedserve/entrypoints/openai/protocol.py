@@ -1,14 +1,15 @@
 """The OpenAI API's request and response bodies (pydantic), with vLLM's extra sampling fields.
 
 Unknown request fields are handled by the base models (request_fields.py). Ranges are checked once, by
-SamplingParams; here only types and what SamplingParams cannot know.
+SamplingParams; here only types and what SamplingParams cannot know. Boolean fields are strict (true or
+false: pydantic would read "yes", "on" or 1 as true).
 """
 
 import time
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
-from pydantic import Field
+from pydantic import Field, StrictBool
 
 from pagedserve.engine.input_processor import PromptType
 from pagedserve.entrypoints.openai.request_fields import OpenAIBaseModel, OpenAIRequestModel
@@ -30,8 +31,8 @@ def _or(value: T | None, default: T) -> T:
 
 
 class StreamOptions(OpenAIRequestModel):
-    include_usage: bool | None = False
-    continuous_usage_stats: bool | None = False  # with include_usage: usage in every chunk (vLLM's)
+    include_usage: StrictBool | None = False
+    continuous_usage_stats: StrictBool | None = False  # with include_usage: usage in every chunk (vLLM's)
 
 
 class SamplingRequest(OpenAIRequestModel):
@@ -43,7 +44,7 @@ class SamplingRequest(OpenAIRequestModel):
     top_p: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -54,10 +55,10 @@ class SamplingRequest(OpenAIRequestModel):
     min_p: float | None = None
     repetition_penalty: float | None = None
     min_tokens: int = 0
-    ignore_eos: bool = False
+    ignore_eos: StrictBool = False
     stop_token_ids: list[int] | None = None
-    include_stop_str_in_output: bool = False
-    skip_special_tokens: bool = True
+    include_stop_str_in_output: StrictBool = False
+    skip_special_tokens: StrictBool = True
     truncate_prompt_tokens: int | None = None
     # Seconds this request may run; then it is aborted and returns what it has (finish_reason "abort").
     timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
@@ -65,7 +66,7 @@ class SamplingRequest(OpenAIRequestModel):
     # vLLM's: --scheduling-policy priority serves lower values first (elsewhere only 0 is accepted).
     priority: int = Field(default=0, ge=-(2**63), lt=2**63, strict=True)
     prompt_logprobs: int | None = None  # vLLM's: per prompt token, the logprobs of this many top tokens
-    return_tokens_as_token_ids: bool | None = None  # vLLM's: logprob tokens as "token_id:N"
+    return_tokens_as_token_ids: StrictBool | None = None  # vLLM's: logprob tokens as "token_id:N"
     # Output constraints (structured_request.py): OpenAI's response_format, vLLM's fields.
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
@@ -144,13 +145,17 @@ class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16
     logprobs: int | None = None
-    echo: bool = False
+    echo: StrictBool = False
     best_of: int | None = None
     suffix: str | None = None
     # vLLM's beam search fields: a search of width best_of (default n) returning the n best beams.
-    use_beam_search: bool = False
+    use_beam_search: StrictBool = False
     length_penalty: float = 1.0
-    early_stopping: bool | Literal["never"] = False  # HF's values
+    early_stopping: StrictBool | Literal["never"] = False  # HF's values
+
+    def echo_only(self) -> bool:
+        """echo with max_tokens 0 (vLLM's prompt scoring): the prompt and its logprobs, nothing generated."""
+        return self.echo and self.max_tokens == 0
 
     def num_prompt_logprobs(self) -> int | None:
         """prompt_logprobs, or (echo with logprobs) the echoed prompt's logprobs: the larger."""
@@ -162,6 +167,12 @@ class CompletionRequest(SamplingRequest):
         self.check_stream_options()
         if self.suffix:
             raise InvalidRequestError("suffix is not supported.", param="suffix")
+        if self.max_tokens == 0 and not self.echo:
+            raise InvalidRequestError(
+                "max_tokens must be at least 1, got 0 (0 only with echo: the prompt back, scored with "
+                "logprobs, nothing generated).",
+                param="max_tokens",
+            )
         if self.best_of is not None and self.best_of < self.n:
             raise InvalidRequestError(f"best_of={self.best_of} must be at least n={self.n}.", param="best_of")
         if self.stream and (self.use_beam_search or (self.best_of or self.n) > self.n):
@@ -199,8 +210,8 @@ class ChatTemplateRequest(OpenAIRequestModel):
 
     messages: list[ChatMessage] | None = None
     tools: list[dict[str, Any]] | None = None
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False  # the last (assistant) message goes on: no generation prompt
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False  # the last (assistant) message goes on: no generation prompt
     documents: list[dict[str, str]] | None = None  # for templates of retrieval-augmented models
     chat_template_kwargs: dict[str, Any] | None = None  # extra template variables, e.g. enable_thinking
 
@@ -217,10 +228,10 @@ class ChatCompletionRequest(SamplingRequest, ChatTemplateRequest):
     messages: list[ChatMessage]
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    logprobs: bool = False
+    logprobs: StrictBool = False
     top_logprobs: int | None = Field(default=None, ge=0)  # the upper bound is --max-logprobs
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None  # false: at most one call (the first) per choice
+    parallel_tool_calls: StrictBool | None = None  # false: at most one call (the first) per choice
 
     def check_supported(self) -> None:
         self.check_stream_options()
@@ -355,7 +366,7 @@ class TokenizeRequest(ChatTemplateRequest):
 
     model: str | None = None
     prompt: str | None = None
-    add_special_tokens: bool = True
+    add_special_tokens: StrictBool = True
 
 
 class TokenizeResponse(OpenAIBaseModel):

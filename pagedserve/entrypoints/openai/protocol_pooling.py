@@ -1,11 +1,12 @@
 """Bodies of the pooling endpoints (--runner pooling): /v1/embeddings (OpenAI's), /pooling and /classify
 (vLLM's), /score and /rerank (vLLM's, the rerank one in Cohere's and Jina's shape). Integer fields are
-strict (no booleans, strings or floats); their ranges are checked against the model when the request is
-processed (engine/pooling_input.py) and the list lengths by RequestBounds."""
+strict (no booleans, strings or floats), boolean ones too (true or false, never "yes" or 1); their ranges
+are checked against the model when the request is processed (engine/pooling_input.py) and the list
+lengths by RequestBounds."""
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, StrictBool
 
 from pagedserve.entrypoints.openai.protocol import UsageInfo
 from pagedserve.entrypoints.openai.request_fields import OpenAIBaseModel, OpenAIRequestModel
@@ -30,7 +31,7 @@ class EmbeddingRequest(PoolingRequestBase):
     input: PoolingInput
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = None
-    normalize: bool | None = None  # vLLM's: None keeps the model's pooler setting
+    normalize: StrictBool | None = None  # vLLM's: None keeps the model's pooler setting
     # One of the model's sentence-transformers prompts (config_sentence_transformers.json), put before
     # each text input; None: the model's default_prompt_name, if any.
     prompt_name: Annotated[str, Field(strict=True, max_length=MAX_PROMPT_NAME_LENGTH)] | None = None
@@ -51,7 +52,7 @@ class RerankRequest(PoolingRequestBase):
     query: str
     documents: list[str]
     top_n: StrictInt | None = None
-    return_documents: bool = True
+    return_documents: StrictBool = True
 
 
 class EmbeddingData(OpenAIBaseModel):

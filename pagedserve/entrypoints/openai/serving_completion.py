@@ -3,7 +3,7 @@
 import asyncio
 import time
 from collections.abc import AsyncGenerator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastapi.responses import StreamingResponse
 
@@ -22,6 +22,7 @@ from pagedserve.entrypoints.utils import merge_async_iterators, started
 from pagedserve.errors import InvalidRequestError
 from pagedserve.outputs import CompletionOutput, RequestOutput
 from pagedserve.protocol import EngineCoreRequest
+from pagedserve.sampling_params import beam_search_defaults
 
 Logprobs = Sequence[dict[int, float] | None]
 
@@ -39,6 +40,13 @@ class _Batch:
     @property
     def num_prompt_tokens(self) -> int:
         return sum(len(r.prompt_token_ids) for r in self.core_requests)
+
+    def shown(self, sample: CompletionOutput) -> CompletionOutput:
+        """`sample` as the client sees it: with echo and max_tokens 0 (vLLM's prompt scoring), without
+        the one token the engine generated."""
+        if not self.request.echo_only():
+            return sample
+        return replace(sample, text="", token_ids=[], logprobs=None if sample.logprobs is None else [])
 
 
 def _split_prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[PromptType]:
@@ -63,11 +71,11 @@ class OpenAIServingCompletion(OpenAIServing):
         num_logprobs = request.logprobs
         beam_search = request.beam_search_params()
         params = request.to_sampling_params(
-            request.max_tokens,
+            1 if request.echo_only() else request.max_tokens,  # NOTE: that token is dropped (vLLM's way)
             num_logprobs,
             request.num_prompt_logprobs(),
             None if beam_search else request.best_of,
-            self.sampling_defaults,
+            beam_search_defaults(self.sampling_defaults) if beam_search else self.sampling_defaults,
         )
         request_id = random_id("cmpl")
         prompts = _split_prompts(request.prompt)
@@ -114,7 +122,7 @@ class OpenAIServingCompletion(OpenAIServing):
         choices, num_generated = [], 0
         for prompt_index in sorted(finals):
             output = finals[prompt_index]
-            for sample in output.outputs:
+            for sample in map(batch.shown, output.outputs):
                 num_generated += len(sample.token_ids)
                 choices.append(self._choice(batch, prompt_index, sample, output.prompt_logprobs, 0))
         return CompletionResponse(
@@ -138,7 +146,7 @@ class OpenAIServingCompletion(OpenAIServing):
         try:
             async for prompt_index, output in outputs:
                 prompt_logprobs.setdefault(prompt_index, output.prompt_logprobs)
-                for sample in output.outputs:
+                for sample in map(batch.shown, output.outputs):
                     index = prompt_index * n + sample.index
                     num_generated += len(sample.token_ids)
                     echo = None if started[index] else prompt_logprobs[prompt_index]
