@@ -8,7 +8,8 @@ model or an adapter; a priority), sends it at once through the official AsyncOpe
 request alone, streamed if it was not and not if it was. For every request:
 
 - its choices alone equal its choices in the batch: text, finish and stop reasons, per-token logprobs
-  (bitwise: LOGPROB_TOLERANCE), so the streamed deltas joined equal the whole text;
+  (bitwise: LOGPROB_TOLERANCE) and their text offsets (COMPARE_TEXT_OFFSETS), so the streamed deltas
+  joined equal the whole text;
 - a stream finishes each choice index 0..n-1 exactly once, and nothing follows a choice's finish;
 - usage: prompt_tokens is /tokenize's count, completion_tokens the tokens the choices produced (their
   logprobs entries), total_tokens the sum;
@@ -16,8 +17,9 @@ request alone, streamed if it was not and not if it was. For every request:
   first choice with finish_reason "stop", and no choice's text holds it;
 - after each batch /health answers 200 and /metrics (eventually) shows nothing running or waiting.
 
-CI runs a fixed (derandomized) set of batches; `-m nightly` runs many more, randomized. Field values the
-server must refuse (out of range, NaN, too many stop strings) are 400s that leave it serving.
+CI runs a fixed (derandomized) set of batches and one fixed batch that must preempt and speculate;
+`-m nightly` runs many more, randomized (and shrinks a failure). Field values the server must refuse (out
+of range, NaN, too many stop strings) are 400s naming the field as sent, and leave it serving.
 """
 
 import asyncio
@@ -29,7 +31,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from hypothesis import HealthCheck, Phase, given, note, settings
+from hypothesis import HealthCheck, Phase, example, given, note, settings
 from hypothesis import strategies as st
 from lora_adapters import ATTENTION, write_adapter
 from server_utils import API_SERVER, RemoteServer
@@ -85,8 +87,8 @@ def server(tiny_model_factory, tmp_path_factory):
     ]
     args += ["--enable-lora", "--max-loras", "1", "--max-lora-rank", "8"]
     args += ["--lora-modules", f"sql={sql}", f"chat={chat}"]
-    # 24 blocks of 8 tokens: a batch of a few n=3 requests outgrows it, so requests preempt.
-    args += ["--block-size", "8", "--num-gpu-blocks-override", "24", "--max-model-len", "128"]
+    # 16 blocks of 8 tokens: two or three requests of n=3 outgrow it, so requests preempt.
+    args += ["--block-size", "8", "--num-gpu-blocks-override", "16", "--max-model-len", "96"]
     args += ["--max-num-batched-tokens", "16", "--scheduling-policy", "priority"]
     args += ["--speculative-config", json.dumps(NGRAM)]
     server = RemoteServer(API_SERVER, args, api_key=API_KEY)
@@ -318,20 +320,64 @@ def check_batch(server: RemoteServer, batch: list[Drawn]) -> None:
     assert_idle(server)
 
 
-EXAMPLES = 4
+EXAMPLES = 3
 HEALTH = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large]
+# Always in CI, whatever the draw gives: a seeded chat stream of two choices on an adapter with logprobs,
+# usage and a stop string; an echoed completion with logprobs and a stop string on the other adapter; a
+# greedy stream of three choices first in priority.
+MIXED = [
+    Drawn(
+        chat=True,
+        stream=True,
+        include_usage=True,
+        stop_at=3,
+        kwargs=dict(
+            model="chat",
+            messages=MESSAGES[2],
+            n=2,
+            max_tokens=8,
+            temperature=1.0,
+            seed=5,
+            top_p=0.9,
+            logprobs=True,
+            top_logprobs=2,
+            extra_body={"priority": 1, "ignore_eos": True},
+        ),
+    ),
+    Drawn(
+        chat=False,
+        stream=False,
+        stop_at=2,
+        kwargs=dict(
+            model="sql",
+            prompt=PROMPTS[2],
+            n=1,
+            max_tokens=6,
+            temperature=0.0,
+            logprobs=2,
+            echo=True,
+            extra_body={"priority": 0, "ignore_eos": True},
+        ),
+    ),
+    Drawn(
+        chat=False,
+        stream=True,
+        kwargs=dict(
+            model=BASE, prompt=PROMPTS[1], n=3, max_tokens=12, temperature=0.0, extra_body={"priority": -2}
+        ),
+    ),
+]
 
 
+# NOTE: no shrinking in CI (minutes of requests); the note shows the failing batch as drawn.
 @settings(
     max_examples=EXAMPLES,
     derandomize=True,
     deadline=None,
     suppress_health_check=HEALTH,
-    phases=[
-        Phase.explicit,
-        Phase.generate,
-    ],  # no shrinking in CI: minutes of requests; the note shows the batch
+    phases=[Phase.explicit, Phase.generate],
 )
+@example(batch=MIXED)
 @given(batch=st.lists(requests(), min_size=2, max_size=6))
 def test_server_properties(server: RemoteServer, batch: list[Drawn]) -> None:
     note(f"batch: {batch}")  # NOTE: this Hypothesis prints the falsifying example's arguments empty
@@ -358,7 +404,7 @@ def test_a_batch_that_outgrows_the_pool_preempts_and_speculates(server: RemoteSe
                 model=BASE if i < 3 else ADAPTERS[0],
                 prompt=PROMPTS[1 + i % 3],
                 n=3,
-                max_tokens=14,
+                max_tokens=10,
                 extra_body={"priority": i % 3 - 1, "ignore_eos": True},
                 # Greedy ones speculate (tiny random models repeat themselves); logprobs decode one by one.
                 **(dict(temperature=0.0) if i % 2 else dict(temperature=1.0, seed=i, logprobs=1)),
@@ -386,6 +432,8 @@ HOSTILE = [
     ("chat", "max_completion_tokens", -1),
     ("completions", "logprobs", 2**64),
     ("chat", "top_logprobs", 2**64),
+    ("completions", "logprobs", 21),  # past --max-logprobs (20): the engine's check
+    ("chat", "top_logprobs", 21),
     ("completions", "temperature", float("nan")),
     ("chat", "temperature", float("nan")),
     ("completions", "stop", ["x"] * 10**5),
