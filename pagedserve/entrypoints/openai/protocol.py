@@ -242,6 +242,20 @@ class ChatCompletionRequest(SamplingRequest, ChatTemplateRequest):
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
+    def named_as_sent(self, error: InvalidRequestError) -> InvalidRequestError:
+        """`error` naming the field as this request sent it: SamplingParams and the engine check
+        max_tokens and logprobs, which a chat request sends as max_completion_tokens and top_logprobs."""
+        sent = {
+            "max_tokens": "max_completion_tokens" if self.max_completion_tokens is not None else None,
+            "logprobs": "top_logprobs",
+        }.get(error.param or "")
+        if sent is None or error.param is None:
+            return error
+        message = str(error)
+        if message.startswith(error.param):
+            message = sent + message[len(error.param) :]
+        return InvalidRequestError(message, param=sent, status_code=error.status_code)
+
 
 class UsageInfo(OpenAIBaseModel):
     prompt_tokens: int = 0

@@ -90,10 +90,10 @@ class OpenAIServingChat(OpenAIServing):
             self.tool_call_parser,
             request.parallel_tool_calls is not False,
         )
-        params = self._sampling_params(request, tools)
         request_id = random_id("chatcmpl")
 
         def process() -> EngineCoreRequest:
+            params = self._sampling_params(request, tools)
             prompt_ids = self.render(request)
             return self.engine.process_inputs(
                 request_id,
@@ -103,8 +103,11 @@ class OpenAIServingChat(OpenAIServing):
                 lora_request=lora_request,
             )
 
-        # NOTE: templating and tokenizing in a thread: a huge conversation never holds up the event loop.
-        core = await asyncio.to_thread(process)
+        try:
+            # NOTE: templating and tokenizing in a thread: a huge conversation never holds up the event loop.
+            core = await asyncio.to_thread(process)
+        except InvalidRequestError as error:
+            raise request.named_as_sent(error) from error
         # NOTE: admitted before the response starts: a full queue is a 503, not a broken stream.
         (outputs,) = self.engine.submit([core], request.timeout)
         if request.stream:
