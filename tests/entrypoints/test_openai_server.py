@@ -236,6 +236,26 @@ def test_echo_text_offsets_skip_special_tokens_left_out_of_the_text(
     _offsets_index_the_text(written.text, written.logprobs.tokens, written.logprobs.text_offset)
 
 
+def test_streamed_text_offsets_equal_the_whole_responses_when_text_is_held_back(
+    client: openai.OpenAI,
+) -> None:
+    """A stop string whose start the output ends with holds that text back to the end of the stream: its
+    tokens' logprobs wait with it, so the streamed offsets are the whole response's."""
+    common = dict(model=MODEL, prompt="Hello, my name is", max_tokens=6, temperature=0, logprobs=0)
+    whole = client.completions.create(**common).choices[0]
+    stop = whole.text[-3:] + "\u2603"  # never hit, but its start is the output's last characters
+    held = client.completions.create(**common, stop=[stop]).choices[0]
+    assert (held.text, held.logprobs.text_offset) == (whole.text, whole.logprobs.text_offset)
+    text, offsets, tokens = "", [], []
+    for chunk in client.completions.create(**common, stop=[stop], stream=True):
+        if chunk.choices:
+            text += chunk.choices[0].text
+            if chunk.choices[0].logprobs:
+                offsets += chunk.choices[0].logprobs.text_offset
+                tokens += chunk.choices[0].logprobs.tokens
+    assert (text, offsets, tokens) == (whole.text, whole.logprobs.text_offset, whole.logprobs.tokens)
+
+
 def test_chat_logprobs(client: openai.OpenAI) -> None:
     response = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, logprobs=True, top_logprobs=3

@@ -8,7 +8,7 @@ model or an adapter; a priority), sends it at once through the official AsyncOpe
 request alone, streamed if it was not and not if it was. For every request:
 
 - its choices alone equal its choices in the batch: text, finish and stop reasons, per-token logprobs
-  (bitwise: LOGPROB_TOLERANCE) and their text offsets (COMPARE_TEXT_OFFSETS), so the streamed deltas
+  (bitwise: LOGPROB_TOLERANCE) and their text offsets, so the streamed deltas
   joined equal the whole text;
 - a stream finishes each choice index 0..n-1 exactly once, and nothing follows a choice's finish;
 - usage: prompt_tokens is /tokenize's count, completion_tokens the tokens the choices produced (their
@@ -43,10 +43,6 @@ ADAPTERS = ("sql", "chat")
 # The engine promises a token's logits the same bits whatever shares its batch: 0.0 compares logprobs
 # bitwise (JSON floats read back exactly).
 LOGPROB_TOLERANCE = 0.0
-# A stream's logprobs.text_offset counts the text sent so far, which leaves out what is held back (a stop
-# string may be starting, a character is incomplete): offsets then differ from the whole response's. A
-# known bug (reported on issue 48): True compares them.
-COMPARE_TEXT_OFFSETS = False
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 
 # Text prompts of 5 to 40 tokens (chunked at 16); repeating ones give the n-gram drafter proposals.
@@ -223,7 +219,7 @@ def assert_same(batched: Answer, alone: Answer, drawn: Drawn) -> None:
     for index, (a, b) in enumerate(zip(batched.choices.values(), alone.choices.values())):
         where = (drawn, index)
         assert (a.text, a.finish_reason, a.stop_reason) == (b.text, b.finish_reason, b.stop_reason), where
-        assert a.text_offsets == b.text_offsets or not COMPARE_TEXT_OFFSETS, where
+        assert a.text_offsets == b.text_offsets, where
         assert (a.logprobs is None) == (b.logprobs is None), where
         if a.logprobs is None or b.logprobs is None:
             continue

@@ -3,7 +3,7 @@
 import asyncio
 import time
 from collections.abc import AsyncGenerator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from fastapi.responses import StreamingResponse
 
@@ -47,6 +47,22 @@ class _Batch:
         if not self.request.echo_only():
             return sample
         return replace(sample, text="", token_ids=[], logprobs=None if sample.logprobs is None else [])
+
+
+@dataclass
+class _TextOffsets:
+    """Where each token of one choice starts in the choice's text, as its text and tokens arrive (the whole
+    response at once, or stream deltas). A token's offset is given once the text reaches its start, or when
+    the choice ends: text held back in a stream (a stop string may be starting, an incomplete character)
+    holds its tokens' logprobs back with it, so a stream's offsets are the full response's."""
+
+    text: str = ""
+    position: int = 0  # where the next token starts
+    pending: list[tuple[int, dict[int, float] | None]] = field(default_factory=list)
+
+    def add(self, text: str, token_ids: Sequence[int], logprobs: Logprobs) -> None:
+        self.text += text
+        self.pending += zip(token_ids, logprobs)
 
 
 def _split_prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[PromptType]:
@@ -124,7 +140,8 @@ class OpenAIServingCompletion(OpenAIServing):
             output = finals[prompt_index]
             for sample in map(batch.shown, output.outputs):
                 num_generated += len(sample.token_ids)
-                choices.append(self._choice(batch, prompt_index, sample, output.prompt_logprobs, 0))
+                offsets = _TextOffsets()
+                choices.append(self._choice(batch, prompt_index, sample, output.prompt_logprobs, offsets))
         return CompletionResponse(
             id=batch.request_id,
             created=batch.created,
@@ -138,7 +155,7 @@ class OpenAIServingCompletion(OpenAIServing):
     ) -> AsyncGenerator[str, None]:
         """SSE chunks, one choice each; the usage chunk when asked; errors as an SSE error event."""
         n = batch.request.n
-        text_offsets = [0] * (len(batch.core_requests) * n)
+        text_offsets = [_TextOffsets() for _ in range(len(batch.core_requests) * n)]
         started = [False] * len(text_offsets)
         prompt_logprobs: dict[int, Logprobs | None] = {}
         num_generated = 0
@@ -154,9 +171,10 @@ class OpenAIServingCompletion(OpenAIServing):
                         batch, prompt_index, sample, echo, text_offsets[index], first=not started[index]
                     )
                     started[index] = True
-                    if not choice.text and choice.finish_reason is None and choice.logprobs is None:
+                    if not (
+                        choice.text or choice.finish_reason or choice.logprobs and choice.logprobs.tokens
+                    ):
                         continue  # text held back (a stop string may be starting): nothing to send yet
-                    text_offsets[index] += len(choice.text)
                     yield sse(
                         CompletionResponse(
                             id=batch.request_id,
@@ -189,7 +207,7 @@ class OpenAIServingCompletion(OpenAIServing):
         prompt_index: int,
         sample: CompletionOutput,
         prompt_logprobs: Logprobs | None,
-        text_offset: int,
+        offsets: _TextOffsets,
         first: bool = True,
     ) -> CompletionChoice:
         """A choice of `sample` (whole, or a delta); the echoed prompt goes first in a choice's first one."""
@@ -203,8 +221,9 @@ class OpenAIServingCompletion(OpenAIServing):
         request = batch.request
         choice_logprobs = None
         if request.logprobs is not None and logprobs is not None:
+            offsets.add(text, token_ids, logprobs)
             choice_logprobs = self._logprobs(
-                token_ids, logprobs, text, text_offset, request.return_tokens_as_token_ids
+                offsets, sample.finish_reason is not None, request.return_tokens_as_token_ids
             )
         return CompletionChoice(
             index=prompt_index * request.n + sample.index,
@@ -221,27 +240,30 @@ class OpenAIServingCompletion(OpenAIServing):
             else None,
         )
 
-    def _logprobs(
-        self, token_ids: list[int], logprobs: Logprobs, text: str, text_offset: int, as_ids: bool | None
-    ) -> CompletionLogProbs:
+    def _logprobs(self, offsets: _TextOffsets, final: bool, as_ids: bool | None) -> CompletionLogProbs:
         """The legacy completions format: per token its text, offset, logprob and the top alternatives
-        (the sampled token included). The first prompt token has no logprob (None). Offsets index `text`
-        (which starts at `text_offset` in the choice's text): a special token the text left out
-        (skip_special_tokens, or a BOS the tokenizer added) takes no room in it. `as_ids`: tokens shown
-        as "token_id:N" (return_tokens_as_token_ids)."""
-        result, position = CompletionLogProbs(), 0
-        for token_id, entry in zip(token_ids, logprobs):
+        (the sampled token included), for the tokens of `offsets` whose start the text has reached (every
+        one when `final`), taken off its pending ones. The first prompt token has no logprob (None). A
+        special token the text left out (skip_special_tokens, or a BOS the tokenizer added) takes no room
+        in it. `as_ids`: tokens shown as "token_id:N" (return_tokens_as_token_ids)."""
+        text, released = offsets.text, 0
+        result = CompletionLogProbs()
+        for token_id, entry in offsets.pending:
+            if not final and offsets.position >= len(text):
+                break
+            released += 1
             token = self.token_string(token_id)
             result.tokens.append(self.shown_token(token_id, as_ids))
-            result.text_offset.append(text_offset + min(position, len(text)))
-            if text.startswith(token, position) or not self._skipped_in_text(token_id):
-                position += len(token)
+            result.text_offset.append(min(offsets.position, len(text)))
+            if text.startswith(token, offsets.position) or not self._skipped_in_text(token_id):
+                offsets.position += len(token)
             if entry is None:
                 result.token_logprobs.append(None)
                 result.top_logprobs.append(None)
                 continue
             result.token_logprobs.append(entry.get(token_id))
             result.top_logprobs.append({self.shown_token(t, as_ids): value for t, value in entry.items()})
+        del offsets.pending[:released]
         return result
 
     def _skipped_in_text(self, token_id: int) -> bool:
