@@ -1,6 +1,7 @@
 """Hugging Face Hub model ids (`org/name`, `org/name:Q4_K_M` for one GGUF file of a repo) resolved to a
 local folder or file through huggingface_hub's cache: downloaded (with its progress bars) when online,
-read from the cache alone with HF_HUB_OFFLINE=1. Local paths pass through unchanged."""
+read from the cache alone with HF_HUB_OFFLINE=1. A GGUF tag's file is chosen from the repo's listing
+(hub_gguf.py), then fetched alone. Local paths pass through unchanged."""
 
 import glob
 import os

@@ -23,9 +23,9 @@ class GgufModel:
 
     @property
     def name(self) -> str:
-        """What the tag is matched against: the path, without a split part's `-0000i-of-0000n`."""
+        """What the tag is matched against: the path, without a split part's `-0000i-of-0000n.gguf`."""
         split = _SPLIT_PART.match(self.files[0])
-        return split["stem"] if split else self.files[0].removesuffix(".gguf")
+        return split["stem"] if split else self.files[0]
 
 
 def check_quant(repo_id: str, quant: str, what: str) -> None:
