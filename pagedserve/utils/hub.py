@@ -1,17 +1,21 @@
 """Hugging Face Hub model ids (`org/name`, `org/name:Q4_K_M` for one GGUF file of a repo) resolved to a
 local folder or file through huggingface_hub's cache: downloaded (with its progress bars) when online,
-read from the cache alone with HF_HUB_OFFLINE=1. Local paths pass through unchanged."""
+read from the cache alone with HF_HUB_OFFLINE=1. A GGUF tag's file is chosen from the repo's listing
+(hub_gguf.py), then fetched alone. Local paths pass through unchanged."""
 
+import glob
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from pagedserve.errors import ConfigError
 from pagedserve.logger import init_logger
+from pagedserve.utils.hub_gguf import check_quant, choose_gguf
 
 logger = init_logger(__name__)
 
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
-_QUANT = re.compile(r"^[\w.-]+$")
 # What a checkpoint folder needs besides its weights: configs, tokenizer files, chat templates.
 _CONFIG_FILES = ["*.json", "*.jinja", "tokenizer*", "*.model", "*.tiktoken", "merges.txt", "vocab.txt"]
 
@@ -26,13 +30,18 @@ def resolve_model_path(
 ) -> str:
     """The local path of `model`: itself when it is not a hub id; else the snapshot folder of its
     checkpoint (safetensors, else .bin weights, with configs and tokenizer), or the path of the GGUF file
-    `org/name:QUANT` names. Raises ConfigError naming the repo, the revision and the cache folder."""
+    `org/name:QUANT` names (the first part of a split one). Raises ConfigError naming the repo, the
+    revision and the cache folder."""
     if not is_hub_id(model):
         return model
     repo_id, _, quant = model.partition(":")
     if quant:
-        folder = _snapshot(repo_id, revision, download_dir, [_gguf_pattern(repo_id, quant, what)], what)
-        return _gguf_file(folder, repo_id, quant, what)
+        check_quant(repo_id, quant, what)
+        # NOTE: chosen from the listing, so that only its file (its parts) is downloaded, and only once
+        # the tag names one.
+        chosen = choose_gguf(_repo_files(repo_id, revision, download_dir, what), repo_id, quant, what)
+        folder = _snapshot(repo_id, revision, download_dir, [glob.escape(f) for f in chosen.files], what)
+        return os.path.join(folder, chosen.files[0])
     folder = _snapshot(repo_id, revision, download_dir, [*_CONFIG_FILES, "*.safetensors"], what)
     if not any(name.endswith(".safetensors") for name in os.listdir(folder)):
         folder = _snapshot(repo_id, revision, download_dir, [*_CONFIG_FILES, "*.bin"], what)
@@ -40,17 +49,41 @@ def resolve_model_path(
     return folder
 
 
+def _repo_files(repo_id: str, revision: str | None, cache_dir: str | None, what: str) -> list[str]:
+    """The repo's file paths: the Hub's listing, or with HF_HUB_OFFLINE=1 the cached snapshot's files."""
+    from huggingface_hub import HfApi, constants
+
+    if constants.HF_HUB_OFFLINE:
+        folder = _snapshot(repo_id, revision, cache_dir, [], what)  # NOTE: no pattern: the folder alone
+        return [
+            os.path.relpath(os.path.join(root, name), folder)
+            for root, _, names in os.walk(folder)
+            for name in names
+        ]
+    with _hub_errors(repo_id, revision, cache_dir, what):
+        return HfApi().list_repo_files(repo_id, revision=revision)
+
+
 def _snapshot(
     repo_id: str, revision: str | None, cache_dir: str | None, patterns: list[str], what: str
 ) -> str:
-    from huggingface_hub import constants, snapshot_download  # NOTE: lazy: only hub ids need it
+    from huggingface_hub import snapshot_download  # NOTE: lazy: only hub ids need it
+
+    with _hub_errors(repo_id, revision, cache_dir, what):
+        return str(
+            snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=patterns)
+        )
+
+
+@contextmanager
+def _hub_errors(repo_id: str, revision: str | None, cache_dir: str | None, what: str) -> Iterator[None]:
+    """huggingface_hub's errors as ConfigErrors naming the repo, the revision and the cache."""
+    from huggingface_hub import constants
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
     cache = cache_dir or constants.HF_HUB_CACHE
     try:
-        return str(
-            snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=patterns)
-        )
+        yield
     except LocalEntryNotFoundError as exc:
         raise ConfigError(
             f"{what} {repo_id!r} (revision {revision or 'main'}) is not in the Hugging Face cache {cache} "
@@ -62,29 +95,6 @@ def _snapshot(
         raise ConfigError(f"{what} {repo_id!r} is neither a local path nor a valid hub id: {exc}") from exc
     except Exception as exc:  # huggingface_hub's network and repository errors
         raise ConfigError(
-            f"{what} {repo_id!r} (revision {revision or 'main'}) could not be fetched into {cache}: {exc}"
+            f"{what} {repo_id!r} (revision {revision or 'main'}) could not be fetched into {cache}: {exc} "
+            "(to use the cache alone, set HF_HUB_OFFLINE=1)"
         ) from exc
-
-
-def _gguf_pattern(repo_id: str, quant: str, what: str) -> str:
-    """The glob of the GGUF files whose name holds `quant` in any case (huggingface_hub's patterns are
-    case-sensitive, and repos write Q4_K_M as well as q4_k_m)."""
-    if not _QUANT.match(quant):
-        raise ConfigError(
-            f"{what} {repo_id}:{quant}: after the colon comes a GGUF quantization type such as Q4_K_M "
-            "(letters, digits, '_', '-' or '.')."
-        )
-    return "*" + "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else c for c in quant) + "*.gguf"
-
-
-def _gguf_file(folder: str, repo_id: str, quant: str, what: str) -> str:
-    """The one GGUF file of `folder` whose name holds `quant` (any case)."""
-    files = sorted(name for name in os.listdir(folder) if name.endswith(".gguf"))
-    matches = [name for name in files if quant.lower() in name.lower()]
-    if len(matches) != 1:
-        found = "none does" if not matches else f"{len(matches)} do: {', '.join(matches)}"
-        raise ConfigError(
-            f"{what} {repo_id}:{quant} must name one GGUF file of the repo by its quantization, but "
-            f"{found} (GGUF files here: {', '.join(files) or 'none'})."
-        )
-    return os.path.join(folder, matches[0])

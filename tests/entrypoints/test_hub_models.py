@@ -1,6 +1,7 @@
 """Hub model ids as vLLM users pass them (`org/name`, `org/name:QUANT` for a GGUF repo, --revision,
 --download-dir, a hub id --tokenizer), resolved offline from a Hugging Face cache laid out as
-huggingface_hub lays it out (models--org--name/refs/<branch> -> snapshots/<commit>/), built in the test."""
+huggingface_hub lays it out (models--org--name/refs/<branch> -> snapshots/<commit>/), built in the test;
+online against a Hub served on 127.0.0.1 (fake_hub.py): a GGUF tag's file chosen from the listing."""
 
 import json
 import os
@@ -10,14 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from huggingface_hub.utils import filter_repo_objects
+from fake_hub import FakeHub
 from server_utils import API_SERVER, RemoteServer
 
 from pagedserve import LLM, SamplingParams
 from pagedserve.config import EngineArgs
 from pagedserve.errors import ConfigError
 from pagedserve.utils.gguf_cache import gguf_hf_folder
-from pagedserve.utils.hub import _gguf_pattern
+from pagedserve.utils.hub import resolve_model_path
 
 MAIN, V2 = "a" * 40, "b" * 40
 
@@ -90,15 +91,117 @@ def test_missing_offline_names_the_cache(
     assert str(hub_cache) in str(raised.value) and "HF_HUB_OFFLINE" in str(raised.value)
 
 
-def test_gguf_quant_matches_file_names_in_any_case() -> None:
-    # What the Hub is asked for: huggingface_hub filters allow_patterns case-sensitively.
-    names = ["m-Q4_K_M.gguf", "m-q4_k_m.gguf", "m-Q4_K_S.gguf", "m-Q8_0.gguf", "Q4_K_M.md"]
-    assert list(filter_repo_objects(names, allow_patterns=_gguf_pattern("org/m", "q4_K_m", "--model"))) == [
-        "m-Q4_K_M.gguf",
-        "m-q4_k_m.gguf",
-    ]
+# A GGUF repo's files as the Hub lists them: quantization types that hold one another as substrings, a split
+# file in a folder, a vision projector (no model).
+QUANTS_REPO = [
+    "README.md",
+    "m-F16.gguf",
+    "m-BF16.gguf",
+    "m-Q4_0.gguf",
+    "m-Q4_0_4_4.gguf",
+    "m-IQ4_XS.gguf",
+    "m-q4_k_m.gguf",
+    "m-Q4_K_XL.gguf",
+    "m-UD-Q4_K_XL.gguf",
+    "mmproj-F32.gguf",
+    "Q8_0/m-Q8_0-00001-of-00002.gguf",
+    "Q8_0/m-Q8_0-00002-of-00002.gguf",
+]
+
+
+@pytest.fixture(scope="module")
+def quants_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    files = tmp_path_factory.mktemp("quants")
+    for name in QUANTS_REPO:
+        (files / name).parent.mkdir(exist_ok=True)
+        (files / name).write_text(name)
+    cache = tmp_path_factory.mktemp("hub")
+    add_snapshot(cache, "org/quants", "main", MAIN, files)
+    return cache
+
+
+@pytest.mark.parametrize(
+    "tag, chosen",
+    [
+        ("F16", "m-F16.gguf"),  # not BF16 too
+        ("bf16", "m-BF16.gguf"),
+        ("Q4_0", "m-Q4_0.gguf"),  # not Q4_0_4_4 too
+        ("q4_0_4_4", "m-Q4_0_4_4.gguf"),
+        ("IQ4_XS", "m-IQ4_XS.gguf"),
+        ("Q4_K_M", "m-q4_k_m.gguf"),
+        ("UD-Q4_K_XL", "m-UD-Q4_K_XL.gguf"),
+        ("Q8_0", "Q8_0/m-Q8_0-00001-of-00002.gguf"),  # a split file's first part
+    ],
+)
+def test_gguf_tag_names_a_whole_quantization_token(quants_cache: Path, tag: str, chosen: str) -> None:
+    snapshot = quants_cache / "models--org--quants" / "snapshots" / MAIN
+    assert resolve_model_path(f"org/quants:{tag}", download_dir=str(quants_cache)) == str(snapshot / chosen)
+
+
+@pytest.mark.parametrize(
+    "tag, found",
+    [
+        ("XS", "none does"),  # not IQ4_XS: XS is no whole token of it
+        ("Q4", "none does"),
+        ("Q4_K_XL", "2 do: m-Q4_K_XL.gguf, m-UD-Q4_K_XL.gguf"),
+    ],
+)
+def test_gguf_tag_naming_no_file_or_several_names_the_candidates(
+    quants_cache: Path, tag: str, found: str
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        resolve_model_path(f"org/quants:{tag}", download_dir=str(quants_cache))
+    message = str(raised.value)
+    assert f"org/quants:{tag} must name one GGUF file of the repo by its quantization, but {found}" in message
+    candidates = "Q8_0/m-Q8_0-00001-of-00002.gguf, m-BF16.gguf, m-F16.gguf, m-IQ4_XS.gguf, m-Q4_0.gguf, "
+    candidates += "m-Q4_0_4_4.gguf, m-Q4_K_XL.gguf, m-UD-Q4_K_XL.gguf, m-q4_k_m.gguf"
+    assert f"(GGUF files: {candidates})" in message and "Q4_0 is not Q4_0_4_4" in message
     with pytest.raises(ConfigError, match=r"org/m:Q4 K: after the colon comes a GGUF quantization type"):
         EngineArgs(model="org/m:Q4 K").create_engine_config()
+
+
+RESOLVE = """
+import sys
+from pagedserve.errors import ConfigError
+from pagedserve.utils.hub import resolve_model_path
+try:
+    print(resolve_model_path(sys.argv[1]))
+except ConfigError as exc:
+    print(exc)
+"""
+
+
+def test_online_the_listing_comes_first_and_only_the_chosen_file_is_downloaded(tmp_path: Path) -> None:
+    """huggingface_hub against a Hub on 127.0.0.1: the repo is listed before any download, then only the
+    file the tag names (a split file's parts) is fetched; a tag naming none or several fetches nothing
+    (the old glob fetched every matching file before refusing)."""
+    hub = FakeHub("org/quants", {name: name.encode() for name in QUANTS_REPO})
+    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0", "HF_HUB_CACHE": str(tmp_path)}
+    env.update(HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1", HF_TOKEN="")
+    try:
+        for tag, downloads, printed in [
+            ("F16", ["m-F16.gguf"], "m-F16.gguf"),
+            (
+                "Q8_0",
+                ["Q8_0/m-Q8_0-00001-of-00002.gguf", "Q8_0/m-Q8_0-00002-of-00002.gguf"],
+                "00001-of-00002",
+            ),
+            ("Q4_K_XL", [], "but 2 do"),
+            ("XS", [], "but none does"),
+        ]:
+            hub.requests.clear()
+            result = subprocess.run(
+                [sys.executable, "-c", RESOLVE, f"org/quants:{tag}"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert printed in result.stdout, result.stdout + result.stderr
+            assert hub.requests[0] == ("GET", "/api/models/org/quants/tree/main"), hub.requests
+            assert sorted(hub.downloads()) == downloads, hub.requests
+    finally:
+        hub.close()
 
 
 def test_hf_config_path_and_draft_model_from_the_hub(

@@ -1,12 +1,13 @@
 """LoRA adapters behind a real server on 127.0.0.1: --lora-modules (both forms), /v1/models with their
-parent, a request's `model` picking its adapter (tokens as the merged model's), runtime load and unload
-(VLLM_ALLOW_RUNTIME_LORA_UPDATING) behind the API key, hostile bodies each a 4xx that leaves the server
-serving, and vllm:lora_requests_info."""
+parent (and GET /v1/models/{id}), a request's `model` picking its adapter (tokens as the merged model's),
+runtime load and unload (VLLM_ALLOW_RUNTIME_LORA_UPDATING) behind the API key, hostile bodies each a 4xx
+that leaves the server serving, and vllm:lora_requests_info."""
 
 import json
 import sys
 
 import httpx
+import openai
 import pytest
 from lora_adapters import ATTENTION, write_adapter
 from server_utils import RemoteServer
@@ -34,7 +35,7 @@ def adapters(tiny_model_factory, tmp_path_factory) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def server(adapters):
     chat_json = json.dumps({"name": "chat", "path": adapters["chat"], "base_model_name": "base"})
-    args = [adapters["base"], "--served-model-name", "base", "--uvicorn-log-level", "warning"]
+    args = [adapters["base"], "--served-model-name", "base", "org/base", "--uvicorn-log-level", "warning"]
     args += ["--enable-lora", "--max-loras", "2", "--max-lora-rank", "8", "--kv-cache-memory", "8MiB"]
     args += ["--lora-modules", f"sql={adapters['sql']}", chat_json, "--api-key", API_KEY]
     server = RemoteServer(SERVE, args, api_key=API_KEY, env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"})
@@ -69,7 +70,7 @@ def offline(base: str, adapter: str | None, max_tokens: int = 8) -> list[str]:
 
 def test_models_list_and_requests_pick_their_adapter(server: RemoteServer, adapters) -> None:
     cards = {card.id: card for card in server.client().models.list().data}
-    assert set(cards) == {"base", "sql", "chat"}
+    assert set(cards) == {"base", "org/base", "sql", "chat"}
     assert cards["sql"].parent == "base" and cards["sql"].root == adapters["sql"]
     assert getattr(cards["base"], "parent", None) is None
     got = {name: complete(server, name) for name in ("sql", "base", "chat")}
@@ -85,6 +86,29 @@ def test_models_list_and_requests_pick_their_adapter(server: RemoteServer, adapt
     assert missing.status_code == 404 and "`sql`" in missing.text
     samples = server.metrics()
     assert any(name.startswith('vllm:lora_requests_info{max_lora="2"') for name in samples), samples
+
+
+def test_models_retrieve_each_served_name(server: RemoteServer, adapters) -> None:
+    """GET /v1/models/{id} (the openai client's models.retrieve): the card /v1/models lists, for base names
+    with a slash (sent %2F-encoded by the client, or plain) and adapters; 404 in OpenAI's shape for an
+    unknown id; 401 without the key."""
+    client = server.client()
+    listed = {card.id: card.model_dump(exclude={"created"}) for card in client.models.list().data}
+    for name in ("base", "org/base", "sql", "chat"):
+        card = client.models.retrieve(name)
+        assert card.object == "model" and card.owned_by and card.created > 0
+        assert card.model_dump(exclude={"created"}) == listed[name]
+    plain = httpx.get(f"{server.base_url}/v1/models/org/base", headers=server.headers(), timeout=10)
+    assert (
+        plain.status_code == 200
+        and plain.json()["id"] == "org/base"
+        and plain.json()["root"] == adapters["base"]
+    )
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("org/nope")
+    error = missing.value.response.json()["error"]
+    assert error["type"] == "NotFoundError" and error["param"] == "model" and "`org/base`" in error["message"]
+    assert httpx.get(f"{server.base_url}/v1/models/sql", timeout=10).status_code == 401
 
 
 def test_runtime_load_and_unload(server: RemoteServer, adapters) -> None:

@@ -1,17 +1,21 @@
 """Structured outputs and tool calling through a real server (SmolLM2) and the official openai client:
 schemas streamed and not, guided_* and structured_outputs fields, hostile constraints refused with 4xx
-while the engine keeps serving, tool_choice required / named / auto (hermes)."""
+while the engine keeps serving, tool_choice required / named / auto (hermes), streamed tool calls as
+instructor and the openai SDK's stream helper read them."""
 
 import asyncio
 import json
 import os
 import re
 import sys
+from typing import Literal
 
 import httpx
+import instructor
 import jsonschema
 import openai
 import pytest
+from pydantic import BaseModel, Field
 from server_utils import API_SERVER, RemoteServer
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "structured"))
@@ -344,3 +348,70 @@ def test_tool_choice_auto_with_the_hermes_parser_streamed_and_not(client: openai
         model=None, messages=history, tools=TOOLS, tool_choice="none", max_tokens=10, temperature=0
     )
     assert follow_up.choices[0].message.content and not follow_up.choices[0].message.tool_calls
+
+
+def _raw_tool_call_entries(server: RemoteServer, body: dict) -> list[list[dict]]:
+    """The `delta.tool_calls` of each chunk of a streamed chat request, as the server sent them."""
+    entries = []
+    with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json=body, timeout=300) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                entries += [c["delta"].get("tool_calls") or [] for c in json.loads(line[6:])["choices"]]
+    return entries
+
+
+@pytest.mark.sampled
+@pytest.mark.parametrize(
+    "choice, extra",
+    [
+        ({"type": "function", "function": {"name": "get_weather"}}, {}),
+        ("required", {}),
+        ("auto", {"guided_regex": HERMES_TEXT}),
+    ],
+    ids=["named", "required", "auto"],
+)
+def test_streamed_tool_calls_one_entry_per_call_index(
+    server: RemoteServer, client: openai.OpenAI, choice: str | dict, extra: dict
+) -> None:
+    """Each chunk carries one entry per call index, the first with id, type, name and the arguments so
+    far (two entries for index 0 in one chunk lost a client reading tool_calls[0] its arguments); they
+    reassemble to the calls of the same request unstreamed."""
+    body = {"messages": ASK, "tools": TOOLS, "tool_choice": choice, "max_tokens": 80, "temperature": 0}
+    whole = client.chat.completions.create(model=None, **body, extra_body=extra).choices[0].message
+    calls: dict[int, dict] = {}
+    for entries in _raw_tool_call_entries(server, {**body, **extra, "stream": True}):
+        indexes = [entry["index"] for entry in entries]
+        assert indexes == sorted(set(indexes)), entries
+        for entry in entries:
+            if entry["index"] not in calls:
+                assert entry["type"] == "function" and entry["id"] and entry["function"]["name"], entry
+                calls[entry["index"]] = {"name": entry["function"]["name"], "arguments": ""}
+            calls[entry["index"]]["arguments"] += entry["function"]["arguments"]
+    assert [calls[i] for i in sorted(calls)] == [
+        {"name": c.function.name, "arguments": c.function.arguments} for c in whole.tool_calls
+    ]
+
+
+class Weather(BaseModel):
+    city: str = Field(max_length=20)
+    unit: Literal["celsius", "fahrenheit"]
+
+
+def test_instructor_partial_streaming_and_the_openai_stream_helper(client: openai.OpenAI) -> None:
+    """instructor's create_partial (TOOLS mode: a named tool_choice, read from tool_calls[0]) ends with
+    the non-streamed result; the openai SDK's stream helper parses the same arguments."""
+    model = client.models.list().data[0].id
+    kwargs = dict(model=model, messages=ASK, max_tokens=80, temperature=0)
+    patched = instructor.from_openai(client, mode=instructor.Mode.TOOLS)
+    whole = patched.chat.completions.create(response_model=Weather, max_retries=0, **kwargs)
+    partials = list(patched.chat.completions.create_partial(response_model=Weather, max_retries=0, **kwargs))
+    assert len(partials) > 1 and partials[-1].model_dump() == whole.model_dump()
+    tool = openai.pydantic_function_tool(Weather)
+    choice = {"type": "function", "function": {"name": "Weather"}}
+    with client.chat.completions.stream(tools=[tool], tool_choice=choice, **kwargs) as stream:
+        argument_deltas = [e for e in stream if e.type == "tool_calls.function.arguments.delta"]
+        final = stream.get_final_completion()
+    (call,) = final.choices[0].message.tool_calls
+    assert call.function.parsed_arguments.model_dump() == whole.model_dump()
+    assert argument_deltas and all(e.arguments_delta for e in argument_deltas)

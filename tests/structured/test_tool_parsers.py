@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagedserve.entrypoints.openai.chat_tools import resolve_chat_tools
+from pagedserve.entrypoints.openai.chat_tools import ToolStreamer, resolve_chat_tools
 from pagedserve.entrypoints.openai.tool_parsers import get_tool_parser
 from pagedserve.entrypoints.openai.tool_parsers.streaming import ToolCallStreamer
 from pagedserve.errors import ConfigError, InvalidRequestError
@@ -70,33 +70,69 @@ def test_extract(parser_name: str, text: str, content: str | None, calls: list) 
     assert [(c.name, json.loads(c.arguments)) for c in extracted.tool_calls] == calls
 
 
-@pytest.mark.parametrize("chunk", [1, 4, 17])
+def _streamed(streamer: ToolStreamer, text: str, chunk: int) -> tuple[str | None, list[tuple[str, str]]]:
+    """`text` fed `chunk` characters at a time -> (content, [(name, arguments)]), each feed's tool-call
+    deltas checked for OpenAI's shape: one entry per call index, in index order, a call's first entry
+    with its id, type and name (a client reading tool_calls[0] gets the whole piece)."""
+    content, calls = "", {}
+    for start in range(0, len(text), chunk):
+        piece, deltas = streamer.feed(text[start : start + chunk], start + chunk >= len(text))
+        content += piece
+        entries = [d.to_openai() for d in deltas]
+        indexes = [entry["index"] for entry in entries]
+        assert indexes == sorted(set(indexes)), entries
+        for entry in entries:
+            first = entry["index"] not in calls
+            assert ("id" in entry) == first and ("name" in entry["function"]) == first, entry
+            if first:
+                assert entry["type"] == "function" and entry["id"].startswith("call_")
+                calls[entry["index"]] = (entry["function"]["name"], "")
+            name, arguments = calls[entry["index"]]
+            calls[entry["index"]] = (name, arguments + entry["function"]["arguments"])
+    assert sorted(calls) == list(range(len(calls)))
+    return content or None, [calls[i] for i in range(len(calls))]
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 17, 10**6])
 @pytest.mark.parametrize(("parser_name", "text", "content", "calls"), ALL)
 def test_streamed_deltas_reassemble_to_the_whole_result(
     parser_name: str, text: str, content: str | None, calls: list, chunk: int
 ) -> None:
     parser = get_tool_parser(parser_name)
-    streamer = ToolCallStreamer(parser)
-    streamed_content, streamed_calls = "", {}
-    for start in range(0, len(text), chunk):
-        piece_content, deltas = streamer.feed(text[start : start + chunk], start + chunk >= len(text))
-        streamed_content += piece_content
-        for delta in (d.to_openai() for d in deltas):
-            call = streamed_calls.setdefault(delta["index"], {"name": None, "arguments": ""})
-            if "id" in delta:  # OpenAI's first delta of a call: id, type, name, empty arguments
-                assert (
-                    call["name"] is None
-                    and delta["type"] == "function"
-                    and delta["function"]["arguments"] == ""
-                )
-                call["name"] = delta["function"]["name"]
-            call["arguments"] += delta["function"]["arguments"]
     whole = parser.extract(text)
-    assert (streamed_content or None) == whole.content
-    assert [streamed_calls[i]["name"] for i in sorted(streamed_calls)] == [c.name for c in whole.tool_calls]
-    assert [streamed_calls[i]["arguments"] for i in sorted(streamed_calls)] == [
-        c.arguments for c in whole.tool_calls
-    ]
+    assert _streamed(ToolCallStreamer(parser), text, chunk) == (
+        whole.content,
+        [(c.name, c.arguments) for c in whole.tool_calls],
+    )
+
+
+TWO_CALLS = (
+    '[{"name": "get_weather", "parameters": {"city": "Oslo"}}, {"name": "get_time", "parameters": {}}]'
+)
+# tool_choice -> a text the model may write under it (two calls where it may make two)
+CHOICE_TEXTS = [
+    ({"type": "function", "function": {"name": "get_weather"}}, None, '{"city": "Paris"}'),
+    ("required", None, TWO_CALLS),
+    *((("auto", name, text) for name, text, _, calls in ALL if len(calls) == 2)),
+]
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+@pytest.mark.parametrize("chunk", [1, 10**6])
+@pytest.mark.parametrize(("choice", "parser", "text"), CHOICE_TEXTS)
+def test_every_tool_choice_streams_one_entry_per_call_index(
+    choice: str | dict, parser: str | None, text: str, chunk: int, parallel: bool
+) -> None:
+    """Named, required and auto (each parser), parallel calls or not, token by token or in one chunk
+    (where two calls stay two entries, in index order): the deltas reassemble to the whole output."""
+    time_tool = {"type": "function", "function": {"name": "get_time", "parameters": {}}}
+    tools = resolve_chat_tools([*TOOLS, time_tool], choice, parser, parallel)
+    streamer = tools.streamer()
+    assert streamer is not None
+    whole = tools.output(text, "stop")
+    content, calls = _streamed(streamer, text, chunk)
+    assert content == whole.content and calls == [(c.name, c.arguments) for c in whole.tool_calls]
+    assert len(calls) == (2 if parallel and not isinstance(choice, dict) else 1)
 
 
 TOOLS = [

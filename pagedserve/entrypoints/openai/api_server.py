@@ -43,6 +43,7 @@ from pagedserve.entrypoints.openai.protocol import (
     CompletionResponse,
     DetokenizeRequest,
     DetokenizeResponse,
+    ModelCard,
     ModelList,
     TokenizeRequest,
     TokenizeResponse,
@@ -193,6 +194,11 @@ def _add_info_routes(
     @app.get("/v1/models")
     async def list_models() -> ModelList:
         return ModelList(data=models.cards())
+
+    # NOTE: `path`: served names may hold slashes (org/name), sent as such or as %2F (the openai client).
+    @app.get("/v1/models/{model:path}", responses=ERROR_RESPONSES)
+    async def retrieve_model(model: str) -> ModelCard:
+        return models.card(model)
 
 
 def _bind_socket(host: str, port: int) -> socket.socket:

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from pagedserve.entrypoints.openai.tool_parsers import ParsedToolCall, ToolParser, get_tool_parser
 from pagedserve.entrypoints.openai.tool_parsers.base import call_from_json, load_json
-from pagedserve.entrypoints.openai.tool_parsers.streaming import ToolCallDelta, ToolCallStreamer, call_deltas
+from pagedserve.entrypoints.openai.tool_parsers.streaming import ToolCallDelta, ToolCallStreamer, call_delta
 from pagedserve.errors import InvalidRequestError
 from pagedserve.structured_output.grammar import MAX_CONSTRAINT_DEPTH, check_schema_depth
 from pagedserve.structured_outputs_params import StructuredOutputsParams
@@ -235,7 +235,7 @@ class _FirstCallStreamer:
 
 
 class _NamedStreamer:
-    """The constrained output *is* the arguments: they stream as they come, after the name."""
+    """The constrained output *is* the arguments: they stream as they come, the first with the name."""
 
     has_tool_calls = True
 
@@ -244,13 +244,10 @@ class _NamedStreamer:
         self.started = False
 
     def feed(self, delta: str, finished: bool) -> tuple[str, list[ToolCallDelta]]:
-        deltas = []
         if not self.started:
             self.started = True
-            deltas.append(call_deltas(0, self.call)[0])
-        if delta:
-            deltas.append(ToolCallDelta(0, arguments=delta))
-        return "", deltas
+            return "", [ToolCallDelta(0, self.call.id, self.call.name, delta)]
+        return "", [ToolCallDelta(0, arguments=delta)] if delta else []
 
 
 class _RequiredStreamer:
@@ -265,4 +262,4 @@ class _RequiredStreamer:
         self.text += delta
         if not finished:
             return "", []
-        return "", [d for i, call in enumerate(_required_calls(self.text)) for d in call_deltas(i, call)]
+        return "", [call_delta(i, call) for i, call in enumerate(_required_calls(self.text))]

@@ -66,13 +66,23 @@ class ServedModels:
             return None
         adapter = self.adapters.get(model)
         if adapter is None:
-            names = ", ".join(f"`{name}`" for name in sorted([*self.base_names, *self.adapters]))
-            raise InvalidRequestError(
-                f"The model `{model}` does not exist: this server serves {names} (see GET /v1/models).",
-                param="model",
-                status_code=404,
-            )
+            raise self._unknown(model)
         return adapter
+
+    def card(self, model: str) -> ModelCard:
+        """GET /v1/models/{model}. Raises InvalidRequestError (404) for a name this server does not serve."""
+        found = next((card for card in self.cards() if card.id == model), None)
+        if found is None:
+            raise self._unknown(model)
+        return found
+
+    def _unknown(self, model: str) -> InvalidRequestError:
+        names = ", ".join(f"`{name}`" for name in sorted([*self.base_names, *self.adapters]))
+        return InvalidRequestError(
+            f"The model `{model}` does not exist: this server serves {names} (see GET /v1/models).",
+            param="model",
+            status_code=404,
+        )
 
     def cards(self) -> list[ModelCard]:
         base = [

@@ -8,8 +8,9 @@ from pagedserve.entrypoints.openai.tool_parsers.base import ParsedToolCall, Tool
 
 @dataclass
 class ToolCallDelta:
-    """One piece of `delta.tool_calls[i]`: the first for a call carries its id and name (arguments ""),
-    the next its arguments."""
+    """`delta.tool_calls[i]`, one entry per call index in a chunk (as OpenAI sends them: clients such as
+    instructor read only `tool_calls[0]`). A call's first carries its id and name with the arguments so
+    far, the next ones more arguments."""
 
     index: int
     id: str | None = None
@@ -18,7 +19,9 @@ class ToolCallDelta:
 
     def to_openai(self) -> dict[str, object]:
         function = (
-            {"arguments": self.arguments} if self.name is None else {"name": self.name, "arguments": ""}
+            {"arguments": self.arguments}
+            if self.name is None
+            else {"name": self.name, "arguments": self.arguments}
         )
         delta: dict[str, object] = {"index": self.index, "function": function}
         if self.id is not None:
@@ -26,8 +29,9 @@ class ToolCallDelta:
         return delta
 
 
-def call_deltas(index: int, call: ParsedToolCall) -> list[ToolCallDelta]:
-    return [ToolCallDelta(index, call.id, call.name), ToolCallDelta(index, arguments=call.arguments)]
+def call_delta(index: int, call: ParsedToolCall) -> ToolCallDelta:
+    """A whole call as the one entry of its index."""
+    return ToolCallDelta(index, call.id, call.name, call.arguments)
 
 
 class ToolCallStreamer:
@@ -69,7 +73,7 @@ class ToolCallStreamer:
         return content
 
     def _new_calls(self, calls: list[ParsedToolCall]) -> list[ToolCallDelta]:
-        deltas = [d for i in range(self.num_calls_sent, len(calls)) for d in call_deltas(i, calls[i])]
+        deltas = [call_delta(i, calls[i]) for i in range(self.num_calls_sent, len(calls))]
         self.num_calls_sent = max(self.num_calls_sent, len(calls))
         return deltas
 
