@@ -85,6 +85,12 @@ def read_gguf(path: str, arrays: bool = False) -> GGUFFile:
         kind, start = struct.unpack_from("<IQ", buffer, offset + 4 + 8 * num_dims)
         offset += 4 + 8 * num_dims + 12
         infos.append((name, dims, GGMLQuantizationType(kind), start))
+    parts = int(metadata.get("split.count", 1))  # type: ignore[call-overload]
+    if parts > 1:
+        raise ConfigError(
+            f"{path} is one part of a GGUF split into {parts} files; pagedserve loads a GGUF from one file: "
+            "merge the parts first (llama.cpp's `llama-gguf-split --merge FIRST_PART OUT.gguf`)."
+        )
     alignment = int(metadata.get("general.alignment", _DEFAULT_ALIGNMENT))  # type: ignore[call-overload]
     data_start = -(-offset // alignment) * alignment
     digest = hashlib.sha256(buffer[:data_start]).hexdigest()

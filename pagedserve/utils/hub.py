@@ -30,8 +30,8 @@ def resolve_model_path(
 ) -> str:
     """The local path of `model`: itself when it is not a hub id; else the snapshot folder of its
     checkpoint (safetensors, else .bin weights, with configs and tokenizer), or the path of the GGUF file
-    `org/name:QUANT` names (the first part of a split one). Raises ConfigError naming the repo, the
-    revision and the cache folder."""
+    `org/name:QUANT` names. Raises ConfigError naming the repo, the revision and the cache folder; for a
+    split GGUF before anything is downloaded (the loader reads one file)."""
     if not is_hub_id(model):
         return model
     repo_id, _, quant = model.partition(":")
@@ -40,6 +40,12 @@ def resolve_model_path(
         # NOTE: chosen from the listing, so that only its file (its parts) is downloaded, and only once
         # the tag names one.
         chosen = choose_gguf(_repo_files(repo_id, revision, download_dir, what), repo_id, quant, what)
+        if len(chosen.files) > 1:
+            raise ConfigError(
+                f"{what} {model} names a GGUF split into {len(chosen.files)} files ({chosen.files[0]}, ...); "
+                "pagedserve loads a GGUF from one file: merge the parts first (llama.cpp's "
+                "`llama-gguf-split --merge FIRST_PART OUT.gguf`) and pass the merged file."
+            )
         folder = _snapshot(repo_id, revision, download_dir, [glob.escape(f) for f in chosen.files], what)
         return os.path.join(folder, chosen.files[0])
     folder = _snapshot(repo_id, revision, download_dir, [*_CONFIG_FILES, "*.safetensors"], what)

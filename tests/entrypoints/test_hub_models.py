@@ -18,6 +18,7 @@ from pagedserve import LLM, SamplingParams
 from pagedserve.config import EngineArgs
 from pagedserve.errors import ConfigError
 from pagedserve.utils.gguf_cache import gguf_hf_folder
+from pagedserve.utils.gguf_tensors import read_gguf
 from pagedserve.utils.hub import resolve_model_path
 
 MAIN, V2 = "a" * 40, "b" * 40
@@ -130,7 +131,6 @@ def quants_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("IQ4_XS", "m-IQ4_XS.gguf"),
         ("Q4_K_M", "m-q4_k_m.gguf"),
         ("UD-Q4_K_XL", "m-UD-Q4_K_XL.gguf"),
-        ("Q8_0", "Q8_0/m-Q8_0-00001-of-00002.gguf"),  # a split file's first part
     ],
 )
 def test_gguf_tag_names_a_whole_quantization_token(quants_cache: Path, tag: str, chosen: str) -> None:
@@ -160,6 +160,25 @@ def test_gguf_tag_naming_no_file_or_several_names_the_candidates(
         EngineArgs(model="org/m:Q4 K").create_engine_config()
 
 
+def test_a_split_gguf_is_refused_before_download_and_as_a_local_part(
+    quants_cache: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(
+        ConfigError, match=r"org/quants:Q8_0 names a GGUF split into 2 files .*llama-gguf-split"
+    ):
+        resolve_model_path("org/quants:Q8_0", download_dir=str(quants_cache))
+    import gguf
+
+    part = tmp_path / "m-00001-of-00002.gguf"
+    writer = gguf.GGUFWriter(str(part), "llama")
+    writer.add_uint16("split.count", 2)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    with pytest.raises(ConfigError, match=r"one part of a GGUF split into 2 files.*--merge"):
+        read_gguf(str(part))
+
+
 RESOLVE = """
 import sys
 from pagedserve.errors import ConfigError
@@ -173,7 +192,7 @@ except ConfigError as exc:
 
 def test_online_the_listing_comes_first_and_only_the_chosen_file_is_downloaded(tmp_path: Path) -> None:
     """huggingface_hub against a Hub on 127.0.0.1: the repo is listed before any download, then only the
-    file the tag names (a split file's parts) is fetched; a tag naming none or several fetches nothing
+    file the tag names is fetched; a tag naming none or several files, or a split GGUF, fetches nothing
     (the old glob fetched every matching file before refusing)."""
     hub = FakeHub("org/quants", {name: name.encode() for name in QUANTS_REPO})
     env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0", "HF_HUB_CACHE": str(tmp_path)}
@@ -181,11 +200,7 @@ def test_online_the_listing_comes_first_and_only_the_chosen_file_is_downloaded(t
     try:
         for tag, downloads, printed in [
             ("F16", ["m-F16.gguf"], "m-F16.gguf"),
-            (
-                "Q8_0",
-                ["Q8_0/m-Q8_0-00001-of-00002.gguf", "Q8_0/m-Q8_0-00002-of-00002.gguf"],
-                "00001-of-00002",
-            ),
+            ("Q8_0", [], "split into 2 files"),  # refused before its parts are fetched
             ("Q4_K_XL", [], "but 2 do"),
             ("XS", [], "but none does"),
         ]:
