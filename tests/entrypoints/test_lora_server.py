@@ -157,7 +157,7 @@ def test_hostile_bodies_are_refused_and_the_server_serves_on(server: RemoteServe
 
 
 def test_adapter_folders_deleted_or_rewritten_fail_only_their_requests(server, adapters, tmp_path) -> None:
-    """The issue's sequences with two slots and two adapters in host memory: v asked, then w and sql (v
+    """The issue's sequences with two slots and two adapters in host memory: v asked, then sql and chat (v
     leaves the slots and host memory), then v's folder deleted, or rewritten with other weights of the same
     shapes, and v asked again. v's request gets an error naming its folder and the problem (never other
     weights, never a mix with its cached K/V); w and the base model serve on; v loaded again serves its new
@@ -172,8 +172,8 @@ def test_adapter_folders_deleted_or_rewritten_fail_only_their_requests(server, a
         write_adapter(v, config, 4, 8, ATTENTION, seed=seed)
         assert post(server, "/v1/load_lora_adapter", {"lora_name": "v", "lora_path": v}).status_code == 200
         complete(server, "v")
-        assert complete(server, "w") == w_tokens
         complete(server, "sql")
+        complete(server, "chat")
 
     def v_fails(problem: str) -> None:
         body = {"model": "v", "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
