@@ -47,13 +47,16 @@ class PoolingParams(msgspec.Struct, array_like=True, omit_defaults=True):
 
 class LoRARequest(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
     """A PEFT adapter folder (`lora_path`: adapter_config.json + adapter_model.safetensors or .bin) served as
-    `lora_name`. `lora_int_id` (>= 1) identifies these weights everywhere in the engine: the workers' slots,
-    the prefix cache (an adapter's KV differs from the base model's). Give a new id to new weights."""
+    `lora_name`. `lora_int_id` (>= 1) and `files_digest` identify these weights everywhere in the engine
+    (`identity`): the workers' slots and host copies, the prefix cache (an adapter's KV differs from the base
+    model's). `files_digest` is set by the frontend, the sha256 of the files it read (lora/peft.py); a worker
+    reading the files again refuses the request when they no longer match. Give a new id to new weights."""
 
     lora_name: str
     lora_int_id: int
     lora_path: str = ""
     base_model_name: str | None = None
+    files_digest: str = ""
 
     def __post_init__(self) -> None:
         if isinstance(self.lora_int_id, bool) or not isinstance(self.lora_int_id, int):
@@ -62,6 +65,11 @@ class LoRARequest(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tr
             raise ValueError(f"lora_int_id must be in [1, 2**63), got {self.lora_int_id}.")
         if not self.lora_name or not self.lora_path:
             raise ValueError("a LoRARequest needs a lora_name and a lora_path (the adapter's folder).")
+
+    @property
+    def identity(self) -> bytes:
+        """What the engine's caches key this adapter by: its id and its files' digest."""
+        return self.lora_int_id.to_bytes(8, "little") + self.files_digest.encode()
 
     @property
     def adapter_id(self) -> int:

@@ -113,6 +113,11 @@ class BlockPool:
             block.cache_key, block.token_ids = key, tuple(token_ids)
             self.cached[key] = block
 
+    def uncache(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Forget these blocks' hashes (they stay allocated to their holders)."""
+        for block in blocks:
+            self._evict(block)
+
     def reset_prefix_cache(self) -> int:
         """Forget every hash (blocks in use stay allocated, just no longer findable). Returns how many
         blocks were in the cache."""

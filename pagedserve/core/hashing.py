@@ -1,9 +1,9 @@
 """Content hashes of full KV blocks, chained so that a block's hash names its whole prefix.
 
 hash(block i) = sha256(hash(block i - 1) + token ids of block i); the first block mixes in the
-request's `cache_salt` and LoRA adapter id instead of a parent. Equal hashes therefore mean equal token
-prefixes (and salts, and adapters: an adapter's K/V differ from the base model's), up to sha256
-collisions; a hit is still verified against the block's token ids.
+request's `cache_salt` and LoRA adapter identity (id and files' digest) instead of a parent. Equal hashes
+therefore mean equal token prefixes (and salts, and adapters: an adapter's K/V differ from the base
+model's), up to sha256 collisions; a hit is still verified against the block's token ids.
 """
 
 import hashlib
@@ -18,15 +18,15 @@ _FIRST, _CHAINED = b"\x00", b"\x01"
 
 
 def hash_block_tokens(
-    parent: BlockHash | None, token_ids: Sequence[int], cache_salt: str | None = None, lora_id: int = 0
+    parent: BlockHash | None, token_ids: Sequence[int], cache_salt: str | None = None, lora_key: bytes = b""
 ) -> BlockHash:
     """The hash of one full block: `parent` is the previous block's hash (None for the first block,
-    which takes `cache_salt` and `lora_id` instead; they then reach every later block through the chain)."""
+    which takes `cache_salt` and `lora_key` instead; they then reach every later block through the chain)."""
     tokens = array("q", token_ids).tobytes()
     if parent is None:
         salt = (cache_salt or "").encode()
-        # NOTE: fixed-width fields before the salt: no salt can spell another adapter's key.
-        key = lora_id.to_bytes(8, "little") + len(salt).to_bytes(4, "little") + salt
+        # NOTE: each field after its length: no salt can spell another adapter's key.
+        key = len(lora_key).to_bytes(4, "little") + lora_key + len(salt).to_bytes(4, "little") + salt
         return hashlib.sha256(_FIRST + key + tokens).digest()
     return hashlib.sha256(_CHAINED + parent + tokens).digest()
 
@@ -37,7 +37,7 @@ def extend_block_hashes(
     block_size: int,
     num_blocks: int,
     cache_salt: str | None,
-    lora_id: int = 0,
+    lora_key: bytes = b"",
 ) -> None:
     """Append to `hashes` (the chain of a request's first full blocks) until it covers `num_blocks`
     full blocks of `token_ids`. The caller guarantees `num_blocks * block_size <= len(token_ids)`."""
@@ -45,6 +45,6 @@ def extend_block_hashes(
         parent = hashes[-1] if hashes else None
         hashes.append(
             hash_block_tokens(
-                parent, token_ids[index * block_size : (index + 1) * block_size], cache_salt, lora_id
+                parent, token_ids[index * block_size : (index + 1) * block_size], cache_salt, lora_key
             )
         )

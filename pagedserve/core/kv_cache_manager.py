@@ -111,7 +111,7 @@ class KVCacheManager:
         size, tokens = self.block_size, request.all_token_ids
         max_entries = (request.num_tokens - 1) // size
         extend_block_hashes(
-            request.block_hashes, tokens, size, max_entries, request.cache_salt, request.lora_id
+            request.block_hashes, tokens, size, max_entries, request.cache_salt, request.lora_key
         )
         return find_longest_cache_hit(self.block_pool, self.groups, request.block_hashes, tokens, max_entries)
 
@@ -243,6 +243,11 @@ class KVCacheManager:
         self.num_freed_leading.pop(request.request_id, None)
         # NOTE: tail blocks first, so the most request-specific blocks are evicted first.
         self.block_pool.free(reversed(self._held(blocks)))
+
+    def uncache(self, request: Request) -> None:
+        """Make the request's blocks unfindable (their K/V are not what their hashes say: its step failed).
+        The request and whoever shares them keep them."""
+        self.block_pool.uncache(self.req_to_blocks.get(request.request_id, []))
 
     def trim(self, request: Request) -> int:
         """Release the blocks past those holding the request's tokens (they held only rejected draft
@@ -385,7 +390,7 @@ class KVCacheManager:
         if num_full <= start:
             return
         extend_block_hashes(
-            request.block_hashes, request.all_token_ids, size, num_full, request.cache_salt, request.lora_id
+            request.block_hashes, request.all_token_ids, size, num_full, request.cache_salt, request.lora_key
         )
         for entry in range(start, num_full):
             tokens = request.all_token_ids[entry * size : (entry + 1) * size]

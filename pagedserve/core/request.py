@@ -52,9 +52,9 @@ class Request:
         self.num_prompt_logprobs_reported = 0
 
     @property
-    def lora_id(self) -> int:
-        """Its adapter's id; 0 for the base model."""
-        return 0 if self.lora_request is None else self.lora_request.lora_int_id
+    def lora_key(self) -> bytes:
+        """Its adapter's identity (id and files' digest); empty for the base model."""
+        return b"" if self.lora_request is None else self.lora_request.identity
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -89,3 +89,5 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, list[dict[int, float] | None]] = field(default_factory=dict)
     # --runner pooling: request id -> its pooled vector (embedding or scores).
     pooled: dict[str, list[float]] = field(default_factory=dict)
+    # request id -> why the worker could not run it (its LoRA adapter's files): it ends with that error.
+    failed: dict[str, str] = field(default_factory=dict)

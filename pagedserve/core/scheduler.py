@@ -187,27 +187,27 @@ class Scheduler(SchedulerState):
                 continue
             self.waiting.remove(request)
             seats += admission.more_seats
-            if request.lora_id:
-                adapters.add(request.lora_id)
+            if request.lora_key:
+                adapters.add(request.lora_key)
             request.num_computed_tokens = admission.num_cached
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             self._record(step, request, admission.num_new, allocation)
 
-    def _running_adapters(self, running: list[Request] | None = None) -> set[int]:
-        """The adapter ids of the running requests (or of `running`; the base model's requests take no
-        slot); none looked for without --enable-lora (this runs every step)."""
+    def _running_adapters(self, running: list[Request] | None = None) -> set[bytes]:
+        """The adapters (identities) of the running requests (or of `running`; the base model's requests
+        take no slot); none looked for without --enable-lora (this runs every step)."""
         if self.config.max_loras is None:
             return set()
         return {
-            request.lora_id for request in (self.running if running is None else running) if request.lora_id
+            request.lora_key for request in (self.running if running is None else running) if request.lora_key
         }
 
-    def _adapter_fits(self, request: Request, adapters: set[int]) -> bool:
+    def _adapter_fits(self, request: Request, adapters: set[bytes]) -> bool:
         """--max-loras: the request's adapter runs already, or a slot is left for it."""
         limit = self.config.max_loras
-        lora_id = request.lora_id
-        return limit is None or not lora_id or lora_id in adapters or len(adapters) < limit
+        key = request.lora_key
+        return limit is None or not key or key in adapters or len(adapters) < limit
 
     def _admission(
         self,
@@ -338,6 +338,11 @@ class Scheduler(SchedulerState):
             request = self.requests.get(request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue  # aborted or preempted meanwhile
+            error = runner_output.failed.get(request_id)
+            if error is not None:
+                outputs.append(self._fail(request, error))
+                finished.append(request)
+                continue
             prompt_logprobs = self._unreported_prompt_logprobs(
                 request, runner_output.prompt_logprobs.get(request_id), scheduler_output
             )
@@ -371,6 +376,13 @@ class Scheduler(SchedulerState):
             drafting = self.in_flight.drafting(self.running, scheduler_output.num_scheduled_tokens)
             self.drafts.propose(drafting, runner_output.draft_token_ids)
         return outputs + beam_outputs
+
+    def _fail(self, request: Request, error: str) -> EngineCoreOutput:
+        """The worker could not run the request (its adapter's files): it ends with `error`, and the blocks
+        its step filled (the base model's K/V under its adapter's key) leave the prefix cache."""
+        request.finish_reason = FinishReason.ERROR
+        self.kv_cache_manager.uncache(request)
+        return EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.ERROR, error=error)
 
     @staticmethod
     def _unreported_prompt_logprobs(

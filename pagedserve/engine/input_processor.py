@@ -92,7 +92,7 @@ class InputProcessor:
         model's default), limits, the LoRA adapter. With `beam_search`, its max_tokens wins and `params.n`
         best beams come back."""
         self._validate_priority(priority)
-        self.lora.check(lora_request)
+        lora_request = self.lora.check(lora_request)
         text, token_ids = self.tokenize(prompt)
         if beam_search is not None:
             params = replace(params, max_tokens=beam_search.max_tokens, ignore_eos=beam_search.ignore_eos)

@@ -19,7 +19,8 @@ class LoRABatch:
 class LinearLoRA:
     """`max_loras` adapters' A and B of one (possibly fused, possibly sharded) linear layer. Each fused
     projection (q, k, v; gate, up) has its own `max_rank` rows of A and columns of B: A [slots, n * rank,
-    in], B [slots, out, n * rank], block-diagonal in B, so one shrink and one expand serve them all."""
+    in], B stored transposed [slots, n * rank, out] (add_lora's layout: a row of outputs per rank),
+    block-diagonal in B, so one shrink and one expand serve them all."""
 
     def __init__(
         self,
@@ -40,7 +41,7 @@ class LinearLoRA:
         else:
             size_in, size_out = layer.input_size, layer.output_size_per_partition
         self.a = torch.zeros(max_loras, width, size_in, device=device, dtype=dtype)
-        self.b = torch.zeros(max_loras, size_out, width, device=device, dtype=dtype)
+        self.b = torch.zeros(max_loras, width, size_out, device=device, dtype=dtype)
 
     @property
     def num_bytes(self) -> int:
@@ -55,7 +56,7 @@ class LinearLoRA:
         layer's weight_loader cuts its weight (columns of a row-parallel layer's a, rows of b otherwise)."""
         start = self.layer.shard_ids.index(shard_id) * self.max_rank
         cols = slice(start, start + weights.a.shape[0])
-        a, b = self.a[slot, cols], self.b[slot, :, cols]
+        a, b = self.a[slot, cols], self.b[slot, cols].T  # b: [out, rank], as the weight and weights.b
         if isinstance(self.layer, RowParallelLinear):
             self.layer.weight_loader(a, weights.a)  # type: ignore[arg-type]  # a plain tensor serves
             b.copy_(weights.b)

@@ -1,8 +1,11 @@
 """Reading a PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors or .bin) into float32
 A and B matrices per module, checked against the base model's shapes and the engine's limits. Everything a
 client could get wrong is an InvalidRequestError naming the path and the field, raised before any of the
-adapter reaches the engine."""
+adapter reaches the engine. Each file is read once, whole, into memory: the adapter's `digest` is the
+sha256 of exactly the bytes its weights came from (what tells a rewritten folder from the one loaded)."""
 
+import hashlib
+import io
 import json
 import math
 import re
@@ -31,6 +34,7 @@ class LoRAWeights:
 class LoRAAdapter:
     rank: int  # the largest rank of its modules
     modules: dict[str, LoRAWeights]  # HF module name ("model.layers.0.self_attn.q_proj") -> its delta
+    digest: str  # sha256 (hex) of the files read: adapter_config.json, then the weights file
 
     @property
     def num_bytes(self) -> int:
@@ -40,10 +44,18 @@ class LoRAAdapter:
 def load_adapter(path: str, shapes: ModelShapes, max_rank: int) -> LoRAAdapter:
     """Read and check the adapter in folder `path`. Raises InvalidRequestError (param lora_path)."""
     folder = Path(path)
-    config = _read_config(folder)
+    config_bytes = _read_config_bytes(folder)
+    config = _parse_config(config_bytes, path)
     scaling = _scaling_rule(config, path)
-    weights_file = _weights_file(folder, shapes.max_adapter_bytes(max_rank))
-    tensors = _read_tensors(weights_file)
+    weights_file = _weights_file(folder)
+    weights_bytes = _read_bounded(
+        weights_file,
+        shapes.max_adapter_bytes(max_rank),
+        path,
+        ", more than an adapter of this model within --max-lora-rank can be; raise --max-lora-rank if its "
+        "rank is larger",
+    )
+    tensors = _read_tensors(weights_file.name, weights_bytes, path)
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
         module, which = _parse_key(key, path)
@@ -53,27 +65,56 @@ def load_adapter(path: str, shapes: ModelShapes, max_rank: int) -> LoRAAdapter:
         modules[module] = _module_weights(module, pair, shapes, max_rank, scaling, path)
     if not modules:
         raise _error(path, f"{weights_file.name} holds no LoRA weights (lora_A / lora_B tensors)")
-    return LoRAAdapter(max(w.a.shape[0] for w in modules.values()), modules)
+    digest = hashlib.sha256()
+    for part in (config_bytes, weights_file.name.encode(), weights_bytes):
+        digest.update(len(part).to_bytes(8, "little") + part)
+    return LoRAAdapter(max(w.a.shape[0] for w in modules.values()), modules, digest.hexdigest())
+
+
+def changed_files_error(path: str, loaded: str, now: str) -> InvalidRequestError:
+    """The rule for an adapter folder rewritten after its load: its requests are refused, never served
+    with the new weights under the old adapter's identity (the prefix cache holds K/V of the old ones)."""
+    return _error(
+        path,
+        f"its files changed since it was loaded (sha256 {loaded[:16]} then, {now[:16]} now); an adapter's "
+        "files must not change while it is served: load it again (server: /v1/unload_lora_adapter, then "
+        "/v1/load_lora_adapter; offline: a LoRARequest with a new lora_int_id)",
+    )
 
 
 def _error(path: str, what: str) -> InvalidRequestError:
     return InvalidRequestError(f"LoRA adapter {path!r}: {what}.", param="lora_path")
 
 
-def _read_config(folder: Path) -> dict[str, Any]:
-    config_file = folder / "adapter_config.json"
+def _read_config_bytes(folder: Path) -> bytes:
     if not folder.is_dir():
         raise _error(str(folder), "no such folder (a PEFT adapter folder holds adapter_config.json)")
+    config_file = folder / "adapter_config.json"
     if not config_file.is_file():
         raise _error(str(folder), "no adapter_config.json in it (a PEFT LoRA adapter folder is expected)")
-    if config_file.stat().st_size > _MAX_CONFIG_BYTES:
-        raise _error(str(folder), f"adapter_config.json is over {_MAX_CONFIG_BYTES} bytes")
+    return _read_bounded(config_file, _MAX_CONFIG_BYTES, str(folder))
+
+
+def _read_bounded(file: Path, max_bytes: int, path: str, why: str = "") -> bytes:
+    """The file's bytes, refused past `max_bytes` (`why`: the limit's reason; at most one byte more is
+    read, so a file growing meanwhile is refused too)."""
     try:
-        config = json.loads(config_file.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise _error(str(folder), f"adapter_config.json is not readable JSON ({exc})") from None
+        with file.open("rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as exc:
+        raise _error(path, f"{file.name} is not readable ({exc})") from None
+    if len(data) > max_bytes:
+        raise _error(path, f"{file.name} is over {max_bytes} bytes{why}")
+    return data
+
+
+def _parse_config(data: bytes, path: str) -> dict[str, Any]:
+    try:
+        config = json.loads(data.decode())
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise _error(path, f"adapter_config.json is not readable JSON ({exc})") from None
     if not isinstance(config, dict):
-        raise _error(str(folder), "adapter_config.json must be a JSON object")
+        raise _error(path, "adapter_config.json must be a JSON object")
     return config
 
 
@@ -99,33 +140,26 @@ def _scaling_rule(config: dict[str, Any], path: str) -> tuple[float, bool]:
     return float(alpha), bool(rslora)
 
 
-def _weights_file(folder: Path, max_bytes: int) -> Path:
+def _weights_file(folder: Path) -> Path:
     for name in ("adapter_model.safetensors", "adapter_model.bin"):
         candidate = folder / name
         if candidate.is_file():
-            size = candidate.stat().st_size
-            if size > max_bytes:
-                raise _error(
-                    str(folder),
-                    f"{name} is {size} bytes, more than an adapter of this model within --max-lora-rank can "
-                    f"be ({max_bytes}); raise --max-lora-rank if its rank is larger",
-                )
             return candidate
     raise _error(str(folder), "no adapter_model.safetensors or adapter_model.bin in it")
 
 
-def _read_tensors(weights_file: Path) -> dict[str, torch.Tensor]:
+def _read_tensors(name: str, data: bytes, path: str) -> dict[str, torch.Tensor]:
     try:
-        if weights_file.suffix == ".safetensors":
-            from safetensors.torch import load_file
+        if name.endswith(".safetensors"):
+            from safetensors.torch import load
 
-            tensors: dict[str, torch.Tensor] = load_file(str(weights_file))
+            tensors: dict[str, torch.Tensor] = load(data)
         else:
-            tensors = torch.load(weights_file, map_location="cpu", weights_only=True)
+            tensors = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # NOTE: a corrupt file raises anything from the reader; it is the client's
-        raise _error(str(weights_file.parent), f"{weights_file.name} is not readable ({exc})") from None
+        raise _error(path, f"{name} is not readable ({exc})") from None
     if not isinstance(tensors, dict) or not all(isinstance(t, torch.Tensor) for t in tensors.values()):
-        raise _error(str(weights_file.parent), f"{weights_file.name} is not a dict of tensors")
+        raise _error(path, f"{name} is not a dict of tensors")
     return tensors
 
 

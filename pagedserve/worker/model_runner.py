@@ -252,14 +252,15 @@ class ModelRunner:
         if scheduler_output.is_empty:
             return ModelRunnerOutput({})
         batch = self.input_batch.build(scheduler_output)
+        output = ModelRunnerOutput({})
         if self.lora is not None:
             states = self.input_batch.states
-            self.lora.set_batch(
+            output.failed = self.lora.set_batch(
+                batch.request_ids,
                 [states[request_id].lora_request for request_id in batch.request_ids],
                 batch.num_tokens_per_row,
             )
         hidden = self._forward(batch)  # [T, hidden]
-        output = ModelRunnerOutput({})
         if hidden is None:  # a pipeline stage before the last: the last one samples
             return output
         self.prompt_logprobs.compute(batch, hidden, self.input_batch.states, output)

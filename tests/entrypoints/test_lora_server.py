@@ -1,9 +1,11 @@
 """LoRA adapters behind a real server on 127.0.0.1: --lora-modules (both forms), /v1/models with their
 parent (and GET /v1/models/{id}), a request's `model` picking its adapter (tokens as the merged model's),
 runtime load and unload (VLLM_ALLOW_RUNTIME_LORA_UPDATING) behind the API key, hostile bodies each a 4xx
-that leaves the server serving, and vllm:lora_requests_info."""
+that leaves the server serving, adapter folders deleted or rewritten while served (their requests fail,
+nothing else), and vllm:lora_requests_info."""
 
 import json
+import shutil
 import sys
 
 import httpx
@@ -176,3 +178,41 @@ def test_hostile_bodies_are_refused_and_the_server_serves_on(server: RemoteServe
     assert httpx.get(server.base_url + "/health", timeout=10).status_code == 200
     assert {card.id for card in server.client().models.list().data} >= {"base", "sql", "chat"}
     assert len(complete(server, "sql")) == 8
+
+
+def test_adapter_folders_deleted_or_rewritten_fail_only_their_requests(server, adapters, tmp_path) -> None:
+    """The issue's sequences with two slots and two adapters in host memory: v asked, then sql and chat (v
+    leaves the slots and host memory), then v's folder deleted, or rewritten with other weights of the same
+    shapes, and v asked again. v's request gets an error naming its folder and the problem (never other
+    weights, never a mix with its cached K/V); w and the base model serve on; v loaded again serves its new
+    weights as a fresh engine does."""
+    config = AutoConfig.from_pretrained(adapters["base"])
+    v, w = str(tmp_path / "v"), str(tmp_path / "w")
+    write_adapter(w, config, 4, 8, ATTENTION, seed=6)
+    assert post(server, "/v1/load_lora_adapter", {"lora_name": "w", "lora_path": w}).status_code == 200
+    base_tokens, w_tokens = complete(server, "base"), complete(server, "w")
+
+    def load_v_and_evict_it(seed: int) -> None:
+        write_adapter(v, config, 4, 8, ATTENTION, seed=seed)
+        assert post(server, "/v1/load_lora_adapter", {"lora_name": "v", "lora_path": v}).status_code == 200
+        complete(server, "v")
+        complete(server, "sql")
+        complete(server, "chat")
+
+    def v_fails(problem: str) -> None:
+        body = {"model": "v", "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+        response = post(server, "/v1/completions", body)
+        assert response.status_code == 500 and v in response.text and problem in response.text, response.text
+        assert complete(server, "w") == w_tokens and complete(server, "base") == base_tokens
+        assert post(server, "/v1/unload_lora_adapter", {"lora_name": "v"}).status_code == 200
+
+    load_v_and_evict_it(seed=5)
+    shutil.rmtree(v)
+    v_fails("no such folder")
+    load_v_and_evict_it(seed=5)
+    write_adapter(v, config, 4, 8, ATTENTION, seed=7)
+    v_fails("its files changed since it was loaded")
+    assert post(server, "/v1/load_lora_adapter", {"lora_name": "v", "lora_path": v}).status_code == 200
+    assert complete(server, "v") == offline(adapters["base"], v)
+    for name in ("v", "w"):
+        assert post(server, "/v1/unload_lora_adapter", {"lora_name": name}).status_code == 200

@@ -1,7 +1,8 @@
 """The batched multi-LoRA kernels (kernels/cpu/lora_bgmv.cpp, kernels/triton/lora.py) against
 `add_lora_reference` on random batches: decode- and prefill-sized, odd widths, ranks that are no multiple
 of the vector width, slots mixed, repeated and -1. The reference itself is checked once against a plain
-per-token loop. The Triton kernels run through Triton's interpreter on CPU (small shapes: it is slow)."""
+per-token loop. Both kernels are batch invariant: a token's row is the same bits alone and in any batch.
+The Triton kernels run through Triton's interpreter on CPU (small shapes: it is slow)."""
 
 from collections.abc import Callable
 
@@ -42,7 +43,7 @@ def random_batch(
     x = torch.randn(tokens, in_features).to(dtype)
     y = torch.randn(tokens, out_features).to(dtype)
     lora_a = (torch.randn(adapters, rank, in_features) * in_features**-0.5).to(weight_dtype)
-    lora_b = torch.randn(adapters, out_features, rank).to(weight_dtype)
+    lora_b = torch.randn(adapters, rank, out_features).to(weight_dtype)  # B transposed: add_lora's layout
     slots = torch.randint(-1, adapters, (tokens,), dtype=torch.int32)
     return y.to(device), x.to(device), lora_a.to(device), lora_b.to(device), slots.to(device)
 
@@ -73,7 +74,7 @@ def test_reference_matches_a_per_token_loop() -> None:
         if slot >= 0:
             for o in range(y.shape[1]):
                 expected[t, o] += sum(
-                    lora_b[slot, o, r].double()
+                    lora_b[slot, r, o].double()
                     * sum(lora_a[slot, r, i].double() * x[t, i] for i in range(13))
                     for r in range(3)
                 )
@@ -144,3 +145,73 @@ def test_triton_matches_reference(
     torch.manual_seed(tokens + rank)
     batch = random_batch(tokens, in_features, out_features, rank, adapters, dtype, device=DEVICE)
     check_against_reference(*batch, op=triton_kernels.add_lora)
+
+
+# Batches around one token of slot 1 (its position, every token's slot): alone; inside a long prefill run of
+# its adapter (before, at and after the cut at 64 tokens); beside other adapters and the base model.
+TOKEN_SLOT = 1
+BATCHES = [
+    (0, [1]),
+    (0, [1] * 50),
+    (49, [1] * 50),
+    (63, [1] * 130),
+    (64, [1] * 130),
+    (129, [1] * 130),
+    (2, [0, -1, 1, 2, 1, 1, 0]),
+    (5, [0, 1, 2, -1] * 3),
+]
+
+
+def rows_in_batches(
+    op: Callable[..., None],
+    dtype: torch.dtype,
+    batches: list[tuple[int, list[int]]],
+    sizes: tuple[int, int, int] = (130, 200, 17),
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One token's float64 y + B (A x), and its row of y after `op` in each batch of `batches` (the other
+    tokens random)."""
+    torch.manual_seed(5)
+    in_features, out_features, rank = sizes
+    _, _, lora_a, lora_b, _ = random_batch(0, in_features, out_features, rank, 3, dtype, device=device)
+    x, y = torch.randn(in_features).to(dtype), torch.randn(out_features).to(dtype)
+    rows = []
+    for position, slots in batches:
+        batch_y, batch_x, _, _, _ = random_batch(len(slots), in_features, out_features, 1, 1, dtype)
+        batch_x[position], batch_y[position] = x, y
+        batch_y = batch_y.to(device)
+        op(batch_y, batch_x.to(device), lora_a, lora_b, torch.tensor(slots, dtype=torch.int32, device=device))
+        rows.append(batch_y[position].cpu())
+    a, b = lora_a[TOKEN_SLOT].cpu().double(), lora_b[TOKEN_SLOT].cpu().double()
+    return y.double() + (a @ x.double()) @ b, rows
+
+
+@pytest.mark.usefixtures("native")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_token_is_the_same_bits_in_every_batch(dtype: torch.dtype) -> None:
+    """A token's row alone, in a run of its adapter (any length, any place, across the cut at 64 tokens),
+    beside other adapters and base-model tokens, on 1 to 3 threads: the same bits, close to float64."""
+    threads = torch.get_num_threads()
+    try:
+        rows = []
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            expected, found = rows_in_batches(add_lora, dtype, BATCHES)
+            rows += found
+    finally:
+        torch.set_num_threads(threads)
+    for position, row in enumerate(rows):
+        assert torch.equal(row, rows[0]), f"batch {position % len(BATCHES)} moved the token's row"
+    tolerance = TOLERANCE[dtype]
+    torch.testing.assert_close(rows[0].double(), expected, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", TRITON_DTYPES)
+def test_triton_token_is_the_same_bits_in_every_batch(dtype: torch.dtype) -> None:
+    """The Triton kernels: one program per token (and block of outputs), block sizes from the rank alone."""
+    batches = [(0, [1]), (3, [1] * 9), (2, [0, -1, 1, 2, 1])]
+    expected, rows = rows_in_batches(triton_kernels.add_lora, dtype, batches, (70, 100, 17), DEVICE)
+    for position, row in enumerate(rows):
+        assert torch.equal(row, rows[0]), f"batch {position} moved the token's row"
+    tolerance = TOLERANCE[dtype]
+    torch.testing.assert_close(rows[0].double(), expected, rtol=tolerance, atol=tolerance)

@@ -4,6 +4,7 @@ the same batch give the base model's, with adapters evicted from their slots and
 way (--max-loras, --max-cpu-loras)."""
 
 import os
+import shutil
 
 import pytest
 import torch
@@ -150,3 +151,64 @@ def test_tensor_parallel_shards_the_adapters(tiny_model_factory, tmp_path) -> No
     for output, adapter in zip(outputs, requests):
         path = None if adapter is None else adapter.lora_path
         assert output.outputs[0].token_ids == hf_greedy(base, path, [PROMPTS[0]])[0], adapter
+
+
+def test_a_request_is_the_same_bits_beside_any_neighbours(tmp_path) -> None:
+    """One request of adapter A alone, then beside a long prompt of A prefilled in chunks while it decodes
+    (their tokens side by side in every step), a request of B and one of the base model: the same tokens
+    and logprobs, to the bit. The base is a Q8_0 GGUF, whose kernels are batch invariant too (a float
+    base's GEMM is not)."""
+    from conftest import build_tiny_model
+    from gguf_writer import write_gguf
+
+    folder = build_tiny_model(str(tmp_path / "hf"), "llama")
+    gguf = write_gguf(folder, "llama", str(tmp_path / "model.gguf"), "Q8_0")
+    a, b = make_adapters(str(tmp_path), folder)[:2]
+    llm = LLM(
+        gguf,
+        enable_lora=True,
+        max_loras=2,
+        max_lora_rank=8,
+        max_num_batched_tokens=24,
+        enable_prefix_caching=False,
+        kv_cache_memory="8MiB",
+    )
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=5)
+    alone = llm.generate(PROMPTS[2], params, use_tqdm=False, lora_request=a)[0].outputs[0]
+    long_prompt = [(17 * i) % 3000 + 3 for i in range(120)]
+    prompts = [PROMPTS[2], long_prompt, PROMPTS[0], PROMPTS[1]]
+    batch = llm.generate(prompts, params, use_tqdm=False, lora_request=[a, a, b, None])[0].outputs[0]
+    assert batch.token_ids == alone.token_ids
+    assert batch.logprobs == alone.logprobs
+
+
+def test_adapter_files_gone_or_rewritten_fail_their_requests_only(tiny_model_factory, tmp_path) -> None:
+    """--max-loras 1, --max-cpu-loras 1: v, then w (v leaves host memory), then v again after its folder
+    was deleted, then after it was rewritten with other weights of the same shapes. Each time v's request
+    ends with an error naming the folder and the problem; the engine serves w and the base model after."""
+    base = tiny_model_factory("llama")
+    config = AutoConfig.from_pretrained(base)
+    v_path, w_path = str(tmp_path / "v"), str(tmp_path / "w")
+    v = LoRARequest("v", 1, write_adapter(v_path, config, 4, 8, ATTENTION, seed=1))
+    w = LoRARequest("w", 2, write_adapter(w_path, config, 4, 8, ATTENTION, seed=2))
+    llm = LLM(base, enable_lora=True, max_lora_rank=8, max_cpu_loras=1, kv_cache_memory="8MiB")
+    first_v = llm.generate(PROMPTS[0], GREEDY, use_tqdm=False, lora_request=v)[0].outputs[0].token_ids
+    expected_w = hf_greedy(base, w_path, [PROMPTS[0]])[0]
+    expected_base = hf_greedy(base, None, [PROMPTS[0]])[0]
+    for change, problem in (
+        (lambda: shutil.rmtree(v_path), "no such folder"),
+        (
+            lambda: write_adapter(v_path, config, 4, 8, ATTENTION, seed=3),
+            "its files changed since it was loaded",
+        ),
+    ):
+        assert llm.generate(PROMPTS[0], GREEDY, use_tqdm=False, lora_request=w)[0].outputs[0].token_ids == (
+            expected_w
+        )
+        change()
+        failed = llm.generate(PROMPTS[0], GREEDY, use_tqdm=False, lora_request=v)[0]
+        assert failed.error is not None and v_path in failed.error and problem in failed.error
+        assert failed.outputs[0].finish_reason == "error"
+        outputs = llm.generate([PROMPTS[0]] * 2, GREEDY, use_tqdm=False, lora_request=[w, None])
+        assert [o.outputs[0].token_ids for o in outputs] == [expected_w, expected_base]
+    assert first_v != expected_w

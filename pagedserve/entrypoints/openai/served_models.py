@@ -97,7 +97,8 @@ class ServedModels:
 
     def add(self, name: str, path: str, base_model_name: str | None = None) -> LoRARequest:
         """Read and check the adapter, then serve it as `name` under a new id (so that no cache of the
-        engine's confuses it with earlier weights of that name). Blocking (reads the files). Raises
+        engine's confuses it with earlier weights of that name) and its files' digest (files changed
+        later fail its requests: lora/peft.py's `changed_files_error`). Blocking (reads the files). Raises
         InvalidRequestError naming the field."""
         self._check_name(name)
         if not path or len(path) > MAX_LORA_PATH_CHARS:
@@ -113,7 +114,7 @@ class ServedModels:
                 f"The LoRA adapter {name!r} is already served: unload it first, or choose another name.",
                 param="lora_name",
             )
-        self.engine.input_processor.lora.load(path)
+        digest = self.engine.input_processor.lora.load(path).digest
         with self._lock:
             if name in self.adapters:
                 raise InvalidRequestError(f"The LoRA adapter {name!r} is already served.", param="lora_name")
@@ -123,7 +124,7 @@ class ServedModels:
                     "first.",
                     param="lora_name",
                 )
-            adapter = LoRARequest(name, next(self._ids), path, base_model_name or self.base_name)
+            adapter = LoRARequest(name, next(self._ids), path, base_model_name or self.base_name, digest)
             self.adapters[name] = adapter
         return adapter
 

@@ -1,12 +1,16 @@
 // Batched multi-LoRA on CPU (punica's "bgmv"): every token of a batch adds the low-rank update of its own
 // adapter to a layer's output, y[t] += B[s] (A[s] x[t]) with s = slots[t]; slot -1 (a base-model request)
-// leaves its row alone. Two passes:
+// leaves its row alone. B is stored transposed (lora_b [S, R, out]: row r holds B[s][:, r]). Two passes:
 //   shrink  h[t] = A[s] x[t]: R dot products of length `in` per token, into a float32 buffer [T, R];
 //           parallel over tokens; four rows of A per pass over x (x read once per four), so a prefill's
 //           tokens (one slot) stream x past an A[s] that stays in cache.
-//   expand  y[t, o] += B[s][o] · h[t]: parallel over (output block, run of consecutive tokens of one slot)
-//           pairs, so a block of B[s] is read once per run (in L1 across a prefill's tokens) and a decode's
-//           many slots still spread over every thread; a long run transposes its block first (see expand).
+//   expand  y[t, o] += sum over r of h[t, r] * B^T[s][r][o]: vertical multiply-adds, r ascending. Parallel
+//           over (output block, run of consecutive tokens of one slot) pairs, so a block of B^T[s] is read
+//           once per run (in L1 across a prefill's tokens) and a decode's many slots still spread over every
+//           thread.
+// Batch invariance: a token's result is the same bits whatever its batch (its neighbours, their slots, the
+// runs, the threads): each token's shrink is its own dot products in one fixed order, and each output of its
+// expand one chain of multiply-adds over r; how work is split only decides which thread computes it.
 // Sums are float32 (activations and weights widened exactly); the sum y + delta is rounded once to y's
 // dtype.
 #include <ATen/Parallel.h>
@@ -24,9 +28,9 @@ using vec::kLanes;
 using vec::Vec;
 
 constexpr int64_t kGrainMacs = 1 << 16;  // multiply-adds below which a call stays on one thread
-constexpr int64_t kOutputBlock = 64;     // outputs per expand work item: 4 KiB of a rank-16 float32 B[s]
+constexpr int64_t kOutputBlock = 64;     // outputs per expand work item: 4 KiB of a rank-16 float32 B^T[s]
 constexpr int64_t kRunTokens = 64;       // tokens per expand work item at most
-constexpr int64_t kPanelTokens = 8;      // from this many tokens of one slot the expand transposes B
+constexpr int64_t kPanelTokens = 8;      // from this many tokens of one slot the expand copies its block of B^T
 
 // kLanes values of p widened to float32, or the first n of them (n < kLanes) and zeros: no read past a
 // row's end, whatever the size.
@@ -105,35 +109,49 @@ std::vector<Run> runs_of(const int64_t* slots, int64_t tokens) {
   return runs;
 }
 
-// panel[r * kOutputBlock + o] = rows[o][r] (count rows of `rank` values), zeros for o >= count: one block of
-// B[s] transposed, so that a token's outputs are sums of h[r] * panel row r (see panel_product).
-template <typename TW>
-void transpose_block(const TW* rows, int64_t rank, int64_t count, float* panel) {
-  for (int64_t r = 0; r < rank; ++r) {
-    float* line = panel + r * kOutputBlock;
-    for (int64_t o = 0; o < count; ++o) line[o] = static_cast<float>(rows[o * rank + r]);
-    std::fill(line + count, line + kOutputBlock, 0.f);
-  }
-}
-
-// delta[o] = sum over r of h[r] * panel[r][o]: vertical multiply-adds only, where the dot products of
-// dot_rows end in a horizontal sum per output (their cost at small ranks).
-inline void panel_product(const float* h, const float* panel, int64_t rank, float* delta) {
+// delta[o] = sum over r of h[r] * rows[r][o] for o < count (rows `stride` apart): one multiply-add chain per
+// output, r ascending, the same for every output of every block, so the result does not depend on where
+// the output's block starts or ends. kFull: a whole block (count = kOutputBlock), its sums in registers;
+// else the last block of a row, a partial last vector included.
+template <bool kFull, typename TW>
+inline void expand_block(const float* h, const TW* rows, int64_t stride, int64_t rank, int64_t count,
+                         float* delta) {
   constexpr int64_t kVecs = kOutputBlock / kLanes;
+  const int64_t full = kFull ? kVecs : count / kLanes, tail = kFull ? 0 : count % kLanes;
   Vec acc[kVecs] = {};
   for (int64_t r = 0; r < rank; ++r) {
     const Vec hr = vec::splat(h[r]);
-    for (int64_t j = 0; j < kVecs; ++j) acc[j] = vec::fma(hr, vec::load(panel + r * kOutputBlock + j * kLanes), acc[j]);
+    const TW* row = rows + r * stride;
+    for (int64_t j = 0; j < full; ++j) acc[j] = vec::fma(hr, lanes(row + j * kLanes), acc[j]);
+    if (!kFull && tail) acc[full] = vec::fma(hr, lanes(row + full * kLanes, tail), acc[full]);
   }
   for (int64_t j = 0; j < kVecs; ++j) vec::store(delta + j * kLanes, acc[j]);
 }
 
-// Work items: (output block, run), block-major. A run of kPanelTokens tokens or more transposes its block of
-// B[s] once for all of them (a prefill); a shorter one takes dot products (decodes: a transposition per
-// token would cost more than it saves).
+template <typename TW>
+inline void expand_token(const float* h, const TW* rows, int64_t stride, int64_t rank, int64_t count,
+                         float* delta) {
+  if (count == kOutputBlock) {
+    expand_block<true>(h, rows, stride, rank, count, delta);
+  } else {
+    expand_block<false>(h, rows, stride, rank, count, delta);
+  }
+}
+
+// panel[r * kOutputBlock + o] = rows[r][o] (rank rows `stride` apart, count values each) as float32.
+template <typename TW>
+void copy_block(const TW* rows, int64_t stride, int64_t rank, int64_t count, float* panel) {
+  for (int64_t r = 0; r < rank; ++r)
+    for (int64_t o = 0; o < count; ++o) panel[r * kOutputBlock + o] = static_cast<float>(rows[r * stride + o]);
+}
+
+// Work items: (output block, run), block-major. A run of kPanelTokens tokens or more copies its block of
+// B^T into a contiguous panel first: rows of B^T are `out` values apart, and at widths a multiple of 1024
+// they fall in a few L1 sets. The copy changes no sum (widening is exact, the order is expand_block's),
+// so a token's bits stay the same whatever its run.
 template <typename T, typename TW>
 void expand(at::Tensor& y, const at::Tensor& lora_b, const int64_t* slots, const float* h) {
-  const int64_t out = y.size(1), rank = lora_b.size(2);
+  const int64_t out = y.size(1), rank = lora_b.size(1);
   const int64_t blocks = (out + kOutputBlock - 1) / kOutputBlock;
   const std::vector<Run> runs = runs_of(slots, y.size(0));
   const int64_t num_runs = static_cast<int64_t>(runs.size());
@@ -148,17 +166,17 @@ void expand(at::Tensor& y, const at::Tensor& lora_b, const int64_t* slots, const
       const int64_t block = item / num_runs, first = block * kOutputBlock;
       const int64_t count = std::min(kOutputBlock, out - first);
       const Run run = runs[item % num_runs];
-      const TW* rows = bp + (slots[run.first] * out + first) * rank;
-      const bool transposed = run.count >= kPanelTokens;
-      if (transposed) {
+      const TW* rows = bp + slots[run.first] * rank * out + first;
+      const bool copied = run.count >= kPanelTokens;
+      if (copied) {
         panel.resize(rank * kOutputBlock);
-        transpose_block(rows, rank, count, panel.data());
+        copy_block(rows, out, rank, count, panel.data());
       }
       for (int64_t t = run.first; t < run.first + run.count; ++t) {
-        if (transposed) {
-          panel_product(h + t * rank, panel.data(), rank, delta);
+        if (copied) {
+          expand_token(h + t * rank, panel.data(), kOutputBlock, rank, count, delta);
         } else {
-          dot_rows(h + t * rank, rows, rank, count, rank, delta);
+          expand_token(h + t * rank, rows, out, rank, count, delta);
         }
         T* row = yp + t * y.stride(0) + first;
         for (int64_t o = 0; o < count; ++o) row[o] = static_cast<T>(static_cast<float>(row[o]) + delta[o]);
@@ -204,9 +222,9 @@ void add_lora_weights(at::Tensor& y, const at::Tensor& x, const at::Tensor& lora
   }
 }
 
-// y [T, out] += per token t with slots[t] >= 0: lora_b[s] (lora_a[s] x[t]), s = slots[t]. y and x: float32,
+// y [T, out] += per token t with slots[t] >= 0: lora_b[s]^T (lora_a[s] x[t]), s = slots[t]. y and x: float32,
 // bfloat16 or float16, one dtype, rows contiguous (stride 1 along the last dimension); lora_a [S, R, in] and
-// lora_b [S, out, R]: contiguous, float32 or y's dtype; slots [T] int32 or int64, each in [-1, S).
+// lora_b [S, R, out] (B transposed): contiguous, float32 or y's dtype; slots [T] int32 or int64, each in [-1, S).
 void add_lora(at::Tensor& y, const at::Tensor& x, const at::Tensor& lora_a, const at::Tensor& lora_b,
               const at::Tensor& slots) {
   check_cpu(y, "y");
@@ -218,8 +236,8 @@ void add_lora(at::Tensor& y, const at::Tensor& x, const at::Tensor& lora_a, cons
   TORCH_CHECK(y.stride(1) == 1 && x.stride(1) == 1,
               "y's and x's rows must be contiguous (stride 1 along the last dimension)");
   TORCH_CHECK(lora_a.dim() == 3 && lora_b.dim() == 3 && lora_a.size(0) == lora_b.size(0) &&
-                  lora_a.size(1) == lora_b.size(2) && lora_a.size(2) == x.size(1) && lora_b.size(1) == y.size(1),
-              "lora_a and lora_b must be [S, R, in] and [S, out, R] with in = ", x.size(1), ", out = ",
+                  lora_a.size(1) == lora_b.size(1) && lora_a.size(2) == x.size(1) && lora_b.size(2) == y.size(1),
+              "lora_a and lora_b must be [S, R, in] and [S, R, out] with in = ", x.size(1), ", out = ",
               y.size(1), ", got ", lora_a.sizes(), " and ", lora_b.sizes());
   TORCH_CHECK(lora_a.is_contiguous() && lora_b.is_contiguous(), "lora_a and lora_b must be contiguous");
   const at::ScalarType dtype = y.scalar_type(), weights = lora_a.scalar_type();

@@ -2,8 +2,10 @@
 whose tokens use different adapters; slot -1 (a base-model token) leaves its row alone.
 
 Two kernels, one program per token (times a block of outputs for the second): shrink h[t] = lora_a[s] x[t]
-into a float32 buffer [T, R], then expand y[t] += lora_b[s] h[t]. Sums are float32; y + update is rounded
-once to y's dtype. Every size is masked (odd in/out, any rank up to a power-of-two block).
+into a float32 buffer [T, R], then expand y[t] += lora_b[s]^T h[t] (lora_b stored transposed, [S, R, out]).
+Sums are float32; y + update is rounded once to y's dtype. Every size is masked (odd in/out, any rank up to
+a power-of-two block). Batch invariant: a token's program does the same sums in the same order whatever the
+rest of the batch (block sizes depend on the layer's rank alone, never on the number of tokens).
 """
 
 import torch
@@ -57,7 +59,7 @@ def _lora_expand_kernel(  # type: ignore[no-untyped-def]
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """One program per (token, block of outputs): y[t, n] += lora_b[s, n] · h[t]."""
+    """One program per (token, block of outputs): y[t, n] += lora_b[s, :, n] · h[t]."""
     token = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     slot = tl.load(slots_ptr + token).to(tl.int64)
@@ -66,7 +68,7 @@ def _lora_expand_kernel(  # type: ignore[no-untyped-def]
     r_valid = r < RANK
     h = tl.load(h_ptr + token * RANK + r, mask=r_valid, other=0.0)
     b = tl.load(
-        lora_b_ptr + (tl.maximum(slot, 0) * out_features + n[:, None]) * RANK + r[None, :],
+        lora_b_ptr + (tl.maximum(slot, 0) * RANK + r[None, :]) * out_features + n[:, None],
         mask=n_valid[:, None] & r_valid[None, :],
         other=0.0,
     )
@@ -79,12 +81,12 @@ def _lora_expand_kernel(  # type: ignore[no-untyped-def]
 def add_lora(
     y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, slots: torch.Tensor
 ) -> None:
-    """y [T, out] += per token t with slots[t] >= 0: lora_b[s] @ (lora_a[s] @ x[t]), s = slots[t]. x [T, in]
-    of y's dtype, rows of both contiguous; lora_a [S, R, in], lora_b [S, out, R] contiguous (float32 or y's
+    """y [T, out] += per token t with slots[t] >= 0: lora_b[s].T @ (lora_a[s] @ x[t]), s = slots[t]. x [T, in]
+    of y's dtype, rows of both contiguous; lora_a [S, R, in], lora_b [S, R, out] contiguous (float32 or y's
     dtype), R <= 128; slots [T] int32 or int64 on y's device, each in [-1, S) (not checked: no host sync)."""
     num_tokens, out_features = y.shape
     rank, in_features = lora_a.shape[1:]
-    assert x.shape == (num_tokens, in_features) and lora_b.shape[1:] == (out_features, rank)
+    assert x.shape == (num_tokens, in_features) and lora_b.shape[1:] == (rank, out_features)
     assert y.stride(-1) == x.stride(-1) == 1 and lora_a.is_contiguous() and lora_b.is_contiguous()
     if num_tokens == 0:
         return
