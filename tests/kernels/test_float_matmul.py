@@ -5,9 +5,12 @@ the row's position among them, its neighbours' values and the thread count."""
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from pagedserve.kernels.cpu import load_cpu_kernels
 from pagedserve.kernels.cpu.float_ops import float_matmul
+from pagedserve.quantization.base import UnquantizedMethod
 
 pytestmark = pytest.mark.skipif(
     load_cpu_kernels().module is None, reason=f"native CPU kernels unavailable: {load_cpu_kernels().error}"
@@ -90,3 +93,14 @@ def test_empty_shapes() -> None:
     assert float_matmul(torch.randn(0, 8), torch.randn(3, 8)).shape == (0, 3)
     assert float_matmul(torch.randn(2, 8), torch.randn(0, 8)).shape == (2, 0)
     assert torch.equal(float_matmul(torch.randn(2, 0), torch.randn(3, 0)), torch.zeros(2, 3))
+
+
+def test_float32_layers_take_the_kernel_unless_built_not_to() -> None:
+    """`UnquantizedMethod` (every float linear layer and LM head) multiplies a float32 x of any leading
+    shape through the kernel; `row_invariant=False` keeps F.linear (oneDNN), bit for bit."""
+    layer = nn.Module()
+    layer.weight = nn.Parameter(torch.randn(50, 64), requires_grad=False)
+    x = torch.randn(3, 7, 64)
+    expected = float_matmul(x.reshape(21, 64), layer.weight).view(3, 7, 50)
+    assert torch.equal(UnquantizedMethod().apply(layer, x), expected)
+    assert torch.equal(UnquantizedMethod(row_invariant=False).apply(layer, x), F.linear(x, layer.weight))
