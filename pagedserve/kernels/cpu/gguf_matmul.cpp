@@ -177,7 +177,7 @@ at::Tensor gguf_matmul(const at::Tensor& x, const at::Tensor& qweight, int64_t t
   if (batch == 0) return y;
   if (type == F32 || type == F16) {
     row_invariant::matmul(xc.data_ptr<float>(), w.cols, batch, w.data, type == F32 ? at::kFloat : at::kHalf, w.rows,
-                           w.cols, y.data_ptr<float>());
+                          w.cols, y.data_ptr<float>());
     return y;
   }
   if (batch <= kDecodeMaxBatch) {
