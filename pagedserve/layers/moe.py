@@ -5,12 +5,12 @@ Under tensor parallelism every rank holds every expert's slice of the intermedia
 down columns), as the dense MLP is split; the partial outputs are all-reduced once per layer."""
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from pagedserve.distributed import get_tp_rank, get_tp_world_size, tensor_model_parallel_all_reduce
 from pagedserve.layers.activation import gated_activation
 from pagedserve.layers.linear import _divide, set_weight_loader
+from pagedserve.quantization.base import linear
 
 
 def select_experts(
@@ -78,8 +78,8 @@ class FusedMoE(nn.Module):
         for expert, count in enumerate(counts):
             if count:
                 rows = slice(start, start + count)
-                hidden = self.act_fn(F.linear(grouped[rows], self.w13_weight[expert]))
-                outputs[rows] = F.linear(hidden, self.w2_weight[expert])
+                hidden = self.act_fn(linear(grouped[rows], self.w13_weight[expert]))
+                outputs[rows] = linear(hidden, self.w2_weight[expert])
                 start += count
         outputs *= topk_weights.flatten()[order, None]
         out = torch.zeros_like(x).index_add_(0, tokens, outputs)

@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagedserve.kernels.cpu.float_ops import float_matmul, float_matmul_available
+
 
 class QuantizeMethodBase(ABC):
     """How one layer stores and applies its weight. The layer owns the tensor-parallel geometry and a
@@ -35,8 +37,24 @@ class QuantizeMethodBase(ABC):
         """Called once every checkpoint tensor is loaded: repack, quantize online, free staging."""
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, row_invariant: bool = True) -> torch.Tensor:
+    """x [..., K] times weight^T, weight [N, K]. On CPU in float32, with `row_invariant`, by the native
+    row-invariant kernel (kernels/cpu/float_matmul.cpp): a token's output has the same bits whatever the
+    batch it shares. Elsewhere (`row_invariant` False, another dtype or device, no native kernels) torch's
+    F.linear, whose oneDNN GEMM on CPU picks its kernel and summation order by the number of rows."""
+    if row_invariant and x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32:
+        if float_matmul_available():
+            out = float_matmul(x.reshape(-1, x.shape[-1]), weight)
+            return out.view(*x.shape[:-1], weight.shape[0])
+    return F.linear(x, weight)
+
+
 class UnquantizedMethod(QuantizeMethodBase):
-    """A plain [output, input] weight in the model's dtype."""
+    """A plain [output, input] weight in the model's dtype, multiplied by `linear`: row-invariant on CPU in
+    float32 unless built with `row_invariant=False` (then oneDNN's F.linear, faster at prefill)."""
+
+    def __init__(self, row_invariant: bool = True) -> None:
+        self.row_invariant = row_invariant
 
     def create_weights(self, layer: nn.Module, input_size: int, output_size: int) -> None:
         # NOTE: zeros, not empty: an embedding's padding rows past the vocabulary are never loaded.
@@ -44,7 +62,7 @@ class UnquantizedMethod(QuantizeMethodBase):
         layer.weight.weight_loader = layer.weight_loader  # type: ignore[attr-defined]  # NOTE: read by load_weights
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, cast(torch.Tensor, layer.weight))
+        return linear(x, cast(torch.Tensor, layer.weight), self.row_invariant)
 
     def embedding(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, cast(torch.Tensor, layer.weight))

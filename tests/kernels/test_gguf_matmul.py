@@ -9,6 +9,7 @@ from gguf_reference import random_rows, reference_weight, rounded_activations
 
 from pagedserve.errors import ConfigError
 from pagedserve.kernels.cpu import gguf_ops, load_cpu_kernels
+from pagedserve.kernels.cpu.float_ops import float_matmul
 from pagedserve.kernels.cpu.gguf_ops import (
     DECODE_MAX_BATCH,
     GGML_BLOCK_FORMATS,
@@ -367,3 +368,18 @@ def test_gguf_matmul_rejects_a_row_size_that_does_not_match_the_type() -> None:
     qweight = torch.zeros(4, 20 * 18, dtype=torch.uint8)  # Q4_1 rows of K=576
     with pytest.raises(RuntimeError, match="bytes per row"):
         gguf_matmul(torch.zeros(1, 576), qweight, NATIVE_GGML_TYPES["Q8_0"])
+
+
+@pytest.mark.parametrize("type_name", ["F32", "F16"])
+def test_float_rows_give_a_row_the_same_bits_at_every_batch(type_name: str) -> None:
+    """F32 and F16 tensors (an output head a GGUF keeps in float) multiply through the row-invariant float
+    kernel at every batch: row 0's result alone equals its result among 2..64 rows (it was a row dot up to
+    8 rows, a dequantize + GEMM above), and equals float_matmul on the weight as float16 / float32."""
+    ggml_type = NATIVE_GGML_TYPES[type_name]
+    rows = random_rows(ggml_type, 200, 576, np.random.default_rng(ggml_type))
+    weight = torch.from_numpy(rows).view(torch.float32 if type_name == "F32" else torch.float16)
+    x = torch.randn(64, 576, generator=torch.Generator().manual_seed(3))
+    alone = gguf_matmul(x[:1], torch.from_numpy(rows), ggml_type)
+    assert torch.equal(alone, float_matmul(x[:1], weight))
+    for batch in (2, DECODE_MAX_BATCH, DECODE_MAX_BATCH + 1, 17, 64):
+        assert torch.equal(gguf_matmul(x[:batch], torch.from_numpy(rows), ggml_type)[:1], alone), batch

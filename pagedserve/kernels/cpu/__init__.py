@@ -44,6 +44,7 @@ _SOURCES = [
         "gguf_block_amx.cpp",
         "fp8_kv_cache.cpp",
         "fp8_matmul.cpp",
+        "float_matmul.cpp",
         "fused_ops.cpp",
         "lora_bgmv.cpp",
     )

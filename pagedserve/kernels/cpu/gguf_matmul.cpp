@@ -1,12 +1,15 @@
 // Matmul on GGUF-quantized weights, kept in their file's blocks: y = x W^T with W [N, K] stored as N rows
 // of ggml blocks (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K; F32 and F16 rows as blocks of one).
 //
+// F32 and F16 rows go to the row-invariant float matmul (float_matmul.cpp) at every batch: a row's result is
+// the same bits whatever shares its batch. Quantized types:
 // Small batches (decode, batch <= kDecodeMaxBatch): Q4_0/Q4_1/Q8_0/Q4_K/Q5_K go to gguf_decode_matmul.cpp
 // (blocks unpacked into registers; float, 16-bit or 8-bit activations as `activation_bits` says); other
 // types dequantize each weight row into a per-thread buffer and dot it with every activation row in
 // float32. Either way each weight byte is read once per step. Large batches (prefill): tiles of rows are
 // dequantized to float32 and multiplied by ATen's GEMM, where the dequantization is a small fraction of the
 // B*K*N multiply-adds; activations stay float32 whatever `activation_bits` says.
+#include "float_matmul.h"
 #include "gguf_blocks.h"
 
 #include <ATen/Parallel.h>
@@ -172,6 +175,11 @@ at::Tensor gguf_matmul(const at::Tensor& x, const at::Tensor& qweight, int64_t t
   const int64_t batch = xc.size(0);
   at::Tensor y = at::empty({batch, w.rows}, xc.options());
   if (batch == 0) return y;
+  if (type == F32 || type == F16) {
+    row_invariant::matmul(xc.data_ptr<float>(), w.cols, batch, w.data, type == F32 ? at::kFloat : at::kHalf, w.rows,
+                          w.cols, y.data_ptr<float>());
+    return y;
+  }
   if (batch <= kDecodeMaxBatch) {
     if (has_block_decode_path(type))
       matmul_decode_blocks(xc.data_ptr<float>(), batch, w, type, activation_bits, y.data_ptr<float>());
