@@ -118,6 +118,12 @@ class EngineArgs(ParallelArgs):
         True,
         "Reuse the KV blocks of earlier requests that start with the same tokens (automatic prefix caching).",
     )
+    batch_invariant: bool = config_field(
+        True,
+        "A token's logits the same bits whatever shares its step, however its prompt was chunked (CPU: "
+        "float32 and the GGUF default). --no-batch-invariant gives that up for float32 prefill speed on "
+        "CPU: linear layers take oneDNN's GEMM, whose sums depend on the number of rows in the step.",
+    )
     swap_space: float = config_field(
         4.0,
         "Host memory (GiB) per worker for the KV blocks of preempted "
@@ -369,6 +375,7 @@ class EngineArgs(ParallelArgs):
         )
         return dataclasses.replace(
             model,
+            batch_invariant=self.batch_invariant,
             quantization=resolve_quantization(self.quantization, model, device),
             generation_defaults=generation_defaults(
                 self.generation_config, model.model, self.override_generation_config

@@ -77,6 +77,8 @@ class ModelConfig:
     generation_defaults: dict[str, Any] = field(default_factory=dict)
     # --runner pooling (config/pooling.py): embeddings or scores instead of generation; None: generate.
     pooling: PoolingModelConfig | None = None
+    # --batch-invariant: the layers' kernels sum in an order that does not depend on the step's other rows.
+    batch_invariant: bool = True
 
     def __post_init__(self) -> None:
         supported = set(MODEL_ARCHITECTURES.values()) | set(POOLING_ONLY_ARCHITECTURES)

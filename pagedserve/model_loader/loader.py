@@ -61,7 +61,7 @@ def _load(
     torch.set_default_dtype(dtype)
     quantization = get_quantization_config(config.quantization, checkpoint_quantization_config(config))
     try:
-        with torch.device(device), set_quantization_config(quantization):
+        with torch.device(device), set_quantization_config(quantization, config.batch_invariant):
             model = model_class(config.hf_config)
             if quantization is not None:
                 quantization.prepare_layers(model)

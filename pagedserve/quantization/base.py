@@ -51,10 +51,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, row_invariant: bool = True) ->
 
 class UnquantizedMethod(QuantizeMethodBase):
     """A plain [output, input] weight in the model's dtype, multiplied by `linear`: row-invariant on CPU in
-    float32 unless built with `row_invariant=False` (then oneDNN's F.linear, faster at prefill)."""
+    float32 unless built with `row_invariant=False` (then oneDNN's F.linear, faster at prefill). None: as
+    the model being built asks (`set_quantization_config`; --batch-invariant)."""
 
-    def __init__(self, row_invariant: bool = True) -> None:
-        self.row_invariant = row_invariant
+    def __init__(self, row_invariant: bool | None = None) -> None:
+        self.row_invariant = _row_invariant[0] if row_invariant is None else row_invariant
 
     def create_weights(self, layer: nn.Module, input_size: int, output_size: int) -> None:
         # NOTE: zeros, not empty: an embedding's padding rows past the vocabulary are never loaded.
@@ -93,18 +94,19 @@ class QuantizationConfig(ABC):
 
 
 _current: list[QuantizationConfig | None] = [None]
+_row_invariant: list[bool] = [True]
 
 
 @contextlib.contextmanager
-def set_quantization_config(config: QuantizationConfig | None) -> Iterator[None]:
-    """Layers built inside this context take their methods from `config` (None: unquantized), so the
-    model classes need not thread the config through every constructor."""
-    previous = _current[0]
-    _current[0] = config
+def set_quantization_config(config: QuantizationConfig | None, row_invariant: bool = True) -> Iterator[None]:
+    """Layers built inside this context take their methods from `config` (None: unquantized), their float
+    matmuls row-invariant or not, so the model classes need not thread these through every constructor."""
+    previous = _current[0], _row_invariant[0]
+    _current[0], _row_invariant[0] = config, row_invariant
     try:
         yield
     finally:
-        _current[0] = previous
+        _current[0], _row_invariant[0] = previous
 
 
 def linear_method() -> QuantizeMethodBase:

@@ -3,14 +3,20 @@
 dtype; and its promise, bit for bit: a row's output is the same whatever the number of rows in the call,
 the row's position among them, its neighbours' values and the thread count."""
 
+import argparse
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagedserve.config import EngineArgs
+from pagedserve.config.cli import add_dataclass_cli_args, dataclass_from_cli_args
 from pagedserve.kernels.cpu import load_cpu_kernels
 from pagedserve.kernels.cpu.float_ops import float_matmul
-from pagedserve.quantization.base import UnquantizedMethod
+from pagedserve.layers.embedding import VocabParallelEmbedding
+from pagedserve.layers.linear import ColumnParallelLinear, RowParallelLinear
+from pagedserve.quantization.base import UnquantizedMethod, set_quantization_config
 
 pytestmark = pytest.mark.skipif(
     load_cpu_kernels().module is None, reason=f"native CPU kernels unavailable: {load_cpu_kernels().error}"
@@ -104,3 +110,18 @@ def test_float32_layers_take_the_kernel_unless_built_not_to() -> None:
     expected = float_matmul(x.reshape(21, 64), layer.weight).view(3, 7, 50)
     assert torch.equal(UnquantizedMethod().apply(layer, x), expected)
     assert torch.equal(UnquantizedMethod(row_invariant=False).apply(layer, x), F.linear(x, layer.weight))
+
+
+@pytest.mark.parametrize(
+    "flags, invariant", [([], True), (["--batch-invariant"], True), (["--no-batch-invariant"], False)]
+)
+def test_the_batch_invariant_flag_reaches_every_float_layer(flags: list[str], invariant: bool) -> None:
+    """--no-batch-invariant (LLM(batch_invariant=False)): the float layers of a model built under it keep
+    oneDNN's GEMM; the default builds them row-invariant."""
+    parser = argparse.ArgumentParser()
+    add_dataclass_cli_args(EngineArgs, parser)
+    args = dataclass_from_cli_args(EngineArgs, parser.parse_args(flags))
+    assert args.batch_invariant is invariant
+    with set_quantization_config(None, args.batch_invariant):
+        layers = [ColumnParallelLinear(8, 8), RowParallelLinear(8, 8), VocabParallelEmbedding(32, 8)]
+    assert {layer.quant_method.row_invariant for layer in layers} == {invariant}
