@@ -185,7 +185,7 @@ def run_steps(
     qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     caches: tuple[torch.Tensor, torch.Tensor],
     steps: list[Step],
-    threads: int = 2,
+    threads: int = 1,
 ) -> torch.Tensor:
     """`steps` in order through the cpu backend on a copy of `caches`, with `threads` threads: each row's
     output where the whole batch would have it."""
@@ -217,7 +217,7 @@ def test_a_tokens_output_bits_do_not_depend_on_its_step(
 ) -> None:
     """Each token's attention output, in the same bits, from the whole mixed step, from its request alone,
     from its request cut into chunks at other places (the token at another position of its chunk), from
-    itself alone over the cached prefix, and with 1 or 3 threads. `cache`: a float32 model's cache, its
+    itself alone over the cached prefix (1 thread), and with 2 or 3 threads. `cache`: a float32 model's cache, its
     bfloat16 cache (--kv-cache-dtype bfloat16), an fp8 cache, a float16 model's."""
     torch.manual_seed(block_size)
     quant = KVQuantization(FP8_DTYPES[cache], k_scale=0.03, v_scale=0.07) if cache.startswith("fp8") else None
@@ -243,7 +243,7 @@ def test_a_tokens_output_bits_do_not_depend_on_its_step(
     one_by_one = [piece(common, r, t, t + 1) for r, n in enumerate(new_tokens) for t in range(n)]
     for how, steps in (("alone", requests_alone), ("in thirds", thirds), ("one by one", one_by_one)):
         _assert_same_bits(run_steps(spec, qkv, caches, steps), whole, how)
-    for threads in (1, 3):
+    for threads in (2, 3):
         out = run_steps(spec, qkv, caches, [(common, slice(0, num_tokens))], threads)
         _assert_same_bits(out, whole, f"{threads} threads")
 
