@@ -94,6 +94,7 @@ inline float exp_nonpositive(float x) {
 // p[0, n) = e^(p - max) in place; returns their sum, added lane by lane, then the lanes' tree, then the
 // tail: one order for a given n, however the compiler vectorizes the exponentials.
 inline float exponentiate(float* p, int64_t n, float max) {
+#pragma omp simd  // lane by lane: the same bits as one at a time
   for (int64_t t = 0; t < n; ++t) p[t] = exp_nonpositive(p[t] - max);
   Vec acc = {};
   int64_t t = 0;
@@ -330,12 +331,13 @@ void attend_tile(const T* q, int64_t q_stride, const C* key_cache, const C* valu
       const int64_t n = spans[i].end - spans[i].first;
       for (int64_t h = 0; h < G; ++h) {
         float* s = scores + scores_at[i] + h * n + std::max(token, spans[i].first) - spans[i].first;
-        float& max = max_score[i * G + h];
         score_rows(qf + (i * G + h) * D, k, D, s);
+        float max = max_score[i * G + h];  // a local: `s` may alias the array, which would pin it in memory
         for (int64_t t = 0; t < k.n; ++t) {
           if (cap > 0.f) s[t] = cap * std::tanh(s[t] / cap);
           max = std::max(max, s[t]);
         }
+        max_score[i * G + h] = max;
       }
     }
   });
