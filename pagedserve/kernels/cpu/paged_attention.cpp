@@ -171,7 +171,9 @@ inline void accumulate(const float* p, int64_t p_stride, Rows<float> v, float* a
     int64_t col = c;
     for (; col + kLanes <= D; col += kLanes) {
       Vec a = vec::load(acc_h + col);
-      for (int64_t t = 0; t < v.n; ++t) a = vec::fma(vec::splat(ph[t]), vec::load(v.data + t * v.stride + col), a);
+      for (int64_t t = 0; t < v.n; ++t) {
+        a = vec::fma(vec::splat(ph[t]), vec::load(v.data + t * v.stride + col), a);
+      }
       vec::store(acc_h + col, a);
     }
     for (; col < D; ++col) {
@@ -315,7 +317,9 @@ void attend_tile(const T* q, int64_t q_stride, const C* key_cache, const C* valu
   float* denom = max_score + Q * G;  // [Q, G]
   float* scores = denom + Q * G;  // query i's [G, n_i] at scores_at[i], then the softmax numerators
   for (int64_t i = 0; i < Q; ++i) {
-    for (int64_t j = 0; j < G * D; ++j) qf[i * G * D + j] = static_cast<float>(q[i * q_stride + j]) * scoring.scale;
+    for (int64_t j = 0; j < G * D; ++j) {
+      qf[i * G * D + j] = static_cast<float>(q[i * q_stride + j]) * scoring.scale;
+    }
   }
   std::fill(acc, acc + Q * G * D, 0.f);
   std::fill(max_score, max_score + Q * G, -std::numeric_limits<float>::infinity());
@@ -384,8 +388,8 @@ constexpr int64_t kScoreBudget = int64_t{1} << 18;  // floats
 template <typename T, typename C, typename Index>
 void run(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
          const at::Tensor& block_tables, const std::vector<int64_t>& query_start,
-         const std::vector<int64_t>& seq_lens, const Scoring& scoring, const Geometry& g, const Fp8Scales& fp8,
-         at::Tensor& out) {
+         const std::vector<int64_t>& seq_lens, const Scoring& scoring, const Geometry& g,
+         const Fp8Scales& fp8, at::Tensor& out) {
   std::vector<Tile> tiles;
   for (int64_t r = 0; r + 1 < static_cast<int64_t>(query_start.size()); ++r) {
     const int64_t length = std::clamp<int64_t>(kScoreBudget / (g.group * seq_lens[r]), 1, kMaxTile);
@@ -414,8 +418,8 @@ void run(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& val
       const int64_t position0 = seq_lens[tile.request] - (query_start[tile.request + 1] - tile.begin);
       const int64_t offset = (tile.begin * num_heads + kv_head * g.group) * g.head_dim;
       attend_tile<T, C, Index>(q_ptr + offset, num_heads * g.head_dim, k_ptr, v_ptr,
-                               tables + tile.request * g.max_blocks, position0, tile.end - tile.begin, kv_head,
-                               scoring, g, fp8, scratch, out_ptr + offset);
+                               tables + tile.request * g.max_blocks, position0, tile.end - tile.begin,
+                               kv_head, scoring, g, fp8, scratch, out_ptr + offset);
     }
   }
 }
