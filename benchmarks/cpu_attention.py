@@ -1,15 +1,16 @@
-"""Decode attention of one layer on CPU: the torch backend (gather K/V through the block tables into a
-padded copy, then SDPA) against the native kernel (K/V read in place), on the same batch.
+"""Attention of one layer on CPU: the torch backend (decodes: gather K/V through the block tables into a
+padded copy, then SDPA; chunks: SDPA) against the native kernel (K/V read in place, every token one query
+up to its own position), on the same batch.
 
 Geometry defaults to SmolLM2-135M's (9 query heads, 3 KV heads, head_dim 64), float32, block size 16,
 block tables shuffled like a cache that has been in use. Times are medians per layer call; the
-per-step metadata (built once for all layers) is excluded. With --chunk-lens, also one request's chunk of
-that many tokens over each cached context (a speculative verification: 1 + k tokens), through the whole
-layer forward (K/V write included): the torch backend's SDPA chunk against the native backend, which takes
-chunks up to MAX_KERNEL_CHUNK tokens through the decode kernel, one query per token.
+per-step metadata (built once for all layers) is excluded. Decodes: `batch` requests of `context` tokens,
+attention alone. With --chunk-lens, also one request's chunk of that many tokens over each cached context
+(context 0: a fresh prompt; 1 + k tokens: a speculative verification), through the whole layer forward
+(K/V write included).
 
     python benchmarks/cpu_attention.py --threads 2 --batch-sizes 1 16 64 --contexts 128 512
-    python benchmarks/cpu_attention.py --batch-sizes --contexts 300 1000 --chunk-lens 2 5 9 16
+    python benchmarks/cpu_attention.py --batch-sizes --contexts 0 300 --chunk-lens 5 32 128 512
 """
 
 import argparse
@@ -18,10 +19,14 @@ import sys
 
 import torch
 
-from pagedserve.attention.backends.base import AttentionLayerSpec, CommonAttentionMetadata
-from pagedserve.attention.backends.cpu_native import MAX_KERNEL_CHUNK, CpuNativeAttentionBackend
-from pagedserve.attention.backends.torch_paged import SdpaPrefillBackend, TorchPagedAttentionBackend
-from pagedserve.kernels.cpu import load_cpu_kernels
+from pagedserve.attention.backends.base import (
+    AnyAttentionBackend,
+    AttentionLayerSpec,
+    CommonAttentionMetadata,
+)
+from pagedserve.attention.backends.cpu_native import CpuNativeAttentionBackend
+from pagedserve.attention.backends.torch_paged import TorchPagedAttentionBackend
+from pagedserve.kernels.cpu import load_cpu_kernels, paged_attention
 from pagedserve.utils import cdiv
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # timing, however this file is run
@@ -44,20 +49,31 @@ def decode_batch(batch: int, context: int, block_size: int) -> tuple[CommonAtten
     return common, num_blocks
 
 
-def layer_ms(
-    backend: SdpaPrefillBackend, spec: AttentionLayerSpec, batch: int, context: int, args: argparse.Namespace
+def decode_ms(
+    native: bool, spec: AttentionLayerSpec, batch: int, context: int, args: argparse.Namespace
 ) -> float:
+    """The attention of `batch` decodes: the native kernel's, or the torch backend's gather and SDPA."""
     common, num_blocks = decode_batch(batch, context, args.block_size)
     shape = (num_blocks, args.block_size, spec.num_kv_heads, spec.head_dim)
     key_cache, value_cache = torch.randn(shape), torch.randn(shape)
     q = torch.randn(batch, spec.num_heads, spec.head_dim)
+    if native:  # the step's tensors made once, as the backend's metadata holds them for every layer
+        lens, starts = torch.tensor(common.seq_lens), torch.tensor(common.query_start_loc)
+        tables = common.block_tables
+        return 1e3 * median_seconds(
+            lambda: paged_attention(
+                q, key_cache, value_cache, tables, lens, spec.scale, query_start_loc=starts
+            ),
+            args.iterations,
+        )
+    backend = TorchPagedAttentionBackend()
     decode = backend.build_decode_metadata(common, common.num_decodes)
     return 1e3 * median_seconds(
         lambda: backend.attend_decodes(spec, q, key_cache, value_cache, decode), args.iterations
     )
 
 
-def chunk_ms(backend: SdpaPrefillBackend, spec: AttentionLayerSpec, context: int, chunk: int, args) -> float:
+def chunk_ms(backend: AnyAttentionBackend, spec: AttentionLayerSpec, context: int, chunk: int, args) -> float:
     """One layer's forward for one request's `chunk` new tokens over `context` cached ones."""
     per_request = cdiv(context + chunk, args.block_size)
     tables = (torch.randperm(per_request) + 1).view(1, per_request)
@@ -93,25 +109,24 @@ def main() -> None:
         raise SystemExit(f"The native CPU kernels are unavailable: {kernels.error}")
     spec = AttentionLayerSpec(args.num_heads, args.num_kv_heads, args.head_dim, args.head_dim**-0.5)
     print(
-        f"Decode attention per layer, float32, {args.threads} threads, heads {args.num_heads}/"
+        f"Attention per layer, float32, {args.threads} threads, heads {args.num_heads}/"
         f"{args.num_kv_heads} kv, head_dim {args.head_dim}, block size {args.block_size}; "
         f"torch {torch.__version__}, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n"
     )
-    print("| batch | context | K/V read MB | torch gather+SDPA ms | native kernel ms | speed-up |")
-    print("|---|---|---|---|---|---|")
+    if args.batch_sizes:
+        print("| batch | context | K/V read MB | torch gather+SDPA ms | native kernel ms | speed-up |")
+        print("|---|---|---|---|---|---|")
     for batch in args.batch_sizes:
         for context in args.contexts:
-            torch_ms = layer_ms(TorchPagedAttentionBackend(), spec, batch, context, args)
-            native_ms = layer_ms(CpuNativeAttentionBackend(), spec, batch, context, args)
+            torch_ms = decode_ms(False, spec, batch, context, args)
+            native_ms = decode_ms(True, spec, batch, context, args)
             megabytes = 2 * batch * context * args.num_kv_heads * args.head_dim * 4 / 1e6
             print(
                 f"| {batch} | {context} | {megabytes:.1f} | {torch_ms:.3f} | {native_ms:.3f} | "
                 f"{torch_ms / native_ms:.1f}x |"
             )
     if args.chunk_lens:
-        print(
-            f"\n| chunk | context | torch SDPA chunk ms | native ms (kernel up to {MAX_KERNEL_CHUNK}) | speed-up |"
-        )
+        print("\n| chunk | context | torch SDPA chunk ms | native kernel ms | speed-up |")
         print("|---|---|---|---|---|")
     for chunk in args.chunk_lens:
         for context in args.contexts:

@@ -1,13 +1,16 @@
 """Random paged batches and caches shared by the attention kernel tests."""
 
 import random
-from typing import Any
 
 import torch
 
-from pagedserve.attention.backends.base import AttentionLayerSpec, CommonAttentionMetadata
+from pagedserve.attention.backends.base import (
+    AnyAttentionBackend,
+    AttentionLayerSpec,
+    CommonAttentionMetadata,
+)
 from pagedserve.attention.backends.cpu_native import CpuNativeAttentionBackend
-from pagedserve.attention.backends.torch_paged import SdpaPrefillBackend, TorchPagedAttentionBackend
+from pagedserve.attention.backends.torch_paged import TorchPagedAttentionBackend
 from pagedserve.utils import cdiv
 
 NUM_BLOCKS = 64
@@ -59,7 +62,7 @@ def forward_on_both_backends(
     """One step of (q, k, v) through the torch and the cpu backend, each on its own copy of `caches`:
     ([torch output, cpu output], [torch's caches after, cpu's caches after])."""
     outputs, written = [], []
-    backends: list[SdpaPrefillBackend[Any]] = [TorchPagedAttentionBackend(), CpuNativeAttentionBackend()]
+    backends: list[AnyAttentionBackend] = [TorchPagedAttentionBackend(), CpuNativeAttentionBackend()]
     for backend in backends:
         cache = (caches[0].clone(), caches[1].clone())
         outputs.append(backend.forward(spec, *qkv, cache, backend.build_metadata(common)))

@@ -6,7 +6,6 @@ import torch
 from paged_batches import NUM_BLOCKS, forward_on_both_backends, make_batch
 
 from pagedserve.attention.backends.base import AttentionLayerSpec
-from pagedserve.attention.backends.cpu_native import CpuNativeAttentionBackend
 from pagedserve.attention.backends.torch_paged import TorchPagedAttentionBackend
 from pagedserve.attention.kv_quant import FP8_DTYPES, KVQuantization
 from pagedserve.kernels import cpu as cpu_kernels
@@ -89,9 +88,14 @@ def test_decode_reads_fp8_in_place(
     key_cache = quant.quantize(torch.randn(shape) * 0.1, quant.k_scale)
     value_cache = quant.quantize(torch.randn(shape), quant.v_scale)
     q = torch.randn(len(lens), num_heads, head_dim).to(dtype)
-    native = CpuNativeAttentionBackend()
-    out = native.attend_decodes(
-        spec, q, key_cache, value_cache, native.build_decode_metadata(common, common.num_decodes)
+    out = cpu_kernels.paged_attention(
+        q,
+        key_cache,
+        value_cache,
+        common.block_tables,
+        torch.tensor(common.seq_lens),
+        spec.scale,
+        fp8=(quant.fp8_dtype, quant.k_scale, quant.v_scale),
     )
     reference = TorchPagedAttentionBackend()
     expected = reference.attend_decodes(
@@ -130,4 +134,4 @@ def test_kernel_refuses_an_fp8_cache_without_a_format() -> None:
     q = torch.randn(1, 4, 16)
     cache = torch.zeros(4, 8, 4, 16, dtype=torch.uint8)
     with pytest.raises(RuntimeError, match="needs fp8_format"):
-        cpu_kernels.paged_attention_decode(q, cache, cache, torch.tensor([[1]]), torch.tensor([3]), 0.25)
+        cpu_kernels.paged_attention(q, cache, cache, torch.tensor([[1]]), torch.tensor([3]), 0.25)

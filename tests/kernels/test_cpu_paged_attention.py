@@ -1,4 +1,5 @@
-"""The native CPU paged-attention decode kernel and the cpu backend, against the torch reference backend."""
+"""The native CPU paged-attention kernel and the cpu backend: against the torch reference backend, and
+each token's output the same bits however its step was cut and whatever shares it."""
 
 from typing import Any
 
@@ -8,9 +9,10 @@ from paged_batches import NUM_BLOCKS, forward_on_both_backends, make_batch, rand
 
 from pagedserve import LLM, SamplingParams
 from pagedserve.attention.backends import select_attention_backend
-from pagedserve.attention.backends.base import AttentionLayerSpec
-from pagedserve.attention.backends.cpu_native import MAX_KERNEL_CHUNK, CpuNativeAttentionBackend
+from pagedserve.attention.backends.base import AttentionLayerSpec, CommonAttentionMetadata
+from pagedserve.attention.backends.cpu_native import CpuNativeAttentionBackend
 from pagedserve.attention.backends.torch_paged import TorchPagedAttentionBackend
+from pagedserve.attention.kv_quant import FP8_DTYPES, KVQuantization
 from pagedserve.config import EngineArgs
 from pagedserve.errors import ConfigError
 from pagedserve.kernels import cpu as cpu_kernels
@@ -44,7 +46,7 @@ def test_kernel_matches_torch_backend(
     key_cache, value_cache = random_cache(block_size, spec, dtype)
     q = torch.randn(common.num_decodes, num_heads, head_dim).to(dtype)
 
-    out = cpu_kernels.paged_attention_decode(
+    out = cpu_kernels.paged_attention(
         q, key_cache, value_cache, common.block_tables, torch.tensor(common.seq_lens), spec.scale
     )
     torch_backend = TorchPagedAttentionBackend()  # reference in float32 on the same (rounded) values
@@ -74,7 +76,7 @@ def test_kernel_matches_torch_backend_on_every_head_grouping(
     common = make_batch([(n - 1, 1) for n in decode_lens(16)], 16, seed=head_dim)
     key_cache, value_cache = random_cache(16, spec, torch.float32)
     q = torch.randn(common.num_decodes, num_heads, head_dim)
-    out = cpu_kernels.paged_attention_decode(
+    out = cpu_kernels.paged_attention(
         q, key_cache, value_cache, common.block_tables, torch.tensor(common.seq_lens), spec.scale
     )
     torch_backend = TorchPagedAttentionBackend()
@@ -91,18 +93,16 @@ def test_kernel_takes_int32_and_strided_inputs() -> None:
     q = torch.randn(3, 6, 64)
     lens = torch.tensor(common.seq_lens)
     tables = common.block_tables
-    expected = cpu_kernels.paged_attention_decode(q, key_cache, value_cache, tables, lens, 0.125)
+    expected = cpu_kernels.paged_attention(q, key_cache, value_cache, tables, lens, 0.125)
     column_major = tables.t().contiguous().t()
     for variant in (tables.int(), column_major, column_major.int()):
         assert torch.equal(
-            cpu_kernels.paged_attention_decode(q, key_cache, value_cache, variant, lens, 0.125), expected
+            cpu_kernels.paged_attention(q, key_cache, value_cache, variant, lens, 0.125), expected
         )
     strided_q = torch.randn(6, 3, 64).transpose(0, 1)
     assert torch.equal(
-        cpu_kernels.paged_attention_decode(strided_q, key_cache, value_cache, tables, lens, 0.125),
-        cpu_kernels.paged_attention_decode(
-            strided_q.contiguous(), key_cache, value_cache, tables, lens, 0.125
-        ),
+        cpu_kernels.paged_attention(strided_q, key_cache, value_cache, tables, lens, 0.125),
+        cpu_kernels.paged_attention(strided_q.contiguous(), key_cache, value_cache, tables, lens, 0.125),
     )
 
 
@@ -111,14 +111,31 @@ def test_kernel_rejects_block_ids_outside_the_cache() -> None:
     key_cache, value_cache = random_cache(8, spec, torch.float32)
     tables = torch.tensor([[3, NUM_BLOCKS]])
     with pytest.raises(RuntimeError, match="outside the cache"):
-        cpu_kernels.paged_attention_decode(
+        cpu_kernels.paged_attention(
             torch.randn(1, 4, 64), key_cache, value_cache, tables, torch.tensor([9]), 0.125
+        )
+
+
+def test_kernel_rejects_more_queries_than_tokens() -> None:
+    spec = AttentionLayerSpec(4, 4, 64, scale=0.125)
+    key_cache, value_cache = random_cache(8, spec, torch.float32)
+    with pytest.raises(RuntimeError, match="request 0 has 4 query tokens"):
+        cpu_kernels.paged_attention(
+            torch.randn(4, 4, 64),
+            key_cache,
+            value_cache,
+            torch.tensor([[3]]),
+            torch.tensor([3]),
+            0.125,
+            query_start_loc=torch.tensor([0, 4]),
         )
 
 
 # (sliding_window, logits_soft_cap): plain; a window shorter than most requests (it cuts the cached prefix,
 # the chunk and the fresh prefill); Gemma 2's soft cap with a window.
 SCORING = [(None, None), (11, None), (20, 5.0)]
+# Decodes, chunks over a cached prefix (short: a verification; long), fresh prompts.
+MIXED_REQUESTS = [(0, 1), (37, 1), (7, 1), (19, 13), (50, 2), (0, 21), (3, 40), (9, 3), (0, 70)]
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
@@ -127,23 +144,11 @@ SCORING = [(None, None), (11, None), (20, 5.0)]
 def test_mixed_batch_through_backend_matches_torch(
     block_size: int, window: int | None, soft_cap: float | None, cache_dtype: torch.dtype
 ) -> None:
-    """Decodes, short chunks over a cached prefix (the native backend's decode kernel takes them, one query
-    per token), then a fresh prefill, a chunk too long for the kernel and a short one (SDPA), in one step:
-    same outputs and the same K/V written."""
+    """Decodes, chunks over a cached prefix and fresh prefills in one step, every token through the native
+    kernel: the torch backend's outputs and the same K/V written."""
     torch.manual_seed(block_size)
     spec = AttentionLayerSpec(8, 2, 64, scale=0.125, sliding_window=window, logits_soft_cap=soft_cap)
-    requests = [
-        (0, 1),
-        (37, 1),
-        (block_size - 1, 1),
-        (19, 13),
-        (50, 2),
-        (0, 21),
-        (3, MAX_KERNEL_CHUNK + 1),
-        (9, 3),
-    ]
-    common = make_batch(requests, block_size, seed=2)
-    assert CpuNativeAttentionBackend().num_decode_requests(common) == 5
+    common = make_batch(MIXED_REQUESTS, block_size, seed=2)
     num_tokens = common.query_start_loc[-1]
     q = torch.randn(num_tokens, spec.num_heads * spec.head_dim)
     k, v = (torch.randn(num_tokens, spec.num_kv_heads * spec.head_dim) for _ in range(2))
@@ -154,6 +159,106 @@ def test_mixed_batch_through_backend_matches_torch(
     assert (outputs[0] - outputs[1]).abs().max().item() < 1e-5
     assert all(torch.equal(a, b) for a, b in zip(*written))
     assert not torch.equal(written[1][0], caches[0])  # this step's K did land in the cache
+
+
+Step = tuple[CommonAttentionMetadata, slice]  # a step's batch and its rows of the whole batch's q/k/v
+
+
+def piece(common: CommonAttentionMetadata, request: int, first: int, end: int) -> Step:
+    """Request `request`'s new tokens [first, end) (counted from its first new token) as a step alone."""
+    start, stop = common.query_start_loc[request], common.query_start_loc[request + 1]
+    cached = common.seq_lens[request] - (stop - start)
+    rows = slice(start + first, start + end)
+    alone = CommonAttentionMetadata(
+        [0, end - first],
+        [cached + end],
+        common.block_tables[request : request + 1],
+        common.slot_mapping[rows],
+        num_decodes=int(end - first == 1),
+        block_size=common.block_size,
+    )
+    return alone, rows
+
+
+def run_steps(
+    spec: AttentionLayerSpec,
+    qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    caches: tuple[torch.Tensor, torch.Tensor],
+    steps: list[Step],
+    threads: int = 1,
+) -> torch.Tensor:
+    """`steps` in order through the cpu backend on a copy of `caches`, with `threads` threads: each row's
+    output where the whole batch would have it."""
+    backend = CpuNativeAttentionBackend()
+    cache = (caches[0].clone(), caches[1].clone())
+    q, k, v = qkv
+    out = torch.full_like(q, float("nan"))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for common, rows in steps:
+            out[rows] = backend.forward(
+                spec, q[rows], k[rows], v[rows], cache, backend.build_metadata(common)
+            )
+    finally:
+        torch.set_num_threads(before)
+    return out
+
+
+# Every block size and scoring on a float32 model's cache; the other caches at block size 16.
+INVARIANCE_CASES = [(b, *scoring, "float32") for b in (8, 16, 32) for scoring in SCORING] + [
+    (16, *scoring, cache) for cache in ("bfloat16", "fp8_e4m3", "float16") for scoring in SCORING
+]
+
+
+@pytest.mark.parametrize("block_size,window,soft_cap,cache", INVARIANCE_CASES)
+def test_a_tokens_output_bits_do_not_depend_on_its_step(
+    block_size: int, window: int | None, soft_cap: float | None, cache: str
+) -> None:
+    """Each token's attention output, in the same bits, from the whole mixed step, from its request alone,
+    from its request cut into chunks at other places (the token at another position of its chunk), from
+    itself alone over the cached prefix (1 thread), and with 2 or 3 threads. `cache`: a float32 model's cache, its
+    bfloat16 cache (--kv-cache-dtype bfloat16), an fp8 cache, a float16 model's."""
+    torch.manual_seed(block_size)
+    quant = KVQuantization(FP8_DTYPES[cache], k_scale=0.03, v_scale=0.07) if cache.startswith("fp8") else None
+    spec = AttentionLayerSpec(9, 3, 64, 0.125, window, soft_cap, kv_quant=quant)
+    dtype = torch.float16 if cache == "float16" else torch.float32
+    common = make_batch(MIXED_REQUESTS, block_size, seed=5)
+    num_tokens = common.query_start_loc[-1]
+    qkv = (
+        torch.randn(num_tokens, 9 * 64).to(dtype),
+        torch.randn(num_tokens, 3 * 64).to(dtype),
+        torch.randn(num_tokens, 3 * 64).to(dtype),
+    )
+    if quant is None:
+        caches = random_cache(block_size, spec, torch.bfloat16 if cache == "bfloat16" else dtype)
+    else:
+        shape = (NUM_BLOCKS, block_size, 3, 64)
+        caches = (quant.quantize(torch.randn(shape), 0.03), quant.quantize(torch.randn(shape), 0.07))
+    whole = run_steps(spec, qkv, caches, [(common, slice(0, num_tokens))])
+    assert not whole.isnan().any()
+    new_tokens = [n for _, n in MIXED_REQUESTS]
+    requests_alone = [piece(common, r, 0, n) for r, n in enumerate(new_tokens)]
+    thirds = [piece(common, r, a, b) for r, n in enumerate(new_tokens) for a, b in _thirds(n) if a < b]
+    one_by_one = [piece(common, r, t, t + 1) for r, n in enumerate(new_tokens) for t in range(n)]
+    for how, steps in (("alone", requests_alone), ("in thirds", thirds), ("one by one", one_by_one)):
+        _assert_same_bits(run_steps(spec, qkv, caches, steps), whole, how)
+    for threads in (2, 3):
+        out = run_steps(spec, qkv, caches, [(common, slice(0, num_tokens))], threads)
+        _assert_same_bits(out, whole, f"{threads} threads")
+
+
+def _assert_same_bits(out: torch.Tensor, expected: torch.Tensor, how: str) -> None:
+    differ = (out != expected).any(dim=-1)
+    assert not differ.any(), (
+        f"{how}: tokens {differ.nonzero().flatten().tolist()} differ from the whole step, by up to "
+        f"{(out - expected).abs().max().item():.3g}"
+    )
+
+
+def _thirds(n: int) -> list[tuple[int, int]]:
+    """[0, n) cut in three at n / 3 and 2 n / 3 (the cuts fall mid-block and mid-tile)."""
+    return [(0, n // 3), (n // 3, 2 * n // 3), (2 * n // 3, n)]
 
 
 def dense_attention(
@@ -198,13 +303,13 @@ def test_torch_backend_matches_the_definition(window: int | None, soft_cap: floa
 
 def test_llm_greedy_tokens_equal_torch_backend(tiny_llama: str, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
-    kernel = cpu_kernels.paged_attention_decode
+    kernel = cpu_kernels.paged_attention
 
-    def counted(*args: Any) -> torch.Tensor:
+    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
         calls.append(args)
-        return kernel(*args)
+        return kernel(*args, **kwargs)
 
-    monkeypatch.setattr(cpu_kernels, "paged_attention_decode", counted)
+    monkeypatch.setattr(cpu_kernels, "paged_attention", counted)
     prompts = [{"prompt_token_ids": [(7 * i + 3) % 49000 + 3 for i in range(n)]} for n in (3, 17, 40, 64)]
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     tokens = {}
@@ -219,16 +324,17 @@ def test_speculative_verifications_run_through_the_kernel(
     tiny_llama: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """n-gram speculation on a repetitive prompt: the cpu backend attends each verification (1 + k tokens
-    over the cached prefix) in the native kernel, one query per token, and the greedy tokens equal the
-    torch backend's and those without speculation."""
-    query_rows = []
-    kernel = cpu_kernels.paged_attention_decode
+    over the cached prefix) in the native kernel, and the greedy tokens equal the torch backend's and those
+    without speculation."""
+    verifications = []
+    kernel = cpu_kernels.paged_attention
 
-    def counted(q: torch.Tensor, *args: Any) -> torch.Tensor:
-        query_rows.append(q.shape[0])
-        return kernel(q, *args)
+    def counted(*args: Any, query_start_loc: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        query_len, seq_len = int(query_start_loc[1] - query_start_loc[0]), int(args[4][0])
+        verifications.append(1 < query_len < seq_len)
+        return kernel(*args, query_start_loc=query_start_loc, **kwargs)
 
-    monkeypatch.setattr(cpu_kernels, "paged_attention_decode", counted)
+    monkeypatch.setattr(cpu_kernels, "paged_attention", counted)
     prompt = {"prompt_token_ids": [11, 12, 13, 14, 15, 16] * 6}
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     ngram = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
@@ -242,7 +348,7 @@ def test_speculative_verifications_run_through_the_kernel(
             speculative_config=spec,
         )
         tokens[name] = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
-    assert max(query_rows) > 1, "no verification reached the kernel"
+    assert any(verifications), "no verification reached the kernel"
     assert tokens["cpu"] == tokens["torch"] == tokens["plain"]
 
 

@@ -99,7 +99,7 @@ def test_the_library_compiled_at_install_is_what_loads() -> None:
     kernels = cpu.load_cpu_kernels()
     assert kernels.source == "prebuilt", kernels.error
     assert kernels.module is not None and kernels.module.__name__ == build_config.EXTENSION
-    assert hasattr(kernels.module, "paged_attention_decode")
+    assert hasattr(kernels.module, "paged_attention")
 
 
 def _fail_in_ci_else_skip(message: str) -> None:

@@ -3,12 +3,11 @@
 Decodes (one query token each) are attended in one batched call over K/V gathered through their
 block tables; each prefill chunk is attended with its own causal mask over its cached prefix. Layers with
 a sliding window mask what lies outside it; a logits soft cap takes the plain (non-SDPA) computation.
-`SdpaPrefillBackend` (K/V writes and prefill chunks) is shared with backends that only replace decodes.
+Not batch-invariant: SDPA's sums follow the shape of a chunk, so a token's output moves (by float32
+rounding) with where its prompt was cut; the cpu backend's kernel does not (docs/cpu.md).
 """
 
-from abc import abstractmethod
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -68,56 +67,59 @@ class GatherDecodeMetadata:
         return self._masks[window]
 
 
-DecodeT = TypeVar("DecodeT")
-KVPair = tuple[torch.Tensor, torch.Tensor]  # (K, V)
-
-
 @dataclass
-class TorchAttentionMetadata(AttentionMetadata, Generic[DecodeT]):
+class TorchAttentionMetadata(AttentionMetadata):
     slot_mapping: torch.Tensor  # [T]
-    num_decode_tokens: int  # the first tokens, attended by `attend_decodes` as one query each
-    decode: DecodeT  # built by the backend's `build_decode_metadata`, read by its `attend_decodes`
+    num_decode_tokens: int  # the first tokens: one per decode request, attended in one batched call
+    decode: GatherDecodeMetadata
     prefills: list[PrefillChunk]
 
 
-class SdpaPrefillBackend(AttentionBackend[TorchAttentionMetadata[DecodeT]], Generic[DecodeT]):
-    """K/V writes by slot mapping and prefill chunks through torch SDPA; subclasses say how decodes
-    are attended, and which leading requests count as decodes (`num_decode_requests`: by default the
-    single-token ones)."""
+class TorchPagedAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
+    """K/V writes by slot mapping; decodes in one batched SDPA call over K/V gathered through their block
+    tables (padded, masked); each prefill chunk through SDPA over its cached prefix."""
 
-    def build_metadata(self, common: CommonAttentionMetadata) -> TorchAttentionMetadata[DecodeT]:
-        num_requests = self.num_decode_requests(common)
+    name = "torch"
+
+    def build_metadata(self, common: CommonAttentionMetadata) -> TorchAttentionMetadata:
+        nd = common.num_decodes
         return TorchAttentionMetadata(
             common.slot_mapping,
-            common.query_start_loc[num_requests],
-            self.build_decode_metadata(common, num_requests),
-            _prefill_chunks(common, num_requests),
+            common.query_start_loc[nd],
+            self.build_decode_metadata(common, nd),
+            _prefill_chunks(common, nd),
         )
 
-    def num_decode_requests(self, common: CommonAttentionMetadata) -> int:
-        """How many leading requests `attend_decodes` takes, each of its query tokens as one decode."""
-        return common.num_decodes
+    def build_decode_metadata(
+        self, common: CommonAttentionMetadata, num_requests: int
+    ) -> GatherDecodeMetadata:
+        device = common.slot_mapping.device
+        nd = num_requests  # one token each
+        decode_lens = torch.tensor(common.seq_lens[:nd], device=device).view(nd, 1, 1, 1)
+        max_decode_blocks = cdiv(max(common.seq_lens[:nd], default=0), common.block_size)
+        span = torch.arange(max_decode_blocks * common.block_size, device=device)
+        return GatherDecodeMetadata(common.block_tables[:nd, :max_decode_blocks], decode_lens, span)
 
-    @abstractmethod
-    def build_decode_metadata(self, common: CommonAttentionMetadata, num_requests: int) -> DecodeT:
-        """Once per step: what `attend_decodes` needs for the query tokens of the first `num_requests`
-        requests."""
-
-    @abstractmethod
     def attend_decodes(
         self,
         spec: AttentionLayerSpec,
         q: torch.Tensor,
         key_cache: torch.Tensor,
         value_cache: torch.Tensor,
-        decode: DecodeT,
+        decode: GatherDecodeMetadata,
     ) -> torch.Tensor:
-        """q [num_decode_tokens, num_heads, head_dim], each token a query over its request's K/V up to its
-        own position (this step's included, already in the cache). Returns q's shape."""
-
-    def store_kv(self, spec: AttentionLayerSpec, cache: KVPair, new: KVPair, slots: torch.Tensor) -> None:
-        """Store this step's K/V `new` [T, num_kv_heads, head_dim] each at slot `slots` of `cache`."""
-        write_kv(*cache, *new, slots, spec)
+        nd = q.shape[0]
+        keys = read_kv(key_cache, decode.block_tables, spec, q.dtype).view(
+            nd, -1, spec.num_kv_heads, spec.head_dim
+        )
+        values = read_kv(value_cache, decode.block_tables, spec, q.dtype, value=True).view_as(keys)
+        return attend(
+            spec,
+            q.unsqueeze(2),
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
+            decode.mask(spec.sliding_window),
+        ).squeeze(2)
 
     def forward(
         self,
@@ -126,14 +128,14 @@ class SdpaPrefillBackend(AttentionBackend[TorchAttentionMetadata[DecodeT]], Gene
         k: torch.Tensor,
         v: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
-        metadata: TorchAttentionMetadata[DecodeT],
+        metadata: TorchAttentionMetadata,
     ) -> torch.Tensor:
         num_tokens = q.shape[0]
         q = q.view(num_tokens, spec.num_heads, spec.head_dim)
         k = k.view(num_tokens, spec.num_kv_heads, spec.head_dim)
         v = v.view(num_tokens, spec.num_kv_heads, spec.head_dim)
         key_cache, value_cache = kv_cache
-        self.store_kv(spec, kv_cache, (k, v), metadata.slot_mapping)
+        write_kv(key_cache, value_cache, k, v, metadata.slot_mapping, spec)
         nd = metadata.num_decode_tokens
         if nd == num_tokens:  # decodes only (every step of one user): no output buffer to copy into
             return self.attend_decodes(spec, q, key_cache, value_cache, metadata.decode).reshape(
@@ -196,43 +198,6 @@ def attend(
         mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
     scores = scores.masked_fill(~mask, float("-inf"))
     return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ values
-
-
-class TorchPagedAttentionBackend(SdpaPrefillBackend[GatherDecodeMetadata]):
-    """Decodes in one batched SDPA call over K/V gathered through their block tables (padded, masked)."""
-
-    name = "torch"
-
-    def build_decode_metadata(
-        self, common: CommonAttentionMetadata, num_requests: int
-    ) -> GatherDecodeMetadata:
-        device = common.slot_mapping.device
-        nd = num_requests  # one token each (`num_decode_requests`)
-        decode_lens = torch.tensor(common.seq_lens[:nd], device=device).view(nd, 1, 1, 1)
-        max_decode_blocks = cdiv(max(common.seq_lens[:nd], default=0), common.block_size)
-        span = torch.arange(max_decode_blocks * common.block_size, device=device)
-        return GatherDecodeMetadata(common.block_tables[:nd, :max_decode_blocks], decode_lens, span)
-
-    def attend_decodes(
-        self,
-        spec: AttentionLayerSpec,
-        q: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        decode: GatherDecodeMetadata,
-    ) -> torch.Tensor:
-        nd = q.shape[0]
-        keys = read_kv(key_cache, decode.block_tables, spec, q.dtype).view(
-            nd, -1, spec.num_kv_heads, spec.head_dim
-        )
-        values = read_kv(value_cache, decode.block_tables, spec, q.dtype, value=True).view_as(keys)
-        return attend(
-            spec,
-            q.unsqueeze(2),
-            keys.transpose(1, 2),
-            values.transpose(1, 2),
-            decode.mask(spec.sliding_window),
-        ).squeeze(2)
 
 
 def _prefill_chunks(common: CommonAttentionMetadata, first: int) -> list[PrefillChunk]:

@@ -194,7 +194,7 @@ def _check_lock(lock: str, timeout_s: float) -> None:
             os.remove(lock)
 
 
-def paged_attention_decode(
+def paged_attention(
     q: torch.Tensor,
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
@@ -204,28 +204,37 @@ def paged_attention_decode(
     sliding_window: int | None = None,
     soft_cap: float | None = None,
     fp8: tuple[torch.dtype, float, float] | None = None,
+    query_start_loc: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Attention of one query token per request over its K/V, read in place through its block table.
+    """Attention of every query token over its request's K/V up to its own position, read in place
+    through the request's block table. A query's output is the same bits whatever else the call holds
+    (other requests, the rest of its chunk) and however many threads run it.
 
-    q [num_decodes, num_heads, head_dim]; key_cache/value_cache [num_blocks, block_size, num_kv_heads,
+    q [num_tokens, num_heads, head_dim]; key_cache/value_cache [num_blocks, block_size, num_kv_heads,
     head_dim], contiguous, q's dtype (float32, float16 or bfloat16; softmax and sums in float32);
-    block_tables [num_decodes, max_blocks] int64 or int32; seq_lens [num_decodes], each in
-    [1, max_blocks * block_size]. `sliding_window` W: attend only to each request's last W tokens (the
-    blocks before them are never read); `soft_cap` c: scores s become c * tanh(s / c).
+    block_tables [num_requests, max_blocks] int64 or int32; seq_lens [num_requests], each in
+    [1, max_blocks * block_size]: each request's tokens of K/V, this step's included (already stored).
+    `query_start_loc` [num_requests + 1]: request r's query tokens are q's rows [query_start_loc[r],
+    query_start_loc[r + 1]), its last tokens (a prefill chunk, a verification); None: one each (decodes).
+    `sliding_window` W: each query attends only to its last W tokens (the blocks before them are never
+    read); `soft_cap` c: scores s become c * tanh(s / c).
     An fp8 cache: uint8 bits, read in place; `fp8` = (format, k_scale, v_scale): torch.float8_e4m3fn or
     torch.float8_e5m2, and the scales the values were stored with (stored = value / scale).
-    Returns [num_decodes, num_heads, head_dim] in q's dtype.
+    Returns [num_tokens, num_heads, head_dim] in q's dtype.
     Raises RuntimeError when the kernels are unavailable or an input breaks this contract.
     """
     kernels = load_cpu_kernels()
     if kernels.module is None:
         raise RuntimeError(f"The native CPU kernels are unavailable: {kernels.error}")
+    if query_start_loc is None:
+        query_start_loc = torch.arange(q.shape[0] + 1)
     fp8_dtype, k_scale, v_scale = fp8 or (None, 1.0, 1.0)
-    out: torch.Tensor = kernels.module.paged_attention_decode(
+    out: torch.Tensor = kernels.module.paged_attention(
         q,
         key_cache,
         value_cache,
         block_tables,
+        query_start_loc,
         seq_lens,
         scale,
         sliding_window or 0,
