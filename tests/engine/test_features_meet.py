@@ -274,11 +274,10 @@ def _write_adapters(model: str) -> list[LoRARequest]:
 def token_budget(llm: LLM, budget: int | None) -> Iterator[None]:
     """The scheduler's --max-num-batched-tokens set to `budget` for the runs inside (None: the setting's).
     NOTE: reaches into the in-process scheduler; data-parallel replicas keep their setting's budget."""
-    core = llm.llm_engine.engine_core
-    scheduler = getattr(core, "scheduler", None)
-    if budget is None or scheduler is None:
+    if budget is None or llm.llm_engine.config.parallel.data_parallel_size > 1:
         yield
         return
+    scheduler = llm.llm_engine.engine_core.scheduler
     config = scheduler.config
     scheduler.config = replace(config, max_num_batched_tokens=min(budget, config.max_num_batched_tokens))
     try:
