@@ -10,17 +10,6 @@ def log_stats_interval_s() -> float:
     return _positive_seconds("PAGEDSERVE_LOG_STATS_INTERVAL", "10")
 
 
-LOGGING_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
-
-def logging_level() -> str:
-    """PAGEDSERVE_LOGGING_LEVEL: the level of pagedserve's log (default INFO; any case)."""
-    raw = os.environ.get("PAGEDSERVE_LOGGING_LEVEL", "INFO")
-    if raw.upper() not in LOGGING_LEVELS:
-        raise ConfigError(f"PAGEDSERVE_LOGGING_LEVEL={raw!r} must be one of {', '.join(LOGGING_LEVELS)}.")
-    return raw.upper()
-
-
 def _positive_seconds(name: str, default: str) -> float:
     raw = os.environ.get(name, default)
     try:

@@ -1,9 +1,9 @@
 """Package-wide logging setup: one handler on the `pagedserve` logger, level from PAGEDSERVE_LOGGING_LEVEL."""
 
 import logging
+import os
 
-from pagedserve import envs
-
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _FORMAT = "%(levelname)s %(asctime)s [%(name)s] %(message)s"
 
 
@@ -13,6 +13,15 @@ def init_logger(name: str) -> logging.Logger:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%m-%d %H:%M:%S"))
         root.addHandler(handler)
-        root.setLevel(envs.logging_level())
+        root.setLevel(logging_level())
         root.propagate = False
     return logging.getLogger(name)
+
+
+def logging_level() -> str:
+    """PAGEDSERVE_LOGGING_LEVEL: the level of pagedserve's log (default INFO; any case). Raises ValueError
+    naming the variable (this module sits below pagedserve.errors' ConfigError in the layers)."""
+    raw = os.environ.get("PAGEDSERVE_LOGGING_LEVEL", "INFO")
+    if raw.upper() not in LEVELS:
+        raise ValueError(f"PAGEDSERVE_LOGGING_LEVEL={raw!r} must be one of {', '.join(LEVELS)}.")
+    return raw.upper()

@@ -9,7 +9,6 @@ import sys
 
 import pytest
 
-from pagedserve import envs
 from pagedserve.config import EngineArgs
 from pagedserve.engine.admission import ServingLimits
 from pagedserve.entrypoints.cli import main as cli_main
@@ -17,6 +16,7 @@ from pagedserve.entrypoints.openai.api_server import _bind_socket
 from pagedserve.entrypoints.openai.cli_args import ServerArgs, args_from_namespace, make_arg_parser
 from pagedserve.entrypoints.openai.request_bounds import RequestBounds
 from pagedserve.errors import ConfigError, PagedServeError
+from pagedserve.logger import logging_level
 
 VLLM_LINE = (
     "--model PATH --dtype float16 --gpu-memory-utilization 0.90 --max-model-len 4096 --port 8000"
@@ -215,10 +215,10 @@ def test_help_lists_the_same_flags(command: list[str]) -> None:
 @pytest.mark.parametrize("value", ["bogus", "", "10", "INFO; rm"])
 def test_a_bad_logging_level_names_the_variable(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PAGEDSERVE_LOGGING_LEVEL", value)
-    with pytest.raises(ConfigError, match="PAGEDSERVE_LOGGING_LEVEL"):
-        envs.logging_level()
+    with pytest.raises(ValueError, match="PAGEDSERVE_LOGGING_LEVEL"):
+        logging_level()
 
 
 def test_logging_level_takes_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PAGEDSERVE_LOGGING_LEVEL", "debug")
-    assert envs.logging_level() == "DEBUG"
+    assert logging_level() == "DEBUG"
