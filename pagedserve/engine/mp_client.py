@@ -96,8 +96,11 @@ class SocketClient(EngineCoreClient):
 
     def request_shutdown(self) -> None:
         """Ask the engine core to stop (without waiting: its queue may be full or gone)."""
+        # NOTE: through a synchronous shadow of the socket: an asyncio socket's send needs an event loop,
+        # and at interpreter exit (atexit) there is none.
+        socket = zmq.Socket.shadow(self._input_socket.underlying)
         try:
-            self._input_socket.send_multipart([EngineCoreRequestType.SHUTDOWN.value, b""], flags=zmq.NOBLOCK)
+            socket.send_multipart([EngineCoreRequestType.SHUTDOWN.value, b""], flags=zmq.NOBLOCK)
         except zmq.ZMQError:
             pass  # the caller ends it otherwise
 

@@ -4,6 +4,9 @@ cannot be encoded each fail at most their own caller, at once; the engine goes o
 
 import asyncio
 import dataclasses
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -152,3 +155,28 @@ def test_unencodable_request_fails_in_the_caller(engine: tuple) -> None:
         # nothing of the refused batch is left: its ids are free again
         assert llm.frontend.output_processor.num_unfinished == 0 and not llm.admission.queued
     check_still_serving(loop, llm, "reused-id")
+
+
+LEFT_RUNNING = """
+import asyncio, sys
+from pagedserve.config import EngineArgs
+from pagedserve.engine.async_llm import AsyncLLM
+
+config = EngineArgs(model=sys.argv[1], block_size=8, kv_cache_memory="8MiB").create_engine_config()
+asyncio.run(AsyncLLM.create(config, [], log_requests=False))  # never shut down: atexit does it
+"""
+
+
+def test_an_engine_left_running_stops_at_exit_without_an_event_loop(tiny_llama: str) -> None:
+    """A script that leaves its AsyncLLM running: at exit, with its event loop gone, the engine process is
+    still asked to stop (it used to raise in the atexit hook, then wait out the timeout and terminate)."""
+    result = subprocess.run(
+        [sys.executable, "-c", LEFT_RUNNING, tiny_llama],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=os.getcwd(),
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Exception ignored" not in result.stderr and "terminating it" not in result.stderr, result.stderr
