@@ -98,7 +98,7 @@ class SocketClient(EngineCoreClient):
         """Ask the engine core to stop (without waiting: its queue may be full or gone)."""
         # NOTE: through a synchronous shadow of the socket: an asyncio socket's send needs an event loop,
         # and at interpreter exit (atexit) there is none.
-        socket = zmq.Socket.shadow(self._input_socket.underlying)
+        socket: zmq.Socket[bytes] = zmq.Socket.shadow(self._input_socket.underlying)
         try:
             socket.send_multipart([EngineCoreRequestType.SHUTDOWN.value, b""], flags=zmq.NOBLOCK)
         except zmq.ZMQError:
