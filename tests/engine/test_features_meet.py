@@ -60,12 +60,20 @@ TIGHT = dict(block_size=8, num_gpu_blocks_override=24, max_model_len=96, max_num
 # expand at runs of 8 tokens of one adapter) in a pool that still runs short under 20 requests.
 WIDE = dict(block_size=8, num_gpu_blocks_override=120, max_model_len=96, max_num_seqs=32)
 
+# Token budgets a run may take instead of its setting's (None), so a prompt is cut at other places alone
+# than in its batch. Only smaller ones: the workers' buffers and the window's block bound follow the setting.
+BUDGETS: tuple[int | None, ...] = (None, 5, 8, 13)
+
 
 @dataclass(frozen=True)
 class Setting:
     model: str  # a tiny model of tests/conftest.py's TINY_MODELS (GGUF_MODELS: written as a GGUF)
     args: dict[str, Any]  # the engine's arguments
-    max_batch: int = 5  # requests drawn per batch (at least 2)
+    max_batch: int = 5  # requests drawn per batch
+    min_batch: int = 2
+    # The token budgets the batch may run under (see BUDGETS); a wide setting keeps its own, so its prompts
+    # prefill in a few steps and their decodes then share steps of many rows.
+    batch_budgets: tuple[int | None, ...] = BUDGETS
     hf_reference: bool = False  # greedy requests also equal HF transformers' greedy tokens
 
 
@@ -110,7 +118,13 @@ SETTINGS: dict[str, Setting] = {
     ),
     # Wide decode batches of a Q4_0 GGUF: the decode kernel (8 rows or fewer), the packed kernel and AMX
     # tiles (16 rows and more) meet within one request's life.
-    "q4_0_gguf_wide": Setting("llama-q4_0", dict(WIDE, max_num_batched_tokens=48), max_batch=18),
+    "q4_0_gguf_wide": Setting(
+        "llama-q4_0",
+        dict(WIDE, max_num_batched_tokens=256),
+        max_batch=18,
+        min_batch=12,
+        batch_budgets=(None,),
+    ),
     # Three adapters (ranks 8, 4, 8; attention, q/v, MLP) over two slots: requests wait for a slot, adapters
     # leave host memory and are read again, beams and samples fork with their adapter.
     "lora_ngram_swap": Setting("llama", dict(TIGHT, **LORA_NGRAM_SWAP)),
@@ -118,8 +132,10 @@ SETTINGS: dict[str, Setting] = {
     # depend on how many neighbours share its adapter (the expand's runs), nor on which adapters they use.
     "lora_wide": Setting(
         "llama",
-        dict(WIDE, enable_lora=True, max_loras=3, max_lora_rank=8, max_num_batched_tokens=48),
+        dict(WIDE, enable_lora=True, max_loras=3, max_lora_rank=8, max_num_batched_tokens=256),
         max_batch=18,
+        min_batch=12,
+        batch_budgets=(None,),
     ),
     # One adapter slot under priority scheduling and a draft model: urgent requests of another adapter must
     # wait for the slot rather than preempt requests whose leaving would not free it.
@@ -155,9 +171,6 @@ SETTINGS: dict[str, Setting] = {
     "pp2_lora_ngram_swap": Setting("llama", dict(TIGHT, pipeline_parallel_size=2, **LORA_NGRAM_SWAP)),
 }
 GGUF_MODELS = {"llama-kquant": "Q4_K", "llama-q4_0": "Q4_0"}  # tiny models loaded as a GGUF of that type
-# Token budgets a run may take instead of its setting's (None), so a prompt is cut at other places alone
-# than in its batch. Only smaller ones: the workers' buffers and the window's block bound follow the setting.
-BUDGETS = (None, 5, 8, 13)
 
 # Two block-aligned shared prefixes (prefix-cache hits), one a repeating pattern (n-gram proposals).
 PREFIXES = [[11, 12, 13, 14, 15, 16, 17, 18] * 3, list(range(3000, 3024))]
@@ -411,9 +424,9 @@ def assert_all_blocks_back(llm: LLM) -> None:
 @st.composite
 def batches(draw: st.DrawFn, setting: str, longest: int = 0) -> tuple[list[Case], tuple[Any, Any]]:
     """Requests for one batch of `setting` (up to its max_batch, or `longest`), and the two token budgets."""
-    size = longest or SETTINGS[setting].max_batch
-    drawn = draw(st.lists(cases(), min_size=min(2, size), max_size=size))
-    return drawn, (draw(st.sampled_from(BUDGETS)), draw(st.sampled_from(BUDGETS)))
+    chosen = SETTINGS[setting]
+    drawn = draw(st.lists(cases(), min_size=chosen.min_batch, max_size=longest or chosen.max_batch))
+    return drawn, (draw(st.sampled_from(BUDGETS)), draw(st.sampled_from(chosen.batch_budgets)))
 
 
 EXAMPLES = int(os.environ.get("PAGEDSERVE_FEATURES_EXAMPLES", "8"))
