@@ -101,6 +101,7 @@ def run_pagedserve(args: argparse.Namespace, prompts: list[list[int]]) -> tuple[
         "max_model_len": args.max_model_len,
         "enforce_eager": args.enforce_eager,
         "attention_backend": args.attention_backend,
+        "batch_invariant": args.batch_invariant,
         "gpu_memory_utilization": args.gpu_memory_utilization,
     }
     llm = LLM(**{k: v for k, v in kwargs.items() if v is not None})
@@ -215,6 +216,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--gpu-memory-utilization", type=float, default=None)
     p.add_argument("--attention-backend", default=None)
     p.add_argument("--enforce-eager", action="store_true", help="pagedserve without CUDA graphs")
+    p.add_argument(
+        "--batch-invariant",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="--no-batch-invariant: float32 layers on oneDNN (the engine flag)",
+    )
     p.add_argument("--skip-hf", action="store_true", help="do not run the HF transformers peers")
     p.add_argument("--skip-pagedserve", action="store_true", help="only run the HF peers (development)")
     p.add_argument("--hf-single-prompts", type=int, default=4, help="prompts for HF one-at-a-time (0: skip)")
