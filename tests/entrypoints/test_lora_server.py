@@ -111,6 +111,12 @@ def test_models_retrieve_each_served_name(server: RemoteServer, adapters) -> Non
     error = missing.value.response.json()["error"]
     assert error["type"] == "NotFoundError" and error["param"] == "model" and "`org/base`" in error["message"]
     assert httpx.get(f"{server.base_url}/v1/models/sql", timeout=10).status_code == 401
+    # Hostile ids: each a 404 in OpenAI's shape, a huge one not echoed whole; the server still serves.
+    headers = {"Authorization": f"Bearer {server.api_key}"}
+    for hostile in ["%00", "..%2F..%2Fetc%2Fpasswd", "%FF%FE", str(2**64), "NaN", "a" * 50_000]:
+        reply = httpx.get(f"{server.base_url}/v1/models/{hostile}", headers=headers, timeout=10)
+        assert reply.status_code == 404 and len(reply.text) < 2_000, (hostile[:20], reply.status_code)
+    assert client.models.retrieve("sql").id == "sql"
 
 
 def test_runtime_load_and_unload(server: RemoteServer, adapters) -> None:

@@ -17,6 +17,9 @@ MAX_LORA_PATH_CHARS = 4096
 MAX_LORA_ADAPTERS = 1024  # registered at once (each holds only its name and path here)
 
 
+_SHOWN_NAME_CHARS = 200  # of an unknown model name in its 404's message
+
+
 @dataclass(frozen=True)
 class LoRAModulePath:
     """One --lora-modules entry."""
@@ -78,8 +81,10 @@ class ServedModels:
 
     def _unknown(self, model: str) -> InvalidRequestError:
         names = ", ".join(f"`{name}`" for name in sorted([*self.base_names, *self.adapters]))
+        # NOTE: the name as sent, cut short: a 100 kB path or body field is not echoed back whole.
+        shown = model if len(model) <= _SHOWN_NAME_CHARS else model[:_SHOWN_NAME_CHARS] + "..."
         return InvalidRequestError(
-            f"The model `{model}` does not exist: this server serves {names} (see GET /v1/models).",
+            f"The model `{shown}` does not exist: this server serves {names} (see GET /v1/models).",
             param="model",
             status_code=404,
         )
