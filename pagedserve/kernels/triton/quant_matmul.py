@@ -100,9 +100,11 @@ def _tiled_kernel(  # type: ignore[no-untyped-def]
         w = dequantize_tile(
             rows_ptr, row_stride, weight_rows, k[:, None], GGML_TYPE, BLOCK_WEIGHTS, BLOCK_BYTES
         )
-        # NOTE: "ieee": float32 activations get float32 products (TF32 would round them to 10 bits);
-        # fp16/bf16 ones are exact in any precision.
-        acc = tl.dot(x, w.to(x.dtype), acc, input_precision="ieee")
+        if x_ptr.dtype.element_ty == tl.float32:
+            # NOTE: float32 activations get float32 products: tl.dot's default TF32 keeps 10 bits of them.
+            acc = tl.dot(x, w, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, w.to(x.dtype), acc)
     out = out_ptr + m[:, None].to(tl.int64) * out_features + n[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(m[:, None] < batch) & (n[None, :] < out_features))
 
