@@ -13,13 +13,13 @@ import triton.language as tl
 
 
 # NOTE: untyped: triton ships no types, and @triton.jit compiles this source (tl.constexpr marks only).
-@triton.jit  # type: ignore[untyped-decorator]
+@triton.jit
 def _byte(ptr):  # type: ignore[no-untyped-def]
     """The unsigned byte at ptr as int32 (shifts and masks on uint8 would wrap at 8 bits)."""
     return tl.load(ptr).to(tl.int32)
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+@triton.jit
 def _half(ptr):  # type: ignore[no-untyped-def]
     """The little-endian fp16 at ptr as float32, assembled from bytes: blocks of 18 or 34 bytes leave
     fp16 fields at any even offset of a row, and a view of the rows may start anywhere."""
@@ -27,12 +27,12 @@ def _half(ptr):  # type: ignore[no-untyped-def]
     return bits.to(tl.float16, bitcast=True).to(tl.float32)
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+@triton.jit
 def _nibble(byte, high):  # type: ignore[no-untyped-def]
     return tl.where(high, byte >> 4, byte & 15)
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+@triton.jit
 def _q4_0(block, i):  # type: ignore[no-untyped-def]
     """18 bytes: fp16 d, 16 bytes of nibbles (weight i < 16 the low nibble of byte i, i >= 16 the high one
     of byte i - 16); w = d (q - 8)."""
@@ -40,21 +40,21 @@ def _q4_0(block, i):  # type: ignore[no-untyped-def]
     return _half(block) * q.to(tl.float32)
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+@triton.jit
 def _q4_1(block, i):  # type: ignore[no-untyped-def]
     """20 bytes: fp16 d, fp16 m, nibbles as Q4_0; w = d q + m."""
     q = _nibble(_byte(block + 4 + i % 16), i >= 16)
     return _half(block) * q.to(tl.float32) + _half(block + 2)
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+@triton.jit
 def _q8_0(block, i):  # type: ignore[no-untyped-def]
     """34 bytes: fp16 d, 32 int8; w = d q."""
     q = tl.load(block + 2 + i).to(tl.int8, bitcast=True)
     return _half(block) * q.to(tl.float32)
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+@triton.jit
 def _kquant_scale_min(scales, sub):  # type: ignore[no-untyped-def]
     """Q4_K/Q5_K: the 6-bit scale and min of 32-weight sub-block `sub` (0..7) from their 12 packed bytes
     (ggml's get_scale_min_k4): sub-blocks 0-3 in the low 6 bits of bytes sub and sub + 4; 4-7 in the
@@ -67,13 +67,13 @@ def _kquant_scale_min(scales, sub):  # type: ignore[no-untyped-def]
     return scale.to(tl.float32), minimum.to(tl.float32)
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+@triton.jit
 def _kquant_low_bits(qs, i):  # type: ignore[no-untyped-def]
     """Q4_K/Q5_K's 4-bit part: each 64 weights share 32 bytes, the first 32 their low nibbles."""
     return _nibble(_byte(qs + 32 * (i // 64) + i % 32), (i // 32) % 2 == 1)
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+@triton.jit
 def _q4_k(block, i):  # type: ignore[no-untyped-def]
     """144 bytes: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles;
     w = (d scale) q - dmin min per 32-weight sub-block."""
@@ -82,7 +82,7 @@ def _q4_k(block, i):  # type: ignore[no-untyped-def]
     return (_half(block) * scale) * q.to(tl.float32) - _half(block + 2) * minimum
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+@triton.jit
 def _q5_k(block, i):  # type: ignore[no-untyped-def]
     """176 bytes: Q4_K's d, dmin and scales, then 32 bytes of fifth bits (bit `sub` of byte i % 32), then
     its 128 bytes of nibbles."""
@@ -92,7 +92,7 @@ def _q5_k(block, i):  # type: ignore[no-untyped-def]
     return (_half(block) * scale) * q.to(tl.float32) - _half(block + 2) * minimum
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+@triton.jit
 def _q6_k(block, i):  # type: ignore[no-untyped-def]
     """210 bytes: 128 bytes of low nibbles, 64 of 2-bit high parts, 16 int8 scales (one per 16 weights),
     fp16 d. Each half of 128 weights reads 64 low bytes and 32 high bytes: its quarter g (32 weights)

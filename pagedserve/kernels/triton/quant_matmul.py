@@ -33,45 +33,7 @@ DEQUANTIZE_BLOCK_R = 16  # rows per ggml_dequantize program (times _block_k(cols
 
 # NOTE: untyped: triton ships no types, and @triton.jit compiles this source (tl.constexpr marks only).
 @triton.jit  # type: ignore[untyped-decorator]
-def _gemv_kernel(  # type: ignore[no-untyped-def]
-    out_ptr,
-    x_ptr,
-    rows_ptr,
-    batch,
-    out_features,
-    in_features,
-    row_stride,
-    stride_x_row,
-    stride_x_col,
-    GGML_TYPE: tl.constexpr,
-    BLOCK_WEIGHTS: tl.constexpr,
-    BLOCK_BYTES: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    """out[b, n] = x[b] · W[n] for b < batch <= BLOCK_B and BLOCK_N rows n of this program."""
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    weight_rows = tl.minimum(n, out_features - 1).to(tl.int64)  # past-the-end rows: a real row, not stored
-    b = tl.arange(0, BLOCK_B)
-    acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, in_features, BLOCK_K):  # BLOCK_K divides K: no column masks
-        k = k0 + tl.arange(0, BLOCK_K)
-        w = dequantize_tile(
-            rows_ptr, row_stride, weight_rows[:, None], k[None, :], GGML_TYPE, BLOCK_WEIGHTS, BLOCK_BYTES
-        )
-        for r in tl.static_range(BLOCK_B):
-            # NOTE: rows past the batch read its last row again (no scalar mask: the interpreter rejects
-            # `vector & scalar` masks) and are never stored.
-            x_row = x_ptr + tl.minimum(r, batch - 1).to(tl.int64) * stride_x_row
-            x = tl.load(x_row + k * stride_x_col).to(tl.float32)
-            acc = tl.where(b[:, None] == r, acc + tl.sum(w * x[None, :], axis=1)[None, :], acc)
-    out = out_ptr + b[:, None].to(tl.int64) * out_features + n[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(b[:, None] < batch) & (n[None, :] < out_features))
-
-
-@triton.jit  # type: ignore[untyped-decorator]
-def _tiled_kernel(  # type: ignore[no-untyped-def]
+def _matmul_kernel(  # type: ignore[no-untyped-def]
     out_ptr,
     x_ptr,
     rows_ptr,
@@ -87,24 +49,38 @@ def _tiled_kernel(  # type: ignore[no-untyped-def]
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    GEMV: tl.constexpr,
 ):
-    """out[m, n] for a [BLOCK_M, BLOCK_N] tile: x tile [BLOCK_M, BLOCK_K] @ W^T tile [BLOCK_K, BLOCK_N]."""
+    """out[m, n] = x[m] · W[n] for a [BLOCK_M, BLOCK_N] tile. GEMV: the weight tile [BLOCK_N, BLOCK_K] is
+    dotted with each of the BLOCK_M activation rows in turn (the whole batch: one program along M);
+    otherwise x tile [BLOCK_M, BLOCK_K] @ W^T tile [BLOCK_K, BLOCK_N] on tl.dot."""
     m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    x_rows = x_ptr + tl.minimum(m, batch - 1).to(tl.int64)[:, None] * stride_x_row
-    weight_rows = tl.minimum(n, out_features - 1).to(tl.int64)[None, :]
+    # NOTE: rows past the batch or the weight read its last row again (no masks: the interpreter rejects
+    # `vector & scalar` ones) and are never stored.
+    x_rows = x_ptr + tl.minimum(m, batch - 1).to(tl.int64) * stride_x_row
+    weight_rows = tl.minimum(n, out_features - 1).to(tl.int64)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, in_features, BLOCK_K):
+    for k0 in range(0, in_features, BLOCK_K):  # BLOCK_K divides K: no column masks
         k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_rows + k[None, :] * stride_x_col)
-        w = dequantize_tile(
-            rows_ptr, row_stride, weight_rows, k[:, None], GGML_TYPE, BLOCK_WEIGHTS, BLOCK_BYTES
-        )
-        if x_ptr.dtype.element_ty == tl.float32:
-            # NOTE: float32 activations get float32 products: tl.dot's default TF32 keeps 10 bits of them.
-            acc = tl.dot(x, w, acc, input_precision="ieee")
+        if GEMV:
+            w = dequantize_tile(
+                rows_ptr, row_stride, weight_rows[:, None], k[None, :], GGML_TYPE, BLOCK_WEIGHTS, BLOCK_BYTES
+            )
+            for r in tl.static_range(BLOCK_M):
+                x_row = x_ptr + tl.minimum(r, batch - 1).to(tl.int64) * stride_x_row
+                x = tl.load(x_row + k * stride_x_col).to(tl.float32)
+                acc = tl.where(m[:, None] == r, acc + tl.sum(w * x[None, :], axis=1)[None, :], acc)
         else:
-            acc = tl.dot(x, w.to(x.dtype), acc)
+            x = tl.load(x_rows[:, None] + k[None, :] * stride_x_col)
+            w = dequantize_tile(
+                rows_ptr, row_stride, weight_rows[None, :], k[:, None], GGML_TYPE, BLOCK_WEIGHTS, BLOCK_BYTES
+            )
+            if x_ptr.dtype.element_ty == tl.float32:
+                # NOTE: float32 activations get float32 products: tl.dot's default TF32 keeps 10 bits of them.
+                acc = tl.dot(x, w, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(x, w.to(x.dtype), acc)
     out = out_ptr + m[:, None].to(tl.int64) * out_features + n[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(m[:, None] < batch) & (n[None, :] < out_features))
 
@@ -173,16 +149,12 @@ def ggml_matmul(x: torch.Tensor, rows: torch.Tensor, ggml_type: int, out_feature
     out = torch.empty(batch, out_features, dtype=x.dtype, device=x.device)
     if batch == 0 or out_features == 0 or in_features == 0:
         return out.zero_()
-    block_k = _block_k(in_features)
-    layout = (ggml_type, weights, nbytes)
     args = (out, x, rows, batch, out_features, in_features, rows.stride(0), x.stride(0), x.stride(1))
-    if batch <= GEMV_MAX_BATCH:
-        grid = (triton.cdiv(out_features, GEMV_BLOCK_N),)
-        block_b = triton.next_power_of_2(batch)
-        _gemv_kernel[grid](*args, *layout, BLOCK_B=block_b, BLOCK_N=GEMV_BLOCK_N, BLOCK_K=block_k)
-    else:
-        grid = (triton.cdiv(batch, TILE_M), triton.cdiv(out_features, TILE_N))
-        _tiled_kernel[grid](*args, *layout, BLOCK_M=TILE_M, BLOCK_N=TILE_N, BLOCK_K=block_k)
+    gemv = batch <= GEMV_MAX_BATCH
+    # The GEMV takes the whole batch in one program along M (BLOCK_M rows, a power of two for tl.arange).
+    block_m, block_n = (triton.next_power_of_2(batch), GEMV_BLOCK_N) if gemv else (TILE_M, TILE_N)
+    grid = (triton.cdiv(batch, block_m), triton.cdiv(out_features, block_n))
+    _matmul_kernel[grid](*args, ggml_type, weights, nbytes, block_m, block_n, _block_k(in_features), gemv)
     return out
 
 
