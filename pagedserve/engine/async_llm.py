@@ -14,6 +14,7 @@ from pagedserve.engine.input_processor import EngineLimits, InputProcessor, Prom
 from pagedserve.engine.mp_client import MPClient
 from pagedserve.engine.output_processor import OutputProcessor, RequestState
 from pagedserve.engine.pooling_input import PoolingOptions
+from pagedserve.engine.request_options import RequestOptions, request_options
 from pagedserve.engine.request_stream import RequestStream
 from pagedserve.engine.tokenizer import load_tokenizer
 from pagedserve.engine.watchdog import FRONTEND_GRACE_S, poll_interval_s, stall_message
@@ -28,7 +29,7 @@ from pagedserve.protocol import (
     LoRARequest,
     SchedulerStats,
 )
-from pagedserve.sampling_params import BeamSearchParams, SamplingParams
+from pagedserve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -148,20 +149,12 @@ class AsyncLLM:
         return len(self._streams)
 
     def process_inputs(
-        self,
-        request_id: str,
-        prompt: PromptType,
-        params: SamplingParams,
-        beam_search: BeamSearchParams | None = None,
-        priority: int = 0,
-        lora_request: LoRARequest | None = None,
+        self, request_id: str, prompt: PromptType, options: RequestOptions
     ) -> EngineCoreRequest:
         """Validate and tokenize without queuing anything (so a request of several prompts can be checked
-        whole before any of it reaches the engine), within the token budgets; with `beam_search`, a beam
-        search whose `params.n` best beams come back. Thread-safe. Raises InvalidRequestError."""
-        return self.frontend.process(
-            request_id, prompt, params, beam_search, priority=priority, lora_request=lora_request
-        )[1]
+        whole before any of it reaches the engine), within the token budgets. Thread-safe. Raises
+        InvalidRequestError."""
+        return self.frontend.process(request_id, prompt, options)[1]
 
     def process_pooling_inputs(
         self, request_id: str, prompt: PromptType, options: PoolingOptions
@@ -208,10 +201,19 @@ class AsyncLLM:
         return streams
 
     def generate(
-        self, prompt: PromptType, params: SamplingParams, request_id: str, timeout_s: float | None = None
+        self,
+        prompt: PromptType,
+        sampling_params: SamplingParams | RequestOptions,
+        request_id: str,
+        *,
+        lora_request: LoRARequest | None = None,
+        priority: int = 0,
+        timeout_s: float | None = None,
     ) -> RequestStream:
-        """process_inputs() and submit() for one prompt. Raises as they do."""
-        return self.submit([self.process_inputs(request_id, prompt, params)], timeout_s)[0]
+        """process_inputs() and submit() for one prompt: its RequestOptions, or a SamplingParams with
+        vLLM's keyword arguments. Raises as they do."""
+        options = request_options(sampling_params, priority=priority, lora_request=lora_request)
+        return self.submit([self.process_inputs(request_id, prompt, options)], timeout_s)[0]
 
     def release(self, request_id: str) -> None:
         """The request's stream ended (its last output read, or the engine died)."""

@@ -15,11 +15,11 @@ from pagedserve.engine.core_client import EngineCoreClient
 from pagedserve.engine.input_processor import InputProcessor, PromptType
 from pagedserve.engine.output_processor import OutputProcessor
 from pagedserve.engine.pooling_input import POOLING_SAMPLING_PARAMS, PoolingInputProcessor, PoolingOptions
+from pagedserve.engine.request_options import RequestOptions
 from pagedserve.errors import InvalidRequestError
 from pagedserve.metrics.stats import IterationStats
 from pagedserve.outputs import RequestOutput
-from pagedserve.protocol import EngineCoreOutputs, EngineCoreRequest, LoRARequest
-from pagedserve.sampling_params import BeamSearchParams, SamplingParams
+from pagedserve.protocol import EngineCoreOutputs, EngineCoreRequest
 
 # A validated request and its prompt's text (None when it came as token ids, or is not wanted back).
 ProcessedRequest = tuple[str | None, EngineCoreRequest]
@@ -49,16 +49,7 @@ class Frontend:
         # both pass the check and together exceed the queue limits.
         self._submit_lock = threading.Lock()
 
-    def process(
-        self,
-        request_id: str,
-        prompt: PromptType,
-        params: SamplingParams,
-        beam_search: BeamSearchParams | None = None,
-        arrival_time: float | None = None,
-        priority: int = 0,
-        lora_request: LoRARequest | None = None,
-    ) -> ProcessedRequest:
+    def process(self, request_id: str, prompt: PromptType, options: RequestOptions) -> ProcessedRequest:
         """Validate and tokenize, within the token budgets; nothing is queued (a request of several
         prompts is checked whole first). Thread-safe. Raises InvalidRequestError."""
         if self.pooling_inputs is not None:
@@ -68,11 +59,9 @@ class Frontend:
                 "LLM.classify, LLM.score), or serve it with --runner generate.",
                 param="model",
             )
-        check_num_samples(params, self.max_num_seqs)
-        text, request = self.input_processor.process(
-            request_id, prompt, params, arrival_time, beam_search, priority, lora_request
-        )
-        return text, apply_token_budgets(request, params, self.admission.limits)
+        check_num_samples(options.sampling_params, self.max_num_seqs)
+        text, request = self.input_processor.process(request_id, prompt, options)
+        return text, apply_token_budgets(request, options.sampling_params, self.admission.limits)
 
     def process_pooling(
         self, request_id: str, prompt: PromptType, options: PoolingOptions, arrival_time: float | None = None

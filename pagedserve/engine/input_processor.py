@@ -1,4 +1,4 @@
-"""Prompt + SamplingParams -> a validated EngineCoreRequest. Nothing invalid reaches the engine."""
+"""Prompt + RequestOptions -> a validated EngineCoreRequest. Nothing invalid reaches the engine."""
 
 import time
 from dataclasses import dataclass, replace
@@ -10,9 +10,10 @@ from pagedserve.config import ModelConfig
 from pagedserve.config.kv_layout import KVCacheLayout
 from pagedserve.config.lora import LoRAConfig
 from pagedserve.engine.lora_validation import LoRAValidator
+from pagedserve.engine.request_options import RequestOptions
 from pagedserve.engine.structured_validation import StructuredOutputValidator
 from pagedserve.errors import InvalidRequestError
-from pagedserve.protocol import EngineCoreRequest, LoRARequest
+from pagedserve.protocol import EngineCoreRequest
 from pagedserve.sampling_params import (
     BeamSearchParams,
     SamplingParams,
@@ -82,17 +83,14 @@ class InputProcessor:
         self,
         request_id: str,
         prompt: PromptType,
-        params: SamplingParams,
-        arrival_time: float | None = None,
-        beam_search: BeamSearchParams | None = None,
-        priority: int = 0,
-        lora_request: LoRARequest | None = None,
+        options: RequestOptions,
     ) -> tuple[str | None, EngineCoreRequest]:
         """Validate and resolve: truncation, max_tokens (None = the rest of the context, at most the
-        model's default), limits, the LoRA adapter. With `beam_search`, its max_tokens wins and `params.n`
-        best beams come back."""
-        self._validate_priority(priority)
-        lora_request = self.lora.check(lora_request)
+        model's default), limits, the LoRA adapter. With a beam search, its max_tokens wins and
+        `sampling_params.n` best beams come back."""
+        params, beam_search = options.sampling_params, options.beam_search
+        self._validate_priority(options.priority)
+        lora_request = self.lora.check(options.lora_request)
         text, token_ids = self.tokenize(prompt)
         if beam_search is not None:
             params = replace(params, max_tokens=beam_search.max_tokens, ignore_eos=beam_search.ignore_eos)
@@ -121,10 +119,10 @@ class InputProcessor:
             token_ids,
             replace(params, max_tokens=max_tokens),
             self.eos_token_id,
-            arrival_time or time.time(),
+            options.arrival_time or time.time(),
             cache_salt=_cache_salt(prompt),
             beam_search=beam_search,
-            priority=priority,
+            priority=options.priority,
             lora_request=lora_request,
         )
 

@@ -13,6 +13,7 @@ from pagedserve.engine.frontend import Frontend
 from pagedserve.engine.input_processor import EngineLimits, InputProcessor, PromptType
 from pagedserve.engine.output_processor import OutputProcessor
 from pagedserve.engine.pooling_input import PoolingOptions
+from pagedserve.engine.request_options import RequestOptions, request_options
 from pagedserve.engine.tokenizer import load_tokenizer
 from pagedserve.errors import ConfigError
 from pagedserve.outputs import RequestOutput
@@ -72,20 +73,25 @@ class LLMEngine:
         self,
         request_id: str,
         prompt: PromptType,
-        params: SamplingParams,
+        params: SamplingParams | RequestOptions,
         arrival_time: float | None = None,
         beam_search: BeamSearchParams | None = None,
         priority: int = 0,
         lora_request: LoRARequest | None = None,
     ) -> None:
-        """Validate and queue a request (a beam search with `beam_search`: its `params.n` best beams
-        come back; `priority` under --scheduling-policy priority). Several threads may add at once (not
-        while step() runs). Raises InvalidRequestError, or CapacityError past the queue limits; nothing
-        refused is queued."""
-        processed = self.frontend.process(
-            request_id, prompt, params, beam_search, arrival_time, priority, lora_request
+        """Validate and queue a request: `params` its RequestOptions, or a SamplingParams with vLLM's
+        keyword arguments (a beam search with `beam_search`: its `params.n` best beams come back;
+        `priority` under --scheduling-policy priority). Several threads may add at once (not while step()
+        runs). Raises InvalidRequestError, or CapacityError past the queue limits; nothing refused is
+        queued."""
+        options = request_options(
+            params,
+            beam_search=beam_search,
+            priority=priority,
+            lora_request=lora_request,
+            arrival_time=arrival_time,
         )
-        self.frontend.submit([processed])
+        self.frontend.submit([self.frontend.process(request_id, prompt, options)])
 
     def add_pooling_requests(self, requests: list[tuple[str, PromptType, PoolingOptions]]) -> None:
         """Validate every (request id, prompt, options) of a pooling batch (--runner pooling), then queue

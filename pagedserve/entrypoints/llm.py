@@ -12,6 +12,7 @@ from pagedserve.config import EngineArgs
 from pagedserve.engine.input_processor import PromptType
 from pagedserve.engine.llm_engine import LLMEngine
 from pagedserve.engine.pooling_input import PoolingOptions, tokenize_pair
+from pagedserve.engine.request_options import RequestOptions
 from pagedserve.entrypoints.chat_utils import (
     ContentFormat,
     apply_chat_template,
@@ -78,7 +79,12 @@ class LLM:
         _check_one_per_prompt(len(prompts), "sampling_params", params)
         _check_one_per_prompt(len(prompts), "priority", priority)
         adapters = _adapters_per_prompt(len(prompts), lora_request)
-        return self._run(prompts, params, use_tqdm, priorities=priority, adapters=adapters)
+        priorities = priority or [0] * len(prompts)
+        options = [
+            RequestOptions(p, priority=rank, lora_request=adapter)
+            for p, rank, adapter in zip(params, priorities, adapters)
+        ]
+        return self._run(prompts, options, use_tqdm)
 
     def beam_search(
         self,
@@ -103,7 +109,8 @@ class LLM:
             }
         )
         adapters = _adapters_per_prompt(len(prompts), lora_request)
-        outputs = self._run(prompts, [sampling] * len(prompts), use_tqdm, params, adapters=adapters)
+        options = [RequestOptions(sampling, params, lora_request=adapter) for adapter in adapters]
+        outputs = self._run(prompts, options, use_tqdm)
         tokenizer = self.get_tokenizer()
         return [
             BeamSearchOutput(
@@ -195,25 +202,13 @@ class LLM:
         return self.llm_engine.reset_prefix_cache()
 
     def _run(
-        self,
-        prompts: list[PromptType],
-        params: Sequence[SamplingParams],
-        use_tqdm: bool,
-        beam_search: BeamSearchParams | None = None,
-        priorities: Sequence[int] | None = None,
-        adapters: Sequence[LoRARequest | None] | None = None,
+        self, prompts: list[PromptType], options: Sequence[RequestOptions], use_tqdm: bool
     ) -> list[RequestOutput]:
         request_ids = [str(next(self._request_counter)) for _ in prompts]
-        priorities = priorities or [0] * len(prompts)
-        adapters = adapters or [None] * len(prompts)
         added = []
         try:
-            for request_id, prompt, p, priority, adapter in zip(
-                request_ids, prompts, params, priorities, adapters
-            ):
-                self.llm_engine.add_request(
-                    request_id, prompt, p, beam_search=beam_search, priority=priority, lora_request=adapter
-                )
+            for request_id, prompt, each in zip(request_ids, prompts, options):
+                self.llm_engine.add_request(request_id, prompt, each)
                 added.append(request_id)
         except Exception:
             self.llm_engine.abort_request(added)  # nothing half-submitted stays in the engine

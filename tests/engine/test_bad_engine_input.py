@@ -16,6 +16,7 @@ import pytest
 from pagedserve import SamplingParams
 from pagedserve.config import EngineArgs
 from pagedserve.engine.async_llm import AsyncLLM
+from pagedserve.engine.request_options import RequestOptions
 from pagedserve.engine.request_stream import RequestStream
 from pagedserve.errors import RequestFailedError
 from pagedserve.protocol import EngineCoreRequest, EngineCoreRequestType
@@ -42,9 +43,8 @@ def engine(tiny_llama: str) -> Iterator[tuple[asyncio.AbstractEventLoop, AsyncLL
 
 
 def good_request(llm: AsyncLLM, request_id: str, **params: object) -> EngineCoreRequest:
-    return llm.process_inputs(
-        request_id, PROMPT, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, **params)
-    )
+    sampling = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, **params)
+    return llm.process_inputs(request_id, PROMPT, RequestOptions(sampling))
 
 
 async def final_output(stream: RequestStream) -> list[int]:
@@ -78,9 +78,8 @@ def test_undecodable_request_fails_alone_in_its_batch(engine: tuple) -> None:
     # NOTE: the wrong types go through the real encoder and socket; only the engine's decoder sees them.
     undecodable = msgspec.structs.replace(good_request(llm, "bad-salt"), cache_salt=123)
     samples = msgspec.structs.replace(good_request(llm, "bad-samples", n=2), eos_token_id="eos")
-    beams = llm.process_inputs(
-        "bad-beams", PROMPT, SamplingParams(max_tokens=MAX_TOKENS, n=2), BeamSearchParams(2, MAX_TOKENS)
-    )
+    beam_search = RequestOptions(SamplingParams(max_tokens=MAX_TOKENS, n=2), BeamSearchParams(2, MAX_TOKENS))
+    beams = llm.process_inputs("bad-beams", PROMPT, beam_search)
     beams = msgspec.structs.replace(beams, eos_token_id="eos")  # fails under the search's own id
     batch = [good_request(llm, "ok-1"), undecodable, samples, beams, good_request(llm, "ok-2")]
     streams = llm.submit(batch)

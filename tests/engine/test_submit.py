@@ -13,6 +13,7 @@ from pagedserve import SamplingParams
 from pagedserve.config import EngineArgs
 from pagedserve.engine.admission import ServingLimits
 from pagedserve.engine.llm_engine import LLMEngine
+from pagedserve.engine.request_options import RequestOptions
 from pagedserve.errors import CapacityError, InvalidRequestError
 
 NUM_THREADS = 12
@@ -32,11 +33,11 @@ def fast_thread_switches() -> Iterator[None]:
 
 def race(engine: LLMEngine, tag: str) -> tuple[int, int]:
     """NUM_THREADS threads submit a batch each at the same moment: (batches admitted, batches refused)."""
-    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    options = RequestOptions(SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
     frontend = engine.frontend
     batches = [
         [
-            frontend.process(f"{tag}-{t}-{i}", {"prompt_token_ids": list(range(5, 5 + PROMPT_LEN))}, params)
+            frontend.process(f"{tag}-{t}-{i}", {"prompt_token_ids": list(range(5, 5 + PROMPT_LEN))}, options)
             for i in range(BATCH)
         ]
         for t in range(NUM_THREADS)
@@ -92,12 +93,12 @@ def test_concurrent_submits_never_exceed_the_queue_limits(
 
 def test_a_batch_with_a_request_id_in_use_is_refused_whole(tiny_llama: str) -> None:
     engine = LLMEngine(EngineArgs(model=tiny_llama, block_size=8, kv_cache_memory="8MiB"))
-    params = SamplingParams(temperature=0.0, max_tokens=2, n=2)
+    options = RequestOptions(SamplingParams(temperature=0.0, max_tokens=2, n=2))
     frontend = engine.frontend
-    frontend.submit([frontend.process("a", [5, 6, 7], params)])
+    frontend.submit([frontend.process("a", [5, 6, 7], options)])
     for ids in (["b", "a"], ["c", "c"]):
         with pytest.raises(InvalidRequestError, match="is already in use"):
-            frontend.submit([frontend.process(rid, [5, 6, 7], params) for rid in ids])
+            frontend.submit([frontend.process(rid, [5, 6, 7], options) for rid in ids])
     assert run_to_end(engine) == {"a"}
     assert not frontend.admission.queued
 
@@ -108,11 +109,14 @@ def test_a_batch_the_engine_refuses_midway_leaves_nothing_behind(tiny_llama: str
     engine = LLMEngine(EngineArgs(model=tiny_llama, block_size=8, kv_cache_memory="8MiB"))
     params = SamplingParams(temperature=0.0, max_tokens=2, n=2)
     frontend = engine.frontend
-    first, (text, bad) = frontend.process("first", [5, 6, 7], params), frontend.process("bad", [5, 6], params)
+    first, (text, bad) = (
+        frontend.process("first", [5, 6, 7], RequestOptions(params)),
+        frontend.process("bad", [5, 6], RequestOptions(params)),
+    )
     unresolved = msgspec.structs.replace(bad, sampling_params=dataclasses.replace(params, max_tokens=None))
     with pytest.raises(AssertionError, match="max_tokens is resolved by the frontend"):
         frontend.submit([first, (text, unresolved)])
     assert not engine.has_unfinished_requests() and not frontend.admission.queued
     assert not engine.engine_core.has_unfinished_requests()  # "first"'s samples were taken, then aborted
-    frontend.submit([frontend.process("first", [5, 6, 7], params)])  # its id is free again
+    frontend.submit([frontend.process("first", [5, 6, 7], RequestOptions(params))])  # its id is free again
     assert run_to_end(engine) == {"first"}

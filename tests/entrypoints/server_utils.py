@@ -7,6 +7,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import openai
@@ -121,3 +122,32 @@ class RemoteServer:
 
 
 API_SERVER = [sys.executable, "-m", "pagedserve.entrypoints.openai.api_server"]
+
+
+def forced_tool_call(client: openai.OpenAI, model: str | None, tools: list[dict], regex: str) -> Any:
+    """The one call of a tool_choice "auto" chat completion whose output `regex` forces to "Checking."
+    then the call: whole, and streamed (its chunks reassembled to the same content, call and finish)."""
+    kwargs: dict[str, Any] = dict(
+        model=model,
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=tools,
+        tool_choice="auto",
+        max_tokens=80,
+        temperature=0,
+        extra_body={"guided_regex": regex},
+    )
+    whole = client.chat.completions.create(**kwargs).choices[0]
+    assert whole.finish_reason == "tool_calls" and whole.message.content == "Checking."
+    (call,) = whole.message.tool_calls
+    content, calls, finish = "", {}, None
+    for chunk in client.chat.completions.create(**kwargs, stream=True):
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        finish = choice.finish_reason or finish
+        for delta_call in choice.delta.tool_calls or []:
+            entry = calls.setdefault(delta_call.index, {"name": None, "arguments": ""})
+            entry["name"] = delta_call.function.name or entry["name"]
+            entry["arguments"] += delta_call.function.arguments or ""
+    assert content == "Checking." and finish == "tool_calls"
+    assert calls == {0: {"name": call.function.name, "arguments": call.function.arguments}}
+    return call

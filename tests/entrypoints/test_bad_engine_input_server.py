@@ -28,11 +28,11 @@ from pagedserve.entrypoints.openai.api_server import main
 
 process_inputs = AsyncLLM.process_inputs
 
-def with_hole(self, request_id, prompt, params, beam_search=None, priority=0, lora_request=None):
-    request = process_inputs(self, request_id, prompt, params, beam_search, priority, lora_request)
-    if params.seed == {UNDECODABLE_SEED}:
+def with_hole(self, request_id, prompt, options):
+    request = process_inputs(self, request_id, prompt, options)
+    if options.sampling_params.seed == {UNDECODABLE_SEED}:
         return msgspec.structs.replace(request, cache_salt=7)
-    if params.seed == {UNTAKEABLE_SEED}:
+    if options.sampling_params.seed == {UNTAKEABLE_SEED}:
         unresolved = dataclasses.replace(request.sampling_params, max_tokens=None)
         return msgspec.structs.replace(request, sampling_params=unresolved)
     return request

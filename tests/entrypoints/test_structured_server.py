@@ -16,7 +16,7 @@ import jsonschema
 import openai
 import pytest
 from pydantic import BaseModel, Field
-from server_utils import API_SERVER, RemoteServer
+from server_utils import API_SERVER, RemoteServer, forced_tool_call
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "structured"))
 from schemas import SCHEMAS, prompt_for  # noqa: E402 - shared with tests/structured (the offline runs)
@@ -315,30 +315,8 @@ HERMES_TEXT = (
 
 def test_tool_choice_auto_with_the_hermes_parser_streamed_and_not(client: openai.OpenAI) -> None:
     # NOTE: the regex makes the model write a hermes tool call whatever it would say: the parser reads it.
-    kwargs = dict(
-        model=None,
-        messages=ASK,
-        tools=TOOLS,
-        tool_choice="auto",
-        max_tokens=60,
-        temperature=0,
-        extra_body={"guided_regex": HERMES_TEXT},
-    )
-    whole = client.chat.completions.create(**kwargs).choices[0]
-    assert whole.finish_reason == "tool_calls" and whole.message.content == "Checking."
-    (call,) = whole.message.tool_calls
+    call = forced_tool_call(client, None, TOOLS, HERMES_TEXT)
     assert call.function.name == "get_weather" and _valid_call(call) == {"city": "Paris", "unit": "celsius"}
-    content, calls, finish = "", {}, None
-    for chunk in client.chat.completions.create(**kwargs, stream=True):
-        choice = chunk.choices[0]
-        content += choice.delta.content or ""
-        finish = choice.finish_reason or finish
-        for delta_call in choice.delta.tool_calls or []:
-            entry = calls.setdefault(delta_call.index, {"name": None, "arguments": ""})
-            entry["name"] = delta_call.function.name or entry["name"]
-            entry["arguments"] += delta_call.function.arguments or ""
-    assert content == whole.message.content and finish == "tool_calls"
-    assert calls == {0: {"name": "get_weather", "arguments": call.function.arguments}}
     # The call and its result in the history are accepted.
     history = ASK + [
         {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},

@@ -1,12 +1,12 @@
-"""A vLLM deployment moved over as written: VLLM_API_KEY, vLLM's request fields and flags, against a real
-server on 127.0.0.1 (the official openai client and httpx)."""
+"""A vLLM deployment moved over as written: VLLM_API_KEY, vLLM's request fields and flags (a Qwen3-Coder
+tool-call parser among them), against a real server on 127.0.0.1 (the official openai client and httpx)."""
 
 import json
 
 import httpx
 import openai
 import pytest
-from server_utils import API_SERVER, RemoteServer
+from server_utils import API_SERVER, RemoteServer, forced_tool_call
 
 API_KEY = "vllm-key"
 NAMES = ("tiny", "tiny-alias")
@@ -46,6 +46,9 @@ def server(tiny_llama: str, tmp_path_factory: pytest.TempPathFactory):
         "--enable-log-requests",
         "--max-chat-template-kwargs",
         "4",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "qwen3_coder",
         "--uvicorn-log-level",
         "warning",
     ]
@@ -239,6 +242,30 @@ def test_still_serves_after_the_hostile_values(client: openai.OpenAI, server: Re
     log = server.log()
     assert "Added request" in log  # --enable-log-requests: id, prompt tokens, sampling params
     assert "trust_remote_code" in log and "never runs a model's own Python code" in log
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city", "days"],
+        },
+    },
+}
+# What the tiny model is made to write (guided_regex): Qwen3-Coder's XML form, every value text.
+QWEN3_CODER_TEXT = (
+    r"Checking\.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+    r"<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"
+)
+
+
+def test_qwen3_coder_tool_calls_typed_by_the_schema_whole_and_streamed(client: openai.OpenAI) -> None:
+    call = forced_tool_call(client, NAMES[0], [WEATHER_TOOL], QWEN3_CODER_TEXT)
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris", "days": 3}  # days: an integer
 
 
 def test_parallel_tool_calls_false_keeps_the_first_call() -> None:

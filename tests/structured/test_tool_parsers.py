@@ -59,6 +59,89 @@ CASES = {
         ("  [get_time(zone='CET')]", None, [TIME]),
         ("[1, 2, 3] are numbers", "[1, 2, 3] are numbers", []),
     ],
+    "qwen3_coder": [
+        (
+            "Let me check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+            "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n"
+            "<parameter=zone>\nCET\n</parameter>\n</function>\n</tool_call>",
+            "Let me check.",
+            [("get_weather", {"city": "Paris", "days": "3"}), TIME],  # no tools given: every value is text
+        ),
+        ("<tool_call><function=get_time><parameter=zone>CET</parameter></function>", None, [TIME]),
+        (
+            "<tool_call><parameter=zone>CET</parameter></tool_call>",
+            "<tool_call><parameter=zone>CET</parameter></tool_call>",
+            [],
+        ),
+    ],
+    "deepseek_v3": [
+        (
+            "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+            '{"city": "Paris", "days": 3}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>'
+            'get_time\n```json\n{"zone": "CET"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+            "Checking.",
+            [WEATHER, TIME],
+        ),
+        (
+            '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n{"zone": "CET"}'
+            "<｜tool▁call▁end｜>",
+            '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n{"zone": "CET"}'
+            "<｜tool▁call▁end｜>",
+            [],  # no ```json fence: not V3's form
+        ),
+    ],
+    "deepseek_v31": [
+        (
+            '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris", "days": 3}'
+            '<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"zone": "CET"}<｜tool▁call▁end｜>'
+            "<｜tool▁calls▁end｜>",
+            None,
+            [WEATHER, TIME],
+        ),
+        (
+            'Sure.\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"zone": "CET"}',
+            "Sure.",
+            [TIME],
+        ),
+    ],
+    "granite": [
+        (
+            '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}, '
+            '{"name": "get_time", "arguments": {"zone": "CET"}}]',
+            None,
+            [WEATHER, TIME],
+        ),
+        ("<|tool_call|>[{]", "<|tool_call|>[{]", []),
+    ],
+    "phi4_mini_json": [
+        (
+            'functools[{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}, '
+            '{"name": "get_time", "arguments": {"zone": "CET"}}]',
+            None,
+            [WEATHER, TIME],
+        ),
+        (
+            'With functools.partial: functools[{"name": "get_time", "parameters": {"zone": "CET"}}]',
+            "With functools.partial:",
+            [TIME],
+        ),
+    ],
+    "kimi_k2": [
+        (
+            "<|tool_calls_section_begin|>\n<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+            '{"city": "Paris", "days": 3}<|tool_call_end|>\n<|tool_call_begin|>functions.get_time:1'
+            '<|tool_call_argument_begin|>{"zone": "CET"}<|tool_call_end|>\n<|tool_calls_section_end|>',
+            None,
+            [WEATHER, TIME],
+        ),
+        (
+            "<|tool_calls_section_begin|><|tool_call_begin|>get_time<|tool_call_argument_begin|>{}"
+            "<|tool_call_end|>",
+            "<|tool_calls_section_begin|><|tool_call_begin|>get_time<|tool_call_argument_begin|>{}"
+            "<|tool_call_end|>",
+            [],  # no :INDEX in the id
+        ),
+    ],
 }
 ALL = [(name, *case) for name, cases in CASES.items() for case in cases]
 
@@ -71,12 +154,17 @@ def test_extract(parser_name: str, text: str, content: str | None, calls: list) 
 
 
 def _streamed(streamer: ToolStreamer, text: str, chunk: int) -> tuple[str | None, list[tuple[str, str]]]:
-    """`text` fed `chunk` characters at a time -> (content, [(name, arguments)]), each feed's tool-call
-    deltas checked for OpenAI's shape: one entry per call index, in index order, a call's first entry
-    with its id, type and name (a client reading tool_calls[0] gets the whole piece)."""
+    """`text` fed `chunk` characters at a time -> (content, [(name, arguments)])."""
+    return _reassembled(streamer, [text[start : start + chunk] for start in range(0, len(text), chunk)])
+
+
+def _reassembled(streamer: ToolStreamer, pieces: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
+    """`pieces` fed in turn -> (content, [(name, arguments)]), each feed's tool-call deltas checked for
+    OpenAI's shape: one entry per call index, in index order, a call's first entry with its id, type and
+    name (a client reading tool_calls[0] gets the whole piece)."""
     content, calls = "", {}
-    for start in range(0, len(text), chunk):
-        piece, deltas = streamer.feed(text[start : start + chunk], start + chunk >= len(text))
+    for number, delta in enumerate(pieces, 1):
+        piece, deltas = streamer.feed(delta, number == len(pieces))
         content += piece
         entries = [d.to_openai() for d in deltas]
         indexes = [entry["index"] for entry in entries]
@@ -84,8 +172,8 @@ def _streamed(streamer: ToolStreamer, text: str, chunk: int) -> tuple[str | None
         for entry in entries:
             first = entry["index"] not in calls
             assert ("id" in entry) == first and ("name" in entry["function"]) == first, entry
-            if first:
-                assert entry["type"] == "function" and entry["id"].startswith("call_")
+            if first:  # NOTE: a Kimi K2 call's id is the model's (functions.NAME:INDEX)
+                assert entry["type"] == "function" and entry["id"].startswith(("call_", "functions."))
                 calls[entry["index"]] = (entry["function"]["name"], "")
             name, arguments = calls[entry["index"]]
             calls[entry["index"]] = (name, arguments + entry["function"]["arguments"])
@@ -104,6 +192,88 @@ def test_streamed_deltas_reassemble_to_the_whole_result(
         whole.content,
         [(c.name, c.arguments) for c in whole.tool_calls],
     )
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=st.sampled_from(ALL), cuts=st.lists(st.integers(0, 10**4), max_size=12))
+def test_any_chunking_of_the_stream_gives_the_whole_result(case: tuple, cuts: list[int]) -> None:
+    parser_name, text, _, _ = case
+    bounds = sorted({0, len(text), *(cut % (len(text) + 1) for cut in cuts)})
+    pieces = [text[start:end] for start, end in zip(bounds, bounds[1:])]
+    whole = get_tool_parser(parser_name).extract(text)
+    assert _reassembled(ToolCallStreamer(get_tool_parser(parser_name)), pieces) == (
+        whole.content,
+        [(c.name, c.arguments) for c in whole.tool_calls],
+    )
+
+
+TYPED_TOOL = {
+    "get_weather": {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "days": {"type": "integer"},
+            "temperature": {"type": "number"},
+            "metric": {"type": "boolean"},
+            "where": {"type": "object"},
+            "hours": {"type": "array"},
+            "note": {"type": ["string", "null"]},
+            "count": {"type": ["integer", "null"]},
+        },
+    }
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        ("city", "3", "3"),
+        ("city", " two words \n", " two words \n"),
+        ("days", "3", 3),
+        ("days", "-12", -12),
+        ("days", "3.0", 3),
+        ("days", "3.5", "3.5"),
+        ("days", "three", "three"),
+        ("days", "9" * 5000, "9" * 5000),  # past Python's int digits limit: stays text
+        ("days", "1e999", "1e999"),
+        ("days", str(2**64), 2**64),
+        ("temperature", "21.5", 21.5),
+        ("temperature", "20.0", 20),
+        ("temperature", "NaN", "NaN"),
+        ("temperature", "-inf", "-inf"),
+        ("metric", "True", True),
+        ("metric", "false", False),
+        ("metric", "yes", "yes"),
+        ("where", '{"lat": 1, "lon": [2]}', {"lat": 1, "lon": [2]}),
+        ("where", "{broken", "{broken"),
+        ("where", "[" * 100_000, "[" * 100_000),
+        ("hours", "[1, 2]", [1, 2]),
+        ("note", "null", None),
+        ("count", "7", 7),
+        ("unlisted", "7", "7"),
+    ],
+)
+def test_qwen3_coder_values_are_typed_by_the_tool_schema(name: str, value: str, expected: object) -> None:
+    text = f"<tool_call>\n<function=get_weather>\n<parameter={name}>\n{value}\n</parameter>\n</function>\n</tool_call>"
+    (call,) = get_tool_parser("qwen3_coder", TYPED_TOOL).extract(text).tool_calls
+    assert _strict_json(call.arguments) == {name: expected}
+
+
+def test_qwen3_coder_unclosed_parameters_end_at_the_next_and_many_parse_in_linear_time() -> None:
+    text = "<tool_call><function=get_weather><parameter=days>2<parameter=city>\nOslo\n</function></tool_call>"
+    (call,) = get_tool_parser("qwen3_coder", TYPED_TOOL).extract(text).tool_calls
+    assert json.loads(call.arguments) == {"days": 2, "city": "Oslo"}
+    many = "<tool_call><function=f>" + "".join(f"<parameter=p{i}>{i}" for i in range(50_000)) + "</function>"
+    start = time.monotonic()
+    (call,) = get_tool_parser("qwen3_coder").extract(many).tool_calls
+    assert len(json.loads(call.arguments)) == 50_000 and time.monotonic() - start < 2
+
+
+def test_kimi_k2_call_ids_are_the_models() -> None:
+    """Kimi's chat template writes a call's id back with its result: it must be the model's own."""
+    text = CASES["kimi_k2"][0][0]
+    calls = get_tool_parser("kimi_k2").extract(text).tool_calls
+    assert [call.id for call in calls] == ["functions.get_weather:0", "functions.get_time:1"]
 
 
 TWO_CALLS = (
@@ -171,6 +341,7 @@ def test_tool_choice_resolution_and_errors() -> None:
 
 # Model text no parser may raise on (each was a RecursionError, TypeError or invalid JSON in `arguments`).
 DEEP = 100_000
+FLOOD = 5_000  # repeats of a marker (tens of characters each)
 HOSTILE_TEXTS = {
     "hermes": [
         "<tool_call>" + "[" * DEEP,
@@ -197,6 +368,35 @@ HOSTILE_TEXTS = {
         "[TOOL_CALLS]" + "[" * DEEP + "]" * DEEP,
         '[TOOL_CALLS][{"name": "f", "arguments": {"a": Infinity}}]',
         '[TOOL_CALLS][{"name": "f", "arguments": {"a": 1e999}}]',
+    ],
+    "qwen3_coder": [
+        "<tool_call>" + " " * DEEP,
+        "<tool_call>" * FLOOD,
+        "<tool_call><function=f>" + "<parameter=a>1" * FLOOD + "</tool_call>",  # no </function>
+        "<tool_call><function=\ud800><parameter=a>1</parameter></function></tool_call>",
+        "<tool_call><function=f><parameter=a>\ud800</parameter></function></tool_call>",
+        "<tool_call><function=><parameter=a>1</parameter></function></tool_call>",
+    ],
+    "deepseek_v3": [
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n"
+        + "[" * DEEP
+        + "\n```",
+        '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{"a": NaN}\n```',
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json```<｜tool▁call▁end｜>",
+    ],
+    "deepseek_v31": [
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>" + "{" * DEEP,
+        '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{"a": 1e999}<｜tool▁call▁end｜>',
+        "<｜tool▁calls▁begin｜>" + "<｜tool▁call▁begin｜>" * FLOOD,
+    ],
+    "granite": ["<|tool_call|>" + "[" * DEEP, '<|tool_call|>[{"name": "f", "arguments": {"a": Infinity}}]'],
+    "phi4_mini_json": ["functools[" + "[" * DEEP, 'functools[{"name": "f", "arguments": "\\ud800"}]'],
+    "kimi_k2": [
+        "<|tool_calls_section_begin|>" + "<|tool_call_begin|>" * FLOOD,
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>"
+        + "[" * DEEP
+        + "<|tool_call_end|>",
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions." + "a" * DEEP + "<|tool_call_end|>",
     ],
     "pythonic": [
         '[f(a=b"x")]',
@@ -273,6 +473,22 @@ _FRAGMENTS = [
     "</tool_call>",
     "[TOOL_CALLS]",
     "<|python_tag|>",
+    "<function=f>",
+    "<parameter=a>",
+    "</parameter>",
+    "</function>",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁sep｜>",
+    "<｜tool▁call▁end｜>",
+    "```json",
+    "<|tool_call|>",
+    "functools[",
+    "<|tool_calls_section_begin|>",
+    "<|tool_call_begin|>",
+    "functions.f:0",
+    "<|tool_call_argument_begin|>",
+    "<|tool_call_end|>",
     '{"name": "f", "arguments": ',
     '{"name": "g", "parameters": ',
     "f(a=",
@@ -315,7 +531,7 @@ def test_any_model_text_gives_calls_with_json_arguments_or_content(parser_name: 
 @settings(max_examples=100, deadline=None)
 @given(
     parser_name=st.sampled_from(sorted(CASES)),
-    prefix=st.sampled_from(_FRAGMENTS[:4] + ["["]),
+    prefix=st.sampled_from(sorted({get_tool_parser(name).start for name in CASES} | {"["})),
     depth=st.integers(1, 3000),
 )
 def test_nesting_at_any_depth_never_raises(parser_name: str, prefix: str, depth: int) -> None:

@@ -108,7 +108,7 @@ def resolve_chat_tools(
                 "and --tool-call-parser.",
                 param="tool_choice",
             )
-        return ChatTools("auto", functions, parser=get_tool_parser(auto_parser), parallel=parallel)
+        return ChatTools("auto", functions, parser=get_tool_parser(auto_parser, functions), parallel=parallel)
     if tool_choice == "required":
         return ChatTools("required", functions, parallel=parallel)
     name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None

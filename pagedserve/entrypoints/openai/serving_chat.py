@@ -9,6 +9,7 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 
 from pagedserve.engine.async_llm import AsyncLLM
+from pagedserve.engine.request_options import RequestOptions
 from pagedserve.entrypoints.chat_utils import (
     ContentFormat,
     apply_chat_template,
@@ -95,13 +96,8 @@ class OpenAIServingChat(OpenAIServing):
         def process() -> EngineCoreRequest:
             params = self._sampling_params(request, tools)
             prompt_ids = self.render(request)
-            return self.engine.process_inputs(
-                request_id,
-                request.prompt_with_salt(prompt_ids),
-                params,
-                priority=request.priority,
-                lora_request=lora_request,
-            )
+            options = RequestOptions(params, priority=request.priority, lora_request=lora_request)
+            return self.engine.process_inputs(request_id, request.prompt_with_salt(prompt_ids), options)
 
         try:
             # NOTE: templating and tokenizing in a thread: a huge conversation never holds up the event loop.

@@ -9,6 +9,7 @@ from fastapi.responses import StreamingResponse
 
 from pagedserve.engine.async_llm import AsyncLLM
 from pagedserve.engine.input_processor import PromptType
+from pagedserve.engine.request_options import RequestOptions
 from pagedserve.entrypoints.openai.errors import stream_error_event
 from pagedserve.entrypoints.openai.protocol import (
     CompletionChoice,
@@ -96,16 +97,11 @@ class OpenAIServingCompletion(OpenAIServing):
         request_id = random_id("cmpl")
         prompts = _split_prompts(request.prompt)
 
+        options = RequestOptions(params, beam_search, request.priority, lora_request)
+
         def process() -> list[EngineCoreRequest]:
             return [
-                self.engine.process_inputs(
-                    f"{request_id}-{i}",
-                    request.prompt_with_salt(prompt),
-                    params,
-                    beam_search,
-                    request.priority,
-                    lora_request,
-                )
+                self.engine.process_inputs(f"{request_id}-{i}", request.prompt_with_salt(prompt), options)
                 for i, prompt in enumerate(prompts)
             ]
 

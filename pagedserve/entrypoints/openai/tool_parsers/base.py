@@ -4,10 +4,11 @@ Whatever the model wrote, a parser never raises: a call's `arguments` are valid 
 import json
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pagedserve.entrypoints.openai.unicode_text import has_lone_surrogate
-from pagedserve.utils.user_json import JsonValue
+from pagedserve.utils.user_json import JsonObject, JsonValue
 
 
 @dataclass
@@ -47,20 +48,35 @@ def arguments_json(arguments: object) -> str | None:
     return None if has_lone_surrogate(text) else text
 
 
+def make_call(name: object, arguments: object, call_id: str | None = None) -> ParsedToolCall | None:
+    """A call of function `name` (a non-empty string the model wrote) with `arguments` (a value, or JSON
+    text), or None when either is not one (see arguments_json). `call_id`: the id the model gave it."""
+    if not isinstance(name, str) or not name or has_lone_surrogate(name):
+        return None
+    text = arguments_json(arguments)
+    if text is None:
+        return None
+    return ParsedToolCall(name, text) if call_id is None else ParsedToolCall(name, text, call_id)
+
+
 def call_from_json(obj: object, arguments_key: str = "arguments") -> ParsedToolCall | None:
     """{"name": ..., "arguments"/"parameters": {...}} -> a call, or None if `obj` is not one."""
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or has_lone_surrogate(obj["name"]):
+    if not isinstance(obj, dict):
         return None
-    arguments = arguments_json(obj.get(arguments_key, obj.get("parameters", obj.get("arguments", {}))))
-    return None if arguments is None else ParsedToolCall(obj["name"], arguments)
+    return make_call(obj.get("name"), obj.get(arguments_key, obj.get("parameters", obj.get("arguments", {}))))
 
 
 class ToolParser(ABC):
     """`start`: the text that opens the tool-call part of an output (content before it is plain text).
     Subclasses implement `parse_calls` on the tool-call part; `complete_calls` may return the calls that
-    are already closed while the output is still streaming (default: none until the end)."""
+    are already closed while the output is still streaming (default: none until the end). `functions`:
+    the request's tools (name -> JSON schema of the parameters), for a format whose arguments are text
+    typed by the schema."""
 
     start: str
+
+    def __init__(self, functions: Mapping[str, JsonObject] | None = None) -> None:
+        self.functions: Mapping[str, JsonObject] = functions or {}
 
     def extract(self, text: str) -> ExtractedToolCalls:
         """The whole output -> content and tool calls. Text that does not parse stays content."""
