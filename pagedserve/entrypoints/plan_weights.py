@@ -63,7 +63,9 @@ def linear_storage(model_config: ModelConfig) -> LinearStorage | None:
 def weights_bytes(shape: ModelShape, tp: int, dtype_bytes: int, storage: LinearStorage | None) -> WeightBytes:
     """One rank's weights: those outside the decoder layers, and each layer's."""
     layers = tuple(_layer_bytes(shape, tp, index, dtype_bytes, storage) for index in shape.layer_indices)
-    outside = shape.num_parameters(tp) - sum(shape.layer_parameters(tp, index) for index in shape.layer_indices)
+    outside = shape.num_parameters(tp) - sum(
+        shape.layer_parameters(tp, index) for index in shape.layer_indices
+    )
     return WeightBytes(outside * dtype_bytes, layers)
 
 
@@ -71,7 +73,9 @@ def _layer_bytes(
     shape: ModelShape, tp: int, index: int, dtype_bytes: int, storage: LinearStorage | None
 ) -> int:
     nbytes = shape.layer_parameters(tp, index) * dtype_bytes
-    for rows, cols in shape.linear_matrices(tp, index) if storage is not None else ():
+    if storage is None:
+        return nbytes
+    for rows, cols in shape.linear_matrices(tp, index):
         nbytes += storage.matrix_bytes(rows, cols, dtype_bytes) - rows * cols * dtype_bytes
     return nbytes
 
@@ -104,7 +108,8 @@ def gguf_weights_bytes(
 def gguf_types(path: str, device: str) -> tuple[list[str], list[str]]:
     """The ggml type names of the file's matrices that stay packed on `device`, and of those held as
     floats (vectors are always floats)."""
-    packed, floats = set(), set()
+    packed: set[str] = set()
+    floats: set[str] = set()
     for _, dims, ggml_type in _gguf_tensors(path):
         stays = ggml_type in GGML_BLOCK_FORMATS if device == "cpu" else ggml_type in CUDA_PACKED_GGML_TYPES
         (packed if stays and len(dims) > 1 else floats).add(GGML_TYPE_NAMES.get(ggml_type, str(ggml_type)))

@@ -31,7 +31,7 @@ class LayerCopier:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None  # type: ignore[no-untyped-call]
         self.log: list[tuple[str, int]] = []
 
     def copy(self, destination: torch.Tensor, source: torch.Tensor) -> torch.cuda.Event | None:
@@ -42,7 +42,7 @@ class LayerCopier:
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):
             destination.copy_(source, non_blocking=True)
-            done = torch.cuda.Event()
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
             done.record(self.stream)
         return done
 

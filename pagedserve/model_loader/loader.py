@@ -72,7 +72,8 @@ def _load(
         _init_dummy(model, config.seed)
     else:
         _load_checkpoint(model, config, rename, keep_head)
-    model.cpu_offloader = offload_layers(model, config.cpu_offload_gb, device)
+    # NOTE: kept on the model so the worker counts the device bytes (host_resident_bytes).
+    object.__setattr__(model, "cpu_offloader", offload_layers(model, config.cpu_offload_gb, device))
     return model.eval()
 
 
