@@ -45,19 +45,26 @@ DRY_WORKLOADS = [Workload("llama-tiny", 6, 4, 24, 1, 2, 2, 4)]
 
 
 def run_throughput(
-    workload: Workload, out: str, tokenizer: str | None, dry: bool, batch1: bool
+    workload: Workload,
+    out: str,
+    tokenizer: str | None,
+    dry: bool,
+    batch1: bool,
+    model: str | None = None,
+    extra: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """benchmarks/throughput.py in a fresh process (each engine gets the whole GPU); its --json figures.
-    Its output is appended to OUT/gpu_check.log (few files: the device tool brings back at most 8)."""
+    Its output is appended to OUT/gpu_check.log (few files: the device tool brings back at most 8).
+    `model`: a GGUF file to read, or a config folder to give random weights (default: the workload's); `extra`: more
+    throughput.py flags (they come last, so they override)."""
     tag = f"{workload.name}-{'batch1' if batch1 else 'throughput'}"
     result = os.path.join(tempfile.mkdtemp(prefix="gpu_check_"), f"{tag}.json")
+    model = model or os.path.join(HERE, "configs", workload.name)
+    source = ["--model", model, *(["--load-format", "dummy"] if os.path.isdir(model) else [])]
     args = [
         sys.executable,
         os.path.join(HERE, "throughput.py"),
-        "--model",
-        os.path.join(HERE, "configs", workload.name),
-        "--load-format",
-        "dummy",
+        *source,
         "--input-len-min",
         "16",
         "--input-len-max",
@@ -100,6 +107,7 @@ def run_throughput(
         args += ["--tokenizer", tokenizer]
     if dry:
         args += ["--kv-cache-memory", "16MiB"]
+    args += list(extra)
     with open(os.path.join(out, "gpu_check.log"), "a") as log:
         command = f"[gpu_check] {tag}: {' '.join(args[1:])}"
         print(command, flush=True)
@@ -116,6 +124,112 @@ def run_throughput(
         return {"error": f"{tag} failed ({code}), see gpu_check.log"}
     with open(result) as f:
         return json.load(f)
+
+
+# Issue 43's steps: an 8B-shaped Q4_K_M file of random blocks against the 8B in bf16 (its resident bytes,
+# output tok/s at 1 and 32 concurrent, the decode step against the packed bytes over the bandwidth), a GPTQ
+# 8B config with random weights, and the 8B in bf16 with 8 GiB of its layers in host memory on a capped
+# share of the GPU. The dry run does each on the tiny shapes on CPU.
+CONCURRENT = 32
+GPTQ_CONFIG = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
+
+
+def quantized_and_offload_rows(
+    out: str, tokenizer: str | None, dry: bool, bandwidth: float, bf16_batch1: dict[str, Any]
+) -> tuple[list[tuple[str, str, str, str]], dict[str, Any]]:
+    """The rows and details of issue 43's steps (`bf16_batch1`: the main loop's batch-1 run of the 8B)."""
+    from benchmarks.random_gguf import SHAPES, default_tokenizer, write_random_gguf
+    from pagedserve.config.parallel import pipeline_stages
+    from pagedserve.entrypoints.plan_weights import gguf_weights_bytes
+
+    workload = DRY_WORKLOADS[0] if dry else GPU_WORKLOADS[1]
+    shape = SHAPES["tiny" if dry else "llama-8b"]
+    folder = tempfile.mkdtemp(prefix="gpu_check_q4km_")
+    start = time.perf_counter()
+    path = write_random_gguf(
+        os.path.join(folder, f"{workload.name}-Q4_K_M.gguf"), shape, tokenizer or default_tokenizer()
+    )
+    written_s = time.perf_counter() - start
+    device, float_bytes = ("cpu", 4) if dry else ("cuda", 2)
+    resident = gguf_weights_bytes(path, 1, pipeline_stages(shape.layers, 1)[0], device, float_bytes).total
+    concurrent = ("--skip-hf", "--max-num-seqs", str(CONCURRENT), "--num-prompts", str(2 * CONCURRENT))
+    runs = {
+        "q4km_batch1": run_throughput(workload, out, tokenizer, dry, batch1=True, model=path),
+        "q4km_concurrent": run_throughput(
+            workload, out, tokenizer, dry, batch1=False, model=path, extra=concurrent
+        ),
+        "bf16_batch1": bf16_batch1,
+        "bf16_concurrent": run_throughput(workload, out, tokenizer, dry, batch1=False, extra=concurrent),
+        "gptq_batch1": run_throughput(
+            workload, out, tokenizer, dry, batch1=True, model=_gptq_config(workload)
+        ),
+        "offload_batch1": run_throughput(
+            workload,
+            out,
+            tokenizer,
+            dry,
+            batch1=True,
+            # NOTE: on the GPU a 0.15 share (12 GiB of an H100) cannot hold the 15 GiB of bf16 weights.
+            extra=("--cpu-offload-gb", "0.0001")
+            if dry
+            else ("--cpu-offload-gb", "8", "--gpu-memory-utilization", "0.15"),
+        ),
+    }
+    tok_s = {name: _tok_s(run) for name, run in runs.items()}
+    name = workload.name
+    rows = [
+        (
+            f"{name} Q4_K_M (random blocks, written in {written_s:.0f} s): resident weights",
+            f"{resident / 2**30:.2f} GiB",
+            "",
+            "",
+        ),
+        (
+            f"{name} Q4_K_M / bf16 output tok/s at 1",
+            f"{tok_s['q4km_batch1']} / {tok_s['bf16_batch1']}",
+            "",
+            "",
+        ),
+        (
+            f"{name} Q4_K_M / bf16 output tok/s at {CONCURRENT}",
+            f"{tok_s['q4km_concurrent']} / {tok_s['bf16_concurrent']}",
+            "",
+            "",
+        ),
+    ]
+    step_ms = runs["q4km_batch1"].get("pagedserve", {}).get("decode_step_ms_p50")
+    bound_ms = resident / bandwidth * 1e3
+    rows.append(
+        (
+            f"{name} Q4_K_M decode step at batch 1, p50 / (packed bytes / bandwidth = {bound_ms:.3f} ms)",
+            f"{fmt(step_ms, ' ms')} = {fmt(step_ms / bound_ms if step_ms else None)}",
+            "",
+            "",
+        )
+    )
+    rows.append(
+        (f"{name} GPTQ 4-bit config, random weights: output tok/s at 1", tok_s["gptq_batch1"], "", "")
+    )
+    offload = "--cpu-offload-gb 0.0001" if dry else "--cpu-offload-gb 8 --gpu-memory-utilization 0.15"
+    rows.append((f"{name} bf16 {offload}: output tok/s at 1", tok_s["offload_batch1"], "", ""))
+    return rows, {"q4km_resident_bytes": resident, **runs}
+
+
+def _tok_s(run: dict[str, Any]) -> str:
+    if "error" in run:
+        return str(run["error"])
+    results = {r["name"]: r for r in run.get("results", [])}
+    return fmt(results.get("pagedserve", {}).get("output_tokens_per_s"), "")
+
+
+def _gptq_config(workload: Workload) -> str:
+    """The workload's config.json with a GPTQ 4-bit quantization_config, in a fresh folder."""
+    with open(os.path.join(HERE, "configs", workload.name, "config.json")) as f:
+        config = json.load(f)
+    folder = tempfile.mkdtemp(prefix="gpu_check_gptq_")
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump({**config, "quantization_config": GPTQ_CONFIG}, f)
+    return folder
 
 
 def hbm_bandwidth(dry: bool) -> tuple[float, str]:
@@ -247,6 +361,14 @@ def main() -> None:
                 verdict(step_ratio, target, higher_is_better=False),
             )
         )
+    extra_rows, details["issue43"] = quantized_and_offload_rows(
+        args.out,
+        args.tokenizer,
+        args.dry_run,
+        bandwidth,
+        details[(DRY_WORKLOADS[0] if args.dry_run else GPU_WORKLOADS[1]).name]["batch1"],
+    )
+    rows += extra_rows
     table = build_table(test_summary(args.tests_xml), rows)
     if args.dry_run:
         table = (

@@ -2,13 +2,17 @@
 # The one-call GPU check of issue 13 (under 8 minutes on one H100/H200-class GPU):
 #   1. the gpu-marked tests and the Triton kernel / CUDA-graph tests, on CUDA;
 #   2. benchmarks/gpu_check.py: throughput against HF transformers `generate` on the Llama 1B and 8B
-#      configs (random weights), the decode step at batch 1 against weights / HBM bandwidth;
+#      configs (random weights), the decode step at batch 1 against weights / HBM bandwidth; issue 43's
+#      steps: an 8B-shaped Q4_K_M file of random blocks (benchmarks/random_gguf.py) against the 8B in bf16
+#      (resident bytes, output tok/s at 1 and 32 concurrent, decode step against packed bytes / bandwidth),
+#      a GPTQ 8B config with --load-format dummy, the 8B in bf16 with --cpu-offload-gb 8 on a 0.15 share;
 # and one table, printed and written to OUT/gpu_check.md (details: gpu_check.json, logs: *.log).
 #
 # Usage:
 #   bash benchmarks/gpu_check.sh --prepare          # on a machine WITH network, before: wheels + tokenizer
 #   bash benchmarks/gpu_check.sh --out DIR          # on the GPU machine (no network needed)
-#   bash benchmarks/gpu_check.sh --out DIR --dry-run   # anywhere: CPU, tiny config (checks the script)
+#   bash benchmarks/gpu_check.sh --out DIR --dry-run   # anywhere: CPU, tiny config (checks the script;
+#                                                      every step above at tiny scale)
 #
 # The GPU machine needs torch (CUDA), triton, transformers and accelerate. Everything else pagedserve
 # imports (msgspec, pyzmq, gguf, fastapi, uvicorn, pydantic and their dependencies) is installed from the

@@ -103,6 +103,7 @@ def run_pagedserve(args: argparse.Namespace, prompts: list[list[int]]) -> tuple[
         "attention_backend": args.attention_backend,
         "batch_invariant": args.batch_invariant,
         "gpu_memory_utilization": args.gpu_memory_utilization,
+        "cpu_offload_gb": args.cpu_offload_gb,
     }
     llm = LLM(**{k: v for k, v in kwargs.items() if v is not None})
     engine = llm.llm_engine
@@ -214,6 +215,7 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--gpu-memory-utilization", type=float, default=None)
+    p.add_argument("--cpu-offload-gb", type=float, default=None, help="GiB of weights in host memory")
     p.add_argument("--attention-backend", default=None)
     p.add_argument("--enforce-eager", action="store_true", help="pagedserve without CUDA graphs")
     p.add_argument(

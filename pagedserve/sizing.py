@@ -65,6 +65,7 @@ class ModelShape:
     shared_expert_intermediate_size: int = 0
     has_embedding: bool = True  # False on a pipeline stage after the first
     has_head: bool = True  # the final norm and LM head; False on a pipeline stage before the last
+    first_layer: int = 0  # the model's index of the first decoder layer held (a pipeline stage's start)
 
     @property
     def num_moe_layers(self) -> int:
@@ -77,6 +78,7 @@ class ModelShape:
         return replace(
             self,
             num_layers=stage.end - stage.start,
+            first_layer=stage.start,
             moe_layers=tuple(layer for layer in self.moe_layers if stage.holds(layer)),
             has_embedding=stage.is_first,
             has_head=stage.is_last,
@@ -130,6 +132,20 @@ class ModelShape:
     def num_parameters(self, tp: int = 1) -> int:
         """Parameters held by one of `tp` ranks: the vocabulary split (padded) over the ranks, linear
         layers (experts included) split, norms and MoE routers replicated, a tied LM head counted once."""
+        layers = sum(self.layer_parameters(tp, index) for index in self.layer_indices)
+        # NOTE: a tied head is the embedding, unless a later pipeline stage holds it (as a copy).
+        own_head = self.has_head and not (self.tie_word_embeddings and self.has_embedding)
+        vocab = cdiv(self.vocab_size, tp) * self.hidden_size * (int(self.has_embedding) + int(own_head))
+        return vocab + layers + (self.norm_params * self.hidden_size if self.has_head else 0)
+
+    @property
+    def layer_indices(self) -> range:
+        """The model's indices of the decoder layers this shape holds."""
+        return range(self.first_layer, self.first_layer + self.num_layers)
+
+    def layer_parameters(self, tp: int, index: int) -> int:
+        """Parameters of decoder layer `index` on one of `tp` ranks: attention, norms, and its dense MLP
+        or its experts (router and shared expert included)."""
         hidden, head_dim = self.hidden_size, self.head_dim
         qkv_out = (self.num_heads // tp + 2 * self.kv_heads_per_rank(tp)) * head_dim
         attention = (
@@ -139,28 +155,26 @@ class ModelShape:
             + (hidden if self.linear_bias else 0)
             + (2 * head_dim if self.qk_norm else 0)
         )
-        dense_mlp = self._mlp(self.intermediate_size, tp)
+        norms = self.norms_per_layer * self.norm_params * hidden
+        if index not in self.moe_layers:
+            return attention + norms + self._mlp(self.intermediate_size, tp)
         moe = self.num_experts * (hidden + self._mlp(self.moe_intermediate_size, tp))  # router + experts
         if self.shared_expert_intermediate_size:
             moe += self._mlp(self.shared_expert_intermediate_size, tp) + hidden  # shared expert + its gate
-        norm = self.norm_params * hidden
-        layers = (
-            self.num_layers * (attention + self.norms_per_layer * norm)
-            + (self.num_layers - self.num_moe_layers) * dense_mlp
-            + self.num_moe_layers * moe
-        )
-        # NOTE: a tied head is the embedding, unless a later pipeline stage holds it (as a copy).
-        own_head = self.has_head and not (self.tie_word_embeddings and self.has_embedding)
-        vocab = cdiv(self.vocab_size, tp) * hidden * (int(self.has_embedding) + int(own_head))
-        return vocab + layers + (norm if self.has_head else 0)
+        return attention + norms + moe
 
-    def num_linear_weights(self, tp: int = 1) -> int:
-        """Weights of one rank's attention projections and dense MLPs (no biases, embeddings, norms or
-        experts): the layers a GPTQ/AWQ checkpoint stores in 4 bits."""
+    def linear_matrices(self, tp: int, index: int) -> list[tuple[int, int]]:
+        """(rows, columns) of decoder layer `index`'s attention projections and dense MLP matrices on one
+        of `tp` ranks (no experts): the matrices a GPTQ/AWQ/fp8 checkpoint quantizes."""
+        hidden = self.hidden_size
         qkv_out = (self.num_heads // tp + 2 * self.kv_heads_per_rank(tp)) * self.head_dim
-        attention = self.hidden_size * qkv_out + self.num_heads * self.head_dim // tp * self.hidden_size
-        dense_mlp = self.mlp_matrices * self.hidden_size * (self.intermediate_size // tp)
-        return self.num_layers * attention + (self.num_layers - self.num_moe_layers) * dense_mlp
+        attention_width = self.num_heads * self.head_dim // tp
+        matrices = [(qkv_out, hidden), (hidden, attention_width)]  # qkv_proj, o_proj
+        if index not in self.moe_layers:
+            intermediate = self.intermediate_size // tp
+            # gate and up (or Falcon's up alone) read the hidden state, down the intermediate one
+            matrices += [(intermediate, hidden)] * (self.mlp_matrices - 1) + [(hidden, intermediate)]
+        return matrices
 
     def _mlp(self, intermediate_size: int, tp: int) -> int:
         per_rank = intermediate_size // tp
@@ -184,6 +198,54 @@ class ModelShape:
 def _falcon_layernorms(hf_config: "PretrainedConfig") -> int:
     """Falcon's LayerNorms per layer: one before parallel attention and MLP, else two."""
     return 1 if falcon_parallel_attention(hf_config) and not falcon_two_layernorms(hf_config) else 2
+
+
+@dataclass(frozen=True)
+class WeightBytes:
+    """One rank's weight bytes: those outside the decoder layers (embedding, LM head, final norm) and each
+    of its decoder layers'."""
+
+    outside: int
+    layers: tuple[int, ...]
+
+    @property
+    def total(self) -> int:
+        return self.outside + sum(self.layers)
+
+
+@dataclass(frozen=True)
+class CPUOffload:
+    """--cpu-offload-gb: the decoder layers whose weights live in host memory, and what the device keeps
+    for them (two buffers of the largest, filled one layer ahead; one buffer for a single layer)."""
+
+    layers: tuple[int, ...]  # positions in WeightBytes.layers, ascending
+    host_bytes: int
+    buffer_bytes: int
+
+    def device_bytes(self, weights: WeightBytes) -> int:
+        """The weights' bytes on the device: all but the host-resident layers, plus the buffers."""
+        return weights.total - self.host_bytes + self.buffer_bytes
+
+
+def choose_offloaded_layers(layer_bytes: Sequence[int], offload_gib: float) -> CPUOffload:
+    """Whole decoder layers from the last backwards until at least `offload_gib` GiB are host-resident.
+    Raises ConfigError when the layers hold less than that."""
+    wanted = int(offload_gib * 2**30)
+    if wanted > sum(layer_bytes):
+        raise ConfigError(
+            f"--cpu-offload-gb {offload_gib} is more than the {format_bytes(sum(layer_bytes))} of decoder "
+            "layer weights that can live in host memory (the embedding and LM head stay on the device); "
+            "lower --cpu-offload-gb."
+        )
+    chosen: list[int] = []
+    host = 0
+    for index in reversed(range(len(layer_bytes))):
+        if host >= wanted:
+            break
+        chosen.append(index)
+        host += layer_bytes[index]
+    largest = max((layer_bytes[index] for index in chosen), default=0)
+    return CPUOffload(tuple(sorted(chosen)), host, min(len(chosen), 2) * largest)
 
 
 def gpu_kv_budget(total: int, utilization: float, weights: int, peak_activations: int, non_torch: int) -> int:

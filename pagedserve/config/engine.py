@@ -124,6 +124,12 @@ class EngineArgs(ParallelArgs):
         "float32 and the GGUF default). --no-batch-invariant gives that up for float32 prefill speed on "
         "CPU: linear layers take oneDNN's GEMM, whose sums depend on the number of rows in the step.",
     )
+    cpu_offload_gb: float = config_field(
+        0.0,
+        "GiB of weights kept in pinned host memory (vLLM's flag): whole decoder layers from the last, each "
+        "copied to the device one layer ahead of its use, so a model this much larger than the GPU's share "
+        "runs (slower: every step reads those weights over PCIe). Quantized weights travel packed.",
+    )
     swap_space: float = config_field(
         4.0,
         "Host memory (GiB) per worker for the KV blocks of preempted "
@@ -376,6 +382,7 @@ class EngineArgs(ParallelArgs):
         return dataclasses.replace(
             model,
             batch_invariant=self.batch_invariant,
+            cpu_offload_gb=self.cpu_offload_gb,
             quantization=resolve_quantization(self.quantization, model, device),
             generation_defaults=generation_defaults(
                 self.generation_config, model.model, self.override_generation_config

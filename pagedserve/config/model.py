@@ -1,6 +1,7 @@
 """The model: which checkpoint, which architecture, dtype and context length. `load_model_config`
 reads config.json (or a GGUF file's metadata) and resolves the defaults; ModelConfig checks itself."""
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
@@ -79,6 +80,8 @@ class ModelConfig:
     pooling: PoolingModelConfig | None = None
     # --batch-invariant: the layers' kernels sum in an order that does not depend on the step's other rows.
     batch_invariant: bool = True
+    # --cpu-offload-gb: GiB of decoder-layer weights kept in host memory, streamed to the device per step.
+    cpu_offload_gb: float = 0.0
 
     def __post_init__(self) -> None:
         supported = set(MODEL_ARCHITECTURES.values()) | set(POOLING_ONLY_ARCHITECTURES)
@@ -107,6 +110,10 @@ class ModelConfig:
             )
         if self.max_logprobs < 0:
             raise ConfigError(f"max_logprobs={self.max_logprobs} must not be negative (--max-logprobs).")
+        if not math.isfinite(self.cpu_offload_gb) or self.cpu_offload_gb < 0:
+            raise ConfigError(
+                f"cpu_offload_gb={self.cpu_offload_gb} must be a finite number of GiB, 0 or more (--cpu-offload-gb)."
+            )
 
     @property
     def served_model_names(self) -> tuple[str, ...]:

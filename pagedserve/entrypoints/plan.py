@@ -27,17 +27,25 @@ from pagedserve.config.lora import LoRAConfig
 from pagedserve.config.parallel import PipelineStage, uneven_for_tensor_parallel
 from pagedserve.entrypoints.model_tag import take_model_tag
 from pagedserve.entrypoints.plan_report import format_table
-from pagedserve.entrypoints.plan_weights import LinearStorage, linear_storage, weights_bytes
+from pagedserve.entrypoints.plan_weights import (
+    LinearStorage,
+    gguf_types,
+    gguf_weights_bytes,
+    linear_storage,
+    weights_bytes,
+)
 from pagedserve.errors import ConfigError
 from pagedserve.lora.shapes import ModelShapes
 from pagedserve.sizing import (
     ModelShape,
+    WeightBytes,
+    choose_offloaded_layers,
     gpu_kv_budget,
     kv_cache_config,
     max_concurrency,
     max_full_requests,
 )
-from pagedserve.utils import parse_bytes
+from pagedserve.utils import format_bytes, parse_bytes
 
 # The engine flags the plan takes, with the engine's names, help and defaults.
 ENGINE_FLAGS = (
@@ -54,6 +62,7 @@ ENGINE_FLAGS = (
     "enable_lora",
     "max_loras",
     "max_lora_rank",
+    "cpu_offload_gb",
 )
 # Memory a GPU engine uses outside torch's allocator (NCCL buffers, cuBLAS workspaces): an estimate.
 NON_TORCH_BYTES = 512 * 2**20
@@ -96,6 +105,16 @@ class PlanInputs:
     request_tokens: int
     linear_storage: LinearStorage | None = None  # a quantized checkpoint's linear layers
     lora_bytes: int = 0  # --enable-lora: the adapters' slots (--max-loras x --max-lora-rank), all layers
+    cpu_offload_gb: float = 0.0  # --cpu-offload-gb: decoder-layer weights kept in host memory
+    device: str = "cuda"  # the device the weights are counted for (their resident formats)
+
+    def stage_weights(self, stage: PipelineStage) -> WeightBytes:
+        """One rank's weights on `stage`, in the formats the engine holds on the device: a GGUF file
+        tensor by tensor from its header, else from the model's shape."""
+        gguf_file = self.model_config.gguf_file
+        if gguf_file is not None:
+            return gguf_weights_bytes(gguf_file, self.tp, stage, self.device, self.dtype_bytes)
+        return weights_bytes(self.shape.stage(stage), self.tp, self.dtype_bytes, self.linear_storage)
 
     def stage_lora_bytes(self, stage: PipelineStage) -> int:
         """The slots a rank of `stage` allocates: those beside its own layers."""
@@ -119,8 +138,9 @@ class Plan:
     """The figures, per GPU (rank), as the engine's startup log gives them; at pp > 1 the largest
     stage's weights and block, the budget of the stage that holds the fewest blocks."""
 
-    weights_bytes: int  # the LoRA slots included
+    weights_bytes: int  # on the device: the LoRA slots and --cpu-offload-gb's buffers included
     lora_bytes: int
+    cpu_offload_bytes: int  # the weights --cpu-offload-gb keeps in host memory
     kv_bytes_per_token: int
     bytes_per_block: int
     activation_bytes: int  # estimated (0 with an explicit KV budget)
@@ -151,6 +171,7 @@ def compute_plan(inputs: PlanInputs) -> Plan:
     return Plan(
         max(memory.weights for memory in stages),
         max(inputs.stage_lora_bytes(stage) for stage in layout.stages),
+        max(memory.host_weights for memory in stages),
         layout.bytes_per_token,
         layout.bytes_per_block,
         tightest.activations,
@@ -168,23 +189,25 @@ def compute_plan(inputs: PlanInputs) -> Plan:
 class _StageMemory:
     """One rank's memory in a pipeline stage (every rank at pp=1)."""
 
-    weights: int
+    weights: int  # on the device
+    host_weights: int  # --cpu-offload-gb's
     activations: int  # estimated (0 with an explicit KV budget)
     kv_budget: int
 
 
 def _stage_memory(inputs: PlanInputs, stage: PipelineStage) -> _StageMemory:
     shape = inputs.shape.stage(stage)
-    weights = weights_bytes(shape, inputs.tp, inputs.dtype_bytes, inputs.linear_storage)
-    weights += inputs.stage_lora_bytes(stage)
+    all_weights = inputs.stage_weights(stage)
+    offload = choose_offloaded_layers(all_weights.layers, inputs.cpu_offload_gb)
+    weights = offload.device_bytes(all_weights) + inputs.stage_lora_bytes(stage)
     if inputs.kv_cache_memory is not None:
-        return _StageMemory(weights, 0, inputs.kv_cache_memory)
+        return _StageMemory(weights, offload.host_bytes, 0, inputs.kv_cache_memory)
     assert inputs.gpu_memory is not None, "resolve_inputs sets one of the two"
     # NOTE: the engine profiles one request of this many tokens (worker._profile_run).
     num_tokens = min(inputs.max_num_batched_tokens, inputs.model_config.max_model_len)
     activations = shape.activation_bytes(num_tokens, inputs.tp, inputs.dtype_bytes)
     budget = gpu_kv_budget(inputs.gpu_memory, inputs.utilization, weights, activations, NON_TORCH_BYTES)
-    return _StageMemory(weights, activations, budget)
+    return _StageMemory(weights, offload.host_bytes, activations, budget)
 
 
 def needed_utilization(inputs: PlanInputs, plan: Plan) -> float | None:
@@ -224,7 +247,7 @@ def alternatives(inputs: PlanInputs) -> list[str]:
         if (
             tp > inputs.tp
             and not uneven_for_tensor_parallel(inputs.model_config.hf_config, tp)
-            and compute_plan(replace(inputs, tp=tp)).fits
+            and compute_plan(replace(inputs, tp=tp, cpu_offload_gb=0)).fits
         ):
             found.append(f"--tensor-parallel-size {tp} ({tp} GPUs)")
             break
@@ -240,15 +263,50 @@ def alternatives(inputs: PlanInputs) -> list[str]:
             f"--concurrency {plan.max_requests_at_request_tokens} (--max-num-seqs) at "
             f"{inputs.request_tokens} tokens each"
         )
-    if compute_plan(replace(inputs, kv_dtype_bytes=1, dtype_bytes=1)).fits:
+    found += _quantized_alternatives(inputs)
+    offload_gb = _cpu_offload_that_fits(inputs)
+    if offload_gb is not None:
         found.append(
-            "8-bit weights (an fp8 checkpoint; --quantization int8 on CPU) and an fp8 KV cache "
-            "(--kv-cache-dtype fp8)"
+            f"--cpu-offload-gb {offload_gb} (that many GiB of decoder layers in pinned host memory, "
+            "streamed to the GPU each step: slower)"
         )
     needed = needed_utilization(inputs, plan)
     if needed is not None and needed <= MAX_UTILIZATION and needed > inputs.utilization:
         found.append(f"--gpu-memory-utilization {needed:.2f}")
     return found
+
+
+def _quantized_alternatives(inputs: PlanInputs) -> list[str]:
+    """4-bit, then 8-bit linear layers (with an fp8 KV cache), where a float checkpoint's do not fit:
+    counted as the engine holds them on the GPU (ggml rows; embeddings and LM head in the model's dtype,
+    so a GGUF file, whose embeddings are quantized too, takes a little less)."""
+    if inputs.linear_storage is not None or inputs.model_config.gguf_file is not None:
+        return []
+    int4 = replace(inputs, linear_storage=LinearStorage("int4"), cpu_offload_gb=0)
+    if compute_plan(int4).fits:
+        weights = format_bytes(compute_plan(int4).weights_bytes)
+        return [
+            f"4-bit weights ({weights} per GPU): a GPTQ/AWQ 4-bit checkpoint, a GGUF Q4_K_M or Q4_0 file, "
+            "or --quantization int4"
+        ]
+    int8 = replace(inputs, linear_storage=LinearStorage("int8"), kv_dtype_bytes=1, cpu_offload_gb=0)
+    if compute_plan(int8).fits:
+        weights = format_bytes(compute_plan(int8).weights_bytes)
+        return [
+            f"8-bit weights ({weights} per GPU: an fp8 checkpoint, a GGUF Q8_0 file or --quantization "
+            "int8) and an fp8 KV cache (--kv-cache-dtype fp8)"
+        ]
+    return []
+
+
+def _cpu_offload_that_fits(inputs: PlanInputs) -> int | None:
+    """The fewest whole GiB of --cpu-offload-gb (beyond the one asked for) with which the workload fits;
+    None when offloading every decoder layer is not enough."""
+    layers = min(sum(inputs.stage_weights(stage).layers) for stage in inputs.layout.stages)
+    for gib in range(math.floor(inputs.cpu_offload_gb) + 1, layers // 2**30 + 1):
+        if compute_plan(replace(inputs, cpu_offload_gb=gib)).fits:
+            return gib
+    return None
 
 
 def resolve_inputs(args: PlanArgs, engine_args: EngineArgs) -> PlanInputs:
@@ -291,6 +349,7 @@ def resolve_inputs(args: PlanArgs, engine_args: EngineArgs) -> PlanInputs:
         request_tokens,
         linear_storage(model_config),
         _lora_bytes(engine_args, model_config, tp, dtype_bytes),
+        model_config.cpu_offload_gb,
     )
 
 
@@ -331,6 +390,19 @@ def _gpu_memory(value: str | None) -> int:
     return torch.cuda.mem_get_info()[1]
 
 
+def weights_format(inputs: PlanInputs) -> str:
+    """How the weights are held on the device, in words (the GGUF types read from the file's header)."""
+    dtype = inputs.model_config.dtype
+    gguf_file = inputs.model_config.gguf_file
+    if gguf_file is not None:
+        packed, floats = gguf_types(gguf_file, inputs.device)
+        kept = f"GGUF {', '.join(packed)} packed" if packed else "GGUF"
+        return f"{kept}; {', '.join(floats)} tensors in {dtype}" if floats else kept
+    if inputs.linear_storage is not None:
+        return f"{inputs.linear_storage.method} linear layers packed; the rest in {dtype}"
+    return dtype
+
+
 def report(inputs: PlanInputs, plan: Plan) -> dict[str, Any]:
     """The whole plan as one JSON-able object."""
     return {
@@ -352,6 +424,7 @@ def report(inputs: PlanInputs, plan: Plan) -> dict[str, Any]:
         "request_tokens": inputs.request_tokens,
         "sliding_window": inputs.layout.widest_window,
         "kv_cache_groups": inputs.layout.num_groups,
+        "weights_format": weights_format(inputs),
         **asdict(plan),
         "recommended_flags": recommendations(inputs, plan) if plan.fits else None,
         "would_fit": [] if plan.fits else alternatives(inputs),

@@ -34,9 +34,26 @@ def _model_rows(result: PlanReport) -> list[Row]:
             f"{result['num_parameters']:,} ({result['num_parameters_per_gpu']:,} per GPU, "
             f"tp={result['tensor_parallel_size']}, pp={result['pipeline_parallel_size']})",
         ),
-        ("weights per GPU", f"{result['weights_bytes']:,} B ({_gib(result, 'weights_bytes')})"),
+        (
+            "weights per GPU",
+            f"{result['weights_bytes']:,} B ({_gib(result, 'weights_bytes')}; {result['weights_format']})",
+        ),
+        *_offload_rows(result),
         ("KV bytes per token", f"{result['kv_bytes_per_token']:,} B per GPU"),
         ("KV bytes per block", f"{result['bytes_per_block']:,} B ({result['block_size']} tokens)"),
+    ]
+
+
+def _offload_rows(result: PlanReport) -> list[Row]:
+    """--cpu-offload-gb's weights in host memory (none without it)."""
+    if not result["cpu_offload_bytes"]:
+        return []
+    return [
+        (
+            "weights in host memory",
+            f"{result['cpu_offload_bytes']:,} B ({_gib(result, 'cpu_offload_bytes')}, --cpu-offload-gb; the GPU "
+            "keeps two layers' buffers for them)",
+        )
     ]
 
 

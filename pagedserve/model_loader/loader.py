@@ -11,6 +11,7 @@ from pagedserve.config import ModelConfig
 from pagedserve.config.quantization import checkpoint_quantization_config
 from pagedserve.errors import ConfigError
 from pagedserve.logger import init_logger
+from pagedserve.model_loader.cpu_offload import offload_layers
 from pagedserve.model_loader.gguf import iterate_gguf
 from pagedserve.model_loader.kv_scales import KVScaleCollector
 from pagedserve.model_loader.safetensors import iterate_safetensors
@@ -69,7 +70,19 @@ def _load(
         torch.set_default_dtype(previous)
     if config.load_format == "dummy":
         _init_dummy(model, config.seed)
-        return model.eval()
+    else:
+        _load_checkpoint(model, config, rename, keep_head)
+    # NOTE: kept on the model so the worker counts the device bytes (host_resident_bytes).
+    object.__setattr__(model, "cpu_offloader", offload_layers(model, config.cpu_offload_gb, device))
+    return model.eval()
+
+
+def _load_checkpoint(
+    model: PoolingModel,
+    config: ModelConfig,
+    rename: Callable[[Iterator[tuple[str, torch.Tensor]]], Iterator[tuple[str, torch.Tensor]]] | None,
+    keep_head: bool,
+) -> None:
     hf = config.hf_config
     if config.gguf_file:
         loads = model.loads_tensor if isinstance(model, CausalLM) else lambda name: True
@@ -97,7 +110,6 @@ def _load(
         method = getattr(module, "quant_method", None)
         if isinstance(method, QuantizeMethodBase):
             method.process_weights_after_loading(module)
-    return model.eval()
 
 
 def _init_dummy(model: nn.Module, seed: int) -> None:

@@ -6,6 +6,7 @@ from pagedserve.config import EngineConfig
 from pagedserve.core.sched_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from pagedserve.distributed import init_parallel_groups
 from pagedserve.logger import init_logger
+from pagedserve.model_loader.cpu_offload import host_resident_bytes
 from pagedserve.platforms import get_platform
 from pagedserve.sampling_params import SamplingParams
 from pagedserve.sizing import MemoryReport
@@ -36,7 +37,11 @@ class Worker:
             if config.model.pooling is None
             else PoolingModelRunner(config, self.device)
         )
-        self.weights_bytes = sum(p.numel() * p.element_size() for p in self.runner.model.parameters())
+        model = self.runner.model
+        # NOTE: --cpu-offload-gb's layers count once, as their device buffers.
+        self.weights_bytes = sum(
+            p.numel() * p.element_size() for p in model.parameters()
+        ) - host_resident_bytes(model)
         if isinstance(self.runner, ModelRunner) and self.runner.lora is not None:
             self.weights_bytes += self.runner.lora.num_bytes  # NOTE: the adapters' slots, for the KV budget
 

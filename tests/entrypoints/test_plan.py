@@ -303,3 +303,81 @@ def test_plan_lora_bytes_are_what_the_worker_allocates(
     llm = LLM(tiny_llama, kv_cache_memory="8MiB", enable_lora=True, max_loras=3, max_lora_rank=8)
     runner = llm.llm_engine.engine_core.executor.worker.model_runner
     assert runner.lora is not None and result["lora_bytes"] == runner.lora.num_bytes > 0
+
+
+def _q4_k(n: int) -> int:
+    return n // 256 * 144
+
+
+def _q6_k(n: int) -> int:
+    return n // 256 * 210
+
+
+LLAMA_8B_WORKLOAD = [
+    "--gpu-memory",
+    "12GiB",
+    "--concurrency",
+    "8",
+    "--input-tokens",
+    "2048",
+    "--output-tokens",
+    "512",
+]
+
+
+def test_llama_8b_q4_k_m_fits_12gib_with_its_packed_bytes(
+    capsys: pytest.CaptureFixture[str], tmp_path
+) -> None:
+    """Issue 43: a Llama-3.1-8B-shaped Q4_K_M file (its header only: plan reads no tensor data) on a 12 GiB
+    GPU. On CUDA its Q4_K and Q6_K rows stay packed: weights are the rows' bytes, norms in bf16."""
+    from benchmarks.random_gguf import SHAPES, write_random_gguf
+
+    path = write_random_gguf(
+        str(tmp_path / "llama8b-Q4_K_M.gguf"), SHAPES["llama-8b"], None, random_data=False
+    )
+    status, result = plan(capsys, path, *LLAMA_8B_WORKLOAD)
+    # llama.cpp's Q4_K_M: Q6_K for the LM head, and for attn_v and ffn_down on 16 of the 32 layers
+    more_bits = [i for i in range(32) if i < 4 or i >= 28 or (i - 4) % 3 == 2]
+    assert len(more_bits) == 16
+    vocab, hidden, kv, inter = 128256, 4096, 1024, 14336
+    per_layer = _q4_k(2 * hidden * hidden + kv * hidden + 2 * inter * hidden)  # q, o, k, gate, up
+    weights = (
+        _q4_k(vocab * hidden)
+        + _q6_k(vocab * hidden)
+        + 32 * per_layer
+        + 16 * _q6_k(kv * hidden + hidden * inter)  # attn_v, ffn_down with more bits
+        + 16 * _q4_k(kv * hidden + hidden * inter)
+        + (2 * 32 + 1) * hidden * 2  # norms in bfloat16
+    )
+    assert result["weights_bytes"] == weights == 4_912_365_568  # 4.57 GiB, not 14.96 GiB dequantized
+    assert result["weights_format"] == "GGUF Q4_K, Q6_K packed; F32 tensors in bfloat16"
+    assert status == 0 and result["fits"] and result["max_requests_at_request_tokens"] >= 8
+    assert result["request_tokens"] == 2560 and result["recommended_flags"]["--max-num-seqs"] == 8
+
+
+def test_bf16_8b_on_12gib_lists_4_bit_weights_and_cpu_offload(capsys: pytest.CaptureFixture[str]) -> None:
+    model = os.path.join(DATA, "llama-3-8b")
+    status, result = plan(capsys, model, *LLAMA_8B_WORKLOAD)
+    assert status == 1 and result["weights_bytes"] == 2 * 8_030_261_248
+    would_fit = result["would_fit"]
+    # Online int4 (Q4_1 rows: 20 bytes per 32 weights) of the linear layers, embeddings and head in bf16
+    linear = 32 * (2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
+    int4 = 2 * (8_030_261_248 - linear) + linear // 32 * 20
+    assert f"4-bit weights ({int4 / 2**30:.2f} GiB per GPU)" in "\n".join(would_fit)
+    (offload,) = [option for option in would_fit if option.startswith("--cpu-offload-gb")]
+    gib = int(offload.split()[1])
+    status, offloaded = plan(capsys, model, *LLAMA_8B_WORKLOAD, "--cpu-offload-gb", str(gib))
+    layer = 2 * (2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096)
+    layers = -(-gib * 2**30 // layer)  # whole layers from the last, at least gib GiB
+    assert offloaded["cpu_offload_bytes"] == layers * layer
+    # the device keeps the rest and two layers' buffers, filled one layer ahead
+    assert offloaded["weights_bytes"] == 2 * 8_030_261_248 - layers * layer + 2 * layer
+    assert status == 0 and offloaded["fits"]
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "14"])
+def test_cpu_offload_gb_out_of_range_names_the_flag(capsys: pytest.CaptureFixture[str], value: str) -> None:
+    model = os.path.join(DATA, "llama-3-8b")
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["plan", model, *LLAMA_8B_WORKLOAD, "--cpu-offload-gb", value])
+    assert exit_info.value.code == 2 and "--cpu-offload-gb" in capsys.readouterr().err

@@ -6,25 +6,16 @@ from typing import Any
 import torch
 
 from pagedserve import envs
+
+# NOTE: re-exported: the block table lives with the torch-free byte counts that `pagedserve plan` shares.
+from pagedserve.config.weight_bytes import GGML_BLOCK_FORMATS as GGML_BLOCK_FORMATS
+from pagedserve.config.weight_bytes import NATIVE_GGML_TYPES as NATIVE_GGML_TYPES
 from pagedserve.kernels.cpu import load_cpu_kernels
 
-# ggml type ids (gguf.GGMLQuantizationType) the native kernels compute on directly.
-NATIVE_GGML_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 # The ggml types with an integer-activation row decode kernel, and the largest batch it takes
 # (gguf_blocks.h: kDecodeMaxBatch); larger batches compute in float32.
 INTEGER_ACTIVATION_TYPES = {2, 3, 8, 12, 13}
 DECODE_MAX_BATCH = 8
-# ggml type id -> (weights, bytes) per block, as `block_format` in gguf_matmul.cpp.
-GGML_BLOCK_FORMATS = {
-    0: (1, 4),
-    1: (1, 2),
-    2: (32, 18),
-    3: (32, 20),
-    8: (32, 34),
-    12: (256, 144),
-    13: (256, 176),
-    14: (256, 210),
-}
 
 
 @functools.cache  # NOTE: a decode step calls ~120 matmuls; a failure raises each time (nothing cached)
