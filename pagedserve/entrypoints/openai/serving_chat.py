@@ -42,6 +42,7 @@ from pagedserve.entrypoints.openai.serving_engine import (
     sse,
     usage_info,
 )
+from pagedserve.entrypoints.openai.tool_parsers.streaming import ToolCallDelta
 from pagedserve.entrypoints.utils import started
 from pagedserve.errors import InvalidRequestError
 from pagedserve.outputs import CompletionOutput, RequestOutput
@@ -293,8 +294,9 @@ class OpenAIServingChat(OpenAIServing):
         if split is not None:
             reasoning, text = split.feed(sample.text, sample.token_ids, finished)
             reasoning = reasoning if request.include_reasoning else ""
+        calls: list[ToolCallDelta] = []
         if streamer is None:
-            content, calls, finish_reason = text, [], sample.finish_reason
+            content, finish_reason = text, sample.finish_reason
         else:
             content, calls = streamer.feed(text, finished)
             finish_reason = tools.finish_reason(sample.finish_reason, streamer.has_tool_calls)
