@@ -143,6 +143,9 @@ class SamplingParams:
     truncate_prompt_tokens: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     structured_outputs: StructuredOutputsParams | None = None  # constrain the output (JSON schema, regex...)
+    # With --reasoning-parser: after this many thinking tokens the end-of-thinking token is forced (None:
+    # the server's --thinking-token-budget, else no limit).
+    thinking_token_budget: int | None = None
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -172,6 +175,7 @@ class SamplingParams:
             "logprobs",
             "prompt_logprobs",
             "truncate_prompt_tokens",
+            "thinking_token_budget",
         ):
             _check_int(name, getattr(self, name), optional=True)
         for name in (
@@ -221,7 +225,7 @@ class SamplingParams:
                 "min_tokens",
                 f"must be less than or equal to max_tokens={self.max_tokens}, got {self.min_tokens}.",
             )
-        for name in ("logprobs", "prompt_logprobs"):
+        for name in ("logprobs", "prompt_logprobs", "thinking_token_budget"):
             value = getattr(self, name)
             _check(value is None or value >= 0, name, f"must be non-negative, got {value}.")
         if self.truncate_prompt_tokens is not None:

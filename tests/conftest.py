@@ -150,7 +150,27 @@ TINY_MODELS = {
     "qwen3_moe": dict(
         head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True
     ),
+    # A thinking model: <think> and </think> added to the tokenizer (ids 49152, 49153; add_think_tokens).
+    "qwen3-think": dict(head_dim=16, vocab_size=49160),
 }
+# Qwen3's thinking switch: enable_thinking false closes an empty think block in the prompt.
+THINK_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+    "{% endif %}"
+)
+
+
+def add_think_tokens(path: str) -> None:
+    """Give the tokenizer at `path` Qwen3's think tags as added (not special) tokens and its thinking
+    switch in the chat template, so the tags survive detokenization as they do for Qwen3."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.add_tokens(["<think>", "</think>"])
+    tokenizer.chat_template = THINK_CHAT_TEMPLATE
+    tokenizer.save_pretrained(path)
 
 
 def hf_beam_search(
@@ -196,6 +216,8 @@ def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory):
             cache[name] = build_tiny_model(
                 str(tmp_path_factory.mktemp(name)), architecture, **TINY_MODELS[name]
             )
+            if name.endswith("-think"):
+                add_think_tokens(cache[name])
         return cache[name]
 
     return make

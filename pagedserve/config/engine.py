@@ -16,6 +16,7 @@ from pagedserve.config.parallel import ParallelConfig, check_pipeline_features
 from pagedserve.config.parallel_args import ParallelArgs
 from pagedserve.config.pooling import ConvertName, RunnerName
 from pagedserve.config.quantization import QuantizationName, resolve_quantization
+from pagedserve.config.reasoning import ReasoningConfig, resolve_reasoning_config
 from pagedserve.config.scheduler import (
     PreemptionMode,
     SchedulerConfig,
@@ -25,6 +26,7 @@ from pagedserve.config.scheduler import (
 from pagedserve.config.speculative import SpeculativeConfig, resolve_speculative_config
 from pagedserve.errors import ConfigError
 from pagedserve.logger import init_logger
+from pagedserve.reasoning import ReasoningParserName
 from pagedserve.utils import parse_bytes
 from pagedserve.utils.default_model import DEFAULT_MODEL_NAME
 from pagedserve.utils.hub import is_hub_id, resolve_model_path
@@ -51,6 +53,7 @@ class EngineConfig:
     cuda_graph_sizes: tuple[int, ...] = ()  # decode batch sizes captured in CUDA graphs, ascending
     speculative: SpeculativeConfig | None = None
     lora: LoRAConfig | None = None  # --enable-lora
+    reasoning: ReasoningConfig | None = None  # --reasoning-parser
     # Computed once from the configs above; every part that sizes, allocates or counts blocks reads it.
     kv_layout: KVCacheLayout = dataclasses.field(init=False)
 
@@ -255,6 +258,16 @@ class EngineArgs(ParallelArgs):
         None,
         "--enable-lora: adapters kept read in host memory, least recently used evicted (default --max-loras).",
     )
+    reasoning_parser: ReasoningParserName | None = config_field(
+        None,
+        "A thinking model's tags: chat completions return its thinking as message.reasoning, structured "
+        "outputs and tool calls apply from the end of thinking, and thinking_token_budget is enforced.",
+    )
+    thinking_token_budget: int | None = config_field(
+        None,
+        "With --reasoning-parser: the most thinking tokens of a request that sets no thinking_token_budget; "
+        "then the end-of-thinking token is forced and the answer follows. Default: no limit.",
+    )
     download_dir: str | None = config_field(
         None,
         "Hugging Face cache folder for hub ids (default: HF_HUB_CACHE's). With HF_HUB_OFFLINE=1 models are "
@@ -331,6 +344,7 @@ class EngineArgs(ParallelArgs):
             ),
             cuda_graph_sizes=cuda_graph_capture_sizes(self.cuda_graph_sizes, scheduler.max_num_seqs),
             lora=lora,
+            reasoning=resolve_reasoning_config(self.reasoning_parser, model, self.thinking_token_budget),
         )
 
     def kv_cache_bytes(self) -> int | None:

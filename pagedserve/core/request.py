@@ -4,6 +4,7 @@ import copy
 import enum
 
 from pagedserve.core.hashing import BlockHash
+from pagedserve.core.thinking import ThinkingState
 from pagedserve.protocol import EngineCoreRequest, FinishReason
 from pagedserve.sampling_params import SamplingParams
 from pagedserve.structured_output.matcher import RequestGrammar
@@ -45,6 +46,7 @@ class Request:
         self.pooling_params = request.pooling_params  # --runner pooling: pooled, never sampled
         self.block_hashes: list[BlockHash] = []  # chained hashes of the first full blocks (prefix cache)
         self.grammar: RequestGrammar | None = None  # set by the scheduler for a structured_outputs request
+        self.thinking: ThinkingState | None = None  # set by the scheduler with --reasoning-parser
         self.spec_token_ids: list[int] = []  # draft tokens to verify next step (speculative decoding)
         self.num_spec_tokens = 2**31  # the most drafts it gets next step (spec_decode.adapt_num_spec_tokens)
         # Prompt positions whose logprobs (prompt_logprobs) were reported: a request recomputed after a

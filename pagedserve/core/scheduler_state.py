@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from pagedserve.config import SchedulerConfig, SpeculativeConfig
+from pagedserve.config.reasoning import ReasoningConfig
 from pagedserve.core.beam_search import BeamSearchManager
 from pagedserve.core.draft_settling import DraftSettling
 from pagedserve.core.groups import groups_of
@@ -19,6 +20,7 @@ from pagedserve.core.request_order import RequestOrder
 from pagedserve.core.sched_output import CachedRequestData, NewRequestData
 from pagedserve.core.steps_in_flight import StepsInFlight
 from pagedserve.core.structured import StructuredOutputs
+from pagedserve.core.thinking import Thinking
 from pagedserve.core.urgent_preemption import UrgentPreemption
 from pagedserve.protocol import EngineCoreOutput, FinishReason, SchedulerStats
 from pagedserve.structured_output.manager import StructuredOutputManager
@@ -67,10 +69,12 @@ class SchedulerState:
         structured_output: StructuredOutputManager | None = None,
         speculative: SpeculativeConfig | None = None,
         max_batches_in_flight: int = 1,
+        reasoning: ReasoningConfig | None = None,
     ) -> None:
         self.config = config
         self.order = RequestOrder(config)
-        self.structured = StructuredOutputs(structured_output)
+        thinking = Thinking(reasoning) if reasoning is not None and reasoning.tracks_thinking else None
+        self.structured = StructuredOutputs(structured_output, thinking)
         self.admission = admission or KVAdmissionPolicy()
         self.kv_cache_manager = kv_cache_manager
         self.requests: dict[str, Request] = {}

@@ -55,7 +55,11 @@ class AsyncLLM:
         self.config = config
         self.tokenizer = load_tokenizer(config.model)
         self.input_processor = InputProcessor(
-            config.model, self.tokenizer, scheduling_policy=config.scheduler.policy, lora=config.lora
+            config.model,
+            self.tokenizer,
+            scheduling_policy=config.scheduler.policy,
+            lora=config.lora,
+            reasoning=config.reasoning,
         )
         self.input_processor.structured_outputs.max_spec_bytes = limits.max_structured_output_bytes
         self.stat_loggers = stat_loggers

@@ -72,6 +72,7 @@ class EngineCore:
             speculative=config.speculative,
             structured_output=self.structured_output,
             max_batches_in_flight=max_batches,
+            reasoning=config.reasoning,
         )
         if max_batches > 1:
             self.batch_queue = BatchQueue(self.scheduler, self.executor, max_batches, self._wait_for_compile)

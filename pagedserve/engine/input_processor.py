@@ -9,6 +9,7 @@ import msgspec
 from pagedserve.config import ModelConfig
 from pagedserve.config.kv_layout import KVCacheLayout
 from pagedserve.config.lora import LoRAConfig
+from pagedserve.config.reasoning import ReasoningConfig
 from pagedserve.engine.lora_validation import LoRAValidator
 from pagedserve.engine.request_options import RequestOptions
 from pagedserve.engine.structured_validation import StructuredOutputValidator
@@ -48,8 +49,10 @@ class InputProcessor:
         limits: EngineLimits | None = None,
         scheduling_policy: str = "fcfs",
         lora: LoRAConfig | None = None,
+        reasoning: ReasoningConfig | None = None,
     ) -> None:
         self.model_config = model_config
+        self.reasoning = reasoning
         self.scheduling_policy = scheduling_policy
         self.tokenizer = tokenizer
         self.eos_token_id = tokenizer.eos_token_id
@@ -98,6 +101,7 @@ class InputProcessor:
             token_ids = token_ids[-params.truncate_prompt_tokens :]
         self._validate(token_ids, params)
         self.structured_outputs.validate(params, beam_search)
+        self._validate_thinking_budget(params, beam_search)
         max_model_len = self.model_config.max_model_len
         max_tokens = params.max_tokens
         if max_tokens is None:
@@ -137,6 +141,28 @@ class InputProcessor:
                 f"Got priority {priority} but priority scheduling is not enabled: start the server with "
                 "--scheduling-policy priority (scheduling_policy='priority' offline), or drop priority.",
                 param="priority",
+            )
+
+    def _validate_thinking_budget(self, params: SamplingParams, beam_search: BeamSearchParams | None) -> None:
+        """A budget needs the engine to see where thinking ends: a parser whose tags are tokens, and
+        sampled tokens (a beam search's continuations are picked by the search)."""
+        if params.thinking_token_budget is None:
+            return
+        if self.reasoning is None or not self.reasoning.tracks_thinking:
+            why = (
+                "no --reasoning-parser"
+                if self.reasoning is None
+                else f"{self.reasoning.parser}'s tags are text"
+            )
+            raise InvalidRequestError(
+                f"thinking_token_budget needs a reasoning parser whose think tags are tokens ({why}): "
+                "start the server with --reasoning-parser, or drop thinking_token_budget.",
+                param="thinking_token_budget",
+            )
+        if beam_search is not None:
+            raise InvalidRequestError(
+                "thinking_token_budget cannot be combined with beam search: drop one of them.",
+                param="thinking_token_budget",
             )
 
     def _validate_beam_search(self, beam: BeamSearchParams, params: SamplingParams, max_len: int) -> None:

@@ -50,6 +50,7 @@ class LLMEngine:
             EngineLimits(max_num_seqs, num_blocks - 1, self.config.kv_layout),
             self.config.scheduler.policy,
             self.config.lora,
+            self.config.reasoning,
         )
         self.frontend = Frontend(
             input_processor,

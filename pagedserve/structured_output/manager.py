@@ -4,7 +4,7 @@ the matchers advance where the sampled tokens arrive, and the workers get one nu
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -74,7 +74,7 @@ class StructuredOutputManager:
                 "Grammar for a %s constraint failed to compile: %s", params.kind, matcher.get_error()
             )
         # The first mask builds the lexer: do it here, not in a step.
-        llguidance.numpy.fill_next_token_bitmask(matcher, self._allocate(1))
+        llguidance.numpy.fill_next_token_bitmask(matcher, self.allocate(1))
         return matcher
 
     def _get_tokenizer(self) -> llguidance.LLTokenizer:
@@ -83,18 +83,9 @@ class StructuredOutputManager:
                 self._tokenizer = make_ll_tokenizer(self._load_tokenizer(), self.vocab_size)
             return self._tokenizer
 
-    def _allocate(self, rows: int) -> np.ndarray:
+    def allocate(self, rows: int) -> np.ndarray:
+        """A bitmask of `rows` rows that allow every token."""
         return llguidance.numpy.allocate_token_bitmask(rows, self.vocab_size)
-
-    def bitmask(self, rows: Sequence[tuple[str, RequestGrammar, list[int], list[int]]]) -> GrammarBitmask:
-        """The bitmask of (request id, grammar, output token ids, draft token ids) rows, in that order:
-        1 + len(drafts) rows each (a request's id repeats for each of its positions)."""
-        bitmask = self._allocate(sum(1 + len(drafts) for *_, drafts in rows))
-        request_ids: list[str] = []
-        for request_id, grammar, output_token_ids, drafts in rows:
-            grammar.fill_bitmask(bitmask, len(request_ids), output_token_ids, drafts)
-            request_ids += [request_id] * (1 + len(drafts))
-        return GrammarBitmask(request_ids, bitmask)
 
     def wait_for_compile(self, timeout_s: float) -> None:
         """Block until a pending compile ends (or `timeout_s`): for an engine with nothing else to run,

@@ -169,6 +169,14 @@ SETTINGS: dict[str, Setting] = {
     # two micro-batches in flight (a request sits out while its step is in flight); each stage holds its own
     # layer's part of the three adapters in two slots.
     "pp2_lora_ngram_swap": Setting("llama", dict(TIGHT, pipeline_parallel_size=2, **LORA_NGRAM_SWAP)),
+    # A thinking model (<think> </think> tokens, --reasoning-parser qwen3) under n-gram speculation: drawn
+    # thinking budgets force </think> (drafts at a forced position must equal it), constraints start after
+    # it (drafts inside thinking unconstrained, after it masked), prompts that open or close thinking.
+    "thinking_ngram_recompute": Setting(
+        "qwen3-think",
+        dict(TIGHT, reasoning_parser="qwen3", speculative_config=NGRAM, preemption_mode="recompute"),
+        max_batch=3,
+    ),
 }
 GGUF_MODELS = {"llama-kquant": "Q4_K", "llama-q4_0": "Q4_0"}  # tiny models loaded as a GGUF of that type
 
@@ -198,8 +206,30 @@ class Case:
     lora: int | None = None  # the adapter (an index into the setting's), with enable_lora
 
 
+THINK, END = 49152, 49153  # the qwen3-think model's tags (conftest.add_think_tokens)
+
+
 @st.composite
-def cases(draw: st.DrawFn) -> Case:
+def cases(draw: st.DrawFn, thinking: bool = False) -> Case:
+    """`thinking`: a thinking model's case (think tags in the prompt, a budget, a bias toward <think>)."""
+    case = draw(_cases())
+    if not thinking:
+        return case
+    # The prompt's last tag opens thinking, closes it, or there is none (a leading <think> may open it).
+    tags = draw(st.sampled_from([[THINK, THINK, 7, THINK], [THINK, 7, END], []]))
+    case.prompt["prompt_token_ids"] += tags
+    changes: dict[str, Any] = dict(thinking_token_budget=draw(st.none() | st.integers(0, 4)))
+    if draw(st.booleans()):
+        changes["logit_bias"] = {THINK: draw(st.sampled_from([3.0, 100.0]))}
+    if case.check is not None:
+        check = case.check
+        case.check = lambda text: check(text.split("</think>", 1)[-1])  # the answer after thinking
+    case.params = replace(case.params, **changes)
+    return case
+
+
+@st.composite
+def _cases(draw: st.DrawFn) -> Case:
     prefix = PREFIXES[draw(st.integers(0, len(PREFIXES) - 1))]
     suffix = draw(st.lists(st.integers(100, 40000), min_size=1, max_size=10))
     prompt: dict[str, Any] = {"prompt_token_ids": prefix + suffix}
@@ -425,7 +455,8 @@ def assert_all_blocks_back(llm: LLM) -> None:
 def batches(draw: st.DrawFn, setting: str, longest: int = 0) -> tuple[list[Case], tuple[Any, Any]]:
     """Requests for one batch of `setting` (up to its max_batch, or `longest`), and the two token budgets."""
     chosen = SETTINGS[setting]
-    drawn = draw(st.lists(cases(), min_size=chosen.min_batch, max_size=longest or chosen.max_batch))
+    thinking = "reasoning_parser" in chosen.args
+    drawn = draw(st.lists(cases(thinking), min_size=chosen.min_batch, max_size=longest or chosen.max_batch))
     return drawn, (draw(st.sampled_from(BUDGETS)), draw(st.sampled_from(chosen.batch_budgets)))
 
 

@@ -74,6 +74,8 @@ class SamplingRequest(OpenAIRequestModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    # vLLM's, with --reasoning-parser: the most thinking tokens before </think> is forced.
+    thinking_token_budget: int | None = Field(default=None, strict=True)
 
     def check_stream_options(self) -> None:
         if self.stream_options is not None and not self.stream:
@@ -137,6 +139,7 @@ class SamplingRequest(OpenAIRequestModel):
             logit_bias=logit_bias_token_ids(self.logit_bias),
             truncate_prompt_tokens=self.truncate_prompt_tokens,
             structured_outputs=structured_outputs_from_request(self),
+            thinking_token_budget=self.thinking_token_budget,
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
         )
 
@@ -203,6 +206,9 @@ class ChatMessage(OpenAIRequestModel):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool message: the call it answers
+    # An assistant's earlier thinking (templates that show it read reasoning_content, vLLM's older name).
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
 
 class ChatTemplateRequest(OpenAIRequestModel):
@@ -232,10 +238,18 @@ class ChatCompletionRequest(SamplingRequest, ChatTemplateRequest):
     top_logprobs: int | None = Field(default=None, ge=0)  # the upper bound is --max-logprobs
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: StrictBool | None = None  # false: at most one call (the first) per choice
+    include_reasoning: StrictBool = True  # with --reasoning-parser; false: the reasoning is left out
 
     def check_supported(self) -> None:
         self.check_stream_options()
         self.check_template_flags()
+        for switch in ("enable_thinking", "thinking"):
+            value = (self.chat_template_kwargs or {}).get(switch)
+            if value is not None and not isinstance(value, bool):
+                raise InvalidRequestError(
+                    f"chat_template_kwargs.{switch} must be true or false, got {str(value)[:100]!r}.",
+                    param=f"chat_template_kwargs.{switch}",
+                )
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequestError("top_logprobs needs logprobs set to true.", param="top_logprobs")
 
@@ -257,10 +271,15 @@ class ChatCompletionRequest(SamplingRequest, ChatTemplateRequest):
         return InvalidRequestError(message, param=sent, status_code=error.status_code)
 
 
+class CompletionTokensDetails(OpenAIBaseModel):
+    reasoning_tokens: int = 0  # thinking tokens (--reasoning-parser), the tags excluded
+
+
 class UsageInfo(OpenAIBaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    completion_tokens_details: CompletionTokensDetails | None = None  # with --reasoning-parser
 
 
 class CompletionLogProbs(OpenAIBaseModel):
@@ -316,6 +335,10 @@ class ChatLogprobs(OpenAIBaseModel):
 class ChatResponseMessage(OpenAIBaseModel):
     role: str = "assistant"
     content: str | None = None
+    # --reasoning-parser: the thinking (null when the output had none); reasoning_content is vLLM's older
+    # name for the same value.
+    reasoning: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[dict[str, Any]] = Field(default_factory=list)
 
 
@@ -340,6 +363,8 @@ class ChatCompletionResponse(OpenAIBaseModel):
 class DeltaMessage(OpenAIBaseModel):
     role: str | None = None
     content: str | None = None
+    reasoning: str | None = None  # --reasoning-parser: the thinking's next part (and as reasoning_content)
+    reasoning_content: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
 
 

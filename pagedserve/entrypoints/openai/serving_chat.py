@@ -16,6 +16,7 @@ from pagedserve.entrypoints.chat_utils import (
     normalize_messages,
     resolve_content_format,
 )
+from pagedserve.entrypoints.openai.chat_reasoning import ChatReasoning, SampleReasoning
 from pagedserve.entrypoints.openai.chat_tools import ChatTools, ToolStreamer, resolve_chat_tools
 from pagedserve.entrypoints.openai.errors import stream_error_event
 from pagedserve.entrypoints.openai.protocol import (
@@ -28,8 +29,10 @@ from pagedserve.entrypoints.openai.protocol import (
     ChatStreamChoice,
     ChatTemplateRequest,
     ChatTokenLogprob,
+    CompletionTokensDetails,
     DeltaMessage,
     TopLogprob,
+    UsageInfo,
 )
 from pagedserve.entrypoints.openai.served_models import ServedModels
 from pagedserve.entrypoints.openai.serving_engine import (
@@ -40,6 +43,7 @@ from pagedserve.entrypoints.openai.serving_engine import (
     sse,
     usage_info,
 )
+from pagedserve.entrypoints.openai.tool_parsers.streaming import ToolCallDelta
 from pagedserve.entrypoints.utils import started
 from pagedserve.errors import InvalidRequestError
 from pagedserve.outputs import CompletionOutput, RequestOutput
@@ -65,6 +69,7 @@ class OpenAIServingChat(OpenAIServing):
         self.content_format = resolve_content_format(
             content_format, template if isinstance(template, str) else None
         )
+        self.reasoning = ChatReasoning(engine.config.reasoning, self.tokenizer)
 
     def render(self, request: ChatTemplateRequest) -> list[int]:
         """The prompt token ids of a request's conversation. Raises InvalidRequestError."""
@@ -147,8 +152,9 @@ class OpenAIServingChat(OpenAIServing):
             final = output
         assert final is not None, "a request ends with its final output"
         samples = final.outputs
-        choices = [self._choice(request, tools, sample) for sample in samples]
-        usage = usage_info(len(core.prompt_token_ids), sum(len(s.token_ids) for s in samples))
+        splits = [self.reasoning.sample(core.prompt_token_ids) for _ in samples]
+        choices = [self._choice(request, tools, sample, split) for sample, split in zip(samples, splits)]
+        usage = self._usage(len(core.prompt_token_ids), sum(len(s.token_ids) for s in samples), splits)
         return ChatCompletionResponse(
             id=request_id,
             model=self.response_model(core),
@@ -159,13 +165,34 @@ class OpenAIServingChat(OpenAIServing):
             ),
         )
 
+    def _usage(
+        self, num_prompt_tokens: int, num_generated: int, splits: list[SampleReasoning | None]
+    ) -> UsageInfo:
+        """Usage, with the samples' reasoning tokens under a reasoning parser."""
+        usage = usage_info(num_prompt_tokens, num_generated)
+        if self.reasoning.parser is not None:
+            num_reasoning = sum(split.num_reasoning_tokens for split in splits if split is not None)
+            usage.completion_tokens_details = CompletionTokensDetails(reasoning_tokens=num_reasoning)
+        return usage
+
     def _choice(
-        self, request: ChatCompletionRequest, tools: ChatTools, sample: CompletionOutput
+        self,
+        request: ChatCompletionRequest,
+        tools: ChatTools,
+        sample: CompletionOutput,
+        split: SampleReasoning | None,
     ) -> ChatChoice:
-        """A finished sample as a choice: its text parsed for tool calls when tools are on."""
-        result = tools.output(sample.text, sample.finish_reason)
+        """A finished sample as a choice: its reasoning split off (with a reasoning parser), the rest
+        parsed for tool calls when tools are on."""
+        reasoning, content = None, sample.text
+        if split is not None:
+            reasoning, content = split.feed(sample.text, sample.token_ids, finished=True)
+            reasoning = reasoning if split.thought and request.include_reasoning else None
+        result = tools.output(content, sample.finish_reason)
         message = ChatResponseMessage(
             content=result.content,
+            reasoning=reasoning,
+            reasoning_content=reasoning,
             tool_calls=[
                 {
                     "id": call.id,
@@ -198,8 +225,10 @@ class OpenAIServingChat(OpenAIServing):
         num_generated = 0
         continuous_usage = request.usage_in_every_chunk()
 
+        splits = [self.reasoning.sample(core.prompt_token_ids) for _ in range(request.n)]
+
         def chunk(choice: ChatStreamChoice) -> str:
-            usage = usage_info(num_prompt_tokens, num_generated) if continuous_usage else None
+            usage = self._usage(num_prompt_tokens, num_generated, splits) if continuous_usage else None
             return sse(
                 ChatCompletionChunk(
                     id=request_id,
@@ -218,7 +247,9 @@ class OpenAIServingChat(OpenAIServing):
                 for sample in output.outputs:
                     num_generated += len(sample.token_ids)
                     logprobs = self._logprobs(request, sample)
-                    delta, finish_reason = self._delta(tools, streamers[sample.index], sample)
+                    delta, finish_reason = self._delta(
+                        request, tools, streamers[sample.index], splits[sample.index], sample
+                    )
                     if delta is None and sample.finish_reason is None and logprobs is None:
                         continue  # text held back (a stop string or a tool call may be starting)
                     yield chunk(
@@ -237,7 +268,7 @@ class OpenAIServingChat(OpenAIServing):
                         created=created,
                         model=self.response_model(core),
                         choices=[],
-                        usage=usage_info(num_prompt_tokens, num_generated),
+                        usage=self._usage(num_prompt_tokens, num_generated, splits),
                     )
                 )
         except Exception as exc:  # e.g. the engine died: tell the client in the stream
@@ -246,17 +277,32 @@ class OpenAIServingChat(OpenAIServing):
 
     @staticmethod
     def _delta(
-        tools: ChatTools, streamer: ToolStreamer | None, sample: CompletionOutput
+        request: ChatCompletionRequest,
+        tools: ChatTools,
+        streamer: ToolStreamer | None,
+        split: SampleReasoning | None,
+        sample: CompletionOutput,
     ) -> tuple[DeltaMessage | None, str | None]:
-        """This output's delta (None: nothing to send yet) and finish reason."""
+        """This output's delta (None: nothing to send yet) and finish reason. With a reasoning parser the
+        reasoning is split off first; only the content goes on to the tool-call parser."""
+        finished = sample.finish_reason is not None
+        reasoning, text = "", sample.text
+        if split is not None:
+            reasoning, text = split.feed(sample.text, sample.token_ids, finished)
+            reasoning = reasoning if request.include_reasoning else ""
+        calls: list[ToolCallDelta] = []
         if streamer is None:
-            return (DeltaMessage(content=sample.text) if sample.text else None), sample.finish_reason
-        content, calls = streamer.feed(sample.text, sample.finish_reason is not None)
-        finish_reason = tools.finish_reason(sample.finish_reason, streamer.has_tool_calls)
-        if not content and not calls:
+            content, finish_reason = text, sample.finish_reason
+        else:
+            content, calls = streamer.feed(text, finished)
+            finish_reason = tools.finish_reason(sample.finish_reason, streamer.has_tool_calls)
+        if not content and not calls and not reasoning:
             return None, finish_reason
         return DeltaMessage(
-            content=content or None, tool_calls=[c.to_openai() for c in calls] or None
+            content=content or None,
+            reasoning=reasoning or None,
+            reasoning_content=reasoning or None,
+            tool_calls=[c.to_openai() for c in calls] or None,
         ), finish_reason
 
     def _logprobs(self, request: ChatCompletionRequest, sample: CompletionOutput) -> ChatLogprobs | None:
