@@ -8,8 +8,6 @@ from pydantic import Field, StrictBool, StrictStr
 
 from pagedserve.entrypoints.openai.request_fields import OpenAIRequestModel
 
-# Anthropic's floor for a thinking budget.
-MIN_THINKING_BUDGET = 1024
 MAX_TOOL_NAME_CHARS = 128
 
 
@@ -74,7 +72,9 @@ class AnthropicToolChoice(OpenAIRequestModel):
 
 class ThinkingConfig(OpenAIRequestModel):
     type: Literal["enabled", "disabled"]
-    budget_tokens: int | None = Field(default=None, ge=MIN_THINKING_BUDGET, lt=2**63, strict=True)
+    # NOTE: Anthropic's floor is 1024; a small model's context may hold less, so any positive budget
+    # under max_tokens is taken.
+    budget_tokens: int | None = Field(default=None, ge=1, lt=2**63, strict=True)
 
 
 class AnthropicMetadata(OpenAIRequestModel):

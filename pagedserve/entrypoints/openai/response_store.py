@@ -54,7 +54,7 @@ class ResponseStore:
         entry = self._entries.get((scope, response_id))
         if entry is None:
             raise InvalidRequestError(
-                f"No stored response {response_id[:100]!r} for this API key: it was never stored "
+                f"{param}: no stored response {response_id[:100]!r} for this API key: it was never stored "
                 "(store false), was deleted, belongs to another key, or was dropped as the oldest "
                 "(--max-stored-responses, --max-stored-response-bytes).",
                 param=param,

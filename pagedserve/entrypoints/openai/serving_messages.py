@@ -132,7 +132,8 @@ def _chat_body(request: CountTokensRequest) -> dict[str, Any]:
     if choice is not None:
         if choice.type == "tool" and choice.name is None:
             raise InvalidRequestError(
-                'tool_choice of type "tool" needs the name of the tool.', param="tool_choice.name"
+                'tool_choice.name: a tool_choice of type "tool" needs the name of the tool.',
+                param="tool_choice.name",
             )
         named = {"type": "function", "function": {"name": choice.name}}
         body["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}.get(choice.type, named)

@@ -169,7 +169,8 @@ def _chat_body(request: ResponsesRequest, messages: list[dict[str, Any]]) -> dic
         "model": request.model,
         "messages": messages,
         "stream": True,
-        "stream_options": {"include_usage": True},
+        # NOTE: usage in every chunk: a cancelled response still reports what it used.
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         "max_completion_tokens": request.max_output_tokens,
         "temperature": request.temperature,
         "top_p": request.top_p,
