@@ -77,7 +77,7 @@ def test_stop_sequences(client: anthropic.Anthropic) -> None:
 
 def test_forced_tool_call_and_the_tool_result_turn(client: anthropic.Anthropic) -> None:
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
-    called = client.messages.create(
+    forced = dict(
         model="smol",
         messages=ask,
         tools=[WEATHER],
@@ -85,17 +85,11 @@ def test_forced_tool_call_and_the_tool_result_turn(client: anthropic.Anthropic) 
         max_tokens=30,
         extra_body=GREEDY,
     )
+    called = client.messages.create(**forced)
     (use,) = called.content
     assert (use.type, use.name, called.stop_reason) == ("tool_use", "get_weather", "tool_use")
     assert isinstance(use.input["city"], str)
-    with client.messages.stream(
-        model="smol",
-        messages=ask,
-        tools=[WEATHER],
-        tool_choice={"type": "tool", "name": "get_weather"},
-        max_tokens=30,
-        extra_body=GREEDY,
-    ) as stream:
+    with client.messages.stream(**forced) as stream:
         streamed = stream.get_final_message()
     assert streamed.content[0].input == use.input  # the client rebuilt it from input_json_delta events
 

@@ -102,18 +102,12 @@ class ResponseBuilder:
         if self.open is None or self.open["type"] != kind:
             part_type = "output_text" if kind == "message" else "reasoning_text"
             part: dict[str, Any] = {"type": part_type, "text": ""}
+            item: dict[str, Any] = {"type": kind, "status": "in_progress", "content": []}
             if kind == "message":
                 part |= {"annotations": [], "logprobs": []}
-                item = {"id": item_id("msg"), "type": "message", "role": "assistant", "status": "in_progress"}
-                item["content"] = []
+                item |= {"id": item_id("msg"), "role": "assistant"}
             else:
-                item = {
-                    "id": item_id("rs"),
-                    "type": "reasoning",
-                    "summary": [],
-                    "content": [],
-                    "status": "in_progress",
-                }
+                item |= {"id": item_id("rs"), "summary": []}
             events += self._add(item)
             item["content"].append(part)
             events.append(self._event("response.content_part.added", **self._where(), part=dict(part)))
