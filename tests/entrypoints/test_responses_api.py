@@ -10,8 +10,11 @@ import math
 import httpx
 import openai
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from server_utils import RemoteServer
+
+from pagedserve.entrypoints.openai.response_store import ResponseStore, StoredResponse
+from pagedserve.errors import InvalidRequestError
 
 ASK = "Say hello to Ada."
 WEATHER = {
@@ -79,8 +82,8 @@ def test_text_equals_chat_and_the_follow_up_continues(
 
 
 def test_stream_events_in_the_official_order(client: openai.OpenAI) -> None:
-    whole = client.responses.create(model="smol", input=ASK, max_output_tokens=4, temperature=0, store=False)
-    with client.responses.stream(model="smol", input=ASK, max_output_tokens=4, temperature=0) as stream:
+    whole = client.responses.create(model="smol", input=ASK, max_output_tokens=3, temperature=0, store=False)
+    with client.responses.stream(model="smol", input=ASK, max_output_tokens=3, temperature=0) as stream:
         events = list(stream)
     types = [event.type for event in events]
     assert types[:5] == [
@@ -104,54 +107,44 @@ def test_stream_events_in_the_official_order(client: openai.OpenAI) -> None:
 
 
 class City(BaseModel):
-    name: str
-    population: int
+    name: str = Field(max_length=12)
+    population: int = Field(ge=0, le=10**8)
 
 
 def test_parse_with_a_pydantic_model(client: openai.OpenAI) -> None:
     parsed = client.responses.parse(
-        model="smol", input="Name a big city.", text_format=City, max_output_tokens=40, temperature=0
+        model="smol", input="Name a big city.", text_format=City, max_output_tokens=30, temperature=0
     )
     assert isinstance(parsed.output_parsed, City), parsed.output_text
 
 
-def test_function_tools_and_the_follow_up_turn(client: openai.OpenAI) -> None:
+@pytest.mark.sampled
+@pytest.mark.parametrize("stateless", [False, True])
+def test_function_tools_and_the_follow_up_turn(client: openai.OpenAI, stateless: bool) -> None:
+    """The turn after a call: continued from the stored response, or sent whole as items."""
+    ask = "What is the weather in Paris?"
     call_turn = client.responses.create(
         model="smol",
-        input="What is the weather in Paris?",
+        input=ask,
         tools=[WEATHER],
         tool_choice={"type": "function", "name": "get_weather"},
         max_output_tokens=30,
         temperature=0,
+        store=not stateless,
     )
     (call,) = call_turn.output
-    assert (call.type, call.name) == ("function_call", "get_weather")
+    assert (call.type, call.name, call.status) == ("function_call", "get_weather", "completed")
     assert isinstance(json.loads(call.arguments)["city"], str)
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 25 C"}
+    turn = (
+        {"input": [{"role": "user", "content": ask}, call.model_dump(exclude_none=True), result]}
+        if stateless
+        else {"input": [result], "previous_response_id": call_turn.id}
+    )
     answer = client.responses.create(
-        model="smol",
-        previous_response_id=call_turn.id,
-        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 25 C"}],
-        tools=[WEATHER],
-        tool_choice="none",
-        max_output_tokens=3,
-        temperature=0,
+        model="smol", **turn, tools=[WEATHER], tool_choice="none", max_output_tokens=3, temperature=0
     )
     assert answer.output[0].type == "message" and answer.output_text
-    # The same turn sent whole (items, no stored state) gives the same answer.
-    resent = client.responses.create(
-        model="smol",
-        input=[
-            {"role": "user", "content": "What is the weather in Paris?"},
-            call.model_dump(exclude_none=True),
-            {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 25 C"},
-        ],
-        tools=[WEATHER],
-        tool_choice="none",
-        max_output_tokens=3,
-        temperature=0,
-        store=False,
-    )
-    assert resent.output_text == answer.output_text
 
 
 def test_cancel_stops_a_response_in_progress(client: openai.OpenAI, smol_server: RemoteServer) -> None:
@@ -173,7 +166,7 @@ def test_cancel_stops_a_response_in_progress(client: openai.OpenAI, smol_server:
 
 def test_stored_responses_are_bounded_and_counted(client: openai.OpenAI, smol_server: RemoteServer) -> None:
     ids = [
-        client.responses.create(model="smol", input=f"Count {i}", max_output_tokens=1).id for i in range(10)
+        client.responses.create(model="smol", input=f"Count {i}", max_output_tokens=1).id for i in range(9)
     ]
     metrics = smol_server.metrics()
     assert metrics["pagedserve:stored_responses"] == 8  # --max-stored-responses 8 (conftest.py)
@@ -246,3 +239,27 @@ def test_hostile_values_get_a_400_naming_the_field(
 
 def test_still_serves_after_the_hostile_values(client: openai.OpenAI) -> None:
     assert client.responses.create(model="smol", input=ASK, max_output_tokens=2, store=False).output_text
+
+
+def test_the_store_bounds_count_and_bytes_least_recently_used_first() -> None:
+    store = ResponseStore(max_responses=3, max_bytes=2_000)
+    for name in "abc":
+        store.put("key-a", name, StoredResponse({"id": name}))
+    store.get("key-a", "a")  # a is now the most recently used: b goes first
+    store.put("key-a", "d", StoredResponse({"id": "d"}))
+    assert len(store) == 3
+    with pytest.raises(InvalidRequestError):
+        store.get("key-a", "b")
+    with pytest.raises(InvalidRequestError) as error:
+        store.get("key-b", "a")  # another key's
+    assert error.value.status_code == 404
+    big = StoredResponse({"id": "big"}, [{"role": "user", "content": "x" * 1_950}])
+    assert big.size() < 2_000 < big.size() + 3 * StoredResponse({"id": "a"}).size()
+    store.put("key-a", "big", big)  # over the byte bound with the others: they go, oldest first
+    assert store.get("key-a", "big") is big and store.num_bytes <= 2_000 and len(store) < 4
+    with pytest.raises(InvalidRequestError):  # c, the least recently used, went first
+        store.get("key-a", "c")
+    store.put("key-a", "huge", StoredResponse({"id": "huge"}, [{"content": "x" * 3_000}]))
+    with pytest.raises(InvalidRequestError):  # larger than the bound alone: not kept
+        store.get("key-a", "huge")
+    assert store.delete("key-a", "big") and not store.delete("key-a", "big")
