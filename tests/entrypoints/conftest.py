@@ -8,7 +8,7 @@ from server_utils import API_SERVER, RemoteServer
 
 SMOL_TEMPLATE = os.path.join(os.path.dirname(__file__), "tool_template.jinja")
 SMOL_MAX_SPEC_BYTES = 8192
-SMOL_MAX_STORED_RESPONSES = 8
+SMOL_MAX_STORED_RESPONSES = 2
 
 
 @pytest.fixture(scope="session")

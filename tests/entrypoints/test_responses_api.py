@@ -165,10 +165,10 @@ def test_cancel_stops_a_response_in_progress(client: openai.OpenAI, smol_server:
 
 def test_stored_responses_are_bounded_and_counted(client: openai.OpenAI, smol_server: RemoteServer) -> None:
     ids = [
-        client.responses.create(model="smol", input=f"Count {i}", max_output_tokens=1).id for i in range(9)
+        client.responses.create(model="smol", input=f"Count {i}", max_output_tokens=1).id for i in range(3)
     ]
     metrics = smol_server.metrics()
-    assert metrics["pagedserve:stored_responses"] == 8  # --max-stored-responses 8 (conftest.py)
+    assert metrics["pagedserve:stored_responses"] == 2  # --max-stored-responses 2 (conftest.py)
     assert metrics["pagedserve:stored_responses_bytes"] > 0
     with pytest.raises(openai.NotFoundError):  # the least recently used went first
         client.responses.retrieve(ids[0])
@@ -234,6 +234,15 @@ def test_hostile_values_get_a_400_naming_the_field(
     error = response.json()["error"]
     assert error["param"] == param or error["param"].startswith(param + "."), error  # .str: a union's
     assert param.split(".")[0].split("[")[0] in error["message"], error
+
+
+@pytest.mark.parametrize("response_id", ["%00", "..%2F..%2Fetc", "%FF%FE", str(2**64), "NaN", "r" * 50_000])
+def test_hostile_ids_on_the_stored_routes_are_404(smol_server: RemoteServer, response_id: str) -> None:
+    url = f"{smol_server.base_url}/v1/responses/{response_id}"
+    for method, path in (("GET", url), ("DELETE", url), ("POST", url + "/cancel")):
+        response = httpx.request(method, path, timeout=60)
+        assert response.status_code == 404, (method, response.text[:200])
+        assert len(response.text) < 2_000  # the id is echoed cut short
 
 
 def test_still_serves_after_the_hostile_values(client: openai.OpenAI) -> None:
