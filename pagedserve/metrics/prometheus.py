@@ -3,7 +3,7 @@ Each family is exported twice from the same collectors: under the `pagedserve:` 
 `vllm:`, so that dashboards, alerts and autoscalers written for vLLM work unchanged."""
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import prometheus_client
@@ -115,6 +115,7 @@ class PrometheusStatLogger(StatLoggerBase):
     ) -> None:
         # NOTE: no `_created` series: they double the output and no dashboard of vLLM's uses them.
         prometheus_client.disable_created_metrics()
+        self.model_name = model_name
         self.registry = CollectorRegistry()
         families: dict[str, MetricWrapperBase] = {}
         self.engines = [
@@ -134,6 +135,13 @@ class PrometheusStatLogger(StatLoggerBase):
         auto is the model's dtype), per engine."""
         for engine in self.engines:
             engine.record_cache_config(cache, cache_dtype, num_gpu_blocks, num_cpu_blocks)
+
+    def server_gauge(self, name: str, description: str, read: Callable[[], float]) -> None:
+        """The gauge `pagedserve:<name>` of the API server's own state (not an engine's), read at each
+        scrape."""
+        Gauge(f"pagedserve:{name}", description, ["model_name"], registry=self.registry).labels(
+            self.model_name
+        ).set_function(read)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric, under both prefixes."""

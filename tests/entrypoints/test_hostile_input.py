@@ -325,13 +325,27 @@ def test_every_route_needs_the_key_but_the_probes(server: RemoteServer) -> None:
                 assert response.status_code == 200, (method, path)
             else:
                 assert response.status_code == 401, (method, path, response.status_code)
-                assert response.json()["error"]["type"] == "AuthenticationError"
+                anthropic_shape = path.startswith("/v1/messages")  # Anthropic's Messages API
+                expected = "authentication_error" if anthropic_shape else "AuthenticationError"
+                assert response.json()["error"]["type"] == expected
         with_key = httpx.request(method, server.base_url + path, headers=server.headers(), timeout=10)
         assert with_key.status_code != 401, (method, path)
     metrics = httpx.get(server.base_url + "/metrics", headers=server.headers(), timeout=10)
     assert metrics.status_code == 200 and "pagedserve:" in metrics.text
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="wrong", max_retries=0).models.list()
+    # Anthropic's header is taken as well.
+    assert {
+        ("POST", "/v1/messages"),
+        ("POST", "/v1/responses"),
+        ("DELETE", "/v1/responses/{response_id}"),
+    } <= routes
+    count = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}
+    for key, status in ((API_KEY, 200), ("wrong", 401)):
+        response = httpx.post(
+            server.base_url + "/v1/messages/count_tokens", json=count, headers={"x-api-key": key}, timeout=10
+        )
+        assert response.status_code == status, response.text
 
 
 LONE = "\ud800"  # a high surrogate without its low half: json.dumps sends the escape "\ud800"

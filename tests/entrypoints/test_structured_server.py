@@ -16,13 +16,11 @@ import jsonschema
 import openai
 import pytest
 from pydantic import BaseModel, Field
-from server_utils import API_SERVER, RemoteServer, forced_tool_call
+from server_utils import RemoteServer, forced_tool_call
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "structured"))
 from schemas import SCHEMAS, prompt_for  # noqa: E402 - shared with tests/structured (the offline runs)
 
-MAX_SPEC_BYTES = 8192
-TEMPLATE = os.path.join(os.path.dirname(__file__), "tool_template.jinja")
 WEATHER_TOOL = {
     "type": "function",
     "function": {
@@ -54,27 +52,8 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def server(default_model: str):
-    args = [
-        "--model",
-        default_model,
-        "--max-model-len",
-        "1024",
-        "--kv-cache-memory",
-        "512MiB",
-        "--chat-template",
-        TEMPLATE,
-        "--enable-auto-tool-choice",
-        "--tool-call-parser",
-        "hermes",
-        "--max-structured-output-bytes",
-        str(MAX_SPEC_BYTES),
-        "--uvicorn-log-level",
-        "warning",
-    ]
-    server = RemoteServer(API_SERVER, args)
-    yield server
-    server.stop()
+def server(smol_server: RemoteServer) -> RemoteServer:
+    return smol_server  # conftest.py: shared with the Responses and Messages API tests
 
 
 @pytest.fixture(scope="module")

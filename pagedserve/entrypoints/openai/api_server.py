@@ -35,6 +35,7 @@ from pagedserve.entrypoints.openai.dashboard import add_dashboard_routes
 from pagedserve.entrypoints.openai.errors import ERROR_RESPONSES, register_error_handlers
 from pagedserve.entrypoints.openai.lifecycle import LifecycleServer, ServerLifecycle
 from pagedserve.entrypoints.openai.lora_routes import add_lora_routes
+from pagedserve.entrypoints.openai.messages_routes import add_messages_routes
 from pagedserve.entrypoints.openai.pooling_routes import add_pooling_routes
 from pagedserve.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -49,10 +50,14 @@ from pagedserve.entrypoints.openai.protocol import (
     TokenizeResponse,
 )
 from pagedserve.entrypoints.openai.request_bounds import BodySizeLimitMiddleware, RequestBounds
+from pagedserve.entrypoints.openai.response_store import ResponseStore
+from pagedserve.entrypoints.openai.responses_routes import add_responses_routes
 from pagedserve.entrypoints.openai.served_models import ServedModels, serve_lora_modules
 from pagedserve.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedserve.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from pagedserve.entrypoints.openai.serving_messages import AnthropicServingMessages
 from pagedserve.entrypoints.openai.serving_pooling import OpenAIServingPooling
+from pagedserve.entrypoints.openai.serving_responses import OpenAIServingResponses
 from pagedserve.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from pagedserve.entrypoints.openai.unicode_text import reject_lone_surrogates
 from pagedserve.entrypoints.utils import with_cancellation
@@ -122,6 +127,17 @@ def build_app(
     )
     _add_generation_routes(app, OpenAIServingCompletion(engine, models), chat, bounds)
     add_pooling_routes(app, OpenAIServingPooling(engine, models), bounds)
+    store = ResponseStore(server_args.max_stored_responses, server_args.max_stored_response_bytes)
+    loggers.metrics.server_gauge(
+        "stored_responses", "Responses kept by the Responses API (store).", store.__len__
+    )
+    loggers.metrics.server_gauge(
+        "stored_responses_bytes",
+        "Bytes (JSON) of the responses the Responses API keeps.",
+        lambda: store.num_bytes,
+    )
+    add_responses_routes(app, OpenAIServingResponses(chat, bounds, store))
+    add_messages_routes(app, AnthropicServingMessages(chat, bounds))
     _add_info_routes(app, engine, models, loggers.metrics)
     add_dashboard_routes(app, engine, loggers.dashboard)
     if envs.allow_runtime_lora_updating():

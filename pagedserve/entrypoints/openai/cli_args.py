@@ -74,6 +74,17 @@ class ServerArgs:
         None, "How tool calls are written in this model's output (with --enable-auto-tool-choice)."
     )
 
+    max_stored_responses: int = config_field(
+        1000,
+        "Most responses the Responses API keeps (store, for previous_response_id and GET "
+        "/v1/responses/{id}); the least recently used are dropped first.",
+    )
+    max_stored_response_bytes: int = config_field(
+        256 * 2**20,
+        "Most bytes (their JSON) the stored responses may take together; the least recently used are "
+        "dropped first.",
+    )
+
     lora_modules: str | list[str] | None = config_field(
         None,
         "LoRA adapters to serve (with --enable-lora), each name=path or vLLM's JSON form "
@@ -89,6 +100,11 @@ class ServerArgs:
         if self.enable_log_requests and self.disable_log_requests:
             raise ConfigError("--enable-log-requests and --disable-log-requests contradict: give one.")
         self.cors_origins()  # NOTE: a bad value fails at startup, not on the first request
+        for name in ("max_stored_responses", "max_stored_response_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(
+                    f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}."
+                )
 
     @property
     def log_requests(self) -> bool:

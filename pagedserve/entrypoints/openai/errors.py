@@ -1,6 +1,7 @@
 """The one place errors become HTTP responses: OpenAI-style bodies
 {"error": {"message", "type", "param", "code"}}, where `type` names the OpenAI client's exception class
-and `code` is the HTTP status (as vLLM does)."""
+and `code` is the HTTP status (as vLLM does); under /v1/messages (Anthropic's Messages API) Anthropic's
+{"type": "error", "error": {"type", "message"}}, the message naming the field."""
 
 import json
 from typing import Any
@@ -28,6 +29,19 @@ _TYPES = {
 }
 
 
+# Anthropic's error types by HTTP status (its client picks the exception class by the status).
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+ANTHROPIC_PATH = "/v1/messages"
+
+
 class ErrorInfo(BaseModel):
     message: str
     type: str
@@ -53,16 +67,28 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
+def error_body(message: str, status: int, param: str | None = None, path: str = "") -> dict[str, Any]:
+    """The error's body in the shape of the API that `path` belongs to."""
+    if path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/"):
+        return anthropic_error_body(message, status)
     return {
         "error": {"message": message, "type": _TYPES.get(status, "APIError"), "param": param, "code": status}
     }
 
 
+def anthropic_error_body(message: str, status: int) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
+
+
 def error_response(
-    message: str, status: int, param: str | None = None, headers: dict[str, str] | None = None
+    message: str,
+    status: int,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+    path: str = "",
 ) -> JSONResponse:
-    return JSONResponse(error_body(message, status, param), status_code=status, headers=headers)
+    """`path`: the request's, which picks the body's shape (error_body)."""
+    return JSONResponse(error_body(message, status, param, path), status_code=status, headers=headers)
 
 
 def exception_status(exc: BaseException) -> tuple[int, str | None, dict[str, str] | None]:
@@ -76,17 +102,19 @@ def exception_status(exc: BaseException) -> tuple[int, str | None, dict[str, str
     return 500, None, None
 
 
-def exception_response(exc: BaseException) -> JSONResponse:
+def exception_message(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, PagedServeError) else f"Internal server error: {exc!r}"
+
+
+def exception_response(exc: BaseException, path: str = "") -> JSONResponse:
     status, param, headers = exception_status(exc)
-    message = str(exc) if isinstance(exc, PagedServeError) else f"Internal server error: {exc!r}"
-    return error_response(message, status, param, headers)
+    return error_response(exception_message(exc), status, param, headers, path)
 
 
 def stream_error_event(exc: BaseException) -> str:
     """An SSE event carrying the error; the OpenAI client raises it as an APIError."""
     status, param, _ = exception_status(exc)
-    message = str(exc) if isinstance(exc, PagedServeError) else f"Internal server error: {exc!r}"
-    return f"data: {json.dumps(error_body(message, status, param))}\n\n"
+    return f"data: {json.dumps(error_body(exception_message(exc), status, param))}\n\n"
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -110,19 +138,21 @@ def register_error_handlers(app: FastAPI) -> None:
     """400 (not FastAPI's 422) for bad bodies; OpenAI-style bodies for every error, 500 included."""
 
     @app.exception_handler(RequestValidationError)
-    async def on_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
-        return error_response(message, 400, param)
+        return error_response(message, 400, param, path=request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
-    async def on_http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(str(exc.detail), exc.status_code, headers=dict(exc.headers or {}))
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(
+            str(exc.detail), exc.status_code, headers=dict(exc.headers or {}), path=request.url.path
+        )
 
     @app.exception_handler(PagedServeError)
-    async def on_pagedserve_error(_: Request, exc: PagedServeError) -> JSONResponse:
-        return exception_response(exc)
+    async def on_pagedserve_error(request: Request, exc: PagedServeError) -> JSONResponse:
+        return exception_response(exc, request.url.path)
 
     @app.exception_handler(Exception)
-    async def on_unexpected_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_unexpected_error(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("Unexpected error while serving a request.")
-        return exception_response(exc)
+        return exception_response(exc, request.url.path)

@@ -71,6 +71,7 @@ class ServerLifecycle:
                 "and send requests once it answers 200.",
                 503,
                 headers={"Retry-After": str(_LOADING_RETRY_AFTER_S)},
+                path=path,
             )
         elif self.phase is Phase.DRAINING and path.startswith("/v1/") and scope["method"] == "POST":
             response = error_response(
@@ -78,6 +79,7 @@ class ServerLifecycle:
                 "send this one to another replica.",
                 503,
                 headers={"Retry-After": "1", "Connection": "close"},
+                path=path,
             )
         else:
             await self.app(scope, receive, send)

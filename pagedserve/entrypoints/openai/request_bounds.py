@@ -180,5 +180,6 @@ class BodySizeLimitMiddleware:
             "bytes (--max-request-body-bytes).",
             413,
             param="body",
+            path=scope["path"],
         )
         await response(scope, receive, send)

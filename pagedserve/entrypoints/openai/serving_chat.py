@@ -88,6 +88,17 @@ class OpenAIServingChat(OpenAIServing):
         self, request: ChatCompletionRequest
     ) -> ChatCompletionResponse | StreamingResponse:
         """Raises InvalidRequestError before anything reaches the engine."""
+        result = await self.generate(request)
+        if isinstance(result, ChatCompletionResponse):
+            return result
+        return StreamingResponse(self._sse(result), media_type="text/event-stream")
+
+    async def generate(
+        self, request: ChatCompletionRequest
+    ) -> ChatCompletionResponse | AsyncGenerator[ChatCompletionChunk, None]:
+        """The whole response, or (stream) its chunks; the Responses and Messages APIs translate these.
+        Raises InvalidRequestError before anything reaches the engine, and a refusal before the first
+        output (a full queue, a dead engine) before the first chunk."""
         lora_request = self.check_model(request.model)
         request.check_supported()
         tools = resolve_chat_tools(
@@ -113,10 +124,7 @@ class OpenAIServingChat(OpenAIServing):
         (outputs,) = self.engine.submit([core], request.timeout)
         if request.stream:
             # NOTE: started: a refusal before the first output is a status, not an event in a 200 stream.
-            return StreamingResponse(
-                self._stream(request, request_id, core, tools, await started(outputs)),
-                media_type="text/event-stream",
-            )
+            return self._chunks(request, request_id, core, tools, await started(outputs))
         return await self._full(request, request_id, core, tools, outputs)
 
     def _sampling_params(self, request: ChatCompletionRequest, tools: ChatTools) -> SamplingParams:
@@ -210,16 +218,28 @@ class OpenAIServingChat(OpenAIServing):
             stop_reason=sample.stop_reason,
         )
 
-    async def _stream(
+    @staticmethod
+    async def _sse(chunks: AsyncGenerator[ChatCompletionChunk, None]) -> AsyncGenerator[str, None]:
+        """The chunks as server-sent events; an error midway (e.g. the engine died) as an event too."""
+        try:
+            async for chunk in chunks:
+                yield sse(chunk)
+        except Exception as exc:
+            yield stream_error_event(exc)
+        finally:
+            await chunks.aclose()
+        yield SSE_DONE
+
+    async def _chunks(
         self,
         request: ChatCompletionRequest,
         request_id: str,
         core: EngineCoreRequest,
         tools: ChatTools,
         outputs: AsyncGenerator[RequestOutput, None],
-    ) -> AsyncGenerator[str, None]:
+    ) -> AsyncGenerator[ChatCompletionChunk, None]:
         """First a role chunk per choice, then content (or tool-call) deltas, the finish reason with the
-        last one."""
+        last one. Closing it early closes `outputs` (the request is aborted)."""
         created = int(time.time())
         num_prompt_tokens = len(core.prompt_token_ids)
         num_generated = 0
@@ -227,16 +247,14 @@ class OpenAIServingChat(OpenAIServing):
 
         splits = [self.reasoning.sample(core.prompt_token_ids) for _ in range(request.n)]
 
-        def chunk(choice: ChatStreamChoice) -> str:
+        def chunk(choice: ChatStreamChoice) -> ChatCompletionChunk:
             usage = self._usage(num_prompt_tokens, num_generated, splits) if continuous_usage else None
-            return sse(
-                ChatCompletionChunk(
-                    id=request_id,
-                    created=created,
-                    model=self.response_model(core),
-                    choices=[choice],
-                    usage=usage,
-                )
+            return ChatCompletionChunk(
+                id=request_id,
+                created=created,
+                model=self.response_model(core),
+                choices=[choice],
+                usage=usage,
             )
 
         streamers: list[ToolStreamer | None] = [tools.streamer() for _ in range(request.n)]
@@ -262,18 +280,15 @@ class OpenAIServingChat(OpenAIServing):
                         )
                     )
             if request.include_usage_in_stream():
-                yield sse(
-                    ChatCompletionChunk(
-                        id=request_id,
-                        created=created,
-                        model=self.response_model(core),
-                        choices=[],
-                        usage=self._usage(num_prompt_tokens, num_generated, splits),
-                    )
+                yield ChatCompletionChunk(
+                    id=request_id,
+                    created=created,
+                    model=self.response_model(core),
+                    choices=[],
+                    usage=self._usage(num_prompt_tokens, num_generated, splits),
                 )
-        except Exception as exc:  # e.g. the engine died: tell the client in the stream
-            yield stream_error_event(exc)
-        yield SSE_DONE
+        finally:
+            await outputs.aclose()
 
     @staticmethod
     def _delta(

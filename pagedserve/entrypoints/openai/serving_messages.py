@@ -1,0 +1,311 @@
+"""POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API as a translator over chat
+completions (chat_translation.py). `system` and the content blocks become chat messages (`tool_use` an
+assistant's tool_calls, `tool_result` tool messages; earlier `thinking` is left out, as chat templates
+drop it); `tools`, `tool_choice` (auto / any = required / tool = named / none), `stop_sequences`,
+`max_tokens`, `temperature`, `top_p`, `top_k` and `thinking` (the template's `enable_thinking`) the chat
+request's fields. The chunks come back as content blocks (text, thinking, tool_use) and stream events."""
+
+import asyncio
+import json
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from fastapi.responses import StreamingResponse
+
+from pagedserve.entrypoints.openai.chat_translation import (
+    chat_request,
+    named_event,
+    start_chat,
+    supports_thinking_token_budget,
+)
+from pagedserve.entrypoints.openai.errors import anthropic_error_body, exception_message, exception_status
+from pagedserve.entrypoints.openai.protocol import ChatCompletionChunk
+from pagedserve.entrypoints.openai.protocol_messages import (
+    AnthropicMessage,
+    CountTokensRequest,
+    MessagesRequest,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from pagedserve.entrypoints.openai.request_bounds import RequestBounds
+from pagedserve.entrypoints.openai.responses_events import item_id
+from pagedserve.entrypoints.openai.serving_chat import OpenAIServingChat
+from pagedserve.errors import InvalidRequestError
+
+# The chat request's fields as the Messages API names them (for errors).
+_NAMES = {
+    "max_completion_tokens": "max_tokens",
+    "stop": "stop_sequences",
+    "chat_template_kwargs": "thinking",
+    "thinking_token_budget": "thinking.budget_tokens",
+}
+_STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+class AnthropicServingMessages:
+    def __init__(self, chat: OpenAIServingChat, bounds: RequestBounds) -> None:
+        self.chat = chat
+        self.bounds = bounds
+
+    async def create(self, request: MessagesRequest) -> dict[str, Any] | StreamingResponse:
+        """Raises InvalidRequestError naming the field before anything reaches the engine."""
+        body = _chat_body(request)
+        body.update(
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+            max_completion_tokens=request.max_tokens,
+            stop=request.stop_sequences,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            top_k=request.top_k,
+            user=request.metadata.user_id if request.metadata else None,
+        )
+        budget = request.thinking.budget_tokens if request.thinking else None
+        if budget is not None and budget >= request.max_tokens:
+            raise InvalidRequestError(
+                f"thinking.budget_tokens ({budget}) must be less than max_tokens ({request.max_tokens}).",
+                param="thinking.budget_tokens",
+            )
+        if budget is not None and supports_thinking_token_budget():
+            body["thinking_token_budget"] = budget
+        chunks = await start_chat(self.chat, self.bounds, chat_request(_defined(body), _NAMES), _NAMES)
+        builder = MessageBuilder(request.model)
+        if request.stream:
+            return StreamingResponse(_events(builder, chunks), media_type="text/event-stream")
+        try:
+            async for chunk in chunks:
+                builder.feed(chunk)
+        finally:
+            await chunks.aclose()
+        builder.finish()
+        return builder.message
+
+    async def count_tokens(self, request: CountTokensRequest) -> dict[str, int]:
+        chat = chat_request(_defined(_chat_body(request)), _NAMES)
+        self.chat.check_model(chat.model)
+        self.bounds.check_chat_template(chat)
+        return {"input_tokens": len(await asyncio.to_thread(self.chat.render, chat))}
+
+
+async def _events(
+    builder: "MessageBuilder", chunks: AsyncGenerator[ChatCompletionChunk, None]
+) -> AsyncGenerator[str, None]:
+    """The stream: message_start, each block's start / deltas / stop, message_delta, message_stop; an
+    error midway as Anthropic's `error` event."""
+    try:
+        async for chunk in chunks:
+            for event in builder.feed(chunk):
+                yield event
+        for event in builder.finish():
+            yield event
+    except Exception as exc:
+        yield named_event("error", anthropic_error_body(exception_message(exc), exception_status(exc)[0]))
+    finally:
+        await chunks.aclose()
+
+
+def _defined(body: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in body.items() if value is not None}
+
+
+def _chat_body(request: CountTokensRequest) -> dict[str, Any]:
+    """The conversation, tools and thinking as chat request fields."""
+    messages: list[dict[str, Any]] = []
+    if request.system is not None:
+        system = request.system if isinstance(request.system, str) else _joined(request.system)
+        messages.append({"role": "system", "content": system})
+    for message in request.messages:
+        messages += _chat_messages(message)
+    body: dict[str, Any] = {"model": request.model, "messages": messages}
+    if request.tools is not None:
+        body["tools"] = [
+            {
+                "type": "function",
+                "function": _defined(
+                    {"name": t.name, "description": t.description, "parameters": t.input_schema}
+                ),
+            }
+            for t in request.tools
+        ]
+    choice = request.tool_choice
+    if choice is not None:
+        if choice.type == "tool" and choice.name is None:
+            raise InvalidRequestError(
+                'tool_choice.name: a tool_choice of type "tool" needs the name of the tool.',
+                param="tool_choice.name",
+            )
+        named = {"type": "function", "function": {"name": choice.name}}
+        body["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}.get(choice.type, named)
+        if choice.disable_parallel_tool_use:
+            body["parallel_tool_calls"] = False
+    if request.thinking is not None:
+        body["chat_template_kwargs"] = {"enable_thinking": request.thinking.type == "enabled"}
+    return body
+
+
+def _chat_messages(message: AnthropicMessage) -> list[dict[str, Any]]:
+    """One Anthropic message as chat messages: tool results first (each a tool message), then the text
+    (and an assistant's tool calls)."""
+    if isinstance(message.content, str):
+        return [{"role": message.role, "content": message.content}]
+    results = [
+        {"role": "tool", "tool_call_id": block.tool_use_id, "content": _result_text(block)}
+        for block in message.content
+        if isinstance(block, ToolResultBlock)
+    ]
+    text = _joined([block for block in message.content if isinstance(block, TextBlock)])
+    calls = [
+        {
+            "id": block.id,
+            "type": "function",
+            "function": {"name": block.name, "arguments": json.dumps(block.input)},
+        }
+        for block in message.content
+        if isinstance(block, ToolUseBlock)
+    ]
+    if not text and not calls and results:
+        return results
+    main: dict[str, Any] = {"role": message.role, "content": (text or None) if calls else text}
+    if calls:
+        main["tool_calls"] = calls
+    return [*results, main]
+
+
+def _joined(blocks: list[TextBlock]) -> str:
+    return "".join(block.text for block in blocks)
+
+
+def _result_text(block: ToolResultBlock) -> str:
+    if block.content is None or isinstance(block.content, str):
+        return block.content or ""
+    return _joined(block.content)
+
+
+class MessageBuilder:
+    """Chat chunks -> the Message (`message`) and its stream events (returned by each step)."""
+
+    def __init__(self, model: str) -> None:
+        self.message: dict[str, Any] = {
+            "id": item_id("msg"),
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+        }
+        self.blocks: list[dict[str, Any]] = self.message["content"]
+        self.started = False
+        self.open: dict[str, Any] | None = None
+        self.arguments: dict[int, str] = {}  # a tool_use block's index -> its arguments so far
+        self.calls: dict[int, int] = {}  # chat's tool-call index -> the tool_use block's index
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+
+    def feed(self, chunk: ChatCompletionChunk) -> list[str]:
+        events: list[str] = []
+        if chunk.usage is not None:
+            self.message["usage"] = {
+                "input_tokens": chunk.usage.prompt_tokens,
+                "output_tokens": chunk.usage.completion_tokens,
+            }
+        if not self.started:
+            self.started = True
+            start = {**self.message, "content": []}
+            events.append(named_event("message_start", {"type": "message_start", "message": start}))
+        for choice in chunk.choices:
+            reasoning = getattr(choice.delta, "reasoning", None)  # with --reasoning-parser
+            if reasoning:
+                events += self._text("thinking", reasoning)
+            if choice.delta.content:
+                events += self._text("text", choice.delta.content)
+            for call in choice.delta.tool_calls or ():
+                events += self._call(call)
+            if choice.finish_reason is not None:
+                self.finish_reason, self.stop_reason = choice.finish_reason, choice.stop_reason
+        return events
+
+    def finish(self) -> list[str]:
+        events = self._close()
+        stop_sequence = self.stop_reason if isinstance(self.stop_reason, str) else None
+        reason = "stop_sequence" if stop_sequence else _STOP_REASONS.get(self.finish_reason or "", "end_turn")
+        if reason == "end_turn" and self.calls:
+            reason = "tool_use"  # a forced (named) call too, which chat reports as "stop"
+        self.message.update(stop_reason=reason, stop_sequence=stop_sequence)
+        for index, arguments in self.arguments.items():
+            self.blocks[index]["input"] = _json_object(arguments)
+        delta = {"stop_reason": reason, "stop_sequence": stop_sequence}
+        usage = {"output_tokens": self.message["usage"]["output_tokens"]}
+        return [
+            *events,
+            named_event("message_delta", {"type": "message_delta", "delta": delta, "usage": usage}),
+            named_event("message_stop", {"type": "message_stop"}),
+        ]
+
+    def _start(self, block: dict[str, Any]) -> list[str]:
+        events = self._close()
+        self.open = block
+        self.blocks.append(block)
+        event = {"type": "content_block_start", "index": len(self.blocks) - 1, "content_block": dict(block)}
+        return [*events, named_event("content_block_start", event)]
+
+    def _delta(self, delta: dict[str, Any]) -> str:
+        event = {"type": "content_block_delta", "index": len(self.blocks) - 1, "delta": delta}
+        return named_event("content_block_delta", event)
+
+    def _text(self, kind: str, text: str) -> list[str]:
+        """Text of a text block or of a thinking block."""
+        events: list[str] = []
+        if self.open is None or self.open["type"] != kind:
+            block = {"type": "text", "text": ""} if kind == "text" else {"type": "thinking", "thinking": ""}
+            if kind == "thinking":
+                block["signature"] = ""  # nothing signs it: a later turn's thinking is not checked
+            events += self._start(block)
+        assert self.open is not None
+        self.open[kind] += text
+        delta = (
+            {"type": "text_delta", "text": text}
+            if kind == "text"
+            else {"type": "thinking_delta", "thinking": text}
+        )
+        return [*events, self._delta(delta)]
+
+    def _call(self, call: dict[str, Any]) -> list[str]:
+        function = call.get("function", {})
+        events: list[str] = []
+        if call["index"] not in self.calls:
+            events += self._start(
+                {
+                    "type": "tool_use",
+                    "id": call.get("id") or item_id("toolu"),
+                    "name": function.get("name", ""),
+                    "input": {},
+                }
+            )
+            self.calls[call["index"]] = len(self.blocks) - 1
+            self.arguments[len(self.blocks) - 1] = ""
+        arguments = function.get("arguments") or ""
+        if arguments:
+            self.arguments[self.calls[call["index"]]] += arguments
+            events.append(self._delta({"type": "input_json_delta", "partial_json": arguments}))
+        return events
+
+    def _close(self) -> list[str]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [
+            named_event("content_block_stop", {"type": "content_block_stop", "index": len(self.blocks) - 1})
+        ]
+
+
+def _json_object(arguments: str) -> dict[str, Any]:
+    """A tool call's arguments as the tool_use block's `input`: {} when they are not a JSON object (cut
+    short by max_tokens: stop_reason says so)."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
