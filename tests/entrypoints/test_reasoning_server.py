@@ -99,3 +99,33 @@ def test_hostile_values_name_the_field(server: RemoteServer, field: str, value: 
 def test_still_serves_after_the_sweep(server: RemoteServer) -> None:
     response = server.client().chat.completions.create(**STEER)
     assert response.choices[0].message.reasoning is not None
+
+
+def test_messages_carry_the_thinking_and_its_budget(server: RemoteServer) -> None:
+    """The thinking model through Anthropic's client (a thinking block, then text; budget_tokens is
+    the thinking budget; an assistant prefill opens the thinking), equal to chat completions' reasoning
+    and content."""
+    anthropic = pytest.importorskip("anthropic")
+    prefill = [*ASK, {"role": "assistant", "content": "<think>"}]
+    chat = server.client().chat.completions.create(
+        model="think",
+        messages=prefill,
+        temperature=0,
+        max_tokens=6,
+        extra_body={
+            "thinking_token_budget": 2,
+            "continue_final_message": True,
+            "add_generation_prompt": False,
+        },
+    )
+    expected = chat.choices[0].message
+    assert expected.reasoning and chat.usage.completion_tokens_details.reasoning_tokens == 2
+    messages = anthropic.Anthropic(base_url=server.base_url, api_key="none", max_retries=0).messages.create(
+        model="think",
+        messages=prefill,
+        max_tokens=6,
+        thinking={"type": "enabled", "budget_tokens": 2},
+        extra_body={"temperature": 0},
+    )
+    assert [block.type for block in messages.content] == ["thinking", "text"]
+    assert (messages.content[0].thinking, messages.content[1].text) == (expected.reasoning, expected.content)

@@ -59,6 +59,11 @@ class ChatReasoning:
         self._thinking = Thinking(config) if config is not None and config.tracks_thinking else None
         self._tokenizer = tokenizer
 
+    @property
+    def enforces_budgets(self) -> bool:
+        """Whether the engine can force the end of thinking (a parser whose tags are tokens)."""
+        return self._thinking is not None
+
     def sample(self, prompt_token_ids: list[int]) -> SampleReasoning | None:
         """A splitter for one sample of this prompt (None without a parser). The output starts in
         thinking as the engine decides from the prompt's tags (the text's where they are text)."""

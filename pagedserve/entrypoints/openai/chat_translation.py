@@ -4,7 +4,6 @@ and the whole answer, and a cancel can stop it between chunks); its chunks becom
 
 import json
 from collections.abc import AsyncGenerator, Mapping
-from dataclasses import fields
 from typing import Any
 
 from pydantic import ValidationError
@@ -17,7 +16,6 @@ from pagedserve.entrypoints.openai.protocol import (
 from pagedserve.entrypoints.openai.request_bounds import RequestBounds
 from pagedserve.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedserve.errors import InvalidRequestError
-from pagedserve.sampling_params import SamplingParams
 
 
 def named_event(event_type: str, data: Mapping[str, Any]) -> str:
@@ -45,14 +43,6 @@ def chat_request(body: dict[str, Any], names: Mapping[str, str]) -> ChatCompleti
         first = exc.errors()[0]
         field = ".".join(str(part) for part in first["loc"])
         raise renamed(InvalidRequestError(f"{field}: {first['msg']}.", param=field), names) from exc
-
-
-def supports_thinking_token_budget() -> bool:
-    """Whether this build's chat requests and SamplingParams carry a thinking budget (the reasoning
-    parsers' `thinking_token_budget`): without it, Anthropic's budget_tokens is not enforced."""
-    return "thinking_token_budget" in ChatCompletionRequest.model_fields and any(
-        f.name == "thinking_token_budget" for f in fields(SamplingParams)
-    )
 
 
 async def start_chat(

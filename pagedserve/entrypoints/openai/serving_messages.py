@@ -16,7 +16,6 @@ from pagedserve.entrypoints.openai.chat_translation import (
     chat_request,
     named_event,
     start_chat,
-    supports_thinking_token_budget,
 )
 from pagedserve.entrypoints.openai.errors import anthropic_error_body, exception_message, exception_status
 from pagedserve.entrypoints.openai.protocol import ChatCompletionChunk
@@ -67,7 +66,9 @@ class AnthropicServingMessages:
                 f"thinking.budget_tokens ({budget}) must be less than max_tokens ({request.max_tokens}).",
                 param="thinking.budget_tokens",
             )
-        if budget is not None and supports_thinking_token_budget():
+        if budget is not None and self.chat.reasoning.enforces_budgets:
+            # NOTE: Claude clients send a budget whatever the model: one that does not think (no
+            # --reasoning-parser) answers as it would without it, as the chat field would be refused.
             body["thinking_token_budget"] = budget
         chunks = await start_chat(self.chat, self.bounds, chat_request(_defined(body), _NAMES), _NAMES)
         builder = MessageBuilder(request.model)
@@ -118,6 +119,9 @@ def _chat_body(request: CountTokensRequest) -> dict[str, Any]:
     for message in request.messages:
         messages += _chat_messages(message)
     body: dict[str, Any] = {"model": request.model, "messages": messages}
+    if messages and messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
+        # Anthropic's prefill: the answer continues the final assistant turn's text.
+        body.update(continue_final_message=True, add_generation_prompt=False)
     if request.tools is not None:
         body["tools"] = [
             {
