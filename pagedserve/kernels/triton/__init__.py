@@ -12,15 +12,19 @@ from pagedserve.kernels.triton.attention import (
 )
 from pagedserve.kernels.triton.cache import reshape_and_cache
 from pagedserve.kernels.triton.lora import add_lora
+from pagedserve.kernels.triton.quant_matmul import GGML_TRITON_TYPES, ggml_dequantize, ggml_matmul
 
 # Whether the kernels were defined under TRITON_INTERPRET=1, so run on CPU tensors.
 INTERPRETED = isinstance(_paged_attention_kernel, InterpretedFunction)
 
 __all__ = [
+    "GGML_TRITON_TYPES",
     "INTERPRETED",
     "PagedBatch",
     "add_lora",
     "choose_num_splits",
+    "ggml_dequantize",
+    "ggml_matmul",
     "paged_attention",
     "reshape_and_cache",
 ]
