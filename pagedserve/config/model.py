@@ -79,6 +79,8 @@ class ModelConfig:
     pooling: PoolingModelConfig | None = None
     # --batch-invariant: the layers' kernels sum in an order that does not depend on the step's other rows.
     batch_invariant: bool = True
+    # --linear-backend resolved (config/quantization.py): native | triton | torch.
+    linear_backend: str = "native"
 
     def __post_init__(self) -> None:
         supported = set(MODEL_ARCHITECTURES.values()) | set(POOLING_ONLY_ARCHITECTURES)

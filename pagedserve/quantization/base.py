@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagedserve.errors import ConfigError
 from pagedserve.kernels.cpu.float_ops import float_matmul, float_matmul_available
 
 
@@ -95,18 +96,34 @@ class QuantizationConfig(ABC):
 
 _current: list[QuantizationConfig | None] = [None]
 _row_invariant: list[bool] = [True]
+_linear_backend: list[str] = ["native"]
 
 
 @contextlib.contextmanager
-def set_quantization_config(config: QuantizationConfig | None, row_invariant: bool = True) -> Iterator[None]:
+def set_quantization_config(
+    config: QuantizationConfig | None, row_invariant: bool = True, linear_backend: str = "native"
+) -> Iterator[None]:
     """Layers built inside this context take their methods from `config` (None: unquantized), their float
-    matmuls row-invariant or not, so the model classes need not thread these through every constructor."""
-    previous = _current[0], _row_invariant[0]
-    _current[0], _row_invariant[0] = config, row_invariant
+    matmuls row-invariant or not, their quantized ones on `linear_backend` (--linear-backend, resolved),
+    so the model classes need not thread these through every constructor."""
+    previous = _current[0], _row_invariant[0], _linear_backend[0]
+    _current[0], _row_invariant[0], _linear_backend[0] = config, row_invariant, linear_backend
     try:
         yield
     finally:
-        _current[0], _row_invariant[0] = previous
+        _current[0], _row_invariant[0], _linear_backend[0] = previous
+
+
+def current_linear_backend() -> str:
+    """The backend of the quantized layers being built. Raises ConfigError for native (the C++ CPU
+    kernels) when the model is built on another device."""
+    device = torch.empty(0).device.type  # the device the model is being built on
+    if _linear_backend[0] == "native" and device != "cpu":
+        raise ConfigError(
+            f"--linear-backend native has CPU kernels only, but the model is built on {device}; use "
+            "--linear-backend triton (or torch), or --device cpu."
+        )
+    return _linear_backend[0]
 
 
 def linear_method() -> QuantizeMethodBase:
