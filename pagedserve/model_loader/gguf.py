@@ -181,9 +181,9 @@ def iterate_gguf(
     int64 tensor) followed by `<x>.qweight` (uint8 [rows, row_bytes], its raw blocks, q/k rows in HF's
     order); float types (F32, F16, BF16) without a kernel in `backend` (--linear-backend) become F32 rows,
     on native any type without a kernel too, with a log line; on the others such a type raises ConfigError
-    naming it and `device`. The `_ALWAYS_FLOAT`
-    matrices and the stacked experts always come as float32 (see `_log_dequantized`). Tensors whose HF
-    name `loads` refuses (another pipeline stage's) are skipped unread."""
+    naming it and `device`. Stacked experts come the same way, one expert at a time
+    (`<experts>.<e>.<proj>.qweight_type`, `.qweight`). The `_ALWAYS_FLOAT` matrices always come as float32.
+    Tensors whose HF name `loads` refuses (another pipeline stage's) are skipped unread."""
     from gguf.quants import dequantize
 
     from pagedserve.utils.gguf_tensors import read_gguf
@@ -191,7 +191,6 @@ def iterate_gguf(
     reader = read_gguf(path)  # NOTE: not gguf's GGUFReader, which decodes every metadata value (seconds)
     arch = str(reader.metadata["general.architecture"])
     dequantized_types: set[str] = set()
-    dequantized_experts: set[str] = set()
     for tensor in reader.tensors:
         name = _hf_name(tensor.name, arch, hf_config)
         if name is None or not loads(name):
@@ -209,29 +208,24 @@ def iterate_gguf(
                 )
             yield f"{base}.qweight", torch.from_numpy(np.array(rows))
             continue
-        if keep_quantized and len(tensor.shape) == 3 and tensor.tensor_type.name not in _FLOAT_TYPES:
-            dequantized_experts.add(tensor.tensor_type.name)
+        expert = re.fullmatch(r"(.*\.experts)\.(\w+)\.weight", name)
+        if keep_quantized and len(tensor.shape) == 3 and expert:
+            # NOTE: one expert's blocks per tensor, the names the experts layer takes (layers/moe.py).
+            ggml_type, stacked = _kernel_rows(tensor, dequantized_types, backend, device)
+            for index, rows in enumerate(stacked):
+                base = f"{expert.group(1)}.{index}.{expert.group(2)}"
+                yield f"{base}.qweight_type", torch.tensor(ggml_type)
+                yield f"{base}.qweight", torch.from_numpy(np.array(rows))
+            continue
         weight = dequantize(tensor.data, tensor.tensor_type)
         for hf_name, hf_weight in _hf_tensors(name, weight, arch, hf_config):
             yield hf_name, torch.from_numpy(np.array(hf_weight, dtype=np.float32))
-    _log_dequantized(dequantized_types, dequantized_experts)
-
-
-def _log_dequantized(dequantized_types: set[str], dequantized_experts: set[str]) -> None:
-    if dequantized_experts:
-        # NOTE: why not kept quantized: the fused experts layer (layers/moe.py) multiplies stacked float
-        # weights and splits the down projection's columns over tp ranks, which can cut through ggml
-        # blocks; gate and up may also differ in type. A quantized variant of it is future work.
-        logger.info(
-            "GGUF experts of type(s) %s dequantized to float32 at load: the fused experts layer runs on "
-            "float weights (only dense layers stay quantized).",
-            ", ".join(sorted(dequantized_experts)),
-        )
     if dequantized_types:
         logger.info(
-            "GGUF tensors of type(s) %s have no native kernel: dequantized to float32 at load (native: %s).",
+            "GGUF tensors of type(s) %s have no kernel in --linear-backend %s: dequantized to float32 at "
+            "load.",
             ", ".join(sorted(dequantized_types)),
-            ", ".join(NATIVE_GGML_TYPES),
+            backend,
         )
 
 

@@ -71,9 +71,12 @@ class UnquantizedMethod(QuantizeMethodBase):
 
 
 class QuantizationConfig(ABC):
-    """One scheme's settings. `name` is the scheme's --quantization name (vLLM's where vLLM has one)."""
+    """One scheme's settings. `name` is the scheme's --quantization name (vLLM's where vLLM has one).
+    `quantizes_experts`: a fused experts layer keeps each expert as its linear method stores it (else its
+    experts are float)."""
 
     name: str
+    quantizes_experts: bool = False
 
     @classmethod
     def from_checkpoint(cls, quant_config: dict[str, object]) -> "QuantizationConfig":
@@ -129,6 +132,12 @@ def current_linear_backend() -> str:
 def linear_method() -> QuantizeMethodBase:
     config = _current[0]
     return UnquantizedMethod() if config is None else config.get_linear_method()
+
+
+def experts_quantized() -> bool:
+    """Whether the experts layer being built stores each expert through `linear_method()`."""
+    config = _current[0]
+    return config is not None and config.quantizes_experts
 
 
 def embedding_method() -> QuantizeMethodBase:

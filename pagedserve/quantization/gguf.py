@@ -180,9 +180,10 @@ def _runs(mask: torch.Tensor) -> list[tuple[int, int]]:
 
 
 class GGUFConfig(QuantizationConfig):
-    """Every 2-D tensor of the file stays in its ggml blocks: linear layers, embedding, LM head."""
+    """Every matrix of the file stays in its ggml blocks: linear layers, experts, embedding, LM head."""
 
     name = "gguf"
+    quantizes_experts = True
 
     def get_linear_method(self) -> QuantizeMethodBase:
         return GGUFMethod()
