@@ -37,6 +37,11 @@ class QuantizeMethodBase(ABC):
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Called once every checkpoint tensor is loaded: repack, quantize online, free staging."""
 
+    def storage_formats(self, layer: nn.Module) -> set[str]:
+        """How the layer's weight is stored, for the startup log: its parameters' dtypes unless the
+        method says better."""
+        return {str(p.dtype).removeprefix("torch.") for p in layer.parameters(recurse=False)}
+
 
 def linear(x: torch.Tensor, weight: torch.Tensor, row_invariant: bool = True) -> torch.Tensor:
     """x [..., K] times weight^T, weight [N, K]. On CPU in float32, with `row_invariant`, by the native

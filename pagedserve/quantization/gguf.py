@@ -19,6 +19,7 @@ from pagedserve import envs
 from pagedserve.errors import ConfigError
 from pagedserve.kernels.cpu.gguf_ops import (
     GGML_BLOCK_FORMATS,
+    NATIVE_GGML_TYPES,
     gguf_pack,
     gguf_packable,
     gguf_packed_matmul,
@@ -27,6 +28,7 @@ from pagedserve.kernels.cpu.gguf_ops import (
 from pagedserve.quantization.base import QuantizationConfig, QuantizeMethodBase, current_linear_backend
 from pagedserve.quantization.ggml_backend import ggml_dequantize, ggml_linear
 
+GGML_TYPE_NAMES = {id_: name for name, id_ in NATIVE_GGML_TYPES.items()}
 # (param, checkpoint tensor, shard id) -> copies this rank's shard into param: the layer's own loader
 ShardLoader = Callable[[nn.Parameter, torch.Tensor, object], object]
 
@@ -166,6 +168,11 @@ class GGUFMethod(QuantizeMethodBase):
         outputs = [part.matmul(flat, self.activation_bits) for part in self.parts]
         y = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
         return y.reshape(*x.shape[:-1], self.output_size).to(x.dtype)
+
+    def storage_formats(self, layer: nn.Module) -> set[str]:
+        if not self.parts:  # float (an int8/int4 layer whose rows fill no group)
+            return super().storage_formats(layer)
+        return {GGML_TYPE_NAMES[part.ggml_type] for part in self.parts}
 
     def embedding(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         (part,) = self.parts  # an embedding is one tensor, so one type

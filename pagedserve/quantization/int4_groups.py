@@ -146,6 +146,10 @@ class GroupedInt4Method(QuantizeMethodBase):
         del self.pairs, self.zeros, self.scales
         self.group_index = None
 
+    def storage_formats(self, layer: nn.Module) -> set[str]:
+        offsets = " + float32 group offsets" if hasattr(layer, "group_offsets") else ""
+        return {f"{self.format.method} as Q4_0{offsets}"}
+
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.cols).float()
         if self.permutation is not None:
