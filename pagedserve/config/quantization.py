@@ -1,7 +1,6 @@
 """--quantization: the weight-quantization scheme, given or detected from the checkpoint (config.json's
 `quantization_config`, or a GGUF file). The schemes themselves live in `pagedserve/quantization/`."""
 
-import os
 from typing import TYPE_CHECKING, Literal, get_args
 
 from pagedserve.config.int4_checkpoint import check_architecture, parse_int4_checkpoint
@@ -39,7 +38,8 @@ def checkpoint_quantization(model: "ModelConfig") -> str | None:
 
 def resolve_linear_backend(requested: str, device: str) -> str:
     """--linear-backend on `device`: auto is native (the C++ kernels) on CPU, triton elsewhere. Raises
-    ConfigError for an unknown name, native off the CPU, and triton on CPU outside Triton's interpreter."""
+    ConfigError for an unknown name and native off the CPU (triton on CPU outside Triton's interpreter is
+    refused where the kernels load: `quantization/ggml_backend.py`)."""
     if requested not in LINEAR_BACKENDS:
         raise ConfigError(
             f"linear_backend={requested!r} is not supported; --linear-backend must be one of "
@@ -51,11 +51,6 @@ def resolve_linear_backend(requested: str, device: str) -> str:
         raise ConfigError(
             f"--linear-backend native runs the C++ CPU kernels, but the device is {device}; use "
             "--linear-backend triton (or torch, the reference), or --device cpu."
-        )
-    if requested == "triton" and device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ConfigError(
-            "--linear-backend triton on the CPU runs only in Triton's interpreter: set TRITON_INTERPRET=1 "
-            "in the environment (slow, for tests), or use --linear-backend native or torch."
         )
     return requested
 

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedserve.errors import ConfigError
 from pagedserve.kernels.cpu.float_ops import float_matmul, float_matmul_available
+from pagedserve.quantization.ggml_backend import check_backend
 
 
 class QuantizeMethodBase(ABC):
@@ -123,14 +123,9 @@ def set_quantization_config(
 
 
 def current_linear_backend() -> str:
-    """The backend of the quantized layers being built. Raises ConfigError for native (the C++ CPU
-    kernels) when the model is built on another device."""
-    device = torch.empty(0).device.type  # the device the model is being built on
-    if _linear_backend[0] == "native" and device != "cpu":
-        raise ConfigError(
-            f"--linear-backend native has CPU kernels only, but the model is built on {device}; use "
-            "--linear-backend triton (or torch), or --device cpu."
-        )
+    """The backend of the quantized layers being built, checked against the device the model is built
+    on (`check_backend`)."""
+    check_backend(_linear_backend[0], torch.empty(0).device.type)
     return _linear_backend[0]
 
 

@@ -15,6 +15,25 @@ from pagedserve.kernels.cpu.gguf_ops import NATIVE_GGML_TYPES, gguf_dequantize, 
 FLOAT_GGML_TYPES = {NATIVE_GGML_TYPES["F32"]: torch.float32, NATIVE_GGML_TYPES["F16"]: torch.float16}
 
 
+def check_backend(backend: str, device: str) -> None:
+    """Raises ConfigError when `backend` cannot run on `device`: native off the CPU, triton on CPU with
+    kernels not defined under Triton's interpreter."""
+    if backend == "native" and device != "cpu":
+        raise ConfigError(
+            f"--linear-backend native has CPU kernels only, but the model is built on {device}; use "
+            "--linear-backend triton (or torch), or --device cpu."
+        )
+    if backend == "triton" and device == "cpu":
+        from pagedserve.kernels import triton as triton_kernels  # NOTE: see kernel_types
+
+        if not triton_kernels.INTERPRETED:
+            raise ConfigError(
+                "--linear-backend triton on the CPU runs only in Triton's interpreter: set TRITON_INTERPRET=1 "
+                "before pagedserve.kernels.triton is imported (tests only, very slow), or use "
+                "--linear-backend native or torch."
+            )
+
+
 def kernel_types(backend: str) -> frozenset[int]:
     """The ggml type ids `backend` multiplies as stored."""
     if backend == "native":
