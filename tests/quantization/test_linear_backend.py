@@ -25,12 +25,13 @@ from interpreted_triton import DEVICE, import_triton_kernels  # noqa: E402
 
 import_triton_kernels()
 
-PROMPTS = [{"prompt_token_ids": [1, 5, 100, 900, 7]}, {"prompt_token_ids": [1, 300, 42, 1000, 11, 6]}]
+PROMPTS = [{"prompt_token_ids": [1, 5, 100, 400, 7]}, {"prompt_token_ids": [1, 300, 42, 500, 11, 6]}]
 PARAMS = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 ENGINE = dict(max_model_len=64, block_size=8, num_gpu_blocks_override=16, max_num_seqs=2, device=DEVICE.type)
-# A vocabulary of 1024 (the prompts' ids stay below it): the embedding and LM head, quantized in a GGUF,
-# are most of a tiny model's bytes, and the interpreted kernels' time follows the bytes.
-VOCAB = 1024
+# A vocabulary of 512 (the prompts' ids stay below it): the embedding and LM head, quantized in a GGUF,
+# are most of a tiny model's bytes, and the interpreted kernels' (and the test's K-quantizer's) time
+# follows the bytes.
+VOCAB = 512
 INT4_SCHEMES = {  # act-order with asymmetric zeros: the permutation and the group offsets both run
     "gptq": Scheme("gptq", 32, desc_act=True),
     "awq": Scheme("awq", 64),
@@ -80,7 +81,7 @@ def checkpoint(tmp_path_factory):
             source, quant = float_model("moe", **TINY_MODELS["mixtral"]), "Q8_0"
         else:  # K-quants need rows of 256 values
             source, quant = (
-                float_model("dense", hidden_size=256, intermediate_size=512, initializer_range=0.02),
+                float_model("dense", hidden_size=256, intermediate_size=256, initializer_range=0.02),
                 fmt,
             )
         folder = shutil.copytree(source, str(root / "hf"))  # write_gguf rewrites it with the GGUF's values
@@ -161,10 +162,9 @@ def test_triton_on_cpu_without_the_interpreter_is_refused_naming_the_variable() 
     assert "--linear-backend native or torch" in result.stderr
 
 
-def test_a_block_type_without_a_kernel_is_refused_naming_it_and_the_device(tmp_path) -> None:
-    folder = build_tiny_model(str(tmp_path / "hf"), "llama", vocab_size=VOCAB)
-    path = write_gguf(folder, "llama", str(tmp_path / "model.gguf"), "Q5_0")
+def test_a_block_type_without_a_kernel_is_refused_naming_it_and_the_device(checkpoint) -> None:
+    chosen = checkpoint("Q5_0")
     with pytest.raises(
         ConfigError, match=f"ggml type Q5_0 has no kernel in --linear-backend triton on {DEVICE.type}"
     ):
-        LLM(path, **ENGINE, linear_backend="triton", hf_config_path=folder)
+        LLM(chosen.model, **ENGINE, linear_backend="triton", **chosen.args)
