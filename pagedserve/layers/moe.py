@@ -8,6 +8,8 @@ A quantized checkpoint (GGUF) keeps each expert's blocks: its gate/up and down p
 dense MLP's own layer classes, whose quantization method stores and multiplies the blocks (--linear-backend)
 and whose loaders split them over tensor-parallel ranks."""
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -19,7 +21,7 @@ from pagedserve.layers.linear import (
     _divide,
     set_weight_loader,
 )
-from pagedserve.quantization.base import experts_quantized, linear
+from pagedserve.quantization.base import QuantizeMethodBase, experts_quantized, linear
 
 
 def select_experts(
@@ -84,17 +86,12 @@ class FusedMoE(nn.Module):
             offset = 0 if part == "gate" else size
             target[offset : offset + size].copy_(loaded.narrow(0, start, size))
 
-    def _gate_up(self, expert: int, x: torch.Tensor) -> torch.Tensor:
+    def _project(self, name: str, expert: int, x: torch.Tensor) -> torch.Tensor:
+        """x times expert `expert`'s w13 (gate/up) or w2 (down), transposed."""
         if self.quantized:  # NOTE: the method, not the layer's forward: one all-reduce for all experts
-            layer = self.w13[expert]
-            return layer.quant_method.apply(layer, x)  # type: ignore[no-any-return]
-        return linear(x, self.w13_weight[expert])
-
-    def _down(self, expert: int, x: torch.Tensor) -> torch.Tensor:
-        if self.quantized:
-            layer = self.w2[expert]
-            return layer.quant_method.apply(layer, x)  # type: ignore[no-any-return]
-        return linear(x, self.w2_weight[expert])
+            layer = cast(nn.ModuleList, getattr(self, name))[expert]
+            return cast(QuantizeMethodBase, layer.quant_method).apply(layer, x)
+        return linear(x, cast(torch.Tensor, getattr(self, f"{name}_weight"))[expert])
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """x [T, hidden]; topk_weights/topk_ids [T, top_k] -> sum_k weight * expert_k(x), [T, hidden]."""
@@ -109,8 +106,8 @@ class FusedMoE(nn.Module):
         for expert, count in enumerate(counts):
             if count:
                 rows = slice(start, start + count)
-                hidden = self.act_fn(self._gate_up(expert, grouped[rows]))
-                outputs[rows] = self._down(expert, hidden)
+                hidden = self.act_fn(self._project("w13", expert, grouped[rows]))
+                outputs[rows] = self._project("w2", expert, hidden)
                 start += count
         outputs *= topk_weights.flatten()[order, None]
         out = torch.zeros_like(x).index_add_(0, tokens, outputs)

@@ -45,7 +45,7 @@ class ResidentWeights:
 
 def resident_weights(model: nn.Module) -> ResidentWeights:
     """Measures `model`'s parameters (a tied head's shared storage counted once, under the embedding)."""
-    resident, seen = ResidentWeights(), set()
+    resident, seen = ResidentWeights(), set[int]()
     for name, module in model.named_modules():
         params = [p for p in module.parameters(recurse=False) if id(p) not in seen]
         if not params:

@@ -28,6 +28,7 @@ import contextlib
 import json
 import os
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -124,6 +125,11 @@ SETTINGS: dict[str, Setting] = {
         max_batch=18,
         min_batch=12,
         batch_budgets=(None,),
+    ),
+    # int4 linear layers (Q4_1 blocks) on the Triton kernels beside Triton attention (--linear-backend triton,
+    # --attention-backend triton; on CPU both in Triton's interpreter).
+    "triton_int4_linear_attention": Setting(
+        "llama", dict(TIGHT, quantization="int4", linear_backend="triton", attention_backend="triton")
     ),
     # Three adapters (ranks 8, 4, 8; attention, q/v, MLP) over two slots: requests wait for a slot, adapters
     # leave host memory and are read again, beams and samples fork with their adapter.
@@ -260,6 +266,8 @@ def engine(name: str, tiny_model_factory: Any) -> LLM:
 
             gguf = os.path.join(model, "model.gguf")
             model = write_gguf(model, "llama", gguf, GGUF_MODELS[setting.model])
+        if "triton" in (args.get("linear_backend"), args.get("attention_backend")):
+            _import_triton_kernels()
         spec = args.get("speculative_config")
         if spec and spec.get("model") == "{model}":
             args = dict(args, speculative_config=dict(spec, model=model))
@@ -267,6 +275,14 @@ def engine(name: str, tiny_model_factory: Any) -> LLM:
             _ADAPTERS[name] = _write_adapters(model)
         _ENGINES[name] = LLM(model, **args)
     return _ENGINES[name]
+
+
+def _import_triton_kernels() -> None:
+    """The Triton kernels as this machine runs them: compiled on CUDA, interpreted on CPU."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "kernels"))
+    from interpreted_triton import import_triton_kernels
+
+    import_triton_kernels()
 
 
 def _write_adapters(model: str) -> list[LoRARequest]:
