@@ -13,7 +13,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedserve.kernels.cpu.float_ops import float_matmul, float_matmul_available
-from pagedserve.quantization.ggml_backend import check_backend
 
 
 class QuantizeMethodBase(ABC):
@@ -122,10 +121,8 @@ def set_quantization_config(
         _current[0], _row_invariant[0], _linear_backend[0] = previous
 
 
-def current_linear_backend() -> str:
-    """The backend of the quantized layers being built, checked against the device the model is built
-    on (`check_backend`)."""
-    check_backend(_linear_backend[0], torch.empty(0).device.type)
+def linear_backend() -> str:
+    """The --linear-backend of the model being built (`set_quantization_config`)."""
     return _linear_backend[0]
 
 

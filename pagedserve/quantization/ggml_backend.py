@@ -7,12 +7,20 @@ torch ops at each call, then F.linear (the reference, any device). Float rows (F
 tensors) are viewed as floats on every backend but native, whose kernels read them as they are."""
 
 import torch
-import torch.nn.functional as F
 
 from pagedserve.errors import ConfigError
 from pagedserve.kernels.cpu.gguf_ops import NATIVE_GGML_TYPES, gguf_dequantize, gguf_matmul
+from pagedserve.quantization.base import linear, linear_backend
 
 FLOAT_GGML_TYPES = {NATIVE_GGML_TYPES["F32"]: torch.float32, NATIVE_GGML_TYPES["F16"]: torch.float16}
+
+
+def current_linear_backend() -> str:
+    """The backend of the quantized layers being built, checked against the device the model is built
+    on (`check_backend`)."""
+    backend = linear_backend()
+    check_backend(backend, torch.empty(0).device.type)
+    return backend
 
 
 def check_backend(backend: str, device: str) -> None:
@@ -65,13 +73,13 @@ def ggml_linear(
     on native (`activation_bits`: gguf_matmul's), x's dtype on the others."""
     if backend == "native":
         return gguf_matmul(x.float(), rows, ggml_type, activation_bits)
-    if ggml_type in FLOAT_GGML_TYPES:
-        return F.linear(x, rows.view(FLOAT_GGML_TYPES[ggml_type]).to(x.dtype))
-    if backend == "triton":
+    if backend == "triton" and ggml_type not in FLOAT_GGML_TYPES:
         from pagedserve.kernels.triton import ggml_matmul
 
         return ggml_matmul(x, rows, ggml_type, rows.shape[0])
-    return F.linear(x, ggml_dequantize(backend, rows, ggml_type, x.shape[1], x.dtype))
+    # NOTE: `linear`: on CPU in float32 row-invariant (a token's output the same whatever shares its step),
+    # as the native kernels are; these backends run on CPU for tests only, where that is what is checked.
+    return linear(x, ggml_dequantize(backend, rows, ggml_type, x.shape[1], x.dtype))
 
 
 def ggml_dequantize(

@@ -25,8 +25,8 @@ from pagedserve.kernels.cpu.gguf_ops import (
     gguf_packed_matmul,
     gguf_packed_rows,
 )
-from pagedserve.quantization.base import QuantizationConfig, QuantizeMethodBase, current_linear_backend
-from pagedserve.quantization.ggml_backend import ggml_dequantize, ggml_linear
+from pagedserve.quantization.base import QuantizationConfig, QuantizeMethodBase
+from pagedserve.quantization.ggml_backend import current_linear_backend, ggml_dequantize, ggml_linear
 
 GGML_TYPE_NAMES = {id_: name for name, id_ in NATIVE_GGML_TYPES.items()}
 # (param, checkpoint tensor, shard id) -> copies this rank's shard into param: the layer's own loader

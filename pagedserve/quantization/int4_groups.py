@@ -28,8 +28,8 @@ from torch import nn
 
 from pagedserve.config.int4_checkpoint import BLOCK, Int4CheckpointFormat, parse_int4_checkpoint
 from pagedserve.errors import ConfigError
-from pagedserve.quantization.base import QuantizationConfig, QuantizeMethodBase, current_linear_backend
-from pagedserve.quantization.ggml_backend import ggml_linear
+from pagedserve.quantization.base import QuantizationConfig, QuantizeMethodBase
+from pagedserve.quantization.ggml_backend import current_linear_backend, ggml_linear
 from pagedserve.quantization.gguf import ShardLoader
 from pagedserve.quantization.rtn import q4_block_rows
 
