@@ -3,7 +3,7 @@ quantized scheme stores its weights as such rows (GGUF's own, int8/int4 as Q8_0/
 group offsets), so this is the one seam between the schemes and the kernels:
 native: the C++ CPU kernels (`kernels/cpu/gguf_ops.py`); triton: the Triton kernels on the stored blocks
 (`kernels/triton/quant_matmul.py`; CUDA, or CPU under TRITON_INTERPRET=1); torch: the rows dequantized with
-torch ops at each call, then F.linear (the reference, any device). Float rows (F32, F16: a GGUF file's float
+torch ops at each call, then `base.linear` (the reference, any device). Float rows (F32, F16: a GGUF file's float
 tensors) are viewed as floats on every backend but native, whose kernels read them as they are."""
 
 import torch
