@@ -15,7 +15,12 @@ from pagedserve.config.model import DType, LoadFormat, ModelConfig, load_model_c
 from pagedserve.config.parallel import ParallelConfig, check_pipeline_features
 from pagedserve.config.parallel_args import ParallelArgs
 from pagedserve.config.pooling import ConvertName, RunnerName
-from pagedserve.config.quantization import QuantizationName, resolve_quantization
+from pagedserve.config.quantization import (
+    LinearBackendName,
+    QuantizationName,
+    resolve_linear_backend,
+    resolve_quantization,
+)
 from pagedserve.config.reasoning import ReasoningConfig, resolve_reasoning_config
 from pagedserve.config.scheduler import (
     PreemptionMode,
@@ -191,6 +196,13 @@ class EngineArgs(ParallelArgs):
         "Attention kernels. auto: cpu on CPU when its native kernel builds, else torch; triton on "
         "CUDA; torch: plain PyTorch (the reference); cpu: native C++ decode kernel (CPU only); "
         "triton: Triton kernels (CUDA), mixed prefill+decode batches, split-K decode.",
+    )
+    linear_backend: LinearBackendName = config_field(
+        "auto",
+        "Kernels of quantized linear layers, embeddings and experts (GGUF, int8/int4, GPTQ/AWQ), on the "
+        "stored blocks. auto: native on CPU, triton on CUDA; native: C++ kernels (CPU only); triton: Triton "
+        "kernels (CUDA, or CPU under TRITON_INTERPRET=1); torch: dequantize each step with torch ops (the "
+        "reference, any device).",
     )
     # NOTE: a JSON string on the command line; from Python a dict works too.
     speculative_config: str | None = config_field(
@@ -397,7 +409,8 @@ class EngineArgs(ParallelArgs):
             model,
             batch_invariant=self.batch_invariant,
             cpu_offload_gb=self.cpu_offload_gb,
-            quantization=resolve_quantization(self.quantization, model, device),
+            quantization=resolve_quantization(self.quantization, model),
+            linear_backend=resolve_linear_backend(self.linear_backend, device),
             generation_defaults=generation_defaults(
                 self.generation_config, model.model, self.override_generation_config
             ),

@@ -82,6 +82,8 @@ class ModelConfig:
     batch_invariant: bool = True
     # --cpu-offload-gb: GiB of decoder-layer weights kept in host memory, streamed to the device per step.
     cpu_offload_gb: float = 0.0
+    # --linear-backend resolved (config/quantization.py): native | triton | torch.
+    linear_backend: str = "native"
 
     def __post_init__(self) -> None:
         supported = set(MODEL_ARCHITECTURES.values()) | set(POOLING_ONLY_ARCHITECTURES)

@@ -17,6 +17,9 @@ QuantizationName = Literal["gguf", "int8", "int4", "gptq", "awq", "fp8", "none"]
 QUANTIZATION_METHODS: tuple[str, ...] = get_args(QuantizationName)[:-1]
 _SUPPORTED = f"{', '.join(QUANTIZATION_METHODS)} or none"
 _CHECKPOINT_FORMATS = ("gptq", "awq")  # read from the checkpoint's tensors, never applied online
+# --linear-backend: how quantized weights (ggml blocks: GGUF, int8/int4, GPTQ/AWQ repacked) are multiplied.
+LinearBackendName = Literal["auto", "native", "triton", "torch"]
+LINEAR_BACKENDS: tuple[str, ...] = get_args(LinearBackendName)
 
 
 def checkpoint_quantization_config(model: "ModelConfig") -> dict[str, object]:
@@ -33,14 +36,34 @@ def checkpoint_quantization(model: "ModelConfig") -> str | None:
     return str(method) if method else None
 
 
-def resolve_quantization(requested: str | None, model: "ModelConfig", device: str) -> str | None:
-    """The scheme to load `model` with (None: unquantized). Raises ConfigError naming the choices."""
+def resolve_linear_backend(requested: str, device: str) -> str:
+    """--linear-backend on `device`: auto is native (the C++ kernels) on CPU, triton elsewhere. Raises
+    ConfigError for an unknown name and native off the CPU (triton on CPU outside Triton's interpreter is
+    refused where the kernels load: `quantization/ggml_backend.py`)."""
+    if requested not in LINEAR_BACKENDS:
+        raise ConfigError(
+            f"linear_backend={requested!r} is not supported; --linear-backend must be one of "
+            f"{', '.join(LINEAR_BACKENDS)}."
+        )
+    if requested == "auto":
+        return "native" if device == "cpu" else "triton"
+    if requested == "native" and device != "cpu":
+        raise ConfigError(
+            f"--linear-backend native runs the C++ CPU kernels, but the device is {device}; use "
+            "--linear-backend triton (or torch, the reference), or --device cpu."
+        )
+    return requested
+
+
+def resolve_quantization(requested: str | None, model: "ModelConfig") -> str | None:
+    """The scheme to load `model` with (None: unquantized). Raises ConfigError naming the choices. Every
+    scheme runs on every device: `resolve_linear_backend` has refused a backend without kernels there."""
     detected = checkpoint_quantization(model)
     _check_supported(requested, detected, model)
     _check_checkpoint_matches(requested, detected)
     if requested is None:
-        return _detected_scheme(detected, model, device)
-    _check_online_scheme(requested, detected, model, device)
+        return _detected_scheme(detected, model)
+    _check_online_scheme(requested, detected, model)
     return None if requested == "none" else requested
 
 
@@ -56,8 +79,8 @@ def _check_supported(requested: str | None, detected: str | None, model: "ModelC
             f"which pagedserve does not support; supported: {_SUPPORTED}."
         )
     if detected in _CHECKPOINT_FORMATS:
-        # NOTE: refuses what we cannot load; the device is checked as the layers are built (the CPU
-        # kernels only), since `pagedserve plan` resolves this config as on a GPU.
+        # NOTE: refuses what we cannot load; the backend's device is checked as the layers are built,
+        # since `pagedserve plan` resolves this config as on a GPU.
         parse_int4_checkpoint(detected, checkpoint_quantization_config(model))
         check_architecture(detected, model.architecture)
 
@@ -88,30 +111,19 @@ def _check_checkpoint_matches(requested: str | None, detected: str | None) -> No
         )
 
 
-def _detected_scheme(detected: str | None, model: "ModelConfig", device: str) -> str | None:
+def _detected_scheme(detected: str | None, model: "ModelConfig") -> str | None:
     """With --quantization unset: the checkpoint's own scheme, unless its weights end up as floats
-    anyway (dummy weights; GGUF off the CPU, dequantized at load)."""
+    anyway (dummy weights)."""
     if detected in ("gguf", *_CHECKPOINT_FORMATS) and model.load_format == "dummy":
         logger.info("Dummy weights are random floats: the checkpoint's %s layout is not used.", detected)
-        return None
-    if detected == "gguf" and device != "cpu":
-        logger.info(
-            "GGUF weights are dequantized: the native GGUF kernels run on the CPU, on the "
-            "checkpoint's weights."
-        )
         return None
     return detected
 
 
-def _check_online_scheme(requested: str, detected: str | None, model: "ModelConfig", device: str) -> None:
-    """A scheme asked for explicitly runs on the CPU kernels, and int8/int4 quantize only float weights."""
+def _check_online_scheme(requested: str, detected: str | None, model: "ModelConfig") -> None:
+    """gguf needs a GGUF file, and int8/int4 quantize only float weights."""
     if requested == "gguf" and not model.gguf_file:
         raise ConfigError("--quantization gguf needs a GGUF file (--model *.gguf).")
-    if requested in QUANTIZATION_METHODS and requested != "fp8" and device != "cpu":
-        raise ConfigError(
-            f"--quantization {requested} has CPU kernels only; use --device cpu, or "
-            "--quantization none (GGUF dequantized)."
-        )
     if requested in ("int8", "int4") and detected is not None:
         raise ConfigError(
             f"--quantization {requested} quantizes a float checkpoint, but this one is already "

@@ -3,6 +3,7 @@ schedule -> execute -> update; with pipeline stages, a step of the batch queue (
 Only EngineCoreRequest / EngineCoreOutputs cross its boundary."""
 
 import time
+from typing import cast
 
 from pagedserve.config import EngineConfig
 from pagedserve.config.cache import KVCacheConfig
@@ -34,6 +35,8 @@ class EngineCore:
         # NOTE: as many batches in flight as pipeline stages: each stage has one to compute.
         max_batches = config.parallel.pipeline_parallel_size if pp_batch_queue_enabled() else 1
         self.executor = get_executor_class(config)(config)
+        # The weights every rank holds, as measured after loading (/metrics: model_weight_bytes).
+        self.model_weight_bytes = sum(cast(list[int], self.executor.collective_rpc("resident_weight_bytes")))
         self.structured_output = StructuredOutputManager(
             lambda: load_tokenizer(config.model), config.model.vocab_size
         )

@@ -48,6 +48,7 @@ class EngineCoreHandshake(msgspec.Struct, omit_defaults=True):
     num_blocks: int = 0
     block_size: int = 0
     num_host_blocks: int = 0  # swap space, per worker
+    model_weight_bytes: int = 0  # the weights resident on every rank together
     error: str | None = None
     config_error: bool = False  # the error is the user's settings (ConfigError), not a crash
 
@@ -259,7 +260,11 @@ def serve_engine_core(
         engine_core = EngineCore(config)
         kv = engine_core.kv_cache_config
         output_socket.send(
-            encoder.encode(EngineCoreHandshake(kv.num_blocks, kv.block_size, kv.num_host_blocks))
+            encoder.encode(
+                EngineCoreHandshake(
+                    kv.num_blocks, kv.block_size, kv.num_host_blocks, engine_core.model_weight_bytes
+                )
+            )
         )
         EngineCoreProc(engine_core, input_socket, output_socket, stall_timeout_s).run_busy_loop()
         stopping.set()

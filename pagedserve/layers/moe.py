@@ -2,15 +2,26 @@
 by expert and runs one gate/up and one down matmul per active expert (no loop over tokens).
 
 Under tensor parallelism every rank holds every expert's slice of the intermediate dimension (gate/up rows,
-down columns), as the dense MLP is split; the partial outputs are all-reduced once per layer."""
+down columns), as the dense MLP is split; the partial outputs are all-reduced once per layer.
+
+A quantized checkpoint (GGUF) keeps each expert's blocks: its gate/up and down projections are then the
+dense MLP's own layer classes, whose quantization method stores and multiplies the blocks (--linear-backend)
+and whose loaders split them over tensor-parallel ranks."""
+
+from typing import cast
 
 import torch
 from torch import nn
 
 from pagedserve.distributed import get_tp_rank, get_tp_world_size, tensor_model_parallel_all_reduce
 from pagedserve.layers.activation import gated_activation
-from pagedserve.layers.linear import _divide, set_weight_loader
-from pagedserve.quantization.base import linear
+from pagedserve.layers.linear import (
+    MergedColumnParallelLinear,
+    RowParallelLinear,
+    _divide,
+    set_weight_loader,
+)
+from pagedserve.quantization.base import QuantizeMethodBase, experts_quantized, linear
 
 
 def select_experts(
@@ -27,7 +38,8 @@ def select_experts(
 
 class FusedMoE(nn.Module):
     """Experts' weights stacked: w13 [num_experts, 2 * intermediate / tp, hidden] (gate rows, then up
-    rows) and w2 [num_experts, hidden, intermediate / tp]."""
+    rows) and w2 [num_experts, hidden, intermediate / tp]; quantized, one gate/up layer per expert (`w13`,
+    shards 0 and 1) and one down layer (`w2`)."""
 
     def __init__(
         self, num_experts: int, hidden_size: int, intermediate_size: int, hidden_act: str = "silu"
@@ -37,6 +49,16 @@ class FusedMoE(nn.Module):
         # NOTE: the linear layers' check of the split, with its message naming the flag.
         self.intermediate = _divide(intermediate_size, self.tp_size, "moe intermediate size")
         self.num_experts = num_experts
+        self.act_fn = gated_activation(hidden_act)
+        self.quantized = experts_quantized()
+        if self.quantized:
+            self.w13 = nn.ModuleList(
+                MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2) for _ in range(num_experts)
+            )
+            self.w2 = nn.ModuleList(
+                RowParallelLinear(intermediate_size, hidden_size) for _ in range(num_experts)
+            )
+            return
         self.w13_weight = nn.Parameter(
             torch.empty(num_experts, 2 * self.intermediate, hidden_size), requires_grad=False
         )
@@ -45,7 +67,6 @@ class FusedMoE(nn.Module):
         )
         for param in (self.w13_weight, self.w2_weight):
             set_weight_loader(param, self.weight_loader)
-        self.act_fn = gated_activation(hidden_act)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object) -> None:
         """shard_id (expert, part): part "gate" / "up" [intermediate, hidden] or "down" [hidden,
@@ -65,6 +86,13 @@ class FusedMoE(nn.Module):
             offset = 0 if part == "gate" else size
             target[offset : offset + size].copy_(loaded.narrow(0, start, size))
 
+    def _project(self, name: str, expert: int, x: torch.Tensor) -> torch.Tensor:
+        """x times expert `expert`'s w13 (gate/up) or w2 (down), transposed."""
+        if self.quantized:  # NOTE: the method, not the layer's forward: one all-reduce for all experts
+            layer = cast(nn.ModuleList, getattr(self, name))[expert]
+            return cast(QuantizeMethodBase, layer.quant_method).apply(layer, x)
+        return linear(x, cast(torch.Tensor, getattr(self, f"{name}_weight"))[expert])
+
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """x [T, hidden]; topk_weights/topk_ids [T, top_k] -> sum_k weight * expert_k(x), [T, hidden]."""
         top_k = topk_ids.shape[1]
@@ -78,8 +106,8 @@ class FusedMoE(nn.Module):
         for expert, count in enumerate(counts):
             if count:
                 rows = slice(start, start + count)
-                hidden = self.act_fn(linear(grouped[rows], self.w13_weight[expert]))
-                outputs[rows] = linear(hidden, self.w2_weight[expert])
+                hidden = self.act_fn(self._project("w13", expert, grouped[rows]))
+                outputs[rows] = self._project("w2", expert, hidden)
                 start += count
         outputs *= topk_weights.flatten()[order, None]
         out = torch.zeros_like(x).index_add_(0, tokens, outputs)

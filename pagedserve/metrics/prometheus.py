@@ -143,6 +143,12 @@ class PrometheusStatLogger(StatLoggerBase):
             self.model_name
         ).set_function(read)
 
+    def record_model_weight_bytes(self, num_bytes: int) -> None:
+        """`model_weight_bytes`: what the model's weights hold on one engine's devices (every rank's,
+        measured after loading: quantized formats count their stored blocks), per engine."""
+        for engine in self.engines:
+            engine.record_model_weight_bytes(num_bytes)
+
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric, under both prefixes."""
         return prometheus_client.generate_latest(_TwoNames(self.registry))
@@ -290,6 +296,11 @@ class _EngineMetrics:
         self._family(
             Gauge, "cache_config_info", "Information of the KV cache configuration.", list(labels)
         ).labels(*self.label_values, *map(str, labels.values())).set(1)
+
+    def record_model_weight_bytes(self, num_bytes: int) -> None:
+        self._gauge("model_weight_bytes", "Bytes of model weights resident on the engine's devices.").set(
+            num_bytes
+        )
 
     def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats) -> None:
         if scheduler_stats is not None:

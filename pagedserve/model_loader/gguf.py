@@ -17,6 +17,7 @@ import torch
 
 from pagedserve.kernels.cpu.gguf_ops import NATIVE_GGML_TYPES
 from pagedserve.logger import init_logger
+from pagedserve.quantization.ggml_backend import check_kernel, kernel_types
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -172,13 +173,17 @@ def iterate_gguf(
     hf_config: "PretrainedConfig",
     keep_quantized: bool = False,
     loads: Callable[[str], bool] = lambda name: True,
+    backend: str = "native",
+    device: str = "cpu",
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF name, float32 tensor) for every tensor of the file. With `keep_quantized`, a 2-D tensor
     `<x>.weight` that needs no regrouping comes instead as `<x>.qweight_type` (its ggml type id, a 0-d
     int64 tensor) followed by `<x>.qweight` (uint8 [rows, row_bytes], its raw blocks, q/k rows in HF's
-    order); types without a native kernel are dequantized to F32 rows, with a log line. The `_ALWAYS_FLOAT`
-    matrices and the stacked experts always come as float32 (see `_log_dequantized`). Tensors whose HF
-    name `loads` refuses (another pipeline stage's) are skipped unread."""
+    order); float types (F32, F16, BF16) without a kernel in `backend` (--linear-backend) become F32 rows,
+    on native any type without a kernel too, with a log line; on the others such a type raises ConfigError
+    naming it and `device`. Stacked experts come the same way, one expert at a time
+    (`<experts>.<e>.<proj>.qweight_type`, `.qweight`). The `_ALWAYS_FLOAT` matrices always come as float32.
+    Tensors whose HF name `loads` refuses (another pipeline stage's) are skipped unread."""
     from gguf.quants import dequantize
 
     from pagedserve.utils.gguf_tensors import read_gguf
@@ -186,7 +191,6 @@ def iterate_gguf(
     reader = read_gguf(path)  # NOTE: not gguf's GGUFReader, which decodes every metadata value (seconds)
     arch = str(reader.metadata["general.architecture"])
     dequantized_types: set[str] = set()
-    dequantized_experts: set[str] = set()
     for tensor in reader.tensors:
         name = _hf_name(tensor.name, arch, hf_config)
         if name is None or not loads(name):
@@ -195,7 +199,7 @@ def iterate_gguf(
         # NOTE: Falcon's fused q/k/v is regrouped row-wise in float (see _hf_tensors).
         regrouped = arch == "falcon" and "query_key_value" in name
         if keep_quantized and len(tensor.shape) == 2 and not regrouped and not name.endswith(_ALWAYS_FLOAT):
-            ggml_type, rows = _native_rows(tensor, dequantized_types)
+            ggml_type, rows = _kernel_rows(tensor, dequantized_types, backend, device)
             base = name.removesuffix(".weight")
             yield f"{base}.qweight_type", torch.tensor(ggml_type)
             if permuted:  # the same row order as _hf_tensors gives a dequantized q/k
@@ -204,40 +208,40 @@ def iterate_gguf(
                 )
             yield f"{base}.qweight", torch.from_numpy(np.array(rows))
             continue
-        if keep_quantized and len(tensor.shape) == 3 and tensor.tensor_type.name not in _FLOAT_TYPES:
-            dequantized_experts.add(tensor.tensor_type.name)
+        expert = re.fullmatch(r"(.*\.experts)\.(\w+)\.weight", name)
+        if keep_quantized and len(tensor.shape) == 3 and expert:
+            # NOTE: one expert's blocks per tensor, the names the experts layer takes (layers/moe.py).
+            ggml_type, stacked = _kernel_rows(tensor, dequantized_types, backend, device)
+            for index, rows in enumerate(stacked):
+                base = f"{expert.group(1)}.{index}.{expert.group(2)}"
+                yield f"{base}.qweight_type", torch.tensor(ggml_type)
+                yield f"{base}.qweight", torch.from_numpy(np.array(rows))
+            continue
         weight = dequantize(tensor.data, tensor.tensor_type)
         for hf_name, hf_weight in _hf_tensors(name, weight, arch, hf_config):
             yield hf_name, torch.from_numpy(np.array(hf_weight, dtype=np.float32))
-    _log_dequantized(dequantized_types, dequantized_experts)
-
-
-def _log_dequantized(dequantized_types: set[str], dequantized_experts: set[str]) -> None:
-    if dequantized_experts:
-        # NOTE: why not kept quantized: the fused experts layer (layers/moe.py) multiplies stacked float
-        # weights and splits the down projection's columns over tp ranks, which can cut through ggml
-        # blocks; gate and up may also differ in type. A quantized variant of it is future work.
-        logger.info(
-            "GGUF experts of type(s) %s dequantized to float32 at load: the fused experts layer runs on "
-            "float weights (only dense layers stay quantized).",
-            ", ".join(sorted(dequantized_experts)),
-        )
     if dequantized_types:
         logger.info(
-            "GGUF tensors of type(s) %s have no native kernel: dequantized to float32 at load (native: %s).",
+            "GGUF tensors of type(s) %s have no kernel in --linear-backend %s: dequantized to float32 at "
+            "load.",
             ", ".join(sorted(dequantized_types)),
-            ", ".join(NATIVE_GGML_TYPES),
+            backend,
         )
 
 
-def _native_rows(tensor: "GGUFTensor", dequantized_types: set[str]) -> tuple[int, np.ndarray]:
-    """(ggml type id, uint8 [rows, row_bytes]) of a 2-D tensor, dequantized to F32 rows if its type has no
-    native kernel (its name is then added to `dequantized_types`)."""
+def _kernel_rows(
+    tensor: "GGUFTensor", dequantized_types: set[str], backend: str, device: str
+) -> tuple[int, np.ndarray]:
+    """(ggml type id, uint8 [rows, row_bytes]) of a 2-D tensor, dequantized to F32 rows if `backend` has
+    no kernel for its type (its name is then added to `dequantized_types`). Raises ConfigError for a
+    quantized type without a kernel on a backend other than native (whose fallback predates the others)."""
     from gguf.quants import dequantize
 
-    type_name = tensor.tensor_type.name
-    if type_name in NATIVE_GGML_TYPES:
-        return int(tensor.tensor_type), np.ascontiguousarray(tensor.data).view(np.uint8)
+    type_name, ggml_type = tensor.tensor_type.name, int(tensor.tensor_type)
+    if ggml_type in kernel_types(backend):
+        return ggml_type, np.ascontiguousarray(tensor.data).view(np.uint8)
+    if backend != "native" and type_name not in _FLOAT_TYPES:
+        check_kernel(backend, ggml_type, type_name, device)
     dequantized_types.add(type_name)
     weight = np.ascontiguousarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
     return NATIVE_GGML_TYPES["F32"], weight.view(np.uint8)

@@ -62,7 +62,10 @@ def _load(
     torch.set_default_dtype(dtype)
     quantization = get_quantization_config(config.quantization, checkpoint_quantization_config(config))
     try:
-        with torch.device(device), set_quantization_config(quantization, config.batch_invariant):
+        with (
+            torch.device(device),
+            set_quantization_config(quantization, config.batch_invariant, config.linear_backend),
+        ):
             model = model_class(config.hf_config)
             if quantization is not None:
                 quantization.prepare_layers(model)
@@ -86,7 +89,9 @@ def _load_checkpoint(
     hf = config.hf_config
     if config.gguf_file:
         loads = model.loads_tensor if isinstance(model, CausalLM) else lambda name: True
-        weights = iterate_gguf(config.gguf_file, hf, config.quantization == "gguf", loads)
+        weights = iterate_gguf(
+            config.gguf_file, hf, config.quantization == "gguf", loads, config.linear_backend, device.type
+        )
     elif os.path.isdir(config.model):
         # NOTE: CheckpointTensor stands in for a tensor (it reads itself under any torch function).
         weights = cast(Iterator[tuple[str, torch.Tensor]], iterate_safetensors(config.model))

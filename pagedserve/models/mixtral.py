@@ -16,6 +16,10 @@ if TYPE_CHECKING:
 
 # A per-expert checkpoint tensor: Mixtral's w1 (gate), w3 (up), w2 (down), or Qwen-MoE's gate/up/down_proj.
 _EXPERT = re.compile(r"(.*\.experts)\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$")
+# A quantized expert's blocks (a GGUF file kept quantized: model_loader/gguf.py splits the stacked experts).
+_QUANTIZED_EXPERT = re.compile(
+    r"(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.(qweight|qweight_type)$"
+)
 # All experts' tensors in one (the layout transformers 5 uses in memory).
 _FUSED_EXPERTS = re.compile(r"(.*\.experts)\.(gate_up_proj|down_proj)$")
 _PARTS = {
@@ -59,8 +63,13 @@ class SparseMoeBlock(nn.Module):
 
 
 def expert_tensors(name: str, tensor: torch.Tensor) -> ParamShard | None:
-    """A checkpoint tensor of the experts -> (w13_weight or w2_weight, tensor, (expert, part)); None for
+    """A checkpoint tensor of the experts -> (w13_weight or w2_weight, tensor, (expert, part)), or for a
+    quantized expert (w13.E.qweight... or w2.E.qweight..., tensor, gate/up shard 0/1 or None); None for
     any other tensor."""
+    if quantized := _QUANTIZED_EXPERT.match(name):
+        prefix, expert, part = quantized.group(1), quantized.group(2), _PARTS[quantized.group(3)]
+        shard = None if part == "down" else ("gate", "up").index(part)
+        return f"{prefix}.{'w2' if part == 'down' else 'w13'}.{expert}.{quantized.group(4)}", tensor, shard
     match = _EXPERT.match(name)
     if match:
         prefix, expert, part = match.group(1), int(match.group(2)), _PARTS[match.group(3)]

@@ -36,6 +36,11 @@ class QuantizeMethodBase(ABC):
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Called once every checkpoint tensor is loaded: repack, quantize online, free staging."""
 
+    def storage_formats(self, layer: nn.Module) -> set[str]:
+        """How the layer's weight is stored, for the startup log: its parameters' dtypes unless the
+        method says better."""
+        return {str(p.dtype).removeprefix("torch.") for p in layer.parameters(recurse=False)}
+
 
 def linear(x: torch.Tensor, weight: torch.Tensor, row_invariant: bool = True) -> torch.Tensor:
     """x [..., K] times weight^T, weight [N, K]. On CPU in float32, with `row_invariant`, by the native
@@ -70,9 +75,12 @@ class UnquantizedMethod(QuantizeMethodBase):
 
 
 class QuantizationConfig(ABC):
-    """One scheme's settings. `name` is the scheme's --quantization name (vLLM's where vLLM has one)."""
+    """One scheme's settings. `name` is the scheme's --quantization name (vLLM's where vLLM has one).
+    `quantizes_experts`: a fused experts layer keeps each expert as its linear method stores it (else its
+    experts are float)."""
 
     name: str
+    quantizes_experts: bool = False
 
     @classmethod
     def from_checkpoint(cls, quant_config: dict[str, object]) -> "QuantizationConfig":
@@ -95,23 +103,38 @@ class QuantizationConfig(ABC):
 
 _current: list[QuantizationConfig | None] = [None]
 _row_invariant: list[bool] = [True]
+_linear_backend: list[str] = ["native"]
 
 
 @contextlib.contextmanager
-def set_quantization_config(config: QuantizationConfig | None, row_invariant: bool = True) -> Iterator[None]:
+def set_quantization_config(
+    config: QuantizationConfig | None, row_invariant: bool = True, linear_backend: str = "native"
+) -> Iterator[None]:
     """Layers built inside this context take their methods from `config` (None: unquantized), their float
-    matmuls row-invariant or not, so the model classes need not thread these through every constructor."""
-    previous = _current[0], _row_invariant[0]
-    _current[0], _row_invariant[0] = config, row_invariant
+    matmuls row-invariant or not, their quantized ones on `linear_backend` (--linear-backend, resolved),
+    so the model classes need not thread these through every constructor."""
+    previous = _current[0], _row_invariant[0], _linear_backend[0]
+    _current[0], _row_invariant[0], _linear_backend[0] = config, row_invariant, linear_backend
     try:
         yield
     finally:
-        _current[0], _row_invariant[0] = previous
+        _current[0], _row_invariant[0], _linear_backend[0] = previous
+
+
+def linear_backend() -> str:
+    """The --linear-backend of the model being built (`set_quantization_config`)."""
+    return _linear_backend[0]
 
 
 def linear_method() -> QuantizeMethodBase:
     config = _current[0]
     return UnquantizedMethod() if config is None else config.get_linear_method()
+
+
+def experts_quantized() -> bool:
+    """Whether the experts layer being built stores each expert through `linear_method()`."""
+    config = _current[0]
+    return config is not None and config.quantizes_experts
 
 
 def embedding_method() -> QuantizeMethodBase:

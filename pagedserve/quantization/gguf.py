@@ -1,5 +1,5 @@
 """`gguf`: a GGUF file's quantized tensors stay in their ggml blocks in memory and are multiplied by the
-native kernels (`kernels/cpu/gguf_matmul.cpp`).
+--linear-backend's kernels (`ggml_backend.py`; on CPU by default the native `kernels/cpu/gguf_matmul.cpp`).
 
 The loader (`model_loader/gguf.py`) yields, for every 2-D tensor, `<name>.qweight_type` (the ggml type id)
 then `<name>.qweight` (the raw rows, uint8 [rows, row_bytes]). A fused layer (q/k/v, gate/up) may get
@@ -19,15 +19,16 @@ from pagedserve import envs
 from pagedserve.errors import ConfigError
 from pagedserve.kernels.cpu.gguf_ops import (
     GGML_BLOCK_FORMATS,
-    gguf_dequantize,
-    gguf_matmul,
+    NATIVE_GGML_TYPES,
     gguf_pack,
     gguf_packable,
     gguf_packed_matmul,
     gguf_packed_rows,
 )
 from pagedserve.quantization.base import QuantizationConfig, QuantizeMethodBase
+from pagedserve.quantization.ggml_backend import current_linear_backend, ggml_dequantize, ggml_linear
 
+GGML_TYPE_NAMES = {id_: name for name, id_ in NATIVE_GGML_TYPES.items()}
 # (param, checkpoint tensor, shard id) -> copies this rank's shard into param: the layer's own loader
 ShardLoader = Callable[[nn.Parameter, torch.Tensor, object], object]
 
@@ -48,39 +49,45 @@ def row_bytes(ggml_type: int, cols: int) -> int:
 @dataclass(frozen=True)
 class GGUFPart:
     """Output rows [start, end) of a layer, stored as one ggml type: the file's rows (uint8 [end - start,
-    row_bytes]), or, when `packed`, those rows in the decode layout of `gguf_pack` (flat uint8)."""
+    row_bytes]), or, when `packed` (native backend only), those rows in the decode layout of `gguf_pack`
+    (flat uint8). `backend`: the --linear-backend that multiplies them."""
 
     ggml_type: int
     start: int
     end: int
     rows: torch.Tensor
     packed: bool = False
+    backend: str = "native"
 
     def matmul(self, x: torch.Tensor, activation_bits: int) -> torch.Tensor:
         if self.packed:
             return gguf_packed_matmul(x, self.rows, self.ggml_type, self.end - self.start, activation_bits)
-        return gguf_matmul(x, self.rows, self.ggml_type, activation_bits)
+        return ggml_linear(self.backend, x, self.rows, self.ggml_type, activation_bits)
 
-    def dequantize(self, ids: torch.Tensor, cols: int) -> torch.Tensor:
-        """Rows `ids` (an embedding lookup) in float32."""
+    def dequantize(self, ids: torch.Tensor, cols: int, dtype: torch.dtype) -> torch.Tensor:
+        """Rows `ids` (an embedding lookup) in `dtype`."""
         if self.packed:
-            return gguf_packed_rows(self.rows, self.ggml_type, self.end - self.start, cols, ids)
-        return gguf_dequantize(self.rows.index_select(0, ids), self.ggml_type, cols)
+            return gguf_packed_rows(self.rows, self.ggml_type, self.end - self.start, cols, ids).to(dtype)
+        return ggml_dequantize(self.backend, self.rows.index_select(0, ids), self.ggml_type, cols, dtype)
 
     def packed_for_integers(self, activation_bits: int) -> "GGUFPart":
         """This part in the 16-row packed layout where it has one for `activation_bits` (Q4_0, Q4_1, Q8_0
         with 8 or 16; Q4_K, Q5_K, Q6_K with 8): a few times faster than the row kernels
         (gguf_packed_matmul.cpp, gguf_kquant_matmul.cpp say why). Float activations
         (PAGEDSERVE_GGUF_ACTIVATION_BITS=32) keep the rows and their exact kernel."""
-        if self.packed or not gguf_packable(self.ggml_type, activation_bits):
+        if self.packed or self.backend != "native" or not gguf_packable(self.ggml_type, activation_bits):
             return self
         return replace(self, rows=gguf_pack(self.rows, self.ggml_type), packed=True)
 
 
 class GGUFMethod(QuantizeMethodBase):
-    """Linear layers, the token embedding and the LM head on ggml blocks (float32 activations)."""
+    """Linear layers, the token embedding and the LM head on ggml blocks (float32 activations on the
+    native backend, the model's dtype on the others)."""
 
     def __init__(self) -> None:
+        self.backend = current_linear_backend()
+        # NOTE: the build context's: the loaded rows are staged on the device the model is built on.
+        self.device, self.dtype = torch.empty(0).device, torch.get_default_dtype()
         self.activation_bits = envs.gguf_activation_bits()
         self.cols = 0
         self.output_size = 0
@@ -105,8 +112,10 @@ class GGUFMethod(QuantizeMethodBase):
         ggml_type = self.pending_types.pop(shard_id)
         if ggml_type not in self.staging:
             self.staging[ggml_type] = (
-                torch.zeros(self.output_size, row_bytes(ggml_type, self.cols), dtype=torch.uint8),
-                torch.zeros(self.output_size, 1, dtype=torch.uint8),
+                torch.zeros(
+                    self.output_size, row_bytes(ggml_type, self.cols), dtype=torch.uint8, device=self.device
+                ),
+                torch.zeros(self.output_size, 1, dtype=torch.uint8, device=self.device),
             )
         rows, mask = self.staging[ggml_type]
         shard_loader(nn.Parameter(rows, requires_grad=False), loaded, shard_id)
@@ -125,12 +134,12 @@ class GGUFMethod(QuantizeMethodBase):
         runs = sorted(
             (start, end, ggml_type)
             for ggml_type, (_, mask) in self.staging.items()
-            for start, end in _runs(mask.flatten().bool())
+            for start, end in _runs(mask.flatten().bool().cpu())
         )
         pieces = [
-            GGUFPart(ggml_type, start, end, self.staging[ggml_type][0][start:end]).packed_for_integers(
-                self.activation_bits
-            )
+            GGUFPart(
+                ggml_type, start, end, self.staging[ggml_type][0][start:end], backend=self.backend
+            ).packed_for_integers(self.activation_bits)
             for start, end, ggml_type in runs
         ]
         self.staging = {}
@@ -153,14 +162,21 @@ class GGUFMethod(QuantizeMethodBase):
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2 and x.dtype == torch.float32 and len(self.parts) == 1:  # the hot path: no reshapes
             return self.parts[0].matmul(x, self.activation_bits)
-        flat = x.reshape(-1, self.cols).float()
+        flat = x.reshape(-1, self.cols)
+        if self.backend == "native":  # NOTE: the C++ kernels take float32 activations
+            flat = flat.float()
         outputs = [part.matmul(flat, self.activation_bits) for part in self.parts]
         y = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
         return y.reshape(*x.shape[:-1], self.output_size).to(x.dtype)
 
+    def storage_formats(self, layer: nn.Module) -> set[str]:
+        if not self.parts:  # float (an int8/int4 layer whose rows fill no group)
+            return super().storage_formats(layer)
+        return {GGML_TYPE_NAMES[part.ggml_type] for part in self.parts}
+
     def embedding(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         (part,) = self.parts  # an embedding is one tensor, so one type
-        return part.dequantize(ids, self.cols)
+        return part.dequantize(ids, self.cols, self.dtype)
 
 
 def _runs(mask: torch.Tensor) -> list[tuple[int, int]]:
@@ -171,9 +187,10 @@ def _runs(mask: torch.Tensor) -> list[tuple[int, int]]:
 
 
 class GGUFConfig(QuantizationConfig):
-    """Every 2-D tensor of the file stays in its ggml blocks: linear layers, embedding, LM head."""
+    """Every matrix of the file stays in its ggml blocks: linear layers, experts, embedding, LM head."""
 
     name = "gguf"
+    quantizes_experts = True
 
     def get_linear_method(self) -> QuantizeMethodBase:
         return GGUFMethod()

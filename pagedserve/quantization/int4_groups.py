@@ -1,4 +1,5 @@
-"""GPTQ/AWQ-style 4-bit group-wise weights, repacked at load for the native Q4_0 kernel.
+"""GPTQ/AWQ-style 4-bit group-wise weights, repacked at load as Q4_0 rows for the --linear-backend's
+kernels (`ggml_backend.py`).
 
 Such a checkpoint stores, per output row n and group of input columns, w = scale * (q - zero) with q and
 zero in 4 bits. We store it as Q4_0 blocks of 32 (d * (q - 8), d = the group's fp16 scale: the checkpoint's
@@ -27,8 +28,8 @@ from torch import nn
 
 from pagedserve.config.int4_checkpoint import BLOCK, Int4CheckpointFormat, parse_int4_checkpoint
 from pagedserve.errors import ConfigError
-from pagedserve.kernels.cpu.gguf_ops import gguf_matmul
 from pagedserve.quantization.base import QuantizationConfig, QuantizeMethodBase
+from pagedserve.quantization.ggml_backend import current_linear_backend, ggml_linear
 from pagedserve.quantization.gguf import ShardLoader
 from pagedserve.quantization.rtn import q4_block_rows
 
@@ -70,6 +71,7 @@ class GroupedInt4Method(QuantizeMethodBase):
 
     def __init__(self, checkpoint_format: Int4CheckpointFormat) -> None:
         self.format = checkpoint_format
+        self.backend = current_linear_backend()
         self.cols = self.output_size = self.group_width = 0
         self.permutation: torch.Tensor | None = None  # act-order: the input column behind each repacked one
         self.group_index: torch.Tensor | None = None  # act-order: g_idx, the group of each input column
@@ -81,11 +83,6 @@ class GroupedInt4Method(QuantizeMethodBase):
     def create_weights(self, layer: nn.Module, input_size: int, output_size: int) -> None:
         self.cols, self.output_size = input_size, output_size
         group_size = self.format.group_size
-        if torch.empty(0).device.type != "cpu":  # the device the model is being built on
-            raise ConfigError(
-                f"{self.format.method} checkpoints have CPU kernels only (repacked for the native CPU "
-                "kernels); use --device cpu."
-            )
         split_input = hasattr(layer, "input_size_per_partition") and getattr(layer, "tp_size", 1) > 1
         if split_input and (self.format.desc_act or group_size == -1):
             what = "act-order (desc_act)" if self.format.desc_act else "group_size -1"
@@ -124,10 +121,11 @@ class GroupedInt4Method(QuantizeMethodBase):
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         q = unpack_pairs(self.pairs)
-        groups = self._column_groups().long()
+        groups = self._column_groups().long().cpu()
         if bool((groups.diff() < 0).any()):
-            self.permutation = torch.argsort(groups, stable=True)
-            q, groups = q[:, self.permutation], groups[self.permutation]
+            order = torch.argsort(groups, stable=True)
+            q, groups = q[:, order.to(q.device)], groups[order]
+            self.permutation = order.to(q.device)  # NOTE: gathers the activations, on the model's device
         num_groups = self.scales.shape[1]
         self.group_width = self.cols // num_groups
         if self.group_width % BLOCK or not torch.equal(groups, torch.arange(self.cols) // self.group_width):
@@ -148,11 +146,15 @@ class GroupedInt4Method(QuantizeMethodBase):
         del self.pairs, self.zeros, self.scales
         self.group_index = None
 
+    def storage_formats(self, layer: nn.Module) -> set[str]:
+        offsets = " + float32 group offsets" if hasattr(layer, "group_offsets") else ""
+        return {f"{self.format.method} as Q4_0{offsets}"}
+
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.cols).float()
         if self.permutation is not None:
             flat = flat.index_select(1, self.permutation)
-        y = gguf_matmul(flat, cast(torch.Tensor, layer.qweight), GGML_Q4_0)
+        y = ggml_linear(self.backend, flat, cast(torch.Tensor, layer.qweight), GGML_Q4_0).float()
         offsets = getattr(layer, "group_offsets", None)
         if offsets is not None:  # + sum over each group of x times scale * (8 - zero)
             y.addmm_(flat.view(flat.shape[0], -1, self.group_width).sum(dim=2), offsets)

@@ -73,7 +73,8 @@ class RTNMethod(GGUFMethod):
         quantize = quantize_q8_0 if self.ggml_type == GGML_Q8_0 else quantize_q4_1
         rows = quantize(cast(torch.Tensor, layer.weight).data)
         del layer.weight
-        part = GGUFPart(self.ggml_type, 0, self.output_size, rows).packed_for_integers(self.activation_bits)
+        part = GGUFPart(self.ggml_type, 0, self.output_size, rows, backend=self.backend)
+        part = part.packed_for_integers(self.activation_bits)
         layer.qweight = nn.Parameter(part.rows, requires_grad=False)
         self.parts = [part]
 

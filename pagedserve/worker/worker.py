@@ -8,6 +8,7 @@ from pagedserve.distributed import init_parallel_groups
 from pagedserve.logger import init_logger
 from pagedserve.model_loader.cpu_offload import host_resident_bytes
 from pagedserve.platforms import get_platform
+from pagedserve.quantization.resident import resident_weights
 from pagedserve.sampling_params import SamplingParams
 from pagedserve.sizing import MemoryReport
 from pagedserve.utils import cdiv, format_bytes
@@ -37,11 +38,18 @@ class Worker:
             if config.model.pooling is None
             else PoolingModelRunner(config, self.device)
         )
-        model = self.runner.model
-        # NOTE: --cpu-offload-gb's layers count once, as their device buffers.
-        self.weights_bytes = sum(
-            p.numel() * p.element_size() for p in model.parameters()
-        ) - host_resident_bytes(model)
+        resident = resident_weights(self.runner.model)
+        logger.info(
+            "Weights resident on %s (rank %d, --linear-backend %s): %s.",
+            self.device,
+            rank,
+            config.model.linear_backend,
+            resident.describe(),
+        )
+        # NOTE: /metrics' model_weight_bytes (summed over ranks); --cpu-offload-gb's layers count once, as
+        # their device buffers.
+        self.model_weight_bytes = resident.total - host_resident_bytes(self.runner.model)
+        self.weights_bytes = self.model_weight_bytes  # what the KV budget leaves out (+ LoRA slots below)
         if isinstance(self.runner, ModelRunner) and self.runner.lora is not None:
             self.weights_bytes += self.runner.lora.num_bytes  # NOTE: the adapters' slots, for the KV budget
 
@@ -50,6 +58,10 @@ class Worker:
         """The generation runner (the KV cache's owner)."""
         assert isinstance(self.runner, ModelRunner), "a pooling worker has no KV cache"
         return self.runner
+
+    def resident_weight_bytes(self) -> int:
+        """The bytes this rank's model weights hold (LoRA slots apart)."""
+        return self.model_weight_bytes
 
     def determine_kv_memory(self) -> MemoryReport:
         """This rank's KV budget, measured by its platform (sizing.size_kv_cache decides the size)."""

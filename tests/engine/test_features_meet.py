@@ -28,6 +28,7 @@ import contextlib
 import json
 import os
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -125,6 +126,11 @@ SETTINGS: dict[str, Setting] = {
         min_batch=12,
         batch_budgets=(None,),
     ),
+    # int4 linear layers (Q4_1 blocks) on the Triton kernels beside Triton attention (--linear-backend triton,
+    # --attention-backend triton; on CPU both in Triton's interpreter).
+    "triton_int4_linear_attention": Setting(
+        "llama", dict(TIGHT, quantization="int4", linear_backend="triton", attention_backend="triton")
+    ),
     # Three adapters (ranks 8, 4, 8; attention, q/v, MLP) over two slots: requests wait for a slot, adapters
     # leave host memory and are read again, beams and samples fork with their adapter.
     "lora_ngram_swap": Setting("llama", dict(TIGHT, **LORA_NGRAM_SWAP)),
@@ -178,6 +184,13 @@ SETTINGS: dict[str, Setting] = {
         max_batch=3,
     ),
 }
+# Settings whose Triton kernels run on CUDA only here: on CPU, Triton's interpreter fails inside this test's
+# engine loop ("Cannot call @triton.jit'd outside of the scope of a kernel", attention's cache write alone
+# too), though the same engine runs interpreted in a plain process (tests/kernels/test_triton_llm.py).
+GPU_SETTINGS = {"triton_int4_linear_attention"}
+SETTING_PARAMS = [
+    pytest.param(name, marks=pytest.mark.gpu) if name in GPU_SETTINGS else name for name in SETTINGS
+]
 GGUF_MODELS = {"llama-kquant": "Q4_K", "llama-q4_0": "Q4_0"}  # tiny models loaded as a GGUF of that type
 
 # Two block-aligned shared prefixes (prefix-cache hits), one a repeating pattern (n-gram proposals).
@@ -290,6 +303,8 @@ def engine(name: str, tiny_model_factory: Any) -> LLM:
 
             gguf = os.path.join(model, "model.gguf")
             model = write_gguf(model, "llama", gguf, GGUF_MODELS[setting.model])
+        if "triton" in (args.get("linear_backend"), args.get("attention_backend")):
+            _import_triton_kernels()
         spec = args.get("speculative_config")
         if spec and spec.get("model") == "{model}":
             args = dict(args, speculative_config=dict(spec, model=model))
@@ -297,6 +312,14 @@ def engine(name: str, tiny_model_factory: Any) -> LLM:
             _ADAPTERS[name] = _write_adapters(model)
         _ENGINES[name] = LLM(model, **args)
     return _ENGINES[name]
+
+
+def _import_triton_kernels() -> None:
+    """The Triton kernels as this machine runs them: compiled on CUDA, interpreted on CPU."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "kernels"))
+    from interpreted_triton import import_triton_kernels
+
+    import_triton_kernels()
 
 
 def _write_adapters(model: str) -> list[LoRARequest]:
@@ -464,7 +487,7 @@ EXAMPLES = int(os.environ.get("PAGEDSERVE_FEATURES_EXAMPLES", "8"))
 
 
 @pytest.mark.sampled
-@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize("setting", SETTING_PARAMS)
 @settings(
     max_examples=EXAMPLES,
     derandomize=True,
@@ -478,7 +501,7 @@ def test_features_meet(setting: str, data: st.DataObject, tiny_model_factory: An
 
 
 @pytest.mark.nightly
-@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize("setting", SETTING_PARAMS)
 @settings(
     max_examples=200,
     deadline=None,

@@ -2,6 +2,7 @@
 `pagedserve:`, with `model_name` and `engine` labels and the same values, moved by real requests (a real
 server, the official openai client), and the whole exposition valid Prometheus text."""
 
+import os
 from dataclasses import dataclass
 
 import httpx
@@ -131,6 +132,15 @@ def test_every_family_under_both_names(server: RemoteServer, traffic: Traffic) -
     info = families["vllm:cache_config_info"]["samples"][0][1]
     assert info["block_size"] == "16" and info["enable_prefix_caching"] == "True"
     assert int(info["num_gpu_blocks"]) > 0
+
+
+def test_model_weight_bytes_counts_the_resident_weights(server: RemoteServer, tiny_llama: str) -> None:
+    """The gauge is the bytes the loaded weights hold: here the float32 checkpoint's, every tensor once."""
+    from safetensors.torch import load_file
+
+    checkpoint = load_file(os.path.join(tiny_llama, "model.safetensors"))
+    (sample,) = scrape(server)["pagedserve:model_weight_bytes"]["samples"]
+    assert sample[2] == sum(t.numel() * t.element_size() for t in checkpoint.values())
 
 
 PER_REQUEST_HISTOGRAMS = (
