@@ -74,7 +74,7 @@ def _load(
     if config.load_format == "dummy":
         _init_dummy(model, config.seed)
     else:
-        _load_checkpoint(model, config, rename, keep_head)
+        _load_checkpoint(model, config, device, rename, keep_head)
     # NOTE: kept on the model so the worker counts the device bytes (host_resident_bytes).
     object.__setattr__(model, "cpu_offloader", offload_layers(model, config.cpu_offload_gb, device))
     return model.eval()
@@ -83,6 +83,7 @@ def _load(
 def _load_checkpoint(
     model: PoolingModel,
     config: ModelConfig,
+    device: torch.device,
     rename: Callable[[Iterator[tuple[str, torch.Tensor]]], Iterator[tuple[str, torch.Tensor]]] | None,
     keep_head: bool,
 ) -> None:
