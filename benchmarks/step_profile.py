@@ -33,7 +33,6 @@ from pagedserve.engine.detokenizer import IncrementalDetokenizer  # noqa: E402
 from pagedserve.engine.output_processor import OutputProcessor  # noqa: E402
 from pagedserve.kernels.cpu import fused_ops  # noqa: E402
 from pagedserve.worker import model_runner as model_runner_module  # noqa: E402
-from pagedserve.worker import sampling_step as sampling_step_module  # noqa: E402
 from pagedserve.worker.input_batch import InputBatch  # noqa: E402
 
 Timings = collections.defaultdict[str, float]
@@ -110,7 +109,6 @@ def profile_decode(llm: LLM, batch_size: int, steps: int, prompt_len: int) -> tu
             (Scheduler, "get_stats", "scheduler: stats"),
             (InputBatch, "update", "input preparation"),
             (InputBatch, "build", "input preparation"),
-            (sampling_step_module, "build_sampling_metadata", "input preparation"),
             (runner.backend, "build_metadata", "input preparation"),
             (runner.model, "compute_logits", "logits"),
             (runner, "sampler", "sampler"),
