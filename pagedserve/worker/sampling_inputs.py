@@ -17,7 +17,6 @@ if TYPE_CHECKING:  # input_batch holds this state: a runtime import would be cir
     from pagedserve.worker.input_batch import CachedRequestState
 
 _UINT64_MASK = 2**64 - 1
-_INT64_MAX = 2**63 - 1
 
 
 @dataclass
@@ -36,7 +35,7 @@ class SamplingState:
 
     def __init__(self, rows: int = 64) -> None:
         self.temperature = np.zeros(rows, dtype=np.float32)
-        self.top_k = np.zeros(rows, dtype=np.int64)  # 0 = off; capped at int64's largest
+        self.top_k = np.zeros(rows, dtype=np.int64)  # 0 = off
         self.top_p = np.ones(rows, dtype=np.float32)
         self.min_p = np.zeros(rows, dtype=np.float32)
         self.presence_penalty = np.zeros(rows, dtype=np.float32)
@@ -55,7 +54,7 @@ class SamplingState:
         p = request.sampling_params
         with np.errstate(over="ignore"):  # a float beyond float32 becomes inf, as torch.tensor casts it
             self.temperature[row] = p.temperature
-        self.top_k[row] = min(p.top_k, _INT64_MAX) if p.top_k > 0 else 0
+        self.top_k[row] = max(p.top_k, 0)  # int64 by validation
         self.top_p[row] = p.top_p
         self.min_p[row] = p.min_p
         self.presence_penalty[row] = p.presence_penalty
