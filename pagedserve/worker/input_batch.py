@@ -167,7 +167,7 @@ class InputBatch:
         }
         sample_ids = [order[i] for i in sample_rows.tolist()]
         drafts = [spec.get(request_id, []) for request_id in sample_ids]
-        sampling = None
+        sampling, sampling_arrays = None, {}
         if sample_ids:
             step = SamplingRows(
                 np.repeat(rows[sample_rows], num_logits),
@@ -178,9 +178,7 @@ class InputBatch:
             arrays.update({_SAMPLING + name: array for name, array in sampling_arrays.items()})
         tensors = self.staging.to_device(arrays)
         if sampling is not None:
-            to_device(
-                sampling, {k[len(_SAMPLING) :]: v for k, v in tensors.items() if k.startswith(_SAMPLING)}
-            )
+            to_device(sampling, {name: tensors[_SAMPLING + name] for name in sampling_arrays})
         seq_lens = (starts + nums).tolist()
         query_starts = query_start_loc.tolist()
         num_decodes = int(np.count_nonzero(nums == 1))

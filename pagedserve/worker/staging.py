@@ -1,7 +1,7 @@
 """One host-to-device copy per step: every host array a step's batch needs (token ids, positions, slot
 mappings, block tables, sampling settings) is packed into one staging buffer, copied once, and handed out
-as typed views of the device copy. On CUDA the buffer is pinned (the copy runs asynchronously); on CPU the
-copy is a no-op and the views alias the buffer, through the same code."""
+as typed views of the device copy. On CUDA the buffer is pinned (the copy runs asynchronously). On CPU
+the arrays are wrapped as they are (no copy at all); tests pack on CPU too, through the same code."""
 
 import numpy as np
 import torch
@@ -13,8 +13,11 @@ _ALIGN = 8
 class StepStaging:
     """Packs named numpy arrays into one buffer and copies it to `device` in one transfer."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, pack: bool | None = None) -> None:
+        """`pack`: pack and copy (default: unless the device is the CPU, where the arrays are already
+        where the model reads them and wrapping each costs less than viewing a packed buffer)."""
         self.device = device
+        self.pack = device.type != "cpu" if pack is None else pack
         self.pinned = device.type == "cuda"
         self._host = torch.empty(0, dtype=torch.uint8, pin_memory=self.pinned)
         # The previous step's transfer: its pinned buffer is reused only after the copy finished.
@@ -22,6 +25,8 @@ class StepStaging:
 
     def to_device(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """The arrays on the device, same names, shapes and dtypes (after one copy)."""
+        if not self.pack:
+            return {name: torch.from_numpy(np.ascontiguousarray(a)) for name, a in arrays.items()}
         offsets, end = {}, 0
         for name, array in arrays.items():
             offsets[name] = end

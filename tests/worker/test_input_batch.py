@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from pagedserve.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from pagedserve.layers.sampler import SamplingMetadata
 from pagedserve.sampling_params import SamplingParams
-from pagedserve.worker.input_batch import BatchInputs, CachedRequestState, InputBatch
 from pagedserve.worker.block_table import BlockTables
+from pagedserve.worker.input_batch import BatchInputs, CachedRequestState, InputBatch
 from pagedserve.worker.sampling_inputs import SamplingState, build_sampling_metadata
+from pagedserve.worker.staging import StepStaging
 
 BLOCK, VOCAB = 4, 40
 
@@ -62,10 +63,12 @@ def assert_same_metadata(got: SamplingMetadata | None, expected: SamplingMetadat
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), steps=st.integers(1, 24))
-def test_diff_updates_match_a_rebuild(seed: int, steps: int) -> None:
+@given(seed=st.integers(0, 2**32 - 1), steps=st.integers(1, 24), pack=st.booleans())
+def test_diff_updates_match_a_rebuild(seed: int, steps: int, pack: bool) -> None:
+    """`pack`: through the one-copy staging buffer that CUDA uses, or the CPU's arrays as they are."""
     rng = random.Random(seed)
     batch = InputBatch(BLOCK, torch.device("cpu"), VOCAB)
+    batch.staging = StepStaging(torch.device("cpu"), pack=pack)
     # Everything tiny, so that the steps grow every array.
     batch.block_tables, batch.sampling = BlockTables(1, rows=1, width=1), SamplingState(rows=1)
     batch.token_ids = np.zeros((1, 2), dtype=np.int64)
