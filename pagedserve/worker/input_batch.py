@@ -167,7 +167,8 @@ class InputBatch:
         }
         sample_ids = [order[i] for i in sample_rows.tolist()]
         drafts = [spec.get(request_id, []) for request_id in sample_ids]
-        sampling, sampling_arrays = None, {}
+        sampling: SamplingMetadata | None = None
+        sampling_arrays: dict[str, np.ndarray] = {}
         if sample_ids:
             step = SamplingRows(
                 np.repeat(rows[sample_rows], num_logits),

@@ -38,7 +38,7 @@ class StepStaging:
             view[start : start + array.nbytes] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
         device_buffer = host.to(self.device, non_blocking=self.pinned)
         if self.pinned:
-            self._copied = torch.cuda.Event()
+            self._copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
             self._copied.record()
         return {
             name: device_buffer[offsets[name] : offsets[name] + array.nbytes]
