@@ -1,11 +1,16 @@
 """Where one decode step's time goes: scheduler, input preparation, forward (per layer kind), logits,
-sampler, scheduler update, output processing (detokenization), at batch 1 and batch 32.
+sampler, scheduler update, output processing (detokenization), at the batch sizes asked.
 
 The engine runs in this process (tp=1). Each phase is timed by wrapping the function that does it
 (perf_counter around the call; CPU work is synchronous), the forward's layer kinds by forward hooks on
 the leaf modules. The sum of the phases is checked against the measured step: what is left is the
-untimed glue. The server adds two hops per step (API server <-> engine process over ZMQ): with --serve
-it also measures the streamed inter-token time of one request at a time and reports the difference.
+untimed glue. "Outside the forward and logits" is the whole `LLMEngine.step()` (the engine core's
+schedule, the worker's diff update, batch and sampling-input build with its host-to-device copy, attention
+metadata, sampler, the scheduler's update and stats; the frontend's output processing and
+detokenization) minus the model's forward and `compute_logits`; it is given in wall time and in this
+thread's CPU time (which other processes on the cores do not inflate). The server adds two hops per
+step (API server <-> engine process over ZMQ): with --serve it also measures the streamed inter-token
+time of one request at a time and reports the difference.
 
     python benchmarks/step_profile.py --batch-sizes 1 32 --steps 32
     python benchmarks/step_profile.py --batch-sizes 1 32 --layers both   # torch vs fused layer kernels
@@ -33,20 +38,23 @@ from pagedserve.engine.detokenizer import IncrementalDetokenizer  # noqa: E402
 from pagedserve.engine.output_processor import OutputProcessor  # noqa: E402
 from pagedserve.kernels.cpu import fused_ops  # noqa: E402
 from pagedserve.worker import model_runner as model_runner_module  # noqa: E402
-from pagedserve.worker import sampling_step as sampling_step_module  # noqa: E402
 from pagedserve.worker.input_batch import InputBatch  # noqa: E402
 
 Timings = collections.defaultdict[str, float]
+# The calling thread's CPU time of a phase (time.thread_time) is kept under this prefix: unlike the wall
+# time it is not inflated by other processes competing for the cores (host work is this thread's alone).
+CPU = "cpu: "
 
 
 def timed(timings: Timings, phase: str, function: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.thread_time()
         try:
             return function(*args, **kwargs)
         finally:
             timings[phase] += time.perf_counter() - start
+            timings[CPU + phase] += time.thread_time() - cpu_start
 
     return wrapper
 
@@ -74,10 +82,12 @@ def hook_leaf_modules(model: torch.nn.Module, timings: Timings) -> list[Any]:
             continue
 
         def before(mod: torch.nn.Module, _: Any) -> None:
-            starts[id(mod)] = time.perf_counter()
+            starts[id(mod)] = (time.perf_counter(), time.thread_time())
 
         def after(mod: torch.nn.Module, _: Any, __: Any, kind: str = kind) -> None:
-            timings[kind] += time.perf_counter() - starts.pop(id(mod))
+            start, cpu_start = starts.pop(id(mod))
+            timings[kind] += time.perf_counter() - start
+            timings[CPU + kind] += time.thread_time() - cpu_start
 
         handles += [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
     return handles
@@ -110,7 +120,6 @@ def profile_decode(llm: LLM, batch_size: int, steps: int, prompt_len: int) -> tu
             (Scheduler, "get_stats", "scheduler: stats"),
             (InputBatch, "update", "input preparation"),
             (InputBatch, "build", "input preparation"),
-            (sampling_step_module, "build_sampling_metadata", "input preparation"),
             (runner.backend, "build_metadata", "input preparation"),
             (runner.model, "compute_logits", "logits"),
             (runner, "sampler", "sampler"),
@@ -120,10 +129,11 @@ def profile_decode(llm: LLM, batch_size: int, steps: int, prompt_len: int) -> tu
             (IncrementalDetokenizer, "update", "detokenization"),
         ]:
             stack.enter_context(patched(owner, name, timings, phase))
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.thread_time()
         for _ in range(steps):
             engine.step()
         total = time.perf_counter() - start
+        timings[CPU + "step"] = time.thread_time() - cpu_start
     for handle in handles:
         handle.remove()
     while engine.has_unfinished_requests():
@@ -135,7 +145,7 @@ def print_table(results: dict[str, tuple[Timings, float]], steps: int) -> None:
     """One column per run (batch size, and with --layers both: torch or fused layer kernels)."""
     columns = list(results)
     phases = sorted(
-        {p for timings, _ in results.values() for p in timings},
+        {p for timings, _ in results.values() for p in timings if not p.startswith(CPU)},
         key=lambda p: -results[columns[0]][0].get(p, 0.0),
     )
     print(f"\nms per decode step ({steps} steps)  " + "  ".join(f"{c:>14}" for c in columns))
@@ -149,9 +159,10 @@ def print_table(results: dict[str, tuple[Timings, float]], steps: int) -> None:
         timings, total = results[column]
         forward = timings["forward (all)"]
         outside = total - forward - timings["logits"]
+        outside_cpu = timings[CPU + "step"] - timings[CPU + "forward (all)"] - timings[CPU + "logits"]
         print(
             f"{column}: outside the forward and logits {outside / steps * 1e3:.2f} ms per step "
-            f"({outside / total:.0%}); leaf modules cover "
+            f"({outside / total:.0%}; its CPU time {outside_cpu / steps * 1e3:.2f} ms); leaf modules cover "
             f"{sum(v for k, v in timings.items() if k.startswith('forward: ')) / forward:.0%} of the forward"
         )
 

@@ -1,5 +1,6 @@
-"""The worker's persistent view of the requests it holds (tokens, progress, block tables), updated by each
-step's scheduler diff, and the step's flattened batch tensors built from it."""
+"""The worker's persistent view of the requests it holds (tokens, progress, block tables, sampling
+settings), updated by each step's scheduler diff, and the step's flattened batch tensors built from it:
+numpy gathers over the held rows (no Python loop over the batch's requests), one host-to-device copy."""
 
 from dataclasses import dataclass
 
@@ -8,9 +9,14 @@ import torch
 
 from pagedserve.attention.backends.base import CommonAttentionMetadata
 from pagedserve.core.sched_output import SchedulerOutput
+from pagedserve.layers.sampler import SamplingMetadata
 from pagedserve.protocol import LoRARequest
 from pagedserve.sampling_params import SamplingParams
 from pagedserve.worker.block_table import BlockTables
+from pagedserve.worker.sampling_inputs import SamplingRows, SamplingState, to_device
+from pagedserve.worker.staging import StepStaging
+
+_SAMPLING = "sampling."  # the staged arrays of the sampling metadata are named with this prefix
 
 
 @dataclass(slots=True)
@@ -20,7 +26,6 @@ class CachedRequestState:
     num_prompt_tokens: int
     sampling_params: SamplingParams
     eos_token_id: int | None
-    num_computed_tokens: int
     lora_request: LoRARequest | None = None
     beam: bool = False  # a beam search's beam: its logprobs are HF's beam scores (layers/sampler.py)
 
@@ -38,6 +43,8 @@ class BatchInputs:
     # (speculative decoding) the last 1 + num_drafts tokens.
     logits_indices: torch.Tensor
     draft_token_ids: list[list[int]]  # per sampling row (empty: no drafts)
+    # The sampling settings of the logits rows (None when nothing samples, or built by hand in tests).
+    sampling: SamplingMetadata | None = None
 
     @property
     def num_tokens_per_row(self) -> list[int]:
@@ -46,94 +53,162 @@ class BatchInputs:
 
 
 class InputBatch:
-    """Every request the worker holds (`states`) and their block tables, kept across steps."""
+    """Every request the worker holds (`states`), kept across steps. Each holds one row (its block-table
+    row) of the persistent arrays: block tables, token ids, sampling settings."""
 
-    def __init__(self, block_size: int, device: torch.device, num_groups: int = 1) -> None:
+    def __init__(self, block_size: int, device: torch.device, vocab_size: int, num_groups: int = 1) -> None:
         self.block_size = block_size
         self.device = device
+        self.vocab_size = vocab_size
         self.num_groups = num_groups
         self.states: dict[str, CachedRequestState] = {}
         self.block_tables = BlockTables(num_groups)
+        self.sampling = SamplingState()
+        # Per row: every token known (then this step's drafts), how many are known, how many computed.
+        self.token_ids = np.zeros((64, 256), dtype=np.int64)
+        self.num_tokens = np.zeros(64, dtype=np.int64)
+        self.num_computed = np.zeros(64, dtype=np.int64)
+        self.staging = StepStaging(device)
 
     def update(self, out: SchedulerOutput) -> None:
-        """Apply the scheduler's diff: forget finished/preempted requests, add new ones, extend cached ones."""
+        """Apply the scheduler's diff: forget finished/preempted requests, add new ones, extend cached ones
+        (a loop over the changed requests only)."""
         for request_id in out.finished_req_ids:
             self.states.pop(request_id, None)
             self.block_tables.remove(request_id)
         for new in out.scheduled_new_reqs:
-            self.states[new.request_id] = CachedRequestState(
+            state = CachedRequestState(
                 new.request_id,
                 list(new.token_ids),
                 new.num_prompt_tokens,
                 new.sampling_params,
                 new.eos_token_id,
-                new.num_computed_tokens,
                 new.lora_request,
                 new.beam,
             )
+            self.states[new.request_id] = state
             self.block_tables.remove(new.request_id)  # NOTE: a resumed request comes back as new
             self.block_tables.add(new.request_id, list(new.block_ids))
+            row = self.block_tables.row_of[new.request_id]
+            self.sampling.add(row, state)
+            self._write_tokens(row, 0, state.token_ids, new.num_computed_tokens)
         for cached in out.scheduled_cached_reqs:
             state = self.states[cached.request_id]
             if cached.num_dropped_blocks:
                 self.block_tables.drop_last(cached.request_id, cached.num_dropped_blocks)
+            self._write_tokens(
+                self.block_tables.row_of[cached.request_id],
+                len(state.token_ids),
+                cached.new_token_ids,
+                cached.num_computed_tokens,
+            )
             state.token_ids.extend(cached.new_token_ids)
             self.block_tables.append(cached.request_id, list(cached.new_block_ids))
-            state.num_computed_tokens = cached.num_computed_tokens
+
+    def _write_tokens(self, row: int, start: int, token_ids: list[int], num_computed: int) -> None:
+        """Tokens [start, start + len) of the request in `row`, which now knows that many and has
+        `num_computed` of them computed."""
+        end = start + len(token_ids)
+        self._fit(row, end)
+        self.token_ids[row, start:end] = token_ids
+        self.num_tokens[row] = end
+        self.num_computed[row] = num_computed
+
+    def _fit(self, row: int, width: int) -> None:
+        """Grow the token arrays (by doubling) to hold `row` and `width` tokens in it."""
+        rows, old_width = self.token_ids.shape
+        if row < rows and width <= old_width:
+            return
+        new_rows = rows if row < rows else max(2 * rows, row + 1)
+        grown = np.zeros((new_rows, old_width if width <= old_width else 2 * width), dtype=np.int64)
+        grown[:rows, :old_width] = self.token_ids
+        self.token_ids = grown
+        self.num_tokens = np.resize(self.num_tokens, grown.shape[0])
+        self.num_computed = np.resize(self.num_computed, grown.shape[0])
 
     def build(self, out: SchedulerOutput) -> BatchInputs:
-        """Flatten the scheduled tokens (a request's draft tokens after its own) and advance each state's
-        num_computed_tokens past them."""
+        """Flatten the scheduled tokens (a request's draft tokens after its own) into the step's tensors,
+        with the sampling settings of the rows that sample, in one host-to-device copy."""
         scheduled, spec = out.num_scheduled_tokens, out.scheduled_spec_decode_tokens
         # decodes first, then verifications (1 + drafts tokens: attention backends may take them as
         # decodes), then prefill chunks (stable)
         order = sorted(
             scheduled, key=lambda rid: (scheduled[rid] != 1, scheduled[rid] != 1 + len(spec.get(rid, [])))
         )
-        input_ids: list[int] = []
-        starts = np.empty(len(order), dtype=np.int64)
-        sample_rows: list[int] = []
-        logits_indices: list[int] = []
-        drafts: list[list[int]] = []
-        nums = np.fromiter((scheduled[rid] for rid in order), dtype=np.int64, count=len(order))
+        rows = np.fromiter((self.block_tables.row_of[r] for r in order), dtype=np.int64, count=len(order))
+        nums = np.fromiter((scheduled[r] for r in order), dtype=np.int64, count=len(order))
+        num_drafts = np.zeros(len(order), dtype=np.int64)
+        if spec:  # a loop over the requests with drafts only
+            for i, request_id in enumerate(order):
+                if spec.get(request_id):
+                    num_drafts[i] = self._write_drafts(int(rows[i]), spec[request_id])
+        starts = self.num_computed[rows]
         query_start_loc = np.concatenate([[0], np.cumsum(nums)])
-        for row, request_id in enumerate(order):
-            state, num = self.states[request_id], int(nums[row])
-            start, draft = state.num_computed_tokens, spec.get(request_id, [])
-            input_ids.extend((state.token_ids + draft if draft else state.token_ids)[start : start + num])
-            starts[row] = start
-            state.num_computed_tokens = start + num
-            if start + num == len(state.token_ids) + len(draft):
-                sample_rows.append(row)
-                end = int(query_start_loc[row + 1])
-                logits_indices += range(end - 1 - len(draft), end)
-                drafts.append(draft)
-        # Every token's position and KV slot at once: row of each token, then its offset in the request.
+        # Every token's row, position and KV slot at once.
         token_rows = np.repeat(np.arange(len(order)), nums)
         positions = starts[token_rows] + np.arange(int(query_start_loc[-1])) - query_start_loc[token_rows]
+        input_ids = self.token_ids[rows[token_rows], positions]
         tables = self.block_tables.gather(order)  # [groups, rows, width]
         slots = tables[:, token_rows, positions // self.block_size] * self.block_size + (
             positions % self.block_size
         )
+        # The rows whose scheduled tokens reach their end sample: their last 1 + num_drafts positions.
+        sample_rows = np.flatnonzero(starts + nums == self.num_tokens[rows] + num_drafts)
+        num_logits = 1 + num_drafts[sample_rows]
+        logits_indices = np.repeat(query_start_loc[sample_rows + 1] - num_logits, num_logits) + (
+            np.arange(int(num_logits.sum())) - np.repeat(np.cumsum(num_logits) - num_logits, num_logits)
+        )
+        arrays = {
+            "input_ids": input_ids,
+            "positions": positions,
+            "logits_indices": logits_indices,
+            **{f"block_tables{g}": tables[g] for g in range(self.num_groups)},
+            **{f"slot_mapping{g}": slots[g] for g in range(self.num_groups)},
+        }
+        sample_ids = [order[i] for i in sample_rows.tolist()]
+        drafts = [spec.get(request_id, []) for request_id in sample_ids]
+        sampling: SamplingMetadata | None = None
+        sampling_arrays: dict[str, np.ndarray] = {}
+        if sample_ids:
+            step = SamplingRows(
+                np.repeat(rows[sample_rows], num_logits),
+                [self.states[r] for r, draft in zip(sample_ids, drafts) for _ in range(len(draft) + 1)],
+                [draft[:j] for draft in drafts for j in range(len(draft) + 1)],
+            )
+            sampling_arrays, sampling = self.sampling.host_arrays(step, self.vocab_size)
+            arrays.update({_SAMPLING + name: array for name, array in sampling_arrays.items()})
+        tensors = self.staging.to_device(arrays)
+        if sampling is not None:
+            to_device(sampling, {name: tensors[_SAMPLING + name] for name in sampling_arrays})
         seq_lens = (starts + nums).tolist()
+        query_starts = query_start_loc.tolist()
         num_decodes = int(np.count_nonzero(nums == 1))
         attention = [
             CommonAttentionMetadata(
-                query_start_loc=query_start_loc.tolist(),
+                query_start_loc=query_starts,
                 seq_lens=seq_lens,
-                block_tables=torch.from_numpy(tables[group]).to(self.device),
-                slot_mapping=torch.from_numpy(slots[group]).to(self.device),
+                block_tables=tensors[f"block_tables{group}"],
+                slot_mapping=tensors[f"slot_mapping{group}"],
                 num_decodes=num_decodes,
                 block_size=self.block_size,
             )
             for group in range(self.num_groups)
         ]
         return BatchInputs(
-            torch.tensor(input_ids, device=self.device),
-            torch.from_numpy(positions).to(self.device),
+            tensors["input_ids"],
+            tensors["positions"],
             attention,
             order,
-            sample_rows,
-            torch.tensor(logits_indices, device=self.device),
+            sample_rows.tolist(),
+            tensors["logits_indices"],
             drafts,
+            sampling,
         )
+
+    def _write_drafts(self, row: int, draft: list[int]) -> int:
+        """Put a request's draft tokens after its known ones (the next diff overwrites them with what was
+        accepted); their number."""
+        start = int(self.num_tokens[row])
+        self._fit(row, start + len(draft))
+        self.token_ids[row, start : start + len(draft)] = draft
+        return len(draft)

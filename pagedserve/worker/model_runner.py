@@ -72,7 +72,9 @@ class ModelRunner:
             else LoRAManager(self.model, config.lora, device, self.dtype, stage_layers)
         )
         self.sampler = Sampler()
-        self.input_batch = InputBatch(self.block_size, device, self.kv_groups.num_groups)
+        self.input_batch = InputBatch(
+            self.block_size, device, config.model.vocab_size, self.kv_groups.num_groups
+        )
         self.prompt_logprobs = PromptLogprobs(self.model.compute_logits)
         self._check_kv_layout()
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -270,8 +272,15 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[batch.logits_indices]).float()  # [positions, vocab]
         if get_tp_rank() != 0:  # NOTE: only rank 0 samples; computing logits above is a collective
             return output
+        assert batch.sampling is not None, "built with the rows that sample"
         sample_step(
-            self.sampler, requests, batch.draft_token_ids, logits, scheduler_output.grammar_bitmask, output
+            self.sampler,
+            requests,
+            batch.draft_token_ids,
+            logits,
+            batch.sampling,
+            scheduler_output.grammar_bitmask,
+            output,
         )
         if self.drafter is not None:
             self._propose(requests, output)

@@ -41,7 +41,7 @@ class PromptLogprobs:
                 continue
             state = states[request_id]
             first_row = query_start_loc[row]
-            end = state.num_computed_tokens
+            end = batch.attention[0].seq_lens[row]  # computed after this step
             start = end - (query_start_loc[row + 1] - first_row)
             if end >= state.num_prompt_tokens:  # its prompt is done after this step
                 self.pending.discard(request_id)

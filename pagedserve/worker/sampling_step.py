@@ -11,10 +11,9 @@ import torch
 from pagedserve.core.sched_output import ModelRunnerOutput
 from pagedserve.layers.grammar_bitmask import apply_grammar_bitmask
 from pagedserve.layers.rejection_sampler import accept_drafts
-from pagedserve.layers.sampler import Sampler
+from pagedserve.layers.sampler import Sampler, SamplingMetadata
 from pagedserve.structured_output.manager import GrammarBitmask
 from pagedserve.worker.input_batch import CachedRequestState
-from pagedserve.worker.sampling_inputs import build_sampling_metadata
 
 
 def sample_step(
@@ -22,30 +21,30 @@ def sample_step(
     requests: list[CachedRequestState],
     drafts: list[list[int]],
     logits: torch.Tensor,
+    meta: SamplingMetadata,
     grammar: GrammarBitmask | None,
     output: ModelRunnerOutput,
 ) -> None:
-    """`logits` [rows, vocab]: len(draft) + 1 rows per request, request by request. Fills the output's
-    sampled tokens, accepted drafts and logprobs."""
-    rows = [request for request, draft in zip(requests, drafts) for _ in range(len(draft) + 1)]
+    """`logits` [rows, vocab]: len(draft) + 1 rows per request, request by request, and `meta` their
+    settings (worker/sampling_inputs.py). Fills the output's sampled tokens, accepted drafts and logprobs."""
     if grammar is not None:
+        rows = [request for request, draft in zip(requests, drafts) for _ in range(len(draft) + 1)]
         apply_grammar_bitmask(logits, [r.request_id for r in rows], grammar.request_ids, grammar.bitmask)
-    drafted = [draft[:j] for draft in drafts for j in range(len(draft) + 1)]
-    meta = build_sampling_metadata(rows, logits.shape[1], logits.device, drafted)
     sampled = sampler(logits, meta)
-    ids: list[list[int]] = []
-    values: list[list[float]] = []
-    if sampled.logprobs is not None and sampled.logprob_token_ids is not None:
-        ids, values = sampled.logprob_token_ids.tolist(), sampled.logprobs.tolist()
+    request_ids = [request.request_id for request in requests]
+    if any(drafts):
+        tokens = accept_drafts(sampled.sampled_token_ids.tolist(), drafts)
+        output.sampled_token_ids.update(zip(request_ids, (t[0] for t in tokens)))
+        output.extra_token_ids.update((r, t[1:]) for r, d, t in zip(request_ids, drafts, tokens) if d)
+    else:
+        output.sampled_token_ids.update(zip(request_ids, sampled.sampled_token_ids.tolist()))
+    if sampled.logprobs is None or sampled.logprob_token_ids is None:
+        return
+    ids, values = sampled.logprob_token_ids.tolist(), sampled.logprobs.tolist()
     first_row = 0
-    for request, draft, tokens in zip(
-        requests, drafts, accept_drafts(sampled.sampled_token_ids.tolist(), drafts)
-    ):
-        output.sampled_token_ids[request.request_id] = tokens[0]
-        if draft:
-            output.extra_token_ids[request.request_id] = tokens[1:]
+    for request, draft in zip(requests, drafts):  # NOTE: only when some request asked for logprobs
         num = request.sampling_params.logprobs
-        if num is not None and ids:
+        if num is not None:
             row_ids, row_values = ids[first_row], values[first_row]
             output.logprobs[request.request_id] = dict(zip(row_ids[: num + 1], row_values[: num + 1]))
         first_row += len(draft) + 1
