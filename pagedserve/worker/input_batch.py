@@ -10,24 +10,12 @@ import torch
 from pagedserve.attention.backends.base import CommonAttentionMetadata
 from pagedserve.core.sched_output import SchedulerOutput
 from pagedserve.layers.sampler import SamplingMetadata
-from pagedserve.protocol import LoRARequest
-from pagedserve.sampling_params import SamplingParams
 from pagedserve.worker.block_table import BlockTables
+from pagedserve.worker.request_state import CachedRequestState
 from pagedserve.worker.sampling_inputs import SamplingRows, SamplingState, to_device
 from pagedserve.worker.staging import StepStaging
 
 _SAMPLING = "sampling."  # the staged arrays of the sampling metadata are named with this prefix
-
-
-@dataclass(slots=True)
-class CachedRequestState:
-    request_id: str
-    token_ids: list[int]
-    num_prompt_tokens: int
-    sampling_params: SamplingParams
-    eos_token_id: int | None
-    lora_request: LoRARequest | None = None
-    beam: bool = False  # a beam search's beam: its logprobs are HF's beam scores (layers/sampler.py)
 
 
 @dataclass

@@ -22,9 +22,10 @@ from pagedserve.utils import format_bytes
 from pagedserve.worker.block_ops import KVBlockMover
 from pagedserve.worker.cuda_graph import CudaGraphRunner
 from pagedserve.worker.draft_proposer import DraftModelProposer
-from pagedserve.worker.input_batch import BatchInputs, CachedRequestState, InputBatch
+from pagedserve.worker.input_batch import BatchInputs, InputBatch
 from pagedserve.worker.kv_groups import bind_kv_cache_groups
 from pagedserve.worker.prompt_logprobs import PromptLogprobs
+from pagedserve.worker.request_state import CachedRequestState
 from pagedserve.worker.sampling_step import sample_step
 
 logger = init_logger(__name__)

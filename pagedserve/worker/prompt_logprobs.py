@@ -8,7 +8,8 @@ import torch
 
 from pagedserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagedserve.layers.sampler import gather_logprobs
-from pagedserve.worker.input_batch import BatchInputs, CachedRequestState
+from pagedserve.worker.input_batch import BatchInputs
+from pagedserve.worker.request_state import CachedRequestState
 
 
 class PromptLogprobs:

@@ -6,15 +6,12 @@ one. Every row, a plain sample or one position of a draft verification, is built
 tokens that precede it."""
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from pagedserve.layers.sampler import SamplingMetadata
-
-if TYPE_CHECKING:  # input_batch holds this state: a runtime import would be circular
-    from pagedserve.worker.input_batch import CachedRequestState
+from pagedserve.worker.request_state import CachedRequestState
 
 _UINT64_MASK = 2**64 - 1
 
@@ -26,7 +23,7 @@ class SamplingRows:
     min_tokens and seed, as they would had they been sampled one step at a time)."""
 
     rows: np.ndarray  # [R] int64, rows of the SamplingState
-    requests: list["CachedRequestState"]
+    requests: list[CachedRequestState]
     drafted: list[list[int]]
 
 
@@ -47,7 +44,7 @@ class SamplingState:
         # is visited on its own when it samples.
         self.per_token = np.zeros(rows, dtype=np.bool_)
 
-    def add(self, row: int, request: "CachedRequestState") -> None:
+    def add(self, row: int, request: CachedRequestState) -> None:
         """Write a request's settings into `row` (whatever request held it before is overwritten)."""
         if row >= len(self.temperature):
             self._grow(max(row + 1, 2 * len(self.temperature)))
@@ -146,7 +143,7 @@ def to_device(meta: SamplingMetadata, tensors: dict[str, torch.Tensor]) -> Sampl
 
 
 def build_sampling_metadata(
-    requests: list["CachedRequestState"],
+    requests: list[CachedRequestState],
     vocab_size: int,
     device: torch.device,
     drafted: list[list[int]] | None = None,
@@ -161,7 +158,7 @@ def build_sampling_metadata(
     return to_device(meta, {name: torch.from_numpy(a).to(device) for name, a in arrays.items()})
 
 
-def _uses_penalties(request: "CachedRequestState") -> bool:
+def _uses_penalties(request: CachedRequestState) -> bool:
     p = request.sampling_params
     return bool(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1)
 

@@ -13,7 +13,7 @@ from pagedserve.layers.grammar_bitmask import apply_grammar_bitmask
 from pagedserve.layers.rejection_sampler import accept_drafts
 from pagedserve.layers.sampler import Sampler, SamplingMetadata
 from pagedserve.structured_output.manager import GrammarBitmask
-from pagedserve.worker.input_batch import CachedRequestState
+from pagedserve.worker.request_state import CachedRequestState
 
 
 def sample_step(

@@ -204,7 +204,7 @@ def test_prompt_logprobs_once_per_position_after_recompute_preemption(
 def test_min_tokens_bans_eos_only_when_eos_stops(ignore_eos: bool) -> None:
     """Under min_tokens, stop_token_ids are banned, and EOS only when it would stop the request (with
     ignore_eos it is a plain token, as in vLLM)."""
-    from pagedserve.worker.input_batch import CachedRequestState
+    from pagedserve.worker.request_state import CachedRequestState
     from pagedserve.worker.sampling_inputs import build_sampling_metadata
 
     params = SamplingParams(min_tokens=4, stop_token_ids=[7], ignore_eos=ignore_eos, max_tokens=8)

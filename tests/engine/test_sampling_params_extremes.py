@@ -21,7 +21,7 @@ from pagedserve.sampling_params import (
     BeamSearchParams,
     SamplingParams,
 )
-from pagedserve.worker.input_batch import CachedRequestState
+from pagedserve.worker.request_state import CachedRequestState
 from pagedserve.worker.sampling_inputs import build_sampling_metadata
 
 VOCAB = 32

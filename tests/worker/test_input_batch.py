@@ -15,7 +15,8 @@ from pagedserve.core.sched_output import CachedRequestData, NewRequestData, Sche
 from pagedserve.layers.sampler import SamplingMetadata
 from pagedserve.sampling_params import SamplingParams
 from pagedserve.worker.block_table import BlockTables
-from pagedserve.worker.input_batch import BatchInputs, CachedRequestState, InputBatch
+from pagedserve.worker.input_batch import BatchInputs, InputBatch
+from pagedserve.worker.request_state import CachedRequestState
 from pagedserve.worker.sampling_inputs import SamplingState, build_sampling_metadata
 from pagedserve.worker.staging import StepStaging
 
