@@ -243,6 +243,24 @@ def default_llm(default_model: str):
 
 
 @pytest.fixture(scope="session")
+def smol_server(default_model: str):
+    """SmolLM2 with a tool-call template, "auto" tools (hermes), a bound on constraints (8192 bytes) and 2
+    stored responses, shared by the server tests of structured outputs, tools, Responses and Messages
+    (a start costs more than most of their tests); no API key (stored responses are then scoped by
+    whatever key a client sends)."""
+    from server_utils import API_SERVER, RemoteServer  # NOTE: tests/entrypoints/, on the path of its tests
+
+    template = os.path.join(os.path.dirname(__file__), "entrypoints", "tool_template.jinja")
+    args = ["--model", default_model, "--served-model-name", "smol", "--max-model-len", "1024"]
+    args += ["--kv-cache-memory", "512MiB", "--chat-template", template, "--enable-auto-tool-choice"]
+    args += ["--tool-call-parser", "hermes", "--max-structured-output-bytes", "8192"]
+    args += ["--max-stored-responses", "2", "--uvicorn-log-level", "warning"]
+    server = RemoteServer(API_SERVER, args)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def default_hf_model(default_model: str):
     """The embedded model in HF transformers, dequantized from its GGUF to float32: the reference."""
     from transformers import AutoModelForCausalLM
