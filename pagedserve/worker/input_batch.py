@@ -143,9 +143,7 @@ class InputBatch:
         # The rows whose scheduled tokens reach their end sample: their last 1 + num_drafts positions.
         sample_rows = np.flatnonzero(starts + nums == self.num_tokens[rows] + num_drafts)
         num_logits = 1 + num_drafts[sample_rows]
-        logits_indices = np.repeat(query_start_loc[sample_rows + 1] - num_logits, num_logits) + (
-            np.arange(int(num_logits.sum())) - np.repeat(np.cumsum(num_logits) - num_logits, num_logits)
-        )
+        logits_indices = _last_positions(query_start_loc[sample_rows + 1], num_logits)
         arrays = {
             "input_ids": input_ids,
             "positions": positions,
@@ -153,35 +151,12 @@ class InputBatch:
             **{f"block_tables{g}": tables[g] for g in range(self.num_groups)},
             **{f"slot_mapping{g}": slots[g] for g in range(self.num_groups)},
         }
-        sample_ids = [order[i] for i in sample_rows.tolist()]
-        drafts = [spec.get(request_id, []) for request_id in sample_ids]
-        sampling: SamplingMetadata | None = None
-        sampling_arrays: dict[str, np.ndarray] = {}
-        if sample_ids:
-            step = SamplingRows(
-                np.repeat(rows[sample_rows], num_logits),
-                [self.states[r] for r, draft in zip(sample_ids, drafts) for _ in range(len(draft) + 1)],
-                [draft[:j] for draft in drafts for j in range(len(draft) + 1)],
-            )
-            sampling_arrays, sampling = self.sampling.host_arrays(step, self.vocab_size)
-            arrays.update({_SAMPLING + name: array for name, array in sampling_arrays.items()})
+        drafts, sampling, sampling_arrays = self._sampling(order, spec, rows, sample_rows, num_logits)
+        arrays.update({_SAMPLING + name: array for name, array in sampling_arrays.items()})
         tensors = self.staging.to_device(arrays)
         if sampling is not None:
             to_device(sampling, {name: tensors[_SAMPLING + name] for name in sampling_arrays})
-        seq_lens = (starts + nums).tolist()
-        query_starts = query_start_loc.tolist()
-        num_decodes = int(np.count_nonzero(nums == 1))
-        attention = [
-            CommonAttentionMetadata(
-                query_start_loc=query_starts,
-                seq_lens=seq_lens,
-                block_tables=tensors[f"block_tables{group}"],
-                slot_mapping=tensors[f"slot_mapping{group}"],
-                num_decodes=num_decodes,
-                block_size=self.block_size,
-            )
-            for group in range(self.num_groups)
-        ]
+        attention = self._attention(tensors, starts + nums, query_start_loc, nums)
         return BatchInputs(
             tensors["input_ids"],
             tensors["positions"],
@@ -193,6 +168,48 @@ class InputBatch:
             sampling,
         )
 
+    def _sampling(
+        self,
+        order: list[str],
+        spec: dict[str, list[int]],
+        rows: np.ndarray,
+        sample_rows: np.ndarray,
+        num_logits: np.ndarray,
+    ) -> tuple[list[list[int]], SamplingMetadata | None, dict[str, np.ndarray]]:
+        """The sampling rows' drafts, and their settings (host arrays, staged with the step's others)."""
+        sample_ids = [order[i] for i in sample_rows.tolist()]
+        drafts = [spec.get(request_id, []) for request_id in sample_ids]
+        if not sample_ids:
+            return drafts, None, {}
+        step = SamplingRows(
+            np.repeat(rows[sample_rows], num_logits),
+            [self.states[r] for r, draft in zip(sample_ids, drafts) for _ in range(len(draft) + 1)],
+            [draft[:j] for draft in drafts for j in range(len(draft) + 1)],
+        )
+        sampling_arrays, sampling = self.sampling.host_arrays(step, self.vocab_size)
+        return drafts, sampling, sampling_arrays
+
+    def _attention(
+        self,
+        tensors: dict[str, torch.Tensor],
+        seq_lens: np.ndarray,
+        query_start_loc: np.ndarray,
+        nums: np.ndarray,
+    ) -> list[CommonAttentionMetadata]:
+        """Each KV cache group's attention metadata of the step (decodes, one token each, first)."""
+        num_decodes = int(np.count_nonzero(nums == 1))
+        return [
+            CommonAttentionMetadata(
+                query_start_loc=query_start_loc.tolist(),
+                seq_lens=seq_lens.tolist(),
+                block_tables=tensors[f"block_tables{group}"],
+                slot_mapping=tensors[f"slot_mapping{group}"],
+                num_decodes=num_decodes,
+                block_size=self.block_size,
+            )
+            for group in range(self.num_groups)
+        ]
+
     def _write_drafts(self, row: int, draft: list[int]) -> int:
         """Put a request's draft tokens after its known ones (the next diff overwrites them with what was
         accepted); their number."""
@@ -200,3 +217,11 @@ class InputBatch:
         self._fit(row, start + len(draft))
         self.token_ids[row, start : start + len(draft)] = draft
         return len(draft)
+
+
+def _last_positions(ends: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The last counts[i] token indices before ends[i], for each i, concatenated."""
+    firsts: np.ndarray = np.repeat(ends - counts, counts)
+    offsets: np.ndarray = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    positions: np.ndarray = firsts + offsets
+    return positions

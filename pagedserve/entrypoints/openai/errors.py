@@ -55,15 +55,31 @@ class ErrorResponse(BaseModel):
     error: ErrorInfo
 
 
-# The error statuses of the API routes, for their OpenAPI `responses`.
+class AnthropicErrorInfo(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicErrorResponse(BaseModel):
+    """The body of an error on Anthropic's routes (/v1/messages...)."""
+
+    type: str
+    error: AnthropicErrorInfo
+
+
+_ERROR_STATUSES = (
+    (400, "Invalid request (what was wrong, the limit, the field to change)"),
+    (401, "Missing or wrong API key"),
+    (404, "Unknown model"),
+    (503, "At capacity (Retry-After), loading, shutting down, or the engine is dead"),
+)
+# The error statuses of the API routes, for their OpenAPI `responses` (Anthropic's routes: their own shape).
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse, "description": description}
-    for status, description in (
-        (400, "Invalid request (what was wrong, the limit, the field to change)"),
-        (401, "Missing or wrong API key"),
-        (404, "Unknown model"),
-        (503, "At capacity (Retry-After), loading, shutting down, or the engine is dead"),
-    )
+    status: {"model": ErrorResponse, "description": description} for status, description in _ERROR_STATUSES
+}
+ANTHROPIC_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": AnthropicErrorResponse, "description": description}
+    for status, description in _ERROR_STATUSES
 }
 
 

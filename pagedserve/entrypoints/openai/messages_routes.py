@@ -6,20 +6,20 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
-from pagedserve.entrypoints.openai.errors import ERROR_RESPONSES
+from pagedserve.entrypoints.openai.errors import ANTHROPIC_ERROR_RESPONSES
 from pagedserve.entrypoints.openai.protocol_messages import CountTokensRequest, MessagesRequest
 from pagedserve.entrypoints.openai.serving_messages import AnthropicServingMessages
 from pagedserve.entrypoints.utils import with_cancellation
 
 
 def add_messages_routes(app: FastAPI, serving: AnthropicServingMessages) -> None:
-    @app.post("/v1/messages", response_model=None, responses=ERROR_RESPONSES)
+    @app.post("/v1/messages", response_model=None, responses=ANTHROPIC_ERROR_RESPONSES)
     @with_cancellation
     async def create_message(
         request: MessagesRequest, raw_request: Request
     ) -> dict[str, Any] | StreamingResponse:
         return await serving.create(request)
 
-    @app.post("/v1/messages/count_tokens", responses=ERROR_RESPONSES)
+    @app.post("/v1/messages/count_tokens", responses=ANTHROPIC_ERROR_RESPONSES)
     async def count_tokens(request: CountTokensRequest) -> dict[str, int]:
         return await serving.count_tokens(request)
