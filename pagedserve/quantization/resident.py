@@ -4,15 +4,11 @@
 import re
 from dataclasses import dataclass, field
 
-import torch
 from torch import nn
 
-from pagedserve import envs
-from pagedserve.kernels.cpu.gguf_ops import GGML_BLOCK_FORMATS, gguf_pack, gguf_packable
 from pagedserve.quantization.base import QuantizeMethodBase
 from pagedserve.utils import format_bytes
 
-PACKED_ROWS = 16  # the native decode layout's row group (gguf_pack)
 # Layer type -> the module names it covers (the first match wins; anything else is "other": norms, routers).
 _LAYER_TYPES = (
     ("experts", re.compile(r"\.experts(\.|$)")),
@@ -61,17 +57,3 @@ def resident_weights(model: nn.Module) -> ResidentWeights:
         resident.bytes[kind] = resident.bytes.get(kind, 0) + sum(p.numel() * p.element_size() for p in params)
         resident.formats.setdefault(kind, set()).update(formats)
     return resident
-
-
-def resident_bytes(ggml_type: int, rows: int, cols: int, linear_backend: str) -> int:
-    """Bytes a [rows, cols] weight stored as `ggml_type` blocks holds resident under `linear_backend`
-    (--linear-backend, resolved), on whatever device: the file's bytes on triton and torch, which multiply
-    the blocks as stored; on native, gguf_pack's 16-row decode layout where the type has one for the
-    configured activations (rows padded to 16, K-quant scales unpacked: up to 1.6x the file's Q5_K), else
-    the file's bytes. GPTQ/AWQ add float32 group offsets when asymmetric (int4_groups.py)."""
-    weights, nbytes = GGML_BLOCK_FORMATS[ggml_type]
-    blocks = cols // weights
-    if linear_backend == "native" and gguf_packable(ggml_type, envs.gguf_activation_bits()):
-        group = gguf_pack(torch.zeros(PACKED_ROWS, nbytes, dtype=torch.uint8), ggml_type).numel()
-        return -(-rows // PACKED_ROWS) * group * blocks
-    return rows * blocks * nbytes
