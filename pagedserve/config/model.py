@@ -18,6 +18,7 @@ from pagedserve.errors import ConfigError
 from pagedserve.logger import init_logger
 from pagedserve.utils.default_model import DEFAULT_MODEL_NAME, default_model_path
 from pagedserve.utils.gguf_cache import gguf_hf_folder
+from pagedserve.utils.hf_tokenizer import tokenizer_source
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -202,8 +203,8 @@ def _pooling(
     """The pooling runner's settings when the model runs on it (--runner), else None."""
     if not resolve_runner(runner, architecture):
         return None
-    tokenizer_source = tokenizer or (gguf_hf_folder(gguf_file) if gguf_file else path)
-    return resolve_pooling(path, hf_config, architecture, convert, pooler_config, tokenizer_source)
+    source = tokenizer_source(path, tokenizer, gguf_file)
+    return resolve_pooling(path, hf_config, architecture, convert, pooler_config, source)
 
 
 def _resolve_dtype(dtype: str, hf_config: "PretrainedConfig", device: str) -> str:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal, get_args
 
 from pagedserve.errors import ConfigError
+from pagedserve.utils.hf_tokenizer import load_hf_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -152,9 +153,7 @@ def _token_ids(tokens: tuple[str, ...], tokenizer_source: str) -> tuple[int, ...
     """Each token's id in the model's tokenizer (one token each, or the reranker would score another)."""
     if not tokens:
         return ()
-    from transformers import AutoTokenizer  # NOTE: lazy: config/ stays light
-
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
+    tokenizer = load_hf_tokenizer(tokenizer_source)
     ids = []
     for token in tokens:
         encoded = tokenizer.encode(token, add_special_tokens=False)
