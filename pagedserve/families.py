@@ -19,8 +19,8 @@ NormPlacement = Literal["pre", "sandwich", "parallel"]
 # config's `layer_types` when it lists them, else every layer; "every_layer": every layer, whatever
 # `layer_types` says (HF's Mistral, Mixtral, Phi-3 and Qwen3-MoE code ignores it).
 WindowRule = Literal["layer_types", "every_layer"]
-# How a family's KV heads are counted: "num_key_value_heads" (default the heads), or "multi_query" (Falcon): grouped
-# with the new decoder architecture, one for multi-query, else one per head.
+# How a family's KV heads are counted: "num_key_value_heads" (default the heads), or "multi_query"
+# (Falcon's): grouped with the new decoder architecture, one for multi-query, else one per head.
 KVHeadsRule = Literal["num_key_value_heads", "multi_query"]
 
 
@@ -33,9 +33,8 @@ class MoELayout:
     """A mixture-of-experts family's layout."""
 
     checkpoint_module: str  # where HF's checkpoint keeps a layer's router and experts
-    every_layer: (
-        bool  # every layer is sparse (Mixtral); else every `decoder_sparse_step`-th but `mlp_only_layers`
-    )
+    # every layer is sparse (Mixtral); else every `decoder_sparse_step`-th layer but `mlp_only_layers`
+    every_layer: bool
     expert_size_field: str  # the config field with one expert's intermediate size
     shared_expert: bool  # a gated shared expert beside the routed ones (its size in the config)
 
@@ -71,7 +70,7 @@ class FamilyFacts:
     positions_after_padding: bool = False  # an encoder's position ids start at pad_token_id + 1 (RoBERTa)
     qkv_bias: bool = False  # a bias on the q/k/v projections (Qwen2, Qwen2-MoE)
     bias_field: str | None = None  # a config field that turns every linear's bias on (Falcon's `bias`)
-    qk_norm: bool = False  # an RMSNorm over each head of q and k before rotary
+    qk_norm: bool = False  # a norm over each head of q and k before rotary (the model picks its kind)
     norm_placement: NormPlacement = "pre"
     layer_norm: bool = False  # LayerNorms with a bias instead of RMSNorms
     gated_mlp: bool = True  # gate, up and down (else up and down)
@@ -94,7 +93,6 @@ _GEMMA_GGUF_NAMES = {
     "ffn_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
-_QWEN_MOE = MoELayout("mlp", every_layer=False, expert_size_field="moe_intermediate_size", shared_expert=True)
 _BERT_GGUF = GGUFFacts(
     "bert",
     "BERT embedding models, --runner pooling",
@@ -228,7 +226,9 @@ FAMILIES: tuple[FamilyFacts, ...] = (
         "qwen2_moe",
         "Qwen2MoeForCausalLM",
         qkv_bias=True,
-        moe=_QWEN_MOE,
+        moe=MoELayout(
+            "mlp", every_layer=False, expert_size_field="moe_intermediate_size", shared_expert=True
+        ),
         gguf=GGUFFacts("qwen2moe", "Qwen2-MoE", expert_sizes_in_metadata=True),
     ),
     FamilyFacts(
