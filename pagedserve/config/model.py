@@ -15,6 +15,7 @@ from pagedserve.config.pooling import (
     resolve_runner,
 )
 from pagedserve.errors import ConfigError
+from pagedserve.families import DECODERS
 from pagedserve.logger import init_logger
 from pagedserve.utils.default_model import DEFAULT_MODEL_NAME, default_model_path
 from pagedserve.utils.gguf_cache import gguf_hf_folder
@@ -28,32 +29,11 @@ logger = init_logger(__name__)
 DType = Literal["auto", "float32", "float16", "bfloat16"]
 SUPPORTED_DTYPES: tuple[str, ...] = get_args(DType)
 LoadFormat = Literal["auto", "dummy"]  # auto: read the checkpoint; dummy: random weights
-# model_type -> architecture: every supported family (models/<model_type>.py defines the class, and
-# models/registry.py registers it; a test checks that the two agree).
-MODEL_ARCHITECTURES = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "gemma2": "Gemma2ForCausalLM",
-    "gemma3_text": "Gemma3ForCausalLM",
-    "phi3": "Phi3ForCausalLM",
-    "falcon": "FalconForCausalLM",
-    "mixtral": "MixtralForCausalLM",
-    "qwen2_moe": "Qwen2MoeForCausalLM",
-    "qwen3_moe": "Qwen3MoeForCausalLM",
-}
-# The dense families whose checkpoints keep q/k/v and gate/up as separate projections (Phi-3 and Falcon
-# fuse them in the checkpoint; MoE families have experts): 4-bit checkpoints load into their layers as they
-# are, and LoRA adapters target their projections.
-SEPARATE_PROJECTION_ARCHITECTURES = (
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-    "Gemma2ForCausalLM",
-    "Gemma3ForCausalLM",
-)
+# model_type -> architecture: every supported decoder family (pagedserve/families.py).
+MODEL_ARCHITECTURES = {family.model_type: family.architecture for family in DECODERS}
+# The dense families whose checkpoints keep q/k/v and gate/up as separate projections: 4-bit checkpoints
+# load into their layers as they are, and LoRA adapters target their projections.
+SEPARATE_PROJECTION_ARCHITECTURES = tuple(f.architecture for f in DECODERS if f.separate_projections)
 
 
 @dataclass(frozen=True)

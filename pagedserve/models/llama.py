@@ -3,23 +3,20 @@ reuse these blocks through the hooks of `LlamaForCausalLM` (attention options, t
 layer itself, the checkpoint's names) wherever their math is Llama's."""
 
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from pagedserve.config.parallel import PipelineStage
-from pagedserve.distributed import get_pp_stage
+from pagedserve.families import decoder_family
 from pagedserve.layers.activation import gated_activation
 from pagedserve.layers.attention import Attention
 from pagedserve.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from pagedserve.layers.layernorm import RMSNorm
 from pagedserve.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from pagedserve.layers.rotary import RotaryEmbedding, rope_parameters
-from pagedserve.models.interface import CausalLM
+from pagedserve.models.interface import CausalLM, IntermediateTensors, model_stage
 from pagedserve.utils.hf_config import head_dim, layer_sliding_window
 
 if TYPE_CHECKING:
@@ -27,31 +24,6 @@ if TYPE_CHECKING:
 
 # (our parameter name, checkpoint tensor, shard id for the parameter's weight_loader)
 ParamShard = tuple[str, torch.Tensor, object]
-# What a pipeline stage hands the next: (hidden states, residual), [T, hidden] each.
-IntermediateTensors = tuple[torch.Tensor, torch.Tensor]
-
-
-# Set while a model is built whole beside a pipeline stage's part of the target (the draft model).
-_WHOLE_MODEL: ContextVar[bool] = ContextVar("whole_model", default=False)
-
-
-@contextmanager
-def whole_model() -> Iterator[None]:
-    """Models built inside hold every layer, whatever this worker's pipeline stage."""
-    token = _WHOLE_MODEL.set(True)
-    try:
-        yield
-    finally:
-        _WHOLE_MODEL.reset(token)
-
-
-def model_stage(config: "PretrainedConfig") -> PipelineStage:
-    """The pipeline stage this process builds: the worker's at pp > 1, else every layer (a model built
-    outside a worker or inside `whole_model()`)."""
-    stage = get_pp_stage()
-    if stage is None or stage.num_stages == 1 or _WHOLE_MODEL.get():
-        return PipelineStage(0, 1, 0, config.num_hidden_layers)
-    return stage
 
 
 class MissingLayer(nn.Module):
@@ -208,8 +180,8 @@ class LlamaForCausalLM(CausalLM):
     """input_ids [T] and positions [T] of a flattened batch -> hidden states [T, hidden];
     `compute_logits` turns the selected rows into logits."""
 
-    qkv_bias = False
-    qk_norm: type[RMSNorm] | None = None
+    # The norm over each head of q and k, in the families whose entry (families.py) has one.
+    qk_norm_class: type[RMSNorm] = RMSNorm
     # checkpoint name fragment -> (our fused parameter fragment, shard id)
     stacked_params = {
         "q_proj": ("qkv_proj", "q"),
@@ -222,6 +194,7 @@ class LlamaForCausalLM(CausalLM):
     def __init__(self, config: "PretrainedConfig") -> None:
         super().__init__()
         self.config = config
+        self.facts = decoder_family(type(self).__name__)
         self.stage = model_stage(config)
         self.model = self.make_model(config)
         if self.stage.is_last:
@@ -242,10 +215,13 @@ class LlamaForCausalLM(CausalLM):
         )
         return LlamaModel(config, lambda i: self.make_layer(config, i, rotary_emb))
 
+    def qk_norm(self) -> type[RMSNorm] | None:
+        return self.qk_norm_class if self.facts.qk_norm else None
+
     def attention_options(self, config: "PretrainedConfig", layer_idx: int) -> AttentionOptions:
         return AttentionOptions(
-            qkv_bias=self.qkv_bias,
-            qk_norm=self.qk_norm,
+            qkv_bias=self.facts.qkv_bias,
+            qk_norm=self.qk_norm(),
             sliding_window=layer_sliding_window(config, layer_idx, type(self).__name__),
         )
 
@@ -265,7 +241,7 @@ class LlamaForCausalLM(CausalLM):
     def forward_stage(
         self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate: IntermediateTensors | None
     ) -> torch.Tensor | IntermediateTensors:
-        """One pipeline stage's part of `forward` (LlamaModel.forward)."""
+        """LlamaModel.forward: every family's trunk splits into stages the same way."""
         out: torch.Tensor | IntermediateTensors = self.model(input_ids, positions, intermediate)
         return out
 

@@ -16,7 +16,6 @@ from pagedserve.layers.sampler import Sampler
 from pagedserve.logger import init_logger
 from pagedserve.lora.manager import LoRAManager
 from pagedserve.model_loader import load_model
-from pagedserve.models.llama import LlamaForCausalLM
 from pagedserve.platforms import Platform
 from pagedserve.utils import format_bytes
 from pagedserve.worker.block_ops import KVBlockMover
@@ -235,10 +234,9 @@ class ModelRunner:
         """Pipeline parallelism, one batch at a time: (hidden, residual) from the same tp rank of the
         previous stage (their shape follows from the batch every rank builds alike), this stage's layers,
         then on to the next stage; the last stage returns the normed hidden states."""
-        assert isinstance(self.model, LlamaForCausalLM), "every decoder family's trunk is models/llama.py's"
         intermediate = None
         if not self.stage.is_first:
-            shape = (batch.input_ids.shape[0], self.model.config.hidden_size)
+            shape = (batch.input_ids.shape[0], self.config.model.hf_config.hidden_size)
             hidden_in, residual_in = recv_from_previous_stage(2, shape, self.dtype, self.device)
             intermediate = (hidden_in, residual_in)
         out = self.model.forward_stage(batch.input_ids, batch.positions, intermediate)
