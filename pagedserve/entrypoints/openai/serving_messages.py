@@ -206,7 +206,7 @@ class MessageBuilder:
         self.blocks: list[JsonObject] = []  # `message["content"]`, which holds the same blocks
         self.output_tokens = 0
         self.started = False
-        self.open: str | None = None  # the type of the block receiving deltas
+        self.open: JsonValue = None  # the type of the block receiving deltas
         self.text = GrowingText({}, "text")  # the open text (or thinking) block's text
         self.calls: dict[int, JsonObject] = {}  # chat's tool-call index -> its tool_use block
         self.arguments: dict[int, str] = {}  # chat's tool-call index -> its arguments so far
@@ -254,9 +254,9 @@ class MessageBuilder:
             named_event("message_stop", {"type": "message_stop"}),
         ]
 
-    def _start(self, block: JsonObject, kind: str) -> list[str]:
+    def _start(self, block: JsonObject) -> list[str]:
         events = self._close()
-        self.open = kind
+        self.open = block["type"]
         self.blocks.append(block)
         self.message["content"] = [*self.blocks]
         event: JsonObject = {
@@ -279,7 +279,7 @@ class MessageBuilder:
             )
             if kind == "thinking":
                 block["signature"] = ""  # nothing signs it: a later turn's thinking is not checked
-            events += self._start(block, kind)
+            events += self._start(block)
             self.text = GrowingText(block, kind)
         self.text.append(text)
         delta: JsonObject = (
@@ -298,7 +298,7 @@ class MessageBuilder:
                 "name": call.name or "",
                 "input": {},
             }
-            events += self._start(block, "tool_use")
+            events += self._start(block)
             self.calls[call.index] = block
             self.arguments[call.index] = ""
         if call.arguments:
