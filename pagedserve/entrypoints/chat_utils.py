@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from pagedserve.errors import ConfigError, InvalidRequestError
+from pagedserve.utils.user_json import JsonObject, JsonValue
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 # OpenAI's newer name for "system" (as vLLM, templates get "system").
@@ -63,38 +64,33 @@ def resolve_content_format(
     return "openai" if template and _LOOPS_OVER_CONTENT.search(template) else "string"
 
 
-def _content(content: Any, index: int, content_format: str) -> str | list[dict[str, str]]:
+def _content(content: JsonValue, index: int, content_format: str) -> str | list[JsonValue]:
     """A message's content as the template expects it: one string, or OpenAI's text parts."""
-    text = _text_content(content, index)
+    texts = _texts(content, index)
     if content_format == "string":
-        return text
+        return "\n".join(texts)
+    return [{"type": "text", "text": text} for text in texts]
+
+
+def _texts(content: JsonValue, index: int) -> list[str]:
+    """The text of each part of a message's content (a string is one part, null none)."""
+    if isinstance(content, str):
+        return [content]
     if content is None:
         return []
-    parts = content if isinstance(content, Sequence) and not isinstance(content, str) else [text]
-    return [{"type": "text", "text": p if isinstance(p, str) else p["text"]} for p in parts]
-
-
-def _text_content(content: Any, index: int) -> str:
-    if isinstance(content, str):
-        return content
-    if content is None:
-        return ""
     if isinstance(content, Sequence):
         texts = []
         for part in content:
-            if (
-                not isinstance(part, Mapping)
-                or part.get("type") != "text"
-                or not isinstance(part.get("text"), str)
-            ):
+            text = part.get("text") if isinstance(part, Mapping) and part.get("type") == "text" else None
+            if not isinstance(text, str):
                 kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
                 raise InvalidRequestError(
                     f"messages[{index}].content: only text parts ({{'type': 'text', "
                     f"'text': ...}}) are supported, got {kind!r}.",
                     param=f"messages[{index}].content",
                 )
-            texts.append(part["text"])
-        return "\n".join(texts)
+            texts.append(text)
+        return texts
     raise InvalidRequestError(
         f"messages[{index}].content must be a string or a list of text parts.",
         param=f"messages[{index}].content",
@@ -102,8 +98,8 @@ def _text_content(content: Any, index: int) -> str:
 
 
 def normalize_messages(
-    messages: Sequence[Mapping[str, Any]], content_format: Literal["string", "openai"] = "string"
-) -> list[dict[str, Any]]:
+    messages: Sequence[Mapping[str, JsonValue]], content_format: Literal["string", "openai"] = "string"
+) -> list[JsonObject]:
     """Check roles and give each content as `content_format` says (text parts joined into one string, or
     a list of text parts); keep an assistant's `tool_calls` (their arguments as objects, which chat
     templates expect) and a tool message's `tool_call_id` and `name`. Raises InvalidRequestError."""
@@ -112,18 +108,21 @@ def normalize_messages(
     conversation = []
     for index, message in enumerate(messages):
         role = message.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise InvalidRequestError(
                 f"messages[{index}].role {role!r} is not supported; use one of {', '.join(ROLES)}.",
                 param=f"messages[{index}].role",
             )
         role = _ROLE_ALIASES.get(role, role)
-        entry: dict[str, Any] = {
+        entry: JsonObject = {
             "role": role,
             "content": _content(message.get("content"), index, content_format),
         }
-        if role == "assistant" and message.get("tool_calls"):
-            entry["tool_calls"] = [_template_tool_call(call, index) for call in message["tool_calls"]]
+        tool_calls = message.get("tool_calls")
+        if role == "assistant" and tool_calls:
+            if not isinstance(tool_calls, list):
+                raise _bad_tool_call(index)
+            entry["tool_calls"] = [_template_tool_call(call, index) for call in tool_calls]
         if role == "tool":
             entry.update(
                 {key: message[key] for key in ("tool_call_id", "name") if message.get(key) is not None}
@@ -132,31 +131,32 @@ def normalize_messages(
     return conversation
 
 
-def _template_tool_call(call: Any, index: int) -> dict[str, Any]:
+def _template_tool_call(call: JsonValue, index: int) -> JsonValue:
     function = call.get("function") if isinstance(call, Mapping) else None
-    if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
-        raise InvalidRequestError(
-            f"messages[{index}].tool_calls entries must be {{'id': ..., 'type': "
-            "'function', 'function': {'name': ..., 'arguments': ...}}.",
-            param=f"messages[{index}].tool_calls",
-        )
+    name = function.get("name") if isinstance(function, Mapping) else None
+    if not isinstance(call, Mapping) or not isinstance(function, Mapping) or not isinstance(name, str):
+        raise _bad_tool_call(index)
     arguments = function.get("arguments") or {}
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
         except json.JSONDecodeError as exc:
             raise InvalidRequestError(
-                f"messages[{index}].tool_calls: arguments of {function['name']!r} are not JSON: {exc}.",
+                f"messages[{index}].tool_calls: arguments of {name!r} are not JSON: {exc}.",
                 param=f"messages[{index}].tool_calls",
             ) from exc
-    return {
-        "id": call.get("id"),
-        "type": "function",
-        "function": {"name": function["name"], "arguments": arguments},
-    }
+    return {"id": call.get("id"), "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def check_template_kwargs(template_kwargs: Mapping[str, Any] | None) -> None:
+def _bad_tool_call(index: int) -> InvalidRequestError:
+    return InvalidRequestError(
+        f"messages[{index}].tool_calls entries must be {{'id': ..., 'type': "
+        "'function', 'function': {'name': ..., 'arguments': ...}}.",
+        param=f"messages[{index}].tool_calls",
+    )
+
+
+def check_template_kwargs(template_kwargs: Mapping[str, JsonValue] | None) -> None:
     """Raises InvalidRequestError for a chat_template_kwargs key that would replace one of
     apply_chat_template's own arguments."""
     clashes = sorted(set(template_kwargs or ()) & RESERVED_TEMPLATE_KWARGS)
@@ -170,14 +170,14 @@ def check_template_kwargs(template_kwargs: Mapping[str, Any] | None) -> None:
 
 def apply_chat_template(
     tokenizer: Any,
-    conversation: Sequence[Mapping[str, Any]],
+    conversation: Sequence[Mapping[str, JsonValue]],
     chat_template: str | None = None,
     add_generation_prompt: bool = True,
-    tools: list[dict[str, Any]] | None = None,
+    tools: Sequence[Mapping[str, JsonValue]] | None = None,
     *,
     continue_final_message: bool = False,
     documents: list[dict[str, str]] | None = None,
-    template_kwargs: Mapping[str, Any] | None = None,
+    template_kwargs: Mapping[str, JsonValue] | None = None,
 ) -> list[int]:
     """The prompt token ids of a conversation (`tools` go to the template's `tools`, `documents` to its
     `documents`, `template_kwargs` are further template variables, e.g. enable_thinking). Raises

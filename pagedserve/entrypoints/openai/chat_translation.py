@@ -4,7 +4,7 @@ and the whole answer, and a cancel can stop it between chunks); its chunks becom
 
 import json
 from collections.abc import AsyncGenerator, Mapping
-from typing import Any
+from dataclasses import dataclass
 
 from pydantic import ValidationError
 
@@ -15,10 +15,12 @@ from pagedserve.entrypoints.openai.protocol import (
 )
 from pagedserve.entrypoints.openai.request_bounds import RequestBounds
 from pagedserve.entrypoints.openai.serving_chat import OpenAIServingChat
+from pagedserve.entrypoints.openai.tool_parsers.streaming import ToolCallDelta
 from pagedserve.errors import InvalidRequestError
+from pagedserve.utils.user_json import JsonObject, JsonValue, as_object, as_string
 
 
-def named_event(event_type: str, data: Mapping[str, Any]) -> str:
+def named_event(event_type: str, data: Mapping[str, JsonValue]) -> str:
     """One server-sent event with its `event:` line (both APIs name their events)."""
     return f"event: {event_type}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
@@ -35,7 +37,7 @@ def renamed(error: InvalidRequestError, names: Mapping[str, str]) -> InvalidRequ
     return InvalidRequestError(message, param=sent + param[len(head) :], status_code=error.status_code)
 
 
-def chat_request(body: dict[str, Any], names: Mapping[str, str]) -> ChatCompletionRequest:
+def chat_request(body: JsonObject, names: Mapping[str, str]) -> ChatCompletionRequest:
     """The translated request as chat completions' model. Raises InvalidRequestError naming the field."""
     try:
         return ChatCompletionRequest.model_validate(body)
@@ -60,3 +62,30 @@ async def start_chat(
         raise renamed(error, names) from error
     assert not isinstance(result, ChatCompletionResponse), "the translated requests are streamed"
     return result
+
+
+def tool_call_delta(call: JsonObject) -> ToolCallDelta:
+    """A chunk's `delta.tool_calls[i]` (ToolCallDelta.to_openai's JSON) read back: both APIs turn it into
+    their own call item."""
+    index, function = call["index"], as_object(call.get("function"))
+    assert isinstance(index, int), "the chat server numbers its calls"
+    return ToolCallDelta(
+        index,
+        as_string(call.get("id")) or None,
+        as_string(function.get("name")),
+        as_string(function.get("arguments")),
+    )
+
+
+@dataclass
+class GrowingText:
+    """The text of a streamed block or item, kept in its JSON (`holder[key]`) at each delta, so that what
+    was sent so far is there to read without narrowing the JSON back to a string."""
+
+    holder: JsonObject
+    key: str
+    text: str = ""
+
+    def append(self, delta: str) -> None:
+        self.text += delta
+        self.holder[self.key] = self.text

@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pagedserve.errors import CapacityError, EngineDeadError, InvalidRequestError, PagedServeError
 from pagedserve.logger import init_logger
+from pagedserve.utils.user_json import JsonObject
 
 logger = init_logger(__name__)
 
@@ -83,7 +84,7 @@ ANTHROPIC_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def error_body(message: str, status: int, param: str | None = None, path: str = "") -> dict[str, Any]:
+def error_body(message: str, status: int, param: str | None = None, path: str = "") -> JsonObject:
     """The error's body in the shape of the API that `path` belongs to."""
     if path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/"):
         return anthropic_error_body(message, status)
@@ -92,7 +93,7 @@ def error_body(message: str, status: int, param: str | None = None, path: str = 
     }
 
 
-def anthropic_error_body(message: str, status: int) -> dict[str, Any]:
+def anthropic_error_body(message: str, status: int) -> JsonObject:
     return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
 
 
