@@ -14,6 +14,12 @@ from pagedserve.sizing import MemoryReport
 from pagedserve.utils import cdiv, format_bytes
 from pagedserve.worker.model_runner import ModelRunner
 from pagedserve.worker.pooling_runner import PoolingModelRunner
+from pagedserve.worker.sleep import (
+    MappedCheckpoint,
+    checkpoint_files,
+    drop_cached_pages,
+    release_freed_memory,
+)
 
 logger = init_logger(__name__)
 
@@ -32,12 +38,9 @@ class Worker:
         self.device = self.platform.init_device(rank if local_rank is None else local_rank, config.parallel)
         self._memory_baseline = self.platform.memory_baseline(self.device)
         torch.manual_seed(config.model.seed)
-        # NOTE: --runner pooling: one forward per prompt, no KV cache (the KV calls below never come).
-        self.runner: ModelRunner | PoolingModelRunner = (
-            ModelRunner(config, self.device, self.platform)
-            if config.model.pooling is None
-            else PoolingModelRunner(config, self.device)
-        )
+        self.runner = self._build_runner()
+        self._kv_blocks = (0, 0)  # (device, host) blocks, as initialize_kv_cache last set them
+        self._mapped_checkpoint: MappedCheckpoint | None = None  # while asleep at level 1
         resident = resident_weights(self.runner.model)
         logger.info(
             "Weights resident on %s (rank %d, --linear-backend %s): %s.",
@@ -52,6 +55,33 @@ class Worker:
         self.weights_bytes = self.model_weight_bytes  # what the KV budget leaves out (+ LoRA slots below)
         if isinstance(self.runner, ModelRunner) and self.runner.lora is not None:
             self.weights_bytes += self.runner.lora.num_bytes  # NOTE: the adapters' slots, for the KV budget
+
+    def _build_runner(self) -> ModelRunner | PoolingModelRunner:
+        """The model loaded on the device, and what runs it."""
+        # NOTE: --runner pooling: one forward per prompt, no KV cache (the KV calls below never come).
+        if self.config.model.pooling is None:
+            return ModelRunner(self.config, self.device, self.platform)
+        return PoolingModelRunner(self.config, self.device)
+
+    def sleep(self, level: int) -> None:
+        """Free the weights and the KV cache (the runner that holds them). Level 1 keeps the checkpoint
+        mapped and cached for a fast wake_up(); level 2 drops that too (worker/sleep.py)."""
+        files = checkpoint_files(self.config.model)
+        if level == 1:
+            self._mapped_checkpoint = MappedCheckpoint(files)
+        else:
+            drop_cached_pages(files)
+        del self.runner
+        release_freed_memory(self.device)
+
+    def wake_up(self) -> None:
+        """Load the weights again and allocate the KV cache of the same size (empty: nothing is cached)."""
+        self.runner = self._build_runner()
+        if isinstance(self.runner, ModelRunner):
+            self.initialize_kv_cache(*self._kv_blocks)
+        if self._mapped_checkpoint is not None:
+            self._mapped_checkpoint.close()
+            self._mapped_checkpoint = None
 
     @property
     def model_runner(self) -> ModelRunner:
@@ -72,6 +102,7 @@ class Worker:
     def initialize_kv_cache(self, num_blocks: int, num_host_blocks: int = 0) -> None:
         """Allocate the KV cache and swap space, then capture the decode CUDA graphs over them."""
         runner = self.model_runner
+        self._kv_blocks = (num_blocks, num_host_blocks)
         runner.initialize_kv_cache(num_blocks)
         runner.initialize_swap_space(num_host_blocks)
         runner.capture_cuda_graphs()
