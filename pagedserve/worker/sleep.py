@@ -1,16 +1,19 @@
-"""Sleep (vLLM's POST /sleep) on a worker's side: what stays of the checkpoint while the weights and the KV
-cache are freed, and handing the freed memory back to the OS so that the process's RSS shows it.
+"""Sleep (vLLM's POST /sleep) on a worker's side: where the weights go while asleep, and handing the freed
+memory back to the OS so that the process's RSS shows it.
 
-Level 1 keeps the checkpoint files mapped and asks the kernel to keep their pages cached, so waking reads
-the weights from memory rather than disk; those pages are the page cache's (shared and reclaimable under
-pressure), not this process's private memory. Level 2 drops them too: waking reads from disk."""
+Level 1 parks the loaded weights (as loaded: quantized, repacked, sharded) in a temporary file and frees
+them; waking maps that file back, so no checkpoint is read, converted or repacked again. The file's pages
+are the page cache's (shared, written back and reclaimable under pressure), not the process's private
+memory: vLLM's level 1 keeps a host copy of the GPU weights, and on CPU the host copy is what is freed.
+Level 2 keeps nothing: the file's cached pages are dropped too, and waking loads the checkpoint again."""
 
 import ctypes
 import gc
-import mmap
 import os
+import tempfile
 
 import torch
+from torch import nn
 
 from pagedserve.config import ModelConfig
 from pagedserve.logger import init_logger
@@ -35,27 +38,45 @@ def checkpoint_files(config: ModelConfig) -> list[str]:
     )
 
 
-class MappedCheckpoint:
-    """Level 1: the checkpoint's files mapped read-only, their pages asked to stay cached."""
+class ParkedWeights:
+    """Level 1: the storage under every parameter and buffer of `modules` saved to a temporary file and
+    resized to nothing, then back: every view of it (tied weights, a quantized layer's packed parts) keeps
+    its place and sees the same bytes again."""
 
-    def __init__(self, files: list[str]) -> None:
-        self._maps: list[mmap.mmap] = []
-        for path in files:
-            with open(path, "rb") as file:
-                if os.fstat(file.fileno()).st_size == 0:
-                    continue
-                mapping = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-            mapping.madvise(mmap.MADV_WILLNEED)
-            self._maps.append(mapping)
+    def __init__(self, modules: list[nn.Module]) -> None:
+        self._storages = _storages(modules)
+        handle, self._path = tempfile.mkstemp(prefix="pagedserve-asleep-", suffix=".pt")
+        os.close(handle)
+        torch.save([_bytes_of(storage).cpu() for storage in self._storages], self._path)
+        for storage in self._storages:
+            storage.resize_(0)
 
-    def close(self) -> None:
-        for mapping in self._maps:
-            mapping.close()
-        self._maps = []
+    def restore(self) -> None:
+        """Copy the weights back into their storages and remove the file."""
+        saved = torch.load(self._path, map_location="cpu", mmap=True, weights_only=True)
+        for storage, data in zip(self._storages, saved, strict=True):
+            storage.resize_(data.numel())
+            _bytes_of(storage).copy_(data)
+        os.unlink(self._path)
+
+
+def _storages(modules: list[nn.Module]) -> list[torch.UntypedStorage]:
+    """Each distinct, non-empty storage under the modules' parameters and buffers."""
+    found: dict[int, torch.UntypedStorage] = {}
+    for module in modules:
+        for tensor in [*module.parameters(), *module.buffers()]:
+            storage = tensor.untyped_storage()
+            if storage.nbytes():
+                found.setdefault(storage.data_ptr(), storage)
+    return list(found.values())
+
+
+def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
 
 
 def drop_cached_pages(files: list[str]) -> None:
-    """Level 2: ask the kernel to drop the files' cached pages (advice: pages other processes use stay)."""
+    """Level 2: ask the kernel to drop the checkpoint's cached pages (advice: pages in use elsewhere stay)."""
     for path in files:
         fd = os.open(path, os.O_RDONLY)
         try:

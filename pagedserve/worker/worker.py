@@ -15,7 +15,7 @@ from pagedserve.utils import cdiv, format_bytes
 from pagedserve.worker.model_runner import ModelRunner
 from pagedserve.worker.pooling_runner import PoolingModelRunner
 from pagedserve.worker.sleep import (
-    MappedCheckpoint,
+    ParkedWeights,
     checkpoint_files,
     drop_cached_pages,
     release_freed_memory,
@@ -40,7 +40,7 @@ class Worker:
         torch.manual_seed(config.model.seed)
         self.runner = self._build_runner()
         self._kv_blocks = (0, 0)  # (device, host) blocks, as initialize_kv_cache last set them
-        self._mapped_checkpoint: MappedCheckpoint | None = None  # while asleep at level 1
+        self._parked: ParkedWeights | None = None  # the weights while asleep at level 1
         resident = resident_weights(self.runner.model)
         logger.info(
             "Weights resident on %s (rank %d, --linear-backend %s): %s.",
@@ -64,24 +64,30 @@ class Worker:
         return PoolingModelRunner(self.config, self.device)
 
     def sleep(self, level: int) -> None:
-        """Free the weights and the KV cache (the runner that holds them). Level 1 keeps the checkpoint
-        mapped and cached for a fast wake_up(); level 2 drops that too (worker/sleep.py)."""
-        files = checkpoint_files(self.config.model)
+        """Free the weights and the KV cache. Level 1 parks the weights in a file for a fast wake_up();
+        level 2 drops the whole runner and the checkpoint's cached pages (worker/sleep.py)."""
         if level == 1:
-            self._mapped_checkpoint = MappedCheckpoint(files)
+            if isinstance(self.runner, ModelRunner):
+                self.runner.free_kv_cache()
+            modules = [self.runner.model]
+            if isinstance(self.runner, ModelRunner) and self.runner.drafter is not None:
+                modules.append(self.runner.drafter.model)
+            self._parked = ParkedWeights(modules)
         else:
-            drop_cached_pages(files)
-        del self.runner
+            drop_cached_pages(checkpoint_files(self.config.model))
+            del self.runner
         release_freed_memory(self.device)
 
     def wake_up(self) -> None:
-        """Load the weights again and allocate the KV cache of the same size (empty: nothing is cached)."""
-        self.runner = self._build_runner()
+        """The weights back (level 1: from their file; 2: loaded again) and a KV cache of the same size,
+        empty (the engine forgot its cached prefixes)."""
+        if self._parked is not None:
+            self._parked.restore()
+            self._parked = None
+        else:
+            self.runner = self._build_runner()
         if isinstance(self.runner, ModelRunner):
             self.initialize_kv_cache(*self._kv_blocks)
-        if self._mapped_checkpoint is not None:
-            self._mapped_checkpoint.close()
-            self._mapped_checkpoint = None
 
     @property
     def model_runner(self) -> ModelRunner:
@@ -164,10 +170,7 @@ class Worker:
             scheduled = {r.request_id: len(r.token_ids) for r in requests}
             self.execute_model(SchedulerOutput(requests, [], scheduled, sum(lengths)))
             self.execute_model(SchedulerOutput([], [], {}, 0, set(scheduled)))
-        self.model_runner.kv_caches = []
-        for layer in self.model_runner.attention_layers:
-            layer.kv_cache = None
-        self.model_runner.reset_kv_quantization()
+        self.model_runner.free_kv_cache()
 
 
 def profile_request_lengths(num_tokens: int, max_requests: int, max_model_len: int) -> list[int]:

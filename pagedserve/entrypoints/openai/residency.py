@@ -51,7 +51,7 @@ class ResidencyPolicy:
                 param="model",
                 status_code=507,
             )
-        victims = []
+        victims: list[str] = []
         idle = sorted((r for r in self.residents.values() if not r.busy), key=lambda r: r.last_used)
         while not self._fits(size_bytes, victims):
             if not idle:
