@@ -13,6 +13,7 @@ import time
 
 import httpx
 import psutil
+from first_answer import _healthy  # NOTE: benchmarks/ is on the path of a script run from it
 
 
 def main() -> int:
@@ -60,13 +61,6 @@ def _complete(base: str, model: str) -> str:
     reply = httpx.post(f"{base}/v1/completions", json=body, timeout=600)
     reply.raise_for_status()
     return reply.json()["choices"][0]["text"]
-
-
-def _healthy(base: str) -> bool:
-    try:
-        return httpx.get(f"{base}/health", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """A worker: one rank's device, model runner and KV memory budget."""
 
 import torch
+from torch import nn
 
 from pagedserve.config import EngineConfig
 from pagedserve.core.sched_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
@@ -69,7 +70,7 @@ class Worker:
         if level == 1:
             if isinstance(self.runner, ModelRunner):
                 self.runner.free_kv_cache()
-            modules = [self.runner.model]
+            modules: list[nn.Module] = [self.runner.model]
             if isinstance(self.runner, ModelRunner) and self.runner.drafter is not None:
                 modules.append(self.runner.drafter.model)
             self._parked = ParkedWeights(modules)

@@ -3,7 +3,6 @@
 sleep frees the engine's memory (its RSS) and wake brings the same outputs back; hostile names, keep_alive
 values and sleep levels are refused naming the field, and the server still serves afterwards."""
 
-import functools
 import json
 import os
 import shutil
@@ -80,7 +79,6 @@ def greedy(server: RemoteServer, model: str, **extra: object) -> list[int]:
     return [int(token.removeprefix("token_id:")) for token in completion.choices[0].logprobs.tokens]
 
 
-@functools.cache
 def hf_greedy(path: str) -> list[int]:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     out = model.generate(torch.tensor([PROMPT]), max_new_tokens=MAX_TOKENS, do_sample=False)
@@ -125,17 +123,21 @@ def test_hostile_names_keep_alives_and_levels_get_the_api_errors(server: RemoteS
     for path in ["/v1/completions", "/sleep", "/wake_up"]:
         response = httpx.post(f"{server.base_url}{path}", json={"model": "beta"}, timeout=10)
         assert response.status_code == 401
+    assert httpx.get(f"{server.base_url}/metrics", params={"model": "beta"}, timeout=10).status_code == 404
     assert engines(server) == []
-    assert greedy(server, "alpha") == hf_greedy(os.path.join(models_dir, "alpha"))  # still serving
+    assert len(greedy(server, "alpha")) == MAX_TOKENS  # still serving (HF's tokens: the next test)
+    metrics = httpx.get(f"{server.base_url}/metrics", params={"model": "alpha"}, timeout=10)
+    assert 'model_name="alpha"' in metrics.text  # open like /metrics, for a loaded model
     for level in ["3", "0", "-1", str(2**64), "abc", "nan", "1.5"]:
         response = post(server, "/sleep", model="alpha", level=level)
         assert response.status_code == 400 and "level" in response.text, level
     assert post(server, "/is_sleeping", model="alpha").status_code == 405
-    assert greedy(server, "alpha") == hf_greedy(os.path.join(models_dir, "alpha"))
+    assert len(greedy(server, "alpha")) == MAX_TOKENS
 
 
 def test_two_models_load_on_demand_sleep_and_unload(server: RemoteServer, models_dir: str):
     alpha_tokens = greedy(server, "alpha")
+    assert alpha_tokens == hf_greedy(os.path.join(models_dir, "alpha"))
     (alpha_engine,) = engines(server)
     # beta evicts alpha (--max-loaded-models 1, alpha idle); the answers are each model's own.
     beta_tokens = greedy(server, "beta")

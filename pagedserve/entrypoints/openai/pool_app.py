@@ -11,8 +11,9 @@ from starlette.types import Message, Receive, Scope, Send
 
 from pagedserve import __version__
 from pagedserve.entrypoints.durations import parse_duration
+from pagedserve.entrypoints.openai.auth import METRICS_PATH, PROBE_PATHS
 from pagedserve.entrypoints.openai.errors import ERROR_RESPONSES, exception_response, register_error_handlers
-from pagedserve.entrypoints.openai.model_pool import ModelPool
+from pagedserve.entrypoints.openai.model_pool import LoadedModel, ModelPool
 from pagedserve.entrypoints.openai.protocol import ModelCard, ModelList
 from pagedserve.errors import InvalidRequestError, PagedServeError
 
@@ -56,10 +57,23 @@ class PoolApp:
         message = await receive()
         try:
             name, keep_alive_s = _model_of(scope, message.get("body", b""))
+            if path in PROBE_PATHS | {METRICS_PATH}:  # NOTE: open without the key: they never load a model
+                await self._loaded(name).app(scope, _replay(message, receive), send)
+                return
             async with self.pool.use(name, keep_alive_s) as model:
                 await model.app(scope, _replay(message, receive), send)
         except PagedServeError as exc:
             await exception_response(exc, path)(scope, receive, send)
+
+    def _loaded(self, name: str) -> LoadedModel:
+        loaded = self.pool.loaded(self.pool.model_file(name).name)
+        if loaded is None:
+            raise InvalidRequestError(
+                f"The model `{name}` is not loaded now: its metrics come with it (GET /v1/models lists them).",
+                param="model",
+                status_code=404,
+            )
+        return loaded
 
 
 def _model_of(scope: Scope, body: bytes) -> tuple[str, float | None]:
