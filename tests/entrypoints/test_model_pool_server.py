@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import time
+from datetime import datetime
 
 import httpx
 import psutil
@@ -144,6 +145,8 @@ def test_two_models_load_on_demand_sleep_and_unload(server: RemoteServer, models
     assert beta_tokens == hf_greedy(os.path.join(models_dir, "beta")) != alpha_tokens
     server.wait_for(lambda: alpha_engine not in engines(server), 30, "alpha's engine to exit")
     (beta_engine,) = engines(server)
+    ps = httpx.get(f"{server.base_url}/api/ps", headers=server.headers(), timeout=10).json()
+    assert [(m["name"], m["expires_at"]) for m in ps["models"]] == [("beta", None)]  # keep_alive -1: never
 
     weights = os.path.getsize(os.path.join(models_dir, "beta", "model.safetensors"))
     for level in (1, 2):
@@ -163,7 +166,10 @@ def test_two_models_load_on_demand_sleep_and_unload(server: RemoteServer, models
         print(f"level {level}: RSS {awake / 2**20:.0f} -> {asleep / 2**20:.0f} MiB, woke in {woke_s:.2f} s")
         assert greedy(server, "beta") == beta_tokens  # the same weights, a fresh KV cache
 
-    # keep_alive 0: unloaded as soon as its request ends.
+    # keep_alive "1h": unloaded an hour after; then 0: unloaded as soon as its request ends.
+    assert greedy(server, "beta", keep_alive="1h") == beta_tokens
+    (entry,) = httpx.get(f"{server.base_url}/api/ps", headers=server.headers(), timeout=10).json()["models"]
+    assert 3590 < datetime.fromisoformat(entry["expires_at"]).timestamp() - time.time() <= 3600
     assert greedy(server, "beta", keep_alive=0) == beta_tokens
     server.wait_for(lambda: engines(server) == [], 30, "beta's engine to exit (keep_alive 0)")
     assert server.proc.poll() is None

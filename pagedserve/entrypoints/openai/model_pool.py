@@ -36,10 +36,7 @@ class ResidentModel:
     """One loaded (or loading) model, as /api/ps shows it."""
 
     name: str
-    path: str
     size_bytes: int
-    loaded: bool  # False while its load is under way
-    requests_in_flight: int
     expires_at: float | None  # time.time() when it unloads; None: not while busy, or never (keep_alive -1)
 
 
@@ -160,10 +157,7 @@ class ModelPool:
         return [
             ResidentModel(
                 r.name,
-                self.models[r.name].path,
                 r.size_bytes,
-                r.name in self._loaded,
-                r.in_flight - (r.name in self._loading),
                 None if r.expires_at is None or r.expires_at == float("inf") else r.expires_at + to_wall,
             )
             for r in self.policy.residents.values()

@@ -1,9 +1,11 @@
 """The API of a model pool (--models-dir): each request goes to the app of the model it names (its JSON
 body's `model`, else the `model` query parameter, as for GET /is_sleeping?model=NAME), loading it first
 if need be; its `keep_alive` (Ollama's durations) sets how long the model stays loaded afterwards. The
-routes about the pool itself (GET /v1/models, /version) are answered without loading anything."""
+routes about the pool itself (GET /v1/models, Ollama's GET /api/ps, /version) are answered without loading
+anything."""
 
 import json
+from datetime import UTC, datetime
 from urllib.parse import parse_qs
 
 from fastapi import FastAPI
@@ -13,7 +15,7 @@ from pagedserve import __version__
 from pagedserve.entrypoints.durations import parse_duration
 from pagedserve.entrypoints.openai.auth import METRICS_PATH, PROBE_PATHS
 from pagedserve.entrypoints.openai.errors import ERROR_RESPONSES, exception_response, register_error_handlers
-from pagedserve.entrypoints.openai.model_pool import LoadedModel, ModelPool
+from pagedserve.entrypoints.openai.model_pool import LoadedModel, ModelPool, ResidentModel
 from pagedserve.entrypoints.openai.protocol import ModelCard, ModelList
 from pagedserve.errors import InvalidRequestError, PagedServeError
 
@@ -41,7 +43,18 @@ def build_pool_info_app(pool: ModelPool) -> FastAPI:
     async def retrieve_model(model: str) -> ModelCard:
         return card(model)
 
+    @app.get("/api/ps")
+    async def running_models() -> dict[str, list[dict[str, object]]]:
+        """Ollama's /api/ps: the models loaded (or loading) and when each unloads (null: not while it
+        serves, nor with keep_alive -1)."""
+        return {"models": [_ps_entry(model) for model in pool.resident()]}
+
     return app
+
+
+def _ps_entry(model: ResidentModel) -> dict[str, object]:
+    expires = None if model.expires_at is None else datetime.fromtimestamp(model.expires_at, UTC).isoformat()
+    return {"name": model.name, "model": model.name, "size": model.size_bytes, "expires_at": expires}
 
 
 class PoolApp:
