@@ -7,6 +7,8 @@ GET /ready answer 503 while the engine process loads the model, 200 once it serv
 If the engine dies or stalls (--engine-stall-timeout), requests in flight end with an
 error, /health answers 503, and the process exits with status 1 shortly after, for a supervisor to
 restart it. SIGTERM drains: no new requests, those in flight get --shutdown-timeout seconds, exit 0.
+With --models-dir, every model of the directory is served instead, each loaded on demand in an engine
+process of its own (model_pool.py); one dying only unloads it.
 """
 
 import argparse
@@ -303,15 +305,7 @@ async def run_server(
     try:
         if models is not None:
             load = _model_loader(engine_args, server_args, limits, bounds, chat_template)
-            served = ModelPool(models, server_args.residency_limits(), server_args.keep_alive_s(), load)
-            lifecycle.serve(build_pool_app(served, server_args, bounds), served)
-            logger.info(
-                "Serving the %d models of %s at http://%s:%d, each loaded when first asked for.",
-                len(models),
-                server_args.models_dir,
-                server_args.host,
-                server_args.port,
-            )
+            served = _serve_pool(models, load, server_args, bounds, lifecycle)
             await serving
             return 0
         assert config is not None, "no --models-dir: one model"
@@ -337,6 +331,26 @@ async def run_server(
             served.shutdown()
         sock.close()
     return 1 if isinstance(served, AsyncLLM) and served.dead_error is not None else 0
+
+
+def _serve_pool(
+    models: dict[str, ModelFile],
+    load: ModelLoader,
+    server_args: ServerArgs,
+    bounds: RequestBounds,
+    lifecycle: ServerLifecycle,
+) -> ModelPool:
+    """Serve the models of --models-dir (none loaded yet) through `lifecycle`."""
+    pool = ModelPool(models, server_args.residency_limits(), server_args.keep_alive_s(), load)
+    lifecycle.serve(build_pool_app(pool, server_args, bounds), pool)
+    logger.info(
+        "Serving the %d models of %s at http://%s:%d, each loaded when first asked for.",
+        len(models),
+        server_args.models_dir,
+        server_args.host,
+        server_args.port,
+    )
+    return pool
 
 
 def _record_engine(loggers: StatLoggers, engine: AsyncLLM) -> None:
