@@ -3,6 +3,7 @@
 sleep frees the engine's memory (its RSS) and wake brings the same outputs back; hostile names, keep_alive
 values and sleep levels are refused naming the field, and the server still serves afterwards."""
 
+import asyncio
 import json
 import os
 import shutil
@@ -42,6 +43,7 @@ def server(models_dir: str):
     args = ["--models-dir", models_dir, "--max-loaded-models", "1", "--max-loaded-memory", "1GiB"]
     args += ["--keep-alive", "-1", "--max-model-len", "256", "--kv-cache-memory", "2MiB"]
     args += ["--swap-space", "0", "--uvicorn-log-level", "warning", "--api-key", API_KEY]
+    args += ["--max-num-queued-requests", "2"]
     server = RemoteServer(API_SERVER, args, api_key=API_KEY)
     yield server
     server.stop()
@@ -78,6 +80,12 @@ def greedy(server: RemoteServer, model: str, **extra: object) -> list[int]:
         extra_body={"return_tokens_as_token_ids": True, **extra},
     )
     return [int(token.removeprefix("token_id:")) for token in completion.choices[0].logprobs.tokens]
+
+
+async def burst(server: RemoteServer, model: str, num_requests: int) -> list[httpx.Response]:
+    body = {"model": model, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0}
+    async with httpx.AsyncClient(base_url=server.base_url, headers=server.headers(), timeout=120) as client:
+        return await asyncio.gather(*[client.post("/v1/completions", json=body) for _ in range(num_requests)])
 
 
 def hf_greedy(path: str) -> list[int]:
@@ -140,7 +148,11 @@ def test_two_models_load_on_demand_sleep_and_unload(server: RemoteServer, models
     alpha_tokens = greedy(server, "alpha")
     assert alpha_tokens == hf_greedy(os.path.join(models_dir, "alpha"))
     (alpha_engine,) = engines(server)
-    # beta evicts alpha (--max-loaded-models 1, alpha idle); the answers are each model's own.
+    # beta evicts alpha (--max-loaded-models 1, alpha idle); the answers are each model's own. Of four
+    # requests at once, two wait for its load (--max-num-queued-requests 2, the load counting as one).
+    replies = asyncio.run(burst(server, "beta", 4))
+    assert sorted(reply.status_code for reply in replies) == [200, 200, 503, 503]
+    assert "wait for the model `beta` to load" in next(r.text for r in replies if r.status_code == 503)
     beta_tokens = greedy(server, "beta")
     assert beta_tokens == hf_greedy(os.path.join(models_dir, "beta")) != alpha_tokens
     server.wait_for(lambda: alpha_engine not in engines(server), 30, "alpha's engine to exit")

@@ -38,7 +38,7 @@ from pagedserve.entrypoints.openai.errors import ERROR_RESPONSES, register_error
 from pagedserve.entrypoints.openai.lifecycle import LifecycleServer, ServerLifecycle
 from pagedserve.entrypoints.openai.lora_routes import add_lora_routes
 from pagedserve.entrypoints.openai.messages_routes import add_messages_routes
-from pagedserve.entrypoints.openai.model_pool import LoadedModel, ModelLoader, ModelPool
+from pagedserve.entrypoints.openai.model_pool import LoadedModel, LoadWaits, ModelLoader, ModelPool
 from pagedserve.entrypoints.openai.models_dir import ModelFile, scan_models_dir
 from pagedserve.entrypoints.openai.pool_app import PoolApp, build_pool_info_app
 from pagedserve.entrypoints.openai.pooling_routes import add_pooling_routes
@@ -305,7 +305,8 @@ async def run_server(
     try:
         if models is not None:
             load = _model_loader(engine_args, server_args, limits, bounds, chat_template)
-            served = _serve_pool(models, load, server_args, bounds, lifecycle)
+            waits = LoadWaits(_load_queue_limit(limits, engine_args.max_num_seqs), limits.max_queue_time)
+            served = _serve_pool(models, load, waits, server_args, bounds, lifecycle)
             await serving
             return 0
         assert config is not None, "no --models-dir: one model"
@@ -336,12 +337,13 @@ async def run_server(
 def _serve_pool(
     models: dict[str, ModelFile],
     load: ModelLoader,
+    waits: LoadWaits,
     server_args: ServerArgs,
     bounds: RequestBounds,
     lifecycle: ServerLifecycle,
 ) -> ModelPool:
     """Serve the models of --models-dir (none loaded yet) through `lifecycle`."""
-    pool = ModelPool(models, server_args.residency_limits(), server_args.keep_alive_s(), load)
+    pool = ModelPool(models, server_args.residency_limits(), server_args.keep_alive_s(), load, waits)
     lifecycle.serve(build_pool_app(pool, server_args, bounds), pool)
     logger.info(
         "Serving the %d models of %s at http://%s:%d, each loaded when first asked for.",
@@ -351,6 +353,14 @@ def _serve_pool(
         server_args.port,
     )
     return pool
+
+
+def _load_queue_limit(limits: ServingLimits, max_num_seqs: int) -> int:
+    """How many requests may wait for one model's load: --max-num-queued-requests (-1: no limit, 0 here),
+    by default twice what its engine will run at once, as for the engine's own queue."""
+    if limits.max_num_queued_requests is None:
+        return 2 * max_num_seqs
+    return max(limits.max_num_queued_requests, 0)
 
 
 def _record_engine(loggers: StatLoggers, engine: AsyncLLM) -> None:

@@ -18,7 +18,7 @@ from starlette.types import ASGIApp
 from pagedserve.engine.async_llm import AsyncLLM
 from pagedserve.entrypoints.openai.models_dir import ModelFile, unknown_model
 from pagedserve.entrypoints.openai.residency import ResidencyLimits, ResidencyPolicy
-from pagedserve.errors import EngineDeadError, PagedServeError
+from pagedserve.errors import CapacityError, EngineDeadError, PagedServeError
 from pagedserve.logger import init_logger
 
 logger = init_logger(__name__)
@@ -43,6 +43,33 @@ class ResidentModel:
 ModelLoader = Callable[[ModelFile], Awaitable[LoadedModel]]
 
 
+@dataclass(frozen=True)
+class LoadWaits:
+    """The queue limits on requests waiting for their model to load (the engine's own queue does not
+    exist yet): how many per model, and for how long."""
+
+    max_requests: int  # 0: no limit (--max-num-queued-requests)
+    max_time_s: float | None  # None: no limit (--max-queue-time)
+
+    def check(self, name: str, num_waiting: int) -> None:
+        """Raises CapacityError (503) when `num_waiting` requests already wait for `name`."""
+        if self.max_requests and num_waiting >= self.max_requests:
+            raise CapacityError(
+                f"{num_waiting} requests already wait for the model `{name}` to load, the limit "
+                f"(--max-num-queued-requests {self.max_requests}): retry once it has loaded."
+            )
+
+    async def wait(self, name: str, loading: "asyncio.Task[LoadedModel]") -> LoadedModel:
+        """The load's result (shared: one waiter leaving does not cancel it). Raises CapacityError past
+        --max-queue-time."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(loading), self.max_time_s)
+        except TimeoutError:
+            raise CapacityError(
+                f"The model `{name}` did not load within --max-queue-time {self.max_time_s:g} s; retry."
+            ) from None
+
+
 class ModelPool:
     """Use from the server's event loop. `load` starts a model's engine and builds its app; `clock` is
     time.monotonic (the residency policy's)."""
@@ -53,8 +80,10 @@ class ModelPool:
         limits: ResidencyLimits,
         default_keep_alive_s: float,
         load: ModelLoader,
+        load_waits: LoadWaits,
     ) -> None:
         self.models = models
+        self.load_waits = load_waits
         self.policy = ResidencyPolicy(limits)
         self.default_keep_alive_s = default_keep_alive_s
         self._load = load
@@ -81,6 +110,8 @@ class ModelPool:
         keep_alive = self.default_keep_alive_s if keep_alive_s is None else keep_alive_s
         now = time.monotonic()
         if name in self.policy.residents:
+            if name in self._loading:
+                self.load_waits.check(name, self.policy.residents[name].in_flight - 1)
             self.policy.begin(name, keep_alive, now)
         else:
             for victim in self.policy.admit(name, model.size_bytes, keep_alive, now):
@@ -89,7 +120,7 @@ class ModelPool:
             self.policy.begin(name, keep_alive, now)
         try:
             loaded = self._loaded.get(name)
-            yield loaded if loaded is not None else await asyncio.shield(self._loading[name])
+            yield loaded if loaded is not None else await self.load_waits.wait(name, self._loading[name])
         finally:
             self.policy.end(name, time.monotonic())
             self._changed.set()
