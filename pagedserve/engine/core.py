@@ -84,9 +84,14 @@ class EngineCore:
     def sleep(self, level: int) -> None:
         """Free the weights and the KV cache on every rank (level 1: the checkpoint stays mapped; 2: not).
         The prefix cache is forgotten: the blocks' contents are gone. Only between requests (the API
-        server refuses a sleep while requests are in flight)."""
+        server refuses a sleep while requests are in flight). A failure is logged and leaves it awake
+        (its answer says level 0)."""
+        try:
+            self.executor.collective_rpc("sleep", (level,))
+        except Exception:  # NOTE: the worker frees nothing before its copy is safe (e.g. a full disk)
+            logger.exception("Sleep (level %d) failed: the engine stays awake.", level)
+            return
         self.scheduler.reset_prefix_cache()
-        self.executor.collective_rpc("sleep", (level,))
         self.sleep_level = level
         logger.info("Asleep (level %d): the weights and the KV cache are freed.", level)
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from pagedserve.engine.dp_client import DPClient
 from pagedserve.engine.mp_client import MPClient
-from pagedserve.errors import EngineAsleepError, InvalidRequestError
+from pagedserve.errors import EngineAsleepError, InvalidRequestError, RequestFailedError
 
 SLEEP_LEVELS = (1, 2)
 
@@ -24,7 +24,8 @@ class SleepControl:
 
     async def sleep(self, level: int, num_requests_in_flight: int) -> None:
         """Free the weights and the KV cache; returns once they are. Raises InvalidRequestError for a bad
-        level (400), requests in flight (409), or several engine replicas (400)."""
+        level (400), requests in flight (409), or several engine replicas (400); RequestFailedError (500)
+        when the engine could not (it stays awake)."""
         if isinstance(level, bool) or level not in SLEEP_LEVELS:
             raise InvalidRequestError(f"`level` must be 1 or 2, not {level!r}.", param="level")
         if num_requests_in_flight:
@@ -36,6 +37,10 @@ class SleepControl:
         client = self._client()
         async with self._lock:
             await self._change(lambda: client.sleep(level))
+        if self.level != level:
+            raise RequestFailedError(
+                f"The engine could not sleep (level {level}) and stays awake: see the server log."
+            )
 
     async def wake_up(self) -> None:
         """Load the weights and allocate the KV cache again; returns once done (at once when awake)."""

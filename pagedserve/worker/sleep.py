@@ -2,10 +2,11 @@
 memory back to the OS so that the process's RSS shows it.
 
 Level 1 parks the loaded weights (as loaded: quantized, repacked, sharded) in a temporary file and frees
-them; waking maps that file back, so no checkpoint is read, converted or repacked again. The file's pages
-are the page cache's (shared, written back and reclaimable under pressure), not the process's private
-memory: vLLM's level 1 keeps a host copy of the GPU weights, and on CPU the host copy is what is freed.
-Level 2 keeps nothing: the file's cached pages are dropped too, and waking loads the checkpoint again."""
+their storages; waking copies them back, so no checkpoint is read, converted or repacked again. While
+asleep the file's pages are the page cache's (shared, written back and reclaimable under pressure), not
+the process's private memory: vLLM's level 1 keeps a host copy of the GPU weights, and on CPU the host
+copy is what is freed. Level 2 keeps nothing: the runner goes, the checkpoint's cached pages are dropped,
+and waking loads the checkpoint again."""
 
 import ctypes
 import gc
@@ -47,7 +48,11 @@ class ParkedWeights:
         self._storages = _storages(modules)
         handle, self._path = tempfile.mkstemp(prefix="pagedserve-asleep-", suffix=".pt")
         os.close(handle)
-        torch.save([_bytes_of(storage).cpu() for storage in self._storages], self._path)
+        try:
+            torch.save([_bytes_of(storage).cpu() for storage in self._storages], self._path)
+        except BaseException:  # e.g. the disk is full: nothing is freed, the worker stays awake
+            os.unlink(self._path)
+            raise
         for storage in self._storages:
             storage.resize_(0)
 

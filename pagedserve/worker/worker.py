@@ -68,12 +68,12 @@ class Worker:
         """Free the weights and the KV cache. Level 1 parks the weights in a file for a fast wake_up();
         level 2 drops the whole runner and the checkpoint's cached pages (worker/sleep.py)."""
         if level == 1:
-            if isinstance(self.runner, ModelRunner):
-                self.runner.free_kv_cache()
             modules: list[nn.Module] = [self.runner.model]
             if isinstance(self.runner, ModelRunner) and self.runner.drafter is not None:
                 modules.append(self.runner.drafter.model)
-            self._parked = ParkedWeights(modules)
+            self._parked = ParkedWeights(modules)  # NOTE: first: if it fails, nothing is freed
+            if isinstance(self.runner, ModelRunner):
+                self.runner.free_kv_cache()
         else:
             drop_cached_pages(checkpoint_files(self.config.model))
             del self.runner
