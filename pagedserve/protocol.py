@@ -29,6 +29,8 @@ class EngineCoreRequestType(bytes, enum.Enum):
     SHUTDOWN = b"\x02"  # no payload
     BLOCK_SNAPSHOT = b"\x04"  # no payload; answered by an EngineCoreOutputs carrying `block_snapshot`
     RESET_PREFIX_CACHE = b"\x03"  # no payload
+    SLEEP = b"\x05"  # payload: the level (1 or 2) as msgpack; answered by an output carrying `sleep_level`
+    WAKE_UP = b"\x06"  # no payload; answered by an output carrying `sleep_level` 0
 
 
 class PoolingParams(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -189,3 +191,4 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
     block_snapshot: BlockSnapshot | None = None  # only in the answer to BLOCK_SNAPSHOT
     num_scheduled_tokens: int = 0  # tokens the step computed (vllm:iteration_tokens_total)
     engine_index: int = 0  # --data-parallel-size: the replica it came from (set by the frontend's client)
+    sleep_level: int | None = None  # only in the answer to SLEEP and WAKE_UP: the level now (0: awake)

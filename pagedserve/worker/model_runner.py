@@ -90,6 +90,16 @@ class ModelRunner:
                 cache.cache_dtype, cache.calculate_kv_scales, layer.checkpoint_kv_scales
             )
 
+    def free_kv_cache(self) -> None:
+        """Drop the KV cache, its swap space and the graphs captured over it (initialize_kv_cache and
+        initialize_swap_space allocate them again)."""
+        self.cuda_graphs = None
+        self.block_mover = None
+        self.kv_caches = []
+        for layer in self.attention_layers:
+            layer.kv_cache = None
+        self.reset_kv_quantization()
+
     def kv_cache_bytes_per_block(self) -> int:
         """K and V of `block_size` tokens in every K/V tensor this rank allocates: one block id spans the
         layers of one KV cache group (and the draft model's layers)."""

@@ -8,7 +8,7 @@ cut into chunks at other places; it runs them under one of several engine settin
 speculation, forced recompute and swap preemption in a tiny pool, priority scheduling, chunked prefill, an
 fp8 KV cache, a sliding-window model, a K-quant and a Q4_0 GGUF, three adapters over two slots, adapters in
 one slot under priority and a draft model, wide batches whose decode steps run above 8 and 16 rows, two
-data-parallel replicas, two pipeline stages with adapters). For every request:
+data-parallel replicas, two pipeline stages with adapters, sleep and wake between runs). For every request:
 
 - its output in the batch equals its output run alone: tokens, text, finish and stop reasons, and the
   logprobs and prompt logprobs **bit for bit**: a token's logits do not depend on what shares its step, on
@@ -76,6 +76,9 @@ class Setting:
     # prefill in a few steps and their decodes then share steps of many rows.
     batch_budgets: tuple[int | None, ...] = BUDGETS
     hf_reference: bool = False  # greedy requests also equal HF transformers' greedy tokens
+    sleeps: bool = (
+        False  # the engine may sleep (POST /sleep, level 1 or 2) between the runs alone and the batch
+    )
 
 
 SETTINGS: dict[str, Setting] = {
@@ -133,7 +136,7 @@ SETTINGS: dict[str, Setting] = {
     ),
     # Three adapters (ranks 8, 4, 8; attention, q/v, MLP) over two slots: requests wait for a slot, adapters
     # leave host memory and are read again, beams and samples fork with their adapter.
-    "lora_ngram_swap": Setting("llama", dict(TIGHT, **LORA_NGRAM_SWAP)),
+    "lora_ngram_swap": Setting("llama", dict(TIGHT, **LORA_NGRAM_SWAP), sleeps=True),
     # Three adapters in three slots beside base-model requests in wide batches: a token's update must not
     # depend on how many neighbours share its adapter (the expand's runs), nor on which adapters they use.
     "lora_wide": Setting(
@@ -450,6 +453,9 @@ def check_batch(llm: LLM, drawn: list[Case], budgets: tuple[int | None, int | No
         except InvalidRequestError:
             continue  # a combination the engine refuses (with its message) stays out of the batch
         accepted.append((case, alone))
+    level = len(drawn) % 3 if SETTINGS[setting].sleeps else 0  # 0: awake (a third of the batches)
+    if level:  # the batch's first request wakes it: the weights reloaded, the KV cache empty
+        llm.llm_engine.engine_core.sleep(level)
     batched = run(llm, [case for case, _ in accepted], batch_budget)
     adapters = setting in _ADAPTERS
     for (case, alone), output in zip(accepted, batched):

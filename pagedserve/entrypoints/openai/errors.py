@@ -12,7 +12,13 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pagedserve.errors import CapacityError, EngineDeadError, InvalidRequestError, PagedServeError
+from pagedserve.errors import (
+    CapacityError,
+    EngineAsleepError,
+    EngineDeadError,
+    InvalidRequestError,
+    PagedServeError,
+)
 from pagedserve.logger import init_logger
 from pagedserve.utils.user_json import JsonObject
 
@@ -114,7 +120,7 @@ def exception_status(exc: BaseException) -> tuple[int, str | None, dict[str, str
         return exc.status_code, exc.param, None
     if isinstance(exc, CapacityError):
         return 503, None, {"Retry-After": str(max(1, round(exc.retry_after_s)))}
-    if isinstance(exc, EngineDeadError):
+    if isinstance(exc, (EngineDeadError, EngineAsleepError)):
         return 503, None, None
     return 500, None, None
 
