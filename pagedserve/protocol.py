@@ -84,6 +84,19 @@ class LoRARequest(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tr
         return self.lora_path
 
 
+class ImageInput(msgspec.Struct, array_like=True, frozen=True):
+    """One image of a prompt, processed by the model's own HF processor in the frontend: its pixel values
+    (float32, C-contiguous bytes of `shape`), the `length` placeholder tokens from prompt position `offset`
+    that its embeddings replace, and `content_hash` (sha256 of shape and pixels), which keys the workers'
+    encoder cache and enters the prefix-cache hashes of the blocks holding its tokens."""
+
+    content_hash: str
+    offset: int
+    length: int
+    shape: list[int]
+    pixel_values: bytes
+
+
 class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     """A tokenized, validated request. `max_tokens` is resolved (never None here).
 
@@ -106,6 +119,8 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     pooling_params: PoolingParams | None = None
     # --enable-lora: the adapter over the base model (None: the base model).
     lora_request: LoRARequest | None = None
+    # An image model's prompt images, in prompt order (None: text only).
+    images: list[ImageInput] | None = None
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
