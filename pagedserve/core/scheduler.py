@@ -316,6 +316,7 @@ class Scheduler(SchedulerState):
                     request.num_computed_tokens,
                     lora_request=request.lora_request,
                     beam=request.beam_search is not None,
+                    images=request.images or None,
                 )
             )
         self._num_tokens_sent[request_id] = request.num_tokens
