@@ -165,6 +165,9 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
     spec_decode_num_drafts: int = 0
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
+    # An image model, cumulative: images the encoder ran on, and its seconds.
+    num_images_encoded: int = 0
+    encoder_seconds: float = 0.0
     # --enable-lora: the names of the adapters of the running and of the waiting requests.
     running_lora_adapters: list[str] = msgspec.field(default_factory=list)
     waiting_lora_adapters: list[str] = msgspec.field(default_factory=list)

@@ -96,6 +96,11 @@ class EngineConfig:
                 "(GiB) above 0, or use --preemption-mode recompute."
             )
         check_pipeline_features(self.parallel.pipeline_parallel_size, self.model.pooling is not None)
+        if self.model.multimodal is not None and self.parallel.pipeline_parallel_size > 1:
+            raise ConfigError(
+                f"{self.model.architecture} takes images, which do not run at --pipeline-parallel-size > 1 "
+                "yet: use --tensor-parallel-size instead."
+            )
 
 
 @dataclass

@@ -90,5 +90,7 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, list[dict[int, float] | None]] = field(default_factory=dict)
     # --runner pooling: request id -> its pooled vector (embedding or scores).
     pooled: dict[str, list[float]] = field(default_factory=dict)
+    # An image model: the encoder's cumulative (images encoded, seconds), for the metrics.
+    encoder_totals: tuple[int, float] | None = None
     # request id -> why the worker could not run it (its LoRA adapter's files): it ends with that error.
     failed: dict[str, str] = field(default_factory=dict)

@@ -37,6 +37,7 @@ class EngineCore:
         self.executor = get_executor_class(config)(config)
         # The weights every rank holds, as measured after loading (/metrics: model_weight_bytes).
         self.model_weight_bytes = sum(cast(list[int], self.executor.collective_rpc("resident_weight_bytes")))
+        self.encoder_totals: tuple[int, float] = (0, 0.0)  # an image model's, as its worker last said
         self.structured_output = StructuredOutputManager(
             lambda: load_tokenizer(config.model), config.model.vocab_size
         )
@@ -112,9 +113,12 @@ class EngineCore:
                 self._wait_for_compile()
             runner_output = self.executor.execute_model(scheduler_output)
             outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+            self.encoder_totals = runner_output.encoder_totals or self.encoder_totals
+        stats = self.scheduler.get_stats()
+        stats.num_images_encoded, stats.encoder_seconds = self.encoder_totals
         return EngineCoreOutputs(
             outputs,
-            self.scheduler.get_stats(),
+            stats,
             timestamp,
             scheduler_output.first_scheduled_req_ids if scheduler_output else [],
             num_scheduled_tokens=scheduler_output.total_num_scheduled_tokens if scheduler_output else 0,

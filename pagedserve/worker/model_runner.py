@@ -277,6 +277,8 @@ class ModelRunner:
                 batch.num_tokens_per_row,
             )
         hidden = self._forward(batch)  # [T, hidden]
+        if self.encoder is not None:
+            output.encoder_totals = (self.encoder.stats.num_images, self.encoder.stats.seconds)
         if hidden is None:  # a pipeline stage before the last: the last one samples
             return output
         self.prompt_logprobs.compute(batch, hidden, self.input_batch.states, output)
