@@ -114,11 +114,9 @@ class EngineCore:
             runner_output = self.executor.execute_model(scheduler_output)
             outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
             self.encoder_totals = runner_output.encoder_totals or self.encoder_totals
-        stats = self.scheduler.get_stats()
-        stats.num_images_encoded, stats.encoder_seconds = self.encoder_totals
         return EngineCoreOutputs(
             outputs,
-            stats,
+            self.get_stats(),
             timestamp,
             scheduler_output.first_scheduled_req_ids if scheduler_output else [],
             num_scheduled_tokens=scheduler_output.total_num_scheduled_tokens if scheduler_output else 0,
@@ -134,7 +132,9 @@ class EngineCore:
         return True
 
     def get_stats(self) -> SchedulerStats:
-        return self.scheduler.get_stats()
+        stats = self.scheduler.get_stats()
+        stats.num_images_encoded, stats.encoder_seconds = self.encoder_totals
+        return stats
 
     def describe(self, max_requests: int = 20) -> str:
         """The scheduler's state (queues, KV usage, the running requests) for a log."""
