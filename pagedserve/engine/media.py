@@ -97,7 +97,7 @@ class MediaLoader:
         try:
             with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (scheme checked)
                 # NOTE: the deadline covers the whole body: a server dripping bytes never holds us longer.
-                while chunk := response.read(_CHUNK):
+                while chunk := response.read1(_CHUNK):
                     size += len(chunk)
                     if size > self.config.max_media_bytes:
                         raise self._too_large(param)

@@ -4,6 +4,7 @@ preemption and on prefix hits; the encoder runs once per image; prefix-cache key
 
 import base64
 import io
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,8 +13,9 @@ from PIL import Image
 
 from pagedserve import LLM, SamplingParams
 
-MAX_TOKENS = 24
+MAX_TOKENS = 24  # the requests of the batch grow until the pool runs short
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+SHORT = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 
 
 def random_image(seed: int, size: tuple[int, int]) -> Image.Image:
@@ -29,12 +31,14 @@ def hf(tiny_llava: str):
     return model, AutoProcessor.from_pretrained(tiny_llava)
 
 
-def hf_greedy(hf, prompt: str, images: list[Image.Image]) -> tuple[list[int], list[int]]:
+def hf_greedy(
+    hf, prompt: str, images: list[Image.Image], max_tokens: int = MAX_TOKENS
+) -> tuple[list[int], list[int]]:
     """(HF's processed prompt ids, its greedy tokens)."""
     model, processor = hf
     inputs = processor(text=prompt, images=images or None, return_tensors="pt")
     with torch.no_grad():
-        out = model.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False)
+        out = model.generate(**inputs, max_new_tokens=max_tokens, do_sample=False)
     prompt_ids = inputs["input_ids"][0].tolist()
     return prompt_ids, out[0, len(prompt_ids) :].tolist()
 
@@ -89,14 +93,14 @@ def test_prefix_cache_keys_include_the_image(llm: LLM, hf) -> None:
     def hits(image: Image.Image) -> tuple[int, list[int]]:
         before = stats(llm).prefix_cache_hits
         (output,) = llm.generate(
-            {"prompt": text, "multi_modal_data": {"image": image}}, GREEDY, use_tqdm=False
+            {"prompt": text, "multi_modal_data": {"image": image}}, SHORT, use_tqdm=False
         )
         return stats(llm).prefix_cache_hits - before, output.outputs[0].token_ids
 
     assert hits(first)[0] == 0
     other_hits, other_tokens = hits(other)
     assert other_hits == 0  # the same tokens with another image: another prefix
-    assert other_tokens == hf_greedy(hf, text, [other])[1]
+    assert other_tokens == hf_greedy(hf, text, [other], 4)[1]
     same_hits, same_tokens = hits(other)
     assert same_hits > 0 and same_tokens == other_tokens
 
@@ -113,13 +117,11 @@ def test_samples_and_chat_share_one_encoder_run(llm: LLM, hf) -> None:
             "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "Hi"}],
         }
     ]
-    (chat,) = llm.chat(
-        conversation, SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, n=2), use_tqdm=False
-    )
+    (chat,) = llm.chat(conversation, replace(SHORT, n=2), use_tqdm=False)
     assert stats(llm).num_images_encoded - before == 1
     rendered = hf[1].apply_chat_template(
         [{"role": "user", "content": "<image>\nHi"}], add_generation_prompt=True, tokenize=False
     )
-    prompt_ids, tokens = hf_greedy(hf, rendered, [image])
+    prompt_ids, tokens = hf_greedy(hf, rendered, [image], 4)
     assert chat.prompt_token_ids == prompt_ids
     assert [sample.token_ids for sample in chat.outputs] == [tokens, tokens]
