@@ -261,6 +261,8 @@ def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory):
     cache: dict[str, str] = {}
 
     def make(name: str) -> str:
+        if name == "llava" and name not in cache:
+            cache[name] = build_tiny_llava(str(tmp_path_factory.mktemp(name)))
         if name not in cache:
             architecture = name.split("-")[0]
             cache[name] = build_tiny_model(
@@ -274,8 +276,8 @@ def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="session")
-def tiny_llava(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return build_tiny_llava(str(tmp_path_factory.mktemp("llava")))
+def tiny_llava(tiny_model_factory) -> str:
+    return tiny_model_factory("llava")
 
 
 @pytest.fixture(scope="session")

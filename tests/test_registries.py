@@ -9,6 +9,7 @@ import pytest
 from pagedserve.attention.backends import ATTENTION_BACKENDS
 from pagedserve.attention.backends.base import AttentionBackend
 from pagedserve.config import MODEL_ARCHITECTURES, AttentionBackendName, ExecutorBackend
+from pagedserve.config.multimodal import MULTIMODAL_ARCHITECTURES
 from pagedserve.config.pooling import DECODER_CLASSIFIER_ARCHITECTURES, ENCODER_ARCHITECTURES
 from pagedserve.config.quantization import QUANTIZATION_METHODS
 from pagedserve.errors import ConfigError
@@ -23,7 +24,7 @@ from pagedserve.utils.registry import Registry
 REGISTRIES = [
     (ATTENTION_BACKENDS, set(get_args(AttentionBackendName)) - {"auto"}, AttentionBackend),
     (EXECUTORS, set(get_args(ExecutorBackend)), Executor),
-    (MODELS, set(MODEL_ARCHITECTURES.values()), CausalLM),
+    (MODELS, set(MODEL_ARCHITECTURES.values()) | set(MULTIMODAL_ARCHITECTURES.values()), CausalLM),
     (ENCODER_MODELS, set(ENCODER_ARCHITECTURES), EncoderModel),
     (DECODER_CLASSIFIERS, set(DECODER_CLASSIFIER_ARCHITECTURES), SequenceClassifier),
     (QUANTIZATION_CONFIGS, set(QUANTIZATION_METHODS), QuantizationConfig),

@@ -23,7 +23,7 @@ class ImagePromptProcessor:
 
         self.config = config
         self.media = MediaLoader(config)
-        self.processor = AutoProcessor.from_pretrained(model_path)
+        self.processor = AutoProcessor.from_pretrained(model_path)  # type: ignore[no-untyped-call]
         self.placeholder: str = self.processor.image_token
 
     def check_count(self, sources: Sequence[Any], param: str) -> None:

@@ -98,7 +98,7 @@ class CLIPVisionTower(nn.Module):
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """[images, C, H, W] -> [images, 1 + patches, hidden] after `num_layers` layers."""
-        hidden = self.pre_layrnorm(self.embeddings(pixel_values))
+        hidden: torch.Tensor = self.pre_layrnorm(self.embeddings(pixel_values))
         for layer in self.encoder.layers:
             hidden = layer(hidden)
         return hidden

@@ -190,7 +190,7 @@ class LlamaModel(nn.Module):
         to start from instead (an image model's, with its images' rows merged in)."""
         residual: torch.Tensor | None
         if intermediate is None:
-            hidden = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
+            hidden: torch.Tensor = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
             residual = None
         else:
             hidden, residual = intermediate

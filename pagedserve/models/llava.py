@@ -12,7 +12,7 @@ from pagedserve.errors import ConfigError
 from pagedserve.layers.activation import plain_activation
 from pagedserve.models.clip import CLIPVisionTower
 from pagedserve.models.interface import MultiModalLM
-from pagedserve.models.llama import LlamaForCausalLM
+from pagedserve.models.llama import LlamaForCausalLM, LlamaModel
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -67,15 +67,18 @@ class LlavaForConditionalGeneration(MultiModalLM):
         features = self.vision_tower(pixel_values)
         if self.config.vision_feature_select_strategy == "default":
             features = features[:, 1:]  # NOTE: the class token has no place among the placeholders
-        return self.multi_modal_projector(features)
+        projected: torch.Tensor = self.multi_modal_projector(features)
+        return projected
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.language_model.model.embed(input_ids)
+        trunk = self.language_model.model
+        assert isinstance(trunk, LlamaModel), "LlamaForCausalLM's trunk"
+        return trunk.embed(input_ids)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, inputs_embeds: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return self.language_model(input_ids, positions, inputs_embeds)
+        return self.language_model.forward(input_ids, positions, inputs_embeds)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.language_model.compute_logits(hidden)

@@ -240,7 +240,7 @@ class ModelRunner:
         if self.encoder is not None:
             embeds = self.encoder.inputs_embeds(batch, self.input_batch.states)
             if embeds is not None:
-                return self.encoder.model(batch.input_ids, batch.positions, embeds)
+                return self.encoder.model.forward(batch.input_ids, batch.positions, embeds)
         hidden: torch.Tensor = self.model(batch.input_ids, batch.positions)
         return hidden
 
