@@ -1,6 +1,7 @@
-"""The encoder's share of a step (core/encoder_budget.py): a chunk is cut before an image that would take
-the step past --max-num-batched-tokens image tokens, an image larger than the budget still runs (in a step
-of its own), and image blocks' prefix-cache hashes include the image."""
+"""Images in the scheduler: the encoder's share of a step (core/encoder_budget.py: a chunk is cut before an
+image that would take the step past --max-num-batched-tokens image tokens, an image larger than the budget
+still runs, in a step of its own), image blocks' prefix-cache hashes include the image, and n-gram drafts
+stop before an image placeholder."""
 
 import time
 
@@ -9,6 +10,7 @@ from utils import make_scheduler
 from pagedserve.core.hashing import extend_block_hashes
 from pagedserve.core.request import Request
 from pagedserve.core.sched_output import ModelRunnerOutput
+from pagedserve.core.spec_decode import before_image_placeholders
 from pagedserve.protocol import EngineCoreRequest, ImageInput
 from pagedserve.sampling_params import SamplingParams
 
@@ -66,3 +68,9 @@ def test_block_hashes_include_the_image() -> None:
         extend_block_hashes(hashes[name], tokens, 8, 3, None, b"", [image(8, 8, name)])
     assert hashes["a"][0] == hashes["b"][0]  # the text before the image
     assert hashes["a"][1] != hashes["b"][1] and hashes["a"][2] != hashes["b"][2]
+
+
+def test_drafts_stop_before_an_image_placeholder() -> None:
+    request = image_request("a", 30, [image(4, 8, "a")])
+    assert before_image_placeholders(request, [5, 6, IMAGE, IMAGE]) == [5, 6]
+    assert before_image_placeholders(request, [5, 6]) == [5, 6]
