@@ -80,14 +80,8 @@ def build_tiny_llava(path: str) -> str:
 
     tokenizer = AutoTokenizer.from_pretrained(_tokenizer_folder())
     tokenizer.add_tokens(["<image>"], special_tokens=True)
-    vision = CLIPVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        image_size=32,
-        patch_size=8,
-    )
+    sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
+    vision = CLIPVisionConfig(image_size=32, patch_size=8, **sizes)
     text = tiny_hf_config("llama", vocab_size=len(tokenizer))
     config = LlavaConfig(
         vision_config=vision,
