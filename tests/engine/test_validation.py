@@ -130,9 +130,15 @@ def test_unsupported_architecture(tmp_path) -> None:
 
     GPT2Config(n_layer=1, n_embd=32, n_head=2, architectures=["GPT2LMHeadModel"]).save_pretrained(tmp_path)
     from pagedserve.config import MODEL_ARCHITECTURES
+    from pagedserve.config.multimodal import MULTIMODAL_ARCHITECTURES
     from pagedserve.config.pooling import POOLING_ONLY_ARCHITECTURES
 
-    supported = ", ".join(sorted({*MODEL_ARCHITECTURES.values(), *POOLING_ONLY_ARCHITECTURES}))
+    architectures = {
+        *MODEL_ARCHITECTURES.values(),
+        *POOLING_ONLY_ARCHITECTURES,
+        *MULTIMODAL_ARCHITECTURES.values(),
+    }
+    supported = ", ".join(sorted(architectures))
     with pytest.raises(
         ConfigError, match=f"'GPT2LMHeadModel' is not supported. Supported architectures: {supported}."
     ):
