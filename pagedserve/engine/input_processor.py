@@ -104,7 +104,9 @@ class InputProcessor:
         # NOTE: every check that needs no image comes first: a refused request fetches nothing.
         self.structured_outputs.validate(params, beam_search)
         self._validate_thinking_budget(params, beam_search)
-        self._validate(token_ids, params)
+        self._validate_params(params)
+        if params.truncate_prompt_tokens is None:
+            self._validate_prompt(token_ids)  # its images only lengthen it
         token_ids, images = self._images(prompt, token_ids)
         if params.truncate_prompt_tokens is not None:
             if images and params.truncate_prompt_tokens < len(token_ids):
@@ -114,7 +116,7 @@ class InputProcessor:
                     param="truncate_prompt_tokens",
                 )
             token_ids = token_ids[-params.truncate_prompt_tokens :]
-        self._validate(token_ids, params)
+        self._validate_prompt(token_ids)
         max_model_len = self.model_config.max_model_len
         max_tokens = params.max_tokens
         if max_tokens is None:
@@ -238,7 +240,7 @@ class InputProcessor:
                 param="beam_width",
             )
 
-    def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
+    def _validate_prompt(self, token_ids: list[int]) -> None:
         max_model_len, vocab = self.model_config.max_model_len, self.model_config.vocab_size
         if not token_ids:
             raise InvalidRequestError("The prompt is empty: it must have at least one token.", param="prompt")
@@ -254,6 +256,9 @@ class InputProcessor:
             raise InvalidRequestError(
                 f"Token id {bad[0]} is out of vocabulary (valid ids: 0 to {vocab - 1}).", param="prompt"
             )
+
+    def _validate_params(self, params: SamplingParams) -> None:
+        vocab = self.model_config.vocab_size
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
             if value is not None and value > self.model_config.max_logprobs:

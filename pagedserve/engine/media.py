@@ -33,6 +33,8 @@ class MediaLoader:
 
     def __init__(self, config: MultiModalConfig) -> None:
         self.config = config
+        # NOTE: a redirect is checked against the allowed hosts too: an allowed host cannot lead elsewhere.
+        self.opener = urllib.request.build_opener(_CheckedRedirects(self))
 
     def load(self, source: Any, param: str) -> "Image":
         from PIL import Image
@@ -82,7 +84,7 @@ class MediaLoader:
                 f"{param}: the data: URL is not valid base64: {exc}", param=param
             ) from exc
 
-    def _download(self, url: str, param: str) -> bytes:
+    def check_host(self, url: str, param: str) -> None:
         host = (urllib.parse.urlsplit(url).hostname or "").lower()
         allowed = self.config.allowed_media_domains
         if allowed is not None and host not in allowed:
@@ -91,11 +93,14 @@ class MediaLoader:
                 f"{', '.join(allowed) or 'no host'} (--allowed-media-domains).",
                 param=param,
             )
+
+    def _download(self, url: str, param: str) -> bytes:
+        self.check_host(url, param)
         timeout = self.config.fetch_timeout_s
         deadline = time.monotonic() + timeout
         chunks, size = [], 0
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (scheme checked)
+            with self.opener.open(url, timeout=timeout) as response:
                 # NOTE: the deadline covers the whole body: a server dripping bytes never holds us longer.
                 while chunk := response.read1(_CHUNK):
                     size += len(chunk)
@@ -104,6 +109,8 @@ class MediaLoader:
                     if time.monotonic() > deadline:
                         raise TimeoutError
                     chunks.append(chunk)
+        except InvalidRequestError:
+            raise  # a bound or a redirect refused above: its own message
         except TimeoutError as exc:
             raise InvalidRequestError(
                 f"{param}: downloading the image took longer than {timeout:g} s (--media-fetch-timeout).",
@@ -143,6 +150,19 @@ class MediaLoader:
             f"{param}: the image is larger than {self.config.max_media_bytes} bytes (--max-media-bytes).",
             param=param,
         )
+
+
+class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to an allowed host (raises the loader's InvalidRequestError otherwise)."""
+
+    def __init__(self, loader: MediaLoader) -> None:
+        self.loader = loader
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
+        if urllib.parse.urlsplit(newurl).scheme not in ("http", "https"):
+            raise InvalidRequestError("the image URL redirects to a non-http(s) URL.", param="image_url")
+        self.loader.check_host(newurl, "image_url (redirected)")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
 def decode_image(data: bytes, param: str) -> "Image":

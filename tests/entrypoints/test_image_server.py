@@ -57,12 +57,17 @@ SVG = b'<svg xmlns="http://www.w3.org/2000/svg" width="8" height="8"><rect width
 
 class Media(BaseHTTPRequestHandler):
     """The local image host: /ok.png, /huge.png (over the byte bound), /slow.png (drips past the deadline),
-    /image.svg. Every path asked for is recorded in `requested`."""
+    /image.svg, /redirect.png (to localhost, not an allowed host). Every path asked for is recorded in `requested`."""
 
     requested: list[str] = []
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         Media.requested.append(self.path)
+        if self.path == "/redirect.png":  # to a host outside --allowed-media-domains
+            self.send_response(302)
+            self.send_header("Location", f"http://localhost:{self.server.server_address[1]}/ok.png")
+            self.end_headers()
+            return
         body = {"/huge.png": os.urandom(MAX_MEDIA_BYTES * 2), "/image.svg": SVG}.get(self.path, png_bytes())
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -153,6 +158,7 @@ def _bad_inputs(host: str, folder: str) -> list[tuple[list[dict], str]]:
         (image_message(*[data_url(png_bytes())] * 3), "at most 2"),
         ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "image_url part needs"),
         (image_message(host.replace("127.0.0.1", "localhost") + "/ok.png"), "not allowed"),
+        (image_message(f"{host}/redirect.png"), "'localhost' is not allowed"),
         (image_message(f"{host}/slow.png"), "longer than 1 s"),
         (image_message(f"{host}/huge.png"), "larger than 65536 bytes"),
         (image_message(f"file://{folder}/../../etc/passwd"), "outside the allowed folder"),
@@ -173,6 +179,7 @@ BAD_CASES = [
     "too_many",
     "no_url",
     "domain",
+    "redirect",
     "slow",
     "huge",
     "file_outside",
