@@ -13,7 +13,7 @@ from PIL import Image
 
 from pagedserve import LLM, SamplingParams
 
-MAX_TOKENS = 12  # the requests of the batch grow until the pool runs short
+MAX_TOKENS = 24  # the requests of the batch grow until the pool runs short
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
 SHORT = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 
@@ -46,7 +46,7 @@ def hf_greedy(
 @pytest.fixture(scope="module")
 def llm(tiny_llava: str) -> LLM:
     """A step budget of 24 tokens cuts every image prompt (16 tokens an image) into chunks, some through
-    an image; 12 blocks of 8 tokens run short as four of these requests grow by 12 tokens each, so some
+    an image; 12 blocks of 8 tokens run short as four of these requests grow by 24 tokens each, so some
     are preempted (and recomputed)."""
     return LLM(
         tiny_llava,
