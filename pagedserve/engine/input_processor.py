@@ -150,7 +150,9 @@ class InputProcessor:
         """An image prompt's tokens with each placeholder expanded, and its images (none: unchanged)."""
         data = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
         if data is None:
-            return token_ids, []
+            if self.images is None:
+                return token_ids, []
+            data = {}  # NOTE: an image model checks that no placeholder token stands without its image
         if not isinstance(data, dict) or set(data) - {"image"}:
             raise InvalidRequestError(
                 'multi_modal_data must be {"image": an image or a list of images}; only images are supported.',

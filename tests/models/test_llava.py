@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 
 from pagedserve import LLM, SamplingParams
+from pagedserve.errors import InvalidRequestError
 
 MAX_TOKENS = 24  # the requests of the batch grow until the pool runs short
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
@@ -125,3 +126,12 @@ def test_samples_and_chat_share_one_encoder_run(llm: LLM, hf) -> None:
     prompt_ids, tokens = hf_greedy(hf, rendered, [image], 4)
     assert chat.prompt_token_ids == prompt_ids
     assert [sample.token_ids for sample in chat.outputs] == [tokens, tokens]
+
+
+def test_placeholders_and_images_must_match(llm: LLM) -> None:
+    with pytest.raises(InvalidRequestError, match="1 image placeholders .* but 0 images"):
+        llm.generate("<image> with no image", SHORT, use_tqdm=False)
+    with pytest.raises(InvalidRequestError, match="0 image placeholders .* but 1 images"):
+        llm.generate(
+            {"prompt": "no placeholder", "multi_modal_data": {"image": random_image(0, (8, 8))}}, SHORT
+        )
