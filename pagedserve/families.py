@@ -80,12 +80,13 @@ class FamilyFacts:
     kv_heads_rule: KVHeadsRule = "num_key_value_heads"
     moe: MoELayout | None = None
     gguf: GGUFFacts | None = None  # None: no GGUF of its own (see `holds` of the one that carries it)
+    takes_images: bool = False  # a vision encoder feeds the language model (config/multimodal.py)
 
     @property
     def separate_projections(self) -> bool:
         """A dense family whose checkpoint keeps q/k/v and gate/up apart: 4-bit checkpoints load into its
         layers as they are, and LoRA adapters target its projections."""
-        return not self.encoder and not self.fused_projections and self.moe is None
+        return not (self.encoder or self.fused_projections or self.takes_images) and self.moe is None
 
 
 _GEMMA_GGUF_NAMES = {
@@ -242,6 +243,7 @@ FAMILIES: tuple[FamilyFacts, ...] = (
         ),
         gguf=GGUFFacts("qwen3moe", "Qwen3-MoE", expert_sizes_in_metadata=True),
     ),
+    FamilyFacts("llava", "llava", "LlavaForConditionalGeneration", takes_images=True),
     FamilyFacts(
         "bert", "bert", "BertModel", classifier="BertForSequenceClassification", encoder=True, gguf=_BERT_GGUF
     ),
@@ -265,6 +267,10 @@ FAMILIES: tuple[FamilyFacts, ...] = (
 
 DECODERS = tuple(family for family in FAMILIES if not family.encoder)
 ENCODERS = tuple(family for family in FAMILIES if family.encoder)
+# model_type -> architecture of the families that take images.
+IMAGE_ARCHITECTURES: Mapping[str, str] = MappingProxyType(
+    {family.model_type: family.architecture for family in FAMILIES if family.takes_images}
+)
 _BY_ARCHITECTURE = {family.architecture: family for family in FAMILIES}
 _BY_GGUF = {family.gguf.architecture: family for family in FAMILIES if family.gguf is not None}
 # general.architecture -> how llama.cpp writes it, for every GGUF architecture pagedserve loads.

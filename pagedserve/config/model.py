@@ -6,6 +6,11 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from pagedserve.config.multimodal import (
+    MultiModalConfig,
+    image_token_id,
+    text_config,
+)
 from pagedserve.config.pooling import (
     ENCODER_MODEL_TYPES,
     POOLING_ONLY_ARCHITECTURES,
@@ -15,7 +20,7 @@ from pagedserve.config.pooling import (
     resolve_runner,
 )
 from pagedserve.errors import ConfigError
-from pagedserve.families import DECODERS
+from pagedserve.families import DECODERS, IMAGE_ARCHITECTURES
 from pagedserve.logger import init_logger
 from pagedserve.utils.default_model import DEFAULT_MODEL_NAME, default_model_path
 from pagedserve.utils.gguf_cache import gguf_hf_folder
@@ -42,7 +47,7 @@ class ModelConfig:
 
     model: str  # folder, GGUF file or hub id
     gguf_file: str | None  # set when loading from a GGUF file
-    hf_config: "PretrainedConfig"
+    hf_config: "PretrainedConfig"  # the language model's (a multimodal checkpoint's text_config)
     architecture: str
     dtype: str  # resolved: float32 | float16 | bfloat16
     max_model_len: int
@@ -65,6 +70,8 @@ class ModelConfig:
     cpu_offload_gb: float = 0.0
     # --linear-backend resolved (config/quantization.py): native | triton | torch.
     linear_backend: str = "native"
+    # An image-taking checkpoint (config/multimodal.py): its whole config and the image bounds; None: text.
+    multimodal: MultiModalConfig | None = None
 
     def __post_init__(self) -> None:
         supported = set(MODEL_ARCHITECTURES.values()) | set(POOLING_ONLY_ARCHITECTURES)
@@ -139,11 +146,16 @@ def load_model_config(
     if path is None:
         path = default_model_path()
         logger.info("No model given: using the embedded default %s (%s).", DEFAULT_MODEL_NAME, path)
-    hf_config, gguf_file = _load_hf_config(path, hf_config_path)
-    archs = getattr(hf_config, "architectures", None) or [
-        MODEL_ARCHITECTURES.get(hf_config.model_type)
-        or ENCODER_MODEL_TYPES.get(hf_config.model_type, hf_config.model_type)
+    checkpoint_config, gguf_file = _load_hf_config(path, hf_config_path)
+    archs = getattr(checkpoint_config, "architectures", None) or [
+        MODEL_ARCHITECTURES.get(checkpoint_config.model_type)
+        or ENCODER_MODEL_TYPES.get(checkpoint_config.model_type, checkpoint_config.model_type)
     ]
+    multimodal = None
+    if checkpoint_config.model_type in IMAGE_ARCHITECTURES:
+        multimodal = MultiModalConfig(checkpoint_config, image_token_id(checkpoint_config))
+    # NOTE: sizing, the KV layout and the LM read the language model's config alone.
+    hf_config = text_config(checkpoint_config)
     limit, _ = model_len_limit(hf_config)
     names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name or [])
     if not all(names):
@@ -167,6 +179,7 @@ def load_model_config(
         tokenizer=tokenizer,
         max_logprobs=max_logprobs,
         pooling=pooling,
+        multimodal=multimodal,
     )
 
 

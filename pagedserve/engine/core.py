@@ -38,6 +38,7 @@ class EngineCore:
         self.sleep_level = 0  # POST /sleep's: 0 awake, 1 or 2 asleep
         # The weights every rank holds, as measured after loading (/metrics: model_weight_bytes).
         self.model_weight_bytes = sum(cast(list[int], self.executor.collective_rpc("resident_weight_bytes")))
+        self.encoder_totals: tuple[int, float] = (0, 0.0)  # an image model's, as its worker last said
         self.structured_output = StructuredOutputManager(
             lambda: load_tokenizer(config.model), config.model.vocab_size
         )
@@ -137,9 +138,10 @@ class EngineCore:
                 self._wait_for_compile()
             runner_output = self.executor.execute_model(scheduler_output)
             outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+            self.encoder_totals = runner_output.encoder_totals or self.encoder_totals
         return EngineCoreOutputs(
             outputs,
-            self.scheduler.get_stats(),
+            self.get_stats(),
             timestamp,
             scheduler_output.first_scheduled_req_ids if scheduler_output else [],
             num_scheduled_tokens=scheduler_output.total_num_scheduled_tokens if scheduler_output else 0,
@@ -155,7 +157,9 @@ class EngineCore:
         return True
 
     def get_stats(self) -> SchedulerStats:
-        return self.scheduler.get_stats()
+        stats = self.scheduler.get_stats()
+        stats.num_images_encoded, stats.encoder_seconds = self.encoder_totals
+        return stats
 
     def describe(self, max_requests: int = 20) -> str:
         """The scheduler's state (queues, KV usage, the running requests) for a log."""

@@ -5,10 +5,15 @@ import json
 import os
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from pagedserve.config.multimodal import MultiModalConfig
+from pagedserve.engine.input_processor import PromptType
 from pagedserve.errors import ConfigError, InvalidRequestError
 from pagedserve.utils.user_json import JsonObject, JsonValue
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 # OpenAI's newer name for "system" (as vLLM, templates get "system").
@@ -64,45 +69,107 @@ def resolve_content_format(
     return "openai" if template and _LOOPS_OVER_CONTENT.search(template) else "string"
 
 
-def _content(content: JsonValue, index: int, content_format: str) -> str | list[JsonValue]:
-    """A message's content as the template expects it: one string, or OpenAI's text parts."""
-    texts = _texts(content, index)
+def _content(
+    content: JsonValue, index: int, content_format: str, image_placeholder: str | None
+) -> str | list[JsonValue]:
+    """A message's content as the template expects it: one string, or OpenAI's text parts (an image part
+    becomes the model's image placeholder, where the processor later puts the image's tokens)."""
+    texts = _texts(content, index, image_placeholder)
     if content_format == "string":
         return "\n".join(texts)
     return [{"type": "text", "text": text} for text in texts]
 
 
-def _texts(content: JsonValue, index: int) -> list[str]:
+def _texts(content: JsonValue, index: int, image_placeholder: str | None) -> list[str]:
     """The text of each part of a message's content (a string is one part, null none)."""
     if isinstance(content, str):
         return [content]
     if content is None:
         return []
     if isinstance(content, Sequence):
-        texts = []
-        for part in content:
-            text = part.get("text") if isinstance(part, Mapping) and part.get("type") == "text" else None
-            if not isinstance(text, str):
-                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-                raise InvalidRequestError(
-                    f"messages[{index}].content: only text parts ({{'type': 'text', "
-                    f"'text': ...}}) are supported, got {kind!r}.",
-                    param=f"messages[{index}].content",
-                )
-            texts.append(text)
-        return texts
+        return [_text(part, index, image_placeholder) for part in content]
     raise InvalidRequestError(
-        f"messages[{index}].content must be a string or a list of text parts.",
+        f"messages[{index}].content must be a string or a list of text and image_url parts.",
         param=f"messages[{index}].content",
     )
 
 
+def _text(part: JsonValue, index: int, image_placeholder: str | None) -> str:
+    param = f"messages[{index}].content"
+    kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+    text = part.get("text") if isinstance(part, Mapping) else None
+    if kind == "text" and isinstance(text, str):
+        return text
+    if kind != "image_url" or not isinstance(part, Mapping):
+        raise InvalidRequestError(
+            f"{param}: only text ({{'type': 'text', 'text': ...}}) and image_url parts are supported, "
+            f"got {kind!r}.",
+            param=param,
+        )
+    if image_placeholder is None:
+        raise InvalidRequestError(
+            f"{param}: this model takes no images (its architecture is text-only); send text parts only.",
+            param=param,
+        )
+    _image_url(part, index)
+    return image_placeholder
+
+
+def _image_url(part: Mapping[str, JsonValue], index: int) -> str:
+    """The URL of an image_url part, {"type": "image_url", "image_url": {"url": ...}}."""
+    image_url = part.get("image_url")
+    url = image_url.get("url") if isinstance(image_url, Mapping) else None
+    if not isinstance(url, str) or not url:
+        raise InvalidRequestError(
+            f"messages[{index}].content: an image_url part needs {{'image_url': {{'url': URL}}}} with a "
+            "non-empty data:, http(s):// or file:// URL.",
+            param=f"messages[{index}].content",
+        )
+    return url
+
+
+def image_urls(messages: Sequence[Mapping[str, JsonValue]]) -> list[str]:
+    """The URLs of the conversation's image_url parts, in order (after normalize_messages checked them)."""
+    return [
+        _image_url(part, index)
+        for index, message in enumerate(messages)
+        for part in _parts(message.get("content"))
+        if part.get("type") == "image_url"
+    ]
+
+
+def _parts(content: JsonValue) -> list[Mapping[str, JsonValue]]:
+    return [part for part in content if isinstance(part, Mapping)] if isinstance(content, list) else []
+
+
+def image_placeholder(
+    tokenizer: "PreTrainedTokenizerBase", multimodal: MultiModalConfig | None
+) -> str | None:
+    """The text an image part becomes in the template (the image token, e.g. LLaVA's "<image>"); None
+    for a text-only model, which refuses image parts."""
+    if multimodal is None:
+        return None
+    return str(tokenizer.convert_ids_to_tokens(multimodal.image_token_id))
+
+
+def with_images(prompt: PromptType, messages: Sequence[Mapping[str, JsonValue]]) -> PromptType:
+    """The engine's prompt for a rendered conversation: with its image URLs when it has image parts."""
+    urls = image_urls(messages)
+    if not urls:
+        return prompt
+    base = prompt if isinstance(prompt, dict) else {"prompt_token_ids": prompt}
+    return {**base, "multi_modal_data": {"image": urls}}
+
+
 def normalize_messages(
-    messages: Sequence[Mapping[str, JsonValue]], content_format: Literal["string", "openai"] = "string"
+    messages: Sequence[Mapping[str, JsonValue]],
+    content_format: Literal["string", "openai"] = "string",
+    image_placeholder: str | None = None,
 ) -> list[JsonObject]:
     """Check roles and give each content as `content_format` says (text parts joined into one string, or
-    a list of text parts); keep an assistant's `tool_calls` (their arguments as objects, which chat
-    templates expect) and a tool message's `tool_call_id` and `name`. Raises InvalidRequestError."""
+    a list of text parts; an image_url part as `image_placeholder`, None refusing images); keep an
+    assistant's `tool_calls` (their arguments as objects, which chat templates expect) and a tool
+    message's `tool_call_id` and `name`. Raises InvalidRequestError."""
     if not messages:
         raise InvalidRequestError("messages must contain at least one message.", param="messages")
     conversation = []
@@ -116,7 +183,7 @@ def normalize_messages(
         role = _ROLE_ALIASES.get(role, role)
         entry: JsonObject = {
             "role": role,
-            "content": _content(message.get("content"), index, content_format),
+            "content": _content(message.get("content"), index, content_format, image_placeholder),
         }
         tool_calls = message.get("tool_calls")
         if role == "assistant" and tool_calls:

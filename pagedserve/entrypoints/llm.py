@@ -16,8 +16,10 @@ from pagedserve.engine.request_options import RequestOptions
 from pagedserve.entrypoints.chat_utils import (
     ContentFormat,
     apply_chat_template,
+    image_placeholder,
     normalize_messages,
     resolve_content_format,
+    with_images,
 )
 from pagedserve.entrypoints.scoring import cosine, score_pairs
 from pagedserve.errors import InvalidRequestError
@@ -252,18 +254,20 @@ class LLM:
         content_format = resolve_content_format(
             chat_template_content_format, template if isinstance(template, str) else None
         )
+        placeholder = image_placeholder(tokenizer, self.llm_engine.config.model.multimodal)
         prompts = [
-            {
-                "prompt_token_ids": apply_chat_template(
+            with_images(
+                apply_chat_template(
                     tokenizer,
-                    normalize_messages(conversation, content_format),
+                    normalize_messages(conversation, content_format, placeholder),
                     chat_template,
                     add_generation_prompt,
                     tools,
                     continue_final_message=continue_final_message,
                     template_kwargs=chat_template_kwargs,
-                )
-            }
+                ),
+                conversation,
+            )
             for conversation in conversations
         ]
         return self.generate(prompts, sampling_params, use_tqdm, lora_request=lora_request)

@@ -70,6 +70,26 @@ class CausalLM(nn.Module, ABC):
         return True
 
 
+class MultiModalLM(CausalLM):
+    """A decoder that also takes images: the model runner embeds the step's tokens, puts each image's
+    embeddings (`embed_images`, cached by the worker) in the rows of its placeholder tokens, and runs the
+    decoder from those embeddings."""
+
+    @abstractmethod
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, inputs_embeds: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """As CausalLM.forward, from `inputs_embeds` [T, hidden_size] when given."""
+
+    @abstractmethod
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids [T] -> the language model's token embeddings [T, hidden_size]."""
+
+    @abstractmethod
+    def embed_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """pixel_values [images, C, H, W] -> embeddings [images, tokens per image, hidden_size]."""
+
+
 class EncoderModel(nn.Module, ABC):
     """A bidirectional encoder (BERT family) over one flattened, unpadded batch, for the pooling runner.
     `token_type_ids`: BERT's segment of each token (None: all 0)."""

@@ -155,16 +155,15 @@ class LlamaModel(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         intermediate: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor | IntermediateTensors:
         """Normed hidden states on the last stage, else (hidden, residual) for the next stage, which
-        passes them as `intermediate` instead of embedding `input_ids`."""
+        passes them as `intermediate` instead of embedding `input_ids`. `inputs_embeds`: the embeddings
+        to start from instead (an image model's, with its images' rows merged in)."""
         residual: torch.Tensor | None
         if intermediate is None:
-            hidden: torch.Tensor = self.embed_tokens(input_ids)
+            hidden: torch.Tensor = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
             residual = None
-            if self.embed_scale is not None:
-                # NOTE: HF rounds the scale to the activations' dtype first.
-                hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
         else:
             hidden, residual = intermediate
         for layer in self.layers[self.stage.start : self.stage.end]:
@@ -173,6 +172,14 @@ class LlamaModel(nn.Module):
         if not self.stage.is_last:
             return hidden, residual
         hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The tokens' embeddings (times `embed_scale`)."""
+        hidden: torch.Tensor = self.embed_tokens(input_ids)
+        if self.embed_scale is not None:
+            # NOTE: HF rounds the scale to the activations' dtype first.
+            hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
         return hidden
 
 
@@ -234,8 +241,10 @@ class LlamaForCausalLM(CausalLM):
         attention = LlamaAttention(config, self.attention_options(config, layer_idx), rotary_emb)
         return LlamaDecoderLayer(config, attention, self.make_mlp(config, layer_idx))
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden: torch.Tensor = self.model(input_ids, positions)
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, inputs_embeds: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        hidden: torch.Tensor = self.model(input_ids, positions, inputs_embeds=inputs_embeds)
         return hidden
 
     def forward_stage(

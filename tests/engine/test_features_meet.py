@@ -76,9 +76,9 @@ class Setting:
     # prefill in a few steps and their decodes then share steps of many rows.
     batch_budgets: tuple[int | None, ...] = BUDGETS
     hf_reference: bool = False  # greedy requests also equal HF transformers' greedy tokens
-    sleeps: bool = (
-        False  # the engine may sleep (POST /sleep, level 1 or 2) between the runs alone and the batch
-    )
+    # the engine may sleep (POST /sleep, level 1 or 2) between the runs alone and the batch
+    sleeps: bool = False
+    images: bool = False  # prompts carry 0 to 2 images (an image model: the tiny LLaVA)
 
 
 SETTINGS: dict[str, Setting] = {
@@ -186,6 +186,14 @@ SETTINGS: dict[str, Setting] = {
         dict(TIGHT, reasoning_parser="qwen3", speculative_config=NGRAM, preemption_mode="recompute"),
         max_batch=3,
     ),
+    # Images (tiny LLaVA, 16 tokens an image) from a pool of three, so requests share images: prompts cut
+    # through their images, the encoder cache and image-keyed prefix hits, under speculation and preemption.
+    "llava_images_ngram_recompute": Setting(
+        "llava",
+        dict(TIGHT, speculative_config=NGRAM, preemption_mode="recompute", max_num_batched_tokens=32),
+        images=True,
+        max_batch=3,
+    ),
 }
 # Settings whose Triton kernels run on CUDA only here: under Triton's interpreter on CPU this setting's batches
 # take over 10 minutes (measured), so CPU runs check the same kernels end to end on fewer tokens in
@@ -223,12 +231,32 @@ class Case:
 
 
 THINK, END = 49152, 49153  # the qwen3-think model's tags (conftest.add_think_tokens)
+IMAGE = 49152  # the tiny LLaVA's <image> token (conftest.build_tiny_llava)
+
+
+def _image_pool() -> list[Any]:
+    import numpy as np
+    from PIL import Image
+
+    return [
+        Image.fromarray(np.random.RandomState(seed).randint(0, 256, (24 + 8 * seed, 40, 3), dtype=np.uint8))
+        for seed in range(3)
+    ]
+
+
+IMAGES = _image_pool()
 
 
 @st.composite
-def cases(draw: st.DrawFn, thinking: bool = False) -> Case:
-    """`thinking`: a thinking model's case (think tags in the prompt, a budget, a bias toward <think>)."""
+def cases(draw: st.DrawFn, thinking: bool = False, images: bool = False) -> Case:
+    """`thinking`: a thinking model's case (think tags in the prompt, a budget, a bias toward <think>).
+    `images`: 0 to 2 images of the pool, their placeholders after the shared prefix."""
     case = draw(_cases())
+    if images:
+        chosen = draw(st.lists(st.integers(0, len(IMAGES) - 1), max_size=2))
+        tokens = case.prompt["prompt_token_ids"]
+        case.prompt["prompt_token_ids"] = tokens[:24] + [IMAGE] * len(chosen) + tokens[24:]
+        case.prompt["multi_modal_data"] = {"image": [IMAGES[i] for i in chosen]}
     if not thinking:
         return case
     # The prompt's last tag opens thinking, closes it, or there is none (a leading <think> may open it).
@@ -400,7 +428,7 @@ def assert_same(batched: RequestOutput, alone: RequestOutput, case: Case) -> Non
         assert [getattr(a, f) for f in fields] == [getattr(b, f) for f in fields], case
     assert batched.prompt_logprobs == alone.prompt_logprobs, case
     if case.params.prompt_logprobs is not None:
-        prompt_len = len(case.prompt["prompt_token_ids"])
+        prompt_len = len(alone.prompt_token_ids)  # NOTE: an image's placeholder expanded
         assert alone.prompt_logprobs is not None and len(alone.prompt_logprobs) == prompt_len
         assert alone.prompt_logprobs[0] is None and None not in alone.prompt_logprobs[1:]
 
@@ -485,7 +513,11 @@ def batches(draw: st.DrawFn, setting: str, longest: int = 0) -> tuple[list[Case]
     """Requests for one batch of `setting` (up to its max_batch, or `longest`), and the two token budgets."""
     chosen = SETTINGS[setting]
     thinking = "reasoning_parser" in chosen.args
-    drawn = draw(st.lists(cases(thinking), min_size=chosen.min_batch, max_size=longest or chosen.max_batch))
+    drawn = draw(
+        st.lists(
+            cases(thinking, chosen.images), min_size=chosen.min_batch, max_size=longest or chosen.max_batch
+        )
+    )
     return drawn, (draw(st.sampled_from(BUDGETS)), draw(st.sampled_from(chosen.batch_budgets)))
 
 

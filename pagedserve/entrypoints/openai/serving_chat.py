@@ -13,8 +13,10 @@ from pagedserve.engine.request_options import RequestOptions
 from pagedserve.entrypoints.chat_utils import (
     ContentFormat,
     apply_chat_template,
+    image_placeholder,
     normalize_messages,
     resolve_content_format,
+    with_images,
 )
 from pagedserve.entrypoints.openai.chat_reasoning import ChatReasoning, SampleReasoning
 from pagedserve.entrypoints.openai.chat_tools import ChatTools, ToolStreamer, resolve_chat_tools
@@ -70,12 +72,15 @@ class OpenAIServingChat(OpenAIServing):
             content_format, template if isinstance(template, str) else None
         )
         self.reasoning = ChatReasoning(engine.config.reasoning, self.tokenizer)
+        self.image_placeholder = image_placeholder(self.tokenizer, engine.config.model.multimodal)
 
     def render(self, request: ChatTemplateRequest) -> list[int]:
         """The prompt token ids of a request's conversation. Raises InvalidRequestError."""
         return apply_chat_template(
             self.tokenizer,
-            normalize_messages([m.model_dump() for m in request.messages or ()], self.content_format),
+            normalize_messages(
+                [m.model_dump() for m in request.messages or ()], self.content_format, self.image_placeholder
+            ),
             self.chat_template,
             request.add_generation_prompt,
             request.tools,
@@ -113,7 +118,10 @@ class OpenAIServingChat(OpenAIServing):
             params = self._sampling_params(request, tools)
             prompt_ids = self.render(request)
             options = RequestOptions(params, priority=request.priority, lora_request=lora_request)
-            return self.engine.process_inputs(request_id, request.prompt_with_salt(prompt_ids), options)
+            prompt = with_images(
+                request.prompt_with_salt(prompt_ids), [m.model_dump() for m in request.messages or ()]
+            )
+            return self.engine.process_inputs(request_id, prompt, options)
 
         try:
             # NOTE: templating and tokenizing in a thread: a huge conversation never holds up the event loop.
