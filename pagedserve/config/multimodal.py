@@ -7,7 +7,7 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pagedserve.errors import ConfigError
 from pagedserve.families import IMAGE_ARCHITECTURES
@@ -66,7 +66,7 @@ def image_token_id(hf_config: "PretrainedConfig") -> int:
     return int(value)
 
 
-def parse_limit_mm_per_prompt(value: str | dict[str, Any] | None) -> int:
+def parse_limit_mm_per_prompt(value: str | dict[str, object] | None) -> int:
     """--limit-mm-per-prompt '{"image": N}' -> N (the default when not given)."""
     if value is None:
         return DEFAULT_IMAGES_PER_PROMPT

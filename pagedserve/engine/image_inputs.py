@@ -5,7 +5,7 @@ processor's tokens."""
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -13,6 +13,9 @@ from pagedserve.config.multimodal import MultiModalConfig
 from pagedserve.engine.media import MediaLoader
 from pagedserve.errors import InvalidRequestError
 from pagedserve.protocol import ImageInput
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
 
 
 class ImagePromptProcessor:
@@ -26,7 +29,7 @@ class ImagePromptProcessor:
         self.processor = AutoProcessor.from_pretrained(model_path)  # type: ignore[no-untyped-call]
         self.placeholder: str = self.processor.image_token
 
-    def check_count(self, sources: Sequence[Any], param: str) -> None:
+    def check_count(self, sources: Sequence[object], param: str) -> None:
         """The number of images against --limit-mm-per-prompt (before any is fetched)."""
         limit = self.config.max_images_per_prompt
         if len(sources) > limit:
@@ -37,7 +40,7 @@ class ImagePromptProcessor:
             )
 
     def process(
-        self, token_ids: list[int], sources: Sequence[Any], param: str
+        self, token_ids: list[int], sources: Sequence[object], param: str
     ) -> tuple[list[int], list[ImageInput]]:
         """The prompt with each image's placeholder token expanded, and the images in prompt order."""
         self.check_count(sources, param)
@@ -70,7 +73,7 @@ class ImagePromptProcessor:
             previous = place + 1
         return expanded + token_ids[previous:], inputs
 
-    def _run_processor(self, image: Any, param: str) -> tuple[list[int], np.ndarray]:
+    def _run_processor(self, image: "Image", param: str) -> tuple[list[int], np.ndarray]:
         """The processor's tokens for one placeholder and the image's pixel values [1, C, H, W]."""
         try:
             out = self.processor(

@@ -11,7 +11,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import TYPE_CHECKING, Any
+from http.client import HTTPMessage
+from typing import IO, TYPE_CHECKING
 
 from pagedserve.config.multimodal import MultiModalConfig
 from pagedserve.errors import InvalidRequestError
@@ -36,7 +37,7 @@ class MediaLoader:
         # NOTE: a redirect is checked against the allowed hosts too: an allowed host cannot lead elsewhere.
         self.opener = urllib.request.build_opener(_CheckedRedirects(self))
 
-    def load(self, source: Any, param: str) -> "Image":
+    def load(self, source: object, param: str) -> "Image":
         from PIL import Image
 
         if isinstance(source, Image.Image):
@@ -158,7 +159,15 @@ class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
     def __init__(self, loader: MediaLoader) -> None:
         self.loader = loader
 
-    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: IO[bytes],
+        code: int,
+        msg: str,
+        headers: HTTPMessage,
+        newurl: str,
+    ) -> urllib.request.Request | None:
         if urllib.parse.urlsplit(newurl).scheme not in ("http", "https"):
             raise InvalidRequestError("the image URL redirects to a non-http(s) URL.", param="image_url")
         self.loader.check_host(newurl, "image_url (redirected)")

@@ -166,13 +166,7 @@ def iterate_gguf(
             and not name.endswith(_ALWAYS_FLOAT)
         ):
             ggml_type, rows = _kernel_rows(tensor, dequantized_types, backend, device)
-            base = name.removesuffix(".weight")
-            yield f"{base}.qweight_type", torch.tensor(ggml_type)
-            if _permuted(name, gguf):  # the same row order as _hf_tensors gives a dequantized q/k
-                rows = _unpermute(
-                    rows, hf_config.num_attention_heads if "q_proj" in name else hf_config.num_key_value_heads
-                )
-            yield f"{base}.qweight", torch.from_numpy(np.array(rows))
+            yield from _packed_matrix(name, ggml_type, rows, gguf, hf_config)
             continue
         expert = re.fullmatch(r"(.*\.experts)\.(\w+)\.weight", name)
         if keep_quantized and len(tensor.shape) == 3 and expert:
@@ -193,6 +187,18 @@ def iterate_gguf(
             ", ".join(sorted(dequantized_types)),
             backend,
         )
+
+
+def _packed_matrix(
+    name: str, ggml_type: int, rows: np.ndarray, gguf: GGUFFacts, hf_config: "PretrainedConfig"
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """A matrix's `.qweight_type` and `.qweight` (its blocks, q/k rows in HF's order)."""
+    base = name.removesuffix(".weight")
+    yield f"{base}.qweight_type", torch.tensor(ggml_type)
+    if _permuted(name, gguf):  # the same row order as _hf_tensors gives a dequantized q/k
+        heads = hf_config.num_attention_heads if "q_proj" in name else hf_config.num_key_value_heads
+        rows = _unpermute(rows, heads)
+    yield f"{base}.qweight", torch.from_numpy(np.array(rows))
 
 
 def _kernel_rows(
