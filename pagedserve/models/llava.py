@@ -11,7 +11,7 @@ from torch import nn
 from pagedserve.errors import ConfigError
 from pagedserve.layers.activation import plain_activation
 from pagedserve.models.clip import CLIPVisionTower
-from pagedserve.models.interface import MultiModalLM
+from pagedserve.models.interface import IntermediateTensors, MultiModalLM
 from pagedserve.models.llama import LlamaForCausalLM, LlamaModel
 
 if TYPE_CHECKING:
@@ -79,6 +79,12 @@ class LlavaForConditionalGeneration(MultiModalLM):
         self, input_ids: torch.Tensor, positions: torch.Tensor, inputs_embeds: torch.Tensor | None = None
     ) -> torch.Tensor:
         return self.language_model.forward(input_ids, positions, inputs_embeds)
+
+    def forward_stage(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate: IntermediateTensors | None
+    ) -> torch.Tensor | IntermediateTensors:
+        """The language model's stage (images refuse --pipeline-parallel-size > 1: one stage)."""
+        return self.language_model.forward_stage(input_ids, positions, intermediate)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.language_model.compute_logits(hidden)
