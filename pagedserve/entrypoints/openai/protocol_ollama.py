@@ -1,0 +1,162 @@
+"""Ollama's API request bodies (/api/chat, /api/generate, /api/embed, /api/embeddings, /api/show), each
+field typed and bounded; unknown fields are ignored with a warning, as on the other routes. `keep_alive`
+is parsed here (Ollama's durations) so that a value that does not parse is a 400 naming it."""
+
+import math
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
+
+from pagedserve.entrypoints.openai.protocol_messages import MAX_TOOL_NAME_CHARS
+from pagedserve.entrypoints.openai.request_fields import OpenAIRequestModel
+
+Int64 = Annotated[int, Field(ge=-(2**63), lt=2**63, strict=True)]
+MAX_KEEP_ALIVE_CHARS = 64
+# Go's time.ParseDuration, which Ollama's keep_alive strings follow: signed, one or more number-unit pairs.
+_DURATION = re.compile(r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:ns|us|µs|μs|ms|s|m|h))+")
+_DURATION_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+# A Go duration is int64 nanoseconds: Ollama refuses longer ones.
+MAX_KEEP_ALIVE_S = (2**63 - 1) / 1e9
+
+
+def keep_alive_seconds(value: float | str) -> float | None:
+    """Ollama's keep_alive in seconds; None: forever (a negative value). A number is seconds; a string a
+    Go duration ("5m", "1h30m", "0") or a number of seconds. Raises ValueError saying what was wrong."""
+    if isinstance(value, str):
+        text = value.strip()
+        if len(text) > MAX_KEEP_ALIVE_CHARS:
+            raise ValueError(f"a duration is at most {MAX_KEEP_ALIVE_CHARS} characters")
+        if _DURATION.fullmatch(text):
+            sign = -1.0 if text.startswith("-") else 1.0
+            value = sign * sum(float(n) * _UNIT_SECONDS[unit] for n, unit in _DURATION_PART.findall(text))
+        else:
+            try:
+                value = float(text)
+            except ValueError:
+                raise ValueError(
+                    f"{text[:MAX_KEEP_ALIVE_CHARS]!r} is not a duration: send seconds (300, -1 for forever) "
+                    'or a Go duration such as "5m" or "1h30m"'
+                ) from None
+    try:
+        value = float(value)
+    except OverflowError:  # an integer past float's range
+        value = math.inf
+    if not math.isfinite(value) or value > MAX_KEEP_ALIVE_S:
+        raise ValueError(f"a duration is a finite number of at most {MAX_KEEP_ALIVE_S:.0f} seconds")
+    return None if value < 0 else value
+
+
+class OllamaOptions(OpenAIRequestModel):
+    """Ollama's `options`. The sampler's are mapped onto SamplingParams (which checks their ranges, as on
+    /v1); the runner's have no meaning here (the server's flags decide) and are named in a warning; the
+    sampling methods pagedserve lacks are refused when a value turns them on (ollama_options.py)."""
+
+    num_predict: int | None = Field(default=None, ge=-2, lt=2**63, strict=True)  # -1, -2: to the end
+    num_ctx: int | None = Field(default=None, ge=1, lt=2**63, strict=True)
+    temperature: float | None = Field(default=None, allow_inf_nan=False)
+    top_k: Int64 | None = None
+    top_p: float | None = Field(default=None, allow_inf_nan=False)
+    min_p: float | None = Field(default=None, allow_inf_nan=False)
+    seed: Int64 | None = None  # negative: a random seed, as Ollama's -1
+    stop: list[StrictStr] | None = None
+    repeat_penalty: float | None = Field(default=None, allow_inf_nan=False)
+    presence_penalty: float | None = Field(default=None, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(default=None, allow_inf_nan=False)
+    # Sampling methods pagedserve lacks.
+    mirostat: Int64 | None = None
+    tfs_z: float | None = Field(default=None, allow_inf_nan=False)
+    typical_p: float | None = Field(default=None, allow_inf_nan=False)
+    repeat_last_n: Int64 | None = None
+    # No meaning here: mirostat's settings (mirostat is off) and the runner's.
+    mirostat_tau: float | None = Field(default=None, allow_inf_nan=False)
+    mirostat_eta: float | None = Field(default=None, allow_inf_nan=False)
+    penalize_newline: StrictBool | None = None
+    num_keep: Int64 | None = None
+    num_batch: Int64 | None = None
+    num_gpu: Int64 | None = None
+    main_gpu: Int64 | None = None
+    num_thread: Int64 | None = None
+    numa: StrictBool | None = None
+    low_vram: StrictBool | None = None
+    f16_kv: StrictBool | None = None
+    logits_all: StrictBool | None = None
+    vocab_only: StrictBool | None = None
+    use_mmap: StrictBool | None = None
+    use_mlock: StrictBool | None = None
+    embedding_only: StrictBool | None = None
+
+
+class OllamaRequest(OpenAIRequestModel):
+    model: StrictStr
+    keep_alive: StrictFloat | StrictInt | StrictStr | None = None  # its effect: the model manager's
+    options: OllamaOptions | None = None
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _parses(cls, value: float | str | None) -> float | str | None:
+        if value is not None:
+            keep_alive_seconds(value)
+        return value
+
+
+class OllamaToolCallFunction(OpenAIRequestModel):
+    name: StrictStr = Field(min_length=1, max_length=MAX_TOOL_NAME_CHARS)
+    arguments: dict[str, Any]
+
+
+class OllamaToolCall(OpenAIRequestModel):
+    function: OllamaToolCallFunction
+
+
+class OllamaMessage(OpenAIRequestModel):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: StrictStr = ""
+    thinking: StrictStr | None = None
+    images: list[StrictStr] | None = None
+    tool_calls: list[OllamaToolCall] | None = None
+    tool_name: StrictStr | None = None  # a tool message: the tool that answered
+
+
+class OllamaGenerationRequest(OllamaRequest):
+    """What /api/chat and /api/generate share."""
+
+    stream: StrictBool = True  # Ollama's default
+    format: Literal["", "json"] | dict[str, Any] | None = None  # "json", or a JSON schema
+    think: StrictBool | Literal["low", "medium", "high"] | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: Int64 | None = None
+
+
+class OllamaChatRequest(OllamaGenerationRequest):
+    messages: list[OllamaMessage] = Field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+
+
+class OllamaGenerateRequest(OllamaGenerationRequest):
+    prompt: StrictStr = ""
+    system: StrictStr | None = None
+    suffix: StrictStr | None = None
+    template: StrictStr | None = None
+    context: list[StrictInt] | None = None
+    raw: StrictBool = False
+    images: list[StrictStr] | None = None
+
+
+class OllamaEmbedRequest(OllamaRequest):
+    input: StrictStr | list[StrictStr]
+    truncate: StrictBool = True
+    dimensions: Int64 | None = None
+
+
+class OllamaEmbeddingsRequest(OllamaRequest):
+    """The older /api/embeddings: one prompt, its vector as the model pools it."""
+
+    prompt: StrictStr
+
+
+class OllamaShowRequest(OpenAIRequestModel):
+    model: StrictStr | None = None
+    name: StrictStr | None = None  # the older clients' name for `model`
+    verbose: StrictBool = False
