@@ -77,9 +77,12 @@ class OllamaServing:
         if not request.messages:
             return loaded(request.model, "message")
         messages = [_chat_message(message, f"messages[{i}]") for i, message in enumerate(request.messages)]
-        return await self._chat(
-            request, started_ns, {"model": name, "messages": messages, "tools": request.tools}
-        )
+        body: dict[str, Any] = {"model": name, "messages": messages, "tools": request.tools}
+        last = request.messages[-1]
+        if last.role == "assistant" and not last.tool_calls:
+            # Ollama's prefill: the answer continues the final assistant message.
+            body.update(continue_final_message=True, add_generation_prompt=False)
+        return await self._chat(request, started_ns, body)
 
     async def generate(self, request: OllamaGenerateRequest) -> dict[str, Any] | StreamingResponse:
         """Raises InvalidRequestError naming the field before anything reaches the engine."""
