@@ -129,3 +129,28 @@ def test_messages_carry_the_thinking_and_its_budget(server: RemoteServer) -> Non
     )
     assert [block.type for block in messages.content] == ["thinking", "text"]
     assert (messages.content[0].thinking, messages.content[1].text) == (expected.reasoning, expected.content)
+
+
+def test_ollama_think_carries_the_thinking(server: RemoteServer) -> None:
+    """Ollama's `think` through its client: message.thinking and content equal to chat completions'
+    reasoning and content (an assistant prefill opens the thinking, Ollama's way of continuing a turn)."""
+    ollama = pytest.importorskip("ollama")
+    prefill = [*ASK, {"role": "assistant", "content": "<think>"}]
+    chat = server.client().chat.completions.create(
+        model="think",
+        messages=prefill,
+        temperature=0,
+        max_tokens=6,
+        extra_body={
+            "continue_final_message": True,
+            "add_generation_prompt": False,
+            "chat_template_kwargs": {"enable_thinking": True},
+        },
+    )
+    expected = chat.choices[0].message
+    assert expected.reasoning
+    answer = ollama.Client(host=server.base_url, timeout=60).chat(
+        model="think", messages=prefill, think=True, options={"temperature": 0, "num_predict": 6}
+    )
+    assert (answer.message.thinking, answer.message.content) == (expected.reasoning, expected.content)
+    assert ollama.Client(host=server.base_url).show("think").capabilities == ["completion", "thinking"]

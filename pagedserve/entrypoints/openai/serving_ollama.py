@@ -106,15 +106,17 @@ class OllamaServing:
         """Each input's vector, normalized (as Ollama's); `truncate` cuts inputs to the context."""
         started_ns = time.monotonic_ns()
         self.bounds.check_pooling(1 if isinstance(request.input, str) else len(request.input), "input")
-        response = await self.pooling.embeddings(
-            EmbeddingRequest(
-                model=self.models.name(request.model),
-                input=request.input,
-                dimensions=request.dimensions,
-                normalize=True,
-                truncate_prompt_tokens=-1 if request.truncate else None,
-            )
+        embedding = EmbeddingRequest(
+            model=self.models.name(request.model),
+            input=request.input,
+            dimensions=request.dimensions,
+            normalize=True,
+            truncate_prompt_tokens=-1 if request.truncate else None,
         )
+        try:
+            response = await self.pooling.embeddings(embedding)
+        except InvalidRequestError as error:
+            raise renamed(error, {"truncate_prompt_tokens": "truncate"}) from error
         return {
             "model": request.model,
             "embeddings": [data.embedding for data in response.data],
@@ -162,7 +164,11 @@ class OllamaServing:
             **sampling_fields(request.options),
             **output_fields(request, self.chat.reasoning.parser is not None),
         }
-        chat = chat_request(defined({**body, **fields, **_STREAMED}), NAMES)
+        # NOTE: a suffix (the body's) and think (the fields') are both template variables.
+        kwargs = {**body.get("chat_template_kwargs", {}), **fields.get("chat_template_kwargs", {})}
+        chat = chat_request(
+            defined({**body, **fields, **_STREAMED, "chat_template_kwargs": kwargs or None}), NAMES
+        )
         self.bounds.check_chat_template(chat)
         chat.max_tokens = await self._within_context(request, chat)
         chunks = await start_chat(self.chat, self.bounds, chat, NAMES)
