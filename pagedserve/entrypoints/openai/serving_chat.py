@@ -37,8 +37,8 @@ from pagedserve.entrypoints.openai.served_models import ServedModels
 from pagedserve.entrypoints.openai.serving_engine import (
     MIN_LOGPROB,
     OpenAIServing,
+    as_http,
     random_id,
-    sse_stream,
     usage_info,
 )
 from pagedserve.entrypoints.openai.tool_parsers.streaming import ToolCallDelta
@@ -86,10 +86,7 @@ class OpenAIServingChat(OpenAIServing):
         self, request: ChatCompletionRequest
     ) -> ChatCompletionResponse | StreamingResponse:
         """Raises InvalidRequestError before anything reaches the engine."""
-        result = await self.generate(request)
-        if isinstance(result, ChatCompletionResponse):
-            return result
-        return StreamingResponse(sse_stream(result), media_type="text/event-stream")
+        return as_http(await self.generate(request))
 
     async def generate(
         self, request: ChatCompletionRequest

@@ -17,7 +17,7 @@ from pagedserve.entrypoints.openai.protocol import (
     CompletionResponse,
 )
 from pagedserve.entrypoints.openai.served_models import ServedModels
-from pagedserve.entrypoints.openai.serving_engine import OpenAIServing, random_id, sse_stream, usage_info
+from pagedserve.entrypoints.openai.serving_engine import OpenAIServing, as_http, random_id, usage_info
 from pagedserve.entrypoints.utils import merge_async_iterators, started
 from pagedserve.errors import InvalidRequestError
 from pagedserve.outputs import CompletionOutput, RequestOutput
@@ -82,10 +82,7 @@ class OpenAIServingCompletion(OpenAIServing):
 
     async def create_completion(self, request: CompletionRequest) -> CompletionResponse | StreamingResponse:
         """Raises InvalidRequestError (every prompt is checked before any reaches the engine)."""
-        result = await self.generate(request)
-        if isinstance(result, CompletionResponse):
-            return result
-        return StreamingResponse(sse_stream(result), media_type="text/event-stream")
+        return as_http(await self.generate(request))
 
     async def generate(
         self, request: CompletionRequest

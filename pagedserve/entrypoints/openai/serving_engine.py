@@ -2,8 +2,9 @@
 
 import uuid
 from collections.abc import AsyncGenerator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from pagedserve.engine.async_llm import AsyncLLM
@@ -23,6 +24,17 @@ def sse(chunk: BaseModel) -> str:
 
 
 SSE_DONE = "data: [DONE]\n\n"
+
+
+ResponseT = TypeVar("ResponseT", bound=BaseModel)
+
+
+def as_http(result: ResponseT | AsyncGenerator[BaseModel, None]) -> ResponseT | StreamingResponse:
+    """A generate() result as the route answers it: the whole response, or its chunks as server-sent
+    events."""
+    if isinstance(result, AsyncGenerator):
+        return StreamingResponse(sse_stream(result), media_type="text/event-stream")
+    return result
 
 
 async def sse_stream(chunks: AsyncGenerator[BaseModel, None]) -> AsyncGenerator[str, None]:
