@@ -154,12 +154,18 @@ def test_tool_calls_both_ways(client: ollama.Client, smol_server: RemoteServer, 
 
 
 def test_num_ctx_bounds_the_answer(client: ollama.Client) -> None:
-    prompt_tokens = client.chat(model="smol", messages=ASK, options={"num_predict": 1}).prompt_eval_count
-    bounded = client.chat(model="smol", messages=ASK, options={**GREEDY, "num_ctx": prompt_tokens + 2})
-    assert (bounded.eval_count, bounded.done_reason) == (2, "length")
-    with pytest.raises(ollama.ResponseError, match="num_ctx") as refused:
-        client.chat(model="smol", messages=ASK, options={"num_ctx": prompt_tokens})
-    assert refused.value.status_code == 400
+    """options.num_ctx holds the prompt and the answer, templated or raw; a prompt that fills it is a 400."""
+    asks = [
+        (client.chat, {"messages": ASK}),
+        (client.generate, {"prompt": "The capital of France is", "raw": True}),
+    ]
+    for call, fields in asks:
+        prompt_tokens = call(model="smol", **fields, options={"num_predict": 1}).prompt_eval_count
+        bounded = call(model="smol", **fields, options={**GREEDY, "num_ctx": prompt_tokens + 2})
+        assert (bounded.eval_count, bounded.done_reason) == (2, "length")
+        with pytest.raises(ollama.ResponseError, match="num_ctx") as refused:
+            call(model="smol", **fields, options={"num_ctx": prompt_tokens})
+        assert refused.value.status_code == 400
 
 
 def test_list_show_ps_version_and_the_probes(client: ollama.Client, smol_server: RemoteServer) -> None:

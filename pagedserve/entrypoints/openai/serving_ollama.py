@@ -30,7 +30,6 @@ from pagedserve.entrypoints.openai.ollama_replies import (
     whole_reply,
 )
 from pagedserve.entrypoints.openai.protocol import (
-    ChatCompletionRequest,
     CompletionRequest,
     CompletionResponse,
 )
@@ -170,21 +169,22 @@ class OllamaServing:
             defined({**body, **fields, **_STREAMED, "chat_template_kwargs": kwargs or None}), NAMES
         )
         self.bounds.check_chat_template(chat)
-        chat.max_tokens = await self._within_context(request, chat)
+        chat.max_tokens = await self._within_context(
+            request, chat.max_tokens, lambda: len(self.chat.render(chat))
+        )
         chunks = await start_chat(self.chat, self.bounds, chat, NAMES)
         reply = OllamaReply(request.model, _kind(request), started_ns)
         return await _answer(reply, chunks, reply.feed_chat, request.stream)
 
     async def _within_context(
-        self, request: OllamaGenerationRequest, chat: ChatCompletionRequest
+        self, request: OllamaGenerationRequest, max_tokens: int | None, count_prompt: Callable[[], int]
     ) -> int | None:
-        """max_tokens under options.num_ctx; the prompt is counted only when num_ctx bounds more than the
-        model's context does."""
+        """max_tokens under options.num_ctx. The prompt is counted (in a thread: templating and tokenizing)
+        only when num_ctx bounds more than the model's context does."""
         num_ctx = request.options.num_ctx if request.options else None
         if num_ctx is None or num_ctx >= self.chat.max_model_len:
-            return chat.max_tokens
-        prompt = await asyncio.to_thread(self.chat.render, chat)
-        return context_bound(num_ctx, len(prompt), chat.max_tokens)
+            return max_tokens
+        return context_bound(num_ctx, await asyncio.to_thread(count_prompt), max_tokens)
 
     async def _raw(
         self, request: OllamaGenerateRequest, name: str, started_ns: int
@@ -196,12 +196,11 @@ class OllamaServing:
         )
         try:
             self.bounds.check_completion(completion)
-            num_ctx = request.options.num_ctx if request.options else None
-            if num_ctx is not None and num_ctx < self.completion.max_model_len:
-                _, prompt = await asyncio.to_thread(
-                    self.completion.engine.input_processor.tokenize, request.prompt
-                )
-                completion.max_tokens = context_bound(num_ctx, len(prompt), completion.max_tokens)
+            completion.max_tokens = await self._within_context(
+                request,
+                completion.max_tokens,
+                lambda: len(self.completion.engine.input_processor.tokenize(request.prompt)[1]),
+            )
             result = await self.completion.generate(completion)
         except InvalidRequestError as error:
             raise renamed(error, NAMES) from error
