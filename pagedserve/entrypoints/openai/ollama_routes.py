@@ -11,6 +11,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from pagedserve import __version__
 from pagedserve.entrypoints.openai.errors import OLLAMA_ERROR_RESPONSES, OLLAMA_PREFIX
 from pagedserve.entrypoints.openai.ollama_models import OllamaModels
+from pagedserve.entrypoints.openai.ollama_replies import NDJSON
 from pagedserve.entrypoints.openai.protocol_ollama import (
     OllamaChatRequest,
     OllamaEmbeddingsRequest,
@@ -23,6 +24,14 @@ from pagedserve.entrypoints.utils import with_cancellation
 from pagedserve.errors import InvalidRequestError
 
 RUNNING = "Ollama is running"
+# /api/chat and /api/generate: one JSON object, or (stream, the default) NDJSON lines.
+STREAMED_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "content": {NDJSON: {"schema": {"type": "string"}}},
+        "description": "The answer (JSON), or by default its lines as NDJSON, the last with `done`",
+    },
+    **OLLAMA_ERROR_RESPONSES,
+}
 
 
 class OllamaJsonBodyMiddleware:
@@ -50,12 +59,12 @@ def add_ollama_routes(app: FastAPI, serving: OllamaServing, models: OllamaModels
     async def version() -> dict[str, str]:
         return {"version": __version__}
 
-    @app.post("/api/chat", response_model=None, responses=OLLAMA_ERROR_RESPONSES)
+    @app.post("/api/chat", response_model=None, responses=STREAMED_RESPONSES)
     @with_cancellation
     async def chat(request: OllamaChatRequest, raw_request: Request) -> dict[str, Any] | StreamingResponse:
         return await serving.chat_reply(request)
 
-    @app.post("/api/generate", response_model=None, responses=OLLAMA_ERROR_RESPONSES)
+    @app.post("/api/generate", response_model=None, responses=STREAMED_RESPONSES)
     @with_cancellation
     async def generate(
         request: OllamaGenerateRequest, raw_request: Request
