@@ -143,9 +143,7 @@ def build_app(
     )
     add_responses_routes(app, OpenAIServingResponses(chat, bounds, store))
     add_messages_routes(app, AnthropicServingMessages(chat, bounds))
-    assert engine.handshake is not None, "the app is built around a started engine"
-    ollama_models = OllamaModels(models, chat, engine.handshake.model_weight_bytes)
-    add_ollama_routes(app, OllamaServing(ollama_models, chat, completion, pooling, bounds), ollama_models)
+    add_ollama_routes(app, OllamaServing(OllamaModels(models, chat), chat, completion, pooling, bounds))
     _add_info_routes(app, engine, models, loggers.metrics)
     add_dashboard_routes(app, engine, loggers.dashboard)
     if envs.allow_runtime_lora_updating():

@@ -25,12 +25,12 @@ def named_event(event_type: str, data: Mapping[str, Any]) -> str:
     return f"event: {event_type}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-def defined(fields: dict[str, Any]) -> dict[str, Any]:
+def defined(fields: dict[str, object]) -> dict[str, object]:
     """`fields` without the ones left unset (None): the chat request's defaults apply to those."""
     return {key: value for key, value in fields.items() if value is not None}
 
 
-def json_object(arguments: str) -> dict[str, Any]:
+def json_object(arguments: str) -> dict[str, object]:
     """A tool call's arguments as an object: {} when they are not a JSON object (cut short by the token
     limit: the finish reason says so)."""
     try:

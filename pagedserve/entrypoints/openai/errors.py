@@ -89,7 +89,7 @@ ANTHROPIC_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": AnthropicErrorResponse, "description": description}
     for status, description in _ERROR_STATUSES
 }
-OLLAMA_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+OLLAMA_ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
     status: {"model": OllamaErrorResponse, "description": description}
     for status, description in _ERROR_STATUSES
 }

@@ -5,7 +5,6 @@ runs; which models are loaded, and until when, is the model manager's to report 
 import hashlib
 import os
 from datetime import UTC, datetime
-from typing import Any
 
 from pagedserve.entrypoints.openai.served_models import ServedModels
 from pagedserve.entrypoints.openai.serving_chat import OpenAIServingChat
@@ -16,11 +15,9 @@ _NEVER = "2318-01-01T00:00:00Z"
 
 
 class OllamaModels:
-    def __init__(self, models: ServedModels, chat: OpenAIServingChat, weight_bytes: int) -> None:
-        """`weight_bytes`: what the weights hold on the engine's devices (/api/ps's size)."""
+    def __init__(self, models: ServedModels, chat: OpenAIServingChat) -> None:
         self.models = models
         self.chat = chat
-        self.weight_bytes = weight_bytes
         config = chat.engine.config.model
         self.path = config.gguf_file or config.model
         self.details = {
@@ -39,9 +36,8 @@ class OllamaModels:
         self.models.resolve(bare if bare in self.models.base_names else model)
         return bare if bare in self.models.base_names else model
 
-    def tags(self) -> dict[str, Any]:
-        size, modified = self._files()
-        digest = hashlib.sha256(f"{self.path}:{size}:{modified}".encode()).hexdigest()
+    def tags(self) -> dict[str, object]:
+        size, modified, digest = self._files()
         return {
             "models": [
                 {
@@ -49,14 +45,14 @@ class OllamaModels:
                     "model": card.id,
                     "modified_at": modified,
                     "size": size,
-                    "digest": digest,  # of the files' path, size and time: a change of files changes it
+                    "digest": digest,
                     "details": self.details,
                 }
                 for card in self.models.cards()
             ]
         }
 
-    def show(self, model: str) -> dict[str, Any]:
+    def show(self, model: str) -> dict[str, object]:
         self.name(model)
         config = self.chat.engine.config.model
         template = self.chat.chat_template or getattr(self.chat.tokenizer, "chat_template", None)
@@ -74,20 +70,23 @@ class OllamaModels:
             "modified_at": self._files()[1],
         }
 
-    def ps(self) -> dict[str, Any]:
+    def ps(self) -> dict[str, object]:
+        """The served model, resident: its size what the weights hold on the engine's devices."""
+        handshake = self.chat.engine.handshake
+        weight_bytes = 0 if handshake is None else handshake.model_weight_bytes
         return {
             "models": [
                 {
                     "name": card.id,
                     "model": card.id,
-                    "size": self.weight_bytes,
-                    "digest": entry["digest"],
+                    "size": weight_bytes,
+                    "digest": self._files()[2],
                     "details": self.details,
                     "expires_at": _NEVER,
-                    "size_vram": self.weight_bytes if self.chat.engine.config.device == "cuda" else 0,
+                    "size_vram": weight_bytes if self.chat.engine.config.device == "cuda" else 0,
                     "context_length": card.max_model_len,
                 }
-                for card, entry in zip(self.models.cards(), self.tags()["models"])
+                for card in self.models.cards()
             ]
         }
 
@@ -97,8 +96,9 @@ class OllamaModels:
         tools = ["tools"] if self.chat.tool_call_parser else []
         return ["completion", *tools, *(["thinking"] if self.chat.reasoning.parser is not None else [])]
 
-    def _files(self) -> tuple[int, str]:
-        """The weights' bytes on disk (a GGUF file, or a folder's files) and their last change."""
+    def _files(self) -> tuple[int, str, str]:
+        """The weights' bytes on disk (a GGUF file, or a folder's files), their last change, and a digest
+        of their path, size and time (a change of files changes it; the content is not read)."""
         if os.path.isdir(self.path):
             paths = [entry.path for entry in os.scandir(self.path) if entry.is_file()]
         else:  # a GGUF file (a hub id resolved elsewhere: none)
@@ -106,4 +106,5 @@ class OllamaModels:
         stats = [os.stat(path) for path in paths]
         modified = max((stat.st_mtime for stat in stats), default=0.0)
         iso = datetime.fromtimestamp(modified, UTC).isoformat().replace("+00:00", "Z")
-        return sum(stat.st_size for stat in stats), iso
+        size = sum(stat.st_size for stat in stats)
+        return size, iso, hashlib.sha256(f"{self.path}:{size}:{iso}".encode()).hexdigest()

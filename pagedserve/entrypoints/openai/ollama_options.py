@@ -2,8 +2,6 @@
 onto their names, the runner's named in one warning, sampling methods pagedserve lacks refused (400
 naming the option). NAMES turns the OpenAI fields back into Ollama's in error messages."""
 
-from typing import Any
-
 from pagedserve.entrypoints.openai.chat_translation import defined
 from pagedserve.entrypoints.openai.protocol_ollama import OllamaGenerationRequest, OllamaOptions
 from pagedserve.errors import InvalidRequestError
@@ -52,7 +50,7 @@ MAX_WARNINGS = 64
 _warned: set[frozenset[str]] = set()
 
 
-def sampling_fields(options: OllamaOptions | None) -> dict[str, Any]:
+def sampling_fields(options: OllamaOptions | None) -> dict[str, object]:
     """The OpenAI request fields of `options` (None values left out). Raises InvalidRequestError naming
     an option that turns on a sampling method pagedserve lacks."""
     if options is None:
@@ -89,15 +87,27 @@ def sampling_fields(options: OllamaOptions | None) -> dict[str, Any]:
     )
 
 
-def output_fields(request: OllamaGenerationRequest, thinks: bool) -> dict[str, Any]:
-    """`format` as response_format and `think` as the template's enable_thinking. `thinks`: the server
-    runs a reasoning parser. Raises InvalidRequestError naming the field."""
-    fields: dict[str, Any] = {}
+def output_fields(request: OllamaGenerationRequest) -> dict[str, object]:
+    """`format` as response_format. Raises InvalidRequestError naming a field the API leaves out."""
+    if request.logprobs or request.top_logprobs is not None:
+        raise InvalidRequestError(
+            "logprobs are not supported on the Ollama API: use /v1/chat/completions.", param="logprobs"
+        )
     if request.format == "json":
-        fields["response_format"] = {"type": "json_object"}
-    elif isinstance(request.format, dict):
-        schema = {"name": "format", "schema": request.format}
-        fields["response_format"] = {"type": "json_schema", "json_schema": schema}
+        return {"response_format": {"type": "json_object"}}
+    if isinstance(request.format, dict):
+        return {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "format", "schema": request.format},
+            }
+        }
+    return {}
+
+
+def thinking_switch(request: OllamaGenerationRequest, thinks: bool) -> dict[str, object]:
+    """`think` as the template's enable_thinking. `thinks`: the server runs a reasoning parser. Raises
+    InvalidRequestError naming the field."""
     if isinstance(request.think, str):
         raise InvalidRequestError(
             f'think="{request.think}": thinking levels are not supported; send true or false.', param="think"
@@ -108,13 +118,7 @@ def output_fields(request: OllamaGenerationRequest, thinks: bool) -> dict[str, A
             "(for a model that thinks), or leave think out.",
             param="think",
         )
-    if request.think is not None:
-        fields["chat_template_kwargs"] = {"enable_thinking": request.think}
-    if request.logprobs or request.top_logprobs is not None:
-        raise InvalidRequestError(
-            "logprobs are not supported on the Ollama API: use /v1/chat/completions.", param="logprobs"
-        )
-    return fields
+    return {} if request.think is None else {"enable_thinking": request.think}
 
 
 def context_bound(num_ctx: int | None, num_prompt_tokens: int, max_tokens: int | None) -> int | None:

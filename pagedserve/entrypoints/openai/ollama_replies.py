@@ -6,7 +6,7 @@ import json
 import time
 from collections.abc import AsyncGenerator, Callable
 from datetime import UTC, datetime
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel
 
@@ -25,7 +25,7 @@ def created_at() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
-def ndjson(line: dict[str, Any]) -> str:
+def ndjson(line: dict[str, object]) -> str:
     return json.dumps(line, ensure_ascii=False) + "\n"
 
 
@@ -44,7 +44,7 @@ class OllamaReply:
         self.usage = UsageInfo()
         self.finish_reason: str | None = None
 
-    def feed_chat(self, chunk: ChatCompletionChunk) -> dict[str, Any] | None:
+    def feed_chat(self, chunk: ChatCompletionChunk) -> dict[str, object] | None:
         """The line that streams this chunk (None: nothing to send)."""
         text = thinking = ""
         for choice in chunk.choices:
@@ -59,13 +59,13 @@ class OllamaReply:
             self.finish_reason = choice.finish_reason or self.finish_reason
         return self._fed(chunk.usage, text, thinking)
 
-    def feed_completion(self, chunk: CompletionResponse) -> dict[str, Any] | None:
+    def feed_completion(self, chunk: CompletionResponse) -> dict[str, object] | None:
         """The line that streams this chunk (None: nothing to send)."""
         for choice in chunk.choices:
             self.finish_reason = choice.finish_reason or self.finish_reason
         return self._fed(chunk.usage, "".join(choice.text for choice in chunk.choices), "")
 
-    def _fed(self, usage: UsageInfo | None, text: str, thinking: str) -> dict[str, Any] | None:
+    def _fed(self, usage: UsageInfo | None, text: str, thinking: str) -> dict[str, object] | None:
         if self.first_ns is None:
             self.first_ns = time.monotonic_ns()
         self.usage = usage or self.usage
@@ -73,22 +73,22 @@ class OllamaReply:
         self.thinking += thinking
         return self._line(text, thinking, []) if text or thinking else None
 
-    def tool_calls(self) -> list[dict[str, Any]]:
+    def tool_calls(self) -> list[dict[str, object]]:
         """Ollama's tool calls: each function's arguments as an object."""
         return [
             {"function": {"name": call["name"], "arguments": json_object(call["arguments"])}}
             for _, call in sorted(self.calls.items())
         ]
 
-    def stream_end(self) -> list[dict[str, Any]]:
+    def stream_end(self) -> list[dict[str, object]]:
         """The lines that end a stream: the tool calls (whole, as Ollama sends them), then `done`."""
         calls = self.tool_calls()
         return [*([self._line("", "", calls)] if calls else []), self.done("", "", [])]
 
-    def whole(self) -> dict[str, Any]:
+    def whole(self) -> dict[str, object]:
         return self.done(self.content, self.thinking, self.tool_calls())
 
-    def done(self, text: str, thinking: str, calls: list[dict[str, Any]]) -> dict[str, Any]:
+    def done(self, text: str, thinking: str, calls: list[dict[str, object]]) -> dict[str, object]:
         end_ns = time.monotonic_ns()
         first_ns = self.first_ns or end_ns
         reason = self.finish_reason or "stop"
@@ -104,10 +104,10 @@ class OllamaReply:
             "eval_duration": end_ns - first_ns,
         }
 
-    def _line(self, text: str, thinking: str, calls: list[dict[str, Any]]) -> dict[str, Any]:
-        line: dict[str, Any] = {"model": self.model, "created_at": created_at()}
+    def _line(self, text: str, thinking: str, calls: list[dict[str, object]]) -> dict[str, object]:
+        line: dict[str, object] = {"model": self.model, "created_at": created_at()}
         if self.kind == "message":
-            message: dict[str, Any] = {"role": "assistant", "content": text}
+            message: dict[str, object] = {"role": "assistant", "content": text}
             line["message"] = message
         else:  # /api/generate's thinking sits beside its response
             line["response"] = text
@@ -119,7 +119,7 @@ class OllamaReply:
         return {**line, "done": False}
 
 
-def loaded(model: str, kind: Literal["message", "response"]) -> dict[str, Any]:
+def loaded(model: str, kind: Literal["message", "response"]) -> dict[str, object]:
     """Ollama's answer to a request with nothing to generate (no prompt, no messages): the model is
     loaded, done_reason "load"."""
     line = OllamaReply(model, kind, time.monotonic_ns())._line("", "", [])
@@ -129,7 +129,7 @@ def loaded(model: str, kind: Literal["message", "response"]) -> dict[str, Any]:
 async def ndjson_lines(
     reply: OllamaReply,
     chunks: AsyncGenerator[Chunk, None],
-    feed: Callable[[Chunk], dict[str, Any] | None],
+    feed: Callable[[Chunk], dict[str, object] | None],
 ) -> AsyncGenerator[str, None]:
     """The stream; an error midway as Ollama's {"error": ...} line (its client raises it)."""
     try:
@@ -148,8 +148,8 @@ async def ndjson_lines(
 async def whole_reply(
     reply: OllamaReply,
     chunks: AsyncGenerator[Chunk, None],
-    feed: Callable[[Chunk], dict[str, Any] | None],
-) -> dict[str, Any]:
+    feed: Callable[[Chunk], dict[str, object] | None],
+) -> dict[str, object]:
     try:
         async for chunk in chunks:
             feed(chunk)

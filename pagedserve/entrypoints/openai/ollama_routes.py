@@ -2,15 +2,12 @@
 /api/show, /api/ps, /api/version, and `GET /` / `HEAD /` ("Ollama is running"). Errors come in Ollama's
 shape ({"error": "..."}: errors.py picks it by the path); the probes (/, /api/version) need no key."""
 
-from typing import Any
-
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pagedserve import __version__
 from pagedserve.entrypoints.openai.errors import OLLAMA_ERROR_RESPONSES, OLLAMA_PREFIX
-from pagedserve.entrypoints.openai.ollama_models import OllamaModels
 from pagedserve.entrypoints.openai.ollama_replies import NDJSON
 from pagedserve.entrypoints.openai.protocol_ollama import (
     OllamaChatRequest,
@@ -25,7 +22,7 @@ from pagedserve.errors import InvalidRequestError
 
 RUNNING = "Ollama is running"
 # /api/chat and /api/generate: one JSON object, or (stream, the default) NDJSON lines.
-STREAMED_RESPONSES: dict[int | str, dict[str, Any]] = {
+STREAMED_RESPONSES: dict[int | str, dict[str, object]] = {
     200: {
         "content": {NDJSON: {"schema": {"type": "string"}}},
         "description": "The answer (JSON), or by default its lines as NDJSON, the last with `done`",
@@ -48,7 +45,8 @@ class OllamaJsonBodyMiddleware:
         await self.app(scope, receive, send)
 
 
-def add_ollama_routes(app: FastAPI, serving: OllamaServing, models: OllamaModels) -> None:
+def add_ollama_routes(app: FastAPI, serving: OllamaServing) -> None:
+    models = serving.models
     app.add_middleware(OllamaJsonBodyMiddleware)
 
     @app.api_route("/", methods=["GET", "HEAD"], response_class=PlainTextResponse)
@@ -61,37 +59,37 @@ def add_ollama_routes(app: FastAPI, serving: OllamaServing, models: OllamaModels
 
     @app.post("/api/chat", response_model=None, responses=STREAMED_RESPONSES)
     @with_cancellation
-    async def chat(request: OllamaChatRequest, raw_request: Request) -> dict[str, Any] | StreamingResponse:
+    async def chat(request: OllamaChatRequest, raw_request: Request) -> dict[str, object] | StreamingResponse:
         return await serving.chat_reply(request)
 
     @app.post("/api/generate", response_model=None, responses=STREAMED_RESPONSES)
     @with_cancellation
     async def generate(
         request: OllamaGenerateRequest, raw_request: Request
-    ) -> dict[str, Any] | StreamingResponse:
+    ) -> dict[str, object] | StreamingResponse:
         return await serving.generate(request)
 
     @app.post("/api/embed", responses=OLLAMA_ERROR_RESPONSES)
     @with_cancellation
-    async def embed(request: OllamaEmbedRequest, raw_request: Request) -> dict[str, Any]:
+    async def embed(request: OllamaEmbedRequest, raw_request: Request) -> dict[str, object]:
         return await serving.embed(request)
 
     @app.post("/api/embeddings", responses=OLLAMA_ERROR_RESPONSES)
     @with_cancellation
-    async def embeddings(request: OllamaEmbeddingsRequest, raw_request: Request) -> dict[str, Any]:
+    async def embeddings(request: OllamaEmbeddingsRequest, raw_request: Request) -> dict[str, object]:
         return await serving.embeddings(request)
 
     @app.get("/api/tags")
-    async def tags() -> dict[str, Any]:
+    async def tags() -> dict[str, object]:
         return models.tags()
 
     @app.post("/api/show", responses=OLLAMA_ERROR_RESPONSES)
-    async def show(request: OllamaShowRequest) -> dict[str, Any]:
+    async def show(request: OllamaShowRequest) -> dict[str, object]:
         model = request.model or request.name
         if not model:
             raise InvalidRequestError("model: the name of the model to show is required.", param="model")
         return models.show(model)
 
     @app.get("/api/ps")
-    async def ps() -> dict[str, Any]:
+    async def ps() -> dict[str, object]:
         return models.ps()

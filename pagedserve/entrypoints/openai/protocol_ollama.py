@@ -4,7 +4,7 @@ is parsed here (Ollama's durations) so that a value that does not parse is a 400
 
 import math
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 
@@ -103,7 +103,7 @@ class OllamaRequest(OpenAIRequestModel):
 
 class OllamaToolCallFunction(OpenAIRequestModel):
     name: StrictStr = Field(min_length=1, max_length=MAX_TOOL_NAME_CHARS)
-    arguments: dict[str, Any]
+    arguments: dict[str, object]
 
 
 class OllamaToolCall(OpenAIRequestModel):
@@ -123,7 +123,7 @@ class OllamaGenerationRequest(OllamaRequest):
     """What /api/chat and /api/generate share."""
 
     stream: StrictBool = True  # Ollama's default
-    format: Literal["", "json"] | dict[str, Any] | None = None  # "json", or a JSON schema
+    format: Literal["", "json"] | dict[str, object] | None = None  # "json", or a JSON schema
     think: StrictBool | Literal["low", "medium", "high"] | None = None
     logprobs: StrictBool | None = None
     top_logprobs: Int64 | None = None
@@ -131,7 +131,7 @@ class OllamaGenerationRequest(OllamaRequest):
 
 class OllamaChatRequest(OllamaGenerationRequest):
     messages: list[OllamaMessage] = Field(default_factory=list)
-    tools: list[dict[str, Any]] | None = None
+    tools: list[dict[str, object]] | None = None
 
 
 class OllamaGenerateRequest(OllamaGenerationRequest):

@@ -8,7 +8,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncGenerator, Callable
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
@@ -21,7 +21,13 @@ from pagedserve.entrypoints.openai.chat_translation import (
     validated,
 )
 from pagedserve.entrypoints.openai.ollama_models import OllamaModels
-from pagedserve.entrypoints.openai.ollama_options import NAMES, context_bound, output_fields, sampling_fields
+from pagedserve.entrypoints.openai.ollama_options import (
+    NAMES,
+    context_bound,
+    output_fields,
+    sampling_fields,
+    thinking_switch,
+)
 from pagedserve.entrypoints.openai.ollama_replies import (
     NDJSON,
     OllamaReply,
@@ -69,21 +75,21 @@ class OllamaServing:
         self.pooling = pooling
         self.bounds = bounds
 
-    async def chat_reply(self, request: OllamaChatRequest) -> dict[str, Any] | StreamingResponse:
+    async def chat_reply(self, request: OllamaChatRequest) -> dict[str, object] | StreamingResponse:
         """Raises InvalidRequestError naming the field before anything reaches the engine."""
         started_ns = time.monotonic_ns()
         name = self.models.name(request.model)
         if not request.messages:
             return loaded(request.model, "message")
         messages = [_chat_message(message, f"messages[{i}]") for i, message in enumerate(request.messages)]
-        body: dict[str, Any] = {"model": name, "messages": messages, "tools": request.tools}
+        body: dict[str, object] = {"model": name, "messages": messages, "tools": request.tools}
         last = request.messages[-1]
         if last.role == "assistant" and not last.tool_calls:
             # Ollama's prefill: the answer continues the final assistant message.
             body.update(continue_final_message=True, add_generation_prompt=False)
         return await self._chat(request, started_ns, body)
 
-    async def generate(self, request: OllamaGenerateRequest) -> dict[str, Any] | StreamingResponse:
+    async def generate(self, request: OllamaGenerateRequest) -> dict[str, object] | StreamingResponse:
         """Raises InvalidRequestError naming the field before anything reaches the engine."""
         started_ns = time.monotonic_ns()
         name = self.models.name(request.model)
@@ -93,15 +99,15 @@ class OllamaServing:
         if request.raw:
             return await self._raw(request, name, started_ns)
         system = [{"role": "system", "content": request.system}] if request.system else []
-        body: dict[str, Any] = {
+        body: dict[str, object] = {
             "model": name,
             "messages": [*system, {"role": "user", "content": request.prompt}],
         }
-        if request.suffix:
-            body["chat_template_kwargs"] = {"suffix": request.suffix}
-        return await self._chat(request, started_ns, body)
+        return await self._chat(
+            request, started_ns, body, {"suffix": request.suffix} if request.suffix else {}
+        )
 
-    async def embed(self, request: OllamaEmbedRequest) -> dict[str, Any]:
+    async def embed(self, request: OllamaEmbedRequest) -> dict[str, object]:
         """Each input's vector, normalized (as Ollama's); `truncate` cuts inputs to the context."""
         started_ns = time.monotonic_ns()
         self.bounds.check_pooling(1 if isinstance(request.input, str) else len(request.input), "input")
@@ -124,7 +130,7 @@ class OllamaServing:
             "prompt_eval_count": response.usage.prompt_tokens,
         }
 
-    async def embeddings(self, request: OllamaEmbeddingsRequest) -> dict[str, Any]:
+    async def embeddings(self, request: OllamaEmbeddingsRequest) -> dict[str, object]:
         """The older route: one prompt, its vector as the model pools it (an empty prompt: none)."""
         name = self.models.name(request.model)
         if not request.prompt:
@@ -157,17 +163,23 @@ class OllamaServing:
         return template if isinstance(template, str) else ""
 
     async def _chat(
-        self, request: OllamaGenerationRequest, started_ns: int, body: dict[str, Any]
-    ) -> dict[str, Any] | StreamingResponse:
+        self,
+        request: OllamaGenerationRequest,
+        started_ns: int,
+        body: dict[str, object],
+        template_kwargs: dict[str, object] | None = None,
+    ) -> dict[str, object] | StreamingResponse:
+        """`template_kwargs`: variables for the chat template besides `think`'s switch."""
+        kwargs = {
+            **(template_kwargs or {}),
+            **thinking_switch(request, self.chat.reasoning.parser is not None),
+        }
         fields = {
             **sampling_fields(request.options),
-            **output_fields(request, self.chat.reasoning.parser is not None),
+            **output_fields(request),
+            "chat_template_kwargs": kwargs or None,
         }
-        # NOTE: a suffix (the body's) and think (the fields') are both template variables.
-        kwargs = {**body.get("chat_template_kwargs", {}), **fields.get("chat_template_kwargs", {})}
-        chat = chat_request(
-            defined({**body, **fields, **_STREAMED, "chat_template_kwargs": kwargs or None}), NAMES
-        )
+        chat = chat_request(defined({**body, **fields, **_STREAMED}), NAMES)
         self.bounds.check_chat_template(chat)
         chat.max_tokens = await self._within_context(
             request, chat.max_tokens, lambda: len(self.chat.render(chat))
@@ -188,9 +200,9 @@ class OllamaServing:
 
     async def _raw(
         self, request: OllamaGenerateRequest, name: str, started_ns: int
-    ) -> dict[str, Any] | StreamingResponse:
+    ) -> dict[str, object] | StreamingResponse:
         """The prompt as it is, through completions (no template)."""
-        fields = {"max_tokens": None, **sampling_fields(request.options), **output_fields(request, False)}
+        fields = {"max_tokens": None, **sampling_fields(request.options), **output_fields(request)}
         completion = validated(
             CompletionRequest, {"model": name, "prompt": request.prompt, **_STREAMED, **fields}, NAMES
         )
@@ -212,16 +224,16 @@ class OllamaServing:
 async def _answer(
     reply: OllamaReply,
     chunks: AsyncGenerator[Chunk, None],
-    feed: Callable[[Chunk], dict[str, Any] | None],
+    feed: Callable[[Chunk], dict[str, object] | None],
     stream: bool,
-) -> dict[str, Any] | StreamingResponse:
+) -> dict[str, object] | StreamingResponse:
     """The NDJSON stream, or (stream false) the one object."""
     if stream:
         return StreamingResponse(ndjson_lines(reply, chunks, feed), media_type=NDJSON)
     return await whole_reply(reply, chunks, feed)
 
 
-def _chat_message(message: OllamaMessage, field: str) -> dict[str, Any]:
+def _chat_message(message: OllamaMessage, field: str) -> dict[str, object]:
     """One Ollama message as a chat message: an assistant's tool calls with their arguments as JSON text
     (and ids, which Ollama's have not), a tool message's tool_name as its name."""
     if message.images:
@@ -229,7 +241,7 @@ def _chat_message(message: OllamaMessage, field: str) -> dict[str, Any]:
             f"{field}.images: this model takes no images (vision models are not served yet).",
             param=f"{field}.images",
         )
-    chat: dict[str, Any] = {"role": message.role, "content": message.content}
+    chat: dict[str, object] = {"role": message.role, "content": message.content}
     if message.thinking is not None:
         chat["reasoning"] = message.thinking
     if message.tool_calls:
