@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from server_utils import API_SERVER, RemoteServer
 
 from pagedserve.entrypoints.openai.auth import PROBE_PATHS
+from pagedserve.entrypoints.openai.protocol_ollama import OllamaOptions
 
 API_KEY = "hostile-key"
 MODEL = "tiny"
@@ -199,26 +200,10 @@ def test_logit_bias_extremes(server: RemoteServer, key: str, value: object, path
     assert_served_or_refused(post(server, path, {**BASE[path], "logit_bias": {key: value}}), "logit_bias")
 
 
-# Ollama's fields (/api/chat, /api/generate): in `options` or at the top level. num_predict is left out
-# (its unbounded values generate to the end of the context); its bounds are test_ollama_api.py's.
+# Ollama's fields (/api/chat, /api/generate): every option, and the top-level ones. num_predict is left
+# out (its unbounded values generate to the end of the context); its bounds are test_ollama_api.py's.
 OLLAMA_FIELDS = [
-    *(
-        ("options", name)
-        for name in (
-            "num_ctx",
-            "temperature",
-            "top_k",
-            "top_p",
-            "min_p",
-            "seed",
-            "repeat_penalty",
-            "presence_penalty",
-            "frequency_penalty",
-            "mirostat",
-            "typical_p",
-            "num_gpu",
-        )
-    ),
+    *(("options", name) for name in OllamaOptions.model_fields if name != "num_predict"),
     ("", "keep_alive"),
     ("", "think"),
     ("", "format"),
