@@ -8,6 +8,7 @@ from collections.abc import AsyncGenerator, Callable
 from datetime import UTC, datetime
 from typing import Literal, TypeVar
 
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from pagedserve.entrypoints.openai.chat_translation import json_object
@@ -156,3 +157,15 @@ async def whole_reply(
     finally:
         await chunks.aclose()
     return reply.whole()
+
+
+async def answer(
+    reply: OllamaReply,
+    chunks: AsyncGenerator[Chunk, None],
+    feed: Callable[[Chunk], dict[str, object] | None],
+    stream: bool,
+) -> dict[str, object] | StreamingResponse:
+    """The NDJSON stream, or (stream false) the one object."""
+    if stream:
+        return StreamingResponse(ndjson_lines(reply, chunks, feed), media_type=NDJSON)
+    return await whole_reply(reply, chunks, feed)

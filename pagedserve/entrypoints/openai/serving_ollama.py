@@ -7,11 +7,10 @@ fields (ollama_options.py); its chunks come back as Ollama's NDJSON lines or one
 import asyncio
 import json
 import time
-from collections.abc import AsyncGenerator, Callable
-from typing import Literal, TypeVar
+from collections.abc import Callable
+from typing import Literal
 
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel
 
 from pagedserve.entrypoints.openai.chat_translation import (
     chat_request,
@@ -28,13 +27,7 @@ from pagedserve.entrypoints.openai.ollama_options import (
     sampling_fields,
     thinking_switch,
 )
-from pagedserve.entrypoints.openai.ollama_replies import (
-    NDJSON,
-    OllamaReply,
-    loaded,
-    ndjson_lines,
-    whole_reply,
-)
+from pagedserve.entrypoints.openai.ollama_replies import OllamaReply, answer, loaded
 from pagedserve.entrypoints.openai.protocol import (
     CompletionRequest,
     CompletionResponse,
@@ -56,8 +49,6 @@ from pagedserve.errors import InvalidRequestError
 
 # Inside, every answer is streamed with its usage so far (one path for streamed and whole answers).
 _STREAMED = {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
-
-Chunk = TypeVar("Chunk", bound=BaseModel)
 
 
 class OllamaServing:
@@ -186,7 +177,7 @@ class OllamaServing:
         )
         chunks = await start_chat(self.chat, self.bounds, chat, NAMES)
         reply = OllamaReply(request.model, _kind(request), started_ns)
-        return await _answer(reply, chunks, reply.feed_chat, request.stream)
+        return await answer(reply, chunks, reply.feed_chat, request.stream)
 
     async def _within_context(
         self, request: OllamaGenerationRequest, max_tokens: int | None, count_prompt: Callable[[], int]
@@ -218,19 +209,7 @@ class OllamaServing:
             raise renamed(error, NAMES) from error
         assert not isinstance(result, CompletionResponse), "the translated requests are streamed"
         reply = OllamaReply(request.model, "response", started_ns)
-        return await _answer(reply, result, reply.feed_completion, request.stream)
-
-
-async def _answer(
-    reply: OllamaReply,
-    chunks: AsyncGenerator[Chunk, None],
-    feed: Callable[[Chunk], dict[str, object] | None],
-    stream: bool,
-) -> dict[str, object] | StreamingResponse:
-    """The NDJSON stream, or (stream false) the one object."""
-    if stream:
-        return StreamingResponse(ndjson_lines(reply, chunks, feed), media_type=NDJSON)
-    return await whole_reply(reply, chunks, feed)
+        return await answer(reply, result, reply.feed_completion, request.stream)
 
 
 def _chat_message(message: OllamaMessage, field: str) -> dict[str, object]:
