@@ -18,6 +18,8 @@ from server_utils import RemoteServer
 from pagedserve import __version__
 
 ASK = [{"role": "user", "content": "Say hello to Ada."}]
+SYSTEM = {"role": "system", "content": "Be brief."}
+RAW = "The capital of France is"
 GREEDY = {"temperature": 0}
 COUNTERS = ("total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count")
 WEATHER = {
@@ -58,43 +60,41 @@ def curl(server: RemoteServer, path: str, body: object) -> httpx.Response:
     return httpx.post(server.base_url + path, content=json.dumps(body), timeout=120)
 
 
-def test_chat_equals_chat_completions_and_the_stream_equals_the_whole(
+def test_chat_and_generate_equal_chat_completions_and_the_stream_equals_the_whole(
     client: ollama.Client, smol_server: RemoteServer
 ) -> None:
-    whole = client.chat(model="smol", messages=ASK, options={**GREEDY, "num_predict": 4})
+    options = {**GREEDY, "num_predict": 4}
+    whole = client.chat(model="smol", messages=[SYSTEM, *ASK], options=options)
     chat = smol_server.client().chat.completions.create(
-        model="smol", messages=ASK, max_tokens=4, temperature=0
+        model="smol", messages=[SYSTEM, *ASK], max_tokens=4, temperature=0
     )
     assert whole.message.content == chat.choices[0].message.content
     assert (whole.done, whole.done_reason, whole.eval_count) == (True, "length", 4)
     assert whole.prompt_eval_count == chat.usage.prompt_tokens
     assert whole.total_duration >= whole.prompt_eval_duration + whole.eval_duration > 0
-    parts = list(
-        client.chat(model="smol:latest", messages=ASK, options={**GREEDY, "num_predict": 4}, stream=True)
-    )
+    parts = list(client.chat(model="smol:latest", messages=[SYSTEM, *ASK], options=options, stream=True))
     assert "".join(part.message.content for part in parts) == whole.message.content
     assert [part.done for part in parts] == [False] * (len(parts) - 1) + [True]
     assert all(parts[-1][name] is not None for name in COUNTERS) and parts[-1].eval_count == 4
+    # /api/generate: the prompt (and system) through the same template.
+    templated = client.generate(
+        model="smol", prompt=ASK[0]["content"], system=SYSTEM["content"], options=options
+    )
+    assert (templated.response, templated.prompt_eval_count) == (
+        whole.message.content,
+        whole.prompt_eval_count,
+    )
 
 
-def test_generate_templated_raw_and_stop(client: ollama.Client, smol_server: RemoteServer) -> None:
+def test_raw_generate_equals_completions_and_stops(client: ollama.Client, smol_server: RemoteServer) -> None:
     options = {**GREEDY, "num_predict": 4}
-    templated = client.generate(model="smol", prompt=ASK[0]["content"], system="Be brief.", options=options)
-    chat = client.chat(
-        model="smol", messages=[{"role": "system", "content": "Be brief."}, *ASK], options=options
-    )
-    assert (
-        templated.response == chat.message.content and templated.prompt_eval_count == chat.prompt_eval_count
-    )
-    raw = client.generate(model="smol", prompt="The capital of France is", raw=True, options=options)
+    raw = client.generate(model="smol", prompt=RAW, raw=True, options=options)
     completion = smol_server.client().completions.create(
-        model="smol", prompt="The capital of France is", max_tokens=4, temperature=0
+        model="smol", prompt=RAW, max_tokens=4, temperature=0
     )
     assert raw.response == completion.choices[0].text and raw.eval_count == 4
     stop = raw.response.strip()[:2]
-    stopped = client.generate(
-        model="smol", prompt="The capital of France is", raw=True, options={**options, "stop": [stop]}
-    )
+    stopped = client.generate(model="smol", prompt=RAW, raw=True, options={**options, "stop": [stop]})
     assert stopped.response == raw.response[: raw.response.index(stop)] and stopped.done_reason == "stop"
 
 
@@ -153,16 +153,21 @@ def test_tool_calls_both_ways(client: ollama.Client, smol_server: RemoteServer, 
     assert answer.prompt_eval_count == chat.usage.prompt_tokens
 
 
-def test_num_ctx_bounds_the_answer(client: ollama.Client) -> None:
+def test_num_ctx_bounds_the_answer(client: ollama.Client, smol_server: RemoteServer) -> None:
     """options.num_ctx holds the prompt and the answer, templated or raw; a prompt that fills it is a 400."""
-    asks = [
-        (client.chat, {"messages": ASK}),
-        (client.generate, {"prompt": "The capital of France is", "raw": True}),
-    ]
-    for call, fields in asks:
-        prompt_tokens = call(model="smol", **fields, options={"num_predict": 1}).prompt_eval_count
+    for call, fields, tokenize in (
+        (client.chat, {"messages": ASK}, {"messages": ASK}),
+        (client.generate, {"prompt": RAW, "raw": True}, {"prompt": RAW}),
+    ):
+        prompt_tokens = httpx.post(smol_server.base_url + "/tokenize", json=tokenize, timeout=30).json()[
+            "count"
+        ]
         bounded = call(model="smol", **fields, options={**GREEDY, "num_ctx": prompt_tokens + 2})
-        assert (bounded.eval_count, bounded.done_reason) == (2, "length")
+        assert (bounded.prompt_eval_count, bounded.eval_count, bounded.done_reason) == (
+            prompt_tokens,
+            2,
+            "length",
+        )
         with pytest.raises(ollama.ResponseError, match="num_ctx") as refused:
             call(model="smol", **fields, options={"num_ctx": prompt_tokens})
         assert refused.value.status_code == 400
@@ -188,7 +193,7 @@ def test_the_documentations_curl_examples(smol_server: RemoteServer) -> None:
     lines = curl(
         smol_server,
         "/api/generate",
-        {"model": "smol", "prompt": "Why is the sky blue?", "options": {"num_predict": 3}},
+        {"model": "smol", "prompt": "Why is the sky blue?", "options": {"num_predict": 2}},
     )
     assert lines.headers["content-type"] == "application/x-ndjson"
     replies = [json.loads(line) for line in lines.text.splitlines()]
@@ -200,10 +205,10 @@ def test_the_documentations_curl_examples(smol_server: RemoteServer) -> None:
             "model": "smol",
             "messages": [{"role": "user", "content": "why is the sky blue?"}],
             "stream": False,
-            "options": {"num_predict": 3},
+            "options": {"num_predict": 2},
         },
     ).json()
-    assert chat["message"]["role"] == "assistant" and chat["eval_count"] == 3
+    assert chat["message"]["role"] == "assistant" and chat["eval_count"] == 2
     for path, kind in (("/api/generate", {"prompt": ""}), ("/api/chat", {"messages": []})):
         loaded = curl(smol_server, path, {"model": "smol", **kind}).json()
         assert (loaded["done"], loaded["done_reason"]) == (True, "load")
