@@ -40,6 +40,8 @@ from pagedserve.entrypoints.openai.lora_routes import add_lora_routes
 from pagedserve.entrypoints.openai.messages_routes import add_messages_routes
 from pagedserve.entrypoints.openai.model_pool import LoadedModel, LoadWaits, ModelLoader, ModelPool
 from pagedserve.entrypoints.openai.models_dir import ModelFile, scan_models_dir
+from pagedserve.entrypoints.openai.ollama_models import OllamaModels
+from pagedserve.entrypoints.openai.ollama_routes import add_ollama_routes
 from pagedserve.entrypoints.openai.pool_app import PoolApp, build_pool_info_app
 from pagedserve.entrypoints.openai.pooling_routes import add_pooling_routes
 from pagedserve.entrypoints.openai.protocol import (
@@ -61,6 +63,7 @@ from pagedserve.entrypoints.openai.served_models import ServedModels, serve_lora
 from pagedserve.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedserve.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedserve.entrypoints.openai.serving_messages import AnthropicServingMessages
+from pagedserve.entrypoints.openai.serving_ollama import OllamaServing
 from pagedserve.entrypoints.openai.serving_pooling import OpenAIServingPooling
 from pagedserve.entrypoints.openai.serving_responses import OpenAIServingResponses
 from pagedserve.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
@@ -122,8 +125,10 @@ def build_app(
         server_args.auto_tool_parser,
         server_args.chat_template_content_format,
     )
-    _add_generation_routes(app, OpenAIServingCompletion(engine, models), chat, bounds)
-    add_pooling_routes(app, OpenAIServingPooling(engine, models), bounds)
+    completion = OpenAIServingCompletion(engine, models)
+    pooling = OpenAIServingPooling(engine, models)
+    _add_generation_routes(app, completion, chat, bounds)
+    add_pooling_routes(app, pooling, bounds)
     store = ResponseStore(server_args.max_stored_responses, server_args.max_stored_response_bytes)
     loggers.metrics.server_gauge(
         "stored_responses", "Responses kept by the Responses API (store).", store.__len__
@@ -135,6 +140,7 @@ def build_app(
     )
     add_responses_routes(app, OpenAIServingResponses(chat, bounds, store))
     add_messages_routes(app, AnthropicServingMessages(chat, bounds))
+    add_ollama_routes(app, OllamaServing(OllamaModels(models, chat), chat, completion, pooling, bounds))
     _add_info_routes(app, engine, models, loggers.metrics)
     add_dashboard_routes(app, engine, loggers.dashboard)
     add_sleep_routes(app, engine, server_args.wake_on_request)
@@ -318,7 +324,7 @@ async def run_server(
         lifecycle.serve(build_app(served, server_args, loggers, chat_template, bounds), served)
         watchdog = asyncio.create_task(_exit_when_engine_dies(served, server))
         logger.info(
-            "Serving %s at http://%s:%d (OpenAI API under /v1).",
+            "Serving %s at http://%s:%d (OpenAI API under /v1, Ollama API under /api).",
             config.model.served_model_name,
             server_args.host,
             server_args.port,

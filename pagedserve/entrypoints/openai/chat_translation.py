@@ -1,12 +1,13 @@
-"""What the Responses API and Anthropic's Messages API share: each is a translator over chat completions.
-A request becomes a ChatCompletionRequest (always streamed inside, so one path makes both the streamed
+"""What the Responses API, Anthropic's Messages API and the Ollama API share: each is a translator over
+chat completions. A request becomes a ChatCompletionRequest (always streamed inside, so one path makes both the streamed
 and the whole answer, and a cancel can stop it between chunks); its chunks become the API's events."""
 
 import json
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from pagedserve.entrypoints.openai.protocol import (
     ChatCompletionChunk,
@@ -19,10 +20,28 @@ from pagedserve.entrypoints.openai.tool_parsers.streaming import ToolCallDelta
 from pagedserve.errors import InvalidRequestError
 from pagedserve.utils.user_json import JsonObject, JsonValue, as_object, as_string
 
+RequestT = TypeVar("RequestT", bound=BaseModel)
+ValueT = TypeVar("ValueT")
+
 
 def named_event(event_type: str, data: Mapping[str, JsonValue]) -> str:
     """One server-sent event with its `event:` line (both APIs name their events)."""
     return f"event: {event_type}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def defined(fields: Mapping[str, ValueT]) -> dict[str, ValueT]:
+    """`fields` without the ones left unset (None): the chat request's defaults apply to those."""
+    return {key: value for key, value in fields.items() if value is not None}
+
+
+def json_object(arguments: str) -> JsonObject:
+    """A tool call's arguments as an object: {} when they are not a JSON object (cut short by the token
+    limit: the finish reason says so)."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def renamed(error: InvalidRequestError, names: Mapping[str, str]) -> InvalidRequestError:
@@ -37,10 +56,16 @@ def renamed(error: InvalidRequestError, names: Mapping[str, str]) -> InvalidRequ
     return InvalidRequestError(message, param=sent + param[len(head) :], status_code=error.status_code)
 
 
-def chat_request(body: JsonObject, names: Mapping[str, str]) -> ChatCompletionRequest:
+def chat_request(body: Mapping[str, object], names: Mapping[str, str]) -> ChatCompletionRequest:
     """The translated request as chat completions' model. Raises InvalidRequestError naming the field."""
+    return validated(ChatCompletionRequest, body, names)
+
+
+def validated(model: type[RequestT], body: Mapping[str, object], names: Mapping[str, str]) -> RequestT:
+    """The translated request as `model` (chat's, or completions' for Ollama's raw prompts). Raises
+    InvalidRequestError naming the field as the caller's API calls it."""
     try:
-        return ChatCompletionRequest.model_validate(body)
+        return model.model_validate(body)
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(part) for part in first["loc"])

@@ -1,7 +1,8 @@
 """The one place errors become HTTP responses: OpenAI-style bodies
 {"error": {"message", "type", "param", "code"}}, where `type` names the OpenAI client's exception class
 and `code` is the HTTP status (as vLLM does); under /v1/messages (Anthropic's Messages API) Anthropic's
-{"type": "error", "error": {"type", "message"}}, the message naming the field."""
+{"type": "error", "error": {"type", "message"}}, the message naming the field; under /api/ (Ollama's API)
+Ollama's {"error": "message"}."""
 
 import json
 from typing import Any
@@ -47,6 +48,7 @@ _ANTHROPIC_TYPES = {
     503: "overloaded_error",
 }
 ANTHROPIC_PATH = "/v1/messages"
+OLLAMA_PREFIX = "/api/"
 
 
 class ErrorInfo(BaseModel):
@@ -74,6 +76,12 @@ class AnthropicErrorResponse(BaseModel):
     error: AnthropicErrorInfo
 
 
+class OllamaErrorResponse(BaseModel):
+    """The body of an error on Ollama's routes (/api/...): the message, naming the field."""
+
+    error: str
+
+
 _ERROR_STATUSES = (
     (400, "Invalid request (what was wrong, the limit, the field to change)"),
     (401, "Missing or wrong API key"),
@@ -88,12 +96,18 @@ ANTHROPIC_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": AnthropicErrorResponse, "description": description}
     for status, description in _ERROR_STATUSES
 }
+OLLAMA_ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
+    status: {"model": OllamaErrorResponse, "description": description}
+    for status, description in _ERROR_STATUSES
+}
 
 
 def error_body(message: str, status: int, param: str | None = None, path: str = "") -> JsonObject:
     """The error's body in the shape of the API that `path` belongs to."""
     if path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/"):
         return anthropic_error_body(message, status)
+    if path.startswith(OLLAMA_PREFIX):
+        return {"error": message}
     return {
         "error": {"message": message, "type": _TYPES.get(status, "APIError"), "param": param, "code": status}
     }

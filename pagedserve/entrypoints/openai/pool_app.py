@@ -16,6 +16,8 @@ from pagedserve.entrypoints.durations import parse_duration
 from pagedserve.entrypoints.openai.auth import METRICS_PATH, PROBE_PATHS
 from pagedserve.entrypoints.openai.errors import ERROR_RESPONSES, exception_response, register_error_handlers
 from pagedserve.entrypoints.openai.model_pool import LoadedModel, ModelPool, ResidentModel
+from pagedserve.entrypoints.openai.models_dir import ModelFile
+from pagedserve.entrypoints.openai.ollama_models import tag_entry
 from pagedserve.entrypoints.openai.protocol import ModelCard, ModelList
 from pagedserve.errors import InvalidRequestError, PagedServeError
 
@@ -43,6 +45,11 @@ def build_pool_info_app(pool: ModelPool) -> FastAPI:
     async def retrieve_model(model: str) -> ModelCard:
         return card(model)
 
+    @app.get("/api/tags")
+    async def tags() -> dict[str, list[dict[str, object]]]:
+        """Ollama's /api/tags: every model of --models-dir, loaded or not."""
+        return {"models": [_tag(pool.model_file(name)) for name in pool.models]}
+
     @app.get("/api/ps")
     async def running_models() -> dict[str, list[dict[str, object]]]:
         """Ollama's /api/ps: the models loaded (or loading) and when each unloads (null: not while it
@@ -50,6 +57,11 @@ def build_pool_info_app(pool: ModelPool) -> FastAPI:
         return {"models": [_ps_entry(model) for model in pool.resident()]}
 
     return app
+
+
+def _tag(model: ModelFile) -> dict[str, object]:
+    gguf = model.path.endswith(".gguf")
+    return tag_entry(model.name, model.path, {"format": "gguf" if gguf else "safetensors"})
 
 
 def _ps_entry(model: ResidentModel) -> dict[str, object]:

@@ -20,7 +20,6 @@ from pagedserve.entrypoints.chat_utils import (
 )
 from pagedserve.entrypoints.openai.chat_reasoning import ChatReasoning, SampleReasoning
 from pagedserve.entrypoints.openai.chat_tools import ChatTools, ToolStreamer, resolve_chat_tools
-from pagedserve.entrypoints.openai.errors import stream_error_event
 from pagedserve.entrypoints.openai.protocol import (
     ChatChoice,
     ChatCompletionChunk,
@@ -39,10 +38,9 @@ from pagedserve.entrypoints.openai.protocol import (
 from pagedserve.entrypoints.openai.served_models import ServedModels
 from pagedserve.entrypoints.openai.serving_engine import (
     MIN_LOGPROB,
-    SSE_DONE,
     OpenAIServing,
+    as_http,
     random_id,
-    sse,
     usage_info,
 )
 from pagedserve.entrypoints.openai.tool_parsers.streaming import ToolCallDelta
@@ -93,10 +91,7 @@ class OpenAIServingChat(OpenAIServing):
         self, request: ChatCompletionRequest
     ) -> ChatCompletionResponse | StreamingResponse:
         """Raises InvalidRequestError before anything reaches the engine."""
-        result = await self.generate(request)
-        if isinstance(result, ChatCompletionResponse):
-            return result
-        return StreamingResponse(self._sse(result), media_type="text/event-stream")
+        return as_http(await self.generate(request))
 
     async def generate(
         self, request: ChatCompletionRequest
@@ -225,18 +220,6 @@ class OpenAIServingChat(OpenAIServing):
             finish_reason=result.finish_reason,
             stop_reason=sample.stop_reason,
         )
-
-    @staticmethod
-    async def _sse(chunks: AsyncGenerator[ChatCompletionChunk, None]) -> AsyncGenerator[str, None]:
-        """The chunks as server-sent events; an error midway (e.g. the engine died) as an event too."""
-        try:
-            async for chunk in chunks:
-                yield sse(chunk)
-        except Exception as exc:
-            yield stream_error_event(exc)
-        finally:
-            await chunks.aclose()
-        yield SSE_DONE
 
     async def _chunks(
         self,

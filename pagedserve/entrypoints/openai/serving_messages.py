@@ -14,6 +14,8 @@ from fastapi.responses import StreamingResponse
 from pagedserve.entrypoints.openai.chat_translation import (
     GrowingText,
     chat_request,
+    defined,
+    json_object,
     named_event,
     start_chat,
     tool_call_delta,
@@ -73,7 +75,7 @@ class AnthropicServingMessages:
             # NOTE: Claude clients send a budget whatever the model: one that does not think (no
             # --reasoning-parser) answers as it would without it, as the chat field would be refused.
             body["thinking_token_budget"] = budget
-        chunks = await start_chat(self.chat, self.bounds, chat_request(_defined(body), _NAMES), _NAMES)
+        chunks = await start_chat(self.chat, self.bounds, chat_request(defined(body), _NAMES), _NAMES)
         builder = MessageBuilder(request.model)
         if request.stream:
             return StreamingResponse(_events(builder, chunks), media_type="text/event-stream")
@@ -86,7 +88,7 @@ class AnthropicServingMessages:
         return builder.message
 
     async def count_tokens(self, request: CountTokensRequest) -> dict[str, int]:
-        chat = chat_request(_defined(_chat_body(request)), _NAMES)
+        chat = chat_request(defined(_chat_body(request)), _NAMES)
         self.chat.check_model(chat.model)
         self.bounds.check_chat_template(chat)
         return {"input_tokens": len(await asyncio.to_thread(self.chat.render, chat))}
@@ -109,10 +111,6 @@ async def _events(
         await chunks.aclose()
 
 
-def _defined(body: JsonObject) -> JsonObject:
-    return {key: value for key, value in body.items() if value is not None}
-
-
 def _chat_body(request: CountTokensRequest) -> JsonObject:
     """The conversation, tools and thinking as chat request fields."""
     messages: list[JsonObject] = []
@@ -129,7 +127,7 @@ def _chat_body(request: CountTokensRequest) -> JsonObject:
         body["tools"] = [
             {
                 "type": "function",
-                "function": _defined(
+                "function": defined(
                     {"name": t.name, "description": t.description, "parameters": t.input_schema}
                 ),
             }
@@ -245,7 +243,7 @@ class MessageBuilder:
             reason = "tool_use"  # a forced (named) call too, which chat reports as "stop"
         self.message.update(stop_reason=reason, stop_sequence=stop_sequence)
         for index, block in self.calls.items():
-            block["input"] = _json_object(self.arguments[index])
+            block["input"] = json_object(self.arguments[index])
         delta: JsonObject = {"stop_reason": reason, "stop_sequence": stop_sequence}
         usage: JsonObject = {"output_tokens": self.output_tokens}
         return [
@@ -312,13 +310,3 @@ class MessageBuilder:
         self.open = None
         event: JsonObject = {"type": "content_block_stop", "index": len(self.blocks) - 1}
         return [named_event("content_block_stop", event)]
-
-
-def _json_object(arguments: str) -> JsonObject:
-    """A tool call's arguments as the tool_use block's `input`: {} when they are not a JSON object (cut
-    short by max_tokens: stop_reason says so)."""
-    try:
-        value = json.loads(arguments)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
