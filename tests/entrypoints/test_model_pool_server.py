@@ -11,6 +11,7 @@ import time
 from datetime import datetime
 
 import httpx
+import ollama
 import psutil
 import pytest
 import torch
@@ -185,3 +186,18 @@ def test_two_models_load_on_demand_sleep_and_unload(server: RemoteServer, models
     assert greedy(server, "beta", keep_alive=0) == beta_tokens
     server.wait_for(lambda: engines(server) == [], 30, "beta's engine to exit (keep_alive 0)")
     assert server.proc.poll() is None
+
+
+def test_the_ollama_client_loads_and_unloads_models_by_name(server: RemoteServer):
+    """The official ollama client, unchanged: /api/tags lists --models-dir, a chat loads its model on
+    demand, /api/ps shows it, keep_alive 0 unloads it once answered."""
+    client = ollama.Client(host=server.base_url, headers=server.headers())
+    assert {"alpha", "beta"} <= {model.model for model in client.list().models}
+    options = {"num_predict": MAX_TOKENS, "temperature": 0}
+    reply = client.chat(model="alpha", messages=[{"role": "user", "content": "Hi"}], options=options)
+    assert reply.done and reply.eval_count == MAX_TOKENS and reply.message.role == "assistant"
+    assert [model.model for model in client.ps().models] == ["alpha"]
+    answer = client.generate(model="beta", prompt="Hi", options=options, keep_alive=0)
+    assert answer.done and answer.eval_count == MAX_TOKENS
+    server.wait_for(lambda: engines(server) == [], 30, "beta's engine to exit (keep_alive 0)")
+    assert client.list().models  # still serving
