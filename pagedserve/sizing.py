@@ -92,7 +92,7 @@ class ModelShape:
         num_experts = (
             getattr(hf_config, "num_local_experts", None) or getattr(hf_config, "num_experts", 0) or 0
         )
-        if architecture == "MixtralForCausalLM":
+        if architecture in ("MixtralForCausalLM", "GptOssForCausalLM"):  # experts in every layer
             moe_layers, moe_size = tuple(range(layers)), hf_config.intermediate_size
         elif num_experts:
             moe_layers = tuple(i for i in range(layers) if is_sparse_layer(hf_config, i))

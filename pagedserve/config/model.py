@@ -41,6 +41,7 @@ MODEL_ARCHITECTURES = {
     "mixtral": "MixtralForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
 }
 # The dense families whose checkpoints keep q/k/v and gate/up as separate projections (Phi-3 and Falcon
 # fuse them in the checkpoint; MoE families have experts): 4-bit checkpoints load into their layers as they

@@ -27,6 +27,7 @@ for _module, _architecture in (
     ("mixtral", "MixtralForCausalLM"),
     ("qwen2_moe", "Qwen2MoeForCausalLM"),
     ("qwen3_moe", "Qwen3MoeForCausalLM"),
+    ("gpt_oss", "GptOssForCausalLM"),
 ):
     MODELS.register(_architecture, f"pagedserve.models.{_module}:{_architecture}")
 

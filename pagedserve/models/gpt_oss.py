@@ -1,0 +1,75 @@
+"""gpt-oss: the Llama attention with q/k/v/o biases and a learned sink logit per head (attention sinks),
+sliding-window (`layer_types`) and full layers alternating, YaRN rope, and a mixture of experts in every
+layer: a router with a bias whose top-k logits are softmaxed, experts with biases and a clamped SwiGLU."""
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from pagedserve.layers.activation import ClampedSwigluAndMul
+from pagedserve.layers.moe import FusedMoE, select_top_logits
+from pagedserve.models.llama import AttentionOptions, LlamaForCausalLM, ParamShard
+from pagedserve.utils.hf_config import layer_sliding_window
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+
+class GptOssMoE(nn.Module):
+    """`router` (replicated, with a bias) and `experts`, HF's names."""
+
+    def __init__(self, config: "PretrainedConfig") -> None:
+        super().__init__()
+        self.top_k = config.num_experts_per_tok
+        self.router = nn.Linear(config.hidden_size, config.num_local_experts, bias=True).requires_grad_(False)
+        self.experts = FusedMoE(
+            config.num_local_experts,
+            config.hidden_size,
+            config.intermediate_size,
+            activation=ClampedSwigluAndMul(config.swiglu_alpha, config.swiglu_limit),
+            bias=True,
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = select_top_logits(self.router(x), self.top_k)
+        out: torch.Tensor = self.experts(x, weights, ids)
+        return out
+
+
+def _deinterleave(gate_up: torch.Tensor, dim: int) -> torch.Tensor:
+    """HF keeps gate and up interleaved (gate at even, up at odd indices of `dim`): the gate half first,
+    then the up half, as the fused experts layer stores them."""
+    # NOTE: a torch function first: a checkpoint tensor is read from the file by one (not by indexing).
+    pairs = torch.unflatten(gate_up, dim, (-1, 2))
+    return torch.cat([pairs.select(dim + 1, 0), pairs.select(dim + 1, 1)], dim=dim)
+
+
+class GptOssForCausalLM(LlamaForCausalLM):
+    def attention_options(self, config: "PretrainedConfig", layer_idx: int) -> AttentionOptions:
+        return AttentionOptions(
+            qkv_bias=config.attention_bias,
+            o_bias=config.attention_bias,
+            sliding_window=layer_sliding_window(config, layer_idx, type(self).__name__),
+            sinks=True,
+        )
+
+    def make_mlp(self, config: "PretrainedConfig", layer_idx: int) -> nn.Module:
+        return GptOssMoE(config)
+
+    def checkpoint_tensors(self, name: str, tensor: torch.Tensor) -> Iterator[ParamShard]:
+        """HF's experts: gate_up_proj [E, hidden, 2 * intermediate] (interleaved) and down_proj
+        [E, intermediate, hidden], transposed to the fused layer's [E, out, in], and their biases."""
+        prefix, _, part = name.rpartition(".experts.")
+        if part == "gate_up_proj":
+            weight = _deinterleave(torch.transpose(tensor, 1, 2), 1)
+            yield f"{prefix}.experts.w13_weight", weight, (None, "gate_up")
+        elif part == "gate_up_proj_bias":
+            yield f"{prefix}.experts.w13_bias", _deinterleave(tensor, 1), (None, "gate_up")
+        elif part == "down_proj":
+            yield f"{prefix}.experts.w2_weight", torch.transpose(tensor, 1, 2), (None, "down")
+        elif part == "down_proj_bias":
+            yield f"{prefix}.experts.w2_bias", tensor, (None, "down")
+        else:
+            yield from super().checkpoint_tensors(name, tensor)
