@@ -18,6 +18,7 @@ from pagedserve.errors import ConfigError
 from pagedserve.logger import init_logger
 from pagedserve.utils.default_model import DEFAULT_MODEL_NAME, default_model_path
 from pagedserve.utils.gguf_cache import gguf_hf_folder
+from pagedserve.utils.hf_config import gpt_oss_config_problem
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -113,6 +114,8 @@ class ModelConfig:
             )
         if self.max_logprobs < 0:
             raise ConfigError(f"max_logprobs={self.max_logprobs} must not be negative (--max-logprobs).")
+        if self.architecture == "GptOssForCausalLM" and (problem := gpt_oss_config_problem(self.hf_config)):
+            raise ConfigError(f"{self.model}: config.json's {problem} is not supported (--model).")
         if not math.isfinite(self.cpu_offload_gb) or self.cpu_offload_gb < 0:
             raise ConfigError(
                 f"cpu_offload_gb={self.cpu_offload_gb} must be a finite number of GiB, 0 or more (--cpu-offload-gb)."

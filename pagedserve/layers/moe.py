@@ -6,7 +6,8 @@ down columns), as the dense MLP is split; the partial outputs are all-reduced on
 
 A quantized checkpoint (GGUF) keeps each expert's blocks: its gate/up and down projections are then the
 dense MLP's own layer classes, whose quantization method stores and multiplies the blocks (--linear-backend)
-and whose loaders split them over tensor-parallel ranks."""
+and whose loaders split them over tensor-parallel ranks. MXFP4 experts (gpt-oss) stay in the layer as the
+checkpoint's blocks and scales (quantization/mxfp4.py)."""
 
 from typing import cast
 
@@ -21,7 +22,8 @@ from pagedserve.layers.linear import (
     _divide,
     set_weight_loader,
 )
-from pagedserve.quantization.base import QuantizeMethodBase, experts_quantized, linear
+from pagedserve.quantization.base import QuantizeMethodBase, experts_quantized, linear, packed_experts
+from pagedserve.quantization.mxfp4 import create_mxfp4_experts, mxfp4_expert_weight
 
 
 def select_experts(
@@ -65,12 +67,16 @@ class FusedMoE(nn.Module):
         self.num_experts = num_experts
         self.act_fn = activation or gated_activation(hidden_act)
         self.quantized = experts_quantized()
+        self.mxfp4 = packed_experts() == "mxfp4"
         self.has_bias = bias
         if bias:
             self.w13_bias = nn.Parameter(torch.empty(num_experts, 2 * self.intermediate), requires_grad=False)
             self.w2_bias = nn.Parameter(torch.empty(num_experts, hidden_size), requires_grad=False)
             for param in (self.w13_bias, self.w2_bias):
                 set_weight_loader(param, self.weight_loader)
+        if self.mxfp4:
+            create_mxfp4_experts(self, num_experts, hidden_size, self.intermediate, self.weight_loader)
+            return
         if self.quantized:
             self.w13 = nn.ModuleList(
                 MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2) for _ in range(num_experts)
@@ -100,6 +106,10 @@ class FusedMoE(nn.Module):
         target = param.data if expert is None else param.data[expert]
         if param is getattr(self, "w2_bias", None):
             target.copy_(loaded)
+        elif part == "down" and param.dtype == torch.uint8:  # MXFP4 blocks/scales: columns in blocks of 32
+            dim = 2 if expert is None else 1
+            blocks = target.shape[dim]
+            target.copy_(loaded.narrow(dim, self.tp_rank * blocks, blocks))
         elif part == "down":
             target.copy_(loaded.narrow(len(loaded.shape) - 1, start, size))
         elif part == "gate_up":
@@ -115,6 +125,8 @@ class FusedMoE(nn.Module):
         if self.quantized:  # NOTE: the method, not the layer's forward: one all-reduce for all experts
             layer = cast(nn.ModuleList, getattr(self, name))[expert]
             return cast(QuantizeMethodBase, layer.quant_method).apply(layer, x)
+        if self.mxfp4:
+            return linear(x, mxfp4_expert_weight(self, name, expert, x.dtype))
         return linear(x, cast(torch.Tensor, getattr(self, f"{name}_weight"))[expert])
 
     def _gate_up(self, expert: int, x: torch.Tensor) -> torch.Tensor:

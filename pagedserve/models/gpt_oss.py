@@ -46,6 +46,15 @@ def _deinterleave(gate_up: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat([pairs.select(dim + 1, 0), pairs.select(dim + 1, 1)], dim=dim)
 
 
+# An MXFP4 checkpoint's experts (quantization/mxfp4.py): HF's tensor -> (ours, shard part).
+_MXFP4_PARTS = {
+    "gate_up_proj_blocks": ("w13_blocks", "gate_up"),
+    "gate_up_proj_scales": ("w13_scales", "gate_up"),
+    "down_proj_blocks": ("w2_blocks", "down"),
+    "down_proj_scales": ("w2_scales", "down"),
+}
+
+
 class GptOssForCausalLM(LlamaForCausalLM):
     def attention_options(self, config: "PretrainedConfig", layer_idx: int) -> AttentionOptions:
         return AttentionOptions(
@@ -62,7 +71,11 @@ class GptOssForCausalLM(LlamaForCausalLM):
         """HF's experts: gate_up_proj [E, hidden, 2 * intermediate] (interleaved) and down_proj
         [E, intermediate, hidden], transposed to the fused layer's [E, out, in], and their biases."""
         prefix, _, part = name.rpartition(".experts.")
-        if part == "gate_up_proj":
+        if part in _MXFP4_PARTS:  # [E, rows, blocks(, 16)]: gate/up interleaved by rows, as the weight
+            ours, shard = _MXFP4_PARTS[part]
+            packed = _deinterleave(tensor, 1) if ours.startswith("w13") else tensor
+            yield f"{prefix}.experts.{ours}", packed, (None, shard)
+        elif part == "gate_up_proj":
             weight = _deinterleave(torch.transpose(tensor, 1, 2), 1)
             yield f"{prefix}.experts.w13_weight", weight, (None, "gate_up")
         elif part == "gate_up_proj_bias":

@@ -8,7 +8,7 @@ cut into chunks at other places; it runs them under one of several engine settin
 speculation, forced recompute and swap preemption in a tiny pool, priority scheduling, chunked prefill, an
 fp8 KV cache, a sliding-window model, a K-quant and a Q4_0 GGUF, three adapters over two slots, adapters in
 one slot under priority and a draft model, wide batches whose decode steps run above 8 and 16 rows, two
-data-parallel replicas, two pipeline stages with adapters). For every request:
+data-parallel replicas, two pipeline stages with adapters, gpt-oss). For every request:
 
 - its output in the batch equals its output run alone: tokens, text, finish and stop reasons, and the
   logprobs and prompt logprobs **bit for bit**: a token's logits do not depend on what shares its step, on
@@ -183,13 +183,28 @@ SETTINGS: dict[str, Setting] = {
         dict(TIGHT, reasoning_parser="qwen3", speculative_config=NGRAM, preemption_mode="recompute"),
         max_batch=3,
     ),
+    # gpt-oss: attention sinks in alternating windowed (24) and full layers (two KV cache groups), YaRN,
+    # biased experts, under n-gram speculation and recompute preemption.
+    "gpt_oss_ngram_recompute": Setting(
+        "gpt_oss",
+        dict(TIGHT, speculative_config=NGRAM, preemption_mode="recompute", max_num_batched_tokens=24),
+        hf_reference=True,
+    ),
 }
+# Settings of one model family each, run on some days only (the sampled tier): the families' own tests
+# check them against HF every day.
+SAMPLED_SETTINGS = {"gpt_oss_ngram_recompute"}
 # Settings whose Triton kernels run on CUDA only here: under Triton's interpreter on CPU this setting's batches
 # take over 10 minutes (measured), so CPU runs check the same kernels end to end on fewer tokens in
 # tests/quantization/test_linear_backend.py and tests/kernels/test_triton_llm.py.
 GPU_SETTINGS = {"triton_int4_linear_attention"}
 SETTING_PARAMS = [
-    pytest.param(name, marks=pytest.mark.gpu) if name in GPU_SETTINGS else name for name in SETTINGS
+    pytest.param(name, marks=pytest.mark.gpu)
+    if name in GPU_SETTINGS
+    else pytest.param(name, marks=pytest.mark.sampled)
+    if name in SAMPLED_SETTINGS
+    else name
+    for name in SETTINGS
 ]
 GGUF_MODELS = {"llama-kquant": "Q4_K", "llama-q4_0": "Q4_0"}  # tiny models loaded as a GGUF of that type
 
