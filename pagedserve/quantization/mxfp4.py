@@ -44,7 +44,9 @@ def create_mxfp4_experts(
                 "(hidden_size, or intermediate_size / --tensor-parallel-size)"
             )
         for part, shape in (("blocks", (cols // BLOCK, BLOCK // 2)), ("scales", (cols // BLOCK,))):
-            param = nn.Parameter(torch.zeros(num_experts, rows, *shape, dtype=torch.uint8), requires_grad=False)
+            param = nn.Parameter(
+                torch.zeros(num_experts, rows, *shape, dtype=torch.uint8), requires_grad=False
+            )
             param.weight_loader = loader  # type: ignore[attr-defined]  # NOTE: read by load_weights
             layer.register_parameter(f"{name}_{part}", param)
 

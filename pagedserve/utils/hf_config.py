@@ -81,7 +81,9 @@ def gpt_oss_config_problem(config: "PretrainedConfig") -> str | None:
         return f"rope_parameters.factor={rope.get('factor')!r} (yarn needs its scaling factor)"
     for layer_type in getattr(config, "layer_types", None) or []:
         if layer_type not in _GPT_OSS_LAYER_TYPES:
-            return f"layer_types entry {layer_type!r} (gpt-oss layers are {' or '.join(_GPT_OSS_LAYER_TYPES)})"
+            return (
+                f"layer_types entry {layer_type!r} (gpt-oss layers are {' or '.join(_GPT_OSS_LAYER_TYPES)})"
+            )
     if config.num_experts_per_tok > config.num_local_experts:
         return (
             f"num_experts_per_tok={config.num_experts_per_tok} (more than its num_local_experts="

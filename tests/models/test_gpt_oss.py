@@ -138,7 +138,9 @@ def test_plan_counts_gpt_oss_20b(tmp_path, capsys: pytest.CaptureFixture[str]) -
     """gpt-oss-20b's config.json (tests/data): experts at 4.25 bits a weight, everything else in bfloat16;
     KV bytes per token 2 (K, V) x 24 layers x 8 KV heads x 64 x 2 bytes, a block holding one KV cache
     group's 12 layers."""
-    assert cli_main(["plan", GPT_OSS_20B, "--json", "--kv-cache-memory", "8GiB", "--max-model-len", "8192"]) == 0
+    assert (
+        cli_main(["plan", GPT_OSS_20B, "--json", "--kv-cache-memory", "8GiB", "--max-model-len", "8192"]) == 0
+    )
     plan = json.loads(capsys.readouterr().out)
     layers, experts, hidden, intermediate, vocab = 24, 32, 2880, 2880, 201088
     expert_weights = layers * experts * 3 * hidden * intermediate
