@@ -29,10 +29,9 @@ def gpt_oss(tiny_model_factory) -> str:
     return tiny_model_factory("gpt_oss")
 
 
-@pytest.mark.sampled  # one backend a day: the features-meet setting runs the native kernel too
-@pytest.mark.parametrize("backend", ["auto", "torch"])
-def test_greedy_matches_hf(gpt_oss: str, backend: str) -> None:
-    ours, _ = run(gpt_oss, PROMPTS, block_size=16, kv_cache_memory="64MiB", attention_backend=backend)
+@pytest.mark.sampled  # the other tests run the native kernel (the default) every day
+def test_torch_backend_matches_hf(gpt_oss: str) -> None:
+    ours, _ = run(gpt_oss, PROMPTS, block_size=16, kv_cache_memory="64MiB", attention_backend="torch")
     assert_matches(ours, reference(gpt_oss, PROMPTS))
 
 
@@ -128,8 +127,9 @@ def gpt_oss_mxfp4(tmp_path_factory, gpt_oss: str) -> tuple[str, str]:
 
 def test_mxfp4_experts_stay_packed_and_match_hf(gpt_oss_mxfp4: tuple[str, str]) -> None:
     packed, dequantized = gpt_oss_mxfp4
-    ours, llm = run(packed, PROMPTS, block_size=16, kv_cache_memory="64MiB")
-    assert_matches(ours, reference(dequantized, PROMPTS))
+    prompts = PROMPTS[:2]  # the experts are what differs: the long prompt's attention is checked above
+    ours, llm = run(packed, prompts, block_size=16, kv_cache_memory="64MiB")
+    assert_matches(ours, reference(dequantized, prompts))
     experts = llm.llm_engine.engine_core.executor.worker.model_runner.model.model.layers[0].mlp.experts
     assert experts.w13_blocks.dtype == torch.uint8 and not hasattr(experts, "w13_weight")
 
