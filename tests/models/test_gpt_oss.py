@@ -13,7 +13,7 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_greedy_vs_hf import MAX_TOKENS, assert_matches, make_prompts, reference, run
+from test_greedy_vs_hf import MAX_TOKENS, assert_matches, make_prompts, reference, run, run_with_preemption
 
 from pagedserve import LLM, SamplingParams
 from pagedserve.entrypoints.cli import main as cli_main
@@ -40,24 +40,14 @@ def test_preemption_chunked_prefill_and_prefix_hits_match_hf(gpt_oss: str) -> No
     most 4 in the window group) and 16-token steps: prompts are chunked and requests recomputed after
     preemption; the same prompts again then hit the prefix cache (the window group serving only the
     blocks its window reads)."""
-    block_size, num_blocks = 8, 24
-    ours, llm = run(
-        gpt_oss,
-        PROMPTS,
-        block_size=block_size,
-        max_model_len=128,
-        num_gpu_blocks_override=num_blocks,
-        max_num_batched_tokens=16,
-    )
+    num_blocks = 24
+    llm = run_with_preemption(gpt_oss, PROMPTS, 8, num_blocks)
     core = llm.llm_engine.engine_core
-    assert core.get_stats().num_preemptions_total > 0, "the pool was meant to force preemption"
-    theirs = reference(gpt_oss, PROMPTS)
-    assert_matches(ours, theirs)
     hits_before = core.get_stats().prefix_cache_hits
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     again = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
     assert core.get_stats().prefix_cache_hits > hits_before
-    assert [o.outputs[0].token_ids for o in again] == [tokens for tokens, _ in theirs]
+    assert [o.outputs[0].token_ids for o in again] == [tokens for tokens, _ in reference(gpt_oss, PROMPTS)]
     assert core.block_snapshot().num_free_blocks == num_blocks - 1
 
 
