@@ -11,6 +11,7 @@ from torch import nn
 from pagedserve.layers.activation import ClampedSwigluAndMul
 from pagedserve.layers.moe import FusedMoE, select_top_logits
 from pagedserve.models.llama import AttentionOptions, LlamaForCausalLM, ParamShard
+from pagedserve.quantization.base import linear
 from pagedserve.utils.hf_config import layer_sliding_window
 
 if TYPE_CHECKING:
@@ -33,7 +34,10 @@ class GptOssMoE(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = select_top_logits(self.router(x), self.top_k)
+        # NOTE: `linear`, not the router's own forward: on CPU its sums do not depend on the step's other
+        # rows, so neither does which experts a token picks (batch invariance).
+        logits = linear(x, self.router.weight) + self.router.bias
+        weights, ids = select_top_logits(logits, self.top_k)
         out: torch.Tensor = self.experts(x, weights, ids)
         return out
 
