@@ -81,6 +81,10 @@ class FamilyFacts:
     moe: MoELayout | None = None
     gguf: GGUFFacts | None = None  # None: no GGUF of its own (see `holds` of the one that carries it)
     takes_images: bool = False  # a vision encoder feeds the language model (config/multimodal.py)
+    # gpt-oss's: attention sinks (a logit per head in the softmax), biases on o_proj, the router and every
+    # expert; its config is checked by utils/hf_config.gpt_oss_config_problem
+    sinks: bool = False
+    mxfp4_experts: bool = False  # its fused experts layer takes MXFP4 checkpoints (quantization/mxfp4.py)
 
     @property
     def separate_projections(self) -> bool:
@@ -243,6 +247,15 @@ FAMILIES: tuple[FamilyFacts, ...] = (
         ),
         gguf=GGUFFacts("qwen3moe", "Qwen3-MoE", expert_sizes_in_metadata=True),
     ),
+    FamilyFacts(
+        "gpt_oss",
+        "gpt_oss",
+        "GptOssForCausalLM",
+        qkv_bias=True,
+        moe=MoELayout("mlp", every_layer=True, expert_size_field="intermediate_size", shared_expert=False),
+        sinks=True,
+        mxfp4_experts=True,
+    ),
     FamilyFacts("llava", "llava", "LlavaForConditionalGeneration", takes_images=True),
     FamilyFacts(
         "bert", "bert", "BertModel", classifier="BertForSequenceClassification", encoder=True, gguf=_BERT_GGUF
@@ -267,6 +280,7 @@ FAMILIES: tuple[FamilyFacts, ...] = (
 
 DECODERS = tuple(family for family in FAMILIES if not family.encoder)
 ENCODERS = tuple(family for family in FAMILIES if family.encoder)
+MXFP4_ARCHITECTURES = tuple(family.architecture for family in FAMILIES if family.mxfp4_experts)
 # model_type -> architecture of the families that take images.
 IMAGE_ARCHITECTURES: Mapping[str, str] = MappingProxyType(
     {family.model_type: family.architecture for family in FAMILIES if family.takes_images}

@@ -57,6 +57,8 @@ class ModelShape:
     num_experts: int = 0
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
+    # gpt-oss: a sink logit per head, o_proj's bias, the router's bias and each expert's gate/up/down biases
+    gpt_oss_biases: bool = False
     has_embedding: bool = True  # False on a pipeline stage after the first
     has_head: bool = True  # the final norm and LM head; False on a pipeline stage before the last
     first_layer: int = 0  # the model's index of the first decoder layer held (a pipeline stage's start)
@@ -113,6 +115,7 @@ class ModelShape:
             num_experts=num_experts if moe_layers else 0,
             moe_intermediate_size=moe_size,
             shared_expert_intermediate_size=getattr(hf_config, "shared_expert_intermediate_size", 0) or 0,
+            gpt_oss_biases=facts.sinks,
         )
 
     def kv_heads_per_rank(self, tp: int) -> int:
@@ -143,11 +146,14 @@ class ModelShape:
             + self.num_heads * head_dim // tp * hidden  # o_proj
             + (hidden if self.linear_bias else 0)
             + (2 * head_dim if self.qk_norm else 0)
+            + (self.num_heads // tp + hidden if self.gpt_oss_biases else 0)  # sinks, o_proj's bias
         )
         norms = self.norms_per_layer * self.norm_params * hidden
         if index not in self.moe_layers:
             return attention + norms + self._mlp(self.intermediate_size, tp)
         moe = self.num_experts * (hidden + self._mlp(self.moe_intermediate_size, tp))  # router + experts
+        if self.gpt_oss_biases:  # the router's, each expert's gate/up (split) and down (whole)
+            moe += self.num_experts * (1 + 2 * self.moe_intermediate_size // tp + hidden)
         if self.shared_expert_intermediate_size:
             moe += self._mlp(self.shared_expert_intermediate_size, tp) + hidden  # shared expert + its gate
         return attention + norms + moe
@@ -164,6 +170,15 @@ class ModelShape:
             # gate and up (or Falcon's up alone) read the hidden state, down the intermediate one
             matrices += [(intermediate, hidden)] * (self.mlp_matrices - 1) + [(hidden, intermediate)]
         return matrices
+
+    def expert_matrices(self, tp: int, index: int) -> list[tuple[int, int]]:
+        """(rows, columns) of decoder layer `index`'s expert matrices on one of `tp` ranks, all experts:
+        the matrices an MXFP4 checkpoint quantizes."""
+        if index not in self.moe_layers:
+            return []
+        intermediate = self.moe_intermediate_size // tp
+        gate_up = [(intermediate, self.hidden_size)] * (self.mlp_matrices - 1)
+        return (gate_up + [(self.hidden_size, intermediate)]) * self.num_experts
 
     def _mlp(self, intermediate_size: int, tp: int) -> int:
         per_rank = intermediate_size // tp

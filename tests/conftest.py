@@ -24,7 +24,7 @@ def _tokenizer_folder() -> str:
 
 def tiny_hf_config(architecture: str, **overrides: object):
     """The transformers config of a tiny model of `architecture`, a HF model_type (llama, mistral, qwen2,
-    qwen3, gemma2, gemma3_text, phi3, falcon, mixtral, qwen2_moe, qwen3_moe)."""
+    qwen3, gemma2, gemma3_text, phi3, falcon, mixtral, qwen2_moe, qwen3_moe, gpt_oss)."""
     from transformers import AutoConfig
 
     settings = dict(
@@ -193,6 +193,24 @@ TINY_MODELS = {
     ),
     "qwen3_moe": dict(
         head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True
+    ),
+    # Layer 0 windowed (24, shorter than most test prompts), layer 1 full; YaRN rope (factor 8 over an
+    # original 64 positions, so the scaling changes every frequency band the tests reach).
+    "gpt_oss": dict(
+        head_dim=16,
+        intermediate_size=32,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=24,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 8.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 64,
+        },
     ),
     # A thinking model: <think> and </think> added to the tokenizer (ids 49152, 49153; add_think_tokens).
     "qwen3-think": dict(head_dim=16, vocab_size=49160),

@@ -20,10 +20,11 @@ from pagedserve.config.pooling import (
     resolve_runner,
 )
 from pagedserve.errors import ConfigError
-from pagedserve.families import DECODERS, IMAGE_ARCHITECTURES
+from pagedserve.families import DECODERS, IMAGE_ARCHITECTURES, decoder_family
 from pagedserve.logger import init_logger
 from pagedserve.utils.default_model import DEFAULT_MODEL_NAME, default_model_path
 from pagedserve.utils.gguf_cache import gguf_hf_folder
+from pagedserve.utils.hf_config import gpt_oss_config_problem
 from pagedserve.utils.hf_tokenizer import tokenizer_source
 
 if TYPE_CHECKING:
@@ -100,6 +101,9 @@ class ModelConfig:
             )
         if self.max_logprobs < 0:
             raise ConfigError(f"max_logprobs={self.max_logprobs} must not be negative (--max-logprobs).")
+        sinks = self.architecture in MODEL_ARCHITECTURES.values() and decoder_family(self.architecture).sinks
+        if sinks and (problem := gpt_oss_config_problem(self.hf_config)):
+            raise ConfigError(f"{self.model}: config.json's {problem} is not supported (--model).")
         if not math.isfinite(self.cpu_offload_gb) or self.cpu_offload_gb < 0:
             raise ConfigError(
                 f"cpu_offload_gb={self.cpu_offload_gb} must be a finite number of GiB, 0 or more (--cpu-offload-gb)."

@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING, Literal, get_args
 
 from pagedserve.config.int4_checkpoint import check_architecture, parse_int4_checkpoint
 from pagedserve.errors import ConfigError
+from pagedserve.families import MXFP4_ARCHITECTURES
 from pagedserve.logger import init_logger
 
 if TYPE_CHECKING:
@@ -13,10 +14,11 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 # Each scheme but none is registered in quantization/__init__.py (a test checks that the two agree).
-QuantizationName = Literal["gguf", "int8", "int4", "gptq", "awq", "fp8", "none"]
+QuantizationName = Literal["gguf", "int8", "int4", "gptq", "awq", "fp8", "mxfp4", "none"]
 QUANTIZATION_METHODS: tuple[str, ...] = get_args(QuantizationName)[:-1]
 _SUPPORTED = f"{', '.join(QUANTIZATION_METHODS)} or none"
 _CHECKPOINT_FORMATS = ("gptq", "awq")  # read from the checkpoint's tensors, never applied online
+_STORED_ONLY = ("fp8", "mxfp4")  # loaded as the checkpoint stores them, never replaced by another scheme
 # --linear-backend: how quantized weights (ggml blocks: GGUF, int8/int4, GPTQ/AWQ repacked) are multiplied.
 LinearBackendName = Literal["auto", "native", "triton", "torch"]
 LINEAR_BACKENDS: tuple[str, ...] = get_args(LinearBackendName)
@@ -78,6 +80,11 @@ def _check_supported(requested: str | None, detected: str | None, model: "ModelC
             f"The checkpoint is quantized with {detected!r} (config.json quantization_config), "
             f"which pagedserve does not support; supported: {_SUPPORTED}."
         )
+    if detected == "mxfp4" and model.architecture not in MXFP4_ARCHITECTURES:
+        raise ConfigError(
+            f"An mxfp4 checkpoint of {model.architecture} cannot load: MXFP4 experts are implemented for "
+            f"{', '.join(MXFP4_ARCHITECTURES)} only."
+        )
     if detected in _CHECKPOINT_FORMATS:
         # NOTE: refuses what we cannot load; the backend's device is checked as the layers are built,
         # since `pagedserve plan` resolves this config as on a GPU.
@@ -98,10 +105,15 @@ def _check_checkpoint_matches(requested: str | None, detected: str | None) -> No
             f"--quantization {requested} needs a checkpoint quantized with {requested} (config.json "
             f"quantization_config.quant_method), but this one is {detected or 'not quantized'}."
         )
-    if detected == "fp8" and requested not in (None, "fp8"):
+    if detected in _STORED_ONLY and requested not in (None, detected):
         raise ConfigError(
-            f"--quantization {requested} cannot load an fp8 checkpoint (its weights exist only in fp8); "
-            "leave --quantization unset or pass fp8."
+            f"--quantization {requested} cannot load an {detected} checkpoint (its weights exist only in "
+            f"{detected}); leave --quantization unset or pass {detected}."
+        )
+    if requested == "mxfp4" and detected != "mxfp4":
+        raise ConfigError(
+            "--quantization mxfp4 loads checkpoints whose experts ship in MXFP4 (config.json "
+            f"quantization_config.quant_method mxfp4), but this one is {detected or 'not quantized'}."
         )
     if requested == "fp8" and detected != "fp8":
         raise ConfigError(

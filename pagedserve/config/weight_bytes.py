@@ -71,6 +71,16 @@ def fp8_matrix_bytes(rows: int, cols: int, scale_block_k: int | None) -> int:
     return rows * cols + 4 * rows * blocks
 
 
+# MXFP4 (OCP microscaling): 32 E2M1 weights in 16 bytes and one E8M0 scale byte: 4.25 bits a weight.
+MXFP4_BLOCK = (32, 17)
+
+
+def mxfp4_matrix_bytes(rows: int, cols: int) -> int:
+    """An MXFP4 matrix [rows, cols] as quantization/mxfp4.py keeps it: the checkpoint's blocks and scales."""
+    weights, nbytes = MXFP4_BLOCK
+    return rows * -(-cols // weights) * nbytes
+
+
 def online_quant_bytes(ggml_type: int, rows: int, cols: int, float_bytes: int) -> int:
     """A float matrix quantized at load (--quantization int8: Q8_0, int4: Q4_1): its ggml rows, or floats
     when its rows do not fill whole groups of 32 (quantization/rtn.py leaves those)."""

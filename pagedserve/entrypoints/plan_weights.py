@@ -1,8 +1,8 @@
 """The weight bytes `pagedserve plan` counts per rank, as the engine holds them on the device it plans for:
 every parameter in the model's dtype, except the linear layers of a quantized checkpoint (GPTQ/AWQ: Q4_0 rows
-and group offsets; fp8: a byte per weight and float32 scales) and a GGUF file's tensors, counted tensor by
-tensor from the file's header (no data read). The per-format bytes come from config/weight_bytes.py, which
-the engine shares."""
+and group offsets; fp8: a byte per weight and float32 scales; MXFP4 experts: 4.25 bits a weight) and a
+GGUF file's tensors, counted tensor by tensor from the file's header (no data read). The per-format bytes
+come from config/weight_bytes.py, which the engine shares."""
 
 import functools
 import re
@@ -19,6 +19,7 @@ from pagedserve.config.weight_bytes import (
     GGML_TYPE_NAMES,
     fp8_matrix_bytes,
     int4_group_bytes,
+    mxfp4_matrix_bytes,
     online_quant_bytes,
     resident_ggml_bytes,
 )
@@ -32,7 +33,7 @@ _GGUF_LAYER = re.compile(r"blk\.(\d+)\.")
 class LinearStorage:
     """How the linear layers (attention projections, dense MLPs) of a quantized model are held."""
 
-    method: str  # gptq | awq (4-bit groups), fp8, int8 | int4 (online: Q8_0 / Q4_1 rows)
+    method: str  # gptq | awq (4-bit groups), fp8, int8 | int4 (online: Q8_0 / Q4_1 rows), mxfp4 (experts)
     group_size: int = -1  # 4-bit groups: columns per group (-1: one per row)
     symmetric: bool = True  # 4-bit groups: no float32 offsets
     scale_block_k: int | None = None  # fp8 block-wise: columns per scale (None: one scale per row)
@@ -53,6 +54,8 @@ def linear_storage(model_config: ModelConfig) -> LinearStorage | None:
     if method in ("gptq", "awq"):
         layout = parse_int4_checkpoint(method, checkpoint_quantization_config(model_config))
         return LinearStorage(method, layout.group_size, layout.sym)
+    if method == "mxfp4":
+        return LinearStorage("mxfp4")
     if method == "fp8":
         block = checkpoint_quantization_config(model_config).get("weight_block_size")
         block_k = int(block[1]) if isinstance(block, list | tuple) and len(block) == 2 else None
@@ -74,6 +77,10 @@ def _layer_bytes(
 ) -> int:
     nbytes = shape.layer_parameters(tp, index) * dtype_bytes
     if storage is None:
+        return nbytes
+    if storage.method == "mxfp4":  # the experts alone: attention and router stay in the model's dtype
+        for rows, cols in shape.expert_matrices(tp, index):
+            nbytes += mxfp4_matrix_bytes(rows, cols) - rows * cols * dtype_bytes
         return nbytes
     for rows, cols in shape.linear_matrices(tp, index):
         nbytes += storage.matrix_bytes(rows, cols, dtype_bytes) - rows * cols * dtype_bytes

@@ -45,6 +45,22 @@ class GeluAndMul(nn.Module):
         return F.gelu(gate, approximate=self.approximate) * up
 
 
+class ClampedSwigluAndMul(nn.Module):
+    """[..., 2d] -> gpt-oss's clamped SwiGLU of gate x[..., :d] and up x[..., d:]: the gate clamped from
+    above and the up from both sides at `limit`, then gate * sigmoid(alpha * gate) * (up + 1), in HF's
+    order of operations."""
+
+    def __init__(self, alpha: float, limit: float) -> None:
+        super().__init__()
+        self.alpha, self.limit = alpha, limit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        gate = gate.clamp(max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+
+
 # HF's `hidden_act` / `hidden_activation` names -> the gated activation of a gate_up projection.
 _GATED: dict[str, Callable[[], nn.Module]] = {
     "silu": SiluAndMul,

@@ -22,10 +22,11 @@ class Attention(nn.Module):
         num_kv_heads: int,
         sliding_window: int | None = None,
         logits_soft_cap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         self.spec = AttentionLayerSpec(
-            num_heads, num_kv_heads, head_dim, scale, sliding_window, logits_soft_cap
+            num_heads, num_kv_heads, head_dim, scale, sliding_window, logits_soft_cap, sinks
         )
         self.backend: AnyAttentionBackend | None = None
         self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None

@@ -6,7 +6,8 @@ down columns), as the dense MLP is split; the partial outputs are all-reduced on
 
 A quantized checkpoint (GGUF) keeps each expert's blocks: its gate/up and down projections are then the
 dense MLP's own layer classes, whose quantization method stores and multiplies the blocks (--linear-backend)
-and whose loaders split them over tensor-parallel ranks."""
+and whose loaders split them over tensor-parallel ranks. MXFP4 experts (gpt-oss) stay in the layer as the
+checkpoint's blocks and scales (quantization/mxfp4.py)."""
 
 from typing import cast
 
@@ -21,7 +22,8 @@ from pagedserve.layers.linear import (
     _divide,
     set_weight_loader,
 )
-from pagedserve.quantization.base import QuantizeMethodBase, experts_quantized, linear
+from pagedserve.quantization.base import QuantizeMethodBase, experts_quantized, linear, packed_experts
+from pagedserve.quantization.mxfp4 import create_mxfp4_experts, mxfp4_expert_weight
 
 
 def select_experts(
@@ -36,21 +38,45 @@ def select_experts(
     return weights.to(router_logits.dtype), ids
 
 
+def select_top_logits(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """gpt-oss's routing: the top k logits, then a softmax over those k alone (HF's order)."""
+    logits, ids = torch.topk(router_logits, top_k, dim=-1)
+    return torch.softmax(logits, dim=-1, dtype=logits.dtype), ids
+
+
 class FusedMoE(nn.Module):
     """Experts' weights stacked: w13 [num_experts, 2 * intermediate / tp, hidden] (gate rows, then up
     rows) and w2 [num_experts, hidden, intermediate / tp]; quantized, one gate/up layer per expert (`w13`,
-    shards 0 and 1) and one down layer (`w2`)."""
+    shards 0 and 1) and one down layer (`w2`). `activation`: the gated activation of w13's output when it
+    is not a `hidden_act` name's (gpt-oss's clamped SwiGLU); `bias`: each expert's w13_bias
+    [num_experts, 2 * intermediate / tp] and w2_bias [num_experts, hidden] (gpt-oss)."""
 
     def __init__(
-        self, num_experts: int, hidden_size: int, intermediate_size: int, hidden_act: str = "silu"
+        self,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        hidden_act: str = "silu",
+        activation: nn.Module | None = None,
+        bias: bool = False,
     ) -> None:
         super().__init__()
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_world_size()
         # NOTE: the linear layers' check of the split, with its message naming the flag.
         self.intermediate = _divide(intermediate_size, self.tp_size, "moe intermediate size")
         self.num_experts = num_experts
-        self.act_fn = gated_activation(hidden_act)
+        self.act_fn = activation or gated_activation(hidden_act)
         self.quantized = experts_quantized()
+        self.mxfp4 = packed_experts() == "mxfp4"
+        self.has_bias = bias
+        if bias:
+            self.w13_bias = nn.Parameter(torch.empty(num_experts, 2 * self.intermediate), requires_grad=False)
+            self.w2_bias = nn.Parameter(torch.empty(num_experts, hidden_size), requires_grad=False)
+            for param in (self.w13_bias, self.w2_bias):
+                set_weight_loader(param, self.weight_loader)
+        if self.mxfp4:
+            create_mxfp4_experts(self, num_experts, hidden_size, self.intermediate, self.weight_loader)
+            return
         if self.quantized:
             self.w13 = nn.ModuleList(
                 MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2) for _ in range(num_experts)
@@ -71,15 +97,23 @@ class FusedMoE(nn.Module):
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object) -> None:
         """shard_id (expert, part): part "gate" / "up" [intermediate, hidden] or "down" [hidden,
         intermediate] of one expert; expert None: every expert at once ("gate_up" [E, 2 * intermediate,
-        hidden], "down" [E, hidden, intermediate]), the fused layout of newer checkpoints."""
+        hidden], "down" [E, hidden, intermediate]), the fused layout of newer checkpoints; the biases
+        alike, without the hidden dimension ("gate_up" [E, 2 * intermediate]; "down" [E, hidden], whole
+        on every rank)."""
         assert isinstance(shard_id, tuple)
         expert, part = shard_id
         size, start = self.intermediate, self.tp_rank * self.intermediate
         target = param.data if expert is None else param.data[expert]
-        if part == "down":
+        if param is getattr(self, "w2_bias", None):
+            target.copy_(loaded)
+        elif part == "down" and param.dtype == torch.uint8:  # MXFP4 blocks/scales: columns in blocks of 32
+            dim = 2 if expert is None else 1
+            blocks = target.shape[dim]
+            target.copy_(loaded.narrow(dim, self.tp_rank * blocks, blocks))
+        elif part == "down":
             target.copy_(loaded.narrow(len(loaded.shape) - 1, start, size))
         elif part == "gate_up":
-            full = loaded.shape[-2] // 2
+            full = loaded.shape[1] // 2
             target[:, :size].copy_(loaded.narrow(1, start, size))
             target[:, size:].copy_(loaded.narrow(1, full + start, size))
         else:
@@ -91,7 +125,18 @@ class FusedMoE(nn.Module):
         if self.quantized:  # NOTE: the method, not the layer's forward: one all-reduce for all experts
             layer = cast(nn.ModuleList, getattr(self, name))[expert]
             return cast(QuantizeMethodBase, layer.quant_method).apply(layer, x)
+        if self.mxfp4:
+            return linear(x, mxfp4_expert_weight(self, name, expert, x.dtype))
         return linear(x, cast(torch.Tensor, getattr(self, f"{name}_weight"))[expert])
+
+    def _gate_up(self, expert: int, x: torch.Tensor) -> torch.Tensor:
+        out = self._project("w13", expert, x)
+        return out + self.w13_bias[expert] if self.has_bias else out
+
+    def _down(self, expert: int, x: torch.Tensor) -> torch.Tensor:
+        out = self._project("w2", expert, x)
+        # NOTE: on one rank only: the partial outputs are summed over the ranks, the bias is whole on each.
+        return out + self.w2_bias[expert] if self.has_bias and self.tp_rank == 0 else out
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """x [T, hidden]; topk_weights/topk_ids [T, top_k] -> sum_k weight * expert_k(x), [T, hidden]."""
@@ -106,8 +151,8 @@ class FusedMoE(nn.Module):
         for expert, count in enumerate(counts):
             if count:
                 rows = slice(start, start + count)
-                hidden = self.act_fn(self._project("w13", expert, grouped[rows]))
-                outputs[rows] = self._project("w2", expert, hidden)
+                hidden = self.act_fn(self._gate_up(expert, grouped[rows]))
+                outputs[rows] = self._down(expert, hidden)
                 start += count
         outputs *= topk_weights.flatten()[order, None]
         out = torch.zeros_like(x).index_add_(0, tokens, outputs)

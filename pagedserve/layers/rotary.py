@@ -1,5 +1,5 @@
-"""Rotary position embeddings (neox layout, as HF Llama/Qwen2/Mistral), with linear, Llama-3 and LongRoPE
-(Phi-3's "su") scaling, over the whole head or its first `partial_rotary_factor` part."""
+"""Rotary position embeddings (neox layout, as HF Llama/Qwen2/Mistral), with linear, Llama-3, LongRoPE
+(Phi-3's "su") and YaRN (gpt-oss) scaling, over the whole head or its first `partial_rotary_factor` part."""
 
 import math
 from typing import TYPE_CHECKING, Required, TypedDict, cast
@@ -12,14 +12,16 @@ from pagedserve.kernels.cpu import fused_ops
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope", "yarn")
 
 
 class RopeParams(TypedDict, total=False):
     """The fields this module reads from a config's rope dict once `rope_parameters` filled in the
     defaults (HF's dict may hold more, e.g. yarn's, which stay unread). The scaling fields are there
     for their rope_type only: `factor` for linear and llama3 (optional for longrope), `low_freq_factor`
-    and `high_freq_factor` for llama3, `long_factor`, `short_factor` and `attention_factor` for longrope."""
+    and `high_freq_factor` for llama3, `long_factor`, `short_factor` and `attention_factor` for longrope;
+    `factor`, `beta_fast`, `beta_slow`, `truncate`, `attention_factor`, `mscale` and `mscale_all_dim`
+    (all optional but `factor`) for yarn."""
 
     rope_theta: Required[float]
     rope_type: Required[str]
@@ -32,6 +34,11 @@ class RopeParams(TypedDict, total=False):
     long_factor: list[float]
     short_factor: list[float]
     attention_factor: float | None
+    beta_fast: float | None
+    beta_slow: float | None
+    truncate: bool
+    mscale: float | None
+    mscale_all_dim: float | None
 
 
 def rope_parameters(hf_config: "PretrainedConfig", layer_type: str | None = None) -> RopeParams:
@@ -81,8 +88,48 @@ def longrope_inv_freq(rotary_dim: int, params: RopeParams, long: bool) -> torch.
     return 1.0 / (factors * params["rope_theta"] ** _exponents(rotary_dim))
 
 
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_attention_factor(params: RopeParams) -> float:
+    """YaRN's scaling of cos/sin: given, else from the factor (and DeepSeek's mscale pair), as HF."""
+    given = params.get("attention_factor")
+    if given is not None:
+        return given
+    factor, mscale, mscale_all_dim = params["factor"], params.get("mscale"), params.get("mscale_all_dim")
+    if mscale and mscale_all_dim:
+        return _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+    return _yarn_mscale(factor)
+
+
+def yarn_inv_freq(rotary_dim: int, params: RopeParams) -> torch.Tensor:
+    """Interpolated (divided by `factor`) frequencies below the original context's, extrapolated ones above,
+    a linear ramp between the dimensions that turn beta_slow and beta_fast times over it (HF's rule)."""
+    base, factor = params["rope_theta"], params["factor"]
+    original = params["original_max_position_embeddings"]
+
+    def correction_dim(rotations: float) -> float:
+        return rotary_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(params.get("beta_fast") or 32), correction_dim(params.get("beta_slow") or 1)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    if low == high:
+        high += 0.001  # HF's guard against a zero-width ramp
+    ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    pos_freqs = base ** _exponents(rotary_dim)
+    extrapolation_weight = 1 - ramp
+    return (1.0 / (factor * pos_freqs)) * (1 - extrapolation_weight) + (
+        1.0 / pos_freqs
+    ) * extrapolation_weight
+
+
 def _inv_freq(head_dim: int, params: RopeParams) -> torch.Tensor:
     inv_freq = 1.0 / (params["rope_theta"] ** _exponents(head_dim))
+    if params["rope_type"] == "yarn":
+        return yarn_inv_freq(head_dim, params)
     if params["rope_type"] == "linear":
         return inv_freq / params["factor"]
     if params["rope_type"] == "llama3":
@@ -104,6 +151,9 @@ def _cos_sin(rotary_dim: int, max_position: int, params: RopeParams) -> tuple[to
     positions = torch.arange(max_position, dtype=torch.float32)
     if params["rope_type"] != "longrope":
         freqs = torch.outer(positions, _inv_freq(rotary_dim, params))
+        if params["rope_type"] == "yarn":
+            scale = yarn_attention_factor(params)
+            return freqs.cos() * scale, freqs.sin() * scale
         return freqs.cos(), freqs.sin()
     is_long = (positions >= params["original_max_position_embeddings"])[:, None]
     freqs = torch.where(

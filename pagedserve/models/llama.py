@@ -14,7 +14,12 @@ from pagedserve.layers.activation import gated_activation
 from pagedserve.layers.attention import Attention
 from pagedserve.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from pagedserve.layers.layernorm import RMSNorm
-from pagedserve.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from pagedserve.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+    set_weight_loader,
+)
 from pagedserve.layers.rotary import RotaryEmbedding, rope_parameters
 from pagedserve.models.interface import CausalLM, IntermediateTensors, model_stage
 from pagedserve.utils.hf_config import head_dim, layer_sliding_window
@@ -53,6 +58,7 @@ class AttentionOptions:
     scale: float | None = None  # default head_dim ** -0.5
     sliding_window: int | None = None
     logits_soft_cap: float | None = None
+    sinks: bool = False  # a learned softmax sink logit per head, `self_attn.sinks` (gpt-oss)
 
 
 class LlamaAttention(nn.Module):
@@ -77,6 +83,9 @@ class LlamaAttention(nn.Module):
             self.q_norm = options.qk_norm(dim, config.rms_norm_eps)
             self.k_norm = options.qk_norm(dim, config.rms_norm_eps)
         self.qk_norm = options.qk_norm is not None
+        if options.sinks:
+            self.sinks = nn.Parameter(torch.empty(self.qkv_proj.num_heads), requires_grad=False)
+            set_weight_loader(self.sinks, self._load_sinks)
         self.attn = Attention(
             self.qkv_proj.num_heads,
             dim,
@@ -84,7 +93,13 @@ class LlamaAttention(nn.Module):
             self.qkv_proj.num_kv_heads,
             options.sliding_window,
             options.logits_soft_cap,
+            self.sinks if options.sinks else None,
         )
+
+    def _load_sinks(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+        """This rank's heads' sinks (the heads are split over the ranks as q's are)."""
+        size = self.qkv_proj.num_heads
+        param.data.copy_(loaded.narrow(0, self.qkv_proj.tp_rank * size, size))
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)

@@ -11,6 +11,7 @@ QUANTIZATION_CONFIGS.register("int4", "pagedserve.quantization.rtn:Int4Config")
 QUANTIZATION_CONFIGS.register("gptq", "pagedserve.quantization.gptq:GPTQConfig")
 QUANTIZATION_CONFIGS.register("awq", "pagedserve.quantization.awq:AWQConfig")
 QUANTIZATION_CONFIGS.register("fp8", "pagedserve.quantization.fp8:Fp8Config")
+QUANTIZATION_CONFIGS.register("mxfp4", "pagedserve.quantization.mxfp4:Mxfp4Config")
 
 
 def get_quantization_config(

@@ -77,10 +77,11 @@ class UnquantizedMethod(QuantizeMethodBase):
 class QuantizationConfig(ABC):
     """One scheme's settings. `name` is the scheme's --quantization name (vLLM's where vLLM has one).
     `quantizes_experts`: a fused experts layer keeps each expert as its linear method stores it (else its
-    experts are float)."""
+    experts are float, or in `packed_experts`' format)."""
 
     name: str
     quantizes_experts: bool = False
+    packed_experts: str | None = None  # a format the fused experts layer stores itself (mxfp4)
 
     @classmethod
     def from_checkpoint(cls, quant_config: dict[str, object]) -> "QuantizationConfig":
@@ -135,6 +136,12 @@ def experts_quantized() -> bool:
     """Whether the experts layer being built stores each expert through `linear_method()`."""
     config = _current[0]
     return config is not None and config.quantizes_experts
+
+
+def packed_experts() -> str | None:
+    """The format the experts layer being built keeps its experts in itself (mxfp4), or None."""
+    config = _current[0]
+    return None if config is None else config.packed_experts
 
 
 def embedding_method() -> QuantizeMethodBase:

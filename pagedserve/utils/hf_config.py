@@ -63,3 +63,30 @@ def falcon_parallel_attention(config: "PretrainedConfig") -> bool:
     """Attention and MLP read the same input and their outputs are summed (7B, and the new architecture)."""
     parallel: bool = config.new_decoder_architecture or config.parallel_attn
     return parallel
+
+
+# gpt-oss: the values of its config fields that models/gpt_oss.py implements.
+_GPT_OSS_ROPE_TYPES = ("yarn", "default")
+_GPT_OSS_LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
+def gpt_oss_config_problem(config: "PretrainedConfig") -> str | None:
+    """What a gpt-oss config.json asks for that is not implemented, naming the field and its value, or
+    None."""
+    rope = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
+    rope_type = rope.get("rope_type") or rope.get("type") or "default"
+    if rope_type not in _GPT_OSS_ROPE_TYPES:
+        return f"rope_parameters.rope_type={rope_type!r} (gpt-oss runs {' or '.join(_GPT_OSS_ROPE_TYPES)})"
+    if rope_type == "yarn" and not rope.get("factor"):
+        return f"rope_parameters.factor={rope.get('factor')!r} (yarn needs its scaling factor)"
+    for layer_type in getattr(config, "layer_types", None) or []:
+        if layer_type not in _GPT_OSS_LAYER_TYPES:
+            return (
+                f"layer_types entry {layer_type!r} (gpt-oss layers are {' or '.join(_GPT_OSS_LAYER_TYPES)})"
+            )
+    if config.num_experts_per_tok > config.num_local_experts:
+        return (
+            f"num_experts_per_tok={config.num_experts_per_tok} (more than its num_local_experts="
+            f"{config.num_local_experts})"
+        )
+    return None

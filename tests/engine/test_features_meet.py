@@ -8,7 +8,7 @@ cut into chunks at other places; it runs them under one of several engine settin
 speculation, forced recompute and swap preemption in a tiny pool, priority scheduling, chunked prefill, an
 fp8 KV cache, a sliding-window model, a K-quant and a Q4_0 GGUF, three adapters over two slots, adapters in
 one slot under priority and a draft model, wide batches whose decode steps run above 8 and 16 rows, two
-data-parallel replicas, two pipeline stages with adapters, sleep and wake between runs). For every request:
+data-parallel replicas, two pipeline stages with adapters, sleep and wake between runs, gpt-oss). For every request:
 
 - its output in the batch equals its output run alone: tokens, text, finish and stop reasons, and the
   logprobs and prompt logprobs **bit for bit**: a token's logits do not depend on what shares its step, on
@@ -192,6 +192,14 @@ SETTINGS: dict[str, Setting] = {
         "llava",
         dict(TIGHT, speculative_config=NGRAM, preemption_mode="recompute", max_num_batched_tokens=32),
         images=True,
+        max_batch=3,
+    ),
+    # gpt-oss: attention sinks in alternating windowed (24) and full layers (two KV cache groups), YaRN,
+    # biased experts, under n-gram speculation and recompute preemption. Batches of up to 3 and no HF
+    # reference (tests/models/test_gpt_oss.py has it): the full setting took 265 s on the shared machine.
+    "gpt_oss_ngram_recompute": Setting(
+        "gpt_oss",
+        dict(TIGHT, speculative_config=NGRAM, preemption_mode="recompute", max_num_batched_tokens=24),
         max_batch=3,
     ),
 }

@@ -137,6 +137,7 @@ def test_plan_numbers_are_the_engines(tiny_llama: str, capsys: pytest.CaptureFix
         "mixtral",
         "qwen2_moe",
         "qwen3_moe",
+        "gpt_oss",
     ],
 )
 def test_parameter_count_formula_matches_the_model(name: str) -> None:

@@ -1,6 +1,7 @@
 """The native CPU paged-attention kernel and the cpu backend: against the torch reference backend, and
 each token's output the same bits however its step was cut and whatever shares it."""
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -274,7 +275,10 @@ def dense_attention(
             scores = k @ q[row, head] * spec.scale
             if spec.logits_soft_cap is not None:
                 scores = spec.logits_soft_cap * torch.tanh(scores / spec.logits_soft_cap)
-            out[row, head] = torch.softmax(scores, dim=0) @ v
+            if spec.sinks is None:
+                out[row, head] = torch.softmax(scores, dim=0) @ v
+            else:  # the sink: one more logit in the softmax, with no value
+                out[row, head] = torch.softmax(torch.cat([scores, spec.sinks[head, None]]), dim=0)[:-1] @ v
     return out
 
 
@@ -363,3 +367,40 @@ def test_auto_picks_cpu_unless_disabled(monkeypatch: pytest.MonkeyPatch) -> None
 def test_unknown_attention_backend_names_the_flag(tiny_llama: str) -> None:
     with pytest.raises(ConfigError, match="--attention-backend must be one of auto, torch, cpu, triton"):
         EngineArgs(model=tiny_llama, attention_backend="flash").create_engine_config()
+
+
+# Sinks from below to well above the scores' range: some heads give the sink most of their weight.
+SINKS = torch.linspace(-4.0, 6.0, 8)
+
+
+@pytest.mark.parametrize("cache", ["float32", "fp8_e4m3"])
+def test_attention_sinks_match_torch_and_the_definition(cache: str) -> None:
+    """gpt-oss's sinks with its sliding window, on a float32 model's cache and an fp8 one: the kernel
+    equals the torch backend, and the torch backend the definition (token by token)."""
+    torch.manual_seed(7)
+    quant = KVQuantization(FP8_DTYPES[cache], k_scale=0.03, v_scale=0.07) if cache != "float32" else None
+    spec = AttentionLayerSpec(8, 2, 16, 0.25, sliding_window=11, sinks=SINKS, kv_quant=quant)
+    requests = [(0, 1), (37, 1), (19, 13), (0, 21)]
+    common = make_batch(requests, 8, seed=4)
+    num_tokens = common.query_start_loc[-1]
+    q = torch.randn(num_tokens, 8 * 16)
+    k, v = (torch.randn(num_tokens, 2 * 16) for _ in range(2))
+    shape = (NUM_BLOCKS, 8, 2, 16)
+    if quant is None:
+        caches = (torch.randn(shape), torch.randn(shape))
+    else:
+        caches = (quant.quantize(torch.randn(shape), 0.03), quant.quantize(torch.randn(shape), 0.07))
+    outputs, written = forward_on_both_backends(spec, (q, k, v), caches, common)
+    assert (outputs[0] - outputs[1]).abs().max().item() < 1e-5
+    no_sinks = forward_on_both_backends(replace(spec, sinks=None), (q, k, v), caches, common)[0]
+    assert (outputs[1] - no_sinks[1]).abs().max().item() > 0.1  # the sinks do take weight
+    key_cache, value_cache = written[0]
+    if quant is not None:
+        key_cache = quant.dequantize(key_cache, 0.03, torch.float32)
+        value_cache = quant.dequantize(value_cache, 0.07, torch.float32)
+    for i, (cached, new) in enumerate(requests):
+        rows = slice(common.query_start_loc[i], common.query_start_loc[i + 1])
+        keys = key_cache[common.block_tables[i]].flatten(0, 1)[: cached + new]
+        values = value_cache[common.block_tables[i]].flatten(0, 1)[: cached + new]
+        expected = dense_attention(spec, q[rows].view(new, 8, 16), keys, values, range(cached, cached + new))
+        assert (outputs[0][rows].view_as(expected) - expected).abs().max().item() < 1e-5

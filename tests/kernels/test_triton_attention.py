@@ -92,6 +92,19 @@ def test_decode_split_k_matches_torch(block_size: int, dtype: torch.dtype) -> No
     run_both(spec, common, dtype, num_blocks=320)
 
 
+@pytest.mark.parametrize("requests", [[(0, 1), (37, 1), (19, 13), (0, 21)], [(1100, 1), (3, 1)]])
+def test_attention_sinks_match_torch(requests: list[tuple[int, int]]) -> None:
+    """gpt-oss's sinks (some heads giving them most of their weight) with a sliding window, in a mixed
+    step and in split-K decodes (the sink counts once over the splits)."""
+    torch.manual_seed(5)
+    spec = AttentionLayerSpec(
+        4, 2, 32, 32**-0.5, sliding_window=600, sinks=torch.linspace(-3.0, 5.0, 4).to(DEVICE)
+    )
+    common = on_device(make_batch(requests, 16, seed=4, num_blocks=80))
+    assert TritonAttentionBackend().build_metadata(common).batch.num_splits == (3 if requests[0][0] else 1)
+    run_both(spec, common, torch.float32, num_blocks=80)
+
+
 def test_split_k_equals_one_split() -> None:
     """Forcing many splits over short contexts (empty splits included) gives one split's result."""
     torch.manual_seed(4)

@@ -138,7 +138,12 @@ def test_greedy_matches_hf_with_preemption_and_chunked_prefill(
     groups = KVCacheGroups.for_model(config, config.architectures[0], block_size)
     # Room for one full-length request (a block per group per block of tokens) and a little more; 16-token
     # steps chunk every long prompt.
-    num_blocks = 128 // block_size * groups.num_groups + 3
+    run_with_preemption(path, prompts, block_size, 128 // block_size * groups.num_groups + 3)
+
+
+def run_with_preemption(path: str, prompts: list[list[int]], block_size: int, num_blocks: int) -> LLM:
+    """HF's greedy tokens from a pool of `num_blocks` too small for all `prompts` at once (preemption
+    forced, and checked) in 16-token steps (long prompts chunked); every block back in the pool after."""
     ours, llm = run(
         path,
         prompts,
@@ -151,6 +156,7 @@ def test_greedy_matches_hf_with_preemption_and_chunked_prefill(
     assert core.get_stats().num_preemptions_total > 0, "the pool was meant to force preemption"
     assert_matches(ours, reference(path, prompts))
     assert core.block_snapshot().num_free_blocks == num_blocks - 1
+    return llm
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16"])

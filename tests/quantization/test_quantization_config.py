@@ -29,7 +29,7 @@ def test_float_checkpoints_take_online_schemes_only(tiny_llama: str) -> None:
     assert _quantization(tiny_llama, quantization="int4") == "int4"
     with pytest.raises(ConfigError, match="needs a GGUF file"):
         _quantization(tiny_llama, quantization="gguf")
-    with pytest.raises(ConfigError, match="must be one of gguf, int8, int4, .*gptq, awq, fp8 or none"):
+    with pytest.raises(ConfigError, match="must be one of gguf, int8, int4, .*gptq, awq, fp8, mxfp4 or none"):
         _quantization(tiny_llama, quantization="squeezellm")
 
 
@@ -39,9 +39,21 @@ def test_an_unsupported_checkpoint_scheme_is_named(tiny_llama: str, tmp_path) ->
     config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(
-        ConfigError, match="'bitsandbytes'.*supported: gguf, int8, int4, .*gptq, awq, fp8 or none"
+        ConfigError, match="'bitsandbytes'.*supported: gguf, int8, int4, .*gptq, awq, fp8, mxfp4 or none"
     ):
         _quantization(str(folder))
+
+
+def test_mxfp4_checkpoints_load_as_stored_and_only_for_gpt_oss(tiny_llama: str, tmp_path) -> None:
+    folder = shutil.copytree(tiny_llama, tmp_path / "model")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(
+        json.dumps({**config, "quantization_config": {"quant_method": "mxfp4"}})
+    )
+    with pytest.raises(ConfigError, match="mxfp4 checkpoint of LlamaForCausalLM .*GptOssForCausalLM only"):
+        _quantization(str(folder))
+    with pytest.raises(ConfigError, match="--quantization mxfp4 loads checkpoints .* not quantized"):
+        _quantization(tiny_llama, quantization="mxfp4")
 
 
 def test_each_scheme_is_registered_under_its_own_name() -> None:

@@ -35,7 +35,9 @@ MetadataT = TypeVar("MetadataT", bound=AttentionMetadata)
 class AttentionLayerSpec:
     """One attention layer's shape and math. Every backend honours each field:
     `sliding_window` W: the query at position i attends only to positions (i - W, i] (HF's rule);
-    `logits_soft_cap` c: scores s (already scaled) become c * tanh(s / c) before the softmax (Gemma 2)."""
+    `logits_soft_cap` c: scores s (already scaled) become c * tanh(s / c) before the softmax (Gemma 2);
+    `sinks` [num_heads] (this rank's heads, float32): head h's softmax denominator gains e^sinks[h], a
+    learned logit whose value is zero (gpt-oss's attention sinks), so a head may attend to nothing."""
 
     num_heads: int
     num_kv_heads: int
@@ -43,6 +45,7 @@ class AttentionLayerSpec:
     scale: float
     sliding_window: int | None = None
     logits_soft_cap: float | None = None
+    sinks: torch.Tensor | None = None
     # fp8 KV cache: the format and this layer's K/V scales; None: the cache holds the model's dtype.
     kv_quant: KVQuantization | None = None
 

@@ -84,4 +84,5 @@ class CpuNativeAttentionBackend(AttentionBackend[NativeAttentionMetadata]):
             spec.logits_soft_cap,
             None if quant is None else (quant.fp8_dtype, quant.k_scale, quant.v_scale),
             query_start_loc=metadata.query_start_loc,
+            sinks=spec.sinks,
         ).view(num_tokens, -1)

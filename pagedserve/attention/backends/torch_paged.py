@@ -2,7 +2,8 @@
 
 Decodes (one query token each) are attended in one batched call over K/V gathered through their
 block tables; each prefill chunk is attended with its own causal mask over its cached prefix. Layers with
-a sliding window mask what lies outside it; a logits soft cap takes the plain (non-SDPA) computation.
+a sliding window mask what lies outside it; a logits soft cap or attention sinks take the plain (non-SDPA)
+computation.
 Not batch-invariant: SDPA's sums follow the shape of a chunk, so a token's output moves (by float32
 rounding) with where its prompt was cut; the cpu backend's kernel does not (docs/cpu.md).
 """
@@ -175,8 +176,8 @@ def attend(
 ) -> torch.Tensor:
     """q [..., num_heads, Tq, D], keys/values [..., num_kv_heads, Tk, D]; mask broadcastable to
     [..., Tq, Tk] (True = attend), None = causal. Returns [..., num_heads, Tq, D]."""
-    cap = spec.logits_soft_cap
-    if cap is None:
+    cap, sinks = spec.logits_soft_cap, spec.sinks
+    if cap is None and sinks is None:
         # NOTE: 4-D inputs: torch's CPU flash kernel takes only those, 3-D ones (a prefill chunk's
         # [heads, T, D]) fall back to the math path, 2-2.5x slower (measured on SmolLM2's prompt lengths).
         batched = q.dim() == 3
@@ -190,14 +191,22 @@ def attend(
             enable_gqa=True,
         )
         return out[0] if batched else out
-    # NOTE: SDPA has no soft cap: the plain computation, softmax in float32 as HF's eager Gemma 2.
+    # NOTE: SDPA has neither soft caps nor sinks: the plain computation, softmax in float32 as HF's eager
+    # Gemma 2 and gpt-oss.
     group = q.shape[-3] // keys.shape[-3]
     keys, values = keys.repeat_interleave(group, dim=-3), values.repeat_interleave(group, dim=-3)
-    scores = torch.tanh(q @ keys.transpose(-1, -2) * spec.scale / cap) * cap
+    scores = q @ keys.transpose(-1, -2) * spec.scale
+    if cap is not None:
+        scores = torch.tanh(scores / cap) * cap
     if mask is None:
         mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ values
+    scores = scores.masked_fill(~mask, float("-inf")).float()
+    if sinks is None:
+        return torch.softmax(scores, dim=-1).to(q.dtype) @ values
+    # The sink joins each row's softmax as one more logit and is dropped after: its value is zero.
+    sink_column = sinks.float().view(-1, 1, 1).expand(*scores.shape[:-1], 1)
+    probs = torch.softmax(torch.cat([scores, sink_column], dim=-1), dim=-1)[..., :-1]
+    return probs.to(q.dtype) @ values
 
 
 def _prefill_chunks(common: CommonAttentionMetadata, first: int) -> list[PrefillChunk]:

@@ -103,5 +103,6 @@ class TritonAttentionBackend(AttentionBackend[TritonAttentionMetadata]):
             spec.logits_soft_cap,
             k_scale,
             v_scale,
+            spec.sinks,
         )
         return out.view(num_tokens, -1)

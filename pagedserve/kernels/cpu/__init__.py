@@ -194,6 +194,10 @@ def _check_lock(lock: str, timeout_s: float) -> None:
             os.remove(lock)
 
 
+# What the kernel takes for "no attention sinks".
+_NO_SINKS = torch.empty(0)
+
+
 def paged_attention(
     q: torch.Tensor,
     key_cache: torch.Tensor,
@@ -205,6 +209,7 @@ def paged_attention(
     soft_cap: float | None = None,
     fp8: tuple[torch.dtype, float, float] | None = None,
     query_start_loc: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of every query token over its request's K/V up to its own position, read in place
     through the request's block table. A query's output is the same bits whatever else the call holds
@@ -217,7 +222,8 @@ def paged_attention(
     `query_start_loc` [num_requests + 1]: request r's query tokens are q's rows [query_start_loc[r],
     query_start_loc[r + 1]), its last tokens (a prefill chunk, a verification); None: one each (decodes).
     `sliding_window` W: each query attends only to its last W tokens (the blocks before them are never
-    read); `soft_cap` c: scores s become c * tanh(s / c).
+    read); `soft_cap` c: scores s become c * tanh(s / c); `sinks` [num_heads]: head h's softmax
+    denominator gains e^sinks[h] (gpt-oss's attention sinks; read as float32).
     An fp8 cache: uint8 bits, read in place; `fp8` = (format, k_scale, v_scale): torch.float8_e4m3fn or
     torch.float8_e5m2, and the scales the values were stored with (stored = value / scale).
     Returns [num_tokens, num_heads, head_dim] in q's dtype.
@@ -242,6 +248,7 @@ def paged_attention(
         _fp8_format(fp8_dtype) if fp8_dtype else "",
         k_scale,
         v_scale,
+        _NO_SINKS if sinks is None else sinks.float().contiguous(),
     )
     return out
 

@@ -51,11 +51,13 @@ struct Geometry {
 };
 
 // How scores are made: q.k * scale, then (soft_cap > 0) soft_cap * tanh(s / soft_cap); with a sliding
-// window (window > 0) a request of seq_len tokens attends only to its last `window` tokens.
+// window (window > 0) a request of seq_len tokens attends only to its last `window` tokens. `sinks` (or
+// null): one learned logit per query head that joins the softmax's denominator only (gpt-oss).
 struct Scoring {
   float scale;
   float soft_cap;
   int64_t window;
+  const float* sinks;
 };
 
 inline float dot(const float* a, const float* b, int64_t n) {
@@ -322,7 +324,13 @@ void attend_tile(const T* q, int64_t q_stride, const C* key_cache, const C* valu
     }
   }
   std::fill(acc, acc + Q * G * D, 0.f);
-  std::fill(max_score, max_score + Q * G, -std::numeric_limits<float>::infinity());
+  // A sink is a score like the others for the max, so the softmax stays max-subtracted.
+  const float* sinks = scoring.sinks == nullptr ? nullptr : scoring.sinks + kv_head * G;
+  for (int64_t i = 0; i < Q; ++i) {
+    for (int64_t h = 0; h < G; ++h) {
+      max_score[i * G + h] = sinks == nullptr ? -std::numeric_limits<float>::infinity() : sinks[h];
+    }
+  }
   // The tile's keys: from the first query's first (spans only move forward) to the last query's end.
   const int64_t first = spans[0].first, end = spans[Q - 1].end;
 
@@ -348,7 +356,9 @@ void attend_tile(const T* q, int64_t q_stride, const C* key_cache, const C* valu
   for (int64_t i = 0; i < Q; ++i) {
     const int64_t n = spans[i].end - spans[i].first;
     for (int64_t h = 0; h < G; ++h) {
-      denom[i * G + h] = exponentiate(scores + scores_at[i] + h * n, n, max_score[i * G + h]);
+      const float max = max_score[i * G + h];
+      denom[i * G + h] = exponentiate(scores + scores_at[i] + h * n, n, max);
+      if (sinks != nullptr) denom[i * G + h] += exp_nonpositive(sinks[h] - max);
     }
   }
   for_each_block(value_cache, block_table, first, end, kv_head, g, [&](int64_t token, Rows<C> rows) {
@@ -363,7 +373,7 @@ void attend_tile(const T* q, int64_t q_stride, const C* key_cache, const C* valu
   });
   for (int64_t i = 0; i < Q; ++i) {
     for (int64_t h = 0; h < G; ++h) {
-      const float inv = 1.f / denom[i * G + h];  // denom >= 1: the max term contributes exp(0)
+      const float inv = 1.f / denom[i * G + h];  // denom >= 1: the max term (a score or sink) gives exp(0)
       const float* a = acc + (i * G + h) * D;
       T* o = out + i * q_stride + h * D;
       for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(a[d] * inv);
@@ -502,13 +512,19 @@ std::vector<int64_t> to_vector(const at::Tensor& t, const char* name) {
 // [num_requests + 1]: request r's query tokens are q's rows [query_start_loc[r], query_start_loc[r + 1]),
 // the last of its seq_lens[r] tokens of K/V (this step's already in the cache); each attends up to its own
 // position. sliding_window > 0: each query attends only to its last sliding_window tokens; soft_cap > 0:
-// scores s become soft_cap * tanh(s / soft_cap).
+// scores s become soft_cap * tanh(s / soft_cap); sinks (float32 [num_heads], or an empty tensor: none):
+// head h's softmax denominator gains e^sinks[h], a logit with no value (gpt-oss's attention sinks).
 // Returns softmax(scale * q k^T) v as [num_tokens, num_heads, head_dim] in q's dtype.
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
                            const at::Tensor& block_tables, const at::Tensor& query_start_loc,
                            const at::Tensor& seq_lens, double scale, int64_t sliding_window, double soft_cap,
-                           const std::string& fp8_format, double k_scale, double v_scale) {
+                           const std::string& fp8_format, double k_scale, double v_scale,
+                           const at::Tensor& sinks) {
   TORCH_CHECK(sliding_window >= 0 && soft_cap >= 0, "sliding_window and soft_cap must be >= 0 (0: none)");
+  TORCH_CHECK(sinks.numel() == 0 || (sinks.scalar_type() == at::kFloat && sinks.is_contiguous() &&
+                                     sinks.dim() == 1 && sinks.size(0) == q.size(1) && sinks.device().is_cpu()),
+              "sinks must be empty (none) or a contiguous float32 CPU tensor of q's ", q.size(1),
+              " heads, got ", sinks.sizes());
   const std::vector<int64_t> starts = to_vector(query_start_loc, "query_start_loc");
   const std::vector<int64_t> lens = to_vector(seq_lens, "seq_lens");
   const Geometry g = check_inputs(q, key_cache, value_cache, block_tables, starts, lens);
@@ -518,7 +534,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& key_cache, con
   const at::Tensor q_c = q.contiguous();
   const at::Tensor tables = block_tables.contiguous();
   at::Tensor out = at::empty_like(q_c);
-  const Scoring scoring{static_cast<float>(scale), static_cast<float>(soft_cap), sliding_window};
+  const Scoring scoring{static_cast<float>(scale), static_cast<float>(soft_cap), sliding_window,
+                        sinks.numel() == 0 ? nullptr : sinks.data_ptr<float>()};
 #define PAGEDSERVE_RUN                                                                              \
   [&] {                                                                                             \
     if (!fp8_format.empty()) {                                                                      \
@@ -545,5 +562,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "through block tables (fp8 bits widened as they are read).",
         py::arg("q"), py::arg("key_cache"), py::arg("value_cache"), py::arg("block_tables"),
         py::arg("query_start_loc"), py::arg("seq_lens"), py::arg("scale"), py::arg("sliding_window"),
-        py::arg("soft_cap"), py::arg("fp8_format") = "", py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0);
+        py::arg("soft_cap"), py::arg("fp8_format"), py::arg("k_scale"), py::arg("v_scale"),
+        py::arg("sinks"));
 }

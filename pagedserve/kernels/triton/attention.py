@@ -39,6 +39,7 @@ def _paged_attention_kernel(  # type: ignore[no-untyped-def]
     tile_q_start_ptr,
     partial_out_ptr,
     partial_lse_ptr,
+    sinks_ptr,
     scale,
     softcap,
     k_scale,
@@ -64,6 +65,7 @@ def _paged_attention_kernel(  # type: ignore[no-untyped-def]
     DECODE_ONLY: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
+    USE_SINKS: tl.constexpr,
     KV_FP8: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -111,6 +113,10 @@ def _paged_attention_kernel(  # type: ignore[no-untyped-def]
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if USE_SINKS:  # the sink starts the running softmax as one logit with no value, in split 0 alone
+        sink = tl.load(sinks_ptr + head, mask=row_valid, other=0.0).to(tl.float32) * LOG2E_CONST
+        m_i = tl.where(split == 0, sink, m_i)
+        l_i = tl.where(split == 0, 1.0, l_i)
     block_table_row = block_tables_ptr + request.to(tl.int64) * stride_bt_row
     for t in range(tile_lo, tile_hi):
         n = t * TILE + tl.arange(0, TILE)
@@ -254,11 +260,13 @@ def paged_attention(
     logits_soft_cap: float | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """out, q [T, num_heads, head_dim]; caches [num_blocks, block_size, num_kv_heads, head_dim] (K/V of
     this step already written). Fills `out`. sliding_window: each token attends to itself and the
-    window - 1 keys before it. logits_soft_cap c: scores s become c * tanh(s / c). An fp8 cache holds
-    K / k_scale and V / v_scale."""
+    window - 1 keys before it. logits_soft_cap c: scores s become c * tanh(s / c). sinks [num_heads]:
+    head h's softmax denominator gains e^sinks[h] (gpt-oss). An fp8 cache holds K / k_scale and
+    V / v_scale."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = key_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -293,6 +301,7 @@ def paged_attention(
         tile_q_start,
         partial_out,
         partial_lse,
+        out if sinks is None else sinks,  # unread without sinks
         scale,
         logits_soft_cap or 1.0,
         k_scale,
@@ -318,6 +327,7 @@ def paged_attention(
         DECODE_ONLY=batch.decode_only,
         USE_WINDOW=sliding_window is not None,
         USE_SOFTCAP=logits_soft_cap is not None,
+        USE_SINKS=sinks is not None,
         KV_FP8=key_cache.dtype.itemsize == 1,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
