@@ -18,6 +18,7 @@ from pagedserve.errors import ConfigError
 from pagedserve.logger import init_logger
 from pagedserve.utils.default_model import DEFAULT_MODEL_NAME, default_model_path
 from pagedserve.utils.gguf_cache import gguf_hf_folder
+from pagedserve.utils.hf_config import MLA_ARCHITECTURES, deepseek_unsupported
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -41,6 +42,8 @@ MODEL_ARCHITECTURES = {
     "mixtral": "MixtralForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
 }
 # The dense families whose checkpoints keep q/k/v and gate/up as separate projections (Phi-3 and Falcon
 # fuse them in the checkpoint; MoE families have experts): 4-bit checkpoints load into their layers as they
@@ -92,6 +95,10 @@ class ModelConfig:
                 f"Model architecture {self.architecture!r} is not supported. Supported "
                 f"architectures: {', '.join(sorted(supported))}."
             )
+        if self.architecture in MLA_ARCHITECTURES and (
+            why := deepseek_unsupported(self.hf_config, self.architecture)
+        ):
+            raise ConfigError(f"The model's config.json asks for {why}: not implemented, refused.")
         if self.dtype not in SUPPORTED_DTYPES[1:]:
             raise ConfigError(
                 f"dtype={self.dtype!r} is not supported; --dtype must be one of "

@@ -1,5 +1,6 @@
-"""Rotary position embeddings (neox layout, as HF Llama/Qwen2/Mistral), with linear, Llama-3 and LongRoPE
-(Phi-3's "su") scaling, over the whole head or its first `partial_rotary_factor` part."""
+"""Rotary position embeddings (neox layout, as HF Llama/Qwen2/Mistral), with linear, Llama-3, LongRoPE
+(Phi-3's "su") and YaRN (DeepSeek V2/V3) scaling, over the whole head or its first
+`partial_rotary_factor` part."""
 
 import math
 from typing import TYPE_CHECKING, Required, TypedDict, cast
@@ -12,14 +13,15 @@ from pagedserve.kernels.cpu import fused_ops
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope", "yarn")
 
 
 class RopeParams(TypedDict, total=False):
     """The fields this module reads from a config's rope dict once `rope_parameters` filled in the
     defaults (HF's dict may hold more, e.g. yarn's, which stay unread). The scaling fields are there
-    for their rope_type only: `factor` for linear and llama3 (optional for longrope), `low_freq_factor`
-    and `high_freq_factor` for llama3, `long_factor`, `short_factor` and `attention_factor` for longrope."""
+    for their rope_type only: `factor` for linear, llama3 and yarn (optional for longrope), `low_freq_factor`
+    and `high_freq_factor` for llama3, `long_factor`, `short_factor` and `attention_factor` for longrope,
+    `beta_fast`, `beta_slow`, `mscale`, `mscale_all_dim`, `truncate` and `attention_factor` for yarn."""
 
     rope_theta: Required[float]
     rope_type: Required[str]
@@ -32,6 +34,11 @@ class RopeParams(TypedDict, total=False):
     long_factor: list[float]
     short_factor: list[float]
     attention_factor: float | None
+    beta_fast: float
+    beta_slow: float
+    mscale: float
+    mscale_all_dim: float
+    truncate: bool
 
 
 def rope_parameters(hf_config: "PretrainedConfig", layer_type: str | None = None) -> RopeParams:
@@ -54,6 +61,10 @@ def rope_parameters(hf_config: "PretrainedConfig", layer_type: str | None = None
         "original_max_position_embeddings",
         getattr(hf_config, "original_max_position_embeddings", None) or hf_config.max_position_embeddings,
     )
+    if params["rope_type"] == "yarn" and not params.get("factor"):  # HF's default: the stretch itself
+        params["factor"] = hf_config.max_position_embeddings / cast(
+            int, params["original_max_position_embeddings"]
+        )
     if params["rope_type"] not in SUPPORTED_ROPE_TYPES:
         raise ValueError(
             f"rope_type={params['rope_type']!r} is not supported; supported: "
@@ -76,6 +87,50 @@ def longrope_attention_factor(params: RopeParams) -> float:
     return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
 
 
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction for a context stretched `factor` times: 0.1 * mscale * ln(factor) + 1."""
+    return 1.0 if factor <= 1.0 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_attention_factor(params: RopeParams) -> float:
+    """YaRN's scaling of cos/sin: given, else mscale(factor, mscale) / mscale(factor, mscale_all_dim) when
+    both are set (DeepSeek), else mscale(factor) (HF's rule)."""
+    given = params.get("attention_factor")
+    if given is not None:
+        return given
+    factor, mscale, all_dim = params["factor"], params.get("mscale"), params.get("mscale_all_dim")
+    if mscale and all_dim:
+        return yarn_mscale(factor, mscale) / yarn_mscale(factor, all_dim)
+    return yarn_mscale(factor)
+
+
+def yarn_softmax_scale(params: RopeParams) -> float:
+    """What MLA models (DeepSeek) multiply their softmax scale by under YaRN: mscale(factor,
+    mscale_all_dim) squared, scaling the non-rotary part of q . k too (1 for other rope types)."""
+    all_dim = params.get("mscale_all_dim")
+    if params["rope_type"] != "yarn" or not all_dim:
+        return 1.0
+    return yarn_mscale(params["factor"], all_dim) ** 2
+
+
+def _yarn_inv_freq(rotary_dim: int, params: RopeParams) -> torch.Tensor:
+    """Frequencies with fewer than `beta_slow` rotations over the original context interpolated (divided by
+    `factor`), those with more than `beta_fast` kept, a linear ramp between (HF's YaRN)."""
+    base, original = params["rope_theta"], params["original_max_position_embeddings"]
+
+    def correction_dim(rotations: float) -> float:
+        return rotary_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(params.get("beta_fast") or 32), correction_dim(params.get("beta_slow") or 1)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float32) - low) / max(high - low, 0.001)).clamp(0, 1)
+    extrapolation = 1.0 / (base ** _exponents(rotary_dim))
+    keep = 1 - ramp
+    return extrapolation / params["factor"] * (1 - keep) + extrapolation * keep
+
+
 def longrope_inv_freq(rotary_dim: int, params: RopeParams, long: bool) -> torch.Tensor:
     factors = torch.tensor(params["long_factor" if long else "short_factor"], dtype=torch.float32)
     return 1.0 / (factors * params["rope_theta"] ** _exponents(rotary_dim))
@@ -94,6 +149,8 @@ def _inv_freq(head_dim: int, params: RopeParams) -> torch.Tensor:
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         is_medium = ~(wavelen < old_len / high) * ~(wavelen > old_len / low)
         return torch.where(is_medium, smoothed, scaled)
+    if params["rope_type"] == "yarn":
+        return _yarn_inv_freq(head_dim, params)
     return inv_freq
 
 
@@ -104,7 +161,8 @@ def _cos_sin(rotary_dim: int, max_position: int, params: RopeParams) -> tuple[to
     positions = torch.arange(max_position, dtype=torch.float32)
     if params["rope_type"] != "longrope":
         freqs = torch.outer(positions, _inv_freq(rotary_dim, params))
-        return freqs.cos(), freqs.sin()
+        scale = yarn_attention_factor(params) if params["rope_type"] == "yarn" else 1.0
+        return freqs.cos() * scale, freqs.sin() * scale
     is_long = (positions >= params["original_max_position_embeddings"])[:, None]
     freqs = torch.where(
         is_long,

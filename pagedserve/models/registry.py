@@ -27,6 +27,8 @@ for _module, _architecture in (
     ("mixtral", "MixtralForCausalLM"),
     ("qwen2_moe", "Qwen2MoeForCausalLM"),
     ("qwen3_moe", "Qwen3MoeForCausalLM"),
+    ("deepseek_v2", "DeepseekV2ForCausalLM"),
+    ("deepseek_v2", "DeepseekV3ForCausalLM"),
 ):
     MODELS.register(_architecture, f"pagedserve.models.{_module}:{_architecture}")
 

@@ -298,6 +298,7 @@ async def run_server(
         loggers.metrics.record_cache_config(
             config.cache, cache_dtype, handshake.num_blocks - 1, handshake.num_host_blocks
         )
+        loggers.metrics.record_kv_layout(config.kv_layout)
         loggers.metrics.record_model_weight_bytes(handshake.model_weight_bytes)
         lifecycle.serve(
             build_app(engine, server_args, loggers, chat_template, bounds or RequestBounds()), engine

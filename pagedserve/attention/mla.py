@@ -1,0 +1,60 @@
+"""Multi-head latent attention (MLA, DeepSeek V2/V3): the cache holds, per token, one latent c of
+kv_lora_rank values and one rotary key k_pe shared by every head; each head's key is (c W_UK_h, k_pe) and
+its value c W_UV_h, with W_UK and W_UV the two parts of the layer's kv_b_proj.
+
+Two ways to attend, with equal results in exact arithmetic:
+- absorbed (vLLM's MLA decode): q_h . k_h = (q_nope_h W_UK_h) . c + q_pe_h . k_pe, so a query absorbed
+  into the latent space attends over the cached latents directly, as multi-query attention with one KV
+  head of kv_lora_rank + qk_rope_head_dim values whose value is its first kv_lora_rank; W_UV is applied to
+  the output after. Nothing is expanded: the cost per cached token is one dot product per head.
+- expanded (prefill): the latents of a chunk's context are expanded into every head's K and V, bounded by
+  the chunk's length, and attended as plain multi-head attention.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class MLAProjections:
+    """This rank's heads' halves of kv_b_proj: w_uk [heads, qk_nope_head_dim, kv_lora_rank] and w_uv
+    [heads, v_head_dim, kv_lora_rank]."""
+
+    w_uk: torch.Tensor
+    w_uv: torch.Tensor
+
+    @classmethod
+    def of(
+        cls, kv_b_proj: nn.Module, num_heads: int, qk_nope_head_dim: int, like: torch.Tensor
+    ) -> "MLAProjections":
+        """Read from the layer itself (kv_b_proj applied to the identity, in the dtype and on the device of
+        the activations `like`), so that any weight format (float, quantized) gives its own matrix."""
+        kv_lora_rank: int = kv_b_proj.input_size
+        identity = torch.eye(kv_lora_rank, dtype=like.dtype, device=like.device)
+        per_head = kv_b_proj(identity).T.reshape(num_heads, -1, kv_lora_rank)
+        return cls(per_head[:, :qk_nope_head_dim].contiguous(), per_head[:, qk_nope_head_dim:].contiguous())
+
+    @property
+    def kv_lora_rank(self) -> int:
+        return self.w_uk.shape[-1]
+
+    def absorb(self, q: torch.Tensor) -> torch.Tensor:
+        """q [T, heads, nope + rope] -> [T, heads, kv_lora_rank + rope]: (q_nope W_UK, q_pe)."""
+        nope = self.w_uk.shape[1]
+        q_latent = torch.bmm(q[..., :nope].transpose(0, 1), self.w_uk).transpose(0, 1)
+        return torch.cat((q_latent, q[..., nope:]), dim=-1)
+
+    def project_out(self, out: torch.Tensor) -> torch.Tensor:
+        """Attention over latents [T, heads, kv_lora_rank] -> each head's value space [T, heads, v]."""
+        return torch.bmm(out.transpose(0, 1), self.w_uv.transpose(1, 2)).transpose(0, 1)
+
+    def expand(self, latents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cached latents [S, kv_lora_rank + rope] -> every head's keys [S, heads, nope + rope] and values
+        [S, heads, v]."""
+        c, k_pe = latents[:, : self.kv_lora_rank], latents[:, self.kv_lora_rank :]
+        heads = self.w_uk.shape[0]
+        k_nope = torch.einsum("sl,hnl->shn", c, self.w_uk)
+        keys = torch.cat((k_nope, k_pe[:, None, :].expand(-1, heads, -1)), dim=-1)
+        return keys, torch.einsum("sl,hvl->shv", c, self.w_uv)
