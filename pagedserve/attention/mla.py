@@ -11,30 +11,40 @@ Two ways to attend, with equal results in exact arithmetic:
   the chunk's length, and attended as plain multi-head attention.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+# x [T, K], weight [N, K] -> x weight^T [T, N]: the model's matmul (row-invariant on CPU in float32).
+Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
 
 @dataclass(frozen=True)
 class MLAProjections:
-    """This rank's heads' halves of kv_b_proj: w_uk [heads, qk_nope_head_dim, kv_lora_rank] and w_uv
-    [heads, v_head_dim, kv_lora_rank]."""
+    """This rank's heads' halves of kv_b_proj: w_uk [heads, qk_nope_head_dim, kv_lora_rank], its transpose
+    w_uk_t, and w_uv [heads, v_head_dim, kv_lora_rank]; `linear` multiplies each head's rows, so that a
+    token's absorbed query and output do not depend on the rows beside it (a batched matmul's do)."""
 
     w_uk: torch.Tensor
+    w_uk_t: torch.Tensor
     w_uv: torch.Tensor
+    linear: Linear
 
     @classmethod
     def of(
-        cls, kv_b_proj: nn.Module, num_heads: int, qk_nope_head_dim: int, like: torch.Tensor
+        cls, kv_b_proj: nn.Module, num_heads: int, qk_nope_head_dim: int, like: torch.Tensor, linear: Linear
     ) -> "MLAProjections":
         """Read from the layer itself (kv_b_proj applied to the identity, in the dtype and on the device of
         the activations `like`), so that any weight format (float, quantized) gives its own matrix."""
-        kv_lora_rank: int = kv_b_proj.input_size
+        kv_lora_rank = int(kv_b_proj.input_size)
         identity = torch.eye(kv_lora_rank, dtype=like.dtype, device=like.device)
         per_head = kv_b_proj(identity).T.reshape(num_heads, -1, kv_lora_rank)
-        return cls(per_head[:, :qk_nope_head_dim].contiguous(), per_head[:, qk_nope_head_dim:].contiguous())
+        w_uk = per_head[:, :qk_nope_head_dim].contiguous()
+        return cls(
+            w_uk, w_uk.transpose(1, 2).contiguous(), per_head[:, qk_nope_head_dim:].contiguous(), linear
+        )
 
     @property
     def kv_lora_rank(self) -> int:
@@ -43,12 +53,11 @@ class MLAProjections:
     def absorb(self, q: torch.Tensor) -> torch.Tensor:
         """q [T, heads, nope + rope] -> [T, heads, kv_lora_rank + rope]: (q_nope W_UK, q_pe)."""
         nope = self.w_uk.shape[1]
-        q_latent = torch.bmm(q[..., :nope].transpose(0, 1), self.w_uk).transpose(0, 1)
-        return torch.cat((q_latent, q[..., nope:]), dim=-1)
+        return torch.cat((self._per_head(q[..., :nope], self.w_uk_t), q[..., nope:]), dim=-1)
 
     def project_out(self, out: torch.Tensor) -> torch.Tensor:
         """Attention over latents [T, heads, kv_lora_rank] -> each head's value space [T, heads, v]."""
-        return torch.bmm(out.transpose(0, 1), self.w_uv.transpose(1, 2)).transpose(0, 1)
+        return self._per_head(out, self.w_uv)
 
     def expand(self, latents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Cached latents [S, kv_lora_rank + rope] -> every head's keys [S, heads, nope + rope] and values
@@ -58,3 +67,7 @@ class MLAProjections:
         k_nope = torch.einsum("sl,hnl->shn", c, self.w_uk)
         keys = torch.cat((k_nope, k_pe[:, None, :].expand(-1, heads, -1)), dim=-1)
         return keys, torch.einsum("sl,hvl->shv", c, self.w_uv)
+
+    def _per_head(self, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """x [T, heads, K], weights [heads, N, K] -> [T, heads, N]."""
+        return torch.stack([self.linear(x[:, h], weights[h]) for h in range(weights.shape[0])], dim=1)

@@ -21,6 +21,7 @@ from pagedserve.layers.rotary import RotaryEmbedding, rope_parameters, yarn_soft
 from pagedserve.logger import init_logger
 from pagedserve.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel, ParamShard
 from pagedserve.models.mixtral import expert_tensors
+from pagedserve.quantization.base import linear
 from pagedserve.utils.hf_config import is_deepseek_moe_layer
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ class DeepseekMLAAttention(nn.Module):
         )
         q = torch.cat((q[..., : self.nope], q_pe.view(num_tokens, self.num_heads, self.rope)), dim=-1)
         if self._projections is None:
-            self._projections = MLAProjections.of(self.kv_b_proj, self.num_heads, self.nope, hidden)
+            self._projections = MLAProjections.of(self.kv_b_proj, self.num_heads, self.nope, hidden, linear)
         out = self.attn.forward_latent(q, torch.cat((c, k_pe), dim=-1), self._projections)
         projected: torch.Tensor = self.o_proj(out)
         return projected
@@ -96,7 +97,7 @@ class DeepseekRouter(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(x.float(), self.weight.float())
+        return linear(x.float(), self.weight.float())
 
 
 class DeepseekMoE(nn.Module):

@@ -143,7 +143,7 @@ class ModelRunner:
         )
         if self.drafter:
             self.drafter.scratch_start = num_blocks
-        shared: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        shared: dict[int, KVCache] = {}
         for layer in self.attention_layers:
             blocks = num_blocks + scratch.get(id(layer), 0)
             shape = (blocks, self.block_size, layer.spec.num_kv_heads, layer.spec.head_dim)

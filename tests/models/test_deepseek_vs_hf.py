@@ -84,3 +84,26 @@ def test_unimplemented_config_fields_are_refused(
 def test_mtp_draft_and_lora_are_refused(tiny_model_factory, args: dict, named: str) -> None:
     with pytest.raises(ConfigError, match=named):
         EngineArgs(model=tiny_model_factory("deepseek_v3"), **args).create_engine_config()
+
+
+@pytest.mark.sampled
+def test_fp8_latent_cache_same_on_both_backends_and_close_to_hf(tiny_model_factory) -> None:
+    """An fp8 cache stores each latent rounded (one scale per layer, from the first batch): both backends
+    read the same values, so their tokens are equal; each first token's logprob (the distribution's peak)
+    stays near HF's float32 one."""
+    path = tiny_model_factory("deepseek_v3")
+    prompts = make_prompts(2, [9, 40])
+    outputs = {
+        backend: run(
+            path,
+            prompts,
+            kv_cache_memory="8MiB",
+            kv_cache_dtype="fp8",
+            calculate_kv_scales=True,
+            attention_backend=backend,
+        )[0]
+        for backend in ("cpu", "torch")
+    }
+    assert [tokens for tokens, _ in outputs["cpu"]] == [tokens for tokens, _ in outputs["torch"]]
+    for (_, logprobs), (_, hf_logprobs) in zip(outputs["cpu"], reference(path, prompts)):
+        assert abs(logprobs[0] - hf_logprobs[0]) < 0.1
