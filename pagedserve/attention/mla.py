@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 # x [T, K], weight [N, K] -> x weight^T [T, N]: the model's matmul (row-invariant on CPU in float32).
 Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -33,18 +32,10 @@ class MLAProjections:
     linear: Linear
 
     @classmethod
-    def of(
-        cls, kv_b_proj: nn.Module, num_heads: int, qk_nope_head_dim: int, like: torch.Tensor, linear: Linear
-    ) -> "MLAProjections":
-        """Read from the layer itself (kv_b_proj applied to the identity, in the dtype and on the device of
-        the activations `like`), so that any weight format (float, quantized) gives its own matrix."""
-        kv_lora_rank = int(kv_b_proj.input_size)
-        identity = torch.eye(kv_lora_rank, dtype=like.dtype, device=like.device)
-        per_head = kv_b_proj(identity).T.reshape(num_heads, -1, kv_lora_rank)
-        w_uk = per_head[:, :qk_nope_head_dim].contiguous()
-        return cls(
-            w_uk, w_uk.transpose(1, 2).contiguous(), per_head[:, qk_nope_head_dim:].contiguous(), linear
-        )
+    def of(cls, kv_b: torch.Tensor, qk_nope_head_dim: int, linear: Linear) -> "MLAProjections":
+        """From kv_b_proj's matrix per head [heads, qk_nope_head_dim + v_head_dim, kv_lora_rank]."""
+        w_uk = kv_b[:, :qk_nope_head_dim].contiguous()
+        return cls(w_uk, w_uk.transpose(1, 2).contiguous(), kv_b[:, qk_nope_head_dim:].contiguous(), linear)
 
     @property
     def kv_lora_rank(self) -> int:

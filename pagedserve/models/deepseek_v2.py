@@ -79,10 +79,17 @@ class DeepseekMLAAttention(nn.Module):
         )
         q = torch.cat((q[..., : self.nope], q_pe.view(num_tokens, self.num_heads, self.rope)), dim=-1)
         if self._projections is None:
-            self._projections = MLAProjections.of(self.kv_b_proj, self.num_heads, self.nope, hidden, linear)
+            self._projections = self._split_kv_b_proj(hidden)
         out = self.attn.forward_latent(q, torch.cat((c, k_pe), dim=-1), self._projections)
         projected: torch.Tensor = self.o_proj(out)
         return projected
+
+    def _split_kv_b_proj(self, like: torch.Tensor) -> MLAProjections:
+        """W_UK and W_UV per head, read from kv_b_proj itself (applied to the identity, in the activations'
+        dtype), so that any weight format (float, quantized) gives its own matrix."""
+        identity = torch.eye(self.kv_lora_rank, dtype=like.dtype, device=like.device)
+        per_head = self.kv_b_proj(identity).T.reshape(self.num_heads, -1, self.kv_lora_rank)
+        return MLAProjections.of(per_head, self.nope, linear)
 
 
 class DeepseekRouter(nn.Module):
