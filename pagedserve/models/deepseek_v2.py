@@ -113,7 +113,10 @@ class DeepseekMoE(nn.Module):
     def __init__(self, config: "PretrainedConfig", v3: bool) -> None:
         super().__init__()
         self.top_k, self.scaling = config.num_experts_per_tok, config.routed_scaling_factor
-        self.num_groups, self.topk_groups = config.n_group or 1, config.topk_group or 1
+        # NOTE: V2's greedy method ranks every expert, whatever n_group says (HF's).
+        grouped = v3 or getattr(config, "topk_method", None) == "group_limited_greedy"
+        self.num_groups = (config.n_group or 1) if grouped else 1
+        self.topk_groups = config.topk_group or 1
         # V2 never renormalizes (HF's); V3 when norm_topk_prob.
         self.renormalize = v3 and bool(config.norm_topk_prob)
         self.gate = DeepseekRouter(config, with_bias=v3)
