@@ -109,6 +109,7 @@ class ModelShape:
     first_layer: int = 0  # the model's index of the first decoder layer held (a pipeline stage's start)
     mla: MLAShape | None = None  # multi-head latent attention (DeepSeek) instead of q/k/v projections
     shared_expert_gate: bool = True  # Qwen2-MoE's sigmoid gate on its shared expert (DeepSeek has none)
+    router_bias: bool = False  # DeepSeek V3's e_score_correction_bias, one per expert
 
     @property
     def num_moe_layers(self) -> int:
@@ -176,6 +177,7 @@ class ModelShape:
             else getattr(hf_config, "shared_expert_intermediate_size", 0) or 0,
             mla=MLAShape.of(hf_config) if deepseek else None,
             shared_expert_gate=not deepseek,
+            router_bias=architecture == "DeepseekV3ForCausalLM",
         )
 
     def kv_heads_per_rank(self, tp: int) -> int:
@@ -212,7 +214,8 @@ class ModelShape:
         norms = self.norms_per_layer * self.norm_params * hidden
         if index not in self.moe_layers:
             return attention + norms + self._mlp(self.intermediate_size, tp)
-        moe = self.num_experts * (hidden + self._mlp(self.moe_intermediate_size, tp))  # router + experts
+        # router (and its bias) + experts
+        moe = self.num_experts * (hidden + int(self.router_bias) + self._mlp(self.moe_intermediate_size, tp))
         if self.shared_expert_intermediate_size:
             moe += self._mlp(self.shared_expert_intermediate_size, tp)  # shared expert(s)
             moe += hidden if self.shared_expert_gate else 0

@@ -391,5 +391,6 @@ def test_deepseek_v3_kv_is_one_latent_per_layer(capsys: pytest.CaptureFixture[st
     assert result["kv_bytes_per_token"] == 61 * (512 + 64) * 2 == 70_272  # layers, latent + rope, bf16
     assert result["bytes_per_block"] == 16 * 70_272
     assert result["kv_layout"].startswith("MLA latent: 576 values")
+    assert 671e9 < result["num_parameters"] < 672e9  # DeepSeek's published 671B (the MTP module not held)
     _, fp8_tp8 = plan(capsys, config, "--kv-cache-memory", "64GiB", "--kv-cache-dtype", "fp8", "-tp", "8")
     assert fp8_tp8["kv_bytes_per_token"] == 61 * 576 == 35_136
