@@ -40,6 +40,16 @@ class MoELayout:
 
 
 @dataclass(frozen=True)
+class LatentAttention:
+    """DeepSeek's multi-head latent attention (one latent per token in the KV cache) and its expert routing
+    (models/deepseek_v2.py): the `scoring_func` and `topk_method` values it implements (None: unset)."""
+
+    scoring_funcs: tuple[str | None, ...]
+    topk_methods: tuple[str | None, ...]
+    correction_bias: bool  # V3's e_score_correction_bias (noaux_tc): one more value per expert
+
+
+@dataclass(frozen=True)
 class GGUFFacts:
     """How llama.cpp's converter writes a family (general.architecture `architecture`) and what the
     loader undoes to get HF's tensors back."""
@@ -85,6 +95,7 @@ class FamilyFacts:
     # expert; its config is checked by utils/hf_config.gpt_oss_config_problem
     sinks: bool = False
     mxfp4_experts: bool = False  # its fused experts layer takes MXFP4 checkpoints (quantization/mxfp4.py)
+    mla: LatentAttention | None = None
 
     @property
     def separate_projections(self) -> bool:
@@ -256,6 +267,20 @@ FAMILIES: tuple[FamilyFacts, ...] = (
         sinks=True,
         mxfp4_experts=True,
     ),
+    FamilyFacts(
+        "deepseek_v2",
+        "deepseek_v2",
+        "DeepseekV2ForCausalLM",
+        mla=LatentAttention(
+            (None, "softmax"), (None, "greedy", "group_limited_greedy"), correction_bias=False
+        ),
+    ),
+    FamilyFacts(
+        "deepseek_v2",
+        "deepseek_v3",
+        "DeepseekV3ForCausalLM",
+        mla=LatentAttention((None, "sigmoid"), (None, "noaux_tc"), correction_bias=True),
+    ),
     FamilyFacts("llava", "llava", "LlavaForConditionalGeneration", takes_images=True),
     FamilyFacts(
         "bert", "bert", "BertModel", classifier="BertForSequenceClassification", encoder=True, gguf=_BERT_GGUF
@@ -280,6 +305,7 @@ FAMILIES: tuple[FamilyFacts, ...] = (
 
 DECODERS = tuple(family for family in FAMILIES if not family.encoder)
 ENCODERS = tuple(family for family in FAMILIES if family.encoder)
+MLA_ARCHITECTURES = frozenset(family.architecture for family in FAMILIES if family.mla is not None)
 MXFP4_ARCHITECTURES = tuple(family.architecture for family in FAMILIES if family.mxfp4_experts)
 # model_type -> architecture of the families that take images.
 IMAGE_ARCHITECTURES: Mapping[str, str] = MappingProxyType(

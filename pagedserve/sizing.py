@@ -4,7 +4,8 @@ own. Each rank's platform measures its memory (platforms/: an explicit budget, a
 profiled GPU); `size_kv_cache` turns those reports into the one KVCacheConfig every rank allocates.
 
 Per rank: weights = parameters x dtype bytes; KV bytes per token = 2 (K and V) x layers x KV heads on the
-rank x head_dim x KV dtype bytes; on CUDA the KV budget is total x gpu_memory_utilization - weights - peak
+rank x head_dim x KV dtype bytes (MLA, DeepSeek: layers x (kv_lora_rank + qk_rope_head_dim) x KV dtype
+bytes, the latent replicated on every rank); on CUDA the KV budget is total x gpu_memory_utilization - weights - peak
 activations - memory outside torch; blocks = budget // bytes per block (one of them the reserved null
 block); capacity = usable blocks x block_size tokens.
 """
@@ -24,6 +25,7 @@ from pagedserve.utils.hf_config import (
     falcon_parallel_attention,
     falcon_two_layernorms,
     head_dim,
+    is_deepseek_moe_layer,
     is_sparse_layer,
     num_kv_heads,
 )
@@ -32,6 +34,44 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 logger = init_logger(__name__)
+
+
+@dataclass(frozen=True)
+class MLAShape:
+    """Multi-head latent attention's sizes (DeepSeek V2/V3; q_lora_rank 0: one q_proj)."""
+
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+    @classmethod
+    def of(cls, hf_config: "PretrainedConfig") -> "MLAShape":
+        return cls(
+            hf_config.q_lora_rank or 0,
+            hf_config.kv_lora_rank,
+            hf_config.qk_nope_head_dim,
+            hf_config.qk_rope_head_dim,
+            hf_config.v_head_dim,
+        )
+
+    def linear_matrices(self, hidden: int, heads: int) -> list[tuple[int, int]]:
+        """(rows, columns) of the attention projections on a rank holding `heads` heads: q (or q_a, q_b),
+        kv_a (replicated), kv_b, o."""
+        q_out = heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
+        q = [(self.q_lora_rank, hidden), (q_out, self.q_lora_rank)] if self.q_lora_rank else [(q_out, hidden)]
+        return q + [
+            (self.kv_lora_rank + self.qk_rope_head_dim, hidden),
+            (heads * (self.qk_nope_head_dim + self.v_head_dim), self.kv_lora_rank),
+            (hidden, heads * self.v_head_dim),
+        ]
+
+    def parameters(self, hidden: int, heads: int) -> int:
+        """The projections and the two latent norms."""
+        return sum(rows * cols for rows, cols in self.linear_matrices(hidden, heads)) + (
+            self.q_lora_rank + self.kv_lora_rank
+        )
 
 
 @dataclass(frozen=True)
@@ -62,6 +102,9 @@ class ModelShape:
     has_embedding: bool = True  # False on a pipeline stage after the first
     has_head: bool = True  # the final norm and LM head; False on a pipeline stage before the last
     first_layer: int = 0  # the model's index of the first decoder layer held (a pipeline stage's start)
+    mla: MLAShape | None = None  # multi-head latent attention (DeepSeek) instead of q/k/v projections
+    shared_expert_gate: bool = True  # Qwen2-MoE's sigmoid gate on its shared expert (DeepSeek has none)
+    router_bias: bool = False  # DeepSeek V3's e_score_correction_bias, one per expert
 
     @property
     def num_moe_layers(self) -> int:
@@ -91,7 +134,12 @@ class ModelShape:
         )
         moe_layers: tuple[int, ...] = ()
         moe_size = 0
-        if facts.moe is not None and (facts.moe.every_layer or num_experts):
+        deepseek = facts.mla is not None
+        if deepseek:
+            num_experts = hf_config.n_routed_experts
+            moe_layers = tuple(i for i in range(layers) if is_deepseek_moe_layer(hf_config, i))
+            moe_size = hf_config.moe_intermediate_size
+        elif facts.moe is not None and (facts.moe.every_layer or num_experts):
             moe_layers = tuple(
                 i for i in range(layers) if facts.moe.every_layer or is_sparse_layer(hf_config, i)
             )
@@ -114,8 +162,13 @@ class ModelShape:
             moe_layers=moe_layers,
             num_experts=num_experts if moe_layers else 0,
             moe_intermediate_size=moe_size,
-            shared_expert_intermediate_size=getattr(hf_config, "shared_expert_intermediate_size", 0) or 0,
+            shared_expert_intermediate_size=(hf_config.n_shared_experts or 0) * moe_size
+            if deepseek
+            else getattr(hf_config, "shared_expert_intermediate_size", 0) or 0,
             gpt_oss_biases=facts.sinks,
+            mla=MLAShape.of(hf_config) if deepseek else None,
+            shared_expert_gate=not deepseek,
+            router_bias=facts.mla is not None and facts.mla.correction_bias,
         )
 
     def kv_heads_per_rank(self, tp: int) -> int:
@@ -148,14 +201,18 @@ class ModelShape:
             + (2 * head_dim if self.qk_norm else 0)
             + (self.num_heads // tp + hidden if self.gpt_oss_biases else 0)  # sinks, o_proj's bias
         )
+        if self.mla is not None:
+            attention = self.mla.parameters(hidden, self.num_heads // tp)
         norms = self.norms_per_layer * self.norm_params * hidden
         if index not in self.moe_layers:
             return attention + norms + self._mlp(self.intermediate_size, tp)
-        moe = self.num_experts * (hidden + self._mlp(self.moe_intermediate_size, tp))  # router + experts
+        # router (and its bias) + experts
+        moe = self.num_experts * (hidden + int(self.router_bias) + self._mlp(self.moe_intermediate_size, tp))
         if self.gpt_oss_biases:  # the router's, each expert's gate/up (split) and down (whole)
             moe += self.num_experts * (1 + 2 * self.moe_intermediate_size // tp + hidden)
         if self.shared_expert_intermediate_size:
-            moe += self._mlp(self.shared_expert_intermediate_size, tp) + hidden  # shared expert + its gate
+            moe += self._mlp(self.shared_expert_intermediate_size, tp)  # shared expert(s)
+            moe += hidden if self.shared_expert_gate else 0
         return attention + norms + moe
 
     def linear_matrices(self, tp: int, index: int) -> list[tuple[int, int]]:
@@ -165,6 +222,8 @@ class ModelShape:
         qkv_out = (self.num_heads // tp + 2 * self.kv_heads_per_rank(tp)) * self.head_dim
         attention_width = self.num_heads * self.head_dim // tp
         matrices = [(qkv_out, hidden), (hidden, attention_width)]  # qkv_proj, o_proj
+        if self.mla is not None:
+            matrices = self.mla.linear_matrices(hidden, self.num_heads // tp)
         if index not in self.moe_layers:
             intermediate = self.intermediate_size // tp
             # gate and up (or Falcon's up alone) read the hidden state, down the intermediate one
@@ -352,6 +411,8 @@ def size_kv_cache(config: EngineConfig, measure: Callable[[], Sequence[MemoryRep
         format_bytes(bytes_per_block * num_blocks),
         kv.capacity_tokens,
     )
+    if layout.model.latent:
+        logger.info("KV layout: %s, not K and V per head.", layout.model.describe())
     if layout.groups.has_windows:
         groups = layout.groups
         logger.info(

@@ -54,8 +54,8 @@ def build_tiny_model(path: str, architecture: str, **overrides: object) -> str:
     config = tiny_hf_config(architecture, **overrides)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():  # HF initializes biases to zero: make them count
-        for name, param in model.named_parameters():
+    with torch.no_grad():  # HF initializes biases (DeepSeek V3's router bias too) to zero: make them count
+        for name, param in [*model.named_parameters(), *model.named_buffers()]:
             if name.endswith("bias"):
                 param.normal_(0.0, 0.1)
     model.save_pretrained(path)
@@ -109,6 +109,23 @@ def build_tiny_llava(path: str) -> str:
     return path
 
 
+_DEEPSEEK = dict(
+    num_hidden_layers=2,
+    num_key_value_heads=4,
+    kv_lora_rank=32,
+    q_lora_rank=48,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    n_routed_experts=8,
+    n_group=4,
+    topk_group=2,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+    routed_scaling_factor=2.5,
+)
 TINY_MODELS = {
     "llama": dict(
         rope_parameters={
@@ -214,6 +231,21 @@ TINY_MODELS = {
     ),
     # A thinking model: <think> and </think> added to the tokenizer (ids 49152, 49153; add_think_tokens).
     "qwen3-think": dict(head_dim=16, vocab_size=49160),
+    # MLA: layer 0 dense, layer 1 experts (8 in 4 groups, 2 groups kept) and a shared expert. V2: q
+    # projected directly, softmax routing over the kept groups; V3: a q bottleneck, YaRN (mscale),
+    # sigmoid routing with a drawn e_score_correction_bias, interleaved rotary pairs.
+    "deepseek_v2": dict(_DEEPSEEK, q_lora_rank=None, topk_method="group_limited_greedy"),
+    "deepseek_v3": dict(
+        _DEEPSEEK,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 128,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+    ),
 }
 # Qwen3's thinking switch: enable_thinking false closes an empty think block in the prompt.
 THINK_CHAT_TEMPLATE = (

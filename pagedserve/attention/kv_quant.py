@@ -101,12 +101,20 @@ def kv_cache_storage_dtype(cache_dtype: str, model_dtype: torch.dtype) -> torch.
 
 
 def kv_quantization(
-    cache_dtype: str, calculate_scales: bool, checkpoint_scales: tuple[float, float] | None = None
+    cache_dtype: str,
+    calculate_scales: bool,
+    checkpoint_scales: tuple[float, float] | None = None,
+    latent: bool = False,
 ) -> KVQuantization | None:
     """A layer's fp8 cache: scales from the first batch (--calculate-kv-scales), else the checkpoint's
-    (`checkpoint_scales`, on unrotated keys), else 1.0."""
+    (`checkpoint_scales`, on unrotated keys), else 1.0. An MLA layer's (`latent`) stores its latents
+    unrotated (they are its values too) under one scale."""
     if cache_dtype not in FP8_DTYPES:  # the model's dtype, or bfloat16: values stored as they are cast
         return None
     if calculate_scales or checkpoint_scales is None:
-        return KVQuantization(FP8_DTYPES[cache_dtype], scales_pending=calculate_scales, rotate_keys=True)
+        return KVQuantization(
+            FP8_DTYPES[cache_dtype], scales_pending=calculate_scales, rotate_keys=not latent
+        )
+    if latent:
+        return KVQuantization(FP8_DTYPES[cache_dtype], checkpoint_scales[0], checkpoint_scales[0])
     return KVQuantization(FP8_DTYPES[cache_dtype], *checkpoint_scales)

@@ -22,8 +22,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pagedserve.config.parallel import PipelineStage, pipeline_stages
+from pagedserve.families import MLA_ARCHITECTURES
 from pagedserve.utils import cdiv
-from pagedserve.utils.hf_config import head_dim, layer_windows, num_kv_heads
+from pagedserve.utils.hf_config import (
+    head_dim,
+    layer_windows,
+    mla_latent_dims,
+    num_kv_heads,
+)
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -158,21 +164,37 @@ def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
 
 @dataclass(frozen=True)
 class KVTensors:
-    """One model's attention layers as the KV cache stores them on one rank."""
+    """One model's attention layers as the KV cache stores them on one rank: a K and a V tensor per layer
+    [blocks, block_size, num_kv_heads, head_dim], or for multi-head latent attention (`latent`: DeepSeek
+    V2/V3) one tensor [blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim], the latent every head's
+    K and V are expanded from and the rotary key they share, replicated on every tensor-parallel rank."""
 
     num_layers: int
     num_kv_heads: int  # on the rank
     head_dim: int
+    latent: bool = False
 
     @classmethod
     def of(cls, hf_config: "PretrainedConfig", architecture: str, tp: int) -> "KVTensors":
+        if architecture in MLA_ARCHITECTURES:
+            return cls(hf_config.num_hidden_layers, 1, sum(mla_latent_dims(hf_config)), latent=True)
         heads = kv_heads_per_rank(num_kv_heads(hf_config, architecture), tp)
         return cls(hf_config.num_hidden_layers, heads, head_dim(hf_config))
 
     @property
+    def tensors_per_layer(self) -> int:
+        return 1 if self.latent else 2
+
+    @property
     def values_per_token(self) -> int:
-        """K and V values of one token in one layer."""
-        return 2 * self.num_kv_heads * self.head_dim
+        """K and V values (or the latent's) of one token in one layer."""
+        return self.tensors_per_layer * self.num_kv_heads * self.head_dim
+
+    def describe(self) -> str:
+        """What one token stores per layer, for the startup log and the planner."""
+        if self.latent:
+            return f"MLA latent: {self.head_dim} values per token per layer (kv_lora_rank + qk_rope_head_dim)"
+        return f"K and V: 2 x {self.num_kv_heads} KV heads x {self.head_dim} values per token per layer"
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,11 @@ from pagedserve.config.pooling import (
     resolve_runner,
 )
 from pagedserve.errors import ConfigError
-from pagedserve.families import DECODERS, IMAGE_ARCHITECTURES, decoder_family
+from pagedserve.families import DECODERS, IMAGE_ARCHITECTURES, MLA_ARCHITECTURES, decoder_family
 from pagedserve.logger import init_logger
 from pagedserve.utils.default_model import DEFAULT_MODEL_NAME, default_model_path
 from pagedserve.utils.gguf_cache import gguf_hf_folder
-from pagedserve.utils.hf_config import gpt_oss_config_problem
+from pagedserve.utils.hf_config import deepseek_unsupported, gpt_oss_config_problem
 from pagedserve.utils.hf_tokenizer import tokenizer_source
 
 if TYPE_CHECKING:
@@ -81,6 +81,10 @@ class ModelConfig:
                 f"Model architecture {self.architecture!r} is not supported. Supported "
                 f"architectures: {', '.join(sorted(supported))}."
             )
+        if self.architecture in MLA_ARCHITECTURES and (
+            why := deepseek_unsupported(self.hf_config, self.architecture)
+        ):
+            raise ConfigError(f"The model's config.json asks for {why}: not implemented, refused.")
         if self.dtype not in SUPPORTED_DTYPES[1:]:
             raise ConfigError(
                 f"dtype={self.dtype!r} is not supported; --dtype must be one of "

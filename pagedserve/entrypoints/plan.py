@@ -424,6 +424,7 @@ def report(inputs: PlanInputs, plan: Plan) -> dict[str, Any]:
         "request_tokens": inputs.request_tokens,
         "sliding_window": inputs.layout.widest_window,
         "kv_cache_groups": inputs.layout.num_groups,
+        "kv_layout": inputs.layout.model.describe(),
         "weights_format": weights_format(inputs),
         **asdict(plan),
         "recommended_flags": recommendations(inputs, plan) if plan.fits else None,

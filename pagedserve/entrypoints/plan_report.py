@@ -39,7 +39,7 @@ def _model_rows(result: PlanReport) -> list[Row]:
             f"{result['weights_bytes']:,} B ({_gib(result, 'weights_bytes')}; {result['weights_format']})",
         ),
         *_offload_rows(result),
-        ("KV bytes per token", f"{result['kv_bytes_per_token']:,} B per GPU"),
+        ("KV bytes per token", f"{result['kv_bytes_per_token']:,} B per GPU ({result['kv_layout']})"),
         ("KV bytes per block", f"{result['bytes_per_block']:,} B ({result['block_size']} tokens)"),
     ]
 

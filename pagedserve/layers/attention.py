@@ -3,8 +3,9 @@
 import torch
 from torch import nn
 
-from pagedserve.attention.backends.base import AnyAttentionBackend, AttentionLayerSpec
+from pagedserve.attention.backends.base import AnyAttentionBackend, AttentionLayerSpec, KVCache
 from pagedserve.attention.forward_context import get_attention_metadata
+from pagedserve.attention.mla import MLAProjections
 
 # The pooling runner's dense backend reads no cache; its layers get this empty pair (never read).
 NO_KV_CACHE = (torch.empty(0), torch.empty(0))
@@ -23,13 +24,21 @@ class Attention(nn.Module):
         sliding_window: int | None = None,
         logits_soft_cap: float | None = None,
         sinks: torch.Tensor | None = None,
+        latent_dim: int | None = None,
     ) -> None:
         super().__init__()
         self.spec = AttentionLayerSpec(
-            num_heads, num_kv_heads, head_dim, scale, sliding_window, logits_soft_cap, sinks
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            scale,
+            sliding_window,
+            logits_soft_cap,
+            sinks,
+            latent_dim=latent_dim,
         )
         self.backend: AnyAttentionBackend | None = None
-        self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.kv_cache: KVCache | None = None
         self.kv_cache_group = 0
         # (k_scale, v_scale) shipped in an fp8 checkpoint (model_loader/kv_scales.py), else None
         self.checkpoint_kv_scales: tuple[float, float] | None = None
@@ -42,3 +51,16 @@ class Attention(nn.Module):
                 quant.calculate_scales(k, v, spec.num_kv_heads, spec.head_dim, spec.logits_soft_cap is None)
             q, k = quant.transform(q, k, spec.num_kv_heads, spec.head_dim)
         return self.backend.forward(spec, q, k, v, self.kv_cache, get_attention_metadata(self.kv_cache_group))
+
+    def forward_latent(
+        self, q: torch.Tensor, latent: torch.Tensor, projections: MLAProjections
+    ) -> torch.Tensor:
+        """MLA (`latent_dim` set; attention/mla.py): q [T, heads, nope + rope] and the step's latents
+        [T, head_dim] -> [T, heads * v_head_dim]. An fp8 cache stores latents unrotated, with one scale."""
+        assert self.backend is not None and self.kv_cache is not None, "KV cache not bound"
+        quant = self.spec.kv_quant
+        if quant is not None and quant.scales_pending:  # --calculate-kv-scales: one scale, K = V = latent
+            quant.calculate_scales(latent, latent, 1, self.spec.head_dim, shift_invariant=False)
+        metadata = get_attention_metadata(self.kv_cache_group)
+        out = self.backend.forward_mla(self.spec, q, latent, self.kv_cache, metadata, projections)
+        return out.reshape(q.shape[0], -1)

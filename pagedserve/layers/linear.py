@@ -50,10 +50,11 @@ class ColumnParallelLinear(nn.Module):
     checkpoint projections fused in it, in output order (what its weight_loader takes)."""
 
     shard_ids: tuple[object, ...] = (None,)
+    replicated = False  # every rank holds all of W (ReplicatedLinear)
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
         super().__init__()
-        self.tp_rank, self.tp_size = get_tp_rank(), get_tp_world_size()
+        self.tp_rank, self.tp_size = (0, 1) if self.replicated else (get_tp_rank(), get_tp_world_size())
         # NOTE: not `input_size_per_partition`: quantization methods tell a row-parallel layer by that name.
         self.input_size = input_size
         self.output_size_per_partition = _divide(output_size, self.tp_size, "output size")
@@ -73,6 +74,12 @@ class ColumnParallelLinear(nn.Module):
         if self.lora is not None:
             self.lora.add_to(y, x)
         return y if self.bias is None else y + self.bias
+
+
+class ReplicatedLinear(ColumnParallelLinear):
+    """y = x W^T + b computed whole on every rank (MLA's down projections: its latent is replicated)."""
+
+    replicated = True
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):

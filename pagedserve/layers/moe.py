@@ -44,6 +44,32 @@ def select_top_logits(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Te
     return torch.softmax(logits, dim=-1, dtype=logits.dtype), ids
 
 
+def select_grouped_experts(
+    router_logits: torch.Tensor,
+    top_k: int,
+    num_groups: int,
+    topk_groups: int,
+    correction_bias: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek's routing, router_logits [T, num_experts] in float32 -> (scores [T, top_k], ids [T, top_k]).
+    Without `correction_bias` (V2): softmax scores; the experts of the `topk_groups` groups whose best
+    expert scores highest compete. With it (V3, noaux_tc): sigmoid scores, the bias added for the choice
+    only (groups ranked by the sum of their two best), the weights the unbiased scores. One group: plain
+    top-k (V2's greedy)."""
+    biased = correction_bias is not None
+    scores = router_logits.sigmoid() if biased else router_logits.softmax(dim=-1)
+    choice = scores + correction_bias if correction_bias is not None else scores
+    if num_groups > 1:
+        grouped = choice.view(choice.shape[0], num_groups, -1)
+        group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1) if biased else grouped.max(dim=-1).values
+        kept = torch.zeros_like(group_scores).scatter_(1, group_scores.topk(topk_groups, dim=-1)[1], 1)
+        # NOTE: a dropped expert scores -inf (V3) or 0 (V2: HF's, so a kept expert of score 0 ties with it)
+        mask = kept.bool()[:, :, None].expand_as(grouped).reshape_as(choice)
+        choice = choice.masked_fill(~mask, float("-inf") if biased else 0.0)
+    ids = choice.topk(top_k, dim=-1)[1]
+    return scores.gather(1, ids), ids
+
+
 class FusedMoE(nn.Module):
     """Experts' weights stacked: w13 [num_experts, 2 * intermediate / tp, hidden] (gate rows, then up
     rows) and w2 [num_experts, hidden, intermediate / tp]; quantized, one gate/up layer per expert (`w13`,

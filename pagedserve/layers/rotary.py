@@ -1,5 +1,6 @@
 """Rotary position embeddings (neox layout, as HF Llama/Qwen2/Mistral), with linear, Llama-3, LongRoPE
-(Phi-3's "su") and YaRN (gpt-oss) scaling, over the whole head or its first `partial_rotary_factor` part."""
+(Phi-3's "su") and YaRN (gpt-oss, DeepSeek V2/V3) scaling, over the whole head or its first
+`partial_rotary_factor` part."""
 
 import math
 from typing import TYPE_CHECKING, Required, TypedDict, cast
@@ -61,6 +62,10 @@ def rope_parameters(hf_config: "PretrainedConfig", layer_type: str | None = None
         "original_max_position_embeddings",
         getattr(hf_config, "original_max_position_embeddings", None) or hf_config.max_position_embeddings,
     )
+    if params["rope_type"] == "yarn" and not params.get("factor"):  # HF's default: the stretch itself
+        params["factor"] = hf_config.max_position_embeddings / cast(
+            int, params["original_max_position_embeddings"]
+        )
     if params["rope_type"] not in SUPPORTED_ROPE_TYPES:
         raise ValueError(
             f"rope_type={params['rope_type']!r} is not supported; supported: "
@@ -83,24 +88,35 @@ def longrope_attention_factor(params: RopeParams) -> float:
     return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
 
 
-def longrope_inv_freq(rotary_dim: int, params: RopeParams, long: bool) -> torch.Tensor:
-    factors = torch.tensor(params["long_factor" if long else "short_factor"], dtype=torch.float32)
-    return 1.0 / (factors * params["rope_theta"] ** _exponents(rotary_dim))
-
-
-def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
-    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction for a context stretched `factor` times: 0.1 * mscale * ln(factor) + 1."""
+    return 1.0 if factor <= 1.0 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 def yarn_attention_factor(params: RopeParams) -> float:
-    """YaRN's scaling of cos/sin: given, else from the factor (and DeepSeek's mscale pair), as HF."""
+    """YaRN's scaling of cos/sin: given, else mscale(factor, mscale) / mscale(factor, mscale_all_dim) when
+    both are set (DeepSeek), else mscale(factor) (HF's rule)."""
     given = params.get("attention_factor")
     if given is not None:
         return given
-    factor, mscale, mscale_all_dim = params["factor"], params.get("mscale"), params.get("mscale_all_dim")
-    if mscale and mscale_all_dim:
-        return _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
-    return _yarn_mscale(factor)
+    factor, mscale, all_dim = params["factor"], params.get("mscale"), params.get("mscale_all_dim")
+    if mscale and all_dim:
+        return yarn_mscale(factor, mscale) / yarn_mscale(factor, all_dim)
+    return yarn_mscale(factor)
+
+
+def yarn_softmax_scale(params: RopeParams) -> float:
+    """What MLA models (DeepSeek) multiply their softmax scale by under YaRN: mscale(factor,
+    mscale_all_dim) squared, scaling the non-rotary part of q . k too (1 for other rope types)."""
+    all_dim = params.get("mscale_all_dim")
+    if params["rope_type"] != "yarn" or not all_dim:
+        return 1.0
+    return yarn_mscale(params["factor"], all_dim) ** 2
+
+
+def longrope_inv_freq(rotary_dim: int, params: RopeParams, long: bool) -> torch.Tensor:
+    factors = torch.tensor(params["long_factor" if long else "short_factor"], dtype=torch.float32)
+    return 1.0 / (factors * params["rope_theta"] ** _exponents(rotary_dim))
 
 
 def yarn_inv_freq(rotary_dim: int, params: RopeParams) -> torch.Tensor:
@@ -151,10 +167,8 @@ def _cos_sin(rotary_dim: int, max_position: int, params: RopeParams) -> tuple[to
     positions = torch.arange(max_position, dtype=torch.float32)
     if params["rope_type"] != "longrope":
         freqs = torch.outer(positions, _inv_freq(rotary_dim, params))
-        if params["rope_type"] == "yarn":
-            scale = yarn_attention_factor(params)
-            return freqs.cos() * scale, freqs.sin() * scale
-        return freqs.cos(), freqs.sin()
+        scale = yarn_attention_factor(params) if params["rope_type"] == "yarn" else 1.0
+        return freqs.cos() * scale, freqs.sin() * scale
     is_long = (positions >= params["original_max_position_embeddings"])[:, None]
     freqs = torch.where(
         is_long,

@@ -12,6 +12,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import Metric
 
 from pagedserve.config import CacheConfig
+from pagedserve.config.kv_layout import KVCacheLayout
 from pagedserve.metrics.loggers import StatLoggerBase
 from pagedserve.metrics.stats import IterationStats
 from pagedserve.protocol import FinishReason, SchedulerStats
@@ -135,6 +136,12 @@ class PrometheusStatLogger(StatLoggerBase):
         auto is the model's dtype), per engine."""
         for engine in self.engines:
             engine.record_cache_config(cache, cache_dtype, num_gpu_blocks, num_cpu_blocks)
+
+    def record_kv_layout(self, layout: KVCacheLayout) -> None:
+        """`kv_cache_layout_info`: what one token stores per layer (`kind` kv: K and V per KV head, mla: one
+        latent) and the KV bytes per token of a rank, per engine."""
+        for engine in self.engines:
+            engine.record_kv_layout(layout)
 
     def server_gauge(self, name: str, description: str, read: Callable[[], float]) -> None:
         """The gauge `pagedserve:<name>` of the API server's own state (not an engine's), read at each
@@ -295,6 +302,16 @@ class _EngineMetrics:
         }
         self._family(
             Gauge, "cache_config_info", "Information of the KV cache configuration.", list(labels)
+        ).labels(*self.label_values, *map(str, labels.values())).set(1)
+
+    def record_kv_layout(self, layout: KVCacheLayout) -> None:
+        labels = {
+            "kind": "mla" if layout.model.latent else "kv",
+            "values_per_token_per_layer": layout.model.values_per_token,
+            "bytes_per_token": layout.bytes_per_token,
+        }
+        self._family(
+            Gauge, "kv_cache_layout_info", "What the KV cache stores per token.", list(labels)
         ).labels(*self.label_values, *map(str, labels.values())).set(1)
 
     def record_model_weight_bytes(self, num_bytes: int) -> None:

@@ -3,7 +3,7 @@ the sizing arithmetic (which counts them), so both read a config the same way.""
 
 from typing import TYPE_CHECKING
 
-from pagedserve.families import family
+from pagedserve.families import decoder_family, family
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -89,4 +89,41 @@ def gpt_oss_config_problem(config: "PretrainedConfig") -> str | None:
             f"num_experts_per_tok={config.num_experts_per_tok} (more than its num_local_experts="
             f"{config.num_local_experts})"
         )
+    return None
+
+
+# DeepSeek V2/V3 (models/deepseek_v2.py): multi-head latent attention (MLA) and their expert routing.
+_DEEPSEEK_ROPE_TYPES = ("default", "yarn")
+
+
+def mla_latent_dims(config: "PretrainedConfig") -> tuple[int, int]:
+    """(kv_lora_rank, qk_rope_head_dim): an MLA layer caches one latent of kv_lora_rank values and one
+    rotary key of qk_rope_head_dim values per token, shared by all its heads."""
+    return int(config.kv_lora_rank), int(config.qk_rope_head_dim)
+
+
+def is_deepseek_moe_layer(config: "PretrainedConfig", layer_idx: int) -> bool:
+    """DeepSeek: the layers from `first_k_dense_replace` on (every `moe_layer_freq`-th) are experts."""
+    return (
+        bool(config.n_routed_experts)
+        and layer_idx >= (config.first_k_dense_replace or 0)
+        and layer_idx % (getattr(config, "moe_layer_freq", 1) or 1) == 0
+    )
+
+
+def deepseek_unsupported(config: "PretrainedConfig", architecture: str) -> str | None:
+    """Why a DeepSeek config asks for something models/deepseek_v2.py does not implement (the field and
+    its value), or None."""
+    latent = decoder_family(architecture).mla
+    assert latent is not None, "an MLA family"
+    scoring, methods = latent.scoring_funcs, latent.topk_methods
+    for field, allowed in (("scoring_func", scoring), ("topk_method", methods)):
+        value = getattr(config, field, None)
+        if value not in allowed:
+            supported = ", ".join(repr(v) for v in allowed if v is not None)
+            return f"{field}={value!r} (supported for {architecture}: {supported})"
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type") or rope.get("type") or "default"
+    if rope_type not in _DEEPSEEK_ROPE_TYPES:
+        return f"rope_type={rope_type!r} (supported: {', '.join(_DEEPSEEK_ROPE_TYPES)})"
     return None

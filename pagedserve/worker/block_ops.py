@@ -7,7 +7,7 @@ import torch
 
 from pagedserve.core.sched_output import BlockPairs, SchedulerOutput
 
-KVCaches = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (K, V): [num_blocks, block_size, heads, dim]
+KVCaches = list[tuple[torch.Tensor, ...]]  # per layer (K, V), or an MLA layer's (latent,)
 Allocate = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
 
 
@@ -19,11 +19,8 @@ class KVBlockMover:
         self.device_caches = device_caches
         self.host_caches: KVCaches = (
             [
-                (
-                    allocate((num_host_blocks, *k.shape[1:]), k.dtype),
-                    allocate((num_host_blocks, *v.shape[1:]), v.dtype),
-                )
-                for k, v in device_caches
+                tuple(allocate((num_host_blocks, *t.shape[1:]), t.dtype) for t in layer_caches)
+                for layer_caches in device_caches
             ]
             if num_host_blocks
             else []

@@ -5,6 +5,7 @@ import time
 import torch
 
 from pagedserve.attention.backends import select_attention_backend
+from pagedserve.attention.backends.base import KVCache
 from pagedserve.attention.forward_context import set_forward_context
 from pagedserve.attention.kv_quant import kv_cache_storage_dtype, kv_quantization
 from pagedserve.config import EngineConfig
@@ -85,7 +86,7 @@ class ModelRunner:
             else None
         )
         self._check_kv_layout()
-        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.kv_caches: list[KVCache] = []
         self.block_mover: KVBlockMover | None = None
         self.cuda_graphs: CudaGraphRunner | None = None
 
@@ -95,7 +96,10 @@ class ModelRunner:
         cache = self.config.cache
         for layer in self.attention_layers:
             layer.spec.kv_quant = kv_quantization(
-                cache.cache_dtype, cache.calculate_kv_scales, layer.checkpoint_kv_scales
+                cache.cache_dtype,
+                cache.calculate_kv_scales,
+                layer.checkpoint_kv_scales,
+                latent=layer.spec.latent_dim is not None,
             )
 
     def free_kv_cache(self) -> None:
@@ -111,7 +115,10 @@ class ModelRunner:
     def kv_cache_bytes_per_block(self) -> int:
         """K and V of `block_size` tokens in every K/V tensor this rank allocates: one block id spans the
         layers of one KV cache group (and the draft model's layers)."""
-        per_token = sum(2 * layer.spec.num_kv_heads * layer.spec.head_dim for layer in self._tensor_owners())
+        per_token = sum(
+            layer.spec.num_cache_tensors * layer.spec.num_kv_heads * layer.spec.head_dim
+            for layer in self._tensor_owners()
+        )
         return per_token * self.block_size * self.kv_dtype.itemsize
 
     def _check_kv_layout(self) -> None:
@@ -140,8 +147,9 @@ class ModelRunner:
         return owners
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        """Allocate K and V tensors [num_blocks, block_size, num_kv_heads, head_dim]: one pair per layer
-        of a KV cache group, shared by the same place in every other group; one per draft layer."""
+        """Allocate K and V tensors [num_blocks, block_size, num_kv_heads, head_dim] (an MLA layer: its one
+        latent tensor): one set per layer of a KV cache group, shared by the same place in every other
+        group; one per draft layer."""
         self.kv_caches = []
         alloc = self.platform.allocate_kv_cache
         # The draft model's caches get its scratch blocks after the shared ones.
@@ -152,7 +160,7 @@ class ModelRunner:
         )
         if self.drafter:
             self.drafter.scratch_start = num_blocks
-        shared: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        shared: dict[int, KVCache] = {}
         for layer in self.attention_layers:
             blocks = num_blocks + scratch.get(id(layer), 0)
             shape = (blocks, self.block_size, layer.spec.num_kv_heads, layer.spec.head_dim)
@@ -160,9 +168,8 @@ class ModelRunner:
             if tensor in shared:
                 layer.kv_cache = shared[tensor]
                 continue
-            layer.kv_cache = (
-                alloc(shape, self.kv_dtype, self.device),
-                alloc(shape, self.kv_dtype, self.device),
+            layer.kv_cache = tuple(
+                alloc(shape, self.kv_dtype, self.device) for _ in range(layer.spec.num_cache_tensors)
             )
             self.kv_caches.append(layer.kv_cache)
             if tensor is not None:

@@ -17,7 +17,15 @@ from pagedserve.sizing import ModelShape
 PP_ENGINE_ARGS = dict(max_model_len=64, block_size=8, max_num_batched_tokens=16)
 # KV blocks of 8 tokens: fewer than the 4 requests need at once, so some are preempted (recompute). With
 # KV cache groups (qwen3-4l: four, gemma2: two) a request holds a block per group and token.
-NUM_BLOCKS = {"llama-5l-tied": 10, "qwen3-4l": 28, "gemma2": 16, "qwen2_moe": 10, "phi3": 10, "falcon-7b": 10}
+NUM_BLOCKS = {
+    "llama-5l-tied": 10,
+    "qwen3-4l": 28,
+    "gemma2": 16,
+    "qwen2_moe": 10,
+    "phi3": 10,
+    "falcon-7b": 10,
+    "deepseek_v3": 10,
+}
 PREFIX = [random.Random(1).randrange(3, 49152) for _ in range(16)]  # two blocks shared by every prompt
 
 

@@ -38,6 +38,7 @@ one_process = pytest.fixture(scope="module", name="one_process")(one_process_tok
                 ("phi3", 1, 2, None),  # fused qkv_proj / gate_up_proj checkpoint tensors
                 ("falcon-7b", 1, 2, None),  # its own names, parallel attention/MLP, LayerNorms, a tied head
                 ("gemma2", 1, 2, None),  # a windowed layer, then a global one: one KV cache group per stage
+                ("deepseek_v3", 1, 2, None),  # MLA (one latent tensor per layer), experts on stage 1
             ]
         ),
     ],

@@ -17,8 +17,9 @@ from pagedserve.executor.multiproc import MultiprocExecutor
 # llama: GQA, 2 KV heads split 1 per rank; llama-1kv-tied: 1 KV head replicated on both ranks and a
 # tied vocab-parallel LM head; qwen2: 1 KV head and q/k/v biases; mixtral: experts split over the ranks.
 MODELS = ["llama", "llama-1kv-tied", "qwen2", "mixtral"]
-# Also greedy-equal at tp=2: a shared expert and dense layers; sliding windows and soft caps.
-MORE_FAMILIES = ["qwen2_moe", "gemma2"]
+# Also greedy-equal at tp=2: a shared expert and dense layers; sliding windows and soft caps; MLA (heads
+# split, the latent replicated).
+MORE_FAMILIES = ["qwen2_moe", "gemma2", "deepseek_v3"]
 TP = 2
 
 

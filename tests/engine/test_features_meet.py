@@ -6,9 +6,10 @@ regex / choice / JSON, logit_bias, penalties, shared prefixes for prefix-cache h
 a LoRA adapter) and two token budgets, one for the batch and one for each request run alone, so prompts are
 cut into chunks at other places; it runs them under one of several engine settings (n-gram and draft-model
 speculation, forced recompute and swap preemption in a tiny pool, priority scheduling, chunked prefill, an
-fp8 KV cache, a sliding-window model, a K-quant and a Q4_0 GGUF, three adapters over two slots, adapters in
-one slot under priority and a draft model, wide batches whose decode steps run above 8 and 16 rows, two
-data-parallel replicas, two pipeline stages with adapters, sleep and wake between runs, gpt-oss). For every request:
+fp8 KV cache, a sliding-window model, DeepSeek V3's latent attention, a K-quant and a Q4_0 GGUF, three
+adapters over two slots, adapters in one slot under priority and a draft model, wide batches whose decode
+steps run above 8 and 16 rows, two data-parallel replicas, two pipeline stages with adapters, sleep and wake
+between runs, images, gpt-oss). For every request:
 
 - its output in the batch equals its output run alone: tokens, text, finish and stop reasons, and the
   logprobs and prompt logprobs **bit for bit**: a token's logits do not depend on what shares its step, on
@@ -201,6 +202,13 @@ SETTINGS: dict[str, Setting] = {
         "gpt_oss",
         dict(TIGHT, speculative_config=NGRAM, preemption_mode="recompute", max_num_batched_tokens=24),
         max_batch=3,
+    ),
+    # DeepSeek V3 (MLA: one latent per token and layer in the cache, every token absorbed on the native
+    # kernel; grouped expert routing) under n-gram speculation, recompute preemption and chunked prefill.
+    "mla_ngram_recompute_chunked": Setting(
+        "deepseek_v3",
+        dict(TIGHT, speculative_config=NGRAM, preemption_mode="recompute", max_num_batched_tokens=32),
+        hf_reference=True,
     ),
 }
 # Settings whose Triton kernels run on CUDA only here: under Triton's interpreter on CPU this setting's batches

@@ -382,3 +382,16 @@ def test_cpu_offload_gb_out_of_range_names_the_flag(capsys: pytest.CaptureFixtur
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["plan", model, *LLAMA_8B_WORKLOAD, "--cpu-offload-gb", value])
     assert exit_info.value.code == 2 and "--cpu-offload-gb" in capsys.readouterr().err
+
+
+def test_deepseek_v3_kv_is_one_latent_per_layer(capsys: pytest.CaptureFixture[str]) -> None:
+    """MLA (docs/models.md): a token stores kv_lora_rank + qk_rope_head_dim values per layer, on every
+    tensor-parallel rank alike (the latent is replicated), not 2 x heads x head_dim."""
+    config = os.path.join(DATA, "deepseek-v3", "config.json")
+    _, result = plan(capsys, config, "--kv-cache-memory", "64GiB")
+    assert result["kv_bytes_per_token"] == 61 * (512 + 64) * 2 == 70_272  # layers, latent + rope, bf16
+    assert result["bytes_per_block"] == 16 * 70_272
+    assert result["kv_layout"].startswith("MLA latent: 576 values")
+    assert 671e9 < result["num_parameters"] < 672e9  # DeepSeek's published 671B (the MTP module not held)
+    _, fp8_tp8 = plan(capsys, config, "--kv-cache-memory", "64GiB", "--kv-cache-dtype", "fp8", "-tp", "8")
+    assert fp8_tp8["kv_bytes_per_token"] == 61 * 576 == 35_136

@@ -53,6 +53,28 @@ def test_greedy_tokens_equal_torch_backend(tiny_llama: str, monkeypatch: pytest.
     assert tokens["triton"] == tokens["torch"]
 
 
+@pytest.mark.sampled
+def test_mla_greedy_tokens_equal_torch_backend(tiny_model_factory) -> None:
+    """DeepSeek V3's latent attention through the Triton kernel (every token absorbed: one KV head, the
+    latent cache as both K and V) gives the torch backend's tokens (absorbed decodes, expanded prefill),
+    a prompt chunked by 8-token steps beside another's decodes."""
+    prompts = [{"prompt_token_ids": [(7 * i + 3) % 49000 + 3 for i in range(n)]} for n in (3, 20)]
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    tokens = {}
+    for backend in ("torch", "triton"):
+        llm = LLM(
+            tiny_model_factory("deepseek_v3"),
+            attention_backend=backend,
+            block_size=8,
+            kv_cache_memory="8MiB",
+            max_num_batched_tokens=8,
+            device=DEVICE.type,
+            dtype="float32",
+        )
+        tokens[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert tokens["triton"] == tokens["torch"]
+
+
 def test_triton_on_cpu_without_the_interpreter_is_refused_clearly() -> None:
     """A fresh process (no TRITON_INTERPRET): asking for triton on CPU names the problem and the flag."""
     code = (

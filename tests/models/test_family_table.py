@@ -22,7 +22,7 @@ TABLE = PACKAGE / "families.py"
 # names (--reasoning-parser qwen3, --tool-call-parser mistral), chosen by the user, not by the model.
 OTHER_MEANINGS = {
     PACKAGE / "reasoning" / "parsers.py": {"qwen3", "mistral"},
-    PACKAGE / "entrypoints" / "openai" / "tool_parsers" / "__init__.py": {"mistral"},
+    PACKAGE / "entrypoints" / "openai" / "tool_parsers" / "__init__.py": {"mistral", "deepseek_v3"},
 }
 # Any HF model class name, so that a family added outside the table is caught too.
 HF_CLASS_NAME = re.compile(r"\w+(ForCausalLM|ForSequenceClassification|Model)")

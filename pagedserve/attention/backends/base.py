@@ -7,6 +7,11 @@ from typing import Any, Generic, TypeAlias, TypeVar
 import torch
 
 from pagedserve.attention.kv_quant import KVQuantization
+from pagedserve.attention.mla import MLAProjections
+
+# One layer's cache: (K, V), each [num_blocks, block_size, num_kv_heads, head_dim]; an MLA layer's
+# (latent,) [num_blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim] (attention/mla.py).
+KVCache = tuple[torch.Tensor, ...]
 
 
 @dataclass
@@ -48,6 +53,13 @@ class AttentionLayerSpec:
     sinks: torch.Tensor | None = None
     # fp8 KV cache: the format and this layer's K/V scales; None: the cache holds the model's dtype.
     kv_quant: KVQuantization | None = None
+    # MLA (attention/mla.py): the layer caches one tensor (num_kv_heads 1, head_dim kv_lora_rank +
+    # qk_rope_head_dim), its first `latent_dim` values the latent; None: a K and a V tensor.
+    latent_dim: int | None = None
+
+    @property
+    def num_cache_tensors(self) -> int:
+        return 2 if self.latent_dim is None else 1
 
 
 class AttentionBackend(ABC, Generic[MetadataT]):
@@ -81,13 +93,38 @@ class AttentionBackend(ABC, Generic[MetadataT]):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: KVCache,
         metadata: MetadataT,
     ) -> torch.Tensor:
         """q [T, num_heads * head_dim], k/v [T, num_kv_heads * head_dim]; kv_cache is this layer's
         (key_cache, value_cache), each [num_blocks, block_size, num_kv_heads, head_dim], in q's dtype or,
         when `spec.kv_quant` is set, uint8 fp8 bits to store and read through it.
         Returns [T, num_heads * head_dim]."""
+
+    def forward_mla(
+        self,
+        spec: AttentionLayerSpec,
+        q: torch.Tensor,
+        latent: torch.Tensor,
+        kv_cache: KVCache,
+        metadata: MetadataT,
+        projections: MLAProjections,
+    ) -> torch.Tensor:
+        """MLA: q [T, num_heads, qk_nope_head_dim + qk_rope_head_dim] (rotated), latent [T, head_dim] the
+        step's latents and rotary keys to store; kv_cache (latent_cache,). Returns [T, num_heads, v_head_dim].
+
+        Every token absorbed, through this backend's own paged kernel: multi-query attention whose key and
+        value caches are the one latent cache, the output's first latent_dim values kept.
+        NOTE: `forward` then stores each latent twice into the same slot (as K and as V, the same values
+        and, for fp8, one scale: the layer's k_scale and v_scale are kept equal), a write of one token's
+        latent per layer, for no change to the kernels."""
+        assert spec.latent_dim is not None, "forward_mla is for MLA layers"
+        num_tokens, num_heads, _ = q.shape
+        cache = kv_cache[0]
+        out = self.forward(
+            spec, projections.absorb(q).reshape(num_tokens, -1), latent, latent, (cache, cache), metadata
+        )
+        return projections.project_out(out.view(num_tokens, num_heads, -1)[..., : spec.latent_dim])
 
 
 # A backend held where its metadata type is not known (the model runner, the layers): its metadata

@@ -19,6 +19,7 @@ from pagedserve.attention.backends.base import (
     AttentionLayerSpec,
     AttentionMetadata,
     CommonAttentionMetadata,
+    KVCache,
 )
 from pagedserve.attention.backends.torch_paged import write_kv
 from pagedserve.kernels import cpu as cpu_kernels
@@ -52,7 +53,7 @@ class CpuNativeAttentionBackend(AttentionBackend[NativeAttentionMetadata]):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: KVCache,
         metadata: NativeAttentionMetadata,
     ) -> torch.Tensor:
         num_tokens = q.shape[0]

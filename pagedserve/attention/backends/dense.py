@@ -15,6 +15,7 @@ from pagedserve.attention.backends.base import (
     AttentionLayerSpec,
     AttentionMetadata,
     CommonAttentionMetadata,
+    KVCache,
 )
 
 
@@ -84,7 +85,7 @@ class DenseAttentionBackend(AttentionBackend[DenseAttentionMetadata]):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: KVCache,
         metadata: DenseAttentionMetadata,
     ) -> torch.Tensor:
         out = F.scaled_dot_product_attention(

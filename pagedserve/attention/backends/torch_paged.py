@@ -18,7 +18,9 @@ from pagedserve.attention.backends.base import (
     AttentionLayerSpec,
     AttentionMetadata,
     CommonAttentionMetadata,
+    KVCache,
 )
+from pagedserve.attention.mla import MLAProjections
 from pagedserve.utils import cdiv
 
 
@@ -128,7 +130,7 @@ class TorchPagedAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: KVCache,
         metadata: TorchAttentionMetadata,
     ) -> torch.Tensor:
         num_tokens = q.shape[0]
@@ -165,6 +167,48 @@ class TorchPagedAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
                 chunk.mask(spec.sliding_window),
             ).transpose(0, 1)
         return out.view(num_tokens, -1)
+
+    def forward_mla(
+        self,
+        spec: AttentionLayerSpec,
+        q: torch.Tensor,
+        latent: torch.Tensor,
+        kv_cache: KVCache,
+        metadata: TorchAttentionMetadata,
+        projections: MLAProjections,
+    ) -> torch.Tensor:
+        """Decodes absorbed, over the gathered latents; each prefill chunk expanded: its context's latents
+        into every head's K and V (at most the chunk's sequence, as chunking bounds it), then SDPA."""
+        cache = kv_cache[0]
+        write_latent(cache, latent, metadata.slot_mapping, spec)
+        out = q.new_empty(*q.shape[:2], projections.w_uv.shape[1])
+        nd = metadata.num_decode_tokens
+        if nd:
+            latents = read_kv(cache, metadata.decode.block_tables, spec, q.dtype).view(
+                nd, 1, -1, spec.head_dim
+            )
+            attended = attend(
+                spec,
+                projections.absorb(q[:nd]).unsqueeze(2),
+                latents,
+                latents[..., : spec.latent_dim],
+                metadata.decode.mask(None),
+            )
+            out[:nd] = projections.project_out(attended.squeeze(2))
+        for chunk in metadata.prefills:
+            rows = slice(chunk.query_start, chunk.query_end)
+            # NOTE: read back from a cache that rounds, as `forward` does (the same tokens whatever the cut).
+            if chunk.context_len == 0 and cache.dtype == q.dtype:
+                context = latent[rows]
+            else:
+                context = read_kv(cache, chunk.block_ids, spec, q.dtype).view(-1, spec.head_dim)[
+                    : chunk.seq_len
+                ]
+            keys, values = projections.expand(context)
+            out[rows] = attend(
+                spec, q[rows].transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1), chunk.mask(None)
+            ).transpose(0, 1)
+        return out
 
 
 def attend(
@@ -235,6 +279,15 @@ def write_kv(
     # NOTE: cast to the cache's dtype (bfloat16 for a float32 model: --kv-cache-dtype bfloat16; else a no-op)
     key_cache.view(-1, *key_cache.shape[2:]).index_copy_(0, slot_mapping, k.to(key_cache.dtype))
     value_cache.view(-1, *value_cache.shape[2:]).index_copy_(0, slot_mapping, v.to(value_cache.dtype))
+
+
+def write_latent(
+    cache: torch.Tensor, latent: torch.Tensor, slot_mapping: torch.Tensor, spec: AttentionLayerSpec
+) -> None:
+    """Store token i's MLA latent [head_dim] at slot slot_mapping[i] (fp8 bits with the layer's k_scale)."""
+    quant = spec.kv_quant
+    stored = latent if quant is None else quant.quantize(latent, quant.k_scale)
+    cache.view(-1, cache.shape[-1]).index_copy_(0, slot_mapping, stored.to(cache.dtype))
 
 
 def read_kv(

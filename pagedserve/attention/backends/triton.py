@@ -14,6 +14,7 @@ from pagedserve.attention.backends.base import (
     AttentionLayerSpec,
     AttentionMetadata,
     CommonAttentionMetadata,
+    KVCache,
 )
 from pagedserve.kernels.triton import PagedBatch, choose_num_splits, paged_attention, reshape_and_cache
 
@@ -70,7 +71,7 @@ class TritonAttentionBackend(AttentionBackend[TritonAttentionMetadata]):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: KVCache,
         metadata: TritonAttentionMetadata,
     ) -> torch.Tensor:
         num_tokens = q.shape[0]

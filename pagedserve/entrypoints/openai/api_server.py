@@ -377,6 +377,7 @@ def _record_engine(loggers: StatLoggers, engine: AsyncLLM) -> None:
     loggers.metrics.record_cache_config(
         config.cache, cache_dtype, handshake.num_blocks - 1, handshake.num_host_blocks
     )
+    loggers.metrics.record_kv_layout(config.kv_layout)
     loggers.metrics.record_model_weight_bytes(handshake.model_weight_bytes)
 
 
