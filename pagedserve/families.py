@@ -101,7 +101,8 @@ class FamilyFacts:
     def separate_projections(self) -> bool:
         """A dense family whose checkpoint keeps q/k/v and gate/up apart: 4-bit checkpoints load into its
         layers as they are, and LoRA adapters target its projections."""
-        return not (self.encoder or self.fused_projections or self.takes_images) and self.moe is None
+        plain = not (self.encoder or self.fused_projections or self.takes_images)
+        return plain and self.moe is None and self.mla is None  # MLA: q/k/v come from latent projections
 
 
 _GEMMA_GGUF_NAMES = {
