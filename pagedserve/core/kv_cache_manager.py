@@ -335,6 +335,8 @@ class KVCacheManager:
 
     def num_allocated_slots(self) -> int:
         """Slots in the requests' tables; a shared block counts once per holder, a freed one not at all."""
+        if not self.groups.has_windows:  # NOTE: only a window frees entries: every entry is held (per step)
+            return self.block_size * sum(map(len, self.req_to_blocks.values()))
         return self.block_size * sum(len(self._held(blocks)) for blocks in self.req_to_blocks.values())
 
     def num_table_entries(self, request_id: str) -> int:
