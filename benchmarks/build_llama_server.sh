@@ -25,7 +25,7 @@ fi
 
 mkdir -p "$CACHE/download"
 echo "Downloading the llama-cpp-python source distribution into $CACHE/download ..." >&2
-pip download --no-deps --no-binary :all: llama-cpp-python -d "$CACHE/download" >&2
+pip download --no-deps --no-binary llama-cpp-python llama-cpp-python -d "$CACHE/download" >&2
 SDIST="$(ls -t "$CACHE"/download/llama_cpp_python-*.tar.gz | head -n 1)"
 
 # NOTE: unpack, then build in the final folder: build/bin's binaries find their shared libraries there.

@@ -33,3 +33,7 @@ class RequestFailedError(PagedServeError):
 
 class EngineDeadError(PagedServeError):
     """The engine process died or stalled; no request can be served. HTTP 503."""
+
+
+class EngineAsleepError(PagedServeError):
+    """The engine sleeps (POST /sleep) and the server does not wake it for requests. HTTP 503."""

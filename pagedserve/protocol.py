@@ -29,6 +29,8 @@ class EngineCoreRequestType(bytes, enum.Enum):
     SHUTDOWN = b"\x02"  # no payload
     BLOCK_SNAPSHOT = b"\x04"  # no payload; answered by an EngineCoreOutputs carrying `block_snapshot`
     RESET_PREFIX_CACHE = b"\x03"  # no payload
+    SLEEP = b"\x05"  # payload: the level (1 or 2) as msgpack; answered by an output carrying `sleep_level`
+    WAKE_UP = b"\x06"  # no payload; answered by an output carrying `sleep_level` 0
 
 
 class PoolingParams(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -84,6 +86,19 @@ class LoRARequest(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tr
         return self.lora_path
 
 
+class ImageInput(msgspec.Struct, array_like=True, frozen=True):
+    """One image of a prompt, processed by the model's own HF processor in the frontend: its pixel values
+    (float32, C-contiguous bytes of `shape`), the `length` placeholder tokens from prompt position `offset`
+    that its embeddings replace, and `content_hash` (sha256 of shape and pixels), which keys the workers'
+    encoder cache and enters the prefix-cache hashes of the blocks holding its tokens."""
+
+    content_hash: str
+    offset: int
+    length: int
+    shape: list[int]
+    pixel_values: bytes
+
+
 class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     """A tokenized, validated request. `max_tokens` is resolved (never None here).
 
@@ -106,6 +121,8 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     pooling_params: PoolingParams | None = None
     # --enable-lora: the adapter over the base model (None: the base model).
     lora_request: LoRARequest | None = None
+    # An image model's prompt images, in prompt order (None: text only).
+    images: list[ImageInput] | None = None
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -150,6 +167,9 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
     spec_decode_num_drafts: int = 0
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
+    # An image model, cumulative: images the encoder ran on, and its seconds.
+    num_images_encoded: int = 0
+    encoder_seconds: float = 0.0
     # --enable-lora: the names of the adapters of the running and of the waiting requests.
     running_lora_adapters: list[str] = msgspec.field(default_factory=list)
     waiting_lora_adapters: list[str] = msgspec.field(default_factory=list)
@@ -189,3 +209,4 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
     block_snapshot: BlockSnapshot | None = None  # only in the answer to BLOCK_SNAPSHOT
     num_scheduled_tokens: int = 0  # tokens the step computed (vllm:iteration_tokens_total)
     engine_index: int = 0  # --data-parallel-size: the replica it came from (set by the frontend's client)
+    sleep_level: int | None = None  # only in the answer to SLEEP and WAKE_UP: the level now (0: awake)

@@ -17,6 +17,7 @@ from pagedserve.config import EngineConfig, KVCacheConfig
 from pagedserve.config.kv_layout import KVCacheLayout, kv_heads_per_rank
 from pagedserve.config.parallel import PipelineStage
 from pagedserve.errors import ConfigError
+from pagedserve.families import NormPlacement, decoder_family
 from pagedserve.logger import init_logger
 from pagedserve.utils import cdiv, format_bytes
 from pagedserve.utils.hf_config import (
@@ -31,13 +32,6 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 logger = init_logger(__name__)
-
-# Architectures whose q/k/v projections carry a bias (models/qwen2.py, qwen2_moe.py).
-_QKV_BIAS_ARCHITECTURES = frozenset({"Qwen2ForCausalLM", "Qwen2MoeForCausalLM"})
-# ... with an RMSNorm over each head of q and k (models/qwen3.py, gemma3_text.py, qwen3_moe.py).
-_QK_NORM_ARCHITECTURES = frozenset({"Qwen3ForCausalLM", "Gemma3ForCausalLM", "Qwen3MoeForCausalLM"})
-# ... with four norms per layer (models/gemma2.py).
-_GEMMA_ARCHITECTURES = frozenset({"Gemma2ForCausalLM", "Gemma3ForCausalLM"})
 
 
 @dataclass(frozen=True)
@@ -86,40 +80,35 @@ class ModelShape:
 
     @classmethod
     def from_hf_config(cls, hf_config: "PretrainedConfig", architecture: str) -> "ModelShape":
-        """Read a transformers config (config.json's fields)."""
+        """Read a transformers config (config.json's fields), as the family (families.py) lays it out."""
+        facts = decoder_family(architecture)
         heads, layers = hf_config.num_attention_heads, hf_config.num_hidden_layers
-        falcon = architecture == "FalconForCausalLM"
+        linear_bias = facts.bias_field is not None and bool(getattr(hf_config, facts.bias_field))
         num_experts = (
             getattr(hf_config, "num_local_experts", None) or getattr(hf_config, "num_experts", 0) or 0
         )
-        if architecture == "MixtralForCausalLM":
-            moe_layers, moe_size = tuple(range(layers)), hf_config.intermediate_size
-        elif num_experts:
-            moe_layers = tuple(i for i in range(layers) if is_sparse_layer(hf_config, i))
-            moe_size = hf_config.moe_intermediate_size
-        else:
-            moe_layers, moe_size = (), 0
+        moe_layers: tuple[int, ...] = ()
+        moe_size = 0
+        if facts.moe is not None and (facts.moe.every_layer or num_experts):
+            moe_layers = tuple(
+                i for i in range(layers) if facts.moe.every_layer or is_sparse_layer(hf_config, i)
+            )
+            moe_size = getattr(hf_config, facts.moe.expert_size_field)
         return cls(
             vocab_size=hf_config.vocab_size,
             hidden_size=hf_config.hidden_size,
-            intermediate_size=(hf_config.ffn_hidden_size or 4 * hf_config.hidden_size)
-            if falcon
-            else hf_config.intermediate_size,
+            intermediate_size=getattr(hf_config, facts.mlp_size_field) or 4 * hf_config.hidden_size,
             num_layers=layers,
             num_heads=heads,
             num_kv_heads=num_kv_heads(hf_config, architecture),
             head_dim=head_dim(hf_config),
             tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
-            qkv_bias=architecture in _QKV_BIAS_ARCHITECTURES or (falcon and hf_config.bias),
-            qk_norm=architecture in _QK_NORM_ARCHITECTURES,
-            norms_per_layer=4
-            if architecture in _GEMMA_ARCHITECTURES
-            else _falcon_layernorms(hf_config)
-            if falcon
-            else 2,
-            norm_params=2 if falcon else 1,
-            mlp_matrices=2 if falcon else 3,
-            linear_bias=falcon and hf_config.bias,
+            qkv_bias=facts.qkv_bias or linear_bias,
+            qk_norm=facts.qk_norm,
+            norms_per_layer=_norms_per_layer(facts.norm_placement, hf_config),
+            norm_params=2 if facts.layer_norm else 1,
+            mlp_matrices=3 if facts.gated_mlp else 2,
+            linear_bias=linear_bias,
             moe_layers=moe_layers,
             num_experts=num_experts if moe_layers else 0,
             moe_intermediate_size=moe_size,
@@ -195,9 +184,18 @@ class ModelShape:
         return num_tokens * per_token * dtype_bytes + 4 * self.vocab_size
 
 
-def _falcon_layernorms(hf_config: "PretrainedConfig") -> int:
-    """Falcon's LayerNorms per layer: one before parallel attention and MLP, else two."""
-    return 1 if falcon_parallel_attention(hf_config) and not falcon_two_layernorms(hf_config) else 2
+def _norms_per_layer(placement: NormPlacement, hf_config: "PretrainedConfig") -> int:
+    """Norms per decoder layer: two before attention and MLP, Gemma's four, Falcon's one before parallel
+    attention and MLP (else two)."""
+    if placement == "sandwich":
+        return 4
+    if (
+        placement == "parallel"
+        and falcon_parallel_attention(hf_config)
+        and not falcon_two_layernorms(hf_config)
+    ):
+        return 1
+    return 2
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,50 @@ def build_tiny_model(path: str, architecture: str, **overrides: object) -> str:
     return path
 
 
+def build_tiny_llava(path: str) -> str:
+    """LLaVA-1.5 in miniature: a 2-layer CLIP vision tower over 32 x 32 images in 8-pixel patches (16
+    image tokens), the MLP projector and a 2-layer Llama; CLIP's real image settings (bicubic resize,
+    center crop, OpenAI's mean and std) at 32 px, and SmolLM2's tokenizer with `<image>` added (id 49152)."""
+    from transformers import (
+        AutoTokenizer,
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+    )
+
+    tokenizer = AutoTokenizer.from_pretrained(_tokenizer_folder())
+    tokenizer.add_tokens(["<image>"], special_tokens=True)
+    sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
+    vision = CLIPVisionConfig(image_size=32, patch_size=8, **sizes)
+    text = tiny_hf_config("llama", vocab_size=len(tokenizer))
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+    )
+    torch.manual_seed(0)
+    model = LlavaForConditionalGeneration(config)
+    with torch.no_grad():  # HF initializes biases to zero and the class token small: make them count
+        for name, param in model.named_parameters():
+            if name.endswith(("bias", "class_embedding")):
+                param.normal_(0.0, 0.1)
+    model.save_pretrained(path)
+    image_processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    processor = LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=8,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+    )
+    processor.save_pretrained(path)
+    return path
+
+
 TINY_MODELS = {
     "llama": dict(
         rope_parameters={
@@ -211,6 +255,8 @@ def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory):
     cache: dict[str, str] = {}
 
     def make(name: str) -> str:
+        if name == "llava" and name not in cache:
+            cache[name] = build_tiny_llava(str(tmp_path_factory.mktemp(name)))
         if name not in cache:
             architecture = name.split("-")[0]
             cache[name] = build_tiny_model(
@@ -221,6 +267,11 @@ def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory):
         return cache[name]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_llava(tiny_model_factory) -> str:
+    return tiny_model_factory("llava")
 
 
 @pytest.fixture(scope="session")
@@ -274,6 +325,7 @@ _SLOW_FOLDERS = ("entrypoints", "distributed")
 # Fixtures that build a model, so the test runs a real engine.
 _MODEL_FIXTURES = {
     "tiny_llama",
+    "tiny_llava",
     "tiny_model_factory",
     "default_model",
     "tiny_bert_embedder",

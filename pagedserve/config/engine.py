@@ -3,6 +3,7 @@ validated EngineConfig the whole engine is built from."""
 
 import argparse
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -12,6 +13,7 @@ from pagedserve.config.generation import generation_defaults
 from pagedserve.config.kv_layout import KVCacheLayout
 from pagedserve.config.lora import LoRAConfig
 from pagedserve.config.model import DType, LoadFormat, ModelConfig, load_model_config
+from pagedserve.config.multimodal import MultiModalConfig, parse_limit_mm_per_prompt
 from pagedserve.config.parallel import ParallelConfig, check_pipeline_features
 from pagedserve.config.parallel_args import ParallelArgs
 from pagedserve.config.pooling import ConvertName, RunnerName
@@ -94,6 +96,11 @@ class EngineConfig:
                 "(GiB) above 0, or use --preemption-mode recompute."
             )
         check_pipeline_features(self.parallel.pipeline_parallel_size, self.model.pooling is not None)
+        if self.model.multimodal is not None and self.parallel.pipeline_parallel_size > 1:
+            raise ConfigError(
+                f"{self.model.architecture} takes images, which do not run at --pipeline-parallel-size > 1 "
+                "yet: use --tensor-parallel-size instead."
+            )
 
 
 @dataclass
@@ -280,6 +287,21 @@ class EngineArgs(ParallelArgs):
         "With --reasoning-parser: the most thinking tokens of a request that sets no thinking_token_budget; "
         "then the end-of-thinking token is forced and the answer follows. Default: no limit.",
     )
+    limit_mm_per_prompt: str | None = config_field(
+        None, 'Image models: the most images in one prompt, JSON {"image": N} (default 8; 0 refuses images).'
+    )
+    allowed_media_domains: str | list[str] | None = config_field(
+        None, "Image models: the only hosts http(s) image URLs may name (default: any host)."
+    )
+    allowed_local_media_path: str | None = config_field(
+        None, "Image models: file:// image URLs are read only under this folder (default: refused)."
+    )
+    media_fetch_timeout: float = config_field(
+        5.0, "Image models: seconds an http(s) image may take to download, all of it."
+    )
+    max_media_bytes: str = config_field(
+        "20MiB", "Image models: the largest image file (download, data: URL or file) accepted."
+    )
     download_dir: str | None = config_field(
         None,
         "Hugging Face cache folder for hub ids (default: HF_HUB_CACHE's). With HF_HUB_OFFLINE=1 models are "
@@ -407,6 +429,7 @@ class EngineArgs(ParallelArgs):
         )
         return dataclasses.replace(
             model,
+            multimodal=self._multimodal(model.multimodal),
             batch_invariant=self.batch_invariant,
             cpu_offload_gb=self.cpu_offload_gb,
             quantization=resolve_quantization(self.quantization, model),
@@ -414,6 +437,23 @@ class EngineArgs(ParallelArgs):
             generation_defaults=generation_defaults(
                 self.generation_config, model.model, self.override_generation_config
             ),
+        )
+
+    def _multimodal(self, multimodal: MultiModalConfig | None) -> MultiModalConfig | None:
+        """The image bounds of an image model (None for a text model, which refuses images)."""
+        if multimodal is None:
+            return None
+        domains = self.allowed_media_domains
+        return dataclasses.replace(
+            multimodal,
+            max_images_per_prompt=parse_limit_mm_per_prompt(self.limit_mm_per_prompt),
+            allowed_media_domains=None
+            if domains is None
+            else tuple([domains] if isinstance(domains, str) else domains),
+            allowed_local_media_path=self.allowed_local_media_path
+            and os.path.realpath(self.allowed_local_media_path),
+            fetch_timeout_s=self.media_fetch_timeout,
+            max_media_bytes=parse_bytes(self.max_media_bytes, "--max-media-bytes"),
         )
 
 

@@ -6,6 +6,11 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from pagedserve.config.multimodal import (
+    MultiModalConfig,
+    image_token_id,
+    text_config,
+)
 from pagedserve.config.pooling import (
     ENCODER_MODEL_TYPES,
     POOLING_ONLY_ARCHITECTURES,
@@ -15,9 +20,11 @@ from pagedserve.config.pooling import (
     resolve_runner,
 )
 from pagedserve.errors import ConfigError
+from pagedserve.families import DECODERS, IMAGE_ARCHITECTURES
 from pagedserve.logger import init_logger
 from pagedserve.utils.default_model import DEFAULT_MODEL_NAME, default_model_path
 from pagedserve.utils.gguf_cache import gguf_hf_folder
+from pagedserve.utils.hf_tokenizer import tokenizer_source
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -27,32 +34,11 @@ logger = init_logger(__name__)
 DType = Literal["auto", "float32", "float16", "bfloat16"]
 SUPPORTED_DTYPES: tuple[str, ...] = get_args(DType)
 LoadFormat = Literal["auto", "dummy"]  # auto: read the checkpoint; dummy: random weights
-# model_type -> architecture: every supported family (models/<model_type>.py defines the class, and
-# models/registry.py registers it; a test checks that the two agree).
-MODEL_ARCHITECTURES = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "gemma2": "Gemma2ForCausalLM",
-    "gemma3_text": "Gemma3ForCausalLM",
-    "phi3": "Phi3ForCausalLM",
-    "falcon": "FalconForCausalLM",
-    "mixtral": "MixtralForCausalLM",
-    "qwen2_moe": "Qwen2MoeForCausalLM",
-    "qwen3_moe": "Qwen3MoeForCausalLM",
-}
-# The dense families whose checkpoints keep q/k/v and gate/up as separate projections (Phi-3 and Falcon
-# fuse them in the checkpoint; MoE families have experts): 4-bit checkpoints load into their layers as they
-# are, and LoRA adapters target their projections.
-SEPARATE_PROJECTION_ARCHITECTURES = (
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-    "Gemma2ForCausalLM",
-    "Gemma3ForCausalLM",
-)
+# model_type -> architecture: every supported decoder family (pagedserve/families.py).
+MODEL_ARCHITECTURES = {family.model_type: family.architecture for family in DECODERS}
+# The dense families whose checkpoints keep q/k/v and gate/up as separate projections: 4-bit checkpoints
+# load into their layers as they are, and LoRA adapters target their projections.
+SEPARATE_PROJECTION_ARCHITECTURES = tuple(f.architecture for f in DECODERS if f.separate_projections)
 
 
 @dataclass(frozen=True)
@@ -61,7 +47,7 @@ class ModelConfig:
 
     model: str  # folder, GGUF file or hub id
     gguf_file: str | None  # set when loading from a GGUF file
-    hf_config: "PretrainedConfig"
+    hf_config: "PretrainedConfig"  # the language model's (a multimodal checkpoint's text_config)
     architecture: str
     dtype: str  # resolved: float32 | float16 | bfloat16
     max_model_len: int
@@ -84,6 +70,8 @@ class ModelConfig:
     cpu_offload_gb: float = 0.0
     # --linear-backend resolved (config/quantization.py): native | triton | torch.
     linear_backend: str = "native"
+    # An image-taking checkpoint (config/multimodal.py): its whole config and the image bounds; None: text.
+    multimodal: MultiModalConfig | None = None
 
     def __post_init__(self) -> None:
         supported = set(MODEL_ARCHITECTURES.values()) | set(POOLING_ONLY_ARCHITECTURES)
@@ -158,11 +146,16 @@ def load_model_config(
     if path is None:
         path = default_model_path()
         logger.info("No model given: using the embedded default %s (%s).", DEFAULT_MODEL_NAME, path)
-    hf_config, gguf_file = _load_hf_config(path, hf_config_path)
-    archs = getattr(hf_config, "architectures", None) or [
-        MODEL_ARCHITECTURES.get(hf_config.model_type)
-        or ENCODER_MODEL_TYPES.get(hf_config.model_type, hf_config.model_type)
+    checkpoint_config, gguf_file = _load_hf_config(path, hf_config_path)
+    archs = getattr(checkpoint_config, "architectures", None) or [
+        MODEL_ARCHITECTURES.get(checkpoint_config.model_type)
+        or ENCODER_MODEL_TYPES.get(checkpoint_config.model_type, checkpoint_config.model_type)
     ]
+    multimodal = None
+    if checkpoint_config.model_type in IMAGE_ARCHITECTURES:
+        multimodal = MultiModalConfig(checkpoint_config, image_token_id(checkpoint_config))
+    # NOTE: sizing, the KV layout and the LM read the language model's config alone.
+    hf_config = text_config(checkpoint_config)
     limit, _ = model_len_limit(hf_config)
     names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name or [])
     if not all(names):
@@ -186,6 +179,7 @@ def load_model_config(
         tokenizer=tokenizer,
         max_logprobs=max_logprobs,
         pooling=pooling,
+        multimodal=multimodal,
     )
 
 
@@ -202,8 +196,8 @@ def _pooling(
     """The pooling runner's settings when the model runs on it (--runner), else None."""
     if not resolve_runner(runner, architecture):
         return None
-    tokenizer_source = tokenizer or (gguf_hf_folder(gguf_file) if gguf_file else path)
-    return resolve_pooling(path, hf_config, architecture, convert, pooler_config, tokenizer_source)
+    source = tokenizer_source(path, tokenizer, gguf_file)
+    return resolve_pooling(path, hf_config, architecture, convert, pooler_config, source)
 
 
 def _resolve_dtype(dtype: str, hf_config: "PretrainedConfig", device: str) -> str:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 from pagedserve.config.data_parallel import DataParallelBackend, check_data_parallel, check_ray_placement
 from pagedserve.envs import pp_layer_partition
 from pagedserve.errors import ConfigError
+from pagedserve.families import DECODERS
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -180,6 +181,18 @@ def check_pipeline_features(pp: int, pooling: bool) -> None:
         )
 
 
+# The config fields of every family's MLP sizes: dense, experts' and the shared expert's.
+_MLP_SIZE_FIELDS = tuple(
+    dict.fromkeys(
+        [
+            *(family.mlp_size_field for family in DECODERS),
+            *(family.moe.expert_size_field for family in DECODERS if family.moe is not None),
+            "shared_expert_intermediate_size",
+        ]
+    )
+)
+
+
 def uneven_for_tensor_parallel(hf_config: "PretrainedConfig", tp: int) -> list[str]:
     """The model's sizes that `tp` ranks cannot split evenly (none: `tp` fits). Heads and the MLP must
     split evenly over the ranks; KV heads may instead be replicated."""
@@ -189,12 +202,7 @@ def uneven_for_tensor_parallel(hf_config: "PretrainedConfig", tp: int) -> list[s
         or hf_config.num_attention_heads
     )
     sizes = {"num_attention_heads": hf_config.num_attention_heads}
-    for key in (
-        "intermediate_size",
-        "ffn_hidden_size",
-        "moe_intermediate_size",
-        "shared_expert_intermediate_size",
-    ):  # the dense, Falcon, expert and shared-expert MLPs
+    for key in _MLP_SIZE_FIELDS:
         if getattr(hf_config, key, None):
             sizes[key] = getattr(hf_config, key)
     uneven = [f"{name}={size}" for name, size in sizes.items() if size % tp]

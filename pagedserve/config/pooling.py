@@ -9,6 +9,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal, get_args
 
 from pagedserve.errors import ConfigError
+from pagedserve.families import DECODERS, ENCODERS
+from pagedserve.utils.hf_tokenizer import load_hf_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -21,27 +23,19 @@ ConvertName = Literal["auto", "embed", "classify"]
 
 # Bidirectional encoders: they run on the pooling runner only, with no KV cache.
 ENCODER_ARCHITECTURES = {
-    "BertModel": "embed",
-    "RobertaModel": "embed",
-    "XLMRobertaModel": "embed",
-    "BertForSequenceClassification": "classify",
-    "RobertaForSequenceClassification": "classify",
-    "XLMRobertaForSequenceClassification": "classify",
+    **{family.architecture: "embed" for family in ENCODERS},
+    **{family.classifier: "classify" for family in ENCODERS if family.classifier},
 }
 # Decoders with HF's sequence-classification head (a `score` linear, no bias, at each prompt's last token):
 # causal attention, pooling runner only (no LM head to generate with).
-DECODER_CLASSIFIER_ARCHITECTURES = (
-    "LlamaForSequenceClassification",
-    "Qwen2ForSequenceClassification",
-    "Qwen3ForSequenceClassification",
-)
+DECODER_CLASSIFIER_ARCHITECTURES = tuple(family.classifier for family in DECODERS if family.classifier)
 # Every architecture that only pools -> its task under --convert auto.
 POOLING_ONLY_ARCHITECTURES: dict[str, str] = {
     **ENCODER_ARCHITECTURES,
     **dict.fromkeys(DECODER_CLASSIFIER_ARCHITECTURES, "classify"),
 }
 # config.json without `architectures`: the encoder its model_type means.
-ENCODER_MODEL_TYPES = {"bert": "BertModel", "roberta": "RobertaModel", "xlm-roberta": "XLMRobertaModel"}
+ENCODER_MODEL_TYPES = {family.model_type: family.architecture for family in ENCODERS}
 # sentence-transformers' 1_Pooling/config.json flags -> our pooling type.
 _ST_POOLING_MODES = {
     "pooling_mode_cls_token": "CLS",
@@ -152,9 +146,7 @@ def _token_ids(tokens: tuple[str, ...], tokenizer_source: str) -> tuple[int, ...
     """Each token's id in the model's tokenizer (one token each, or the reranker would score another)."""
     if not tokens:
         return ()
-    from transformers import AutoTokenizer  # NOTE: lazy: config/ stays light
-
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
+    tokenizer = load_hf_tokenizer(tokenizer_source)
     ids = []
     for token in tokens:
         encoded = tokenizer.encode(token, add_special_tokens=False)
@@ -235,6 +227,6 @@ def _override_pooler(pooler: PoolerConfig, text: str) -> PoolerConfig:
 
 def encoder_position_offset(hf_config: "PretrainedConfig") -> int:
     """RoBERTa's positions start after its padding index (HF's create_position_ids_from_input_ids)."""
-    if hf_config.model_type in ("roberta", "xlm-roberta", "camembert"):
+    if any(f.positions_after_padding and f.model_type == hf_config.model_type for f in ENCODERS):
         return int(hf_config.pad_token_id) + 1
     return 0

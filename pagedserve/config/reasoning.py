@@ -2,11 +2,15 @@
 startup, for the engine core (where thinking ends: the grammar starts there, the budget forces it)."""
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pagedserve.config.model import ModelConfig
 from pagedserve.errors import ConfigError
 from pagedserve.reasoning import get_reasoning_parser
-from pagedserve.utils.gguf_cache import gguf_hf_folder
+from pagedserve.utils.hf_tokenizer import load_hf_tokenizer, tokenizer_source
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -46,14 +50,11 @@ def resolve_reasoning_config(
             raise ConfigError("--thinking-token-budget needs --reasoning-parser (a thinking model's tags).")
         return None
     parser = get_reasoning_parser(parser_name)
-    from transformers import AutoTokenizer  # NOTE: lazy: config/ stays light
-
-    source = model.tokenizer or (gguf_hf_folder(model.gguf_file) if model.gguf_file else model.model)
-    tokenizer = AutoTokenizer.from_pretrained(source)
+    tokenizer = load_hf_tokenizer(tokenizer_source(model.model, model.tokenizer, model.gguf_file))
     start, end = (_single_token_id(tokenizer, tag) for tag in (parser.start, parser.end))
     return ReasoningConfig(parser.name, start, end, parser.thinks_by_default, default_budget)
 
 
-def _single_token_id(tokenizer: object, tag: str) -> int | None:
-    encoded = tokenizer.encode(tag, add_special_tokens=False)  # type: ignore[attr-defined]
+def _single_token_id(tokenizer: "PreTrainedTokenizerBase", tag: str) -> int | None:
+    encoded = tokenizer.encode(tag, add_special_tokens=False)
     return int(encoded[0]) if len(encoded) == 1 else None

@@ -4,7 +4,12 @@ adapt, release the rejected drafts' blocks); after each step, propose the next d
 from pagedserve.config import SpeculativeConfig
 from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
-from pagedserve.core.spec_decode import NgramProposer, adapt_num_spec_tokens, num_drafts_allowed
+from pagedserve.core.spec_decode import (
+    NgramProposer,
+    adapt_num_spec_tokens,
+    before_image_placeholders,
+    num_drafts_allowed,
+)
 
 
 class DraftSettling:
@@ -35,6 +40,7 @@ class DraftSettling:
             if not num:
                 request.spec_token_ids = []
             elif self.ngram is not None:
-                request.spec_token_ids = self.ngram.propose(request.all_token_ids, num)
+                drafts = self.ngram.propose(request.all_token_ids, num)
+                request.spec_token_ids = before_image_placeholders(request, drafts)
             else:
                 request.spec_token_ids = draft_model_proposals.get(request.request_id, [])[:num]

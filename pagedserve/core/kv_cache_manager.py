@@ -111,7 +111,13 @@ class KVCacheManager:
         size, tokens = self.block_size, request.all_token_ids
         max_entries = (request.num_tokens - 1) // size
         extend_block_hashes(
-            request.block_hashes, tokens, size, max_entries, request.cache_salt, request.lora_key
+            request.block_hashes,
+            tokens,
+            size,
+            max_entries,
+            request.cache_salt,
+            request.lora_key,
+            request.images,
         )
         return find_longest_cache_hit(self.block_pool, self.groups, request.block_hashes, tokens, max_entries)
 
@@ -416,7 +422,13 @@ class KVCacheManager:
         if num_full <= start:
             return
         extend_block_hashes(
-            request.block_hashes, request.all_token_ids, size, num_full, request.cache_salt, request.lora_key
+            request.block_hashes,
+            request.all_token_ids,
+            size,
+            num_full,
+            request.cache_salt,
+            request.lora_key,
+            request.images,
         )
         for entry in range(start, num_full):
             tokens = request.all_token_ids[entry * size : (entry + 1) * size]

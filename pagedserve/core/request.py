@@ -44,6 +44,7 @@ class Request:
         self.group_id = request.group_id
         self.beam_search = request.beam_search
         self.pooling_params = request.pooling_params  # --runner pooling: pooled, never sampled
+        self.images = request.images or []  # an image model's prompt images (their placeholder tokens)
         self.block_hashes: list[BlockHash] = []  # chained hashes of the first full blocks (prefix cache)
         self.grammar: RequestGrammar | None = None  # set by the scheduler for a structured_outputs request
         self.thinking: ThinkingState | None = None  # set by the scheduler with --reasoning-parser

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from pagedserve.protocol import LoRARequest, PoolingParams
+from pagedserve.protocol import ImageInput, LoRARequest, PoolingParams
 from pagedserve.sampling_params import SamplingParams
 from pagedserve.structured_output.manager import GrammarBitmask
 
@@ -21,6 +21,7 @@ class NewRequestData:
     pooling_params: PoolingParams | None = None  # --runner pooling: pool the prompt, sample nothing
     lora_request: LoRARequest | None = None  # --enable-lora: its adapter
     beam: bool = False  # a beam of a beam search: it reports HF's beam scores as its logprobs
+    images: list[ImageInput] | None = None  # an image model's prompt images (the encoder's inputs)
 
 
 @dataclass(slots=True)
@@ -89,5 +90,7 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, list[dict[int, float] | None]] = field(default_factory=dict)
     # --runner pooling: request id -> its pooled vector (embedding or scores).
     pooled: dict[str, list[float]] = field(default_factory=dict)
+    # An image model: the encoder's cumulative (images encoded, seconds), for the metrics.
+    encoder_totals: tuple[int, float] | None = None
     # request id -> why the worker could not run it (its LoRA adapter's files): it ends with that error.
     failed: dict[str, str] = field(default_factory=dict)

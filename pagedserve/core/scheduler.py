@@ -11,8 +11,9 @@ pipeline micro-batches, requests whose step is in flight sit out (`StepsInFlight
 from dataclasses import dataclass
 
 from pagedserve.core.block_pool import KVCacheBlock
+from pagedserve.core.encoder_budget import encoder_cut, encoder_tokens
 from pagedserve.core.groups import groups_of, plan_group
-from pagedserve.core.kv_cache_manager import SlotAllocation
+from pagedserve.core.kv_cache_manager import Plan, SlotAllocation
 from pagedserve.core.preemption import log_cut_short
 from pagedserve.core.request import Request, RequestStatus
 from pagedserve.core.sched_output import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
@@ -114,7 +115,7 @@ class Scheduler(SchedulerState):
         index = 0
         while index < len(groups) and step.budget > 0 and not step.full:
             group = groups[index]
-            plan = plan_group(group, step.budget)
+            plan = self._within_encoder_budget(plan_group(group, step.budget), step)
             if kv.grows_in_place(plan):  # NOTE: most decodes: nothing to allocate, no preemption to weigh
                 for request, num_new in plan:
                     self._record(step, request, num_new, _IN_PLACE)
@@ -151,7 +152,7 @@ class Scheduler(SchedulerState):
             group = self.order.next_swapped(self.swapped)
             if urgent is not None and self.order.outranks(urgent, group):
                 return
-            plan = plan_group(group, step.budget)
+            plan = self._within_encoder_budget(plan_group(group, step.budget), step)
             if (
                 not self._adapter_fits(group[0], self._running_adapters())
                 or self._num_seats_taken() + self._num_seats(group) > self.config.max_num_seqs
@@ -188,7 +189,13 @@ class Scheduler(SchedulerState):
             admission = self._admission(request, seats, step.budget)
             if admission is None:
                 return
-            allocation = kv.allocate_slots(request, admission.num_new, admission.hits)
+            limit = self.config.max_num_batched_tokens
+            num_new = encoder_cut(
+                request, admission.num_cached, admission.num_new, step.encoder_tokens, limit
+            )
+            if num_new == 0:
+                return  # its next image waits for the next step's encoder budget
+            allocation = kv.allocate_slots(request, num_new, admission.hits)
             if allocation is None:
                 if self.running or self.in_flight.any:
                     return
@@ -201,7 +208,7 @@ class Scheduler(SchedulerState):
             request.num_computed_tokens = admission.num_cached
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            self._record(step, request, admission.num_new, allocation)
+            self._record(step, request, num_new, allocation)
 
     def _running_adapters(self, running: list[Request] | None = None) -> set[bytes]:
         """The adapters (identities) of the running requests (or of `running`; the base model's requests
@@ -325,6 +332,7 @@ class Scheduler(SchedulerState):
                     request.num_computed_tokens,
                     lora_request=request.lora_request,
                     beam=request.beam_search is not None,
+                    images=request.images or None,
                 )
             )
         self._num_tokens_sent[request_id] = request.num_tokens
@@ -333,6 +341,19 @@ class Scheduler(SchedulerState):
             step.spec_tokens[request_id] = request.spec_token_ids[:num_drafts]
         step.num_scheduled[request_id] = num_new
         step.budget -= num_new
+        if request.images:
+            step.encoder_tokens += encoder_tokens(request, request.num_computed_tokens, num_new)
+
+    def _within_encoder_budget(self, plan: Plan, step: ScheduleStep) -> Plan:
+        """`plan` with each image request's chunk cut before the images past the step's encoder budget."""
+        limit, used, kept = self.config.max_num_batched_tokens, step.encoder_tokens, []
+        for request, num_new in plan:
+            if request.images:
+                num_new = encoder_cut(request, request.num_computed_tokens, num_new, used, limit)
+                used += encoder_tokens(request, request.num_computed_tokens, num_new)
+            if num_new > 0:
+                kept.append((request, num_new))
+        return kept
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput

@@ -51,6 +51,7 @@ class ScheduleStep:
     # Blocks ran short: a group was preempted, or waits for the steps in flight. Nobody comes back or is
     # admitted in such a step.
     memory_short: bool = False
+    encoder_tokens: int = 0  # image tokens the step's scheduled chunks encode (core/encoder_budget.py)
 
     @property
     def full(self) -> bool:

@@ -65,3 +65,15 @@ class NgramProposer:
                 start = int(starts[-1]) + n
                 return [int(token) for token in tokens[start : start + num_tokens]]
         return []
+
+
+def before_image_placeholders(request: Request, drafts: list[int]) -> list[int]:
+    """`drafts` up to the first image placeholder token: prompt lookup copies the prompt, placeholders
+    included, but a placeholder after the prompt stands for no image."""
+    if not request.images:
+        return drafts
+    placeholders = {request.prompt_token_ids[image.offset] for image in request.images}
+    for index, token in enumerate(drafts):
+        if token in placeholders:
+            return drafts[:index]
+    return drafts

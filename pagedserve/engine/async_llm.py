@@ -16,6 +16,7 @@ from pagedserve.engine.output_processor import OutputProcessor, RequestState
 from pagedserve.engine.pooling_input import PoolingOptions
 from pagedserve.engine.request_options import RequestOptions, request_options
 from pagedserve.engine.request_stream import RequestStream
+from pagedserve.engine.sleep_control import SleepControl
 from pagedserve.engine.tokenizer import load_tokenizer
 from pagedserve.engine.watchdog import FRONTEND_GRACE_S, poll_interval_s, stall_message
 from pagedserve.errors import CapacityError, EngineDeadError, RequestFailedError
@@ -38,6 +39,8 @@ logger = init_logger(__name__)
 
 _MAX_LOGGED_REQUESTS = 20  # in-flight requests listed by name when the engine dies
 _SNAPSHOT_TIMEOUT_S = 5.0  # a block snapshot waits at most this long for the engine's step to end
+_STOP_WAIT_S = 30.0  # stop(): the engine process's time to end on its own before it is terminated
+_STOP_POLL_S = 0.1
 
 
 class AsyncLLM:
@@ -79,6 +82,7 @@ class AsyncLLM:
             config.scheduler.max_num_seqs,
             limits,
         )
+        self.sleep_control = SleepControl(self.engine_core)
         self.handshake: EngineCoreHandshake | None = None
         self.dead_error: EngineDeadError | None = None
         self.dead_event = asyncio.Event()  # set once the engine has died
@@ -146,7 +150,11 @@ class AsyncLLM:
     def check_health(self) -> None:
         """Raises EngineDeadError if the engine process is gone."""
         if self.errored:
-            raise self.dead_error or self.engine_core.dead_error()
+            raise self.death_error()
+
+    def death_error(self) -> EngineDeadError:
+        """Why the engine is dead (call once `errored`)."""
+        return self.dead_error or self.engine_core.dead_error()
 
     @property
     def num_requests_in_flight(self) -> int:
@@ -181,6 +189,7 @@ class AsyncLLM:
         (`timeout_s`, --request-timeout) a request is aborted; its last output has finish_reason "abort".
         Closing a stream before its end aborts its request in the engine at once (its KV blocks are freed)."""
         self.check_health()
+        self.sleep_control.before_submit()
         try:
             self.frontend.submit([(None, request) for request in requests])
         except CapacityError:
@@ -248,6 +257,17 @@ class AsyncLLM:
             stream.queue.put_nowait(error)
         return len(streams)
 
+    async def sleep(self, level: int) -> None:
+        """Free the model's weights and KV cache until wake_up() (or a request, with --wake-on-request).
+        Raises InvalidRequestError (a bad level, requests in flight), EngineDeadError."""
+        self.check_health()
+        await self.sleep_control.sleep(level, self.num_requests_in_flight)
+
+    async def wake_up(self) -> None:
+        """Load the weights and allocate the KV cache again. Raises EngineDeadError."""
+        self.check_health()
+        await self.sleep_control.wake_up()
+
     async def get_block_snapshot(self) -> BlockSnapshot | None:
         """The KV block pool's state, asked of the engine (answered between two steps); None if the
         engine did not answer within a few seconds. Raises EngineDeadError."""
@@ -281,6 +301,8 @@ class AsyncLLM:
             and not self._snapshot.done()
         ):
             self._snapshot.set_result(core_outputs.block_snapshot)
+        if core_outputs.sleep_level is not None:
+            self.sleep_control.answered(core_outputs.sleep_level)
         for output in self.frontend.process_outputs(core_outputs, stats):
             stream = self._streams.get(output.request_id)
             if stream is not None:
@@ -351,7 +373,20 @@ class AsyncLLM:
         for stream in self._streams.values():
             stream.queue.put_nowait(error)
         self._streams.clear()
+        self.sleep_control.engine_died(error)
         self.dead_event.set()
+
+    async def stop(self) -> None:
+        """shutdown() once the engine process has ended by itself (up to a limit), so that the event loop
+        never waits for a process to exit (the model pool unloads models while it serves others)."""
+        for task in self._tasks:
+            task.cancel()
+        if isinstance(self.engine_core, MPClient):
+            self.engine_core.request_shutdown()
+            deadline = time.monotonic() + _STOP_WAIT_S
+            while self.engine_core.is_alive() and time.monotonic() < deadline:
+                await asyncio.sleep(_STOP_POLL_S)
+        self.shutdown()  # NOTE: terminates the process if it has not ended
 
     def shutdown(self) -> None:
         """Stop the background tasks and the engine process."""

@@ -35,8 +35,10 @@ class EngineCore:
         # NOTE: as many batches in flight as pipeline stages: each stage has one to compute.
         max_batches = config.parallel.pipeline_parallel_size if pp_batch_queue_enabled() else 1
         self.executor = get_executor_class(config)(config)
+        self.sleep_level = 0  # POST /sleep's: 0 awake, 1 or 2 asleep
         # The weights every rank holds, as measured after loading (/metrics: model_weight_bytes).
         self.model_weight_bytes = sum(cast(list[int], self.executor.collective_rpc("resident_weight_bytes")))
+        self.encoder_totals: tuple[int, float] = (0, 0.0)  # an image model's, as its worker last said
         self.structured_output = StructuredOutputManager(
             lambda: load_tokenizer(config.model), config.model.vocab_size
         )
@@ -80,8 +82,32 @@ class EngineCore:
         if max_batches > 1:
             self.batch_queue = BatchQueue(self.scheduler, self.executor, max_batches, self._wait_for_compile)
 
+    def sleep(self, level: int) -> None:
+        """Free the weights and the KV cache on every rank (level 1: the checkpoint stays mapped; 2: not).
+        The prefix cache is forgotten: the blocks' contents are gone. Only between requests (the API
+        server refuses a sleep while requests are in flight). A failure is logged and leaves it awake
+        (its answer says level 0)."""
+        try:
+            self.executor.collective_rpc("sleep", (level,))
+        except Exception:  # NOTE: the worker frees nothing before its copy is safe (e.g. a full disk)
+            logger.exception("Sleep (level %d) failed: the engine stays awake.", level)
+            return
+        self.scheduler.reset_prefix_cache()
+        self.sleep_level = level
+        logger.info("Asleep (level %d): the weights and the KV cache are freed.", level)
+
+    def wake_up(self) -> None:
+        """Load the weights and allocate the KV cache again; a no-op when awake."""
+        if self.sleep_level:
+            start = time.monotonic()
+            self.executor.collective_rpc("wake_up")
+            logger.info("Awake after %.2f s (slept at level %d).", time.monotonic() - start, self.sleep_level)
+            self.sleep_level = 0
+
     def add_request(self, request: EngineCoreRequest) -> None:
-        """Queue a request. Whatever it raises, nothing of the request is left in the scheduler."""
+        """Queue a request (waking the engine first if it sleeps). Whatever it raises, nothing of the
+        request is left in the scheduler."""
+        self.wake_up()
         core_request = Request(request)
         try:
             self.scheduler.add_request(core_request)
@@ -112,9 +138,10 @@ class EngineCore:
                 self._wait_for_compile()
             runner_output = self.executor.execute_model(scheduler_output)
             outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+            self.encoder_totals = runner_output.encoder_totals or self.encoder_totals
         return EngineCoreOutputs(
             outputs,
-            self.scheduler.get_stats(),
+            self.get_stats(),
             timestamp,
             scheduler_output.first_scheduled_req_ids if scheduler_output else [],
             num_scheduled_tokens=scheduler_output.total_num_scheduled_tokens if scheduler_output else 0,
@@ -130,7 +157,9 @@ class EngineCore:
         return True
 
     def get_stats(self) -> SchedulerStats:
-        return self.scheduler.get_stats()
+        stats = self.scheduler.get_stats()
+        stats.num_images_encoded, stats.encoder_seconds = self.encoder_totals
+        return stats
 
     def describe(self, max_requests: int = 20) -> str:
         """The scheduler's state (queues, KV usage, the running requests) for a log."""

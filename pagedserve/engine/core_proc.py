@@ -78,6 +78,7 @@ class EngineCoreProc:
         self.request_decoder = msgspec.msgpack.Decoder(EngineCoreRequest)
         self.request_id_decoder = msgspec.msgpack.Decoder(_RequestId)
         self.abort_decoder = msgspec.msgpack.Decoder(list[str])
+        self.level_decoder = msgspec.msgpack.Decoder(int)
         self.shutdown_requested = False
         self.watchdog = StallWatchdog(stall_timeout_s, self._describe_state) if stall_timeout_s > 0 else None
 
@@ -148,6 +149,14 @@ class EngineCoreProc:
                     block_snapshot=self.engine_core.block_snapshot(),
                 )
             )
+        elif kind is EngineCoreRequestType.SLEEP:
+            level = self._decode_or_drop(self.level_decoder, kind, payload)
+            if level is not None:
+                self.engine_core.sleep(level)
+            self._send(EngineCoreOutputs(timestamp=time.time(), sleep_level=self.engine_core.sleep_level))
+        elif kind is EngineCoreRequestType.WAKE_UP:
+            self.engine_core.wake_up()
+            self._send(EngineCoreOutputs(timestamp=time.time(), sleep_level=self.engine_core.sleep_level))
         elif kind is EngineCoreRequestType.SHUTDOWN:
             self.shutdown_requested = True
 

@@ -10,11 +10,12 @@ from pagedserve.config import ModelConfig
 from pagedserve.config.kv_layout import KVCacheLayout
 from pagedserve.config.lora import LoRAConfig
 from pagedserve.config.reasoning import ReasoningConfig
+from pagedserve.engine.image_inputs import ImagePromptProcessor
 from pagedserve.engine.lora_validation import LoRAValidator
 from pagedserve.engine.request_options import RequestOptions
 from pagedserve.engine.structured_validation import StructuredOutputValidator
 from pagedserve.errors import InvalidRequestError
-from pagedserve.protocol import EngineCoreRequest
+from pagedserve.protocol import EngineCoreRequest, ImageInput
 from pagedserve.sampling_params import (
     BeamSearchParams,
     SamplingParams,
@@ -25,7 +26,8 @@ from pagedserve.sampling_params import (
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-# A prompt: text, token ids, or {"prompt": text} / {"prompt_token_ids": ids}.
+# A prompt: text, token ids, or {"prompt": text} / {"prompt_token_ids": ids} (with, for an image model,
+# "multi_modal_data": {"image": one image or a list}: PIL images or data:, http(s):// or file:// URLs).
 PromptType = str | list[int] | dict[str, Any]
 
 
@@ -59,15 +61,17 @@ class InputProcessor:
         self.limits = limits
         self.structured_outputs = StructuredOutputValidator(tokenizer, model_config.vocab_size)
         self.lora = LoRAValidator(lora, model_config.hf_config)
+        multimodal = model_config.multimodal
+        self.images = None if multimodal is None else ImagePromptProcessor(model_config.model, multimodal)
 
     def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         """Returns (prompt text or None, prompt token ids). A dict prompt may also carry `cache_salt`."""
         if isinstance(prompt, dict):
-            unknown = set(prompt) - {"prompt", "prompt_token_ids", "cache_salt"}
+            unknown = set(prompt) - {"prompt", "prompt_token_ids", "cache_salt", "multi_modal_data"}
             if unknown:
                 raise InvalidRequestError(
                     f"Unknown prompt field(s) {sorted(unknown)}; use 'prompt' or "
-                    "'prompt_token_ids' (and optionally 'cache_salt').",
+                    "'prompt_token_ids' (and optionally 'cache_salt', 'multi_modal_data').",
                     param="prompt",
                 )
             if "prompt_token_ids" in prompt:
@@ -97,11 +101,22 @@ class InputProcessor:
         text, token_ids = self.tokenize(prompt)
         if beam_search is not None:
             params = replace(params, max_tokens=beam_search.max_tokens, ignore_eos=beam_search.ignore_eos)
-        if params.truncate_prompt_tokens is not None:
-            token_ids = token_ids[-params.truncate_prompt_tokens :]
-        self._validate(token_ids, params)
+        # NOTE: every check that needs no image comes first: a refused request fetches nothing.
         self.structured_outputs.validate(params, beam_search)
         self._validate_thinking_budget(params, beam_search)
+        self._validate_params(params)
+        if params.truncate_prompt_tokens is None:
+            self._validate_prompt(token_ids)  # its images only lengthen it
+        token_ids, images = self._images(prompt, token_ids)
+        if params.truncate_prompt_tokens is not None:
+            if images and params.truncate_prompt_tokens < len(token_ids):
+                raise InvalidRequestError(
+                    "truncate_prompt_tokens cannot cut a prompt with images (it could cut through one); "
+                    "drop truncate_prompt_tokens or shorten the prompt.",
+                    param="truncate_prompt_tokens",
+                )
+            token_ids = token_ids[-params.truncate_prompt_tokens :]
+        self._validate_prompt(token_ids)
         max_model_len = self.model_config.max_model_len
         max_tokens = params.max_tokens
         if max_tokens is None:
@@ -128,7 +143,32 @@ class InputProcessor:
             beam_search=beam_search,
             priority=options.priority,
             lora_request=lora_request,
+            images=images or None,
         )
+
+    def _images(self, prompt: PromptType, token_ids: list[int]) -> tuple[list[int], list[ImageInput]]:
+        """An image prompt's tokens with each placeholder expanded, and its images (none: unchanged)."""
+        data = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
+        if data is None:
+            if self.images is None:
+                return token_ids, []
+            data = {}  # NOTE: an image model checks that no placeholder token stands without its image
+        if not isinstance(data, dict) or set(data) - {"image"}:
+            raise InvalidRequestError(
+                'multi_modal_data must be {"image": an image or a list of images}; only images are supported.',
+                param="multi_modal_data",
+            )
+        sources = data.get("image", [])
+        sources = sources if isinstance(sources, (list, tuple)) else [sources]
+        if self.images is None:
+            if not sources:
+                return token_ids, []
+            raise InvalidRequestError(
+                f"The model {self.model_config.served_model_name} takes no images (its architecture "
+                f"{self.model_config.architecture} is text-only); send text only.",
+                param="multi_modal_data",
+            )
+        return self.images.process(token_ids, sources, "multi_modal_data.image")
 
     def _validate_priority(self, priority: int) -> None:
         """A 64-bit integer; not 0 only under --scheduling-policy priority (as vLLM refuses it)."""
@@ -202,7 +242,7 @@ class InputProcessor:
                 param="beam_width",
             )
 
-    def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
+    def _validate_prompt(self, token_ids: list[int]) -> None:
         max_model_len, vocab = self.model_config.max_model_len, self.model_config.vocab_size
         if not token_ids:
             raise InvalidRequestError("The prompt is empty: it must have at least one token.", param="prompt")
@@ -218,6 +258,9 @@ class InputProcessor:
             raise InvalidRequestError(
                 f"Token id {bad[0]} is out of vocabulary (valid ids: 0 to {vocab - 1}).", param="prompt"
             )
+
+    def _validate_params(self, params: SamplingParams) -> None:
+        vocab = self.model_config.vocab_size
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
             if value is not None and value > self.model_config.max_logprobs:

@@ -83,6 +83,14 @@ class SocketClient(EngineCoreClient):
         """Ask for the KV block pool's state; it comes back as an output with `block_snapshot` set."""
         self._send(EngineCoreRequestType.BLOCK_SNAPSHOT, b"")
 
+    def sleep(self, level: int) -> None:
+        """Free the weights and the KV cache (level 1 or 2); answered by an output with `sleep_level`."""
+        self._send(EngineCoreRequestType.SLEEP, self._encoder.encode(level))
+
+    def wake_up(self) -> None:
+        """Load them again; answered by an output with `sleep_level` 0."""
+        self._send(EngineCoreRequestType.WAKE_UP, b"")
+
     def _send(self, kind: EngineCoreRequestType, payload: bytes) -> None:
         """Send without waiting (call from the event loop): pyzmq's asyncio socket sends at once when it
         can, else queues the message behind the earlier ones, so the order holds either way."""

@@ -5,9 +5,15 @@ import json
 import os
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from pagedserve.config.multimodal import MultiModalConfig
+from pagedserve.engine.input_processor import PromptType
 from pagedserve.errors import ConfigError, InvalidRequestError
+from pagedserve.utils.user_json import JsonObject, JsonValue
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 # OpenAI's newer name for "system" (as vLLM, templates get "system").
@@ -63,67 +69,127 @@ def resolve_content_format(
     return "openai" if template and _LOOPS_OVER_CONTENT.search(template) else "string"
 
 
-def _content(content: Any, index: int, content_format: str) -> str | list[dict[str, str]]:
-    """A message's content as the template expects it: one string, or OpenAI's text parts."""
-    text = _text_content(content, index)
+def _content(
+    content: JsonValue, index: int, content_format: str, image_placeholder: str | None
+) -> str | list[JsonValue]:
+    """A message's content as the template expects it: one string, or OpenAI's text parts (an image part
+    becomes the model's image placeholder, where the processor later puts the image's tokens)."""
+    texts = _texts(content, index, image_placeholder)
     if content_format == "string":
-        return text
+        return "\n".join(texts)
+    return [{"type": "text", "text": text} for text in texts]
+
+
+def _texts(content: JsonValue, index: int, image_placeholder: str | None) -> list[str]:
+    """The text of each part of a message's content (a string is one part, null none)."""
+    if isinstance(content, str):
+        return [content]
     if content is None:
         return []
-    parts = content if isinstance(content, Sequence) and not isinstance(content, str) else [text]
-    return [{"type": "text", "text": p if isinstance(p, str) else p["text"]} for p in parts]
-
-
-def _text_content(content: Any, index: int) -> str:
-    if isinstance(content, str):
-        return content
-    if content is None:
-        return ""
     if isinstance(content, Sequence):
-        texts = []
-        for part in content:
-            if (
-                not isinstance(part, Mapping)
-                or part.get("type") != "text"
-                or not isinstance(part.get("text"), str)
-            ):
-                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-                raise InvalidRequestError(
-                    f"messages[{index}].content: only text parts ({{'type': 'text', "
-                    f"'text': ...}}) are supported, got {kind!r}.",
-                    param=f"messages[{index}].content",
-                )
-            texts.append(part["text"])
-        return "\n".join(texts)
+        return [_text(part, index, image_placeholder) for part in content]
     raise InvalidRequestError(
-        f"messages[{index}].content must be a string or a list of text parts.",
+        f"messages[{index}].content must be a string or a list of text and image_url parts.",
         param=f"messages[{index}].content",
     )
 
 
+def _text(part: JsonValue, index: int, image_placeholder: str | None) -> str:
+    param = f"messages[{index}].content"
+    kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+    text = part.get("text") if isinstance(part, Mapping) else None
+    if kind == "text" and isinstance(text, str):
+        return text
+    if kind != "image_url" or not isinstance(part, Mapping):
+        raise InvalidRequestError(
+            f"{param}: only text ({{'type': 'text', 'text': ...}}) and image_url parts are supported, "
+            f"got {kind!r}.",
+            param=param,
+        )
+    if image_placeholder is None:
+        raise InvalidRequestError(
+            f"{param}: this model takes no images (its architecture is text-only); send text parts only.",
+            param=param,
+        )
+    _image_url(part, index)
+    return image_placeholder
+
+
+def _image_url(part: Mapping[str, JsonValue], index: int) -> str:
+    """The URL of an image_url part, {"type": "image_url", "image_url": {"url": ...}}."""
+    image_url = part.get("image_url")
+    url = image_url.get("url") if isinstance(image_url, Mapping) else None
+    if not isinstance(url, str) or not url:
+        raise InvalidRequestError(
+            f"messages[{index}].content: an image_url part needs {{'image_url': {{'url': URL}}}} with a "
+            "non-empty data:, http(s):// or file:// URL.",
+            param=f"messages[{index}].content",
+        )
+    return url
+
+
+def image_urls(messages: Sequence[Mapping[str, JsonValue]]) -> list[str]:
+    """The URLs of the conversation's image_url parts, in order (after normalize_messages checked them)."""
+    return [
+        _image_url(part, index)
+        for index, message in enumerate(messages)
+        for part in _parts(message.get("content"))
+        if part.get("type") == "image_url"
+    ]
+
+
+def _parts(content: JsonValue) -> list[Mapping[str, JsonValue]]:
+    return [part for part in content if isinstance(part, Mapping)] if isinstance(content, list) else []
+
+
+def image_placeholder(
+    tokenizer: "PreTrainedTokenizerBase", multimodal: MultiModalConfig | None
+) -> str | None:
+    """The text an image part becomes in the template (the image token, e.g. LLaVA's "<image>"); None
+    for a text-only model, which refuses image parts."""
+    if multimodal is None:
+        return None
+    return str(tokenizer.convert_ids_to_tokens(multimodal.image_token_id))
+
+
+def with_images(prompt: PromptType, messages: Sequence[Mapping[str, JsonValue]]) -> PromptType:
+    """The engine's prompt for a rendered conversation: with its image URLs when it has image parts."""
+    urls = image_urls(messages)
+    if not urls:
+        return prompt
+    base = prompt if isinstance(prompt, dict) else {"prompt_token_ids": prompt}
+    return {**base, "multi_modal_data": {"image": urls}}
+
+
 def normalize_messages(
-    messages: Sequence[Mapping[str, Any]], content_format: Literal["string", "openai"] = "string"
-) -> list[dict[str, Any]]:
+    messages: Sequence[Mapping[str, JsonValue]],
+    content_format: Literal["string", "openai"] = "string",
+    image_placeholder: str | None = None,
+) -> list[JsonObject]:
     """Check roles and give each content as `content_format` says (text parts joined into one string, or
-    a list of text parts); keep an assistant's `tool_calls` (their arguments as objects, which chat
-    templates expect) and a tool message's `tool_call_id` and `name`. Raises InvalidRequestError."""
+    a list of text parts; an image_url part as `image_placeholder`, None refusing images); keep an
+    assistant's `tool_calls` (their arguments as objects, which chat templates expect) and a tool
+    message's `tool_call_id` and `name`. Raises InvalidRequestError."""
     if not messages:
         raise InvalidRequestError("messages must contain at least one message.", param="messages")
     conversation = []
     for index, message in enumerate(messages):
         role = message.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise InvalidRequestError(
                 f"messages[{index}].role {role!r} is not supported; use one of {', '.join(ROLES)}.",
                 param=f"messages[{index}].role",
             )
         role = _ROLE_ALIASES.get(role, role)
-        entry: dict[str, Any] = {
+        entry: JsonObject = {
             "role": role,
-            "content": _content(message.get("content"), index, content_format),
+            "content": _content(message.get("content"), index, content_format, image_placeholder),
         }
-        if role == "assistant" and message.get("tool_calls"):
-            entry["tool_calls"] = [_template_tool_call(call, index) for call in message["tool_calls"]]
+        tool_calls = message.get("tool_calls")
+        if role == "assistant" and tool_calls:
+            if not isinstance(tool_calls, list):
+                raise _bad_tool_call(index)
+            entry["tool_calls"] = [_template_tool_call(call, index) for call in tool_calls]
         if role == "tool":
             entry.update(
                 {key: message[key] for key in ("tool_call_id", "name") if message.get(key) is not None}
@@ -132,31 +198,32 @@ def normalize_messages(
     return conversation
 
 
-def _template_tool_call(call: Any, index: int) -> dict[str, Any]:
+def _template_tool_call(call: JsonValue, index: int) -> JsonValue:
     function = call.get("function") if isinstance(call, Mapping) else None
-    if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
-        raise InvalidRequestError(
-            f"messages[{index}].tool_calls entries must be {{'id': ..., 'type': "
-            "'function', 'function': {'name': ..., 'arguments': ...}}.",
-            param=f"messages[{index}].tool_calls",
-        )
+    name = function.get("name") if isinstance(function, Mapping) else None
+    if not isinstance(call, Mapping) or not isinstance(function, Mapping) or not isinstance(name, str):
+        raise _bad_tool_call(index)
     arguments = function.get("arguments") or {}
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
         except json.JSONDecodeError as exc:
             raise InvalidRequestError(
-                f"messages[{index}].tool_calls: arguments of {function['name']!r} are not JSON: {exc}.",
+                f"messages[{index}].tool_calls: arguments of {name!r} are not JSON: {exc}.",
                 param=f"messages[{index}].tool_calls",
             ) from exc
-    return {
-        "id": call.get("id"),
-        "type": "function",
-        "function": {"name": function["name"], "arguments": arguments},
-    }
+    return {"id": call.get("id"), "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def check_template_kwargs(template_kwargs: Mapping[str, Any] | None) -> None:
+def _bad_tool_call(index: int) -> InvalidRequestError:
+    return InvalidRequestError(
+        f"messages[{index}].tool_calls entries must be {{'id': ..., 'type': "
+        "'function', 'function': {'name': ..., 'arguments': ...}}.",
+        param=f"messages[{index}].tool_calls",
+    )
+
+
+def check_template_kwargs(template_kwargs: Mapping[str, JsonValue] | None) -> None:
     """Raises InvalidRequestError for a chat_template_kwargs key that would replace one of
     apply_chat_template's own arguments."""
     clashes = sorted(set(template_kwargs or ()) & RESERVED_TEMPLATE_KWARGS)
@@ -170,14 +237,14 @@ def check_template_kwargs(template_kwargs: Mapping[str, Any] | None) -> None:
 
 def apply_chat_template(
     tokenizer: Any,
-    conversation: Sequence[Mapping[str, Any]],
+    conversation: Sequence[Mapping[str, JsonValue]],
     chat_template: str | None = None,
     add_generation_prompt: bool = True,
-    tools: list[dict[str, Any]] | None = None,
+    tools: Sequence[Mapping[str, JsonValue]] | None = None,
     *,
     continue_final_message: bool = False,
     documents: list[dict[str, str]] | None = None,
-    template_kwargs: Mapping[str, Any] | None = None,
+    template_kwargs: Mapping[str, JsonValue] | None = None,
 ) -> list[int]:
     """The prompt token ids of a conversation (`tools` go to the template's `tools`, `documents` to its
     `documents`, `template_kwargs` are further template variables, e.g. enable_thinking). Raises

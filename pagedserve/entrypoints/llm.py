@@ -2,9 +2,9 @@
 
 import itertools
 import time
-from collections.abc import Sequence, Sized
+from collections.abc import Mapping, Sequence, Sized
 from dataclasses import replace
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from tqdm.auto import tqdm
 
@@ -16,8 +16,10 @@ from pagedserve.engine.request_options import RequestOptions
 from pagedserve.entrypoints.chat_utils import (
     ContentFormat,
     apply_chat_template,
+    image_placeholder,
     normalize_messages,
     resolve_content_format,
+    with_images,
 )
 from pagedserve.entrypoints.scoring import cosine, score_pairs
 from pagedserve.errors import InvalidRequestError
@@ -32,8 +34,13 @@ from pagedserve.outputs import (
     ScoringRequestOutput,
 )
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams, beam_search_defaults
+from pagedserve.utils.user_json import JsonValue
 
-ChatMessages = list[dict[str, Any]]
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+# One conversation: OpenAI's chat messages.
+ChatMessages = Sequence[Mapping[str, JsonValue]]
 
 
 class LLM:
@@ -44,7 +51,7 @@ class LLM:
         self.llm_engine = LLMEngine(EngineArgs.from_kwargs(model=model, **engine_args))
         self._request_counter = itertools.count()
 
-    def get_tokenizer(self) -> Any:
+    def get_tokenizer(self) -> "PreTrainedTokenizerBase":
         return self.llm_engine.tokenizer
 
     def get_default_sampling_params(self) -> SamplingParams:
@@ -117,7 +124,11 @@ class LLM:
                 [
                     BeamSearchSequence(
                         output.prompt_token_ids + beam.token_ids,
-                        tokenizer.decode(output.prompt_token_ids + beam.token_ids, skip_special_tokens=True),
+                        str(
+                            tokenizer.decode(
+                                output.prompt_token_ids + beam.token_ids, skip_special_tokens=True
+                            )
+                        ),
                         beam.cumulative_logprob or 0.0,
                         beam.finish_reason,
                     )
@@ -222,11 +233,11 @@ class LLM:
         use_tqdm: bool = True,
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
-        tools: list[dict[str, Any]] | None = None,
+        tools: Sequence[Mapping[str, JsonValue]] | None = None,
         *,
         chat_template_content_format: ContentFormat = "auto",
         continue_final_message: bool = False,
-        chat_template_kwargs: dict[str, Any] | None = None,
+        chat_template_kwargs: Mapping[str, JsonValue] | None = None,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Apply the tokenizer's chat template to each conversation (with `tools`, OpenAI's function list,
@@ -243,18 +254,20 @@ class LLM:
         content_format = resolve_content_format(
             chat_template_content_format, template if isinstance(template, str) else None
         )
+        placeholder = image_placeholder(tokenizer, self.llm_engine.config.model.multimodal)
         prompts = [
-            {
-                "prompt_token_ids": apply_chat_template(
+            with_images(
+                apply_chat_template(
                     tokenizer,
-                    normalize_messages(conversation, content_format),
+                    normalize_messages(conversation, content_format, placeholder),
                     chat_template,
                     add_generation_prompt,
                     tools,
                     continue_final_message=continue_final_message,
                     template_kwargs=chat_template_kwargs,
-                )
-            }
+                ),
+                conversation,
+            )
             for conversation in conversations
         ]
         return self.generate(prompts, sampling_params, use_tqdm, lora_request=lora_request)

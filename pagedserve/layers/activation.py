@@ -60,3 +60,23 @@ def gated_activation(name: str) -> nn.Module:
     if name not in _GATED:
         raise ValueError(f"hidden_act={name!r} is not supported; supported: {', '.join(_GATED)}.")
     return _GATED[name]()
+
+
+def _quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(1.702 * x)
+
+
+# HF's names of the plain (ungated) activations of vision towers and projectors.
+_PLAIN: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "quick_gelu": _quick_gelu,
+    "silu": F.silu,
+}
+
+
+def plain_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The activation HF calls `name`, applied alone. Raises ValueError for names it does not know."""
+    if name not in _PLAIN:
+        raise ValueError(f"hidden_act={name!r} is not supported; supported: {', '.join(_PLAIN)}.")
+    return _PLAIN[name]

@@ -384,4 +384,6 @@ _CUMULATIVE_STATS = {
     "spec_decode_num_drafts": "Speculative decoding: steps that verified draft tokens, per request.",
     "spec_decode_num_draft_tokens": "Speculative decoding: draft tokens verified.",
     "spec_decode_num_accepted_tokens": "Speculative decoding: draft tokens accepted.",
+    "num_images_encoded": "Image models: images the vision encoder ran on (cached ones are not run again).",
+    "encoder_seconds": "Image models: seconds the vision encoder ran.",
 }

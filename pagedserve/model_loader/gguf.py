@@ -2,11 +2,11 @@
 gguf`) with 2-D tensors kept in their ggml blocks. The model's `checkpoint_tensors` then treats them as it
 treats a HF folder's.
 
-llama.cpp's converters change some tensors, undone here: q/k rows permuted for its rope layout (llama,
-mistral), Gemma's norm weights stored as 1 + w, Falcon's fused q/k/v regrouped as [q; k; v], and experts
-stacked into one tensor per projection (split here into HF's per-expert tensors). Mixtral is arch "llama"
-with `llama.expert_count` in its metadata; its config, and Qwen2/3-MoE's expert sizes, are completed in
-`utils/gguf_config.py`. BERT's ("bert", llama.cpp's embedding GGUFs) tensors take HF BertModel's names."""
+llama.cpp's converters rename tensors and change some, as each family's entry in pagedserve/families.py
+(`GGUFFacts`) says, undone here: q/k rows permuted for its rope layout, norm weights stored as 1 + w,
+a fused q/k/v regrouped as [q; k; v], and experts stacked into one tensor per projection (split here into
+HF's per-expert tensors). A config the metadata leaves incomplete (Mixtral's, Qwen-MoE's expert sizes,
+BERT's) is completed in `utils/gguf_config.py`."""
 
 import re
 from collections.abc import Callable, Iterator
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from pagedserve.families import GGUF_ARCHITECTURES, GGUFFacts
 from pagedserve.kernels.cpu.gguf_ops import NATIVE_GGML_TYPES
 from pagedserve.logger import init_logger
 from pagedserve.quantization.ggml_backend import check_kernel, kernel_types
@@ -49,74 +50,26 @@ _LAYER_NAMES = {
     "ffn_up_shexp": "mlp.shared_expert.up_proj",
     "ffn_down_shexp": "mlp.shared_expert.down_proj",
 }
-# Per architecture (general.architecture): names that differ from the table above.
-_ARCH_LAYER_NAMES = {
-    "phi3": {"ffn_up": "mlp.gate_up_proj"},  # gate and up fused, as in HF's checkpoint
-    "gemma2": {
-        "post_attention_norm": "post_attention_layernorm",
-        "ffn_norm": "pre_feedforward_layernorm",
-        "post_ffw_norm": "post_feedforward_layernorm",
-    },
-    "falcon": {
-        "attn_norm": "input_layernorm",
-        "attn_norm_2": "ln_mlp",
-        "attn_qkv": "self_attention.query_key_value",
-        "attn_output": "self_attention.dense",
-        "ffn_up": "mlp.dense_h_to_4h",
-        "ffn_down": "mlp.dense_4h_to_h",
-    },
-}
-_ARCH_LAYER_NAMES["gemma3"] = _ARCH_LAYER_NAMES["gemma2"]
+# Llama's names of the tensors outside the layers (families.GGUFFacts.global_names: another family's).
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_FALCON_GLOBAL_NAMES = {
-    "token_embd": "transformer.word_embeddings",
-    "output_norm": "transformer.ln_f",
-    "output": "lm_head",
-}
-# BERT ("bert"): llama.cpp's names -> HF BertModel's (its reranker head, `cls`, is not read).
-_BERT_GLOBAL_NAMES = {
-    "token_embd": "embeddings.word_embeddings",
-    "token_types": "embeddings.token_type_embeddings",
-    "position_embd": "embeddings.position_embeddings",
-    "token_embd_norm": "embeddings.LayerNorm",
-}
-_BERT_LAYER_NAMES = {
-    "attn_q": "attention.self.query",
-    "attn_k": "attention.self.key",
-    "attn_v": "attention.self.value",
-    "attn_output": "attention.output.dense",
-    "attn_output_norm": "attention.output.LayerNorm",
-    "ffn_up": "intermediate.dense",
-    "ffn_down": "output.dense",
-    "layer_output_norm": "output.LayerNorm",
-}
 # Matrices that are read as float32 whatever `keep_quantized` says: their layers are plain torch ones (a
 # MoE router, BERT's position and token-type tables).
 _ALWAYS_FLOAT = (".mlp.gate.weight", "position_embeddings.weight", "token_type_embeddings.weight")
-# llama.cpp's converter permutes q/k rows of these architectures for its rope layout; we undo it.
-_PERMUTED_ARCHS = ("llama", "mistral")
-_GEMMA_ARCHS = ("gemma2", "gemma3")
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 
 
-def _hf_name(name: str, arch: str, hf_config: "PretrainedConfig") -> str | None:
+def _hf_name(name: str, gguf: GGUFFacts, hf_config: "PretrainedConfig") -> str | None:
+    """HF's name of GGUF tensor `name` in a file of `gguf`'s architecture; None for tensors not read."""
     base, _, suffix = name.rpartition(".")
     match = re.fullmatch(r"blk\.(\d+)\.(\w+)", base)
-    if arch == "falcon":
-        if match and match.group(2) == "attn_norm" and hf_config.new_decoder_architecture:
-            return f"transformer.h.{match.group(1)}.ln_attn.{suffix}"
-        names = {**_LAYER_NAMES, **_ARCH_LAYER_NAMES["falcon"]}
-        if match and match.group(2) in names:
-            return f"transformer.h.{match.group(1)}.{names[match.group(2)]}.{suffix}"
-        return f"{_FALCON_GLOBAL_NAMES[base]}.{suffix}" if base in _FALCON_GLOBAL_NAMES else None
-    if arch == "bert":
-        if match and match.group(2) in _BERT_LAYER_NAMES:
-            return f"encoder.layer.{match.group(1)}.{_BERT_LAYER_NAMES[match.group(2)]}.{suffix}"
-        return f"{_BERT_GLOBAL_NAMES[base]}.{suffix}" if base in _BERT_GLOBAL_NAMES else None
-    names = {**_LAYER_NAMES, **_ARCH_LAYER_NAMES.get(arch, {})}
-    if match and match.group(2) in names:
-        return f"model.layers.{match.group(1)}.{names[match.group(2)]}.{suffix}"
-    return f"{_GLOBAL_NAMES[base]}.{suffix}" if base in _GLOBAL_NAMES else None
+    if match:
+        names = {**(_LAYER_NAMES if gguf.common_layer_names else {}), **gguf.layer_names}
+        if getattr(hf_config, "new_decoder_architecture", False):
+            names.update(gguf.new_decoder_layer_names)
+        block = match.group(2)
+        return f"{gguf.layer_prefix}.{match.group(1)}.{names[block]}.{suffix}" if block in names else None
+    global_names = _GLOBAL_NAMES if gguf.global_names is None else gguf.global_names
+    return f"{global_names[base]}.{suffix}" if base in global_names else None
 
 
 def _unpermute(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -126,6 +79,16 @@ def _unpermute(weight: np.ndarray, num_heads: int) -> np.ndarray:
         .swapaxes(1, 2)
         .reshape(weight.shape)
     )
+
+
+def _permuted(name: str, gguf: GGUFFacts) -> bool:
+    """q/k rows that llama.cpp's converter permuted for its rope layout (undone here)."""
+    return gguf.permuted_qk and name.endswith(("q_proj.weight", "k_proj.weight"))
+
+
+def _regrouped(name: str, gguf: GGUFFacts) -> bool:
+    """Falcon's fused q/k/v, regrouped row-wise in float (`_falcon_qkv`)."""
+    return gguf.grouped_fused_qkv and "query_key_value" in name
 
 
 def _falcon_qkv(weight: np.ndarray, hf_config: "PretrainedConfig") -> np.ndarray:
@@ -148,15 +111,15 @@ def _falcon_qkv(weight: np.ndarray, hf_config: "PretrainedConfig") -> np.ndarray
 
 
 def _hf_tensors(
-    name: str, weight: np.ndarray, arch: str, hf_config: "PretrainedConfig"
+    name: str, weight: np.ndarray, gguf: GGUFFacts, hf_config: "PretrainedConfig"
 ) -> Iterator[tuple[str, np.ndarray]]:
     """One GGUF tensor (already under its HF name) -> HF tensors in HF's layout."""
-    if arch in _PERMUTED_ARCHS and name.endswith(("q_proj.weight", "k_proj.weight")):
+    if _permuted(name, gguf):
         heads = hf_config.num_attention_heads if "q_proj" in name else hf_config.num_key_value_heads
         weight = _unpermute(weight, heads)
-    elif arch in _GEMMA_ARCHS and name.endswith("norm.weight"):
+    elif gguf.norm_plus_one and name.endswith("norm.weight"):
         weight = weight - 1
-    elif arch == "falcon" and "query_key_value" in name:
+    elif _regrouped(name, gguf):
         weight = _falcon_qkv(weight, hf_config)
     elif name.endswith("shared_expert_gate.weight"):
         weight = weight.reshape(1, -1)
@@ -189,24 +152,21 @@ def iterate_gguf(
     from pagedserve.utils.gguf_tensors import read_gguf
 
     reader = read_gguf(path)  # NOTE: not gguf's GGUFReader, which decodes every metadata value (seconds)
-    arch = str(reader.metadata["general.architecture"])
+    # NOTE: the config reader (utils/gguf_config.py) refused any other architecture first.
+    gguf = GGUF_ARCHITECTURES[str(reader.metadata["general.architecture"])]
     dequantized_types: set[str] = set()
     for tensor in reader.tensors:
-        name = _hf_name(tensor.name, arch, hf_config)
+        name = _hf_name(tensor.name, gguf, hf_config)
         if name is None or not loads(name):
             continue
-        permuted = arch in _PERMUTED_ARCHS and name.endswith(("q_proj.weight", "k_proj.weight"))
-        # NOTE: Falcon's fused q/k/v is regrouped row-wise in float (see _hf_tensors).
-        regrouped = arch == "falcon" and "query_key_value" in name
-        if keep_quantized and len(tensor.shape) == 2 and not regrouped and not name.endswith(_ALWAYS_FLOAT):
+        if (
+            keep_quantized
+            and len(tensor.shape) == 2
+            and not _regrouped(name, gguf)
+            and not name.endswith(_ALWAYS_FLOAT)
+        ):
             ggml_type, rows = _kernel_rows(tensor, dequantized_types, backend, device)
-            base = name.removesuffix(".weight")
-            yield f"{base}.qweight_type", torch.tensor(ggml_type)
-            if permuted:  # the same row order as _hf_tensors gives a dequantized q/k
-                rows = _unpermute(
-                    rows, hf_config.num_attention_heads if "q_proj" in name else hf_config.num_key_value_heads
-                )
-            yield f"{base}.qweight", torch.from_numpy(np.array(rows))
+            yield from _packed_matrix(name, ggml_type, rows, gguf, hf_config)
             continue
         expert = re.fullmatch(r"(.*\.experts)\.(\w+)\.weight", name)
         if keep_quantized and len(tensor.shape) == 3 and expert:
@@ -218,7 +178,7 @@ def iterate_gguf(
                 yield f"{base}.qweight", torch.from_numpy(np.array(rows))
             continue
         weight = dequantize(tensor.data, tensor.tensor_type)
-        for hf_name, hf_weight in _hf_tensors(name, weight, arch, hf_config):
+        for hf_name, hf_weight in _hf_tensors(name, weight, gguf, hf_config):
             yield hf_name, torch.from_numpy(np.array(hf_weight, dtype=np.float32))
     if dequantized_types:
         logger.info(
@@ -227,6 +187,18 @@ def iterate_gguf(
             ", ".join(sorted(dequantized_types)),
             backend,
         )
+
+
+def _packed_matrix(
+    name: str, ggml_type: int, rows: np.ndarray, gguf: GGUFFacts, hf_config: "PretrainedConfig"
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """A matrix's `.qweight_type` and `.qweight` (its blocks, q/k rows in HF's order)."""
+    base = name.removesuffix(".weight")
+    yield f"{base}.qweight_type", torch.tensor(ggml_type)
+    if _permuted(name, gguf):  # the same row order as _hf_tensors gives a dequantized q/k
+        heads = hf_config.num_attention_heads if "q_proj" in name else hf_config.num_key_value_heads
+        rows = _unpermute(rows, heads)
+    yield f"{base}.qweight", torch.from_numpy(np.array(rows))
 
 
 def _kernel_rows(

@@ -66,7 +66,10 @@ def _load(
             torch.device(device),
             set_quantization_config(quantization, config.batch_invariant, config.linear_backend),
         ):
-            model = model_class(config.hf_config)
+            # NOTE: an image model is built from its whole config (vision tower, projector, language model).
+            model = model_class(
+                config.hf_config if config.multimodal is None else config.multimodal.hf_config
+            )
             if quantization is not None:
                 quantization.prepare_layers(model)
     finally:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from pagedserve.config.pooling import encoder_position_offset
 from pagedserve.layers.attention import Attention
 from pagedserve.layers.embedding import VocabParallelEmbedding
 from pagedserve.layers.fused_linear import check_activation, linear_activation, linear_residual
@@ -82,12 +83,10 @@ class BertModel(EncoderModel):
     """The encoder; its hidden states are pooled by the runner. A checkpoint's prefix (`bert.`,
     `roberta.`), its unused pooler and MLM heads are skipped."""
 
-    position_offset = 0
-
     def __init__(self, config: "PretrainedConfig") -> None:
         super().__init__()
         self.config = config
-        self.embeddings = BertEmbeddings(config, self.position_offset)
+        self.embeddings = BertEmbeddings(config, encoder_position_offset(config))
         self.layers = nn.ModuleList(BertLayer(config) for _ in range(int(config.num_hidden_layers)))
 
     def forward(
@@ -130,11 +129,8 @@ class BertModel(EncoderModel):
 
 
 class RobertaModel(BertModel):
-    """RoBERTa / XLM-RoBERTa: BERT's math, positions after the padding index, one token type."""
-
-    def __init__(self, config: "PretrainedConfig") -> None:
-        self.position_offset = int(config.pad_token_id) + 1
-        super().__init__(config)
+    """RoBERTa / XLM-RoBERTa: BERT's math, positions after the padding index (their entries'
+    `positions_after_padding`), one token type."""
 
 
 XLMRobertaModel = RobertaModel

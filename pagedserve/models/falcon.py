@@ -94,7 +94,7 @@ class FalconForCausalLM(LlamaForCausalLM):
             head_dim(config), config.max_position_embeddings, rope_parameters(config)
         )
         options = AttentionOptions(
-            qkv_bias=config.bias, o_bias=config.bias, num_kv_heads=num_kv_heads(config, "FalconForCausalLM")
+            qkv_bias=config.bias, o_bias=config.bias, num_kv_heads=num_kv_heads(config, type(self).__name__)
         )
         return LlamaModel(
             config,
@@ -119,7 +119,7 @@ class FalconForCausalLM(LlamaForCausalLM):
         then one key and one value head; multi-query: every query head, then the key, then the value;
         else per head, its query, key and value."""
         config, dim = self.config, head_dim(self.config)
-        heads, kv_heads = config.num_attention_heads, num_kv_heads(config, "FalconForCausalLM")
+        heads, kv_heads = config.num_attention_heads, num_kv_heads(config, type(self).__name__)
         # [fused heads, head_dim, (hidden)]; NOTE: a torch function reads a lazy checkpoint tensor
         rows = torch.reshape(tensor, (-1, dim, *tensor.shape[1:]))
         if config.new_decoder_architecture:

@@ -45,6 +45,8 @@ class Gemma2DecoderLayer(nn.Module):
 
 
 class Gemma2ForCausalLM(LlamaForCausalLM):
+    qk_norm_class = GemmaRMSNorm  # Gemma 3's
+
     def make_model(self, config: "PretrainedConfig") -> nn.Module:
         rotaries = {
             layer_type: RotaryEmbedding(
@@ -62,7 +64,7 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
     def attention_options(self, config: "PretrainedConfig", layer_idx: int) -> AttentionOptions:
         return AttentionOptions(
             qkv_bias=getattr(config, "attention_bias", False),
-            qk_norm=self.qk_norm,
+            qk_norm=self.qk_norm(),
             scale=config.query_pre_attn_scalar**-0.5,
             sliding_window=layer_sliding_window(config, layer_idx, type(self).__name__),
             logits_soft_cap=getattr(config, "attn_logit_softcapping", None),

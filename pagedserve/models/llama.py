@@ -3,23 +3,20 @@ reuse these blocks through the hooks of `LlamaForCausalLM` (attention options, t
 layer itself, the checkpoint's names) wherever their math is Llama's."""
 
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from pagedserve.config.parallel import PipelineStage
-from pagedserve.distributed import get_pp_stage
+from pagedserve.families import decoder_family
 from pagedserve.layers.activation import gated_activation
 from pagedserve.layers.attention import Attention
 from pagedserve.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from pagedserve.layers.layernorm import RMSNorm
 from pagedserve.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from pagedserve.layers.rotary import RotaryEmbedding, rope_parameters
-from pagedserve.models.interface import CausalLM
+from pagedserve.models.interface import CausalLM, IntermediateTensors, model_stage
 from pagedserve.utils.hf_config import head_dim, layer_sliding_window
 
 if TYPE_CHECKING:
@@ -27,31 +24,6 @@ if TYPE_CHECKING:
 
 # (our parameter name, checkpoint tensor, shard id for the parameter's weight_loader)
 ParamShard = tuple[str, torch.Tensor, object]
-# What a pipeline stage hands the next: (hidden states, residual), [T, hidden] each.
-IntermediateTensors = tuple[torch.Tensor, torch.Tensor]
-
-
-# Set while a model is built whole beside a pipeline stage's part of the target (the draft model).
-_WHOLE_MODEL: ContextVar[bool] = ContextVar("whole_model", default=False)
-
-
-@contextmanager
-def whole_model() -> Iterator[None]:
-    """Models built inside hold every layer, whatever this worker's pipeline stage."""
-    token = _WHOLE_MODEL.set(True)
-    try:
-        yield
-    finally:
-        _WHOLE_MODEL.reset(token)
-
-
-def model_stage(config: "PretrainedConfig") -> PipelineStage:
-    """The pipeline stage this process builds: the worker's at pp > 1, else every layer (a model built
-    outside a worker or inside `whole_model()`)."""
-    stage = get_pp_stage()
-    if stage is None or stage.num_stages == 1 or _WHOLE_MODEL.get():
-        return PipelineStage(0, 1, 0, config.num_hidden_layers)
-    return stage
 
 
 class MissingLayer(nn.Module):
@@ -183,16 +155,15 @@ class LlamaModel(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         intermediate: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor | IntermediateTensors:
         """Normed hidden states on the last stage, else (hidden, residual) for the next stage, which
-        passes them as `intermediate` instead of embedding `input_ids`."""
+        passes them as `intermediate` instead of embedding `input_ids`. `inputs_embeds`: the embeddings
+        to start from instead (an image model's, with its images' rows merged in)."""
         residual: torch.Tensor | None
         if intermediate is None:
-            hidden: torch.Tensor = self.embed_tokens(input_ids)
+            hidden: torch.Tensor = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
             residual = None
-            if self.embed_scale is not None:
-                # NOTE: HF rounds the scale to the activations' dtype first.
-                hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
         else:
             hidden, residual = intermediate
         for layer in self.layers[self.stage.start : self.stage.end]:
@@ -203,13 +174,21 @@ class LlamaModel(nn.Module):
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The tokens' embeddings (times `embed_scale`)."""
+        hidden: torch.Tensor = self.embed_tokens(input_ids)
+        if self.embed_scale is not None:
+            # NOTE: HF rounds the scale to the activations' dtype first.
+            hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
+        return hidden
+
 
 class LlamaForCausalLM(CausalLM):
     """input_ids [T] and positions [T] of a flattened batch -> hidden states [T, hidden];
     `compute_logits` turns the selected rows into logits."""
 
-    qkv_bias = False
-    qk_norm: type[RMSNorm] | None = None
+    # The norm over each head of q and k, in the families whose entry (families.py) has one.
+    qk_norm_class: type[RMSNorm] = RMSNorm
     # checkpoint name fragment -> (our fused parameter fragment, shard id)
     stacked_params = {
         "q_proj": ("qkv_proj", "q"),
@@ -222,6 +201,7 @@ class LlamaForCausalLM(CausalLM):
     def __init__(self, config: "PretrainedConfig") -> None:
         super().__init__()
         self.config = config
+        self.facts = decoder_family(type(self).__name__)
         self.stage = model_stage(config)
         self.model = self.make_model(config)
         if self.stage.is_last:
@@ -242,10 +222,13 @@ class LlamaForCausalLM(CausalLM):
         )
         return LlamaModel(config, lambda i: self.make_layer(config, i, rotary_emb))
 
+    def qk_norm(self) -> type[RMSNorm] | None:
+        return self.qk_norm_class if self.facts.qk_norm else None
+
     def attention_options(self, config: "PretrainedConfig", layer_idx: int) -> AttentionOptions:
         return AttentionOptions(
-            qkv_bias=self.qkv_bias,
-            qk_norm=self.qk_norm,
+            qkv_bias=self.facts.qkv_bias,
+            qk_norm=self.qk_norm(),
             sliding_window=layer_sliding_window(config, layer_idx, type(self).__name__),
         )
 
@@ -258,14 +241,16 @@ class LlamaForCausalLM(CausalLM):
         attention = LlamaAttention(config, self.attention_options(config, layer_idx), rotary_emb)
         return LlamaDecoderLayer(config, attention, self.make_mlp(config, layer_idx))
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden: torch.Tensor = self.model(input_ids, positions)
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, inputs_embeds: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        hidden: torch.Tensor = self.model(input_ids, positions, inputs_embeds=inputs_embeds)
         return hidden
 
     def forward_stage(
         self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate: IntermediateTensors | None
     ) -> torch.Tensor | IntermediateTensors:
-        """One pipeline stage's part of `forward` (LlamaModel.forward)."""
+        """LlamaModel.forward: every family's trunk splits into stages the same way."""
         out: torch.Tensor | IntermediateTensors = self.model(input_ids, positions, intermediate)
         return out
 

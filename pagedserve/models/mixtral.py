@@ -81,13 +81,12 @@ def expert_tensors(name: str, tensor: torch.Tensor) -> ParamShard | None:
 
 
 class MixtralForCausalLM(LlamaForCausalLM):
-    moe_module_name = "block_sparse_moe"  # where HF's checkpoint keeps the experts
-
     def make_mlp(self, config: "PretrainedConfig", layer_idx: int) -> nn.Module:
         return SparseMoeBlock(config, config.intermediate_size, renormalize=True)
 
     def checkpoint_tensors(self, name: str, tensor: torch.Tensor) -> Iterator[ParamShard]:
-        name = name.replace(f".{self.moe_module_name}.", ".mlp.")
+        assert self.facts.moe is not None, "a mixture-of-experts family's entry has its layout"
+        name = name.replace(f".{self.facts.moe.checkpoint_module}.", ".mlp.")
         expert = expert_tensors(name, tensor)
         if expert is not None:
             yield expert

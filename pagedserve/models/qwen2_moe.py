@@ -14,9 +14,6 @@ if TYPE_CHECKING:
 
 
 class Qwen2MoeForCausalLM(MixtralForCausalLM):
-    qkv_bias = True
-    moe_module_name = "mlp"
-
     def make_mlp(self, config: "PretrainedConfig", layer_idx: int) -> nn.Module:
         if not is_sparse_layer(config, layer_idx):
             return super(MixtralForCausalLM, self).make_mlp(config, layer_idx)

@@ -1,45 +1,27 @@
-"""Architecture name (config.json's `architectures`) -> model class, imported on demand. Family `t`
-lives in models/t.py; config.MODEL_ARCHITECTURES lists the same architectures (a test checks it)."""
+"""Architecture name (config.json's `architectures`) -> model class, imported on demand, for every family
+of pagedserve/families.py: a family's classes live in models/<module>.py, its decoder classifier in
+models/decoder_classifier.py."""
 
-from pagedserve.config.pooling import DECODER_CLASSIFIER_ARCHITECTURES
+from pagedserve.families import DECODERS, ENCODERS
 from pagedserve.models.interface import CausalLM, EncoderModel
 from pagedserve.utils.registry import Registry
 
-ENCODER_ARCHITECTURE_NAMES = (
-    "BertModel",
-    "RobertaModel",
-    "XLMRobertaModel",
-    "BertForSequenceClassification",
-    "RobertaForSequenceClassification",
-    "XLMRobertaForSequenceClassification",
-)
-
 MODELS: Registry[CausalLM] = Registry("Model architecture", "--model")
-MODELS.register("LlamaForCausalLM", "pagedserve.models.llama:LlamaForCausalLM")
-MODELS.register("MistralForCausalLM", "pagedserve.models.mistral:MistralForCausalLM")
-MODELS.register("Qwen2ForCausalLM", "pagedserve.models.qwen2:Qwen2ForCausalLM")
-for _module, _architecture in (
-    ("qwen3", "Qwen3ForCausalLM"),
-    ("gemma2", "Gemma2ForCausalLM"),
-    ("gemma3_text", "Gemma3ForCausalLM"),
-    ("phi3", "Phi3ForCausalLM"),
-    ("falcon", "FalconForCausalLM"),
-    ("mixtral", "MixtralForCausalLM"),
-    ("qwen2_moe", "Qwen2MoeForCausalLM"),
-    ("qwen3_moe", "Qwen3MoeForCausalLM"),
-):
-    MODELS.register(_architecture, f"pagedserve.models.{_module}:{_architecture}")
-
-
-# Encoders for the pooling runner (config.pooling.ENCODER_ARCHITECTURES lists the same; a test checks it).
+# Encoders for the pooling runner: each family's model and its *ForSequenceClassification.
 ENCODER_MODELS: Registry[EncoderModel] = Registry("Encoder architecture", "--model")
-for _architecture in ENCODER_ARCHITECTURE_NAMES:
-    ENCODER_MODELS.register(_architecture, f"pagedserve.models.bert:{_architecture}")
-
-# Decoders with a classification head, for the pooling runner (the same names as config.pooling's).
+# Decoders with a classification head, for the pooling runner.
 DECODER_CLASSIFIERS: Registry[CausalLM] = Registry("Sequence classifier architecture", "--model")
-for _architecture in DECODER_CLASSIFIER_ARCHITECTURES:
-    DECODER_CLASSIFIERS.register(_architecture, f"pagedserve.models.decoder_classifier:{_architecture}")
+
+for _family in DECODERS:
+    MODELS.register(_family.architecture, f"pagedserve.models.{_family.module}:{_family.architecture}")
+    if _family.classifier:
+        DECODER_CLASSIFIERS.register(
+            _family.classifier, f"pagedserve.models.decoder_classifier:{_family.classifier}"
+        )
+for _family in ENCODERS:
+    for _architecture in (_family.architecture, _family.classifier):
+        if _architecture:
+            ENCODER_MODELS.register(_architecture, f"pagedserve.models.{_family.module}:{_architecture}")
 
 
 def supported_architectures() -> list[str]:

@@ -15,8 +15,9 @@ if TYPE_CHECKING:
 _PHANTOM_SPACE = "\u2581"
 
 
-def bert_config(metadata: Mapping[str, object]) -> "PretrainedConfig":
-    """The BertConfig a "bert" GGUF describes (GELU, as HF's BERT; token types from its metadata)."""
+def bert_config(metadata: Mapping[str, object], architecture: str) -> "PretrainedConfig":
+    """The BertConfig a BERT GGUF describes (GELU, as HF's BERT; token types from its metadata), for the
+    model class `architecture`."""
     from transformers import BertConfig
 
     eps = metadata.get("bert.attention.layer_norm_epsilon")
@@ -30,7 +31,7 @@ def bert_config(metadata: Mapping[str, object]) -> "PretrainedConfig":
         type_vocab_size=metadata_int(metadata, "tokenizer.ggml.token_type_count", 2),
         layer_norm_eps=1e-12 if eps is None else float(eps),  # type: ignore[arg-type]
         pad_token_id=metadata_int(metadata, "tokenizer.ggml.padding_token_id", 0),
-        architectures=["BertModel"],
+        architectures=[architecture],
     )
 
 

@@ -10,6 +10,7 @@ import functools
 import hashlib
 import os
 
+from pagedserve.families import ENCODERS
 from pagedserve.utils.gguf_bert import bert_tokenizer
 from pagedserve.utils.gguf_config import gguf_hf_config
 from pagedserve.utils.gguf_tensors import read_gguf
@@ -43,7 +44,8 @@ def gguf_hf_folder(gguf_file: str) -> str:
     tmp = f"{folder}.tmp{os.getpid()}"
     config = gguf_hf_config(directory or ".", name)
     config.save_pretrained(tmp)
-    if config.model_type == "bert":  # NOTE: transformers reads no WordPiece vocabulary from a GGUF
+    # NOTE: transformers reads no WordPiece vocabulary from a GGUF
+    if config.model_type in {family.model_type for family in ENCODERS}:
         tokenizer = bert_tokenizer(read_gguf(gguf_file, arrays=True).metadata, tmp)
     else:
         tokenizer = AutoTokenizer.from_pretrained(directory or ".", gguf_file=name)

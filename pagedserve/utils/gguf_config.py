@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from pagedserve.errors import ConfigError
+from pagedserve.families import GGUF_ARCHITECTURES, gguf_family
 from pagedserve.utils.gguf_bert import bert_config
 from pagedserve.utils.gguf_metadata import metadata_int, metadata_string
 from pagedserve.utils.gguf_tensors import read_gguf
@@ -15,19 +16,6 @@ from pagedserve.utils.gguf_tensors import read_gguf
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-# general.architecture -> the families it holds (llama.cpp writes Mistral and Mixtral as "llama").
-GGUF_ARCHITECTURES = {
-    "llama": "Llama, Mistral, Mixtral (with llama.expert_count)",
-    "qwen2": "Qwen2",
-    "qwen3": "Qwen3",
-    "gemma2": "Gemma 2",
-    "gemma3": "Gemma 3 (text)",
-    "phi3": "Phi-3",
-    "falcon": "Falcon",
-    "qwen2moe": "Qwen2-MoE",
-    "qwen3moe": "Qwen3-MoE",
-    "bert": "BERT embedding models, --runner pooling",
-}
 # llama.cpp's `{arch}.pooling_type` values (its enum llama_pooling_type) -> their names; 0 (none) is none.
 _GGUF_POOLING_TYPES = {1: "MEAN", 2: "CLS", 3: "LAST", 4: "RANK"}
 
@@ -40,30 +28,35 @@ def gguf_hf_config(directory: str, name: str) -> "PretrainedConfig":
     path = os.path.join(directory, name)
     metadata = read_gguf(path).metadata
     arch = metadata_string(metadata, "general.architecture")
-    if arch not in GGUF_ARCHITECTURES:
-        supported = "; ".join(f"{key} ({families})" for key, families in GGUF_ARCHITECTURES.items())
+    facts = gguf_family(arch)
+    if facts is None or facts.gguf is None:
+        supported = "; ".join(f"{key} ({gguf.holds})" for key, gguf in GGUF_ARCHITECTURES.items())
         raise ConfigError(
             f"GGUF architecture {arch!r} (general.architecture of {name}) is not supported. Supported GGUF "
             f"architectures: {supported}. Other families load from a HF folder (--model)."
         )
-    if arch == "bert":  # NOTE: transformers reads no "bert" GGUF
-        config = bert_config(read_gguf(path, arrays=True).metadata)
+    if facts.encoder:  # NOTE: transformers reads no encoder (BERT) GGUF
+        config = bert_config(read_gguf(path, arrays=True).metadata, facts.architecture)
     else:
         config = AutoConfig.from_pretrained(directory, gguf_file=name)
-    if arch == "llama":
-        config = _as_mixtral_if_sparse(config, metadata)
-    if arch in ("qwen2moe", "qwen3moe"):
-        config = _with_qwen_moe_sizes(config, metadata, arch)
+    if facts.gguf.sparse_architecture is not None:
+        config = _as_sparse(config, metadata, arch, facts.gguf.sparse_architecture)
+    if facts.gguf.expert_sizes_in_metadata:
+        config = _with_qwen_moe_sizes(
+            config, metadata, arch, shared_expert=facts.moe is not None and facts.moe.shared_expert
+        )
     pooling = _GGUF_POOLING_TYPES.get(metadata_int(metadata, f"{arch}.pooling_type", 0))
     if pooling is not None:  # the pooling runner's default for this model (config/pooling.py)
         config.gguf_pooling_type = pooling
     return config
 
 
-def _as_mixtral_if_sparse(config: "PretrainedConfig", metadata: Mapping[str, object]) -> "PretrainedConfig":
-    """llama.cpp stores Mixtral as architecture "llama" with `llama.expert_count` experts, which
-    transformers reads as a dense Llama: such a config becomes the MixtralConfig it describes."""
-    if metadata_int(metadata, "llama.expert_count", 0) == 0:
+def _as_sparse(
+    config: "PretrainedConfig", metadata: Mapping[str, object], arch: str, sparse_architecture: str
+) -> "PretrainedConfig":
+    """llama.cpp stores Mixtral as the dense family's architecture with `<arch>.expert_count` experts,
+    which transformers reads as a dense Llama: such a config becomes the MixtralConfig it describes."""
+    if metadata_int(metadata, f"{arch}.expert_count", 0) == 0:
         return config
     from transformers import MixtralConfig
 
@@ -72,15 +65,15 @@ def _as_mixtral_if_sparse(config: "PretrainedConfig", metadata: Mapping[str, obj
     }
     return MixtralConfig(
         **settings,
-        num_local_experts=metadata_int(metadata, "llama.expert_count"),
-        num_experts_per_tok=metadata_int(metadata, "llama.expert_used_count"),
+        num_local_experts=metadata_int(metadata, f"{arch}.expert_count"),
+        num_experts_per_tok=metadata_int(metadata, f"{arch}.expert_used_count"),
         sliding_window=settings.pop("sliding_window", None),  # Mixtral's GGUFs carry no window
-        architectures=["MixtralForCausalLM"],
+        architectures=[sparse_architecture],
     )
 
 
 def _with_qwen_moe_sizes(
-    config: "PretrainedConfig", metadata: Mapping[str, object], arch: str
+    config: "PretrainedConfig", metadata: Mapping[str, object], arch: str, shared_expert: bool
 ) -> "PretrainedConfig":
     """transformers reads a Qwen2/3-MoE GGUF's expert counts but not the experts' sizes, leaving the
     config class's defaults (Qwen1.5-MoE-A2.7B's). The sizes come from llama.cpp's keys, as its converter
@@ -90,7 +83,7 @@ def _with_qwen_moe_sizes(
     config.moe_intermediate_size = metadata_int(metadata, f"{arch}.expert_feed_forward_length")
     config.decoder_sparse_step = 1
     config.mlp_only_layers = []
-    if arch == "qwen2moe":  # 0: no shared expert (the model builds none)
+    if shared_expert:  # 0: no shared expert (the model builds none)
         config.shared_expert_intermediate_size = metadata_int(
             metadata, f"{arch}.expert_shared_feed_forward_length", 0
         )

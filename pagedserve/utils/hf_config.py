@@ -3,21 +3,20 @@ the sizing arithmetic (which counts them), so both read a config the same way.""
 
 from typing import TYPE_CHECKING
 
+from pagedserve.families import family
+
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-# Families whose HF code puts `sliding_window` on every layer, ignoring any `layer_types`.
-_WINDOW_ON_EVERY_LAYER = frozenset(
-    {"MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", "Qwen3MoeForCausalLM"}
-)
-
 
 def layer_sliding_window(config: "PretrainedConfig", layer_idx: int, architecture: str) -> int | None:
-    """The sliding window of layer `layer_idx`, as HF decides it: from `layer_types` ("sliding_attention")
-    for the families that list them (Qwen2/3, Gemma 2/3), else `sliding_window` on every layer."""
+    """The sliding window of layer `layer_idx`, as HF decides it (the family's `window_rule`): from
+    `layer_types` ("sliding_attention") where the config lists them, else `sliding_window` on every layer."""
     window = getattr(config, "sliding_window", None)
     layer_types = getattr(config, "layer_types", None)
-    if architecture not in _WINDOW_ON_EVERY_LAYER and layer_types is not None:
+    facts = family(architecture)
+    every_layer = facts is not None and facts.window_rule == "every_layer"
+    if not every_layer and layer_types is not None:
         return window if layer_types[layer_idx] == "sliding_attention" else None
     return window
 
@@ -28,9 +27,10 @@ def layer_windows(config: "PretrainedConfig", architecture: str) -> list[int | N
 
 
 def num_kv_heads(config: "PretrainedConfig", architecture: str) -> int:
-    """KV heads of the model. Falcon (HF's rule): grouped KV with the new architecture, one KV head for
+    """KV heads of the model. Falcon's rule (HF's): grouped KV with the new architecture, one KV head for
     multi-query, else one per head."""
-    if architecture == "FalconForCausalLM":
+    facts = family(architecture)
+    if facts is not None and facts.kv_heads_rule == "multi_query":
         if config.new_decoder_architecture or not config.multi_query:
             grouped: int = config.num_kv_heads or config.num_attention_heads
             return grouped

@@ -9,6 +9,16 @@ JsonValue: TypeAlias = "dict[str, JsonValue] | list[JsonValue] | str | int | flo
 JsonObject: TypeAlias = "dict[str, JsonValue]"
 
 
+def as_object(value: JsonValue) -> JsonObject:
+    """`value` when it is an object, else {}: for a member that is read only when it is one."""
+    return value if isinstance(value, dict) else {}
+
+
+def as_string(value: JsonValue) -> str:
+    """`value` when it is a string, else "": for a member that is read only when it is one."""
+    return value if isinstance(value, str) else ""
+
+
 def load_user_json(value: Any, error: Callable[[str], Exception], what: str = "is not valid JSON") -> Any:
     """`value` parsed when it is JSON text, else as it is. Bad text raises `error(message)`, the message
     being `what` and the parser's complaint, so each caller's error names its own field or flag."""

@@ -15,7 +15,7 @@ from pagedserve.attention.forward_context import set_forward_context
 from pagedserve.config import ModelConfig
 from pagedserve.layers.attention import Attention
 from pagedserve.model_loader import load_model
-from pagedserve.models.llama import whole_model
+from pagedserve.models.interface import whole_model
 from pagedserve.utils import cdiv
 
 

@@ -90,6 +90,7 @@ class InputBatch:
                 new.eos_token_id,
                 new.lora_request,
                 new.beam,
+                new.images,
             )
             self.states[new.request_id] = state
             self.block_tables.remove(new.request_id)  # NOTE: a resumed request comes back as new

@@ -16,12 +16,13 @@ from pagedserve.layers.sampler import Sampler
 from pagedserve.logger import init_logger
 from pagedserve.lora.manager import LoRAManager
 from pagedserve.model_loader import load_model
-from pagedserve.models.llama import LlamaForCausalLM
+from pagedserve.models.interface import MultiModalLM
 from pagedserve.platforms import Platform
 from pagedserve.utils import format_bytes
 from pagedserve.worker.block_ops import KVBlockMover
 from pagedserve.worker.cuda_graph import CudaGraphRunner
 from pagedserve.worker.draft_proposer import DraftModelProposer
+from pagedserve.worker.encoder_cache import EncoderCache
 from pagedserve.worker.input_batch import BatchInputs, InputBatch
 from pagedserve.worker.kv_groups import bind_kv_cache_groups
 from pagedserve.worker.prompt_logprobs import PromptLogprobs
@@ -77,6 +78,12 @@ class ModelRunner:
             self.block_size, device, config.model.vocab_size, self.kv_groups.num_groups
         )
         self.prompt_logprobs = PromptLogprobs(self.model.compute_logits)
+        # An image model: its images' embeddings, by content hash (at most a step's tokens kept spare).
+        self.encoder = (
+            EncoderCache(self.model, config.scheduler.max_num_batched_tokens, device)
+            if isinstance(self.model, MultiModalLM)
+            else None
+        )
         self._check_kv_layout()
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.block_mover: KVBlockMover | None = None
@@ -90,6 +97,16 @@ class ModelRunner:
             layer.spec.kv_quant = kv_quantization(
                 cache.cache_dtype, cache.calculate_kv_scales, layer.checkpoint_kv_scales
             )
+
+    def free_kv_cache(self) -> None:
+        """Drop the KV cache, its swap space and the graphs captured over it (initialize_kv_cache and
+        initialize_swap_space allocate them again)."""
+        self.cuda_graphs = None
+        self.block_mover = None
+        self.kv_caches = []
+        for layer in self.attention_layers:
+            layer.kv_cache = None
+        self.reset_kv_quantization()
 
     def kv_cache_bytes_per_block(self) -> int:
         """K and V of `block_size` tokens in every K/V tensor this rank allocates: one block id spans the
@@ -222,23 +239,27 @@ class ModelRunner:
             if size is not None:
                 return self.cuda_graphs.run(batch, size)
         with set_forward_context(*[self.backend.build_metadata(group) for group in batch.attention]):
-            hidden = (
-                self._forward_stage(batch)
-                if self.stage.num_stages > 1
-                else self.model(batch.input_ids, batch.positions)
-            )
+            hidden = self._forward_stage(batch) if self.stage.num_stages > 1 else self._run_model(batch)
             if self.drafter is not None:  # its K/V of the same tokens, for its proposals (last stage)
                 self.drafter.model(batch.input_ids, batch.positions)
+        return hidden
+
+    def _run_model(self, batch: BatchInputs) -> torch.Tensor:
+        """The whole model over the batch; an image model's placeholder rows from its images."""
+        if self.encoder is not None:
+            embeds = self.encoder.inputs_embeds(batch, self.input_batch.states)
+            if embeds is not None:
+                return self.encoder.model.forward(batch.input_ids, batch.positions, embeds)
+        hidden: torch.Tensor = self.model(batch.input_ids, batch.positions)
         return hidden
 
     def _forward_stage(self, batch: BatchInputs) -> torch.Tensor | None:
         """Pipeline parallelism, one batch at a time: (hidden, residual) from the same tp rank of the
         previous stage (their shape follows from the batch every rank builds alike), this stage's layers,
         then on to the next stage; the last stage returns the normed hidden states."""
-        assert isinstance(self.model, LlamaForCausalLM), "every decoder family's trunk is models/llama.py's"
         intermediate = None
         if not self.stage.is_first:
-            shape = (batch.input_ids.shape[0], self.model.config.hidden_size)
+            shape = (batch.input_ids.shape[0], self.config.model.hf_config.hidden_size)
             hidden_in, residual_in = recv_from_previous_stage(2, shape, self.dtype, self.device)
             intermediate = (hidden_in, residual_in)
         out = self.model.forward_stage(batch.input_ids, batch.positions, intermediate)
@@ -264,6 +285,8 @@ class ModelRunner:
                 batch.num_tokens_per_row,
             )
         hidden = self._forward(batch)  # [T, hidden]
+        if self.encoder is not None:
+            output.encoder_totals = (self.encoder.stats.num_images, self.encoder.stats.seconds)
         if hidden is None:  # a pipeline stage before the last: the last one samples
             return output
         self.prompt_logprobs.compute(batch, hidden, self.input_batch.states, output)

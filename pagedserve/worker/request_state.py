@@ -3,7 +3,7 @@ these in rows; the sampling and prompt-logprob stages read them)."""
 
 from dataclasses import dataclass
 
-from pagedserve.protocol import LoRARequest
+from pagedserve.protocol import ImageInput, LoRARequest
 from pagedserve.sampling_params import SamplingParams
 
 
@@ -16,3 +16,4 @@ class CachedRequestState:
     eos_token_id: int | None
     lora_request: LoRARequest | None = None
     beam: bool = False  # a beam search's beam: its logprobs are HF's beam scores (layers/sampler.py)
+    images: list[ImageInput] | None = None  # an image model's prompt images (worker/encoder_cache.py)

@@ -1,6 +1,7 @@
 """A worker: one rank's device, model runner and KV memory budget."""
 
 import torch
+from torch import nn
 
 from pagedserve.config import EngineConfig
 from pagedserve.core.sched_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
@@ -14,6 +15,12 @@ from pagedserve.sizing import MemoryReport
 from pagedserve.utils import cdiv, format_bytes
 from pagedserve.worker.model_runner import ModelRunner
 from pagedserve.worker.pooling_runner import PoolingModelRunner
+from pagedserve.worker.sleep import (
+    ParkedWeights,
+    checkpoint_files,
+    drop_cached_pages,
+    release_freed_memory,
+)
 
 logger = init_logger(__name__)
 
@@ -32,12 +39,9 @@ class Worker:
         self.device = self.platform.init_device(rank if local_rank is None else local_rank, config.parallel)
         self._memory_baseline = self.platform.memory_baseline(self.device)
         torch.manual_seed(config.model.seed)
-        # NOTE: --runner pooling: one forward per prompt, no KV cache (the KV calls below never come).
-        self.runner: ModelRunner | PoolingModelRunner = (
-            ModelRunner(config, self.device, self.platform)
-            if config.model.pooling is None
-            else PoolingModelRunner(config, self.device)
-        )
+        self.runner = self._build_runner()
+        self._kv_blocks = (0, 0)  # (device, host) blocks, as initialize_kv_cache last set them
+        self._parked: ParkedWeights | None = None  # the weights while asleep at level 1
         resident = resident_weights(self.runner.model)
         logger.info(
             "Weights resident on %s (rank %d, --linear-backend %s): %s.",
@@ -52,6 +56,39 @@ class Worker:
         self.weights_bytes = self.model_weight_bytes  # what the KV budget leaves out (+ LoRA slots below)
         if isinstance(self.runner, ModelRunner) and self.runner.lora is not None:
             self.weights_bytes += self.runner.lora.num_bytes  # NOTE: the adapters' slots, for the KV budget
+
+    def _build_runner(self) -> ModelRunner | PoolingModelRunner:
+        """The model loaded on the device, and what runs it."""
+        # NOTE: --runner pooling: one forward per prompt, no KV cache (the KV calls below never come).
+        if self.config.model.pooling is None:
+            return ModelRunner(self.config, self.device, self.platform)
+        return PoolingModelRunner(self.config, self.device)
+
+    def sleep(self, level: int) -> None:
+        """Free the weights and the KV cache. Level 1 parks the weights in a file for a fast wake_up();
+        level 2 drops the whole runner and the checkpoint's cached pages (worker/sleep.py)."""
+        if level == 1:
+            modules: list[nn.Module] = [self.runner.model]
+            if isinstance(self.runner, ModelRunner) and self.runner.drafter is not None:
+                modules.append(self.runner.drafter.model)
+            self._parked = ParkedWeights(modules)  # NOTE: first: if it fails, nothing is freed
+            if isinstance(self.runner, ModelRunner):
+                self.runner.free_kv_cache()
+        else:
+            drop_cached_pages(checkpoint_files(self.config.model))
+            del self.runner
+        release_freed_memory(self.device)
+
+    def wake_up(self) -> None:
+        """The weights back (level 1: from their file; 2: loaded again) and a KV cache of the same size,
+        empty (the engine forgot its cached prefixes)."""
+        if self._parked is not None:
+            self._parked.restore()
+            self._parked = None
+        else:
+            self.runner = self._build_runner()
+        if isinstance(self.runner, ModelRunner):
+            self.initialize_kv_cache(*self._kv_blocks)
 
     @property
     def model_runner(self) -> ModelRunner:
@@ -72,6 +109,7 @@ class Worker:
     def initialize_kv_cache(self, num_blocks: int, num_host_blocks: int = 0) -> None:
         """Allocate the KV cache and swap space, then capture the decode CUDA graphs over them."""
         runner = self.model_runner
+        self._kv_blocks = (num_blocks, num_host_blocks)
         runner.initialize_kv_cache(num_blocks)
         runner.initialize_swap_space(num_host_blocks)
         runner.capture_cuda_graphs()
@@ -133,10 +171,7 @@ class Worker:
             scheduled = {r.request_id: len(r.token_ids) for r in requests}
             self.execute_model(SchedulerOutput(requests, [], scheduled, sum(lengths)))
             self.execute_model(SchedulerOutput([], [], {}, 0, set(scheduled)))
-        self.model_runner.kv_caches = []
-        for layer in self.model_runner.attention_layers:
-            layer.kv_cache = None
-        self.model_runner.reset_kv_quantization()
+        self.model_runner.free_kv_cache()
 
 
 def profile_request_lengths(num_tokens: int, max_requests: int, max_model_len: int) -> list[int]:

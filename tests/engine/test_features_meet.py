@@ -8,7 +8,7 @@ cut into chunks at other places; it runs them under one of several engine settin
 speculation, forced recompute and swap preemption in a tiny pool, priority scheduling, chunked prefill, an
 fp8 KV cache, a sliding-window model, a K-quant and a Q4_0 GGUF, three adapters over two slots, adapters in
 one slot under priority and a draft model, wide batches whose decode steps run above 8 and 16 rows, two
-data-parallel replicas, two pipeline stages with adapters). For every request:
+data-parallel replicas, two pipeline stages with adapters, sleep and wake between runs). For every request:
 
 - its output in the batch equals its output run alone: tokens, text, finish and stop reasons, and the
   logprobs and prompt logprobs **bit for bit**: a token's logits do not depend on what shares its step, on
@@ -76,6 +76,9 @@ class Setting:
     # prefill in a few steps and their decodes then share steps of many rows.
     batch_budgets: tuple[int | None, ...] = BUDGETS
     hf_reference: bool = False  # greedy requests also equal HF transformers' greedy tokens
+    # the engine may sleep (POST /sleep, level 1 or 2) between the runs alone and the batch
+    sleeps: bool = False
+    images: bool = False  # prompts carry 0 to 2 images (an image model: the tiny LLaVA)
 
 
 SETTINGS: dict[str, Setting] = {
@@ -133,7 +136,7 @@ SETTINGS: dict[str, Setting] = {
     ),
     # Three adapters (ranks 8, 4, 8; attention, q/v, MLP) over two slots: requests wait for a slot, adapters
     # leave host memory and are read again, beams and samples fork with their adapter.
-    "lora_ngram_swap": Setting("llama", dict(TIGHT, **LORA_NGRAM_SWAP)),
+    "lora_ngram_swap": Setting("llama", dict(TIGHT, **LORA_NGRAM_SWAP), sleeps=True),
     # Three adapters in three slots beside base-model requests in wide batches: a token's update must not
     # depend on how many neighbours share its adapter (the expand's runs), nor on which adapters they use.
     "lora_wide": Setting(
@@ -183,6 +186,14 @@ SETTINGS: dict[str, Setting] = {
         dict(TIGHT, reasoning_parser="qwen3", speculative_config=NGRAM, preemption_mode="recompute"),
         max_batch=3,
     ),
+    # Images (tiny LLaVA, 16 tokens an image) from a pool of three, so requests share images: prompts cut
+    # through their images, the encoder cache and image-keyed prefix hits, under speculation and preemption.
+    "llava_images_ngram_recompute": Setting(
+        "llava",
+        dict(TIGHT, speculative_config=NGRAM, preemption_mode="recompute", max_num_batched_tokens=32),
+        images=True,
+        max_batch=3,
+    ),
 }
 # Settings whose Triton kernels run on CUDA only here: under Triton's interpreter on CPU this setting's batches
 # take over 10 minutes (measured), so CPU runs check the same kernels end to end on fewer tokens in
@@ -220,12 +231,32 @@ class Case:
 
 
 THINK, END = 49152, 49153  # the qwen3-think model's tags (conftest.add_think_tokens)
+IMAGE = 49152  # the tiny LLaVA's <image> token (conftest.build_tiny_llava)
+
+
+def _image_pool() -> list[Any]:
+    import numpy as np
+    from PIL import Image
+
+    return [
+        Image.fromarray(np.random.RandomState(seed).randint(0, 256, (24 + 8 * seed, 40, 3), dtype=np.uint8))
+        for seed in range(3)
+    ]
+
+
+IMAGES = _image_pool()
 
 
 @st.composite
-def cases(draw: st.DrawFn, thinking: bool = False) -> Case:
-    """`thinking`: a thinking model's case (think tags in the prompt, a budget, a bias toward <think>)."""
+def cases(draw: st.DrawFn, thinking: bool = False, images: bool = False) -> Case:
+    """`thinking`: a thinking model's case (think tags in the prompt, a budget, a bias toward <think>).
+    `images`: 0 to 2 images of the pool, their placeholders after the shared prefix."""
     case = draw(_cases())
+    if images:
+        chosen = draw(st.lists(st.integers(0, len(IMAGES) - 1), max_size=2))
+        tokens = case.prompt["prompt_token_ids"]
+        case.prompt["prompt_token_ids"] = tokens[:24] + [IMAGE] * len(chosen) + tokens[24:]
+        case.prompt["multi_modal_data"] = {"image": [IMAGES[i] for i in chosen]}
     if not thinking:
         return case
     # The prompt's last tag opens thinking, closes it, or there is none (a leading <think> may open it).
@@ -397,7 +428,7 @@ def assert_same(batched: RequestOutput, alone: RequestOutput, case: Case) -> Non
         assert [getattr(a, f) for f in fields] == [getattr(b, f) for f in fields], case
     assert batched.prompt_logprobs == alone.prompt_logprobs, case
     if case.params.prompt_logprobs is not None:
-        prompt_len = len(case.prompt["prompt_token_ids"])
+        prompt_len = len(alone.prompt_token_ids)  # NOTE: an image's placeholder expanded
         assert alone.prompt_logprobs is not None and len(alone.prompt_logprobs) == prompt_len
         assert alone.prompt_logprobs[0] is None and None not in alone.prompt_logprobs[1:]
 
@@ -450,6 +481,9 @@ def check_batch(llm: LLM, drawn: list[Case], budgets: tuple[int | None, int | No
         except InvalidRequestError:
             continue  # a combination the engine refuses (with its message) stays out of the batch
         accepted.append((case, alone))
+    level = len(drawn) % 3 if SETTINGS[setting].sleeps else 0  # 0: awake (a third of the batches)
+    if level:  # the batch's first request wakes it: the weights reloaded, the KV cache empty
+        llm.llm_engine.engine_core.sleep(level)
     batched = run(llm, [case for case, _ in accepted], batch_budget)
     adapters = setting in _ADAPTERS
     for (case, alone), output in zip(accepted, batched):
@@ -479,7 +513,11 @@ def batches(draw: st.DrawFn, setting: str, longest: int = 0) -> tuple[list[Case]
     """Requests for one batch of `setting` (up to its max_batch, or `longest`), and the two token budgets."""
     chosen = SETTINGS[setting]
     thinking = "reasoning_parser" in chosen.args
-    drawn = draw(st.lists(cases(thinking), min_size=chosen.min_batch, max_size=longest or chosen.max_batch))
+    drawn = draw(
+        st.lists(
+            cases(thinking, chosen.images), min_size=chosen.min_batch, max_size=longest or chosen.max_batch
+        )
+    )
     return drawn, (draw(st.sampled_from(BUDGETS)), draw(st.sampled_from(chosen.batch_budgets)))
 
 

@@ -38,8 +38,17 @@ def test_messages_in_each_format() -> None:
     as_parts = normalize_messages(messages + [{"role": "assistant", "content": None}], "openai")
     assert as_parts[0]["content"] == [{"type": "text", "text": "be brief"}]
     assert as_parts[1]["content"] == PARTS and as_parts[2]["content"] == []
-    with pytest.raises(InvalidRequestError, match="only text parts"):
+    with pytest.raises(InvalidRequestError, match="only text .* and image_url parts"):
+        normalize_messages([{"role": "user", "content": [{"type": "audio_url", "audio_url": "x"}]}], "openai")
+    with pytest.raises(InvalidRequestError, match="takes no images"):  # a text-only model (no placeholder)
         normalize_messages([{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}], "openai")
+    with pytest.raises(InvalidRequestError, match="needs {'image_url': {'url': URL}}"):
+        normalize_messages(
+            [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}], "openai", "<image>"
+        )
+    image = [{"type": "image_url", "image_url": {"url": "data:,"}}, {"type": "text", "text": "hi"}]
+    as_image = normalize_messages([{"role": "user", "content": image}], "string", "<image>")
+    assert as_image[0]["content"] == "<image>\nhi"
 
 
 def test_llm_chat_takes_vllms_arguments(tiny_llama: str) -> None:

@@ -1,7 +1,7 @@
 """Hostile input against one real server (started once for the module, with an API key and small input
-bounds): every numeric field at its extremes, every input bound, every route with and without the key,
-and a 5 MB prompt that must not delay /health. Every answer is 200 or a 4xx with an OpenAI error body,
-and the engine still serves afterwards."""
+bounds): every numeric field at its extremes (Ollama's /api fields too), every input bound, every route
+with and without the key, and a 5 MB prompt that must not delay /health. Every answer is 200 or a 4xx
+with an error body in its API's shape, and the engine still serves afterwards."""
 
 import json
 import threading
@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from server_utils import API_SERVER, RemoteServer
 
 from pagedserve.entrypoints.openai.auth import PROBE_PATHS
+from pagedserve.entrypoints.openai.protocol_ollama import OllamaOptions
 
 API_KEY = "hostile-key"
 MODEL = "tiny"
@@ -199,6 +200,37 @@ def test_logit_bias_extremes(server: RemoteServer, key: str, value: object, path
     assert_served_or_refused(post(server, path, {**BASE[path], "logit_bias": {key: value}}), "logit_bias")
 
 
+# Ollama's fields (/api/chat, /api/generate): every option, and the top-level ones. num_predict is left
+# out (its unbounded values generate to the end of the context); its bounds are test_ollama_api.py's.
+OLLAMA_FIELDS = [
+    *(("options", name) for name in OllamaOptions.model_fields if name != "num_predict"),
+    ("", "keep_alive"),
+    ("", "think"),
+    ("", "format"),
+]
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    field=st.sampled_from(OLLAMA_FIELDS),
+    value=EXTREMES,
+    path=st.sampled_from(["/api/chat", "/api/generate"]),
+)
+def test_ollama_field_extremes(
+    server: RemoteServer, field: tuple[str, str], value: object, path: str
+) -> None:
+    where, name = field
+    options: dict[str, object] = {"num_predict": 2, **({name: value} if where else {})}
+    body = {"model": MODEL, "messages": CHAT, "prompt": "Hi", "stream": False, "options": options}
+    response = post(server, path, body if where else {**body, name: value})
+    if response.status_code == 200:
+        assert response.json()["done"] is True
+        return
+    assert 400 <= response.status_code < 500, (response.status_code, response.text)
+    error = response.json()["error"]  # Ollama's shape: the message alone, naming the field
+    assert isinstance(error, str) and name in error, error
+
+
 def test_still_serves_after_the_sweeps(server: RemoteServer) -> None:
     assert_still_serves(server)
 
@@ -318,11 +350,15 @@ def test_every_route_needs_the_key_but_the_probes(server: RemoteServer) -> None:
         )
     }
     assert {("POST", "/tokenize"), ("POST", "/reset_prefix_cache"), ("GET", "/dashboard/state")} <= routes
+    assert {("HEAD", "/"), ("GET", "/api/version"), ("POST", "/api/chat"), ("GET", "/api/tags")} <= routes
     for method, path in sorted(routes):
         for headers in ({}, {"Authorization": "Bearer wrong"}):
             response = httpx.request(method, server.base_url + path, headers=headers, timeout=10)
             if path in PROBE_PATHS:
                 assert response.status_code == 200, (method, path)
+            elif path.startswith("/api/"):  # Ollama's API: {"error": message}
+                assert response.status_code == 401, (method, path, response.status_code)
+                assert "API key" in response.json()["error"]
             else:
                 assert response.status_code == 401, (method, path, response.status_code)
                 anthropic_shape = path.startswith("/v1/messages")  # Anthropic's Messages API

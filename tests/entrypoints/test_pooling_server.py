@@ -8,6 +8,7 @@ import json
 import sys
 
 import httpx
+import ollama
 import pytest
 import torch
 from server_utils import RemoteServer
@@ -109,6 +110,24 @@ def test_auth_and_generation_refused(embedder: RemoteServer) -> None:
     assert completion.status_code == 400 and "pooling runner" in completion.json()["error"]["message"]
     classify = post(embedder, "/classify", {"input": "a"})
     assert classify.status_code == 400 and "/v1/embeddings" in classify.json()["error"]["message"]
+
+
+def test_ollama_embed_and_embeddings(embedder: RemoteServer, sentence_transformer) -> None:
+    """Ollama's client (its Bearer key): /api/embed normalized, as Ollama's, inputs cut to the context
+    unless truncate is false; the older /api/embeddings as the model pools; show names the capability."""
+    client = ollama.Client(host=embedder.base_url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)
+    embedded = client.embed(model="m", input=TEXTS[:2])
+    _close(
+        embedded.embeddings, torch.tensor(sentence_transformer.encode(TEXTS[:2], normalize_embeddings=True))
+    )
+    assert embedded.prompt_eval_count > 2 and embedded.total_duration > 0
+    legacy = client.embeddings(model="m", prompt=TEXTS[0])
+    _close([legacy.embedding], torch.tensor(sentence_transformer.encode(TEXTS[:1])))
+    assert client.embed(model="m", input="the cat " * 100).prompt_eval_count == 128
+    with pytest.raises(ollama.ResponseError, match="truncate") as too_long:
+        client.embed(model="m", input="the cat " * 100, truncate=False)
+    assert too_long.value.status_code == 400
+    assert client.show("m").capabilities == ["embedding"]
 
 
 HOSTILE = [

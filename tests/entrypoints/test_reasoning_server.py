@@ -9,6 +9,7 @@ import math
 
 import httpx
 import pytest
+from openai.types.chat import ChatCompletion
 from server_utils import API_SERVER, RemoteServer
 
 THINK, END = 49152, 49153  # conftest.add_think_tokens
@@ -101,31 +102,47 @@ def test_still_serves_after_the_sweep(server: RemoteServer) -> None:
     assert response.choices[0].message.reasoning is not None
 
 
+PREFILL = [*ASK, {"role": "assistant", "content": "<think>"}]  # an open thinking block to continue
+
+
+def _continued(server: RemoteServer, **extra_body: object) -> ChatCompletion:
+    """Chat completions' greedy answer (6 tokens) continuing PREFILL."""
+    return server.client().chat.completions.create(
+        model="think",
+        messages=PREFILL,
+        temperature=0,
+        max_tokens=6,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False, **extra_body},
+    )
+
+
 def test_messages_carry_the_thinking_and_its_budget(server: RemoteServer) -> None:
     """The thinking model through Anthropic's client (a thinking block, then text; budget_tokens is
     the thinking budget; an assistant prefill opens the thinking), equal to chat completions' reasoning
     and content."""
     anthropic = pytest.importorskip("anthropic")
-    prefill = [*ASK, {"role": "assistant", "content": "<think>"}]
-    chat = server.client().chat.completions.create(
-        model="think",
-        messages=prefill,
-        temperature=0,
-        max_tokens=6,
-        extra_body={
-            "thinking_token_budget": 2,
-            "continue_final_message": True,
-            "add_generation_prompt": False,
-        },
-    )
+    chat = _continued(server, thinking_token_budget=2)
     expected = chat.choices[0].message
     assert expected.reasoning and chat.usage.completion_tokens_details.reasoning_tokens == 2
     messages = anthropic.Anthropic(base_url=server.base_url, api_key="none", max_retries=0).messages.create(
         model="think",
-        messages=prefill,
+        messages=PREFILL,
         max_tokens=6,
         thinking={"type": "enabled", "budget_tokens": 2},
         extra_body={"temperature": 0},
     )
     assert [block.type for block in messages.content] == ["thinking", "text"]
     assert (messages.content[0].thinking, messages.content[1].text) == (expected.reasoning, expected.content)
+
+
+def test_ollama_think_carries_the_thinking(server: RemoteServer) -> None:
+    """Ollama's `think` through its client: message.thinking and content equal to chat completions'
+    reasoning and content (an assistant prefill opens the thinking, Ollama's way of continuing a turn)."""
+    ollama = pytest.importorskip("ollama")
+    expected = _continued(server, chat_template_kwargs={"enable_thinking": True}).choices[0].message
+    assert expected.reasoning
+    answer = ollama.Client(host=server.base_url, timeout=60).chat(
+        model="think", messages=PREFILL, think=True, options={"temperature": 0, "num_predict": 6}
+    )
+    assert (answer.message.thinking, answer.message.content) == (expected.reasoning, expected.content)
+    assert ollama.Client(host=server.base_url).show("think").capabilities == ["completion", "thinking"]

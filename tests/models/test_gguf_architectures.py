@@ -10,7 +10,7 @@ from gguf import GGUFWriter
 from pagedserve.config import EngineArgs
 from pagedserve.entrypoints.cli import main as cli_main
 from pagedserve.errors import ConfigError
-from pagedserve.utils.gguf_config import GGUF_ARCHITECTURES
+from pagedserve.families import GGUF_ARCHITECTURES
 from pagedserve.utils.gguf_tensors import read_gguf
 
 

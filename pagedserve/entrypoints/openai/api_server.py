@@ -7,6 +7,8 @@ GET /ready answer 503 while the engine process loads the model, 200 once it serv
 If the engine dies or stalls (--engine-stall-timeout), requests in flight end with an
 error, /health answers 503, and the process exits with status 1 shortly after, for a supervisor to
 restart it. SIGTERM drains: no new requests, those in flight get --shutdown-timeout seconds, exit 0.
+With --models-dir, every model of the directory is served instead, each loaded on demand in an engine
+process of its own (model_pool.py); one dying only unloads it.
 """
 
 import argparse
@@ -14,7 +16,7 @@ import asyncio
 import signal
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import FrameType
 from typing import Any
 
@@ -36,6 +38,11 @@ from pagedserve.entrypoints.openai.errors import ERROR_RESPONSES, register_error
 from pagedserve.entrypoints.openai.lifecycle import LifecycleServer, ServerLifecycle
 from pagedserve.entrypoints.openai.lora_routes import add_lora_routes
 from pagedserve.entrypoints.openai.messages_routes import add_messages_routes
+from pagedserve.entrypoints.openai.model_pool import LoadedModel, LoadWaits, ModelLoader, ModelPool
+from pagedserve.entrypoints.openai.models_dir import ModelFile, scan_models_dir
+from pagedserve.entrypoints.openai.ollama_models import OllamaModels
+from pagedserve.entrypoints.openai.ollama_routes import add_ollama_routes
+from pagedserve.entrypoints.openai.pool_app import PoolApp, build_pool_info_app
 from pagedserve.entrypoints.openai.pooling_routes import add_pooling_routes
 from pagedserve.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -56,9 +63,11 @@ from pagedserve.entrypoints.openai.served_models import ServedModels, serve_lora
 from pagedserve.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedserve.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedserve.entrypoints.openai.serving_messages import AnthropicServingMessages
+from pagedserve.entrypoints.openai.serving_ollama import OllamaServing
 from pagedserve.entrypoints.openai.serving_pooling import OpenAIServingPooling
 from pagedserve.entrypoints.openai.serving_responses import OpenAIServingResponses
 from pagedserve.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+from pagedserve.entrypoints.openai.sleep_routes import add_sleep_routes
 from pagedserve.entrypoints.openai.unicode_text import reject_lone_surrogates
 from pagedserve.entrypoints.utils import with_cancellation
 from pagedserve.errors import PagedServeError
@@ -107,16 +116,7 @@ def build_app(
     """The FastAPI application around a started engine (the probes are ServerLifecycle's)."""
     app = FastAPI(title="pagedserve", version=__version__, dependencies=[Depends(reject_lone_surrogates)])
     register_error_handlers(app)
-    # NOTE: the last added runs first: the key is checked before a body is read.
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=bounds.max_request_body_bytes)
-    api_key = server_args.resolved_api_key()
-    if api_key:
-        app.add_middleware(
-            ApiKeyMiddleware, api_key=api_key, metrics_require_api_key=server_args.metrics_require_api_key
-        )
-    origins = server_args.cors_origins()
-    if origins:  # NOTE: added last, so it runs first: a preflight (OPTIONS) never needs the key
-        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"])
+    add_guards(app, server_args, bounds)
     models = serve_lora_modules(ServedModels(engine), server_args.lora_modules)
     chat = OpenAIServingChat(
         engine,
@@ -125,8 +125,10 @@ def build_app(
         server_args.auto_tool_parser,
         server_args.chat_template_content_format,
     )
-    _add_generation_routes(app, OpenAIServingCompletion(engine, models), chat, bounds)
-    add_pooling_routes(app, OpenAIServingPooling(engine, models), bounds)
+    completion = OpenAIServingCompletion(engine, models)
+    pooling = OpenAIServingPooling(engine, models)
+    _add_generation_routes(app, completion, chat, bounds)
+    add_pooling_routes(app, pooling, bounds)
     store = ResponseStore(server_args.max_stored_responses, server_args.max_stored_response_bytes)
     loggers.metrics.server_gauge(
         "stored_responses", "Responses kept by the Responses API (store).", store.__len__
@@ -138,8 +140,10 @@ def build_app(
     )
     add_responses_routes(app, OpenAIServingResponses(chat, bounds, store))
     add_messages_routes(app, AnthropicServingMessages(chat, bounds))
+    add_ollama_routes(app, OllamaServing(OllamaModels(models, chat), chat, completion, pooling, bounds))
     _add_info_routes(app, engine, models, loggers.metrics)
     add_dashboard_routes(app, engine, loggers.dashboard)
+    add_sleep_routes(app, engine, server_args.wake_on_request)
     if envs.allow_runtime_lora_updating():
         add_lora_routes(app, models)
     tokenization = OpenAIServingTokenization(engine, models, chat.render)
@@ -154,6 +158,20 @@ def build_app(
         return tokenization.detokenize(request)
 
     return app
+
+
+def add_guards(app: FastAPI, server_args: ServerArgs, bounds: RequestBounds) -> None:
+    """The body-size limit, the API key and CORS, in front of every route of `app`."""
+    # NOTE: the last added runs first: the key is checked before a body is read.
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=bounds.max_request_body_bytes)
+    api_key = server_args.resolved_api_key()
+    if api_key:
+        app.add_middleware(
+            ApiKeyMiddleware, api_key=api_key, metrics_require_api_key=server_args.metrics_require_api_key
+        )
+    origins = server_args.cors_origins()
+    if origins:  # NOTE: added last, so it runs first: a preflight (OPTIONS) never needs the key
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"])
 
 
 def _responses(model: type) -> dict[int | str, dict[str, Any]]:
@@ -269,12 +287,14 @@ async def run_server(
     limits: ServingLimits | None = None,
     bounds: RequestBounds | None = None,
 ) -> int:
-    """Serve until stopped (status 0) or until the engine dies (status 1). Raises PagedServeError
-    (ConfigError included) when the settings cannot be served."""
-    config = engine_args.create_engine_config()
+    """Serve until stopped (status 0) or until the engine dies (status 1; with --models-dir, one model's
+    engine dying only unloads it). Raises PagedServeError (ConfigError included) when the settings cannot
+    be served."""
+    limits, bounds = limits or ServingLimits(), bounds or RequestBounds()
+    models = scan_models_dir(server_args.models_dir) if server_args.models_dir else None
+    config = None if models is not None else engine_args.create_engine_config()
     chat_template = load_chat_template(server_args.chat_template)
     sock = _bind_socket(server_args.host, server_args.port)
-    loggers = StatLoggers.for_config(config, server_args.disable_log_stats)
     lifecycle = ServerLifecycle(server_args.shutdown_timeout)
     server = LifecycleServer(
         uvicorn.Config(
@@ -287,24 +307,24 @@ async def run_server(
     )
     server.loop = asyncio.get_running_loop()
     serving = asyncio.create_task(server.serve(sockets=[sock]))
-    engine = None
+    served: AsyncLLM | ModelPool | None = None
     try:
-        engine = await _start_engine(config, limits or ServingLimits(), server_args, loggers, serving)
-        if engine is None:
+        if models is not None:
+            load = _model_loader(engine_args, server_args, limits, bounds, chat_template)
+            waits = LoadWaits(_load_queue_limit(limits, engine_args.max_num_seqs), limits.max_queue_time)
+            served = _serve_pool(models, load, waits, server_args, bounds, lifecycle)
+            await serving
             return 0
-        handshake = engine.handshake
-        assert handshake is not None, "AsyncLLM.create returns once the engine's handshake arrived"
-        cache_dtype = config.model.dtype if config.cache.cache_dtype == "auto" else config.cache.cache_dtype
-        loggers.metrics.record_cache_config(
-            config.cache, cache_dtype, handshake.num_blocks - 1, handshake.num_host_blocks
-        )
-        loggers.metrics.record_model_weight_bytes(handshake.model_weight_bytes)
-        lifecycle.serve(
-            build_app(engine, server_args, loggers, chat_template, bounds or RequestBounds()), engine
-        )
-        watchdog = asyncio.create_task(_exit_when_engine_dies(engine, server))
+        assert config is not None, "no --models-dir: one model"
+        loggers = StatLoggers.for_config(config, server_args.disable_log_stats)
+        served = await _start_engine(config, limits, server_args, loggers, serving)
+        if served is None:
+            return 0
+        _record_engine(loggers, served)
+        lifecycle.serve(build_app(served, server_args, loggers, chat_template, bounds), served)
+        watchdog = asyncio.create_task(_exit_when_engine_dies(served, server))
         logger.info(
-            "Serving %s at http://%s:%d (OpenAI API under /v1).",
+            "Serving %s at http://%s:%d (OpenAI API under /v1, Ollama API under /api).",
             config.model.served_model_name,
             server_args.host,
             server_args.port,
@@ -314,10 +334,86 @@ async def run_server(
     finally:
         server.should_exit = True
         await asyncio.gather(serving, return_exceptions=True)
-        if engine is not None:
-            engine.shutdown()
+        if served is not None:
+            served.shutdown()
         sock.close()
-    return 1 if engine is not None and engine.dead_error is not None else 0
+    return 1 if isinstance(served, AsyncLLM) and served.dead_error is not None else 0
+
+
+def _serve_pool(
+    models: dict[str, ModelFile],
+    load: ModelLoader,
+    waits: LoadWaits,
+    server_args: ServerArgs,
+    bounds: RequestBounds,
+    lifecycle: ServerLifecycle,
+) -> ModelPool:
+    """Serve the models of --models-dir (none loaded yet) through `lifecycle`."""
+    pool = ModelPool(models, server_args.residency_limits(), server_args.keep_alive_s(), load, waits)
+    lifecycle.serve(build_pool_app(pool, server_args, bounds), pool)
+    logger.info(
+        "Serving the %d models of %s at http://%s:%d, each loaded when first asked for.",
+        len(models),
+        server_args.models_dir,
+        server_args.host,
+        server_args.port,
+    )
+    return pool
+
+
+def _load_queue_limit(limits: ServingLimits, max_num_seqs: int) -> int:
+    """How many requests may wait for one model's load: --max-num-queued-requests (-1: no limit, 0 here),
+    by default twice what its engine will run at once, as for the engine's own queue."""
+    if limits.max_num_queued_requests is None:
+        return 2 * max_num_seqs
+    return max(limits.max_num_queued_requests, 0)
+
+
+def _record_engine(loggers: StatLoggers, engine: AsyncLLM) -> None:
+    """The engine's KV cache and weights, as its handshake reported them, in /metrics."""
+    handshake, config = engine.handshake, engine.config
+    assert handshake is not None, "AsyncLLM.create returns once the engine's handshake arrived"
+    cache_dtype = config.model.dtype if config.cache.cache_dtype == "auto" else config.cache.cache_dtype
+    loggers.metrics.record_cache_config(
+        config.cache, cache_dtype, handshake.num_blocks - 1, handshake.num_host_blocks
+    )
+    loggers.metrics.record_model_weight_bytes(handshake.model_weight_bytes)
+
+
+def _model_loader(
+    engine_args: EngineArgs,
+    server_args: ServerArgs,
+    limits: ServingLimits,
+    bounds: RequestBounds,
+    chat_template: str | None,
+) -> ModelLoader:
+    """How the pool loads one model of --models-dir: the engine flags with its path and name, in its own
+    engine process, behind the OpenAI API of one model (its /metrics included)."""
+
+    async def load(model: ModelFile) -> LoadedModel:
+        config = replace(engine_args, model=model.path, served_model_name=model.name).create_engine_config()
+        loggers = StatLoggers.for_config(config, server_args.disable_log_stats)
+        engine = await AsyncLLM.create(
+            config, loggers.all(), server_args.log_requests, envs.log_stats_interval_s(), limits
+        )
+        try:
+            _record_engine(loggers, engine)
+            return LoadedModel(
+                model.name, engine, build_app(engine, server_args, loggers, chat_template, bounds)
+            )
+        except BaseException:
+            engine.shutdown()
+            raise
+
+    return load
+
+
+def build_pool_app(pool: ModelPool, server_args: ServerArgs, bounds: RequestBounds) -> FastAPI:
+    """The pool's routes, then every other path to the app of the model the request names."""
+    app = build_pool_info_app(pool)
+    add_guards(app, server_args, bounds)
+    app.mount("/", PoolApp(pool))
+    return app
 
 
 def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:

@@ -2,18 +2,25 @@
 (whole or streamed: pagedserve/reasoning/), and its reasoning tokens counted for usage. Tool calls are
 parsed from the content alone, so a call written while thinking is no call."""
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pagedserve.config.reasoning import ReasoningConfig
 from pagedserve.core.thinking import Phase, Thinking, ThinkingState
 from pagedserve.reasoning import ReasoningParser, ReasoningStream, get_reasoning_parser
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class SampleReasoning:
     """One sample's split as its output arrives (text and token ids, in deltas or all at once)."""
 
     def __init__(
-        self, stream: ReasoningStream, thinking: Thinking | None, state: ThinkingState | None, tokenizer: Any
+        self,
+        stream: ReasoningStream,
+        thinking: Thinking | None,
+        state: ThinkingState | None,
+        tokenizer: "PreTrainedTokenizerBase",
     ) -> None:
         self._stream = stream
         self._thinking = thinking
@@ -54,7 +61,7 @@ class SampleReasoning:
 class ChatReasoning:
     """The server's parser, and its tags' token ids (the engine's ReasoningConfig) where they are tokens."""
 
-    def __init__(self, config: ReasoningConfig | None, tokenizer: Any) -> None:
+    def __init__(self, config: ReasoningConfig | None, tokenizer: "PreTrainedTokenizerBase") -> None:
         self.parser: ReasoningParser | None = None if config is None else get_reasoning_parser(config.parser)
         self._thinking = Thinking(config) if config is not None and config.tracks_thinking else None
         self._tokenizer = tokenizer
@@ -71,7 +78,7 @@ class ChatReasoning:
             return None
         if self._thinking is None:
             stream = self.parser.stream(
-                self.parser.starts_in_thinking(self._tokenizer.decode(prompt_token_ids))
+                self.parser.starts_in_thinking(str(self._tokenizer.decode(prompt_token_ids)))
             )
             return SampleReasoning(stream, None, None, self._tokenizer)
         state = self._thinking.initial(prompt_token_ids, None)

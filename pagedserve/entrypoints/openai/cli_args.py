@@ -11,9 +11,12 @@ from pagedserve import envs
 from pagedserve.config import EngineArgs, add_dataclass_cli_args, config_field, dataclass_from_cli_args
 from pagedserve.engine.admission import ServingLimits
 from pagedserve.entrypoints.chat_utils import ContentFormat
+from pagedserve.entrypoints.durations import parse_duration
 from pagedserve.entrypoints.openai.request_bounds import RequestBounds
+from pagedserve.entrypoints.openai.residency import ResidencyLimits
 from pagedserve.entrypoints.openai.tool_parsers import TOOL_PARSERS, ToolCallParserName
-from pagedserve.errors import ConfigError
+from pagedserve.errors import ConfigError, InvalidRequestError
+from pagedserve.utils import parse_bytes
 
 UvicornLogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
 
@@ -92,6 +95,32 @@ class ServerArgs:
         "`model`.",
     )
 
+    wake_on_request: bool = config_field(
+        False,
+        "A request that arrives while the model sleeps (POST /sleep) wakes it; without this flag it gets "
+        "503 naming POST /wake_up.",
+    )
+    models_dir: str | None = config_field(
+        None,
+        "Serve every GGUF file (name.gguf) and HF folder in this directory under its name, each loaded "
+        "in its own engine process when first asked for and unloaded when idle (--keep-alive, "
+        "--max-loaded-models, --max-loaded-memory). The engine flags apply to each; --model is ignored.",
+    )
+    max_loaded_models: int = config_field(
+        3, "With --models-dir: most models loaded at once (0: no limit); the least recently used idle goes."
+    )
+    max_loaded_memory: str | None = config_field(
+        None,
+        "With --models-dir: most bytes of weights (their files' size) loaded at once, e.g. '8GiB' "
+        "(default: no limit); the least recently used idle models go first.",
+    )
+    keep_alive: str = config_field(
+        "5m",
+        "With --models-dir: how long a model stays loaded after its last request, in Ollama's durations "
+        "('5m', '1h30m', '300' seconds, 0: unload at once, -1: forever); a request's `keep_alive` "
+        "overrides it for its model.",
+    )
+
     def __post_init__(self) -> None:
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
             raise ConfigError(
@@ -100,6 +129,8 @@ class ServerArgs:
         if self.enable_log_requests and self.disable_log_requests:
             raise ConfigError("--enable-log-requests and --disable-log-requests contradict: give one.")
         self.cors_origins()  # NOTE: a bad value fails at startup, not on the first request
+        self.residency_limits()
+        self.keep_alive_s()
         for name in ("max_stored_responses", "max_stored_response_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(
@@ -130,6 +161,28 @@ class ServerArgs:
     def auto_tool_parser(self) -> str | None:
         """The parser for tool_choice "auto", None when it is not enabled."""
         return self.tool_call_parser if self.enable_auto_tool_choice else None
+
+    def residency_limits(self) -> ResidencyLimits:
+        """--max-loaded-models and --max-loaded-memory. Raises ConfigError naming the flag."""
+        if self.max_loaded_models < 0:
+            raise ConfigError(
+                f"--max-loaded-models must be 0 (no limit) or more, got {self.max_loaded_models}."
+            )
+        budget = (
+            0
+            if self.max_loaded_memory is None
+            else parse_bytes(self.max_loaded_memory, "--max-loaded-memory")
+        )
+        if self.max_loaded_memory is not None and budget <= 0:
+            raise ConfigError(f"--max-loaded-memory must be positive, got {self.max_loaded_memory!r}.")
+        return ResidencyLimits(self.max_loaded_models, budget)
+
+    def keep_alive_s(self) -> float:
+        """--keep-alive in seconds (math.inf: forever). Raises ConfigError."""
+        try:
+            return parse_duration(self.keep_alive, "--keep-alive")
+        except InvalidRequestError as exc:
+            raise ConfigError(str(exc)) from None
 
     def resolved_api_key(self) -> str | None:
         return self.api_key or envs.api_key()

@@ -1,7 +1,8 @@
 """The one place errors become HTTP responses: OpenAI-style bodies
 {"error": {"message", "type", "param", "code"}}, where `type` names the OpenAI client's exception class
 and `code` is the HTTP status (as vLLM does); under /v1/messages (Anthropic's Messages API) Anthropic's
-{"type": "error", "error": {"type", "message"}}, the message naming the field."""
+{"type": "error", "error": {"type", "message"}}, the message naming the field; under /api/ (Ollama's API)
+Ollama's {"error": "message"}."""
 
 import json
 from typing import Any
@@ -12,8 +13,15 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pagedserve.errors import CapacityError, EngineDeadError, InvalidRequestError, PagedServeError
+from pagedserve.errors import (
+    CapacityError,
+    EngineAsleepError,
+    EngineDeadError,
+    InvalidRequestError,
+    PagedServeError,
+)
 from pagedserve.logger import init_logger
+from pagedserve.utils.user_json import JsonObject
 
 logger = init_logger(__name__)
 
@@ -40,6 +48,7 @@ _ANTHROPIC_TYPES = {
     503: "overloaded_error",
 }
 ANTHROPIC_PATH = "/v1/messages"
+OLLAMA_PREFIX = "/api/"
 
 
 class ErrorInfo(BaseModel):
@@ -67,6 +76,12 @@ class AnthropicErrorResponse(BaseModel):
     error: AnthropicErrorInfo
 
 
+class OllamaErrorResponse(BaseModel):
+    """The body of an error on Ollama's routes (/api/...): the message, naming the field."""
+
+    error: str
+
+
 _ERROR_STATUSES = (
     (400, "Invalid request (what was wrong, the limit, the field to change)"),
     (401, "Missing or wrong API key"),
@@ -81,18 +96,24 @@ ANTHROPIC_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": AnthropicErrorResponse, "description": description}
     for status, description in _ERROR_STATUSES
 }
+OLLAMA_ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
+    status: {"model": OllamaErrorResponse, "description": description}
+    for status, description in _ERROR_STATUSES
+}
 
 
-def error_body(message: str, status: int, param: str | None = None, path: str = "") -> dict[str, Any]:
+def error_body(message: str, status: int, param: str | None = None, path: str = "") -> JsonObject:
     """The error's body in the shape of the API that `path` belongs to."""
     if path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/"):
         return anthropic_error_body(message, status)
+    if path.startswith(OLLAMA_PREFIX):
+        return {"error": message}
     return {
         "error": {"message": message, "type": _TYPES.get(status, "APIError"), "param": param, "code": status}
     }
 
 
-def anthropic_error_body(message: str, status: int) -> dict[str, Any]:
+def anthropic_error_body(message: str, status: int) -> JsonObject:
     return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
 
 
@@ -113,7 +134,7 @@ def exception_status(exc: BaseException) -> tuple[int, str | None, dict[str, str
         return exc.status_code, exc.param, None
     if isinstance(exc, CapacityError):
         return 503, None, {"Retry-After": str(max(1, round(exc.retry_after_s)))}
-    if isinstance(exc, EngineDeadError):
+    if isinstance(exc, (EngineDeadError, EngineAsleepError)):
         return 503, None, None
     return 500, None, None
 

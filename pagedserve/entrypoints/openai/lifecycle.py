@@ -17,14 +17,14 @@ import enum
 import signal
 import time
 from types import FrameType
+from typing import Protocol
 
 import uvicorn
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from pagedserve.engine.async_llm import AsyncLLM
 from pagedserve.entrypoints.openai.errors import error_response
-from pagedserve.errors import CapacityError
+from pagedserve.errors import CapacityError, EngineDeadError
 from pagedserve.logger import init_logger
 
 logger = init_logger(__name__)
@@ -32,6 +32,20 @@ logger = init_logger(__name__)
 _LOADING_RETRY_AFTER_S = 5
 _DRAIN_POLL_S = 0.1
 _FLUSH_S = 0.5  # after aborting: time for the handlers to send their error responses
+
+
+class ServedEngine(Protocol):
+    """What the lifecycle needs of what it serves: an AsyncLLM, or the model pool (--models-dir)."""
+
+    @property
+    def errored(self) -> bool: ...
+
+    @property
+    def num_requests_in_flight(self) -> int: ...
+
+    def death_error(self) -> EngineDeadError: ...
+
+    async def abort_all(self, error: Exception) -> int: ...
 
 
 class Phase(enum.Enum):
@@ -47,10 +61,10 @@ class ServerLifecycle:
         self.shutdown_timeout_s = shutdown_timeout_s
         self.phase = Phase.LOADING
         self.app: ASGIApp | None = None
-        self.engine: AsyncLLM | None = None
+        self.engine: ServedEngine | None = None
         self._drain_task: asyncio.Task[None] | None = None
 
-    def serve(self, app: ASGIApp, engine: AsyncLLM) -> None:
+    def serve(self, app: ASGIApp, engine: ServedEngine) -> None:
         self.app, self.engine, self.phase = app, engine, Phase.SERVING
 
     @property
@@ -89,7 +103,7 @@ class ServerLifecycle:
     def _health(self) -> JSONResponse:
         if self.dead:
             assert self.engine is not None
-            why = self.engine.dead_error or self.engine.engine_core.dead_error()
+            why = self.engine.death_error()
             return error_response(f"The engine is dead; the server is shutting down. {why}", 503)
         if self.phase is Phase.LOADING:
             return error_response(

@@ -392,7 +392,7 @@ class ModelCard(OpenAIBaseModel):
     owned_by: str = "pagedserve"
     root: str
     parent: str | None = None  # a LoRA adapter's base model
-    max_model_len: int
+    max_model_len: int | None  # None: a model of the pool (--models-dir) that is not loaded now
 
 
 class ModelList(OpenAIBaseModel):

@@ -6,9 +6,9 @@ import asyncio
 import json
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
 
 from pagedserve.errors import InvalidRequestError
+from pagedserve.utils.user_json import JsonObject, as_string
 
 
 @dataclass
@@ -16,9 +16,13 @@ class StoredResponse:
     """`response`: the Response object as last sent; `conversation`: the chat messages it continued
     (instructions left out, as the API does) and its own output, what a follow-up turn starts from."""
 
-    response: dict[str, Any]
-    conversation: list[dict[str, Any]] = field(default_factory=list)
+    response: JsonObject
+    conversation: list[JsonObject] = field(default_factory=list)
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)  # /cancel while in progress
+
+    @property
+    def id(self) -> str:
+        return as_string(self.response["id"])
 
     def size(self) -> int:
         return len(json.dumps(self.response)) + len(json.dumps(self.conversation))

@@ -6,29 +6,41 @@ response.failed on an error). A non-streamed response is the same run with the e
 
 import time
 import uuid
-from typing import Any
+from dataclasses import dataclass
 
-from pagedserve.entrypoints.openai.chat_translation import named_event
+from pagedserve.entrypoints.openai.chat_translation import GrowingText, named_event, tool_call_delta
 from pagedserve.entrypoints.openai.protocol import ChatCompletionChunk, UsageInfo
+from pagedserve.entrypoints.openai.tool_parsers.streaming import ToolCallDelta
+from pagedserve.utils.user_json import JsonObject, JsonValue
 
 
 def item_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
+@dataclass
+class _OutputItem:
+    """An output item of the response: its JSON, its place in `output`, and its growing text (a message's
+    or reasoning item's content part, or a function call's arguments)."""
+
+    json: JsonObject
+    index: int
+    text: GrowingText
+
+
 class ResponseBuilder:
     """One response's state: `response` is the Response object so far; each method returns the events
     (server-sent, named) that the step makes."""
 
-    def __init__(self, response: dict[str, Any]) -> None:
+    def __init__(self, response: JsonObject) -> None:
         self.response = response
-        self.output: list[dict[str, Any]] = response["output"]
+        self.output: list[JsonObject] = []  # `response["output"]`, which holds the same items
         self.sequence_number = 0
-        self.open: dict[str, Any] | None = None  # the output item receiving deltas
-        self.calls: dict[int, dict[str, Any]] = {}  # chat's tool-call index -> its function_call item
+        self.open: _OutputItem | None = None  # the output item receiving deltas
+        self.calls: dict[int, _OutputItem] = {}  # chat's tool-call index -> its function_call item
         self.finish_reason: str | None = None
 
-    def _event(self, event_type: str, **data: Any) -> str:
+    def _event(self, event_type: str, **data: JsonValue) -> str:
         event = named_event(event_type, {"type": event_type, "sequence_number": self.sequence_number, **data})
         self.sequence_number += 1
         return event
@@ -50,7 +62,7 @@ class ResponseBuilder:
             if choice.delta.content:
                 events += self._text_delta("message", choice.delta.content)
             for call in choice.delta.tool_calls or ():
-                events += self._call_delta(call)
+                events += self._call_delta(tool_call_delta(call))
             self.finish_reason = choice.finish_reason or self.finish_reason
         return events
 
@@ -73,7 +85,7 @@ class ResponseBuilder:
         self.response.update(status="failed", error={"code": "server_error", "message": message})
         return [self._event("response.failed", response=self._finished())]
 
-    def _finished(self) -> dict[str, Any]:
+    def _finished(self) -> JsonObject:
         self.response["completed_at"] = time.time()
         return self.response
 
@@ -87,93 +99,91 @@ class ResponseBuilder:
             "total_tokens": usage.total_tokens,
         }
 
-    def _add(self, item: dict[str, Any]) -> list[str]:
+    def _add(self, item: JsonObject, text: GrowingText) -> list[str]:
         events = self._close()
-        self.open = item
+        self.open = _OutputItem(item, len(self.output), text)
         self.output.append(item)
-        return [
-            *events,
-            self._event("response.output_item.added", output_index=len(self.output) - 1, item=item),
-        ]
+        self.response["output"] = [*self.output]
+        return [*events, self._event("response.output_item.added", output_index=self.open.index, item=item)]
 
     def _text_delta(self, kind: str, delta: str) -> list[str]:
         """Text of a message (output_text) or of a reasoning item (reasoning_text)."""
         events: list[str] = []
-        if self.open is None or self.open["type"] != kind:
+        if self.open is None or self.open.json["type"] != kind:
             part_type = "output_text" if kind == "message" else "reasoning_text"
-            part: dict[str, Any] = {"type": part_type, "text": ""}
-            item: dict[str, Any] = {"type": kind, "status": "in_progress", "content": []}
+            part: JsonObject = {"type": part_type, "text": ""}
+            item: JsonObject = {"type": kind, "status": "in_progress", "content": []}
             if kind == "message":
                 part |= {"annotations": [], "logprobs": []}
                 item |= {"id": item_id("msg"), "role": "assistant"}
             else:
                 item |= {"id": item_id("rs"), "summary": []}
-            events += self._add(item)
-            item["content"].append(part)
+            events += self._add(item, GrowingText(part, "text"))
+            item["content"] = [part]
             events.append(self._event("response.content_part.added", **self._where(), part=dict(part)))
         assert self.open is not None
-        self.open["content"][0]["text"] += delta
+        self.open.text.append(delta)
         name = "response.output_text.delta" if kind == "message" else "response.reasoning_text.delta"
-        extra: dict[str, Any] = {"logprobs": []} if kind == "message" else {}
+        extra: JsonObject = {"logprobs": []} if kind == "message" else {}
         return [*events, self._event(name, **self._where(), delta=delta, **extra)]
 
-    def _call_delta(self, call: dict[str, Any]) -> list[str]:
-        function = call.get("function", {})
-        item = self.calls.get(call["index"])
+    def _call_delta(self, call: ToolCallDelta) -> list[str]:
+        item = self.calls.get(call.index)
         events: list[str] = []
         if item is None:
-            item = self.calls[call["index"]] = {
+            json: JsonObject = {
                 "id": item_id("fc"),
                 "type": "function_call",
                 "status": "in_progress",
-                "call_id": call.get("id") or item_id("call"),
-                "name": function.get("name", ""),
+                "call_id": call.id or item_id("call"),
+                "name": call.name or "",
                 "arguments": "",
             }
-            events += self._add(item)
-        arguments = function.get("arguments") or ""
-        if arguments:
-            item["arguments"] += arguments
+            events += self._add(json, GrowingText(json, "arguments"))
+            assert self.open is not None
+            item = self.calls[call.index] = self.open
+        if call.arguments:
+            item.text.append(call.arguments)
             events.append(
                 self._event(
                     "response.function_call_arguments.delta",
-                    item_id=item["id"],
-                    output_index=self.output.index(item),
-                    delta=arguments,
+                    item_id=item.json["id"],
+                    output_index=item.index,
+                    delta=call.arguments,
                 )
             )
         return events
 
-    def _where(self) -> dict[str, Any]:
+    def _where(self) -> JsonObject:
         assert self.open is not None
-        return {"item_id": self.open["id"], "output_index": len(self.output) - 1, "content_index": 0}
+        return {"item_id": self.open.json["id"], "output_index": self.open.index, "content_index": 0}
 
     def _close(self) -> list[str]:
         """The open item's done events."""
         item, self.open = self.open, None
         if item is None:
             return []
-        item["status"] = "completed"
-        index = self.output.index(item)
+        item.json["status"] = "completed"
+        index = item.index
         events = []
-        if item["type"] == "function_call":
+        if item.json["type"] == "function_call":
             events.append(
                 self._event(
                     "response.function_call_arguments.done",
-                    item_id=item["id"],
+                    item_id=item.json["id"],
                     output_index=index,
-                    name=item["name"],
-                    arguments=item["arguments"],
+                    name=item.json["name"],
+                    arguments=item.text.text,
                 )
             )
         else:
-            part = item["content"][0]
-            where = {"item_id": item["id"], "output_index": index, "content_index": 0}
-            if item["type"] == "message":
+            part = item.text.holder
+            where: JsonObject = {"item_id": item.json["id"], "output_index": index, "content_index": 0}
+            if item.json["type"] == "message":
                 events.append(
-                    self._event("response.output_text.done", **where, text=part["text"], logprobs=[])
+                    self._event("response.output_text.done", **where, text=item.text.text, logprobs=[])
                 )
             else:
-                events.append(self._event("response.reasoning_text.done", **where, text=part["text"]))
+                events.append(self._event("response.reasoning_text.done", **where, text=item.text.text))
             events.append(self._event("response.content_part.done", **where, part=part))
-        return [*events, self._event("response.output_item.done", output_index=index, item=item)]
+        return [*events, self._event("response.output_item.done", output_index=index, item=item.json)]

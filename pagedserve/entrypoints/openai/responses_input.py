@@ -3,27 +3,26 @@ are messages (text parts), `function_call` (an assistant's call), `function_call
 message) and `reasoning` (left out: chat templates drop earlier turns' reasoning). Raises
 InvalidRequestError naming `input[i]...` for anything else."""
 
-from typing import Any
-
 from pagedserve.errors import InvalidRequestError
+from pagedserve.utils.user_json import JsonObject, JsonValue
 
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
-def input_messages(items: str | list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+def input_messages(items: str | list[JsonObject] | None) -> list[JsonObject]:
     if items is None:
         return []
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
-    messages: list[dict[str, Any]] = []
+    messages: list[JsonObject] = []
     for index, item in enumerate(items):
         param = f"input[{index}]"
         kind = item.get("type", "message")
         if kind == "message":
             messages.append(_message(item, param))
         elif kind == "function_call":
-            call = {
+            call: JsonObject = {
                 "id": _string(item, "call_id", param),
                 "type": "function",
                 "function": {
@@ -31,9 +30,11 @@ def input_messages(items: str | list[dict[str, Any]] | None) -> list[dict[str, A
                     "arguments": _string(item, "arguments", param),
                 },
             }
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant" and last.get("tool_calls"):
-                last["tool_calls"].append(call)  # parallel calls: one assistant turn
+            calls = (
+                messages[-1].get("tool_calls") if messages and messages[-1]["role"] == "assistant" else None
+            )
+            if isinstance(calls, list) and calls:
+                calls.append(call)  # parallel calls: one assistant turn
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
@@ -51,14 +52,14 @@ def input_messages(items: str | list[dict[str, Any]] | None) -> list[dict[str, A
     return messages
 
 
-def output_messages(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def output_messages(output: list[JsonObject]) -> list[JsonObject]:
     """A response's output items as the chat messages of the next turn."""
     return input_messages([item for item in output if item["type"] != "reasoning"])
 
 
-def _message(item: dict[str, Any], param: str) -> dict[str, Any]:
+def _message(item: JsonObject, param: str) -> JsonObject:
     role = item.get("role")
-    if role not in _ROLES:
+    if not isinstance(role, str) or role not in _ROLES:
         raise InvalidRequestError(
             f"{param}.role must be user, assistant, system or developer, got {str(role)[:100]!r}.",
             param=f"{param}.role",
@@ -68,26 +69,23 @@ def _message(item: dict[str, Any], param: str) -> dict[str, Any]:
     return {"role": _ROLES[role], "content": text}
 
 
-def _text(parts: object, param: str) -> str:
+def _text(parts: JsonValue, param: str) -> str:
     """The text of a list of content parts (input_text / output_text)."""
     if not isinstance(parts, list):
         raise InvalidRequestError(f"{param} must be a string or a list of text parts.", param=param)
     texts = []
     for index, part in enumerate(parts):
-        if (
-            not isinstance(part, dict)
-            or part.get("type") not in _TEXT_PARTS
-            or not isinstance(part.get("text"), str)
-        ):
+        text = part.get("text") if isinstance(part, dict) and part.get("type") in _TEXT_PARTS else None
+        if not isinstance(text, str):
             raise InvalidRequestError(
                 f"{param}[{index}] must be {{'type': 'input_text', 'text': ...}} (only text is supported).",
                 param=f"{param}[{index}]",
             )
-        texts.append(part["text"])
+        texts.append(text)
     return "".join(texts)
 
 
-def _string(item: dict[str, Any], key: str, param: str) -> str:
+def _string(item: JsonObject, key: str, param: str) -> str:
     value = item.get(key)
     if not isinstance(value, str) or not value and key != "arguments":
         raise InvalidRequestError(f"{param}.{key} must be a non-empty string.", param=f"{param}.{key}")

@@ -1,8 +1,6 @@
 """The Responses API's routes: POST /v1/responses, GET and DELETE /v1/responses/{id}, POST
 /v1/responses/{id}/cancel. Stored responses belong to the API key the request sent (auth.key_scope)."""
 
-from typing import Any
-
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
@@ -11,24 +9,27 @@ from pagedserve.entrypoints.openai.errors import ERROR_RESPONSES
 from pagedserve.entrypoints.openai.protocol_responses import ResponsesRequest
 from pagedserve.entrypoints.openai.serving_responses import OpenAIServingResponses
 from pagedserve.entrypoints.utils import with_cancellation
+from pagedserve.utils.user_json import JsonObject, JsonValue
 
 
 def add_responses_routes(app: FastAPI, serving: OpenAIServingResponses) -> None:
-    @app.post("/v1/responses", response_model=None, responses=ERROR_RESPONSES)
+    # response_model=dict: FastAPI builds its model from the return annotation otherwise, and pydantic
+    # cannot build one of JsonObject (a recursive alias for mypy).
+    @app.post("/v1/responses", response_model=dict, responses=ERROR_RESPONSES)
     @with_cancellation
-    async def create_response(
+    async def create_response(  # JsonObject spelled out: FastAPI evaluates the annotation
         request: ResponsesRequest, raw_request: Request
-    ) -> dict[str, Any] | StreamingResponse:
+    ) -> dict[str, JsonValue] | StreamingResponse:
         return await serving.create(request, key_scope(raw_request.headers))
 
-    @app.get("/v1/responses/{response_id}", responses=ERROR_RESPONSES)
-    async def retrieve_response(response_id: str, raw_request: Request) -> dict[str, Any]:
+    @app.get("/v1/responses/{response_id}", response_model=dict, responses=ERROR_RESPONSES)
+    async def retrieve_response(response_id: str, raw_request: Request) -> JsonObject:
         return serving.retrieve(key_scope(raw_request.headers), response_id)
 
-    @app.delete("/v1/responses/{response_id}", responses=ERROR_RESPONSES)
-    async def delete_response(response_id: str, raw_request: Request) -> dict[str, Any]:
+    @app.delete("/v1/responses/{response_id}", response_model=dict, responses=ERROR_RESPONSES)
+    async def delete_response(response_id: str, raw_request: Request) -> JsonObject:
         return serving.delete(key_scope(raw_request.headers), response_id)
 
-    @app.post("/v1/responses/{response_id}/cancel", responses=ERROR_RESPONSES)
-    async def cancel_response(response_id: str, raw_request: Request) -> dict[str, Any]:
+    @app.post("/v1/responses/{response_id}/cancel", response_model=dict, responses=ERROR_RESPONSES)
+    async def cancel_response(response_id: str, raw_request: Request) -> JsonObject:
         return serving.cancel(key_scope(raw_request.headers), response_id)

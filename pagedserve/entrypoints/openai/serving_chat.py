@@ -13,12 +13,13 @@ from pagedserve.engine.request_options import RequestOptions
 from pagedserve.entrypoints.chat_utils import (
     ContentFormat,
     apply_chat_template,
+    image_placeholder,
     normalize_messages,
     resolve_content_format,
+    with_images,
 )
 from pagedserve.entrypoints.openai.chat_reasoning import ChatReasoning, SampleReasoning
 from pagedserve.entrypoints.openai.chat_tools import ChatTools, ToolStreamer, resolve_chat_tools
-from pagedserve.entrypoints.openai.errors import stream_error_event
 from pagedserve.entrypoints.openai.protocol import (
     ChatChoice,
     ChatCompletionChunk,
@@ -37,10 +38,9 @@ from pagedserve.entrypoints.openai.protocol import (
 from pagedserve.entrypoints.openai.served_models import ServedModels
 from pagedserve.entrypoints.openai.serving_engine import (
     MIN_LOGPROB,
-    SSE_DONE,
     OpenAIServing,
+    as_http,
     random_id,
-    sse,
     usage_info,
 )
 from pagedserve.entrypoints.openai.tool_parsers.streaming import ToolCallDelta
@@ -70,12 +70,15 @@ class OpenAIServingChat(OpenAIServing):
             content_format, template if isinstance(template, str) else None
         )
         self.reasoning = ChatReasoning(engine.config.reasoning, self.tokenizer)
+        self.image_placeholder = image_placeholder(self.tokenizer, engine.config.model.multimodal)
 
     def render(self, request: ChatTemplateRequest) -> list[int]:
         """The prompt token ids of a request's conversation. Raises InvalidRequestError."""
         return apply_chat_template(
             self.tokenizer,
-            normalize_messages([m.model_dump() for m in request.messages or ()], self.content_format),
+            normalize_messages(
+                [m.model_dump() for m in request.messages or ()], self.content_format, self.image_placeholder
+            ),
             self.chat_template,
             request.add_generation_prompt,
             request.tools,
@@ -88,10 +91,7 @@ class OpenAIServingChat(OpenAIServing):
         self, request: ChatCompletionRequest
     ) -> ChatCompletionResponse | StreamingResponse:
         """Raises InvalidRequestError before anything reaches the engine."""
-        result = await self.generate(request)
-        if isinstance(result, ChatCompletionResponse):
-            return result
-        return StreamingResponse(self._sse(result), media_type="text/event-stream")
+        return as_http(await self.generate(request))
 
     async def generate(
         self, request: ChatCompletionRequest
@@ -113,7 +113,10 @@ class OpenAIServingChat(OpenAIServing):
             params = self._sampling_params(request, tools)
             prompt_ids = self.render(request)
             options = RequestOptions(params, priority=request.priority, lora_request=lora_request)
-            return self.engine.process_inputs(request_id, request.prompt_with_salt(prompt_ids), options)
+            prompt = with_images(
+                request.prompt_with_salt(prompt_ids), [m.model_dump() for m in request.messages or ()]
+            )
+            return self.engine.process_inputs(request_id, prompt, options)
 
         try:
             # NOTE: templating and tokenizing in a thread: a huge conversation never holds up the event loop.
@@ -217,18 +220,6 @@ class OpenAIServingChat(OpenAIServing):
             finish_reason=result.finish_reason,
             stop_reason=sample.stop_reason,
         )
-
-    @staticmethod
-    async def _sse(chunks: AsyncGenerator[ChatCompletionChunk, None]) -> AsyncGenerator[str, None]:
-        """The chunks as server-sent events; an error midway (e.g. the engine died) as an event too."""
-        try:
-            async for chunk in chunks:
-                yield sse(chunk)
-        except Exception as exc:
-            yield stream_error_event(exc)
-        finally:
-            await chunks.aclose()
-        yield SSE_DONE
 
     async def _chunks(
         self,

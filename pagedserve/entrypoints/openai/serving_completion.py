@@ -10,7 +10,6 @@ from fastapi.responses import StreamingResponse
 from pagedserve.engine.async_llm import AsyncLLM
 from pagedserve.engine.input_processor import PromptType
 from pagedserve.engine.request_options import RequestOptions
-from pagedserve.entrypoints.openai.errors import stream_error_event
 from pagedserve.entrypoints.openai.protocol import (
     CompletionChoice,
     CompletionLogProbs,
@@ -18,7 +17,7 @@ from pagedserve.entrypoints.openai.protocol import (
     CompletionResponse,
 )
 from pagedserve.entrypoints.openai.served_models import ServedModels
-from pagedserve.entrypoints.openai.serving_engine import SSE_DONE, OpenAIServing, random_id, sse, usage_info
+from pagedserve.entrypoints.openai.serving_engine import OpenAIServing, as_http, random_id, usage_info
 from pagedserve.entrypoints.utils import merge_async_iterators, started
 from pagedserve.errors import InvalidRequestError
 from pagedserve.outputs import CompletionOutput, RequestOutput
@@ -83,6 +82,14 @@ class OpenAIServingCompletion(OpenAIServing):
 
     async def create_completion(self, request: CompletionRequest) -> CompletionResponse | StreamingResponse:
         """Raises InvalidRequestError (every prompt is checked before any reaches the engine)."""
+        return as_http(await self.generate(request))
+
+    async def generate(
+        self, request: CompletionRequest
+    ) -> CompletionResponse | AsyncGenerator[CompletionResponse, None]:
+        """The whole response, or (stream) its chunks; the Ollama API translates these. Raises
+        InvalidRequestError (every prompt is checked before any reaches the engine), and a refusal before
+        the first output before the first chunk."""
         lora_request = self.check_model(request.model)
         request.check_supported()
         num_logprobs = request.logprobs
@@ -120,9 +127,7 @@ class OpenAIServingCompletion(OpenAIServing):
         outputs = merge_async_iterators(*self.engine.submit(core_requests, request.timeout))
         if request.stream:
             # NOTE: started: a refusal before the first output is a status, not an event in a 200 stream.
-            return StreamingResponse(
-                self._stream(batch, await started(outputs)), media_type="text/event-stream"
-            )
+            return self._chunks(batch, await started(outputs))
         return await self._full(batch, outputs)
 
     async def _full(
@@ -146,10 +151,10 @@ class OpenAIServingCompletion(OpenAIServing):
             usage=usage_info(batch.num_prompt_tokens, num_generated),
         )
 
-    async def _stream(
+    async def _chunks(
         self, batch: _Batch, outputs: AsyncGenerator[tuple[int, RequestOutput], None]
-    ) -> AsyncGenerator[str, None]:
-        """SSE chunks, one choice each; the usage chunk when asked; errors as an SSE error event."""
+    ) -> AsyncGenerator[CompletionResponse, None]:
+        """Chunks of one choice each; the usage chunk when asked. Closing it early closes `outputs`."""
         n = batch.request.n
         text_offsets = [_TextOffsets() for _ in range(len(batch.core_requests) * n)]
         started = [False] * len(text_offsets)
@@ -171,31 +176,26 @@ class OpenAIServingCompletion(OpenAIServing):
                         choice.text or choice.finish_reason or choice.logprobs and choice.logprobs.tokens
                     ):
                         continue  # text held back (a stop string may be starting): nothing to send yet
-                    yield sse(
-                        CompletionResponse(
-                            id=batch.request_id,
-                            created=batch.created,
-                            model=self.response_model(batch.core_requests[0]),
-                            choices=[choice],
-                            usage=usage_info(batch.num_prompt_tokens, num_generated)
-                            if continuous_usage
-                            else None,
-                        )
-                    )
-            if batch.request.include_usage_in_stream():
-                usage = usage_info(batch.num_prompt_tokens, num_generated)
-                yield sse(
-                    CompletionResponse(
+                    yield CompletionResponse(
                         id=batch.request_id,
                         created=batch.created,
                         model=self.response_model(batch.core_requests[0]),
-                        choices=[],
-                        usage=usage,
+                        choices=[choice],
+                        usage=usage_info(batch.num_prompt_tokens, num_generated)
+                        if continuous_usage
+                        else None,
                     )
+            if batch.request.include_usage_in_stream():
+                usage = usage_info(batch.num_prompt_tokens, num_generated)
+                yield CompletionResponse(
+                    id=batch.request_id,
+                    created=batch.created,
+                    model=self.response_model(batch.core_requests[0]),
+                    choices=[],
+                    usage=usage,
                 )
-        except Exception as exc:  # e.g. the engine died: tell the client in the stream
-            yield stream_error_event(exc)
-        yield SSE_DONE
+        finally:
+            await outputs.aclose()
 
     def _choice(
         self,

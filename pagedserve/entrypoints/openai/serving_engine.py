@@ -1,12 +1,14 @@
 """What the OpenAI endpoints share: the engine, the model-name check, token strings for logprobs, SSE."""
 
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, Sequence
+from typing import Any, TypeVar
 
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from pagedserve.engine.async_llm import AsyncLLM
+from pagedserve.entrypoints.openai.errors import stream_error_event
 from pagedserve.entrypoints.openai.protocol import PromptLogprob, PromptLogprobs, UsageInfo
 from pagedserve.entrypoints.openai.served_models import ServedModels
 from pagedserve.protocol import EngineCoreRequest, LoRARequest
@@ -22,6 +24,30 @@ def sse(chunk: BaseModel) -> str:
 
 
 SSE_DONE = "data: [DONE]\n\n"
+
+
+ResponseT = TypeVar("ResponseT", bound=BaseModel)
+
+
+def as_http(result: ResponseT | AsyncGenerator[BaseModel, None]) -> ResponseT | StreamingResponse:
+    """A generate() result as the route answers it: the whole response, or its chunks as server-sent
+    events."""
+    if isinstance(result, AsyncGenerator):
+        return StreamingResponse(sse_stream(result), media_type="text/event-stream")
+    return result
+
+
+async def sse_stream(chunks: AsyncGenerator[BaseModel, None]) -> AsyncGenerator[str, None]:
+    """The chunks as server-sent events; an error midway (e.g. the engine died) as an event too."""
+    try:
+        async for chunk in chunks:
+            yield sse(chunk)
+    except Exception as exc:
+        yield stream_error_event(exc)
+    finally:
+        await chunks.aclose()
+    yield SSE_DONE
+
 
 # JSON has no -inf: vLLM's floor for the logprob of an impossible token.
 MIN_LOGPROB = -9999.0

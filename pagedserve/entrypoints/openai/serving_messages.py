@@ -8,14 +8,17 @@ request's fields. The chunks come back as content blocks (text, thinking, tool_u
 import asyncio
 import json
 from collections.abc import AsyncGenerator
-from typing import Any
 
 from fastapi.responses import StreamingResponse
 
 from pagedserve.entrypoints.openai.chat_translation import (
+    GrowingText,
     chat_request,
+    defined,
+    json_object,
     named_event,
     start_chat,
+    tool_call_delta,
 )
 from pagedserve.entrypoints.openai.errors import anthropic_error_body, exception_message, exception_status
 from pagedserve.entrypoints.openai.protocol import ChatCompletionChunk
@@ -30,7 +33,9 @@ from pagedserve.entrypoints.openai.protocol_messages import (
 from pagedserve.entrypoints.openai.request_bounds import RequestBounds
 from pagedserve.entrypoints.openai.responses_events import item_id
 from pagedserve.entrypoints.openai.serving_chat import OpenAIServingChat
+from pagedserve.entrypoints.openai.tool_parsers.streaming import ToolCallDelta
 from pagedserve.errors import InvalidRequestError
+from pagedserve.utils.user_json import JsonObject, JsonValue
 
 # The chat request's fields as the Messages API names them (for errors).
 _NAMES = {
@@ -47,19 +52,19 @@ class AnthropicServingMessages:
         self.chat = chat
         self.bounds = bounds
 
-    async def create(self, request: MessagesRequest) -> dict[str, Any] | StreamingResponse:
+    async def create(self, request: MessagesRequest) -> "JsonObject | StreamingResponse":
         """Raises InvalidRequestError naming the field before anything reaches the engine."""
         body = _chat_body(request)
-        body.update(
-            stream=True,
-            stream_options={"include_usage": True, "continuous_usage_stats": True},
-            max_completion_tokens=request.max_tokens,
-            stop=request.stop_sequences,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            top_k=request.top_k,
-            user=request.metadata.user_id if request.metadata else None,
-        )
+        body |= {
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            "max_completion_tokens": request.max_tokens,
+            "stop": None if request.stop_sequences is None else [*request.stop_sequences],
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+            "top_k": request.top_k,
+            "user": request.metadata.user_id if request.metadata else None,
+        }
         budget = request.thinking.budget_tokens if request.thinking else None
         if budget is not None and budget >= request.max_tokens:
             raise InvalidRequestError(
@@ -70,7 +75,7 @@ class AnthropicServingMessages:
             # NOTE: Claude clients send a budget whatever the model: one that does not think (no
             # --reasoning-parser) answers as it would without it, as the chat field would be refused.
             body["thinking_token_budget"] = budget
-        chunks = await start_chat(self.chat, self.bounds, chat_request(_defined(body), _NAMES), _NAMES)
+        chunks = await start_chat(self.chat, self.bounds, chat_request(defined(body), _NAMES), _NAMES)
         builder = MessageBuilder(request.model)
         if request.stream:
             return StreamingResponse(_events(builder, chunks), media_type="text/event-stream")
@@ -83,7 +88,7 @@ class AnthropicServingMessages:
         return builder.message
 
     async def count_tokens(self, request: CountTokensRequest) -> dict[str, int]:
-        chat = chat_request(_defined(_chat_body(request)), _NAMES)
+        chat = chat_request(defined(_chat_body(request)), _NAMES)
         self.chat.check_model(chat.model)
         self.bounds.check_chat_template(chat)
         return {"input_tokens": len(await asyncio.to_thread(self.chat.render, chat))}
@@ -106,19 +111,15 @@ async def _events(
         await chunks.aclose()
 
 
-def _defined(body: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in body.items() if value is not None}
-
-
-def _chat_body(request: CountTokensRequest) -> dict[str, Any]:
+def _chat_body(request: CountTokensRequest) -> JsonObject:
     """The conversation, tools and thinking as chat request fields."""
-    messages: list[dict[str, Any]] = []
+    messages: list[JsonObject] = []
     if request.system is not None:
         system = request.system if isinstance(request.system, str) else _joined(request.system)
         messages.append({"role": "system", "content": system})
     for message in request.messages:
         messages += _chat_messages(message)
-    body: dict[str, Any] = {"model": request.model, "messages": messages}
+    body: JsonObject = {"model": request.model, "messages": [*messages]}
     if messages and messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
         # Anthropic's prefill: the answer continues the final assistant turn's text.
         body.update(continue_final_message=True, add_generation_prompt=False)
@@ -126,7 +127,7 @@ def _chat_body(request: CountTokensRequest) -> dict[str, Any]:
         body["tools"] = [
             {
                 "type": "function",
-                "function": _defined(
+                "function": defined(
                     {"name": t.name, "description": t.description, "parameters": t.input_schema}
                 ),
             }
@@ -139,7 +140,7 @@ def _chat_body(request: CountTokensRequest) -> dict[str, Any]:
                 'tool_choice.name: a tool_choice of type "tool" needs the name of the tool.',
                 param="tool_choice.name",
             )
-        named = {"type": "function", "function": {"name": choice.name}}
+        named: JsonObject = {"type": "function", "function": {"name": choice.name}}
         body["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}.get(choice.type, named)
         if choice.disable_parallel_tool_use:
             body["parallel_tool_calls"] = False
@@ -148,18 +149,18 @@ def _chat_body(request: CountTokensRequest) -> dict[str, Any]:
     return body
 
 
-def _chat_messages(message: AnthropicMessage) -> list[dict[str, Any]]:
+def _chat_messages(message: AnthropicMessage) -> list[JsonObject]:
     """One Anthropic message as chat messages: tool results first (each a tool message), then the text
     (and an assistant's tool calls)."""
     if isinstance(message.content, str):
         return [{"role": message.role, "content": message.content}]
-    results = [
+    results: list[JsonObject] = [
         {"role": "tool", "tool_call_id": block.tool_use_id, "content": _result_text(block)}
         for block in message.content
         if isinstance(block, ToolResultBlock)
     ]
     text = _joined([block for block in message.content if isinstance(block, TextBlock)])
-    calls = [
+    calls: list[JsonValue] = [
         {
             "id": block.id,
             "type": "function",
@@ -170,7 +171,7 @@ def _chat_messages(message: AnthropicMessage) -> list[dict[str, Any]]:
     ]
     if not text and not calls and results:
         return results
-    main: dict[str, Any] = {"role": message.role, "content": (text or None) if calls else text}
+    main: JsonObject = {"role": message.role, "content": (text or None) if calls else text}
     if calls:
         main["tool_calls"] = calls
     return [*results, main]
@@ -190,7 +191,7 @@ class MessageBuilder:
     """Chat chunks -> the Message (`message`) and its stream events (returned by each step)."""
 
     def __init__(self, model: str) -> None:
-        self.message: dict[str, Any] = {
+        self.message: JsonObject = {
             "id": item_id("msg"),
             "type": "message",
             "role": "assistant",
@@ -200,20 +201,23 @@ class MessageBuilder:
             "stop_sequence": None,
             "usage": {"input_tokens": 0, "output_tokens": 0},
         }
-        self.blocks: list[dict[str, Any]] = self.message["content"]
+        self.blocks: list[JsonObject] = []  # `message["content"]`, which holds the same blocks
+        self.output_tokens = 0
         self.started = False
-        self.open: dict[str, Any] | None = None
-        self.arguments: dict[int, str] = {}  # a tool_use block's index -> its arguments so far
-        self.calls: dict[int, int] = {}  # chat's tool-call index -> the tool_use block's index
+        self.open: JsonValue = None  # the type of the block receiving deltas
+        self.text = GrowingText({}, "text")  # the open text (or thinking) block's text
+        self.calls: dict[int, JsonObject] = {}  # chat's tool-call index -> its tool_use block
+        self.arguments: dict[int, str] = {}  # chat's tool-call index -> its arguments so far
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
 
     def feed(self, chunk: ChatCompletionChunk) -> list[str]:
         events: list[str] = []
         if chunk.usage is not None:
+            self.output_tokens = chunk.usage.completion_tokens
             self.message["usage"] = {
                 "input_tokens": chunk.usage.prompt_tokens,
-                "output_tokens": chunk.usage.completion_tokens,
+                "output_tokens": self.output_tokens,
             }
         if not self.started:
             self.started = True
@@ -226,7 +230,7 @@ class MessageBuilder:
             if choice.delta.content:
                 events += self._text("text", choice.delta.content)
             for call in choice.delta.tool_calls or ():
-                events += self._call(call)
+                events += self._call(tool_call_delta(call))
             if choice.finish_reason is not None:
                 self.finish_reason, self.stop_reason = choice.finish_reason, choice.stop_reason
         return events
@@ -238,78 +242,71 @@ class MessageBuilder:
         if reason == "end_turn" and self.calls:
             reason = "tool_use"  # a forced (named) call too, which chat reports as "stop"
         self.message.update(stop_reason=reason, stop_sequence=stop_sequence)
-        for index, arguments in self.arguments.items():
-            self.blocks[index]["input"] = _json_object(arguments)
-        delta = {"stop_reason": reason, "stop_sequence": stop_sequence}
-        usage = {"output_tokens": self.message["usage"]["output_tokens"]}
+        for index, block in self.calls.items():
+            block["input"] = json_object(self.arguments[index])
+        delta: JsonObject = {"stop_reason": reason, "stop_sequence": stop_sequence}
+        usage: JsonObject = {"output_tokens": self.output_tokens}
         return [
             *events,
             named_event("message_delta", {"type": "message_delta", "delta": delta, "usage": usage}),
             named_event("message_stop", {"type": "message_stop"}),
         ]
 
-    def _start(self, block: dict[str, Any]) -> list[str]:
+    def _start(self, block: JsonObject) -> list[str]:
         events = self._close()
-        self.open = block
+        self.open = block["type"]
         self.blocks.append(block)
-        event = {"type": "content_block_start", "index": len(self.blocks) - 1, "content_block": dict(block)}
+        self.message["content"] = [*self.blocks]
+        event: JsonObject = {
+            "type": "content_block_start",
+            "index": len(self.blocks) - 1,
+            "content_block": dict(block),
+        }
         return [*events, named_event("content_block_start", event)]
 
-    def _delta(self, delta: dict[str, Any]) -> str:
-        event = {"type": "content_block_delta", "index": len(self.blocks) - 1, "delta": delta}
+    def _delta(self, delta: JsonObject) -> str:
+        event: JsonObject = {"type": "content_block_delta", "index": len(self.blocks) - 1, "delta": delta}
         return named_event("content_block_delta", event)
 
     def _text(self, kind: str, text: str) -> list[str]:
         """Text of a text block or of a thinking block."""
         events: list[str] = []
-        if self.open is None or self.open["type"] != kind:
-            block = {"type": "text", "text": ""} if kind == "text" else {"type": "thinking", "thinking": ""}
+        if self.open != kind:
+            block: JsonObject = (
+                {"type": "text", "text": ""} if kind == "text" else {"type": "thinking", "thinking": ""}
+            )
             if kind == "thinking":
                 block["signature"] = ""  # nothing signs it: a later turn's thinking is not checked
             events += self._start(block)
-        assert self.open is not None
-        self.open[kind] += text
-        delta = (
+            self.text = GrowingText(block, kind)
+        self.text.append(text)
+        delta: JsonObject = (
             {"type": "text_delta", "text": text}
             if kind == "text"
             else {"type": "thinking_delta", "thinking": text}
         )
         return [*events, self._delta(delta)]
 
-    def _call(self, call: dict[str, Any]) -> list[str]:
-        function = call.get("function", {})
+    def _call(self, call: ToolCallDelta) -> list[str]:
         events: list[str] = []
-        if call["index"] not in self.calls:
-            events += self._start(
-                {
-                    "type": "tool_use",
-                    "id": call.get("id") or item_id("toolu"),
-                    "name": function.get("name", ""),
-                    "input": {},
-                }
-            )
-            self.calls[call["index"]] = len(self.blocks) - 1
-            self.arguments[len(self.blocks) - 1] = ""
-        arguments = function.get("arguments") or ""
-        if arguments:
-            self.arguments[self.calls[call["index"]]] += arguments
-            events.append(self._delta({"type": "input_json_delta", "partial_json": arguments}))
+        if call.index not in self.calls:
+            block: JsonObject = {
+                "type": "tool_use",
+                "id": call.id or item_id("toolu"),
+                "name": call.name or "",
+                "input": {},
+            }
+            events += self._start(block)
+            self.calls[call.index] = block
+            self.arguments[call.index] = ""
+        if call.arguments:
+            self.arguments[call.index] += call.arguments
+            events.append(self._delta({"type": "input_json_delta", "partial_json": call.arguments}))
         return events
 
     def _close(self) -> list[str]:
         if self.open is None:
             return []
         self.open = None
-        return [
-            named_event("content_block_stop", {"type": "content_block_stop", "index": len(self.blocks) - 1})
-        ]
-
-
-def _json_object(arguments: str) -> dict[str, Any]:
-    """A tool call's arguments as the tool_use block's `input`: {} when they are not a JSON object (cut
-    short by max_tokens: stop_reason says so)."""
-    try:
-        value = json.loads(arguments)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
+        event: JsonObject = {"type": "content_block_stop", "index": len(self.blocks) - 1}
+        return [named_event("content_block_stop", event)]

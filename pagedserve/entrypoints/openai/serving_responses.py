@@ -6,7 +6,6 @@ translator over chat completions (chat_translation.py). `instructions`, the stor
 
 import time
 from collections.abc import AsyncGenerator
-from typing import Any
 
 from fastapi.responses import StreamingResponse
 
@@ -20,6 +19,7 @@ from pagedserve.entrypoints.openai.responses_events import ResponseBuilder, item
 from pagedserve.entrypoints.openai.responses_input import input_messages, output_messages
 from pagedserve.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedserve.errors import InvalidRequestError
+from pagedserve.utils.user_json import JsonObject, JsonValue
 
 # The chat request's fields as the Responses API names them (for errors).
 _NAMES = {
@@ -37,7 +37,7 @@ class OpenAIServingResponses:
         self.bounds = bounds
         self.store = store
 
-    async def create(self, request: ResponsesRequest, scope: str) -> dict[str, Any] | StreamingResponse:
+    async def create(self, request: ResponsesRequest, scope: str) -> "JsonObject | StreamingResponse":
         """Raises InvalidRequestError naming the field before anything reaches the engine (404 for a
         previous_response_id this key has not stored)."""
         if request.background:
@@ -45,14 +45,16 @@ class OpenAIServingResponses:
                 "background is not supported: send the request without it (stream it to see progress).",
                 param="background",
             )
-        conversation = []
+        conversation: list[JsonObject] = []
         if request.previous_response_id is not None:
             previous = self.store.get(scope, request.previous_response_id, "previous_response_id")
             conversation = list(previous.conversation)
         conversation += input_messages(request.input)
         if not conversation:
             raise InvalidRequestError("input is empty: send a string or a list of items.", param="input")
-        instructions = [{"role": "system", "content": request.instructions}] if request.instructions else []
+        instructions: list[JsonObject] = (
+            [{"role": "system", "content": request.instructions}] if request.instructions else []
+        )
         chunks = await start_chat(
             self.chat,
             self.bounds,
@@ -62,7 +64,7 @@ class OpenAIServingResponses:
         response = _response(request, self.chat.model_name)
         stored = StoredResponse(response, conversation)
         if request.store:
-            self.store.put(scope, response["id"], stored)  # in progress: GET and /cancel see it
+            self.store.put(scope, stored.id, stored)  # in progress: GET and /cancel see it
         events = self._run(
             ResponseBuilder(response), chunks, stored, scope if request.store else None, request.stream
         )
@@ -103,19 +105,19 @@ class OpenAIServingResponses:
             await chunks.aclose()
         if scope is not None:
             stored.conversation += output_messages(builder.output)
-            self.store.put(scope, builder.response["id"], stored)
+            self.store.put(scope, stored.id, stored)
         for event in last:
             yield event
 
-    def retrieve(self, scope: str, response_id: str) -> dict[str, Any]:
+    def retrieve(self, scope: str, response_id: str) -> JsonObject:
         return self.store.get(scope, response_id).response
 
-    def delete(self, scope: str, response_id: str) -> dict[str, Any]:
+    def delete(self, scope: str, response_id: str) -> JsonObject:
         self.store.get(scope, response_id)  # raises the 404
         self.store.delete(scope, response_id)
         return {"id": response_id, "object": "response.deleted", "deleted": True}
 
-    def cancel(self, scope: str, response_id: str) -> dict[str, Any]:
+    def cancel(self, scope: str, response_id: str) -> JsonObject:
         """Stops a response still being generated; it keeps what it made so far. Raises
         InvalidRequestError for one that has ended."""
         stored = self.store.get(scope, response_id)
@@ -129,7 +131,7 @@ class OpenAIServingResponses:
         return {**stored.response, "status": "cancelled"}
 
 
-def _response(request: ResponsesRequest, model: str) -> dict[str, Any]:
+def _response(request: ResponsesRequest, model: str) -> JsonObject:
     """The Response object before any output."""
     text = request.text or TextConfig()
     return {
@@ -141,7 +143,7 @@ def _response(request: ResponsesRequest, model: str) -> dict[str, Any]:
         "error": None,
         "incomplete_details": None,
         "instructions": request.instructions,
-        "metadata": request.metadata or {},
+        "metadata": {**(request.metadata or {})},
         "model": request.model or model,
         "output": [],
         "parallel_tool_calls": request.parallel_tool_calls is not False,
@@ -157,17 +159,17 @@ def _response(request: ResponsesRequest, model: str) -> dict[str, Any]:
             else {"type": "text"}
         },
         "tool_choice": request.tool_choice or "auto",
-        "tools": request.tools or [],
+        "tools": [*(request.tools or [])],
         "truncation": "disabled",
         "usage": None,
         "user": request.user,
     }
 
 
-def _chat_body(request: ResponsesRequest, messages: list[dict[str, Any]]) -> dict[str, Any]:
-    body: dict[str, Any] = {
+def _chat_body(request: ResponsesRequest, messages: list[JsonObject]) -> JsonObject:
+    body: JsonObject = {
         "model": request.model,
-        "messages": messages,
+        "messages": [*messages],
         "stream": True,
         # NOTE: usage in every chunk: a cancelled response still reports what it used.
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
@@ -186,11 +188,11 @@ def _chat_body(request: ResponsesRequest, messages: list[dict[str, Any]]) -> dic
     return {key: value for key, value in body.items() if value is not None}
 
 
-def _chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+def _chat_tools(tools: list[JsonObject] | None) -> list[JsonValue] | None:
     """The Responses API's flat function tools in chat's form ({"type": "function", "function": ...})."""
     if tools is None:
         return None
-    converted = []
+    converted: list[JsonValue] = []
     for index, tool in enumerate(tools):
         if tool.get("type") != "function" or not isinstance(tool.get("name"), str):
             raise InvalidRequestError(
@@ -205,7 +207,7 @@ def _chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | No
     return converted
 
 
-def _chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+def _chat_tool_choice(choice: "str | JsonObject | None") -> "str | JsonObject | None":
     if choice is None or isinstance(choice, str):
         return choice
     if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
@@ -216,7 +218,7 @@ def _chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, An
     return {"type": "function", "function": {"name": choice["name"]}}
 
 
-def _response_format(text: TextConfig | None) -> dict[str, Any] | None:
+def _response_format(text: TextConfig | None) -> "JsonObject | None":
     """text.format as chat's response_format."""
     spec = text.format if text else None
     if spec is None or spec.type == "text":

@@ -1,0 +1,93 @@
+"""A prompt's images -> the engine's ImageInputs: each image loaded and decoded (media.py), then run
+through the model's own HF processor (its processor_config.json: resize, crop, normalisation, how many
+placeholder tokens the image takes), and the prompt's one placeholder token per image expanded to the
+processor's tokens."""
+
+import hashlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pagedserve.config.multimodal import MultiModalConfig
+from pagedserve.engine.media import MediaLoader
+from pagedserve.errors import InvalidRequestError
+from pagedserve.protocol import ImageInput
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
+
+
+class ImagePromptProcessor:
+    """`model_path`: the checkpoint folder, whose processor files the HF AutoProcessor reads."""
+
+    def __init__(self, model_path: str, config: MultiModalConfig) -> None:
+        from transformers import AutoProcessor
+
+        self.config = config
+        self.media = MediaLoader(config)
+        self.processor = AutoProcessor.from_pretrained(model_path)  # type: ignore[no-untyped-call]
+        self.placeholder: str = self.processor.image_token
+
+    def check_count(self, sources: Sequence[object], param: str) -> None:
+        """The number of images against --limit-mm-per-prompt (before any is fetched)."""
+        limit = self.config.max_images_per_prompt
+        if len(sources) > limit:
+            raise InvalidRequestError(
+                f"{param}: {len(sources)} images in one prompt; the server takes at most {limit} "
+                "(--limit-mm-per-prompt '{\"image\": N}').",
+                param=param,
+            )
+
+    def process(
+        self, token_ids: list[int], sources: Sequence[object], param: str
+    ) -> tuple[list[int], list[ImageInput]]:
+        """The prompt with each image's placeholder token expanded, and the images in prompt order."""
+        self.check_count(sources, param)
+        token_id = self.config.image_token_id
+        places = [i for i, t in enumerate(token_ids) if t == token_id]
+        if len(places) != len(sources):
+            raise InvalidRequestError(
+                f"{param}: the prompt has {len(places)} image placeholders ({self.placeholder!r}) but "
+                f"{len(sources)} images were given; put one {self.placeholder!r} where each image goes.",
+                param=param,
+            )
+        images = [self.media.load(source, f"{param}[{i}]") for i, source in enumerate(sources)]
+        expanded: list[int] = []
+        inputs = []
+        previous = 0
+        for index, (place, image) in enumerate(zip(places, images)):
+            expanded += token_ids[previous:place]
+            tokens, pixels = self._run_processor(image, f"{param}[{index}]")
+            first = tokens.index(token_id)
+            inputs.append(
+                ImageInput(
+                    content_hash=_content_hash(pixels),
+                    offset=len(expanded) + first,
+                    length=tokens.count(token_id),
+                    shape=list(pixels.shape),
+                    pixel_values=pixels.tobytes(),
+                )
+            )
+            expanded += tokens
+            previous = place + 1
+        return expanded + token_ids[previous:], inputs
+
+    def _run_processor(self, image: "Image", param: str) -> tuple[list[int], np.ndarray]:
+        """The processor's tokens for one placeholder and the image's pixel values [1, C, H, W]."""
+        try:
+            out = self.processor(
+                text=self.placeholder, images=[image], add_special_tokens=False, return_tensors="np"
+            )
+        except (ValueError, TypeError, OSError) as exc:
+            raise InvalidRequestError(
+                f"{param}: the model's image processor refused it: {exc}", param=param
+            ) from exc
+        pixels = np.ascontiguousarray(out["pixel_values"], dtype=np.float32)
+        return [int(t) for t in out["input_ids"][0]], pixels
+
+
+def _content_hash(pixels: np.ndarray) -> str:
+    digest = hashlib.sha256(np.asarray(pixels.shape, dtype=np.int64).tobytes())
+    digest.update(pixels.tobytes())
+    return digest.hexdigest()

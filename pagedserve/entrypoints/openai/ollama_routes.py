@@ -1,0 +1,95 @@
+"""Ollama's API routes beside /v1: /api/chat, /api/generate, /api/embed, /api/embeddings, /api/tags,
+/api/show, /api/ps, /api/version, and `GET /` / `HEAD /` ("Ollama is running"). Errors come in Ollama's
+shape ({"error": "..."}: errors.py picks it by the path); the probes (/, /api/version) need no key."""
+
+from fastapi import FastAPI, Request
+from fastapi.responses import PlainTextResponse, StreamingResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from pagedserve import __version__
+from pagedserve.entrypoints.openai.errors import OLLAMA_ERROR_RESPONSES, OLLAMA_PREFIX
+from pagedserve.entrypoints.openai.ollama_replies import NDJSON
+from pagedserve.entrypoints.openai.protocol_ollama import (
+    OllamaChatRequest,
+    OllamaEmbeddingsRequest,
+    OllamaEmbedRequest,
+    OllamaGenerateRequest,
+    OllamaShowRequest,
+)
+from pagedserve.entrypoints.openai.serving_ollama import OllamaServing
+from pagedserve.entrypoints.utils import with_cancellation
+from pagedserve.errors import InvalidRequestError
+
+RUNNING = "Ollama is running"
+# /api/chat and /api/generate: one JSON object, or (stream, the default) NDJSON lines.
+STREAMED_RESPONSES: dict[int | str, dict[str, object]] = {
+    200: {
+        "content": {NDJSON: {"schema": {"type": "string"}}},
+        "description": "The answer (JSON), or by default its lines as NDJSON, the last with `done`",
+    },
+    **OLLAMA_ERROR_RESPONSES,
+}
+
+
+class OllamaJsonBodyMiddleware:
+    """Ollama reads every /api/ body as JSON whatever its Content-Type, and its documented curl examples
+    send none (curl's -d says form data): the body is declared JSON here so FastAPI parses it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(OLLAMA_PREFIX):
+            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
+
+
+def add_ollama_routes(app: FastAPI, serving: OllamaServing) -> None:
+    models = serving.models
+    app.add_middleware(OllamaJsonBodyMiddleware)
+
+    @app.api_route("/", methods=["GET", "HEAD"], response_class=PlainTextResponse)
+    async def running() -> str:
+        return RUNNING
+
+    @app.api_route("/api/version", methods=["GET", "HEAD"])
+    async def version() -> dict[str, str]:
+        return {"version": __version__}
+
+    @app.post("/api/chat", response_model=None, responses=STREAMED_RESPONSES)
+    @with_cancellation
+    async def chat(request: OllamaChatRequest, raw_request: Request) -> dict[str, object] | StreamingResponse:
+        return await serving.chat_reply(request)
+
+    @app.post("/api/generate", response_model=None, responses=STREAMED_RESPONSES)
+    @with_cancellation
+    async def generate(
+        request: OllamaGenerateRequest, raw_request: Request
+    ) -> dict[str, object] | StreamingResponse:
+        return await serving.generate(request)
+
+    @app.post("/api/embed", responses=OLLAMA_ERROR_RESPONSES)
+    @with_cancellation
+    async def embed(request: OllamaEmbedRequest, raw_request: Request) -> dict[str, object]:
+        return await serving.embed(request)
+
+    @app.post("/api/embeddings", responses=OLLAMA_ERROR_RESPONSES)
+    @with_cancellation
+    async def embeddings(request: OllamaEmbeddingsRequest, raw_request: Request) -> dict[str, object]:
+        return await serving.embeddings(request)
+
+    @app.get("/api/tags")
+    async def tags() -> dict[str, object]:
+        return models.tags()
+
+    @app.post("/api/show", responses=OLLAMA_ERROR_RESPONSES)
+    async def show(request: OllamaShowRequest) -> dict[str, object]:
+        model = request.model or request.name
+        if not model:
+            raise InvalidRequestError("model: the name of the model to show is required.", param="model")
+        return models.show(model)
+
+    @app.get("/api/ps")
+    async def ps() -> dict[str, object]:
+        return models.ps()

@@ -1,0 +1,116 @@
+"""LLaVA-1.5 (LlavaForConditionalGeneration): CLIP's vision tower, read at `vision_feature_layer`, a
+two-layer MLP projector into the language model's width, and a Llama-family language model whose
+placeholder tokens (`image_token_index`) take the projected patches' places."""
+
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from pagedserve.errors import ConfigError
+from pagedserve.layers.activation import plain_activation
+from pagedserve.models.clip import CLIPVisionTower
+from pagedserve.models.interface import IntermediateTensors, MultiModalLM
+from pagedserve.models.llama import LlamaForCausalLM, LlamaModel
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+# Checkpoint prefixes (transformers >= 4.52 saves the first of each pair; LLaVA-1.5 checkpoints the
+# second) -> ours.
+_PREFIXES = (
+    ("model.language_model.", "language_model.model."),
+    ("model.vision_tower.", "vision_tower."),
+    ("model.multi_modal_projector.", "multi_modal_projector."),
+    ("lm_head.", "language_model.lm_head."),
+    ("vision_tower.vision_model.", "vision_tower."),
+)
+
+
+class LlavaMultiModalProjector(nn.Module):
+    def __init__(self, config: "PretrainedConfig") -> None:
+        super().__init__()
+        bias = getattr(config, "multimodal_projector_bias", True)
+        vision, text = config.vision_config.hidden_size, config.text_config.hidden_size
+        self.linear_1 = nn.Linear(vision, text, bias=bias)
+        self.act = plain_activation(config.projector_hidden_act)
+        self.linear_2 = nn.Linear(text, text, bias=bias)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.linear_2(self.act(self.linear_1(features)))
+        return out
+
+
+class LlavaForConditionalGeneration(MultiModalLM):
+    def __init__(self, config: "PretrainedConfig") -> None:
+        super().__init__()
+        self.config = config
+        vision = config.vision_config
+        feature_layer = config.vision_feature_layer
+        if not isinstance(feature_layer, int):
+            raise ConfigError(
+                f"vision_feature_layer={feature_layer!r} (config.json): only one feature layer is supported."
+            )
+        if config.vision_feature_select_strategy not in ("default", "full"):
+            raise ConfigError(
+                f"vision_feature_select_strategy={config.vision_feature_select_strategy!r} (config.json) "
+                "is not supported; LLaVA uses default or full."
+            )
+        # HF's hidden_states[k] is the output of k layers (0: the embeddings), negative k from the end.
+        num_layers = feature_layer if feature_layer >= 0 else vision.num_hidden_layers + 1 + feature_layer
+        self.vision_tower = CLIPVisionTower(vision, num_layers)
+        self.multi_modal_projector = LlavaMultiModalProjector(config)
+        self.language_model = LlamaForCausalLM(config.text_config)
+
+    def embed_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        features = self.vision_tower(pixel_values)
+        if self.config.vision_feature_select_strategy == "default":
+            features = features[:, 1:]  # NOTE: the class token has no place among the placeholders
+        projected: torch.Tensor = self.multi_modal_projector(features)
+        return projected
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        trunk = self.language_model.model
+        assert isinstance(trunk, LlamaModel), "LlamaForCausalLM's trunk"
+        return trunk.embed(input_ids)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, inputs_embeds: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return self.language_model.forward(input_ids, positions, inputs_embeds)
+
+    def forward_stage(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate: IntermediateTensors | None
+    ) -> torch.Tensor | IntermediateTensors:
+        """The language model's stage (images refuse --pipeline-parallel-size > 1: one stage)."""
+        return self.language_model.forward_stage(input_ids, positions, intermediate)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.language_model.compute_logits(hidden)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """The language model's tensors through its own loader; the vision tower's and the projector's
+        copied as they are (the tower's unused layers and final norm skipped)."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+
+        def language_weights() -> Iterator[tuple[str, torch.Tensor]]:
+            # NOTE: one pass, as the checkpoint streams: its tensors are read while their file is open.
+            for checkpoint_name, tensor in weights:
+                name = _our_name(checkpoint_name)
+                if name.startswith("language_model."):
+                    yield name.removeprefix("language_model."), tensor
+                elif name in params:
+                    params[name].data.copy_(tensor)
+                    loaded.add(name)
+
+        language = self.language_model.load_weights(language_weights())
+        return loaded | {f"language_model.{name}" for name in language}
+
+
+def _our_name(name: str) -> str:
+    for prefix, ours in _PREFIXES:
+        if name.startswith(prefix):
+            return ours + name.removeprefix(prefix)
+    return name

@@ -1,0 +1,105 @@
+"""The image encoder's outputs, by image content hash, and the step's input embeddings built from them.
+
+An image's embeddings are computed once, when a step first schedules one of its placeholder tokens, and
+kept while any request the worker holds has that image: later chunks of a chunked prompt, the other samples
+of an n > 1 request and a request sharing the image read them from here. Beyond `budget_tokens` (the
+scheduler's token budget: at least one step's worth of image tokens) the least recently used images that no
+held request has are dropped; a request resumed after preemption then encodes its image again, which
+gives the same embeddings."""
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pagedserve.models.interface import MultiModalLM
+from pagedserve.protocol import ImageInput
+from pagedserve.worker.input_batch import BatchInputs
+from pagedserve.worker.request_state import CachedRequestState
+
+
+@dataclass
+class EncoderStats:
+    """Cumulative: images the encoder ran on, and the seconds it took."""
+
+    num_images: int = 0
+    seconds: float = 0.0
+
+
+class EncoderCache:
+    def __init__(self, model: MultiModalLM, budget_tokens: int, device: torch.device) -> None:
+        self.model = model
+        self.budget_tokens = budget_tokens
+        self.device = device
+        self.entries: OrderedDict[str, torch.Tensor] = OrderedDict()  # hash -> [tokens, hidden]
+        self.stats = EncoderStats()
+
+    def inputs_embeds(self, batch: BatchInputs, states: dict[str, CachedRequestState]) -> torch.Tensor | None:
+        """The step's input embeddings with each scheduled placeholder token's row taken from its image;
+        None when the step schedules no placeholder token (the model embeds the tokens itself)."""
+        metadata = batch.attention[0]
+        rows: list[int] = []
+        parts: list[tuple[ImageInput, int, int]] = []  # (image, first, end) rows of its embeddings
+        for index, request_id in enumerate(batch.request_ids):
+            images = states[request_id].images
+            if not images:
+                continue
+            start_loc = metadata.query_start_loc[index]
+            num = metadata.query_start_loc[index + 1] - start_loc
+            start = metadata.seq_lens[index] - num  # the first scheduled position
+            for image in images:
+                first = max(start, image.offset)
+                end = min(start + num, image.offset + image.length)
+                if first < end:
+                    rows.extend(range(start_loc + first - start, start_loc + end - start))
+                    parts.append((image, first - image.offset, end - image.offset))
+        if not parts:
+            return None
+        self._encode_missing([image for image, _, _ in parts])
+        embeds = self.model.embed_input_ids(batch.input_ids)
+        image_rows = torch.cat([self.entries[image.content_hash][a:b] for image, a, b in parts])
+        embeds[torch.tensor(rows, device=embeds.device)] = image_rows.to(embeds.dtype)
+        self._evict(states)
+        return embeds
+
+    def _encode_missing(self, images: list[ImageInput]) -> None:
+        """Run the encoder once on every image of the step not in the cache (images of one shape
+        together)."""
+        missing: dict[str, ImageInput] = {}
+        for image in images:
+            if image.content_hash in self.entries:
+                self.entries.move_to_end(image.content_hash)
+            else:
+                missing[image.content_hash] = image
+        by_shape: dict[tuple[int, ...], list[ImageInput]] = {}
+        for image in missing.values():
+            by_shape.setdefault(tuple(image.shape), []).append(image)
+        for shape, group in by_shape.items():
+            start = time.perf_counter()
+            pixels = np.concatenate(
+                [np.frombuffer(image.pixel_values, dtype=np.float32).reshape(shape) for image in group]
+            )
+            embeddings = self.model.embed_images(torch.from_numpy(pixels).to(self.device))
+            for image, embedding in zip(group, embeddings):
+                if embedding.shape[0] != image.length:
+                    raise ValueError(
+                        f"the encoder gave {embedding.shape[0]} embeddings for an image the processor "
+                        f"gave {image.length} placeholder tokens: the model's config and its "
+                        "processor_config.json disagree (image size, patch size or feature strategy)."
+                    )
+                self.entries[image.content_hash] = embedding
+            self.stats.num_images += len(group)
+            self.stats.seconds += time.perf_counter() - start
+
+    def _evict(self, states: dict[str, CachedRequestState]) -> None:
+        """Drop the least recently used images that no held request has, while over the budget."""
+        size = sum(entry.shape[0] for entry in self.entries.values())
+        if size <= self.budget_tokens:
+            return
+        held = {image.content_hash for state in states.values() for image in state.images or ()}
+        for content_hash in [h for h in self.entries if h not in held]:
+            if size <= self.budget_tokens:
+                break
+            size -= self.entries.pop(content_hash).shape[0]
