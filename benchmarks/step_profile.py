@@ -15,6 +15,7 @@ time of one request at a time and reports the difference.
     python benchmarks/step_profile.py --batch-sizes 1 32 --steps 32
     python benchmarks/step_profile.py --batch-sizes 1 32 --layers both   # torch vs fused layer kernels
     python benchmarks/step_profile.py --model PATH --dtype float32 --serve   # + the server's overhead
+    python benchmarks/step_profile.py --batch-sizes 1 64 --steps 96 --host-only   # the host work alone
 """
 
 import argparse
@@ -93,10 +94,33 @@ def hook_leaf_modules(model: torch.nn.Module, timings: Timings) -> list[Any]:
     return handles
 
 
-def profile_decode(llm: LLM, batch_size: int, steps: int, prompt_len: int) -> tuple[Timings, float]:
-    """Bring `batch_size` requests past their prompt, then time `steps` pure decode steps."""
+class FixedModel(torch.nn.Module):
+    """Stands in for the model with --host-only: a fixed hidden state per token and fixed random logits per
+    row (the sampler's argmax still reads [rows, vocab]), so a step is the engine's host work alone."""
+
+    def __init__(self, model: Any, rows: int, max_tokens: int) -> None:
+        super().__init__()
+        self.config = model.config
+        self.hidden = torch.zeros(max_tokens, model.config.hidden_size)
+        self.logits = torch.randn(rows, model.config.vocab_size, generator=torch.Generator().manual_seed(0))
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.hidden[: input_ids.shape[0]]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.logits[: hidden.shape[0]]
+
+
+def profile_decode(
+    llm: LLM, batch_size: int, steps: int, prompt_len: int, host_only: bool = False
+) -> tuple[Timings, float]:
+    """Bring `batch_size` requests past their prompt, then time `steps` pure decode steps (`host_only`:
+    with the model replaced by `FixedModel`)."""
     engine = llm.llm_engine
     runner = engine.engine_core.executor.worker.model_runner
+    model = runner.model
+    if host_only:  # NOTE: from the prompts on: they need no forward either
+        runner.model = FixedModel(model, batch_size, engine.config.scheduler.max_num_batched_tokens)
     params = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True)
     for i in range(batch_size):
         engine.add_request(
@@ -136,6 +160,7 @@ def profile_decode(llm: LLM, batch_size: int, steps: int, prompt_len: int) -> tu
         timings[CPU + "step"] = time.thread_time() - cpu_start
     for handle in handles:
         handle.remove()
+    runner.model = model
     while engine.has_unfinished_requests():
         engine.step()
     return timings, total
@@ -249,6 +274,12 @@ def main() -> None:
         "side by side in one run (the attention and GGUF kernels are native in all)",
     )
     parser.add_argument("--serve", action="store_true", help="also measure the server's inter-token time")
+    parser.add_argument(
+        "--host-only",
+        action="store_true",
+        help="replace the model's forward and logits by fixed tensors once the prompts are in: the step's "
+        "host work alone, in seconds rather than minutes on a machine that other jobs load",
+    )
     args = parser.parse_args()
     llm = LLM(
         args.model,
@@ -262,7 +293,7 @@ def main() -> None:
     for b in args.batch_sizes:
         for kind in ("torch", "fused") if args.layers == "both" else (args.layers,):
             use_layer_kernels(kind)
-            results[f"batch {b} {kind}"] = profile_decode(llm, b, args.steps, args.prompt_len)
+            results[f"batch {b} {kind}"] = profile_decode(llm, b, args.steps, args.prompt_len, args.host_only)
     print_table(results, args.steps)
     if args.serve:
         model_args = ([args.model] if args.model else []) + [

@@ -157,6 +157,30 @@ class KVCacheManager:
         self._cache_full_blocks(request, blocks, min(start + num_new_tokens, request.num_tokens))
         return SlotAllocation([block.block_id for block in hits + new_blocks], copies)
 
+    def grows_in_place(self, plan: Plan) -> bool:
+        """Every (request, num_new_tokens) of `plan` fits in the blocks its request holds and writes none
+        that others hold, frees none (no window) and fills none for the prefix cache: `allocate_slots`
+        would change nothing and return an empty `SlotAllocation` (the common decode step, checked
+        without building one)."""
+        if self.groups.has_windows:
+            return False
+        size, cached = self.block_size, self.num_cached_blocks
+        for request, num_new in plan:
+            blocks = self.req_to_blocks.get(request.request_id)
+            start = request.num_computed_tokens
+            end = start + num_new
+            if (
+                not blocks
+                or end > len(blocks) * size
+                or blocks[start // size].ref_cnt > 1
+                or (
+                    self.enable_caching
+                    and min(end, request.num_tokens) // size > cached.get(request.request_id, 0)
+                )
+            ):
+                return False
+        return True
+
     def num_blocks_needed(self, plan: Plan, tables: dict[str, list[KVCacheBlock]] | None = None) -> int:
         """Free blocks that `allocate_slots` needs to grow every (request, num_new_tokens) of `plan`,
         in order, copies on write included. For requests that already hold their blocks: in this
@@ -317,6 +341,8 @@ class KVCacheManager:
 
     def num_allocated_slots(self) -> int:
         """Slots in the requests' tables; a shared block counts once per holder, a freed one not at all."""
+        if not self.groups.has_windows:  # NOTE: only a window frees entries: every entry is held (per step)
+            return self.block_size * sum(map(len, self.req_to_blocks.values()))
         return self.block_size * sum(len(self._held(blocks)) for blocks in self.req_to_blocks.values())
 
     def num_table_entries(self, request_id: str) -> int:

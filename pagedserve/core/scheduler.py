@@ -21,6 +21,10 @@ from pagedserve.core.scheduler_state import SchedulerState, ScheduleStep
 from pagedserve.protocol import EngineCoreOutput, FinishReason
 from pagedserve.utils import cdiv
 
+# What `allocate_slots` returns for a plan that grows in place (`KVCacheManager.grows_in_place`); shared,
+# never modified.
+_IN_PLACE = SlotAllocation([], [])
+
 
 @dataclass(frozen=True)
 class Admission:
@@ -112,6 +116,11 @@ class Scheduler(SchedulerState):
         while index < len(groups) and step.budget > 0 and not step.full:
             group = groups[index]
             plan = self._within_encoder_budget(plan_group(group, step.budget), step)
+            if kv.grows_in_place(plan):  # NOTE: most decodes: nothing to allocate, no preemption to weigh
+                for request, num_new in plan:
+                    self._record(step, request, num_new, _IN_PLACE)
+                index += 1
+                continue
             while kv.num_blocks_needed(plan) > kv.num_free_blocks():
                 if self.in_flight.any:
                     # NOTE: no preemption while steps are in flight; once they are back, the group grows,

@@ -1,6 +1,7 @@
 """Incremental detokenization and stop strings (the engine core sees only token ids)."""
 
 import logging
+from collections import deque
 from typing import TYPE_CHECKING, Protocol
 
 from tokenizers.decoders import DecodeStream
@@ -62,7 +63,8 @@ class StreamDecoder:
             "\ufffd"
         ):
             context = context[:-1]
-        self.context = list(context)  # the window a fallback would need
+        # The window a fallback would need (a bounded deque: no list rebuilt per token).
+        self.context = deque(context, maxlen=2 * _CONTEXT_TOKENS)
         self.stream: DecodeStream | None = DecodeStream(
             ids=list(context), skip_special_tokens=skip_special_tokens
         )
@@ -72,14 +74,14 @@ class StreamDecoder:
         if self.stream is not None:
             try:
                 text = self.stream.step(self.backend, token)
-                self.context = (self.context + [token])[-2 * _CONTEXT_TOKENS :]
+                self.context.append(token)
                 return text or ""
             except Exception as error:  # noqa: BLE001 (the stream raises plain exceptions on bad prefixes)
                 logger.warning(
                     "DecodeStream failed (%s); decoding this request with the window decoder", error
                 )
                 self.stream = None
-                self.fallback = WindowDecoder(self.tokenizer, self.context, self.skip_special_tokens)
+                self.fallback = WindowDecoder(self.tokenizer, list(self.context), self.skip_special_tokens)
         assert self.fallback is not None
         return self.fallback.step(token)
 
@@ -118,6 +120,9 @@ class IncrementalDetokenizer:
         and the result is (the stop string, how many of `new_token_ids` are the request's: up to the one
         that completed it). Tokens after it (accepted drafts of a speculative step) are not the request's,
         exactly as without speculation."""
+        if not self.stop:  # NOTE: the common case, one pass without the per-token search
+            self.output_text += "".join([self.decoder.step(token) for token in new_token_ids])
+            return None
         for num_kept, token in enumerate(new_token_ids, 1):
             start = len(self.output_text)
             self.output_text += self.decoder.step(token)

@@ -80,11 +80,13 @@ class RequestState:
     def finished(self) -> bool:
         return all(s.finish_reason is not None for s in self.samples)
 
-    def to_output(self, updated: list[SampleState]) -> RequestOutput | None:
-        """The output due after `updated` samples progressed, per `output_kind`; None if none is due."""
+    def to_output(self, updated: list[SampleState], finished: bool | None = None) -> RequestOutput | None:
+        """The output due after `updated` samples progressed, per `output_kind`; None if none is due.
+        `finished`: the request's `finished`, when the caller has it already."""
+        finished = self.finished if finished is None else finished
         kind = self.output_kind
         picking = len(self.samples) > self.num_returned  # the best n are known only at the end
-        if (kind is RequestOutputKind.FINAL_ONLY or picking) and not self.finished:
+        if (kind is RequestOutputKind.FINAL_ONLY or picking) and not finished:
             return None
         delta = kind is RequestOutputKind.DELTA
         samples = sorted(updated, key=lambda s: s.index) if delta else self.samples
@@ -92,9 +94,10 @@ class RequestState:
         prompt_logprobs = None if delta and self.num_outputs_sent else self.prompt_logprobs
         self.num_outputs_sent += 1
         metrics = {"arrival_time": self.arrival_time}
-        for name in ("scheduled_time", "first_token_time"):
-            if getattr(self, name) is not None:
-                metrics[name] = getattr(self, name)
+        if self.scheduled_time is not None:
+            metrics["scheduled_time"] = self.scheduled_time
+        if self.first_token_time is not None:
+            metrics["first_token_time"] = self.first_token_time
         completions = [s.completion(delta) for s in samples]
         if picking:
             best = sorted(completions, key=lambda c: -(c.cumulative_logprob or float("-inf")))
@@ -105,7 +108,7 @@ class RequestState:
             self.prompt_token_ids,
             prompt_logprobs,
             completions,
-            self.finished,
+            finished,
             metrics,
             self.error,
             self.pooled,
@@ -248,10 +251,11 @@ class OutputProcessor:
             updated.setdefault(state.request_id, (state, []))[1].append(sample)
         results = []
         for state, samples in updated.values():
-            result = state.to_output(samples)
+            finished = state.finished
+            result = state.to_output(samples, finished)
             if result is not None:
                 results.append(result)
-            if state.finished:
+            if finished:
                 del self._requests[state.request_id]
                 stats.finished_requests.append(state.finished_stats(now))
         return results, to_abort

@@ -54,7 +54,12 @@ class BlockTables:
 
     def gather(self, request_ids: list[str]) -> np.ndarray:
         """The tables of `request_ids`, in that order: [groups, len(request_ids), their longest table]."""
-        rows = np.fromiter((self.row_of[r] for r in request_ids), dtype=np.int64, count=len(request_ids))
+        return self.gather_rows(
+            np.fromiter((self.row_of[r] for r in request_ids), dtype=np.int64, count=len(request_ids))
+        )
+
+    def gather_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The tables of `rows`, in that order: [groups, len(rows), their longest table]."""
         width = int(self.num_blocks[rows].max()) if len(rows) else 0
         return self.table[:, rows, :width]
 

@@ -1,6 +1,8 @@
 """The worker's persistent view of the requests it holds (tokens, progress, block tables, sampling
 settings), updated by each step's scheduler diff, and the step's flattened batch tensors built from it:
-numpy gathers over the held rows (no Python loop over the batch's requests), one host-to-device copy."""
+numpy gathers over the held rows (no Python loop over the batch's requests), one host-to-device copy.
+A decode step of the same requests as the previous one reuses that step's layout (rows, order, sampling
+settings) and gathers only its tokens, positions, tables and slots."""
 
 from dataclasses import dataclass
 
@@ -40,6 +42,20 @@ class BatchInputs:
         return [end - start for start, end in zip(starts, starts[1:])]
 
 
+@dataclass
+class _DecodeLayout:
+    """What a decode-only step (one token per request, every request sampling, no drafts) shares with the
+    next step when the same requests decode again, in the same order, with no request added since
+    (`sampling_version`): their rows, and the staged tensors that depend on nothing else."""
+
+    order: list[str]
+    rows: np.ndarray
+    sampling_version: int
+    query_start_loc: list[int]
+    logits_indices: torch.Tensor
+    sampling: SamplingMetadata | None
+
+
 class InputBatch:
     """Every request the worker holds (`states`), kept across steps. Each holds one row (its block-table
     row) of the persistent arrays: block tables, token ids, sampling settings."""
@@ -57,6 +73,7 @@ class InputBatch:
         self.num_tokens = np.zeros(64, dtype=np.int64)
         self.num_computed = np.zeros(64, dtype=np.int64)
         self.staging = StepStaging(device)
+        self._decode_layout: _DecodeLayout | None = None
 
     def update(self, out: SchedulerOutput) -> None:
         """Apply the scheduler's diff: forget finished/preempted requests, add new ones, extend cached ones
@@ -118,6 +135,9 @@ class InputBatch:
     def build(self, out: SchedulerOutput) -> BatchInputs:
         """Flatten the scheduled tokens (a request's draft tokens after its own) into the step's tensors,
         with the sampling settings of the rows that sample, in one host-to-device copy."""
+        layout = self._decode_layout
+        if layout is not None and self._repeats(layout, out):
+            return self._build_decode(layout)
         scheduled, spec = out.num_scheduled_tokens, out.scheduled_spec_decode_tokens
         # decodes first, then verifications (1 + drafts tokens: attention backends may take them as
         # decodes), then prefill chunks (stable)
@@ -136,38 +156,85 @@ class InputBatch:
         # Every token's row, position and KV slot at once.
         token_rows = np.repeat(np.arange(len(order)), nums)
         positions = starts[token_rows] + np.arange(int(query_start_loc[-1])) - query_start_loc[token_rows]
-        input_ids = self.token_ids[rows[token_rows], positions]
-        tables = self.block_tables.gather(order)  # [groups, rows, width]
-        slots = tables[:, token_rows, positions // self.block_size] * self.block_size + (
-            positions % self.block_size
-        )
+        arrays = self._token_arrays(rows, token_rows, positions)
         # The rows whose scheduled tokens reach their end sample: their last 1 + num_drafts positions.
         sample_rows = np.flatnonzero(starts + nums == self.num_tokens[rows] + num_drafts)
         num_logits = 1 + num_drafts[sample_rows]
-        logits_indices = _last_positions(query_start_loc[sample_rows + 1], num_logits)
-        arrays = {
-            "input_ids": input_ids,
-            "positions": positions,
-            "logits_indices": logits_indices,
-            **{f"block_tables{g}": tables[g] for g in range(self.num_groups)},
-            **{f"slot_mapping{g}": slots[g] for g in range(self.num_groups)},
-        }
+        arrays["logits_indices"] = _last_positions(query_start_loc[sample_rows + 1], num_logits)
         drafts, sampling, sampling_arrays = self._sampling(order, spec, rows, sample_rows, num_logits)
         arrays.update({_SAMPLING + name: array for name, array in sampling_arrays.items()})
         tensors = self.staging.to_device(arrays)
         if sampling is not None:
             to_device(sampling, {name: tensors[_SAMPLING + name] for name in sampling_arrays})
-        attention = self._attention(tensors, starts + nums, query_start_loc, nums)
+        num_decodes = int(np.count_nonzero(nums == 1))
+        query_starts = query_start_loc.tolist()
+        every_row_decodes = num_decodes == len(order) == len(sample_rows) and not spec
+        self._decode_layout = (
+            _DecodeLayout(
+                order, rows, self.sampling.version, query_starts, tensors["logits_indices"], sampling
+            )
+            if every_row_decodes and not self.sampling.per_token[rows].any()
+            else None
+        )
         return BatchInputs(
             tensors["input_ids"],
             tensors["positions"],
-            attention,
+            self._attention(tensors, starts + nums, query_starts, num_decodes),
             order,
             sample_rows.tolist(),
             tensors["logits_indices"],
             drafts,
             sampling,
         )
+
+    def _repeats(self, layout: _DecodeLayout, out: SchedulerOutput) -> bool:
+        """The step decodes one token of each request of the previous (decode-only) step, in the same order,
+        each its next token (so it samples), and the sampling settings are unchanged: its layout holds."""
+        scheduled = out.num_scheduled_tokens
+        if (
+            out.total_num_scheduled_tokens != len(scheduled)  # some request computes more than one token
+            or out.scheduled_spec_decode_tokens
+            or self.sampling.version != layout.sampling_version
+            or list(scheduled) != layout.order
+        ):
+            return False
+        rows = layout.rows
+        return bool((self.num_computed[rows] + 1 == self.num_tokens[rows]).all())
+
+    def _build_decode(self, layout: _DecodeLayout) -> BatchInputs:
+        """The batch of a step that repeats the previous decode step's layout: one token per row, each its
+        request's next, in the same order."""
+        rows = layout.rows
+        positions = self.num_computed[rows]
+        arrays = self._token_arrays(rows, np.arange(len(rows)), positions)
+        tensors = self.staging.to_device(arrays)
+        attention = self._attention(tensors, positions + 1, layout.query_start_loc, len(rows))
+        return BatchInputs(
+            tensors["input_ids"],
+            tensors["positions"],
+            attention,
+            layout.order,
+            list(range(len(rows))),
+            layout.logits_indices,
+            [[] for _ in rows],
+            layout.sampling,
+        )
+
+    def _token_arrays(
+        self, rows: np.ndarray, token_rows: np.ndarray, positions: np.ndarray
+    ) -> dict[str, np.ndarray]:
+        """The step's token ids, positions, and each group's block tables and slot mapping (host arrays to
+        stage): `token_rows[i]` indexes `rows` for token i, at `positions[i]`."""
+        tables = self.block_tables.gather_rows(rows)  # [groups, rows, width]
+        slots = tables[:, token_rows, positions // self.block_size] * self.block_size + (
+            positions % self.block_size
+        )
+        return {
+            "input_ids": self.token_ids[rows[token_rows], positions],
+            "positions": positions,
+            **{f"block_tables{g}": tables[g] for g in range(self.num_groups)},
+            **{f"slot_mapping{g}": slots[g] for g in range(self.num_groups)},
+        }
 
     def _sampling(
         self,
@@ -194,15 +261,16 @@ class InputBatch:
         self,
         tensors: dict[str, torch.Tensor],
         seq_lens: np.ndarray,
-        query_start_loc: np.ndarray,
-        nums: np.ndarray,
+        query_start_loc: list[int],
+        num_decodes: int,
     ) -> list[CommonAttentionMetadata]:
-        """Each KV cache group's attention metadata of the step (decodes, one token each, first)."""
-        num_decodes = int(np.count_nonzero(nums == 1))
+        """Each KV cache group's attention metadata of the step (its `num_decodes` decodes, one token each,
+        first)."""
+        lengths = seq_lens.tolist()
         return [
             CommonAttentionMetadata(
-                query_start_loc=query_start_loc.tolist(),
-                seq_lens=seq_lens.tolist(),
+                query_start_loc=query_start_loc,
+                seq_lens=lengths,
                 block_tables=tensors[f"block_tables{group}"],
                 slot_mapping=tensors[f"slot_mapping{group}"],
                 num_decodes=num_decodes,

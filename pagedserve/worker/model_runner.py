@@ -300,7 +300,9 @@ class ModelRunner:
         if not batch.sample_rows:
             return output
         requests = [self.input_batch.states[batch.request_ids[row]] for row in batch.sample_rows]
-        logits = self.model.compute_logits(hidden[batch.logits_indices]).float()  # [positions, vocab]
+        # NOTE: the indices are increasing, so as many as tokens means every token: no gather (decodes).
+        sampled = hidden if len(batch.logits_indices) == len(hidden) else hidden[batch.logits_indices]
+        logits = self.model.compute_logits(sampled).float()  # [positions, vocab]
         if get_tp_rank() != 0:  # NOTE: only rank 0 samples; computing logits above is a collective
             return output
         assert batch.sampling is not None, "built with the rows that sample"

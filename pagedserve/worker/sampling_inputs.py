@@ -43,11 +43,14 @@ class SamplingState:
         # A per-token feature (penalties' token counts, logit_bias or min_tokens' bans, a seed): the row
         # is visited on its own when it samples.
         self.per_token = np.zeros(rows, dtype=np.bool_)
+        # Counts the writes: a step's gathered settings stay valid while it is unchanged (input_batch.py).
+        self.version = 0
 
     def add(self, row: int, request: CachedRequestState) -> None:
         """Write a request's settings into `row` (whatever request held it before is overwritten)."""
         if row >= len(self.temperature):
             self._grow(max(row + 1, 2 * len(self.temperature)))
+        self.version += 1
         p = request.sampling_params
         with np.errstate(over="ignore"):  # a float beyond float32 becomes inf, as torch.tensor casts it
             self.temperature[row] = p.temperature
@@ -131,6 +134,8 @@ class SamplingState:
 
     def _grow(self, rows: int) -> None:
         for name, column in vars(self).items():
+            if not isinstance(column, np.ndarray):
+                continue
             grown = np.resize(column, rows)  # the new rows hold copies: add() overwrites them
             setattr(self, name, grown)
 

@@ -118,10 +118,18 @@ class SharingMachine(RuleBasedStateMachine):
         if request.num_tokens >= MAX_LEN:
             return
         request.append_token(token)
+        # The scheduler skips allocate_slots when this holds: it must have nothing to do then.
+        in_place = self.kv.grows_in_place([(request, 1)])
+        table = list(self.kv.req_to_blocks.get(request.request_id, []))
+        num_cached = self.kv.num_cached_blocks.get(request.request_id)
         allocation = self.kv.allocate_slots(request, 1)
         if allocation is None:
             request.all_token_ids.pop()
             return
+        if in_place:
+            assert allocation == SlotAllocation([], []), "a decode that grows in place allocated or copied"
+            assert self.kv.req_to_blocks[request.request_id] == table
+            assert self.kv.num_cached_blocks.get(request.request_id) == num_cached, "it filled a block"
         self._write(request, request.num_tokens - 1, allocation)
 
     @precondition(lambda self: self.live)

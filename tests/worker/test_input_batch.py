@@ -67,7 +67,20 @@ def assert_same_metadata(got: SamplingMetadata | None, expected: SamplingMetadat
 @given(seed=st.integers(0, 2**32 - 1), steps=st.integers(1, 24), pack=st.booleans())
 def test_diff_updates_match_a_rebuild(seed: int, steps: int, pack: bool) -> None:
     """`pack`: through the one-copy staging buffer that CUDA uses, or the CPU's arrays as they are."""
-    rng = random.Random(seed)
+    run_steps(random.Random(seed), steps, pack)
+
+
+def test_repeated_decode_steps_reuse_the_layout() -> None:
+    """Runs of quiet steps (the same requests decode one token each) take the decode fast path, which
+    gives what a rebuild gives, also across block boundaries and after the set changes."""
+    reused = run_steps(random.Random(7), 60, pack=False, quiet=0.8)
+    assert reused > 10
+
+
+def run_steps(rng: random.Random, steps: int, pack: bool, quiet: float = 0.0) -> int:
+    """Random steps (a `quiet` fraction of them: nothing finishes, arrives, is preempted or drafts, every
+    request computes one token), each build checked; returns how many reused the previous layout."""
+    reused, previous = 0, None
     batch = InputBatch(BLOCK, torch.device("cpu"), VOCAB)
     batch.staging = StepStaging(torch.device("cpu"), pack=pack)
     # Everything tiny, so that the steps grow every array.
@@ -78,22 +91,23 @@ def test_diff_updates_match_a_rebuild(seed: int, steps: int, pack: bool) -> None
     held: dict[str, Plain] = {}
     next_id, next_block = 0, 1
     for _ in range(steps):
-        finished = {r for r in held if rng.random() < 0.2}
+        calm = rng.random() < quiet
+        finished = set() if calm else {r for r in held if rng.random() < 0.2}
         for request_id in finished:
             del held[request_id]
         new, cached, scheduled, spec = [], [], {}, {}
-        for _ in range(rng.randint(0, 3)):
+        for _ in range(0 if calm else rng.randint(0, 3)):
             prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 9))]
             held[f"r{next_id}"] = Plain(random_params(rng), prompt, len(prompt), sent=-1)
             next_id += 1
         for request_id, plain in held.items():
             if plain.computed == len(plain.tokens) and plain.sent >= 0:  # it sampled: one more token
                 plain.tokens.append(rng.randrange(VOCAB))
-            if rng.random() < 0.1 and plain.sent >= 0:  # preempted: it comes back whole, as new
+            if not calm and rng.random() < 0.1 and plain.sent >= 0:  # preempted: it comes back whole, as new
                 plain.sent, plain.blocks, plain.computed = -1, [], 0
             remaining = len(plain.tokens) - plain.computed
-            num = rng.randint(1, remaining) if remaining > 1 else 1
-            if num == remaining == 1 and rng.random() < 0.4:
+            num = 1 if calm else rng.randint(1, remaining) if remaining > 1 else 1
+            if not calm and num == remaining == 1 and rng.random() < 0.4:
                 spec[request_id] = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 3))]
             scheduled[request_id] = num + len(spec.get(request_id, []))
             needed = -(-(plain.computed + scheduled[request_id]) // BLOCK) - len(plain.blocks)
@@ -125,8 +139,11 @@ def test_diff_updates_match_a_rebuild(seed: int, steps: int, pack: bool) -> None
         batch.update(out)
         got = batch.build(out)
         check_batch(got, held, scheduled, spec)
+        reused += previous is not None and got.logits_indices is previous.logits_indices
+        previous = got
         for request_id, num in scheduled.items():
             held[request_id].computed += num - len(spec.get(request_id, []))
+    return reused
 
 
 def check_batch(
