@@ -44,7 +44,7 @@ def server(models_dir: str):
     args = ["--models-dir", models_dir, "--max-loaded-models", "1", "--max-loaded-memory", "1GiB"]
     args += ["--keep-alive", "-1", "--max-model-len", "256", "--kv-cache-memory", "2MiB"]
     args += ["--swap-space", "0", "--uvicorn-log-level", "warning", "--api-key", API_KEY]
-    args += ["--max-num-queued-requests", "2"]
+    args += ["--max-num-queued-requests", "2", "--enable-sleep-mode"]
     server = RemoteServer(API_SERVER, args, api_key=API_KEY)
     yield server
     server.stop()

@@ -57,6 +57,9 @@ def test_models_health_version(server: RemoteServer, client: openai.OpenAI) -> N
     for path in ("/health", "/version", "/metrics"):  # open without the API key
         assert httpx.get(server.base_url + path, timeout=10).status_code == 200
     assert httpx.get(server.base_url + "/version", timeout=10).json()["version"]
+    # Sleep frees the model for every client: without --enable-sleep-mode its routes do not exist.
+    for path in ("/sleep", "/wake_up"):
+        assert httpx.post(server.base_url + path, headers=server.headers(), timeout=10).status_code == 404
 
 
 def test_completions_greedy_equal_offline(client: openai.OpenAI, llm: LLM) -> None:

@@ -143,7 +143,8 @@ def build_app(
     add_ollama_routes(app, OllamaServing(OllamaModels(models, chat), chat, completion, pooling, bounds))
     _add_info_routes(app, engine, models, loggers.metrics)
     add_dashboard_routes(app, engine, loggers.dashboard)
-    add_sleep_routes(app, engine, server_args.wake_on_request)
+    if server_args.enable_sleep_mode:
+        add_sleep_routes(app, engine, server_args.wake_on_request)
     if envs.allow_runtime_lora_updating():
         add_lora_routes(app, models)
     tokenization = OpenAIServingTokenization(engine, models, chat.render)

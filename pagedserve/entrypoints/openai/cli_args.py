@@ -95,6 +95,11 @@ class ServerArgs:
         "`model`.",
     )
 
+    enable_sleep_mode: bool = config_field(
+        False,
+        "Serve POST /sleep, POST /wake_up and GET /is_sleeping (vLLM's flag): a client with the API key "
+        "may then free the model's memory for everyone, so they are off unless asked for.",
+    )
     wake_on_request: bool = config_field(
         False,
         "A request that arrives while the model sleeps (POST /sleep) wakes it; without this flag it gets "
