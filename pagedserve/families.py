@@ -91,6 +91,9 @@ class FamilyFacts:
     moe: MoELayout | None = None
     gguf: GGUFFacts | None = None  # None: no GGUF of its own (see `holds` of the one that carries it)
     takes_images: bool = False  # a vision encoder feeds the language model (config/multimodal.py)
+    # Qwen2-VL's M-RoPE over dynamic-resolution images: each image's grid (the image processor's
+    # image_grid_thw) sets its tokens and their 3-D positions (worker/mrope_positions.py)
+    mrope: bool = False
     # gpt-oss's: attention sinks (a logit per head in the softmax), biases on o_proj, the router and every
     # expert; its config is checked by utils/hf_config.gpt_oss_config_problem
     sinks: bool = False
@@ -283,6 +286,14 @@ FAMILIES: tuple[FamilyFacts, ...] = (
         mla=LatentAttention((None, "sigmoid"), (None, "noaux_tc"), correction_bias=True),
     ),
     FamilyFacts("llava", "llava", "LlavaForConditionalGeneration", takes_images=True),
+    FamilyFacts(
+        "qwen2_5_vl",
+        "qwen2_5_vl",
+        "Qwen2_5_VLForConditionalGeneration",
+        qkv_bias=True,
+        takes_images=True,
+        mrope=True,
+    ),
     FamilyFacts(
         "bert", "bert", "BertModel", classifier="BertForSequenceClassification", encoder=True, gguf=_BERT_GGUF
     ),

@@ -109,6 +109,49 @@ def build_tiny_llava(path: str) -> str:
     return path
 
 
+def build_tiny_qwen2_5_vl(path: str) -> str:
+    """Qwen2.5-VL in miniature: a 4-layer vision tower (14-pixel patches, two frames a patch, 2 x 2 merge,
+    windows of 112 pixels, full attention at blocks 1 and 3) and a 2-layer Qwen2 with M-RoPE sections
+    [2, 3, 3]; Qwen2-VL's real image processor (its resize to multiples of 28, CLIP's mean and std) held to
+    4..24 tokens an image, and SmolLM2's tokenizer with Qwen's vision tokens added."""
+    from transformers import (
+        AutoTokenizer,
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2VLImageProcessor,
+    )
+
+    tokenizer = AutoTokenizer.from_pretrained(_tokenizer_folder())
+    names = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+    tokenizer.add_tokens(names, special_tokens=True)
+    start, end, image, video = tokenizer.convert_tokens_to_ids(names)
+    vision = dict(depth=4, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
+    vision.update(patch_size=14, spatial_merge_size=2, window_size=112, fullatt_block_indexes=[1, 3])
+    rope = {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}
+    text = tiny_hf_config("qwen2", vocab_size=len(tokenizer), rope_parameters=rope).to_dict()
+    config = Qwen2_5_VLConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_id=image,
+        video_token_id=video,
+        vision_start_token_id=start,
+        vision_end_token_id=end,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = Qwen2_5_VLForConditionalGeneration(config)
+    with torch.no_grad():  # HF initializes biases to zero: make them count
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_(0.0, 0.1)
+    model.save_pretrained(path)
+    # NOTE: HF's Qwen2_5_VLProcessor needs torchvision (its video half): the image processor alone.
+    image_processor = Qwen2VLImageProcessor(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 24)
+    image_processor.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 _DEEPSEEK = dict(
     num_hidden_layers=2,
     num_key_value_heads=4,
@@ -307,6 +350,8 @@ def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory):
     def make(name: str) -> str:
         if name == "llava" and name not in cache:
             cache[name] = build_tiny_llava(str(tmp_path_factory.mktemp(name)))
+        if name == "qwen2_5_vl" and name not in cache:
+            cache[name] = build_tiny_qwen2_5_vl(str(tmp_path_factory.mktemp(name)))
         if name not in cache:
             architecture = name.split("-")[0]
             cache[name] = build_tiny_model(
@@ -322,6 +367,11 @@ def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def tiny_llava(tiny_model_factory) -> str:
     return tiny_model_factory("llava")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_5_vl(tiny_model_factory) -> str:
+    return tiny_model_factory("qwen2_5_vl")
 
 
 @pytest.fixture(scope="session")
@@ -376,6 +426,7 @@ _SLOW_FOLDERS = ("entrypoints", "distributed")
 _MODEL_FIXTURES = {
     "tiny_llama",
     "tiny_llava",
+    "tiny_qwen2_5_vl",
     "tiny_model_factory",
     "default_model",
     "tiny_bert_embedder",

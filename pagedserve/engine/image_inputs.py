@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pagedserve.config.multimodal import MultiModalConfig
+from pagedserve.engine.grid_images import GridImageProcessor
 from pagedserve.engine.media import MediaLoader
 from pagedserve.errors import InvalidRequestError
+from pagedserve.families import family
 from pagedserve.protocol import ImageInput
 
 if TYPE_CHECKING:
@@ -26,7 +28,11 @@ class ImagePromptProcessor:
 
         self.config = config
         self.media = MediaLoader(config)
-        self.processor = AutoProcessor.from_pretrained(model_path)  # type: ignore[no-untyped-call]
+        facts = family(config.hf_config.architectures[0])
+        if facts is not None and facts.mrope:
+            self.processor = GridImageProcessor(model_path, config.image_token_id)
+        else:
+            self.processor = AutoProcessor.from_pretrained(model_path)  # type: ignore[no-untyped-call]
         self.placeholder: str = self.processor.image_token
 
     def check_count(self, sources: Sequence[object], param: str) -> None:
@@ -74,7 +80,8 @@ class ImagePromptProcessor:
         return expanded + token_ids[previous:], inputs
 
     def _run_processor(self, image: "Image", param: str) -> tuple[list[int], np.ndarray]:
-        """The processor's tokens for one placeholder and the image's pixel values [1, C, H, W]."""
+        """The processor's tokens for one placeholder and the image's pixel values [1, C, H, W] (a grid
+        family's [1, t, h, w, patch values])."""
         try:
             out = self.processor(
                 text=self.placeholder, images=[image], add_special_tokens=False, return_tensors="np"

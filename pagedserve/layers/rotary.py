@@ -1,6 +1,7 @@
 """Rotary position embeddings (neox layout, as HF Llama/Qwen2/Mistral), with linear, Llama-3, LongRoPE
 (Phi-3's "su") and YaRN (gpt-oss, DeepSeek V2/V3) scaling, over the whole head or its first
-`partial_rotary_factor` part."""
+`partial_rotary_factor` part; M-RoPE (Qwen2-VL's `mrope_section`): 3-D positions, each rotating its
+section of the frequencies."""
 
 import math
 from typing import TYPE_CHECKING, Required, TypedDict, cast
@@ -40,6 +41,7 @@ class RopeParams(TypedDict, total=False):
     truncate: bool
     mscale: float | None
     mscale_all_dim: float | None
+    mrope_section: list[int]
 
 
 def rope_parameters(hf_config: "PretrainedConfig", layer_type: str | None = None) -> RopeParams:
@@ -56,6 +58,8 @@ def rope_parameters(hf_config: "PretrainedConfig", layer_type: str | None = None
     params["rope_type"] = params.get("rope_type") or params.get("type") or "default"
     if params["rope_type"] == "su":  # LongRoPE's first name
         params["rope_type"] = "longrope"
+    if params["rope_type"] == "mrope":  # transformers 4's name for M-RoPE, whose frequencies are plain
+        params["rope_type"] = "default"
     params.setdefault("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0))
     params.setdefault("max_position_embeddings", hf_config.max_position_embeddings)
     params.setdefault(
@@ -200,13 +204,21 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_cache", cos, persistent=False)
         self.register_buffer("sin_cache", sin, persistent=False)
         self._step: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # positions, cos, sin
+        self.mrope_section = params.get("mrope_section")
+        if self.mrope_section is not None and sum(self.mrope_section) != self.rotary_dim // 2:
+            raise ValueError(
+                f"mrope_section={self.mrope_section} (config.json's rope parameters) must sum to half the "
+                f"rotary dimension, {self.rotary_dim // 2}."
+            )
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [T]; q [T, num_heads * head_dim]; k [T, num_kv_heads * head_dim]. The native kernel
-        rotates q and k in place (they are the step's fresh projections); the torch path returns new ones."""
-        if fused_ops.usable(q) and q.dim() == 2 and q.stride(-1) == 1 and k.stride(-1) == 1:
+        """positions [T] (under M-RoPE [3, T]: temporal, height, width); q [T, num_heads * head_dim]; k
+        [T, num_kv_heads * head_dim]. The native kernel rotates q and k in place (they are the step's fresh
+        projections); the torch path returns new ones."""
+        plain = positions.dim() == 1
+        if plain and fused_ops.usable(q) and q.dim() == 2 and q.stride(-1) == 1 and k.stride(-1) == 1:
             cos, sin = self.cos_cache, self.sin_cache
             fused_ops.rotary_embedding(positions, q, k, self.head_dim, cos, sin, self.is_neox_style)
             return q, k
@@ -217,8 +229,8 @@ class RotaryEmbedding(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` in torch ops (the reference the kernel is tested against)."""
         if self._step is None or self._step[0] is not positions:
-            cos = self.cos_cache[positions].to(q.dtype)  # [T, rotary_dim // 2]
-            sin = self.sin_cache[positions].to(q.dtype)
+            cos, sin = self._angles(positions, self.cos_cache), self._angles(positions, self.sin_cache)
+            cos, sin = cos.to(q.dtype), sin.to(q.dtype)  # [T, rotary_dim // 2]
             # [T, 1, rotary_dim]: each angle twice, for both members of its pair
             if self.is_neox_style:
                 cos, sin = cos.repeat(1, 2), sin.repeat(1, 2)
@@ -227,6 +239,16 @@ class RotaryEmbedding(nn.Module):
             self._step = (positions, cos.unsqueeze(1), sin.unsqueeze(1))
         _, cos, sin = self._step
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+
+    def _angles(self, positions: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+        """cache's rows [T, rotary_dim // 2] at `positions`; under M-RoPE section i of the frequencies from
+        position row i % 3 (HF's rule)."""
+        rows = cache[positions]
+        if positions.dim() == 1:
+            return rows
+        assert self.mrope_section is not None, "3-D positions come from an M-RoPE family's worker"
+        parts = rows.split(self.mrope_section, dim=-1)
+        return torch.cat([part[i % 3] for i, part in enumerate(parts)], dim=-1)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         shape = x.shape

@@ -13,6 +13,7 @@ from pagedserve.attention.backends.base import CommonAttentionMetadata
 from pagedserve.core.sched_output import SchedulerOutput
 from pagedserve.layers.sampler import SamplingMetadata
 from pagedserve.worker.block_table import BlockTables
+from pagedserve.worker.mrope_positions import MRopePositions
 from pagedserve.worker.request_state import CachedRequestState
 from pagedserve.worker.sampling_inputs import SamplingRows, SamplingState, to_device
 from pagedserve.worker.staging import StepStaging
@@ -25,7 +26,7 @@ class BatchInputs:
     """Flattened, unpadded batch. Single-token (decode) requests come first."""
 
     input_ids: torch.Tensor  # [T]
-    positions: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]; [3, T] for an M-RoPE family (worker/mrope_positions.py)
     attention: list[CommonAttentionMetadata]  # per KV cache group: its block tables and slot mapping
     request_ids: list[str]  # [R], batch order
     sample_rows: list[int]  # indices into request_ids whose tokens reach the end: they sample
@@ -58,10 +59,19 @@ class _DecodeLayout:
 
 class InputBatch:
     """Every request the worker holds (`states`), kept across steps. Each holds one row (its block-table
-    row) of the persistent arrays: block tables, token ids, sampling settings."""
+    row) of the persistent arrays: block tables, token ids, sampling settings. `mrope`: an M-RoPE
+    family's positions (None: a token's position is its index)."""
 
-    def __init__(self, block_size: int, device: torch.device, vocab_size: int, num_groups: int = 1) -> None:
+    def __init__(
+        self,
+        block_size: int,
+        device: torch.device,
+        vocab_size: int,
+        num_groups: int = 1,
+        mrope: MRopePositions | None = None,
+    ) -> None:
         self.block_size = block_size
+        self.mrope = mrope
         self.device = device
         self.vocab_size = vocab_size
         self.num_groups = num_groups
@@ -97,6 +107,8 @@ class InputBatch:
             self.block_tables.add(new.request_id, list(new.block_ids))
             row = self.block_tables.row_of[new.request_id]
             self.sampling.add(row, state)
+            if self.mrope is not None:
+                self.mrope.add(row, new.images)
             self._write_tokens(row, 0, state.token_ids, new.num_computed_tokens)
         for cached in out.scheduled_cached_reqs:
             state = self.states[cached.request_id]
@@ -229,9 +241,10 @@ class InputBatch:
         slots = tables[:, token_rows, positions // self.block_size] * self.block_size + (
             positions % self.block_size
         )
+        token_row_ids = rows[token_rows]
         return {
-            "input_ids": self.token_ids[rows[token_rows], positions],
-            "positions": positions,
+            "input_ids": self.token_ids[token_row_ids, positions],
+            "positions": positions if self.mrope is None else self.mrope.positions(token_row_ids, positions),
             **{f"block_tables{g}": tables[g] for g in range(self.num_groups)},
             **{f"slot_mapping{g}": slots[g] for g in range(self.num_groups)},
         }

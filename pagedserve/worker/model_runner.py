@@ -12,6 +12,7 @@ from pagedserve.config import EngineConfig
 from pagedserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagedserve.distributed import get_pp_stage, get_tp_rank, recv_from_previous_stage, send_to_next_stage
 from pagedserve.errors import ConfigError
+from pagedserve.families import family
 from pagedserve.layers.attention import Attention
 from pagedserve.layers.sampler import Sampler
 from pagedserve.logger import init_logger
@@ -26,6 +27,7 @@ from pagedserve.worker.draft_proposer import DraftModelProposer
 from pagedserve.worker.encoder_cache import EncoderCache
 from pagedserve.worker.input_batch import BatchInputs, InputBatch
 from pagedserve.worker.kv_groups import bind_kv_cache_groups
+from pagedserve.worker.mrope_positions import MRopePositions
 from pagedserve.worker.prompt_logprobs import PromptLogprobs
 from pagedserve.worker.request_state import CachedRequestState
 from pagedserve.worker.sampling_step import sample_step
@@ -76,7 +78,7 @@ class ModelRunner:
         )
         self.sampler = Sampler()
         self.input_batch = InputBatch(
-            self.block_size, device, config.model.vocab_size, self.kv_groups.num_groups
+            self.block_size, device, config.model.vocab_size, self.kv_groups.num_groups, _mrope(config)
         )
         self.prompt_logprobs = PromptLogprobs(self.model.compute_logits)
         # An image model: its images' embeddings, by content hash (at most a step's tokens kept spare).
@@ -226,6 +228,7 @@ class ModelRunner:
                 "not supported yet at --tensor-parallel-size or --pipeline-parallel-size > 1",
             ),
             (self.drafter is not None, "not supported yet with a draft model (--speculative-config)"),
+            (self.input_batch.mrope is not None, "not supported yet with M-RoPE's 3-D positions"),
             (self.lora is not None, "not supported yet with --enable-lora"),
             (
                 self.kv_groups.num_groups > 1,
@@ -338,3 +341,12 @@ class ModelRunner:
             positions,
         )
         output.draft_token_ids = {r.request_id: p for r, p in zip(requests, proposals)}
+
+
+def _mrope(config: EngineConfig) -> MRopePositions | None:
+    """An M-RoPE family's 3-D positions (None for every other family: a position is the token's index)."""
+    facts = family(config.model.architecture)
+    if facts is None or not facts.mrope:
+        return None
+    assert config.model.multimodal is not None, "an M-RoPE family takes images"
+    return MRopePositions(config.model.multimodal.hf_config.vision_config.spatial_merge_size)
