@@ -113,7 +113,8 @@ def build_tiny_qwen2_5_vl(path: str) -> str:
     """Qwen2.5-VL in miniature: a 4-layer vision tower (14-pixel patches, two frames a patch, 2 x 2 merge,
     windows of 112 pixels, full attention at blocks 1 and 3) and a 2-layer Qwen2 with M-RoPE sections
     [2, 3, 3]; Qwen2-VL's real image processor (its resize to multiples of 28, CLIP's mean and std) held to
-    4..24 tokens an image, and SmolLM2's tokenizer with Qwen's vision tokens added."""
+    4..24 tokens an image, and SmolLM2's tokenizer with Qwen's vision tokens added (<|image_pad|> 49152,
+    LLaVA's <image> id)."""
     from transformers import (
         AutoTokenizer,
         Qwen2_5_VLConfig,
@@ -122,9 +123,9 @@ def build_tiny_qwen2_5_vl(path: str) -> str:
     )
 
     tokenizer = AutoTokenizer.from_pretrained(_tokenizer_folder())
-    names = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+    names = ["<|image_pad|>", "<|vision_start|>", "<|vision_end|>", "<|video_pad|>"]
     tokenizer.add_tokens(names, special_tokens=True)
-    start, end, image, video = tokenizer.convert_tokens_to_ids(names)
+    image, start, end, video = tokenizer.convert_tokens_to_ids(names)
     vision = dict(depth=4, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
     vision.update(patch_size=14, spatial_merge_size=2, window_size=112, fullatt_block_indexes=[1, 3])
     rope = {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}

@@ -145,11 +145,16 @@ def _parts(content: JsonValue) -> list[Mapping[str, JsonValue]]:
 def image_placeholder(
     tokenizer: "PreTrainedTokenizerBase", multimodal: MultiModalConfig | None
 ) -> str | None:
-    """The text an image part becomes in the template (the image token, e.g. LLaVA's "<image>"); None
-    for a text-only model, which refuses image parts."""
+    """The text an image part becomes in the template (the image token, e.g. LLaVA's "<image>", framed by
+    Qwen2-VL's vision start and end tokens where the config has them, as its chat template frames it);
+    None for a text-only model, which refuses image parts."""
     if multimodal is None:
         return None
-    return str(tokenizer.convert_ids_to_tokens(multimodal.image_token_id))
+    config = multimodal.hf_config
+    frame = [getattr(config, "vision_start_token_id", None), getattr(config, "vision_end_token_id", None)]
+    if None in frame:
+        return str(tokenizer.convert_ids_to_tokens(multimodal.image_token_id))
+    return "".join(tokenizer.convert_ids_to_tokens([frame[0], multimodal.image_token_id, frame[1]]))
 
 
 def with_images(prompt: PromptType, messages: Sequence[Mapping[str, JsonValue]]) -> PromptType:

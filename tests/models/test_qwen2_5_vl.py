@@ -1,0 +1,128 @@
+"""Qwen2.5-VL against HF transformers on a tiny random config: M-RoPE positions equal HF's get_rope_index;
+greedy tokens equal with one and with two images of different sizes (one spanning two attention windows),
+batched with a text prompt, with prompts chunked through their images, after recompute preemption and on
+a prefix hit (whose positions must be the full prompt's)."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from pagedserve import LLM, SamplingParams
+from pagedserve.protocol import ImageInput
+from pagedserve.worker.mrope_positions import image_prompt_positions
+
+MAX_TOKENS = 12  # the requests of the batch grow until the pool runs short
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+FRAMED = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+def noise(seed: int, width: int, height: int) -> Image.Image:
+    pixels = np.random.RandomState(seed).randint(0, 256, (height, width, 3), dtype=np.uint8)
+    return Image.fromarray(pixels)
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_qwen2_5_vl: str):
+    from transformers import AutoImageProcessor, AutoTokenizer, Qwen2_5_VLForConditionalGeneration
+
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(tiny_qwen2_5_vl, dtype=torch.float32).eval()
+    return model, AutoImageProcessor.from_pretrained(tiny_qwen2_5_vl), AutoTokenizer.from_pretrained(tiny_qwen2_5_vl)
+
+
+def hf_inputs(hf, prompt: str, images: list[Image.Image]) -> dict[str, torch.Tensor]:
+    """HF's inputs: each <|image_pad|> expanded to its image's t * h * w / 4 tokens (Qwen2_5_VLProcessor's
+    rule; that processor needs torchvision), the image processor's patches and grids."""
+    model, image_processor, tokenizer = hf
+    pad = model.config.image_token_id
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    inputs: dict[str, torch.Tensor] = {}
+    if images:
+        inputs = dict(image_processor(images=images, return_tensors="pt"))
+        counts = iter((inputs["image_grid_thw"].prod(-1) // 4).tolist())
+        ids = [token for i in ids for token in ([pad] * next(counts) if i == pad else [i])]
+    input_ids = torch.tensor([ids])
+    return dict(inputs, input_ids=input_ids, mm_token_type_ids=(input_ids == pad).int())
+
+
+def hf_greedy(hf, prompt: str, images: list[Image.Image], max_tokens: int = MAX_TOKENS) -> tuple[list[int], list[int]]:
+    """(HF's expanded prompt ids, its greedy tokens)."""
+    inputs = hf_inputs(hf, prompt, images)
+    prompt_ids = inputs["input_ids"][0].tolist()
+    with torch.no_grad():
+        out = hf[0].generate(**inputs, max_new_tokens=max_tokens, do_sample=False)
+    return prompt_ids, out[0, len(prompt_ids) :].tolist()
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_qwen2_5_vl: str) -> LLM:
+    """A step budget of 16 tokens cuts the image prompts (4 to 24 tokens an image) into chunks, some
+    through an image; 8 blocks of 8 tokens run short as four of these requests grow, so some are
+    preempted (and recomputed)."""
+    return LLM(
+        tiny_qwen2_5_vl,
+        dtype="float32",
+        max_model_len=64,
+        block_size=8,
+        max_num_batched_tokens=16,
+        max_num_seqs=4,
+        num_gpu_blocks_override=9,
+        preemption_mode="recompute",
+    )
+
+
+def stats(llm: LLM):
+    return llm.llm_engine.engine_core.get_stats()
+
+
+def test_positions_equal_hf_rope_index(hf) -> None:
+    prompt = f"a {FRAMED} then a wider one {FRAMED} and text after"
+    inputs = hf_inputs(hf, prompt, [noise(0, 90, 50), noise(1, 200, 60)])
+    with torch.no_grad():
+        expected, delta = hf[0].model.get_rope_index(
+            inputs["input_ids"], inputs["mm_token_type_ids"], inputs["image_grid_thw"]
+        )
+    ids = inputs["input_ids"][0].tolist()
+    pad = hf[0].config.image_token_id
+    offsets = [i for i, token in enumerate(ids) if token == pad and ids[i - 1] != pad]
+    grids = inputs["image_grid_thw"].tolist()
+    images = [
+        ImageInput("", offset, t * h * w // 4, [1, t, h, w, 1], b"") for offset, (t, h, w) in zip(offsets, grids)
+    ]
+    table, ours = image_prompt_positions(images, merge=2)
+    after = np.arange(table.shape[1], len(ids)) + ours
+    assert ours == int(delta) != 0
+    assert np.concatenate([table, np.broadcast_to(after, (3, len(after)))], axis=1).tolist() == expected[:, 0].tolist()
+
+
+def test_images_batched_chunked_preempted_match_hf(llm: LLM, hf) -> None:
+    cases = [
+        (f"{FRAMED} what is in it?", [noise(0, 90, 50)]),
+        (f"Two: {FRAMED} and {FRAMED} now", [noise(1, 200, 60), noise(2, 40, 40)]),  # 2 windows; 4 tokens
+        ("A text-only prompt beside the images", []),
+        (f"At the end {FRAMED}", [noise(3, 60, 120)]),
+    ]
+    before = stats(llm)
+    prompts = [{"prompt": text, "multi_modal_data": {"image": images}} for text, images in cases]
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    after = stats(llm)
+    for (text, images), output in zip(cases, outputs):
+        prompt_ids, tokens = hf_greedy(hf, text, images)
+        assert output.prompt_token_ids == prompt_ids
+        assert output.outputs[0].token_ids == tokens, text
+    assert after.num_preemptions_total > before.num_preemptions_total
+    # NOTE: chunks cut through images and preempted requests resumed: still one encoder run per image.
+    assert after.num_images_encoded - before.num_images_encoded == 4
+
+
+def test_prefix_hit_keeps_the_full_prompts_positions(llm: LLM, hf) -> None:
+    """The second run hits the blocks through the image and computes the rest at index + delta."""
+    text = f"{FRAMED} describe this picture in a few words, as precisely as you can please:"
+    image = noise(10, 100, 70)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    expected = hf_greedy(hf, text, [image], 8)[1]
+    for hit in (False, True):
+        before = stats(llm).prefix_cache_hits
+        (output,) = llm.generate({"prompt": text, "multi_modal_data": {"image": image}}, params, use_tqdm=False)
+        assert (stats(llm).prefix_cache_hits > before) == hit
+        assert output.outputs[0].token_ids == expected
