@@ -79,7 +79,7 @@ class Setting:
     hf_reference: bool = False  # greedy requests also equal HF transformers' greedy tokens
     # the engine may sleep (POST /sleep, level 1 or 2) between the runs alone and the batch
     sleeps: bool = False
-    images: bool = False  # prompts carry 0 to 2 images (an image model: the tiny LLaVA)
+    images: bool = False  # prompts carry 0 to 2 images (an image model: the tiny LLaVA or Qwen2.5-VL)
 
 
 SETTINGS: dict[str, Setting] = {
@@ -195,6 +195,14 @@ SETTINGS: dict[str, Setting] = {
         images=True,
         max_batch=3,
     ),
+    # Qwen2.5-VL's images (4 tokens each from the same pool): M-RoPE's 3-D positions through prompts cut
+    # through their images, image-keyed prefix hits, recompute preemption and n-gram drafts.
+    "qwen2_5_vl_images_ngram_recompute": Setting(
+        "qwen2_5_vl",
+        dict(TIGHT, speculative_config=NGRAM, preemption_mode="recompute", max_num_batched_tokens=32),
+        images=True,
+        max_batch=3,
+    ),
     # gpt-oss: attention sinks in alternating windowed (24) and full layers (two KV cache groups), YaRN,
     # biased experts, under n-gram speculation and recompute preemption. Batches of up to 3 and no HF
     # reference (tests/models/test_gpt_oss.py has it): the full setting took 265 s on the shared machine.
@@ -247,7 +255,7 @@ class Case:
 
 
 THINK, END = 49152, 49153  # the qwen3-think model's tags (conftest.add_think_tokens)
-IMAGE = 49152  # the tiny LLaVA's <image> token (conftest.build_tiny_llava)
+IMAGE = 49152  # the tiny LLaVA's <image> token and the tiny Qwen2.5-VL's <|image_pad|> (tests/conftest.py)
 
 
 def _image_pool() -> list[Any]:

@@ -6,7 +6,7 @@ a prefix hit (whose positions must be the full prompt's)."""
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from qwen2_5_vl_hf import FRAMED, hf_greedy, hf_inputs, load_hf, noise
 
 from pagedserve import LLM, SamplingParams
 from pagedserve.protocol import ImageInput
@@ -14,44 +14,11 @@ from pagedserve.worker.mrope_positions import image_prompt_positions
 
 MAX_TOKENS = 12  # the requests of the batch grow until the pool runs short
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
-FRAMED = "<|vision_start|><|image_pad|><|vision_end|>"
-
-
-def noise(seed: int, width: int, height: int) -> Image.Image:
-    pixels = np.random.RandomState(seed).randint(0, 256, (height, width, 3), dtype=np.uint8)
-    return Image.fromarray(pixels)
 
 
 @pytest.fixture(scope="module")
 def hf(tiny_qwen2_5_vl: str):
-    from transformers import AutoImageProcessor, AutoTokenizer, Qwen2_5_VLForConditionalGeneration
-
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(tiny_qwen2_5_vl, dtype=torch.float32).eval()
-    return model, AutoImageProcessor.from_pretrained(tiny_qwen2_5_vl), AutoTokenizer.from_pretrained(tiny_qwen2_5_vl)
-
-
-def hf_inputs(hf, prompt: str, images: list[Image.Image]) -> dict[str, torch.Tensor]:
-    """HF's inputs: each <|image_pad|> expanded to its image's t * h * w / 4 tokens (Qwen2_5_VLProcessor's
-    rule; that processor needs torchvision), the image processor's patches and grids."""
-    model, image_processor, tokenizer = hf
-    pad = model.config.image_token_id
-    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    inputs: dict[str, torch.Tensor] = {}
-    if images:
-        inputs = dict(image_processor(images=images, return_tensors="pt"))
-        counts = iter((inputs["image_grid_thw"].prod(-1) // 4).tolist())
-        ids = [token for i in ids for token in ([pad] * next(counts) if i == pad else [i])]
-    input_ids = torch.tensor([ids])
-    return dict(inputs, input_ids=input_ids, mm_token_type_ids=(input_ids == pad).int())
-
-
-def hf_greedy(hf, prompt: str, images: list[Image.Image], max_tokens: int = MAX_TOKENS) -> tuple[list[int], list[int]]:
-    """(HF's expanded prompt ids, its greedy tokens)."""
-    inputs = hf_inputs(hf, prompt, images)
-    prompt_ids = inputs["input_ids"][0].tolist()
-    with torch.no_grad():
-        out = hf[0].generate(**inputs, max_new_tokens=max_tokens, do_sample=False)
-    return prompt_ids, out[0, len(prompt_ids) :].tolist()
+    return load_hf(tiny_qwen2_5_vl)
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +74,7 @@ def test_images_batched_chunked_preempted_match_hf(llm: LLM, hf) -> None:
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
     after = stats(llm)
     for (text, images), output in zip(cases, outputs):
-        prompt_ids, tokens = hf_greedy(hf, text, images)
+        prompt_ids, tokens = hf_greedy(hf, text, images, MAX_TOKENS)
         assert output.prompt_token_ids == prompt_ids
         assert output.outputs[0].token_ids == tokens, text
     assert after.num_preemptions_total > before.num_preemptions_total
