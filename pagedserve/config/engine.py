@@ -32,6 +32,7 @@ from pagedserve.config.scheduler import (
 )
 from pagedserve.config.speculative import SpeculativeConfig, resolve_speculative_config
 from pagedserve.errors import ConfigError
+from pagedserve.families import family
 from pagedserve.logger import init_logger
 from pagedserve.reasoning import ReasoningParserName
 from pagedserve.utils import parse_bytes
@@ -100,6 +101,13 @@ class EngineConfig:
             raise ConfigError(
                 f"{self.model.architecture} takes images, which do not run at --pipeline-parallel-size > 1 "
                 "yet: use --tensor-parallel-size instead."
+            )
+        facts = family(self.model.architecture)
+        drafts = self.speculative is not None and self.speculative.draft_model_config is not None
+        if drafts and facts is not None and facts.mrope:
+            raise ConfigError(
+                f"{self.model.architecture} rotates 3-D positions (M-RoPE), which a draft model does not "
+                'take yet: use n-gram speculation in --speculative-config ({"method": "ngram", ...}).'
             )
 
 

@@ -27,7 +27,9 @@ class VisionAttention(nn.Module):
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
 
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    def forward(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int]
+    ) -> torch.Tensor:
         """hidden [images, N, hidden]; attention within each run of `lengths` patches (a window or a
         frame), every patch seeing every other of its run."""
         batch, length, width = hidden.shape
@@ -71,7 +73,9 @@ class VisionBlock(nn.Module):
         self.norm2 = nn.RMSNorm(config.hidden_size, eps=1e-6)
         self.mlp = VisionMLP(config)
 
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    def forward(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int]
+    ) -> torch.Tensor:
         hidden = hidden + self.attn(self.norm1(hidden), cos, sin, lengths)
         out: torch.Tensor = hidden + self.mlp(self.norm2(hidden))
         return out
@@ -99,7 +103,12 @@ class PatchMerger(nn.Module):
 class PatchEmbed(nn.Module):
     def __init__(self, config: "PretrainedConfig") -> None:
         super().__init__()
-        self.patch_shape = (config.in_channels, config.temporal_patch_size, config.patch_size, config.patch_size)
+        self.patch_shape = (
+            config.in_channels,
+            config.temporal_patch_size,
+            config.patch_size,
+            config.patch_size,
+        )
         kernel = self.patch_shape[1:]
         self.proj = nn.Conv3d(config.in_channels, config.hidden_size, kernel, stride=kernel, bias=False)
 

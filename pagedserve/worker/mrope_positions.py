@@ -23,7 +23,7 @@ def image_prompt_positions(images: list[ImageInput], merge: int) -> tuple[np.nda
         text = image.offset - end
         parts.append(np.broadcast_to(np.arange(start, start + text), (3, text)))
         start += text
-        t, h, w = image.shape[1] , image.shape[2] // merge, image.shape[3] // merge
+        t, h, w = image.shape[1], image.shape[2] // merge, image.shape[3] // merge
         grid = np.stack(np.meshgrid(np.arange(t), np.arange(h), np.arange(w), indexing="ij"))
         parts.append(grid.reshape(3, -1) + start)
         start += max(h, w)

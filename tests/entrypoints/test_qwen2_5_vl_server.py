@@ -31,7 +31,10 @@ def test_openai_client_image_answer_equals_hf(server: RemoteServer, tiny_qwen2_5
     messages = [{"role": "user", "content": [part, {"type": "text", "text": "What is this?"}]}]
     client = server.client()
     response = client.chat.completions.create(
-        model="qwen-vl", messages=messages, max_tokens=6, temperature=0  # type: ignore[arg-type]
+        model="qwen-vl",
+        messages=messages,
+        max_tokens=6,
+        temperature=0,  # type: ignore[arg-type]
     )
     hf = load_hf(tiny_qwen2_5_vl)
     rendered = hf[2].apply_chat_template(

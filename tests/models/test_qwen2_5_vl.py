@@ -9,6 +9,7 @@ import torch
 from qwen2_5_vl_hf import FRAMED, hf_greedy, hf_inputs, load_hf, noise
 
 from pagedserve import LLM, SamplingParams
+from pagedserve.errors import ConfigError
 from pagedserve.protocol import ImageInput
 from pagedserve.worker.mrope_positions import image_prompt_positions
 
@@ -54,12 +55,16 @@ def test_positions_equal_hf_rope_index(hf) -> None:
     offsets = [i for i, token in enumerate(ids) if token == pad and ids[i - 1] != pad]
     grids = inputs["image_grid_thw"].tolist()
     images = [
-        ImageInput("", offset, t * h * w // 4, [1, t, h, w, 1], b"") for offset, (t, h, w) in zip(offsets, grids)
+        ImageInput("", offset, t * h * w // 4, [1, t, h, w, 1], b"")
+        for offset, (t, h, w) in zip(offsets, grids)
     ]
     table, ours = image_prompt_positions(images, merge=2)
     after = np.arange(table.shape[1], len(ids)) + ours
     assert ours == int(delta) != 0
-    assert np.concatenate([table, np.broadcast_to(after, (3, len(after)))], axis=1).tolist() == expected[:, 0].tolist()
+    assert (
+        np.concatenate([table, np.broadcast_to(after, (3, len(after)))], axis=1).tolist()
+        == expected[:, 0].tolist()
+    )
 
 
 def test_images_batched_chunked_preempted_match_hf(llm: LLM, hf) -> None:
@@ -90,6 +95,13 @@ def test_prefix_hit_keeps_the_full_prompts_positions(llm: LLM, hf) -> None:
     expected = hf_greedy(hf, text, [image], 8)[1]
     for hit in (False, True):
         before = stats(llm).prefix_cache_hits
-        (output,) = llm.generate({"prompt": text, "multi_modal_data": {"image": image}}, params, use_tqdm=False)
+        (output,) = llm.generate(
+            {"prompt": text, "multi_modal_data": {"image": image}}, params, use_tqdm=False
+        )
         assert (stats(llm).prefix_cache_hits > before) == hit
         assert output.outputs[0].token_ids == expected
+
+
+def test_a_draft_model_is_refused(tiny_qwen2_5_vl: str) -> None:
+    with pytest.raises(ConfigError, match="M-RoPE.*ngram"):
+        LLM(tiny_qwen2_5_vl, speculative_config={"model": tiny_qwen2_5_vl, "num_speculative_tokens": 2})
