@@ -125,20 +125,13 @@ def build_tiny_qwen2_5_vl(path: str) -> str:
     tokenizer = AutoTokenizer.from_pretrained(_tokenizer_folder())
     names = ["<|image_pad|>", "<|vision_start|>", "<|vision_end|>", "<|video_pad|>"]
     tokenizer.add_tokens(names, special_tokens=True)
-    image, start, end, video = tokenizer.convert_tokens_to_ids(names)
+    fields = ["image_token_id", "vision_start_token_id", "vision_end_token_id", "video_token_id"]
+    token_ids = dict(zip(fields, tokenizer.convert_tokens_to_ids(names)))
     vision = dict(depth=4, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
     vision.update(patch_size=14, spatial_merge_size=2, window_size=112, fullatt_block_indexes=[1, 3])
     rope = {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}
     text = tiny_hf_config("qwen2", vocab_size=len(tokenizer), rope_parameters=rope).to_dict()
-    config = Qwen2_5_VLConfig(
-        vision_config=vision,
-        text_config=text,
-        image_token_id=image,
-        video_token_id=video,
-        vision_start_token_id=start,
-        vision_end_token_id=end,
-        tie_word_embeddings=False,
-    )
+    config = Qwen2_5_VLConfig(vision_config=vision, text_config=text, tie_word_embeddings=False, **token_ids)
     torch.manual_seed(0)
     model = Qwen2_5_VLForConditionalGeneration(config)
     with torch.no_grad():  # HF initializes biases to zero: make them count

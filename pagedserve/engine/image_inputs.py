@@ -13,7 +13,7 @@ from pagedserve.config.multimodal import MultiModalConfig
 from pagedserve.engine.grid_images import GridImageProcessor
 from pagedserve.engine.media import MediaLoader
 from pagedserve.errors import InvalidRequestError
-from pagedserve.families import family
+from pagedserve.families import IMAGE_ARCHITECTURES, family
 from pagedserve.protocol import ImageInput
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ class ImagePromptProcessor:
 
         self.config = config
         self.media = MediaLoader(config)
-        facts = family(config.hf_config.architectures[0])
+        facts = family(IMAGE_ARCHITECTURES[config.hf_config.model_type])
         if facts is not None and facts.mrope:
             self.processor = GridImageProcessor(model_path, config.image_token_id)
         else:

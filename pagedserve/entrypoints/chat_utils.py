@@ -150,11 +150,11 @@ def image_placeholder(
     None for a text-only model, which refuses image parts."""
     if multimodal is None:
         return None
-    config = multimodal.hf_config
-    frame = [getattr(config, "vision_start_token_id", None), getattr(config, "vision_end_token_id", None)]
-    if None in frame:
+    start = getattr(multimodal.hf_config, "vision_start_token_id", None)
+    end = getattr(multimodal.hf_config, "vision_end_token_id", None)
+    if start is None or end is None:
         return str(tokenizer.convert_ids_to_tokens(multimodal.image_token_id))
-    return "".join(tokenizer.convert_ids_to_tokens([frame[0], multimodal.image_token_id, frame[1]]))
+    return "".join(tokenizer.convert_ids_to_tokens([int(start), multimodal.image_token_id, int(end)]))
 
 
 def with_images(prompt: PromptType, messages: Sequence[Mapping[str, JsonValue]]) -> PromptType:

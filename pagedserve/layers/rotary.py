@@ -247,7 +247,7 @@ class RotaryEmbedding(nn.Module):
         if positions.dim() == 1:
             return rows
         assert self.mrope_section is not None, "3-D positions come from an M-RoPE family's worker"
-        parts = rows.split(self.mrope_section, dim=-1)
+        parts = torch.split(rows, self.mrope_section, dim=-1)
         return torch.cat([part[i % 3] for i, part in enumerate(parts)], dim=-1)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

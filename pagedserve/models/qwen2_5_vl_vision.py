@@ -37,7 +37,7 @@ class VisionAttention(nn.Module):
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         runs = [
             F.scaled_dot_product_attention(*parts)
-            for parts in zip(q.split(lengths, 2), k.split(lengths, 2), v.split(lengths, 2))
+            for parts in zip(*(torch.split(x, lengths, dim=2) for x in (q, k, v)))
         ]
         out: torch.Tensor = self.proj(torch.cat(runs, dim=2).transpose(1, 2).reshape(batch, length, width))
         return out
