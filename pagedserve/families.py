@@ -283,6 +283,7 @@ FAMILIES: tuple[FamilyFacts, ...] = (
         mla=LatentAttention((None, "sigmoid"), (None, "noaux_tc"), correction_bias=True),
     ),
     FamilyFacts("llava", "llava", "LlavaForConditionalGeneration", takes_images=True),
+    FamilyFacts("llava_next", "llava_next", "LlavaNextForConditionalGeneration", takes_images=True),
     FamilyFacts(
         "bert", "bert", "BertModel", classifier="BertForSequenceClassification", encoder=True, gguf=_BERT_GGUF
     ),

@@ -89,6 +89,11 @@ class MultiModalLM(CausalLM):
     def embed_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """pixel_values [images, C, H, W] -> embeddings [images, tokens per image, hidden_size]."""
 
+    def embed_sized_images(self, pixel_values: torch.Tensor, image_size: tuple[int, int]) -> torch.Tensor:
+        """The embeddings of images whose tokens depend on their size before the processor (LLaVA-NeXT's
+        any-res tiles: pixel_values [images, tiles, C, H, W], all `image_size` (height, width))."""
+        raise NotImplementedError(f"{type(self).__name__} takes no image sizes (ImageInput.image_size).")
+
 
 class EncoderModel(nn.Module, ABC):
     """A bidirectional encoder (BERT family) over one flattened, unpadded batch, for the pooling runner.

@@ -25,6 +25,7 @@ _PREFIXES = (
     ("model.multi_modal_projector.", "multi_modal_projector."),
     ("lm_head.", "language_model.lm_head."),
     ("vision_tower.vision_model.", "vision_tower."),
+    ("model.image_newline", "image_newline"),  # LLaVA-NeXT's
 )
 
 
