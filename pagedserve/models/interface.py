@@ -94,6 +94,12 @@ class MultiModalLM(CausalLM):
         any-res tiles: pixel_values [images, tiles, C, H, W], all `image_size` (height, width))."""
         raise NotImplementedError(f"{type(self).__name__} takes no image sizes (ImageInput.image_size).")
 
+    def largest_image(self) -> tuple[list[int], tuple[int, int] | None] | None:
+        """The pixel values' shape (one image) and its size before the processor (None: the embeddings
+        do not depend on it) of the image with the most tokens, which the memory profile encodes; None:
+        the profile leaves the encoder out."""
+        return None
+
 
 class EncoderModel(nn.Module, ABC):
     """A bidirectional encoder (BERT family) over one flattened, unpadded batch, for the pooling runner.

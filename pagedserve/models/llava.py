@@ -71,6 +71,10 @@ class LlavaForConditionalGeneration(MultiModalLM):
         projected: torch.Tensor = self.multi_modal_projector(features)
         return projected
 
+    def largest_image(self) -> tuple[list[int], tuple[int, int] | None] | None:
+        vision = self.config.vision_config
+        return [1, vision.num_channels, vision.image_size, vision.image_size], None  # every image: one size
+
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         trunk = self.language_model.model
         assert isinstance(trunk, LlamaModel), "LlamaForCausalLM's trunk"

@@ -40,6 +40,19 @@ class LlavaNextForConditionalGeneration(LlavaForConditionalGeneration):
         grid = self._grid_features(features[:, 1:], image_size)
         return torch.cat([features[:, 0], grid], dim=1)
 
+    def largest_image(self) -> tuple[list[int], tuple[int, int] | None] | None:
+        """An image of exactly the pinpoint size with the most tokens: the most tiles, nothing unpadded."""
+        vision = self.config.vision_config
+        side = vision.image_size // vision.patch_size
+
+        def tokens(pinpoint: list[int]) -> int:
+            rows, columns = pinpoint[0] // vision.image_size, pinpoint[1] // vision.image_size
+            return rows * side * (columns * side + 1)
+
+        height, width = max(self.config.image_grid_pinpoints, key=tokens)
+        tiles = 1 + (height // vision.image_size) * (width // vision.image_size)
+        return [1, tiles, vision.num_channels, vision.image_size, vision.image_size], (height, width)
+
     def _grid_features(self, tiles: torch.Tensor, image_size: tuple[int, int]) -> torch.Tensor:
         """[images, rows * columns tiles, patches, hidden] -> [images, grid tokens, hidden], row-major
         over the unpadded patch grid with a newline after each row."""

@@ -85,10 +85,7 @@ class EncoderCache:
                     [np.frombuffer(image.pixel_values, dtype=np.float32).reshape(shape) for image in group]
                 )
             ).to(self.device)
-            if size is None:
-                embeddings = self.model.embed_images(pixels)
-            else:
-                embeddings = self.model.embed_sized_images(pixels, (size[0], size[1]))
+            embeddings = encode(self.model, pixels, None if size is None else (size[0], size[1]))
             for image, embedding in zip(group, embeddings):
                 if embedding.shape[0] != image.length:
                     raise ValueError(
@@ -110,3 +107,10 @@ class EncoderCache:
             if size <= self.budget_tokens:
                 break
             size -= self.entries.pop(content_hash).shape[0]
+
+
+def encode(model: MultiModalLM, pixels: torch.Tensor, image_size: tuple[int, int] | None) -> torch.Tensor:
+    """The embeddings of images of one shape and, when the model reads it, one size before the processor."""
+    if image_size is None:
+        return model.embed_images(pixels)
+    return model.embed_sized_images(pixels, image_size)
