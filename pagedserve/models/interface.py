@@ -69,6 +69,10 @@ class CausalLM(nn.Module, ABC):
         stages' tensors, which the GGUF reader then never decodes."""
         return True
 
+    def lora_target(self) -> nn.Module:
+        """The decoder LoRA adapters apply to (an image model's language model, never its vision tower)."""
+        return self
+
 
 class MultiModalLM(CausalLM):
     """A decoder that also takes images: the model runner embeds the step's tokens, puts each image's

@@ -71,6 +71,9 @@ class LlavaForConditionalGeneration(MultiModalLM):
         projected: torch.Tensor = self.multi_modal_projector(features)
         return projected
 
+    def lora_target(self) -> nn.Module:
+        return self.language_model
+
     def largest_image(self) -> tuple[list[int], tuple[int, int] | None] | None:
         vision = self.config.vision_config
         return [1, vision.num_channels, vision.image_size, vision.image_size], None  # every image: one size
