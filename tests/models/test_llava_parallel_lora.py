@@ -1,7 +1,7 @@
 """Images with tensor parallelism and with LoRA: the tiny LLaVA at tp=2 (two real worker processes, the
 vision tower replicated on both) gives one process's greedy tokens, and an adapter on its language model
-gives HF transformers' tokens with the adapter merged, beside a request of the base model in one batch."""
-
+gives HF transformers' tokens with the adapter merged, beside a request of the base model in one batch
+(an adapter of the vision tower is refused)."""
 
 import pytest
 import torch
@@ -59,3 +59,13 @@ def test_adapter_on_the_language_model_equals_hf_merged(tiny_llava: str, tmp_pat
     merged = hf_greedy(hf, PROMPTS[0]["prompt"], PROMPTS[0]["multi_modal_data"]["image"], 8)[1]
     assert merged != base[0]  # the adapter changes the tokens
     assert [o.outputs[0].token_ids for o in outputs] == [merged, base[1]]
+    vision = write_adapter(
+        str(tmp_path / "vision"),
+        text_config,
+        4,
+        8,
+        ("q_proj",),
+        decoder="model.vision_tower.vision_model.encoder.",
+    )
+    with pytest.raises(ValueError, match="vision_tower.*cannot take a LoRA delta"):
+        llm.generate(PROMPTS[2], GREEDY, use_tqdm=False, lora_request=LoRARequest("vision", 2, vision))
