@@ -33,7 +33,7 @@ class LlavaNextForConditionalGeneration(LlavaForConditionalGeneration):
         each ended by `image_newline`."""
         images, tiles = pixel_values.shape[:2]
         features = self.embed_images(pixel_values.flatten(0, 1))  # [images * tiles, patches, hidden]
-        features = features.unflatten(0, (images, tiles))
+        features = features.reshape(images, tiles, *features.shape[1:])
         if tiles == 1:  # NOTE: no grid (the processor's pinpoints gave one tile): the newline alone
             newline = self.image_newline.to(features.dtype).expand(images, 1, -1)
             return torch.cat([features[:, 0], newline], dim=1)
@@ -47,7 +47,7 @@ class LlavaNextForConditionalGeneration(LlavaForConditionalGeneration):
 
         def tokens(pinpoint: list[int]) -> int:
             rows, columns = pinpoint[0] // vision.image_size, pinpoint[1] // vision.image_size
-            return rows * side * (columns * side + 1)
+            return int(rows * side * (columns * side + 1))
 
         height, width = max(self.config.image_grid_pinpoints, key=tokens)
         tiles = 1 + (height // vision.image_size) * (width // vision.image_size)

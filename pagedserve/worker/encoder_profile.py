@@ -15,8 +15,7 @@ from pagedserve.worker.encoder_cache import encode
 @contextmanager
 def encoder_in_profile(model: CausalLM, budget_tokens: int, device: torch.device) -> Iterator[None]:
     """Hold a full encoder cache while the block runs (nothing for a text model)."""
-    largest = model.largest_image() if isinstance(model, MultiModalLM) else None
-    if largest is None:
+    if not isinstance(model, MultiModalLM) or (largest := model.largest_image()) is None:
         yield
         return
     shape, image_size = largest
