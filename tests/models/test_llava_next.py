@@ -4,7 +4,7 @@ batched with a text prompt, chunked through the images, after recompute preempti
 
 import pytest
 import torch
-from test_llava import random_image  # NOTE: tests/models/, on the path of its tests
+from test_llava import hf_greedy, random_image  # NOTE: tests/models/, on the path of its tests
 
 from pagedserve import LLM, SamplingParams
 
@@ -17,16 +17,6 @@ def hf(tiny_llava_next: str):
 
     model = LlavaNextForConditionalGeneration.from_pretrained(tiny_llava_next, dtype=torch.float32).eval()
     return model, AutoProcessor.from_pretrained(tiny_llava_next)
-
-
-def hf_greedy(hf, prompt: str, images: list) -> tuple[list[int], list[int]]:
-    """(HF's processed prompt ids, its greedy tokens)."""
-    model, processor = hf
-    inputs = processor(text=prompt, images=images or None, return_tensors="pt")
-    with torch.no_grad():
-        out = model.generate(**inputs, max_new_tokens=GREEDY.max_tokens, do_sample=False)
-    prompt_ids = inputs["input_ids"][0].tolist()
-    return prompt_ids, out[0, len(prompt_ids) :].tolist()
 
 
 def test_any_res_images_batched_chunked_preempted_and_cached_match_hf(tiny_llava_next: str, hf) -> None:
@@ -52,7 +42,7 @@ def test_any_res_images_batched_chunked_preempted_and_cached_match_hf(tiny_llava
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
     stats = llm.llm_engine.engine_core.get_stats()
     for (text, images), output in zip(cases, outputs):
-        prompt_ids, tokens = hf_greedy(hf, text, images)
+        prompt_ids, tokens = hf_greedy(hf, text, images, GREEDY.max_tokens)
         assert output.prompt_token_ids == prompt_ids
         assert output.outputs[0].token_ids == tokens, text
     assert stats.num_preemptions_total > 0
