@@ -34,9 +34,6 @@ class LlavaNextForConditionalGeneration(LlavaForConditionalGeneration):
         images, tiles = pixel_values.shape[:2]
         features = self.embed_images(pixel_values.flatten(0, 1))  # [images * tiles, patches, hidden]
         features = features.reshape(images, tiles, *features.shape[1:])
-        if tiles == 1:  # NOTE: no grid (the processor's pinpoints gave one tile): the newline alone
-            newline = self.image_newline.to(features.dtype).expand(images, 1, -1)
-            return torch.cat([features[:, 0], newline], dim=1)
         grid = self._grid_features(features[:, 1:], image_size)
         return torch.cat([features[:, 0], grid], dim=1)
 
