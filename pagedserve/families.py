@@ -286,6 +286,7 @@ FAMILIES: tuple[FamilyFacts, ...] = (
         mla=LatentAttention((None, "sigmoid"), (None, "noaux_tc"), correction_bias=True),
     ),
     FamilyFacts("llava", "llava", "LlavaForConditionalGeneration", takes_images=True),
+    FamilyFacts("llava_next", "llava_next", "LlavaNextForConditionalGeneration", takes_images=True),
     FamilyFacts(
         "qwen2_5_vl",
         "qwen2_5_vl",

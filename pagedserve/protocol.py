@@ -89,14 +89,17 @@ class LoRARequest(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tr
 class ImageInput(msgspec.Struct, array_like=True, frozen=True):
     """One image of a prompt, processed by the model's own HF processor in the frontend: its pixel values
     (float32, C-contiguous bytes of `shape`), the `length` placeholder tokens from prompt position `offset`
-    that its embeddings replace, and `content_hash` (sha256 of shape and pixels), which keys the workers'
-    encoder cache and enters the prefix-cache hashes of the blocks holding its tokens."""
+    that its embeddings replace, and `content_hash` (sha256 of shape, size and pixels), which keys the
+    workers' encoder cache and enters the prefix-cache hashes of the blocks holding its tokens.
+    `image_size`: the image's size before the processor, for models whose tokens depend on it (LLaVA-NeXT's
+    unpadding)."""
 
     content_hash: str
     offset: int
     length: int
     shape: list[int]
     pixel_values: bytes
+    image_size: list[int] | None = None  # [height, width] before the processor, for any-res tiles
 
 
 class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -65,16 +65,25 @@ def build_tiny_model(path: str, architecture: str, **overrides: object) -> str:
     return path
 
 
-def build_tiny_llava(path: str) -> str:
+# LLaVA-NeXT's grid pinpoints (height, width) in the tiny tower's 32-px tiles: 1 x 2, 2 x 1 and 2 x 2.
+TINY_PINPOINTS = [[32, 64], [64, 32], [64, 64]]
+
+
+def build_tiny_llava(path: str, any_res: bool = False) -> str:
     """LLaVA-1.5 in miniature: a 2-layer CLIP vision tower over 32 x 32 images in 8-pixel patches (16
     image tokens), the MLP projector and a 2-layer Llama; CLIP's real image settings (bicubic resize,
-    center crop, OpenAI's mean and std) at 32 px, and SmolLM2's tokenizer with `<image>` added (id 49152)."""
+    center crop, OpenAI's mean and std) at 32 px, and SmolLM2's tokenizer with `<image>` added (id 49152).
+    `any_res`: LLaVA-NeXT instead, with LlavaNextImageProcessor's any-res tiles on TINY_PINPOINTS."""
     from transformers import (
         AutoTokenizer,
         CLIPImageProcessor,
         CLIPVisionConfig,
         LlavaConfig,
         LlavaForConditionalGeneration,
+        LlavaNextConfig,
+        LlavaNextForConditionalGeneration,
+        LlavaNextImageProcessor,
+        LlavaNextProcessor,
         LlavaProcessor,
     )
 
@@ -83,22 +92,38 @@ def build_tiny_llava(path: str) -> str:
     sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
     vision = CLIPVisionConfig(image_size=32, patch_size=8, **sizes)
     text = tiny_hf_config("llama", vocab_size=len(tokenizer))
-    config = LlavaConfig(
+    config_class, model_class = (
+        (LlavaNextConfig, LlavaNextForConditionalGeneration)
+        if any_res
+        else (
+            LlavaConfig,
+            LlavaForConditionalGeneration,
+        )
+    )
+    extra = dict(image_grid_pinpoints=TINY_PINPOINTS) if any_res else {}
+    config = config_class(
         vision_config=vision,
         text_config=text,
         image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
         vision_feature_layer=-2,
         vision_feature_select_strategy="default",
+        **extra,
     )
     torch.manual_seed(0)
-    model = LlavaForConditionalGeneration(config)
+    model = model_class(config)
     with torch.no_grad():  # HF initializes biases to zero and the class token small: make them count
         for name, param in model.named_parameters():
             if name.endswith(("bias", "class_embedding")):
                 param.normal_(0.0, 0.1)
     model.save_pretrained(path)
-    image_processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
-    processor = LlavaProcessor(
+    image_settings = dict(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    processor_class = LlavaNextProcessor if any_res else LlavaProcessor
+    image_processor = (
+        LlavaNextImageProcessor(image_grid_pinpoints=TINY_PINPOINTS, **image_settings)
+        if any_res
+        else CLIPImageProcessor(**image_settings)
+    )
+    processor = processor_class(
         image_processor=image_processor,
         tokenizer=tokenizer,
         patch_size=8,
@@ -342,8 +367,8 @@ def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory):
     cache: dict[str, str] = {}
 
     def make(name: str) -> str:
-        if name == "llava" and name not in cache:
-            cache[name] = build_tiny_llava(str(tmp_path_factory.mktemp(name)))
+        if name in ("llava", "llava_next") and name not in cache:
+            cache[name] = build_tiny_llava(str(tmp_path_factory.mktemp(name)), any_res=name == "llava_next")
         if name == "qwen2_5_vl" and name not in cache:
             cache[name] = build_tiny_qwen2_5_vl(str(tmp_path_factory.mktemp(name)))
         if name not in cache:
@@ -366,6 +391,11 @@ def tiny_llava(tiny_model_factory) -> str:
 @pytest.fixture(scope="session")
 def tiny_qwen2_5_vl(tiny_model_factory) -> str:
     return tiny_model_factory("qwen2_5_vl")
+
+
+@pytest.fixture(scope="session")
+def tiny_llava_next(tiny_model_factory) -> str:
+    return tiny_model_factory("llava_next")
 
 
 @pytest.fixture(scope="session")

@@ -24,10 +24,12 @@ def write_adapter(
     use_rslora: bool = False,
     std: float = 0.3,
     weights_format: str = "safetensors",
+    decoder: str = "model.",
     **extra_config: object,
 ) -> str:
-    """A random adapter of `rank` on `targets` of every layer of a model of `config`; B nonzero (PEFT
-    initializes it to zero, a trained adapter's is not) and large enough to change greedy tokens."""
+    """A random adapter of `rank` on `targets` of every layer of a model of `config` (its decoder's modules
+    under `decoder`); B nonzero (PEFT initializes it to zero, a trained adapter's is not) and large enough
+    to change greedy tokens."""
     os.makedirs(path, exist_ok=True)
     generator = torch.Generator().manual_seed(seed)
     tensors = {}
@@ -36,7 +38,7 @@ def write_adapter(
         for kind in targets:
             n_in, n_out = sizes[kind]
             parent = "self_attn" if kind in ATTENTION else "mlp"
-            prefix = f"base_model.model.model.layers.{layer}.{parent}.{kind}"
+            prefix = f"base_model.model.{decoder}layers.{layer}.{parent}.{kind}"
             tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, n_in, generator=generator) * std
             tensors[f"{prefix}.lora_B.weight"] = torch.randn(n_out, rank, generator=generator) * std
     if weights_format == "safetensors":

@@ -12,7 +12,12 @@ if TYPE_CHECKING:
 # The ranks a slot can hold, as vLLM allows them.
 SUPPORTED_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # The families made of the projections adapters target (q/k/v/o, gate/up/down: lora/shapes.py).
-LORA_ARCHITECTURES = SEPARATE_PROJECTION_ARCHITECTURES
+# LLaVA's: adapters on its Llama language model (models/llava.py), never on the vision tower.
+LORA_ARCHITECTURES = (
+    *SEPARATE_PROJECTION_ARCHITECTURES,
+    "LlavaForConditionalGeneration",
+    "LlavaNextForConditionalGeneration",
+)
 
 
 @dataclass(frozen=True)

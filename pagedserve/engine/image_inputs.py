@@ -64,24 +64,26 @@ class ImagePromptProcessor:
         previous = 0
         for index, (place, image) in enumerate(zip(places, images)):
             expanded += token_ids[previous:place]
-            tokens, pixels = self._run_processor(image, f"{param}[{index}]")
+            tokens, pixels, size = self._run_processor(image, f"{param}[{index}]")
             first = tokens.index(token_id)
             inputs.append(
                 ImageInput(
-                    content_hash=_content_hash(pixels),
+                    content_hash=_content_hash(pixels, size),
                     offset=len(expanded) + first,
                     length=tokens.count(token_id),
                     shape=list(pixels.shape),
                     pixel_values=pixels.tobytes(),
+                    image_size=size,
                 )
             )
             expanded += tokens
             previous = place + 1
         return expanded + token_ids[previous:], inputs
 
-    def _run_processor(self, image: "Image", param: str) -> tuple[list[int], np.ndarray]:
-        """The processor's tokens for one placeholder and the image's pixel values [1, C, H, W] (a grid
-        family's [1, t, h, w, patch values])."""
+    def _run_processor(self, image: "Image", param: str) -> tuple[list[int], np.ndarray, list[int] | None]:
+        """The processor's tokens for one placeholder, the image's pixel values ([1, C, H, W]; any-res
+        tiles: [1, tiles, C, H, W]; a grid family's [1, t, h, w, patch values]) and, for any-res
+        processors, its size [height, width] before them."""
         try:
             out = self.processor(
                 text=self.placeholder, images=[image], add_special_tokens=False, return_tensors="np"
@@ -91,10 +93,13 @@ class ImagePromptProcessor:
                 f"{param}: the model's image processor refused it: {exc}", param=param
             ) from exc
         pixels = np.ascontiguousarray(out["pixel_values"], dtype=np.float32)
-        return [int(t) for t in out["input_ids"][0]], pixels
+        sizes = out.get("image_sizes")
+        size = None if sizes is None else [int(side) for side in sizes[0]]
+        return [int(t) for t in out["input_ids"][0]], pixels, size
 
 
-def _content_hash(pixels: np.ndarray) -> str:
-    digest = hashlib.sha256(np.asarray(pixels.shape, dtype=np.int64).tobytes())
+def _content_hash(pixels: np.ndarray, size: list[int] | None) -> str:
+    # NOTE: two sizes may give the same tiles yet other tokens (unpadding): the size is part of the key.
+    digest = hashlib.sha256(np.asarray(pixels.shape + tuple(size or ()), dtype=np.int64).tobytes())
     digest.update(pixels.tobytes())
     return digest.hexdigest()

@@ -26,6 +26,7 @@ from pagedserve.config.kv_layout import DTYPE_BYTES, KVCacheLayout
 from pagedserve.config.lora import LoRAConfig
 from pagedserve.config.parallel import PipelineStage, uneven_for_tensor_parallel
 from pagedserve.entrypoints.model_tag import take_model_tag
+from pagedserve.entrypoints.plan_images import checked_image_tokens, encoder_cache_bytes
 from pagedserve.entrypoints.plan_report import format_table
 from pagedserve.entrypoints.plan_weights import (
     LinearStorage,
@@ -83,6 +84,9 @@ class PlanArgs:
         None, "Prompt tokens per request (default: the context less --output-tokens)."
     )
     output_tokens: int | None = config_field(None, "Generated tokens per request (default 0).")
+    image_tokens: int = config_field(
+        0, "Image placeholder tokens per request, beyond --input-tokens (an image model's; default 0)."
+    )
     json: bool = config_field(False, "Print one JSON object instead of the table.")
 
 
@@ -107,6 +111,7 @@ class PlanInputs:
     lora_bytes: int = 0  # --enable-lora: the adapters' slots (--max-loras x --max-lora-rank), all layers
     cpu_offload_gb: float = 0.0  # --cpu-offload-gb: decoder-layer weights kept in host memory
     device: str = "cuda"  # the device the weights are counted for (their resident formats)
+    encoder_cache_bytes: int = 0  # an image model's encoder cache at its budget (plan_images.py)
 
     def stage_weights(self, stage: PipelineStage) -> WeightBytes:
         """One rank's weights on `stage`, in the formats the engine holds on the device: a GGUF file
@@ -144,6 +149,7 @@ class Plan:
     kv_bytes_per_token: int
     bytes_per_block: int
     activation_bytes: int  # estimated (0 with an explicit KV budget)
+    encoder_cache_bytes: int  # an image model's (plan_images.py); outside an explicit KV budget
     non_torch_bytes: int
     kv_budget_bytes: int
     num_blocks: int  # usable, the reserved null block not counted
@@ -175,6 +181,7 @@ def compute_plan(inputs: PlanInputs) -> Plan:
         layout.bytes_per_token,
         layout.bytes_per_block,
         tightest.activations,
+        inputs.encoder_cache_bytes,
         0 if inputs.kv_cache_memory is not None else NON_TORCH_BYTES,
         tightest.kv_budget,
         usable,
@@ -206,7 +213,10 @@ def _stage_memory(inputs: PlanInputs, stage: PipelineStage) -> _StageMemory:
     # NOTE: the engine profiles one request of this many tokens (worker._profile_run).
     num_tokens = min(inputs.max_num_batched_tokens, inputs.model_config.max_model_len)
     activations = shape.activation_bytes(num_tokens, inputs.tp, inputs.dtype_bytes)
-    budget = gpu_kv_budget(inputs.gpu_memory, inputs.utilization, weights, activations, NON_TORCH_BYTES)
+    budget = (
+        gpu_kv_budget(inputs.gpu_memory, inputs.utilization, weights, activations, NON_TORCH_BYTES)
+        - inputs.encoder_cache_bytes
+    )
     return _StageMemory(weights, offload.host_bytes, activations, budget)
 
 
@@ -216,7 +226,8 @@ def needed_utilization(inputs: PlanInputs, plan: Plan) -> float | None:
     if inputs.gpu_memory is None:
         return None
     blocks = inputs.concurrency * inputs.layout.max_blocks(inputs.request_tokens) + 1  # + the null block
-    needed = plan.weights_bytes + plan.activation_bytes + plan.non_torch_bytes + blocks * plan.bytes_per_block
+    needed = plan.weights_bytes + plan.activation_bytes + plan.non_torch_bytes + plan.encoder_cache_bytes
+    needed += blocks * plan.bytes_per_block
     return math.ceil(needed / inputs.gpu_memory * 100) / 100
 
 
@@ -324,7 +335,8 @@ def resolve_inputs(args: PlanArgs, engine_args: EngineArgs) -> PlanInputs:
             f"one of {', '.join(str(t) for t in choices)}."
         )
     pp = engine_args.pipeline_parallel_size
-    request_tokens = _request_tokens(args, model_config.max_model_len)
+    image_tokens = checked_image_tokens(args.image_tokens, model_config)
+    request_tokens = _request_tokens(args, model_config.max_model_len, image_tokens)
     if engine_args.max_model_len is None:  # the recommended context: what the workload needs
         model_config = replace(model_config, max_model_len=request_tokens)
     dtype_bytes = DTYPE_BYTES[model_config.dtype]
@@ -350,6 +362,7 @@ def resolve_inputs(args: PlanArgs, engine_args: EngineArgs) -> PlanInputs:
         linear_storage(model_config),
         _lora_bytes(engine_args, model_config, tp, dtype_bytes),
         model_config.cpu_offload_gb,
+        encoder_cache_bytes=encoder_cache_bytes(model_config, batched, dtype_bytes),
     )
 
 
@@ -366,12 +379,13 @@ def _lora_bytes(engine_args: EngineArgs, model_config: ModelConfig, tp: int, dty
     return config.max_loras * slot * dtype_bytes
 
 
-def _request_tokens(args: PlanArgs, max_model_len: int) -> int:
+def _request_tokens(args: PlanArgs, max_model_len: int, image_tokens: int) -> int:
     output = args.output_tokens or 0
-    total = (args.input_tokens if args.input_tokens is not None else max_model_len - output) + output
+    text = args.input_tokens if args.input_tokens is not None else max_model_len - output - image_tokens
+    total = text + image_tokens + output
     if total < 1 or total > max_model_len:
         raise ConfigError(
-            f"--input-tokens + --output-tokens = {total} must be between 1 and the model's "
+            f"--input-tokens + --image-tokens + --output-tokens = {total} must be between 1 and the model's "
             f"context, {max_model_len} tokens (--max-model-len)."
         )
     return total

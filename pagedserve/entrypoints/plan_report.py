@@ -65,6 +65,7 @@ def _memory_rows(result: PlanReport) -> list[Row]:
         ("GPU memory", f"{_gib(result, 'gpu_memory_bytes')} x {result['gpu_memory_utilization']}"),
         ("peak activations", f"{_gib(result, 'activation_bytes')} (estimated; the engine profiles it)"),
         ("outside torch", f"{_gib(result, 'non_torch_bytes')} (estimated)"),
+        *([("encoder cache", _gib(result, "encoder_cache_bytes"))] if result["encoder_cache_bytes"] else []),
     ]
 
 

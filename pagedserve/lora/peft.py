@@ -18,6 +18,9 @@ import torch
 from pagedserve.errors import InvalidRequestError
 from pagedserve.lora.shapes import MODULE_PARENT, TARGET_MODULES, ModelShapes
 
+# Where an image model's (LLaVA's) checkpoint puts its language model's decoder: transformers >= 4.52's
+# name, then LLaVA-1.5's.
+_LANGUAGE_MODEL_PREFIXES = ("model.language_model.", "language_model.model.")
 _MODULE = re.compile(r"^model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)$")
 _MAX_CONFIG_BYTES = 1 << 20
 
@@ -166,6 +169,9 @@ def _read_tensors(name: str, data: bytes, path: str) -> dict[str, torch.Tensor]:
 def _parse_key(key: str, path: str) -> tuple[str, str]:
     """ "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" -> (module, "lora_A")."""
     name = key.removeprefix("base_model.model.")
+    for prefix in _LANGUAGE_MODEL_PREFIXES:  # an image model's adapter: its language model's modules
+        if name.startswith(prefix):
+            name = "model." + name.removeprefix(prefix)
     for which in ("lora_A", "lora_B"):
         for suffix in (f".{which}.weight", f".{which}.default.weight"):
             if name.endswith(suffix):

@@ -69,6 +69,10 @@ class CausalLM(nn.Module, ABC):
         stages' tensors, which the GGUF reader then never decodes."""
         return True
 
+    def lora_target(self) -> nn.Module:
+        """The decoder LoRA adapters apply to (an image model's language model, never its vision tower)."""
+        return self
+
 
 class MultiModalLM(CausalLM):
     """A decoder that also takes images: the model runner embeds the step's tokens, puts each image's
@@ -88,6 +92,17 @@ class MultiModalLM(CausalLM):
     @abstractmethod
     def embed_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """pixel_values [images, C, H, W] -> embeddings [images, tokens per image, hidden_size]."""
+
+    def embed_sized_images(self, pixel_values: torch.Tensor, image_size: tuple[int, int]) -> torch.Tensor:
+        """The embeddings of images whose tokens depend on their size before the processor (LLaVA-NeXT's
+        any-res tiles: pixel_values [images, tiles, C, H, W], all `image_size` (height, width))."""
+        raise NotImplementedError(f"{type(self).__name__} takes no image sizes (ImageInput.image_size).")
+
+    def largest_image(self) -> tuple[list[int], tuple[int, int] | None] | None:
+        """The pixel values' shape (one image) and its size before the processor (None: the embeddings
+        do not depend on it) of the image with the most tokens, which the memory profile encodes; None:
+        the profile leaves the encoder out."""
+        return None
 
 
 class EncoderModel(nn.Module, ABC):

@@ -24,6 +24,7 @@ _PREFIXES = (
     ("model.multi_modal_projector.", "multi_modal_projector."),
     ("lm_head.", "language_model.lm_head."),
     ("vision_tower.vision_model.", "vision_tower."),
+    ("model.image_newline", "image_newline"),  # LLaVA-NeXT's
 )
 
 
@@ -70,3 +71,7 @@ class LlavaForConditionalGeneration(VisionLanguageModel):
             features = features[:, 1:]  # NOTE: the class token has no place among the placeholders
         projected: torch.Tensor = self.multi_modal_projector(features)
         return projected
+
+    def largest_image(self) -> tuple[list[int], tuple[int, int] | None] | None:
+        vision = self.config.vision_config
+        return [1, vision.num_channels, vision.image_size, vision.image_size], None  # every image: one size

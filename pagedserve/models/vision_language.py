@@ -5,6 +5,7 @@ tower's and projector's are copied as they are."""
 from collections.abc import Iterable, Iterator
 
 import torch
+from torch import nn
 
 from pagedserve.models.interface import CausalLM, IntermediateTensors, MultiModalLM
 from pagedserve.models.llama import LlamaForCausalLM, LlamaModel
@@ -32,6 +33,10 @@ class VisionLanguageModel(MultiModalLM):
     ) -> torch.Tensor | IntermediateTensors:
         """The language model's stage (images refuse --pipeline-parallel-size > 1: one stage)."""
         return self.language_model.forward_stage(input_ids, positions, intermediate)
+
+    def lora_target(self) -> nn.Module:
+        """Adapters attach to the language model only (config/lora.py says which families take them)."""
+        return self.language_model
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.language_model.compute_logits(hidden)

@@ -73,15 +73,19 @@ class EncoderCache:
                 self.entries.move_to_end(image.content_hash)
             else:
                 missing[image.content_hash] = image
-        by_shape: dict[tuple[int, ...], list[ImageInput]] = {}
+        # NOTE: images of one shape and one original size give the same number of tokens: one batch.
+        by_shape: dict[tuple[tuple[int, ...], tuple[int, ...] | None], list[ImageInput]] = {}
         for image in missing.values():
-            by_shape.setdefault(tuple(image.shape), []).append(image)
-        for shape, group in by_shape.items():
+            size = None if image.image_size is None else tuple(image.image_size)
+            by_shape.setdefault((tuple(image.shape), size), []).append(image)
+        for (shape, size), group in by_shape.items():
             start = time.perf_counter()
-            pixels = np.concatenate(
-                [np.frombuffer(image.pixel_values, dtype=np.float32).reshape(shape) for image in group]
-            )
-            embeddings = self.model.embed_images(torch.from_numpy(pixels).to(self.device))
+            pixels = torch.from_numpy(
+                np.concatenate(
+                    [np.frombuffer(image.pixel_values, dtype=np.float32).reshape(shape) for image in group]
+                )
+            ).to(self.device)
+            embeddings = encode(self.model, pixels, None if size is None else (size[0], size[1]))
             for image, embedding in zip(group, embeddings):
                 if embedding.shape[0] != image.length:
                     raise ValueError(
@@ -103,3 +107,10 @@ class EncoderCache:
             if size <= self.budget_tokens:
                 break
             size -= self.entries.pop(content_hash).shape[0]
+
+
+def encode(model: MultiModalLM, pixels: torch.Tensor, image_size: tuple[int, int] | None) -> torch.Tensor:
+    """The embeddings of images of one shape and, when the model reads it, one size before the processor."""
+    if image_size is None:
+        return model.embed_images(pixels)
+    return model.embed_sized_images(pixels, image_size)

@@ -74,7 +74,7 @@ class ModelRunner:
         self.lora = (
             None
             if config.lora is None
-            else LoRAManager(self.model, config.lora, device, self.dtype, stage_layers)
+            else LoRAManager(self.model.lora_target(), config.lora, device, self.dtype, stage_layers)
         )
         self.sampler = Sampler()
         self.input_batch = InputBatch(

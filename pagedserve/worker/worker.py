@@ -13,6 +13,7 @@ from pagedserve.quantization.resident import resident_weights
 from pagedserve.sampling_params import SamplingParams
 from pagedserve.sizing import MemoryReport
 from pagedserve.utils import cdiv, format_bytes
+from pagedserve.worker.encoder_profile import encoder_in_profile
 from pagedserve.worker.model_runner import ModelRunner
 from pagedserve.worker.pooling_runner import PoolingModelRunner
 from pagedserve.worker.sleep import (
@@ -135,10 +136,16 @@ class Worker:
         return {name: tuple(p.shape) for name, p in self.runner.model.named_parameters()}
 
     def _profile_run(self) -> None:
-        """The largest steps through the real step path, for the peak-memory profile, on a temporary KV
-        cache just large enough: max_num_batched_tokens prompt tokens in one request (the largest
-        attention), then spread over max_num_seqs requests that all sample (the largest logits and
-        sampler batch)."""
+        """The peak-memory profile: the largest steps with an image model's encoder cache held full, after
+        one encoder pass at its largest image (worker/encoder_profile.py)."""
+        budget = self.config.scheduler.max_num_batched_tokens
+        with encoder_in_profile(self.model_runner.model, budget, self.device):
+            self._profile_steps()
+
+    def _profile_steps(self) -> None:
+        """The largest steps through the real step path, on a temporary KV cache just large enough:
+        max_num_batched_tokens prompt tokens in one request (the largest attention), then spread over
+        max_num_seqs requests that all sample (the largest logits and sampler batch)."""
         sched, block_size = self.config.scheduler, self.config.cache.block_size
         batches = [
             profile_request_lengths(sched.max_num_batched_tokens, 1, self.config.model.max_model_len),

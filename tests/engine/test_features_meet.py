@@ -203,6 +203,27 @@ SETTINGS: dict[str, Setting] = {
         images=True,
         max_batch=3,
     ),
+    # LLaVA-NeXT's any-res images (44 or 88 tokens each) under n-gram speculation and recompute preemption,
+    # with three adapters on its language model over two slots: image rows and text rows of one request
+    # take its adapter's deltas in the decoder alone.
+    "llava_next_images_lora_ngram_recompute": Setting(
+        "llava_next",
+        dict(
+            block_size=8,
+            num_gpu_blocks_override=64,
+            max_model_len=256,
+            max_num_seqs=6,
+            max_num_batched_tokens=48,
+            speculative_config=NGRAM,
+            preemption_mode="recompute",
+            enable_lora=True,
+            max_loras=2,
+            max_cpu_loras=2,
+            max_lora_rank=8,
+        ),
+        images=True,
+        max_batch=3,
+    ),
     # gpt-oss: attention sinks in alternating windowed (24) and full layers (two KV cache groups), YaRN,
     # biased experts, under n-gram speculation and recompute preemption. Batches of up to 3 and no HF
     # reference (tests/models/test_gpt_oss.py has it): the full setting took 265 s on the shared machine.
@@ -382,10 +403,15 @@ def _write_adapters(model: str) -> list[LoRARequest]:
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model)
+    # NOTE: an image model's adapters target its language model, named as PEFT names transformers' LLaVA.
+    decoder = "model.language_model." if hasattr(config, "text_config") else "model."
+    config = getattr(config, "text_config", config)
     shapes = [(8, 16, ATTENTION + MLP), (4, 8, ("q_proj", "v_proj")), (8, 4, MLP)]
     return [
         LoRARequest(
-            f"a{i}", i + 1, write_adapter(os.path.join(model, f"lora-{i}"), config, r, alpha, targets, i)
+            f"a{i}",
+            i + 1,
+            write_adapter(os.path.join(model, f"lora-{i}"), config, r, alpha, targets, i, decoder=decoder),
         )
         for i, (r, alpha, targets) in enumerate(shapes)
     ]

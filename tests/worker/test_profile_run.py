@@ -1,7 +1,10 @@
 """The peak-memory profile's steps (run on CUDA before sizing the KV cache), checked on CPU: the token
 budget split over the requests, and both steps through the real step path, leaving nothing behind."""
 
+from collections.abc import Callable
+
 import pytest
+from torch.profiler import ProfilerActivity, profile
 
 from pagedserve.config import EngineArgs
 from pagedserve.worker.worker import Worker, profile_request_lengths
@@ -53,3 +56,31 @@ def test_calculated_kv_scales_wait_for_the_first_real_batch(tiny_llama: str) -> 
     worker._profile_run()
     quants = [layer.spec.kv_quant for layer in worker.model_runner.attention_layers]
     assert all(q.scales_pending and q.k_scale == 1.0 and q.key_offset is None for q in quants)
+
+
+def peak_cpu_bytes(run: Callable[[], None]) -> tuple[int, set[str]]:
+    """The most bytes torch held on the CPU at once while `run` ran, above what it held before (torch's
+    profiler records every allocation and free with its op), and the ops that ran."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    live = peak = 0
+    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
+        live += event.self_cpu_memory_usage
+        peak = max(peak, live)
+    return peak, {event.name for event in prof.events()}
+
+
+def test_image_models_profile_holds_the_encoder_cache_and_a_pass(tiny_llava_next: str) -> None:
+    """The profile's peak (from which a GPU sizes its KV pool) of LLaVA-NeXT is its text steps' plus at
+    least the full encoder cache (--max-num-batched-tokens rows of hidden_size float32), and it runs the
+    vision tower (its patch convolution) once, at the largest image (2 x 2 tiles + the base tile)."""
+    budget = 256
+    config = EngineArgs(
+        model=tiny_llava_next, device="cpu", dtype="float32", max_num_batched_tokens=budget, max_model_len=256
+    ).create_engine_config()
+    worker = Worker(config)
+    text_steps, text_ops = peak_cpu_bytes(worker._profile_steps)
+    whole, ops = peak_cpu_bytes(worker._profile_run)
+    assert whole - text_steps >= budget * config.model.hf_config.hidden_size * 4
+    assert "aten::convolution" in ops and "aten::convolution" not in text_ops
+    assert worker.model_runner.model.largest_image() == ([1, 5, 3, 32, 32], (64, 64))
