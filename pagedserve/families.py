@@ -91,6 +91,7 @@ class FamilyFacts:
     moe: MoELayout | None = None
     gguf: GGUFFacts | None = None  # None: no GGUF of its own (see `holds` of the one that carries it)
     takes_images: bool = False  # a vision encoder feeds the language model (config/multimodal.py)
+    lora_on_language_model: bool = False  # an image family whose LoRA adapters go on its language model
     # Qwen2-VL's M-RoPE over dynamic-resolution images: each image's grid (the image processor's
     # image_grid_thw) sets its tokens and their 3-D positions (worker/mrope_positions.py)
     mrope: bool = False
@@ -285,8 +286,16 @@ FAMILIES: tuple[FamilyFacts, ...] = (
         "DeepseekV3ForCausalLM",
         mla=LatentAttention((None, "sigmoid"), (None, "noaux_tc"), correction_bias=True),
     ),
-    FamilyFacts("llava", "llava", "LlavaForConditionalGeneration", takes_images=True),
-    FamilyFacts("llava_next", "llava_next", "LlavaNextForConditionalGeneration", takes_images=True),
+    FamilyFacts(
+        "llava", "llava", "LlavaForConditionalGeneration", takes_images=True, lora_on_language_model=True
+    ),
+    FamilyFacts(
+        "llava_next",
+        "llava_next",
+        "LlavaNextForConditionalGeneration",
+        takes_images=True,
+        lora_on_language_model=True,
+    ),
     FamilyFacts(
         "qwen2_5_vl",
         "qwen2_5_vl",

@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING
 
 from pagedserve.config.model import SEPARATE_PROJECTION_ARCHITECTURES
 from pagedserve.errors import ConfigError
+from pagedserve.families import FAMILIES
 
 if TYPE_CHECKING:
     from pagedserve.config.model import ModelConfig
@@ -15,8 +16,7 @@ SUPPORTED_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # LLaVA's: adapters on its Llama language model (models/llava.py), never on the vision tower.
 LORA_ARCHITECTURES = (
     *SEPARATE_PROJECTION_ARCHITECTURES,
-    "LlavaForConditionalGeneration",
-    "LlavaNextForConditionalGeneration",
+    *(family.architecture for family in FAMILIES if family.lora_on_language_model),
 )
 
 
