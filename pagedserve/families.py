@@ -91,9 +91,11 @@ class FamilyFacts:
     moe: MoELayout | None = None
     gguf: GGUFFacts | None = None  # None: no GGUF of its own (see `holds` of the one that carries it)
     takes_images: bool = False  # a vision encoder feeds the language model (config/multimodal.py)
-    # gpt-oss's: attention sinks (a logit per head in the softmax), biases on o_proj, the router and every
-    # expert; its config is checked by utils/hf_config.gpt_oss_config_problem
+    # gpt-oss's: attention sinks (a logit per head in the softmax); its config is checked by
+    # utils/hf_config.gpt_oss_config_problem
     sinks: bool = False
+    output_and_expert_biases: bool = False  # biases on o_proj, the router and every expert (gpt-oss)
+    harmony_chat: bool = False  # chats in OpenAI's harmony format (entrypoints/openai/harmony_prompt.py)
     mxfp4_experts: bool = False  # its fused experts layer takes MXFP4 checkpoints (quantization/mxfp4.py)
     mla: LatentAttention | None = None
 
@@ -266,6 +268,8 @@ FAMILIES: tuple[FamilyFacts, ...] = (
         qkv_bias=True,
         moe=MoELayout("mlp", every_layer=True, expert_size_field="intermediate_size", shared_expert=False),
         sinks=True,
+        output_and_expert_biases=True,
+        harmony_chat=True,
         mxfp4_experts=True,
     ),
     FamilyFacts(

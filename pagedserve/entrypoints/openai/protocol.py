@@ -220,6 +220,15 @@ class ChatTemplateRequest(OpenAIRequestModel):
     continue_final_message: StrictBool = False  # the last (assistant) message goes on: no generation prompt
     documents: list[dict[str, str]] | None = None  # for templates of retrieval-augmented models
     chat_template_kwargs: dict[str, Any] | None = None  # extra template variables, e.g. enable_thinking
+    # How long a reasoning model thinks: gpt-oss's system message says it (harmony), other models' chat
+    # templates get it as the variable `reasoning_effort` (vLLM's).
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
+
+    def template_variables(self) -> dict[str, Any] | None:
+        """chat_template_kwargs, with reasoning_effort when it is set."""
+        if self.reasoning_effort is None:
+            return self.chat_template_kwargs
+        return {"reasoning_effort": self.reasoning_effort, **(self.chat_template_kwargs or {})}
 
     def check_template_flags(self) -> None:
         if self.add_generation_prompt and self.continue_final_message:
