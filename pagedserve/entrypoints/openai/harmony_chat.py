@@ -39,11 +39,15 @@ class HarmonyChat:
             ("--tool-call-parser", tool_call_parser, TOOL_CALL_PARSER),
         ):
             if name is not None and harmony != (name == ours):
-                why = f"{config.model.architecture} writes the harmony format" if harmony else (
-                    f"{ours!r} reads the harmony format, which only gpt-oss writes"
+                why = (
+                    f"{config.model.architecture} writes the harmony format"
+                    if harmony
+                    else (f"{ours!r} reads the harmony format, which only gpt-oss writes")
                 )
-                raise ConfigError(f"{flag} {name!r} does not fit this model: {why}. Use {flag} {ours!r} "
-                                  "on gpt-oss, another elsewhere, or none.")
+                raise ConfigError(
+                    f"{flag} {name!r} does not fit this model: {why}. Use {flag} {ours!r} "
+                    "on gpt-oss, another elsewhere, or none."
+                )
         return cls(harmony_encoding()) if harmony else None
 
     def render(self, request: ChatTemplateRequest) -> list[int]:

@@ -89,7 +89,9 @@ def _messages(
     for call in calls:
         function = call["function"]
         call_names[str(call.get("id"))] = function["name"]
-        arguments = Message.from_role_and_content(Role.ASSISTANT, json.dumps(function["arguments"], ensure_ascii=False))
+        arguments = Message.from_role_and_content(
+            Role.ASSISTANT, json.dumps(function["arguments"], ensure_ascii=False)
+        )
         said.append(
             arguments.with_channel("commentary")
             .with_recipient(f"functions.{function['name']}")

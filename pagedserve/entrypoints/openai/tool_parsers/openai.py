@@ -25,7 +25,11 @@ class OpenAIToolParser(ToolParser):
         for message in messages:
             recipient = message.recipient or ""
             texts = [getattr(part, "text", "") for part in message.content]
-            call = make_call(recipient[len(_FUNCTIONS) :], "".join(texts)) if recipient.startswith(_FUNCTIONS) else None
+            call = (
+                make_call(recipient[len(_FUNCTIONS) :], "".join(texts))
+                if recipient.startswith(_FUNCTIONS)
+                else None
+            )
             if call is None:
                 return None
             calls.append(call)
