@@ -19,7 +19,7 @@ from pagedserve.executor.multiproc import MultiprocExecutor
 MODELS = ["llama", "llama-1kv-tied", "qwen2", "mixtral"]
 # Also greedy-equal at tp=2: a shared expert and dense layers; sliding windows and soft caps; MLA (heads
 # split, the latent replicated).
-MORE_FAMILIES = ["qwen2_moe", "gemma2", "deepseek_v3"]
+MORE_FAMILIES = ["qwen2_moe", "gemma2", "deepseek_v3", "gpt_oss"]
 TP = 2
 
 
