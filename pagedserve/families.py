@@ -103,8 +103,19 @@ class FamilyFacts:
     def separate_projections(self) -> bool:
         """A dense family whose checkpoint keeps q/k/v and gate/up apart: 4-bit checkpoints load into its
         layers as they are, and LoRA adapters target its projections."""
-        plain = not (self.encoder or self.fused_projections or self.takes_images)
-        return plain and self.moe is None and self.mla is None  # MLA: q/k/v come from latent projections
+        return self.joined_projections is None
+
+    @property
+    def joined_projections(self) -> str | None:
+        """Why its layers are not the separate projections adapters and 4-bit checkpoints target."""
+        reasons = (
+            (self.encoder, "an encoder"),
+            (self.fused_projections, "its checkpoint fuses q/k/v and gate/up"),
+            (self.takes_images, "a vision encoder feeds it"),
+            (self.moe is not None, "its MLPs are fused experts"),
+            (self.mla is not None, "its q/k/v come from latent projections (MLA)"),
+        )
+        return next((why for joined, why in reasons if joined), None)
 
 
 _GEMMA_GGUF_NAMES = {

@@ -72,7 +72,7 @@ class HarmonyChannels:
                 self._header = []
                 return self._call_markup()  # "" when no message was open
         rest, self._header = self._header, []
-        return self._encoding.decode(rest)
+        return str(self._encoding.decode(rest))
 
     def _call_markup(self) -> str:
         """The message that just ended, as harmony writes it, when it has a recipient (else "")."""
@@ -82,4 +82,4 @@ class HarmonyChannels:
         self._num_ended = len(messages)
         if messages[-1].recipient is None:
             return ""
-        return self._encoding.decode(self._encoding.render(messages[-1]))
+        return str(self._encoding.decode(self._encoding.render(messages[-1])))
