@@ -3,15 +3,16 @@ preamble, a tool call; analysis then final), whole and token by token; the promp
 renders the conversation; the o200k vocabulary rebuilt offline. Then a real server on a tiny gpt-oss
 whose output is forced (its layers add nothing and its embeddings and head make each token of a harmony
 tool call follow the one before), through the official openai client: the prompt's token ids are
-harmony's, the engine stops at <|call|>, the output comes back as a tool call whole and streamed, and
-a bad reasoning_effort is a 400 naming it with the server serving after."""
+harmony's, the engine stops at <|call|>, the output comes back as a tool call whole and streamed; a bad
+reasoning_effort, or a chat template's field, is a 400 naming it, the server serving after. Harmony's
+parsers on another model, or another parser on gpt-oss, are refused at startup."""
 
 import os
-import shutil
 
 import httpx
 import pytest
 import torch
+from conftest import TINY_MODELS, build_tiny_model
 from openai_harmony import (
     Author,
     Conversation,
@@ -163,13 +164,14 @@ CONVERSATION = [
 
 
 @pytest.fixture(scope="module")
-def forced_call_model(tiny_model_factory, tmp_path_factory) -> str:
+def forced_call_model(tmp_path_factory) -> str:
     """The tiny harmony gpt-oss made to write the tool call after any prompt: attention and experts
     output zero (o_proj and the experts' down projections), so the last hidden state is the token's
     embedding; each token of the call gets a one-hot embedding whose dimension the head maps to the
     next token."""
-    path = str(tmp_path_factory.mktemp("forced"))
-    shutil.copytree(tiny_model_factory("gpt_oss-harmony"), path, dirs_exist_ok=True)
+    path = build_tiny_model(
+        str(tmp_path_factory.mktemp("forced")), "gpt_oss", **TINY_MODELS["gpt_oss-harmony"]
+    )
     weights = load_file(os.path.join(path, "model.safetensors"))
     for name, tensor in weights.items():
         if ".o_proj." in name or ".experts.down_proj" in name:
@@ -220,11 +222,16 @@ def test_forced_tool_call_through_the_server(server: RemoteServer) -> None:
     assert names == {"get_weather"} and arguments == ARGUMENTS and finish == "tool_calls"
 
 
-def test_bad_reasoning_effort_is_a_400(server: RemoteServer) -> None:
+def test_bad_reasoning_effort_and_template_fields_are_a_400(server: RemoteServer) -> None:
     for effort in ["extreme", "", "LOW", 2**64, -1, ["low"], {"effort": "low"}]:
         body = {"model": "oss", "messages": [{"role": "user", "content": "hi"}], "reasoning_effort": effort}
         response = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=30)
         assert response.status_code == 400 and "reasoning_effort" in response.text, effort
+    # A chat template's fields: harmony renders the chat.
+    for field, value in [("chat_template_kwargs", {"enable_thinking": False}), ("documents", [{"t": "x"}])]:
+        body = {"model": "oss", "messages": [{"role": "user", "content": "hi"}], field: value}
+        response = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=30)
+        assert response.status_code == 400 and field in response.text, field
     ok = server.client().chat.completions.create(model="oss", messages=CONVERSATION[1:2], max_tokens=1)
     assert ok.choices[0].finish_reason in ("stop", "length")
 

@@ -12,7 +12,7 @@ from pagedserve.entrypoints.openai.chat_tools import resolve_chat_tools
 from pagedserve.entrypoints.openai.harmony_encoding import harmony_encoding
 from pagedserve.entrypoints.openai.harmony_prompt import render_harmony_prompt
 from pagedserve.entrypoints.openai.protocol import ChatTemplateRequest
-from pagedserve.errors import ConfigError
+from pagedserve.errors import ConfigError, InvalidRequestError
 from pagedserve.families import family
 from pagedserve.sampling_params import SamplingParams
 
@@ -52,7 +52,18 @@ class HarmonyChat:
 
     def render(self, request: ChatTemplateRequest) -> list[int]:
         """The request's conversation, tools and reasoning effort as prompt token ids. Raises
-        InvalidRequestError."""
+        InvalidRequestError, also for a template's field: harmony renders the chat, no template."""
+        for field, value in (
+            ("continue_final_message", request.continue_final_message),
+            ("documents", request.documents),
+            ("chat_template_kwargs", request.chat_template_kwargs),
+        ):
+            if value:
+                raise InvalidRequestError(
+                    f"{field} is a chat template's field; this model's chats are rendered in the harmony "
+                    "format, which has none: drop it.",
+                    param=field,
+                )
         sent = request.messages or ()
         return render_harmony_prompt(
             normalize_messages([m.model_dump() for m in sent]),
