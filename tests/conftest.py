@@ -109,24 +109,6 @@ def build_tiny_llava(path: str) -> str:
     return path
 
 
-# Layer 0 windowed (24, shorter than most test prompts), layer 1 full; YaRN rope (factor 8 over an
-# original 64 positions, so the scaling changes every frequency band the tests reach).
-_GPT_OSS = dict(
-    head_dim=16,
-    intermediate_size=32,
-    num_local_experts=4,
-    num_experts_per_tok=2,
-    sliding_window=24,
-    rope_parameters={
-        "rope_type": "yarn",
-        "rope_theta": 10000.0,
-        "factor": 8.0,
-        "beta_fast": 32.0,
-        "beta_slow": 1.0,
-        "truncate": False,
-        "original_max_position_embeddings": 64,
-    },
-)
 _DEEPSEEK = dict(
     num_hidden_layers=2,
     num_key_value_heads=4,
@@ -229,10 +211,24 @@ TINY_MODELS = {
     "qwen3_moe": dict(
         head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True
     ),
-    "gpt_oss": _GPT_OSS,
-    # gpt-oss as the harmony format needs it: every o200k token and harmony's special tokens are ids
-    # (its prompts are rendered by openai-harmony, its outputs read by channel from their token ids).
-    "gpt_oss-harmony": dict(_GPT_OSS, vocab_size=200064),
+    # Layer 0 windowed (24, shorter than most test prompts), layer 1 full; YaRN rope (factor 8 over an
+    # original 64 positions, so the scaling changes every frequency band the tests reach).
+    "gpt_oss": dict(
+        head_dim=16,
+        intermediate_size=32,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=24,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 8.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 64,
+        },
+    ),
     # A thinking model: <think> and </think> added to the tokenizer (ids 49152, 49153; add_think_tokens).
     "qwen3-think": dict(head_dim=16, vocab_size=49160),
     # MLA: layer 0 dense, layer 1 experts (8 in 4 groups, 2 groups kept) and a shared expert. V2: q

@@ -8,11 +8,11 @@ reasoning_effort, or a chat template's field, is a 400 naming it, the server ser
 parsers on another model, or another parser on gpt-oss, are refused at startup."""
 
 import os
+import shutil
 
 import httpx
 import pytest
 import torch
-from conftest import TINY_MODELS, build_tiny_model
 from openai_harmony import (
     Author,
     Conversation,
@@ -25,6 +25,7 @@ from openai_harmony import (
 )
 from safetensors.torch import load_file, save_file
 from server_utils import API_SERVER, RemoteServer
+from transformers import AutoConfig
 
 from pagedserve.config.engine import EngineArgs
 from pagedserve.entrypoints.openai.harmony_channels import HarmonyChannels
@@ -47,6 +48,7 @@ TOOLS = [
     }
 ]
 ARGUMENTS = '{"city": "Paris"}'
+VOCAB_SIZE = 200064  # o200k and harmony's special tokens, rounded up to 64
 
 
 def _assistant(text: str, channel: str) -> Message:
@@ -164,25 +166,28 @@ CONVERSATION = [
 
 
 @pytest.fixture(scope="module")
-def forced_call_model(tmp_path_factory) -> str:
-    """The tiny harmony gpt-oss made to write the tool call after any prompt: attention and experts
-    output zero (o_proj and the experts' down projections), so the last hidden state is the token's
-    embedding; each token of the call gets a one-hot embedding whose dimension the head maps to the
-    next token."""
-    path = build_tiny_model(
-        str(tmp_path_factory.mktemp("forced")), "gpt_oss", **TINY_MODELS["gpt_oss-harmony"]
-    )
+def forced_call_model(tiny_model_factory, tmp_path_factory) -> str:
+    """The tiny gpt-oss with o200k's vocabulary (harmony's ids), made to write the tool call after any
+    prompt: attention and experts output zero (o_proj and the experts' down projections), so the last
+    hidden state is the token's embedding; each token of the call gets a one-hot embedding whose
+    dimension the head maps to the next token (every other embedding and head row is zero)."""
+    path = str(tmp_path_factory.mktemp("forced"))
+    shutil.copytree(tiny_model_factory("gpt_oss"), path, dirs_exist_ok=True)
     weights = load_file(os.path.join(path, "model.safetensors"))
     for name, tensor in weights.items():
         if ".o_proj." in name or ".experts.down_proj" in name:
             tensor.zero_()
-    embedding, head = weights["model.embed_tokens.weight"], weights["lm_head.weight"]
+    config = AutoConfig.from_pretrained(path)
+    config.vocab_size = VOCAB_SIZE
+    config.save_pretrained(path)
+    embedding, head = (torch.zeros(VOCAB_SIZE, config.hidden_size) for _ in range(2))
     # NOTE: the prompt ends with <|start|>assistant: "assistant" is followed by the call's first token.
     call = [ENCODING.encode("assistant")[0], *completion(CALL)]
     assert len(set(call)) == len(call), "each token has one successor"
     for dim, (token, successor) in enumerate(zip(call, call[1:])):
-        embedding[token] = torch.nn.functional.one_hot(torch.tensor(dim), embedding.shape[1])
+        embedding[token, dim] = 1.0
         head[successor, dim] = 10.0
+    weights.update({"model.embed_tokens.weight": embedding, "lm_head.weight": head})
     save_file(weights, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
     return path
 
