@@ -25,6 +25,8 @@ from pagedserve.entrypoints.openai.harmony_encoding import harmony_encoding
 from pagedserve.errors import InvalidRequestError
 from pagedserve.utils.user_json import JsonObject, JsonValue
 
+HARMONY_EFFORTS = ("low", "medium", "high")  # the efforts harmony's system message can say
+
 
 def render_harmony_prompt(
     conversation: Sequence[Mapping[str, JsonValue]],
@@ -39,6 +41,12 @@ def render_harmony_prompt(
     with their `descriptions`. Raises InvalidRequestError for a tool message answering no known call."""
     system = SystemContent.new()
     if reasoning_effort is not None:
+        if reasoning_effort not in HARMONY_EFFORTS:
+            raise InvalidRequestError(
+                f"reasoning_effort {reasoning_effort!r} is not one gpt-oss knows: use "
+                f"{', '.join(HARMONY_EFFORTS)}.",
+                param="reasoning_effort",
+            )
         system = system.with_reasoning_effort(ReasoningEffort(reasoning_effort.capitalize()))
     messages = [Message.from_role_and_content(Role.SYSTEM, system)]
     instructions = [str(m["content"]) for m in conversation if m["role"] in ("system", "developer")]
