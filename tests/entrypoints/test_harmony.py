@@ -11,18 +11,9 @@ import os
 import shutil
 
 import httpx
+import openai_harmony as harmony
 import pytest
 import torch
-from openai_harmony import (
-    Author,
-    Conversation,
-    DeveloperContent,
-    Message,
-    ReasoningEffort,
-    Role,
-    SystemContent,
-    ToolDescription,
-)
 from safetensors.torch import load_file, save_file
 from server_utils import API_SERVER, RemoteServer
 from transformers import AutoConfig
@@ -51,8 +42,8 @@ ARGUMENTS = '{"city": "Paris"}'
 VOCAB_SIZE = 200064  # o200k and harmony's special tokens, rounded up to 64
 
 
-def _assistant(text: str, channel: str) -> Message:
-    return Message.from_role_and_content(Role.ASSISTANT, text).with_channel(channel)
+def _assistant(text: str, channel: str) -> harmony.Message:
+    return harmony.Message.from_role_and_content(harmony.Role.ASSISTANT, text).with_channel(channel)
 
 
 CALL = (
@@ -62,7 +53,7 @@ CALL = (
 )
 
 
-def completion(*messages: Message) -> list[int]:
+def completion(*messages: harmony.Message) -> list[int]:
     """The tokens a model writes for `messages` after the prompt's `<|start|>assistant`."""
     # NOTE: message by message: a conversation's rendering drops analysis before a final answer.
     tokens = [token for message in messages for token in ENCODING.render(message)]
@@ -97,7 +88,7 @@ def read(tokens: list[int], pieces: list[list[int]]) -> tuple[str, str | None, l
         ),
     ],
 )
-def test_channels_whole_and_token_by_token(messages: list[Message], expected: tuple) -> None:
+def test_channels_whole_and_token_by_token(messages: list[harmony.Message], expected: tuple) -> None:
     tokens = completion(*messages)
     assert read(tokens, [tokens]) == expected
     assert read(tokens, [[token] for token in tokens]) == expected
@@ -134,20 +125,22 @@ def test_vocabulary_written_once_and_unwritable_cache_named(tmp_path, monkeypatc
 
 def reference_prompt() -> list[int]:
     """The test conversation as openai-harmony renders it, built by hand."""
-    system = SystemContent.new().with_reasoning_effort(ReasoningEffort.LOW)
-    tool = ToolDescription.new("get_weather", "The weather in a city.", PARAMETERS)
-    developer = DeveloperContent.new().with_instructions("Be brief.").with_function_tools([tool])
-    answer = Message.from_author_and_content(Author.new(Role.TOOL, "functions.get_weather"), "sunny")
+    system = harmony.SystemContent.new().with_reasoning_effort(harmony.ReasoningEffort.LOW)
+    tool = harmony.ToolDescription.new("get_weather", "The weather in a city.", PARAMETERS)
+    developer = harmony.DeveloperContent.new().with_instructions("Be brief.").with_function_tools([tool])
+    answer = harmony.Message.from_author_and_content(
+        harmony.Author.new(harmony.Role.TOOL, "functions.get_weather"), "sunny"
+    )
     messages = [
-        Message.from_role_and_content(Role.SYSTEM, system),
-        Message.from_role_and_content(Role.DEVELOPER, developer),
-        Message.from_role_and_content(Role.USER, "Weather in Paris?"),
+        harmony.Message.from_role_and_content(harmony.Role.SYSTEM, system),
+        harmony.Message.from_role_and_content(harmony.Role.DEVELOPER, developer),
+        harmony.Message.from_role_and_content(harmony.Role.USER, "Weather in Paris?"),
         _assistant("I should call the tool.", "analysis"),
         CALL,
         answer.with_channel("commentary").with_recipient("assistant"),
     ]
-    conversation = Conversation.from_messages(messages)
-    return list(ENCODING.render_conversation_for_completion(conversation, Role.ASSISTANT))
+    conversation = harmony.Conversation.from_messages(messages)
+    return list(ENCODING.render_conversation_for_completion(conversation, harmony.Role.ASSISTANT))
 
 
 CONVERSATION = [
