@@ -42,7 +42,7 @@ class HarmonyChat:
                 why = (
                     f"{config.model.architecture} writes the harmony format"
                     if harmony
-                    else (f"{ours!r} reads the harmony format, which only gpt-oss writes")
+                    else f"{ours!r} reads the harmony format, which only gpt-oss writes"
                 )
                 raise ConfigError(
                     f"{flag} {name!r} does not fit this model: {why}. Use {flag} {ours!r} "
