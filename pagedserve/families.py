@@ -95,9 +95,11 @@ class FamilyFacts:
     # Qwen2-VL's M-RoPE over dynamic-resolution images: each image's grid (the image processor's
     # image_grid_thw) sets its tokens and their 3-D positions (worker/mrope_positions.py)
     mrope: bool = False
-    # gpt-oss's: attention sinks (a logit per head in the softmax), biases on o_proj, the router and every
-    # expert; its config is checked by utils/hf_config.gpt_oss_config_problem
+    # gpt-oss's: attention sinks (a logit per head in the softmax); its config is checked by
+    # utils/hf_config.gpt_oss_config_problem
     sinks: bool = False
+    output_and_expert_biases: bool = False  # biases on o_proj, the router and every expert (gpt-oss)
+    harmony_chat: bool = False  # chats in OpenAI's harmony format (entrypoints/openai/harmony_prompt.py)
     mxfp4_experts: bool = False  # its fused experts layer takes MXFP4 checkpoints (quantization/mxfp4.py)
     mla: LatentAttention | None = None
 
@@ -105,8 +107,19 @@ class FamilyFacts:
     def separate_projections(self) -> bool:
         """A dense family whose checkpoint keeps q/k/v and gate/up apart: 4-bit checkpoints load into its
         layers as they are, and LoRA adapters target its projections."""
-        plain = not (self.encoder or self.fused_projections or self.takes_images)
-        return plain and self.moe is None and self.mla is None  # MLA: q/k/v come from latent projections
+        return self.joined_projections is None
+
+    @property
+    def joined_projections(self) -> str | None:
+        """Why its layers are not the separate projections adapters and 4-bit checkpoints target."""
+        reasons = (
+            (self.encoder, "an encoder"),
+            (self.fused_projections, "its checkpoint fuses q/k/v and gate/up"),
+            (self.takes_images, "a vision encoder feeds it"),
+            (self.moe is not None, "its MLPs are fused experts"),
+            (self.mla is not None, "its q/k/v come from latent projections (MLA)"),
+        )
+        return next((why for joined, why in reasons if joined), None)
 
 
 _GEMMA_GGUF_NAMES = {
@@ -270,6 +283,8 @@ FAMILIES: tuple[FamilyFacts, ...] = (
         qkv_bias=True,
         moe=MoELayout("mlp", every_layer=True, expert_size_field="intermediate_size", shared_expert=False),
         sinks=True,
+        output_and_expert_biases=True,
+        harmony_chat=True,
         mxfp4_experts=True,
     ),
     FamilyFacts(

@@ -97,8 +97,8 @@ class ModelShape:
     num_experts: int = 0
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
-    # gpt-oss: a sink logit per head, o_proj's bias, the router's bias and each expert's gate/up/down biases
-    gpt_oss_biases: bool = False
+    sinks: bool = False  # a sink logit per head (gpt-oss)
+    output_and_expert_biases: bool = False  # o_proj's, the router's and each expert's gate/up/down biases
     has_embedding: bool = True  # False on a pipeline stage after the first
     has_head: bool = True  # the final norm and LM head; False on a pipeline stage before the last
     first_layer: int = 0  # the model's index of the first decoder layer held (a pipeline stage's start)
@@ -165,7 +165,8 @@ class ModelShape:
             shared_expert_intermediate_size=(hf_config.n_shared_experts or 0) * moe_size
             if deepseek
             else getattr(hf_config, "shared_expert_intermediate_size", 0) or 0,
-            gpt_oss_biases=facts.sinks,
+            sinks=facts.sinks,
+            output_and_expert_biases=facts.output_and_expert_biases,
             mla=MLAShape.of(hf_config) if deepseek else None,
             shared_expert_gate=not deepseek,
             router_bias=facts.mla is not None and facts.mla.correction_bias,
@@ -199,7 +200,8 @@ class ModelShape:
             + self.num_heads * head_dim // tp * hidden  # o_proj
             + (hidden if self.linear_bias else 0)
             + (2 * head_dim if self.qk_norm else 0)
-            + (self.num_heads // tp + hidden if self.gpt_oss_biases else 0)  # sinks, o_proj's bias
+            + (self.num_heads // tp if self.sinks else 0)
+            + (hidden if self.output_and_expert_biases else 0)  # o_proj's bias
         )
         if self.mla is not None:
             attention = self.mla.parameters(hidden, self.num_heads // tp)
@@ -208,7 +210,7 @@ class ModelShape:
             return attention + norms + self._mlp(self.intermediate_size, tp)
         # router (and its bias) + experts
         moe = self.num_experts * (hidden + int(self.router_bias) + self._mlp(self.moe_intermediate_size, tp))
-        if self.gpt_oss_biases:  # the router's, each expert's gate/up (split) and down (whole)
+        if self.output_and_expert_biases:  # the router's, each expert's gate/up (split) and down (whole)
             moe += self.num_experts * (1 + 2 * self.moe_intermediate_size // tp + hidden)
         if self.shared_expert_intermediate_size:
             moe += self._mlp(self.shared_expert_intermediate_size, tp)  # shared expert(s)

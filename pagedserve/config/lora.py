@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING
 
 from pagedserve.config.model import SEPARATE_PROJECTION_ARCHITECTURES
 from pagedserve.errors import ConfigError
-from pagedserve.families import FAMILIES
+from pagedserve.families import FAMILIES, family
 
 if TYPE_CHECKING:
     from pagedserve.config.model import ModelConfig
@@ -53,8 +53,11 @@ class LoRAConfig:
         if model.pooling is not None:
             raise ConfigError("--enable-lora serves generation models only; drop it with --runner pooling.")
         if architecture not in LORA_ARCHITECTURES:
+            facts = family(architecture)
+            why = f" ({facts.joined_projections})" if facts is not None and facts.joined_projections else ""
             raise ConfigError(
-                f"--enable-lora does not support {architecture}; it serves {', '.join(LORA_ARCHITECTURES)}."
+                f"--enable-lora does not support {architecture}{why}; it serves "
+                f"{', '.join(LORA_ARCHITECTURES)}. Drop --enable-lora."
             )
         return cls(**limits)  # type: ignore[arg-type]
 

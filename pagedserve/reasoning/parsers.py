@@ -1,12 +1,11 @@
-"""The reasoning parsers by name (vLLM's), each one's tags. openai_gptoss (harmony channels) comes with
-the gpt-oss family."""
+"""The reasoning parsers by name (vLLM's), each one's tags."""
 
 from typing import Literal, get_args
 
 from pagedserve.errors import ConfigError
 from pagedserve.reasoning.parser import ReasoningParser
 
-ReasoningParserName = Literal["deepseek_r1", "qwen3", "granite", "mistral"]
+ReasoningParserName = Literal["deepseek_r1", "qwen3", "granite", "mistral", "openai_gptoss"]
 REASONING_PARSERS: tuple[str, ...] = get_args(ReasoningParserName)
 
 _PARSERS = {
@@ -18,6 +17,9 @@ _PARSERS = {
     "granite": ReasoningParser("granite", "Here is my thought process:", "Here is my response:"),
     # Magistral: [THINK] and [/THINK] control tokens.
     "mistral": ReasoningParser("mistral", "[THINK]", "[/THINK]"),
+    # gpt-oss: harmony's analysis channel, written as text. A harmony model's chat output is split by
+    # channel from its tokens (entrypoints/openai/harmony_channels.py), whatever the parser.
+    "openai_gptoss": ReasoningParser("openai_gptoss", "<|channel|>analysis<|message|>", "<|end|>"),
 }
 
 

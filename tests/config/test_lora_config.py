@@ -29,6 +29,9 @@ def test_defaults_and_what_lora_serves(tiny_model_factory) -> None:
     assert LoRAConfig().num_cpu_loras == 1 and LoRAConfig(max_loras=3).num_cpu_loras == 3
     with pytest.raises(ConfigError, match="--enable-lora does not support Phi3ForCausalLM"):
         EngineArgs(model=tiny_model_factory("phi3"), enable_lora=True).create_engine_config()
+    # gpt-oss: refused, saying why (adapters target separate dense projections; its MLPs are experts)
+    with pytest.raises(ConfigError, match=r"support GptOssForCausalLM \(its MLPs are fused experts\)"):
+        EngineArgs(model=tiny_model_factory("gpt_oss"), enable_lora=True).create_engine_config()
     config = EngineArgs(
         model=tiny_model_factory("llama"), enable_lora=True, max_loras=2
     ).create_engine_config()

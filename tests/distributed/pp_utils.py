@@ -25,6 +25,7 @@ NUM_BLOCKS = {
     "phi3": 10,
     "falcon-7b": 10,
     "deepseek_v3": 10,
+    "gpt_oss": 16,
 }
 PREFIX = [random.Random(1).randrange(3, 49152) for _ in range(16)]  # two blocks shared by every prompt
 

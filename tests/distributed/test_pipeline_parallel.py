@@ -39,6 +39,7 @@ one_process = pytest.fixture(scope="module", name="one_process")(one_process_tok
                 ("falcon-7b", 1, 2, None),  # its own names, parallel attention/MLP, LayerNorms, a tied head
                 ("gemma2", 1, 2, None),  # a windowed layer, then a global one: one KV cache group per stage
                 ("deepseek_v3", 1, 2, None),  # MLA (one latent tensor per layer), experts on stage 1
+                ("gpt_oss", 1, 2, None),  # sinks, biases, a window layer then a full one, YaRN, experts
             ]
         ),
     ],

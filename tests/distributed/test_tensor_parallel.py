@@ -18,8 +18,8 @@ from pagedserve.executor.multiproc import MultiprocExecutor
 # tied vocab-parallel LM head; qwen2: 1 KV head and q/k/v biases; mixtral: experts split over the ranks.
 MODELS = ["llama", "llama-1kv-tied", "qwen2", "mixtral"]
 # Also greedy-equal at tp=2: a shared expert and dense layers; sliding windows and soft caps; MLA (heads
-# split, the latent replicated).
-MORE_FAMILIES = ["qwen2_moe", "gemma2", "deepseek_v3"]
+# split, the latent replicated); gpt-oss (sinks and biases with its heads and experts split).
+MORE_FAMILIES = ["qwen2_moe", "gemma2", "deepseek_v3", "gpt_oss"]
 TP = 2
 
 

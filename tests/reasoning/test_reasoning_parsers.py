@@ -53,7 +53,7 @@ def test_prompt_tags_decide_where_the_output_starts() -> None:
 def test_unknown_parser_names_the_choices_and_the_flag() -> None:
     with pytest.raises(ConfigError, match=r"'nope' is not supported.*deepseek_r1.*--reasoning-parser"):
         get_reasoning_parser("nope")
-    assert REASONING_PARSERS == ("deepseek_r1", "qwen3", "granite", "mistral")
+    assert REASONING_PARSERS == ("deepseek_r1", "qwen3", "granite", "mistral", "openai_gptoss")
 
 
 PIECES = ["<think>", "</think>", "<", "</", "<th", "think>", "a", "b c", "\n", "</think", "é"]

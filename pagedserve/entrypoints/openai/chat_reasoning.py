@@ -1,15 +1,30 @@
 """Chat completions with --reasoning-parser: each sample's text split into its reasoning and its content
 (whole or streamed: pagedserve/reasoning/), and its reasoning tokens counted for usage. Tool calls are
-parsed from the content alone, so a call written while thinking is no call."""
+parsed from the content alone, so a call written while thinking is no call. A harmony model's samples
+(gpt-oss) are split by channel from their tokens, with or without a parser (harmony_channels.py)."""
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from pagedserve.config.reasoning import ReasoningConfig
 from pagedserve.core.thinking import Phase, Thinking, ThinkingState
+from pagedserve.entrypoints.openai.harmony_channels import HarmonyChannels
 from pagedserve.reasoning import ReasoningParser, ReasoningStream, get_reasoning_parser
 
 if TYPE_CHECKING:
+    from openai_harmony import HarmonyEncoding
     from transformers import PreTrainedTokenizerBase
+
+
+class OutputSplit(Protocol):
+    """One sample's reasoning and content, fed its output in deltas (or all at once)."""
+
+    @property
+    def thought(self) -> bool: ...  # whether the output has a reasoning part (else `reasoning` is null)
+
+    def feed(self, text: str, token_ids: list[int], finished: bool) -> tuple[str, str]: ...
+
+    @property
+    def num_reasoning_tokens(self) -> int: ...
 
 
 class SampleReasoning:
@@ -59,21 +74,35 @@ class SampleReasoning:
 
 
 class ChatReasoning:
-    """The server's parser, and its tags' token ids (the engine's ReasoningConfig) where they are tokens."""
+    """The server's parser, and its tags' token ids (the engine's ReasoningConfig) where they are tokens.
+    `harmony`: a harmony model's encoding (its samples are read by channel)."""
 
-    def __init__(self, config: ReasoningConfig | None, tokenizer: "PreTrainedTokenizerBase") -> None:
+    def __init__(
+        self,
+        config: ReasoningConfig | None,
+        tokenizer: "PreTrainedTokenizerBase",
+        harmony: "HarmonyEncoding | None" = None,
+    ) -> None:
         self.parser: ReasoningParser | None = None if config is None else get_reasoning_parser(config.parser)
         self._thinking = Thinking(config) if config is not None and config.tracks_thinking else None
         self._tokenizer = tokenizer
+        self._harmony = harmony
+
+    @property
+    def reports_reasoning(self) -> bool:
+        """Whether outputs are split (usage counts their reasoning tokens)."""
+        return self.parser is not None or self._harmony is not None
 
     @property
     def enforces_budgets(self) -> bool:
         """Whether the engine can force the end of thinking (a parser whose tags are tokens)."""
         return self._thinking is not None
 
-    def sample(self, prompt_token_ids: list[int]) -> SampleReasoning | None:
+    def sample(self, prompt_token_ids: list[int]) -> OutputSplit | None:
         """A splitter for one sample of this prompt (None without a parser). The output starts in
         thinking as the engine decides from the prompt's tags (the text's where they are text)."""
+        if self._harmony is not None:
+            return HarmonyChannels(self._harmony)
         if self.parser is None:
             return None
         if self._thinking is None:

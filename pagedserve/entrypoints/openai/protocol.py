@@ -30,6 +30,10 @@ def _or(value: T | None, default: T) -> T:
     return default if value is None else value
 
 
+# OpenAI's reasoning efforts (chat's `reasoning_effort`, the Responses API's `reasoning.effort`).
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+
+
 class StreamOptions(OpenAIRequestModel):
     include_usage: StrictBool | None = False
     continuous_usage_stats: StrictBool | None = False  # with include_usage: usage in every chunk (vLLM's)
@@ -220,6 +224,15 @@ class ChatTemplateRequest(OpenAIRequestModel):
     continue_final_message: StrictBool = False  # the last (assistant) message goes on: no generation prompt
     documents: list[dict[str, str]] | None = None  # for templates of retrieval-augmented models
     chat_template_kwargs: dict[str, Any] | None = None  # extra template variables, e.g. enable_thinking
+    # How long a reasoning model thinks: gpt-oss's system message says it (harmony: low, medium or high),
+    # other models' chat templates get it as the variable `reasoning_effort` (vLLM's).
+    reasoning_effort: ReasoningEffort | None = None
+
+    def template_variables(self) -> dict[str, Any] | None:
+        """chat_template_kwargs, with reasoning_effort when it is set."""
+        if self.reasoning_effort is None:
+            return self.chat_template_kwargs
+        return {"reasoning_effort": self.reasoning_effort, **(self.chat_template_kwargs or {})}
 
     def check_template_flags(self) -> None:
         if self.add_generation_prompt and self.continue_final_message:

@@ -5,6 +5,7 @@ from typing import Any, Literal
 
 from pydantic import Field, StrictBool, StrictStr, field_validator
 
+from pagedserve.entrypoints.openai.protocol import ReasoningEffort
 from pagedserve.entrypoints.openai.request_fields import OpenAIBaseModel, OpenAIRequestModel
 
 # OpenAI's bounds on `metadata`.
@@ -12,8 +13,6 @@ MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY_CHARS = 64
 MAX_METADATA_VALUE_CHARS = 512
 MAX_RESPONSE_ID_CHARS = 256
-
-ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 
 
 class Reasoning(OpenAIRequestModel):

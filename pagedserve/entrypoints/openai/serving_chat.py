@@ -18,8 +18,9 @@ from pagedserve.entrypoints.chat_utils import (
     resolve_content_format,
     with_images,
 )
-from pagedserve.entrypoints.openai.chat_reasoning import ChatReasoning, SampleReasoning
+from pagedserve.entrypoints.openai.chat_reasoning import ChatReasoning, OutputSplit
 from pagedserve.entrypoints.openai.chat_tools import ChatTools, ToolStreamer, resolve_chat_tools
+from pagedserve.entrypoints.openai.harmony_chat import HarmonyChat
 from pagedserve.entrypoints.openai.protocol import (
     ChatChoice,
     ChatCompletionChunk,
@@ -69,11 +70,16 @@ class OpenAIServingChat(OpenAIServing):
         self.content_format = resolve_content_format(
             content_format, template if isinstance(template, str) else None
         )
-        self.reasoning = ChatReasoning(engine.config.reasoning, self.tokenizer)
+        # NOTE: a harmony model (gpt-oss) renders and reads its chats through openai-harmony, not a template.
+        self.harmony = HarmonyChat.of(engine.config, tool_call_parser)
+        harmony_encoding = None if self.harmony is None else self.harmony.encoding
+        self.reasoning = ChatReasoning(engine.config.reasoning, self.tokenizer, harmony_encoding)
         self.image_placeholder = image_placeholder(self.tokenizer, engine.config.model.multimodal)
 
     def render(self, request: ChatTemplateRequest) -> list[int]:
         """The prompt token ids of a request's conversation. Raises InvalidRequestError."""
+        if self.harmony is not None:
+            return self.harmony.render(request)
         return apply_chat_template(
             self.tokenizer,
             normalize_messages(
@@ -84,7 +90,7 @@ class OpenAIServingChat(OpenAIServing):
             request.tools,
             continue_final_message=request.continue_final_message,
             documents=request.documents,
-            template_kwargs=request.chat_template_kwargs,
+            template_kwargs=request.template_variables(),
         )
 
     async def create_chat_completion(
@@ -139,6 +145,8 @@ class OpenAIServingChat(OpenAIServing):
         params = request.to_sampling_params(
             max_tokens, request.num_logprobs(), request.prompt_logprobs, defaults=self.sampling_defaults
         )
+        if self.harmony is not None:
+            params = self.harmony.with_stop_tokens(params)
         if tools.constraint is None:
             return params
         if params.structured_outputs is not None:
@@ -177,11 +185,11 @@ class OpenAIServingChat(OpenAIServing):
         )
 
     def _usage(
-        self, num_prompt_tokens: int, num_generated: int, splits: list[SampleReasoning | None]
+        self, num_prompt_tokens: int, num_generated: int, splits: list[OutputSplit | None]
     ) -> UsageInfo:
         """Usage, with the samples' reasoning tokens under a reasoning parser."""
         usage = usage_info(num_prompt_tokens, num_generated)
-        if self.reasoning.parser is not None:
+        if self.reasoning.reports_reasoning:
             num_reasoning = sum(split.num_reasoning_tokens for split in splits if split is not None)
             usage.completion_tokens_details = CompletionTokensDetails(reasoning_tokens=num_reasoning)
         return usage
@@ -191,7 +199,7 @@ class OpenAIServingChat(OpenAIServing):
         request: ChatCompletionRequest,
         tools: ChatTools,
         sample: CompletionOutput,
-        split: SampleReasoning | None,
+        split: OutputSplit | None,
     ) -> ChatChoice:
         """A finished sample as a choice: its reasoning split off (with a reasoning parser), the rest
         parsed for tool calls when tools are on."""
@@ -286,7 +294,7 @@ class OpenAIServingChat(OpenAIServing):
         request: ChatCompletionRequest,
         tools: ChatTools,
         streamer: ToolStreamer | None,
-        split: SampleReasoning | None,
+        split: OutputSplit | None,
         sample: CompletionOutput,
     ) -> tuple[DeltaMessage | None, str | None]:
         """This output's delta (None: nothing to send yet) and finish reason. With a reasoning parser the

@@ -1,7 +1,7 @@
 """POST /v1/responses (and GET / DELETE /v1/responses/{id}, POST .../cancel): the Responses API as a
 translator over chat completions (chat_translation.py). `instructions`, the stored conversation of
 `previous_response_id` and `input` become the messages; `tools` (function), `tool_choice`,
-`parallel_tool_calls`, `text.format`, `reasoning.effort` (the chat template's `reasoning_effort`),
+`parallel_tool_calls`, `text.format`, `reasoning.effort` (chat's `reasoning_effort`),
 `max_output_tokens`, `temperature` and `top_p` the chat request's fields."""
 
 import time
@@ -181,10 +181,8 @@ def _chat_body(request: ResponsesRequest, messages: list[JsonObject]) -> JsonObj
         "tool_choice": _chat_tool_choice(request.tool_choice),
         "parallel_tool_calls": request.parallel_tool_calls,
         "response_format": _response_format(request.text),
+        "reasoning_effort": request.reasoning.effort if request.reasoning else None,
     }
-    effort = request.reasoning.effort if request.reasoning else None
-    if effort is not None:
-        body["chat_template_kwargs"] = {"reasoning_effort": effort}
     return {key: value for key, value in body.items() if value is not None}
 
 

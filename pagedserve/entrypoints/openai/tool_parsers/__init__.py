@@ -10,6 +10,7 @@ from pagedserve.entrypoints.openai.tool_parsers.hermes import HermesToolParser
 from pagedserve.entrypoints.openai.tool_parsers.kimi_k2 import KimiK2ToolParser
 from pagedserve.entrypoints.openai.tool_parsers.llama3_json import Llama3JsonToolParser
 from pagedserve.entrypoints.openai.tool_parsers.mistral import MistralToolParser
+from pagedserve.entrypoints.openai.tool_parsers.openai import OpenAIToolParser
 from pagedserve.entrypoints.openai.tool_parsers.phi4_mini import Phi4MiniJsonToolParser
 from pagedserve.entrypoints.openai.tool_parsers.pythonic import PythonicToolParser
 from pagedserve.entrypoints.openai.tool_parsers.qwen3_coder import Qwen3CoderToolParser
@@ -25,6 +26,7 @@ ToolCallParserName = Literal[
     "kimi_k2",
     "llama3_json",
     "mistral",
+    "openai",
     "phi4_mini_json",
     "pythonic",
     "qwen3_coder",
@@ -37,6 +39,7 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "kimi_k2": KimiK2ToolParser,
     "llama3_json": Llama3JsonToolParser,
     "mistral": MistralToolParser,
+    "openai": OpenAIToolParser,
     "phi4_mini_json": Phi4MiniJsonToolParser,
     "pythonic": PythonicToolParser,
     "qwen3_coder": Qwen3CoderToolParser,
