@@ -91,6 +91,9 @@ class FamilyFacts:
     moe: MoELayout | None = None
     gguf: GGUFFacts | None = None  # None: no GGUF of its own (see `holds` of the one that carries it)
     takes_images: bool = False  # a vision encoder feeds the language model (config/multimodal.py)
+    # the placeholder tokens of one image attend each other both ways during prefill (Gemma 3), so a
+    # prefill chunk never ends inside an image; `mm_tokens_per_image` of its config gives their number
+    bidirectional_images: bool = False
     # gpt-oss's: attention sinks (a logit per head in the softmax), biases on o_proj, the router and every
     # expert; its config is checked by utils/hf_config.gpt_oss_config_problem
     sinks: bool = False
@@ -283,6 +286,15 @@ FAMILIES: tuple[FamilyFacts, ...] = (
         mla=LatentAttention((None, "sigmoid"), (None, "noaux_tc"), correction_bias=True),
     ),
     FamilyFacts("llava", "llava", "LlavaForConditionalGeneration", takes_images=True),
+    FamilyFacts(
+        "gemma3_mm",
+        "gemma3",
+        "Gemma3ForConditionalGeneration",
+        qk_norm=True,
+        norm_placement="sandwich",
+        takes_images=True,
+        bidirectional_images=True,
+    ),
     FamilyFacts(
         "bert", "bert", "BertModel", classifier="BertForSequenceClassification", encoder=True, gguf=_BERT_GGUF
     ),

@@ -363,6 +363,7 @@ class EngineArgs(ParallelArgs):
             self.scheduling_policy,
             pooling=model.pooling is not None,
             max_loras=None if lora is None else lora.max_loras,
+            whole_image_tokens=model.multimodal and model.multimodal.bidirectional_image_tokens,
         )
         parallel = self.parallel_config(device, model)
         return EngineConfig(

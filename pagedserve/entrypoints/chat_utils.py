@@ -145,11 +145,11 @@ def _parts(content: JsonValue) -> list[Mapping[str, JsonValue]]:
 def image_placeholder(
     tokenizer: "PreTrainedTokenizerBase", multimodal: MultiModalConfig | None
 ) -> str | None:
-    """The text an image part becomes in the template (the image token, e.g. LLaVA's "<image>"); None
-    for a text-only model, which refuses image parts."""
+    """The text an image part becomes in the template (the prompt's image token, e.g. LLaVA's "<image>",
+    Gemma 3's "<start_of_image>"); None for a text-only model, which refuses image parts."""
     if multimodal is None:
         return None
-    return str(tokenizer.convert_ids_to_tokens(multimodal.image_token_id))
+    return str(tokenizer.convert_ids_to_tokens(multimodal.prompt_token_id))
 
 
 def with_images(prompt: PromptType, messages: Sequence[Mapping[str, JsonValue]]) -> PromptType:

@@ -2,7 +2,6 @@
 two-layer MLP projector into the language model's width, and a Llama-family language model whose
 placeholder tokens (`image_token_index`) take the projected patches' places."""
 
-from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -11,21 +10,11 @@ from torch import nn
 from pagedserve.errors import ConfigError
 from pagedserve.layers.activation import plain_activation
 from pagedserve.models.clip import CLIPVisionTower
-from pagedserve.models.interface import IntermediateTensors, MultiModalLM
-from pagedserve.models.llama import LlamaForCausalLM, LlamaModel
+from pagedserve.models.llama import LlamaForCausalLM
+from pagedserve.models.vision_language import VisionLanguageModel
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
-
-# Checkpoint prefixes (transformers >= 4.52 saves the first of each pair; LLaVA-1.5 checkpoints the
-# second) -> ours.
-_PREFIXES = (
-    ("model.language_model.", "language_model.model."),
-    ("model.vision_tower.", "vision_tower."),
-    ("model.multi_modal_projector.", "multi_modal_projector."),
-    ("lm_head.", "language_model.lm_head."),
-    ("vision_tower.vision_model.", "vision_tower."),
-)
 
 
 class LlavaMultiModalProjector(nn.Module):
@@ -42,7 +31,7 @@ class LlavaMultiModalProjector(nn.Module):
         return out
 
 
-class LlavaForConditionalGeneration(MultiModalLM):
+class LlavaForConditionalGeneration(VisionLanguageModel):
     def __init__(self, config: "PretrainedConfig") -> None:
         super().__init__()
         self.config = config
@@ -69,48 +58,3 @@ class LlavaForConditionalGeneration(MultiModalLM):
             features = features[:, 1:]  # NOTE: the class token has no place among the placeholders
         projected: torch.Tensor = self.multi_modal_projector(features)
         return projected
-
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        trunk = self.language_model.model
-        assert isinstance(trunk, LlamaModel), "LlamaForCausalLM's trunk"
-        return trunk.embed(input_ids)
-
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, inputs_embeds: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return self.language_model.forward(input_ids, positions, inputs_embeds)
-
-    def forward_stage(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate: IntermediateTensors | None
-    ) -> torch.Tensor | IntermediateTensors:
-        """The language model's stage (images refuse --pipeline-parallel-size > 1: one stage)."""
-        return self.language_model.forward_stage(input_ids, positions, intermediate)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.language_model.compute_logits(hidden)
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """The language model's tensors through its own loader; the vision tower's and the projector's
-        copied as they are (the tower's unused layers and final norm skipped)."""
-        params = dict(self.named_parameters())
-        loaded: set[str] = set()
-
-        def language_weights() -> Iterator[tuple[str, torch.Tensor]]:
-            # NOTE: one pass, as the checkpoint streams: its tensors are read while their file is open.
-            for checkpoint_name, tensor in weights:
-                name = _our_name(checkpoint_name)
-                if name.startswith("language_model."):
-                    yield name.removeprefix("language_model."), tensor
-                elif name in params:
-                    params[name].data.copy_(tensor)
-                    loaded.add(name)
-
-        language = self.language_model.load_weights(language_weights())
-        return loaded | {f"language_model.{name}" for name in language}
-
-
-def _our_name(name: str) -> str:
-    for prefix, ours in _PREFIXES:
-        if name.startswith(prefix):
-            return ours + name.removeprefix(prefix)
-    return name

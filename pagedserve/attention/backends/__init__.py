@@ -24,8 +24,13 @@ def get_attention_backend(name: str) -> AnyAttentionBackend:
     return ATTENTION_BACKENDS.load(name)()
 
 
-def select_attention_backend(requested: str, platform: Platform) -> AnyAttentionBackend:
+def select_attention_backend(
+    requested: str, platform: Platform, bidirectional_images: bool = False
+) -> AnyAttentionBackend:
     """The backend for `requested` (auto or a registered name) on `platform`, with the choice logged.
+
+    `bidirectional_images`: the model's image tokens attend each other both ways (Gemma 3), which only
+    the torch backend's masks express: auto takes torch (logged), another name raises ConfigError.
 
     auto is the platform's default (cpu on a CPU, triton on CUDA). cpu needs the native kernels: when
     they are disabled (PAGEDSERVE_CPU_KERNELS=0) or fail to build, torch is used instead, with the reason
@@ -33,6 +38,14 @@ def select_attention_backend(requested: str, platform: Platform) -> AnyAttention
     falls back to torch without it) and, on CPU, kernels defined under TRITON_INTERPRET=1; asked for
     explicitly without them it raises ConfigError.
     """
+    if bidirectional_images and requested not in ("auto", "torch"):
+        raise ConfigError(
+            f"--attention-backend {requested} cannot attend an image's tokens both ways, as this model's "
+            "images need; use --attention-backend torch (or auto, which picks it)."
+        )
+    if bidirectional_images:
+        logger.info("Attention backend: torch (image tokens attend each other both ways).")
+        return get_attention_backend("torch")
     name = requested
     if requested == "auto":
         name = platform.default_attention_backend
