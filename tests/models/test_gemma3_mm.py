@@ -1,12 +1,13 @@
 """Gemma 3 with images against HF transformers (float32) on a tiny random config with Gemma 3's processor:
 greedy tokens equal with one and with two images, batched with a text prompt, chunked (never through an
-image) and after recompute preemption; the same image is
-a prefix hit (one ending inside the image), another image is not; the startup refusals name their flags."""
+image) and after recompute preemption (HF's processor gives the token_type_ids that make an image's tokens
+attend each other); the same image is a prefix hit (one ending inside the image), another image is not; the
+startup refusals name their flags."""
 
-import numpy as np
 import pytest
 import torch
 from PIL import Image
+from test_llava import hf_greedy, random_image, stats  # NOTE: HF's side is the same through its processor
 
 from pagedserve import LLM, SamplingParams
 from pagedserve.errors import ConfigError
@@ -24,11 +25,6 @@ CASES = [
 ]
 
 
-def random_image(seed: int, size: tuple[int, int]) -> Image.Image:
-    pixels = np.random.RandomState(seed).randint(0, 256, (size[1], size[0], 3), dtype=np.uint8)
-    return Image.fromarray(pixels)
-
-
 @pytest.fixture(scope="module")
 def hf(tiny_gemma3v: str):
     from transformers import AutoProcessor, Gemma3ForConditionalGeneration
@@ -37,36 +33,15 @@ def hf(tiny_gemma3v: str):
     return model, AutoProcessor.from_pretrained(tiny_gemma3v)
 
 
-def hf_greedy(hf, prompt: str, images: list[Image.Image], max_tokens: int) -> tuple[list[int], list[int]]:
-    """(HF's processed prompt ids, its greedy tokens); its processor's token_type_ids make the image
-    tokens attend each other during prefill."""
-    model, processor = hf
-    inputs = processor(text=prompt, images=images or None, return_tensors="pt")
-    with torch.no_grad():
-        out = model.generate(**inputs, max_new_tokens=max_tokens, do_sample=False)
-    prompt_ids = inputs["input_ids"][0].tolist()
-    return prompt_ids, out[0, len(prompt_ids) :].tolist()
-
-
 @pytest.fixture(scope="module")
 def llm(tiny_gemma3v: str) -> LLM:
     """A step budget of 24 tokens chunks every image prompt (16 tokens an image, plus its start and end
     tokens); 20 blocks of 8 tokens (full and window layers) run short as the four requests grow, so some
     are preempted (and recomputed)."""
+    budgets = dict(max_num_batched_tokens=24, max_num_seqs=4, num_gpu_blocks_override=20)
     return LLM(
-        tiny_gemma3v,
-        dtype="float32",
-        max_model_len=80,
-        block_size=8,
-        max_num_batched_tokens=24,
-        max_num_seqs=4,
-        num_gpu_blocks_override=20,
-        preemption_mode="recompute",
+        tiny_gemma3v, dtype="float32", max_model_len=80, block_size=8, preemption_mode="recompute", **budgets
     )
-
-
-def stats(llm: LLM):
-    return llm.llm_engine.engine_core.get_stats()
 
 
 def generate_cases(llm: LLM) -> list:
