@@ -1,8 +1,8 @@
 """Gemma 3 with images against HF transformers (float32) on a tiny random config with Gemma 3's processor:
 greedy tokens equal with one and with two images, batched with a text prompt, chunked (never through an
-image) and after recompute preemption (HF's processor gives the token_type_ids that make an image's tokens
-attend each other); the same image is a prefix hit (one ending inside the image), another image is not; the
-startup refusals name their flags."""
+image) and after recompute preemption, on the cpu backend's kernel and on the torch backend (HF's processor
+gives the token_type_ids that make an image's tokens attend each other); the same image is a prefix hit (one
+ending inside the image), another image is not; the startup refusals name their flags."""
 
 import pytest
 import torch
@@ -68,6 +68,14 @@ def test_images_batched_chunked_preempted_match_hf(llm: LLM, hf) -> None:
     assert after.num_images_encoded - before.num_images_encoded >= 4
 
 
+def test_torch_backend_matches_hf(tiny_gemma3v: str, hf) -> None:
+    """The reference backend's masks (the fixture's engine runs the cpu backend's kernel)."""
+    engine = LLM(
+        tiny_gemma3v, dtype="float32", max_model_len=80, attention_backend="torch", kv_cache_memory="16MiB"
+    )
+    assert_cases_match_hf(generate_cases(engine), hf)
+
+
 def test_prefix_hit_same_image_not_another(llm: LLM, hf) -> None:
     # The image's tokens are positions 2-17: the hit (two blocks of 8) ends inside it, and the step after
     # the hit computes the rest of the image with the prompt's end.
@@ -93,5 +101,5 @@ def test_prefix_hit_same_image_not_another(llm: LLM, hf) -> None:
 def test_startup_refusals_name_the_flag(tiny_gemma3v: str) -> None:
     with pytest.raises(ConfigError, match=r"--max-num-batched-tokens \(8\) must be at least one image's 16"):
         LLM(tiny_gemma3v, max_num_batched_tokens=8, max_model_len=80)
-    with pytest.raises(ConfigError, match="--attention-backend cpu cannot attend an image's tokens"):
-        LLM(tiny_gemma3v, attention_backend="cpu", max_model_len=80, kv_cache_memory="16MiB")
+    with pytest.raises(ConfigError, match="--attention-backend triton cannot attend an image's tokens"):
+        LLM(tiny_gemma3v, attention_backend="triton", max_model_len=80, kv_cache_memory="16MiB")
