@@ -68,6 +68,7 @@ def test_images_batched_chunked_preempted_match_hf(llm: LLM, hf) -> None:
     assert after.num_images_encoded - before.num_images_encoded >= 4
 
 
+@pytest.mark.sampled
 def test_torch_backend_matches_hf(tiny_gemma3v: str, hf) -> None:
     """The reference backend's masks (the fixture's engine runs the cpu backend's kernel)."""
     engine = LLM(
