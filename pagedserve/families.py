@@ -95,6 +95,9 @@ class FamilyFacts:
     # Qwen2-VL's M-RoPE over dynamic-resolution images: each image's grid (the image processor's
     # image_grid_thw) sets its tokens and their 3-D positions (worker/mrope_positions.py)
     mrope: bool = False
+    # the placeholder tokens of one image attend each other both ways during prefill (Gemma 3), so a
+    # prefill chunk never ends inside an image; `mm_tokens_per_image` of its config gives their number
+    bidirectional_images: bool = False
     # gpt-oss's: attention sinks (a logit per head in the softmax); its config is checked by
     # utils/hf_config.gpt_oss_config_problem
     sinks: bool = False
@@ -318,6 +321,15 @@ FAMILIES: tuple[FamilyFacts, ...] = (
         qkv_bias=True,
         takes_images=True,
         mrope=True,
+    ),
+    FamilyFacts(
+        "gemma3_mm",
+        "gemma3",
+        "Gemma3ForConditionalGeneration",
+        qk_norm=True,
+        norm_placement="sandwich",
+        takes_images=True,
+        bidirectional_images=True,
     ),
     FamilyFacts(
         "bert", "bert", "BertModel", classifier="BertForSequenceClassification", encoder=True, gguf=_BERT_GGUF

@@ -171,6 +171,54 @@ def build_tiny_qwen2_5_vl(path: str) -> str:
     return path
 
 
+def build_tiny_gemma3v(path: str) -> str:
+    """Gemma 3 with images in miniature: a 2-layer SigLIP tower over 32 x 32 images in 4-pixel patches (64
+    patches, pooled 2 x 2 into 16 image tokens), Gemma 3's projector and a 2-layer Gemma 3 (one window
+    layer of 24 tokens, one global); Gemma 3's image processor at 32 px and its processor (boi, 16 soft
+    tokens, eoi), on SmolLM2's tokenizer with Gemma's three image tokens added."""
+    from transformers import (
+        AutoTokenizer,
+        Gemma3Config,
+        Gemma3ForConditionalGeneration,
+        Gemma3ImageProcessor,
+        Gemma3Processor,
+        SiglipVisionConfig,
+    )
+
+    special = {
+        "boi_token": "<start_of_image>",
+        "image_token": "<image_soft_token>",
+        "eoi_token": "<end_of_image>",
+    }
+    tokenizer = AutoTokenizer.from_pretrained(_tokenizer_folder(), extra_special_tokens=special)
+    boi, soft, eoi = tokenizer.convert_tokens_to_ids(list(special.values()))
+    sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
+    vision = SiglipVisionConfig(image_size=32, patch_size=4, vision_use_head=False, **sizes)
+    text = tiny_hf_config(
+        "gemma3_text", vocab_size=len(tokenizer), tie_word_embeddings=True, **TINY_MODELS["gemma3_text"]
+    )
+    config = Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=16,
+        boi_token_index=boi,
+        image_token_index=soft,
+        eoi_token_index=eoi,
+    )
+    torch.manual_seed(0)
+    model = Gemma3ForConditionalGeneration(config)
+    with torch.no_grad():  # HF initializes these to zero (norms: 1 + w): make them count
+        for name, param in model.named_parameters():
+            if name.endswith(("bias", "projection_weight")) or "norm" in name:
+                param.normal_(0.0, 0.1 if name.endswith(("bias", "projection_weight")) else 0.5)
+    model.save_pretrained(path)
+    image_processor = Gemma3ImageProcessor(size={"height": 32, "width": 32})
+    Gemma3Processor(
+        image_processor=image_processor, tokenizer=tokenizer, image_seq_length=16
+    ).save_pretrained(path)
+    return path
+
+
 _DEEPSEEK = dict(
     num_hidden_layers=2,
     num_key_value_heads=4,
@@ -371,6 +419,8 @@ def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory):
             cache[name] = build_tiny_llava(str(tmp_path_factory.mktemp(name)), any_res=name == "llava_next")
         if name == "qwen2_5_vl" and name not in cache:
             cache[name] = build_tiny_qwen2_5_vl(str(tmp_path_factory.mktemp(name)))
+        if name == "gemma3v" and name not in cache:
+            cache[name] = build_tiny_gemma3v(str(tmp_path_factory.mktemp(name)))
         if name not in cache:
             architecture = name.split("-")[0]
             cache[name] = build_tiny_model(
@@ -396,6 +446,11 @@ def tiny_qwen2_5_vl(tiny_model_factory) -> str:
 @pytest.fixture(scope="session")
 def tiny_llava_next(tiny_model_factory) -> str:
     return tiny_model_factory("llava_next")
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3v(tiny_model_factory) -> str:
+    return tiny_model_factory("gemma3v")
 
 
 @pytest.fixture(scope="session")

@@ -371,6 +371,9 @@ class EngineArgs(ParallelArgs):
             self.scheduling_policy,
             pooling=model.pooling is not None,
             max_loras=None if lora is None else lora.max_loras,
+            whole_image_tokens=None
+            if model.multimodal is None
+            else model.multimodal.bidirectional_image_tokens,
         )
         parallel = self.parallel_config(device, model)
         return EngineConfig(

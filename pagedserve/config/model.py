@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from pagedserve.config.multimodal import (
     MultiModalConfig,
+    bidirectional_image_tokens,
     image_token_id,
+    placeholder_token_id,
     text_config,
 )
 from pagedserve.config.pooling import (
@@ -161,7 +163,12 @@ def load_model_config(
     ]
     multimodal = None
     if checkpoint_config.model_type in IMAGE_ARCHITECTURES:
-        multimodal = MultiModalConfig(checkpoint_config, image_token_id(checkpoint_config))
+        multimodal = MultiModalConfig(
+            checkpoint_config,
+            image_token_id(checkpoint_config),
+            bidirectional_image_tokens(checkpoint_config),
+            placeholder_token_id(checkpoint_config),
+        )
     # NOTE: sizing, the KV layout and the LM read the language model's config alone.
     hf_config = text_config(checkpoint_config)
     limit, _ = model_len_limit(hf_config)

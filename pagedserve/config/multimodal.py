@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pagedserve.errors import ConfigError
-from pagedserve.families import IMAGE_ARCHITECTURES
+from pagedserve.families import IMAGE_ARCHITECTURES, family
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -23,15 +23,26 @@ DEFAULT_IMAGES_PER_PROMPT = 8
 @dataclass(frozen=True)
 class MultiModalConfig:
     """`hf_config`: the checkpoint's whole config (LlavaConfig); `image_token_id`: the placeholder token
-    each image's embeddings replace. The rest bound what a request may send."""
+    each image's embeddings replace; `bidirectional_image_tokens`: the placeholder tokens of one image when
+    they attend each other both ways during prefill (Gemma 3; None: causal, LLaVA). The rest bound what a
+    request may send."""
 
     hf_config: "PretrainedConfig"
     image_token_id: int
+    bidirectional_image_tokens: int | None = None
+    # The token a prompt marks an image's place with, which the processor expands into the image's tokens
+    # (Gemma 3's start-of-image); None: the image token itself (LLaVA).
+    placeholder_token_id: int | None = None
     max_images_per_prompt: int = DEFAULT_IMAGES_PER_PROMPT
     allowed_media_domains: tuple[str, ...] | None = None  # None: any host
     allowed_local_media_path: str | None = None  # None: file:// URLs are refused
     fetch_timeout_s: float = 5.0
     max_media_bytes: int = 20 * 2**20
+
+    @property
+    def prompt_token_id(self) -> int:
+        """The token a prompt holds, one per image, before the processor expands it."""
+        return self.image_token_id if self.placeholder_token_id is None else self.placeholder_token_id
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_images_per_prompt < 2**31:
@@ -64,6 +75,20 @@ def image_token_id(hf_config: "PretrainedConfig") -> int:
     if value is None:
         value = hf_config.image_token_index
     return int(value)
+
+
+def bidirectional_image_tokens(hf_config: "PretrainedConfig") -> int | None:
+    """One image's placeholder tokens when its family attends them both ways (families.py), else None."""
+    facts = family(IMAGE_ARCHITECTURES[hf_config.model_type])
+    if facts is None or not facts.bidirectional_images:
+        return None
+    return int(hf_config.mm_tokens_per_image)
+
+
+def placeholder_token_id(hf_config: "PretrainedConfig") -> int | None:
+    """The start-of-image token that marks an image in a prompt when the model has one (Gemma 3)."""
+    value = getattr(hf_config, "boi_token_index", None)
+    return None if value is None else int(value)
 
 
 def parse_limit_mm_per_prompt(value: str | dict[str, object] | None) -> int:

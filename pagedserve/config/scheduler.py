@@ -28,6 +28,9 @@ class SchedulerConfig:
     policy: SchedulingPolicy = "fcfs"
     pooling: bool = False  # --runner pooling: every prompt is computed in one step
     max_loras: int | None = None  # --enable-lora: the most adapters running at once (--max-loras)
+    # An image model whose image tokens attend each other both ways (Gemma 3): one image's tokens, which a
+    # step schedules whole (a chunk never ends inside an image); None: chunks may cut through images.
+    whole_image_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -43,6 +46,12 @@ class SchedulerConfig:
             raise ConfigError(
                 f"--runner pooling computes each prompt in one step: --max-num-batched-tokens "
                 f"({self.max_num_batched_tokens}) must be at least --max-model-len ({self.max_model_len})."
+            )
+        if self.whole_image_tokens is not None and self.max_num_batched_tokens < self.whole_image_tokens:
+            raise ConfigError(
+                f"this model's images attend within themselves and are computed in one step: "
+                f"--max-num-batched-tokens ({self.max_num_batched_tokens}) must be at least one image's "
+                f"{self.whole_image_tokens} tokens."
             )
         if self.preemption_mode not in (None, *PREEMPTION_MODES):
             raise ConfigError(

@@ -191,7 +191,12 @@ class Scheduler(SchedulerState):
                 return
             limit = self.config.max_num_batched_tokens
             num_new = encoder_cut(
-                request, admission.num_cached, admission.num_new, step.encoder_tokens, limit
+                request,
+                admission.num_cached,
+                admission.num_new,
+                step.encoder_tokens,
+                limit,
+                self.config.whole_image_tokens is not None,
             )
             if num_new == 0:
                 return  # its next image waits for the next step's encoder budget
@@ -349,7 +354,14 @@ class Scheduler(SchedulerState):
         limit, used, kept = self.config.max_num_batched_tokens, step.encoder_tokens, []
         for request, num_new in plan:
             if request.images:
-                num_new = encoder_cut(request, request.num_computed_tokens, num_new, used, limit)
+                num_new = encoder_cut(
+                    request,
+                    request.num_computed_tokens,
+                    num_new,
+                    used,
+                    limit,
+                    self.config.whole_image_tokens is not None,
+                )
                 used += encoder_tokens(request, request.num_computed_tokens, num_new)
             if num_new > 0:
                 kept.append((request, num_new))

@@ -51,7 +51,7 @@ class ImagePromptProcessor:
         """The prompt with each image's placeholder token expanded, and the images in prompt order."""
         self.check_count(sources, param)
         token_id = self.config.image_token_id
-        places = [i for i, t in enumerate(token_ids) if t == token_id]
+        places = [i for i, t in enumerate(token_ids) if t == self.config.prompt_token_id]
         if len(places) != len(sources):
             raise InvalidRequestError(
                 f"{param}: the prompt has {len(places)} image placeholders ({self.placeholder!r}) but "
@@ -60,25 +60,41 @@ class ImagePromptProcessor:
             )
         images = [self.media.load(source, f"{param}[{i}]") for i, source in enumerate(sources)]
         expanded: list[int] = []
-        inputs = []
+        spans: list[tuple[int, int]] = []  # each image's [start, end) in `expanded`
+        pixel_values = []  # each image's pixel values and, for any-res processors, its size before them
+        adds_text = False
         previous = 0
         for index, (place, image) in enumerate(zip(places, images)):
             expanded += token_ids[previous:place]
             tokens, pixels, size = self._run_processor(image, f"{param}[{index}]")
-            first = tokens.index(token_id)
-            inputs.append(
-                ImageInput(
-                    content_hash=_content_hash(pixels, size),
-                    offset=len(expanded) + first,
-                    length=tokens.count(token_id),
-                    shape=list(pixels.shape),
-                    pixel_values=pixels.tobytes(),
-                    image_size=size,
-                )
-            )
+            start = len(expanded) + tokens.index(token_id)
+            spans.append((start, start + tokens.count(token_id)))
+            pixel_values.append((pixels, size))
+            adds_text = adds_text or len(tokens) > tokens.count(token_id)
             expanded += tokens
             previous = place + 1
-        return expanded + token_ids[previous:], inputs
+        expanded += token_ids[previous:]
+        if adds_text:
+            # NOTE: the processor puts text around an image's tokens (Gemma 3's "\n\n"), which HF tokenizes
+            # together with the prompt's own text beside it (merging newlines): so the expanded prompt is
+            # tokenized again as text. Its image tokens are special tokens and stay, each image's run apart.
+            tokenizer = self.processor.tokenizer
+            text = tokenizer.decode(expanded, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            expanded = tokenizer(text, add_special_tokens=False)["input_ids"]
+            spans = _runs(expanded, token_id)
+            assert len(spans) == len(images), "text between images keeps their runs apart"
+        inputs = [
+            ImageInput(
+                content_hash=_content_hash(pixels, size),
+                offset=start,
+                length=end - start,
+                shape=list(pixels.shape),
+                pixel_values=pixels.tobytes(),
+                image_size=size,
+            )
+            for (start, end), (pixels, size) in zip(spans, pixel_values)
+        ]
+        return expanded, inputs
 
     def _run_processor(self, image: "Image", param: str) -> tuple[list[int], np.ndarray, list[int] | None]:
         """The processor's tokens for one placeholder, the image's pixel values ([1, C, H, W]; any-res
@@ -96,6 +112,19 @@ class ImagePromptProcessor:
         sizes = out.get("image_sizes")
         size = None if sizes is None else [int(side) for side in sizes[0]]
         return [int(t) for t in out["input_ids"][0]], pixels, size
+
+
+def _runs(token_ids: list[int], token_id: int) -> list[tuple[int, int]]:
+    """The [start, end) runs of `token_id` in `token_ids`: one per image."""
+    runs: list[tuple[int, int]] = []
+    for i, token in enumerate(token_ids):
+        if token != token_id:
+            continue
+        if runs and runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    return runs
 
 
 def _content_hash(pixels: np.ndarray, size: list[int] | None) -> str:

@@ -145,16 +145,16 @@ def _parts(content: JsonValue) -> list[Mapping[str, JsonValue]]:
 def image_placeholder(
     tokenizer: "PreTrainedTokenizerBase", multimodal: MultiModalConfig | None
 ) -> str | None:
-    """The text an image part becomes in the template (the image token, e.g. LLaVA's "<image>", framed by
-    Qwen2-VL's vision start and end tokens where the config has them, as its chat template frames it);
-    None for a text-only model, which refuses image parts."""
+    """The text an image part becomes in the template (the prompt's image token, e.g. LLaVA's "<image>",
+    Gemma 3's "<start_of_image>", framed by Qwen2-VL's vision start and end tokens where the config has
+    them, as its chat template frames it); None for a text-only model, which refuses image parts."""
     if multimodal is None:
         return None
     start = getattr(multimodal.hf_config, "vision_start_token_id", None)
     end = getattr(multimodal.hf_config, "vision_end_token_id", None)
     if start is None or end is None:
-        return str(tokenizer.convert_ids_to_tokens(multimodal.image_token_id))
-    return "".join(tokenizer.convert_ids_to_tokens([int(start), multimodal.image_token_id, int(end)]))
+        return str(tokenizer.convert_ids_to_tokens(multimodal.prompt_token_id))
+    return "".join(tokenizer.convert_ids_to_tokens([int(start), multimodal.prompt_token_id, int(end)]))
 
 
 def with_images(prompt: PromptType, messages: Sequence[Mapping[str, JsonValue]]) -> PromptType:

@@ -11,21 +11,13 @@ from pagedserve.errors import ConfigError
 from pagedserve.layers.activation import plain_activation
 from pagedserve.models.clip import CLIPVisionTower
 from pagedserve.models.llama import LlamaForCausalLM
-from pagedserve.models.vision_language import VisionLanguageModel
+from pagedserve.models.vision_language import LLAVA_LAYOUT_PREFIXES, VisionLanguageModel
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-# Checkpoint prefixes (transformers >= 4.52 saves the first of each pair; LLaVA-1.5 checkpoints the
-# second) -> ours.
-_PREFIXES = (
-    ("model.language_model.", "language_model.model."),
-    ("model.vision_tower.", "vision_tower."),
-    ("model.multi_modal_projector.", "multi_modal_projector."),
-    ("lm_head.", "language_model.lm_head."),
-    ("vision_tower.vision_model.", "vision_tower."),
-    ("model.image_newline", "image_newline"),  # LLaVA-NeXT's
-)
+# LLaVA-NeXT's newline embedding beside the tower, projector and language model.
+_PREFIXES = (*LLAVA_LAYOUT_PREFIXES, ("model.image_newline", "image_newline"))
 
 
 class LlavaMultiModalProjector(nn.Module):

@@ -1,4 +1,4 @@
-"""What the image families (LLaVA, Qwen2.5-VL) share: a language model under `language_model` that does the
+"""What the image families (LLaVA, Gemma 3, Qwen2.5-VL) share: a language model under `language_model` that does the
 decoding, and a checkpoint whose language model tensors go through that model's own loader while the vision
 tower's and projector's are copied as they are."""
 
@@ -9,6 +9,16 @@ from torch import nn
 
 from pagedserve.models.interface import CausalLM, IntermediateTensors, MultiModalLM
 from pagedserve.models.llama import LlamaForCausalLM, LlamaModel
+
+# The checkpoint names of a LLaVA-built model (LLaVA, Gemma 3): transformers >= 4.52 saves the first of
+# each pair, LLaVA-1.5 and older checkpoints the second -> ours.
+LLAVA_LAYOUT_PREFIXES = (
+    ("model.language_model.", "language_model.model."),
+    ("model.vision_tower.", "vision_tower."),
+    ("model.multi_modal_projector.", "multi_modal_projector."),
+    ("lm_head.", "language_model.lm_head."),
+    ("vision_tower.vision_model.", "vision_tower."),
+)
 
 
 class VisionLanguageModel(MultiModalLM):

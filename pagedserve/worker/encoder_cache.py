@@ -9,6 +9,7 @@ gives the same embeddings."""
 
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,48 @@ class EncoderStats:
     seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class ScheduledImage:
+    """The positions [first, end) of `image`'s tokens that the step computes for the batch's request
+    `index`, whose scheduled tokens start at position `start`, in row `start_row` of the step's tokens."""
+
+    index: int
+    image: ImageInput
+    first: int
+    end: int
+    start: int
+    start_row: int
+
+    def row_of(self, position: int) -> int:
+        return self.start_row + position - self.start
+
+
+def scheduled_images(batch: BatchInputs, states: dict[str, CachedRequestState]) -> Iterator[ScheduledImage]:
+    """Every image some of whose tokens the step computes, request by request in batch order."""
+    metadata = batch.attention[0]
+    for index, request_id in enumerate(batch.request_ids):
+        start_row = metadata.query_start_loc[index]
+        num = metadata.query_start_loc[index + 1] - start_row
+        start = metadata.seq_lens[index] - num  # the first scheduled position
+        for image in states[request_id].images or ():
+            first = max(start, image.offset)
+            end = min(start + num, image.offset + image.length)
+            if first < end:
+                yield ScheduledImage(index, image, first, end, start, start_row)
+
+
+def bidirectional_spans(
+    batch: BatchInputs, states: dict[str, CachedRequestState]
+) -> dict[int, list[tuple[int, int]]]:
+    """The whole position runs of the images the step computes, per request index: the tokens that attend
+    each other both ways in a family that says so (CommonAttentionMetadata.bidirectional_spans)."""
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for scheduled in scheduled_images(batch, states):
+        image = scheduled.image
+        spans.setdefault(scheduled.index, []).append((image.offset, image.offset + image.length))
+    return spans
+
+
 class EncoderCache:
     def __init__(self, model: MultiModalLM, budget_tokens: int, device: torch.device) -> None:
         self.model = model
@@ -39,22 +82,12 @@ class EncoderCache:
     def inputs_embeds(self, batch: BatchInputs, states: dict[str, CachedRequestState]) -> torch.Tensor | None:
         """The step's input embeddings with each scheduled placeholder token's row taken from its image;
         None when the step schedules no placeholder token (the model embeds the tokens itself)."""
-        metadata = batch.attention[0]
         rows: list[int] = []
         parts: list[tuple[ImageInput, int, int]] = []  # (image, first, end) rows of its embeddings
-        for index, request_id in enumerate(batch.request_ids):
-            images = states[request_id].images
-            if not images:
-                continue
-            start_loc = metadata.query_start_loc[index]
-            num = metadata.query_start_loc[index + 1] - start_loc
-            start = metadata.seq_lens[index] - num  # the first scheduled position
-            for image in images:
-                first = max(start, image.offset)
-                end = min(start + num, image.offset + image.length)
-                if first < end:
-                    rows.extend(range(start_loc + first - start, start_loc + end - start))
-                    parts.append((image, first - image.offset, end - image.offset))
+        for scheduled in scheduled_images(batch, states):
+            image, first, end = scheduled.image, scheduled.first, scheduled.end
+            rows.extend(range(scheduled.row_of(first), scheduled.row_of(end)))
+            parts.append((image, first - image.offset, end - image.offset))
         if not parts:
             return None
         self._encode_missing([image for image, _, _ in parts])

@@ -24,7 +24,7 @@ from pagedserve.utils import format_bytes
 from pagedserve.worker.block_ops import KVBlockMover
 from pagedserve.worker.cuda_graph import CudaGraphRunner
 from pagedserve.worker.draft_proposer import DraftModelProposer
-from pagedserve.worker.encoder_cache import EncoderCache
+from pagedserve.worker.encoder_cache import EncoderCache, bidirectional_spans
 from pagedserve.worker.input_batch import BatchInputs, InputBatch
 from pagedserve.worker.kv_groups import bind_kv_cache_groups
 from pagedserve.worker.mrope_positions import MRopePositions
@@ -45,7 +45,11 @@ class ModelRunner:
         self.block_size = config.cache.block_size
         self.model = load_model(config.model, device)
         self.dtype = getattr(torch, config.model.dtype)
-        self.backend = select_attention_backend(config.attention_backend, platform)
+        multimodal = config.model.multimodal
+        self.bidirectional_images = (
+            multimodal is not None and multimodal.bidirectional_image_tokens is not None
+        )
+        self.backend = select_attention_backend(config.attention_backend, platform, self.bidirectional_images)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.kv_groups = config.kv_layout.groups
         # This rank's pipeline stage (every layer at pp=1): its layers alone have a K/V cache here.
@@ -248,6 +252,10 @@ class ModelRunner:
             size = self.cuda_graphs.bucket(batch)
             if size is not None:
                 return self.cuda_graphs.run(batch, size)
+        if self.bidirectional_images:
+            spans = bidirectional_spans(batch, self.input_batch.states)
+            for group in batch.attention:
+                group.bidirectional_spans = spans
         with set_forward_context(*[self.backend.build_metadata(group) for group in batch.attention]):
             hidden = self._forward_stage(batch) if self.stage.num_stages > 1 else self._run_model(batch)
             if self.drafter is not None:  # its K/V of the same tokens, for its proposals (last stage)

@@ -1,9 +1,11 @@
 """Images in the scheduler: the encoder's share of a step (core/encoder_budget.py: a chunk is cut before an
 image that would take the step past --max-num-batched-tokens image tokens, an image larger than the budget
-still runs, in a step of its own), image blocks' prefix-cache hashes include the image, and n-gram drafts
-stop before an image placeholder."""
+still runs, in a step of its own), a family whose image tokens attend each other both ways (Gemma 3) gets
+each image whole in one chunk, image blocks' prefix-cache hashes include the image, and n-gram drafts stop
+before an image placeholder."""
 
 import time
+from dataclasses import replace
 
 from utils import make_scheduler
 
@@ -58,6 +60,18 @@ def test_an_image_larger_than_the_budget_runs_alone() -> None:
     scheduler = make_scheduler(max_num_batched_tokens=64)
     scheduler.add_request(image_request("a", 110, [image(0, 100, "a")]))
     assert scheduled_steps(scheduler, 2) == [{"a": 64}, {"a": 46}]
+
+
+def test_whole_images_are_never_cut() -> None:
+    scheduler = make_scheduler(max_num_batched_tokens=24, block_size=8)
+    scheduler.config = replace(scheduler.config, whole_image_tokens=16)
+    scheduler.add_request(image_request("a", 40, [image(10, 16, "a")]))
+    # A 24-token chunk would end inside the image (10-25): it stops before it, the next holds it whole.
+    assert scheduled_steps(scheduler, 3) == [{"a": 10}, {"a": 24}, {"a": 6}]
+    # The same prompt start after a prefix hit of three blocks (24 tokens: inside the image): the rest of
+    # the image and of the prompt in one chunk.
+    scheduler.add_request(image_request("b", 30, [image(10, 16, "a")]))
+    assert scheduled_steps(scheduler, 1) == [{"b": 6}]
 
 
 def test_block_hashes_include_the_image() -> None:

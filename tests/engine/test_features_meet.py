@@ -9,7 +9,7 @@ speculation, forced recompute and swap preemption in a tiny pool, priority sched
 fp8 KV cache, a sliding-window model, DeepSeek V3's latent attention, a K-quant and a Q4_0 GGUF, three
 adapters over two slots, adapters in one slot under priority and a draft model, wide batches whose decode
 steps run above 8 and 16 rows, two data-parallel replicas, two pipeline stages with adapters, sleep and wake
-between runs, images, gpt-oss). For every request:
+between runs, images (LLaVA's, and Gemma 3's, attended both ways), gpt-oss). For every request:
 
 - its output in the batch equals its output run alone: tokens, text, finish and stop reasons, and the
   logprobs and prompt logprobs **bit for bit**: a token's logits do not depend on what shares its step, on
@@ -79,7 +79,9 @@ class Setting:
     hf_reference: bool = False  # greedy requests also equal HF transformers' greedy tokens
     # the engine may sleep (POST /sleep, level 1 or 2) between the runs alone and the batch
     sleeps: bool = False
-    images: bool = False  # prompts carry 0 to 2 images (an image model: the tiny LLaVA or Qwen2.5-VL)
+    images: bool = False  # prompts carry 0 to 2 images (an image model: LLaVA, Qwen2.5-VL or Gemma 3)
+    # The token budgets a request run alone may take (see BUDGETS).
+    alone_budgets: tuple[int | None, ...] = BUDGETS
 
 
 SETTINGS: dict[str, Setting] = {
@@ -224,6 +226,16 @@ SETTINGS: dict[str, Setting] = {
         images=True,
         max_batch=3,
     ),
+    # Images on Gemma 3 (tiny, 16 tokens an image, attending each other both ways in prefill, on the cpu
+    # backend's kernel): chunks never cut through an image, so every budget holds an image, its start and end.
+    "gemma3_images_ngram_recompute": Setting(
+        "gemma3v",
+        dict(TIGHT, speculative_config=NGRAM, preemption_mode="recompute", max_num_batched_tokens=32),
+        images=True,
+        max_batch=3,
+        batch_budgets=(None, 18, 23),
+        alone_budgets=(None, 18, 23),
+    ),
     # gpt-oss: attention sinks in alternating windowed (24) and full layers (two KV cache groups), YaRN,
     # biased experts, under n-gram speculation and recompute preemption. Batches of up to 3 and no HF
     # reference (tests/models/test_gpt_oss.py has it): the full setting took 265 s on the shared machine.
@@ -276,7 +288,7 @@ class Case:
 
 
 THINK, END = 49152, 49153  # the qwen3-think model's tags (conftest.add_think_tokens)
-IMAGE = 49152  # the tiny LLaVA's <image> token and the tiny Qwen2.5-VL's <|image_pad|> (tests/conftest.py)
+IMAGE = 49152  # the tiny LLaVA's <image>, Qwen2.5-VL's <|image_pad|>, Gemma 3's <start_of_image> (conftest)
 
 
 def _image_pool() -> list[Any]:
@@ -568,7 +580,7 @@ def batches(draw: st.DrawFn, setting: str, longest: int = 0) -> tuple[list[Case]
             cases(thinking, chosen.images), min_size=chosen.min_batch, max_size=longest or chosen.max_batch
         )
     )
-    return drawn, (draw(st.sampled_from(BUDGETS)), draw(st.sampled_from(chosen.batch_budgets)))
+    return drawn, (draw(st.sampled_from(chosen.alone_budgets)), draw(st.sampled_from(chosen.batch_budgets)))
 
 
 EXAMPLES = int(os.environ.get("PAGEDSERVE_FEATURES_EXAMPLES", "8"))

@@ -112,6 +112,15 @@ def server(tiny_llava: str, media_dir: str) -> Iterator[RemoteServer]:
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def gemma3_server(tiny_gemma3v: str) -> Iterator[RemoteServer]:
+    args = ["--model", tiny_gemma3v, "--served-model-name", "gemma3", "--max-model-len", "128"]
+    args += ["--kv-cache-memory", "16MiB", "--uvicorn-log-level", "warning"]
+    server = RemoteServer(API_SERVER, args)
+    yield server
+    server.stop()
+
+
 def image_message(*urls: str, text: str = "What is this?") -> list[dict]:
     parts: list[dict] = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
     return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
@@ -140,6 +149,18 @@ def test_openai_client_sends_image_url_parts(server: RemoteServer, media_host: s
     seconds = re.search(r"^pagedserve:encoder_seconds_total\{[^}]*\} (\S+)", metrics, re.M)
     assert encoded is not None and float(encoded.group(1)) == 1.0, metrics
     assert seconds is not None and float(seconds.group(1)) > 0
+
+
+def test_openai_client_sends_an_image_to_gemma3(gemma3_server: RemoteServer) -> None:
+    """Gemma 3's chat parts: the image becomes its start-of-image token, expanded to its 16 tokens."""
+    response = gemma3_server.client().chat.completions.create(
+        model="gemma3",
+        messages=image_message(data_url(png_bytes(seed=1))),  # type: ignore[arg-type]
+        max_tokens=3,
+        temperature=0,
+    )
+    assert response.usage is not None and response.usage.completion_tokens == 3
+    assert response.usage.prompt_tokens > 18  # the image's 16 tokens, its start and end, and the text's
 
 
 def _bad_inputs(host: str, folder: str) -> list[tuple[list[dict], str]]:

@@ -162,6 +162,25 @@ def test_mixed_batch_through_backend_matches_torch(
     assert not torch.equal(written[1][0], caches[0])  # this step's K did land in the cache
 
 
+@pytest.mark.parametrize("window", [None, 11])
+def test_bidirectional_spans_match_torch(window: int | None) -> None:
+    """Image tokens that attend each other both ways (Gemma 3): two adjacent images in a fresh prompt, one
+    in a chunk over a cached prefix, one within a longer window-cut prompt; the kernel's `attend_ends` give
+    the torch backend's widened masks, and they change the output."""
+    torch.manual_seed(3)
+    spec = AttentionLayerSpec(8, 2, 64, scale=0.125, sliding_window=window)
+    common = make_batch(MIXED_REQUESTS, 16, seed=2)
+    spans = {3: [(22, 30)], 5: [(4, 12), (12, 20)], 6: [(10, 26)], 8: [(40, 60)]}
+    num_tokens = common.query_start_loc[-1]
+    q = torch.randn(num_tokens, spec.num_heads * spec.head_dim)
+    k, v = (torch.randn(num_tokens, spec.num_kv_heads * spec.head_dim) for _ in range(2))
+    caches = random_cache(16, spec, torch.float32)
+    causal, _ = forward_on_both_backends(spec, (q, k, v), caches, common)
+    outputs, _ = forward_on_both_backends(spec, (q, k, v), caches, replace(common, bidirectional_spans=spans))
+    assert (outputs[0] - outputs[1]).abs().max().item() < 1e-5
+    assert (outputs[1] - causal[1]).abs().max().item() > 1e-2
+
+
 Step = tuple[CommonAttentionMetadata, slice]  # a step's batch and its rows of the whole batch's q/k/v
 
 

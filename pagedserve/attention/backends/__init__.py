@@ -24,8 +24,14 @@ def get_attention_backend(name: str) -> AnyAttentionBackend:
     return ATTENTION_BACKENDS.load(name)()
 
 
-def select_attention_backend(requested: str, platform: Platform) -> AnyAttentionBackend:
+def select_attention_backend(
+    requested: str, platform: Platform, bidirectional_images: bool = False
+) -> AnyAttentionBackend:
     """The backend for `requested` (auto or a registered name) on `platform`, with the choice logged.
+
+    `bidirectional_images`: the model's image tokens attend each other both ways (Gemma 3), which the torch
+    and cpu backends express and triton does not: auto takes torch instead of triton (logged), triton
+    asked for raises ConfigError.
 
     auto is the platform's default (cpu on a CPU, triton on CUDA). cpu needs the native kernels: when
     they are disabled (PAGEDSERVE_CPU_KERNELS=0) or fail to build, torch is used instead, with the reason
@@ -33,9 +39,17 @@ def select_attention_backend(requested: str, platform: Platform) -> AnyAttention
     falls back to torch without it) and, on CPU, kernels defined under TRITON_INTERPRET=1; asked for
     explicitly without them it raises ConfigError.
     """
+    if bidirectional_images and requested == "triton":
+        raise ConfigError(
+            "--attention-backend triton cannot attend an image's tokens both ways, as this model's images "
+            "need; use --attention-backend torch or cpu (or auto)."
+        )
     name = requested
     if requested == "auto":
         name = platform.default_attention_backend
+    if name == "triton" and bidirectional_images:
+        logger.info("Attention backend: torch (triton cannot attend an image's tokens both ways).")
+        return get_attention_backend("torch")
     if name == "triton":
         error = _triton_unavailable(platform)
         if error is not None and requested == "auto":

@@ -1,7 +1,7 @@
 """The interface every attention backend implements, and the batch description they all start from."""
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeAlias, TypeVar
 
 import torch
@@ -26,6 +26,9 @@ class CommonAttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] int64: block_id * block_size + offset
     num_decodes: int
     block_size: int
+    # Request i's runs of positions [start, end) whose tokens attend each other both ways (one image's
+    # tokens, Gemma 3), each whole in its prefill chunk or before it; requests without any are absent.
+    bidirectional_spans: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
 
 class AttentionMetadata:

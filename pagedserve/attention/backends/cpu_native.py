@@ -31,6 +31,7 @@ class NativeAttentionMetadata(AttentionMetadata):
     block_tables: torch.Tensor  # [num_reqs, max_blocks] int64
     query_start_loc: torch.Tensor  # [num_reqs + 1] int64
     seq_lens: torch.Tensor  # [num_reqs] int64
+    attend_ends: torch.Tensor | None  # [num_tokens] int64: an image token's image end, else 0; None: none
 
 
 class CpuNativeAttentionBackend(AttentionBackend[NativeAttentionMetadata]):
@@ -45,6 +46,7 @@ class CpuNativeAttentionBackend(AttentionBackend[NativeAttentionMetadata]):
             common.block_tables,
             torch.tensor(common.query_start_loc),
             torch.tensor(common.seq_lens),
+            _attend_ends(common) if common.bidirectional_spans else None,
         )
 
     def forward(
@@ -86,4 +88,17 @@ class CpuNativeAttentionBackend(AttentionBackend[NativeAttentionMetadata]):
             None if quant is None else (quant.fp8_dtype, quant.k_scale, quant.v_scale),
             query_start_loc=metadata.query_start_loc,
             sinks=spec.sinks,
+            attend_ends=metadata.attend_ends,
         ).view(num_tokens, -1)
+
+
+def _attend_ends(common: CommonAttentionMetadata) -> torch.Tensor:
+    """Per query row, the end of its bidirectional span (its image's) when it lies in one, else 0."""
+    ends = torch.zeros(common.query_start_loc[-1], dtype=torch.int64)
+    for index, spans in common.bidirectional_spans.items():
+        start_row, end_row = common.query_start_loc[index], common.query_start_loc[index + 1]
+        first_position = common.seq_lens[index] - (end_row - start_row)
+        for start, end in spans:
+            rows = slice(start_row + max(start - first_position, 0), start_row + max(end - first_position, 0))
+            ends[rows] = end
+    return ends

@@ -30,6 +30,7 @@ class PrefillChunk:
     query_end: int
     seq_len: int  # cached prefix + this chunk
     block_ids: torch.Tensor  # [num_blocks_of_request]
+    bidirectional_spans: list[tuple[int, int]] = field(default_factory=list)  # see CommonAttentionMetadata
     _masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)  # per sliding window
 
     @property
@@ -38,18 +39,20 @@ class PrefillChunk:
 
     def mask(self, window: int | None) -> torch.Tensor | None:
         """[query_len, seq_len] bool (True = attend): causal, bottom-right aligned over the cached prefix,
-        and within `window`; None when plain causal attention over the chunk alone is exact."""
+        or within one bidirectional span; then within `window` (HF's Gemma 3 order); None when plain causal
+        attention over the chunk alone is exact."""
         if window is not None and window >= self.seq_len:
             window = None  # the window cuts nothing
-        if self.context_len == 0 and window is None:
+        if self.context_len == 0 and window is None and not self.bidirectional_spans:
             return None
         if window not in self._masks:
             device = self.block_ids.device
             rows = torch.arange(self.query_end - self.query_start, device=device)[:, None] + self.context_len
             cols = torch.arange(self.seq_len, device=device)[None, :]
-            self._masks[window] = (
-                (cols <= rows) if window is None else (cols <= rows) & (cols > rows - window)
-            )
+            mask = cols <= rows
+            for start, end in self.bidirectional_spans:
+                mask |= (rows >= start) & (rows < end) & (cols >= start) & (cols < end)
+            self._masks[window] = mask if window is None else mask & (cols > rows - window)
         return self._masks[window]
 
 
@@ -259,7 +262,8 @@ def _prefill_chunks(common: CommonAttentionMetadata, first: int) -> list[Prefill
     for i in range(first, len(common.seq_lens)):
         start, end, seq_len = common.query_start_loc[i], common.query_start_loc[i + 1], common.seq_lens[i]
         num_blocks = cdiv(seq_len, common.block_size)
-        prefills.append(PrefillChunk(start, end, seq_len, common.block_tables[i, :num_blocks]))
+        spans = common.bidirectional_spans.get(i, [])
+        prefills.append(PrefillChunk(start, end, seq_len, common.block_tables[i, :num_blocks], spans))
     return prefills
 
 

@@ -196,6 +196,7 @@ def _check_lock(lock: str, timeout_s: float) -> None:
 
 # What the kernel takes for "no attention sinks".
 _NO_SINKS = torch.empty(0)
+_NO_ENDS = torch.empty(0, dtype=torch.int64)  # every query attends up to its own position
 
 
 def paged_attention(
@@ -210,6 +211,7 @@ def paged_attention(
     fp8: tuple[torch.dtype, float, float] | None = None,
     query_start_loc: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    attend_ends: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of every query token over its request's K/V up to its own position, read in place
     through the request's block table. A query's output is the same bits whatever else the call holds
@@ -223,7 +225,9 @@ def paged_attention(
     query_start_loc[r + 1]), its last tokens (a prefill chunk, a verification); None: one each (decodes).
     `sliding_window` W: each query attends only to its last W tokens (the blocks before them are never
     read); `soft_cap` c: scores s become c * tanh(s / c); `sinks` [num_heads]: head h's softmax
-    denominator gains e^sinks[h] (gpt-oss's attention sinks; read as float32).
+    denominator gains e^sinks[h] (gpt-oss's attention sinks; read as float32). `attend_ends` [num_tokens]
+    int64: a query whose entry is past its own position attends up to that end (one image's tokens, which
+    attend each other both ways: Gemma 3), within its request's seq_lens.
     An fp8 cache: uint8 bits, read in place; `fp8` = (format, k_scale, v_scale): torch.float8_e4m3fn or
     torch.float8_e5m2, and the scales the values were stored with (stored = value / scale).
     Returns [num_tokens, num_heads, head_dim] in q's dtype.
@@ -249,6 +253,7 @@ def paged_attention(
         k_scale,
         v_scale,
         _NO_SINKS if sinks is None else sinks.float().contiguous(),
+        _NO_ENDS if attend_ends is None else attend_ends,
     )
     return out
 

@@ -52,12 +52,15 @@ struct Geometry {
 
 // How scores are made: q.k * scale, then (soft_cap > 0) soft_cap * tanh(s / soft_cap); with a sliding
 // window (window > 0) a request of seq_len tokens attends only to its last `window` tokens. `sinks` (or
-// null): one learned logit per query head that joins the softmax's denominator only (gpt-oss).
+// null): one learned logit per query head that joins the softmax's denominator only (gpt-oss). `ends` (or
+// null): per query row, the end of the positions it attends to when past its own (the last token of its
+// image, whose tokens attend each other both ways: Gemma 3), else 0.
 struct Scoring {
   float scale;
   float soft_cap;
   int64_t window;
   const float* sinks;
+  const int64_t* ends;
 };
 
 inline float dot(const float* a, const float* b, int64_t n) {
@@ -271,7 +274,8 @@ struct Fp8Scales {
 };
 
 // The tokens [first, end) of its request that one query token attends to: up to its own position (end - 1),
-// from the start or, under a sliding window, from its window's first token.
+// or its image's end (Scoring::ends), from the start or, under a sliding window, from its window's first
+// token.
 struct Span {
   int64_t first;
   int64_t end;
@@ -296,7 +300,7 @@ struct Scratch {
 // once for the tile; each query reads from it the rows it attends to, in the ranges it would alone.
 template <typename T, typename C, typename Index>
 void attend_tile(const T* q, int64_t q_stride, const C* key_cache, const C* value_cache,
-                 const Index* block_table, int64_t position0, int64_t Q, int64_t kv_head,
+                 const Index* block_table, int64_t row0, int64_t position0, int64_t Q, int64_t kv_head,
                  const Scoring& scoring, const Geometry& g, const Fp8Scales& fp8, Scratch& scratch, T* out) {
   const int64_t G = g.group, D = g.head_dim;
   scratch.spans.resize(Q);
@@ -304,7 +308,8 @@ void attend_tile(const T* q, int64_t q_stride, const C* key_cache, const C* valu
   int64_t num_scores = 0;
   for (int64_t i = 0; i < Q; ++i) {
     const int64_t end = position0 + i + 1;
-    const Span span{scoring.window > 0 ? std::max<int64_t>(0, end - scoring.window) : 0, end};
+    const int64_t until = scoring.ends == nullptr ? end : std::max(end, scoring.ends[row0 + i]);
+    const Span span{scoring.window > 0 ? std::max<int64_t>(0, end - scoring.window) : 0, until};
     scratch.spans[i] = span;
     scratch.scores_at[i] = num_scores;
     num_scores += G * (span.end - span.first);
@@ -331,7 +336,8 @@ void attend_tile(const T* q, int64_t q_stride, const C* key_cache, const C* valu
       max_score[i * G + h] = sinks == nullptr ? -std::numeric_limits<float>::infinity() : sinks[h];
     }
   }
-  // The tile's keys: from the first query's first (spans only move forward) to the last query's end.
+  // The tile's keys: from the first query's first (spans only move forward: an image's tokens all end
+  // at its end, the tokens after it later) to the last query's end.
   const int64_t first = spans[0].first, end = spans[Q - 1].end;
 
   const float cap = scoring.soft_cap;
@@ -428,7 +434,7 @@ void run(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& val
       const int64_t position0 = seq_lens[tile.request] - (query_start[tile.request + 1] - tile.begin);
       const int64_t offset = (tile.begin * num_heads + kv_head * g.group) * g.head_dim;
       attend_tile<T, C, Index>(q_ptr + offset, num_heads * g.head_dim, k_ptr, v_ptr,
-                               tables + tile.request * g.max_blocks, position0, tile.end - tile.begin,
+                               tables + tile.request * g.max_blocks, tile.begin, position0, tile.end - tile.begin,
                                kv_head, scoring, g, fp8, scratch, out_ptr + offset);
     }
   }
@@ -513,13 +519,15 @@ std::vector<int64_t> to_vector(const at::Tensor& t, const char* name) {
 // the last of its seq_lens[r] tokens of K/V (this step's already in the cache); each attends up to its own
 // position. sliding_window > 0: each query attends only to its last sliding_window tokens; soft_cap > 0:
 // scores s become soft_cap * tanh(s / soft_cap); sinks (float32 [num_heads], or an empty tensor: none):
-// head h's softmax denominator gains e^sinks[h], a logit with no value (gpt-oss's attention sinks).
+// head h's softmax denominator gains e^sinks[h], a logit with no value (gpt-oss's attention sinks);
+// attend_ends (int64 [num_tokens], or an empty tensor: none): a query row whose entry is past its own
+// position attends up to that end (its image's tokens, which attend each other both ways: Gemma 3).
 // Returns softmax(scale * q k^T) v as [num_tokens, num_heads, head_dim] in q's dtype.
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
                            const at::Tensor& block_tables, const at::Tensor& query_start_loc,
                            const at::Tensor& seq_lens, double scale, int64_t sliding_window, double soft_cap,
                            const std::string& fp8_format, double k_scale, double v_scale,
-                           const at::Tensor& sinks) {
+                           const at::Tensor& sinks, const at::Tensor& attend_ends) {
   TORCH_CHECK(sliding_window >= 0 && soft_cap >= 0, "sliding_window and soft_cap must be >= 0 (0: none)");
   TORCH_CHECK(sinks.numel() == 0 || (sinks.scalar_type() == at::kFloat && sinks.is_contiguous() &&
                                      sinks.dim() == 1 && sinks.size(0) == q.size(1) && sinks.device().is_cpu()),
@@ -534,8 +542,18 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& key_cache, con
   const at::Tensor q_c = q.contiguous();
   const at::Tensor tables = block_tables.contiguous();
   at::Tensor out = at::empty_like(q_c);
+  const std::vector<int64_t> ends = attend_ends.numel() == 0 ? std::vector<int64_t>{} : to_vector(attend_ends, "attend_ends");
+  TORCH_CHECK(ends.empty() || static_cast<int64_t>(ends.size()) == q.size(0),
+              "attend_ends must be empty (none) or one entry per query token, ", q.size(0));
+  for (int64_t r = 0; !ends.empty() && r < static_cast<int64_t>(lens.size()); ++r) {
+    for (int64_t t = starts[r]; t < starts[r + 1]; ++t) {
+      TORCH_CHECK(ends[t] <= lens[r], "attend_ends[", t, "] = ", ends[t], " is past its request's ", lens[r],
+                  " tokens (seq_lens)");
+    }
+  }
   const Scoring scoring{static_cast<float>(scale), static_cast<float>(soft_cap), sliding_window,
-                        sinks.numel() == 0 ? nullptr : sinks.data_ptr<float>()};
+                        sinks.numel() == 0 ? nullptr : sinks.data_ptr<float>(),
+                        ends.empty() ? nullptr : ends.data()};
 #define PAGEDSERVE_RUN                                                                              \
   [&] {                                                                                             \
     if (!fp8_format.empty()) {                                                                      \
@@ -563,5 +581,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("key_cache"), py::arg("value_cache"), py::arg("block_tables"),
         py::arg("query_start_loc"), py::arg("seq_lens"), py::arg("scale"), py::arg("sliding_window"),
         py::arg("soft_cap"), py::arg("fp8_format"), py::arg("k_scale"), py::arg("v_scale"),
-        py::arg("sinks"));
+        py::arg("sinks"), py::arg("attend_ends"));
 }
