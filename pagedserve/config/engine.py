@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from pagedserve.config.cache import BlockSize, CacheConfig, KVCacheDType
-from pagedserve.config.cli import add_dataclass_cli_args, config_field, dataclass_from_cli_args
+from pagedserve.config.cli import NamedValues, add_dataclass_cli_args, config_field, dataclass_from_cli_args
 from pagedserve.config.generation import generation_defaults
 from pagedserve.config.kv_layout import KVCacheLayout
 from pagedserve.config.lora import LoRAConfig
@@ -109,7 +109,10 @@ class EngineArgs(ParallelArgs):
     `create_engine_config()` validates and resolves them."""
 
     model: str | None = config_field(
-        None, f"Model: HF folder, GGUF file or hub id. Default: the embedded {DEFAULT_MODEL_NAME}."
+        None,
+        f"Model: HF folder, GGUF file or hub id. Default: the embedded {DEFAULT_MODEL_NAME}. The server "
+        "also takes NAME=PATH, repeatable: each model served under its name, loaded on demand.",
+        action=NamedValues,
     )
     tokenizer: str | None = config_field(None, "Tokenizer folder or id (default: the model's).")
     dtype: DType = config_field(

@@ -7,16 +7,17 @@ GET /ready answer 503 while the engine process loads the model, 200 once it serv
 If the engine dies or stalls (--engine-stall-timeout), requests in flight end with an
 error, /health answers 503, and the process exits with status 1 shortly after, for a supervisor to
 restart it. SIGTERM drains: no new requests, those in flight get --shutdown-timeout seconds, exit 0.
-With --models-dir, every model of the directory is served instead, each loaded on demand in an engine
-process of its own (model_pool.py); one dying only unloads it.
+With --models-dir or --model NAME=PATH, several models are served instead, each loaded on demand in an
+engine process of its own (pool_server.py, model_pool.py); one dying only unloads it.
 """
 
 import argparse
 import asyncio
+import functools
 import signal
 import socket
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -24,6 +25,7 @@ import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.types import ASGIApp
 
 from pagedserve import __version__, envs
 from pagedserve.config import EngineArgs, EngineConfig
@@ -38,11 +40,10 @@ from pagedserve.entrypoints.openai.errors import ERROR_RESPONSES, register_error
 from pagedserve.entrypoints.openai.lifecycle import LifecycleServer, ServerLifecycle
 from pagedserve.entrypoints.openai.lora_routes import add_lora_routes
 from pagedserve.entrypoints.openai.messages_routes import add_messages_routes
-from pagedserve.entrypoints.openai.model_pool import LoadedModel, LoadWaits, ModelLoader, ModelPool
-from pagedserve.entrypoints.openai.models_dir import ModelFile, scan_models_dir
+from pagedserve.entrypoints.openai.model_pool import ModelPool
 from pagedserve.entrypoints.openai.ollama_models import OllamaModels
 from pagedserve.entrypoints.openai.ollama_routes import add_ollama_routes
-from pagedserve.entrypoints.openai.pool_app import PoolApp, build_pool_info_app
+from pagedserve.entrypoints.openai.pool_server import EngineStarter, pool_models, serve_pool
 from pagedserve.entrypoints.openai.pooling_routes import add_pooling_routes
 from pagedserve.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -288,11 +289,11 @@ async def run_server(
     limits: ServingLimits | None = None,
     bounds: RequestBounds | None = None,
 ) -> int:
-    """Serve until stopped (status 0) or until the engine dies (status 1; with --models-dir, one model's
+    """Serve until stopped (status 0) or until the engine dies (status 1; with a pool of models, one model's
     engine dying only unloads it). Raises PagedServeError (ConfigError included) when the settings cannot
     be served."""
     limits, bounds = limits or ServingLimits(), bounds or RequestBounds()
-    models = scan_models_dir(server_args.models_dir) if server_args.models_dir else None
+    models = pool_models(server_args)
     config = None if models is not None else engine_args.create_engine_config()
     chat_template = load_chat_template(server_args.chat_template)
     sock = _bind_socket(server_args.host, server_args.port)
@@ -311,12 +312,12 @@ async def run_server(
     served: AsyncLLM | ModelPool | None = None
     try:
         if models is not None:
-            load = _model_loader(engine_args, server_args, limits, bounds, chat_template)
-            waits = LoadWaits(_load_queue_limit(limits, engine_args.max_num_seqs), limits.max_queue_time)
-            served = _serve_pool(models, load, waits, server_args, bounds, lifecycle)
+            start = _engine_starter(server_args, limits, bounds, chat_template)
+            guards = functools.partial(add_guards, server_args=server_args, bounds=bounds)
+            served = serve_pool(models, engine_args, server_args, limits, lifecycle, start, guards)
             await serving
             return 0
-        assert config is not None, "no --models-dir: one model"
+        assert config is not None, "no --models-dir nor --model NAME=PATH: one model"
         loggers = StatLoggers.for_config(config, server_args.disable_log_stats)
         served = await _start_engine(config, limits, server_args, loggers, serving)
         if served is None:
@@ -341,35 +342,6 @@ async def run_server(
     return 1 if isinstance(served, AsyncLLM) and served.dead_error is not None else 0
 
 
-def _serve_pool(
-    models: dict[str, ModelFile],
-    load: ModelLoader,
-    waits: LoadWaits,
-    server_args: ServerArgs,
-    bounds: RequestBounds,
-    lifecycle: ServerLifecycle,
-) -> ModelPool:
-    """Serve the models of --models-dir (none loaded yet) through `lifecycle`."""
-    pool = ModelPool(models, server_args.residency_limits(), server_args.keep_alive_s(), load, waits)
-    lifecycle.serve(build_pool_app(pool, server_args, bounds), pool)
-    logger.info(
-        "Serving the %d models of %s at http://%s:%d, each loaded when first asked for.",
-        len(models),
-        server_args.models_dir,
-        server_args.host,
-        server_args.port,
-    )
-    return pool
-
-
-def _load_queue_limit(limits: ServingLimits, max_num_seqs: int) -> int:
-    """How many requests may wait for one model's load: --max-num-queued-requests (-1: no limit, 0 here),
-    by default twice what its engine will run at once, as for the engine's own queue."""
-    if limits.max_num_queued_requests is None:
-        return 2 * max_num_seqs
-    return max(limits.max_num_queued_requests, 0)
-
-
 def _record_engine(loggers: StatLoggers, engine: AsyncLLM) -> None:
     """The engine's KV cache and weights, as its handshake reported them, in /metrics."""
     handshake, config = engine.handshake, engine.config
@@ -382,40 +354,24 @@ def _record_engine(loggers: StatLoggers, engine: AsyncLLM) -> None:
     loggers.metrics.record_model_weight_bytes(handshake.model_weight_bytes)
 
 
-def _model_loader(
-    engine_args: EngineArgs,
-    server_args: ServerArgs,
-    limits: ServingLimits,
-    bounds: RequestBounds,
-    chat_template: str | None,
-) -> ModelLoader:
-    """How the pool loads one model of --models-dir: the engine flags with its path and name, in its own
-    engine process, behind the OpenAI API of one model (its /metrics included)."""
+def _engine_starter(
+    server_args: ServerArgs, limits: ServingLimits, bounds: RequestBounds, chat_template: str | None
+) -> EngineStarter:
+    """How a pool starts one model: its engine process, then the OpenAI API over it (/metrics included)."""
 
-    async def load(model: ModelFile) -> LoadedModel:
-        config = replace(engine_args, model=model.path, served_model_name=model.name).create_engine_config()
+    async def start(config: EngineConfig) -> tuple[AsyncLLM, ASGIApp]:
         loggers = StatLoggers.for_config(config, server_args.disable_log_stats)
         engine = await AsyncLLM.create(
             config, loggers.all(), server_args.log_requests, envs.log_stats_interval_s(), limits
         )
         try:
             _record_engine(loggers, engine)
-            return LoadedModel(
-                model.name, engine, build_app(engine, server_args, loggers, chat_template, bounds)
-            )
+            return engine, build_app(engine, server_args, loggers, chat_template, bounds)
         except BaseException:
             engine.shutdown()
             raise
 
-    return load
-
-
-def build_pool_app(pool: ModelPool, server_args: ServerArgs, bounds: RequestBounds) -> FastAPI:
-    """The pool's routes, then every other path to the app of the model the request names."""
-    app = build_pool_info_app(pool)
-    add_guards(app, server_args, bounds)
-    app.mount("/", PoolApp(pool))
-    return app
+    return start
 
 
 def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
