@@ -36,6 +36,7 @@ from pagedserve.logger import init_logger
 from pagedserve.reasoning import ReasoningParserName
 from pagedserve.utils import parse_bytes
 from pagedserve.utils.default_model import DEFAULT_MODEL_NAME
+from pagedserve.utils.gpu_probe import visible_gpu_count
 from pagedserve.utils.hub import is_hub_id, resolve_model_path
 
 Device = Literal["auto", "cpu", "cuda"]
@@ -480,12 +481,11 @@ def cuda_graph_capture_sizes(sizes: str | list[int], max_num_seqs: int) -> tuple
 
 
 def resolve_device(device: str) -> str:
-    """auto -> cuda when a GPU is visible, else cpu. Raises ConfigError for cuda without a GPU."""
-    import torch  # NOTE: lazy, so core/ (which imports config) stays free of torch
-
+    """auto -> cuda when a GPU is visible, else cpu. Raises ConfigError for cuda without a GPU. Probed
+    without torch (utils/gpu_probe.py), so the API server resolves its settings without importing it."""
     if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
+        return "cuda" if visible_gpu_count() > 0 else "cpu"
+    if device == "cuda" and visible_gpu_count() == 0:
         raise ConfigError("--device cuda was asked for but no CUDA GPU is visible.")
     if device not in ("cpu", "cuda"):
         raise ConfigError(

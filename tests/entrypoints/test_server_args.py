@@ -58,7 +58,9 @@ def test_every_setting_has_a_documented_flag() -> None:
 
 def test_model_name_equals_path_repeats_beside_one_model(tmp_path) -> None:
     (tmp_path / "a=b.gguf").write_bytes(b"")  # an existing path with '=' is one model, not NAME=PATH
-    engine, server = parse(["--model", "x=/m/x.gguf", "--model", str(tmp_path / "a=b.gguf"), "--model", "y=z"])
+    engine, server = parse(
+        ["--model", "x=/m/x.gguf", "--model", str(tmp_path / "a=b.gguf"), "--model", "y=z"]
+    )
     assert engine.model == str(tmp_path / "a=b.gguf")
     assert server.named_models == ("x=/m/x.gguf", "y=z")
     assert parse(["--model", "PATH"])[1].named_models == ()
