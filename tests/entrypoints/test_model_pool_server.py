@@ -1,7 +1,8 @@
 """--models-dir and --model NAME=PATH against a real server on 127.0.0.1: two tiny models (one in the
-directory, one named on the command line) loaded when first named and unloaded (LRU, keep_alive), each in its own engine process, their greedy tokens checked against HF transformers;
-sleep frees the engine's memory (its RSS) and wake brings the same outputs back; hostile names, keep_alive
-values and sleep levels are refused naming the field, and the server still serves afterwards."""
+directory, one named on the command line) loaded when first named and unloaded (LRU, keep_alive), each in
+its own engine process, their greedy tokens checked against HF transformers; sleep frees the engine's
+memory (its RSS) and wake brings the same outputs back; hostile names, keep_alive values and sleep levels
+are refused naming the field, and the server still serves afterwards."""
 
 import asyncio
 import json
