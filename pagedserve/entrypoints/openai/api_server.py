@@ -17,7 +17,6 @@ import functools
 import signal
 import socket
 import sys
-from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -69,12 +68,11 @@ from pagedserve.entrypoints.openai.serving_pooling import OpenAIServingPooling
 from pagedserve.entrypoints.openai.serving_responses import OpenAIServingResponses
 from pagedserve.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from pagedserve.entrypoints.openai.sleep_routes import add_sleep_routes
+from pagedserve.entrypoints.openai.stat_loggers import StatLoggers, record_engine
 from pagedserve.entrypoints.openai.unicode_text import reject_lone_surrogates
 from pagedserve.entrypoints.utils import with_cancellation
 from pagedserve.errors import PagedServeError
 from pagedserve.logger import init_logger
-from pagedserve.metrics.dashboard import DashboardStatLogger
-from pagedserve.metrics.loggers import LoggingStatLogger, StatLoggerBase
 from pagedserve.metrics.prometheus import CONTENT_TYPE, PrometheusStatLogger
 
 # NOTE: not __name__, which is __main__ under `python -m` (outside the package's logger).
@@ -83,28 +81,6 @@ logger = init_logger("pagedserve.entrypoints.openai.api_server")
 # After the engine dies: how long /health keeps answering 503 (and errors reach the clients) before exit.
 ENGINE_DEATH_GRACE_S = 2.0
 _GRACEFUL_SHUTDOWN_S = 5
-
-
-@dataclass(frozen=True)
-class StatLoggers:
-    """The server's consumers of statistics: Prometheus (/metrics), the dashboard, the log line."""
-
-    metrics: PrometheusStatLogger
-    dashboard: DashboardStatLogger
-    log_line: LoggingStatLogger | None
-
-    def all(self) -> list[StatLoggerBase]:
-        return [self.metrics, self.dashboard, *([self.log_line] if self.log_line else [])]
-
-    @classmethod
-    def for_config(cls, config: EngineConfig, disable_log_stats: bool) -> "StatLoggers":
-        metrics = PrometheusStatLogger(
-            config.model.served_model_name,
-            config.model.max_model_len,
-            num_engines=config.parallel.data_parallel_size,
-            max_loras=None if config.lora is None else config.lora.max_loras,
-        )
-        return cls(metrics, DashboardStatLogger(), None if disable_log_stats else LoggingStatLogger())
 
 
 def build_app(
@@ -322,7 +298,7 @@ async def run_server(
         served = await _start_engine(config, limits, server_args, loggers, serving)
         if served is None:
             return 0
-        _record_engine(loggers, served)
+        record_engine(loggers, served)
         lifecycle.serve(build_app(served, server_args, loggers, chat_template, bounds), served)
         watchdog = asyncio.create_task(_exit_when_engine_dies(served, server))
         logger.info(
@@ -342,18 +318,6 @@ async def run_server(
     return 1 if isinstance(served, AsyncLLM) and served.dead_error is not None else 0
 
 
-def _record_engine(loggers: StatLoggers, engine: AsyncLLM) -> None:
-    """The engine's KV cache and weights, as its handshake reported them, in /metrics."""
-    handshake, config = engine.handshake, engine.config
-    assert handshake is not None, "AsyncLLM.create returns once the engine's handshake arrived"
-    cache_dtype = config.model.dtype if config.cache.cache_dtype == "auto" else config.cache.cache_dtype
-    loggers.metrics.record_cache_config(
-        config.cache, cache_dtype, handshake.num_blocks - 1, handshake.num_host_blocks
-    )
-    loggers.metrics.record_kv_layout(config.kv_layout)
-    loggers.metrics.record_model_weight_bytes(handshake.model_weight_bytes)
-
-
 def _engine_starter(
     server_args: ServerArgs, limits: ServingLimits, bounds: RequestBounds, chat_template: str | None
 ) -> EngineStarter:
@@ -365,7 +329,7 @@ def _engine_starter(
             config, loggers.all(), server_args.log_requests, envs.log_stats_interval_s(), limits
         )
         try:
-            _record_engine(loggers, engine)
+            record_engine(loggers, engine)
             return engine, build_app(engine, server_args, loggers, chat_template, bounds)
         except BaseException:
             engine.shutdown()
