@@ -27,7 +27,8 @@ from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.types import ASGIApp
 
 from pagedserve import __version__, envs
-from pagedserve.config import EngineArgs, EngineConfig
+from pagedserve.config import EngineArgs
+from pagedserve.config.frontend_config import FrontendConfig, resolve_frontend_config
 from pagedserve.engine.admission import ServingLimits
 from pagedserve.engine.async_llm import AsyncLLM
 from pagedserve.engine.dp_headless import run_headless
@@ -239,7 +240,7 @@ async def _exit_when_engine_dies(engine: AsyncLLM, server: uvicorn.Server) -> No
 
 
 async def _start_engine(
-    config: EngineConfig,
+    resolved: FrontendConfig,
     limits: ServingLimits,
     server_args: ServerArgs,
     loggers: StatLoggers,
@@ -247,9 +248,7 @@ async def _start_engine(
 ) -> AsyncLLM | None:
     """Start the engine while the server already answers the probes; None if the server was stopped
     (SIGTERM) before the engine was ready (its process is then gone)."""
-    loading = asyncio.create_task(
-        AsyncLLM.create(config, loggers.all(), server_args.log_requests, envs.log_stats_interval_s(), limits)
-    )
+    loading = asyncio.create_task(_create_engine(resolved, loggers, server_args, limits))
     await asyncio.wait({loading, serving}, return_when=asyncio.FIRST_COMPLETED)
     if loading.done():
         return loading.result()
@@ -270,7 +269,7 @@ async def run_server(
     be served."""
     limits, bounds = limits or ServingLimits(), bounds or RequestBounds()
     models = pool_models(server_args)
-    config = None if models is not None else engine_args.create_engine_config()
+    resolved = None if models is not None else resolve_frontend_config(engine_args)
     chat_template = load_chat_template(server_args.chat_template)
     sock = _bind_socket(server_args.host, server_args.port)
     lifecycle = ServerLifecycle(server_args.shutdown_timeout)
@@ -293,9 +292,10 @@ async def run_server(
             served = serve_pool(models, engine_args, server_args, limits, lifecycle, start, guards)
             await serving
             return 0
-        assert config is not None, "no --models-dir nor --model NAME=PATH: one model"
+        assert resolved is not None, "no --models-dir nor --model NAME=PATH: one model"
+        config = resolved.config
         loggers = StatLoggers.for_config(config, server_args.disable_log_stats)
-        served = await _start_engine(config, limits, server_args, loggers, serving)
+        served = await _start_engine(resolved, limits, server_args, loggers, serving)
         if served is None:
             return 0
         record_engine(loggers, served)
@@ -318,16 +318,27 @@ async def run_server(
     return 1 if isinstance(served, AsyncLLM) and served.dead_error is not None else 0
 
 
+async def _create_engine(
+    resolved: FrontendConfig, loggers: StatLoggers, server_args: ServerArgs, limits: ServingLimits
+) -> AsyncLLM:
+    return await AsyncLLM.create(
+        resolved.config,
+        loggers.all(),
+        server_args.log_requests,
+        envs.log_stats_interval_s(),
+        limits,
+        resolved.tokenizer_class,
+    )
+
+
 def _engine_starter(
     server_args: ServerArgs, limits: ServingLimits, bounds: RequestBounds, chat_template: str | None
 ) -> EngineStarter:
     """How a pool starts one model: its engine process, then the OpenAI API over it (/metrics included)."""
 
-    async def start(config: EngineConfig) -> tuple[AsyncLLM, ASGIApp]:
-        loggers = StatLoggers.for_config(config, server_args.disable_log_stats)
-        engine = await AsyncLLM.create(
-            config, loggers.all(), server_args.log_requests, envs.log_stats_interval_s(), limits
-        )
+    async def start(resolved: FrontendConfig) -> tuple[AsyncLLM, ASGIApp]:
+        loggers = StatLoggers.for_config(resolved.config, server_args.disable_log_stats)
+        engine = await _create_engine(resolved, loggers, server_args, limits)
         try:
             record_engine(loggers, engine)
             return engine, build_app(engine, server_args, loggers, chat_template, bounds)

@@ -2,13 +2,15 @@
 routes in front of the models' apps, and how it loads one model (the engine flags with the model's path
 and name, in an engine process of its own). api_server.py starts one engine and its app; this wires many."""
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
-from pagedserve.config import EngineArgs, EngineConfig
+from pagedserve.config import EngineArgs
+from pagedserve.config.frontend_config import FrontendConfig, resolve_frontend_config
 from pagedserve.engine.admission import ServingLimits
 from pagedserve.engine.async_llm import AsyncLLM
 from pagedserve.entrypoints.openai.cli_args import ServerArgs
@@ -22,7 +24,7 @@ from pagedserve.sizing import CPU_DEFAULT_KV_BYTES
 logger = init_logger(__name__)
 
 # Starts one model's engine from its config and builds the API app over it (api_server's).
-EngineStarter = Callable[[EngineConfig], Awaitable[tuple[AsyncLLM, ASGIApp]]]
+EngineStarter = Callable[[FrontendConfig], Awaitable[tuple[AsyncLLM, ASGIApp]]]
 AppGuards = Callable[[FastAPI], None]  # the body-size limit, the API key and CORS (api_server.add_guards)
 
 
@@ -86,8 +88,10 @@ def _load_queue_limit(limits: ServingLimits, max_num_seqs: int) -> int:
 
 def _model_loader(engine_args: EngineArgs, start: EngineStarter) -> ModelLoader:
     async def load(model: ModelFile) -> LoadedModel:
-        config = replace(engine_args, model=model.path, served_model_name=model.name).create_engine_config()
-        engine, app = await start(config)
+        settings = replace(engine_args, model=model.path, served_model_name=model.name)
+        # NOTE: in a thread: resolving the settings (a child process; a GGUF's first conversion: seconds)
+        # must not stall the other models' requests and the pool's listings.
+        engine, app = await start(await asyncio.to_thread(resolve_frontend_config, settings))
         return LoadedModel(model.name, engine, app)
 
     return load
