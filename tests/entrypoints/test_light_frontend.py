@@ -18,7 +18,7 @@ from pagedserve.utils.hf_tokenizer import tokenizer_source
 # A fresh interpreter as the API server: the server imported, its flags read, then for each model its
 # settings resolved (in a child process) and its tokenizer loaded, as the server does before serving it.
 _AS_THE_SERVER = """
-import argparse, dataclasses, json, sys
+import argparse, dataclasses, json, pickle, sys
 from pagedserve.entrypoints import cli
 from pagedserve.entrypoints.openai import api_server
 from pagedserve.entrypoints.openai.cli_args import args_from_namespace, make_arg_parser
@@ -37,6 +37,7 @@ for name, model in sorted(pool_models(server_args).items()):
         "tokenizer": [type(tokenizer).__name__, ids, tokenizer.decode(ids)],
         "skipped": tokenizer.decode(ids, skip_special_tokens=True),
         "chat": tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True),
+        "sent to the engine": pickle.dumps(resolved.config).hex(),
     }
 heavy = sorted(name for name in sys.modules if name == "torch" or name.startswith("transformers.configuration"))
 print(json.dumps({"models": seen, "budget": resident_bytes_beside_weights(engine_args), "heavy": heavy}))
@@ -57,9 +58,10 @@ def test_the_server_reads_its_flags_configs_and_tokenizers_without_torch(
     default_model: str, tiny_model_factory
 ):
     """The settings and tokenizer the server gets are transformers' (resolved here directly, AutoTokenizer),
-    and its process never imports torch nor transformers' configs: the default GGUF and a HF folder whose
-    tokenizer class comes from its config.json's model type (Qwen2's)."""
-    from transformers import AutoTokenizer
+    its process never imports torch nor transformers' configs, and what it sends the engine process is
+    transformers' config again: the default GGUF, and a HF folder whose tokenizer class comes from its
+    config.json's model type (Qwen2's)."""
+    from transformers import AutoTokenizer, PretrainedConfig
 
     from pagedserve.config import EngineArgs
 
@@ -73,8 +75,13 @@ def test_the_server_reads_its_flags_configs_and_tokenizers_without_torch(
     seen = json.loads(run.stdout)
     assert seen["heavy"] == [] and seen["budget"] == 2**20
     for name, path in [("smol", default_model), ("qwen2", qwen2)]:
-        config = EngineArgs(model=path, kv_cache_memory="1MiB").create_engine_config()
-        model = config.model
+        model = EngineArgs(model=path, kv_cache_memory="1MiB").create_engine_config().model
+        engine_side = pickle.loads(
+            bytes.fromhex(seen["models"][name].pop("sent to the engine"))
+        ).model.hf_config
+        assert (
+            isinstance(engine_side, PretrainedConfig) and engine_side.to_dict() == model.hf_config.to_dict()
+        )
         reference = AutoTokenizer.from_pretrained(
             tokenizer_source(model.model, model.tokenizer, model.gguf_file)
         )
@@ -85,21 +92,6 @@ def test_the_server_reads_its_flags_configs_and_tokenizers_without_torch(
             "skipped": reference.decode(ids, skip_special_tokens=True),
             "chat": reference.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True),
         }
-
-
-def test_the_engine_gets_the_transformers_config_back(tiny_model_factory):
-    """Pickled for the engine process, the server's snapshot of a config is the transformers config again."""
-    from transformers import PretrainedConfig
-
-    from pagedserve.config import EngineArgs
-    from pagedserve.config.frontend_config import resolve_frontend_config
-
-    args = EngineArgs(model=tiny_model_factory("qwen2"), kv_cache_memory="1MiB")
-    light = resolve_frontend_config(args).config
-    engine_side = pickle.loads(pickle.dumps(light)).model.hf_config
-    assert isinstance(engine_side, PretrainedConfig)
-    assert engine_side.to_dict() == args.create_engine_config().model.hf_config.to_dict()
-    assert light.model.hf_config.num_key_value_heads == engine_side.num_key_value_heads
 
 
 def test_the_smol_server_holds_no_torch(smol_server):
