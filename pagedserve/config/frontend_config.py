@@ -59,9 +59,9 @@ def resolve_frontend_config(engine_args: "EngineArgs") -> FrontendConfig:
             f"Resolving the settings failed (the resolving process exited with {child.exitcode}; its "
             "error is in the log above)."
         ) from None
-    finally:
-        child.join(timeout=30)
+    finally:  # NOTE: done once it has answered; stopped at once when the server is (Ctrl-C, SIGTERM)
         child.kill()
+        child.join()
     if kind == "error":
         raise ConfigError(payload)
     config, tokenizer_class = pickle.loads(payload)
