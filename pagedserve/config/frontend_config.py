@@ -28,14 +28,6 @@ class HFConfigSnapshot:
         self.__dict__.update(attributes)
         self.__dict__["_original"] = original
 
-    def to_dict(self) -> dict[str, Any]:
-        return {name: value for name, value in vars(self).items() if name != "_original"}
-
-    def get_text_config(self, decoder: bool | None = None, encoder: bool | None = None) -> "HFConfigSnapshot":
-        """The language model's config: the `text_config` of a multimodal one, else itself."""
-        text = vars(self).get("text_config")
-        return text if isinstance(text, HFConfigSnapshot) else self
-
     def __reduce__(self) -> tuple[Any, tuple[bytes]]:
         # NOTE: sent on (to the engine process), it is the transformers config again
         return pickle.loads, (vars(self)["_original"],)
