@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 
+# The CPU's KV cache without --kv-cache-memory: at most this (platforms/cpu.py takes less when RAM is short).
+CPU_DEFAULT_KV_BYTES = 4 * 2**30
+
 
 @dataclass(frozen=True)
 class MLAShape:

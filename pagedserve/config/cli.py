@@ -2,10 +2,11 @@
 ServingLimits, PlanArgs) gets its command line. A field's flag is its name with vLLM's spelling
 (--max-model-len), its help the field's `help` metadata, its type and choices its annotation
 (`Literal[...]` gives the choices, `X | None` an optional X, `X | list[X]` one or more values, bool a
---flag / --no-flag pair); `aliases` adds vLLM's short forms (-tp)."""
+--flag / --no-flag pair); `aliases` adds vLLM's short forms (-tp), `action` an argparse action of its own."""
 
 import argparse
 import dataclasses
+import os
 import types
 import typing
 from collections.abc import Collection
@@ -16,9 +17,32 @@ T = TypeVar("T")
 _SCALAR_TYPES = (int, float, str, bool)
 
 
-def config_field(default: T, help: str, aliases: tuple[str, ...] = ()) -> T:
-    """A dataclass field with its command-line help (shown by --help) and extra flag names (`aliases`)."""
-    return dataclasses.field(default=default, metadata={"help": help, "aliases": aliases})
+def config_field(
+    default: T, help: str, aliases: tuple[str, ...] = (), action: type[argparse.Action] | None = None
+) -> T:
+    """A dataclass field with its command-line help (shown by --help), extra flag names (`aliases`) and
+    the argparse action that stores it (default: its annotation's)."""
+    return dataclasses.field(default=default, metadata={"help": help, "aliases": aliases, "action": action})
+
+
+class NamedValues(argparse.Action):
+    """A flag that takes one value (stored as usual), or `NAME=VALUE` any number of times: those are
+    collected in `<dest>_by_name` (`--model NAME=PATH`, repeated). A value that is an existing path is
+    never a NAME=VALUE, so a file whose name holds '=' still loads."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | typing.Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        assert isinstance(values, str), "a NamedValues flag takes one value at a time"
+        if "=" in values and not os.path.exists(values):
+            named = getattr(namespace, f"{self.dest}_by_name", None) or []
+            setattr(namespace, f"{self.dest}_by_name", [*named, values])
+        else:
+            setattr(namespace, self.dest, values)
 
 
 def flag_name(field_name: str) -> str:
@@ -29,17 +53,19 @@ def flag_name(field_name: str) -> str:
 def add_dataclass_cli_args(
     cls: type, parser: argparse.ArgumentParser | argparse._ArgumentGroup, only: Collection[str] | None = None
 ) -> None:
-    """One flag per field of the dataclass `cls` (or per field named in `only`)."""
+    """One flag per field of the dataclass `cls` (or per field named in `only`) made by config_field."""
     hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
+    for f in _flag_fields(cls):
         if only is not None and f.name not in only:
             continue
         value_type, choices = cli_type(hints[f.name])
         kwargs: dict[str, Any] = {"dest": f.name, "default": f.default, "help": f.metadata["help"]}
-        if value_type is bool:
+        if value_type is bool and f.metadata.get("action") is None:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
             kwargs["type"] = value_type
+            if f.metadata.get("action") is not None:
+                kwargs["action"] = f.metadata["action"]
             if choices is not None:
                 kwargs["choices"] = choices
             if takes_several(hints[f.name]):
@@ -49,8 +75,12 @@ def add_dataclass_cli_args(
 
 def dataclass_from_cli_args(cls: type[T], args: argparse.Namespace) -> T:
     """The dataclass `cls` built from the flags `add_dataclass_cli_args` added."""
-    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]  # NOTE: T is a dataclass
-    return cls(**{name: getattr(args, name) for name in names})
+    return cls(**{f.name: getattr(args, f.name) for f in _flag_fields(cls)})
+
+
+def _flag_fields(cls: type) -> list[dataclasses.Field[Any]]:
+    """The fields with a flag: config_field's (a plain field is set from other flags by its caller)."""
+    return [f for f in dataclasses.fields(cls) if "help" in f.metadata]
 
 
 def takes_several(annotation: object) -> bool:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from pagedserve.config.cache import BlockSize, CacheConfig, KVCacheDType
-from pagedserve.config.cli import add_dataclass_cli_args, config_field, dataclass_from_cli_args
+from pagedserve.config.cli import NamedValues, add_dataclass_cli_args, config_field, dataclass_from_cli_args
 from pagedserve.config.generation import generation_defaults
 from pagedserve.config.kv_layout import KVCacheLayout
 from pagedserve.config.lora import LoRAConfig
@@ -37,6 +37,7 @@ from pagedserve.logger import init_logger
 from pagedserve.reasoning import ReasoningParserName
 from pagedserve.utils import parse_bytes
 from pagedserve.utils.default_model import DEFAULT_MODEL_NAME
+from pagedserve.utils.gpu_probe import visible_gpu_count
 from pagedserve.utils.hub import is_hub_id, resolve_model_path
 
 Device = Literal["auto", "cpu", "cuda"]
@@ -117,7 +118,10 @@ class EngineArgs(ParallelArgs):
     `create_engine_config()` validates and resolves them."""
 
     model: str | None = config_field(
-        None, f"Model: HF folder, GGUF file or hub id. Default: the embedded {DEFAULT_MODEL_NAME}."
+        None,
+        f"Model: HF folder, GGUF file or hub id. Default: the embedded {DEFAULT_MODEL_NAME}. The server "
+        "also takes NAME=PATH, repeatable: each model served under its name, loaded on demand.",
+        action=NamedValues,
     )
     tokenizer: str | None = config_field(None, "Tokenizer folder or id (default: the model's).")
     dtype: DType = config_field(
@@ -488,12 +492,11 @@ def cuda_graph_capture_sizes(sizes: str | list[int], max_num_seqs: int) -> tuple
 
 
 def resolve_device(device: str) -> str:
-    """auto -> cuda when a GPU is visible, else cpu. Raises ConfigError for cuda without a GPU."""
-    import torch  # NOTE: lazy, so core/ (which imports config) stays free of torch
-
+    """auto -> cuda when a GPU is visible, else cpu. Raises ConfigError for cuda without a GPU. Probed
+    without torch (utils/gpu_probe.py), so the API server resolves its settings without importing it."""
     if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
+        return "cuda" if visible_gpu_count() > 0 else "cpu"
+    if device == "cuda" and visible_gpu_count() == 0:
         raise ConfigError("--device cuda was asked for but no CUDA GPU is visible.")
     if device not in ("cpu", "cuda"):
         raise ConfigError(

@@ -8,6 +8,7 @@ from pagedserve.config.data_parallel import DataParallelBackend, check_data_para
 from pagedserve.envs import pp_layer_partition
 from pagedserve.errors import ConfigError
 from pagedserve.families import DECODERS
+from pagedserve.utils.gpu_probe import visible_gpu_count
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -248,6 +249,4 @@ def resolve_parallel_config(
 
 def _local_devices(device: str, ranks: int) -> int:
     """Ranks this machine can hold: its GPUs, or any number of CPU ranks (they share the host)."""
-    import torch  # NOTE: lazy, so core/ (which imports config) stays free of torch
-
-    return torch.cuda.device_count() if device == "cuda" else ranks
+    return visible_gpu_count() if device == "cuda" else ranks

@@ -45,7 +45,8 @@ _STOP_POLL_S = 0.1
 
 class AsyncLLM:
     """Serves many concurrent `generate()` calls from one event loop, within `limits` (admission,
-    token budgets, deadlines, the stall watchdog). Build it with `create()`."""
+    token budgets, deadlines, the stall watchdog). Build it with `create()`. `tokenizer_class`: the
+    tokenizer's class when known (config/frontend_config.py: the API server imports it without torch)."""
 
     def __init__(
         self,
@@ -54,9 +55,10 @@ class AsyncLLM:
         log_requests: bool,
         log_stats_interval_s: float,
         limits: ServingLimits,
+        tokenizer_class: str | None = None,
     ) -> None:
         self.config = config
-        self.tokenizer = load_tokenizer(config.model)
+        self.tokenizer = load_tokenizer(config.model, tokenizer_class)
         self.input_processor = InputProcessor(
             config.model,
             self.tokenizer,
@@ -100,10 +102,18 @@ class AsyncLLM:
         log_requests: bool = True,
         log_stats_interval_s: float = 10.0,
         limits: ServingLimits | None = None,
+        tokenizer_class: str | None = None,
     ) -> "AsyncLLM":
         """Start the engine process and wait until it is ready. Raises ConfigError (bad settings) or
         EngineDeadError (failed to start); the process is gone either way."""
-        engine = cls(config, stat_loggers, log_requests, log_stats_interval_s, limits or ServingLimits())
+        engine = cls(
+            config,
+            stat_loggers,
+            log_requests,
+            log_stats_interval_s,
+            limits or ServingLimits(),
+            tokenizer_class,
+        )
         try:
             engine.handshake = await engine.engine_core.wait_until_ready()
             num_kv_blocks, block_size = engine.handshake.num_blocks - 1, engine.handshake.block_size

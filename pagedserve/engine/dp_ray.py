@@ -13,9 +13,7 @@ from pagedserve.config import EngineConfig, ParallelConfig
 from pagedserve.engine.dp_auth import CurveKeys
 from pagedserve.engine.dp_headless import replica_config, serve_remote_replica
 from pagedserve.errors import ConfigError
-from pagedserve.executor.ray import connect_ray
 from pagedserve.logger import init_logger
-from pagedserve.platforms import get_platform
 
 if TYPE_CHECKING:
     from ray.util.placement_group import PlacementGroup
@@ -59,6 +57,10 @@ class RayReplicas:
     def launch(self, address: str, port: int, keys: CurveKeys) -> None:
         """Place one actor per replica and start each serving (they then say hello to the head)."""
         parallel = self.config.parallel
+        # NOTE: lazy: the executor and the platform import torch, which the API server's import avoids
+        from pagedserve.executor.ray import connect_ray
+        from pagedserve.platforms import get_platform
+
         self.owns_ray = connect_ray(parallel.data_parallel_size * parallel.world_size)
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy

@@ -9,12 +9,13 @@ import msgspec
 
 from pagedserve.config.lora import LoRAConfig
 from pagedserve.errors import InvalidRequestError
-from pagedserve.lora.peft import LoRAAdapter, changed_files_error, load_adapter
 from pagedserve.lora.shapes import ModelShapes
 from pagedserve.protocol import LoRARequest
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
+
+    from pagedserve.lora.peft import LoRAAdapter
 
 _REMEMBERED = 4096  # adapter (id, path) pairs known good, with their digest; older ones are read again
 
@@ -50,10 +51,14 @@ class LoRAValidator:
                 self._digests.popitem(last=False)
         self._digests.move_to_end(key)
         if request.files_digest and request.files_digest != digest:
+            from pagedserve.lora.peft import changed_files_error  # NOTE: lazy, as in load()
+
             raise changed_files_error(request.lora_path, request.files_digest, digest)
         return msgspec.structs.replace(request, files_digest=digest)
 
-    def load(self, path: str) -> LoRAAdapter:
+    def load(self, path: str) -> "LoRAAdapter":
         """Read and check the adapter at `path` (for a server registering it). Raises InvalidRequestError."""
+        from pagedserve.lora.peft import load_adapter  # NOTE: lazy: it reads tensors with torch
+
         assert self.config is not None and self.shapes is not None, "LoRA is enabled"
         return load_adapter(path, self.shapes, self.config.max_lora_rank)

@@ -13,12 +13,10 @@ from pagedserve.config import CacheConfig, ParallelConfig
 from pagedserve.config.parallel import MAX_CPU_THREADS
 from pagedserve.logger import init_logger
 from pagedserve.platforms.interface import Platform
-from pagedserve.sizing import MemoryReport
+from pagedserve.sizing import CPU_DEFAULT_KV_BYTES, MemoryReport
 from pagedserve.utils import format_bytes
 
 logger = init_logger(__name__)
-
-CPU_DEFAULT_KV_BYTES = 4 * 2**30
 
 
 class CpuPlatform(Platform):

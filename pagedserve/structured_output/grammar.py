@@ -12,7 +12,6 @@ import re
 from typing import TYPE_CHECKING, NoReturn
 
 import llguidance
-import llguidance.hf
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from pagedserve.errors import InvalidRequestError
@@ -45,7 +44,8 @@ def make_ll_tokenizer(hf_tokenizer: "PreTrainedTokenizerBase", vocab_size: int) 
     """llguidance's view of the model's tokenizer (~1 s to build: build once). `vocab_size`: the model's
     logits width, so the bitmask has one bit per logit. llguidance reads a fast tokenizer's Rust backend:
     a slow one raises ValueError (as llguidance would)."""
-    from transformers import PreTrainedTokenizerFast  # NOTE: loaded by llguidance.hf already
+    import llguidance.hf  # NOTE: lazy: it imports transformers, which the API server's import avoids
+    from transformers import PreTrainedTokenizerFast
 
     if not isinstance(hf_tokenizer, PreTrainedTokenizerFast):
         raise ValueError("Only fast tokenizers are supported")

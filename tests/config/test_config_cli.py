@@ -119,18 +119,18 @@ def test_calculate_kv_scales_without_fp8_is_reported(
 
 def test_device_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
     """--device cuda resolves to cuda where a GPU is visible (it was refused everywhere: the first GPU
-    run found it); the GPU's presence is the one thing this CPU machine must pretend."""
-    import torch
-
+    run found it); the GPU's presence (the torch-free probe's count) is the one thing this CPU machine
+    must pretend."""
+    from pagedserve.config import engine
     from pagedserve.config.engine import resolve_device
 
     assert resolve_device("cpu") == "cpu"
     with pytest.raises(ConfigError, match="--device must be one of auto, cpu, cuda"):
         resolve_device("tpu")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(engine, "visible_gpu_count", lambda: 0)
     assert resolve_device("auto") == "cpu"
     with pytest.raises(ConfigError, match="no CUDA GPU is visible"):
         resolve_device("cuda")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(engine, "visible_gpu_count", lambda: 1)
     assert resolve_device("cuda") == "cuda"
     assert resolve_device("auto") == "cuda"

@@ -1,7 +1,8 @@
-"""--models-dir against a real server on 127.0.0.1: two tiny models loaded when first named and unloaded
-(LRU, keep_alive), each in its own engine process, their greedy tokens checked against HF transformers;
-sleep frees the engine's memory (its RSS) and wake brings the same outputs back; hostile names, keep_alive
-values and sleep levels are refused naming the field, and the server still serves afterwards."""
+"""--models-dir and --model NAME=PATH against a real server on 127.0.0.1: two tiny models (one in the
+directory, one named on the command line) loaded when first named and unloaded (LRU, keep_alive), each in
+its own engine process, their greedy tokens checked against HF transformers; sleep frees the engine's
+memory (its RSS) and wake brings the same outputs back; hostile names, keep_alive values and sleep levels
+are refused naming the field, and the server still serves afterwards."""
 
 import asyncio
 import json
@@ -28,7 +29,6 @@ def models_dir(tmp_path_factory, tiny_model_factory) -> str:
     root = tmp_path_factory.mktemp("models")
     # NOTE: copies: a symlink leading outside --models-dir is not served.
     shutil.copytree(tiny_model_factory("llama"), root / "alpha")
-    shutil.copytree(tiny_model_factory("qwen2"), root / "beta")
     (root / "broken").mkdir()  # fails to load: no architecture pagedserve knows
     (root / "broken" / "config.json").write_text(json.dumps({"architectures": ["NoSuchModelForCausalLM"]}))
     (root / "huge").mkdir()  # 64 GiB of weights (a sparse file): over the memory budget, never opened
@@ -40,8 +40,15 @@ def models_dir(tmp_path_factory, tiny_model_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def server(models_dir: str):
-    args = ["--models-dir", models_dir, "--max-loaded-models", "1", "--max-loaded-memory", "1GiB"]
+def beta_path(tiny_model_factory) -> str:
+    """Served as --model beta=PATH, from outside --models-dir."""
+    return tiny_model_factory("qwen2")
+
+
+@pytest.fixture(scope="module")
+def server(models_dir: str, beta_path: str):
+    args = ["--models-dir", models_dir, "--model", f"beta={beta_path}"]
+    args += ["--max-loaded-models", "1", "--max-loaded-memory", "1GiB"]
     args += ["--keep-alive", "-1", "--max-model-len", "256", "--kv-cache-memory", "2MiB"]
     args += ["--swap-space", "0", "--uvicorn-log-level", "warning", "--api-key", API_KEY]
     args += ["--max-num-queued-requests", "2", "--enable-sleep-mode"]
@@ -145,7 +152,7 @@ def test_hostile_names_keep_alives_and_levels_get_the_api_errors(server: RemoteS
     assert len(greedy(server, "alpha")) == MAX_TOKENS
 
 
-def test_two_models_load_on_demand_sleep_and_unload(server: RemoteServer, models_dir: str):
+def test_two_models_load_on_demand_sleep_and_unload(server: RemoteServer, models_dir: str, beta_path: str):
     alpha_tokens = greedy(server, "alpha")
     assert alpha_tokens == hf_greedy(os.path.join(models_dir, "alpha"))
     (alpha_engine,) = engines(server)
@@ -155,13 +162,13 @@ def test_two_models_load_on_demand_sleep_and_unload(server: RemoteServer, models
     assert sorted(reply.status_code for reply in replies) == [200, 200, 503, 503]
     assert "wait for the model `beta` to load" in next(r.text for r in replies if r.status_code == 503)
     beta_tokens = greedy(server, "beta")
-    assert beta_tokens == hf_greedy(os.path.join(models_dir, "beta")) != alpha_tokens
+    assert beta_tokens == hf_greedy(beta_path) != alpha_tokens
     server.wait_for(lambda: alpha_engine not in engines(server), 30, "alpha's engine to exit")
     (beta_engine,) = engines(server)
     ps = httpx.get(f"{server.base_url}/api/ps", headers=server.headers(), timeout=10).json()
     assert [(m["name"], m["expires_at"]) for m in ps["models"]] == [("beta", None)]  # keep_alive -1: never
 
-    weights = os.path.getsize(os.path.join(models_dir, "beta", "model.safetensors"))
+    weights = os.path.getsize(os.path.join(beta_path, "model.safetensors"))
     for level in (1, 2):
         awake = rss(beta_engine)
         assert post(server, "/sleep", model="beta", level=level).status_code == 200
@@ -189,8 +196,8 @@ def test_two_models_load_on_demand_sleep_and_unload(server: RemoteServer, models
 
 
 def test_the_ollama_client_loads_and_unloads_models_by_name(server: RemoteServer):
-    """The official ollama client, unchanged: /api/tags lists --models-dir, a chat loads its model on
-    demand, /api/ps shows it, keep_alive 0 unloads it once answered."""
+    """The official ollama client, unchanged: /api/tags lists --models-dir's model and --model beta=PATH's,
+    a chat loads its model on demand, /api/ps shows it, keep_alive 0 unloads it once answered."""
     client = ollama.Client(host=server.base_url, headers=server.headers())
     assert {"alpha", "beta"} <= {model.model for model in client.list().models}
     options = {"num_predict": MAX_TOKENS, "temperature": 0}

@@ -43,6 +43,8 @@ def test_every_setting_has_a_documented_flag() -> None:
     flags = {option for action in parser._actions for option in action.option_strings}
     for cls in (EngineArgs, ServerArgs, ServingLimits, RequestBounds):
         for field in dataclasses.fields(cls):
+            if (cls, field.name) == (ServerArgs, "named_models"):  # NOTE: --model NAME=PATH fills it
+                continue
             assert "--" + field.name.replace("_", "-") in flags and field.metadata["help"]
     engine, server = parse(
         "--kv-cache-memory 1GiB --block-size 32 --max-num-seqs 8 --seed 3 "
@@ -52,6 +54,16 @@ def test_every_setting_has_a_documented_flag() -> None:
     )
     assert (engine.kv_cache_memory, engine.block_size, engine.served_model_name) == ("1GiB", 32, ["m"])
     assert server.disable_log_stats and server.disable_log_requests and server.uvicorn_log_level == "debug"
+
+
+def test_model_name_equals_path_repeats_beside_one_model(tmp_path) -> None:
+    (tmp_path / "a=b.gguf").write_bytes(b"")  # an existing path with '=' is one model, not NAME=PATH
+    engine, server = parse(
+        ["--model", "x=/m/x.gguf", "--model", str(tmp_path / "a=b.gguf"), "--model", "y=z"]
+    )
+    assert engine.model == str(tmp_path / "a=b.gguf")
+    assert server.named_models == ("x=/m/x.gguf", "y=z")
+    assert parse(["--model", "PATH"])[1].named_models == ()
 
 
 def test_api_key_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,8 +11,8 @@ import torch
 from pagedserve.config import CacheConfig, ParallelConfig
 from pagedserve.errors import ConfigError
 from pagedserve.platforms import get_platform
-from pagedserve.platforms.cpu import CPU_DEFAULT_KV_BYTES, CpuPlatform
-from pagedserve.sizing import MemoryReport, tightest
+from pagedserve.platforms.cpu import CpuPlatform
+from pagedserve.sizing import CPU_DEFAULT_KV_BYTES, MemoryReport, tightest
 
 
 def test_cpu_platform_choices() -> None:

@@ -7,16 +7,16 @@ GET /ready answer 503 while the engine process loads the model, 200 once it serv
 If the engine dies or stalls (--engine-stall-timeout), requests in flight end with an
 error, /health answers 503, and the process exits with status 1 shortly after, for a supervisor to
 restart it. SIGTERM drains: no new requests, those in flight get --shutdown-timeout seconds, exit 0.
-With --models-dir, every model of the directory is served instead, each loaded on demand in an engine
-process of its own (model_pool.py); one dying only unloads it.
+With --models-dir or --model NAME=PATH, several models are served instead, each loaded on demand in an
+engine process of its own (pool_server.py, model_pool.py); one dying only unloads it.
 """
 
 import argparse
 import asyncio
+import functools
 import signal
 import socket
 import sys
-from dataclasses import dataclass, replace
 from types import FrameType
 from typing import Any
 
@@ -24,9 +24,11 @@ import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.types import ASGIApp
 
 from pagedserve import __version__, envs
-from pagedserve.config import EngineArgs, EngineConfig
+from pagedserve.config import EngineArgs
+from pagedserve.config.frontend_config import FrontendConfig, resolve_frontend_config
 from pagedserve.engine.admission import ServingLimits
 from pagedserve.engine.async_llm import AsyncLLM
 from pagedserve.engine.dp_headless import run_headless
@@ -38,11 +40,10 @@ from pagedserve.entrypoints.openai.errors import ERROR_RESPONSES, register_error
 from pagedserve.entrypoints.openai.lifecycle import LifecycleServer, ServerLifecycle
 from pagedserve.entrypoints.openai.lora_routes import add_lora_routes
 from pagedserve.entrypoints.openai.messages_routes import add_messages_routes
-from pagedserve.entrypoints.openai.model_pool import LoadedModel, LoadWaits, ModelLoader, ModelPool
-from pagedserve.entrypoints.openai.models_dir import ModelFile, scan_models_dir
+from pagedserve.entrypoints.openai.model_pool import ModelPool
 from pagedserve.entrypoints.openai.ollama_models import OllamaModels
 from pagedserve.entrypoints.openai.ollama_routes import add_ollama_routes
-from pagedserve.entrypoints.openai.pool_app import PoolApp, build_pool_info_app
+from pagedserve.entrypoints.openai.pool_server import EngineStarter, pool_models, serve_pool
 from pagedserve.entrypoints.openai.pooling_routes import add_pooling_routes
 from pagedserve.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -68,12 +69,11 @@ from pagedserve.entrypoints.openai.serving_pooling import OpenAIServingPooling
 from pagedserve.entrypoints.openai.serving_responses import OpenAIServingResponses
 from pagedserve.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from pagedserve.entrypoints.openai.sleep_routes import add_sleep_routes
+from pagedserve.entrypoints.openai.stat_loggers import StatLoggers, record_engine
 from pagedserve.entrypoints.openai.unicode_text import reject_lone_surrogates
 from pagedserve.entrypoints.utils import with_cancellation
 from pagedserve.errors import PagedServeError
 from pagedserve.logger import init_logger
-from pagedserve.metrics.dashboard import DashboardStatLogger
-from pagedserve.metrics.loggers import LoggingStatLogger, StatLoggerBase
 from pagedserve.metrics.prometheus import CONTENT_TYPE, PrometheusStatLogger
 
 # NOTE: not __name__, which is __main__ under `python -m` (outside the package's logger).
@@ -82,28 +82,6 @@ logger = init_logger("pagedserve.entrypoints.openai.api_server")
 # After the engine dies: how long /health keeps answering 503 (and errors reach the clients) before exit.
 ENGINE_DEATH_GRACE_S = 2.0
 _GRACEFUL_SHUTDOWN_S = 5
-
-
-@dataclass(frozen=True)
-class StatLoggers:
-    """The server's consumers of statistics: Prometheus (/metrics), the dashboard, the log line."""
-
-    metrics: PrometheusStatLogger
-    dashboard: DashboardStatLogger
-    log_line: LoggingStatLogger | None
-
-    def all(self) -> list[StatLoggerBase]:
-        return [self.metrics, self.dashboard, *([self.log_line] if self.log_line else [])]
-
-    @classmethod
-    def for_config(cls, config: EngineConfig, disable_log_stats: bool) -> "StatLoggers":
-        metrics = PrometheusStatLogger(
-            config.model.served_model_name,
-            config.model.max_model_len,
-            num_engines=config.parallel.data_parallel_size,
-            max_loras=None if config.lora is None else config.lora.max_loras,
-        )
-        return cls(metrics, DashboardStatLogger(), None if disable_log_stats else LoggingStatLogger())
 
 
 def build_app(
@@ -262,7 +240,7 @@ async def _exit_when_engine_dies(engine: AsyncLLM, server: uvicorn.Server) -> No
 
 
 async def _start_engine(
-    config: EngineConfig,
+    resolved: FrontendConfig,
     limits: ServingLimits,
     server_args: ServerArgs,
     loggers: StatLoggers,
@@ -270,9 +248,7 @@ async def _start_engine(
 ) -> AsyncLLM | None:
     """Start the engine while the server already answers the probes; None if the server was stopped
     (SIGTERM) before the engine was ready (its process is then gone)."""
-    loading = asyncio.create_task(
-        AsyncLLM.create(config, loggers.all(), server_args.log_requests, envs.log_stats_interval_s(), limits)
-    )
+    loading = asyncio.create_task(_create_engine(resolved, loggers, server_args, limits))
     await asyncio.wait({loading, serving}, return_when=asyncio.FIRST_COMPLETED)
     if loading.done():
         return loading.result()
@@ -288,12 +264,12 @@ async def run_server(
     limits: ServingLimits | None = None,
     bounds: RequestBounds | None = None,
 ) -> int:
-    """Serve until stopped (status 0) or until the engine dies (status 1; with --models-dir, one model's
+    """Serve until stopped (status 0) or until the engine dies (status 1; with a pool of models, one model's
     engine dying only unloads it). Raises PagedServeError (ConfigError included) when the settings cannot
     be served."""
     limits, bounds = limits or ServingLimits(), bounds or RequestBounds()
-    models = scan_models_dir(server_args.models_dir) if server_args.models_dir else None
-    config = None if models is not None else engine_args.create_engine_config()
+    models = pool_models(server_args)
+    resolved = None if models is not None else resolve_frontend_config(engine_args)
     chat_template = load_chat_template(server_args.chat_template)
     sock = _bind_socket(server_args.host, server_args.port)
     lifecycle = ServerLifecycle(server_args.shutdown_timeout)
@@ -311,17 +287,18 @@ async def run_server(
     served: AsyncLLM | ModelPool | None = None
     try:
         if models is not None:
-            load = _model_loader(engine_args, server_args, limits, bounds, chat_template)
-            waits = LoadWaits(_load_queue_limit(limits, engine_args.max_num_seqs), limits.max_queue_time)
-            served = _serve_pool(models, load, waits, server_args, bounds, lifecycle)
+            start = _engine_starter(server_args, limits, bounds, chat_template)
+            guards = functools.partial(add_guards, server_args=server_args, bounds=bounds)
+            served = serve_pool(models, engine_args, server_args, limits, lifecycle, start, guards)
             await serving
             return 0
-        assert config is not None, "no --models-dir: one model"
+        assert resolved is not None, "no --models-dir nor --model NAME=PATH: one model"
+        config = resolved.config
         loggers = StatLoggers.for_config(config, server_args.disable_log_stats)
-        served = await _start_engine(config, limits, server_args, loggers, serving)
+        served = await _start_engine(resolved, limits, server_args, loggers, serving)
         if served is None:
             return 0
-        _record_engine(loggers, served)
+        record_engine(loggers, served)
         lifecycle.serve(build_app(served, server_args, loggers, chat_template, bounds), served)
         watchdog = asyncio.create_task(_exit_when_engine_dies(served, server))
         logger.info(
@@ -341,81 +318,35 @@ async def run_server(
     return 1 if isinstance(served, AsyncLLM) and served.dead_error is not None else 0
 
 
-def _serve_pool(
-    models: dict[str, ModelFile],
-    load: ModelLoader,
-    waits: LoadWaits,
-    server_args: ServerArgs,
-    bounds: RequestBounds,
-    lifecycle: ServerLifecycle,
-) -> ModelPool:
-    """Serve the models of --models-dir (none loaded yet) through `lifecycle`."""
-    pool = ModelPool(models, server_args.residency_limits(), server_args.keep_alive_s(), load, waits)
-    lifecycle.serve(build_pool_app(pool, server_args, bounds), pool)
-    logger.info(
-        "Serving the %d models of %s at http://%s:%d, each loaded when first asked for.",
-        len(models),
-        server_args.models_dir,
-        server_args.host,
-        server_args.port,
+async def _create_engine(
+    resolved: FrontendConfig, loggers: StatLoggers, server_args: ServerArgs, limits: ServingLimits
+) -> AsyncLLM:
+    return await AsyncLLM.create(
+        resolved.config,
+        loggers.all(),
+        server_args.log_requests,
+        envs.log_stats_interval_s(),
+        limits,
+        resolved.tokenizer_class,
     )
-    return pool
 
 
-def _load_queue_limit(limits: ServingLimits, max_num_seqs: int) -> int:
-    """How many requests may wait for one model's load: --max-num-queued-requests (-1: no limit, 0 here),
-    by default twice what its engine will run at once, as for the engine's own queue."""
-    if limits.max_num_queued_requests is None:
-        return 2 * max_num_seqs
-    return max(limits.max_num_queued_requests, 0)
+def _engine_starter(
+    server_args: ServerArgs, limits: ServingLimits, bounds: RequestBounds, chat_template: str | None
+) -> EngineStarter:
+    """How a pool starts one model: its engine process, then the OpenAI API over it (/metrics included)."""
 
-
-def _record_engine(loggers: StatLoggers, engine: AsyncLLM) -> None:
-    """The engine's KV cache and weights, as its handshake reported them, in /metrics."""
-    handshake, config = engine.handshake, engine.config
-    assert handshake is not None, "AsyncLLM.create returns once the engine's handshake arrived"
-    cache_dtype = config.model.dtype if config.cache.cache_dtype == "auto" else config.cache.cache_dtype
-    loggers.metrics.record_cache_config(
-        config.cache, cache_dtype, handshake.num_blocks - 1, handshake.num_host_blocks
-    )
-    loggers.metrics.record_kv_layout(config.kv_layout)
-    loggers.metrics.record_model_weight_bytes(handshake.model_weight_bytes)
-
-
-def _model_loader(
-    engine_args: EngineArgs,
-    server_args: ServerArgs,
-    limits: ServingLimits,
-    bounds: RequestBounds,
-    chat_template: str | None,
-) -> ModelLoader:
-    """How the pool loads one model of --models-dir: the engine flags with its path and name, in its own
-    engine process, behind the OpenAI API of one model (its /metrics included)."""
-
-    async def load(model: ModelFile) -> LoadedModel:
-        config = replace(engine_args, model=model.path, served_model_name=model.name).create_engine_config()
-        loggers = StatLoggers.for_config(config, server_args.disable_log_stats)
-        engine = await AsyncLLM.create(
-            config, loggers.all(), server_args.log_requests, envs.log_stats_interval_s(), limits
-        )
+    async def start(resolved: FrontendConfig) -> tuple[AsyncLLM, ASGIApp]:
+        loggers = StatLoggers.for_config(resolved.config, server_args.disable_log_stats)
+        engine = await _create_engine(resolved, loggers, server_args, limits)
         try:
-            _record_engine(loggers, engine)
-            return LoadedModel(
-                model.name, engine, build_app(engine, server_args, loggers, chat_template, bounds)
-            )
+            record_engine(loggers, engine)
+            return engine, build_app(engine, server_args, loggers, chat_template, bounds)
         except BaseException:
             engine.shutdown()
             raise
 
-    return load
-
-
-def build_pool_app(pool: ModelPool, server_args: ServerArgs, bounds: RequestBounds) -> FastAPI:
-    """The pool's routes, then every other path to the app of the model the request names."""
-    app = build_pool_info_app(pool)
-    add_guards(app, server_args, bounds)
-    app.mount("/", PoolApp(pool))
-    return app
+    return start
 
 
 def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:

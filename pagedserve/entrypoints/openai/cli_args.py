@@ -4,7 +4,7 @@ from their dataclasses, with vLLM's names, so `pagedserve serve` and
 
 import argparse
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from pagedserve import envs
@@ -109,16 +109,20 @@ class ServerArgs:
         None,
         "Serve every GGUF file (name.gguf) and HF folder in this directory under its name, each loaded "
         "in its own engine process when first asked for and unloaded when idle (--keep-alive, "
-        "--max-loaded-models, --max-loaded-memory). The engine flags apply to each; --model is ignored.",
+        "--max-loaded-models, --max-loaded-memory). The engine flags apply to each. --model NAME=PATH "
+        "(repeatable) adds models by name, with or without this flag.",
     )
     max_loaded_models: int = config_field(
         3, "With --models-dir: most models loaded at once (0: no limit); the least recently used idle goes."
     )
     max_loaded_memory: str | None = config_field(
         None,
-        "With --models-dir: most bytes of weights (their files' size) loaded at once, e.g. '8GiB' "
-        "(default: no limit); the least recently used idle models go first.",
+        "With --models-dir: most bytes the loaded models hold at once, e.g. '8GiB' (default: no limit): "
+        "each its weights (their files' size), its KV cache (--kv-cache-memory; on CPU by default 4 GiB) "
+        "and its --swap-space; the least recently used idle models go first.",
     )
+    # --model NAME=PATH, repeated (parsed by --model's flag: config.cli.NamedValues); () when none.
+    named_models: tuple[str, ...] = ()
     keep_alive: str = config_field(
         "5m",
         "With --models-dir: how long a model stays loaded after its last request, in Ollama's durations "
@@ -205,9 +209,10 @@ def args_from_namespace(
     args: argparse.Namespace,
 ) -> tuple[EngineArgs, ServerArgs, ServingLimits, RequestBounds]:
     """The parsed flags as settings. Raises ConfigError for an out-of-range limit."""
+    server_args = dataclass_from_cli_args(ServerArgs, args)
     return (
         EngineArgs.from_cli_args(args),
-        dataclass_from_cli_args(ServerArgs, args),
+        replace(server_args, named_models=tuple(getattr(args, "model_by_name", None) or ())),
         dataclass_from_cli_args(ServingLimits, args),
         dataclass_from_cli_args(RequestBounds, args),
     )

@@ -1,5 +1,5 @@
-"""Several models served by one server (--models-dir), each in its own engine process, loaded when a
-request first names it and unloaded by the residency policy (residency.py: --max-loaded-models,
+"""Several models served by one server (--models-dir, --model NAME=PATH), each in its own engine process,
+loaded when a request first names it and unloaded by the residency policy (residency.py: --max-loaded-models,
 --max-loaded-memory, keep_alive). The seam every route resolves a model name through: `use(name)` gives
 the model's engine and API app for the time of one request (the OpenAI routes and the Ollama routes alike).
 
@@ -71,8 +71,9 @@ class LoadWaits:
 
 
 class ModelPool:
-    """Use from the server's event loop. `load` starts a model's engine and builds its app; `clock` is
-    time.monotonic (the residency policy's)."""
+    """Use from the server's event loop. `load` starts a model's engine and builds its app;
+    `bytes_beside_weights`: what each loaded model holds besides its weights (its KV cache and swap), which
+    the memory budget counts with them."""
 
     def __init__(
         self,
@@ -81,8 +82,10 @@ class ModelPool:
         default_keep_alive_s: float,
         load: ModelLoader,
         load_waits: LoadWaits,
+        bytes_beside_weights: int = 0,
     ) -> None:
         self.models = models
+        self.bytes_beside_weights = bytes_beside_weights
         self.load_waits = load_waits
         self.policy = ResidencyPolicy(limits)
         self.default_keep_alive_s = default_keep_alive_s
@@ -94,7 +97,7 @@ class ModelPool:
         self._reaper = asyncio.create_task(self._reap())
 
     def model_file(self, name: str) -> ModelFile:
-        """Raises InvalidRequestError (404) for a name not in --models-dir."""
+        """Raises InvalidRequestError (404) for a name the pool does not serve."""
         found = self.models.get(name)
         if found is None:
             raise unknown_model(name, list(self.models))
@@ -114,7 +117,8 @@ class ModelPool:
                 self.load_waits.check(name, self.policy.residents[name].in_flight - 1)
             self.policy.begin(name, keep_alive, now)
         else:
-            for victim in self.policy.admit(name, model.size_bytes, keep_alive, now):
+            size_bytes = model.size_bytes + self.bytes_beside_weights
+            for victim in self.policy.admit(name, size_bytes, keep_alive, now):
                 self._unload(victim, "to make room")
             self._loading[name] = asyncio.create_task(self._start(model))
             self.policy.begin(name, keep_alive, now)

@@ -1,8 +1,8 @@
-"""--models-dir: the models a pool serves, by name. Each GGUF file (`name.gguf`) and each HF folder (a
-subfolder with a config.json) directly in the directory is a model named after it. The listing is taken
-once, at startup: a request's model name is only ever looked up in it, so no name (`..`, an absolute
-path, a slash) can make the server open anything else, and a symlink that leads outside the directory is
-left out."""
+"""The models a pool serves, by name: --models-dir and --model NAME=PATH. Each GGUF file (`name.gguf`) and
+each HF folder (a subfolder with a config.json) directly in the directory is a model named after it; each
+--model NAME=PATH adds one under NAME. The listing is taken once, at startup: a request's model name is only
+ever looked up in it, so no name (`..`, an absolute path, a slash) can make the server open anything else,
+and a symlink that leads outside the directory is left out."""
 
 import os
 from dataclasses import dataclass
@@ -12,6 +12,7 @@ from pagedserve.logger import init_logger
 
 logger = init_logger(__name__)
 
+MAX_MODEL_NAME_CHARS = 128  # of a --model NAME=PATH's NAME
 _SHOWN_NAME_CHARS = 200  # of an unknown model name in its 404's message
 _LISTED_NAMES = 20  # names a 404 lists (GET /v1/models has them all)
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
@@ -19,10 +20,10 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 
 @dataclass(frozen=True)
 class ModelFile:
-    """One servable model of the directory."""
+    """One servable model of the pool."""
 
     name: str
-    path: str  # resolved (no symlink), inside the directory
+    path: str  # resolved (no symlink): inside --models-dir, or a --model NAME=PATH's
     size_bytes: int  # its weights on disk: what the pool's memory budget counts
     modified: float  # time.time() of the last change, for listings
 
@@ -41,22 +42,72 @@ def scan_models_dir(models_dir: str) -> dict[str, ModelFile]:
         if os.path.commonpath([root, path]) != root:
             logger.warning("--models-dir: %s leads outside the directory and is not served.", entry.name)
             continue
-        if os.path.isfile(path) and entry.name.endswith(".gguf"):
-            name = entry.name.removesuffix(".gguf")
-            stat = os.stat(path)
-            models[name] = ModelFile(name, path, stat.st_size, stat.st_mtime)
-        elif os.path.isfile(os.path.join(path, "config.json")):
-            weights = [
-                os.path.join(path, file) for file in os.listdir(path) if file.endswith(_WEIGHT_SUFFIXES)
-            ]
-            size = sum(os.path.getsize(file) for file in weights)
-            models[entry.name] = ModelFile(entry.name, path, size, os.stat(path).st_mtime)
+        model = _model_file(entry.name.removesuffix(".gguf"), path, entry.name.endswith(".gguf"))
+        if model is not None:
+            models[model.name] = model
     if not models:
         raise ConfigError(
             f"--models-dir {models_dir!r} holds no model: put GGUF files (name.gguf) or HF folders (with "
             "a config.json) directly in it."
         )
     return models
+
+
+def _model_file(name: str, path: str, gguf_name: bool) -> ModelFile | None:
+    """`path` (resolved) as the model `name` when it is a GGUF file (`gguf_name`: it was named *.gguf; a
+    symlink's target may be a blob without the suffix) or a HF folder with a config.json, else None."""
+    if os.path.isfile(path) and gguf_name:
+        stat = os.stat(path)
+        return ModelFile(name, path, stat.st_size, stat.st_mtime)
+    if os.path.isfile(os.path.join(path, "config.json")):
+        weights = [os.path.join(path, file) for file in os.listdir(path) if file.endswith(_WEIGHT_SUFFIXES)]
+        size = sum(os.path.getsize(file) for file in weights)
+        return ModelFile(name, path, size, os.stat(path).st_mtime)
+    return None
+
+
+def named_models(specs: list[str]) -> dict[str, ModelFile]:
+    """--model NAME=PATH (repeated) by name. Raises ConfigError naming the flag for a bad name, a path
+    that is no model, or a name given twice."""
+    models: dict[str, ModelFile] = {}
+    for spec in specs:
+        name, _, path = spec.partition("=")
+        _check_name(name, spec)
+        model = _model_file(name, os.path.realpath(path), path.endswith(".gguf"))
+        if model is None:
+            raise ConfigError(
+                f"--model {spec!r}: {path!r} is neither a GGUF file (.gguf) nor a HF folder with a config.json."
+            )
+        if name in models:
+            raise ConfigError(f"--model {spec!r}: the name {name!r} is given twice; give each model its own.")
+        models[name] = model
+    return models
+
+
+def _check_name(name: str, spec: str) -> None:
+    """A served name is looked up, never opened, but it shows in listings and paths of the API: bounded,
+    printable, no `..` part, no leading `/`."""
+    if not name or len(name) > MAX_MODEL_NAME_CHARS or not name.isprintable() or name != name.strip():
+        raise ConfigError(
+            f"--model {spec[:MAX_MODEL_NAME_CHARS]!r}: NAME must be 1 to {MAX_MODEL_NAME_CHARS} printable "
+            "characters without surrounding spaces (--model NAME=PATH)."
+        )
+    if name.startswith("/") or ".." in name.split("/"):
+        raise ConfigError(f"--model {spec!r}: NAME must not start with '/' nor hold a '..' part.")
+
+
+def served_models(models_dir: str | None, named: list[str]) -> dict[str, ModelFile]:
+    """The pool's models: --models-dir's and --model NAME=PATH's. Raises ConfigError for a name both
+    give, naming the flags."""
+    listed = scan_models_dir(models_dir) if models_dir else {}
+    for name, model in named_models(named).items():
+        if name in listed:
+            raise ConfigError(
+                f"--model {name}={model.path}: --models-dir {models_dir!r} already serves a model named "
+                f"{name!r}; choose another NAME."
+            )
+        listed[name] = model
+    return listed
 
 
 def unknown_model(name: str, served: list[str]) -> InvalidRequestError:

@@ -1,5 +1,5 @@
-"""The API of a model pool (--models-dir): each request goes to the app of the model it names (its JSON
-body's `model`, else the `model` query parameter, as for GET /is_sleeping?model=NAME), loading it first
+"""The API of a model pool (--models-dir, --model NAME=PATH): each request goes to the app of the model it
+names (its JSON body's `model`, else the `model` query parameter, as for GET /is_sleeping?model=NAME), loading it first
 if need be; its `keep_alive` (Ollama's durations) sets how long the model stays loaded afterwards. The
 routes about the pool itself (GET /v1/models, Ollama's GET /api/ps, /version) are answered without loading
 anything."""
@@ -23,7 +23,7 @@ from pagedserve.errors import InvalidRequestError, PagedServeError
 
 
 def build_pool_info_app(pool: ModelPool) -> FastAPI:
-    """The routes about the pool: every model of --models-dir, loaded or not."""
+    """The routes about the pool: every model it serves, loaded or not."""
     app = FastAPI(title="pagedserve", version=__version__)
     register_error_handlers(app)
 
@@ -47,7 +47,7 @@ def build_pool_info_app(pool: ModelPool) -> FastAPI:
 
     @app.get("/api/tags")
     async def tags() -> dict[str, list[dict[str, object]]]:
-        """Ollama's /api/tags: every model of --models-dir, loaded or not."""
+        """Ollama's /api/tags: every model of the pool, loaded or not."""
         return {"models": [_tag(pool.model_file(name)) for name in pool.models]}
 
     @app.get("/api/ps")
@@ -109,7 +109,7 @@ def _model_of(scope: Scope, body: bytes) -> tuple[str, float | None]:
     name = fields.get("model", query.get("model", [None])[0])
     if name is None:
         raise InvalidRequestError(
-            "`model` is required: this server serves several models (--models-dir); name one in the "
+            "`model` is required: this server serves several models; name one in the "
             "body's `model` (or the `model` query parameter). GET /v1/models lists them.",
             param="model",
         )

@@ -46,8 +46,9 @@ class ResidencyPolicy:
         budget = self.limits.memory_budget_bytes
         if budget and size_bytes > budget:
             raise InvalidRequestError(
-                f"The model `{name}` needs {format_bytes(size_bytes)} (its weights), more than the memory "
-                f"budget of {format_bytes(budget)} alone (--max-loaded-memory): raise the budget.",
+                f"The model `{name}` needs {format_bytes(size_bytes)} (its weights, KV cache and swap space), "
+                f"more than the memory budget of {format_bytes(budget)} alone (--max-loaded-memory): raise "
+                "the budget, or lower --kv-cache-memory and --swap-space.",
                 param="model",
                 status_code=507,
             )

@@ -1,0 +1,94 @@
+"""The API server's copy of the engine config, resolved in a child process so that the server never
+imports transformers' configs (which import torch in transformers 5.x: ~0.3 GB and seconds). The child
+resolves the settings as `EngineArgs.create_engine_config()` does (a GGUF file's first conversion
+included), and sends them back with every transformers config replaced by an `HFConfigSnapshot`: its
+attributes as plain values, and the config itself pickled whole. Pickled again for the engine process,
+a snapshot turns back into that transformers config, so the engine gets exactly what the child resolved.
+The child also names the tokenizer class transformers' AutoTokenizer picks (from config.json's model type
+where tokenizer_config.json names none), which the server then imports alone, without torch."""
+
+import pickle
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+from pagedserve.errors import ConfigError, PagedServeError
+from pagedserve.utils.child_process import ChildProcess
+from pagedserve.utils.hf_tokenizer import load_hf_tokenizer, tokenizer_source
+
+if TYPE_CHECKING:
+    from pagedserve.config.engine import EngineArgs, EngineConfig
+
+
+class HFConfigSnapshot:
+    """A transformers config's attributes (its `model_type`, and the names its `attribute_map` aliases,
+    included), read as attributes; nested configs are snapshots too, torch dtypes their names."""
+
+    def __init__(self, attributes: dict[str, Any], original: bytes) -> None:
+        self.__dict__.update(attributes)
+        self.__dict__["_original"] = original
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+        # NOTE: sent on (to the engine process), it is the transformers config again
+        return pickle.loads, (vars(self)["_original"],)
+
+
+@dataclass(frozen=True)
+class FrontendConfig:
+    config: "EngineConfig"  # with HFConfigSnapshots for transformers' configs
+    tokenizer_class: str  # "module:qualname" of the class AutoTokenizer picks for the model
+
+
+def resolve_frontend_config(engine_args: "EngineArgs") -> FrontendConfig:
+    """`engine_args.create_engine_config()`, resolved in a child process. Raises ConfigError (also when
+    the child dies: its traceback is on stderr)."""
+    child = ChildProcess(_resolve, (engine_args,), "ConfigResolution")
+    try:
+        kind, payload = child.conn.recv()
+    except EOFError:
+        child.join()
+        raise ConfigError(
+            f"Resolving the settings failed (the resolving process exited with {child.exitcode}; its "
+            "error is in the log above)."
+        ) from None
+    finally:  # NOTE: done once it has answered; stopped at once when the server is (Ctrl-C, SIGTERM)
+        child.kill()
+        child.join()
+    if kind == "error":
+        raise ConfigError(payload)
+    config, tokenizer_class = pickle.loads(payload)
+    return FrontendConfig(config, tokenizer_class)
+
+
+def _resolve(conn: Connection, engine_args: "EngineArgs") -> None:
+    """The child: resolve, name the tokenizer class, send both back with snapshots for the configs."""
+    try:
+        config = engine_args.create_engine_config()
+        model = config.model
+        tokenizer = load_hf_tokenizer(tokenizer_source(model.model, model.tokenizer, model.gguf_file))
+    except PagedServeError as exc:
+        conn.send(("error", str(exc)))
+        return
+    tokenizer_class = f"{type(tokenizer).__module__}:{type(tokenizer).__qualname__}"
+    conn.send(("config", _snapshot_pickle((config, tokenizer_class))))
+
+
+def _snapshot_pickle(value: object) -> bytes:
+    import io
+
+    import torch
+    from transformers import PretrainedConfig
+
+    class SnapshotPickler(pickle.Pickler):
+        def reducer_override(self, obj: object) -> Any:
+            if isinstance(obj, PretrainedConfig):
+                attributes = {**vars(obj), "model_type": type(obj).model_type}
+                attributes |= {alias: getattr(obj, alias) for alias in type(obj).attribute_map}
+                return HFConfigSnapshot, (attributes, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+            if isinstance(obj, torch.dtype):
+                return str, (str(obj).removeprefix("torch."),)
+            return NotImplemented
+
+    buffer = io.BytesIO()
+    SnapshotPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    return buffer.getvalue()
