@@ -66,6 +66,13 @@ class GGUFFacts:
     grouped_fused_qkv: bool = False  # fused q/k/v stored as [q; k; v], HF groups it per KV head (Falcon)
     expert_sizes_in_metadata: bool = False  # the experts' sizes only in llama.cpp's keys (Qwen-MoE)
     sparse_architecture: str | None = None  # what a file with `<arch>.expert_count` > 0 is (Mixtral)
+    # transformers cannot read the file: its config and BPE tokenizer come from llama.cpp's keys
+    # (utils/gguf_metadata_config.py)
+    config_from_metadata: bool = False
+    bare_tensors: tuple[str, ...] = ()  # blocks whose HF tensor is a bare parameter (no `.weight`)
+    # HF fuses the experts' gate and up, interleaved by rows, which llama.cpp splits (gpt-oss); joined
+    # back at load (model_loader/gguf_gate_up.py)
+    joined_gate_up: bool = False
 
 
 @dataclass(frozen=True)
@@ -267,6 +274,20 @@ FAMILIES: tuple[FamilyFacts, ...] = (
         moe=MoELayout("mlp", every_layer=True, expert_size_field="intermediate_size", shared_expert=False),
         sinks=True,
         mxfp4_experts=True,
+        gguf=GGUFFacts(
+            "gpt-oss",
+            "gpt-oss (experts in MXFP4 or float)",
+            layer_names=_frozen(
+                {
+                    "post_attention_norm": "post_attention_layernorm",
+                    "attn_sinks": "self_attn.sinks",
+                    "ffn_gate_inp": "mlp.router",
+                }
+            ),
+            config_from_metadata=True,
+            bare_tensors=("attn_sinks",),
+            joined_gate_up=True,
+        ),
     ),
     FamilyFacts(
         "deepseek_v2",

@@ -1,0 +1,118 @@
+"""GGUF files whose config transformers cannot read (families.GGUFFacts.config_from_metadata): the HF
+config built from llama.cpp's `<arch>.*` keys as its converter writes them, and the byte-level BPE
+tokenizer from `tokenizer.ggml.*`. Only gpt-oss's keys are read so far (the family with attention sinks):
+another such architecture is refused, naming it."""
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from gguf import GGMLQuantizationType
+
+from pagedserve.errors import ConfigError
+from pagedserve.families import FamilyFacts
+from pagedserve.utils.gguf_metadata import metadata_int
+from pagedserve.utils.gguf_tensors import GGUFFile
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+_GGUF_TOKEN_CONTROL = 3  # llama.cpp's token type of special tokens
+
+
+def _float(metadata: Mapping[str, object], key: str, default: float | None = None) -> float:
+    value = metadata.get(key, default)
+    if not isinstance(value, int | float):
+        raise ConfigError(f"The GGUF metadata key {key!r} holds {value!r}, not a number.")
+    return float(value)
+
+
+def metadata_config(file: GGUFFile, facts: FamilyFacts, arch: str) -> "PretrainedConfig":
+    """The HF config of `file`, of family `facts` (GGUF architecture `arch`)."""
+    if not facts.sinks:
+        raise ConfigError(f"GGUF architecture {arch!r} has no config reader yet; load its HF folder (--model).")
+    return _gpt_oss_config(file, facts, arch)
+
+
+def _gpt_oss_config(file: GGUFFile, facts: FamilyFacts, arch: str) -> "PretrainedConfig":
+    """gpt-oss: alternating sliding-window and full layers (the first sliding, as llama.cpp builds them),
+    YaRN without truncation (llama.cpp's), experts in MXFP4 kept packed (`quantization_config`) when the
+    file stores them so."""
+    from transformers import AutoConfig
+
+    metadata = file.metadata
+    layers = metadata_int(metadata, f"{arch}.block_count")
+    rope_type = metadata.get(f"{arch}.rope.scaling.type", "none")
+    rope: dict[str, object] = {"rope_type": "default"}
+    if rope_type == "yarn":
+        rope = {
+            "rope_type": "yarn",
+            "factor": _float(metadata, f"{arch}.rope.scaling.factor"),
+            "beta_fast": _float(metadata, f"{arch}.rope.scaling.yarn_beta_fast", 32.0),
+            "beta_slow": _float(metadata, f"{arch}.rope.scaling.yarn_beta_slow", 1.0),
+            "original_max_position_embeddings": metadata_int(
+                metadata, f"{arch}.rope.scaling.original_context_length"
+            ),
+            "truncate": False,
+        }
+    elif rope_type != "none":
+        raise ConfigError(
+            f"GGUF metadata {arch}.rope.scaling.type={rope_type!r} is not implemented for gpt-oss (yarn or none)."
+        )
+    rope["rope_theta"] = _float(metadata, f"{arch}.rope.freq_base", 10000.0)
+    names = {tensor.name: tensor for tensor in file.tensors}
+    embedding = names["token_embd.weight"]
+    experts = names["blk.0.ffn_down_exps.weight"]
+    config = AutoConfig.for_model(
+        facts.model_type,
+        vocab_size=embedding.shape[-1],  # GGUF order: innermost first
+        hidden_size=metadata_int(metadata, f"{arch}.embedding_length"),
+        intermediate_size=metadata_int(metadata, f"{arch}.expert_feed_forward_length"),
+        num_hidden_layers=layers,
+        num_attention_heads=metadata_int(metadata, f"{arch}.attention.head_count"),
+        num_key_value_heads=metadata_int(metadata, f"{arch}.attention.head_count_kv"),
+        head_dim=metadata_int(metadata, f"{arch}.attention.key_length"),
+        num_local_experts=metadata_int(metadata, f"{arch}.expert_count"),
+        num_experts_per_tok=metadata_int(metadata, f"{arch}.expert_used_count"),
+        sliding_window=metadata_int(metadata, f"{arch}.attention.sliding_window"),
+        layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+        max_position_embeddings=metadata_int(metadata, f"{arch}.context_length"),
+        rms_norm_eps=_float(metadata, f"{arch}.attention.layer_norm_rms_epsilon"),
+        rope_parameters=rope,
+        tie_word_embeddings="output.weight" not in names,
+        bos_token_id=metadata_int(metadata, "tokenizer.ggml.bos_token_id", -1),
+        eos_token_id=metadata_int(metadata, "tokenizer.ggml.eos_token_id", -1),
+        architectures=[facts.architecture],
+    )
+    if experts.tensor_type == GGMLQuantizationType.MXFP4:
+        config.quantization_config = {"quant_method": "gguf", "packed_experts": "mxfp4"}
+    return config
+
+
+def bpe_tokenizer(metadata: Mapping[str, object]) -> "PreTrainedTokenizerBase":
+    """The byte-level BPE tokenizer (`tokenizer.ggml.model` gpt2) of metadata read with its arrays.
+    NOTE: words are split by GPT-2's byte-level rule; `tokenizer.ggml.pre` names the model's own split,
+    which only matters where the two differ (digits, long whitespace runs)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    model = metadata.get("tokenizer.ggml.model")
+    if model != "gpt2":
+        raise ConfigError(f"GGUF tokenizer.ggml.model={model!r} is not read here (gpt2, byte-level BPE, is).")
+    tokens = [str(token) for token in metadata["tokenizer.ggml.tokens"]]  # type: ignore[attr-defined]
+    merges = [tuple(str(merge).split(" ", 1)) for merge in metadata.get("tokenizer.ggml.merges", [])]  # type: ignore[attr-defined]
+    types = list(metadata.get("tokenizer.ggml.token_type", []))  # type: ignore[call-overload]
+    tokenizer = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(
+        [AddedToken(tokens[i], special=True) for i, kind in enumerate(types) if kind == _GGUF_TOKEN_CONTROL]
+    )
+
+    def special(key: str) -> str | None:
+        index = metadata_int(metadata, f"tokenizer.ggml.{key}", -1)
+        return tokens[index] if 0 <= index < len(tokens) else None
+
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token=special("bos_token_id"), eos_token=special("eos_token_id")
+    )
+    return fast
