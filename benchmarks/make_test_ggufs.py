@@ -14,8 +14,8 @@ builds). Tiny random-weight models, two layers each:
 Each file is 0.1 to 1 MB; the gpt-oss's HF folder is kept beside its file (safetensors, config, tokenizer)
 as the reference the tests compare the GGUF's greedy tokens with.
 
-Needs benchmarks/build_llama_server.sh's build (run it first: 5-10 minutes; its llama-quantize suffices) and sentencepiece, which the
-converter imports (pip-installed into the peer cache here, never into the environment):
+Needs benchmarks/build_llama_server.sh's build (run it first: 5-10 minutes; its llama-quantize suffices)
+and sentencepiece, which the converter imports (pip-installed into the peer cache here, never into the environment):
 
     python benchmarks/make_test_ggufs.py            # rewrites tests/data/llama_cpp/
 """
@@ -52,7 +52,7 @@ LLAMA_SIZES = dict(
     COMMON,
     vocab_size=256,
     hidden_size=256,
-    intermediate_size=512,
+    intermediate_size=256,
     num_attention_heads=4,
     num_key_value_heads=2,
     head_dim=64,
@@ -83,6 +83,7 @@ GPT_OSS_SIZES = dict(
         "original_max_position_embeddings": 64,
     },
 )
+
 
 def docs_lines() -> Iterator[str]:
     for path in sorted(glob.glob(os.path.join(REPO, "docs", "*.md"))):
@@ -190,13 +191,18 @@ def llama_cpp_tree() -> str:
     return tree
 
 
-def converter_env(tree: str) -> dict[str, str]:
+def peer_deps() -> str:
+    """The folder sentencepiece is installed in (both this script and the converter import it)."""
     deps = os.path.join(PEERS, "pydeps")
     if not os.path.isdir(os.path.join(deps, "sentencepiece")):
         subprocess.run(
             [sys.executable, "-m", "pip", "install", "-q", "--target", deps, "sentencepiece"], check=True
         )
-    path = os.pathsep.join([tree, os.path.join(tree, "gguf-py"), deps])
+    return deps
+
+
+def converter_env(tree: str) -> dict[str, str]:
+    path = os.pathsep.join([tree, os.path.join(tree, "gguf-py"), peer_deps()])
     return {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
 
 
@@ -211,12 +217,23 @@ _CONVERT_AS_GPT2 = (
 
 def convert(tree: str, folder: str, out: str) -> None:
     converter = os.path.join(tree, "convert_hf_to_gguf.py")
-    command = [sys.executable, "-c", _CONVERT_AS_GPT2, converter, folder, "--outtype", "f32", "--outfile", out]
+    command = [
+        sys.executable,
+        "-c",
+        _CONVERT_AS_GPT2,
+        converter,
+        folder,
+        "--outtype",
+        "f32",
+        "--outfile",
+        out,
+    ]
     subprocess.run(command, check=True, env=converter_env(tree), stdout=subprocess.DEVNULL)
 
 
 def main() -> int:
     tree = llama_cpp_tree()
+    sys.path.append(peer_deps())
     os.makedirs(OUT, exist_ok=True)
     for family, types in (("llama", LLAMA_TYPES), ("mixtral", MIXTRAL_TYPES)):
         with tempfile.TemporaryDirectory() as tmp:

@@ -5,8 +5,9 @@ treats a HF folder's.
 llama.cpp's converters rename tensors and change some, as each family's entry in pagedserve/families.py
 (`GGUFFacts`) says, undone here: q/k rows permuted for its rope layout, norm weights stored as 1 + w,
 a fused q/k/v regrouped as [q; k; v], experts stacked into one tensor per projection (split here into
-HF's per-expert tensors), and gpt-oss's fused gate/up experts split in two (joined in gguf_gate_up.py). A config the metadata leaves incomplete (Mixtral's, Qwen-MoE's expert sizes,
-BERT's) is completed in `utils/gguf_config.py`."""
+HF's per-expert tensors), and gpt-oss's fused gate/up experts split in two (joined in
+gguf_gate_up.py). A config the metadata leaves incomplete (Mixtral's, Qwen-MoE's expert sizes, BERT's)
+is completed in `utils/gguf_config.py`."""
 
 import re
 from collections.abc import Callable, Iterator

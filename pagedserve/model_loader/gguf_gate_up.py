@@ -85,4 +85,6 @@ class GateUpJoiner:
 
     def check_done(self) -> None:
         if self.waiting:
-            raise ConfigError(f"GGUF expert gates without their up halves: {', '.join(sorted(self.waiting))}.")
+            raise ConfigError(
+                f"GGUF expert gates without their up halves: {', '.join(sorted(self.waiting))}."
+            )

@@ -29,7 +29,9 @@ def _float(metadata: Mapping[str, object], key: str, default: float | None = Non
 def metadata_config(file: GGUFFile, facts: FamilyFacts, arch: str) -> "PretrainedConfig":
     """The HF config of `file`, of family `facts` (GGUF architecture `arch`)."""
     if not facts.sinks:
-        raise ConfigError(f"GGUF architecture {arch!r} has no config reader yet; load its HF folder (--model).")
+        raise ConfigError(
+            f"GGUF architecture {arch!r} has no config reader yet; load its HF folder (--model)."
+        )
     return _gpt_oss_config(file, facts, arch)
 
 
