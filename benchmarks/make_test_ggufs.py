@@ -32,6 +32,8 @@ from collections.abc import Iterator
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)  # run as a script: pagedserve from this checkout
+sys.path.insert(0, os.path.join(REPO, "tests"))
+from conftest import TINY_MODELS  # noqa: E402
 
 OUT = os.path.join(REPO, "tests", "data", "llama_cpp")
 PEERS = os.environ.get(
@@ -60,28 +62,16 @@ LLAMA_SIZES = dict(
 )
 BPE_VOCAB = 300
 # The families' tiny test configs (tests/conftest.py's TINY_MODELS) at hidden 64.
+# tests/conftest.py's tiny gpt-oss (YaRN, a 24-token window, 4 experts) at hidden 64.
 GPT_OSS_SIZES = dict(
     COMMON,
+    **TINY_MODELS["gpt_oss"],
     initializer_range=0.1,  # at hidden 64, 0.02 makes every step's top token the same
     max_position_embeddings=512,  # YaRN's factor times its original length
     vocab_size=BPE_VOCAB,
     hidden_size=64,
-    intermediate_size=64,  # MXFP4 blocks of 32 along both expert matrices' rows
     num_attention_heads=4,
     num_key_value_heads=2,
-    head_dim=16,
-    num_local_experts=4,
-    num_experts_per_tok=2,
-    sliding_window=24,
-    rope_parameters={
-        "rope_type": "yarn",
-        "rope_theta": 10000.0,
-        "factor": 8.0,
-        "beta_fast": 32.0,
-        "beta_slow": 1.0,
-        "truncate": False,
-        "original_max_position_embeddings": 64,
-    },
 )
 
 

@@ -36,7 +36,7 @@ def quantize_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     of 32 scaled by the power of two that brings its largest |value| within E2M1's 6, each value rounded to
     the nearest E2M1 code, two codes a byte (the low nibble first). Makes MXFP4 test checkpoints."""
     table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=weight.device)
-    groups = weight.unflatten(-1, (-1, BLOCK))
+    groups = torch.unflatten(weight, -1, (-1, BLOCK))
     exponent = torch.ceil(torch.log2(groups.abs().amax(-1) / 6.0)).clamp(min=-126)
     codes = ((groups / torch.exp2(exponent)[..., None])[..., None] - table).abs().argmin(-1)
     blocks = (codes[..., 0::2] | codes[..., 1::2] << 4).to(torch.uint8)

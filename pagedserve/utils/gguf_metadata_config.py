@@ -101,7 +101,8 @@ def bpe_tokenizer(metadata: Mapping[str, object]) -> "PreTrainedTokenizerBase":
     if model != "gpt2":
         raise ConfigError(f"GGUF tokenizer.ggml.model={model!r} is not read here (gpt2, byte-level BPE, is).")
     tokens = [str(token) for token in metadata["tokenizer.ggml.tokens"]]  # type: ignore[attr-defined]
-    merges = [tuple(str(merge).split(" ", 1)) for merge in metadata.get("tokenizer.ggml.merges", [])]  # type: ignore[attr-defined]
+    pairs = [str(merge).split(" ", 1) for merge in metadata.get("tokenizer.ggml.merges", [])]  # type: ignore[attr-defined]
+    merges = [(first, second) for first, second in pairs]
     types = list(metadata.get("tokenizer.ggml.token_type", []))  # type: ignore[call-overload]
     tokenizer = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -114,7 +115,7 @@ def bpe_tokenizer(metadata: Mapping[str, object]) -> "PreTrainedTokenizerBase":
         index = metadata_int(metadata, f"tokenizer.ggml.{key}", -1)
         return tokens[index] if 0 <= index < len(tokens) else None
 
-    fast = PreTrainedTokenizerFast(
+    fast: PreTrainedTokenizerBase = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tokenizer, bos_token=special("bos_token_id"), eos_token=special("eos_token_id")
     )
     return fast

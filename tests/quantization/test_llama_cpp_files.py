@@ -26,7 +26,7 @@ DATA = os.path.join(os.path.dirname(__file__), os.pardir, "data", "llama_cpp")
 # kernels take time per tile; gpt-oss's second prompt outgrows its 24-token window.
 PROMPTS = [{"prompt_token_ids": [1, 5, 100, 200, 7]}, {"prompt_token_ids": [1, 9, 42, 250, 3, 17]}]
 GPT_OSS_PROMPTS = [PROMPTS[0], {"prompt_token_ids": [1, *range(3, 40)]}]
-PARAMS = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+PARAMS = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)  # a prefill, two decodes
 ENGINE = dict(max_model_len=64, block_size=8, num_gpu_blocks_override=32, max_num_seqs=2, device=DEVICE.type)
 
 
