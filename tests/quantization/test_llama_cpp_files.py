@@ -4,6 +4,7 @@ kernels gives the greedy tokens of the same weights dequantized; the gpt-oss fil
 packed) gives those of the HF folder it was converted from."""
 
 import functools
+import json
 import os
 import sys
 
@@ -13,6 +14,7 @@ import torch
 from gguf import GGMLQuantizationType
 
 from pagedserve import LLM, SamplingParams
+from pagedserve.entrypoints.cli import main as cli_main
 from pagedserve.errors import ConfigError
 from pagedserve.model_loader.gguf_gate_up import GateUpJoiner
 
@@ -92,3 +94,18 @@ def test_gpt_oss_experts_in_another_type_are_refused_naming_the_tensor() -> None
     rows = np.zeros((4, 64, 34), dtype=np.uint8)
     with pytest.raises(ConfigError, match=r"mlp\.experts\.gate_proj\.weight is Q8_0: .*MXFP4"):
         list(joiner.add("model.layers.0.mlp.experts.gate_proj.weight", GGMLQuantizationType.Q8_0, rows))
+
+
+def test_plan_counts_the_gpt_oss_files_experts_at_mxfp4s_bytes(capsys: pytest.CaptureFixture[str]) -> None:
+    """Experts at 17 bytes per 32 weights (2 layers x gate, up, down x 4 experts of 32 x 64), every other
+    tensor of the file in 16 bits (the plan's device dtype)."""
+    from gguf import GGUFReader
+
+    gguf = path("tiny-gpt-oss.gguf")
+    assert cli_main(["plan", gguf, "--json", "--kv-cache-memory", "1MiB", "--max-model-len", "64"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    tensors = GGUFReader(gguf).tensors
+    experts = sum(int(t.n_elements) for t in tensors if t.tensor_type == GGMLQuantizationType.MXFP4)
+    floats = sum(int(t.n_elements) for t in tensors if t.tensor_type != GGMLQuantizationType.MXFP4)
+    assert experts == 2 * 3 * 4 * 32 * 64
+    assert plan["weights_bytes"] == experts * 17 // 32 + 2 * floats
