@@ -16,7 +16,10 @@ from gguf import GGMLQuantizationType
 from pagedserve import LLM, SamplingParams
 from pagedserve.entrypoints.cli import main as cli_main
 from pagedserve.errors import ConfigError
+from pagedserve.families import gguf_family
 from pagedserve.model_loader.gguf_gate_up import GateUpJoiner
+from pagedserve.utils.gguf_metadata_config import metadata_config
+from pagedserve.utils.gguf_tensors import read_gguf
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "kernels"))
 from interpreted_triton import DEVICE, import_triton_kernels  # noqa: E402
@@ -109,3 +112,12 @@ def test_plan_counts_the_gpt_oss_files_experts_at_mxfp4s_bytes(capsys: pytest.Ca
     floats = sum(int(t.n_elements) for t in tensors if t.tensor_type != GGMLQuantizationType.MXFP4)
     assert experts == 2 * 3 * 4 * 32 * 64
     assert plan["weights_bytes"] == experts * 17 // 32 + 2 * floats
+
+
+def test_gpt_oss_rope_scaling_outside_the_implementation_is_refused_naming_the_key() -> None:
+    file = read_gguf(path("tiny-gpt-oss.gguf"))
+    file.metadata["gpt-oss.rope.scaling.type"] = "longrope"
+    facts = gguf_family("gpt-oss")
+    assert facts is not None
+    with pytest.raises(ConfigError, match=r"gpt-oss\.rope\.scaling\.type='longrope'"):
+        metadata_config(file, facts, "gpt-oss")
