@@ -7,12 +7,13 @@ builds). Tiny random-weight models, two layers each:
   without its BPE pre-tokenizer check), converted to F32 and quantized by llama-quantize into the type mixes
   users download: Q4_0, Q4_K_M, Q5_K_M, Q6_K and Q8_0 for the Llama, Q4_K_M for the Mixtral;
 - a gpt-oss (hidden 64; its experts in MXFP4, as OpenAI ships them, which the converter keeps as ggml's
-  MXFP4; the rest F32) with a 300-token byte-level BPE vocabulary trained on docs/.
+  MXFP4; the rest F32) and a DeepSeek V2 and V3 (MLA, F32), with a 300-token byte-level BPE vocabulary
+  trained on docs/.
   NOTE: the converter recognizes a BPE vocabulary by hashing how it splits a test text, which no tiny
   vocabulary matches: it is told the vocabulary is GPT-2's (`tokenizer.ggml.pre`, read by llama.cpp's own
   tokenizer only).
-Each file is 0.1 to 1 MB; the gpt-oss's HF folder is kept beside its file (safetensors, config, tokenizer)
-as the reference the tests compare the GGUF's greedy tokens with.
+Each file is 0.3 to 1.3 MB; the HF folders of the last three are kept beside their files (safetensors,
+config, tokenizer) as the references the tests compare the GGUFs' greedy tokens with.
 
 Needs benchmarks/build_llama_server.sh's build (run it first: 5-10 minutes; its llama-quantize suffices)
 and sentencepiece, which the converter imports (pip-installed into the peer cache here, never into the environment):
@@ -73,6 +74,17 @@ GPT_OSS_SIZES = dict(
     num_attention_heads=4,
     num_key_value_heads=2,
 )
+# tests/conftest.py's tiny DeepSeek V2 and V3 (MLA; layer 0 dense, layer 1 experts in groups) at hidden 64;
+# the scoring function is written out, as DeepSeek's own configs do, for the converter to record it.
+DEEPSEEK_V2_SIZES = dict(
+    COMMON, **TINY_MODELS["deepseek_v2"], initializer_range=0.1, vocab_size=BPE_VOCAB, hidden_size=64
+)
+DEEPSEEK_V2_SIZES.update(scoring_func="softmax", intermediate_size=96, num_attention_heads=4)
+DEEPSEEK_V3_SIZES = dict(
+    COMMON, **TINY_MODELS["deepseek_v3"], initializer_range=0.1, vocab_size=BPE_VOCAB, hidden_size=64
+)
+DEEPSEEK_V3_SIZES.update(scoring_func="sigmoid", intermediate_size=96, num_attention_heads=4)
+DEEPSEEK_V3_SIZES["max_position_embeddings"] = 512  # YaRN's factor times its original length
 
 
 def docs_lines() -> Iterator[str]:
@@ -148,6 +160,8 @@ def save_model(folder: str, family: str) -> None:
     import torch
     from transformers import (
         AutoModelForCausalLM,
+        DeepseekV2Config,
+        DeepseekV3Config,
         GptOssConfig,
         LlamaConfig,
         MixtralConfig,
@@ -157,6 +171,8 @@ def save_model(folder: str, family: str) -> None:
         "llama": lambda: LlamaConfig(**LLAMA_SIZES),
         "mixtral": lambda: MixtralConfig(**LLAMA_SIZES, num_local_experts=4, num_experts_per_tok=2),
         "gpt-oss": lambda: GptOssConfig(**GPT_OSS_SIZES),
+        "deepseek-v2": lambda: DeepseekV2Config(**DEEPSEEK_V2_SIZES),
+        "deepseek-v3": lambda: DeepseekV3Config(**DEEPSEEK_V3_SIZES),
     }
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(configs[family](), dtype=torch.float32)
@@ -235,10 +251,11 @@ def main() -> int:
                 quantize = [os.path.join(tree, "build", "bin", "llama-quantize"), f32, out, qtype]
                 subprocess.run(quantize, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 print(out)
-    folder = os.path.join(OUT, "tiny-gpt-oss")
-    shutil.rmtree(folder, ignore_errors=True)
-    save_model(folder, "gpt-oss")
-    convert(tree, folder, os.path.join(OUT, "tiny-gpt-oss.gguf"))
+    for family in ("gpt-oss", "deepseek-v2", "deepseek-v3"):
+        folder = os.path.join(OUT, f"tiny-{family}")
+        shutil.rmtree(folder, ignore_errors=True)
+        save_model(folder, family)
+        convert(tree, folder, os.path.join(OUT, f"tiny-{family}.gguf"))
     return 0
 
 

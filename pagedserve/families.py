@@ -73,6 +73,9 @@ class GGUFFacts:
     # HF fuses the experts' gate and up, interleaved by rows, which llama.cpp splits (gpt-oss); joined
     # back at load (model_loader/gguf_gate_up.py)
     joined_gate_up: bool = False
+    # MLA's kv_b_proj stored as k_b (transposed) and v_b per head (DeepSeek), joined back at load
+    # (model_loader/gguf_latent.py)
+    split_latent_kv: bool = False
 
 
 @dataclass(frozen=True)
@@ -295,6 +298,29 @@ FAMILIES: tuple[FamilyFacts, ...] = (
         "DeepseekV2ForCausalLM",
         mla=LatentAttention(
             (None, "softmax"), (None, "greedy", "group_limited_greedy"), correction_bias=False
+        ),
+        # V2 and V3 alike: the config reader picks the family by the experts' scoring (sigmoid: V3)
+        gguf=GGUFFacts(
+            "deepseek2",
+            "DeepSeek V2/V3",
+            layer_names=_frozen(
+                {
+                    "attn_q_a": "self_attn.q_a_proj",
+                    "attn_q_a_norm": "self_attn.q_a_layernorm",
+                    "attn_q_b": "self_attn.q_b_proj",
+                    "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
+                    "attn_kv_a_norm": "self_attn.kv_a_layernorm",
+                    "attn_k_b": "self_attn.k_b_proj",
+                    "attn_v_b": "self_attn.v_b_proj",
+                    "exp_probs_b": "mlp.gate.e_score_correction_bias",
+                    "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
+                    "ffn_up_shexp": "mlp.shared_experts.up_proj",
+                    "ffn_down_shexp": "mlp.shared_experts.down_proj",
+                }
+            ),
+            config_from_metadata=True,
+            bare_tensors=("exp_probs_b",),
+            split_latent_kv=True,
         ),
     ),
     FamilyFacts(

@@ -5,9 +5,9 @@ treats a HF folder's.
 llama.cpp's converters rename tensors and change some, as each family's entry in pagedserve/families.py
 (`GGUFFacts`) says, undone here: q/k rows permuted for its rope layout, norm weights stored as 1 + w,
 a fused q/k/v regrouped as [q; k; v], experts stacked into one tensor per projection (split here into
-HF's per-expert tensors), and gpt-oss's fused gate/up experts split in two (joined in
-gguf_gate_up.py). A config the metadata leaves incomplete (Mixtral's, Qwen-MoE's expert sizes, BERT's)
-is completed in `utils/gguf_config.py`."""
+HF's per-expert tensors), gpt-oss's fused gate/up experts split in two (joined in gguf_gate_up.py),
+and DeepSeek's kv_b_proj split into k_b and v_b (joined in gguf_latent.py). A config the metadata leaves
+incomplete (Mixtral's, Qwen-MoE's expert sizes, BERT's) is completed in `utils/gguf_config.py`."""
 
 import re
 from collections.abc import Callable, Iterator
@@ -20,6 +20,7 @@ from pagedserve.families import GGUF_ARCHITECTURES, GGUFFacts
 from pagedserve.kernels.cpu.gguf_ops import NATIVE_GGML_TYPES
 from pagedserve.logger import init_logger
 from pagedserve.model_loader.gguf_gate_up import GateUpJoiner, split_experts_name
+from pagedserve.model_loader.gguf_latent import LatentJoiner, latent_half
 from pagedserve.quantization.ggml_backend import check_kernel, kernel_types
 
 if TYPE_CHECKING:
@@ -166,12 +167,25 @@ def iterate_gguf(
     gguf = GGUF_ARCHITECTURES[str(reader.metadata["general.architecture"])]
     dequantized_types: set[str] = set()
     joiner = GateUpJoiner(keep_quantized) if gguf.joined_gate_up else None
+    latent = LatentJoiner()
     for tensor in reader.tensors:
         name = _hf_name(tensor.name, gguf, hf_config)
         if name is None or not loads(name):
             continue
         if joiner is not None and split_experts_name(name):
             yield from joiner.add(name, tensor.tensor_type, tensor.data)
+            continue
+        half = latent_half(name) if gguf.split_latent_kv else None
+        if half is not None:
+            joined = latent.add(*half, dequantize(tensor.data, tensor.tensor_type))
+            if joined is not None:  # float32 rows when kept quantized: its halves' blocks do not join
+                rows = np.ascontiguousarray(joined[1], dtype=np.float32)
+                if keep_quantized:
+                    yield from _packed_matrix(
+                        joined[0], NATIVE_GGML_TYPES["F32"], rows.view(np.uint8), gguf, hf_config
+                    )
+                else:
+                    yield joined[0], torch.from_numpy(rows)
             continue
         if (
             keep_quantized

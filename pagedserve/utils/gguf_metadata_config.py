@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from gguf import GGMLQuantizationType
 
 from pagedserve.errors import ConfigError
-from pagedserve.families import FamilyFacts
+from pagedserve.families import FAMILIES, FamilyFacts
 from pagedserve.utils.gguf_metadata import metadata_int
 from pagedserve.utils.gguf_tensors import GGUFFile
 
@@ -28,11 +28,90 @@ def _float(metadata: Mapping[str, object], key: str, default: float | None = Non
 
 def metadata_config(file: GGUFFile, facts: FamilyFacts, arch: str) -> "PretrainedConfig":
     """The HF config of `file`, of family `facts` (GGUF architecture `arch`)."""
+    if facts.mla is not None:
+        return _latent_config(file, arch)
     if not facts.sinks:
         raise ConfigError(
             f"GGUF architecture {arch!r} has no config reader yet; load its HF folder (--model)."
         )
     return _gpt_oss_config(file, facts, arch)
+
+
+# llama.cpp's expert gating functions (its enum llama_expert_gating_func_type); absent: softmax (its default)
+_GATING_FUNCS = {1: "softmax", 2: "sigmoid"}
+
+
+def _latent_config(file: GGUFFile, arch: str) -> "PretrainedConfig":
+    """DeepSeek V2/V3 (MLA). The scoring of the experts picks the family (sigmoid, with its correction
+    bias: V3, top-k by noaux_tc; softmax: V2, group-limited when the experts are grouped). YaRN's mscale is
+    stored once (`yarn_log_multiplier`, 0.1 x mscale_all_dim): mscale is taken equal, as DeepSeek's
+    configs have it."""
+    from transformers import AutoConfig
+
+    metadata = file.metadata
+    gating = metadata_int(metadata, f"{arch}.expert_gating_func", 1)
+    if gating not in _GATING_FUNCS:
+        raise ConfigError(
+            f"GGUF metadata {arch}.expert_gating_func={gating} is not implemented (1 softmax, 2 sigmoid)."
+        )
+    scoring = _GATING_FUNCS[gating]
+    facts = next(f for f in FAMILIES if f.mla is not None and scoring in f.mla.scoring_funcs)
+    groups = metadata_int(metadata, f"{arch}.expert_group_count", 1)
+    topk_method = "noaux_tc" if scoring == "sigmoid" else "group_limited_greedy" if groups > 1 else "greedy"
+    rope_dim = metadata_int(metadata, f"{arch}.rope.dimension_count")
+    rope: dict[str, object] = {"rope_type": "default"}
+    rope_type = metadata.get(f"{arch}.rope.scaling.type", "none")
+    if rope_type == "yarn":
+        mscale = _float(metadata, f"{arch}.rope.scaling.yarn_log_multiplier", 0.0) / 0.1
+        rope = {
+            "rope_type": "yarn",
+            "factor": _float(metadata, f"{arch}.rope.scaling.factor"),
+            "original_max_position_embeddings": metadata_int(
+                metadata, f"{arch}.rope.scaling.original_context_length"
+            ),
+            "mscale": mscale,
+            "mscale_all_dim": mscale,
+        }
+    elif rope_type != "none":
+        raise ConfigError(
+            f"GGUF metadata {arch}.rope.scaling.type={rope_type!r} is not implemented for DeepSeek (yarn or "
+            "none)."
+        )
+    rope["rope_theta"] = _float(metadata, f"{arch}.rope.freq_base", 10000.0)
+    names = {tensor.name for tensor in file.tensors}
+    heads = metadata_int(metadata, f"{arch}.attention.head_count")
+    return AutoConfig.for_model(
+        facts.model_type,
+        vocab_size=metadata_int(metadata, f"{arch}.vocab_size"),
+        hidden_size=metadata_int(metadata, f"{arch}.embedding_length"),
+        intermediate_size=metadata_int(metadata, f"{arch}.feed_forward_length"),
+        moe_intermediate_size=metadata_int(metadata, f"{arch}.expert_feed_forward_length"),
+        num_hidden_layers=metadata_int(metadata, f"{arch}.block_count"),
+        num_attention_heads=heads,
+        num_key_value_heads=heads,  # NOTE: llama.cpp writes 1 (one shared latent); HF one per head
+        kv_lora_rank=metadata_int(metadata, f"{arch}.attention.kv_lora_rank"),
+        q_lora_rank=metadata_int(metadata, f"{arch}.attention.q_lora_rank", 0) or None,
+        qk_rope_head_dim=rope_dim,
+        qk_nope_head_dim=metadata_int(metadata, f"{arch}.attention.key_length_mla") - rope_dim,
+        v_head_dim=metadata_int(metadata, f"{arch}.attention.value_length_mla"),
+        n_routed_experts=metadata_int(metadata, f"{arch}.expert_count"),
+        num_experts_per_tok=metadata_int(metadata, f"{arch}.expert_used_count"),
+        n_group=groups,
+        topk_group=metadata_int(metadata, f"{arch}.expert_group_used_count", 1),
+        n_shared_experts=metadata_int(metadata, f"{arch}.expert_shared_count", 0),
+        first_k_dense_replace=metadata_int(metadata, f"{arch}.leading_dense_block_count", 0),
+        routed_scaling_factor=_float(metadata, f"{arch}.expert_weights_scale", 1.0),
+        norm_topk_prob=bool(metadata.get(f"{arch}.expert_weights_norm", False)),
+        scoring_func=scoring,
+        topk_method=topk_method,
+        max_position_embeddings=metadata_int(metadata, f"{arch}.context_length"),
+        rms_norm_eps=_float(metadata, f"{arch}.attention.layer_norm_rms_epsilon"),
+        rope_parameters=rope,
+        tie_word_embeddings="output.weight" not in names,
+        bos_token_id=metadata_int(metadata, "tokenizer.ggml.bos_token_id", -1),
+        eos_token_id=metadata_int(metadata, "tokenizer.ggml.eos_token_id", -1),
+        architectures=[facts.architecture],
+    )
 
 
 def _gpt_oss_config(file: GGUFFile, facts: FamilyFacts, arch: str) -> "PretrainedConfig":

@@ -1,7 +1,7 @@
 """GGUF files written by llama.cpp's own converter and quantizer (tests/data/llama_cpp, made by
 benchmarks/make_test_ggufs.py): each served through the native and the Triton (on CPU, interpreted) block
 kernels gives the greedy tokens of the same weights dequantized; the gpt-oss file (MXFP4 experts, kept
-packed) gives those of the HF folder it was converted from."""
+packed) and the DeepSeek V2 and V3 files (MLA) give those of the HF folders they were converted from."""
 
 import functools
 import json
@@ -90,6 +90,16 @@ def test_gpt_oss_file_keeps_mxfp4_experts_and_gives_the_hf_folders_tokens() -> N
 def test_gpt_oss_file_dequantized_gives_the_hf_folders_tokens() -> None:
     expected = greedy(path("tiny-gpt-oss"), GPT_OSS_PROMPTS)
     assert greedy(path("tiny-gpt-oss.gguf"), GPT_OSS_PROMPTS, quantization="none") == expected
+
+
+@pytest.mark.parametrize("family", [pytest.param("deepseek-v2", marks=pytest.mark.sampled), "deepseek-v3"])
+def test_deepseek_files_give_the_hf_folders_tokens(family: str) -> None:
+    """V2 (softmax, group-limited) and V3 (sigmoid with its correction bias, YaRN with mscale) told apart
+    by the file's gating function; kv_b_proj joined from llama.cpp's k_b and v_b; F32 rows kept as blocks
+    and dequantized alike."""
+    expected = greedy(path(f"tiny-{family}"), GPT_OSS_PROMPTS)
+    assert greedy(path(f"tiny-{family}.gguf"), GPT_OSS_PROMPTS) == expected
+    assert greedy(path(f"tiny-{family}.gguf"), GPT_OSS_PROMPTS, quantization="none") == expected
 
 
 def test_gpt_oss_experts_in_another_type_are_refused_naming_the_tensor() -> None:
