@@ -26,6 +26,18 @@ def _float(metadata: Mapping[str, object], key: str, default: float | None = Non
     return float(value)
 
 
+def _shared_fields(file: GGUFFile, arch: str) -> dict[str, object]:
+    """The config fields every architecture here reads alike: context, norm epsilon, tied head, bos/eos."""
+    metadata = file.metadata
+    return dict(
+        max_position_embeddings=metadata_int(metadata, f"{arch}.context_length"),
+        rms_norm_eps=_float(metadata, f"{arch}.attention.layer_norm_rms_epsilon"),
+        tie_word_embeddings=all(tensor.name != "output.weight" for tensor in file.tensors),
+        bos_token_id=metadata_int(metadata, "tokenizer.ggml.bos_token_id", -1),
+        eos_token_id=metadata_int(metadata, "tokenizer.ggml.eos_token_id", -1),
+    )
+
+
 def metadata_config(file: GGUFFile, facts: FamilyFacts, arch: str) -> "PretrainedConfig":
     """The HF config of `file`, of family `facts` (GGUF architecture `arch`)."""
     if facts.mla is not None:
@@ -78,7 +90,6 @@ def _latent_config(file: GGUFFile, arch: str) -> "PretrainedConfig":
             "none)."
         )
     rope["rope_theta"] = _float(metadata, f"{arch}.rope.freq_base", 10000.0)
-    names = {tensor.name for tensor in file.tensors}
     heads = metadata_int(metadata, f"{arch}.attention.head_count")
     return AutoConfig.for_model(
         facts.model_type,
@@ -104,13 +115,9 @@ def _latent_config(file: GGUFFile, arch: str) -> "PretrainedConfig":
         norm_topk_prob=bool(metadata.get(f"{arch}.expert_weights_norm", False)),
         scoring_func=scoring,
         topk_method=topk_method,
-        max_position_embeddings=metadata_int(metadata, f"{arch}.context_length"),
-        rms_norm_eps=_float(metadata, f"{arch}.attention.layer_norm_rms_epsilon"),
         rope_parameters=rope,
-        tie_word_embeddings="output.weight" not in names,
-        bos_token_id=metadata_int(metadata, "tokenizer.ggml.bos_token_id", -1),
-        eos_token_id=metadata_int(metadata, "tokenizer.ggml.eos_token_id", -1),
         architectures=[facts.architecture],
+        **_shared_fields(file, arch),
     )
 
 
@@ -156,13 +163,9 @@ def _gpt_oss_config(file: GGUFFile, facts: FamilyFacts, arch: str) -> "Pretraine
         num_experts_per_tok=metadata_int(metadata, f"{arch}.expert_used_count"),
         sliding_window=metadata_int(metadata, f"{arch}.attention.sliding_window"),
         layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
-        max_position_embeddings=metadata_int(metadata, f"{arch}.context_length"),
-        rms_norm_eps=_float(metadata, f"{arch}.attention.layer_norm_rms_epsilon"),
         rope_parameters=rope,
-        tie_word_embeddings="output.weight" not in names,
-        bos_token_id=metadata_int(metadata, "tokenizer.ggml.bos_token_id", -1),
-        eos_token_id=metadata_int(metadata, "tokenizer.ggml.eos_token_id", -1),
         architectures=[facts.architecture],
+        **_shared_fields(file, arch),
     )
     if experts.tensor_type == GGMLQuantizationType.MXFP4:
         config.quantization_config = {"quant_method": "gguf", "packed_experts": "mxfp4"}
