@@ -66,6 +66,16 @@ class GGUFFacts:
     grouped_fused_qkv: bool = False  # fused q/k/v stored as [q; k; v], HF groups it per KV head (Falcon)
     expert_sizes_in_metadata: bool = False  # the experts' sizes only in llama.cpp's keys (Qwen-MoE)
     sparse_architecture: str | None = None  # what a file with `<arch>.expert_count` > 0 is (Mixtral)
+    # transformers cannot read the file: its config and BPE tokenizer come from llama.cpp's keys
+    # (utils/gguf_metadata_config.py)
+    config_from_metadata: bool = False
+    bare_tensors: tuple[str, ...] = ()  # blocks whose HF tensor is a bare parameter (no `.weight`)
+    # HF fuses the experts' gate and up, interleaved by rows, which llama.cpp splits (gpt-oss); joined
+    # back at load (model_loader/gguf_gate_up.py)
+    joined_gate_up: bool = False
+    # MLA's kv_b_proj stored as k_b (transposed) and v_b per head (DeepSeek), joined back at load
+    # (model_loader/gguf_latent.py)
+    split_latent_kv: bool = False
 
 
 @dataclass(frozen=True)
@@ -289,6 +299,20 @@ FAMILIES: tuple[FamilyFacts, ...] = (
         output_and_expert_biases=True,
         harmony_chat=True,
         mxfp4_experts=True,
+        gguf=GGUFFacts(
+            "gpt-oss",
+            "gpt-oss (experts in MXFP4 or float)",
+            layer_names=_frozen(
+                {
+                    "post_attention_norm": "post_attention_layernorm",
+                    "attn_sinks": "self_attn.sinks",
+                    "ffn_gate_inp": "mlp.router",
+                }
+            ),
+            config_from_metadata=True,
+            bare_tensors=("attn_sinks",),
+            joined_gate_up=True,
+        ),
     ),
     FamilyFacts(
         "deepseek_v2",
@@ -296,6 +320,29 @@ FAMILIES: tuple[FamilyFacts, ...] = (
         "DeepseekV2ForCausalLM",
         mla=LatentAttention(
             (None, "softmax"), (None, "greedy", "group_limited_greedy"), correction_bias=False
+        ),
+        # V2 and V3 alike: the config reader picks the family by the experts' scoring (sigmoid: V3)
+        gguf=GGUFFacts(
+            "deepseek2",
+            "DeepSeek V2/V3",
+            layer_names=_frozen(
+                {
+                    "attn_q_a": "self_attn.q_a_proj",
+                    "attn_q_a_norm": "self_attn.q_a_layernorm",
+                    "attn_q_b": "self_attn.q_b_proj",
+                    "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
+                    "attn_kv_a_norm": "self_attn.kv_a_layernorm",
+                    "attn_k_b": "self_attn.k_b_proj",
+                    "attn_v_b": "self_attn.v_b_proj",
+                    "exp_probs_b": "mlp.gate.e_score_correction_bias",
+                    "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
+                    "ffn_up_shexp": "mlp.shared_experts.up_proj",
+                    "ffn_down_shexp": "mlp.shared_experts.down_proj",
+                }
+            ),
+            config_from_metadata=True,
+            bare_tensors=("exp_probs_b",),
+            split_latent_kv=True,
         ),
     ),
     FamilyFacts(

@@ -92,8 +92,9 @@ class FusedMoE(nn.Module):
         self.intermediate = _divide(intermediate_size, self.tp_size, "moe intermediate size")
         self.num_experts = num_experts
         self.act_fn = activation or gated_activation(hidden_act)
-        self.quantized = experts_quantized()
         self.mxfp4 = packed_experts() == "mxfp4"
+        # NOTE: a scheme that quantizes experts may leave them to the layer (a GGUF's MXFP4 experts)
+        self.quantized = experts_quantized() and not self.mxfp4
         self.has_bias = bias
         if bias:
             self.w13_bias = nn.Parameter(torch.empty(num_experts, 2 * self.intermediate), requires_grad=False)

@@ -4,9 +4,10 @@ treats a HF folder's.
 
 llama.cpp's converters rename tensors and change some, as each family's entry in pagedserve/families.py
 (`GGUFFacts`) says, undone here: q/k rows permuted for its rope layout, norm weights stored as 1 + w,
-a fused q/k/v regrouped as [q; k; v], and experts stacked into one tensor per projection (split here into
-HF's per-expert tensors). A config the metadata leaves incomplete (Mixtral's, Qwen-MoE's expert sizes,
-BERT's) is completed in `utils/gguf_config.py`."""
+a fused q/k/v regrouped as [q; k; v], experts stacked into one tensor per projection (split here into
+HF's per-expert tensors), gpt-oss's fused gate/up experts split in two (joined in gguf_gate_up.py),
+and DeepSeek's kv_b_proj split into k_b and v_b (joined in gguf_latent.py). A config the metadata leaves
+incomplete (Mixtral's, Qwen-MoE's expert sizes, BERT's) is completed in `utils/gguf_config.py`."""
 
 import re
 from collections.abc import Callable, Iterator
@@ -18,6 +19,8 @@ import torch
 from pagedserve.families import GGUF_ARCHITECTURES, GGUFFacts
 from pagedserve.kernels.cpu.gguf_ops import NATIVE_GGML_TYPES
 from pagedserve.logger import init_logger
+from pagedserve.model_loader.gguf_gate_up import GateUpJoiner, split_experts_name
+from pagedserve.model_loader.gguf_latent import LatentJoiner, latent_half
 from pagedserve.quantization.ggml_backend import check_kernel, kernel_types
 
 if TYPE_CHECKING:
@@ -53,8 +56,13 @@ _LAYER_NAMES = {
 # Llama's names of the tensors outside the layers (families.GGUFFacts.global_names: another family's).
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # Matrices that are read as float32 whatever `keep_quantized` says: their layers are plain torch ones (a
-# MoE router, BERT's position and token-type tables).
-_ALWAYS_FLOAT = (".mlp.gate.weight", "position_embeddings.weight", "token_type_embeddings.weight")
+# MoE router (gpt-oss's too), BERT's position and token-type tables).
+_ALWAYS_FLOAT = (
+    ".mlp.gate.weight",
+    ".mlp.router.weight",
+    "position_embeddings.weight",
+    "token_type_embeddings.weight",
+)
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 
 
@@ -67,7 +75,10 @@ def _hf_name(name: str, gguf: GGUFFacts, hf_config: "PretrainedConfig") -> str |
         if getattr(hf_config, "new_decoder_architecture", False):
             names.update(gguf.new_decoder_layer_names)
         block = match.group(2)
-        return f"{gguf.layer_prefix}.{match.group(1)}.{names[block]}.{suffix}" if block in names else None
+        if block not in names:
+            return None
+        hf_name = f"{gguf.layer_prefix}.{match.group(1)}.{names[block]}"
+        return hf_name if block in gguf.bare_tensors else f"{hf_name}.{suffix}"
     global_names = _GLOBAL_NAMES if gguf.global_names is None else gguf.global_names
     return f"{global_names[base]}.{suffix}" if base in global_names else None
 
@@ -155,9 +166,26 @@ def iterate_gguf(
     # NOTE: the config reader (utils/gguf_config.py) refused any other architecture first.
     gguf = GGUF_ARCHITECTURES[str(reader.metadata["general.architecture"])]
     dequantized_types: set[str] = set()
+    joiner = GateUpJoiner(keep_quantized) if gguf.joined_gate_up else None
+    latent = LatentJoiner()
     for tensor in reader.tensors:
         name = _hf_name(tensor.name, gguf, hf_config)
         if name is None or not loads(name):
+            continue
+        if joiner is not None and split_experts_name(name):
+            yield from joiner.add(name, tensor.tensor_type, tensor.data)
+            continue
+        half = latent_half(name) if gguf.split_latent_kv else None
+        if half is not None:
+            joined = latent.add(*half, dequantize(tensor.data, tensor.tensor_type))
+            if joined is not None:  # float32 rows when kept quantized: its halves' blocks do not join
+                rows = np.ascontiguousarray(joined[1], dtype=np.float32)
+                if keep_quantized:
+                    yield from _packed_matrix(
+                        joined[0], NATIVE_GGML_TYPES["F32"], rows.view(np.uint8), gguf, hf_config
+                    )
+                else:
+                    yield joined[0], torch.from_numpy(rows)
             continue
         if (
             keep_quantized
@@ -180,6 +208,8 @@ def iterate_gguf(
         weight = dequantize(tensor.data, tensor.tensor_type)
         for hf_name, hf_weight in _hf_tensors(name, weight, gguf, hf_config):
             yield hf_name, torch.from_numpy(np.array(hf_weight, dtype=np.float32))
+    if joiner is not None:
+        joiner.check_done()
     if dequantized_types:
         logger.info(
             "GGUF tensors of type(s) %s have no kernel in --linear-backend %s: dequantized to float32 at "

@@ -187,10 +187,20 @@ def _runs(mask: torch.Tensor) -> list[tuple[int, int]]:
 
 
 class GGUFConfig(QuantizationConfig):
-    """Every matrix of the file stays in its ggml blocks: linear layers, experts, embedding, LM head."""
+    """Every matrix of the file stays in its ggml blocks: linear layers, experts, embedding, LM head; or
+    the experts in a format the experts layer keeps itself (gpt-oss's MXFP4: the config reader's
+    `quantization_config.packed_experts`, the blocks repacked in model_loader/gguf_gate_up.py)."""
 
     name = "gguf"
     quantizes_experts = True
+
+    def __init__(self, packed_experts: str | None = None) -> None:
+        self.packed_experts = packed_experts
+
+    @classmethod
+    def from_checkpoint(cls, quant_config: dict[str, object]) -> "GGUFConfig":
+        packed = quant_config.get("packed_experts")
+        return cls(None if packed is None else str(packed))
 
     def get_linear_method(self) -> QuantizeMethodBase:
         return GGUFMethod()

@@ -31,6 +31,18 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
     return values.flatten(-2).to(dtype)
 
 
+def quantize_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 [..., cols] -> (blocks uint8 [..., cols / 32, 16], scales uint8 [..., cols / 32]): each block
+    of 32 scaled by the power of two that brings its largest |value| within E2M1's 6, each value rounded to
+    the nearest E2M1 code, two codes a byte (the low nibble first). Makes MXFP4 test checkpoints."""
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=weight.device)
+    groups = torch.unflatten(weight, -1, (-1, BLOCK))
+    exponent = torch.ceil(torch.log2(groups.abs().amax(-1) / 6.0)).clamp(min=-126)
+    codes = ((groups / torch.exp2(exponent)[..., None])[..., None] - table).abs().argmin(-1)
+    blocks = (codes[..., 0::2] | codes[..., 1::2] << 4).to(torch.uint8)
+    return blocks, (exponent + _E8M0_BIAS).to(torch.uint8)
+
+
 def create_mxfp4_experts(
     layer: nn.Module, num_experts: int, hidden_size: int, intermediate: int, loader: object
 ) -> None:

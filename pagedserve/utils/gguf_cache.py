@@ -10,13 +10,14 @@ import functools
 import hashlib
 import os
 
-from pagedserve.families import ENCODERS
+from pagedserve.families import ENCODERS, gguf_family
 from pagedserve.utils.gguf_bert import bert_tokenizer
 from pagedserve.utils.gguf_config import gguf_hf_config
+from pagedserve.utils.gguf_metadata_config import bpe_tokenizer
 from pagedserve.utils.gguf_tensors import read_gguf
 
 # Bumped when the conversion changes, so folders converted by an older version are not reused.
-_CONVERSION_VERSION = 5
+_CONVERSION_VERSION = 6
 
 _CACHE_ROOT = os.path.join(
     os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pagedserve", "gguf"
@@ -47,6 +48,8 @@ def gguf_hf_folder(gguf_file: str) -> str:
     # NOTE: transformers reads no WordPiece vocabulary from a GGUF
     if config.model_type in {family.model_type for family in ENCODERS}:
         tokenizer = bert_tokenizer(read_gguf(gguf_file, arrays=True).metadata, tmp)
+    elif _config_from_metadata(gguf_file):  # NOTE: transformers cannot read these files
+        tokenizer = bpe_tokenizer(read_gguf(gguf_file, arrays=True).metadata)
     else:
         tokenizer = AutoTokenizer.from_pretrained(directory or ".", gguf_file=name)
     tokenizer.save_pretrained(tmp)
@@ -57,3 +60,9 @@ def gguf_hf_folder(gguf_file: str) -> str:
     except OSError:  # another process finished first
         pass
     return folder
+
+
+def _config_from_metadata(gguf_file: str) -> bool:
+    """Whether the file's architecture is one transformers cannot read (families.GGUFFacts)."""
+    facts = gguf_family(str(read_gguf(gguf_file).metadata["general.architecture"]))
+    return facts is not None and facts.gguf is not None and facts.gguf.config_from_metadata

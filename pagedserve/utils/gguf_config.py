@@ -1,6 +1,6 @@
 """The HF config of a GGUF file: transformers' reading of its metadata, completed where transformers
-misses what llama.cpp's converter wrote (Mixtral's experts, Qwen-MoE's expert sizes, a BERT's whole
-config, an embedding model's pooling type), for the architectures (`general.architecture`) pagedserve
+misses what llama.cpp's converter wrote (Mixtral's experts, Qwen-MoE's expert sizes, a BERT's or a
+gpt-oss's whole config, an embedding model's pooling type), for the architectures (`general.architecture`) pagedserve
 loads; any other is refused with that list."""
 
 import os
@@ -11,6 +11,7 @@ from pagedserve.errors import ConfigError
 from pagedserve.families import GGUF_ARCHITECTURES, gguf_family
 from pagedserve.utils.gguf_bert import bert_config
 from pagedserve.utils.gguf_metadata import metadata_int, metadata_string
+from pagedserve.utils.gguf_metadata_config import metadata_config
 from pagedserve.utils.gguf_tensors import read_gguf
 
 if TYPE_CHECKING:
@@ -37,6 +38,8 @@ def gguf_hf_config(directory: str, name: str) -> "PretrainedConfig":
         )
     if facts.encoder:  # NOTE: transformers reads no encoder (BERT) GGUF
         config = bert_config(read_gguf(path, arrays=True).metadata, facts.architecture)
+    elif facts.gguf.config_from_metadata:
+        config = metadata_config(read_gguf(path), facts, arch)
     else:
         config = AutoConfig.from_pretrained(directory, gguf_file=name)
     if facts.gguf.sparse_architecture is not None:

@@ -18,6 +18,7 @@ from test_greedy_vs_hf import MAX_TOKENS, assert_matches, make_prompts, referenc
 from pagedserve import LLM, SamplingParams
 from pagedserve.entrypoints.cli import main as cli_main
 from pagedserve.errors import ConfigError
+from pagedserve.quantization.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 
 GPT_OSS_20B = os.path.join(os.path.dirname(__file__), os.pardir, "data", "gpt-oss-20b", "config.json")
 # The tiny config's window is 24: the two longer prompts outgrow it.
@@ -71,21 +72,6 @@ def test_config_fields_outside_the_implementation_are_refused(
         LLM(str(tmp_path))
 
 
-E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
-
-
-def quantize_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """weight [..., cols] -> (blocks uint8 [..., cols / 32, 16], scales uint8 [..., cols / 32], the exact
-    values they hold): each block of 32 scaled by the power of two that maps its largest |value| within
-    E2M1's 6, each value rounded to the nearest E2M1 code, two codes a byte (the low nibble first)."""
-    groups = weight.unflatten(-1, (-1, 32))
-    exponent = torch.ceil(torch.log2(groups.abs().amax(-1) / 6.0)).clamp(min=-126)
-    codes = ((groups / torch.exp2(exponent)[..., None])[..., None] - E2M1).abs().argmin(-1)
-    values = (E2M1[codes] * torch.exp2(exponent)[..., None]).flatten(-2)
-    blocks = (codes[..., 0::2] | codes[..., 1::2] << 4).to(torch.uint8)
-    return blocks, (exponent + 127).to(torch.uint8), values
-
-
 @pytest.fixture(scope="module")
 def gpt_oss_mxfp4(tmp_path_factory, gpt_oss: str) -> tuple[str, str]:
     """(an MXFP4 checkpoint of the tiny model, the same model in float32 with the dequantized experts)."""
@@ -99,8 +85,8 @@ def gpt_oss_mxfp4(tmp_path_factory, gpt_oss: str) -> tuple[str, str]:
     for name, tensor in tensors.items():
         if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
             # HF's in-memory [E, in, out] is the checkpoint's [E, out, in] transposed
-            blocks, scales, values = quantize_mxfp4(tensor.transpose(1, 2))
-            floats[name] = values.transpose(1, 2).contiguous()
+            blocks, scales = quantize_mxfp4(tensor.transpose(1, 2))
+            floats[name] = dequantize_mxfp4(blocks, scales, torch.float32).transpose(1, 2).contiguous()
             del quantized[name]
             quantized[f"{name}_blocks"], quantized[f"{name}_scales"] = blocks, scales
     save_file(floats, os.path.join(dequantized, "model.safetensors"))
