@@ -78,6 +78,7 @@ class ImagePromptProcessor:
             # NOTE: the processor puts text around an image's tokens (Gemma 3's "\n\n"), which HF tokenizes
             # together with the prompt's own text beside it (merging newlines): so the expanded prompt is
             # tokenized again as text. Its image tokens are special tokens and stay, each image's run apart.
+            assert not isinstance(self.processor, GridImageProcessor), "a grid processor adds no text"
             tokenizer = self.processor.tokenizer
             text = tokenizer.decode(expanded, skip_special_tokens=False, clean_up_tokenization_spaces=False)
             expanded = tokenizer(text, add_special_tokens=False)["input_ids"]
