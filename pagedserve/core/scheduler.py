@@ -175,6 +175,8 @@ class Scheduler(SchedulerState):
         """Admit waiting requests in order (`RequestOrder`; not before the swapped-out groups it puts
         first), reusing their longest cached prefix, while the seats and the KV admission policy allow
         (`_admission`). A request whose adapter would exceed --max-loras waits; those behind it go on."""
+        if not self.waiting:  # NOTE: a decode step's common case: no pass over the running groups for seats
+            return
         kv = self.kv_cache_manager
         seats = self._num_seats_taken()
         adapters = self._running_adapters()

@@ -248,6 +248,8 @@ class OutputProcessor:
                 to_abort.append(output.request_id)
             if sample.finish_reason is not None:
                 del self._child_to_parent[output.request_id]
+            elif state.output_kind is RequestOutputKind.FINAL_ONLY:
+                continue  # NOTE: its one output comes when a sample finishes: no per-step output to build
             updated.setdefault(state.request_id, (state, []))[1].append(sample)
         results = []
         for state, samples in updated.values():

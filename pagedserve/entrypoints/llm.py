@@ -33,7 +33,12 @@ from pagedserve.outputs import (
     ScoringOutput,
     ScoringRequestOutput,
 )
-from pagedserve.sampling_params import BeamSearchParams, SamplingParams, beam_search_defaults
+from pagedserve.sampling_params import (
+    BeamSearchParams,
+    RequestOutputKind,
+    SamplingParams,
+    beam_search_defaults,
+)
 from pagedserve.utils.user_json import JsonValue
 
 if TYPE_CHECKING:
@@ -87,8 +92,12 @@ class LLM:
         _check_one_per_prompt(len(prompts), "priority", priority)
         adapters = _adapters_per_prompt(len(prompts), lora_request)
         priorities = priority or [0] * len(prompts)
+        # NOTE: only the final outputs are returned: no RequestOutput is built per request per step (vLLM's
+        # LLM asks the same).
         options = [
-            RequestOptions(p, priority=rank, lora_request=adapter)
+            RequestOptions(
+                replace(p, output_kind=RequestOutputKind.FINAL_ONLY), priority=rank, lora_request=adapter
+            )
             for p, rank, adapter in zip(params, priorities, adapters)
         ]
         return self._run(prompts, options, use_tqdm)
