@@ -15,8 +15,10 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
+import openai
 import pytest
 from PIL import Image
+from qwen2_5_vl_hf import FRAMED, hf_greedy, load_hf
 from server_utils import API_SERVER, RemoteServer
 
 MAX_MEDIA_BYTES = 64 * 1024
@@ -112,9 +114,19 @@ def server(tiny_llava: str, media_dir: str) -> Iterator[RemoteServer]:
     server.stop()
 
 
+# The other image families' chat framing through a running server, one server each (the sampled tier
+# keeps one a day): Gemma 3's start-of-image token expanded to its 16 tokens, Qwen2.5-VL's
+# <|vision_start|><|image_pad|><|vision_end|> with the image's own resolution.
+FAMILY_SERVERS = {
+    "gemma3": ("tiny_gemma3v", ["--max-model-len", "128"]),
+    "qwen-vl": ("tiny_qwen2_5_vl", ["--max-model-len", "96", "--limit-mm-per-prompt", '{"image": 1}']),
+}
+
+
 @pytest.fixture(scope="module")
-def gemma3_server(tiny_gemma3v: str) -> Iterator[RemoteServer]:
-    args = ["--model", tiny_gemma3v, "--served-model-name", "gemma3", "--max-model-len", "128"]
+def family_server(request: pytest.FixtureRequest) -> Iterator[RemoteServer]:
+    folder = request.getfixturevalue(FAMILY_SERVERS[request.param][0])
+    args = ["--model", folder, "--served-model-name", request.param, *FAMILY_SERVERS[request.param][1]]
     args += ["--kv-cache-memory", "16MiB", "--uvicorn-log-level", "warning"]
     server = RemoteServer(API_SERVER, args)
     yield server
@@ -151,16 +163,40 @@ def test_openai_client_sends_image_url_parts(server: RemoteServer, media_host: s
     assert seconds is not None and float(seconds.group(1)) > 0
 
 
-def test_openai_client_sends_an_image_to_gemma3(gemma3_server: RemoteServer) -> None:
-    """Gemma 3's chat parts: the image becomes its start-of-image token, expanded to its 16 tokens."""
-    response = gemma3_server.client().chat.completions.create(
-        model="gemma3",
-        messages=image_message(data_url(png_bytes(seed=1))),  # type: ignore[arg-type]
-        max_tokens=3,
+@pytest.mark.sampled
+@pytest.mark.parametrize("family_server", list(FAMILY_SERVERS), indirect=True)
+def test_openai_client_sends_an_image_to_each_family(
+    family_server: RemoteServer, request: pytest.FixtureRequest
+) -> None:
+    """Gemma 3's image becomes its start-of-image token, expanded to its 16 tokens, and its answer is the
+    engine's; Qwen2.5-VL's answer is HF transformers' greedy one (its own resolution, M-RoPE). A prompt
+    over --limit-mm-per-prompt is a 400 and the server keeps serving."""
+    name = family_server.client().models.list().data[0].id
+    png = png_bytes((120, 70), seed=5)
+    image, url = Image.open(io.BytesIO(png)).convert("RGB"), data_url(png)
+    response = family_server.client().chat.completions.create(
+        model=name,
+        messages=image_message(url),  # type: ignore[arg-type]
+        max_tokens=6,
         temperature=0,
     )
-    assert response.usage is not None and response.usage.completion_tokens == 3
-    assert response.usage.prompt_tokens > 18  # the image's 16 tokens, its start and end, and the text's
+    assert response.usage is not None and response.usage.completion_tokens == 6
+    if name == "qwen-vl":
+        hf = load_hf(request.getfixturevalue("tiny_qwen2_5_vl"))
+        rendered = hf[2].apply_chat_template(
+            [{"role": "user", "content": f"{FRAMED}\nWhat is this?"}],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        prompt_ids, tokens = hf_greedy(hf, rendered, [image], 6)
+        assert response.usage.prompt_tokens == len(prompt_ids)
+        assert response.choices[0].message.content == hf[2].decode(tokens)
+    else:
+        assert response.usage.prompt_tokens > 18  # the image's 16 tokens, its start and end, and the text's
+    too_many = image_message(*[url] * 9)
+    with pytest.raises(openai.BadRequestError, match="at most"):
+        family_server.client().chat.completions.create(model=name, messages=too_many, max_tokens=1)  # type: ignore[arg-type]
+    assert family_server.client().models.list().data[0].id == name  # still serving
 
 
 def _bad_inputs(host: str, folder: str) -> list[tuple[list[dict], str]]:
