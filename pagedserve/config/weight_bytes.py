@@ -23,9 +23,12 @@ GGML_BLOCK_FORMATS = {
     12: (256, 144),
     13: (256, 176),
     14: (256, 210),
+    39: (32, 17),  # MXFP4: kept by the experts layer (quantization/mxfp4.py), never a linear layer's rows
 }
+MXFP4_GGML_TYPE = 39
+GGML_TYPE_NAMES[MXFP4_GGML_TYPE] = "MXFP4"
 # The quantized types with a Triton kernel: what stays packed on CUDA (kernels/triton GGML_TRITON_TYPES).
-CUDA_PACKED_GGML_TYPES = frozenset({2, 3, 8, 12, 13, 14})
+CUDA_PACKED_GGML_TYPES = frozenset({2, 3, 8, 12, 13, 14, 39})
 _FLOAT_GGML_TYPES = frozenset({0, 1})
 _F32 = NATIVE_GGML_TYPES["F32"]
 _Q4_0 = NATIVE_GGML_TYPES["Q4_0"]
@@ -72,7 +75,7 @@ def fp8_matrix_bytes(rows: int, cols: int, scale_block_k: int | None) -> int:
 
 
 # MXFP4 (OCP microscaling): 32 E2M1 weights in 16 bytes and one E8M0 scale byte: 4.25 bits a weight.
-MXFP4_BLOCK = (32, 17)
+MXFP4_BLOCK = GGML_BLOCK_FORMATS[MXFP4_GGML_TYPE]
 
 
 def mxfp4_matrix_bytes(rows: int, cols: int) -> int:
