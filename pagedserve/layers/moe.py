@@ -160,7 +160,7 @@ class FusedMoE(nn.Module):
             layer = cast(nn.ModuleList, getattr(self, name))[expert]
             return cast(QuantizeMethodBase, layer.quant_method).apply(layer, x)
         if self.mxfp4:
-            return cast(Mxfp4ExpertsMethod, self.quant_method).project(self, name, expert, x)
+            return self.quant_method.project(self, name, expert, x)
         return linear(x, cast(torch.Tensor, getattr(self, f"{name}_weight"))[expert])
 
     def _gate_up(self, expert: int, x: torch.Tensor) -> torch.Tensor:
