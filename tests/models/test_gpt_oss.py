@@ -126,5 +126,6 @@ def test_plan_counts_gpt_oss_20b(tmp_path, capsys: pytest.CaptureFixture[str]) -
         + hidden
     )
     assert plan["weights_bytes"] == expert_weights * 17 // 32 + 2 * others
+    assert plan["weights_format"] == "mxfp4 experts packed (block kernels); the rest in bfloat16"
     assert plan["kv_bytes_per_token"] == 2 * 24 * 8 * 64 * 2
     assert plan["bytes_per_block"] == 12 * 2 * 8 * 64 * 2 * 16

@@ -98,22 +98,24 @@ struct WeightBlock<kType, int8_t> {  // unsigned bytes
   Floats8 dot(const int8_t* x) const { return _mm256_cvtepi32_ps(vec::dot_groups(values, load256(x))); }
 };
 
-struct SignedBytes {  // 32 signed byte weights: |w| times x with w's sign (the unsigned operand is |w|)
+// Block types whose 32 weights are signed bytes: Q8_0's stored, MXFP4's looked up from their codes.
+template <int64_t kType>
+constexpr bool kSignedBytes = kType == Q8_0 || kType == MXFP4;
+
+template <int64_t kType>
+inline __m256i signed_values(const uint8_t* qs) {
+  if constexpr (kType == MXFP4) return mxfp4_values(qs);
+  return load256(qs);
+}
+
+template <int64_t kType>
+  requires kSignedBytes<kType>
+struct WeightBlock<kType, int8_t> {  // |w| times x with w's sign (the unsigned operand is |w|)
   __m256i values, magnitudes;
-  explicit SignedBytes(__m256i in_order) : values(in_order), magnitudes(_mm256_abs_epi8(in_order)) {}
+  explicit WeightBlock(const uint8_t* qs) : values(signed_values<kType>(qs)), magnitudes(_mm256_abs_epi8(values)) {}
   Floats8 dot(const int8_t* x) const {
     return _mm256_cvtepi32_ps(vec::dot_groups(magnitudes, _mm256_sign_epi8(load256(x), values)));
   }
-};
-
-template <>
-struct WeightBlock<Q8_0, int8_t> : SignedBytes {
-  explicit WeightBlock(const uint8_t* qs) : SignedBytes(load256(qs)) {}
-};
-
-template <>
-struct WeightBlock<MXFP4, int8_t> : SignedBytes {
-  explicit WeightBlock(const uint8_t* qs) : SignedBytes(mxfp4_values(qs)) {}
 };
 
 inline Floats8 dot_int16_blocks(__m256i low, __m256i high, const int16_t* x) {
@@ -134,22 +136,16 @@ struct WeightBlock<kType, int16_t> {  // unsigned values widened to int16: weigh
   Floats8 dot(const int16_t* x) const { return dot_int16_blocks(low, high, x); }
 };
 
-struct SignedInt16s {  // 32 signed byte weights widened to int16: weights 0..15 and 16..31
+template <int64_t kType>
+  requires kSignedBytes<kType>
+struct WeightBlock<kType, int16_t> {  // signed bytes widened to int16: weights 0..15 and 16..31
   __m256i low, high;
-  explicit SignedInt16s(__m256i in_order)
-      : low(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(in_order))),
-        high(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(in_order, 1))) {}
+  explicit WeightBlock(const uint8_t* qs) {
+    const __m256i in_order = signed_values<kType>(qs);
+    low = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(in_order));
+    high = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(in_order, 1));
+  }
   Floats8 dot(const int16_t* x) const { return dot_int16_blocks(low, high, x); }
-};
-
-template <>
-struct WeightBlock<Q8_0, int16_t> : SignedInt16s {
-  explicit WeightBlock(const uint8_t* qs) : SignedInt16s(load256(qs)) {}
-};
-
-template <>
-struct WeightBlock<MXFP4, int16_t> : SignedInt16s {
-  explicit WeightBlock(const uint8_t* qs) : SignedInt16s(mxfp4_values(qs)) {}
 };
 
 // A block's weights are d q + c: c = m (Q4_1), -8 d (Q4_0), 0 (Q8_0, MXFP4); q starts after d (and m).
