@@ -16,10 +16,12 @@ The experts load as the checkpoint stores them, 4.25 bits a weight (`*_blocks` u
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from pagedserve import envs
 from pagedserve.config.weight_bytes import MXFP4_GGML_TYPE
+from pagedserve.kernels.cpu.gguf_ops import DECODE_MAX_BATCH, gguf_matmul
 from pagedserve.quantization.base import QuantizationConfig, QuantizeMethodBase, UnquantizedMethod, linear
 from pagedserve.quantization.ggml_backend import ggml_linear
 
@@ -27,6 +29,10 @@ BLOCK = 32  # weights per scale
 # E2M1's sixteen values, by code: the low three bits are magnitude, the fourth the sign.
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 _E8M0_BIAS = 127
+# The native decode kernel sums each row's blocks in one accumulator chain for 3 to DECODE_MAX_BATCH rows a
+# call (1 and 2 rows split them over two chains, more rows take the float GEMM): calls of that many rows give
+# a row the same bits whatever shares its step, as the engine's row-invariant matmuls do.
+_ONE_CHAIN_ROWS = 3
 
 
 def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -109,7 +115,19 @@ class Mxfp4ExpertsMethod(QuantizeMethodBase):
             )
             return linear(x, dequantize_mxfp4(blocks, scales, x.dtype))
         rows = getattr(layer, f"{name}_rows")[expert]
+        if self.backend == "native":
+            return self._native_row_invariant(x.float(), rows).to(x.dtype)
         return ggml_linear(self.backend, x, rows, MXFP4_GGML_TYPE, self.activation_bits).to(x.dtype)
+
+    def _native_row_invariant(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """x [T, cols] float32 through the decode kernel in calls of _ONE_CHAIN_ROWS..DECODE_MAX_BATCH rows
+        (zero rows pad a short one). NOTE: a prefill reads the weights once per 8 rows; a row-invariant
+        packed MXFP4 kernel (as Q4_0's) would read them once."""
+        parts = []
+        for chunk in x.split(DECODE_MAX_BATCH):
+            padded = F.pad(chunk, (0, 0, 0, max(0, _ONE_CHAIN_ROWS - chunk.shape[0])))
+            parts.append(gguf_matmul(padded, rows, MXFP4_GGML_TYPE, self.activation_bits)[: chunk.shape[0]])
+        return torch.cat(parts) if parts else x.new_empty(0, rows.shape[0])
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """native, triton: the checkpoint's blocks and scales become ggml rows (the same 4.25 bits)."""
