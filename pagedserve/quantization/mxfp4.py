@@ -49,7 +49,7 @@ def quantize_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     of 32 scaled by the power of two that brings its largest |value| within E2M1's 6, each value rounded to
     the nearest E2M1 code, two codes a byte (the low nibble first). Makes MXFP4 test checkpoints."""
     table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=weight.device)
-    groups = weight.unflatten(-1, (-1, BLOCK))
+    groups = weight.reshape(*weight.shape[:-1], -1, BLOCK)
     exponent = torch.ceil(torch.log2(groups.abs().amax(-1) / 6.0)).clamp(min=-126)
     codes = ((groups / torch.exp2(exponent)[..., None])[..., None] - table).abs().argmin(-1)
     blocks = (codes[..., 0::2] | codes[..., 1::2] << 4).to(torch.uint8)
@@ -124,7 +124,7 @@ class Mxfp4ExpertsMethod(QuantizeMethodBase):
         (zero rows pad a short one). NOTE: a prefill reads the weights once per 8 rows; a row-invariant
         packed MXFP4 kernel (as Q4_0's) would read them once."""
         parts = []
-        for chunk in x.split(DECODE_MAX_BATCH):
+        for chunk in torch.split(x, DECODE_MAX_BATCH):
             padded = F.pad(chunk, (0, 0, 0, max(0, _ONE_CHAIN_ROWS - chunk.shape[0])))
             parts.append(gguf_matmul(padded, rows, MXFP4_GGML_TYPE, self.activation_bits)[: chunk.shape[0]])
         return torch.cat(parts) if parts else x.new_empty(0, rows.shape[0])
