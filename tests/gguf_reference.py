@@ -4,6 +4,7 @@ dequantized weights (gguf-py's reference dequantizer), and the kernels' integer 
 import numpy as np
 import torch
 
+from pagedserve.config.weight_bytes import MXFP4_GGML_TYPE as MXFP4
 from pagedserve.kernels.cpu.gguf_ops import GGML_BLOCK_FORMATS
 
 
@@ -32,7 +33,9 @@ def random_rows(ggml_type: int, rows: int, cols: int, rng: np.random.Generator) 
         return rng.standard_normal((rows, cols)).astype(dtype).view(np.uint8)
     weights, nbytes = GGML_BLOCK_FORMATS[ggml_type]
     blocks = rng.integers(0, 256, (rows * cols // weights, nbytes), dtype=np.uint8)
-    for offset in _HALF_OFFSETS[ggml_type]:
+    if ggml_type == MXFP4:  # the E8M0 scale byte: 2^-9 .. 2^2 (a 0 or 1 would be subnormal, 255 NaN)
+        blocks[:, 0] = rng.integers(118, 130, len(blocks), dtype=np.uint8)
+    for offset in _HALF_OFFSETS.get(ggml_type, ()):
         halves = (rng.standard_normal(len(blocks)) * 0.01).astype(np.float16)
         blocks[:, offset : offset + 2] = halves.view(np.uint8).reshape(-1, 2)
     return blocks.reshape(rows, -1)

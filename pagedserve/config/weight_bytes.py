@@ -23,14 +23,13 @@ GGML_BLOCK_FORMATS = {
     12: (256, 144),
     13: (256, 176),
     14: (256, 210),
+    39: (32, 17),  # MXFP4: kept by the experts layer (quantization/mxfp4.py), never a linear layer's rows
 }
+MXFP4_GGML_TYPE = 39
+GGML_TYPE_NAMES[MXFP4_GGML_TYPE] = "MXFP4"
 # The quantized types with a Triton kernel: what stays packed on CUDA (kernels/triton GGML_TRITON_TYPES).
-CUDA_PACKED_GGML_TYPES = frozenset({2, 3, 8, 12, 13, 14})
+CUDA_PACKED_GGML_TYPES = frozenset({2, 3, 8, 12, 13, 14, 39})
 _FLOAT_GGML_TYPES = frozenset({0, 1})
-# MXFP4 (OCP microscaling): 32 E2M1 weights in 16 bytes and one E8M0 scale byte: 4.25 bits a weight.
-MXFP4_BLOCK = (32, 17)
-# ggml's MXFP4 (a GGUF's gpt-oss experts): the experts layer keeps its blocks on every device.
-_MXFP4_GGML_TYPE = 39
 _F32 = NATIVE_GGML_TYPES["F32"]
 _Q4_0 = NATIVE_GGML_TYPES["Q4_0"]
 
@@ -47,7 +46,7 @@ def resident_ggml_bytes(
     """Bytes a GGUF matrix (or stack of expert matrices) of `ggml_type` takes on `device` once loaded
     (`float_bytes`: the model dtype's size). Raises ConfigError for a type the device has no kernel for,
     naming the tensor, the type and the device."""
-    if ggml_type == _MXFP4_GGML_TYPE:
+    if ggml_type == MXFP4_GGML_TYPE:
         weights, nbytes = MXFP4_BLOCK
         return -(-num_weights // weights) * nbytes
     if device == "cpu":
@@ -76,6 +75,10 @@ def fp8_matrix_bytes(rows: int, cols: int, scale_block_k: int | None) -> int:
     per `scale_block_k` columns), as quantization/fp8.py keeps them."""
     blocks = 1 if scale_block_k is None else -(-cols // scale_block_k)
     return rows * cols + 4 * rows * blocks
+
+
+# MXFP4 (OCP microscaling): 32 E2M1 weights in 16 bytes and one E8M0 scale byte: 4.25 bits a weight.
+MXFP4_BLOCK = GGML_BLOCK_FORMATS[MXFP4_GGML_TYPE]
 
 
 def mxfp4_matrix_bytes(rows: int, cols: int) -> int:

@@ -412,6 +412,10 @@ def weights_format(inputs: PlanInputs) -> str:
         packed, floats = gguf_types(gguf_file, inputs.device)
         kept = f"GGUF {', '.join(packed)} packed" if packed else "GGUF"
         return f"{kept}; {', '.join(floats)} tensors in {dtype}" if floats else kept
+    if inputs.linear_storage is not None and inputs.linear_storage.method == "mxfp4":
+        # NOTE: quantization/mxfp4.py: the torch backend widens each active expert per step
+        kernels = "widened per step" if inputs.model_config.linear_backend == "torch" else "block kernels"
+        return f"mxfp4 experts packed ({kernels}); the rest in {dtype}"
     if inputs.linear_storage is not None:
         return f"{inputs.linear_storage.method} linear layers packed; the rest in {dtype}"
     return dtype

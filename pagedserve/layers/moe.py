@@ -7,7 +7,7 @@ down columns), as the dense MLP is split; the partial outputs are all-reduced on
 A quantized checkpoint (GGUF) keeps each expert's blocks: its gate/up and down projections are then the
 dense MLP's own layer classes, whose quantization method stores and multiplies the blocks (--linear-backend)
 and whose loaders split them over tensor-parallel ranks. MXFP4 experts (gpt-oss) stay in the layer as the
-checkpoint's blocks and scales (quantization/mxfp4.py)."""
+checkpoint's blocks and scales, multiplied on --linear-backend's block kernels (quantization/mxfp4.py)."""
 
 from typing import cast
 
@@ -22,8 +22,14 @@ from pagedserve.layers.linear import (
     _divide,
     set_weight_loader,
 )
-from pagedserve.quantization.base import QuantizeMethodBase, experts_quantized, linear, packed_experts
-from pagedserve.quantization.mxfp4 import create_mxfp4_experts, mxfp4_expert_weight
+from pagedserve.quantization.base import (
+    QuantizeMethodBase,
+    experts_quantized,
+    linear,
+    linear_backend,
+    packed_experts,
+)
+from pagedserve.quantization.mxfp4 import Mxfp4ExpertsMethod
 
 
 def select_experts(
@@ -102,7 +108,8 @@ class FusedMoE(nn.Module):
             for param in (self.w13_bias, self.w2_bias):
                 set_weight_loader(param, self.weight_loader)
         if self.mxfp4:
-            create_mxfp4_experts(self, num_experts, hidden_size, self.intermediate, self.weight_loader)
+            self.quant_method = Mxfp4ExpertsMethod(linear_backend(), num_experts)
+            self.quant_method.create_weights(self, hidden_size, self.intermediate)
             return
         if self.quantized:
             self.w13 = nn.ModuleList(
@@ -153,7 +160,7 @@ class FusedMoE(nn.Module):
             layer = cast(nn.ModuleList, getattr(self, name))[expert]
             return cast(QuantizeMethodBase, layer.quant_method).apply(layer, x)
         if self.mxfp4:
-            return linear(x, mxfp4_expert_weight(self, name, expert, x.dtype))
+            return self.quant_method.project(self, name, expert, x)
         return linear(x, cast(torch.Tensor, getattr(self, f"{name}_weight"))[expert])
 
     def _gate_up(self, expert: int, x: torch.Tensor) -> torch.Tensor:

@@ -244,6 +244,13 @@ SETTINGS: dict[str, Setting] = {
         dict(TIGHT, speculative_config=NGRAM, preemption_mode="recompute", max_num_batched_tokens=24),
         max_batch=3,
     ),
+    # gpt-oss with MXFP4 experts (an `mxfp4` checkpoint of the same tiny model) on the native block kernels'
+    # MXFP4 type, batches of up to 3 as above.
+    "gpt_oss_mxfp4_ngram_recompute": Setting(
+        "gpt_oss",
+        dict(TIGHT, speculative_config=NGRAM, preemption_mode="recompute", max_num_batched_tokens=24),
+        max_batch=3,
+    ),
     # DeepSeek V3 (MLA: one latent per token and layer in the cache, every token absorbed on the native
     # kernel; grouped expert routing) under n-gram speculation, recompute preemption and chunked prefill.
     "mla_ngram_recompute_chunked": Setting(
@@ -260,6 +267,7 @@ SETTING_PARAMS = [
     pytest.param(name, marks=pytest.mark.gpu) if name in GPU_SETTINGS else name for name in SETTINGS
 ]
 GGUF_MODELS = {"llama-kquant": "Q4_K", "llama-q4_0": "Q4_0"}  # tiny models loaded as a GGUF of that type
+MXFP4_SETTINGS = {"gpt_oss_mxfp4_ngram_recompute"}  # their model's experts written as an MXFP4 checkpoint
 
 # Two block-aligned shared prefixes (prefix-cache hits), one a repeating pattern (n-gram proposals).
 PREFIXES = [[11, 12, 13, 14, 15, 16, 17, 18] * 3, list(range(3000, 3024))]
@@ -391,6 +399,10 @@ def engine(name: str, tiny_model_factory: Any) -> LLM:
 
             gguf = os.path.join(model, "model.gguf")
             model = write_gguf(model, "llama", gguf, GGUF_MODELS[setting.model])
+        if name in MXFP4_SETTINGS:
+            from mxfp4_checkpoint import write_mxfp4_checkpoint
+
+            model = write_mxfp4_checkpoint(model, os.path.join(model, "mxfp4"))
         if "triton" in (args.get("linear_backend"), args.get("attention_backend")):
             _import_triton_kernels()
         spec = args.get("speculative_config")

@@ -95,6 +95,28 @@ def test_integer_activations_match_rounded_x_times_the_dequantized_weight(
         assert error < 1e-5, f"{type_name} {shape} {bits}-bit batch {batch}: relative error {error:.2e}"
 
 
+@pytest.mark.parametrize("bits", [32, 16, 8])
+def test_mxfp4_matches_dequantize_then_matmul(bits: int) -> None:
+    """gpt-oss's expert type: odd shapes (37 rows, five blocks; a gpt-oss-wide K of 2880), decode batches and
+    the tiled GEMM, activations a transposed view. Weights are exact integers times powers of two, so the
+    integer paths equal the rounded activations times the dequantized weight within float32 rounding."""
+    mxfp4 = gguf_ops.MXFP4_GGML_TYPE
+    rng = np.random.default_rng(bits)
+    for n, k in [(37, 160), (64, 2880)]:
+        rows = random_rows(mxfp4, n, k, rng)
+        weight = reference_weight(rows, mxfp4)
+        qweight = torch.from_numpy(rows)
+        assert torch.equal(gguf_dequantize(qweight, mxfp4, k), weight)
+        for batch in [1, 2, 5, DECODE_MAX_BATCH, DECODE_MAX_BATCH + 1, 300]:
+            x = (torch.randn(k, batch, generator=torch.Generator().manual_seed(batch)) * 3).t()
+            x_used = rounded_activations(x, bits) if bits < 32 and batch <= DECODE_MAX_BATCH else x.double()
+            expected = x_used @ weight.double().T
+            error = (
+                (gguf_matmul(x, qweight, mxfp4, bits).double() - expected).abs().max() / expected.abs().max()
+            ).item()
+            assert error < 1e-5, f"MXFP4 {(n, k)} {bits}-bit batch {batch}: relative error {error:.2e}"
+
+
 # The 32-weight block types with a packed layout (the K-quants' is tested below, on their own shapes).
 PACKED_TYPES = [
     name

@@ -38,7 +38,7 @@ def weights() -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """ggml type -> (rows uint8 [37, row_bytes] on DEVICE, the native kernel's float32 weights on CPU)."""
     rng = np.random.default_rng(0)
     result = {}
-    for ggml_type in NATIVE_GGML_TYPES.values():
+    for ggml_type in {*NATIVE_GGML_TYPES.values(), *TYPES}:
         rows = torch.from_numpy(random_rows(ggml_type, OUT_FEATURES, in_features(ggml_type), rng))
         result[ggml_type] = (rows.to(DEVICE), gguf_dequantize(rows, ggml_type, in_features(ggml_type)))
     return result

@@ -9,16 +9,23 @@ import json
 import os
 import re
 import shutil
+import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from mxfp4_checkpoint import write_mxfp4_checkpoint
 from test_greedy_vs_hf import MAX_TOKENS, assert_matches, make_prompts, reference, run, run_with_preemption
 
 from pagedserve import LLM, SamplingParams
 from pagedserve.entrypoints.cli import main as cli_main
 from pagedserve.errors import ConfigError
-from pagedserve.quantization.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+from pagedserve.quantization.resident import resident_weights
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "kernels"))
+from interpreted_triton import import_triton_kernels  # noqa: E402
+
+# NOTE: at import, before any engine: kernels defined once for the GPU cannot be called interpreted later.
+import_triton_kernels()
 
 GPT_OSS_20B = os.path.join(os.path.dirname(__file__), os.pardir, "data", "gpt-oss-20b", "config.json")
 # The tiny config's window is 24: the two longer prompts outgrow it.
@@ -76,38 +83,35 @@ def test_config_fields_outside_the_implementation_are_refused(
 def gpt_oss_mxfp4(tmp_path_factory, gpt_oss: str) -> tuple[str, str]:
     """(an MXFP4 checkpoint of the tiny model, the same model in float32 with the dequantized experts)."""
     packed, dequantized = (str(tmp_path_factory.mktemp(name)) for name in ("mxfp4", "dequantized"))
-    for folder in (packed, dequantized):
-        for name in os.listdir(gpt_oss):
-            if name != "model.safetensors":
-                shutil.copy(os.path.join(gpt_oss, name), folder)
-    tensors = load_file(os.path.join(gpt_oss, "model.safetensors"))
-    floats, quantized = dict(tensors), dict(tensors)
-    for name, tensor in tensors.items():
-        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
-            # HF's in-memory [E, in, out] is the checkpoint's [E, out, in] transposed
-            blocks, scales = quantize_mxfp4(tensor.transpose(1, 2))
-            floats[name] = dequantize_mxfp4(blocks, scales, torch.float32).transpose(1, 2).contiguous()
-            del quantized[name]
-            quantized[f"{name}_blocks"], quantized[f"{name}_scales"] = blocks, scales
-    save_file(floats, os.path.join(dequantized, "model.safetensors"))
-    save_file(quantized, os.path.join(packed, "model.safetensors"))
-    config = json.load(open(os.path.join(gpt_oss, "config.json")))
-    config["quantization_config"] = {
-        "quant_method": "mxfp4",
-        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "lm_head"],
-    }
-    with open(os.path.join(packed, "config.json"), "w") as f:
-        json.dump(config, f)
-    return packed, dequantized
+    return write_mxfp4_checkpoint(gpt_oss, packed, dequantized), dequantized
 
 
-def test_mxfp4_experts_stay_packed_and_match_hf(gpt_oss_mxfp4: tuple[str, str]) -> None:
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "native",
+        pytest.param("torch", marks=pytest.mark.sampled),
+        pytest.param("triton", marks=pytest.mark.sampled),
+    ],
+)
+def test_mxfp4_experts_stay_packed_and_match_hf(
+    gpt_oss_mxfp4: tuple[str, str], backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """native and triton (interpreted on CPU) multiply ggml MXFP4 rows on their block kernels, torch widens
+    the checkpoint's blocks per step; each gives HF's greedy tokens on the dequantized experts. native on
+    float32 activations, for logprobs within 1e-4 (its default 16-bit ones: the GGUF test's greedy tokens)."""
+    if backend == "native":
+        monkeypatch.setenv("PAGEDSERVE_GGUF_ACTIVATION_BITS", "32")
     packed, dequantized = gpt_oss_mxfp4
     prompts = PROMPTS[:2]  # the experts are what differs: the long prompt's attention is checked above
-    ours, llm = run(packed, prompts, block_size=16, kv_cache_memory="64MiB")
+    ours, llm = run(packed, prompts, block_size=16, kv_cache_memory="64MiB", linear_backend=backend)
     assert_matches(ours, reference(dequantized, prompts))
-    experts = llm.llm_engine.engine_core.executor.worker.model_runner.model.model.layers[0].mlp.experts
-    assert experts.w13_blocks.dtype == torch.uint8 and not hasattr(experts, "w13_weight")
+    model = llm.llm_engine.engine_core.executor.worker.model_runner.model
+    experts = model.model.layers[0].mlp.experts
+    stored = experts.w13_blocks if backend == "torch" else experts.w13_rows
+    assert stored.dtype == torch.uint8 and not hasattr(experts, "w13_weight")
+    kernels = "widened per step (torch)" if backend == "torch" else f"packed, {backend} block kernels"
+    assert f"mxfp4 {kernels}" in resident_weights(model).describe()
 
 
 def test_plan_counts_gpt_oss_20b(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -128,5 +132,6 @@ def test_plan_counts_gpt_oss_20b(tmp_path, capsys: pytest.CaptureFixture[str]) -
         + hidden
     )
     assert plan["weights_bytes"] == expert_weights * 17 // 32 + 2 * others
+    assert plan["weights_format"] == "mxfp4 experts packed (block kernels); the rest in bfloat16"
     assert plan["kv_bytes_per_token"] == 2 * 24 * 8 * 64 * 2
     assert plan["bytes_per_block"] == 12 * 2 * 8 * 64 * 2 * 16

@@ -87,11 +87,13 @@ def test_llama_cpp_files_give_the_dequantized_tokens_sampled(name: str, backend:
     check_file(name, backend)
 
 
-def test_gpt_oss_file_keeps_mxfp4_experts_and_gives_the_hf_folders_tokens() -> None:
-    llm = LLM(path("tiny-gpt-oss.gguf"), **ENGINE)
+@pytest.mark.parametrize("backend", ["native", pytest.param("triton", marks=pytest.mark.sampled)])
+def test_gpt_oss_file_keeps_mxfp4_experts_and_gives_the_hf_folders_tokens(backend: str) -> None:
+    """The experts as ggml MXFP4 rows on the block kernels of `backend`."""
+    llm = LLM(path("tiny-gpt-oss.gguf"), **ENGINE, linear_backend=backend)
     ours = [list(o.outputs[0].token_ids) for o in llm.generate(GPT_OSS_PROMPTS, PARAMS, use_tqdm=False)]
     experts = llm.llm_engine.engine_core.executor.worker.model_runner.model.model.layers[0].mlp.experts
-    assert experts.w13_blocks.dtype == torch.uint8 and not hasattr(experts, "w13_weight")
+    assert experts.w13_rows.dtype == torch.uint8 and not hasattr(experts, "w13_weight")
     assert ours == greedy(path("tiny-gpt-oss"), GPT_OSS_PROMPTS)
 
 

@@ -20,7 +20,8 @@
 namespace gguf {
 
 // ggml's type ids (gguf.GGMLQuantizationType).
-enum GgmlType : int64_t { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+enum GgmlType : int64_t { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14,
+                        MXFP4 = 39 };
 
 struct BlockFormat {
   int64_t weights;  // per block
@@ -37,6 +38,7 @@ inline BlockFormat block_format(int64_t type) {
     case Q4_K: return {256, 144};
     case Q5_K: return {256, 176};
     case Q6_K: return {256, 210};
+    case MXFP4: return {32, 17};
     default: TORCH_CHECK(false, "GGML type ", type, " has no native kernel");
   }
   return {0, 0};
@@ -48,6 +50,19 @@ inline float half_at(const uint8_t* p) {
   std::memcpy(&bits, p, sizeof bits);
   return vec::half_to_float(bits);
 }
+
+// 2^(e - 128): an MXFP4 block's E8M0 scale 2^(e - 127) halved, because its E2M1 values are taken doubled
+// (integers, gguf_decode_matmul.cpp's table). Built from its bits so e 0 and 1 (subnormal) stay exact.
+inline float e8m0_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? uint32_t{0x00200000} << e : static_cast<uint32_t>(e - 1) << 23;
+  float out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
+
+// MXFP4's sixteen E2M1 codes doubled (0.5 steps become 1), by code: the low three bits the magnitude, bit 3
+// the sign.
+constexpr int8_t kMxfp4Doubled[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 // The 6-bit scale and min of sub-block j of a K-quant super-block (ggml's get_scale_min_k4).
 inline void scale_min_k4(int j, const uint8_t* q, int* scale, int* min) {
@@ -76,7 +91,7 @@ struct QuantizedRows {
   }
 };
 
-constexpr int64_t kBlock = 32;  // weights per Q4_0/Q4_1/Q8_0 block or K-quant sub-block; per activation block
+constexpr int64_t kBlock = 32;  // weights per Q4_0/Q4_1/Q8_0/MXFP4 block or K-quant sub-block; per activation block
 
 // Activation rows by 32-value block: x[b, k] ~ scales[b, k / 32] * values[b, k].
 template <typename Value>
@@ -139,7 +154,7 @@ inline ActivationBlocks<Int> rounded_activations(const float* x, int64_t batch, 
 // registers); larger ones amortize a dequantized tile over enough rows for ATen's GEMM to win.
 constexpr int64_t kDecodeMaxBatch = 8;
 
-// Whether `matmul_decode_blocks` takes weights of `type` in this build (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K with
+// Whether `matmul_decode_blocks` takes weights of `type` in this build (Q4_0, Q4_1, Q8_0, MXFP4, Q4_K, Q5_K with
 // AVX2+FMA).
 bool has_block_decode_path(int64_t type);
 

@@ -1,7 +1,9 @@
-// The decode-time GGUF matmul on 32-weight blocks (Q4_0, Q4_1, Q8_0; the sub-blocks of Q4_K and Q5_K), batch
+// The decode-time GGUF matmul on 32-weight blocks (Q4_0, Q4_1, Q8_0, MXFP4; the sub-blocks of Q4_K and Q5_K), batch
 // 1..kDecodeMaxBatch: each thread takes a range of weight rows, each block is unpacked once into registers
 // and dotted with every activation row's block, so each weight byte is read once per call. Per block, sum_j (d q_j + c) x_j =
-// d (sum_j q_j x_j) + c (sum_j x_j), with c = m (Q4_1), -8 d (Q4_0) or 0 (Q8_0).
+// d (sum_j q_j x_j) + c (sum_j x_j), with c = m (Q4_1), -8 d (Q4_0) or 0 (Q8_0, MXFP4). MXFP4's q are its E2M1
+// values doubled (signed integers up to 12, one byte shuffle per 16 codes) and d = 2^(e - 128), so its
+// integer dot is exact and the power-of-two scale joins the activation scale in the float epilogue.
 //
 // Activations in one of three widths (`activation_bits`):
 // - 32: x's float values, the dequantized model's exact arithmetic (four conversions and FMAs per 8 weights);
@@ -34,6 +36,12 @@ inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<co
 inline __m128i low_nibbles(__m128i bytes) { return _mm_and_si128(bytes, _mm_set1_epi8(0x0F)); }
 inline __m128i high_nibbles(__m128i bytes) { return _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F)); }
 
+// An MXFP4 block's 32 doubled E2M1 values (signed bytes) in order, nibbles laid out as Q4_0's.
+inline __m256i mxfp4_values(const uint8_t* qs) {
+  const __m128i table = load128(kMxfp4Doubled), bytes = load128(qs);
+  return _mm256_set_m128i(_mm_shuffle_epi8(table, high_nibbles(bytes)), _mm_shuffle_epi8(table, low_nibbles(bytes)));
+}
+
 // A weight block's 32 unscaled values, unpacked once and dotted with every activation row's block (a
 // vector of eight partial sums).
 template <int64_t kType, typename Value>
@@ -56,6 +64,13 @@ struct WeightBlock<kType, float> {  // four vectors of eight floats, in order
   explicit WeightBlock(const uint8_t* qs) {
     if constexpr (kType == Q8_0) {
       for (int i = 0; i < 4; ++i) values[i] = bytes_to_floats(load64(qs + 8 * i), true);
+    } else if constexpr (kType == MXFP4) {
+      const __m256i in_order = mxfp4_values(qs);
+      const __m128i low = _mm256_castsi256_si128(in_order), high = _mm256_extracti128_si256(in_order, 1);
+      values[0] = bytes_to_floats(low, true);
+      values[1] = bytes_to_floats(_mm_srli_si128(low, 8), true);
+      values[2] = bytes_to_floats(high, true);
+      values[3] = bytes_to_floats(_mm_srli_si128(high, 8), true);
     } else {
       const __m128i bytes = load128(qs), low = low_nibbles(bytes), high = high_nibbles(bytes);
       values[0] = bytes_to_floats(low, false);
@@ -83,10 +98,21 @@ struct WeightBlock<kType, int8_t> {  // unsigned bytes
   Floats8 dot(const int8_t* x) const { return _mm256_cvtepi32_ps(vec::dot_groups(values, load256(x))); }
 };
 
-template <>
-struct WeightBlock<Q8_0, int8_t> {  // signed bytes: |w| times x with w's sign (the unsigned operand is |w|)
+// Block types whose 32 weights are signed bytes: Q8_0's stored, MXFP4's looked up from their codes.
+template <int64_t kType>
+constexpr bool kSignedBytes = kType == Q8_0 || kType == MXFP4;
+
+template <int64_t kType>
+inline __m256i signed_values(const uint8_t* qs) {
+  if constexpr (kType == MXFP4) return mxfp4_values(qs);
+  return load256(qs);
+}
+
+template <int64_t kType>
+  requires kSignedBytes<kType>
+struct WeightBlock<kType, int8_t> {  // |w| times x with w's sign (the unsigned operand is |w|)
   __m256i values, magnitudes;
-  explicit WeightBlock(const uint8_t* qs) : values(load256(qs)), magnitudes(_mm256_abs_epi8(values)) {}
+  explicit WeightBlock(const uint8_t* qs) : values(signed_values<kType>(qs)), magnitudes(_mm256_abs_epi8(values)) {}
   Floats8 dot(const int8_t* x) const {
     return _mm256_cvtepi32_ps(vec::dot_groups(magnitudes, _mm256_sign_epi8(load256(x), values)));
   }
@@ -110,17 +136,30 @@ struct WeightBlock<kType, int16_t> {  // unsigned values widened to int16: weigh
   Floats8 dot(const int16_t* x) const { return dot_int16_blocks(low, high, x); }
 };
 
-template <>
-struct WeightBlock<Q8_0, int16_t> {
+template <int64_t kType>
+  requires kSignedBytes<kType>
+struct WeightBlock<kType, int16_t> {  // signed bytes widened to int16: weights 0..15 and 16..31
   __m256i low, high;
-  explicit WeightBlock(const uint8_t* qs)
-      : low(_mm256_cvtepi8_epi16(load128(qs))), high(_mm256_cvtepi8_epi16(load128(qs + 16))) {}
+  explicit WeightBlock(const uint8_t* qs) {
+    const __m256i in_order = signed_values<kType>(qs);
+    low = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(in_order));
+    high = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(in_order, 1));
+  }
   Floats8 dot(const int16_t* x) const { return dot_int16_blocks(low, high, x); }
 };
 
-// A block's weights are d q + c: c = m (Q4_1), -8 d (Q4_0), 0 (Q8_0); q starts after d (and m).
+// A block's weights are d q + c: c = m (Q4_1), -8 d (Q4_0), 0 (Q8_0, MXFP4); q starts after d (and m).
 template <int64_t kType>
-constexpr int64_t kValuesOffset = kType == Q4_1 ? 4 : 2;
+constexpr int64_t kValuesOffset = kType == Q4_1 ? 4 : kType == MXFP4 ? 1 : 2;
+
+template <int64_t kType>
+constexpr bool kHasOffset = kType != Q8_0 && kType != MXFP4;
+
+template <int64_t kType>
+inline float block_scale(const uint8_t* block) {
+  if constexpr (kType == MXFP4) return e8m0_half(block[0]);
+  return half_at(block);
+}
 
 template <int64_t kType>
 inline float block_offset(const uint8_t* block, float d) {
@@ -138,7 +177,7 @@ __attribute__((always_inline)) inline void add_scaled(const WeightBlock<kType, V
   for (int64_t b = 0; b < kBatch; ++b) {
     const int64_t at = b * blocks + i;
     acc[b] = vec::fma(weights.dot(a.values + at * kBlock), vec::splat<Floats8>(d * a.scales[at]), acc[b]);
-    if constexpr (kType != Q8_0) offsets[b] += c * a.sums[at];
+    if constexpr (kHasOffset<kType>) offsets[b] += c * a.sums[at];
   }
 }
 
@@ -146,7 +185,7 @@ template <int64_t kType, typename Value, int64_t kBatch>
 __attribute__((always_inline)) inline void add_block(const uint8_t* block, const ActivationBlocks<Value>& a,
                                                      int64_t i, int64_t blocks, Floats8 (&acc)[kBatch],
                                                      float (&offsets)[kBatch]) {
-  const float d = half_at(block);
+  const float d = block_scale<kType>(block);
   add_scaled<kType>(WeightBlock<kType, Value>(block + kValuesOffset<kType>), d, block_offset<kType>(block, d), a,
                     i, blocks, acc, offsets);
 }
@@ -225,6 +264,7 @@ void matmul_type(const ActivationBlocks<Value>& a, int64_t batch, const Quantize
     case Q4_0: return matmul_batch<Q4_0>(a, batch, w, y);
     case Q4_1: return matmul_batch<Q4_1>(a, batch, w, y);
     case Q8_0: return matmul_batch<Q8_0>(a, batch, w, y);
+    case MXFP4: return matmul_batch<MXFP4>(a, batch, w, y);
     case Q4_K: return matmul_batch<Q4_K>(a, batch, w, y);
     case Q5_K: return matmul_batch<Q5_K>(a, batch, w, y);
     default: TORCH_CHECK(false, "GGML type ", type, " has no block decode kernel");
@@ -234,7 +274,7 @@ void matmul_type(const ActivationBlocks<Value>& a, int64_t batch, const Quantize
 }  // namespace
 
 bool has_block_decode_path(int64_t type) {
-  return type == Q4_0 || type == Q4_1 || type == Q8_0 || type == Q4_K || type == Q5_K;
+  return type == Q4_0 || type == Q4_1 || type == Q8_0 || type == MXFP4 || type == Q4_K || type == Q5_K;
 }
 
 void matmul_decode_blocks(const float* x, int64_t batch, const QuantizedRows& w, int64_t type,

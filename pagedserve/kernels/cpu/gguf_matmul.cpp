@@ -1,9 +1,9 @@
 // Matmul on GGUF-quantized weights, kept in their file's blocks: y = x W^T with W [N, K] stored as N rows
-// of ggml blocks (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K; F32 and F16 rows as blocks of one).
+// of ggml blocks (Q4_0, Q4_1, Q8_0, MXFP4, Q4_K, Q5_K, Q6_K; F32 and F16 rows as blocks of one).
 //
 // F32 and F16 rows go to the row-invariant float matmul (float_matmul.cpp) at every batch: a row's result is
 // the same bits whatever shares its batch. Quantized types:
-// Small batches (decode, batch <= kDecodeMaxBatch): Q4_0/Q4_1/Q8_0/Q4_K/Q5_K go to gguf_decode_matmul.cpp
+// Small batches (decode, batch <= kDecodeMaxBatch): Q4_0/Q4_1/Q8_0/MXFP4/Q4_K/Q5_K go to gguf_decode_matmul.cpp
 // (blocks unpacked into registers; float, 16-bit or 8-bit activations as `activation_bits` says); other
 // types dequantize each weight row into a per-thread buffer and dot it with every activation row in
 // float32. Either way each weight byte is read once per step. Large batches (prefill): tiles of rows are
@@ -46,6 +46,17 @@ void dequantize_q8_0(const uint8_t* b, float* y) {
   const float d = half_at(b);
   const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2);
   for (int l = 0; l < 32; ++l) y[l] = d * qs[l];
+}
+
+// MXFP4: the E8M0 scale byte, then 16 bytes of E2M1 codes (weight l the low nibble of byte l, l + 16 the
+// high one); w = (2 e2m1) 2^(e - 128), exact in float32.
+void dequantize_mxfp4(const uint8_t* b, float* y) {
+  const float d = e8m0_half(b[0]);
+  const uint8_t* qs = b + 1;
+  for (int l = 0; l < 16; ++l) {
+    y[l] = d * kMxfp4Doubled[qs[l] & 0xF];
+    y[l + 16] = d * kMxfp4Doubled[qs[l] >> 4];
+  }
 }
 
 // Q4_K and Q5_K share their layout but for Q5_K's fifth bits (qh, 32 bytes before the nibbles).
@@ -109,6 +120,7 @@ BlockDequantizer block_dequantizer(int64_t type) {
     case Q4_K: return dequantize_k4_k5<false>;
     case Q5_K: return dequantize_k4_k5<true>;
     case Q6_K: return dequantize_q6_k;
+    case MXFP4: return dequantize_mxfp4;
     default: TORCH_CHECK(false, "GGML type ", type, " has no native kernel");
   }
   return nullptr;

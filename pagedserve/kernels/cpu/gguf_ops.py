@@ -9,12 +9,13 @@ from pagedserve import envs
 
 # NOTE: re-exported: the block table lives with the torch-free byte counts that `pagedserve plan` shares.
 from pagedserve.config.weight_bytes import GGML_BLOCK_FORMATS as GGML_BLOCK_FORMATS
+from pagedserve.config.weight_bytes import MXFP4_GGML_TYPE as MXFP4_GGML_TYPE
 from pagedserve.config.weight_bytes import NATIVE_GGML_TYPES as NATIVE_GGML_TYPES
 from pagedserve.kernels.cpu import load_cpu_kernels
 
-# The ggml types with an integer-activation row decode kernel, and the largest batch it takes
-# (gguf_blocks.h: kDecodeMaxBatch); larger batches compute in float32.
-INTEGER_ACTIVATION_TYPES = {2, 3, 8, 12, 13}
+# The ggml types with an integer-activation row decode kernel (MXFP4: gpt-oss's experts, never a GGUF linear
+# layer's), and the largest batch it takes (gguf_blocks.h: kDecodeMaxBatch); larger batches compute in float32.
+INTEGER_ACTIVATION_TYPES = {2, 3, 8, 12, 13, MXFP4_GGML_TYPE}
 DECODE_MAX_BATCH = 8
 
 
@@ -31,7 +32,7 @@ def gguf_matmul(
     x: torch.Tensor, qweight: torch.Tensor, ggml_type: int, activation_bits: int = 32
 ) -> torch.Tensor:
     """x [B, K] float32 times W^T, W [N, K] stored as qweight [N, row_bytes] uint8 rows of ggml blocks of
-    `ggml_type` (one of NATIVE_GGML_TYPES). Returns [B, N] float32.
+    `ggml_type` (one of NATIVE_GGML_TYPES, or MXFP4_GGML_TYPE). Returns [B, N] float32.
 
     activation_bits 8 or 16: at batch <= DECODE_MAX_BATCH on INTEGER_ACTIVATION_TYPES (AVX2+FMA builds),
     each 32-value block of x is rounded to that many bits (one scale per block) and dotted in integers, as

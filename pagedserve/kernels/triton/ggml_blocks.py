@@ -5,7 +5,8 @@ tiles and the tiled path for [columns, rows] ones (tl.dot's B operand) from the 
 
 Every element loads the bytes it needs (its block's scales again and again): the repeats hit the cache, so
 each weight byte still comes from memory once. Arithmetic follows ggml's dequantizers (ggml-quants.c) in
-float32 and in their order: d * q, d * q + m, (d * scale) * q - dmin * min.
+float32 and in their order: d * q, d * q + m, (d * scale) * q - dmin * min (MXFP4: an exact power of two times
+an integer).
 """
 
 import triton
@@ -52,6 +53,21 @@ def _q8_0(block, i):  # type: ignore[no-untyped-def]
     """34 bytes: fp16 d, 32 int8; w = d q."""
     q = tl.load(block + 2 + i).to(tl.int8, bitcast=True)
     return _half(block) * q.to(tl.float32)
+
+
+@triton.jit
+def _mxfp4(block, i):  # type: ignore[no-untyped-def]
+    """17 bytes: the E8M0 scale e, 16 bytes of E2M1 codes laid out as Q4_0's nibbles; w = (2 e2m1) 2^(e - 128).
+    A code's low three bits are (exponent, mantissa) pairs: doubled, 0 and 1 below exponent 1, else
+    (2 + mantissa) << (exponent - 1); bit 3 the sign. The scale is built from its float32 bits (e 0 and 1
+    are subnormal), as ggml's E8M0_TO_FP32_HALF."""
+    code = _nibble(_byte(block + 1 + i % 16), i >= 16)
+    exponent, mantissa = (code >> 1) & 3, code & 1
+    magnitude = tl.where(exponent == 0, mantissa, (2 + mantissa) << tl.maximum(exponent - 1, 0))
+    q = tl.where(code >= 8, -magnitude, magnitude)
+    e = _byte(block)
+    scale = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)
+    return scale * q.to(tl.float32)
 
 
 @triton.jit
@@ -131,6 +147,8 @@ def dequantize_tile(  # type: ignore[no-untyped-def]
         w = _q4_k(block, i)
     elif GGML_TYPE == 13:
         w = _q5_k(block, i)
+    elif GGML_TYPE == 39:
+        w = _mxfp4(block, i)
     else:
         tl.static_assert(GGML_TYPE == 14, "ggml type without a Triton decoder")
         w = _q6_k(block, i)

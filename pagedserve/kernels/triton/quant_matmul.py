@@ -18,8 +18,9 @@ import triton.language as tl
 from pagedserve.kernels.cpu.gguf_ops import GGML_BLOCK_FORMATS
 from pagedserve.kernels.triton.ggml_blocks import dequantize_tile
 
-# ggml type ids (gguf.GGMLQuantizationType) with a decoder in ggml_blocks: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K
-GGML_TRITON_TYPES: frozenset[int] = frozenset({2, 3, 8, 12, 13, 14})
+# ggml type ids (gguf.GGMLQuantizationType) with a decoder in ggml_blocks: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K,
+# MXFP4 (gpt-oss's experts: layers/moe.py)
+GGML_TRITON_TYPES: frozenset[int] = frozenset({2, 3, 8, 12, 13, 14, 39})
 
 # Batches up to this run the GEMV. tl.dot takes at least 16 rows, so a smaller batch would pad the tile with
 # zeros and still pay the dequantization per tile; the GEMV dequantizes each weight once for all rows, and
