@@ -100,6 +100,9 @@ class FamilyFacts:
     kv_heads_rule: KVHeadsRule = "num_key_value_heads"
     moe: MoELayout | None = None
     gguf: GGUFFacts | None = None  # None: no GGUF of its own (see `holds` of the one that carries it)
+    # other `model_type`s of configs built on this family whose own config class is remote code (Kimi-K2's
+    # `kimi_k2` on DeepSeek V3): read with this family's config class
+    config_aliases: tuple[str, ...] = ()
     takes_images: bool = False  # a vision encoder feeds the language model (config/multimodal.py)
     lora_on_language_model: bool = False  # an image family whose LoRA adapters go on its language model
     # Qwen2-VL's M-RoPE over dynamic-resolution images: each image's grid (the image processor's
@@ -350,6 +353,7 @@ FAMILIES: tuple[FamilyFacts, ...] = (
         "deepseek_v3",
         "DeepseekV3ForCausalLM",
         mla=LatentAttention((None, "sigmoid"), (None, "noaux_tc"), correction_bias=True),
+        config_aliases=("kimi_k2",),
     ),
     FamilyFacts(
         "llava", "llava", "LlavaForConditionalGeneration", takes_images=True, lora_on_language_model=True
@@ -406,6 +410,10 @@ MXFP4_ARCHITECTURES = tuple(family.architecture for family in FAMILIES if family
 # model_type -> architecture of the families that take images.
 IMAGE_ARCHITECTURES: Mapping[str, str] = MappingProxyType(
     {family.model_type: family.architecture for family in FAMILIES if family.takes_images}
+)
+# model_type of a config built on a family (its own config class remote code) -> the family's model_type.
+CONFIG_ALIASES: Mapping[str, str] = MappingProxyType(
+    {alias: family.model_type for family in FAMILIES for alias in family.config_aliases}
 )
 _BY_ARCHITECTURE = {family.architecture: family for family in FAMILIES}
 _BY_GGUF = {family.gguf.architecture: family for family in FAMILIES if family.gguf is not None}

@@ -356,6 +356,23 @@ TINY_MODELS = {
             "mscale_all_dim": 1.0,
         },
     ),
+    # Kimi-K2's choices on V3: one expert group (plain top-k over every expert), YaRN with beta_fast =
+    # beta_slow = 1; its config.json names model_type kimi_k2 (tests/models/test_deepseek_vs_hf.py)
+    "deepseek_v3-kimi": dict(
+        _DEEPSEEK,
+        n_group=1,
+        topk_group=1,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 50000.0,
+            "factor": 8.0,
+            "original_max_position_embeddings": 64,
+            "beta_fast": 1.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+    ),
 }
 # Qwen3's thinking switch: enable_thinking false closes an empty think block in the prompt.
 THINK_CHAT_TEMPLATE = (

@@ -1,6 +1,7 @@
 """The model: which checkpoint, which architecture, dtype and context length. `load_model_config`
 reads config.json (or a GGUF file's metadata) and resolves the defaults; ModelConfig checks itself."""
 
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -22,7 +23,13 @@ from pagedserve.config.pooling import (
     resolve_runner,
 )
 from pagedserve.errors import ConfigError
-from pagedserve.families import DECODERS, IMAGE_ARCHITECTURES, MLA_ARCHITECTURES, decoder_family
+from pagedserve.families import (
+    CONFIG_ALIASES,
+    DECODERS,
+    IMAGE_ARCHITECTURES,
+    MLA_ARCHITECTURES,
+    decoder_family,
+)
 from pagedserve.logger import init_logger
 from pagedserve.utils.default_model import DEFAULT_MODEL_NAME, default_model_path
 from pagedserve.utils.gguf_cache import gguf_hf_folder
@@ -229,6 +236,24 @@ def _resolve_dtype(dtype: str, hf_config: "PretrainedConfig", device: str) -> st
     return checkpoint if checkpoint in ("float16", "bfloat16") else "bfloat16"
 
 
+def _aliased_config(folder: str) -> "PretrainedConfig | None":
+    """A config.json whose `model_type` is built on a family (`FamilyFacts.config_aliases`: its own config
+    class is remote code, which pagedserve never runs) read with that family's config class; else None."""
+    from transformers import AutoConfig
+
+    path = os.path.join(folder, "config.json")
+    if not os.path.isfile(path):
+        return None  # AutoConfig says what is missing
+    with open(path, encoding="utf-8") as file:
+        fields = json.load(file)
+    model_type = fields.get("model_type") if isinstance(fields, dict) else None
+    target = CONFIG_ALIASES.get(model_type) if isinstance(model_type, str) else None
+    if target is None:
+        return None
+    fields = {key: value for key, value in fields.items() if key not in ("model_type", "auto_map")}
+    return AutoConfig.for_model(target, **fields)
+
+
 def _load_hf_config(model: str, hf_config_path: str | None) -> tuple["PretrainedConfig", str | None]:
     """config.json of a folder (or of `hf_config_path`), or the metadata of a GGUF file; hub ids are
     local paths by now (utils/hub.py)."""
@@ -246,7 +271,8 @@ def _load_hf_config(model: str, hf_config_path: str | None) -> tuple["Pretrained
         gguf_file = os.path.join(model, ggufs[0])
     source = hf_config_path or (gguf_hf_folder(gguf_file) if gguf_file else model)
     try:
-        return AutoConfig.from_pretrained(source), gguf_file
+        aliased = None if gguf_file else _aliased_config(source)
+        return aliased or AutoConfig.from_pretrained(source), gguf_file
     except (OSError, ValueError) as exc:  # ValueError: a folder without a usable config.json
         flag = "--hf-config-path" if hf_config_path else "--model"
         raise ConfigError(f"Cannot load the model config of {source!r} ({flag}): {exc}") from exc

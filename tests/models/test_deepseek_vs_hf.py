@@ -6,6 +6,7 @@ the config fields outside what is implemented are refused at startup, naming the
 
 import json
 import os
+import shutil
 
 import pytest
 from test_greedy_vs_hf import PROMPT_LENS, assert_matches, make_prompts, reference, run
@@ -50,6 +51,20 @@ def test_v2_matches_hf(tiny_model_factory) -> None:
     path = tiny_model_factory("deepseek_v2")
     prompts = make_prompts(1, PROMPT_LENS)
     ours, _ = run(path, prompts, block_size=16, kv_cache_memory="8MiB", max_num_batched_tokens=32)
+    assert_matches(ours, reference(path, prompts))
+
+
+def test_kimi_k2_style_config_matches_hf(tiny_model_factory, tmp_path) -> None:
+    """A V3 with Kimi-K2's routing and YaRN whose config.json says model_type kimi_k2 (its config class is
+    remote code, never run): read as DeepSeek V3's config, greedy tokens and logprobs as HF's V3."""
+    path = tiny_model_factory("deepseek_v3-kimi")
+    kimi = tmp_path / "kimi"
+    shutil.copytree(path, kimi)
+    config = json.loads((kimi / "config.json").read_text())
+    config.update(model_type="kimi_k2", auto_map={"AutoConfig": "configuration_deepseek.DeepseekV3Config"})
+    (kimi / "config.json").write_text(json.dumps(config))
+    prompts = make_prompts(2, PROMPT_LENS)
+    ours, _ = run(str(kimi), prompts, block_size=16, kv_cache_memory="8MiB", max_num_batched_tokens=32)
     assert_matches(ours, reference(path, prompts))
 
 

@@ -22,7 +22,11 @@ TABLE = PACKAGE / "families.py"
 # names (--reasoning-parser qwen3, --tool-call-parser mistral), chosen by the user, not by the model.
 OTHER_MEANINGS = {
     PACKAGE / "reasoning" / "parsers.py": {"qwen3", "mistral"},
-    PACKAGE / "entrypoints" / "openai" / "tool_parsers" / "__init__.py": {"mistral", "deepseek_v3"},
+    PACKAGE / "entrypoints" / "openai" / "tool_parsers" / "__init__.py": {
+        "mistral",
+        "deepseek_v3",
+        "kimi_k2",
+    },
 }
 # Any HF model class name, so that a family added outside the table is caught too.
 HF_CLASS_NAME = re.compile(r"\w+(ForCausalLM|ForSequenceClassification|Model)")
@@ -31,7 +35,12 @@ HF_CLASS_NAME = re.compile(r"\w+(ForCausalLM|ForSequenceClassification|Model)")
 def _family_names() -> set[str]:
     names: set[str] = set(GGUF_ARCHITECTURES)
     for facts in FAMILIES:
-        names |= {facts.architecture, facts.model_type, *filter(None, [facts.classifier])}
+        names |= {
+            facts.architecture,
+            facts.model_type,
+            *facts.config_aliases,
+            *filter(None, [facts.classifier]),
+        }
         if facts.gguf is not None and facts.gguf.sparse_architecture is not None:
             names.add(facts.gguf.sparse_architecture)
     return names
