@@ -34,7 +34,7 @@ class NamedValues(argparse.Action):
         self,
         parser: argparse.ArgumentParser,
         namespace: argparse.Namespace,
-        values: str | typing.Sequence[Any] | None,
+        values: object,
         option_string: str | None = None,
     ) -> None:
         assert isinstance(values, str), "a NamedValues flag takes one value at a time"

@@ -8,6 +8,7 @@ The child also names the tokenizer class transformers' AutoTokenizer picks (from
 where tokenizer_config.json names none), which the server then imports alone, without torch."""
 
 import pickle
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
@@ -24,11 +25,11 @@ class HFConfigSnapshot:
     """A transformers config's attributes (its `model_type`, and the names its `attribute_map` aliases,
     included), read as attributes; nested configs are snapshots too, torch dtypes their names."""
 
-    def __init__(self, attributes: dict[str, Any], original: bytes) -> None:
+    def __init__(self, attributes: dict[str, object], original: bytes) -> None:
         self.__dict__.update(attributes)
         self.__dict__["_original"] = original
 
-    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+    def __reduce__(self) -> tuple[Callable[[bytes], object], tuple[bytes]]:
         # NOTE: sent on (to the engine process), it is the transformers config again
         return pickle.loads, (vars(self)["_original"],)
 

@@ -140,6 +140,28 @@ def model_len_limit(hf_config: "PretrainedConfig") -> tuple[int, str]:
     return limit, "max_position_embeddings"
 
 
+def _multimodal_config(checkpoint_config: "PretrainedConfig") -> MultiModalConfig | None:
+    """An image family's image settings (its config's tokens), None for a text model."""
+    if checkpoint_config.model_type not in IMAGE_ARCHITECTURES:
+        return None
+    return MultiModalConfig(
+        checkpoint_config,
+        image_token_id(checkpoint_config),
+        bidirectional_image_tokens(checkpoint_config),
+        placeholder_token_id(checkpoint_config),
+    )
+
+
+def _served_names(served_model_name: str | list[str] | None, model: str | None) -> list[str]:
+    """--served-model-name's names (the first is the model's, the rest aliases); the model's path without."""
+    names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name or [])
+    if not all(names):
+        raise ConfigError(
+            f"served_model_name={served_model_name!r}: a name must not be empty (--served-model-name)."
+        )
+    return names or [DEFAULT_MODEL_NAME if model is None else model]
+
+
 def load_model_config(
     model: str | None,
     *,
@@ -168,24 +190,11 @@ def load_model_config(
         MODEL_ARCHITECTURES.get(checkpoint_config.model_type)
         or ENCODER_MODEL_TYPES.get(checkpoint_config.model_type, checkpoint_config.model_type)
     ]
-    multimodal = None
-    if checkpoint_config.model_type in IMAGE_ARCHITECTURES:
-        multimodal = MultiModalConfig(
-            checkpoint_config,
-            image_token_id(checkpoint_config),
-            bidirectional_image_tokens(checkpoint_config),
-            placeholder_token_id(checkpoint_config),
-        )
+    multimodal = _multimodal_config(checkpoint_config)
     # NOTE: sizing, the KV layout and the LM read the language model's config alone.
     hf_config = text_config(checkpoint_config)
     limit, _ = model_len_limit(hf_config)
-    names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name or [])
-    if not all(names):
-        raise ConfigError(
-            f"served_model_name={served_model_name!r}: a name must not be empty (--served-model-name)."
-        )
-    if not names:
-        names = [DEFAULT_MODEL_NAME if model is None else model]
+    names = _served_names(served_model_name, model)
     pooling = _pooling(path, hf_config, archs[0], runner, convert, pooler_config, tokenizer, gguf_file)
     return ModelConfig(
         model=path,

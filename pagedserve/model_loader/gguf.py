@@ -178,14 +178,8 @@ def iterate_gguf(
         half = latent_half(name) if gguf.split_latent_kv else None
         if half is not None:
             joined = latent.add(*half, dequantize(tensor.data, tensor.tensor_type))
-            if joined is not None:  # float32 rows when kept quantized: its halves' blocks do not join
-                rows = np.ascontiguousarray(joined[1], dtype=np.float32)
-                if keep_quantized:
-                    yield from _packed_matrix(
-                        joined[0], NATIVE_GGML_TYPES["F32"], rows.view(np.uint8), gguf, hf_config
-                    )
-                else:
-                    yield joined[0], torch.from_numpy(rows)
+            if joined is not None:
+                yield from _latent_matrix(*joined, keep_quantized, gguf, hf_config)
             continue
         if (
             keep_quantized
@@ -198,25 +192,48 @@ def iterate_gguf(
             continue
         expert = re.fullmatch(r"(.*\.experts)\.(\w+)\.weight", name)
         if keep_quantized and len(tensor.shape) == 3 and expert:
-            # NOTE: one expert's blocks per tensor, the names the experts layer takes (layers/moe.py).
             ggml_type, stacked = _kernel_rows(tensor, dequantized_types, backend, device)
-            for index, rows in enumerate(stacked):
-                base = f"{expert.group(1)}.{index}.{expert.group(2)}"
-                yield f"{base}.qweight_type", torch.tensor(ggml_type)
-                yield f"{base}.qweight", torch.from_numpy(np.array(rows))
+            yield from _packed_experts(expert.group(1), expert.group(2), ggml_type, stacked)
             continue
         weight = dequantize(tensor.data, tensor.tensor_type)
         for hf_name, hf_weight in _hf_tensors(name, weight, gguf, hf_config):
             yield hf_name, torch.from_numpy(np.array(hf_weight, dtype=np.float32))
     if joiner is not None:
         joiner.check_done()
-    if dequantized_types:
+    _log_dequantized(dequantized_types, backend)
+
+
+def _log_dequantized(types: set[str], backend: str) -> None:
+    if types:
         logger.info(
             "GGUF tensors of type(s) %s have no kernel in --linear-backend %s: dequantized to float32 at "
             "load.",
-            ", ".join(sorted(dequantized_types)),
+            ", ".join(sorted(types)),
             backend,
         )
+
+
+def _latent_matrix(
+    name: str, weight: np.ndarray, keep_quantized: bool, gguf: GGUFFacts, hf_config: "PretrainedConfig"
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """DeepSeek's kv_b_proj joined from llama.cpp's halves: float32 rows (kept quantized: as F32 blocks,
+    since its halves' blocks do not join)."""
+    rows = np.ascontiguousarray(weight, dtype=np.float32)
+    if keep_quantized:
+        yield from _packed_matrix(name, NATIVE_GGML_TYPES["F32"], rows.view(np.uint8), gguf, hf_config)
+    else:
+        yield name, torch.from_numpy(rows)
+
+
+def _packed_experts(
+    experts: str, projection: str, ggml_type: int, stacked: np.ndarray
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Stacked experts' blocks, one expert a tensor, under the names the experts layer takes
+    (layers/moe.py): `<experts>.<e>.<projection>.qweight_type` and `.qweight`."""
+    for index, rows in enumerate(stacked):
+        base = f"{experts}.{index}.{projection}"
+        yield f"{base}.qweight_type", torch.tensor(ggml_type)
+        yield f"{base}.qweight", torch.from_numpy(np.array(rows))
 
 
 def _packed_matrix(

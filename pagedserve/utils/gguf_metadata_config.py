@@ -71,25 +71,6 @@ def _latent_config(file: GGUFFile, arch: str) -> "PretrainedConfig":
     groups = metadata_int(metadata, f"{arch}.expert_group_count", 1)
     topk_method = "noaux_tc" if scoring == "sigmoid" else "group_limited_greedy" if groups > 1 else "greedy"
     rope_dim = metadata_int(metadata, f"{arch}.rope.dimension_count")
-    rope: dict[str, object] = {"rope_type": "default"}
-    rope_type = metadata.get(f"{arch}.rope.scaling.type", "none")
-    if rope_type == "yarn":
-        mscale = _float(metadata, f"{arch}.rope.scaling.yarn_log_multiplier", 0.0) / 0.1
-        rope = {
-            "rope_type": "yarn",
-            "factor": _float(metadata, f"{arch}.rope.scaling.factor"),
-            "original_max_position_embeddings": metadata_int(
-                metadata, f"{arch}.rope.scaling.original_context_length"
-            ),
-            "mscale": mscale,
-            "mscale_all_dim": mscale,
-        }
-    elif rope_type != "none":
-        raise ConfigError(
-            f"GGUF metadata {arch}.rope.scaling.type={rope_type!r} is not implemented for DeepSeek (yarn or "
-            "none)."
-        )
-    rope["rope_theta"] = _float(metadata, f"{arch}.rope.freq_base", 10000.0)
     heads = metadata_int(metadata, f"{arch}.attention.head_count")
     return AutoConfig.for_model(
         facts.model_type,
@@ -115,10 +96,35 @@ def _latent_config(file: GGUFFile, arch: str) -> "PretrainedConfig":
         norm_topk_prob=bool(metadata.get(f"{arch}.expert_weights_norm", False)),
         scoring_func=scoring,
         topk_method=topk_method,
-        rope_parameters=rope,
+        rope_parameters=_latent_rope(file, arch),
         architectures=[facts.architecture],
         **_shared_fields(file, arch),
     )
+
+
+def _latent_rope(file: GGUFFile, arch: str) -> dict[str, object]:
+    """DeepSeek's rope parameters: plain or YaRN (mscale stored once, `yarn_log_multiplier`)."""
+    metadata = file.metadata
+    rope: dict[str, object] = {"rope_type": "default"}
+    rope_type = metadata.get(f"{arch}.rope.scaling.type", "none")
+    if rope_type == "yarn":
+        mscale = _float(metadata, f"{arch}.rope.scaling.yarn_log_multiplier", 0.0) / 0.1
+        rope = {
+            "rope_type": "yarn",
+            "factor": _float(metadata, f"{arch}.rope.scaling.factor"),
+            "original_max_position_embeddings": metadata_int(
+                metadata, f"{arch}.rope.scaling.original_context_length"
+            ),
+            "mscale": mscale,
+            "mscale_all_dim": mscale,
+        }
+    elif rope_type != "none":
+        raise ConfigError(
+            f"GGUF metadata {arch}.rope.scaling.type={rope_type!r} is not implemented for DeepSeek (yarn or "
+            "none)."
+        )
+    rope["rope_theta"] = _float(metadata, f"{arch}.rope.freq_base", 10000.0)
+    return rope
 
 
 def _gpt_oss_config(file: GGUFFile, facts: FamilyFacts, arch: str) -> "PretrainedConfig":

@@ -8,7 +8,7 @@ answers). The prompt ends with `<|start|>assistant`: the model writes its channe
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import cast
 
 from openai_harmony import (
     Author,
@@ -93,10 +93,11 @@ def _messages(
     said: list[Message] = []
     if reasoning:
         said.append(Message.from_role_and_content(Role.ASSISTANT, reasoning).with_channel("analysis"))
-    calls: Any = message.get("tool_calls") or []
+    # NOTE: the request's schema (protocol.py) has checked each call's shape
+    calls = cast("list[dict[str, dict[str, JsonValue]]]", message.get("tool_calls") or [])
     for call in calls:
         function = call["function"]
-        call_names[str(call.get("id"))] = function["name"]
+        call_names[str(call.get("id"))] = str(function["name"])
         arguments = Message.from_role_and_content(
             Role.ASSISTANT, json.dumps(function["arguments"], ensure_ascii=False)
         )
