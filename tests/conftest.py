@@ -7,6 +7,12 @@ import shutil
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Under pytest-xdist (scripts/test.sh runs -n 2) each worker, and the servers and engines it starts, gets
+# its share of the cores: torch's threads spin while they wait for each other, so two workers each using
+# every core run slower together than one alone.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -31,6 +31,9 @@ WAIT_S = 60.0  # bounds every wait; a request that fails does so in well under a
 def engine(tiny_llama: str) -> Iterator[tuple[asyncio.AbstractEventLoop, AsyncLLM]]:
     config = EngineArgs(model=tiny_llama, block_size=8, kv_cache_memory="8MiB").create_engine_config()
     loop = asyncio.new_event_loop()
+    # The current loop: these tests submit from outside it, and zmq's sockets look the loop up then (an
+    # earlier test's asyncio.run leaves none current).
+    asyncio.set_event_loop(loop)
     llm = loop.run_until_complete(AsyncLLM.create(config, [], log_requests=False))
     yield loop, llm
 
@@ -40,6 +43,7 @@ def engine(tiny_llama: str) -> Iterator[tuple[asyncio.AbstractEventLoop, AsyncLL
 
     loop.run_until_complete(shutdown())
     loop.close()
+    asyncio.set_event_loop(None)
 
 
 def good_request(llm: AsyncLLM, request_id: str, **params: object) -> EngineCoreRequest:
