@@ -5,7 +5,9 @@ included), and sends them back with every transformers config replaced by an `HF
 attributes as plain values, and the config itself pickled whole. Pickled again for the engine process,
 a snapshot turns back into that transformers config, so the engine gets exactly what the child resolved.
 The child also names the tokenizer class transformers' AutoTokenizer picks (from config.json's model type
-where tokenizer_config.json names none), which the server then imports alone, without torch."""
+where tokenizer_config.json names none), which the server then imports alone, without torch. Then it waits
+to become the engine core process (mp_client.py), so that a start pays for one interpreter with torch
+and transformers imported (~3 s of CPU), not two."""
 
 import pickle
 from collections.abc import Callable
@@ -14,6 +16,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from pagedserve.errors import ConfigError, PagedServeError
+from pagedserve.utils.child_main import run_next_target
 from pagedserve.utils.child_process import ChildProcess
 from pagedserve.utils.hf_tokenizer import load_hf_tokenizer, tokenizer_source
 
@@ -38,40 +41,54 @@ class HFConfigSnapshot:
 class FrontendConfig:
     config: "EngineConfig"  # with HFConfigSnapshots for transformers' configs
     tokenizer_class: str  # "module:qualname" of the class AutoTokenizer picks for the model
+    # The process that resolved `config`, waiting for the engine core to run in it; it exits when this is
+    # dropped unused (its connection closes).
+    engine_process: ChildProcess
 
 
 def resolve_frontend_config(engine_args: "EngineArgs") -> FrontendConfig:
     """`engine_args.create_engine_config()`, resolved in a child process. Raises ConfigError (also when
     the child dies: its traceback is on stderr)."""
-    child = ChildProcess(_resolve, (engine_args,), "ConfigResolution")
+    # NOTE: named for what it becomes (tests and `ps` tell an engine process by its name)
+    child = ChildProcess(_resolve_then_serve, (engine_args,), "EngineCore")
     try:
         kind, payload = child.conn.recv()
+        if kind == "config":
+            config, tokenizer_class = pickle.loads(payload)
+            return FrontendConfig(config, tokenizer_class, child)
     except EOFError:
         child.join()
         raise ConfigError(
             f"Resolving the settings failed (the resolving process exited with {child.exitcode}; its "
             "error is in the log above)."
         ) from None
-    finally:  # NOTE: done once it has answered; stopped at once when the server is (Ctrl-C, SIGTERM)
+    except BaseException:  # NOTE: stopped at once when the server is (Ctrl-C, SIGTERM)
         child.kill()
         child.join()
-    if kind == "error":
-        raise ConfigError(payload)
-    config, tokenizer_class = pickle.loads(payload)
-    return FrontendConfig(config, tokenizer_class)
+        raise
+    child.join()  # NOTE: it exits after sending its error
+    raise ConfigError(payload)
 
 
-def _resolve(conn: Connection, engine_args: "EngineArgs") -> None:
-    """The child: resolve, name the tokenizer class, send both back with snapshots for the configs."""
+def _resolve_then_serve(conn: Connection, engine_args: "EngineArgs") -> None:
+    """The child: resolve; then, if that worked, run the engine core when the server sends it."""
+    if _resolve(conn, engine_args):
+        run_next_target(conn)  # NOTE: after _resolve's frame is gone: the engine keeps none of its objects
+
+
+def _resolve(conn: Connection, engine_args: "EngineArgs") -> bool:
+    """Resolve, name the tokenizer class, send both back with snapshots for the configs; False (the error
+    sent instead) if the settings cannot be served."""
     try:
         config = engine_args.create_engine_config()
         model = config.model
         tokenizer = load_hf_tokenizer(tokenizer_source(model.model, model.tokenizer, model.gguf_file))
     except PagedServeError as exc:
         conn.send(("error", str(exc)))
-        return
+        return False
     tokenizer_class = f"{type(tokenizer).__module__}:{type(tokenizer).__qualname__}"
     conn.send(("config", _snapshot_pickle((config, tokenizer_class))))
+    return True
 
 
 def _snapshot_pickle(value: object) -> bytes:

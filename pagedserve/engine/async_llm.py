@@ -31,6 +31,7 @@ from pagedserve.protocol import (
     SchedulerStats,
 )
 from pagedserve.sampling_params import SamplingParams
+from pagedserve.utils.child_process import ChildProcess
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -56,6 +57,7 @@ class AsyncLLM:
         log_stats_interval_s: float,
         limits: ServingLimits,
         tokenizer_class: str | None = None,
+        engine_process: ChildProcess | None = None,
     ) -> None:
         self.config = config
         self.tokenizer = load_tokenizer(config.model, tokenizer_class)
@@ -73,9 +75,9 @@ class AsyncLLM:
         # NOTE: --data-parallel-size N: N engine processes (replicas, here or on other nodes) behind this
         # one frontend.
         self.engine_core: MPClient | DPClient = (
-            MPClient(config, limits.engine_stall_timeout)
+            MPClient(config, limits.engine_stall_timeout, engine_process)
             if config.parallel.data_parallel_size == 1 and not config.parallel.remote_replicas
-            else DPClient(config, limits.engine_stall_timeout)
+            else DPClient(config, limits.engine_stall_timeout, engine_process)
         )
         self.frontend = Frontend(
             self.input_processor,
@@ -103,17 +105,25 @@ class AsyncLLM:
         log_stats_interval_s: float = 10.0,
         limits: ServingLimits | None = None,
         tokenizer_class: str | None = None,
+        engine_process: ChildProcess | None = None,
     ) -> "AsyncLLM":
-        """Start the engine process and wait until it is ready. Raises ConfigError (bad settings) or
+        """Start the engine process (in `engine_process` if given: one waiting for it, see
+        config/frontend_config.py) and wait until it is ready. Raises ConfigError (bad settings) or
         EngineDeadError (failed to start); the process is gone either way."""
-        engine = cls(
-            config,
-            stat_loggers,
-            log_requests,
-            log_stats_interval_s,
-            limits or ServingLimits(),
-            tokenizer_class,
-        )
+        try:
+            engine = cls(
+                config,
+                stat_loggers,
+                log_requests,
+                log_stats_interval_s,
+                limits or ServingLimits(),
+                tokenizer_class,
+                engine_process,
+            )
+        except BaseException:
+            if engine_process is not None:
+                engine_process.kill()
+            raise
         try:
             engine.handshake = await engine.engine_core.wait_until_ready()
             num_kv_blocks, block_size = engine.handshake.num_blocks - 1, engine.handshake.block_size

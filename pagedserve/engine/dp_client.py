@@ -37,6 +37,7 @@ from pagedserve.protocol import (
     FinishReason,
     child_request_id,
 )
+from pagedserve.utils.child_process import ChildProcess
 
 T = TypeVar("T")
 
@@ -44,7 +45,10 @@ T = TypeVar("T")
 class DPClient(EngineCoreClient):
     """The replicas' MPClients behind one EngineCoreClient. Use from one event loop."""
 
-    def __init__(self, config: EngineConfig, stall_timeout_s: float = 0.0) -> None:
+    def __init__(
+        self, config: EngineConfig, stall_timeout_s: float = 0.0, process: ChildProcess | None = None
+    ) -> None:
+        """`process`: one waiting to run an engine core (MPClient), the first local replica's."""
         self.config = config
         self.block_size = config.cache.block_size
         parallel = config.parallel
@@ -54,8 +58,11 @@ class DPClient(EngineCoreClient):
         if parallel.remote_replicas:  # NOTE: first, so that a taken port fails before any process starts
             self._listen(list(range(local, parallel.data_parallel_size)), stall_timeout_s)
         self.replicas: list[SocketClient] = [
-            MPClient(replica_config(config, rank, rank), stall_timeout_s) for rank in range(local)
+            MPClient(replica_config(config, rank, rank), stall_timeout_s, process if rank == 0 else None)
+            for rank in range(local)
         ]
+        if local == 0 and process is not None:
+            process.kill()
         self.load = [
             0
         ] * parallel.data_parallel_size  # unfinished outputs (requests, samples, beams) per replica

@@ -123,7 +123,9 @@ class MPClient(SocketClient):
     """Owns the EngineCore process. Use from one event loop; `shutdown()` is idempotent.
     `stall_timeout_s`: the engine's own watchdog (--engine-stall-timeout; 0: none)."""
 
-    def __init__(self, config: EngineConfig, stall_timeout_s: float = 0.0) -> None:
+    def __init__(
+        self, config: EngineConfig, stall_timeout_s: float = 0.0, process: ChildProcess | None = None
+    ) -> None:
         self.stall_timeout_s = stall_timeout_s
         # NOTE: abstract Unix sockets ("@", Linux): no file to leave behind, even when SIGKILLed.
         name = f"ipc://@pagedserve-{os.getpid()}-{uuid.uuid4().hex}"
@@ -134,11 +136,15 @@ class MPClient(SocketClient):
         output_socket = self._context.socket(zmq.PULL)
         output_socket.bind(output_address)
         super().__init__(input_socket, output_socket)
-        # NOTE: a fresh interpreter, not multiprocessing: the user's __main__ is never re-imported there.
-        # shutdown() (also run at exit) ends it.
-        self.process = ChildProcess(
-            run_engine_core, (config, input_address, output_address, stall_timeout_s), "EngineCore"
-        )
+        # NOTE: a fresh interpreter, not multiprocessing: the user's __main__ is never re-imported there;
+        # or `process`, the one that resolved `config` (config/frontend_config.py). shutdown() (also run at
+        # exit) ends it.
+        args = (config, input_address, output_address, stall_timeout_s)
+        if process is None:
+            process = ChildProcess(run_engine_core, args, "EngineCore")
+        else:
+            process.run(run_engine_core, args)
+        self.process = process
         atexit.register(self.shutdown)
         logger.info("Started the engine core process (pid %d).", self.process.pid)
 

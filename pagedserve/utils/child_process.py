@@ -33,6 +33,11 @@ class ChildProcess:
         self.sentinel = os.pidfd_open(self.pid)
         weakref.finalize(self, os.close, self.sentinel)
         self.conn = Connection(ours.detach())
+        self.run(target, args)
+
+    def run(self, target: Callable[..., None], args: tuple[object, ...]) -> None:
+        """Send the child `target(conn, *args)` to run: its first, or the next one where its current target
+        ends in `child_main.run_next_target`."""
         self.conn.send_bytes(pickle.dumps((target, args), protocol=pickle.HIGHEST_PROTOCOL))
 
     @property

@@ -328,6 +328,7 @@ async def _create_engine(
         envs.log_stats_interval_s(),
         limits,
         resolved.tokenizer_class,
+        resolved.engine_process,
     )
 
 
