@@ -1,4 +1,9 @@
-"""The embedded default model (SmolLM2-135M-Instruct from its GGUF) against HF transformers."""
+"""The embedded default model (SmolLM2-135M-Instruct from its GGUF, the blocks kept quantized: the default)
+against HF transformers' dequantized float32 model: greedy tokens and beams equal, prompt and decode
+logprobs within the 16-bit activations' promise, weights resident at about the file's size. One file: the
+float32 reference takes seconds to load, once per test worker."""
+
+import os
 
 import pytest
 import torch
@@ -6,20 +11,23 @@ from conftest import hf_beam_search
 
 from pagedserve import LLM, BeamSearchParams, SamplingParams
 
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village, there lived a very curious cat who",
+    "<|im_start|>user\nList three colours.<|im_end|>\n<|im_start|>assistant\n",
+]
+
 
 def test_default_model_greedy_matches_hf(default_llm: LLM, default_hf_model) -> None:
-    model = default_hf_model
-    prompts = [
-        "The capital of France is",
-        "def fibonacci(n):",
-        "Once upon a time, in a small village, there lived a very curious cat who",
-    ]
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    outputs = default_llm.generate(prompts, params, use_tqdm=False)
+    outputs = default_llm.generate(PROMPTS, params, use_tqdm=False)
     for output in outputs:
         ids = torch.tensor([output.prompt_token_ids])
-        expected = model.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
-        assert output.outputs[0].token_ids == expected[0, ids.shape[1] :].tolist()
+        expected = default_hf_model.generate(
+            ids, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+        assert output.outputs[0].token_ids == expected[0, ids.shape[1] :].tolist(), output.prompt
     tokenizer = default_llm.get_tokenizer()
     assert outputs[0].outputs[0].text == tokenizer.decode(
         outputs[0].outputs[0].token_ids, skip_special_tokens=True
@@ -82,3 +90,66 @@ def test_default_model_beam_search_with_eos_equals_hf(
             beam[-1] == tokenizer.eos_token_id and len(beam) < params.max_tokens for beam in beams
         )
     assert ended_with_eos, "EOS competed: some best beam ends early with it"
+
+
+def test_gguf_is_kept_quantized_by_default(default_llm: LLM, default_model: str) -> None:
+    assert default_llm.llm_engine.config.model.quantization == "gguf"
+    weights = default_llm.llm_engine.engine_core.executor.determine_kv_memory()[0].weights_bytes  # rank 0
+    assert weights <= 1.2 * os.path.getsize(default_model), (weights, os.path.getsize(default_model))
+
+
+def _assert_the_16_bit_promise(steps: list, expected: torch.Tensor, prompt: str) -> None:
+    """16-bit activation blocks (PAGEDSERVE_GGUF_ACTIVATION_BITS' default, prefill and decode alike): every
+    returned logprob within 2e-3 of max(|reference|, 1), and the largest error within 1e-3 of the largest
+    |reference| (docs/quantization.md). expected[i]: the reference log-probabilities of step i's distribution.
+    NOTE: per value, 16-bit blocks next to SmolLM2's outlier channels measured 3e-4 to 1.6e-3 over the greedy
+    paths these prompts have taken (exact float32 activations: ~1.5e-5)."""
+    pairs = [
+        (getattr(value, "logprob", value), expected[position, token].item())
+        for position, logprobs in enumerate(steps)
+        for token, value in logprobs.items()
+    ]
+    worst = max(abs(got - reference) / max(abs(reference), 1.0) for got, reference in pairs)
+    assert worst < 2e-3, f"{prompt!r}: relative logprob error {worst:.2e}"
+    largest_error = max(abs(got - reference) for got, reference in pairs)
+    largest = max(abs(reference) for _, reference in pairs)
+    assert largest_error < 1e-3 * largest, f"{prompt!r}: {largest_error:.2e} of {largest:.2f}"
+
+
+def _reference_logprobs(default_hf_model, token_ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.log_softmax(default_hf_model(torch.tensor([token_ids])).logits[0].double(), dim=-1)
+
+
+def test_prompt_logprobs_match_the_dequantized_model(default_llm: LLM, default_hf_model) -> None:
+    """The prompts' logprobs, from one prefill step of all four (AMX tiles where the CPU has them)."""
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=5)
+    for output in default_llm.generate(PROMPTS, params, use_tqdm=False):
+        expected = _reference_logprobs(default_hf_model, output.prompt_token_ids)
+        _assert_the_16_bit_promise(output.prompt_logprobs[1:], expected, output.prompt)
+
+
+def test_decode_logprobs_match_the_dequantized_model(default_llm: LLM, default_hf_model) -> None:
+    """Decode steps (the prompts decode together: batch 4)."""
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=5)
+    for output in default_llm.generate(PROMPTS, params, use_tqdm=False):
+        completion = output.outputs[0]
+        expected = _reference_logprobs(default_hf_model, output.prompt_token_ids + completion.token_ids)
+        steps = expected[len(output.prompt_token_ids) - 1 :]
+        _assert_the_16_bit_promise(completion.logprobs, steps, output.prompt)
+
+
+def test_logprobs_do_not_depend_on_what_shares_the_batch(default_llm: LLM) -> None:
+    """Each prompt alone (a prefill of 5-18 rows, then decode steps of one) and all four together (one
+    prefill of ~45 rows, decode steps of four): the same tokens and the same logprob bits, prompt and decode."""
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=3, prompt_logprobs=3)
+
+    def values(output) -> list:
+        steps = output.prompt_logprobs[1:] + output.outputs[0].logprobs
+        return [{token: getattr(value, "logprob", value) for token, value in step.items()} for step in steps]
+
+    together = default_llm.generate(PROMPTS, params, use_tqdm=False)
+    for prompt, batched in zip(PROMPTS, together):
+        (alone,) = default_llm.generate([prompt], params, use_tqdm=False)
+        assert alone.outputs[0].token_ids == batched.outputs[0].token_ids, prompt
+        assert values(alone) == values(batched), prompt
