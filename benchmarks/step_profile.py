@@ -175,19 +175,21 @@ def profile_decode(
 
 
 def print_table(results: dict[str, tuple[Timings, float]], steps: int) -> None:
-    """One column per run (batch size, and with --layers both: torch or fused layer kernels)."""
+    """Two columns per run (batch size, and with --layers both: torch or fused layer kernels): wall time
+    and this thread's CPU time."""
     columns = list(results)
     phases = sorted(
         {p for timings, _ in results.values() for p in timings if not p.startswith(CPU)},
         key=lambda p: -results[columns[0]][0].get(p, 0.0),
     )
-    print(f"\nms per decode step ({steps} steps)  " + "  ".join(f"{c:>14}" for c in columns))
+    # Each run's wall time beside its CPU time: on a loaded machine only the CPU time compares.
+    headers = [column + kind for column in columns for kind in ("", " cpu")]
+    print(f"\nms per decode step ({steps} steps)  " + "  ".join(f"{h:>18}" for h in headers))
     for phase in phases:
-        print(
-            f"{phase:<32}"
-            + "  ".join(f"{results[c][0].get(phase, 0.0) / steps * 1e3:>14.3f}" for c in columns)
-        )
-    print(f"{'step (measured)':<32}" + "  ".join(f"{results[c][1] / steps * 1e3:>14.3f}" for c in columns))
+        cells = [results[c][0].get(prefix + phase, 0.0) for c in columns for prefix in ("", CPU)]
+        print(f"{phase:<32}" + "  ".join(f"{v / steps * 1e3:>18.3f}" for v in cells))
+    cells = [v for c in columns for v in (results[c][1], results[c][0][CPU + "step"])]
+    print(f"{'step (measured)':<32}" + "  ".join(f"{v / steps * 1e3:>18.3f}" for v in cells))
     for column in columns:
         timings, total = results[column]
         forward = timings["forward (all)"]
