@@ -38,6 +38,7 @@ from pagedserve.core.scheduler import Scheduler  # noqa: E402
 from pagedserve.engine.detokenizer import IncrementalDetokenizer  # noqa: E402
 from pagedserve.engine.output_processor import OutputProcessor  # noqa: E402
 from pagedserve.kernels.cpu import fused_ops  # noqa: E402
+from pagedserve.sampling_params import RequestOutputKind  # noqa: E402
 from pagedserve.worker import model_runner as model_runner_module  # noqa: E402
 from pagedserve.worker.input_batch import InputBatch  # noqa: E402
 
@@ -112,16 +113,23 @@ class FixedModel(torch.nn.Module):
 
 
 def profile_decode(
-    llm: LLM, batch_size: int, steps: int, prompt_len: int, host_only: bool = False
+    llm: LLM,
+    batch_size: int,
+    steps: int,
+    prompt_len: int,
+    host_only: bool = False,
+    output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY,
 ) -> tuple[Timings, float]:
     """Bring `batch_size` requests past their prompt, then time `steps` pure decode steps (`host_only`:
-    with the model replaced by `FixedModel`)."""
+    with the model replaced by `FixedModel`). `output_kind`: final outputs only by default, what
+    `LLM.generate` asks for; CUMULATIVE builds every request's output at every step, as a server's
+    streams do."""
     engine = llm.llm_engine
     runner = engine.engine_core.executor.worker.model_runner
     model = runner.model
     if host_only:  # NOTE: from the prompts on: they need no forward either
         runner.model = FixedModel(model, batch_size, engine.config.scheduler.max_num_batched_tokens)
-    params = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True, output_kind=output_kind)
     for i in range(batch_size):
         engine.add_request(
             f"p{batch_size}-{time.perf_counter_ns()}-{i}",
@@ -167,19 +175,21 @@ def profile_decode(
 
 
 def print_table(results: dict[str, tuple[Timings, float]], steps: int) -> None:
-    """One column per run (batch size, and with --layers both: torch or fused layer kernels)."""
+    """Two columns per run (batch size, and with --layers both: torch or fused layer kernels): wall time
+    and this thread's CPU time."""
     columns = list(results)
     phases = sorted(
         {p for timings, _ in results.values() for p in timings if not p.startswith(CPU)},
         key=lambda p: -results[columns[0]][0].get(p, 0.0),
     )
-    print(f"\nms per decode step ({steps} steps)  " + "  ".join(f"{c:>14}" for c in columns))
+    # Each run's wall time beside its CPU time: on a loaded machine only the CPU time compares.
+    headers = [column + kind for column in columns for kind in ("", " cpu")]
+    print(f"\nms per decode step ({steps} steps)  " + "  ".join(f"{h:>18}" for h in headers))
     for phase in phases:
-        print(
-            f"{phase:<32}"
-            + "  ".join(f"{results[c][0].get(phase, 0.0) / steps * 1e3:>14.3f}" for c in columns)
-        )
-    print(f"{'step (measured)':<32}" + "  ".join(f"{results[c][1] / steps * 1e3:>14.3f}" for c in columns))
+        cells = [results[c][0].get(prefix + phase, 0.0) for c in columns for prefix in ("", CPU)]
+        print(f"{phase:<32}" + "  ".join(f"{v / steps * 1e3:>18.3f}" for v in cells))
+    cells = [v for c in columns for v in (results[c][1], results[c][0][CPU + "step"])]
+    print(f"{'step (measured)':<32}" + "  ".join(f"{v / steps * 1e3:>18.3f}" for v in cells))
     for column in columns:
         timings, total = results[column]
         forward = timings["forward (all)"]
@@ -280,7 +290,14 @@ def main() -> None:
         help="replace the model's forward and logits by fixed tensors once the prompts are in: the step's "
         "host work alone, in seconds rather than minutes on a machine that other jobs load",
     )
+    parser.add_argument(
+        "--cumulative-outputs",
+        action="store_true",
+        help="every request's cumulative output at every step (LLMEngine.step's default; a server's "
+        "streams build one per step too) instead of final outputs only, as LLM.generate asks",
+    )
     args = parser.parse_args()
+    output_kind = RequestOutputKind.CUMULATIVE if args.cumulative_outputs else RequestOutputKind.FINAL_ONLY
     llm = LLM(
         args.model,
         dtype=args.dtype,
@@ -293,7 +310,9 @@ def main() -> None:
     for b in args.batch_sizes:
         for kind in ("torch", "fused") if args.layers == "both" else (args.layers,):
             use_layer_kernels(kind)
-            results[f"batch {b} {kind}"] = profile_decode(llm, b, args.steps, args.prompt_len, args.host_only)
+            results[f"batch {b} {kind}"] = profile_decode(
+                llm, b, args.steps, args.prompt_len, args.host_only, output_kind
+            )
     print_table(results, args.steps)
     if args.serve:
         model_args = ([args.model] if args.model else []) + [
