@@ -199,7 +199,9 @@ VISION_BUILDERS = {"gemma3-vision": build_tiny_gemma3v, "qwen2.5-vl": build_tiny
 def save_vision_model(folder: str, family: str) -> None:
     """A tiny image model on the docs' byte-level BPE (its embedding table a few hundred rows). Gemma 3's
     tower is saved under `vision_tower.vision_model.`, as Google's checkpoints have it: the converter
-    maps only that name (transformers 5 saves `vision_tower.` and reads both)."""
+    maps only that name (transformers 5 saves `vision_tower.` and reads both). Its language model takes
+    what a Gemma 3 GGUF implies, which the tiny test config does not: scores scaled by the head size and
+    five window layers in six (at two layers, both)."""
     from safetensors.torch import load_file, save_file
 
     with tempfile.TemporaryDirectory() as vocabulary:
@@ -212,6 +214,13 @@ def save_vision_model(folder: str, family: str) -> None:
             for name, tensor in load_file(path).items()
         }
         save_file(tensors, path, metadata={"format": "pt"})
+        config_path = os.path.join(folder, "config.json")
+        with open(config_path) as f:
+            config = json.load(f)
+        text = config["text_config"]
+        text.update(query_pre_attn_scalar=text["head_dim"], layer_types=["sliding_attention"] * 2)
+        with open(config_path, "w") as f:
+            json.dump(config, f, indent=2)
 
 
 def llama_cpp_tree() -> str:

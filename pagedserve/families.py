@@ -50,6 +50,16 @@ class LatentAttention:
 
 
 @dataclass(frozen=True)
+class MmprojFacts:
+    """The images llama.cpp ships beside a family's text GGUF: an mmproj GGUF (`clip.projector_type`
+    `projector_type`) holding the vision tower and projector; the two make a `model_type` checkpoint
+    (utils/gguf_mmproj.py)."""
+
+    projector_type: str
+    model_type: str
+
+
+@dataclass(frozen=True)
 class GGUFFacts:
     """How llama.cpp's converter writes a family (general.architecture `architecture`) and what the
     loader undoes to get HF's tensors back."""
@@ -76,6 +86,11 @@ class GGUFFacts:
     # MLA's kv_b_proj stored as k_b (transposed) and v_b per head (DeepSeek), joined back at load
     # (model_loader/gguf_latent.py)
     split_latent_kv: bool = False
+    # --mmproj adds images (None: the flag is refused)
+    mmproj: MmprojFacts | None = None
+    # transformers reads the file's vocabulary as SentencePiece only (Gemma): a byte-level BPE one
+    # (`tokenizer.ggml.model` gpt2) is read here (utils/gguf_metadata_config.py)
+    sentencepiece_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -215,7 +230,12 @@ FAMILIES: tuple[FamilyFacts, ...] = (
         qk_norm=True,
         norm_placement="sandwich",
         gguf=GGUFFacts(
-            "gemma3", "Gemma 3 (text)", layer_names=_frozen(_GEMMA_GGUF_NAMES), norm_plus_one=True
+            "gemma3",
+            "Gemma 3 (images with --mmproj)",
+            layer_names=_frozen(_GEMMA_GGUF_NAMES),
+            norm_plus_one=True,
+            mmproj=MmprojFacts("gemma3", "gemma3"),
+            sentencepiece_only=True,
         ),
     ),
     FamilyFacts(
@@ -372,6 +392,13 @@ FAMILIES: tuple[FamilyFacts, ...] = (
         qkv_bias=True,
         takes_images=True,
         mrope=True,
+        # NOTE: the text GGUF alone is its language model: a Qwen2 whose M-RoPE, without images, is RoPE
+        gguf=GGUFFacts(
+            "qwen2vl",
+            "Qwen2.5-VL (images with --mmproj)",
+            config_from_metadata=True,
+            mmproj=MmprojFacts("qwen2.5vl_merger", "qwen2_5_vl"),
+        ),
     ),
     FamilyFacts(
         "gemma3_mm",
