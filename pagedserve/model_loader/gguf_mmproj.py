@@ -56,7 +56,7 @@ def iterate_mmproj(path: str) -> Iterator[tuple[str, torch.Tensor]]:
     tensors = {t.name: np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32) for t in reader.tensors}
     renamed = _gemma3(tensors) if projector == "gemma3" else _qwen2_5_vl(tensors)
     for name, weight in renamed:
-        yield name, torch.from_numpy(np.ascontiguousarray(weight))
+        yield name, torch.from_numpy(np.array(weight, dtype=np.float32))  # a copy: the file is read-only
 
 
 def _block(name: str) -> tuple[str, str, str] | None:
