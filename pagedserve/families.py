@@ -52,11 +52,12 @@ class LatentAttention:
 @dataclass(frozen=True)
 class MmprojFacts:
     """The images llama.cpp ships beside a family's text GGUF: an mmproj GGUF (`clip.projector_type`
-    `projector_type`) holding the vision tower and projector; the two make a `model_type` checkpoint
-    (utils/gguf_mmproj.py)."""
+    `projector_type`) holding the vision tower and projector, of kind `tower` (how its config and tensors
+    are read: utils/gguf_mmproj.py, model_loader/gguf_mmproj.py); the two make a `model_type` checkpoint."""
 
     projector_type: str
     model_type: str
+    tower: Literal["siglip", "qwen_vit"]
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,7 @@ FAMILIES: tuple[FamilyFacts, ...] = (
             "Gemma 3 (images with --mmproj)",
             layer_names=_frozen(_GEMMA_GGUF_NAMES),
             norm_plus_one=True,
-            mmproj=MmprojFacts("gemma3", "gemma3"),
+            mmproj=MmprojFacts("gemma3", "gemma3", "siglip"),
             sentencepiece_only=True,
         ),
     ),
@@ -397,7 +398,7 @@ FAMILIES: tuple[FamilyFacts, ...] = (
             "qwen2vl",
             "Qwen2.5-VL (images with --mmproj)",
             config_from_metadata=True,
-            mmproj=MmprojFacts("qwen2.5vl_merger", "qwen2_5_vl"),
+            mmproj=MmprojFacts("qwen2.5vl_merger", "qwen2_5_vl", "qwen_vit"),
         ),
     ),
     FamilyFacts(
@@ -441,6 +442,14 @@ IMAGE_ARCHITECTURES: Mapping[str, str] = MappingProxyType(
 # model_type of a config built on a family (its own config class remote code) -> the family's model_type.
 CONFIG_ALIASES: Mapping[str, str] = MappingProxyType(
     {alias: family.model_type for family in FAMILIES for alias in family.config_aliases}
+)
+# clip.projector_type -> the kind of vision tower its mmproj GGUF holds (--mmproj).
+MMPROJ_TOWERS: Mapping[str, str] = MappingProxyType(
+    {
+        family.gguf.mmproj.projector_type: family.gguf.mmproj.tower
+        for family in FAMILIES
+        if family.gguf is not None and family.gguf.mmproj is not None
+    }
 )
 _BY_ARCHITECTURE = {family.architecture: family for family in FAMILIES}
 _BY_GGUF = {family.gguf.architecture: family for family in FAMILIES if family.gguf is not None}

@@ -196,7 +196,9 @@ def build_tiny_gemma3v(path: str, tokenizer_folder: str | None = None) -> str:
         "image_token": "<image_soft_token>",
         "eoi_token": "<end_of_image>",
     }
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder or _tokenizer_folder(), extra_special_tokens=special)
+    tokenizer = AutoTokenizer.from_pretrained(
+        tokenizer_folder or _tokenizer_folder(), extra_special_tokens=special
+    )
     boi, soft, eoi = tokenizer.convert_tokens_to_ids(list(special.values()))
     sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
     vision = SiglipVisionConfig(image_size=32, patch_size=4, vision_use_head=False, **sizes)

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from pagedserve.errors import ConfigError
+from pagedserve.families import MMPROJ_TOWERS
 
 # llama.cpp's block names -> ours, per projector type (clip.projector_type).
 _SIGLIP_BLOCK = {
@@ -53,8 +54,10 @@ def iterate_mmproj(path: str) -> Iterator[tuple[str, torch.Tensor]]:
 
     reader = read_gguf(path)
     projector = str(reader.metadata["clip.projector_type"])
-    tensors = {t.name: np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32) for t in reader.tensors}
-    renamed = _gemma3(tensors) if projector == "gemma3" else _qwen2_5_vl(tensors)
+    tensors = {
+        t.name: np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32) for t in reader.tensors
+    }
+    renamed = _siglip(tensors) if MMPROJ_TOWERS[projector] == "siglip" else _qwen_vit(tensors)
     for name, weight in renamed:
         yield name, torch.from_numpy(np.array(weight, dtype=np.float32))  # a copy: the file is read-only
 
@@ -69,7 +72,7 @@ def _unknown(name: str) -> ConfigError:
     return ConfigError(f"The --mmproj GGUF holds tensor {name!r}, which this model does not have.")
 
 
-def _gemma3(tensors: dict[str, np.ndarray]) -> Iterator[tuple[str, np.ndarray]]:
+def _siglip(tensors: dict[str, np.ndarray]) -> Iterator[tuple[str, np.ndarray]]:
     for name, weight in tensors.items():
         base, _, suffix = name.rpartition(".")
         block = _block(name)
@@ -85,7 +88,7 @@ def _gemma3(tensors: dict[str, np.ndarray]) -> Iterator[tuple[str, np.ndarray]]:
             raise _unknown(name)
 
 
-def _qwen2_5_vl(tensors: dict[str, np.ndarray]) -> Iterator[tuple[str, np.ndarray]]:
+def _qwen_vit(tensors: dict[str, np.ndarray]) -> Iterator[tuple[str, np.ndarray]]:
     for name, weight in tensors.items():
         base, _, suffix = name.rpartition(".")
         block = _block(name)

@@ -55,15 +55,17 @@ def _mrope_text_config(file: GGUFFile, arch: str) -> "PretrainedConfig":
     """Qwen2.5-VL's language model (`file` read with its arrays): a Qwen2 whose rotary halves are split
     in `rope.dimension_sections` (temporal, height, width; llama.cpp pads them to four). Alone it is a
     Qwen2 (one position for all three); --mmproj makes it the language model of the image model."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig, Qwen2Config
 
     metadata = file.metadata
     sections = [int(s) for s in metadata.get(f"{arch}.rope.dimension_sections", [])]  # type: ignore[attr-defined]
     if len(sections) < 3:
-        raise ConfigError(f"The GGUF metadata lacks {arch}.rope.dimension_sections (M-RoPE's three sections).")
+        raise ConfigError(
+            f"The GGUF metadata lacks {arch}.rope.dimension_sections (M-RoPE's three sections)."
+        )
     names = {tensor.name: tensor for tensor in file.tensors}
     return AutoConfig.for_model(
-        "qwen2",
+        Qwen2Config.model_type,
         vocab_size=names["token_embd.weight"].shape[-1],  # GGUF order: innermost first
         hidden_size=metadata_int(metadata, f"{arch}.embedding_length"),
         intermediate_size=metadata_int(metadata, f"{arch}.feed_forward_length"),
@@ -75,7 +77,7 @@ def _mrope_text_config(file: GGUFFile, arch: str) -> "PretrainedConfig":
             "rope_theta": _float(metadata, f"{arch}.rope.freq_base", 10000.0),
             "mrope_section": [s for s in sections[:3]],
         },
-        architectures=[next(f.architecture for f in FAMILIES if f.model_type == "qwen2")],
+        architectures=[next(f.architecture for f in FAMILIES if f.model_type == Qwen2Config.model_type)],
         **_shared_fields(file, arch),
     )
 

@@ -26,6 +26,8 @@ _FLAG = "--mmproj"
 _GEMMA3_SCALE_FACTOR = 4
 _QWEN_WINDOW_PIXELS = 112
 _QWEN_MERGE = 2
+# Bumped when the conversion changes, so folders converted by an older version are not reused.
+_CONVERSION_VERSION = 1
 
 
 def mmproj_facts(gguf_file: str, mmproj_file: str) -> MmprojFacts:
@@ -63,7 +65,9 @@ def mmproj_hf_folder(gguf_file: str, mmproj_file: str) -> str:
     """A HF folder of the image model that `gguf_file` and `mmproj_file` make, created on first use."""
     facts = mmproj_facts(gguf_file, mmproj_file)
     text_folder = gguf_hf_folder(gguf_file)
-    key = hashlib.sha256(f"{text_folder}:{read_gguf(mmproj_file).header_digest}".encode()).hexdigest()
+    key = hashlib.sha256(
+        f"{text_folder}:{read_gguf(mmproj_file).header_digest}:{_CONVERSION_VERSION}".encode()
+    ).hexdigest()
     folder = gguf_cache_folder(f"mmproj-{key[:16]}")
     if os.path.isfile(os.path.join(folder, "done")):
         return folder
@@ -74,7 +78,7 @@ def mmproj_hf_folder(gguf_file: str, mmproj_file: str) -> str:
     os.remove(os.path.join(tmp, "done"))
     text = AutoConfig.from_pretrained(text_folder)
     vision = read_gguf(mmproj_file, arrays=True).metadata
-    build = _build_gemma3 if facts.model_type == "gemma3" else _build_qwen2_5_vl
+    build = _build_gemma3 if facts.tower == "siglip" else _build_qwen2_5_vl
     build(text, vision, text_folder, tmp)
     open(os.path.join(tmp, "done"), "w").close()
     try:
@@ -88,7 +92,9 @@ def _token_ids(tokenizer: "PreTrainedTokenizerBase", names: list[str]) -> list[i
     ids = [tokenizer.convert_tokens_to_ids(name) for name in names]
     missing = [name for name, i in zip(names, ids) if i is None or i == tokenizer.unk_token_id]
     if missing:
-        raise ConfigError(f"The text GGUF's vocabulary lacks the image tokens {missing} ({_FLAG} needs them).")
+        raise ConfigError(
+            f"The text GGUF's vocabulary lacks the image tokens {missing} ({_FLAG} needs them)."
+        )
     return [int(i) for i in ids]  # type: ignore[arg-type]
 
 
@@ -114,7 +120,9 @@ def _tower_sizes(vision: Mapping[str, object]) -> dict[str, int]:
     )
 
 
-def _build_gemma3(text: "PretrainedConfig", vision: Mapping[str, object], text_folder: str, folder: str) -> None:
+def _build_gemma3(
+    text: "PretrainedConfig", vision: Mapping[str, object], text_folder: str, folder: str
+) -> None:
     """Gemma 3: SigLIP's config, the pooled grid's tokens per image, Gemma3Processor at the file's size
     (its tokenizer told Gemma's three image tokens, as Gemma's own tokenizer config does)."""
     from transformers import (
@@ -125,7 +133,11 @@ def _build_gemma3(text: "PretrainedConfig", vision: Mapping[str, object], text_f
         SiglipVisionConfig,
     )
 
-    special = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"}
+    special = {
+        "boi_token": "<start_of_image>",
+        "image_token": "<image_soft_token>",
+        "eoi_token": "<end_of_image>",
+    }
     tokenizer = AutoTokenizer.from_pretrained(text_folder, extra_special_tokens=special)
 
     sizes = _tower_sizes(vision)
@@ -135,11 +147,13 @@ def _build_gemma3(text: "PretrainedConfig", vision: Mapping[str, object], text_f
     boi, soft, eoi = _token_ids(tokenizer, list(special.values()))
     tower = SiglipVisionConfig(
         image_size=image_size,
+        hidden_size=sizes["hidden_size"],
+        intermediate_size=sizes["intermediate_size"],
+        patch_size=sizes["patch_size"],
         num_hidden_layers=metadata_int(vision, "clip.vision.block_count"),
         num_attention_heads=metadata_int(vision, "clip.vision.attention.head_count"),
         layer_norm_eps=_float(vision, "clip.vision.attention.layer_norm_epsilon"),
         vision_use_head=False,
-        **sizes,
     )
     # NOTE: llama.cpp scales Gemma 3's scores by the head size (27B aside); transformers' GGUF reading
     # leaves the config class's 256
@@ -158,7 +172,7 @@ def _build_gemma3(text: "PretrainedConfig", vision: Mapping[str, object], text_f
         image_mean=_floats(vision, "clip.vision.image_mean"),
         image_std=_floats(vision, "clip.vision.image_std"),
     )
-    Gemma3Processor(  # type: ignore[no-untyped-call]
+    Gemma3Processor(
         image_processor=image_processor, tokenizer=tokenizer, image_seq_length=tokens
     ).save_pretrained(folder)
 

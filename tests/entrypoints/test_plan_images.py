@@ -55,7 +55,10 @@ def test_mmproj_bytes_in_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
     from pagedserve.utils.gguf_tensors import read_gguf
 
     data = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "llama_cpp")
-    model, mmproj = os.path.join(data, "tiny-gemma3-vision.gguf"), os.path.join(data, "tiny-gemma3-vision.mmproj.gguf")
+    model, mmproj = (
+        os.path.join(data, "tiny-gemma3-vision.gguf"),
+        os.path.join(data, "tiny-gemma3-vision.mmproj.gguf"),
+    )
     flags = (*WORKLOAD, "--kv-cache-memory", "1MiB", "--dtype", "float32", "--max-model-len", "256")
     _, text = plan(capsys, model, *flags)
     _, images = plan(capsys, model, *flags, "--mmproj", mmproj)

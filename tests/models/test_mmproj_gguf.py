@@ -63,9 +63,7 @@ FAMILIES = {
 }
 
 
-@pytest.mark.parametrize(
-    "family", ["gemma3-vision", pytest.param("qwen2.5-vl", marks=pytest.mark.sampled)]
-)
+@pytest.mark.parametrize("family", ["gemma3-vision", pytest.param("qwen2.5-vl", marks=pytest.mark.sampled)])
 def test_gguf_with_mmproj_matches_hf(family: str) -> None:
     reference, cases = FAMILIES[family]
     llm = LLM(
