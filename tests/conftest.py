@@ -191,15 +191,12 @@ def build_tiny_gemma3v(path: str, tokenizer_folder: str | None = None) -> str:
         SiglipVisionConfig,
     )
 
-    special = {
-        "boi_token": "<start_of_image>",
-        "image_token": "<image_soft_token>",
-        "eoi_token": "<end_of_image>",
-    }
+    from pagedserve.utils.gguf_mmproj import GEMMA3_IMAGE_TOKENS
+
     tokenizer = AutoTokenizer.from_pretrained(
-        tokenizer_folder or _tokenizer_folder(), extra_special_tokens=special
+        tokenizer_folder or _tokenizer_folder(), extra_special_tokens=GEMMA3_IMAGE_TOKENS
     )
-    boi, soft, eoi = tokenizer.convert_tokens_to_ids(list(special.values()))
+    boi, soft, eoi = tokenizer.convert_tokens_to_ids(list(GEMMA3_IMAGE_TOKENS.values()))
     sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
     vision = SiglipVisionConfig(image_size=32, patch_size=4, vision_use_head=False, **sizes)
     text = tiny_hf_config(

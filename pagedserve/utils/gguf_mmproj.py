@@ -26,6 +26,12 @@ _FLAG = "--mmproj"
 _GEMMA3_SCALE_FACTOR = 4
 _QWEN_WINDOW_PIXELS = 112
 _QWEN_MERGE = 2
+# Gemma 3's image tokens, as its tokenizer config names them (Gemma3Processor reads these attributes).
+GEMMA3_IMAGE_TOKENS = {
+    "boi_token": "<start_of_image>",
+    "image_token": "<image_soft_token>",
+    "eoi_token": "<end_of_image>",
+}
 # Bumped when the conversion changes, so folders converted by an older version are not reused.
 _CONVERSION_VERSION = 1
 
@@ -133,18 +139,13 @@ def _build_gemma3(
         SiglipVisionConfig,
     )
 
-    special = {
-        "boi_token": "<start_of_image>",
-        "image_token": "<image_soft_token>",
-        "eoi_token": "<end_of_image>",
-    }
-    tokenizer = AutoTokenizer.from_pretrained(text_folder, extra_special_tokens=special)
+    tokenizer = AutoTokenizer.from_pretrained(text_folder, extra_special_tokens=GEMMA3_IMAGE_TOKENS)
 
     sizes = _tower_sizes(vision)
     image_size = metadata_int(vision, "clip.vision.image_size")
     scale = metadata_int(vision, "clip.vision.projector.scale_factor", _GEMMA3_SCALE_FACTOR)
     tokens = (image_size // sizes["patch_size"] // scale) ** 2
-    boi, soft, eoi = _token_ids(tokenizer, list(special.values()))
+    boi, soft, eoi = _token_ids(tokenizer, list(GEMMA3_IMAGE_TOKENS.values()))
     tower = SiglipVisionConfig(
         image_size=image_size,
         hidden_size=sizes["hidden_size"],
