@@ -47,7 +47,7 @@ def mmproj_facts(gguf_file: str, mmproj_file: str) -> MmprojFacts:
             f"{arch!r}, which takes no images: drop {_FLAG}."
         )
     if not os.path.isfile(mmproj_file):
-        raise ConfigError(f"{_FLAG} file {mmproj_file} does not exist.")
+        raise ConfigError(f"{_FLAG} {mmproj_file!r} does not exist or is not a file.")
     try:
         metadata = read_gguf(mmproj_file).metadata
     except (ConfigError, ValueError, struct.error) as exc:
@@ -118,11 +118,20 @@ def _floats(vision: Mapping[str, object], key: str) -> list[float]:
     return [float(v) for v in value]
 
 
+def _positive(vision: Mapping[str, object], key: str, default: int | None = None) -> int:
+    value = metadata_int(vision, key, default)
+    if value < 1:
+        raise ConfigError(
+            f"The {_FLAG} GGUF's metadata key {key!r} holds {value}; a size must be at least 1."
+        )
+    return value
+
+
 def _tower_sizes(vision: Mapping[str, object]) -> dict[str, int]:
     return dict(
-        hidden_size=metadata_int(vision, "clip.vision.embedding_length"),
-        intermediate_size=metadata_int(vision, "clip.vision.feed_forward_length"),
-        patch_size=metadata_int(vision, "clip.vision.patch_size"),
+        hidden_size=_positive(vision, "clip.vision.embedding_length"),
+        intermediate_size=_positive(vision, "clip.vision.feed_forward_length"),
+        patch_size=_positive(vision, "clip.vision.patch_size"),
     )
 
 
@@ -142,8 +151,8 @@ def _build_gemma3(
     tokenizer = AutoTokenizer.from_pretrained(text_folder, extra_special_tokens=GEMMA3_IMAGE_TOKENS)
 
     sizes = _tower_sizes(vision)
-    image_size = metadata_int(vision, "clip.vision.image_size")
-    scale = metadata_int(vision, "clip.vision.projector.scale_factor", _GEMMA3_SCALE_FACTOR)
+    image_size = _positive(vision, "clip.vision.image_size")
+    scale = _positive(vision, "clip.vision.projector.scale_factor", _GEMMA3_SCALE_FACTOR)
     tokens = (image_size // sizes["patch_size"] // scale) ** 2
     boi, soft, eoi = _token_ids(tokenizer, list(GEMMA3_IMAGE_TOKENS.values()))
     tower = SiglipVisionConfig(
@@ -151,8 +160,8 @@ def _build_gemma3(
         hidden_size=sizes["hidden_size"],
         intermediate_size=sizes["intermediate_size"],
         patch_size=sizes["patch_size"],
-        num_hidden_layers=metadata_int(vision, "clip.vision.block_count"),
-        num_attention_heads=metadata_int(vision, "clip.vision.attention.head_count"),
+        num_hidden_layers=_positive(vision, "clip.vision.block_count"),
+        num_attention_heads=_positive(vision, "clip.vision.attention.head_count"),
         layer_norm_eps=_float(vision, "clip.vision.attention.layer_norm_epsilon"),
         vision_use_head=False,
     )
@@ -188,14 +197,14 @@ def _build_qwen2_5_vl(
 
     tokenizer = AutoTokenizer.from_pretrained(text_folder)
     sizes = _tower_sizes(vision)
-    depth = metadata_int(vision, "clip.vision.block_count")
-    pattern = metadata_int(vision, "clip.vision.n_wa_pattern", depth)
+    depth = _positive(vision, "clip.vision.block_count")
+    pattern = _positive(vision, "clip.vision.n_wa_pattern", depth)
     names = ["<|image_pad|>", "<|vision_start|>", "<|vision_end|>", "<|video_pad|>"]
     image, start, end, video = _token_ids(tokenizer, names)
     tower = dict(
         depth=depth,
-        num_heads=metadata_int(vision, "clip.vision.attention.head_count"),
-        out_hidden_size=metadata_int(vision, "clip.vision.projection_dim"),
+        num_heads=_positive(vision, "clip.vision.attention.head_count"),
+        out_hidden_size=_positive(vision, "clip.vision.projection_dim"),
         spatial_merge_size=_QWEN_MERGE,
         window_size=_QWEN_WINDOW_PIXELS,
         fullatt_block_indexes=list(range(pattern - 1, depth, pattern)),

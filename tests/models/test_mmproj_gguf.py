@@ -108,6 +108,7 @@ def assert_vision_weights_equal_hf(llm: LLM, folder: str) -> None:
     [
         ("tiny-llama.Q8_0.gguf", "tiny-gemma3-vision.mmproj.gguf", "'llama', which takes no images"),
         ("tiny-gemma3-vision.gguf", "absent.mmproj.gguf", "does not exist"),
+        ("tiny-gemma3-vision.gguf", "tiny-gemma3-vision", "is not a file"),
         ("tiny-gemma3-vision.gguf", "tiny-gemma3-vision/config.json", "is not a GGUF file"),
         ("tiny-gemma3-vision.gguf", "tiny-gemma3-vision.gguf", "is not an mmproj GGUF"),
         ("tiny-gemma3-vision.gguf", "tiny-qwen2.5-vl.mmproj.gguf", "projector type 'qwen2.5vl_merger'"),
