@@ -63,7 +63,8 @@ FAMILIES = {
 }
 
 
-@pytest.mark.parametrize("family", ["gemma3-vision", pytest.param("qwen2.5-vl", marks=pytest.mark.sampled)])
+@pytest.mark.sampled  # a seeded one of the two families each run (--sample-all: both)
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_gguf_with_mmproj_matches_hf(family: str) -> None:
     reference, cases = FAMILIES[family]
     llm = LLM(
