@@ -24,6 +24,7 @@ _FLAG = "--mmproj"
 # llama.cpp's defaults of what its converter leaves out: Gemma 3's pooling of the patch grid, and
 # Qwen2.5-VL's window (pixels) and merge (clip.cpp hard-codes both).
 _GEMMA3_SCALE_FACTOR = 4
+_GEMMA3_27B_LAYERS = 62
 _QWEN_WINDOW_PIXELS = 112
 _QWEN_MERGE = 2
 # Gemma 3's image tokens, as its tokenizer config names them (Gemma3Processor reads these attributes).
@@ -33,7 +34,7 @@ GEMMA3_IMAGE_TOKENS = {
     "eoi_token": "<end_of_image>",
 }
 # Bumped when the conversion changes, so folders converted by an older version are not reused.
-_CONVERSION_VERSION = 1
+_CONVERSION_VERSION = 2
 
 
 def mmproj_facts(gguf_file: str, mmproj_file: str) -> MmprojFacts:
@@ -165,9 +166,13 @@ def _build_gemma3(
         layer_norm_eps=_float(vision, "clip.vision.attention.layer_norm_epsilon"),
         vision_use_head=False,
     )
-    # NOTE: llama.cpp scales Gemma 3's scores by the head size (27B aside); transformers' GGUF reading
-    # leaves the config class's 256
-    text.query_pre_attn_scalar = text.head_dim
+    # NOTE: transformers' GGUF reading leaves the config class's 256; llama.cpp's rule: the head size,
+    # but hidden / heads for the 27B (known by its 62 layers), as Google's configs have it
+    text.query_pre_attn_scalar = (
+        text.hidden_size // text.num_attention_heads
+        if text.num_hidden_layers == _GEMMA3_27B_LAYERS
+        else text.head_dim
+    )
     Gemma3Config(
         text_config=text.to_dict(),
         vision_config=tower.to_dict(),
