@@ -12,8 +12,11 @@ builds). Tiny random-weight models, two layers each:
   NOTE: the converter recognizes a BPE vocabulary by hashing how it splits a test text, which no tiny
   vocabulary matches: it is told the vocabulary is GPT-2's (`tokenizer.ggml.pre`, read by llama.cpp's own
   tokenizer only).
-Each file is 0.3 to 1.3 MB; the HF folders of the last three are kept beside their files (safetensors,
-config, tokenizer) as the references the tests compare the GGUFs' greedy tokens with.
+- a Gemma 3 and a Qwen2.5-VL with images (tests/conftest.py's tiny builders on the same BPE vocabulary):
+  each a text GGUF and an mmproj GGUF (`--mmproj`: the vision tower and projector, F32 but the
+  Gemma 3 projection matrix, which the converter always writes as F16).
+Each file is 0.1 to 1.3 MB; the HF folders of the last five are kept beside their files (safetensors,
+config, tokenizer, image processor) as the references the tests compare the GGUFs' greedy tokens with.
 
 Needs benchmarks/build_llama_server.sh's build (run it first: 5-10 minutes; its llama-quantize suffices)
 and sentencepiece, which the converter imports (pip-installed into the peer cache here, never into the environment):
@@ -34,7 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)  # run as a script: pagedserve from this checkout
 sys.path.insert(0, os.path.join(REPO, "tests"))
-from conftest import TINY_MODELS  # noqa: E402
+from conftest import TINY_MODELS, build_tiny_gemma3v, build_tiny_qwen2_5_vl  # noqa: E402
 
 OUT = os.path.join(REPO, "tests", "data", "llama_cpp")
 PEERS = os.environ.get(
@@ -189,6 +192,37 @@ def save_model(folder: str, family: str) -> None:
         mxfp4_checkpoint(folder)
 
 
+# The image families: their builders in tests/conftest.py.
+VISION_BUILDERS = {"gemma3-vision": build_tiny_gemma3v, "qwen2.5-vl": build_tiny_qwen2_5_vl}
+
+
+def save_vision_model(folder: str, family: str) -> None:
+    """A tiny image model on the docs' byte-level BPE (its embedding table a few hundred rows). Gemma 3's
+    tower is saved under `vision_tower.vision_model.`, as Google's checkpoints have it: the converter
+    maps only that name (transformers 5 saves `vision_tower.` and reads both). Its language model takes
+    what a Gemma 3 GGUF implies, which the tiny test config does not: scores scaled by the head size and
+    five window layers in six (at two layers, both)."""
+    from safetensors.torch import load_file, save_file
+
+    with tempfile.TemporaryDirectory() as vocabulary:
+        train_byte_bpe(vocabulary)
+        VISION_BUILDERS[family](folder, vocabulary)
+    if family == "gemma3-vision":
+        path = os.path.join(folder, "model.safetensors")
+        tensors = {
+            name.replace("vision_tower.", "vision_tower.vision_model.", 1): tensor
+            for name, tensor in load_file(path).items()
+        }
+        save_file(tensors, path, metadata={"format": "pt"})
+        config_path = os.path.join(folder, "config.json")
+        with open(config_path) as f:
+            config = json.load(f)
+        text = config["text_config"]
+        text.update(query_pre_attn_scalar=text["head_dim"], layer_types=["sliding_attention"] * 2)
+        with open(config_path, "w") as f:
+            json.dump(config, f, indent=2)
+
+
 def llama_cpp_tree() -> str:
     """The llama.cpp source tree of benchmarks/build_llama_server.sh, with its llama-quantize built."""
     tree = os.path.join(PEERS, "llama.cpp")
@@ -221,7 +255,8 @@ _CONVERT_AS_GPT2 = (
 )
 
 
-def convert(tree: str, folder: str, out: str) -> None:
+def convert(tree: str, folder: str, out: str, mmproj: bool = False) -> None:
+    """`folder` -> `out` in F32 (with `mmproj`: its vision tower and projector alone)."""
     converter = os.path.join(tree, "convert_hf_to_gguf.py")
     command = [
         sys.executable,
@@ -233,6 +268,7 @@ def convert(tree: str, folder: str, out: str) -> None:
         "f32",
         "--outfile",
         out,
+        *(["--mmproj"] if mmproj else []),
     ]
     subprocess.run(command, check=True, env=converter_env(tree), stdout=subprocess.DEVNULL)
 
@@ -256,6 +292,12 @@ def main() -> int:
         shutil.rmtree(folder, ignore_errors=True)
         save_model(folder, family)
         convert(tree, folder, os.path.join(OUT, f"tiny-{family}.gguf"))
+    for family in VISION_BUILDERS:
+        folder = os.path.join(OUT, f"tiny-{family}")
+        shutil.rmtree(folder, ignore_errors=True)
+        save_vision_model(folder, family)
+        convert(tree, folder, os.path.join(OUT, f"tiny-{family}.gguf"))
+        convert(tree, folder, os.path.join(OUT, f"tiny-{family}.mmproj.gguf"), mmproj=True)
     return 0
 
 

@@ -50,6 +50,17 @@ class LatentAttention:
 
 
 @dataclass(frozen=True)
+class MmprojFacts:
+    """The images llama.cpp ships beside a family's text GGUF: an mmproj GGUF (`clip.projector_type`
+    `projector_type`) holding the vision tower and projector, of kind `tower` (how its config and tensors
+    are read: utils/gguf_mmproj.py, model_loader/gguf_mmproj.py); the two make a `model_type` checkpoint."""
+
+    projector_type: str
+    model_type: str
+    tower: Literal["siglip", "qwen_vit"]
+
+
+@dataclass(frozen=True)
 class GGUFFacts:
     """How llama.cpp's converter writes a family (general.architecture `architecture`) and what the
     loader undoes to get HF's tensors back."""
@@ -76,6 +87,11 @@ class GGUFFacts:
     # MLA's kv_b_proj stored as k_b (transposed) and v_b per head (DeepSeek), joined back at load
     # (model_loader/gguf_latent.py)
     split_latent_kv: bool = False
+    # --mmproj adds images (None: the flag is refused)
+    mmproj: MmprojFacts | None = None
+    # transformers reads the file's vocabulary as SentencePiece only (Gemma): a byte-level BPE one
+    # (`tokenizer.ggml.model` gpt2) is read here (utils/gguf_metadata_config.py)
+    sentencepiece_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -215,7 +231,12 @@ FAMILIES: tuple[FamilyFacts, ...] = (
         qk_norm=True,
         norm_placement="sandwich",
         gguf=GGUFFacts(
-            "gemma3", "Gemma 3 (text)", layer_names=_frozen(_GEMMA_GGUF_NAMES), norm_plus_one=True
+            "gemma3",
+            "Gemma 3 (images with --mmproj)",
+            layer_names=_frozen(_GEMMA_GGUF_NAMES),
+            norm_plus_one=True,
+            mmproj=MmprojFacts("gemma3", "gemma3", "siglip"),
+            sentencepiece_only=True,
         ),
     ),
     FamilyFacts(
@@ -372,6 +393,13 @@ FAMILIES: tuple[FamilyFacts, ...] = (
         qkv_bias=True,
         takes_images=True,
         mrope=True,
+        # NOTE: the text GGUF alone is its language model: a Qwen2 whose M-RoPE, without images, is RoPE
+        gguf=GGUFFacts(
+            "qwen2vl",
+            "Qwen2.5-VL (images with --mmproj)",
+            config_from_metadata=True,
+            mmproj=MmprojFacts("qwen2.5vl_merger", "qwen2_5_vl", "qwen_vit"),
+        ),
     ),
     FamilyFacts(
         "gemma3_mm",
@@ -414,6 +442,14 @@ IMAGE_ARCHITECTURES: Mapping[str, str] = MappingProxyType(
 # model_type of a config built on a family (its own config class remote code) -> the family's model_type.
 CONFIG_ALIASES: Mapping[str, str] = MappingProxyType(
     {alias: family.model_type for family in FAMILIES for alias in family.config_aliases}
+)
+# clip.projector_type -> the kind of vision tower its mmproj GGUF holds (--mmproj).
+MMPROJ_TOWERS: Mapping[str, str] = MappingProxyType(
+    {
+        family.gguf.mmproj.projector_type: family.gguf.mmproj.tower
+        for family in FAMILIES
+        if family.gguf is not None and family.gguf.mmproj is not None
+    }
 )
 _BY_ARCHITECTURE = {family.architecture: family for family in FAMILIES}
 _BY_GGUF = {family.gguf.architecture: family for family in FAMILIES if family.gguf is not None}

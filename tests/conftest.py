@@ -140,12 +140,12 @@ def build_tiny_llava(path: str, any_res: bool = False) -> str:
     return path
 
 
-def build_tiny_qwen2_5_vl(path: str) -> str:
+def build_tiny_qwen2_5_vl(path: str, tokenizer_folder: str | None = None) -> str:
     """Qwen2.5-VL in miniature: a 4-layer vision tower (14-pixel patches, two frames a patch, 2 x 2 merge,
     windows of 112 pixels, full attention at blocks 1 and 3) and a 2-layer Qwen2 with M-RoPE sections
     [2, 3, 3]; Qwen2-VL's real image processor (its resize to multiples of 28, CLIP's mean and std) held to
     4..24 tokens an image, and SmolLM2's tokenizer with Qwen's vision tokens added (<|image_pad|> 49152,
-    LLaVA's <image> id)."""
+    LLaVA's <image> id), or the one in `tokenizer_folder`."""
     from transformers import (
         AutoTokenizer,
         Qwen2_5_VLConfig,
@@ -153,7 +153,7 @@ def build_tiny_qwen2_5_vl(path: str) -> str:
         Qwen2VLImageProcessor,
     )
 
-    tokenizer = AutoTokenizer.from_pretrained(_tokenizer_folder())
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder or _tokenizer_folder())
     names = ["<|image_pad|>", "<|vision_start|>", "<|vision_end|>", "<|video_pad|>"]
     tokenizer.add_tokens(names, special_tokens=True)
     fields = ["image_token_id", "vision_start_token_id", "vision_end_token_id", "video_token_id"]
@@ -177,7 +177,7 @@ def build_tiny_qwen2_5_vl(path: str) -> str:
     return path
 
 
-def build_tiny_gemma3v(path: str) -> str:
+def build_tiny_gemma3v(path: str, tokenizer_folder: str | None = None) -> str:
     """Gemma 3 with images in miniature: a 2-layer SigLIP tower over 32 x 32 images in 4-pixel patches (64
     patches, pooled 2 x 2 into 16 image tokens), Gemma 3's projector and a 2-layer Gemma 3 (one window
     layer of 24 tokens, one global); Gemma 3's image processor at 32 px and its processor (boi, 16 soft
@@ -191,13 +191,12 @@ def build_tiny_gemma3v(path: str) -> str:
         SiglipVisionConfig,
     )
 
-    special = {
-        "boi_token": "<start_of_image>",
-        "image_token": "<image_soft_token>",
-        "eoi_token": "<end_of_image>",
-    }
-    tokenizer = AutoTokenizer.from_pretrained(_tokenizer_folder(), extra_special_tokens=special)
-    boi, soft, eoi = tokenizer.convert_tokens_to_ids(list(special.values()))
+    from pagedserve.utils.gguf_mmproj import GEMMA3_IMAGE_TOKENS
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        tokenizer_folder or _tokenizer_folder(), extra_special_tokens=GEMMA3_IMAGE_TOKENS
+    )
+    boi, soft, eoi = tokenizer.convert_tokens_to_ids(list(GEMMA3_IMAGE_TOKENS.values()))
     sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
     vision = SiglipVisionConfig(image_size=32, patch_size=4, vision_use_head=False, **sizes)
     text = tiny_hf_config(

@@ -259,6 +259,11 @@ class EngineArgs(ParallelArgs):
         "Folder or hub id (at --revision) whose config.json describes the model, instead of the model's "
         "own; e.g. the original model's for a GGUF --model.",
     )
+    mmproj: str | None = config_field(
+        None,
+        "llama.cpp's mmproj GGUF (vision tower and projector) for a Gemma 3 or Qwen2.5-VL GGUF --model: "
+        "the model takes images.",
+    )
     runner: RunnerName = config_field(
         "auto",
         "generate: sample tokens. pooling: embeddings and scores (/v1/embeddings, /pooling, /classify, "
@@ -441,6 +446,7 @@ class EngineArgs(ParallelArgs):
             runner=self.runner,
             convert=self.convert,
             pooler_config=self.pooler_config,
+            mmproj=self.mmproj,
         )
         return dataclasses.replace(
             model,

@@ -33,6 +33,7 @@ from pagedserve.families import (
 from pagedserve.logger import init_logger
 from pagedserve.utils.default_model import DEFAULT_MODEL_NAME, default_model_path
 from pagedserve.utils.gguf_cache import gguf_hf_folder
+from pagedserve.utils.gguf_mmproj import mmproj_hf_folder
 from pagedserve.utils.hf_config import deepseek_unsupported, gpt_oss_config_problem
 from pagedserve.utils.hf_tokenizer import tokenizer_source
 
@@ -82,6 +83,15 @@ class ModelConfig:
     linear_backend: str = "native"
     # An image-taking checkpoint (config/multimodal.py): its whole config and the image bounds; None: text.
     multimodal: MultiModalConfig | None = None
+    # --mmproj: llama.cpp's vision tower and projector GGUF beside a text GGUF (utils/gguf_mmproj.py)
+    mmproj_file: str | None = None
+
+    @property
+    def processor_folder(self) -> str:
+        """The folder whose processor files the image processor reads."""
+        if self.gguf_file is not None and self.mmproj_file is not None:
+            return mmproj_hf_folder(self.gguf_file, self.mmproj_file)
+        return self.model
 
     def __post_init__(self) -> None:
         supported = set(MODEL_ARCHITECTURES.values()) | set(POOLING_ONLY_ARCHITECTURES)
@@ -177,6 +187,7 @@ def load_model_config(
     runner: str = "auto",
     convert: str = "auto",
     pooler_config: str | None = None,
+    mmproj: str | None = None,
 ) -> ModelConfig:
     """Read the model's config (the embedded default model when `model` is None; `hf_config_path`'s
     config.json when given) and resolve the defaults: architecture, dtype for `device`, context length,
@@ -185,7 +196,7 @@ def load_model_config(
     if path is None:
         path = default_model_path()
         logger.info("No model given: using the embedded default %s (%s).", DEFAULT_MODEL_NAME, path)
-    checkpoint_config, gguf_file = _load_hf_config(path, hf_config_path)
+    checkpoint_config, gguf_file = _load_hf_config(path, hf_config_path, mmproj)
     archs = getattr(checkpoint_config, "architectures", None) or [
         MODEL_ARCHITECTURES.get(checkpoint_config.model_type)
         or ENCODER_MODEL_TYPES.get(checkpoint_config.model_type, checkpoint_config.model_type)
@@ -211,6 +222,7 @@ def load_model_config(
         max_logprobs=max_logprobs,
         pooling=pooling,
         multimodal=multimodal,
+        mmproj_file=mmproj,
     )
 
 
@@ -263,9 +275,11 @@ def _aliased_config(folder: str) -> "PretrainedConfig | None":
     return AutoConfig.for_model(target, **fields)
 
 
-def _load_hf_config(model: str, hf_config_path: str | None) -> tuple["PretrainedConfig", str | None]:
-    """config.json of a folder (or of `hf_config_path`), or the metadata of a GGUF file; hub ids are
-    local paths by now (utils/hub.py)."""
+def _load_hf_config(
+    model: str, hf_config_path: str | None, mmproj: str | None
+) -> tuple["PretrainedConfig", str | None]:
+    """config.json of a folder (or of `hf_config_path`), or the metadata of a GGUF file (with `mmproj`'s:
+    the image model's); hub ids are local paths by now (utils/hub.py)."""
     from transformers import AutoConfig  # NOTE: lazy: core/ imports config, and must stay light
 
     gguf_file = None
@@ -278,7 +292,10 @@ def _load_hf_config(model: str, hf_config_path: str | None) -> tuple["Pretrained
         if not ggufs:
             raise ConfigError(f"Model folder {model} has neither config.json nor a .gguf file (--model).")
         gguf_file = os.path.join(model, ggufs[0])
-    source = hf_config_path or (gguf_hf_folder(gguf_file) if gguf_file else model)
+    if mmproj is not None and gguf_file is None:
+        raise ConfigError(f"--mmproj adds images to a GGUF --model; {model} is not a GGUF file.")
+    gguf_folder = gguf_file and (mmproj_hf_folder(gguf_file, mmproj) if mmproj else gguf_hf_folder(gguf_file))
+    source = hf_config_path or gguf_folder or model
     try:
         aliased = None if gguf_file else _aliased_config(source)
         return aliased or AutoConfig.from_pretrained(source), gguf_file

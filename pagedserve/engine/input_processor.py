@@ -62,7 +62,9 @@ class InputProcessor:
         self.structured_outputs = StructuredOutputValidator(tokenizer, model_config.vocab_size)
         self.lora = LoRAValidator(lora, model_config.hf_config)
         multimodal = model_config.multimodal
-        self.images = None if multimodal is None else ImagePromptProcessor(model_config.model, multimodal)
+        self.images = (
+            None if multimodal is None else ImagePromptProcessor(model_config.processor_folder, multimodal)
+        )
 
     def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         """Returns (prompt text or None, prompt token ids). A dict prompt may also carry `cache_salt`."""

@@ -33,6 +33,7 @@ from pagedserve.entrypoints.plan_weights import (
     gguf_types,
     gguf_weights_bytes,
     linear_storage,
+    mmproj_weights_bytes,
     weights_bytes,
 )
 from pagedserve.errors import ConfigError
@@ -51,6 +52,7 @@ from pagedserve.utils import format_bytes, parse_bytes
 # The engine flags the plan takes, with the engine's names, help and defaults.
 ENGINE_FLAGS = (
     "dtype",
+    "mmproj",
     "max_model_len",
     "block_size",
     "gpu_memory_utilization",
@@ -116,9 +118,13 @@ class PlanInputs:
     def stage_weights(self, stage: PipelineStage) -> WeightBytes:
         """One rank's weights on `stage`, in the formats the engine holds on the device: a GGUF file
         tensor by tensor from its header, else from the model's shape."""
-        gguf_file = self.model_config.gguf_file
+        gguf_file, mmproj_file = self.model_config.gguf_file, self.model_config.mmproj_file
         if gguf_file is not None:
-            return gguf_weights_bytes(gguf_file, self.tp, stage, self.device, self.dtype_bytes)
+            weights = gguf_weights_bytes(gguf_file, self.tp, stage, self.device, self.dtype_bytes)
+            if mmproj_file is None or not stage.is_first:
+                return weights
+            vision = mmproj_weights_bytes(mmproj_file, self.dtype_bytes)
+            return replace(weights, outside=weights.outside + vision)
         return weights_bytes(self.shape.stage(stage), self.tp, self.dtype_bytes, self.linear_storage)
 
     def stage_lora_bytes(self, stage: PipelineStage) -> int:

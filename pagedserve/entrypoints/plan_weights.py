@@ -5,6 +5,7 @@ GGUF file's tensors, counted tensor by tensor from the file's header (no data re
 come from config/weight_bytes.py, which the engine shares."""
 
 import functools
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -110,6 +111,12 @@ def gguf_weights_bytes(
         elif stage.holds(int(match.group(1))):
             layers[int(match.group(1)) - stage.start] += nbytes
     return WeightBytes(outside, tuple(layers))
+
+
+def mmproj_weights_bytes(path: str, dtype_bytes: int) -> int:
+    """The mmproj GGUF's vision tower and projector (--mmproj): held in the model's dtype on every rank
+    (model_loader/gguf_mmproj.py dequantizes them), with the first stage's weights."""
+    return sum(math.prod(dims) * dtype_bytes for _, dims, _ in _gguf_tensors(path))
 
 
 def gguf_types(path: str, device: str) -> tuple[list[str], list[str]]:

@@ -13,6 +13,7 @@ from pagedserve.errors import ConfigError
 from pagedserve.logger import init_logger
 from pagedserve.model_loader.cpu_offload import offload_layers
 from pagedserve.model_loader.gguf import iterate_gguf
+from pagedserve.model_loader.gguf_mmproj import iterate_mmproj
 from pagedserve.model_loader.kv_scales import KVScaleCollector
 from pagedserve.model_loader.safetensors import iterate_safetensors
 from pagedserve.models.interface import CausalLM, PoolingModel
@@ -96,6 +97,8 @@ def _load_checkpoint(
         weights = iterate_gguf(
             config.gguf_file, hf, config.quantization == "gguf", loads, config.linear_backend, device.type
         )
+        if config.mmproj_file is not None:  # the text GGUF is the image model's language model
+            weights = _with_mmproj(weights, config.mmproj_file)
     elif os.path.isdir(config.model):
         # NOTE: CheckpointTensor stands in for a tensor (it reads itself under any torch function).
         weights = cast(Iterator[tuple[str, torch.Tensor]], iterate_safetensors(config.model))
@@ -119,6 +122,13 @@ def _load_checkpoint(
         method = getattr(module, "quant_method", None)
         if isinstance(method, QuantizeMethodBase):
             method.process_weights_after_loading(module)
+
+
+def _with_mmproj(
+    text: Iterator[tuple[str, torch.Tensor]], mmproj_file: str
+) -> Iterator[tuple[str, torch.Tensor]]:
+    yield from ((f"language_model.{name}", tensor) for name, tensor in text)
+    yield from iterate_mmproj(mmproj_file)
 
 
 def _init_dummy(model: nn.Module, seed: int) -> None:

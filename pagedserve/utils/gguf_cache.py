@@ -17,7 +17,7 @@ from pagedserve.utils.gguf_metadata_config import bpe_tokenizer
 from pagedserve.utils.gguf_tensors import read_gguf
 
 # Bumped when the conversion changes, so folders converted by an older version are not reused.
-_CONVERSION_VERSION = 6
+_CONVERSION_VERSION = 7
 
 _CACHE_ROOT = os.path.join(
     os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pagedserve", "gguf"
@@ -31,12 +31,17 @@ def _header_digest(path: str, size: int, mtime_ns: int) -> str:
     return read_gguf(path).header_digest
 
 
+def gguf_cache_folder(name: str) -> str:
+    """Where the conversion called `name` is kept (PAGEDSERVE_CACHE_DIR, default ~/.cache/pagedserve/gguf)."""
+    return os.path.join(os.environ.get("PAGEDSERVE_CACHE_DIR", _CACHE_ROOT), name)
+
+
 def gguf_hf_folder(gguf_file: str) -> str:
     """A folder with config.json and tokenizer files for `gguf_file`, created on first use."""
     stat = os.stat(gguf_file)
     digest = _header_digest(os.path.realpath(gguf_file), stat.st_size, stat.st_mtime_ns)
     key = hashlib.sha256(f"{digest}:{_CONVERSION_VERSION}".encode())
-    folder = os.path.join(os.environ.get("PAGEDSERVE_CACHE_DIR", _CACHE_ROOT), key.hexdigest()[:16])
+    folder = gguf_cache_folder(key.hexdigest()[:16])
     if os.path.isfile(os.path.join(folder, "done")):
         return folder
     from transformers import AutoTokenizer
@@ -48,7 +53,7 @@ def gguf_hf_folder(gguf_file: str) -> str:
     # NOTE: transformers reads no WordPiece vocabulary from a GGUF
     if config.model_type in {family.model_type for family in ENCODERS}:
         tokenizer = bert_tokenizer(read_gguf(gguf_file, arrays=True).metadata, tmp)
-    elif _config_from_metadata(gguf_file):  # NOTE: transformers cannot read these files
+    elif _bpe_read_here(gguf_file):
         tokenizer = bpe_tokenizer(read_gguf(gguf_file, arrays=True).metadata)
     else:
         tokenizer = AutoTokenizer.from_pretrained(directory or ".", gguf_file=name)
@@ -62,7 +67,12 @@ def gguf_hf_folder(gguf_file: str) -> str:
     return folder
 
 
-def _config_from_metadata(gguf_file: str) -> bool:
-    """Whether the file's architecture is one transformers cannot read (families.GGUFFacts)."""
-    facts = gguf_family(str(read_gguf(gguf_file).metadata["general.architecture"]))
-    return facts is not None and facts.gguf is not None and facts.gguf.config_from_metadata
+def _bpe_read_here(gguf_file: str) -> bool:
+    """Whether the file's vocabulary is one transformers cannot read (families.GGUFFacts): any of an
+    architecture whose config it cannot read, a byte-level BPE one of a SentencePiece-only architecture."""
+    metadata = read_gguf(gguf_file).metadata
+    facts = gguf_family(str(metadata["general.architecture"]))
+    if facts is None or facts.gguf is None:
+        return False
+    bpe = metadata.get("tokenizer.ggml.model") == "gpt2"
+    return facts.gguf.config_from_metadata or (facts.gguf.sentencepiece_only and bpe)

@@ -39,7 +39,7 @@ def gguf_hf_config(directory: str, name: str) -> "PretrainedConfig":
     if facts.encoder:  # NOTE: transformers reads no encoder (BERT) GGUF
         config = bert_config(read_gguf(path, arrays=True).metadata, facts.architecture)
     elif facts.gguf.config_from_metadata:
-        config = metadata_config(read_gguf(path), facts, arch)
+        config = metadata_config(read_gguf(path, arrays=facts.mrope), facts, arch)
     else:
         config = AutoConfig.from_pretrained(directory, gguf_file=name)
     if facts.gguf.sparse_architecture is not None:

@@ -1,7 +1,7 @@
 """GGUF files whose config transformers cannot read (families.GGUFFacts.config_from_metadata): the HF
 config built from llama.cpp's `<arch>.*` keys as its converter writes them, and the byte-level BPE
-tokenizer from `tokenizer.ggml.*`. Only gpt-oss's keys are read so far (the family with attention sinks):
-another such architecture is refused, naming it."""
+tokenizer from `tokenizer.ggml.*`. Read so far: gpt-oss (the family with attention sinks), DeepSeek (MLA)
+and Qwen2.5-VL's language model (M-RoPE); another such architecture is refused, naming it."""
 
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -42,11 +42,44 @@ def metadata_config(file: GGUFFile, facts: FamilyFacts, arch: str) -> "Pretraine
     """The HF config of `file`, of family `facts` (GGUF architecture `arch`)."""
     if facts.mla is not None:
         return _latent_config(file, arch)
+    if facts.mrope:
+        return _mrope_text_config(file, arch)
     if not facts.sinks:
         raise ConfigError(
             f"GGUF architecture {arch!r} has no config reader yet; load its HF folder (--model)."
         )
     return _gpt_oss_config(file, facts, arch)
+
+
+def _mrope_text_config(file: GGUFFile, arch: str) -> "PretrainedConfig":
+    """Qwen2.5-VL's language model (`file` read with its arrays): a Qwen2 whose rotary halves are split
+    in `rope.dimension_sections` (temporal, height, width; llama.cpp pads them to four). Alone it is a
+    Qwen2 (one position for all three); --mmproj makes it the language model of the image model."""
+    from transformers import AutoConfig, Qwen2Config
+
+    metadata = file.metadata
+    sections = [int(s) for s in metadata.get(f"{arch}.rope.dimension_sections", [])]  # type: ignore[attr-defined]
+    if len(sections) < 3:
+        raise ConfigError(
+            f"The GGUF metadata lacks {arch}.rope.dimension_sections (M-RoPE's three sections)."
+        )
+    names = {tensor.name: tensor for tensor in file.tensors}
+    return AutoConfig.for_model(
+        Qwen2Config.model_type,
+        vocab_size=names["token_embd.weight"].shape[-1],  # GGUF order: innermost first
+        hidden_size=metadata_int(metadata, f"{arch}.embedding_length"),
+        intermediate_size=metadata_int(metadata, f"{arch}.feed_forward_length"),
+        num_hidden_layers=metadata_int(metadata, f"{arch}.block_count"),
+        num_attention_heads=metadata_int(metadata, f"{arch}.attention.head_count"),
+        num_key_value_heads=metadata_int(metadata, f"{arch}.attention.head_count_kv"),
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": _float(metadata, f"{arch}.rope.freq_base", 10000.0),
+            "mrope_section": [s for s in sections[:3]],
+        },
+        architectures=[next(f.architecture for f in FAMILIES if f.model_type == Qwen2Config.model_type)],
+        **_shared_fields(file, arch),
+    )
 
 
 # llama.cpp's expert gating functions (its enum llama_expert_gating_func_type); absent: softmax (its default)

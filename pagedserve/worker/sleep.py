@@ -28,8 +28,8 @@ def checkpoint_files(config: ModelConfig) -> list[str]:
     """The files the weights load from (none for dummy weights or a hub id resolved elsewhere)."""
     if config.load_format == "dummy":
         return []
-    if config.gguf_file is not None:
-        return [config.gguf_file]
+    if config.gguf_file is not None:  # with --mmproj's vision tower beside it
+        return [config.gguf_file, *([config.mmproj_file] if config.mmproj_file else [])]
     if not os.path.isdir(config.model):
         return []
     return sorted(

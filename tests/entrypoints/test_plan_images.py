@@ -2,6 +2,8 @@
 the encoder cache (--max-num-batched-tokens x hidden_size x dtype bytes, plan_images.py) comes out of a
 GPU's KV budget, exactly as the formula docs/features.md states."""
 
+import math
+
 import pytest
 from test_plan import plan  # NOTE: tests/entrypoints/, on the path of its tests
 
@@ -44,3 +46,21 @@ def test_image_tokens_on_a_text_model_names_the_flag(
         cli_main(["plan", tiny_llama, "--kv-cache-memory", "1MiB", "--image-tokens", "16"])
     assert exit_info.value.code == 2
     assert "--image-tokens 16" in capsys.readouterr().err
+
+
+def test_mmproj_bytes_in_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    """--mmproj: the vision tower and projector count with the text GGUF's weights, in the model's dtype."""
+    import os
+
+    from pagedserve.utils.gguf_tensors import read_gguf
+
+    data = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "llama_cpp")
+    model, mmproj = (
+        os.path.join(data, "tiny-gemma3-vision.gguf"),
+        os.path.join(data, "tiny-gemma3-vision.mmproj.gguf"),
+    )
+    flags = (*WORKLOAD, "--kv-cache-memory", "1MiB", "--dtype", "float32", "--max-model-len", "256")
+    _, text = plan(capsys, model, *flags)
+    _, images = plan(capsys, model, *flags, "--mmproj", mmproj)
+    elements = sum(math.prod(tensor.shape) for tensor in read_gguf(mmproj).tensors)
+    assert images["weights_bytes"] - text["weights_bytes"] == elements * 4
