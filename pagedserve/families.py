@@ -74,6 +74,10 @@ class GGUFFacts:
     new_decoder_layer_names: Mapping[str, str] = field(default_factory=_frozen)  # Falcon 40B/180B's
     permuted_qk: bool = False  # q/k rows permuted for llama.cpp's rope layout
     norm_plus_one: bool = False  # norm weights stored as 1 + w (Gemma's RMSNorm)
+    # The query scale's `query_pre_attn_scalar`, which transformers' GGUF reading leaves at the config
+    # class's 256: the head size, but hidden / heads for a model of this many layers (Gemma 3 27B, as
+    # Google's configs and llama.cpp have it)
+    query_scalar_hidden_per_head_layers: int | None = None
     grouped_fused_qkv: bool = False  # fused q/k/v stored as [q; k; v], HF groups it per KV head (Falcon)
     expert_sizes_in_metadata: bool = False  # the experts' sizes only in llama.cpp's keys (Qwen-MoE)
     sparse_architecture: str | None = None  # what a file with `<arch>.expert_count` > 0 is (Mixtral)
@@ -235,6 +239,7 @@ FAMILIES: tuple[FamilyFacts, ...] = (
             "Gemma 3 (images with --mmproj)",
             layer_names=_frozen(_GEMMA_GGUF_NAMES),
             norm_plus_one=True,
+            query_scalar_hidden_per_head_layers=62,
             mmproj=MmprojFacts("gemma3", "gemma3", "siglip"),
             sentencepiece_only=True,
         ),

@@ -17,7 +17,7 @@ from pagedserve.utils.gguf_metadata_config import bpe_tokenizer
 from pagedserve.utils.gguf_tensors import read_gguf
 
 # Bumped when the conversion changes, so folders converted by an older version are not reused.
-_CONVERSION_VERSION = 7
+_CONVERSION_VERSION = 8
 
 _CACHE_ROOT = os.path.join(
     os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pagedserve", "gguf"

@@ -44,6 +44,12 @@ def gguf_hf_config(directory: str, name: str) -> "PretrainedConfig":
         config = AutoConfig.from_pretrained(directory, gguf_file=name)
     if facts.gguf.sparse_architecture is not None:
         config = _as_sparse(config, metadata, arch, facts.gguf.sparse_architecture)
+    if facts.gguf.query_scalar_hidden_per_head_layers is not None:
+        config.query_pre_attn_scalar = (
+            config.hidden_size // config.num_attention_heads
+            if config.num_hidden_layers == facts.gguf.query_scalar_hidden_per_head_layers
+            else config.head_dim
+        )
     if facts.gguf.expert_sizes_in_metadata:
         config = _with_qwen_moe_sizes(
             config, metadata, arch, shared_expert=facts.moe is not None and facts.moe.shared_expert

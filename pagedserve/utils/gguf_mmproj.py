@@ -24,7 +24,6 @@ _FLAG = "--mmproj"
 # llama.cpp's defaults of what its converter leaves out: Gemma 3's pooling of the patch grid, and
 # Qwen2.5-VL's window (pixels) and merge (clip.cpp hard-codes both).
 _GEMMA3_SCALE_FACTOR = 4
-_GEMMA3_27B_LAYERS = 62
 _QWEN_WINDOW_PIXELS = 112
 _QWEN_MERGE = 2
 # Gemma 3's image tokens, as its tokenizer config names them (Gemma3Processor reads these attributes).
@@ -165,13 +164,6 @@ def _build_gemma3(
         num_attention_heads=_positive(vision, "clip.vision.attention.head_count"),
         layer_norm_eps=_float(vision, "clip.vision.attention.layer_norm_epsilon"),
         vision_use_head=False,
-    )
-    # NOTE: transformers' GGUF reading leaves the config class's 256; llama.cpp's rule: the head size,
-    # but hidden / heads for the 27B (known by its 62 layers), as Google's configs have it
-    text.query_pre_attn_scalar = (
-        text.hidden_size // text.num_attention_heads
-        if text.num_hidden_layers == _GEMMA3_27B_LAYERS
-        else text.head_dim
     )
     Gemma3Config(
         text_config=text.to_dict(),
