@@ -16,7 +16,8 @@
 #include "float_matmul.h"
 
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <cstdint>

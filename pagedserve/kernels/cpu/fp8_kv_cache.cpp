@@ -2,7 +2,8 @@
 // largest finite value, rounded to the nearest fp8 value (ties to the even bit pattern), exactly what
 // `(x.float() / scale).clamp(-max, max).to(float8)` gives (vec.h's encode), in one pass instead of four.
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>

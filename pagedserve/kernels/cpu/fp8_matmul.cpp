@@ -7,7 +7,8 @@
 // when the block ends. Rows are split across threads. Larger batches are compute bound: tiles of rows are
 // widened (scaled) into float32 and handed to ATen's GEMM.
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>

@@ -9,7 +9,8 @@
 // thread wake-ups for microseconds of work).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/library.h>
 
 #include <cmath>
 #include <cstdint>

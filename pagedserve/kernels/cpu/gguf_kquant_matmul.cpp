@@ -22,7 +22,8 @@
 // where the CPU has AMX-INT8, whole 16-row chunks of activation rows take tile dot products instead
 // (gguf_kquant_amx.cpp), with the same results to the bit.
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <cstring>

@@ -18,7 +18,8 @@
 #include "gguf_blocks.h"
 
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <cstring>

@@ -14,7 +14,8 @@
 // Sums are float32 (activations and weights widened exactly); the sum y + delta is rounded once to y's
 // dtype.
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <cstdint>
