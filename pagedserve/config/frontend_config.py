@@ -4,8 +4,8 @@ resolves the settings as `EngineArgs.create_engine_config()` does (a GGUF file's
 included), and sends them back with every transformers config replaced by an `HFConfigSnapshot`: its
 attributes as plain values, and the config itself pickled whole. Pickled again for the engine process,
 a snapshot turns back into that transformers config, so the engine gets exactly what the child resolved.
-The child also names the tokenizer class transformers' AutoTokenizer picks (from config.json's model type
-where tokenizer_config.json names none), which the server then imports alone, without torch."""
+The child also loads the tokenizer as the engine does and sends a snapshot of it (utils/light_tokenizer.py),
+which the server reads with the `tokenizers` library alone, without transformers."""
 
 import pickle
 from collections.abc import Callable
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pagedserve.errors import ConfigError, PagedServeError
 from pagedserve.utils.child_process import ChildProcess
 from pagedserve.utils.hf_tokenizer import load_hf_tokenizer, tokenizer_source
+from pagedserve.utils.light_tokenizer import TokenizerSnapshot, snapshot_tokenizer
 
 if TYPE_CHECKING:
     from pagedserve.config.engine import EngineArgs, EngineConfig
@@ -37,7 +38,7 @@ class HFConfigSnapshot:
 @dataclass(frozen=True)
 class FrontendConfig:
     config: "EngineConfig"  # with HFConfigSnapshots for transformers' configs
-    tokenizer_class: str  # "module:qualname" of the class AutoTokenizer picks for the model
+    tokenizer: TokenizerSnapshot  # the model's tokenizer as transformers loads it
 
 
 def resolve_frontend_config(engine_args: "EngineArgs") -> FrontendConfig:
@@ -57,21 +58,24 @@ def resolve_frontend_config(engine_args: "EngineArgs") -> FrontendConfig:
         child.join()
     if kind == "error":
         raise ConfigError(payload)
-    config, tokenizer_class = pickle.loads(payload)
-    return FrontendConfig(config, tokenizer_class)
+    config, tokenizer = pickle.loads(payload)
+    return FrontendConfig(config, tokenizer)
 
 
 def _resolve(conn: Connection, engine_args: "EngineArgs") -> None:
-    """The child: resolve, name the tokenizer class, send both back with snapshots for the configs."""
+    """The child: resolve, load the tokenizer, send both back as snapshots."""
     try:
         config = engine_args.create_engine_config()
         model = config.model
-        tokenizer = load_hf_tokenizer(tokenizer_source(model.model, model.tokenizer, model.gguf_file))
+        source = tokenizer_source(model.model, model.tokenizer, model.gguf_file)
+        tokenizer = snapshot_tokenizer(load_hf_tokenizer(source))
     except PagedServeError as exc:
         conn.send(("error", str(exc)))
         return
-    tokenizer_class = f"{type(tokenizer).__module__}:{type(tokenizer).__qualname__}"
-    conn.send(("config", _snapshot_pickle((config, tokenizer_class))))
+    except ValueError as exc:  # a slow tokenizer: the server reads fast ones only
+        conn.send(("error", f"{exc} (tokenizer: {source})"))
+        return
+    conn.send(("config", _snapshot_pickle((config, tokenizer))))
 
 
 def _snapshot_pickle(value: object) -> bytes:

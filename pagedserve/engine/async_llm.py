@@ -31,6 +31,7 @@ from pagedserve.protocol import (
     SchedulerStats,
 )
 from pagedserve.sampling_params import SamplingParams
+from pagedserve.utils.light_tokenizer import LightTokenizer, TokenizerSnapshot
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -45,8 +46,9 @@ _STOP_POLL_S = 0.1
 
 class AsyncLLM:
     """Serves many concurrent `generate()` calls from one event loop, within `limits` (admission,
-    token budgets, deadlines, the stall watchdog). Build it with `create()`. `tokenizer_class`: the
-    tokenizer's class when known (config/frontend_config.py: the API server imports it without torch)."""
+    token budgets, deadlines, the stall watchdog). Build it with `create()`. `tokenizer`: the tokenizer's
+    snapshot when the settings process took one (config/frontend_config.py: the API server then reads it
+    without transformers), else transformers loads it here."""
 
     def __init__(
         self,
@@ -55,10 +57,12 @@ class AsyncLLM:
         log_requests: bool,
         log_stats_interval_s: float,
         limits: ServingLimits,
-        tokenizer_class: str | None = None,
+        tokenizer: TokenizerSnapshot | None = None,
     ) -> None:
         self.config = config
-        self.tokenizer = load_tokenizer(config.model, tokenizer_class)
+        self.tokenizer: PreTrainedTokenizerBase | LightTokenizer = (
+            load_tokenizer(config.model) if tokenizer is None else LightTokenizer(tokenizer)
+        )
         self.input_processor = InputProcessor(
             config.model,
             self.tokenizer,
@@ -102,7 +106,7 @@ class AsyncLLM:
         log_requests: bool = True,
         log_stats_interval_s: float = 10.0,
         limits: ServingLimits | None = None,
-        tokenizer_class: str | None = None,
+        tokenizer: TokenizerSnapshot | None = None,
     ) -> "AsyncLLM":
         """Start the engine process and wait until it is ready. Raises ConfigError (bad settings) or
         EngineDeadError (failed to start); the process is gone either way."""
@@ -112,7 +116,7 @@ class AsyncLLM:
             log_requests,
             log_stats_interval_s,
             limits or ServingLimits(),
-            tokenizer_class,
+            tokenizer,
         )
         try:
             engine.handshake = await engine.engine_core.wait_until_ready()

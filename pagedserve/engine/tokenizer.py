@@ -9,7 +9,5 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 
-def load_tokenizer(config: ModelConfig, tokenizer_class: str | None = None) -> "PreTrainedTokenizerBase":
-    """`tokenizer_class`: the class to load it as ("module:qualname"), else AutoTokenizer's pick."""
-    source = tokenizer_source(config.model, config.tokenizer, config.gguf_file)
-    return load_hf_tokenizer(source, tokenizer_class)
+def load_tokenizer(config: ModelConfig) -> "PreTrainedTokenizerBase":
+    return load_hf_tokenizer(tokenizer_source(config.model, config.tokenizer, config.gguf_file))

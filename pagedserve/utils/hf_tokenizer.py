@@ -5,7 +5,6 @@ tokenizer; loading one parses its tokenizer.json (megabytes for a 50k vocabulary
 more) every time, and an offline `LLM(...)` asked for it up to four times. Callers only read it."""
 
 import functools
-import importlib
 import os
 from typing import TYPE_CHECKING
 
@@ -23,9 +22,8 @@ def tokenizer_source(model: str, tokenizer: str | None, gguf_file: str | None) -
     return tokenizer or (gguf_hf_folder(gguf_file) if gguf_file else model)
 
 
-def load_hf_tokenizer(source: str, tokenizer_class: str | None = None) -> "PreTrainedTokenizerBase":
-    """The tokenizer at `source`: of `tokenizer_class` ("module:qualname", the class AutoTokenizer picked
-    for it elsewhere: importing it alone does not import torch), else the class AutoTokenizer picks."""
+def load_hf_tokenizer(source: str) -> "PreTrainedTokenizerBase":
+    """The tokenizer at `source`, of the class AutoTokenizer picks."""
     if os.path.isdir(source):
         folder = os.path.realpath(source)
         stamp = tuple(
@@ -35,20 +33,13 @@ def load_hf_tokenizer(source: str, tokenizer_class: str | None = None) -> "PreTr
                 if name.startswith(_TOKENIZER_FILES)
             )
         )
-        return _load(folder, stamp, tokenizer_class)
-    return _load(source, (), tokenizer_class)
+        return _load(folder, stamp)
+    return _load(source, ())
 
 
 @functools.lru_cache(maxsize=8)
-def _load(
-    source: str, stamp: tuple[tuple[str, int], ...], tokenizer_class: str | None
-) -> "PreTrainedTokenizerBase":
-    if tokenizer_class is not None:
-        module, _, name = tokenizer_class.partition(":")
-        tokenizer_type = getattr(importlib.import_module(module), name)
-    else:
-        from transformers import AutoTokenizer  # NOTE: lazy: config/ and utils/ stay light
+def _load(source: str, stamp: tuple[tuple[str, int], ...]) -> "PreTrainedTokenizerBase":
+    from transformers import AutoTokenizer  # NOTE: lazy: config/ and utils/ stay light
 
-        tokenizer_type = AutoTokenizer
-    tokenizer: PreTrainedTokenizerBase = tokenizer_type.from_pretrained(source)
+    tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(source)
     return tokenizer
