@@ -3,7 +3,6 @@ process; the EngineCore runs its busy loop in another (core_proc.py) behind an M
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
 
 from pagedserve.config import EngineConfig
 from pagedserve.engine.admission import AdmissionControl, Deadlines, ServingLimits, with_queue_defaults
@@ -17,7 +16,7 @@ from pagedserve.engine.pooling_input import PoolingOptions
 from pagedserve.engine.request_options import RequestOptions, request_options
 from pagedserve.engine.request_stream import RequestStream
 from pagedserve.engine.sleep_control import SleepControl
-from pagedserve.engine.tokenizer import load_tokenizer
+from pagedserve.engine.tokenizer import AnyTokenizer, load_tokenizer
 from pagedserve.engine.watchdog import FRONTEND_GRACE_S, poll_interval_s, stall_message
 from pagedserve.errors import CapacityError, EngineDeadError, RequestFailedError
 from pagedserve.logger import init_logger
@@ -32,9 +31,6 @@ from pagedserve.protocol import (
 )
 from pagedserve.sampling_params import SamplingParams
 from pagedserve.utils.light_tokenizer import LightTokenizer, TokenizerSnapshot
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
 
 logger = init_logger(__name__)
 
@@ -60,7 +56,7 @@ class AsyncLLM:
         tokenizer: TokenizerSnapshot | None = None,
     ) -> None:
         self.config = config
-        self.tokenizer: PreTrainedTokenizerBase | LightTokenizer = (
+        self.tokenizer: AnyTokenizer = (
             load_tokenizer(config.model) if tokenizer is None else LightTokenizer(tokenizer)
         )
         self.input_processor = InputProcessor(
@@ -154,7 +150,7 @@ class AsyncLLM:
     def limits(self) -> ServingLimits:
         return self.frontend.admission.limits
 
-    def get_tokenizer(self) -> "PreTrainedTokenizerBase":
+    def get_tokenizer(self) -> AnyTokenizer:
         return self.tokenizer
 
     @property

@@ -41,10 +41,10 @@ class _Namespace(jinja2.utils.Namespace):
     """`namespace(...)` whose attributes may not start with "_" (no reach into Python's internals)."""
 
     def __init__(*args: object, **kwargs: object) -> None:
-        self, attributes = args[0], dict(*args[1:], **kwargs)  # type: ignore[call-overload]
+        self, attributes = args[0], dict(*args[1:], **kwargs)
         for name in attributes:
             _Namespace._check(name)
-        jinja2.utils.Namespace.__init__(self, attributes)  # type: ignore[arg-type]
+        jinja2.utils.Namespace.__init__(self, attributes)
 
     def __setitem__(self, name: str, value: object) -> None:
         _Namespace._check(name)
@@ -59,8 +59,8 @@ class _Namespace(jinja2.utils.Namespace):
 class _DictBuilder:
     """`dict(...)` and `dict.fromkeys(...)` in a template, and nothing else of the type."""
 
-    def __call__(self, *args: object, **kwargs: object) -> dict[object, object]:
-        return dict(*args, **kwargs)  # type: ignore[call-overload,no-any-return]
+    def __call__(self, *args: object, **kwargs: object) -> dict[str, object]:
+        return dict(*args, **kwargs)
 
     def fromkeys(self, keys: Sequence[object], value: object = None) -> dict[object, object]:
         return dict.fromkeys(keys, value)

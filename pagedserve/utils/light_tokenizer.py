@@ -55,7 +55,7 @@ def backend_json(backend: Tokenizer) -> str:
     plain = copy.copy(backend)
     plain.no_padding()
     plain.no_truncation()
-    return plain.to_str()  # type: ignore[no-any-return]
+    return plain.to_str()
 
 
 def snapshot_tokenizer(hf_tokenizer: Any) -> TokenizerSnapshot:
@@ -140,10 +140,20 @@ class LightTokenizer:
         return text
 
     def convert_ids_to_tokens(self, ids: int | Sequence[int]) -> str | list[str]:
-        """The token string of an id (None for an id out of the vocabulary, as transformers), or of each."""
+        """The token string of an id, or of each. Raises ValueError for an id out of the vocabulary
+        (transformers answers None)."""
         if isinstance(ids, int):
-            return self.backend_tokenizer.id_to_token(ids)  # type: ignore[no-any-return]
-        return [self.backend_tokenizer.id_to_token(int(i)) for i in ids]
+            return self._token(ids)
+        return [self._token(int(i)) for i in ids]
+
+    def _token(self, token_id: int) -> str:
+        token: str | None = self.backend_tokenizer.id_to_token(token_id)
+        if token is None:
+            raise ValueError(
+                f"Token id {token_id} is not in the tokenizer's vocabulary of "
+                f"{self.backend_tokenizer.get_vocab_size()} tokens."
+            )
+        return token
 
     def apply_chat_template(
         self,
