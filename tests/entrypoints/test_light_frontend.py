@@ -35,6 +35,10 @@ HELPERS_TEMPLATE = (
     "{% if messages | length > 3 %}{{ raise_exception('at most 3 messages') }}{% endif %}"
 )
 
+INPUTS = dict(
+    text=TEXT, messages=MESSAGES, tool_template=TOOL_TEMPLATE, tools=TOOLS, helpers_template=HELPERS_TEMPLATE
+)
+
 
 def tokenizer_views(tokenizer, text, messages, tool_template, tools, helpers_template) -> dict:
     """What the frontend asks of a tokenizer (run by the fresh interpreter too: no names from outside)."""
@@ -84,7 +88,7 @@ for name, model in sorted(pool_models(server_args).items()):
     tokenizer = LightTokenizer(resolved.tokenizer)
     seen[name] = {
         "model": [resolved.config.model.hf_config.model_type, resolved.config.model.max_model_len],
-        "tokenizer": tokenizer_views(tokenizer, TEXT, MESSAGES, TOOL_TEMPLATE, TOOLS, HELPERS_TEMPLATE),
+        "tokenizer": tokenizer_views(tokenizer, **INPUTS),
         "sent to the engine": pickle.dumps(resolved.config).hex(),
     }
 make_ll_tokenizer(tokenizer, resolved.config.model.vocab_size)  # structured outputs' check, built here
@@ -119,15 +123,7 @@ def test_the_server_reads_its_flags_configs_and_tokenizers_without_torch_or_tran
         "think": tiny_model_factory("qwen3-think"),
     }
     flags = [arg for name, path in models.items() for arg in ("--model", f"{name}={path}")]
-    constants = dict(
-        TEXT=TEXT,
-        MESSAGES=MESSAGES,
-        TOOL_TEMPLATE=TOOL_TEMPLATE,
-        TOOLS=TOOLS,
-        HELPERS_TEMPLATE=HELPERS_TEMPLATE,
-    )
-    code = "".join(f"{key} = {value!r}\n" for key, value in constants.items())
-    code += inspect.getsource(tokenizer_views) + _AS_THE_SERVER
+    code = f"INPUTS = {INPUTS!r}\n" + inspect.getsource(tokenizer_views) + _AS_THE_SERVER
     run = subprocess.run(
         [sys.executable, "-c", code, *flags, "--kv-cache-memory", "1MiB", "--swap-space", "0"],
         capture_output=True,
@@ -147,7 +143,7 @@ def test_the_server_reads_its_flags_configs_and_tokenizers_without_torch_or_tran
         reference = AutoTokenizer.from_pretrained(
             tokenizer_source(model.model, model.tokenizer, model.gguf_file)
         )
-        expected = tokenizer_views(reference, **{key.lower(): value for key, value in constants.items()})
+        expected = tokenizer_views(reference, **INPUTS)
         assert seen["models"][name] == {
             "model": [model.hf_config.model_type, model.max_model_len],
             "tokenizer": json.loads(json.dumps(expected)),
