@@ -14,7 +14,7 @@ import jinja2.parser
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-JsonValue = object  # what a request's JSON decodes to (dicts, lists, strings, numbers, None)
+from pagedserve.utils.user_json import JsonValue
 
 # Where a message's reasoning may be: templates read the first, gpt-oss's reads `thinking`.
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -152,17 +152,10 @@ def _tag_final_message(messages: list[dict[str, JsonValue]], template: str) -> s
             "continue_final_message is set but the final message has no content the template reads."
         )
     if isinstance(content, list):
-        last = next(
-            (
-                i
-                for i in reversed(range(len(content)))
-                if isinstance(content[i], dict) and "text" in content[i]
-            ),
-            None,
-        )
-        if last is None:
+        texts = [(i, block) for i, block in enumerate(content) if isinstance(block, dict) and "text" in block]
+        if not texts:
             raise ValueError("continue_final_message is set but the final message has no text to continue.")
-        block = dict(content[last])
+        last, block = texts[-1]
         text = str(block["text"])
         final["content"] = [*content[:last], {**block, "text": text + _CONTINUE_TAG}, *content[last + 1 :]]
         return text

@@ -16,7 +16,8 @@ from typing import Any
 
 from tokenizers import Encoding, Tokenizer
 
-from pagedserve.utils.chat_template import JsonValue, render_chat_template
+from pagedserve.utils.chat_template import render_chat_template
+from pagedserve.utils.user_json import JsonValue
 
 # transformers' clean_up_tokenization (for WordPiece tokenizers: BERT's " ." etc.)
 _CLEAN_UPS = (
