@@ -4,10 +4,10 @@ resolves the settings as `EngineArgs.create_engine_config()` does (a GGUF file's
 included), and sends them back with every transformers config replaced by an `HFConfigSnapshot`: its
 attributes as plain values, and the config itself pickled whole. Pickled again for the engine process,
 a snapshot turns back into that transformers config, so the engine gets exactly what the child resolved.
-The child also names the tokenizer class transformers' AutoTokenizer picks (from config.json's model type
-where tokenizer_config.json names none), which the server then imports alone, without torch. Then it waits
-to become the engine core process (mp_client.py), so that a start pays for one interpreter with torch
-and transformers imported (~3 s of CPU), not two."""
+The child also loads the tokenizer as the engine does and sends a snapshot of it (utils/light_tokenizer.py),
+which the server reads with the `tokenizers` library alone, without transformers. Then it waits to become the
+engine core process (mp_client.py), so that a start pays for one interpreter with torch and transformers
+imported (~3 s of CPU), not two."""
 
 import pickle
 from collections.abc import Callable
@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from pagedserve.errors import ConfigError, PagedServeError
 from pagedserve.utils.child_main import run_next_target
 from pagedserve.utils.child_process import ChildProcess
-from pagedserve.utils.hf_tokenizer import load_hf_tokenizer, tokenizer_source
+from pagedserve.utils.hf_tokenizer import load_hf_tokenizer, snapshot_tokenizer, tokenizer_source
+from pagedserve.utils.light_tokenizer import TokenizerSnapshot
 
 if TYPE_CHECKING:
     from pagedserve.config.engine import EngineArgs, EngineConfig
@@ -40,7 +41,7 @@ class HFConfigSnapshot:
 @dataclass(frozen=True)
 class FrontendConfig:
     config: "EngineConfig"  # with HFConfigSnapshots for transformers' configs
-    tokenizer_class: str  # "module:qualname" of the class AutoTokenizer picks for the model
+    tokenizer: TokenizerSnapshot  # the model's tokenizer as transformers loads it
     # The process that resolved `config`, waiting for the engine core to run in it; it exits when this is
     # dropped unused (its connection closes).
     engine_process: ChildProcess
@@ -54,8 +55,8 @@ def resolve_frontend_config(engine_args: "EngineArgs") -> FrontendConfig:
     try:
         kind, payload = child.conn.recv()
         if kind == "config":
-            config, tokenizer_class = pickle.loads(payload)
-            return FrontendConfig(config, tokenizer_class, child)
+            config, tokenizer = pickle.loads(payload)
+            return FrontendConfig(config, tokenizer, child)
     except EOFError:
         child.join()
         raise ConfigError(
@@ -77,17 +78,20 @@ def _resolve_then_serve(conn: Connection, engine_args: "EngineArgs") -> None:
 
 
 def _resolve(conn: Connection, engine_args: "EngineArgs") -> bool:
-    """Resolve, name the tokenizer class, send both back with snapshots for the configs; False (the error
-    sent instead) if the settings cannot be served."""
+    """Resolve, load the tokenizer, send both back as snapshots; False (the error sent instead) if the
+    settings cannot be served."""
     try:
         config = engine_args.create_engine_config()
         model = config.model
-        tokenizer = load_hf_tokenizer(tokenizer_source(model.model, model.tokenizer, model.gguf_file))
+        source = tokenizer_source(model.model, model.tokenizer, model.gguf_file)
+        tokenizer = snapshot_tokenizer(load_hf_tokenizer(source))
     except PagedServeError as exc:
         conn.send(("error", str(exc)))
         return False
-    tokenizer_class = f"{type(tokenizer).__module__}:{type(tokenizer).__qualname__}"
-    conn.send(("config", _snapshot_pickle((config, tokenizer_class))))
+    except ValueError as exc:  # a slow tokenizer: the server reads fast ones only
+        conn.send(("error", f"{exc} (tokenizer: {source})"))
+        return False
+    conn.send(("config", _snapshot_pickle((config, tokenizer))))
     return True
 
 

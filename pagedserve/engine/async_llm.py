@@ -3,7 +3,6 @@ process; the EngineCore runs its busy loop in another (core_proc.py) behind an M
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
 
 from pagedserve.config import EngineConfig
 from pagedserve.engine.admission import AdmissionControl, Deadlines, ServingLimits, with_queue_defaults
@@ -17,7 +16,7 @@ from pagedserve.engine.pooling_input import PoolingOptions
 from pagedserve.engine.request_options import RequestOptions, request_options
 from pagedserve.engine.request_stream import RequestStream
 from pagedserve.engine.sleep_control import SleepControl
-from pagedserve.engine.tokenizer import load_tokenizer
+from pagedserve.engine.tokenizer import AnyTokenizer, load_tokenizer
 from pagedserve.engine.watchdog import FRONTEND_GRACE_S, poll_interval_s, stall_message
 from pagedserve.errors import CapacityError, EngineDeadError, RequestFailedError
 from pagedserve.logger import init_logger
@@ -32,9 +31,7 @@ from pagedserve.protocol import (
 )
 from pagedserve.sampling_params import SamplingParams
 from pagedserve.utils.child_process import ChildProcess
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+from pagedserve.utils.light_tokenizer import LightTokenizer, TokenizerSnapshot
 
 logger = init_logger(__name__)
 
@@ -46,8 +43,9 @@ _STOP_POLL_S = 0.1
 
 class AsyncLLM:
     """Serves many concurrent `generate()` calls from one event loop, within `limits` (admission,
-    token budgets, deadlines, the stall watchdog). Build it with `create()`. `tokenizer_class`: the
-    tokenizer's class when known (config/frontend_config.py: the API server imports it without torch)."""
+    token budgets, deadlines, the stall watchdog). Build it with `create()`. `tokenizer`: the tokenizer's
+    snapshot when the settings process took one (config/frontend_config.py: the API server then reads it
+    without transformers), else transformers loads it here."""
 
     def __init__(
         self,
@@ -56,11 +54,13 @@ class AsyncLLM:
         log_requests: bool,
         log_stats_interval_s: float,
         limits: ServingLimits,
-        tokenizer_class: str | None = None,
+        tokenizer: TokenizerSnapshot | None = None,
         engine_process: ChildProcess | None = None,
     ) -> None:
         self.config = config
-        self.tokenizer = load_tokenizer(config.model, tokenizer_class)
+        self.tokenizer: AnyTokenizer = (
+            load_tokenizer(config.model) if tokenizer is None else LightTokenizer(tokenizer)
+        )
         self.input_processor = InputProcessor(
             config.model,
             self.tokenizer,
@@ -104,7 +104,7 @@ class AsyncLLM:
         log_requests: bool = True,
         log_stats_interval_s: float = 10.0,
         limits: ServingLimits | None = None,
-        tokenizer_class: str | None = None,
+        tokenizer: TokenizerSnapshot | None = None,
         engine_process: ChildProcess | None = None,
     ) -> "AsyncLLM":
         """Start the engine process (in `engine_process` if given: one waiting for it, see
@@ -117,7 +117,7 @@ class AsyncLLM:
                 log_requests,
                 log_stats_interval_s,
                 limits or ServingLimits(),
-                tokenizer_class,
+                tokenizer,
                 engine_process,
             )
         except BaseException:
@@ -160,7 +160,7 @@ class AsyncLLM:
     def limits(self) -> ServingLimits:
         return self.frontend.admission.limits
 
-    def get_tokenizer(self) -> "PreTrainedTokenizerBase":
+    def get_tokenizer(self) -> AnyTokenizer:
         return self.tokenizer
 
     @property

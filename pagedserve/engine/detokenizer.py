@@ -2,12 +2,11 @@
 
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from tokenizers.decoders import DecodeStream
 
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+from pagedserve.engine.tokenizer import AnyTokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -25,9 +24,7 @@ class WindowDecoder:
     """Any tokenizer: decodes a short window twice per token and keeps what the new token added. Holds
     back output while it ends in an incomplete character (U+FFFD)."""
 
-    def __init__(
-        self, tokenizer: "PreTrainedTokenizerBase", context: list[int], skip_special_tokens: bool
-    ) -> None:
+    def __init__(self, tokenizer: AnyTokenizer, context: list[int], skip_special_tokens: bool) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.tokens = list(context)
@@ -51,9 +48,7 @@ class StreamDecoder:
     """Fast tokenizers: the `tokenizers` library's own DecodeStream (one decode of a few tokens per step,
     in Rust), as vLLM v1 does. Falls back to the window decoder if the stream rejects a token sequence."""
 
-    def __init__(
-        self, tokenizer: "PreTrainedTokenizerBase", context: list[int], skip_special_tokens: bool
-    ) -> None:
+    def __init__(self, tokenizer: AnyTokenizer, context: list[int], skip_special_tokens: bool) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.backend = tokenizer.backend_tokenizer
@@ -87,7 +82,7 @@ class StreamDecoder:
 
 
 def make_token_decoder(
-    tokenizer: "PreTrainedTokenizerBase", context: list[int], skip_special_tokens: bool
+    tokenizer: AnyTokenizer, context: list[int], skip_special_tokens: bool
 ) -> _TokenDecoder:
     if getattr(tokenizer, "is_fast", False) and hasattr(tokenizer, "backend_tokenizer"):
         return StreamDecoder(tokenizer, context, skip_special_tokens)
@@ -99,7 +94,7 @@ class IncrementalDetokenizer:
 
     def __init__(
         self,
-        tokenizer: "PreTrainedTokenizerBase",
+        tokenizer: AnyTokenizer,
         prompt_token_ids: list[int],
         skip_special_tokens: bool,
         stop: list[str],

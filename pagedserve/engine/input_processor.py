@@ -2,7 +2,7 @@
 
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
@@ -14,6 +14,7 @@ from pagedserve.engine.image_inputs import ImagePromptProcessor
 from pagedserve.engine.lora_validation import LoRAValidator
 from pagedserve.engine.request_options import RequestOptions
 from pagedserve.engine.structured_validation import StructuredOutputValidator
+from pagedserve.engine.tokenizer import AnyTokenizer
 from pagedserve.errors import InvalidRequestError
 from pagedserve.protocol import EngineCoreRequest, ImageInput
 from pagedserve.sampling_params import (
@@ -22,9 +23,6 @@ from pagedserve.sampling_params import (
     check_beam_search_fields,
     wrap_int64,
 )
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
 
 # A prompt: text, token ids, or {"prompt": text} / {"prompt_token_ids": ids} (with, for an image model,
 # "multi_modal_data": {"image": one image or a list}: PIL images or data:, http(s):// or file:// URLs).
@@ -47,7 +45,7 @@ class InputProcessor:
     def __init__(
         self,
         model_config: ModelConfig,
-        tokenizer: "PreTrainedTokenizerBase",
+        tokenizer: AnyTokenizer,
         limits: EngineLimits | None = None,
         scheduling_policy: str = "fcfs",
         lora: LoRAConfig | None = None,

@@ -7,10 +7,10 @@ final output): each request's `SamplingParams.output_kind` decides.
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 from pagedserve.engine.detokenizer import IncrementalDetokenizer
 from pagedserve.engine.input_processor import split_samples
+from pagedserve.engine.tokenizer import AnyTokenizer
 from pagedserve.metrics.stats import FinishedRequestStats, IterationStats
 from pagedserve.outputs import CompletionOutput, RequestOutput
 from pagedserve.protocol import (
@@ -21,9 +21,6 @@ from pagedserve.protocol import (
     child_request_id,
 )
 from pagedserve.sampling_params import RequestOutputKind, SamplingParams
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass
@@ -131,7 +128,7 @@ class RequestState:
 class OutputProcessor:
     """Tracks every request in flight on the frontend side. Not thread-safe: one caller drives it."""
 
-    def __init__(self, tokenizer: "PreTrainedTokenizerBase") -> None:
+    def __init__(self, tokenizer: AnyTokenizer) -> None:
         self.tokenizer = tokenizer
         self._requests: dict[str, RequestState] = {}
         self._child_to_parent: dict[str, tuple[RequestState, SampleState]] = {}

@@ -4,16 +4,13 @@ context length; and a cross-encoder's (query, document) pair tokenized as its to
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from pagedserve.config.pooling import PoolingModelConfig
 from pagedserve.engine.input_processor import InputProcessor, PromptType
+from pagedserve.engine.tokenizer import AnyTokenizer
 from pagedserve.errors import InvalidRequestError
 from pagedserve.protocol import EngineCoreRequest, PoolingParams
 from pagedserve.sampling_params import RequestOutputKind, SamplingParams
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
 
 # A pooling request's sampling parameters: a placeholder (nothing is sampled), final output only.
 POOLING_SAMPLING_PARAMS = SamplingParams(max_tokens=1, output_kind=RequestOutputKind.FINAL_ONLY)
@@ -47,9 +44,7 @@ def _switch(name: str, value: object, default: bool) -> bool:
     return value
 
 
-def tokenize_pair(
-    tokenizer: "PreTrainedTokenizerBase", query: str, document: str
-) -> tuple[list[int], int | None]:
+def tokenize_pair(tokenizer: AnyTokenizer, query: str, document: str) -> tuple[list[int], int | None]:
     """A cross-encoder's input: the tokenizer's own pair encoding, and where the second segment's token
     types start (None when the tokenizer has no token types, e.g. RoBERTa)."""
     encoded = tokenizer(query, document)
@@ -76,10 +71,9 @@ class PoolingInputProcessor:
         if keep is not None and len(token_ids) > keep:
             # NOTE: a text is cut by its tokenizer (BERT's [SEP] stays, as sentence-transformers cuts);
             # token ids are kept as given, the first `keep`.
-            cut = text is not None and (isinstance(prompt, str) or "prompt_token_ids" not in prompt)
             token_ids = (
                 self.inputs.tokenizer.encode(text, truncation=True, max_length=keep)
-                if cut
+                if text is not None and (isinstance(prompt, str) or "prompt_token_ids" not in prompt)
                 else token_ids[:keep]
             )
         self._check_tokens(token_ids)

@@ -1,16 +1,12 @@
 """The frontend's check of a request's structured_outputs, so a bad schema or grammar is a 400 (a too
 large one a 413) before anything reaches the engine."""
 
-from typing import TYPE_CHECKING
-
 import llguidance
 
+from pagedserve.engine.tokenizer import AnyTokenizer
 from pagedserve.errors import InvalidRequestError
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams
 from pagedserve.structured_output.grammar import DEFAULT_MAX_SPEC_BYTES, make_ll_tokenizer, validate
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
 
 
 class StructuredOutputValidator:
@@ -18,7 +14,7 @@ class StructuredOutputValidator:
 
     def __init__(
         self,
-        tokenizer: "PreTrainedTokenizerBase",
+        tokenizer: AnyTokenizer,
         vocab_size: int,
         max_spec_bytes: int = DEFAULT_MAX_SPEC_BYTES,
     ) -> None:

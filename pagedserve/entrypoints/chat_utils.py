@@ -5,15 +5,13 @@ import json
 import os
 import re
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pagedserve.config.multimodal import MultiModalConfig
 from pagedserve.engine.input_processor import PromptType
+from pagedserve.engine.tokenizer import AnyTokenizer
 from pagedserve.errors import ConfigError, InvalidRequestError
 from pagedserve.utils.user_json import JsonObject, JsonValue
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 # OpenAI's newer name for "system" (as vLLM, templates get "system").
@@ -142,9 +140,7 @@ def _parts(content: JsonValue) -> list[Mapping[str, JsonValue]]:
     return [part for part in content if isinstance(part, Mapping)] if isinstance(content, list) else []
 
 
-def image_placeholder(
-    tokenizer: "PreTrainedTokenizerBase", multimodal: MultiModalConfig | None
-) -> str | None:
+def image_placeholder(tokenizer: AnyTokenizer, multimodal: MultiModalConfig | None) -> str | None:
     """The text an image part becomes in the template (the prompt's image token, e.g. LLaVA's "<image>",
     Gemma 3's "<start_of_image>", framed by Qwen2-VL's vision start and end tokens where the config has
     them, as its chat template frames it); None for a text-only model, which refuses image parts."""

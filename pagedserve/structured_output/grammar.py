@@ -13,16 +13,17 @@ from typing import TYPE_CHECKING, NoReturn
 
 import llguidance
 from llguidance.gbnf_to_lark import gbnf_to_lark
+from tokenizers import Tokenizer
 
 from pagedserve.errors import InvalidRequestError
 from pagedserve.structured_output.emptiness import json_schema_emptiness, lark_emptiness
 from pagedserve.structured_output.json_bounds import bounded_json_object, bounded_schema
 from pagedserve.structured_outputs_params import StructuredOutputsParams
+from pagedserve.utils.light_tokenizer import backend_json
 from pagedserve.utils.user_json import JsonValue, nests_deeper_than
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
-    from transformers import PreTrainedTokenizerBase
 
 # Compact JSON (no free whitespace between tokens): a small model cannot loop on spaces and newlines.
 _JSON_OPTIONS: "JsonCompileOptions" = {"whitespace_flexible": False}
@@ -40,16 +41,16 @@ MAX_CONSTRAINT_DEPTH = 100
 _GBNF_PARENTHESES = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|#[^\n]*|[()]')
 
 
-def make_ll_tokenizer(hf_tokenizer: "PreTrainedTokenizerBase", vocab_size: int) -> llguidance.LLTokenizer:
-    """llguidance's view of the model's tokenizer (~1 s to build: build once). `vocab_size`: the model's
-    logits width, so the bitmask has one bit per logit. llguidance reads a fast tokenizer's Rust backend:
-    a slow one raises ValueError (as llguidance would)."""
-    import llguidance.hf  # NOTE: lazy: it imports transformers, which the API server's import avoids
-    from transformers import PreTrainedTokenizerFast
-
-    if not isinstance(hf_tokenizer, PreTrainedTokenizerFast):
+def make_ll_tokenizer(tokenizer: object, vocab_size: int) -> llguidance.LLTokenizer:
+    """llguidance's view of the model's tokenizer (~1 s to build: build once): a transformers fast
+    tokenizer or the API server's LightTokenizer, read through their `tokenizers` backend (not through
+    llguidance.hf, which imports transformers). `vocab_size`: the model's logits width, so the bitmask has
+    one bit per logit. A slow tokenizer raises ValueError (as llguidance would)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if not isinstance(backend, Tokenizer):
         raise ValueError("Only fast tokenizers are supported")
-    return llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size)
+    eos: int | None = getattr(tokenizer, "eos_token_id", None)
+    return llguidance.LLTokenizer(backend_json(backend), n_vocab=vocab_size, eos_token=eos)
 
 
 def closed_objects(schema: JsonValue) -> JsonValue:

@@ -9,7 +9,8 @@ speculation, forced recompute and swap preemption in a tiny pool, priority sched
 fp8 KV cache, a sliding-window model, DeepSeek V3's latent attention, a K-quant and a Q4_0 GGUF, three
 adapters over two slots, adapters in one slot under priority and a draft model, wide batches whose decode
 steps run above 8 and 16 rows, two data-parallel replicas, two pipeline stages with adapters, sleep and wake
-between runs, images (LLaVA's, and Gemma 3's, attended both ways), gpt-oss). For every request:
+between runs, images (LLaVA's, and Gemma 3's, attended both ways), gpt-oss, the API server's tokenizer).
+For every request:
 
 - its output in the batch equals its output run alone: tokens, text, finish and stop reasons, and the
   logprobs and prompt logprobs **bit for bit**: a token's logits do not depend on what shares its step, on
@@ -82,6 +83,9 @@ class Setting:
     images: bool = False  # prompts carry 0 to 2 images (an image model: LLaVA, Qwen2.5-VL or Gemma 3)
     # The token budgets a request run alone may take (see BUDGETS).
     alone_budgets: tuple[int | None, ...] = BUDGETS
+    # the API server's tokenizer (utils/light_tokenizer.py, no transformers) reads and writes the text:
+    # prompts, detokenization, stop strings, the constraints' token masks
+    light_tokenizer: bool = False
 
 
 SETTINGS: dict[str, Setting] = {
@@ -184,10 +188,11 @@ SETTINGS: dict[str, Setting] = {
     # A thinking model (<think> </think> tokens, --reasoning-parser qwen3) under n-gram speculation: drawn
     # thinking budgets force </think> (drafts at a forced position must equal it), constraints start after
     # it (drafts inside thinking unconstrained, after it masked), prompts that open or close thinking.
-    "thinking_ngram_recompute": Setting(
+    "thinking_light_tokenizer_ngram_recompute": Setting(
         "qwen3-think",
         dict(TIGHT, reasoning_parser="qwen3", speculative_config=NGRAM, preemption_mode="recompute"),
         max_batch=3,
+        light_tokenizer=True,  # the thinking model's added tags, as `pagedserve serve` reads them
     ),
     # Images (tiny LLaVA, 16 tokens an image) from a pool of three, so requests share images: prompts cut
     # through their images, the encoder cache and image-keyed prefix hits, under speculation and preemption.
@@ -412,7 +417,22 @@ def engine(name: str, tiny_model_factory: Any) -> LLM:
         if args.get("enable_lora"):
             _ADAPTERS[name] = _write_adapters(model)
         _ENGINES[name] = LLM(model, **args)
+        if setting.light_tokenizer:
+            _use_light_tokenizer(_ENGINES[name])
     return _ENGINES[name]
+
+
+def _use_light_tokenizer(llm: LLM) -> None:
+    """The frontend reads and writes text with the API server's tokenizer (a snapshot of this one), as
+    under `pagedserve serve`."""
+    from pagedserve.utils.hf_tokenizer import snapshot_tokenizer
+    from pagedserve.utils.light_tokenizer import LightTokenizer
+
+    engine = llm.llm_engine
+    light = LightTokenizer(snapshot_tokenizer(engine.tokenizer))
+    inputs = engine.frontend.input_processor
+    engine.tokenizer = inputs.tokenizer = inputs.structured_outputs.tokenizer = light
+    engine.frontend.output_processor.tokenizer = light
 
 
 def _import_triton_kernels() -> None:

@@ -200,6 +200,21 @@ def test_serve_rejects_two_different_models(capsys: pytest.CaptureFixture[str]) 
     assert exit_info.value.code == 2 and "Two models given" in capsys.readouterr().err
 
 
+def test_headless_refuses_a_pool(caplog: pytest.LogCaptureFixture) -> None:
+    """--headless runs one model's replicas for a head node: a pool's flags are refused by name (exit 1),
+    before any model is read."""
+    package_logger = logging.getLogger("pagedserve")
+    package_logger.addHandler(caplog.handler)
+    try:
+        for pool in (["--model", "a=/no/such/model"], ["--models-dir", "/no/such/dir"]):
+            assert cli_main(["serve", *pool, "--headless"]) == 1
+    finally:
+        package_logger.removeHandler(caplog.handler)
+    refusals = [record.getMessage() for record in caplog.records if record.levelno == logging.ERROR]
+    assert len(refusals) == 2 and all("--headless" in refusal for refusal in refusals)
+    assert "drop --model NAME=PATH" in refusals[0] and "drop --models-dir" in refusals[1]
+
+
 def test_taken_port_fails_fast_naming_the_flag() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

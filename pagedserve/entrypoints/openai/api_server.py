@@ -72,7 +72,7 @@ from pagedserve.entrypoints.openai.sleep_routes import add_sleep_routes
 from pagedserve.entrypoints.openai.stat_loggers import StatLoggers, record_engine
 from pagedserve.entrypoints.openai.unicode_text import reject_lone_surrogates
 from pagedserve.entrypoints.utils import with_cancellation
-from pagedserve.errors import PagedServeError
+from pagedserve.errors import ConfigError, PagedServeError
 from pagedserve.logger import init_logger
 from pagedserve.metrics.prometheus import CONTENT_TYPE, PrometheusStatLogger
 
@@ -327,7 +327,7 @@ async def _create_engine(
         server_args.log_requests,
         envs.log_stats_interval_s(),
         limits,
-        resolved.tokenizer_class,
+        resolved.tokenizer,
         resolved.engine_process,
     )
 
@@ -354,6 +354,16 @@ def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def _refuse_headless_pool(server_args: ServerArgs) -> None:
+    """A headless node runs replicas of the head's one model: a pool's models would be ignored."""
+    if server_args.named_models or server_args.models_dir is not None:
+        flag = "--model NAME=PATH" if server_args.named_models else "--models-dir"
+        raise ConfigError(
+            f"--headless runs data-parallel replicas of one model for a head node; {flag} serves a pool of "
+            f"models, which a headless node cannot: drop {flag} (give the model as --model PATH) or --headless."
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the server from parsed flags; returns the process exit status."""
     # NOTE: SIGTERM before the server runs (and after) unwinds like Ctrl-C, so no engine process is
@@ -362,6 +372,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         engine_args, server_args, limits, bounds = args_from_namespace(args)
         if engine_args.headless:  # this node runs replicas for a head elsewhere: no API server
+            _refuse_headless_pool(server_args)
             return run_headless(engine_args.create_engine_config(), limits.engine_stall_timeout)
         return asyncio.run(run_server(engine_args, server_args, limits, bounds))
     except PagedServeError as exc:

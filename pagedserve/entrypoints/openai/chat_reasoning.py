@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING, Protocol
 
 from pagedserve.config.reasoning import ReasoningConfig
 from pagedserve.core.thinking import Phase, Thinking, ThinkingState
+from pagedserve.engine.tokenizer import AnyTokenizer
 from pagedserve.entrypoints.openai.harmony_channels import HarmonyChannels
 from pagedserve.reasoning import ReasoningParser, ReasoningStream, get_reasoning_parser
 
 if TYPE_CHECKING:
     from openai_harmony import HarmonyEncoding
-    from transformers import PreTrainedTokenizerBase
 
 
 class OutputSplit(Protocol):
@@ -35,7 +35,7 @@ class SampleReasoning:
         stream: ReasoningStream,
         thinking: Thinking | None,
         state: ThinkingState | None,
-        tokenizer: "PreTrainedTokenizerBase",
+        tokenizer: AnyTokenizer,
     ) -> None:
         self._stream = stream
         self._thinking = thinking
@@ -80,7 +80,7 @@ class ChatReasoning:
     def __init__(
         self,
         config: ReasoningConfig | None,
-        tokenizer: "PreTrainedTokenizerBase",
+        tokenizer: AnyTokenizer,
         harmony: "HarmonyEncoding | None" = None,
     ) -> None:
         self.parser: ReasoningParser | None = None if config is None else get_reasoning_parser(config.parser)
