@@ -294,7 +294,9 @@ def _load_hf_config(
         gguf_file = os.path.join(model, ggufs[0])
     if mmproj is not None and gguf_file is None:
         raise ConfigError(f"--mmproj adds images to a GGUF --model; {model} is not a GGUF file.")
-    gguf_folder = gguf_file and (mmproj_hf_folder(gguf_file, mmproj) if mmproj else gguf_hf_folder(gguf_file))
+    gguf_folder = gguf_file and (
+        mmproj_hf_folder(gguf_file, mmproj) if mmproj is not None else gguf_hf_folder(gguf_file)
+    )
     source = hf_config_path or gguf_folder or model
     try:
         aliased = None if gguf_file else _aliased_config(source)

@@ -134,3 +134,9 @@ def test_serve_flag_reaches_the_model_config() -> None:
     processor = AutoImageProcessor.from_pretrained(model.processor_folder)
     assert type(processor).__name__.startswith("Qwen2VLImageProcessor")
     assert processor.image_mean == pytest.approx([0.48145466, 0.4578275, 0.40821073])
+
+
+def test_an_empty_mmproj_is_refused_not_ignored() -> None:
+    """`--mmproj ""` once read as no flag in one place and as a file in another (the engine then died)."""
+    with pytest.raises(ConfigError, match="--mmproj"):
+        EngineArgs(model=gguf("tiny-gemma3-vision.gguf"), mmproj="").model_config("cpu")
