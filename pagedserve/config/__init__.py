@@ -1,16 +1,11 @@
-"""Engine configuration, one module per concern: model, cache, scheduler, parallel, engine (EngineArgs ->
-EngineConfig) and cli (dataclass fields -> flags). Every name users and tests import from
+"""Engine configuration, one module per concern: model, cache, scheduler, parallel, engine (EngineArgs),
+engine_config (EngineConfig) and cli (dataclass fields -> flags). Every name users and tests import from
 `pagedserve.config` stays importable from here."""
 
 from pagedserve.config.cache import SUPPORTED_BLOCK_SIZES, BlockSize, CacheConfig, KVCacheConfig
 from pagedserve.config.cli import add_dataclass_cli_args, config_field, dataclass_from_cli_args
-from pagedserve.config.engine import (
-    ATTENTION_BACKENDS,
-    AttentionBackendName,
-    Device,
-    EngineArgs,
-    EngineConfig,
-)
+from pagedserve.config.engine import EngineArgs
+from pagedserve.config.engine_config import ATTENTION_BACKENDS, AttentionBackendName, Device, EngineConfig
 from pagedserve.config.model import MODEL_ARCHITECTURES, SUPPORTED_DTYPES, DType, LoadFormat, ModelConfig
 from pagedserve.config.parallel import EXECUTOR_BACKENDS, ExecutorBackend, ParallelConfig
 from pagedserve.config.scheduler import (

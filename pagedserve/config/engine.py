@@ -1,20 +1,25 @@
-"""EngineArgs (every engine flag, vLLM's names; the CLI is generated from its fields) -> the frozen,
-validated EngineConfig the whole engine is built from."""
+"""EngineArgs: every engine flag, vLLM's names (the CLI is generated from its fields; the parallelism and
+image ones in their own base classes), resolved by create_engine_config() into the EngineConfig the whole
+engine is built from."""
 
 import argparse
 import dataclasses
-import os
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any
 
 from pagedserve.config.cache import BlockSize, CacheConfig, KVCacheDType
 from pagedserve.config.cli import NamedValues, add_dataclass_cli_args, config_field, dataclass_from_cli_args
+from pagedserve.config.engine_config import (
+    AttentionBackendName,
+    Device,
+    EngineConfig,
+    cuda_graph_capture_sizes,
+    resolve_device,
+)
 from pagedserve.config.generation import generation_defaults
-from pagedserve.config.kv_layout import KVCacheLayout
-from pagedserve.config.lora import LoRAConfig
+from pagedserve.config.lora_args import LoRAArgs
+from pagedserve.config.media_args import MediaArgs
 from pagedserve.config.model import DType, LoadFormat, ModelConfig, load_model_config
-from pagedserve.config.multimodal import MultiModalConfig, parse_limit_mm_per_prompt
-from pagedserve.config.parallel import ParallelConfig, check_pipeline_features
 from pagedserve.config.parallel_args import ParallelArgs
 from pagedserve.config.pooling import ConvertName, RunnerName
 from pagedserve.config.quantization import (
@@ -23,98 +28,34 @@ from pagedserve.config.quantization import (
     resolve_linear_backend,
     resolve_quantization,
 )
-from pagedserve.config.reasoning import ReasoningConfig, resolve_reasoning_config
+from pagedserve.config.reasoning import resolve_reasoning_config
 from pagedserve.config.scheduler import (
     PreemptionMode,
     SchedulerConfig,
     SchedulingPolicy,
     default_max_num_batched_tokens,
 )
-from pagedserve.config.speculative import SpeculativeConfig, resolve_speculative_config
+from pagedserve.config.speculative import resolve_speculative_config
+from pagedserve.config.vllm_compat_args import VllmCompatArgs
 from pagedserve.errors import ConfigError
-from pagedserve.families import family
-from pagedserve.logger import init_logger
 from pagedserve.reasoning import ReasoningParserName
 from pagedserve.utils import parse_bytes
 from pagedserve.utils.default_model import DEFAULT_MODEL_NAME
-from pagedserve.utils.gpu_probe import visible_gpu_count
 from pagedserve.utils.hub import is_hub_id, resolve_model_path
 
-Device = Literal["auto", "cpu", "cuda"]
-# --attention-backend choices; each name but auto is registered in attention/backends/__init__.py.
-AttentionBackendName = Literal["auto", "torch", "cpu", "triton"]
-ATTENTION_BACKENDS: tuple[str, ...] = get_args(AttentionBackendName)
-
-logger = init_logger(__name__)
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Every resolved setting, validated once; passed whole to the engine's components."""
-
-    model: ModelConfig
-    cache: CacheConfig
-    scheduler: SchedulerConfig
-    parallel: ParallelConfig
-    device: str  # resolved: cpu | cuda
-    enforce_eager: bool
-    attention_backend: AttentionBackendName = "auto"  # auto is resolved by the worker's platform
-    cuda_graph_sizes: tuple[int, ...] = ()  # decode batch sizes captured in CUDA graphs, ascending
-    speculative: SpeculativeConfig | None = None
-    lora: LoRAConfig | None = None  # --enable-lora
-    reasoning: ReasoningConfig | None = None  # --reasoning-parser
-    # Computed once from the configs above; every part that sizes, allocates or counts blocks reads it.
-    kv_layout: KVCacheLayout = dataclasses.field(init=False)
-
-    def __post_init__(self) -> None:
-        draft = None if self.speculative is None else self.speculative.draft_model_config
-        layout = KVCacheLayout.for_engine(
-            self.model,
-            self.cache,
-            self.parallel.tensor_parallel_size,
-            self.scheduler.max_num_batched_tokens,
-            draft,
-            self.parallel.pipeline_parallel_size,
-        )
-        object.__setattr__(self, "kv_layout", layout)
-        if self.device not in ("cpu", "cuda"):
-            raise ConfigError(
-                f"device={self.device!r} is not supported; --device must be one of "
-                f"{', '.join(get_args(Device))}."
-            )
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ConfigError(
-                f"attention_backend={self.attention_backend!r} is not supported; "
-                f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}."
-            )
-        if self.attention_backend == "cpu" and self.device != "cpu":
-            raise ConfigError(
-                f"--attention-backend cpu runs on the CPU only, but the device is "
-                f"{self.device}; use --attention-backend auto, or --device cpu."
-            )
-        if self.scheduler.preemption_mode == "swap" and self.cache.swap_space == 0:
-            raise ConfigError(
-                "--preemption-mode swap needs host memory to swap to: set --swap-space "
-                "(GiB) above 0, or use --preemption-mode recompute."
-            )
-        check_pipeline_features(self.parallel.pipeline_parallel_size, self.model.pooling is not None)
-        if self.model.multimodal is not None and self.parallel.pipeline_parallel_size > 1:
-            raise ConfigError(
-                f"{self.model.architecture} takes images, which do not run at --pipeline-parallel-size > 1 "
-                "yet: use --tensor-parallel-size instead."
-            )
-        facts = family(self.model.architecture)
-        drafts = self.speculative is not None and self.speculative.draft_model_config is not None
-        if drafts and facts is not None and facts.mrope:
-            raise ConfigError(
-                f"{self.model.architecture} rotates 3-D positions (M-RoPE), which a draft model does not "
-                'take yet: use n-gram speculation in --speculative-config ({"method": "ngram", ...}).'
-            )
+# EngineArgs' base classes: their flags follow its own in --help, each group under its heading.
+_FLAG_GROUPS: dict[type, str] = {
+    MediaArgs: "images",
+    LoRAArgs: "LoRA adapters",
+    VllmCompatArgs: "accepted for vLLM",
+    ParallelArgs: "parallelism",
+}
 
 
 @dataclass
-class EngineArgs(ParallelArgs):
-    """Every engine setting, with vLLM's names (the parallelism ones in ParallelArgs).
+class EngineArgs(ParallelArgs, MediaArgs, LoRAArgs, VllmCompatArgs):
+    """Every engine setting, with vLLM's names (the parallelism, image, LoRA and vLLM-only ones in base
+    classes, each listed under its own heading in --help).
     `create_engine_config()` validates and resolves them."""
 
     model: str | None = config_field(
@@ -241,15 +182,6 @@ class EngineArgs(ParallelArgs):
     override_generation_config: str | None = config_field(
         None, "JSON merged over --generation-config's defaults, e.g. '{\"temperature\": 0.5}'."
     )
-    # vLLM's flags that change nothing here; accepted so that vLLM command lines run as written.
-    enable_chunked_prefill: bool | None = config_field(
-        None,
-        "Accepted for vLLM: chunked prefill is always on here (a prompt longer than "
-        "--max-num-batched-tokens is split across steps); --no-enable-chunked-prefill only warns.",
-    )
-    trust_remote_code: bool = config_field(
-        False, "Accepted for vLLM: pagedserve never runs a model's own Python code (a warning says so)."
-    )
     revision: str | None = config_field(
         None, "Hub revision (branch, tag or commit) of a hub id --model. Default: main."
     )
@@ -281,19 +213,6 @@ class EngineArgs(ParallelArgs):
         '"normalize": true, "activation": true}. Default: sentence-transformers\' modules.json and '
         "1_Pooling, else CLS for encoders and LAST for decoders, normalized.",
     )
-    enable_lora: bool = config_field(
-        False, "Serve LoRA adapters over the base model (--lora-modules, lora_request)."
-    )
-    max_loras: int = config_field(
-        1, "--enable-lora: the most adapters in one step (each takes a slot of weights)."
-    )
-    max_lora_rank: int = config_field(
-        16, "--enable-lora: the largest adapter rank (every slot is this wide)."
-    )
-    max_cpu_loras: int | None = config_field(
-        None,
-        "--enable-lora: adapters kept read in host memory, least recently used evicted (default --max-loras).",
-    )
     reasoning_parser: ReasoningParserName | None = config_field(
         None,
         "A thinking model's tags: chat completions return its thinking as message.reasoning, structured "
@@ -303,21 +222,6 @@ class EngineArgs(ParallelArgs):
         None,
         "With --reasoning-parser: the most thinking tokens of a request that sets no thinking_token_budget; "
         "then the end-of-thinking token is forced and the answer follows. Default: no limit.",
-    )
-    limit_mm_per_prompt: str | None = config_field(
-        None, 'Image models: the most images in one prompt, JSON {"image": N} (default 8; 0 refuses images).'
-    )
-    allowed_media_domains: str | list[str] | None = config_field(
-        None, "Image models: the only hosts http(s) image URLs may name (default: any host)."
-    )
-    allowed_local_media_path: str | None = config_field(
-        None, "Image models: file:// image URLs are read only under this folder (default: refused)."
-    )
-    media_fetch_timeout: float = config_field(
-        5.0, "Image models: seconds an http(s) image may take to download, all of it."
-    )
-    max_media_bytes: str = config_field(
-        "20MiB", "Image models: the largest image file (download, data: URL or file) accepted."
     )
     download_dir: str | None = config_field(
         None,
@@ -338,11 +242,12 @@ class EngineArgs(ParallelArgs):
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
-        parallel = {f.name for f in dataclasses.fields(ParallelArgs)}
+        grouped = {f.name for base in _FLAG_GROUPS for f in dataclasses.fields(base)}
         add_dataclass_cli_args(
-            cls, parser, [f.name for f in dataclasses.fields(cls) if f.name not in parallel]
+            cls, parser, [f.name for f in dataclasses.fields(cls) if f.name not in grouped]
         )
-        add_dataclass_cli_args(ParallelArgs, parser.add_argument_group("parallelism"))
+        for base, title in _FLAG_GROUPS.items():
+            add_dataclass_cli_args(base, parser.add_argument_group(title))
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
@@ -353,7 +258,7 @@ class EngineArgs(ParallelArgs):
         the flag."""
         device = resolve_device(self.device)
         # NOTE: the cheap checks first, so a bad flag is reported before the model's config is read.
-        self._check_vllm_only_settings()
+        self.warn_vllm_only_settings()
         cache = CacheConfig(
             self.block_size,
             self.gpu_memory_utilization,
@@ -365,10 +270,7 @@ class EngineArgs(ParallelArgs):
             self.calculate_kv_scales,
         )
         model = self.model_config(device)
-        limits = dict(
-            max_loras=self.max_loras, max_lora_rank=self.max_lora_rank, max_cpu_loras=self.max_cpu_loras
-        )
-        lora = LoRAConfig.for_model(model, **limits) if self.enable_lora else None
+        lora = self.lora_config(model)
         scheduler = SchedulerConfig(
             self.max_num_seqs,
             self.max_num_batched_tokens
@@ -413,19 +315,6 @@ class EngineArgs(ParallelArgs):
             None if self.kv_cache_memory is None else parse_bytes(self.kv_cache_memory, "--kv-cache-memory")
         )
 
-    def _check_vllm_only_settings(self) -> None:
-        """Warn about vLLM's settings that change nothing here."""
-        if self.trust_remote_code:
-            logger.warning(
-                "trust_remote_code (--trust-remote-code) is accepted but has no effect: pagedserve never "
-                "runs a model's own Python code; its architecture must be one pagedserve implements."
-            )
-        if self.enable_chunked_prefill is False:
-            logger.warning(
-                "--no-enable-chunked-prefill has no effect: chunked prefill is always on here (prompts "
-                "longer than --max-num-batched-tokens are split across steps)."
-            )
-
     def model_config(self, device: str) -> ModelConfig:
         """The model's settings as they resolve on `device` (reads its config, never its weights)."""
         # NOTE: hub ids become local paths here, once: the engine's processes get the paths.
@@ -450,7 +339,7 @@ class EngineArgs(ParallelArgs):
         )
         return dataclasses.replace(
             model,
-            multimodal=self._multimodal(model.multimodal),
+            multimodal=self.multimodal_config(model.multimodal),
             batch_invariant=self.batch_invariant,
             cpu_offload_gb=self.cpu_offload_gb,
             quantization=resolve_quantization(self.quantization, model),
@@ -459,53 +348,3 @@ class EngineArgs(ParallelArgs):
                 self.generation_config, model.model, self.override_generation_config
             ),
         )
-
-    def _multimodal(self, multimodal: MultiModalConfig | None) -> MultiModalConfig | None:
-        """The image bounds of an image model (None for a text model, which refuses images)."""
-        if multimodal is None:
-            return None
-        domains = self.allowed_media_domains
-        return dataclasses.replace(
-            multimodal,
-            max_images_per_prompt=parse_limit_mm_per_prompt(self.limit_mm_per_prompt),
-            allowed_media_domains=None
-            if domains is None
-            else tuple([domains] if isinstance(domains, str) else domains),
-            allowed_local_media_path=self.allowed_local_media_path
-            and os.path.realpath(self.allowed_local_media_path),
-            fetch_timeout_s=self.media_fetch_timeout,
-            max_media_bytes=parse_bytes(self.max_media_bytes, "--max-media-bytes"),
-        )
-
-
-def cuda_graph_capture_sizes(sizes: str | list[int], max_num_seqs: int) -> tuple[int, ...]:
-    """--cuda-graph-sizes resolved as vLLM does: [N] -> 1, 2, 4, 8, 16, ..., N (multiples of 8); several
-    sizes -> those; then capped at max_num_seqs (no decode batch is larger; it becomes the largest size)."""
-    try:
-        values = [int(v) for v in (sizes.split(",") if isinstance(sizes, str) else sizes)]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise ConfigError(
-            f"cuda_graph_sizes={sizes!r} must be positive integers, e.g. 512 or 1,2,4,8 (--cuda-graph-sizes)."
-        )
-    if len(values) == 1:
-        values = [v for v in (1, 2, 4) if v <= values[0]] + list(range(8, values[0] + 1, 8))
-    capped = {v for v in values if v <= max_num_seqs}
-    if max(values) > max_num_seqs:
-        capped.add(max_num_seqs)
-    return tuple(sorted(capped))
-
-
-def resolve_device(device: str) -> str:
-    """auto -> cuda when a GPU is visible, else cpu. Raises ConfigError for cuda without a GPU. Probed
-    without torch (utils/gpu_probe.py), so the API server resolves its settings without importing it."""
-    if device == "auto":
-        return "cuda" if visible_gpu_count() > 0 else "cpu"
-    if device == "cuda" and visible_gpu_count() == 0:
-        raise ConfigError("--device cuda was asked for but no CUDA GPU is visible.")
-    if device not in ("cpu", "cuda"):
-        raise ConfigError(
-            f"device={device!r} is not supported; --device must be one of {', '.join(get_args(Device))}."
-        )
-    return device

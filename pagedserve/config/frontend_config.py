@@ -22,7 +22,8 @@ from pagedserve.utils.hf_tokenizer import load_hf_tokenizer, snapshot_tokenizer,
 from pagedserve.utils.light_tokenizer import TokenizerSnapshot
 
 if TYPE_CHECKING:
-    from pagedserve.config.engine import EngineArgs, EngineConfig
+    from pagedserve.config.engine import EngineArgs
+    from pagedserve.config.engine_config import EngineConfig
 
 
 class HFConfigSnapshot:

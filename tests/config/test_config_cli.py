@@ -121,16 +121,16 @@ def test_device_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
     """--device cuda resolves to cuda where a GPU is visible (it was refused everywhere: the first GPU
     run found it); the GPU's presence (the torch-free probe's count) is the one thing this CPU machine
     must pretend."""
-    from pagedserve.config import engine
-    from pagedserve.config.engine import resolve_device
+    from pagedserve.config import engine_config
+    from pagedserve.config.engine_config import resolve_device
 
     assert resolve_device("cpu") == "cpu"
     with pytest.raises(ConfigError, match="--device must be one of auto, cpu, cuda"):
         resolve_device("tpu")
-    monkeypatch.setattr(engine, "visible_gpu_count", lambda: 0)
+    monkeypatch.setattr(engine_config, "visible_gpu_count", lambda: 0)
     assert resolve_device("auto") == "cpu"
     with pytest.raises(ConfigError, match="no CUDA GPU is visible"):
         resolve_device("cuda")
-    monkeypatch.setattr(engine, "visible_gpu_count", lambda: 1)
+    monkeypatch.setattr(engine_config, "visible_gpu_count", lambda: 1)
     assert resolve_device("cuda") == "cuda"
     assert resolve_device("auto") == "cuda"

@@ -14,7 +14,7 @@ from pagedserve import LLM
 from pagedserve.attention.backends.base import AttentionLayerSpec
 from pagedserve.attention.backends.torch_paged import TorchPagedAttentionBackend
 from pagedserve.config import EngineArgs
-from pagedserve.config.engine import cuda_graph_capture_sizes
+from pagedserve.config.engine_config import cuda_graph_capture_sizes
 from pagedserve.errors import ConfigError
 from pagedserve.worker.cuda_graph import PAD_SLOT, DecodeBuffers, graph_bucket
 from pagedserve.worker.input_batch import BatchInputs

@@ -6,7 +6,7 @@ never writes, so one is refused at startup."""
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from pagedserve.config.engine import EngineConfig
+from pagedserve.config.engine_config import EngineConfig
 from pagedserve.entrypoints.chat_utils import normalize_messages
 from pagedserve.entrypoints.openai.chat_tools import resolve_chat_tools
 from pagedserve.entrypoints.openai.harmony_encoding import harmony_encoding
