@@ -256,7 +256,7 @@ def hbm_bandwidth(dry: bool) -> tuple[float, str]:
 def weights_bytes(workload: Workload, dtype_bytes: int) -> int:
     from transformers import AutoConfig
 
-    from pagedserve.sizing import ModelShape
+    from pagedserve.model_shape import ModelShape
 
     config = AutoConfig.from_pretrained(os.path.join(HERE, "configs", workload.name))
     return ModelShape.from_hf_config(config, "LlamaForCausalLM").num_parameters() * dtype_bytes

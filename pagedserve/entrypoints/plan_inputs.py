@@ -18,7 +18,8 @@ from pagedserve.entrypoints.plan_weights import (
 )
 from pagedserve.errors import ConfigError
 from pagedserve.lora.shapes import ModelShapes
-from pagedserve.sizing import ModelShape, WeightBytes
+from pagedserve.model_shape import ModelShape
+from pagedserve.sizing import WeightBytes
 from pagedserve.utils import parse_bytes
 
 TP_SIZES = (1, 2, 4, 8)

@@ -24,7 +24,8 @@ from pagedserve.config.weight_bytes import (
     online_quant_bytes,
     resident_ggml_bytes,
 )
-from pagedserve.sizing import ModelShape, WeightBytes
+from pagedserve.model_shape import ModelShape
+from pagedserve.sizing import WeightBytes
 from pagedserve.utils.gguf_tensors import read_gguf
 
 _GGUF_LAYER = re.compile(r"blk\.(\d+)\.")

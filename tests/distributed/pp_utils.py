@@ -11,8 +11,8 @@ from tp_utils import shutdown
 from pagedserve import LLM, SamplingParams
 from pagedserve.config.parallel import PipelineStage
 from pagedserve.lora.request import LoRARequest
+from pagedserve.model_shape import ModelShape
 from pagedserve.protocol import SchedulerStats
-from pagedserve.sizing import ModelShape
 
 PP_ENGINE_ARGS = dict(max_model_len=64, block_size=8, max_num_batched_tokens=16)
 # KV blocks of 8 tokens: fewer than the 4 requests need at once, so some are preempted (recompute). With

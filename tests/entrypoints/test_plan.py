@@ -9,7 +9,7 @@ import torch
 
 from pagedserve import LLM
 from pagedserve.entrypoints.cli import main as cli_main
-from pagedserve.sizing import ModelShape
+from pagedserve.model_shape import ModelShape
 
 DATA = os.path.join(os.path.dirname(__file__), os.pardir, "data")
 GiB = 2**30

@@ -8,7 +8,7 @@ import torch
 from pagedserve.config import EngineArgs, EngineConfig
 from pagedserve.config.kv_layout import DTYPE_BYTES
 from pagedserve.core.sched_output import SchedulerOutput
-from pagedserve.sizing import ModelShape
+from pagedserve.model_shape import ModelShape
 from pagedserve.worker.worker import Worker
 
 
