@@ -8,12 +8,8 @@ import anthropic.types as anthropic_types
 import openai.types.responses as responses_types
 import pydantic
 
-from pagedserve.entrypoints.openai.protocol import (
-    ChatCompletionChunk,
-    ChatStreamChoice,
-    DeltaMessage,
-    UsageInfo,
-)
+from pagedserve.entrypoints.openai.protocol import UsageInfo
+from pagedserve.entrypoints.openai.protocol_chat import ChatCompletionChunk, ChatStreamChoice, DeltaMessage
 from pagedserve.entrypoints.openai.responses_events import ResponseBuilder
 from pagedserve.entrypoints.openai.serving_messages import MessageBuilder
 

@@ -45,15 +45,12 @@ from pagedserve.entrypoints.openai.ollama_models import OllamaModels
 from pagedserve.entrypoints.openai.ollama_routes import add_ollama_routes
 from pagedserve.entrypoints.openai.pool_server import EngineStarter, pool_models, serve_pool
 from pagedserve.entrypoints.openai.pooling_routes import add_pooling_routes
-from pagedserve.entrypoints.openai.protocol import (
-    ChatCompletionRequest,
-    ChatCompletionResponse,
-    CompletionRequest,
-    CompletionResponse,
+from pagedserve.entrypoints.openai.protocol_chat import ChatCompletionRequest, ChatCompletionResponse
+from pagedserve.entrypoints.openai.protocol_completion import CompletionRequest, CompletionResponse
+from pagedserve.entrypoints.openai.protocol_models import ModelCard, ModelList
+from pagedserve.entrypoints.openai.protocol_tokenization import (
     DetokenizeRequest,
     DetokenizeResponse,
-    ModelCard,
-    ModelList,
     TokenizeRequest,
     TokenizeResponse,
 )

@@ -9,7 +9,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from pagedserve.entrypoints.openai.protocol import (
+from pagedserve.entrypoints.openai.protocol_chat import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,

@@ -11,7 +11,7 @@ from pagedserve.entrypoints.chat_utils import normalize_messages
 from pagedserve.entrypoints.openai.chat_tools import resolve_chat_tools
 from pagedserve.entrypoints.openai.harmony_encoding import harmony_encoding
 from pagedserve.entrypoints.openai.harmony_prompt import render_harmony_prompt
-from pagedserve.entrypoints.openai.protocol import ChatTemplateRequest
+from pagedserve.entrypoints.openai.protocol_chat import ChatTemplateRequest
 from pagedserve.errors import ConfigError, InvalidRequestError
 from pagedserve.families import family
 from pagedserve.sampling_params import SamplingParams

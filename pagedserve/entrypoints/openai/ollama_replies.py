@@ -13,7 +13,9 @@ from pydantic import BaseModel
 
 from pagedserve.entrypoints.openai.chat_translation import json_object
 from pagedserve.entrypoints.openai.errors import exception_message
-from pagedserve.entrypoints.openai.protocol import ChatCompletionChunk, CompletionResponse, UsageInfo
+from pagedserve.entrypoints.openai.protocol import UsageInfo
+from pagedserve.entrypoints.openai.protocol_chat import ChatCompletionChunk
+from pagedserve.entrypoints.openai.protocol_completion import CompletionResponse
 
 NDJSON = "application/x-ndjson"
 # Chat's finish reasons as Ollama's done_reason (Ollama ends a turn with tool calls as "stop").

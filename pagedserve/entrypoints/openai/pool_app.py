@@ -18,7 +18,7 @@ from pagedserve.entrypoints.openai.errors import ERROR_RESPONSES, exception_resp
 from pagedserve.entrypoints.openai.model_pool import LoadedModel, ModelPool, ResidentModel
 from pagedserve.entrypoints.openai.models_dir import ModelFile
 from pagedserve.entrypoints.openai.ollama_models import tag_entry
-from pagedserve.entrypoints.openai.protocol import ModelCard, ModelList
+from pagedserve.entrypoints.openai.protocol_models import ModelCard, ModelList
 from pagedserve.errors import InvalidRequestError, PagedServeError
 
 

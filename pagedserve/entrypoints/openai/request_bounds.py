@@ -10,12 +10,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pagedserve.config import config_field
 from pagedserve.entrypoints.openai.errors import error_response
-from pagedserve.entrypoints.openai.protocol import (
-    ChatCompletionRequest,
-    ChatTemplateRequest,
-    CompletionRequest,
-    SamplingRequest,
-)
+from pagedserve.entrypoints.openai.protocol import SamplingRequest
+from pagedserve.entrypoints.openai.protocol_chat import ChatCompletionRequest, ChatTemplateRequest
+from pagedserve.entrypoints.openai.protocol_completion import CompletionRequest
 from pagedserve.errors import ConfigError, InvalidRequestError
 
 

@@ -9,7 +9,8 @@ import uuid
 from dataclasses import dataclass
 
 from pagedserve.entrypoints.openai.chat_translation import GrowingText, named_event, tool_call_delta
-from pagedserve.entrypoints.openai.protocol import ChatCompletionChunk, UsageInfo
+from pagedserve.entrypoints.openai.protocol import UsageInfo
+from pagedserve.entrypoints.openai.protocol_chat import ChatCompletionChunk
 from pagedserve.entrypoints.openai.tool_parsers.streaming import ToolCallDelta
 from pagedserve.utils.user_json import JsonObject, JsonValue
 

@@ -8,7 +8,7 @@ import threading
 from dataclasses import dataclass
 
 from pagedserve.engine.async_llm import AsyncLLM
-from pagedserve.entrypoints.openai.protocol import ModelCard
+from pagedserve.entrypoints.openai.protocol_models import ModelCard
 from pagedserve.errors import ConfigError, InvalidRequestError
 from pagedserve.protocol import LoRARequest
 

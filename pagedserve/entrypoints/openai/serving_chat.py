@@ -21,7 +21,8 @@ from pagedserve.entrypoints.chat_utils import (
 from pagedserve.entrypoints.openai.chat_reasoning import ChatReasoning, OutputSplit
 from pagedserve.entrypoints.openai.chat_tools import ChatTools, ToolStreamer, resolve_chat_tools
 from pagedserve.entrypoints.openai.harmony_chat import HarmonyChat
-from pagedserve.entrypoints.openai.protocol import (
+from pagedserve.entrypoints.openai.protocol import CompletionTokensDetails, UsageInfo
+from pagedserve.entrypoints.openai.protocol_chat import (
     ChatChoice,
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -31,10 +32,8 @@ from pagedserve.entrypoints.openai.protocol import (
     ChatStreamChoice,
     ChatTemplateRequest,
     ChatTokenLogprob,
-    CompletionTokensDetails,
     DeltaMessage,
     TopLogprob,
-    UsageInfo,
 )
 from pagedserve.entrypoints.openai.served_models import ServedModels
 from pagedserve.entrypoints.openai.serving_engine import (

@@ -10,7 +10,7 @@ from fastapi.responses import StreamingResponse
 from pagedserve.engine.async_llm import AsyncLLM
 from pagedserve.engine.input_processor import PromptType
 from pagedserve.engine.request_options import RequestOptions
-from pagedserve.entrypoints.openai.protocol import (
+from pagedserve.entrypoints.openai.protocol_completion import (
     CompletionChoice,
     CompletionLogProbs,
     CompletionRequest,

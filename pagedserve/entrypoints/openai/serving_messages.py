@@ -21,7 +21,7 @@ from pagedserve.entrypoints.openai.chat_translation import (
     tool_call_delta,
 )
 from pagedserve.entrypoints.openai.errors import anthropic_error_body, exception_message, exception_status
-from pagedserve.entrypoints.openai.protocol import ChatCompletionChunk
+from pagedserve.entrypoints.openai.protocol_chat import ChatCompletionChunk
 from pagedserve.entrypoints.openai.protocol_messages import (
     AnthropicMessage,
     CountTokensRequest,

@@ -28,10 +28,7 @@ from pagedserve.entrypoints.openai.ollama_options import (
     thinking_switch,
 )
 from pagedserve.entrypoints.openai.ollama_replies import OllamaReply, answer, loaded
-from pagedserve.entrypoints.openai.protocol import (
-    CompletionRequest,
-    CompletionResponse,
-)
+from pagedserve.entrypoints.openai.protocol_completion import CompletionRequest, CompletionResponse
 from pagedserve.entrypoints.openai.protocol_ollama import (
     OllamaChatRequest,
     OllamaEmbeddingsRequest,

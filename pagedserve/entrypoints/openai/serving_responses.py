@@ -11,7 +11,7 @@ from fastapi.responses import StreamingResponse
 
 from pagedserve.entrypoints.openai.chat_translation import chat_request, start_chat
 from pagedserve.entrypoints.openai.errors import exception_message
-from pagedserve.entrypoints.openai.protocol import ChatCompletionChunk
+from pagedserve.entrypoints.openai.protocol_chat import ChatCompletionChunk
 from pagedserve.entrypoints.openai.protocol_responses import ResponsesRequest, TextConfig
 from pagedserve.entrypoints.openai.request_bounds import RequestBounds
 from pagedserve.entrypoints.openai.response_store import ResponseStore, StoredResponse

@@ -4,8 +4,8 @@ import asyncio
 from collections.abc import Callable
 
 from pagedserve.engine.async_llm import AsyncLLM
-from pagedserve.entrypoints.openai.protocol import (
-    ChatTemplateRequest,
+from pagedserve.entrypoints.openai.protocol_chat import ChatTemplateRequest
+from pagedserve.entrypoints.openai.protocol_tokenization import (
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeRequest,
