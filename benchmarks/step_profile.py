@@ -4,7 +4,11 @@ sampler, scheduler update, output processing (detokenization), at the batch size
 The engine runs in this process (tp=1). Each phase is timed by wrapping the function that does it
 (perf_counter around the call; CPU work is synchronous), the forward's layer kinds by forward hooks on
 the leaf modules. The sum of the phases is checked against the measured step: what is left is the
-untimed glue. "Outside the forward and logits" is the whole `LLMEngine.step()` (the engine core's
+untimed glue. Those wrappers cost time themselves (a few microseconds per call, and detokenization is
+timed per request), so the steps are run twice: first with only the forward and the logits timed (one
+call each per step), which gives "outside the forward and logits" and the uninstrumented step, then
+with every wrapper, which gives the breakdown. "Outside the forward and logits" is the whole
+`LLMEngine.step()` (the engine core's
 schedule, the worker's diff update, batch and sampling-input build with its host-to-device copy, attention
 metadata, sampler, the scheduler's update and stats; the frontend's output processing and
 detokenization) minus the model's forward and `compute_logits`; it is given in wall time and in this
@@ -71,14 +75,14 @@ def patched(owner: Any, name: str, timings: Timings, phase: str) -> Iterator[Non
         setattr(owner, name, original)
 
 
-def hook_leaf_modules(model: torch.nn.Module, timings: Timings) -> list[Any]:
-    """Time the whole forward, and every leaf module (linear layers, norms, rotary, attention, activation)
-    by its class name."""
+def hook_leaf_modules(model: torch.nn.Module, timings: Timings, leaves: bool = True) -> list[Any]:
+    """Time the whole forward, and (`leaves`) every leaf module (linear layers, norms, rotary, attention,
+    activation) by its class name."""
     handles, starts = [], {}
     for module in model.modules():
         if module is model:
             kind = "forward (all)"
-        elif next(module.children(), None) is None:
+        elif leaves and next(module.children(), None) is None:
             kind = "forward: " + type(module).__name__
         else:
             continue
@@ -120,16 +124,19 @@ def profile_decode(
     host_only: bool = False,
     output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY,
 ) -> tuple[Timings, float]:
-    """Bring `batch_size` requests past their prompt, then time `steps` pure decode steps (`host_only`:
-    with the model replaced by `FixedModel`). `output_kind`: final outputs only by default, what
-    `LLM.generate` asks for; CUMULATIVE builds every request's output at every step, as a server's
-    streams do."""
+    """Bring `batch_size` requests past their prompt, then time `steps` pure decode steps twice (`host_only`:
+    with the model replaced by `FixedModel`): uninstrumented but for the forward and the logits, then
+    phase by phase. Returns the phases, whose "step" is the uninstrumented steps' time and "step
+    (instrumented)" the others'. `output_kind`: final outputs only by default, what `LLM.generate` asks
+    for; CUMULATIVE builds every request's output at every step, as a server's streams do."""
     engine = llm.llm_engine
     runner = engine.engine_core.executor.worker.model_runner
     model = runner.model
     if host_only:  # NOTE: from the prompts on: they need no forward either
         runner.model = FixedModel(model, batch_size, engine.config.scheduler.max_num_batched_tokens)
-    params = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True, output_kind=output_kind)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=2 * steps + 8, ignore_eos=True, output_kind=output_kind
+    )
     for i in range(batch_size):
         engine.add_request(
             f"p{batch_size}-{time.perf_counter_ns()}-{i}",
@@ -144,6 +151,12 @@ def profile_decode(
     for _ in range(3):  # warm up the decode shapes
         engine.step()
     timings: Timings = collections.defaultdict(float)
+    handles = hook_leaf_modules(runner.model, timings, leaves=False)
+    with patched(runner.model, "compute_logits", timings, "logits"):
+        timings["step"], timings[CPU + "step"] = timed_steps(engine, steps)
+    for handle in handles:
+        handle.remove()
+    outside = {key: timings.pop(key) for key in list(timings)}
     handles = hook_leaf_modules(runner.model, timings)
     with contextlib.ExitStack() as stack:
         for owner, name, phase in [
@@ -159,45 +172,56 @@ def profile_decode(
             (model_runner_module, "sample_step", "sampling (all)"),
             (OutputProcessor, "process_outputs", "output processing (all)"),
             (IncrementalDetokenizer, "update", "detokenization"),
+            (IncrementalDetokenizer, "get_next_output_text", "detokenization"),
         ]:
             stack.enter_context(patched(owner, name, timings, phase))
-        start, cpu_start = time.perf_counter(), time.thread_time()
-        for _ in range(steps):
-            engine.step()
-        total = time.perf_counter() - start
-        timings[CPU + "step"] = time.thread_time() - cpu_start
+        timings["step (instrumented)"], timings[CPU + "step (instrumented)"] = timed_steps(engine, steps)
     for handle in handles:
         handle.remove()
     runner.model = model
     while engine.has_unfinished_requests():
         engine.step()
-    return timings, total
+    return timings, outside
 
 
-def print_table(results: dict[str, tuple[Timings, float]], steps: int) -> None:
+def timed_steps(engine: Any, steps: int) -> tuple[float, float]:
+    """Wall and this thread's CPU time of `steps` engine steps."""
+    start, cpu_start = time.perf_counter(), time.thread_time()
+    for _ in range(steps):
+        engine.step()
+    return time.perf_counter() - start, time.thread_time() - cpu_start
+
+
+def print_table(results: dict[str, tuple[Timings, Timings]], steps: int) -> None:
     """Two columns per run (batch size, and with --layers both: torch or fused layer kernels): wall time
-    and this thread's CPU time."""
+    and this thread's CPU time. `results`: each run's phases and its uninstrumented steps."""
     columns = list(results)
+    instrumented = "step (instrumented)"
     phases = sorted(
-        {p for timings, _ in results.values() for p in timings if not p.startswith(CPU)},
+        {
+            p
+            for timings, _ in results.values()
+            for p in timings
+            if not p.startswith(CPU) and p != instrumented
+        },
         key=lambda p: -results[columns[0]][0].get(p, 0.0),
     )
     # Each run's wall time beside its CPU time: on a loaded machine only the CPU time compares.
     headers = [column + kind for column in columns for kind in ("", " cpu")]
     print(f"\nms per decode step ({steps} steps)  " + "  ".join(f"{h:>18}" for h in headers))
-    for phase in phases:
-        cells = [results[c][0].get(prefix + phase, 0.0) for c in columns for prefix in ("", CPU)]
-        print(f"{phase:<32}" + "  ".join(f"{v / steps * 1e3:>18.3f}" for v in cells))
-    cells = [v for c in columns for v in (results[c][1], results[c][0][CPU + "step"])]
-    print(f"{'step (measured)':<32}" + "  ".join(f"{v / steps * 1e3:>18.3f}" for v in cells))
+    for phase, source in [*((p, 0) for p in phases), (instrumented, 0), ("step", 1)]:
+        cells = [results[c][source].get(prefix + phase, 0.0) for c in columns for prefix in ("", CPU)]
+        label = "step (uninstrumented)" if source else phase
+        print(f"{label:<32}" + "  ".join(f"{v / steps * 1e3:>18.3f}" for v in cells))
     for column in columns:
-        timings, total = results[column]
+        timings, clean = results[column]
+        outside = clean["step"] - clean["forward (all)"] - clean["logits"]
+        outside_cpu = clean[CPU + "step"] - clean[CPU + "forward (all)"] - clean[CPU + "logits"]
         forward = timings["forward (all)"]
-        outside = total - forward - timings["logits"]
-        outside_cpu = timings[CPU + "step"] - timings[CPU + "forward (all)"] - timings[CPU + "logits"]
         print(
             f"{column}: outside the forward and logits {outside / steps * 1e3:.2f} ms per step "
-            f"({outside / total:.0%}; its CPU time {outside_cpu / steps * 1e3:.2f} ms); leaf modules cover "
+            f"({outside / clean['step']:.0%}; its CPU time {outside_cpu / steps * 1e3:.2f} ms), uninstrumented; "
+            f"leaf modules cover "
             f"{sum(v for k, v in timings.items() if k.startswith('forward: ')) / forward:.0%} of the forward"
         )
 
@@ -301,8 +325,10 @@ def main() -> None:
     llm = LLM(
         args.model,
         dtype=args.dtype,
-        kv_cache_memory=512 * 2**20,
-        max_model_len=2048,  # what the 512 MiB cache holds for a 1B-class model too
+        # NOTE: 64 requests of 64 + 2 x 96 + 8 tokens fit SmolLM2's float32 cache (45 KiB a token) whole:
+        # a preemption would be timed as step overhead. 2048 tokens fit for a 1B-class model too.
+        kv_cache_memory=2**30,
+        max_model_len=2048,
         enable_prefix_caching=False,
         distributed_executor_backend="uni",
     )
@@ -323,7 +349,7 @@ def main() -> None:
             "--no-enable-prefix-caching",
         ]
         tpot = server_tpot(model_args, args.steps)
-        batch_one = [total for column, (_, total) in results.items() if column.startswith("batch 1 ")]
+        batch_one = [clean["step"] for column, (_, clean) in results.items() if column.startswith("batch 1 ")]
         offline = batch_one[-1] / args.steps if batch_one else float("nan")
         print(
             f"server, one request: {tpot * 1e3:.2f} ms per token; offline batch-1 step "

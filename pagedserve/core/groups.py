@@ -7,10 +7,14 @@ from pagedserve.core.request import Request
 
 def groups_of(requests: list[Request]) -> list[list[Request]]:
     """`requests` by group (a request without one is its own), in order of first appearance."""
-    groups: dict[tuple[bool, str], list[Request]] = {}
+    # NOTE: keyed by the group id (str) or, for a request of its own, the object's id (int): never equal.
+    groups: dict[str | int, list[Request]] = {}
     for request in requests:
-        key = (request.group_id is not None, request.group_id or request.request_id)
-        groups.setdefault(key, []).append(request)
+        group_id = request.group_id
+        if group_id is None:
+            groups[id(request)] = [request]
+        else:
+            groups.setdefault(group_id, []).append(request)
     return list(groups.values())
 
 

@@ -100,20 +100,23 @@ class Request:
     def check_stop(self, max_model_len: int, grammar_complete: bool = False) -> bool:
         """Set the finish reason if the last token ends the request. Stop *strings* are checked by
         the frontend, which sees text; here only token-level conditions (and a completed grammar)."""
-        params = self.sampling_params
-        last = self.all_token_ids[-1]
+        params, tokens = self.sampling_params, self.all_token_ids
+        # NOTE: counts read once (not through the properties): this runs per request per step.
+        num_tokens = len(tokens)
+        num_output_tokens = num_tokens - len(self.prompt_token_ids)
         if grammar_complete:
             # NOTE: a grammar that dead-ended completed nothing: finish_reason "error", stop_reason why.
             failure = self.grammar.failure if self.grammar is not None else None
             self.finish_reason = FinishReason.STOP if failure is None else FinishReason.ERROR
             self.stop_reason = failure
-        elif self.num_output_tokens >= params.min_tokens:
+        elif num_output_tokens >= params.min_tokens:
+            last = tokens[-1]
             if last == self.eos_token_id and not params.ignore_eos:
                 self.finish_reason = FinishReason.STOP
-            elif last in (params.stop_token_ids or ()):
+            elif params.stop_token_ids and last in params.stop_token_ids:
                 self.finish_reason, self.stop_reason = FinishReason.STOP, last
         if self.finish_reason is None and (
-            self.num_output_tokens >= self.max_tokens or self.num_tokens >= max_model_len
+            num_output_tokens >= self.max_tokens or num_tokens >= max_model_len
         ):
             self.finish_reason = FinishReason.LENGTH
         return self.finish_reason is not None

@@ -313,17 +313,18 @@ class Scheduler(SchedulerState):
     ) -> None:
         assert allocation is not None, "the caller checked the free blocks"
         request_id = request.request_id
-        step.copies += allocation.copies
+        if allocation.copies:
+            step.copies += allocation.copies
+        num_sent = self._num_tokens_sent.get(request_id)
         # NOTE: a copy on write replaced a block mid-table: the workers get the whole request again.
-        if request_id in self._num_tokens_sent and not allocation.table_rewritten:
-            num_sent = self._num_tokens_sent[request_id]
+        if num_sent is not None and not allocation.table_rewritten:
             step.cached_reqs.append(
                 CachedRequestData(
                     request_id,
                     request.all_token_ids[num_sent:],
                     allocation.new_block_ids,
                     request.num_computed_tokens,
-                    self._num_dropped_blocks.pop(request_id, 0),
+                    self._num_dropped_blocks.pop(request_id, 0) if self._num_dropped_blocks else 0,
                 )
             )
         else:
@@ -342,8 +343,8 @@ class Scheduler(SchedulerState):
                     images=request.images or None,
                 )
             )
-        self._num_tokens_sent[request_id] = request.num_tokens
-        num_drafts = request.num_computed_tokens + num_new - request.num_tokens
+        num_tokens = self._num_tokens_sent[request_id] = len(request.all_token_ids)
+        num_drafts = request.num_computed_tokens + num_new - num_tokens
         if num_drafts > 0:
             step.spec_tokens[request_id] = request.spec_token_ids[:num_drafts]
         step.num_scheduled[request_id] = num_new
@@ -353,6 +354,8 @@ class Scheduler(SchedulerState):
 
     def _within_encoder_budget(self, plan: Plan, step: ScheduleStep) -> Plan:
         """`plan` with each image request's chunk cut before the images past the step's encoder budget."""
+        if not any(request.images for request, _ in plan):
+            return plan  # NOTE: text requests (plan_group left out those with nothing to compute)
         limit, used, kept = self.config.max_num_batched_tokens, step.encoder_tokens, []
         for request, num_new in plan:
             if request.images:
@@ -378,36 +381,53 @@ class Scheduler(SchedulerState):
         for ended in self.in_flight.returned(scheduler_output.num_scheduled_tokens):
             self.kv_cache_manager.free(ended)  # aborted while its step ran: the step wrote its last now
         finished: list[Request] = []
+        # NOTE: a decode step's loop runs once per request: what most steps lack (failures, prompt logprobs,
+        # logprobs, drafts, grammars) is looked up only when the step has any.
+        requests, running = self.requests, RequestStatus.RUNNING
+        sampled, failed, all_logprobs = (
+            runner_output.sampled_token_ids,
+            runner_output.failed,
+            runner_output.logprobs,
+        )
+        prompt_logprobs_of, extra_tokens = runner_output.prompt_logprobs, runner_output.extra_token_ids
+        spec_tokens, max_model_len = scheduler_output.scheduled_spec_decode_tokens, self.config.max_model_len
         for request_id in scheduler_output.num_scheduled_tokens:
-            request = self.requests.get(request_id)
-            if request is None or request.status is not RequestStatus.RUNNING:
+            request = requests.get(request_id)
+            if request is None or request.status is not running:
                 continue  # aborted or preempted meanwhile
-            error = runner_output.failed.get(request_id)
+            error = failed.get(request_id) if failed else None
             if error is not None:
                 outputs.append(self._fail(request, error))
                 finished.append(request)
                 continue
-            prompt_logprobs = self._unreported_prompt_logprobs(
-                request, runner_output.prompt_logprobs.get(request_id), scheduler_output
+            prompt_logprobs = (
+                self._unreported_prompt_logprobs(
+                    request, prompt_logprobs_of.get(request_id), scheduler_output
+                )
+                if prompt_logprobs_of
+                else None
             )
-            token_id = runner_output.sampled_token_ids.get(request_id)
+            token_id = sampled.get(request_id)
             if token_id is None:
                 if prompt_logprobs is not None:
                     outputs.append(EngineCoreOutput(request_id, [], prompt_logprobs=prompt_logprobs))
                 continue
-            logprobs = runner_output.logprobs.get(request_id)
-            if self.beam_search.report(request, logprobs):
+            logprobs = all_logprobs.get(request_id) if all_logprobs else None
+            if logprobs is not None and self.beam_search.report(request, logprobs):
                 continue  # a beam: its search picks the continuations
             output = EngineCoreOutput(request_id, [], [logprobs] if logprobs else None, prompt_logprobs)
-            for token in [token_id, *runner_output.extra_token_ids.get(request_id, ())]:
+            extra = extra_tokens.get(request_id) if extra_tokens else None
+            for token in (token_id, *extra) if extra else (token_id,):
                 request.append_token(token)
                 output.new_token_ids.append(token)
-                grammar_complete = self.structured.accept(request, token)
-                if request.check_stop(self.config.max_model_len, grammar_complete):
+                grammar_complete = (request.grammar is not None or request.thinking is not None) and (
+                    self.structured.accept(request, token)
+                )
+                if request.check_stop(max_model_len, grammar_complete):
                     output.finish_reason, output.stop_reason = request.finish_reason, request.stop_reason
                     finished.append(request)
                     break
-            drafts = scheduler_output.scheduled_spec_decode_tokens.get(request_id)
+            drafts = spec_tokens.get(request_id) if spec_tokens else None
             if drafts:
                 assert self.drafts is not None, "drafts come with a speculative config"
                 self._note_dropped(

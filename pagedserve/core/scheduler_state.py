@@ -135,6 +135,8 @@ class SchedulerState:
         self._finish(requests)
 
     def _finish(self, requests: list[Request]) -> None:
+        if not requests:  # NOTE: most steps: no pass over the running list
+            return
         gone = {request.request_id for request in requests}
         self.running = [r for r in self.running if r.request_id not in gone]
         if any(r.status is not RequestStatus.RUNNING for r in requests):

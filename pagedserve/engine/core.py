@@ -30,8 +30,11 @@ logger = init_logger(__name__)
 class EngineCore:
     """Runs the model on whatever requests were added. Not thread-safe: one caller drives it."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, log_stats: bool = True) -> None:
+        """`log_stats`: each step's outputs carry the scheduler's stats (a server's metrics and log line);
+        the offline engine reads none, and asks for them (`get_stats`) when it wants them."""
         self.config = config
+        self.log_stats = log_stats
         # NOTE: as many batches in flight as pipeline stages: each stage has one to compute.
         max_batches = config.parallel.pipeline_parallel_size if pp_batch_queue_enabled() else 1
         self.executor = get_executor_class(config)(config)
@@ -141,7 +144,7 @@ class EngineCore:
             self.encoder_totals = runner_output.encoder_totals or self.encoder_totals
         return EngineCoreOutputs(
             outputs,
-            self.get_stats(),
+            self.get_stats() if self.log_stats else None,
             timestamp,
             scheduler_output.first_scheduled_req_ids if scheduler_output else [],
             num_scheduled_tokens=scheduler_output.total_num_scheduled_tokens if scheduler_output else 0,

@@ -90,7 +90,10 @@ def make_token_decoder(
 
 
 class IncrementalDetokenizer:
-    """Turns token ids into text as they arrive and applies stop strings."""
+    """Turns token ids into text and applies stop strings. Without stop strings, tokens are decoded when
+    their text is asked for (`get_next_output_text`): a request that shows its text only at the end
+    (final-only outputs) runs its decoder over all its tokens then, one tight loop, instead of a call
+    chain per request per step; the decoder steps are the same, so the text is too."""
 
     def __init__(
         self,
@@ -103,24 +106,34 @@ class IncrementalDetokenizer:
         self.decoder = make_token_decoder(tokenizer, prompt_token_ids[-_CONTEXT_TOKENS:], skip_special_tokens)
         self.stop = stop
         self.include_stop = include_stop_str_in_output
-        self.output_text = ""
+        self._text = ""
+        self._undecoded: list[int] = []  # tokens not yet through the decoder (no stop strings)
         # NOTE: a stop string may begin in text already handed out and end in later text, and then it must
         # not have been shown: unfinished outputs hold back len(longest stop) - 1 characters. With
         # include_stop_str_in_output the cut is after the stop string, never before what was shown.
         self.stop_buffer_length = max(map(len, stop)) - 1 if stop and not include_stop_str_in_output else 0
         self._sent_offset = 0  # characters of output_text already returned as deltas
 
+    @property
+    def output_text(self) -> str:
+        """Every token's text so far (up to a stop string)."""
+        if self._undecoded:
+            step = self.decoder.step
+            self._text += "".join([step(token) for token in self._undecoded])
+            self._undecoded = []
+        return self._text
+
     def update(self, new_token_ids: list[int]) -> tuple[str, int] | None:
         """Append tokens to `output_text`, one at a time. On a stop string: the text is truncated at it,
         and the result is (the stop string, how many of `new_token_ids` are the request's: up to the one
         that completed it). Tokens after it (accepted drafts of a speculative step) are not the request's,
         exactly as without speculation."""
-        if not self.stop:  # NOTE: the common case, one pass without the per-token search
-            self.output_text += "".join([self.decoder.step(token) for token in new_token_ids])
+        if not self.stop:  # NOTE: the common case: decoded when the text is asked for
+            self._undecoded += new_token_ids
             return None
         for num_kept, token in enumerate(new_token_ids, 1):
-            start = len(self.output_text)
-            self.output_text += self.decoder.step(token)
+            start = len(self._text)
+            self._text += self.decoder.step(token)
             stop = self._check_stop(start)
             if stop is not None:
                 return stop, num_kept
@@ -129,14 +142,15 @@ class IncrementalDetokenizer:
     def get_next_output_text(self, finished: bool, delta: bool) -> str:
         """The text to show now: everything (delta=False) or only what is new since the previous delta
         call, minus the stop-string hold-back while the sample is unfinished."""
-        end = len(self.output_text) - (0 if finished else self.stop_buffer_length)
+        text = self.output_text
+        end = len(text) - (0 if finished else self.stop_buffer_length)
         if not delta:
-            return self.output_text[: max(end, 0)]
+            return text[: max(end, 0)]
         start = self._sent_offset
         if end <= start:
             return ""
         self._sent_offset = end
-        return self.output_text[start:end]
+        return text[start:end]
 
     def _check_stop(self, new_text_start: int) -> str | None:
         """The stop string that occurs first in the text (the first listed among those at the same place),
@@ -144,10 +158,10 @@ class IncrementalDetokenizer:
         found = [
             (index, stop)
             for stop in self.stop
-            if (index := self.output_text.find(stop, max(0, new_text_start - len(stop) + 1))) >= 0
+            if (index := self._text.find(stop, max(0, new_text_start - len(stop) + 1))) >= 0
         ]
         if not found:
             return None
         index, stop = min(found, key=lambda match: match[0])
-        self.output_text = self.output_text[: index + (len(stop) if self.include_stop else 0)]
+        self._text = self._text[: index + (len(stop) if self.include_stop else 0)]
         return stop

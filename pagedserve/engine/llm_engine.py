@@ -38,7 +38,7 @@ class LLMEngine:
         # NOTE: --data-parallel-size N: the replicas are engine processes; step() waits for any of them.
         self.client: InprocClient | SyncDPClient
         if self.config.parallel.data_parallel_size == 1 and not self.config.parallel.remote_replicas:
-            self.client = InprocClient(EngineCore(self.config))
+            self.client = InprocClient(EngineCore(self.config, log_stats=False))
             num_blocks = self.client.engine_core.kv_cache_config.num_blocks
         else:
             self.client = SyncDPClient(self.config)

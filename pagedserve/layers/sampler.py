@@ -1,9 +1,13 @@
 """Batched sampling: every request's logits processed together as tensors, never a loop per request
 (except for drawing seeded noise, one generator per seeded request)."""
 
+import functools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+from pagedserve.kernels.cpu import load_cpu_kernels
 
 _NEG_INF = float("-inf")
 
@@ -94,12 +98,23 @@ class Sampler:
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
-    """Each row's most likely token (the first of equals, as torch.argmax). On CPU through numpy's
-    vectorized argmax: torch's CPU argmax is ~10x slower (8 ms vs 0.65 ms for 64 rows of 49k logits on
-    the development machine, docs/benchmarks.md), more than the rest of the step outside the model."""
+    """Each row's most likely token (the first of equals, the first NaN if any: as torch.argmax). On CPU
+    through the native kernel, rows spread over the threads (kernels/cpu/greedy_argmax.cpp), else numpy's
+    vectorized argmax: torch's CPU argmax is ~10x slower (8 ms vs 0.65 ms for 64 rows of 49k logits on the
+    development machine, docs/benchmarks.md), more than the rest of the step outside the model."""
     if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        ops = _native_ops()
+        if ops is not None and logits.dim() == 2 and logits.shape[1] and logits.stride(1) == 1:
+            tokens: torch.Tensor = ops.greedy_argmax(logits)
+            return tokens
         return torch.from_numpy(logits.numpy().argmax(axis=-1))
     return logits.argmax(dim=-1)
+
+
+@functools.cache
+def _native_ops() -> Any:
+    """torch.ops.pagedserve when the native CPU kernels are built, else None (asked once per process)."""
+    return None if load_cpu_kernels().module is None else torch.ops.pagedserve
 
 
 def row_generators(device: torch.device, seeds: dict[int, int]) -> dict[int, torch.Generator]:

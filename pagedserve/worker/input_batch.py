@@ -110,18 +110,32 @@ class InputBatch:
             if self.mrope is not None:
                 self.mrope.add(row, new.images)
             self._write_tokens(row, 0, state.token_ids, new.num_computed_tokens)
+        # NOTE: a decode's one new token is written with the others' in one array assignment below.
+        rows, starts, tokens, num_computed = [], [], [], []
+        row_of = self.block_tables.row_of
         for cached in out.scheduled_cached_reqs:
             state = self.states[cached.request_id]
             if cached.num_dropped_blocks:
                 self.block_tables.drop_last(cached.request_id, cached.num_dropped_blocks)
-            self._write_tokens(
-                self.block_tables.row_of[cached.request_id],
-                len(state.token_ids),
-                cached.new_token_ids,
-                cached.num_computed_tokens,
-            )
-            state.token_ids.extend(cached.new_token_ids)
-            self.block_tables.append(cached.request_id, list(cached.new_block_ids))
+            new_token_ids = cached.new_token_ids
+            if len(new_token_ids) == 1:
+                rows.append(row_of[cached.request_id])
+                starts.append(len(state.token_ids))
+                tokens.append(new_token_ids[0])
+                num_computed.append(cached.num_computed_tokens)
+            else:
+                self._write_tokens(
+                    row_of[cached.request_id], len(state.token_ids), new_token_ids, cached.num_computed_tokens
+                )
+            state.token_ids += new_token_ids
+            if cached.new_block_ids:
+                self.block_tables.append(cached.request_id, cached.new_block_ids)
+        if rows:
+            row_array, start_array = np.array(rows), np.array(starts)
+            self._fit(int(row_array.max()), int(start_array.max()) + 1)
+            self.token_ids[row_array, start_array] = tokens
+            self.num_tokens[row_array] = start_array + 1
+            self.num_computed[row_array] = num_computed
 
     def _write_tokens(self, row: int, start: int, token_ids: list[int], num_computed: int) -> None:
         """Tokens [start, start + len) of the request in `row`, which now knows that many and has

@@ -47,6 +47,7 @@ _SOURCES = [
         "float_matmul.cpp",
         "fused_ops.cpp",
         "lora_bgmv.cpp",
+        "greedy_argmax.cpp",
     )
 ]
 
