@@ -3,7 +3,6 @@
 
 import functools
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -112,7 +111,7 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
 
 
 @functools.cache
-def _native_ops() -> Any:
+def _native_ops() -> torch._ops._OpNamespace | None:
     """torch.ops.pagedserve when the native CPU kernels are built, else None (asked once per process)."""
     return None if load_cpu_kernels().module is None else torch.ops.pagedserve
 

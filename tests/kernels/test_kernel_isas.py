@@ -1,6 +1,7 @@
-"""The GGUF kernels built for the instruction sets this machine's build does not use: AVX2 alone (maddubs +
-madd instead of VNNI's byte dots, 8 lanes) and baseline x86-64 (the plain C++ fallbacks), each compiled in a
-subprocess and checked against the dequantized weight times the rounded activations. Compiling costs
+"""The GGUF kernels and the greedy argmax built for the instruction sets this machine's build does not use:
+AVX2 alone (maddubs + madd instead of VNNI's byte dots, 8 lanes) and baseline x86-64 (the plain C++
+fallbacks), each compiled in a subprocess and checked against the dequantized weight times the rounded
+activations, and against numpy's argmax. Compiling costs
 minutes, so this runs with `-m nightly`, not in CI (which builds for its own CPU, tested by test_gguf_matmul)."""
 
 import os
@@ -12,13 +13,15 @@ import pytest
 
 from pagedserve.kernels.cpu import build_config
 
-GGUF_SOURCES = [
+SOURCES = [
     "gguf_matmul.cpp",
     "gguf_decode_matmul.cpp",
     "gguf_packed_matmul.cpp",
     "gguf_kquant_matmul.cpp",
     "gguf_kquant_amx.cpp",
     "gguf_block_amx.cpp",
+    "float_matmul.cpp",  # row_invariant::matmul, which the GGUF kernels' float32 path calls
+    "greedy_argmax.cpp",
 ]
 
 CHECK = textwrap.dedent(
@@ -52,6 +55,12 @@ CHECK = textwrap.dedent(
                 assert error < 1e-5, (arch, ggml_type, bits, batch, error)
         got = ops.gguf_matmul(torch.ones(3, k), torch.from_numpy(rows), ggml_type, 32).double()
         assert torch.allclose(got, torch.ones(3, k, dtype=torch.float64) @ weight.T, rtol=1e-5, atol=1e-5)
+    for vocab in (1, 7, 31, 33, 1000, 4099):
+        logits = torch.randn(9, vocab, generator=torch.Generator().manual_seed(vocab))
+        logits[1, vocab // 2] = logits[1].max()  # a tie: the first wins
+        logits[2, vocab - 1] = float("nan")
+        logits[3] = float("-inf")
+        assert (ops.greedy_argmax(logits).numpy() == logits.numpy().argmax(axis=1)).all(), (arch, vocab)
     print("ok", arch)
     """
 )
@@ -59,12 +68,12 @@ CHECK = textwrap.dedent(
 
 @pytest.mark.nightly
 @pytest.mark.parametrize("arch", ["haswell", "x86-64"])
-def test_gguf_kernels_on_other_instruction_sets(arch: str, tmp_path) -> None:
+def test_kernels_on_other_instruction_sets(arch: str, tmp_path) -> None:
     if not build_config.compiler_accepts(build_config.cxx_compiler(), [f"-march={arch}"]):
         pytest.skip(f"the compiler does not take -march={arch}")
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     folder = os.path.join(os.path.dirname(tests), "pagedserve", "kernels", "cpu")
-    code = CHECK.format(sources=GGUF_SOURCES, tests=tests)
+    code = CHECK.format(sources=SOURCES, tests=tests)
     result = subprocess.run(
         [sys.executable, "-c", code, folder, arch, str(tmp_path)],
         capture_output=True,
