@@ -1,7 +1,7 @@
 """Groups of requests that share KV blocks: the samples of one prompt, the beams of one search (same
 `group_id`). The scheduler grows, preempts and resumes a group as a unit."""
 
-from pagedserve.core.kv_cache_manager import Plan
+from pagedserve.core.kv_cache_interface import Plan
 from pagedserve.core.request import Request
 
 

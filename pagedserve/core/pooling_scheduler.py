@@ -6,7 +6,7 @@ engine core steps either."""
 from collections import OrderedDict
 
 from pagedserve.config import SchedulerConfig
-from pagedserve.core.kv_cache_manager import BlockOwners
+from pagedserve.core.kv_cache_interface import BlockOwners
 from pagedserve.core.request import Request
 from pagedserve.core.sched_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from pagedserve.core.scheduler_state import RequestKVUsage

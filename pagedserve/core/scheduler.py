@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pagedserve.core.block_pool import KVCacheBlock
 from pagedserve.core.encoder_budget import encoder_cut, encoder_tokens
 from pagedserve.core.groups import groups_of, plan_group
-from pagedserve.core.kv_cache_manager import Plan, SlotAllocation
+from pagedserve.core.kv_cache_interface import Plan, SlotAllocation
 from pagedserve.core.preemption import log_cut_short
 from pagedserve.core.request import Request, RequestStatus
 from pagedserve.core.sched_output import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput

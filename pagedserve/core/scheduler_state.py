@@ -12,7 +12,8 @@ from pagedserve.core.beam_search import BeamSearchManager
 from pagedserve.core.draft_settling import DraftSettling
 from pagedserve.core.groups import groups_of
 from pagedserve.core.kv_admission import KVAdmissionPolicy
-from pagedserve.core.kv_cache_manager import BlockOwners, KVCacheManager
+from pagedserve.core.kv_cache_interface import BlockOwners
+from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.parallel_sampling import ParallelSampling
 from pagedserve.core.preemption import Preemption
 from pagedserve.core.request import Request, RequestStatus

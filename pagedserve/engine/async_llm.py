@@ -6,6 +6,7 @@ import time
 
 from pagedserve.config import EngineConfig
 from pagedserve.engine.admission import AdmissionControl, Deadlines, ServingLimits, with_queue_defaults
+from pagedserve.engine.block_snapshot_wait import BlockSnapshotWait
 from pagedserve.engine.core_proc import EngineCoreHandshake
 from pagedserve.engine.dp_client import DPClient
 from pagedserve.engine.frontend import Frontend
@@ -13,30 +14,24 @@ from pagedserve.engine.input_processor import EngineLimits, InputProcessor, Prom
 from pagedserve.engine.mp_client import MPClient
 from pagedserve.engine.output_processor import OutputProcessor, RequestState
 from pagedserve.engine.pooling_input import PoolingOptions
+from pagedserve.engine.request_log import log_added, log_lost
 from pagedserve.engine.request_options import RequestOptions, request_options
 from pagedserve.engine.request_stream import RequestStream
 from pagedserve.engine.sleep_control import SleepControl
+from pagedserve.engine.stats_recorder import StatsRecorder
 from pagedserve.engine.tokenizer import AnyTokenizer, load_tokenizer
 from pagedserve.engine.watchdog import FRONTEND_GRACE_S, poll_interval_s, stall_message
 from pagedserve.errors import CapacityError, EngineDeadError, RequestFailedError
 from pagedserve.logger import init_logger
 from pagedserve.metrics.loggers import StatLoggerBase
-from pagedserve.metrics.stats import EngineStats, IterationStats
-from pagedserve.protocol import (
-    BlockSnapshot,
-    EngineCoreOutputs,
-    EngineCoreRequest,
-    LoRARequest,
-    SchedulerStats,
-)
+from pagedserve.metrics.stats import IterationStats
+from pagedserve.protocol import BlockSnapshot, EngineCoreOutputs, EngineCoreRequest, LoRARequest
 from pagedserve.sampling_params import SamplingParams
 from pagedserve.utils.child_process import ChildProcess
 from pagedserve.utils.light_tokenizer import LightTokenizer, TokenizerSnapshot
 
 logger = init_logger(__name__)
 
-_MAX_LOGGED_REQUESTS = 20  # in-flight requests listed by name when the engine dies
-_SNAPSHOT_TIMEOUT_S = 5.0  # a block snapshot waits at most this long for the engine's step to end
 _STOP_WAIT_S = 30.0  # stop(): the engine process's time to end on its own before it is terminated
 _STOP_POLL_S = 0.1
 
@@ -69,9 +64,8 @@ class AsyncLLM:
             reasoning=config.reasoning,
         )
         self.input_processor.structured_outputs.max_spec_bytes = limits.max_structured_output_bytes
-        self.stat_loggers = stat_loggers
+        self.stats = StatsRecorder(stat_loggers, log_stats_interval_s)
         self.log_requests = log_requests
-        self.log_stats_interval_s = log_stats_interval_s
         # NOTE: --data-parallel-size N: N engine processes (replicas, here or on other nodes) behind this
         # one frontend.
         self.engine_core: MPClient | DPClient = (
@@ -87,14 +81,13 @@ class AsyncLLM:
             limits,
         )
         self.sleep_control = SleepControl(self.engine_core)
+        self.block_snapshots = BlockSnapshotWait(self.engine_core)
         self.handshake: EngineCoreHandshake | None = None
         self.dead_error: EngineDeadError | None = None
         self.dead_event = asyncio.Event()  # set once the engine has died
         self._streams: dict[str, RequestStream] = {}  # the submitted requests whose stream is open
-        self._scheduler_stats = EngineStats()  # each replica's latest
         self._tasks: list[asyncio.Task[None]] = []
         self._last_progress = time.monotonic()  # the engine's last output, or when work arrived
-        self._snapshot: asyncio.Future[BlockSnapshot] | None = None
 
     @classmethod
     async def create(
@@ -145,7 +138,7 @@ class AsyncLLM:
             raise
         engine._tasks = [
             asyncio.create_task(engine._run_output_handler()),
-            asyncio.create_task(engine._run_stat_logging()),
+            asyncio.create_task(engine.stats.run_logging()),
         ]
         if engine.limits.engine_stall_timeout > 0:
             engine._tasks.append(asyncio.create_task(engine._run_stall_watchdog()))
@@ -223,14 +216,7 @@ class AsyncLLM:
             self._streams[request.request_id] = stream
             streams.append(stream)
             if self.log_requests:
-                logger.info(
-                    "Added request %s: %d prompt tokens, %s.",
-                    request.request_id,
-                    len(request.prompt_token_ids),
-                    _describe(request.sampling_params)
-                    if request.pooling_params is None
-                    else f"pooling ({request.pooling_params.task})",
-                )
+                log_added(request)
         return streams
 
     def generate(
@@ -262,7 +248,7 @@ class AsyncLLM:
         stats = IterationStats()
         if not self.frontend.abort(request_id, stats):
             return
-        self._record(None, stats)
+        self.stats.record(None, stats)
         if reason is not None:
             logger.info("Aborted request %s: %s.", request_id, reason)
         elif self.log_requests:
@@ -292,13 +278,7 @@ class AsyncLLM:
         """The KV block pool's state, asked of the engine (answered between two steps); None if the
         engine did not answer within a few seconds. Raises EngineDeadError."""
         self.check_health()
-        if self._snapshot is None or self._snapshot.done():
-            self._snapshot = asyncio.get_running_loop().create_future()
-            self.engine_core.request_block_snapshot()
-        try:
-            return await asyncio.wait_for(asyncio.shield(self._snapshot), _SNAPSHOT_TIMEOUT_S)
-        except TimeoutError:
-            return None
+        return await self.block_snapshots.get()
 
     async def _run_output_handler(self) -> None:
         """Route the engine's outputs to the requests' queues, until the engine dies."""
@@ -315,36 +295,18 @@ class AsyncLLM:
 
     def _process_outputs(self, core_outputs: EngineCoreOutputs) -> None:
         stats = IterationStats()
-        if (
-            core_outputs.block_snapshot is not None
-            and self._snapshot is not None
-            and not self._snapshot.done()
-        ):
-            self._snapshot.set_result(core_outputs.block_snapshot)
+        self.block_snapshots.answered(core_outputs.block_snapshot)
         if core_outputs.sleep_level is not None:
             self.sleep_control.answered(core_outputs.sleep_level)
         for output in self.frontend.process_outputs(core_outputs, stats):
             stream = self._streams.get(output.request_id)
             if stream is not None:
                 stream.queue.put_nowait(output if output.error is None else RequestFailedError(output.error))
-        self._record(core_outputs.scheduler_stats, stats, core_outputs.engine_index)
+        self.stats.record(core_outputs.scheduler_stats, stats, core_outputs.engine_index)
 
     def record_rejected(self, num_requests: int) -> None:
         """Count requests refused for capacity (a full queue, the queue time)."""
-        self._record(None, IterationStats(num_rejected_requests=num_requests))
-
-    def _record(
-        self, scheduler_stats: SchedulerStats | None, stats: IterationStats, engine_index: int = 0
-    ) -> None:
-        self._scheduler_stats.update(scheduler_stats, engine_index)
-        for stat_logger in self.stat_loggers:
-            stat_logger.record(scheduler_stats, stats, engine_index)
-
-    async def _run_stat_logging(self) -> None:
-        while True:
-            await asyncio.sleep(self.log_stats_interval_s)
-            for stat_logger in self.stat_loggers:
-                stat_logger.log()
+        self.stats.record(None, IterationStats(num_rejected_requests=num_requests))
 
     async def _run_stall_watchdog(self) -> None:
         """The API server's side of --engine-stall-timeout: an engine process that sends nothing while
@@ -371,25 +333,7 @@ class AsyncLLM:
         if self.dead_error is not None:
             return
         self.dead_error = error
-        states = self.frontend.output_processor.fail_all()
-        stats = self._scheduler_stats.combined()
-        details = ", ".join(
-            f"{s.request_id} ({len(s.prompt_token_ids)} prompt + "
-            f"{sum(len(x.token_ids) for x in s.samples)} generated tokens)"
-            for s in states[:_MAX_LOGGED_REQUESTS]
-        )
-        more = f" and {len(states) - _MAX_LOGGED_REQUESTS} more" if len(states) > _MAX_LOGGED_REQUESTS else ""
-        logger.error(
-            "%s %d request(s) in flight (engine at its last step: %d running, %d waiting, KV cache "
-            "%.1f%% used) fail: %s%s.",
-            error,
-            len(states),
-            stats.num_running_reqs,
-            stats.num_waiting_reqs,
-            stats.kv_cache_usage * 100,
-            details or "none",
-            more,
-        )
+        log_lost(error, self.frontend.output_processor.fail_all(), self.stats.scheduler_stats.combined())
         for stream in self._streams.values():
             stream.queue.put_nowait(error)
         self._streams.clear()
@@ -413,10 +357,3 @@ class AsyncLLM:
         for task in self._tasks:
             task.cancel()
         self.engine_core.shutdown()
-
-
-def _describe(params: SamplingParams) -> str:
-    return (
-        f"n={params.n}, max_tokens={params.max_tokens}, temperature={params.temperature}, "
-        f"top_p={params.top_p}, seed={params.seed}"
-    )

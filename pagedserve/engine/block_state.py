@@ -1,7 +1,7 @@
 """A compact picture of the KV block pool for the dashboard: one cell per block (or per group of blocks
 when the pool is large), saying who holds it. Taken in the engine core between steps."""
 
-from pagedserve.core.kv_cache_manager import CACHED, FREE, SHARED, BlockOwners
+from pagedserve.core.kv_cache_interface import CACHED, FREE, SHARED, BlockOwners
 from pagedserve.protocol import BlockSnapshot
 from pagedserve.utils import cdiv
 

@@ -17,7 +17,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from pagedserve.config.kv_layout import KVCacheGroups
 from pagedserve.core.block_pool import BlockPool, KVCacheBlock
-from pagedserve.core.kv_cache_manager import KVCacheManager, SlotAllocation
+from pagedserve.core.kv_cache_interface import SlotAllocation
+from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
 from pagedserve.protocol import EngineCoreRequest
 from pagedserve.sampling_params import SamplingParams
