@@ -14,6 +14,7 @@ from pagedserve.attention.backends.base import AnyAttentionBackend, CommonAttent
 from pagedserve.attention.forward_context import set_forward_context
 from pagedserve.config import ModelConfig
 from pagedserve.layers.attention import Attention
+from pagedserve.layers.sampler import greedy
 from pagedserve.model_loader import load_model
 from pagedserve.models.interface import whole_model
 from pagedserve.utils import cdiv
@@ -76,7 +77,7 @@ class DraftModelProposer:
             )
             with set_forward_context(backend.build_metadata(common)):
                 hidden = self.model(tokens, position)
-            tokens = self.model.compute_logits(hidden).argmax(dim=-1)
+            tokens = greedy(self.model.compute_logits(hidden))
             proposals.append(tokens)
             position = position + 1
         return torch.stack(proposals, dim=1).tolist()
