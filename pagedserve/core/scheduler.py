@@ -6,6 +6,10 @@ computes some of the difference (a decode is a request with one new token; a lon
 Requests of one group (the samples of a prompt, the beams of a search) share KV blocks and are preempted
 together. Which request comes first in each of those is `RequestOrder`'s (--scheduling-policy). With
 pipeline micro-batches, requests whose step is in flight sit out (`StepsInFlight`'s rules).
+
+This module makes the scheduling decisions (running groups, swap-in, admission, preemption); the
+Scheduler builds on the update from each step's output (scheduler_update.py), the workers' diffs
+(scheduler_diffs.py) and its state (scheduler_state.py).
 """
 
 from dataclasses import dataclass
@@ -16,8 +20,9 @@ from pagedserve.core.groups import groups_of, plan_group
 from pagedserve.core.kv_cache_interface import Plan, SlotAllocation
 from pagedserve.core.preemption import log_cut_short
 from pagedserve.core.request import Request, RequestStatus
-from pagedserve.core.sched_output import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
-from pagedserve.core.scheduler_state import SchedulerState, ScheduleStep
+from pagedserve.core.sched_output import SchedulerOutput
+from pagedserve.core.scheduler_state import ScheduleStep
+from pagedserve.core.scheduler_update import SchedulerUpdate
 from pagedserve.protocol import EngineCoreOutput, FinishReason
 from pagedserve.utils import cdiv
 
@@ -37,7 +42,7 @@ class Admission:
     num_new: int
 
 
-class Scheduler(SchedulerState):
+class Scheduler(SchedulerUpdate):
     """Decides, each step, which requests compute how many tokens, within `max_num_seqs`,
     `max_num_batched_tokens` and the free KV blocks. When running requests need blocks and none are
     free, the newest (or least urgent) group is preempted: swapped out to host memory (the KV manager's
@@ -303,55 +308,6 @@ class Scheduler(SchedulerState):
         self._cut_outputs.append(EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.LENGTH))
         self._finish([request])
 
-    def _note_dropped(self, request_id: str, num_blocks: int) -> None:
-        """`num_blocks` trimmed off the request's table: its next diff tells the workers."""
-        if num_blocks:
-            self._num_dropped_blocks[request_id] = self._num_dropped_blocks.get(request_id, 0) + num_blocks
-
-    def _record(
-        self, step: ScheduleStep, request: Request, num_new: int, allocation: SlotAllocation | None
-    ) -> None:
-        assert allocation is not None, "the caller checked the free blocks"
-        request_id = request.request_id
-        if allocation.copies:
-            step.copies += allocation.copies
-        num_sent = self._num_tokens_sent.get(request_id)
-        # NOTE: a copy on write replaced a block mid-table: the workers get the whole request again.
-        if num_sent is not None and not allocation.table_rewritten:
-            step.cached_reqs.append(
-                CachedRequestData(
-                    request_id,
-                    request.all_token_ids[num_sent:],
-                    allocation.new_block_ids,
-                    request.num_computed_tokens,
-                    self._num_dropped_blocks.pop(request_id, 0) if self._num_dropped_blocks else 0,
-                )
-            )
-        else:
-            self._num_dropped_blocks.pop(request_id, None)
-            step.new_reqs.append(
-                NewRequestData(
-                    request_id,
-                    list(request.all_token_ids),
-                    request.num_prompt_tokens,
-                    request.sampling_params,
-                    request.eos_token_id,
-                    self.kv_cache_manager.get_block_ids(request_id),
-                    request.num_computed_tokens,
-                    lora_request=request.lora_request,
-                    beam=request.beam_search is not None,
-                    images=request.images or None,
-                )
-            )
-        num_tokens = self._num_tokens_sent[request_id] = len(request.all_token_ids)
-        num_drafts = request.num_computed_tokens + num_new - num_tokens
-        if num_drafts > 0:
-            step.spec_tokens[request_id] = request.spec_token_ids[:num_drafts]
-        step.num_scheduled[request_id] = num_new
-        step.budget -= num_new
-        if request.images:
-            step.encoder_tokens += encoder_tokens(request, request.num_computed_tokens, num_new)
-
     def _within_encoder_budget(self, plan: Plan, step: ScheduleStep) -> Plan:
         """`plan` with each image request's chunk cut before the images past the step's encoder budget."""
         if not any(request.images for request, _ in plan):
@@ -371,104 +327,3 @@ class Scheduler(SchedulerState):
             if num_new > 0:
                 kept.append((request, num_new))
         return kept
-
-    def update_from_output(
-        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
-    ) -> list[EngineCoreOutput]:
-        """Append sampled tokens, apply token-level stop conditions, free finished requests, advance
-        beam searches."""
-        outputs, self._cut_outputs = self._cut_outputs, []
-        for ended in self.in_flight.returned(scheduler_output.num_scheduled_tokens):
-            self.kv_cache_manager.free(ended)  # aborted while its step ran: the step wrote its last now
-        finished: list[Request] = []
-        # NOTE: a decode step's loop runs once per request: what most steps lack (failures, prompt logprobs,
-        # logprobs, drafts, grammars) is looked up only when the step has any.
-        requests, running = self.requests, RequestStatus.RUNNING
-        sampled, failed, all_logprobs = (
-            runner_output.sampled_token_ids,
-            runner_output.failed,
-            runner_output.logprobs,
-        )
-        prompt_logprobs_of, extra_tokens = runner_output.prompt_logprobs, runner_output.extra_token_ids
-        spec_tokens, max_model_len = scheduler_output.scheduled_spec_decode_tokens, self.config.max_model_len
-        for request_id in scheduler_output.num_scheduled_tokens:
-            request = requests.get(request_id)
-            if request is None or request.status is not running:
-                continue  # aborted or preempted meanwhile
-            error = failed.get(request_id) if failed else None
-            if error is not None:
-                outputs.append(self._fail(request, error))
-                finished.append(request)
-                continue
-            prompt_logprobs = (
-                self._unreported_prompt_logprobs(
-                    request, prompt_logprobs_of.get(request_id), scheduler_output
-                )
-                if prompt_logprobs_of
-                else None
-            )
-            token_id = sampled.get(request_id)
-            if token_id is None:
-                if prompt_logprobs is not None:
-                    outputs.append(EngineCoreOutput(request_id, [], prompt_logprobs=prompt_logprobs))
-                continue
-            logprobs = all_logprobs.get(request_id) if all_logprobs else None
-            if logprobs is not None and self.beam_search.report(request, logprobs):
-                continue  # a beam: its search picks the continuations
-            output = EngineCoreOutput(request_id, [], [logprobs] if logprobs else None, prompt_logprobs)
-            extra = extra_tokens.get(request_id) if extra_tokens else None
-            for token in (token_id, *extra) if extra else (token_id,):
-                request.append_token(token)
-                output.new_token_ids.append(token)
-                grammar_complete = (request.grammar is not None or request.thinking is not None) and (
-                    self.structured.accept(request, token)
-                )
-                if request.check_stop(max_model_len, grammar_complete):
-                    output.finish_reason, output.stop_reason = request.finish_reason, request.stop_reason
-                    finished.append(request)
-                    break
-            drafts = spec_tokens.get(request_id) if spec_tokens else None
-            if drafts:
-                assert self.drafts is not None, "drafts come with a speculative config"
-                self._note_dropped(
-                    request_id, self.drafts.settle(request, drafts, len(output.new_token_ids) - 1)
-                )
-            outputs.append(output)
-        pruned, beam_outputs = self.beam_search.advance(self._fork_beam)
-        self._finish(finished + pruned)
-        if self.drafts is not None:
-            drafting = self.in_flight.drafting(self.running, scheduler_output.num_scheduled_tokens)
-            self.drafts.propose(drafting, runner_output.draft_token_ids)
-        return outputs + beam_outputs
-
-    def _fail(self, request: Request, error: str) -> EngineCoreOutput:
-        """The worker could not run the request (its adapter's files): it ends with `error`, and the blocks
-        its step filled (the base model's K/V under its adapter's key) leave the prefix cache."""
-        request.finish_reason = FinishReason.ERROR
-        self.kv_cache_manager.uncache(request)
-        return EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.ERROR, error=error)
-
-    @staticmethod
-    def _unreported_prompt_logprobs(
-        request: Request,
-        entries: list[dict[int, float] | None] | None,
-        scheduler_output: SchedulerOutput,
-    ) -> list[dict[int, float] | None] | None:
-        """The step's prompt logprobs less those of prompt tokens already reported before a recompute
-        preemption; None when nothing is new. A step whose tokens start at position s > 0 reports prompt
-        tokens s + 1, ... (position p predicts token p + 1); the first step reports token 0 (None) too."""
-        if entries is None:
-            return None
-        start = request.num_computed_tokens - scheduler_output.num_scheduled_tokens[request.request_id]
-        first_token = start + 1 if start else 0
-        reported = request.num_prompt_logprobs_reported
-        request.num_prompt_logprobs_reported = max(reported, first_token + len(entries))
-        return entries[max(0, reported - first_token) :] or None
-
-    def _fork_beam(self, parent: Request, request_id: str) -> Request:
-        assert parent.status is RequestStatus.RUNNING, "a beam forks right after it reported"
-        child = parent.fork(request_id)
-        self.kv_cache_manager.fork(parent, child, parent.num_computed_tokens)
-        self.requests[request_id] = child
-        self.running.append(child)
-        return child

@@ -1,0 +1,115 @@
+"""The scheduler's update from each step's model output (`update_from_output`): sampled tokens appended
+and stop conditions applied, a failed request ended, prompt logprobs reported once across recompute
+preemptions, drafts settled and proposed, beam searches advanced (their beams forked), finished requests
+freed. The scheduling decisions are scheduler.py's."""
+
+from pagedserve.core.request import Request, RequestStatus
+from pagedserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from pagedserve.core.scheduler_diffs import SchedulerDiffs
+from pagedserve.protocol import EngineCoreOutput, FinishReason
+
+
+class SchedulerUpdate(SchedulerDiffs):
+    """A SchedulerDiffs that takes in what each step computed (`update_from_output`); on SchedulerDiffs
+    because settled drafts trim blocks off a table, which the request's next diff reports."""
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> list[EngineCoreOutput]:
+        """Append sampled tokens, apply token-level stop conditions, free finished requests, advance
+        beam searches."""
+        outputs, self._cut_outputs = self._cut_outputs, []
+        for ended in self.in_flight.returned(scheduler_output.num_scheduled_tokens):
+            self.kv_cache_manager.free(ended)  # aborted while its step ran: the step wrote its last now
+        finished: list[Request] = []
+        # NOTE: a decode step's loop runs once per request: what most steps lack (failures, prompt logprobs,
+        # logprobs, drafts, grammars) is looked up only when the step has any.
+        requests, running = self.requests, RequestStatus.RUNNING
+        sampled, failed, all_logprobs = (
+            runner_output.sampled_token_ids,
+            runner_output.failed,
+            runner_output.logprobs,
+        )
+        prompt_logprobs_of, extra_tokens = runner_output.prompt_logprobs, runner_output.extra_token_ids
+        spec_tokens, max_model_len = scheduler_output.scheduled_spec_decode_tokens, self.config.max_model_len
+        for request_id in scheduler_output.num_scheduled_tokens:
+            request = requests.get(request_id)
+            if request is None or request.status is not running:
+                continue  # aborted or preempted meanwhile
+            error = failed.get(request_id) if failed else None
+            if error is not None:
+                outputs.append(self._fail(request, error))
+                finished.append(request)
+                continue
+            prompt_logprobs = (
+                self._unreported_prompt_logprobs(
+                    request, prompt_logprobs_of.get(request_id), scheduler_output
+                )
+                if prompt_logprobs_of
+                else None
+            )
+            token_id = sampled.get(request_id)
+            if token_id is None:
+                if prompt_logprobs is not None:
+                    outputs.append(EngineCoreOutput(request_id, [], prompt_logprobs=prompt_logprobs))
+                continue
+            logprobs = all_logprobs.get(request_id) if all_logprobs else None
+            if logprobs is not None and self.beam_search.report(request, logprobs):
+                continue  # a beam: its search picks the continuations
+            output = EngineCoreOutput(request_id, [], [logprobs] if logprobs else None, prompt_logprobs)
+            extra = extra_tokens.get(request_id) if extra_tokens else None
+            for token in (token_id, *extra) if extra else (token_id,):
+                request.append_token(token)
+                output.new_token_ids.append(token)
+                grammar_complete = (request.grammar is not None or request.thinking is not None) and (
+                    self.structured.accept(request, token)
+                )
+                if request.check_stop(max_model_len, grammar_complete):
+                    output.finish_reason, output.stop_reason = request.finish_reason, request.stop_reason
+                    finished.append(request)
+                    break
+            drafts = spec_tokens.get(request_id) if spec_tokens else None
+            if drafts:
+                assert self.drafts is not None, "drafts come with a speculative config"
+                self._note_dropped(
+                    request_id, self.drafts.settle(request, drafts, len(output.new_token_ids) - 1)
+                )
+            outputs.append(output)
+        pruned, beam_outputs = self.beam_search.advance(self._fork_beam)
+        self._finish(finished + pruned)
+        if self.drafts is not None:
+            drafting = self.in_flight.drafting(self.running, scheduler_output.num_scheduled_tokens)
+            self.drafts.propose(drafting, runner_output.draft_token_ids)
+        return outputs + beam_outputs
+
+    def _fail(self, request: Request, error: str) -> EngineCoreOutput:
+        """The worker could not run the request (its adapter's files): it ends with `error`, and the blocks
+        its step filled (the base model's K/V under its adapter's key) leave the prefix cache."""
+        request.finish_reason = FinishReason.ERROR
+        self.kv_cache_manager.uncache(request)
+        return EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.ERROR, error=error)
+
+    @staticmethod
+    def _unreported_prompt_logprobs(
+        request: Request,
+        entries: list[dict[int, float] | None] | None,
+        scheduler_output: SchedulerOutput,
+    ) -> list[dict[int, float] | None] | None:
+        """The step's prompt logprobs less those of prompt tokens already reported before a recompute
+        preemption; None when nothing is new. A step whose tokens start at position s > 0 reports prompt
+        tokens s + 1, ... (position p predicts token p + 1); the first step reports token 0 (None) too."""
+        if entries is None:
+            return None
+        start = request.num_computed_tokens - scheduler_output.num_scheduled_tokens[request.request_id]
+        first_token = start + 1 if start else 0
+        reported = request.num_prompt_logprobs_reported
+        request.num_prompt_logprobs_reported = max(reported, first_token + len(entries))
+        return entries[max(0, reported - first_token) :] or None
+
+    def _fork_beam(self, parent: Request, request_id: str) -> Request:
+        assert parent.status is RequestStatus.RUNNING, "a beam forks right after it reported"
+        child = parent.fork(request_id)
+        self.kv_cache_manager.fork(parent, child, parent.num_computed_tokens)
+        self.requests[request_id] = child
+        self.running.append(child)
+        return child
