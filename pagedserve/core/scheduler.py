@@ -117,10 +117,14 @@ class Scheduler(SchedulerUpdate):
         """Grow the running groups in order; when the blocks run out, preempt the last group."""
         kv = self.kv_cache_manager
         groups = self.in_flight.idle_groups(self.order.running_groups(groups_of(self.running)))
+        # NOTE: one pass for the step: text-only batches skip the encoder budget per group.
+        images = any(request.images for request in self.running)
         index = 0
         while index < len(groups) and step.budget > 0 and not step.full:
             group = groups[index]
-            plan = self._within_encoder_budget(plan_group(group, step.budget), step)
+            plan = plan_group(group, step.budget)
+            if images:
+                plan = self._within_encoder_budget(plan, step)
             if kv.grows_in_place(plan):  # NOTE: most decodes: nothing to allocate, no preemption to weigh
                 for request, num_new in plan:
                     self._record(step, request, num_new, _IN_PLACE)
@@ -310,8 +314,6 @@ class Scheduler(SchedulerUpdate):
 
     def _within_encoder_budget(self, plan: Plan, step: ScheduleStep) -> Plan:
         """`plan` with each image request's chunk cut before the images past the step's encoder budget."""
-        if not any(request.images for request, _ in plan):
-            return plan  # NOTE: text requests (plan_group left out those with nothing to compute)
         limit, used, kept = self.config.max_num_batched_tokens, step.encoder_tokens, []
         for request, num_new in plan:
             if request.images:

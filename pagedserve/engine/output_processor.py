@@ -221,8 +221,9 @@ class OutputProcessor:
         updated: dict[str, tuple[RequestState, list[SampleState]]] = {}
         to_abort: list[str] = []
         now = time.time()
+        child_to_parent = self._child_to_parent
         for output in core_outputs.outputs:
-            entry = self._child_to_parent.get(output.request_id)
+            entry = child_to_parent.get(output.request_id)
             if output.error is not None:
                 # NOTE: a beam search fails under its request's id, which is none of its outputs' ids.
                 failed = entry[0] if entry is not None else self._requests.get(output.request_id)
@@ -235,7 +236,7 @@ class OutputProcessor:
             state, sample = entry
             if output.prompt_logprobs is not None and sample.index == 0 and state.prompt_logprobs is not None:
                 state.prompt_logprobs.extend(output.prompt_logprobs)
-            if not output.new_token_ids and not output.finished:
+            if not output.new_token_ids and output.finish_reason is None:
                 continue  # a prompt chunk: nothing to show yet
             if output.pooled is not None:
                 state.pooled = output.pooled
@@ -244,7 +245,7 @@ class OutputProcessor:
             if self._update_sample(sample, output):
                 to_abort.append(output.request_id)
             if sample.finish_reason is not None:
-                del self._child_to_parent[output.request_id]
+                del child_to_parent[output.request_id]
             elif state.output_kind is RequestOutputKind.FINAL_ONLY:
                 continue  # NOTE: its one output comes when a sample finishes: no per-step output to build
             updated.setdefault(state.request_id, (state, []))[1].append(sample)
@@ -268,10 +269,14 @@ class OutputProcessor:
     @staticmethod
     def _update_sample(sample: SampleState, output: EngineCoreOutput) -> bool:
         """Append the output to the sample; True when a stop string ended it before the engine did."""
-        stop = sample.detokenizer.update(output.new_token_ids)
-        num_kept = len(output.new_token_ids) if stop is None else stop[1]
-        sample.token_ids.extend(output.new_token_ids[:num_kept])
-        for logprobs in (output.new_logprobs or [])[:num_kept]:
+        new_token_ids, new_logprobs = output.new_token_ids, output.new_logprobs
+        stop = sample.detokenizer.update(new_token_ids)
+        if stop is None:
+            sample.token_ids += new_token_ids
+        else:
+            sample.token_ids += new_token_ids[: stop[1]]
+            new_logprobs = new_logprobs[: stop[1]] if new_logprobs else None
+        for logprobs in new_logprobs or ():
             if sample.logprobs is not None:
                 sample.logprobs.append(logprobs)
             # The sampled token comes first in each dict.
