@@ -213,10 +213,11 @@ class OutputProcessor:
         self, core_outputs: EngineCoreOutputs, stats: IterationStats | None = None
     ) -> tuple[list[RequestOutput], list[str]]:
         """Returns the outputs due (per each request's output_kind) and the engine-core ids to abort
-        (stopped by a stop string). Adds token counts and latencies to `stats` when given."""
-        stats = stats if stats is not None else IterationStats()
+        (stopped by a stop string). Adds token counts and latencies to `stats` when given (a server's
+        metrics); without, nothing is measured (the offline engine reads none) but the times each output
+        carries (scheduled, first token)."""
         self._record_scheduled(core_outputs, stats)
-        if core_outputs.num_scheduled_tokens:
+        if stats is not None and core_outputs.num_scheduled_tokens:
             stats.num_iteration_tokens.append(core_outputs.num_scheduled_tokens)
         updated: dict[str, tuple[RequestState, list[SampleState]]] = {}
         to_abort: list[str] = []
@@ -240,8 +241,10 @@ class OutputProcessor:
                 continue  # a prompt chunk: nothing to show yet
             if output.pooled is not None:
                 state.pooled = output.pooled
-                stats.num_prompt_tokens += len(state.prompt_token_ids)
-            self._record_tokens(state, sample, output, now, stats)
+                if stats is not None:
+                    stats.num_prompt_tokens += len(state.prompt_token_ids)
+            if stats is not None or state.first_token_time is None:
+                self._record_tokens(state, sample, output, now, stats)
             if self._update_sample(sample, output):
                 to_abort.append(output.request_id)
             if sample.finish_reason is not None:
@@ -257,7 +260,8 @@ class OutputProcessor:
                 results.append(result)
             if finished:
                 del self._requests[state.request_id]
-                stats.finished_requests.append(state.finished_stats(now))
+                if stats is not None:
+                    stats.finished_requests.append(state.finished_stats(now))
         return results, to_abort
 
     def _fail(self, state: RequestState, output: EngineCoreOutput) -> list[str]:
@@ -292,12 +296,22 @@ class OutputProcessor:
 
     @staticmethod
     def _record_tokens(
-        state: RequestState, sample: SampleState, output: EngineCoreOutput, now: float, stats: IterationStats
+        state: RequestState,
+        sample: SampleState,
+        output: EngineCoreOutput,
+        now: float,
+        stats: IterationStats | None,
     ) -> None:
+        """The request's first-token time (its outputs carry it); with `stats`, the step's token counts and
+        latencies."""
         if not output.new_token_ids:
             return
-        if state.first_token_time is None:
+        first = state.first_token_time is None
+        if first:
             state.first_token_time = now
+        if stats is None:
+            return
+        if first:
             stats.time_to_first_tokens.append(now - state.arrival_time)
             stats.num_prompt_tokens += len(state.prompt_token_ids)
         elif sample.last_token_time is not None:
@@ -305,12 +319,13 @@ class OutputProcessor:
         sample.last_token_time = now
         stats.num_generation_tokens += len(output.new_token_ids)
 
-    def _record_scheduled(self, core_outputs: EngineCoreOutputs, stats: IterationStats) -> None:
+    def _record_scheduled(self, core_outputs: EngineCoreOutputs, stats: IterationStats | None) -> None:
         for child_id in core_outputs.scheduled_request_ids:
             entry = self._child_to_parent.get(child_id)
             if entry is not None and entry[0].scheduled_time is None:
                 entry[0].scheduled_time = core_outputs.timestamp
-                stats.queue_times.append(core_outputs.timestamp - entry[0].arrival_time)
+                if stats is not None:
+                    stats.queue_times.append(core_outputs.timestamp - entry[0].arrival_time)
 
     def abort_request(self, request_id: str, stats: IterationStats | None = None) -> list[str]:
         """Forget a request; returns the engine-core ids still to abort."""
