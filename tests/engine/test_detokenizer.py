@@ -97,3 +97,24 @@ def test_the_stop_string_first_in_the_text_wins(tokenizer) -> None:
     matched = detokenizer.update(tokens)
     assert matched is not None and matched[0] == "nectarine"
     assert detokenizer.output_text == " apple, banana, mango, "
+
+
+def test_text_read_at_the_end_equals_text_read_every_step(tokenizer) -> None:
+    """Without stop strings tokens are decoded when the text is asked for: reading it once at the end (a
+    final-only request) gives exactly the deltas read after every token (a stream), on text that splits
+    characters across byte tokens and on random streams."""
+    rng = random.Random(1)
+    streams = [tokenizer.encode(text) for text in TEXTS] + [
+        [rng.randrange(256) if rng.random() < 0.5 else rng.randrange(tokenizer.vocab_size) for _ in range(30)]
+        for _ in range(10)
+    ]
+    for tokens in streams:
+        at_end = IncrementalDetokenizer(tokenizer, [1], True, [], False)
+        every_step = IncrementalDetokenizer(tokenizer, [1], True, [], False)
+        deltas = []
+        for token in tokens:
+            at_end.update([token])
+            every_step.update([token])
+            deltas.append(every_step.get_next_output_text(finished=False, delta=True))
+        assert at_end.get_next_output_text(finished=True, delta=False) == "".join(deltas)
+        assert every_step.output_text == at_end.output_text
