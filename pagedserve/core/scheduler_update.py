@@ -24,14 +24,10 @@ class SchedulerUpdate(SchedulerDiffs):
         finished: list[Request] = []
         # NOTE: a decode step's loop runs once per request: what most steps lack (failures, prompt logprobs,
         # logprobs, drafts, grammars) is looked up only when the step has any.
-        requests, running = self.requests, RequestStatus.RUNNING
-        sampled, failed, all_logprobs = (
-            runner_output.sampled_token_ids,
-            runner_output.failed,
-            runner_output.logprobs,
-        )
+        requests, running, sampled = self.requests, RequestStatus.RUNNING, runner_output.sampled_token_ids
+        failed, all_logprobs = runner_output.failed, runner_output.logprobs
         prompt_logprobs_of, extra_tokens = runner_output.prompt_logprobs, runner_output.extra_token_ids
-        spec_tokens, max_model_len = scheduler_output.scheduled_spec_decode_tokens, self.config.max_model_len
+        spec_tokens = scheduler_output.scheduled_spec_decode_tokens
         for request_id in scheduler_output.num_scheduled_tokens:
             request = requests.get(request_id)
             if request is None or request.status is not running:
@@ -58,16 +54,8 @@ class SchedulerUpdate(SchedulerDiffs):
                 continue  # a beam: its search picks the continuations
             output = EngineCoreOutput(request_id, [], [logprobs] if logprobs else None, prompt_logprobs)
             extra = extra_tokens.get(request_id) if extra_tokens else None
-            for token in (token_id, *extra) if extra else (token_id,):
-                request.append_token(token)
-                output.new_token_ids.append(token)
-                grammar_complete = (request.grammar is not None or request.thinking is not None) and (
-                    self.structured.accept(request, token)
-                )
-                if request.check_stop(max_model_len, grammar_complete):
-                    output.finish_reason, output.stop_reason = request.finish_reason, request.stop_reason
-                    finished.append(request)
-                    break
+            if self._append_tokens(request, output, (token_id, *extra) if extra else (token_id,)):
+                finished.append(request)
             drafts = spec_tokens.get(request_id) if spec_tokens else None
             if drafts:
                 assert self.drafts is not None, "drafts come with a speculative config"
@@ -81,6 +69,20 @@ class SchedulerUpdate(SchedulerDiffs):
             drafting = self.in_flight.drafting(self.running, scheduler_output.num_scheduled_tokens)
             self.drafts.propose(drafting, runner_output.draft_token_ids)
         return outputs + beam_outputs
+
+    def _append_tokens(self, request: Request, output: EngineCoreOutput, tokens: tuple[int, ...]) -> bool:
+        """Append the step's tokens (the sampled one, then accepted drafts) to the request and its output
+        up to the first that ends it (a stop token, the length, a completed grammar); True if one did."""
+        for token in tokens:
+            request.append_token(token)
+            output.new_token_ids.append(token)
+            grammar_complete = (request.grammar is not None or request.thinking is not None) and (
+                self.structured.accept(request, token)
+            )
+            if request.check_stop(self.config.max_model_len, grammar_complete):
+                output.finish_reason, output.stop_reason = request.finish_reason, request.stop_reason
+                return True
+        return False
 
     def _fail(self, request: Request, error: str) -> EngineCoreOutput:
         """The worker could not run the request (its adapter's files): it ends with `error`, and the blocks
