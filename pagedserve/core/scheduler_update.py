@@ -23,7 +23,7 @@ class SchedulerUpdate(SchedulerDiffs):
             self.kv_cache_manager.free(ended)  # aborted while its step ran: the step wrote its last now
         finished: list[Request] = []
         # NOTE: a decode step's loop runs once per request: what most steps lack (failures, prompt logprobs,
-        # logprobs, drafts, grammars) is looked up only when the step has any.
+        # logprobs, drafts) is looked up only when the step has any.
         requests, running, sampled = self.requests, RequestStatus.RUNNING, runner_output.sampled_token_ids
         failed, all_logprobs = runner_output.failed, runner_output.logprobs
         prompt_logprobs_of, extra_tokens = runner_output.prompt_logprobs, runner_output.extra_token_ids
@@ -50,7 +50,7 @@ class SchedulerUpdate(SchedulerDiffs):
                     outputs.append(EngineCoreOutput(request_id, [], prompt_logprobs=prompt_logprobs))
                 continue
             logprobs = all_logprobs.get(request_id) if all_logprobs else None
-            if logprobs is not None and self.beam_search.report(request, logprobs):
+            if self.beam_search.report(request, logprobs):
                 continue  # a beam: its search picks the continuations
             output = EngineCoreOutput(request_id, [], [logprobs] if logprobs else None, prompt_logprobs)
             extra = extra_tokens.get(request_id) if extra_tokens else None
@@ -76,9 +76,7 @@ class SchedulerUpdate(SchedulerDiffs):
         for token in tokens:
             request.append_token(token)
             output.new_token_ids.append(token)
-            grammar_complete = (request.grammar is not None or request.thinking is not None) and (
-                self.structured.accept(request, token)
-            )
+            grammar_complete = self.structured.accept(request, token)
             if request.check_stop(self.config.max_model_len, grammar_complete):
                 output.finish_reason, output.stop_reason = request.finish_reason, request.stop_reason
                 return True
