@@ -11,7 +11,8 @@ with every wrapper, which gives the breakdown. "Outside the forward and logits" 
 `LLMEngine.step()` (the engine core's
 schedule, the worker's diff update, batch and sampling-input build with its host-to-device copy, attention
 metadata, sampler, the scheduler's update and stats; the frontend's output processing and
-detokenization) minus the model's forward and `compute_logits`; it is given in wall time and in this
+detokenization) minus the model's forward and `compute_logits_and_greedy` (the LM head, with the greedy
+rows' argmax where its kernel folds it in); it is given in wall time and in this
 thread's CPU time (which other processes on the cores do not inflate). The server adds two hops per
 step (API server <-> engine process over ZMQ): with --serve it also measures the streamed inter-token
 time of one request at a time and reports the difference.
@@ -101,19 +102,24 @@ def hook_leaf_modules(model: torch.nn.Module, timings: Timings, leaves: bool = T
 
 class FixedModel(torch.nn.Module):
     """Stands in for the model with --host-only: a fixed hidden state per token and fixed random logits per
-    row (the sampler's argmax still reads [rows, vocab]), so a step is the engine's host work alone."""
+    row, with their argmax as the LM head gives it (the real head folds it into its matmul, and an
+    accelerator's is device work), so a step is the engine's host work alone."""
 
     def __init__(self, model: Any, rows: int, max_tokens: int) -> None:
         super().__init__()
         self.config = model.config
         self.hidden = torch.zeros(max_tokens, model.config.hidden_size)
         self.logits = torch.randn(rows, model.config.vocab_size, generator=torch.Generator().manual_seed(0))
+        self.tokens = self.logits.argmax(dim=1)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.hidden[: input_ids.shape[0]]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.logits[: hidden.shape[0]]
+
+    def compute_logits_and_greedy(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.logits[: hidden.shape[0]], self.tokens[: hidden.shape[0]]
 
 
 def profile_decode(
@@ -123,7 +129,7 @@ def profile_decode(
     prompt_len: int,
     host_only: bool = False,
     output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY,
-) -> tuple[Timings, float]:
+) -> tuple[Timings, dict[str, float]]:
     """Bring `batch_size` requests past their prompt, then time `steps` pure decode steps twice (`host_only`:
     with the model replaced by `FixedModel`): uninstrumented but for the forward and the logits, then
     phase by phase. Returns the phases, whose "step" is the uninstrumented steps' time and "step
@@ -152,7 +158,7 @@ def profile_decode(
         engine.step()
     timings: Timings = collections.defaultdict(float)
     handles = hook_leaf_modules(runner.model, timings, leaves=False)
-    with patched(runner.model, "compute_logits", timings, "logits"):
+    with patched(runner.model, "compute_logits_and_greedy", timings, "logits"):
         timings["step"], timings[CPU + "step"] = timed_steps(engine, steps)
     for handle in handles:
         handle.remove()
@@ -166,7 +172,7 @@ def profile_decode(
             (InputBatch, "update", "input preparation"),
             (InputBatch, "build", "input preparation"),
             (runner.backend, "build_metadata", "input preparation"),
-            (runner.model, "compute_logits", "logits"),
+            (runner.model, "compute_logits_and_greedy", "logits"),
             (runner, "sampler", "sampler"),
             (runner.prompt_logprobs, "compute", "prompt logprobs"),
             (model_runner_module, "sample_step", "sampling (all)"),
@@ -192,7 +198,7 @@ def timed_steps(engine: Any, steps: int) -> tuple[float, float]:
     return time.perf_counter() - start, time.thread_time() - cpu_start
 
 
-def print_table(results: dict[str, tuple[Timings, Timings]], steps: int) -> None:
+def print_table(results: dict[str, tuple[Timings, dict[str, float]]], steps: int) -> None:
     """Two columns per run (batch size, and with --layers both: torch or fused layer kernels): wall time
     and this thread's CPU time. `results`: each run's phases and its uninstrumented steps."""
     columns = list(results)
@@ -286,7 +292,7 @@ def server_tpot(model_args: list[str], tokens: int) -> float:
 
 def _answers(httpx: Any, url: str) -> bool:
     try:
-        return httpx.get(url, timeout=5).status_code == 200
+        return bool(httpx.get(url, timeout=5).status_code == 200)
     except httpx.HTTPError:
         return False
 

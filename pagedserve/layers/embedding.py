@@ -52,3 +52,10 @@ class ParallelLMHead(VocabParallelEmbedding):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
         logits = tensor_model_parallel_all_gather(self.quant_method.apply(self, hidden), dim=-1)
         return logits[:, : self.vocab_size]
+
+    def compute_logits_and_greedy(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """compute_logits, and each row's argmax where the quant method's kernel finds it on the way (one
+        rank holding the whole vocabulary, no padding rows); None elsewhere."""
+        if self.tp_size != 1 or self.num_per_partition != self.vocab_size:
+            return self.compute_logits(hidden), None
+        return self.quant_method.apply_greedy(self, hidden)

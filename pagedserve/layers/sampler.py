@@ -33,6 +33,15 @@ class SamplingMetadata:
     # [R] bool: the rows of beams (core/beam_search.py), whose logprobs are HF's beam scores; None: none.
     beam_rows: torch.Tensor | None = None
 
+    @property
+    def processes_logits(self) -> bool:
+        """Whether a penalty or bias changes the logits before the sampler picks."""
+        return (
+            self.logit_bias is not None
+            or self.repetition_penalty is not None
+            or self.frequency_penalty is not None
+        )
+
 
 @dataclass
 class SamplerOutput:
@@ -45,17 +54,24 @@ class Sampler:
     """logits [R, V] float32 -> one token per row, plus the logprobs of the raw model distribution (a
     beam's: processed, as HF's beam search ranks them)."""
 
-    def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
+    def __call__(
+        self, logits: torch.Tensor, meta: SamplingMetadata, greedy_tokens: torch.Tensor | None = None
+    ) -> SamplerOutput:
+        """`greedy_tokens`: each row's argmax of `logits` as given, if known (the LM head's kernel found it):
+        the greedy rows take it unless a penalty or bias changes the logits first."""
+        if meta.processes_logits:
+            greedy_tokens = None
         raw_logprobs = None if meta.max_num_logprobs is None else torch.log_softmax(logits, dim=-1)
         if raw_logprobs is not None and meta.beam_rows is not None:
             # NOTE: HF's beam search applies the processors to the log-softmax, not renormalized after.
             processed = self.apply_penalties_and_bias(raw_logprobs, meta)
             raw_logprobs = torch.where(meta.beam_rows[:, None], processed, raw_logprobs)
         logits = self.apply_penalties_and_bias(logits, meta)
+        greedy_rows = greedy(logits) if greedy_tokens is None else greedy_tokens
         if meta.all_greedy:  # NOTE: the fast path: no temperature, top-k/p or noise work
-            sampled = greedy(logits)
+            sampled = greedy_rows
         else:
-            sampled = self._sample(logits, meta)
+            sampled = torch.where(meta.temperature > 0, self._sample(logits, meta), greedy_rows)
         if raw_logprobs is None or meta.max_num_logprobs is None:
             return SamplerOutput(sampled, None, None)
         token_ids, values = gather_logprobs(raw_logprobs, meta.max_num_logprobs, sampled)
@@ -79,8 +95,7 @@ class Sampler:
         return logits
 
     def _sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-        sampled = draw(self.probabilities(logits, meta), meta.seeds)
-        return torch.where(meta.temperature > 0, sampled, greedy(logits))
+        return draw(self.probabilities(logits, meta), meta.seeds)
 
     def probabilities(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         """The distribution each row samples from: temperature, top-k, top-p, min-p applied (rows with

@@ -84,3 +84,7 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
         logits = super().compute_logits(hidden)
         cap = getattr(self.config, "final_logit_softcapping", None)
         return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def compute_logits_and_greedy(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # NOTE: not the head's argmax: the cap's tanh can round logits it told apart to equal values.
+        return self.compute_logits(hidden), None

@@ -60,6 +60,11 @@ class CausalLM(nn.Module, ABC):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [R, hidden_size] -> logits [R, vocab_size] (gathered over the tensor-parallel ranks)."""
 
+    def compute_logits_and_greedy(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """compute_logits, and each row's argmax where the LM head's kernel found it on the way (the greedy
+        rows then skip a second pass over the logits); None where it did not."""
+        return self.compute_logits(hidden), None
+
     @abstractmethod
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy each rank's shard of the checkpoint tensors in; returns the parameter names loaded."""

@@ -272,6 +272,9 @@ class LlamaForCausalLM(CausalLM):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.compute_logits(hidden)
 
+    def compute_logits_and_greedy(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.lm_head.compute_logits_and_greedy(hidden)
+
     def checkpoint_tensors(self, name: str, tensor: torch.Tensor) -> Iterator[ParamShard]:
         """Where a checkpoint tensor (named by `checkpoint_name`) goes: nothing for tensors not kept, else
         one or more (parameter, tensor, shard id). Families with other checkpoint layouts override this."""

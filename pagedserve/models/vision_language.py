@@ -51,6 +51,9 @@ class VisionLanguageModel(MultiModalLM):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.language_model.compute_logits(hidden)
 
+    def compute_logits_and_greedy(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.language_model.compute_logits_and_greedy(hidden)
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """The language model's tensors through its own loader; the vision parts' copied as they are (the
         ones not built, such as a tower's unused layers, skipped)."""

@@ -29,6 +29,11 @@ class QuantizeMethodBase(ABC):
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """x [..., input_size] -> x W^T [..., output_size] (bias excluded: the layer adds it)."""
 
+    def apply_greedy(self, layer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`apply`, plus each output row's argmax where the kernel finds it on the way (an LM head's greedy
+        tokens, without reading the logits again); None where it does not."""
+        return self.apply(layer, x), None
+
     def embedding(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` [T] of the weight as [T, input_size] (embedding layers only)."""
         raise NotImplementedError(f"{type(self).__name__} does not quantize embeddings")

@@ -23,6 +23,7 @@ from pagedserve.kernels.cpu.gguf_ops import (
     gguf_pack,
     gguf_packable,
     gguf_packed_matmul,
+    gguf_packed_matmul_greedy,
     gguf_packed_rows,
 )
 from pagedserve.quantization.base import QuantizationConfig, QuantizeMethodBase
@@ -168,6 +169,16 @@ class GGUFMethod(QuantizeMethodBase):
         outputs = [part.matmul(flat, self.activation_bits) for part in self.parts]
         y = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
         return y.reshape(*x.shape[:-1], self.output_size).to(x.dtype)
+
+    def apply_greedy(self, layer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The packed kernel folds the argmax into the matmul (gguf_packed_matmul.cpp's FusedArgmax)."""
+        part = self.parts[0]
+        if x.dim() != 2 or x.dtype != torch.float32 or len(self.parts) != 1 or not part.packed:
+            return self.apply(layer, x), None
+        logits, tokens = gguf_packed_matmul_greedy(
+            x, part.rows, part.ggml_type, part.end - part.start, self.activation_bits
+        )
+        return logits, tokens
 
     def storage_formats(self, layer: nn.Module) -> set[str]:
         if not self.parts:  # float (an int8/int4 layer whose rows fill no group)

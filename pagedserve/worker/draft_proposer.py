@@ -77,7 +77,8 @@ class DraftModelProposer:
             )
             with set_forward_context(backend.build_metadata(common)):
                 hidden = self.model(tokens, position)
-            tokens = greedy(self.model.compute_logits(hidden))
+            logits, head_tokens = self.model.compute_logits_and_greedy(hidden)
+            tokens = greedy(logits) if head_tokens is None else head_tokens
             proposals.append(tokens)
             position = position + 1
         return torch.stack(proposals, dim=1).tolist()

@@ -313,7 +313,8 @@ class ModelRunner:
         requests = [self.input_batch.states[batch.request_ids[row]] for row in batch.sample_rows]
         # NOTE: the indices are increasing, so as many as tokens means every token: no gather (decodes).
         sampled = hidden if len(batch.logits_indices) == len(hidden) else hidden[batch.logits_indices]
-        logits = self.model.compute_logits(sampled).float()  # [positions, vocab]
+        logits, greedy_tokens = self.model.compute_logits_and_greedy(sampled)  # [positions, vocab]
+        logits = logits.float()
         if get_tp_rank() != 0:  # NOTE: only rank 0 samples; computing logits above is a collective
             return output
         assert batch.sampling is not None, "built with the rows that sample"
@@ -322,6 +323,7 @@ class ModelRunner:
             requests,
             batch.draft_token_ids,
             logits,
+            greedy_tokens,
             batch.sampling,
             scheduler_output.grammar_bitmask,
             output,

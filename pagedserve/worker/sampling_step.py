@@ -21,16 +21,19 @@ def sample_step(
     requests: list[CachedRequestState],
     drafts: list[list[int]],
     logits: torch.Tensor,
+    greedy_tokens: torch.Tensor | None,
     meta: SamplingMetadata,
     grammar: GrammarBitmask | None,
     output: ModelRunnerOutput,
 ) -> None:
     """`logits` [rows, vocab]: len(draft) + 1 rows per request, request by request, and `meta` their
-    settings (worker/sampling_inputs.py). Fills the output's sampled tokens, accepted drafts and logprobs."""
+    settings (worker/sampling_inputs.py); `greedy_tokens` each row's argmax where the LM head found it (None:
+    the sampler takes it from the logits). Fills the output's sampled tokens, accepted drafts and logprobs."""
     if grammar is not None:
         rows = [request for request, draft in zip(requests, drafts) for _ in range(len(draft) + 1)]
         apply_grammar_bitmask(logits, [r.request_id for r in rows], grammar.request_ids, grammar.bitmask)
-    sampled = sampler(logits, meta)
+        greedy_tokens = None  # NOTE: the head's argmax is of the logits before the mask
+    sampled = sampler(logits, meta, greedy_tokens)
     request_ids = [request.request_id for request in requests]
     if any(drafts):
         tokens = accept_drafts(sampled.sampled_token_ids.tolist(), drafts)

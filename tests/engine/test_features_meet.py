@@ -110,7 +110,8 @@ SETTINGS: dict[str, Setting] = {
     "window_recompute": Setting(
         "mistral-swa", dict(TIGHT, preemption_mode="recompute", max_num_batched_tokens=24), hf_reference=True
     ),
-    # A Q4_K GGUF: the packed K-quant kernels on integer activations, prefill chunks and decode alike.
+    # A Q4_K GGUF: the packed K-quant kernels on integer activations, prefill chunks and decode alike; its LM
+    # head folds the greedy argmax into the matmul (gguf_packed_matmul_greedy), drafts verified on it.
     "kquant_gguf_ngram_swap": Setting(
         "llama-kquant",
         dict(
@@ -122,7 +123,8 @@ SETTINGS: dict[str, Setting] = {
         ),
     ),
     # A Q4_0 GGUF: integer activation blocks at every batch, steps of 16 tokens and more on AMX tiles where
-    # the CPU has them (the same bits as the smaller steps' kernel).
+    # the CPU has them (the same bits as the smaller steps' kernel); the LM head's argmax folded into its
+    # matmul off the AMX tiles, read from the logits on them.
     "q4_0_gguf_recompute_priority": Setting(
         "llama-q4_0",
         dict(TIGHT, preemption_mode="recompute", scheduling_policy="priority", max_num_batched_tokens=64),

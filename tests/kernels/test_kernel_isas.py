@@ -21,7 +21,7 @@ SOURCES = [
     "gguf_kquant_amx.cpp",
     "gguf_block_amx.cpp",
     "float_matmul.cpp",  # row_invariant::matmul, which the GGUF kernels' float32 path calls
-    "greedy_argmax.cpp",
+    "greedy_argmax.cpp",  # also the LM head's argmax where its kernel does not fold it in
 ]
 
 CHECK = textwrap.dedent(
@@ -53,6 +53,8 @@ CHECK = textwrap.dedent(
                 got = ops.gguf_packed_matmul(x, packed, ggml_type, 37, bits).double()
                 error = ((got - expected).abs().max() / expected.abs().max()).item()
                 assert error < 1e-5, (arch, ggml_type, bits, batch, error)
+                logits, tokens = ops.gguf_packed_matmul_greedy(x, packed, ggml_type, 37, bits)
+                assert torch.equal(logits.double(), got) and torch.equal(tokens, logits.argmax(1)), (arch, ggml_type)
         got = ops.gguf_matmul(torch.ones(3, k), torch.from_numpy(rows), ggml_type, 32).double()
         assert torch.allclose(got, torch.ones(3, k, dtype=torch.float64) @ weight.T, rtol=1e-5, atol=1e-5)
     for vocab in (1, 7, 31, 33, 1000, 4099):

@@ -1,10 +1,20 @@
 """The batched sampler against a plain per-row reference on random logits."""
 
+from typing import Any
+
 import torch
 
 from pagedserve.layers.sampler import Sampler, SamplingMetadata, top_tokens
 
 VOCAB = 64
+
+
+def _meta(temperature: torch.Tensor, **settings: Any) -> SamplingMetadata:
+    """Rows of these temperatures with every other setting off but `settings`."""
+    off: dict[str, Any] = dict(top_k=None, top_p=None, min_p=None, seeds={}, max_num_logprobs=None)
+    return SamplingMetadata(
+        temperature=temperature, all_greedy=not bool((temperature > 0).any()), **(off | settings)
+    )
 
 
 def reference_row(
@@ -41,14 +51,8 @@ def test_penalties_and_bias_match_reference() -> None:
         prompt_mask[i, prompts[i]] = True
         for t, v in biases[i].items():
             bias[i, t] = v
-    meta = SamplingMetadata(
-        temperature=torch.zeros(3),
-        all_greedy=True,
-        top_k=None,
-        top_p=None,
-        min_p=None,
-        seeds={},
-        max_num_logprobs=None,
+    meta = _meta(
+        torch.zeros(3),
         presence_penalty=torch.tensor(presence),
         frequency_penalty=torch.tensor(frequency),
         repetition_penalty=torch.tensor(repetition),
@@ -68,14 +72,11 @@ def test_penalties_and_bias_match_reference() -> None:
 def test_top_k_top_p_min_p_restrict_the_support() -> None:
     torch.manual_seed(1)
     logits = torch.randn(4, VOCAB)
-    meta = SamplingMetadata(
-        temperature=torch.ones(4),
-        all_greedy=False,
+    meta = _meta(
+        torch.ones(4),
         top_k=torch.tensor([3, VOCAB, VOCAB, 2]),
         top_p=torch.tensor([1.0, 0.3, 1.0, 1.0]),
         min_p=torch.tensor([0.0, 0.0, 0.5, 0.0]),
-        seeds={},
-        max_num_logprobs=None,
     )
     probs = logits.softmax(-1)
     allowed = [
@@ -101,15 +102,7 @@ def test_top_k_top_p_min_p_restrict_the_support() -> None:
 
 def test_sampling_follows_the_distribution() -> None:
     logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]]))
-    meta = SamplingMetadata(
-        temperature=torch.ones(1),
-        all_greedy=False,
-        top_k=None,
-        top_p=None,
-        min_p=None,
-        seeds={},
-        max_num_logprobs=None,
-    )
+    meta = _meta(torch.ones(1))
     counts = torch.zeros(3)
     torch.manual_seed(0)
     for _ in range(3000):
@@ -131,3 +124,22 @@ def test_top_tokens_break_ties_by_token_id_whatever_the_batch() -> None:
             assert ids[row].tolist() == expected and torch.equal(values[row], logprobs[row, expected])
             alone_values, alone_ids = top_tokens(logprobs[row : row + 1], k)
             assert torch.equal(alone_ids[0], ids[row]) and torch.equal(alone_values[0], values[row])
+
+
+def test_the_heads_argmax_is_taken_unless_a_processor_changes_the_logits() -> None:
+    """The LM head's argmax (`greedy_tokens`, folded into its kernel) stands for the greedy rows' pick as
+    given: the sampler does not read the logits again; a row that samples still draws; with a bias (or a
+    penalty) the logits change first, so the sampler takes its own argmax of the processed logits."""
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(1))
+    head = (logits.argmax(dim=-1) + 1) % VOCAB  # not the argmax: shows which one the sampler took
+    greedy = _meta(torch.zeros(3), max_num_logprobs=1)
+    out = Sampler()(logits, greedy, head)
+    assert torch.equal(out.sampled_token_ids, head)
+    assert out.logprob_token_ids is not None and torch.equal(out.logprob_token_ids[:, 0], head)
+    mixed = _meta(torch.tensor([0.0, 1.0, 0.0]), top_k=torch.tensor([1, 1, 1]))
+    sampled = Sampler()(logits, mixed, head).sampled_token_ids
+    assert sampled[[0, 2]].tolist() == head[[0, 2]].tolist() and sampled[1] == logits[1].argmax()
+    bias = torch.zeros(3, VOCAB)
+    bias[:, 5] = 100.0
+    biased = _meta(torch.zeros(3), logit_bias=bias)
+    assert Sampler()(logits, biased, head).sampled_token_ids.tolist() == [5, 5, 5]

@@ -35,9 +35,9 @@ def test_profile_steps_sample_every_request_and_leave_nothing(tiny_llama: str) -
     sampled_rows = []
     sampler = runner.sampler
 
-    def counting_sampler(logits, metadata):
+    def counting_sampler(logits, metadata, greedy_tokens=None):
         sampled_rows.append(logits.shape[0])
-        return sampler(logits, metadata)
+        return sampler(logits, metadata, greedy_tokens)
 
     runner.sampler = counting_sampler
     worker._profile_run()

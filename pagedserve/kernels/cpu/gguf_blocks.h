@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <type_traits>
 #include <utility>
@@ -208,13 +209,18 @@ inline void store_group(const vec::Vec (&acc)[kBatch][kTileRegisters], int64_t f
   }
 }
 
+// Called by a packed kernel's thread once it has written group g's 16 rows of y for every activation row, while
+// they are still in L1: the LM head's fused argmax (gguf_packed_matmul.cpp). A thread's groups come in
+// increasing order. Empty: nothing to call.
+using GroupSink = std::function<void(int64_t g)>;
+
 // K-quants (Q4_K, Q5_K, Q6_K) in the 16-row packed layout of gguf_kquant_matmul.cpp, multiplied on integer
 // activation blocks (activation_bits 8, or 16: 15-bit blocks) at every batch size.
 bool is_k_quant(int64_t type);
 int64_t kquant_packed_bytes(int64_t type, int64_t rows, int64_t cols);
 at::Tensor kquant_pack(const at::Tensor& qweight, int64_t type);  // qweight: contiguous [rows, row_bytes]
 void kquant_packed_matmul(const float* x, int64_t batch, const uint8_t* packed, int64_t type, int64_t rows,
-                          int64_t cols, int64_t activation_bits, float* y);
+                          int64_t cols, int64_t activation_bits, float* y, const GroupSink& after_group = {});
 void kquant_dequantize_row(const uint8_t* packed, int64_t type, int64_t cols, int64_t row, float* out);
 
 // Q4_0, Q4_1, Q8_0 in the 16-row packed layout with AMX-BF16 tiles (gguf_block_amx.cpp), on integer

@@ -322,7 +322,7 @@ void kquant_group(const ByteActivations& a, int64_t first, const uint8_t* packed
 // rows left.
 template <int64_t kType, bool kSplit>
 void kquant_matmul(const ByteActivations& a, int64_t batch, const uint8_t* packed, int64_t rows, int64_t cols,
-                   float* y) {
+                   float* y, const GroupSink& after_group) {
   // NOTE: split, twice the dot accumulators: 6 rows a pass on AVX-512 (4: 15% slower at batch 64; 8 spilled on
   // Q6_K), 3 on AVX2.
   constexpr int64_t kChunk = kSplit ? kBatchChunk * 3 / 4 : kBatchChunk;
@@ -334,15 +334,16 @@ void kquant_matmul(const ByteActivations& a, int64_t batch, const uint8_t* packe
         with_batch<kChunk>(std::min(kChunk, batch - first), [&](auto count) {
           kquant_group<kType, decltype(count)::value, kSplit>(a, first, packed, rows, cols, g, y);
         });
+      if (after_group) after_group(g);
     }
   });
 }
 
 template <int64_t kType>
 void kquant_matmul(const ByteActivations& a, int64_t batch, const uint8_t* packed, int64_t rows, int64_t cols,
-                   float* y) {
-  if (!a.split) return kquant_matmul<kType, false>(a, batch, packed, rows, cols, y);
-  kquant_matmul<kType, true>(a, batch, packed, rows, cols, y);
+                   float* y, const GroupSink& after_group) {
+  if (!a.split) return kquant_matmul<kType, false>(a, batch, packed, rows, cols, y, after_group);
+  kquant_matmul<kType, true>(a, batch, packed, rows, cols, y, after_group);
 }
 
 }  // namespace
@@ -371,12 +372,12 @@ at::Tensor kquant_pack(const at::Tensor& qweight, int64_t type) {
 }
 
 void kquant_packed_matmul(const float* x, int64_t batch, const uint8_t* packed, int64_t type, int64_t rows,
-                          int64_t cols, int64_t activation_bits, float* y) {
+                          int64_t cols, int64_t activation_bits, float* y, const GroupSink& after_group) {
   const ByteActivations a = round_activations(x, batch, cols, activation_bits, amx_rows(batch), type != Q6_K);
   switch (type) {
-    case Q4_K: return kquant_matmul<Q4_K>(a, batch, packed, rows, cols, y);
-    case Q5_K: return kquant_matmul<Q5_K>(a, batch, packed, rows, cols, y);
-    default: return kquant_matmul<Q6_K>(a, batch, packed, rows, cols, y);
+    case Q4_K: return kquant_matmul<Q4_K>(a, batch, packed, rows, cols, y, after_group);
+    case Q5_K: return kquant_matmul<Q5_K>(a, batch, packed, rows, cols, y, after_group);
+    default: return kquant_matmul<Q6_K>(a, batch, packed, rows, cols, y, after_group);
   }
 }
 

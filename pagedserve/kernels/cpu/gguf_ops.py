@@ -73,6 +73,15 @@ def gguf_packed_matmul(
     return out
 
 
+def gguf_packed_matmul_greedy(
+    x: torch.Tensor, packed: torch.Tensor, ggml_type: int, rows: int, activation_bits: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`gguf_packed_matmul`'s [B, rows] float32, and each row's argmax (int64 [B], torch.argmax's answer): an
+    LM head's greedy tokens, folded into the matmul a group of 16 rows at a time on the integer paths."""
+    logits, tokens = _ops().gguf_packed_matmul_greedy(x, packed, ggml_type, rows, activation_bits)
+    return logits, tokens
+
+
 def gguf_set_amx(enabled: bool) -> bool:
     """Whether the packed matmul takes whole 16-row chunks of activation rows on AMX tiles (the process's
     setting, PAGEDSERVE_CPU_AMX at first use): K-quants on AMX-INT8, Q4_0/Q4_1/Q8_0 on AMX-BF16; on integer
