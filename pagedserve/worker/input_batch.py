@@ -55,6 +55,9 @@ class _DecodeLayout:
     query_start_loc: list[int]
     logits_indices: torch.Tensor
     sampling: SamplingMetadata | None
+    # What every step of the layout hands on unchanged: each row samples, none has drafts.
+    sample_rows: list[int]
+    no_drafts: list[list[int]]
 
 
 class InputBatch:
@@ -84,6 +87,9 @@ class InputBatch:
         self.num_computed = np.zeros(64, dtype=np.int64)
         self.staging = StepStaging(device)
         self._decode_layout: _DecodeLayout | None = None
+        # The last update gave each request it names one new token, its only one not computed (and added
+        # none): with the same requests in the same order, a decode layout holds (`_repeats`).
+        self._next_tokens_only = False
 
     def update(self, out: SchedulerOutput) -> None:
         """Apply the scheduler's diff: forget finished/preempted requests, add new ones, extend cached ones
@@ -130,9 +136,13 @@ class InputBatch:
             state.token_ids += new_token_ids
             if cached.new_block_ids:
                 self.block_tables.append(cached.request_id, cached.new_block_ids)
+        self._next_tokens_only = (
+            not out.scheduled_new_reqs and len(rows) == len(out.scheduled_cached_reqs) and num_computed == starts
+        )
         if rows:
+            # NOTE: the maxima of the lists: numpy's reductions cost more than Python's max up to many rows.
+            self._fit(max(rows), max(starts) + 1)
             row_array, start_array = np.array(rows), np.array(starts)
-            self._fit(int(row_array.max()), int(start_array.max()) + 1)
             self.token_ids[row_array, start_array] = tokens
             self.num_tokens[row_array] = start_array + 1
             self.num_computed[row_array] = num_computed
@@ -197,7 +207,14 @@ class InputBatch:
         every_row_decodes = num_decodes == len(order) == len(sample_rows) and not spec
         self._decode_layout = (
             _DecodeLayout(
-                order, rows, self.sampling.version, query_starts, tensors["logits_indices"], sampling
+                order,
+                rows,
+                self.sampling.version,
+                query_starts,
+                tensors["logits_indices"],
+                sampling,
+                list(range(len(order))),
+                [[] for _ in order],
             )
             if every_row_decodes and not self.sampling.per_token[rows].any()
             else None
@@ -217,15 +234,13 @@ class InputBatch:
         """The step decodes one token of each request of the previous (decode-only) step, in the same order,
         each its next token (so it samples), and the sampling settings are unchanged: its layout holds."""
         scheduled = out.num_scheduled_tokens
-        if (
-            out.total_num_scheduled_tokens != len(scheduled)  # some request computes more than one token
-            or out.scheduled_spec_decode_tokens
-            or self.sampling.version != layout.sampling_version
-            or list(scheduled) != layout.order
-        ):
-            return False
-        rows = layout.rows
-        return bool((self.num_computed[rows] + 1 == self.num_tokens[rows]).all())
+        return (
+            self._next_tokens_only
+            and out.total_num_scheduled_tokens == len(scheduled)  # each request computes one token
+            and not out.scheduled_spec_decode_tokens
+            and self.sampling.version == layout.sampling_version
+            and list(scheduled) == layout.order
+        )
 
     def _build_decode(self, layout: _DecodeLayout) -> BatchInputs:
         """The batch of a step that repeats the previous decode step's layout: one token per row, each its
@@ -240,9 +255,9 @@ class InputBatch:
             tensors["positions"],
             attention,
             layout.order,
-            list(range(len(rows))),
+            layout.sample_rows,
             layout.logits_indices,
-            [[] for _ in rows],
+            layout.no_drafts,
             layout.sampling,
         )
 
