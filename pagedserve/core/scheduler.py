@@ -117,8 +117,7 @@ class Scheduler(SchedulerUpdate):
         """Grow the running groups in order; when the blocks run out, preempt the last group."""
         kv = self.kv_cache_manager
         groups = self.in_flight.idle_groups(self.order.running_groups(groups_of(self.running)))
-        # NOTE: one pass for the step: text-only batches skip the encoder budget per group.
-        images = any(request.images for request in self.running)
+        images = self._num_with_images > 0  # NOTE: text-only batches skip the encoder budget per group
         index = 0
         while index < len(groups) and step.budget > 0 and not step.full:
             group = groups[index]

@@ -97,14 +97,21 @@ class SchedulerState:
         self._num_tokens_sent: dict[str, int] = {}  # how many tokens each worker copy holds
         self._cut_outputs: list[EngineCoreOutput] = []  # final outputs of requests that can never fit
         self._num_dropped_blocks: dict[str, int] = {}  # blocks trimmed since the workers last heard
+        # Requests with images among `requests`: a text-only step skips the encoder budget without a pass.
+        self._num_with_images = 0
 
     def add_request(self, request: Request) -> None:
         if request.beam_search is not None:
             self.beam_search.add(request)  # renames it: the search's first beam
-        self.requests[request.request_id] = request
+        self._keep(request)
         self.structured.add(request)
         if not self.parallel_sampling.hold(request):
             self.order.enqueue(self.waiting, request)
+
+    def _keep(self, request: Request) -> None:
+        """`request` joins `requests` (added, or forked from a beam)."""
+        self.requests[request.request_id] = request
+        self._num_with_images += bool(request.images)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -155,6 +162,7 @@ class SchedulerState:
             released += self.parallel_sampling.forget(request)
             self._forget(request.request_id)
             del self.requests[request.request_id]
+            self._num_with_images -= bool(request.images)
         # NOTE: samples whose leader ended before they forked compute the prompt themselves.
         for request in reversed([r for r in released if r.request_id not in gone]):
             self.order.enqueue(self.waiting, request, first=True)

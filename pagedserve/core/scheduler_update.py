@@ -110,6 +110,6 @@ class SchedulerUpdate(SchedulerDiffs):
         assert parent.status is RequestStatus.RUNNING, "a beam forks right after it reported"
         child = parent.fork(request_id)
         self.kv_cache_manager.fork(parent, child, parent.num_computed_tokens)
-        self.requests[request_id] = child
+        self._keep(child)
         self.running.append(child)
         return child

@@ -55,6 +55,8 @@ class StepsInFlight:
     def returned(self, request_ids: Iterable[str]) -> list[Request]:
         """A step's output is back: its requests are free to be scheduled. Returns the requests that ended
         while it ran, whose blocks the caller frees now."""
+        if not self._request_ids and not self._ended:  # NOTE: one batch at a time: nothing is tracked
+            return []
         ended = []
         for request_id in request_ids:
             self._request_ids.discard(request_id)

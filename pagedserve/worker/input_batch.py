@@ -137,7 +137,9 @@ class InputBatch:
             if cached.new_block_ids:
                 self.block_tables.append(cached.request_id, cached.new_block_ids)
         self._next_tokens_only = (
-            not out.scheduled_new_reqs and len(rows) == len(out.scheduled_cached_reqs) and num_computed == starts
+            not out.scheduled_new_reqs
+            and len(rows) == len(out.scheduled_cached_reqs)
+            and num_computed == starts
         )
         if rows:
             # NOTE: the maxima of the lists: numpy's reductions cost more than Python's max up to many rows.

@@ -310,7 +310,12 @@ class ModelRunner:
         self.prompt_logprobs.compute(batch, hidden, self.input_batch.states, output)
         if not batch.sample_rows:
             return output
-        requests = [self.input_batch.states[batch.request_ids[row]] for row in batch.sample_rows]
+        # NOTE: every row samples in a decode step: its ids as they are, no per-row lookups.
+        sample_ids = (
+            batch.request_ids
+            if len(batch.sample_rows) == len(batch.request_ids)
+            else [batch.request_ids[row] for row in batch.sample_rows]
+        )
         # NOTE: the indices are increasing, so as many as tokens means every token: no gather (decodes).
         sampled = hidden if len(batch.logits_indices) == len(hidden) else hidden[batch.logits_indices]
         logits, greedy_tokens = self.model.compute_logits_and_greedy(sampled)  # [positions, vocab]
@@ -320,7 +325,8 @@ class ModelRunner:
         assert batch.sampling is not None, "built with the rows that sample"
         sample_step(
             self.sampler,
-            requests,
+            sample_ids,
+            self.input_batch.states,
             batch.draft_token_ids,
             logits,
             greedy_tokens,
@@ -329,7 +335,7 @@ class ModelRunner:
             output,
         )
         if self.drafter is not None:
-            self._propose(requests, output)
+            self._propose([self.input_batch.states[request_id] for request_id in sample_ids], output)
         return output
 
     def _propose(self, requests: list[CachedRequestState], output: ModelRunnerOutput) -> None:

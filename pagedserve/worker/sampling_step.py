@@ -18,7 +18,8 @@ from pagedserve.worker.request_state import CachedRequestState
 
 def sample_step(
     sampler: Sampler,
-    requests: list[CachedRequestState],
+    request_ids: list[str],
+    states: dict[str, CachedRequestState],
     drafts: list[list[int]],
     logits: torch.Tensor,
     greedy_tokens: torch.Tensor | None,
@@ -26,15 +27,15 @@ def sample_step(
     grammar: GrammarBitmask | None,
     output: ModelRunnerOutput,
 ) -> None:
-    """`logits` [rows, vocab]: len(draft) + 1 rows per request, request by request, and `meta` their
-    settings (worker/sampling_inputs.py); `greedy_tokens` each row's argmax where the LM head found it (None:
-    the sampler takes it from the logits). Fills the output's sampled tokens, accepted drafts and logprobs."""
+    """`logits` [rows, vocab]: len(draft) + 1 rows per request (`request_ids`, their states in `states`),
+    request by request, and `meta` their settings (worker/sampling_inputs.py); `greedy_tokens` each row's
+    argmax where the LM head found it (None: the sampler takes it from the logits). Fills the output's
+    sampled tokens, accepted drafts and logprobs."""
     if grammar is not None:
-        rows = [request for request, draft in zip(requests, drafts) for _ in range(len(draft) + 1)]
-        apply_grammar_bitmask(logits, [r.request_id for r in rows], grammar.request_ids, grammar.bitmask)
+        rows = [request_id for request_id, draft in zip(request_ids, drafts) for _ in range(len(draft) + 1)]
+        apply_grammar_bitmask(logits, rows, grammar.request_ids, grammar.bitmask)
         greedy_tokens = None  # NOTE: the head's argmax is of the logits before the mask
     sampled = sampler(logits, meta, greedy_tokens)
-    request_ids = [request.request_id for request in requests]
     if any(drafts):
         tokens = accept_drafts(sampled.sampled_token_ids.tolist(), drafts)
         output.sampled_token_ids.update(zip(request_ids, (t[0] for t in tokens)))
@@ -45,9 +46,9 @@ def sample_step(
         return
     ids, values = sampled.logprob_token_ids.tolist(), sampled.logprobs.tolist()
     first_row = 0
-    for request, draft in zip(requests, drafts):  # NOTE: only when some request asked for logprobs
-        num = request.sampling_params.logprobs
+    for request_id, draft in zip(request_ids, drafts):  # NOTE: only when some request asked for logprobs
+        num = states[request_id].sampling_params.logprobs
         if num is not None:
             row_ids, row_values = ids[first_row], values[first_row]
-            output.logprobs[request.request_id] = dict(zip(row_ids[: num + 1], row_values[: num + 1]))
+            output.logprobs[request_id] = dict(zip(row_ids[: num + 1], row_values[: num + 1]))
         first_row += len(draft) + 1
