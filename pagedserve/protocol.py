@@ -126,10 +126,14 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     lora_request: LoRARequest | None = None
     # An image model's prompt images, in prompt order (None: text only).
     images: list[ImageInput] | None = None
+    # The frontend wants the tokens only at the end: an output for the first token (its time) and one when
+    # the request finishes, with every token since (a final-only request without stop strings or logprobs
+    # of an engine that measures nothing per token, `OutputProcessor(measures=False)`).
+    final_only: bool = False
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
-    """New tokens of one request since the last step; `finish_reason` set on its last output."""
+    """New tokens of one request since its last output; `finish_reason` set on its last output."""
 
     request_id: str
     new_token_ids: list[int]

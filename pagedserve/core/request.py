@@ -33,6 +33,10 @@ class Request:
         assert request.sampling_params.max_tokens is not None, "max_tokens is resolved by the frontend"
         self.max_tokens: int = request.sampling_params.max_tokens
         self.all_token_ids: list[int] = list(request.prompt_token_ids)
+        # The tokens before this one were sent to the frontend (every step, or only the first and at the
+        # end with `final_only`).
+        self.num_reported = len(self.all_token_ids)
+        self.final_only = request.final_only
         self.num_computed_tokens = 0
         self.num_preemptions = 0
         self.num_yields = 0  # preemptions for a more urgent waiting request (bounded: urgent_preemption.py)

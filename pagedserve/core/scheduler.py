@@ -22,8 +22,8 @@ from pagedserve.core.preemption import log_cut_short
 from pagedserve.core.request import Request, RequestStatus
 from pagedserve.core.sched_output import SchedulerOutput
 from pagedserve.core.scheduler_state import ScheduleStep
-from pagedserve.core.scheduler_update import SchedulerUpdate
-from pagedserve.protocol import EngineCoreOutput, FinishReason
+from pagedserve.core.scheduler_update import SchedulerUpdate, report
+from pagedserve.protocol import FinishReason
 from pagedserve.utils import cdiv
 
 # What `allocate_slots` returns for a plan that grows in place (`KVCacheManager.grows_in_place`); shared,
@@ -308,7 +308,7 @@ class Scheduler(SchedulerUpdate):
         """End a request that can never be computed (its tokens need more blocks than the whole pool)."""
         log_cut_short(request, self.kv_cache_manager)
         request.finish_reason = FinishReason.LENGTH
-        self._cut_outputs.append(EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.LENGTH))
+        self._cut_outputs.append(report(request))
         self._finish([request])
 
     def _within_encoder_budget(self, plan: Plan, step: ScheduleStep) -> Plan:

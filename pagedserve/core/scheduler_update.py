@@ -9,6 +9,24 @@ from pagedserve.core.scheduler_diffs import SchedulerDiffs
 from pagedserve.protocol import EngineCoreOutput, FinishReason
 
 
+def report(
+    request: Request,
+    new_logprobs: list[dict[int, float]] | None = None,
+    prompt_logprobs: list[dict[int, float] | None] | None = None,
+) -> EngineCoreOutput:
+    """The request's output to the frontend: its tokens not reported yet, and its finish if it ended."""
+    output = EngineCoreOutput(
+        request.request_id,
+        request.all_token_ids[request.num_reported :],
+        new_logprobs,
+        prompt_logprobs,
+        request.finish_reason,
+        request.stop_reason,
+    )
+    request.num_reported = request.num_tokens
+    return output
+
+
 class SchedulerUpdate(SchedulerDiffs):
     """A SchedulerDiffs that takes in what each step computed (`update_from_output`); on SchedulerDiffs
     because settled drafts trim blocks off a table, which the request's next diff reports."""
@@ -52,17 +70,19 @@ class SchedulerUpdate(SchedulerDiffs):
             logprobs = all_logprobs.get(request_id) if all_logprobs else None
             if self.beam_search.report(request, logprobs):
                 continue  # a beam: its search picks the continuations
-            output = EngineCoreOutput(request_id, [], [logprobs] if logprobs else None, prompt_logprobs)
+            num_tokens = request.num_tokens
             extra = extra_tokens.get(request_id) if extra_tokens else None
-            if self._append_tokens(request, output, (token_id, *extra) if extra else (token_id,)):
+            stopped = self._append_tokens(request, (token_id, *extra) if extra else (token_id,))
+            if stopped:
                 finished.append(request)
             drafts = spec_tokens.get(request_id) if spec_tokens else None
             if drafts:
                 assert self.drafts is not None, "drafts come with a speculative config"
-                self._note_dropped(
-                    request_id, self.drafts.settle(request, drafts, len(output.new_token_ids) - 1)
-                )
-            outputs.append(output)
+                num_accepted = request.num_tokens - num_tokens - 1
+                self._note_dropped(request_id, self.drafts.settle(request, drafts, num_accepted))
+            # NOTE: a final-only request reports its first token (its time) and then only its end.
+            if stopped or not request.final_only or request.num_reported == request.num_prompt_tokens:
+                outputs.append(report(request, [logprobs] if logprobs else None, prompt_logprobs))
         pruned, beam_outputs = self.beam_search.advance(self._fork_beam)
         self._finish(finished + pruned)
         if self.drafts is not None:
@@ -70,15 +90,13 @@ class SchedulerUpdate(SchedulerDiffs):
             self.drafts.propose(drafting, runner_output.draft_token_ids)
         return outputs + beam_outputs
 
-    def _append_tokens(self, request: Request, output: EngineCoreOutput, tokens: tuple[int, ...]) -> bool:
-        """Append the step's tokens (the sampled one, then accepted drafts) to the request and its output
-        up to the first that ends it (a stop token, the length, a completed grammar); True if one did."""
+    def _append_tokens(self, request: Request, tokens: tuple[int, ...]) -> bool:
+        """Append the step's tokens (the sampled one, then accepted drafts) to the request up to the first
+        that ends it (a stop token, the length, a completed grammar); True if one did."""
         for token in tokens:
             request.append_token(token)
-            output.new_token_ids.append(token)
             grammar_complete = self.structured.accept(request, token)
             if request.check_stop(self.config.max_model_len, grammar_complete):
-                output.finish_reason, output.stop_reason = request.finish_reason, request.stop_reason
                 return True
         return False
 

@@ -54,7 +54,7 @@ class LLMEngine:
         )
         self.frontend = Frontend(
             input_processor,
-            OutputProcessor(self.tokenizer),
+            OutputProcessor(self.tokenizer, measures=False),
             self.client,
             max_num_seqs,
             limits or ServingLimits(),

@@ -128,8 +128,12 @@ class RequestState:
 class OutputProcessor:
     """Tracks every request in flight on the frontend side. Not thread-safe: one caller drives it."""
 
-    def __init__(self, tokenizer: AnyTokenizer) -> None:
+    def __init__(self, tokenizer: AnyTokenizer, measures: bool = True) -> None:
+        """`measures`: `process_outputs` may be given stats (a server's metrics: every token's time);
+        without (the offline engine), a final-only request needs no output from the engine core between
+        its first token and its end (`EngineCoreRequest.final_only`)."""
         self.tokenizer = tokenizer
+        self.measures = measures
         self._requests: dict[str, RequestState] = {}
         self._child_to_parent: dict[str, tuple[RequestState, SampleState]] = {}
 
@@ -185,7 +189,11 @@ class OutputProcessor:
         child_ids = self.add_request(
             request_id, prompt, request.prompt_token_ids, request.sampling_params, request.arrival_time
         )
-        return split_samples(request, child_ids)
+        children = split_samples(request, child_ids)
+        if not self.measures:
+            for child in children:
+                child.final_only = _final_only(child)
+        return children
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._requests
@@ -348,3 +356,16 @@ class OutputProcessor:
                 if child_id != gone_id:
                     live.append(child_id)
         return live
+
+
+def _final_only(request: EngineCoreRequest) -> bool:
+    """Whether the frontend needs the request's tokens only at its end: one final output, no stop strings
+    to watch in its text, no logprobs to collect, no beams."""
+    params = request.sampling_params
+    return (
+        params.output_kind is RequestOutputKind.FINAL_ONLY
+        and not params.stop
+        and params.logprobs is None
+        and params.prompt_logprobs is None
+        and request.beam_search is None
+    )

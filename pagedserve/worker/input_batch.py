@@ -4,7 +4,7 @@ numpy gathers over the held rows (no Python loop over the batch's requests), one
 A decode step of the same requests as the previous one reuses that step's layout (rows, order, sampling
 settings) and gathers only its tokens, positions, tables and slots."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -56,8 +56,12 @@ class _DecodeLayout:
     logits_indices: torch.Tensor
     sampling: SamplingMetadata | None
     # What every step of the layout hands on unchanged: each row samples, none has drafts.
-    sample_rows: list[int]
-    no_drafts: list[list[int]]
+    sample_rows: list[int] = field(init=False)
+    no_drafts: list[list[int]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.sample_rows = list(range(len(self.order)))
+        self.no_drafts = [[] for _ in self.order]
 
 
 class InputBatch:
@@ -209,14 +213,7 @@ class InputBatch:
         every_row_decodes = num_decodes == len(order) == len(sample_rows) and not spec
         self._decode_layout = (
             _DecodeLayout(
-                order,
-                rows,
-                self.sampling.version,
-                query_starts,
-                tensors["logits_indices"],
-                sampling,
-                list(range(len(order))),
-                [[] for _ in order],
+                order, rows, self.sampling.version, query_starts, tensors["logits_indices"], sampling
             )
             if every_row_decodes and not self.sampling.per_token[rows].any()
             else None

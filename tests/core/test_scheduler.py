@@ -82,3 +82,40 @@ def test_abort_waiting_and_running_frees_blocks() -> None:
     scheduler.abort_requests(["run", "wait"])
     assert not scheduler.has_unfinished_requests()
     assert scheduler.kv_cache_manager.num_free_blocks() == 63
+
+
+def _reported(scheduler, steps: int, tokens: dict[str, int]) -> dict[str, list[tuple[list[int], object]]]:
+    """Run `steps` steps sampling tokens[id] + step for each request; each request's outputs as (new tokens,
+    finish reason)."""
+    reported: dict[str, list[tuple[list[int], object]]] = {request_id: [] for request_id in tokens}
+    for step in range(steps):
+        out = scheduler.schedule()
+        sampled = {request_id: tokens[request_id] + step for request_id in out.num_scheduled_tokens}
+        for output in scheduler.update_from_output(out, ModelRunnerOutput(sampled)):
+            reported[output.request_id].append((output.new_token_ids, output.finish_reason))
+    return reported
+
+
+def test_a_final_only_request_reports_its_first_token_and_then_its_end() -> None:
+    """`final_only` (an offline engine's final-only request): an output for its first token (its time), none
+    until it ends, then one with every token since; the request beside it reports every step."""
+    scheduler = make_scheduler()
+    quiet = make_request("quiet", 4, max_tokens=5)
+    quiet.final_only = True
+    scheduler.add_request(quiet)
+    scheduler.add_request(make_request("loud", 4, max_tokens=5))
+    reported = _reported(scheduler, 5, {"quiet": 100, "loud": 200})
+    assert reported["quiet"] == [([100], None), ([101, 102, 103, 104], FinishReason.LENGTH)]
+    assert reported["loud"] == [([200 + i], None) for i in range(4)] + [([204], FinishReason.LENGTH)]
+    assert not scheduler.has_unfinished_requests()
+
+
+def test_a_final_only_request_cut_short_reports_what_it_had() -> None:
+    """Alone in a pool too small for it (3 blocks of 4: 12 tokens), it ends with finish_reason 'length' once
+    it cannot grow (13 tokens), and that output carries every token it made since its first."""
+    scheduler = make_scheduler(num_blocks=4, block_size=4, enable_caching=False)
+    quiet = make_request("quiet", 4, max_tokens=20)
+    quiet.final_only = True
+    scheduler.add_request(quiet)
+    reported = _reported(scheduler, 12, {"quiet": 100})["quiet"]
+    assert reported == [([100], None), ([101 + i for i in range(8)], FinishReason.LENGTH)]

@@ -4,7 +4,7 @@ import pytest
 
 from pagedserve.engine.output_processor import OutputProcessor
 from pagedserve.metrics.stats import IterationStats
-from pagedserve.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason
+from pagedserve.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
 from pagedserve.sampling_params import RequestOutputKind, SamplingParams
 
 TEXT = "Hello world, this is a test of streaming"
@@ -89,3 +89,28 @@ def test_aborting_a_request_touches_only_its_own_samples(tokenizer) -> None:
     aborted = [processor.abort_request(f"r{i}") for i in range(50)]
     assert all(len(child_ids) == 2 for child_ids in aborted)
     assert processor.num_unfinished == 0 and not dict.__len__(processor._child_to_parent)
+
+
+@pytest.mark.parametrize(
+    ("settings", "final_only"),
+    [
+        (dict(output_kind=RequestOutputKind.FINAL_ONLY), True),
+        (dict(output_kind=RequestOutputKind.FINAL_ONLY, n=3), True),
+        (dict(output_kind=RequestOutputKind.CUMULATIVE), False),
+        (dict(output_kind=RequestOutputKind.DELTA), False),
+        (dict(output_kind=RequestOutputKind.FINAL_ONLY, stop="x"), False),  # its text is watched
+        (dict(output_kind=RequestOutputKind.FINAL_ONLY, logprobs=0), False),
+        (dict(output_kind=RequestOutputKind.FINAL_ONLY, prompt_logprobs=0), False),
+        (dict(output_kind=RequestOutputKind.FINAL_ONLY, n=2, best_of=3, temperature=1.0), False),  # picked
+    ],
+)
+def test_only_an_engine_that_measures_nothing_makes_requests_final_only(
+    tokenizer, settings, final_only
+) -> None:
+    """`final_only` (the engine core reports the first token and the end) for the offline engine's final-only
+    requests without stop strings or logprobs (best_of picks by logprobs); never for a server's, whose
+    metrics time every token."""
+    request = EngineCoreRequest("r", [1, 2], SamplingParams(max_tokens=4, **settings), None, 0.0)
+    for measures in (False, True):
+        children = OutputProcessor(tokenizer, measures=measures).register("r", None, request)
+        assert [child.final_only for child in children] == [final_only and not measures] * len(children)

@@ -3,6 +3,7 @@ against HF transformers' dequantized float32 model: greedy tokens and beams equa
 logprobs within the 16-bit activations' promise, weights resident at about the file's size. One file: the
 float32 reference takes seconds to load, once per test worker."""
 
+import collections
 import os
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 from conftest import hf_beam_search
 
 from pagedserve import LLM, BeamSearchParams, SamplingParams
+from pagedserve.sampling_params import RequestOutputKind
 
 PROMPTS = [
     "The capital of France is",
@@ -153,3 +155,45 @@ def test_logprobs_do_not_depend_on_what_shares_the_batch(default_llm: LLM) -> No
         (alone,) = default_llm.generate([prompt], params, use_tqdm=False)
         assert alone.outputs[0].token_ids == batched.outputs[0].token_ids, prompt
         assert values(alone) == values(batched), prompt
+
+
+def test_final_only_requests_report_at_their_first_token_and_their_end(
+    default_llm: LLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LLM.generate's requests (final-only, no stop strings or logprobs) come back from the engine core at
+    their first token and at their end only, with the text and tokens of the same request streamed
+    (cumulative, which comes back every step); a request with a stop string comes back every step."""
+    engine = default_llm.llm_engine
+    outputs_of: collections.Counter[str] = collections.Counter()
+    client_step = engine.client.step
+
+    def counting_step():
+        core_outputs = client_step()
+        outputs_of.update(output.request_id for output in core_outputs.outputs)
+        return core_outputs
+
+    monkeypatch.setattr(engine.client, "step", counting_step)
+    final, cumulative = RequestOutputKind.FINAL_ONLY, RequestOutputKind.CUMULATIVE
+    kinds = {
+        "final": SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, output_kind=final),
+        "stream": SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, output_kind=cumulative),
+        "stop": SamplingParams(
+            temperature=0.0, max_tokens=12, ignore_eos=True, output_kind=final, stop="ZZZ"
+        ),
+    }
+    for request_id, params in kinds.items():
+        engine.add_request(request_id, "The capital of France is", params)
+    finals = {}
+    while engine.has_unfinished_requests():
+        finals.update((output.request_id, output) for output in engine.step() if output.finished)
+    assert outputs_of == {"final": 2, "stream": 12, "stop": 12}
+    streamed = finals["stream"].outputs[0]
+    for request_id in ("final", "stop"):
+        final = finals[request_id].outputs[0]
+        assert (final.token_ids, final.text, final.finish_reason) == (
+            streamed.token_ids,
+            streamed.text,
+            "length",
+        )
+    # NOTE: the three sampled their first token in the same step: its time, not the end's
+    assert finals["final"].metrics["first_token_time"] == finals["stream"].metrics["first_token_time"]
