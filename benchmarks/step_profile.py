@@ -21,6 +21,7 @@ time of one request at a time and reports the difference.
     python benchmarks/step_profile.py --batch-sizes 1 32 --layers both   # torch vs fused layer kernels
     python benchmarks/step_profile.py --model PATH --dtype float32 --serve   # + the server's overhead
     python benchmarks/step_profile.py --batch-sizes 1 64 --steps 96 --host-only   # the host work alone
+    python benchmarks/step_profile.py --batch-sizes 64 --host-only --stand-in sleep:30   # ... after idle cores
 """
 
 import argparse
@@ -105,14 +106,23 @@ class FixedModel(torch.nn.Module):
     row, with their argmax as the LM head gives it (the real head folds it into its matmul, and an
     accelerator's is device work), so a step is the engine's host work alone."""
 
-    def __init__(self, model: Any, rows: int, max_tokens: int) -> None:
+    def __init__(self, model: Any, rows: int, max_tokens: int, stand_in: str = "none") -> None:
+        """`stand_in`: what its forward does besides, in place of the real one's effect on the cores:
+        "sleep:MS" (the cores idle), "stream:MB" (one thread reads that much memory), "none"."""
         super().__init__()
         self.config = model.config
+        kind, _, amount = stand_in.partition(":")
+        self.sleep_s = float(amount) / 1000 if kind == "sleep" else 0.0
+        self.stream = torch.ones(int(float(amount) * 2**18) if kind == "stream" else 0)
         self.hidden = torch.zeros(max_tokens, model.config.hidden_size)
         self.logits = torch.randn(rows, model.config.vocab_size, generator=torch.Generator().manual_seed(0))
         self.tokens = self.logits.argmax(dim=1)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        if self.stream.numel():
+            self.stream.numpy().sum()
         return self.hidden[: input_ids.shape[0]]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -129,6 +139,7 @@ def profile_decode(
     prompt_len: int,
     host_only: bool = False,
     output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY,
+    stand_in: str = "none",
 ) -> tuple[Timings, dict[str, float]]:
     """Bring `batch_size` requests past their prompt, then time `steps` pure decode steps twice (`host_only`:
     with the model replaced by `FixedModel`): uninstrumented but for the forward and the logits, then
@@ -139,7 +150,7 @@ def profile_decode(
     runner = engine.engine_core.executor.worker.model_runner
     model = runner.model
     if host_only:  # NOTE: from the prompts on: they need no forward either
-        runner.model = FixedModel(model, batch_size, engine.config.scheduler.max_num_batched_tokens)
+        runner.model = FixedModel(model, batch_size, engine.config.scheduler.max_num_batched_tokens, stand_in)
     params = SamplingParams(
         temperature=0.0, max_tokens=2 * steps + 8, ignore_eos=True, output_kind=output_kind
     )
@@ -321,6 +332,13 @@ def main() -> None:
         "host work alone, in seconds rather than minutes on a machine that other jobs load",
     )
     parser.add_argument(
+        "--stand-in",
+        default="none",
+        help="with --host-only, what the fixed forward does besides: sleep:MS (the cores idle that long) or "
+        "stream:MB (one thread reads that much memory), so the host work runs after the cores did "
+        "something else, as beside a real forward; its time is the forward's",
+    )
+    parser.add_argument(
         "--cumulative-outputs",
         action="store_true",
         help="every request's cumulative output at every step (LLMEngine.step's default; a server's "
@@ -343,7 +361,7 @@ def main() -> None:
         for kind in ("torch", "fused") if args.layers == "both" else (args.layers,):
             use_layer_kernels(kind)
             results[f"batch {b} {kind}"] = profile_decode(
-                llm, b, args.steps, args.prompt_len, args.host_only, output_kind
+                llm, b, args.steps, args.prompt_len, args.host_only, output_kind, args.stand_in
             )
     print_table(results, args.steps)
     if args.serve:
