@@ -53,10 +53,12 @@ class Scheduler(SchedulerUpdate):
     def schedule(self) -> SchedulerOutput:
         self._fork_ready_samples()
         step = ScheduleStep(self.config.max_num_batched_tokens, max_requests=self._batch_share())
-        self._preempt_for_urgent_waiting(step)
+        # NOTE: the queues are looked at only when they hold someone (a steady decode step calls nothing).
+        if self.waiting:
+            self._preempt_for_urgent_waiting(step)
         self._schedule_running(step)
         # NOTE: nobody comes back or is admitted in a step that had to preempt: memory is short already.
-        if not step.memory_short:
+        if not step.memory_short and (self.swapped or self.waiting):
             self._swap_in(step)
             self._admit_waiting(step)
         for request_id, num_new in step.num_scheduled.items():
@@ -72,12 +74,14 @@ class Scheduler(SchedulerUpdate):
             step.copies,
             step.spec_tokens,
         )
-        output.first_scheduled_req_ids = self._started_request_ids(output)
+        if step.new_reqs:
+            output.first_scheduled_req_ids = self._started_request_ids(output)
         self._forget_req_ids = set()
         self.in_flight.sent(step.num_scheduled)
-        output.grammar_bitmask = self.structured.bitmask(
-            (self.requests[rid] for rid in step.num_scheduled), step.spec_tokens
-        )
+        if self.structured.num_constrained:
+            output.grammar_bitmask = self.structured.bitmask(
+                (self.requests[rid] for rid in step.num_scheduled), step.spec_tokens
+            )
         return output
 
     def _batch_share(self) -> int | None:

@@ -84,7 +84,8 @@ class SchedulerUpdate(SchedulerDiffs):
             if stopped or not request.final_only or request.num_reported == request.num_prompt_tokens:
                 outputs.append(report(request, [logprobs] if logprobs else None, prompt_logprobs))
         pruned, beam_outputs = self.beam_search.advance(self._fork_beam)
-        self._finish(finished + pruned)
+        if finished or pruned:
+            self._finish(finished + pruned)
         if self.drafts is not None:
             drafting = self.in_flight.drafting(self.running, scheduler_output.num_scheduled_tokens)
             self.drafts.propose(drafting, runner_output.draft_token_ids)

@@ -59,14 +59,14 @@ class Sampler:
     ) -> SamplerOutput:
         """`greedy_tokens`: each row's argmax of `logits` as given, if known (the LM head's kernel found it):
         the greedy rows take it unless a penalty or bias changes the logits first."""
+        raw_logprobs = None if meta.max_num_logprobs is None else torch.log_softmax(logits, dim=-1)
         if meta.processes_logits:
             greedy_tokens = None
-        raw_logprobs = None if meta.max_num_logprobs is None else torch.log_softmax(logits, dim=-1)
-        if raw_logprobs is not None and meta.beam_rows is not None:
-            # NOTE: HF's beam search applies the processors to the log-softmax, not renormalized after.
-            processed = self.apply_penalties_and_bias(raw_logprobs, meta)
-            raw_logprobs = torch.where(meta.beam_rows[:, None], processed, raw_logprobs)
-        logits = self.apply_penalties_and_bias(logits, meta)
+            if raw_logprobs is not None and meta.beam_rows is not None:
+                # NOTE: HF's beam search applies the processors to the log-softmax, not renormalized after.
+                processed = self.apply_penalties_and_bias(raw_logprobs, meta)
+                raw_logprobs = torch.where(meta.beam_rows[:, None], processed, raw_logprobs)
+            logits = self.apply_penalties_and_bias(logits, meta)
         greedy_rows = greedy(logits) if greedy_tokens is None else greedy_tokens
         if meta.all_greedy:  # NOTE: the fast path: no temperature, top-k/p or noise work
             sampled = greedy_rows

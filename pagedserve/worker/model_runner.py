@@ -289,7 +289,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         self.input_batch.update(scheduler_output)
-        self.prompt_logprobs.update(scheduler_output)
+        if scheduler_output.scheduled_new_reqs or self.prompt_logprobs.pending:
+            self.prompt_logprobs.update(scheduler_output)
         self.apply_block_ops(scheduler_output)
         if scheduler_output.is_empty:
             return ModelRunnerOutput({})
@@ -307,7 +308,8 @@ class ModelRunner:
             output.encoder_totals = (self.encoder.stats.num_images, self.encoder.stats.seconds)
         if hidden is None:  # a pipeline stage before the last: the last one samples
             return output
-        self.prompt_logprobs.compute(batch, hidden, self.input_batch.states, output)
+        if self.prompt_logprobs.pending:
+            self.prompt_logprobs.compute(batch, hidden, self.input_batch.states, output)
         if not batch.sample_rows:
             return output
         # NOTE: every row samples in a decode step: its ids as they are, no per-row lookups.
