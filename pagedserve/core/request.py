@@ -37,6 +37,8 @@ class Request:
         # end with `final_only`).
         self.num_reported = len(self.all_token_ids)
         self.final_only = request.final_only
+        # How many of its tokens the workers' copy holds (None: the workers do not hold it: new, preempted).
+        self.num_tokens_sent: int | None = None
         self.num_computed_tokens = 0
         self.num_preemptions = 0
         self.num_yields = 0  # preemptions for a more urgent waiting request (bounded: urgent_preemption.py)
@@ -96,6 +98,7 @@ class Request:
         child.block_hashes = list(self.block_hashes)
         child.spec_token_ids = []
         child.num_preemptions = 0
+        child.num_tokens_sent = None  # new to the workers
         return child
 
     def append_token(self, token_id: int) -> None:

@@ -302,7 +302,7 @@ class Scheduler(SchedulerUpdate):
         ids = {request.request_id for request in group}
         self.running = [r for r in self.running if r.request_id not in ids]
         for request in group:
-            self._forget(request.request_id)
+            self._forget(request)
         pairs = self.preemption.preempt(group, self.waiting, alone, urgent)
         if pairs is not None:
             step.swap_out += pairs

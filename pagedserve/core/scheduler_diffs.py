@@ -12,7 +12,7 @@ from pagedserve.core.scheduler_state import SchedulerState, ScheduleStep
 
 class SchedulerDiffs(SchedulerState):
     """A SchedulerState that records each scheduled chunk in its step and keeps the workers' copies of the
-    requests in step with it (`_num_tokens_sent`, `_num_dropped_blocks`)."""
+    requests in step with it (`Request.num_tokens_sent`, `_num_dropped_blocks`)."""
 
     def _note_dropped(self, request_id: str, num_blocks: int) -> None:
         """`num_blocks` trimmed off the request's table: its next diff tells the workers."""
@@ -26,7 +26,7 @@ class SchedulerDiffs(SchedulerState):
         request_id = request.request_id
         if allocation.copies:
             step.copies += allocation.copies
-        num_sent = self._num_tokens_sent.get(request_id)
+        num_sent = request.num_tokens_sent
         # NOTE: a copy on write replaced a block mid-table: the workers get the whole request again.
         if num_sent is not None and not allocation.table_rewritten:
             step.cached_reqs.append(
@@ -54,7 +54,7 @@ class SchedulerDiffs(SchedulerState):
                     images=request.images or None,
                 )
             )
-        num_tokens = self._num_tokens_sent[request_id] = len(request.all_token_ids)
+        num_tokens = request.num_tokens_sent = len(request.all_token_ids)
         num_drafts = request.num_computed_tokens + num_new - num_tokens
         if num_drafts > 0:
             step.spec_tokens[request_id] = request.spec_token_ids[:num_drafts]

@@ -94,7 +94,6 @@ class SchedulerState:
             else DraftSettling(speculative, kv_cache_manager, config.max_model_len)
         )
         self._forget_req_ids: set[str] = set()  # the workers must drop these next step
-        self._num_tokens_sent: dict[str, int] = {}  # how many tokens each worker copy holds
         self._cut_outputs: list[EngineCoreOutput] = []  # final outputs of requests that can never fit
         self._num_dropped_blocks: dict[str, int] = {}  # blocks trimmed since the workers last heard
         # Requests with images among `requests`: a text-only step skips the encoder budget without a pass.
@@ -127,10 +126,12 @@ class SchedulerState:
     def _num_seats_taken(self) -> int:
         return sum(self._num_seats(group) for group in groups_of(self.running))
 
-    def _forget(self, request_id: str) -> None:
-        self._num_dropped_blocks.pop(request_id, None)
-        if self._num_tokens_sent.pop(request_id, None) is not None:
-            self._forget_req_ids.add(request_id)
+    def _forget(self, request: Request) -> None:
+        """The workers drop their copy of `request` next step (if they hold one)."""
+        self._num_dropped_blocks.pop(request.request_id, None)
+        if request.num_tokens_sent is not None:
+            request.num_tokens_sent = None
+            self._forget_req_ids.add(request.request_id)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         """End requests wherever they are (held, waiting, running, swapped) and free their blocks at
@@ -160,7 +161,7 @@ class SchedulerState:
             request.status = RequestStatus.FINISHED
             self.structured.remove(request)
             released += self.parallel_sampling.forget(request)
-            self._forget(request.request_id)
+            self._forget(request)
             del self.requests[request.request_id]
             self._num_with_images -= bool(request.images)
         # NOTE: samples whose leader ended before they forked compute the prompt themselves.

@@ -68,7 +68,7 @@ class SchedulerUpdate(SchedulerDiffs):
                     outputs.append(EngineCoreOutput(request_id, [], prompt_logprobs=prompt_logprobs))
                 continue
             logprobs = all_logprobs.get(request_id) if all_logprobs else None
-            if self.beam_search.report(request, logprobs):
+            if request.beam_search is not None and self.beam_search.report(request, logprobs):
                 continue  # a beam: its search picks the continuations
             num_tokens = request.num_tokens
             extra = extra_tokens.get(request_id) if extra_tokens else None
