@@ -100,6 +100,18 @@ def test_gguf_is_kept_quantized_by_default(default_llm: LLM, default_model: str)
     assert weights <= 1.2 * os.path.getsize(default_model), (weights, os.path.getsize(default_model))
 
 
+def test_the_lm_head_gives_the_greedy_tokens_with_its_logits(default_llm: LLM) -> None:
+    """The embedded model's LM head (its GGUF Q8_0 blocks, packed) finds each row's argmax in its matmul, so a
+    greedy step never reads the logits again: the tokens come with the logits, and are their argmax."""
+    model = default_llm.llm_engine.engine_core.executor.worker.model_runner.model
+    hidden = torch.randn(64, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        logits, tokens = model.compute_logits_and_greedy(hidden)
+        assert tokens is not None, "the packed head's kernel folds the argmax in"
+        assert torch.equal(tokens, logits.argmax(dim=-1))
+        assert torch.equal(logits, model.compute_logits(hidden))
+
+
 def _assert_the_16_bit_promise(steps: list, expected: torch.Tensor, prompt: str) -> None:
     """16-bit activation blocks (PAGEDSERVE_GGUF_ACTIVATION_BITS' default, prefill and decode alike): every
     returned logprob within 2e-3 of max(|reference|, 1), and the largest error within 1e-3 of the largest
