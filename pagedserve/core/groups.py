@@ -7,8 +7,6 @@ from pagedserve.core.request import Request
 
 def groups_of(requests: list[Request]) -> list[list[Request]]:
     """`requests` by group (a request without one is its own), in order of first appearance."""
-    if all(request.group_id is None for request in requests):  # NOTE: the common case, no samples or beams
-        return [[request] for request in requests]
     # NOTE: keyed by the group id (str) or, for a request of its own, the object's id (int): never equal.
     groups: dict[str | int, list[Request]] = {}
     for request in requests:

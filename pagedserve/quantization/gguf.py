@@ -171,7 +171,7 @@ class GGUFMethod(QuantizeMethodBase):
         return y.reshape(*x.shape[:-1], self.output_size).to(x.dtype)
 
     def apply_greedy(self, layer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The packed kernel folds the argmax into the matmul (gguf_packed_matmul.cpp's FusedArgmax)."""
+        """The packed kernel folds the argmax into the matmul (gguf_packed_greedy.cpp's FusedArgmax)."""
         part = self.parts[0]
         if x.dim() != 2 or x.dtype != torch.float32 or len(self.parts) != 1 or not part.packed:
             return self.apply(layer, x), None

@@ -17,6 +17,7 @@ SOURCES = [
     "gguf_matmul.cpp",
     "gguf_decode_matmul.cpp",
     "gguf_packed_matmul.cpp",
+    "gguf_packed_greedy.cpp",
     "gguf_kquant_matmul.cpp",
     "gguf_kquant_amx.cpp",
     "gguf_block_amx.cpp",

@@ -39,6 +39,7 @@ _SOURCES = [
         "gguf_matmul.cpp",
         "gguf_decode_matmul.cpp",
         "gguf_packed_matmul.cpp",
+        "gguf_packed_greedy.cpp",
         "gguf_kquant_matmul.cpp",
         "gguf_kquant_amx.cpp",
         "gguf_block_amx.cpp",

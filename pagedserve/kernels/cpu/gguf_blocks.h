@@ -214,6 +214,15 @@ inline void store_group(const vec::Vec (&acc)[kBatch][kTileRegisters], int64_t f
 // increasing order. Empty: nothing to call.
 using GroupSink = std::function<void(int64_t g)>;
 
+// The packed matmul's entry, shared by gguf_packed_matmul and the LM head's greedy variant
+// (gguf_packed_greedy.cpp): x checked (float32 [B, K], activation_bits 8, 16 or 32) and made contiguous, and
+// `packed` checked against it; then y [B, rows] = x W^T (B > 0) on gguf_packed_matmul's path, calling
+// `after_group` on the integer paths off the AMX-BF16 block tiles. Returns whether it was called.
+at::Tensor checked_packed_input(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t rows,
+                                int64_t activation_bits);
+bool packed_matmul_into(const at::Tensor& xc, const uint8_t* weights, int64_t type, int64_t rows,
+                        int64_t activation_bits, const at::Tensor& y, const GroupSink& after_group = {});
+
 // K-quants (Q4_K, Q5_K, Q6_K) in the 16-row packed layout of gguf_kquant_matmul.cpp, multiplied on integer
 // activation blocks (activation_bits 8, or 16: 15-bit blocks) at every batch size.
 bool is_k_quant(int64_t type);

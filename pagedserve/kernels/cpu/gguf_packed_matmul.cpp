@@ -15,7 +15,6 @@
 //   then the 16 rows' fp16 scales d, then (Q4_1 only) their fp16 minimums m.
 // A group's tiles are consecutive. Tile bytes = 16 x the ggml block's: the packed copy replaces the rows,
 // it is not a second copy. Weights are d q + m (Q4_1), d (q - 8) (Q4_0), d q (Q8_0).
-#include "argmax_lanes.h"
 #include "gguf_blocks.h"
 
 #include <ATen/Parallel.h>
@@ -24,7 +23,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <tuple>
 #include <vector>
 
 using namespace gguf;  // NOLINT(build/namespaces): the shared declarations of gguf_blocks.h
@@ -275,12 +273,21 @@ at::Tensor gguf_pack(const at::Tensor& qweight, int64_t type) {
   return packed;
 }
 
-namespace {
+// x checked (float32 [B, K], activation_bits 8, 16 or 32) and made contiguous; packed checked against it.
+at::Tensor gguf::checked_packed_input(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t rows,
+                                      int64_t activation_bits) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a float32 [B, K] tensor");
+  TORCH_CHECK(activation_bits == 8 || activation_bits == 16 || activation_bits == 32,
+              "activation_bits must be 8, 16 or 32, got ", activation_bits);
+  at::Tensor xc = x.contiguous();
+  check_packed(packed, type, rows, xc.size(1));
+  return xc;
+}
 
 // y [B, rows] = x W^T (x contiguous [B, K] float32, B > 0) on the path gguf_packed_matmul's comment gives;
 // `after_group` is called on the integer paths off the AMX-BF16 block tiles. Returns whether it was.
-bool packed_matmul_into(const at::Tensor& xc, const uint8_t* weights, int64_t type, int64_t rows,
-                        int64_t activation_bits, const at::Tensor& y, const GroupSink& after_group = {}) {
+bool gguf::packed_matmul_into(const at::Tensor& xc, const uint8_t* weights, int64_t type, int64_t rows,
+                              int64_t activation_bits, const at::Tensor& y, const GroupSink& after_group) {
   const int64_t batch = xc.size(0), cols = xc.size(1);
   if (is_k_quant(type) && activation_bits != 32) {
     kquant_packed_matmul(xc.data_ptr<float>(), batch, weights, type, rows, cols, activation_bits, y.data_ptr<float>(),
@@ -319,63 +326,6 @@ bool packed_matmul_into(const at::Tensor& xc, const uint8_t* weights, int64_t ty
   return false;
 }
 
-// The LM head's argmax folded into its matmul: once a thread has written a group of 16 rows for every
-// activation row, it adds them to its own lanes (argmax_lanes.h) while they are in L1; the threads' lanes are
-// merged at the end. NOTE: reading a batch-64 step's 12.6 MB of logits again after the matmul took about
-// 1 ms beside a CPU forward, as much as the rest of the step's host work (docs/benchmarks.md).
-class FusedArgmax {
- public:
-  FusedArgmax(const float* y, int64_t batch, int64_t rows)
-      : y_(y), batch_(batch), rows_(rows),
-        lanes_(at::get_num_threads(), std::vector<argmax::Lanes>(batch * kTileRegisters)) {
-    for (int lane = 0; lane < vec::kLanes; ++lane) lane_offsets_[lane] = lane;
-  }
-
-  void operator()(int64_t g) {
-    std::vector<argmax::Lanes>& lanes = lanes_[at::get_thread_num()];
-    const int64_t row = g * kTileRows, valid = std::min(kTileRows, rows_ - row);
-    alignas(64) float padded[kTileRows];
-    for (int64_t b = 0; b < batch_; ++b) {
-      const float* values = y_ + b * rows_ + row;
-      if (valid < kTileRows) {  // the last group's missing rows never win: -inf, and only greater replaces
-        std::fill(padded, padded + kTileRows, -INFINITY);
-        std::copy(values, values + valid, padded);
-        values = padded;
-      }
-      for (int j = 0; j < kTileRegisters; ++j) {
-        const auto first = static_cast<int32_t>(row + j * vec::kLanes);
-        lanes[b * kTileRegisters + j].add(vec::load(values + j * vec::kLanes), lane_offsets_ + first);
-      }
-    }
-  }
-
-  at::Tensor tokens() const {
-    at::Tensor out = at::empty({batch_}, at::kLong);
-    int64_t* ids = out.data_ptr<int64_t>();
-    for (int64_t b = 0; b < batch_; ++b) {
-      argmax::Best best;
-      for (const auto& lanes : lanes_)
-        for (int j = 0; j < kTileRegisters; ++j) best.merge(lanes[b * kTileRegisters + j]);
-      ids[b] = best.nan ? argmax::first_nan(y_ + b * rows_, rows_) : best.index;
-    }
-    return out;
-  }
-
- private:
-  const float* y_;
-  int64_t batch_, rows_;
-  std::vector<std::vector<argmax::Lanes>> lanes_;  // [thread][activation row * kTileRegisters + register]
-  argmax::Ints lane_offsets_;
-};
-
-at::Tensor checked_input(const at::Tensor& x, int64_t activation_bits) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a float32 [B, K] tensor");
-  TORCH_CHECK(activation_bits == 8 || activation_bits == 16 || activation_bits == 32,
-              "activation_bits must be 8, 16 or 32, got ", activation_bits);
-  return x.contiguous();
-}
-
-}  // namespace
 
 // x [B, K] float32 times the packed W^T (W [rows, K]) -> [B, rows]. activation_bits 8 or 16: integer dots on
 // x rounded to 8 or 16 bits per 32-value block (K-quants: 8 or 15 bits per 256) at every B. 32: float32 x.
@@ -383,27 +333,10 @@ at::Tensor checked_input(const at::Tensor& x, int64_t activation_bits) {
 // on float32); float32 otherwise on tiles dequantized to float32 for ATen's GEMM.
 at::Tensor gguf_packed_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t rows,
                               int64_t activation_bits) {
-  const at::Tensor xc = checked_input(x, activation_bits);
-  check_packed(packed, type, rows, xc.size(1));
+  const at::Tensor xc = checked_packed_input(x, packed, type, rows, activation_bits);
   at::Tensor y = at::empty({xc.size(0), rows}, xc.options());
   if (xc.size(0) > 0) packed_matmul_into(xc, packed.data_ptr<uint8_t>(), type, rows, activation_bits, y);
   return y;
-}
-
-// gguf_packed_matmul's y, and each row's argmax (int64 [B]: the first of equal values, the first NaN if any,
-// as torch.argmax): the LM head of a greedy step. Folded into the matmul a group at a time where the path
-// takes it (FusedArgmax), else read from y after it.
-std::tuple<at::Tensor, at::Tensor> gguf_packed_matmul_greedy(const at::Tensor& x, const at::Tensor& packed, int64_t type,
-                                                             int64_t rows, int64_t activation_bits) {
-  const at::Tensor xc = checked_input(x, activation_bits);
-  check_packed(packed, type, rows, xc.size(1));
-  TORCH_CHECK(rows > 0 && rows <= INT32_MAX, "gguf_packed_matmul_greedy takes 1 to 2^31 - 1 rows, got ", rows);
-  at::Tensor y = at::empty({xc.size(0), rows}, xc.options());
-  if (xc.size(0) == 0) return {y, at::empty({0}, xc.options().dtype(at::kLong))};
-  FusedArgmax fused(y.data_ptr<float>(), xc.size(0), rows);
-  const bool folded = packed_matmul_into(xc, packed.data_ptr<uint8_t>(), type, rows, activation_bits, y,
-                                         [&fused](int64_t g) { fused(g); });
-  return {y, folded ? fused.tokens() : argmax::greedy_argmax(y)};
 }
 
 // Rows `ids` of a packed matrix (an embedding lookup) -> float32 [len(ids), K].
@@ -432,8 +365,6 @@ at::Tensor gguf_packed_rows(const at::Tensor& packed, int64_t type, int64_t rows
 TORCH_LIBRARY_FRAGMENT(pagedserve, m) {
   m.def("gguf_packable(int type, int activation_bits) -> bool", gguf_packable);
   m.def("gguf_pack(Tensor qweight, int type) -> Tensor", gguf_pack);
-  m.def("gguf_packed_matmul_greedy(Tensor x, Tensor packed, int type, int rows, int activation_bits) -> (Tensor, Tensor)",
-        gguf_packed_matmul_greedy);
   m.def("gguf_packed_matmul(Tensor x, Tensor packed, int type, int rows, int activation_bits) -> Tensor",
         gguf_packed_matmul);
   m.def("gguf_packed_rows(Tensor packed, int type, int rows, int cols, Tensor ids) -> Tensor", gguf_packed_rows);
