@@ -38,7 +38,7 @@ def decode_batch(batch: int, context: int, block_size: int) -> tuple[CommonAtten
     per_request = cdiv(context, block_size)
     num_blocks = batch * per_request + 1  # + the null block
     tables = (torch.randperm(num_blocks - 1)[: batch * per_request] + 1).view(batch, per_request)
-    common = CommonAttentionMetadata(
+    common = CommonAttentionMetadata.from_lists(
         list(range(batch + 1)),
         [context] * batch,
         tables,
@@ -79,7 +79,9 @@ def chunk_ms(backend: AnyAttentionBackend, spec: AttentionLayerSpec, context: in
     tables = (torch.randperm(per_request) + 1).view(1, per_request)
     positions = torch.arange(context, context + chunk)
     slots = tables[0, positions // args.block_size] * args.block_size + positions % args.block_size
-    common = CommonAttentionMetadata([0, chunk], [context + chunk], tables, slots, 0, args.block_size)
+    common = CommonAttentionMetadata.from_lists(
+        [0, chunk], [context + chunk], tables, slots, 0, args.block_size
+    )
     shape = (per_request + 1, args.block_size, spec.num_kv_heads, spec.head_dim)
     cache = (torch.randn(shape), torch.randn(shape))
     q = torch.randn(chunk, spec.num_heads * spec.head_dim)

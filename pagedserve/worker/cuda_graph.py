@@ -62,7 +62,7 @@ class DecodeBuffers:
         self.input_ids[:n].copy_(batch.input_ids)
         self.positions[:n].copy_(batch.positions)
         self.slot_mapping[:n].copy_(common.slot_mapping)
-        self.seq_lens[:n].copy_(torch.tensor(common.seq_lens, dtype=torch.int32))
+        self.seq_lens[:n].copy_(common.seq_lens_tensor)
         self.block_tables[:n, :width].copy_(common.block_tables)
         self.input_ids[n:size] = 0
         self.positions[n:size] = 0

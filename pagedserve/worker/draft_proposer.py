@@ -67,9 +67,12 @@ class DraftModelProposer:
             slots = (
                 block_tables[rows, position // self.block_size] * self.block_size + position % self.block_size
             )
+            seq_lens = position + 1
             common = CommonAttentionMetadata(
                 query_start_loc=list(range(n + 1)),
-                seq_lens=(position + 1).tolist(),
+                seq_lens=seq_lens.tolist(),
+                query_start_loc_tensor=torch.arange(n + 1, device=self.device),
+                seq_lens_tensor=seq_lens,
                 block_tables=block_tables,
                 slot_mapping=slots,
                 num_decodes=n,

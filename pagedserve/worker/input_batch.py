@@ -53,6 +53,7 @@ class _DecodeLayout:
     rows: np.ndarray
     sampling_version: int
     query_start_loc: list[int]
+    query_start_loc_tensor: torch.Tensor
     logits_indices: torch.Tensor
     sampling: SamplingMetadata | None
     # What every step of the layout hands on unchanged: each row samples, none has drafts.
@@ -91,9 +92,10 @@ class InputBatch:
         self.num_computed = np.zeros(64, dtype=np.int64)
         self.staging = StepStaging(device)
         self._decode_layout: _DecodeLayout | None = None
-        # The last update gave each request it names one new token, its only one not computed (and added
-        # none): with the same requests in the same order, a decode layout holds (`_repeats`).
-        self._next_tokens_only = False
+        # Set when the last update gave each request it names one new token, its only one not computed
+        # (and added none): their (positions, token ids), in the update's order. With the same requests in
+        # the same order, a decode layout holds (`_repeats`) and these are the step's inputs as they are.
+        self._next_tokens: tuple[np.ndarray, np.ndarray] | None = None
 
     def update(self, out: SchedulerOutput) -> None:
         """Apply the scheduler's diff: forget finished/preempted requests, add new ones, extend cached ones
@@ -140,18 +142,20 @@ class InputBatch:
             state.token_ids += new_token_ids
             if cached.new_block_ids:
                 self.block_tables.append(cached.request_id, cached.new_block_ids)
-        self._next_tokens_only = (
-            not out.scheduled_new_reqs
-            and len(rows) == len(out.scheduled_cached_reqs)
-            and num_computed == starts
-        )
+        self._next_tokens = None
         if rows:
             # NOTE: the maxima of the lists: numpy's reductions cost more than Python's max up to many rows.
             self._fit(max(rows), max(starts) + 1)
-            row_array, start_array = np.array(rows), np.array(starts)
-            self.token_ids[row_array, start_array] = tokens
+            row_array, start_array, token_array = np.array(rows), np.array(starts), np.array(tokens)
+            self.token_ids[row_array, start_array] = token_array
             self.num_tokens[row_array] = start_array + 1
             self.num_computed[row_array] = num_computed
+            if (
+                not out.scheduled_new_reqs
+                and len(rows) == len(out.scheduled_cached_reqs)
+                and num_computed == starts
+            ):
+                self._next_tokens = (start_array, token_array)
 
     def _write_tokens(self, row: int, start: int, token_ids: list[int], num_computed: int) -> None:
         """Tokens [start, start + len) of the request in `row`, which now knows that many and has
@@ -195,12 +199,15 @@ class InputBatch:
                     num_drafts[i] = self._write_drafts(int(rows[i]), spec[request_id])
         starts = self.num_computed[rows]
         query_start_loc = np.concatenate([[0], np.cumsum(nums)])
+        seq_lens = starts + nums
         # Every token's row, position and KV slot at once.
         token_rows = np.repeat(np.arange(len(order)), nums)
         positions = starts[token_rows] + np.arange(int(query_start_loc[-1])) - query_start_loc[token_rows]
-        arrays = self._token_arrays(rows, token_rows, positions)
+        token_row_ids = rows[token_rows]
+        arrays = self._token_arrays(rows, token_row_ids, positions, self.token_ids[token_row_ids, positions])
+        arrays["query_start_loc"], arrays["seq_lens"] = query_start_loc, seq_lens
         # The rows whose scheduled tokens reach their end sample: their last 1 + num_drafts positions.
-        sample_rows = np.flatnonzero(starts + nums == self.num_tokens[rows] + num_drafts)
+        sample_rows = np.flatnonzero(seq_lens == self.num_tokens[rows] + num_drafts)
         num_logits = 1 + num_drafts[sample_rows]
         arrays["logits_indices"] = _last_positions(query_start_loc[sample_rows + 1], num_logits)
         drafts, sampling, sampling_arrays = self._sampling(order, spec, rows, sample_rows, num_logits)
@@ -213,7 +220,13 @@ class InputBatch:
         every_row_decodes = num_decodes == len(order) == len(sample_rows) and not spec
         self._decode_layout = (
             _DecodeLayout(
-                order, rows, self.sampling.version, query_starts, tensors["logits_indices"], sampling
+                order,
+                rows,
+                self.sampling.version,
+                query_starts,
+                tensors["query_start_loc"],
+                tensors["logits_indices"],
+                sampling,
             )
             if every_row_decodes and not self.sampling.per_token[rows].any()
             else None
@@ -221,7 +234,7 @@ class InputBatch:
         return BatchInputs(
             tensors["input_ids"],
             tensors["positions"],
-            self._attention(tensors, starts + nums, query_starts, num_decodes),
+            self._attention(tensors, seq_lens, query_starts, num_decodes),
             order,
             sample_rows.tolist(),
             tensors["logits_indices"],
@@ -234,7 +247,7 @@ class InputBatch:
         each its next token (so it samples), and the sampling settings are unchanged: its layout holds."""
         scheduled = out.num_scheduled_tokens
         return (
-            self._next_tokens_only
+            self._next_tokens is not None
             and out.total_num_scheduled_tokens == len(scheduled)  # each request computes one token
             and not out.scheduled_spec_decode_tokens
             and self.sampling.version == layout.sampling_version
@@ -243,12 +256,14 @@ class InputBatch:
 
     def _build_decode(self, layout: _DecodeLayout) -> BatchInputs:
         """The batch of a step that repeats the previous decode step's layout: one token per row, each its
-        request's next, in the same order."""
-        rows = layout.rows
-        positions = self.num_computed[rows]
-        arrays = self._token_arrays(rows, np.arange(len(rows)), positions)
+        request's next, in the same order (the update's positions and token ids, as they are)."""
+        assert self._next_tokens is not None, "checked by _repeats"
+        rows, (positions, input_ids) = layout.rows, self._next_tokens
+        arrays = self._token_arrays(rows, rows, positions, input_ids)
+        seq_lens = arrays["seq_lens"] = positions + 1
         tensors = self.staging.to_device(arrays)
-        attention = self._attention(tensors, positions + 1, layout.query_start_loc, len(rows))
+        tensors["query_start_loc"] = layout.query_start_loc_tensor
+        attention = self._attention(tensors, seq_lens, layout.query_start_loc, len(rows))
         return BatchInputs(
             tensors["input_ids"],
             tensors["positions"],
@@ -261,17 +276,16 @@ class InputBatch:
         )
 
     def _token_arrays(
-        self, rows: np.ndarray, token_rows: np.ndarray, positions: np.ndarray
+        self, rows: np.ndarray, token_row_ids: np.ndarray, positions: np.ndarray, input_ids: np.ndarray
     ) -> dict[str, np.ndarray]:
-        """The step's token ids, positions, and each group's block tables and slot mapping (host arrays to
-        stage): `token_rows[i]` indexes `rows` for token i, at `positions[i]`."""
+        """The step's token ids, positions, and each group's block tables (of `rows`, in order) and slot
+        mapping (host arrays to stage): token i is `input_ids[i]`, of the request in row `token_row_ids[i]`,
+        at `positions[i]`."""
         tables = self.block_tables.gather_rows(rows)  # [groups, rows, width]
-        slots = tables[:, token_rows, positions // self.block_size] * self.block_size + (
-            positions % self.block_size
-        )
-        token_row_ids = rows[token_rows]
+        blocks, offsets = np.divmod(positions, self.block_size)
+        slots = self.block_tables.table[:, token_row_ids, blocks] * self.block_size + offsets
         return {
-            "input_ids": self.token_ids[token_row_ids, positions],
+            "input_ids": input_ids,
             "positions": positions if self.mrope is None else self.mrope.positions(token_row_ids, positions),
             **{f"block_tables{g}": tables[g] for g in range(self.num_groups)},
             **{f"slot_mapping{g}": slots[g] for g in range(self.num_groups)},
@@ -306,12 +320,14 @@ class InputBatch:
         num_decodes: int,
     ) -> list[CommonAttentionMetadata]:
         """Each KV cache group's attention metadata of the step (its `num_decodes` decodes, one token each,
-        first)."""
+        first); `tensors`: the staged ones, with "query_start_loc" and "seq_lens"."""
         lengths = seq_lens.tolist()
         return [
             CommonAttentionMetadata(
                 query_start_loc=query_start_loc,
                 seq_lens=lengths,
+                query_start_loc_tensor=tensors["query_start_loc"],
+                seq_lens_tensor=tensors["seq_lens"],
                 block_tables=tensors[f"block_tables{group}"],
                 slot_mapping=tensors[f"slot_mapping{group}"],
                 num_decodes=num_decodes,

@@ -66,7 +66,7 @@ def test_torch_backend_equals_dense_causal_attention(
         new_k.append(keys[cached:])
         new_v.append(values[cached:])
         query_start_loc.append(query_start_loc[-1] + new)
-    common = CommonAttentionMetadata(
+    common = CommonAttentionMetadata.from_lists(
         query_start_loc,
         [c + n for c, n in requests],
         tables,

@@ -36,7 +36,7 @@ def make_batch(
         ]
         query_start_loc.append(query_start_loc[-1] + new)
         seq_lens.append(cached + new)
-    return CommonAttentionMetadata(
+    return CommonAttentionMetadata.from_lists(
         query_start_loc,
         seq_lens,
         tables,

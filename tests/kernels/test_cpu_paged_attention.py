@@ -189,7 +189,7 @@ def piece(common: CommonAttentionMetadata, request: int, first: int, end: int) -
     start, stop = common.query_start_loc[request], common.query_start_loc[request + 1]
     cached = common.seq_lens[request] - (stop - start)
     rows = slice(start + first, start + end)
-    alone = CommonAttentionMetadata(
+    alone = CommonAttentionMetadata.from_lists(
         [0, end - first],
         [cached + end],
         common.block_tables[request : request + 1],

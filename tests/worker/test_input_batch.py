@@ -7,6 +7,7 @@ import dataclasses
 import random
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -35,17 +36,19 @@ class Plain:
     sent: int = 0  # tokens the worker has
 
 
-def random_params(rng: random.Random) -> SamplingParams:
+def random_params(rng: random.Random, per_token: bool = True) -> SamplingParams:
+    """`per_token`: may also take the settings whose inputs change with every token (penalties, a seed,
+    a bias, min_tokens), which keep a step off the decode layout."""
     return SamplingParams(
         temperature=rng.choice([0.0, 0.0, 0.8]),
         top_k=rng.choice([0, 0, 5, 2**63 - 1]),
         top_p=rng.choice([1.0, 0.9]),
         min_p=rng.choice([0.0, 0.1]),
-        presence_penalty=rng.choice([0.0, 0.5]),
-        repetition_penalty=rng.choice([1.0, 1.2]),
-        seed=rng.choice([None, -(2**63), 2**63 - 1]),
-        logit_bias=rng.choice([None, {3: 1.5}]),
-        min_tokens=rng.choice([0, 3]),
+        presence_penalty=rng.choice([0.0, 0.5]) if per_token else 0.0,
+        repetition_penalty=rng.choice([1.0, 1.2]) if per_token else 1.0,
+        seed=rng.choice([None, -(2**63), 2**63 - 1]) if per_token else None,
+        logit_bias=rng.choice([None, {3: 1.5}]) if per_token else None,
+        min_tokens=rng.choice([0, 3]) if per_token else 0,
         stop_token_ids=[7],
         logprobs=rng.choice([None, 2]),
         max_tokens=None,
@@ -70,16 +73,18 @@ def test_diff_updates_match_a_rebuild(seed: int, steps: int, pack: bool) -> None
     run_steps(random.Random(seed), steps, pack)
 
 
-def test_repeated_decode_steps_reuse_the_layout() -> None:
+@pytest.mark.parametrize("pack", [False, True])
+def test_repeated_decode_steps_reuse_the_layout(pack: bool) -> None:
     """Runs of quiet steps (the same requests decode one token each) take the decode fast path, which
     gives what a rebuild gives, also across block boundaries and after the set changes."""
-    reused = run_steps(random.Random(7), 60, pack=False, quiet=0.8)
+    reused = run_steps(random.Random(7), 60, pack=pack, quiet=0.8, per_token=False)
     assert reused > 10
 
 
-def run_steps(rng: random.Random, steps: int, pack: bool, quiet: float = 0.0) -> int:
+def run_steps(rng: random.Random, steps: int, pack: bool, quiet: float = 0.0, per_token: bool = True) -> int:
     """Random steps (a `quiet` fraction of them: nothing finishes, arrives, is preempted or drafts, every
-    request computes one token), each build checked; returns how many reused the previous layout."""
+    request computes one token), each build checked; returns how many (with requests) reused the previous
+    layout. `per_token`: requests may have per-token sampling settings (`random_params`)."""
     reused, previous = 0, None
     batch = InputBatch(BLOCK, torch.device("cpu"), VOCAB)
     batch.staging = StepStaging(torch.device("cpu"), pack=pack)
@@ -98,7 +103,7 @@ def run_steps(rng: random.Random, steps: int, pack: bool, quiet: float = 0.0) ->
         new, cached, scheduled, spec = [], [], {}, {}
         for _ in range(0 if calm else rng.randint(0, 3)):
             prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 9))]
-            held[f"r{next_id}"] = Plain(random_params(rng), prompt, len(prompt), sent=-1)
+            held[f"r{next_id}"] = Plain(random_params(rng, per_token), prompt, len(prompt), sent=-1)
             next_id += 1
         for request_id, plain in held.items():
             if plain.computed == len(plain.tokens) and plain.sent >= 0:  # it sampled: one more token
@@ -139,7 +144,7 @@ def run_steps(rng: random.Random, steps: int, pack: bool, quiet: float = 0.0) ->
         batch.update(out)
         got = batch.build(out)
         check_batch(got, held, scheduled, spec)
-        reused += previous is not None and got.logits_indices is previous.logits_indices
+        reused += bool(scheduled) and previous is not None and got.logits_indices is previous.logits_indices
         previous = got
         for request_id, num in scheduled.items():
             held[request_id].computed += num - len(spec.get(request_id, []))
@@ -153,9 +158,12 @@ def check_batch(
     order = got.request_ids
     assert sorted(order) == sorted(scheduled)
     input_ids, positions, slots, logits_indices, sample_ids = [], [], [], [], []
+    query_start_loc, seq_lens = [0], []
     for request_id in order:
         plain, draft = held[request_id], spec.get(request_id, [])
         start, end = plain.computed, plain.computed + scheduled[request_id]
+        query_start_loc.append(query_start_loc[-1] + end - start)
+        seq_lens.append(end)
         input_ids += (plain.tokens + draft)[start:end]
         positions += range(start, end)
         slots += [plain.blocks[p // BLOCK] * BLOCK + p % BLOCK for p in range(start, end)]
@@ -165,6 +173,8 @@ def check_batch(
     common = got.attention[0]
     assert got.input_ids.tolist() == input_ids and got.positions.tolist() == positions
     assert common.slot_mapping.tolist() == slots and got.logits_indices.tolist() == logits_indices
+    assert common.query_start_loc == common.query_start_loc_tensor.tolist() == query_start_loc
+    assert common.seq_lens == common.seq_lens_tensor.tolist() == seq_lens
     assert [order[row] for row in got.sample_rows] == sample_ids
     for row, request_id in enumerate(order):
         blocks = held[request_id].blocks

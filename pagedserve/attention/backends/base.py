@@ -18,10 +18,14 @@ KVCache = tuple[torch.Tensor, ...]
 class CommonAttentionMetadata:
     """One step's batch, flattened: request i owns query tokens
     [query_start_loc[i], query_start_loc[i + 1]) and, after this step, seq_lens[i] tokens of K/V.
-    The model runner puts the `num_decodes` single-token requests first."""
+    The model runner puts the `num_decodes` single-token requests first. Both are given twice: as host
+    lists (for the backends' Python-side shapes) and as int64 tensors on the device, staged with the step's
+    other inputs (so no backend copies them to the device again)."""
 
     query_start_loc: list[int]  # [num_reqs + 1]
     seq_lens: list[int]  # [num_reqs]
+    query_start_loc_tensor: torch.Tensor  # [num_reqs + 1] int64, on the device
+    seq_lens_tensor: torch.Tensor  # [num_reqs] int64, on the device
     block_tables: torch.Tensor  # [num_reqs, max_blocks_per_req] int64, padded with the null block 0
     slot_mapping: torch.Tensor  # [num_tokens] int64: block_id * block_size + offset
     num_decodes: int
@@ -29,6 +33,30 @@ class CommonAttentionMetadata:
     # Request i's runs of positions [start, end) whose tokens attend each other both ways (one image's
     # tokens, Gemma 3), each whole in its prefill chunk or before it; requests without any are absent.
     bidirectional_spans: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+
+    @classmethod
+    def from_lists(
+        cls,
+        query_start_loc: list[int],
+        seq_lens: list[int],
+        block_tables: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        num_decodes: int,
+        block_size: int,
+    ) -> "CommonAttentionMetadata":
+        """A batch described by its lists alone (tests, benchmarks): the tensors made here, on the slot
+        mapping's device."""
+        device = slot_mapping.device
+        return cls(
+            query_start_loc,
+            seq_lens,
+            torch.tensor(query_start_loc, dtype=torch.int64, device=device),
+            torch.tensor(seq_lens, dtype=torch.int64, device=device),
+            block_tables,
+            slot_mapping,
+            num_decodes,
+            block_size,
+        )
 
 
 class AttentionMetadata:

@@ -101,7 +101,7 @@ class TorchPagedAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
     ) -> GatherDecodeMetadata:
         device = common.slot_mapping.device
         nd = num_requests  # one token each
-        decode_lens = torch.tensor(common.seq_lens[:nd], device=device).view(nd, 1, 1, 1)
+        decode_lens = common.seq_lens_tensor[:nd].view(nd, 1, 1, 1)
         max_decode_blocks = cdiv(max(common.seq_lens[:nd], default=0), common.block_size)
         span = torch.arange(max_decode_blocks * common.block_size, device=device)
         return GatherDecodeMetadata(common.block_tables[:nd, :max_decode_blocks], decode_lens, span)

@@ -30,11 +30,10 @@ class TritonAttentionBackend(AttentionBackend[TritonAttentionMetadata]):
     supports_cuda_graphs = True
 
     def build_metadata(self, common: CommonAttentionMetadata) -> TritonAttentionMetadata:
-        device = common.slot_mapping.device
         decode_only = common.num_decodes == len(common.seq_lens)
         batch = PagedBatch(
-            query_start_loc=torch.tensor(common.query_start_loc, dtype=torch.int32, device=device),
-            seq_lens=torch.tensor(common.seq_lens, dtype=torch.int32, device=device),
+            query_start_loc=common.query_start_loc_tensor,
+            seq_lens=common.seq_lens_tensor,
             block_tables=common.block_tables,
             block_size=common.block_size,
             num_splits=choose_num_splits(len(common.seq_lens), max(common.seq_lens), decode_only),

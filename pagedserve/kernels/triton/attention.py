@@ -202,8 +202,8 @@ class PagedBatch:
     """The step's requests as the kernel reads them, all on the device. Request i owns query tokens
     [query_start_loc[i], query_start_loc[i + 1]) and has seq_lens[i] keys after this step."""
 
-    query_start_loc: torch.Tensor  # [R + 1] int32
-    seq_lens: torch.Tensor  # [R] int32
+    query_start_loc: torch.Tensor  # [R + 1] int32 or int64
+    seq_lens: torch.Tensor  # [R] int32 or int64
     block_tables: torch.Tensor  # [R, max_blocks]
     block_size: int
     num_splits: int  # key splits per query tile (1: no split-K)
