@@ -30,6 +30,7 @@ class CachedRequestData:
 
     request_id: str
     new_token_ids: list[int]  # tokens sampled since the workers last saw this request
+    new_tokens_start: int  # the position of new_token_ids[0]: how many tokens the workers hold of it
     new_block_ids: list[int]
     num_computed_tokens: int
     # Blocks released from the end of the table since the last step (they held only rejected draft

@@ -33,6 +33,7 @@ class SchedulerDiffs(SchedulerState):
                 CachedRequestData(
                     request_id,
                     request.all_token_ids[num_sent:],
+                    num_sent,
                     allocation.new_block_ids,
                     request.num_computed_tokens,
                     self._num_dropped_blocks.pop(request_id, 0) if self._num_dropped_blocks else 0,

@@ -106,7 +106,6 @@ class InputBatch:
         for new in out.scheduled_new_reqs:
             state = CachedRequestState(
                 new.request_id,
-                list(new.token_ids),
                 new.num_prompt_tokens,
                 new.sampling_params,
                 new.eos_token_id,
@@ -121,25 +120,26 @@ class InputBatch:
             self.sampling.add(row, state)
             if self.mrope is not None:
                 self.mrope.add(row, new.images)
-            self._write_tokens(row, 0, state.token_ids, new.num_computed_tokens)
+            self._write_tokens(row, 0, new.token_ids, new.num_computed_tokens)
         # NOTE: a decode's one new token is written with the others' in one array assignment below.
         rows, starts, tokens, num_computed = [], [], [], []
         row_of = self.block_tables.row_of
         for cached in out.scheduled_cached_reqs:
-            state = self.states[cached.request_id]
             if cached.num_dropped_blocks:
                 self.block_tables.drop_last(cached.request_id, cached.num_dropped_blocks)
             new_token_ids = cached.new_token_ids
             if len(new_token_ids) == 1:
                 rows.append(row_of[cached.request_id])
-                starts.append(len(state.token_ids))
+                starts.append(cached.new_tokens_start)
                 tokens.append(new_token_ids[0])
                 num_computed.append(cached.num_computed_tokens)
             else:
                 self._write_tokens(
-                    row_of[cached.request_id], len(state.token_ids), new_token_ids, cached.num_computed_tokens
+                    row_of[cached.request_id],
+                    cached.new_tokens_start,
+                    new_token_ids,
+                    cached.num_computed_tokens,
                 )
-            state.token_ids += new_token_ids
             if cached.new_block_ids:
                 self.block_tables.append(cached.request_id, cached.new_block_ids)
         self._next_tokens = None
@@ -156,6 +156,11 @@ class InputBatch:
                 and num_computed == starts
             ):
                 self._next_tokens = (start_array, token_array)
+
+    def known_tokens(self, request_id: str) -> np.ndarray:
+        """Every token of the request the worker knows (its prompt, then its outputs): a view of its row."""
+        row = self.block_tables.row_of[request_id]
+        return self.token_ids[row, : self.num_tokens[row]]
 
     def _write_tokens(self, row: int, start: int, token_ids: list[int], num_computed: int) -> None:
         """Tokens [start, start + len) of the request in `row`, which now knows that many and has
@@ -308,6 +313,8 @@ class InputBatch:
             np.repeat(rows[sample_rows], num_logits),
             [self.states[r] for r, draft in zip(sample_ids, drafts) for _ in range(len(draft) + 1)],
             [draft[:j] for draft in drafts for j in range(len(draft) + 1)],
+            self.token_ids,
+            self.num_tokens,
         )
         sampling_arrays, sampling = self.sampling.host_arrays(step, self.vocab_size)
         return drafts, sampling, sampling_arrays

@@ -309,7 +309,7 @@ class ModelRunner:
         if hidden is None:  # a pipeline stage before the last: the last one samples
             return output
         if self.prompt_logprobs.pending:
-            self.prompt_logprobs.compute(batch, hidden, self.input_batch.states, output)
+            self.prompt_logprobs.compute(batch, hidden, self.input_batch, output)
         if not batch.sample_rows:
             return output
         # NOTE: every row samples in a decode step: its ids as they are, no per-row lookups.
@@ -347,7 +347,8 @@ class ModelRunner:
             for r in requests
         ]
         assert self.drafter is not None
-        positions = [len(r.token_ids) + len(tokens) - 1 for r, tokens in zip(requests, new_tokens)]
+        known = self.input_batch.known_tokens
+        positions = [len(known(r.request_id)) + len(tokens) - 1 for r, tokens in zip(requests, new_tokens)]
         request_ids = [r.request_id for r in requests]
         tables = self.input_batch.block_tables
         proposals = self.drafter.propose(

@@ -4,11 +4,12 @@ requests that asked and still have prompt positions to compute are visited."""
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from pagedserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagedserve.layers.sampler import gather_logprobs
-from pagedserve.worker.input_batch import BatchInputs
+from pagedserve.worker.input_batch import BatchInputs, InputBatch
 from pagedserve.worker.request_state import CachedRequestState
 
 
@@ -29,7 +30,7 @@ class PromptLogprobs:
         self,
         batch: BatchInputs,
         hidden: torch.Tensor,
-        states: dict[str, CachedRequestState],
+        held: InputBatch,
         output: ModelRunnerOutput,
     ) -> None:
         """The step's prompt positions of every pending request, into `output.prompt_logprobs`. The first
@@ -40,26 +41,29 @@ class PromptLogprobs:
         for row, request_id in enumerate(batch.request_ids):
             if request_id not in self.pending:
                 continue
-            state = states[request_id]
+            state = held.states[request_id]
             first_row = query_start_loc[row]
             end = batch.attention[0].seq_lens[row]  # computed after this step
             start = end - (query_start_loc[row + 1] - first_row)
             if end >= state.num_prompt_tokens:  # its prompt is done after this step
                 self.pending.discard(request_id)
             if start < state.num_prompt_tokens:
-                output.prompt_logprobs[request_id] = self._positions(state, hidden[first_row:], start, end)
+                output.prompt_logprobs[request_id] = self._positions(
+                    state, held.known_tokens(request_id), hidden[first_row:], start, end
+                )
 
     def _positions(
-        self, state: CachedRequestState, hidden: torch.Tensor, start: int, end: int
+        self, state: CachedRequestState, tokens: np.ndarray, hidden: torch.Tensor, start: int, end: int
     ) -> list[dict[int, float] | None]:
-        """Prompt positions [start, end) of `state`, hidden[i] being position start + i."""
+        """Prompt positions [start, end) of `state`, whose known tokens are `tokens`, hidden[i] being
+        position start + i."""
         num_top = state.sampling_params.prompt_logprobs
         assert num_top is not None, "only requests that asked are pending"
         last = min(end, state.num_prompt_tokens - 1)  # position p predicts prompt token p + 1
         result: list[dict[int, float] | None] = [None] if start == 0 else []
         if last > start:
             logits = self.compute_logits(hidden[: last - start]).float()
-            targets = torch.tensor(state.token_ids[start + 1 : last + 1], device=logits.device)
+            targets = torch.from_numpy(tokens[start + 1 : last + 1]).to(logits.device)
             ids, values = gather_logprobs(torch.log_softmax(logits, dim=-1), num_top, targets)
             result += [dict(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
         return result

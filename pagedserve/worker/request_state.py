@@ -1,5 +1,6 @@
-"""What the worker keeps of each request it holds: its tokens and how to sample it (input_batch.py holds
-these in rows; the sampling and prompt-logprob stages read them)."""
+"""What the worker keeps of each request it holds: how to sample it. Its tokens live in its row of the
+input batch's arrays (`InputBatch.known_tokens`): a decode step writes them there for the whole batch at
+once, not into a list per request."""
 
 from dataclasses import dataclass
 
@@ -10,7 +11,6 @@ from pagedserve.sampling_params import SamplingParams
 @dataclass(slots=True)
 class CachedRequestState:
     request_id: str
-    token_ids: list[int]
     num_prompt_tokens: int
     sampling_params: SamplingParams
     eos_token_id: int | None

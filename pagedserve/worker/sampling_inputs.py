@@ -25,6 +25,16 @@ class SamplingRows:
     rows: np.ndarray  # [R] int64, rows of the SamplingState
     requests: list[CachedRequestState]
     drafted: list[list[int]]
+    # Each held request's known tokens by row, token_ids[row, :num_tokens[row]] (the input batch's arrays).
+    token_ids: np.ndarray
+    num_tokens: np.ndarray
+
+    def num_known(self, i: int) -> int:
+        """How many tokens sampling row i's request knows (without its drafts)."""
+        return int(self.num_tokens[self.rows[i]])
+
+    def known_tokens(self, i: int) -> np.ndarray:
+        return self.token_ids[self.rows[i], : self.num_known(i)]
 
 
 class SamplingState:
@@ -115,9 +125,10 @@ class SamplingState:
             counts = np.zeros((len(rows), vocab_size), dtype=np.float32)
             prompt_mask = np.zeros((len(rows), vocab_size), dtype=np.bool_)
             for i in penalized:
-                r = requests[i]
-                np.add.at(counts[i], r.token_ids[r.num_prompt_tokens :] + drafted[i], 1.0)
-                prompt_mask[i, r.token_ids[: r.num_prompt_tokens]] = True
+                known, num_prompt = step.known_tokens(i), requests[i].num_prompt_tokens
+                np.add.at(counts[i], known[num_prompt:], 1.0)
+                np.add.at(counts[i], drafted[i], 1.0)
+                prompt_mask[i, known[:num_prompt]] = True
             arrays["output_token_counts"], arrays["prompt_token_mask"] = counts, prompt_mask
             for name in ("presence_penalty", "frequency_penalty", "repetition_penalty"):
                 arrays[name] = getattr(self, name)[rows]
@@ -129,7 +140,7 @@ class SamplingState:
         for i in visited.tolist():
             seed = requests[i].sampling_params.seed
             if seed is not None and self.temperature[rows[i]] > 0:
-                position = len(requests[i].token_ids) + len(drafted[i])
+                position = step.num_known(i) + len(drafted[i])
                 meta.seeds[i] = (seed * 1_000_003 + position) & _UINT64_MASK
 
     def _grow(self, rows: int) -> None:
@@ -149,16 +160,24 @@ def to_device(meta: SamplingMetadata, tensors: dict[str, torch.Tensor]) -> Sampl
 
 def build_sampling_metadata(
     requests: list[CachedRequestState],
+    token_ids: list[list[int]],
     vocab_size: int,
     device: torch.device,
     drafted: list[list[int]] | None = None,
 ) -> SamplingMetadata:
-    """The metadata of `requests` (row i = requests[i]) built from scratch, without a persistent state:
-    the reference the step's incremental path must equal, and the entry point for one-off callers."""
+    """The metadata of `requests` (row i = requests[i], which knows `token_ids[i]`) built from scratch,
+    without a persistent state: the reference the step's incremental path must equal, and the entry point
+    for one-off callers."""
     state = SamplingState(max(len(requests), 1))
     for row, request in enumerate(requests):
         state.add(row, request)
-    step = SamplingRows(np.arange(len(requests)), requests, drafted or [[] for _ in requests])
+    lengths = [len(tokens) for tokens in token_ids]
+    known = np.zeros((len(requests), max(lengths, default=0)), dtype=np.int64)
+    for row, tokens in enumerate(token_ids):
+        known[row, : len(tokens)] = tokens
+    step = SamplingRows(
+        np.arange(len(requests)), requests, drafted or [[] for _ in requests], known, np.array(lengths)
+    )
     arrays, meta = state.host_arrays(step, vocab_size)
     return to_device(meta, {name: torch.from_numpy(a).to(device) for name, a in arrays.items()})
 
@@ -176,7 +195,7 @@ def _logit_bias(step: SamplingRows, visited: np.ndarray, vocab_size: int) -> np.
         r = step.requests[i]
         p = r.sampling_params
         entries = dict(p.logit_bias or {})
-        if len(r.token_ids) + len(step.drafted[i]) - r.num_prompt_tokens < p.min_tokens:
+        if step.num_known(i) + len(step.drafted[i]) - r.num_prompt_tokens < p.min_tokens:
             eos = [] if r.eos_token_id is None or p.ignore_eos else [r.eos_token_id]
             banned = list(p.stop_token_ids or []) + eos
             entries.update({token: float("-inf") for token in banned})

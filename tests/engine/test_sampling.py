@@ -208,7 +208,7 @@ def test_min_tokens_bans_eos_only_when_eos_stops(ignore_eos: bool) -> None:
     from pagedserve.worker.sampling_inputs import build_sampling_metadata
 
     params = SamplingParams(min_tokens=4, stop_token_ids=[7], ignore_eos=ignore_eos, max_tokens=8)
-    state = CachedRequestState("r", [1, 2, 3], 3, params, 2)
-    bias = build_sampling_metadata([state], 16, torch.device("cpu")).logit_bias
+    state = CachedRequestState("r", 3, params, 2)
+    bias = build_sampling_metadata([state], [[1, 2, 3]], 16, torch.device("cpu")).logit_bias
     assert bias is not None and bias[0, 7] == float("-inf")
     assert (bias[0, 2] == float("-inf")) != ignore_eos

@@ -91,8 +91,8 @@ def _sample(params: SamplingParams) -> None:
     sampling metadata, sample a token."""
     request = EngineCoreRequest("r", [1, 2, 3], params, 2, 0.0)
     decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(request), type=EngineCoreRequest)
-    state = CachedRequestState("r", [1, 2, 3, 4], 3, decoded.sampling_params, 2)
-    meta = build_sampling_metadata([state], VOCAB, torch.device("cpu"))
+    state = CachedRequestState("r", 3, decoded.sampling_params, 2)
+    meta = build_sampling_metadata([state], [[1, 2, 3, 4]], VOCAB, torch.device("cpu"))
     logits = torch.randn(1, VOCAB)
     penalized = Sampler().apply_penalties_and_bias(logits, meta)
     assert not penalized.isnan().any() and not penalized.isposinf().any()  # -inf: a banned token
@@ -157,13 +157,13 @@ def test_logit_bias_and_stop_token_ids(bias: dict, stop_token_ids: list | None) 
 def test_any_int64_seed_samples_reproducibly(seed: int) -> None:
     """The seed the engine died of (seed * 1_000_003 overflowed manual_seed) samples, twice the same."""
     params = SamplingParams(temperature=1.0, seed=seed)
-    state = CachedRequestState("r", [1, 2, 3, 4], 3, params, 2)
+    state = CachedRequestState("r", 3, params, 2)
     logits = torch.randn(1, VOCAB)
     draws = [
         int(
-            Sampler()(logits, build_sampling_metadata([state], VOCAB, torch.device("cpu"))).sampled_token_ids[
-                0
-            ]
+            Sampler()(
+                logits, build_sampling_metadata([state], [[1, 2, 3, 4]], VOCAB, torch.device("cpu"))
+            ).sampled_token_ids[0]
         )
         for _ in range(2)
     ]
@@ -240,8 +240,8 @@ def test_penalty_is_refused_with_its_range_or_keeps_logits_finite(field: str, va
         return
     logits = torch.linspace(-8.0, 8.0, VOCAB)
     logits[1:5] = torch.tensor([9.0, 0.0, -8.0, 4.0])  # the seen tokens (prompt 1-3, output 4)
-    state = CachedRequestState("r", [1, 2, 3, 4], 3, params, 2)
-    meta = build_sampling_metadata([state], VOCAB, torch.device("cpu"))
+    state = CachedRequestState("r", 3, params, 2)
+    meta = build_sampling_metadata([state], [[1, 2, 3, 4]], VOCAB, torch.device("cpu"))
     penalized = Sampler().apply_penalties_and_bias(logits[None], meta)
     assert penalized.isfinite().all(), penalized
     assert int(Sampler()(logits[None], meta).sampled_token_ids[0]) == int(penalized.argmax())

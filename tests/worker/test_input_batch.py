@@ -135,7 +135,9 @@ def run_steps(rng: random.Random, steps: int, pack: bool, quiet: float = 0.0, pe
                 )
             else:
                 cached.append(
-                    CachedRequestData(request_id, plain.tokens[plain.sent :], added, plain.computed)
+                    CachedRequestData(
+                        request_id, plain.tokens[plain.sent :], plain.sent, added, plain.computed
+                    )
                 )
             plain.sent = len(plain.tokens)
         out = SchedulerOutput(
@@ -144,6 +146,7 @@ def run_steps(rng: random.Random, steps: int, pack: bool, quiet: float = 0.0, pe
         batch.update(out)
         got = batch.build(out)
         check_batch(got, held, scheduled, spec)
+        assert all(batch.known_tokens(r).tolist() == plain.tokens for r, plain in held.items())
         reused += bool(scheduled) and previous is not None and got.logits_indices is previous.logits_indices
         previous = got
         for request_id, num in scheduled.items():
@@ -182,10 +185,11 @@ def check_batch(
     if not sample_ids:
         assert got.sampling is None
         return
+    repeated = [r for r in sample_ids for _ in range(len(spec.get(r, [])) + 1)]
     states = [
-        CachedRequestState(r, held[r].tokens, held[r].num_prompt, held[r].params, 2, beam=r.endswith("3"))
-        for r in sample_ids
-        for _ in range(len(spec.get(r, [])) + 1)
+        CachedRequestState(r, held[r].num_prompt, held[r].params, 2, beam=r.endswith("3")) for r in repeated
     ]
+    tokens = [held[r].tokens for r in repeated]
     drafted = [spec.get(r, [])[:j] for r in sample_ids for j in range(len(spec.get(r, [])) + 1)]
-    assert_same_metadata(got.sampling, build_sampling_metadata(states, VOCAB, torch.device("cpu"), drafted))
+    expected = build_sampling_metadata(states, tokens, VOCAB, torch.device("cpu"), drafted)
+    assert_same_metadata(got.sampling, expected)
