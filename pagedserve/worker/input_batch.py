@@ -197,11 +197,7 @@ class InputBatch:
         )
         rows = np.fromiter((self.block_tables.row_of[r] for r in order), dtype=np.int64, count=len(order))
         nums = np.fromiter((scheduled[r] for r in order), dtype=np.int64, count=len(order))
-        num_drafts = np.zeros(len(order), dtype=np.int64)
-        if spec:  # a loop over the requests with drafts only
-            for i, request_id in enumerate(order):
-                if spec.get(request_id):
-                    num_drafts[i] = self._write_drafts(int(rows[i]), spec[request_id])
+        num_drafts = self._write_all_drafts(order, rows, spec)
         starts = self.num_computed[rows]
         query_start_loc = np.concatenate([[0], np.cumsum(nums)])
         seq_lens = starts + nums
@@ -342,6 +338,16 @@ class InputBatch:
             )
             for group in range(self.num_groups)
         ]
+
+    def _write_all_drafts(self, order: list[str], rows: np.ndarray, spec: dict[str, list[int]]) -> np.ndarray:
+        """Each request's draft tokens after its known ones (a loop over the requests with drafts only); how
+        many, per request of `order`."""
+        num_drafts = np.zeros(len(order), dtype=np.int64)
+        if spec:
+            for i, request_id in enumerate(order):
+                if spec.get(request_id):
+                    num_drafts[i] = self._write_drafts(int(rows[i]), spec[request_id])
+        return num_drafts
 
     def _write_drafts(self, row: int, draft: list[int]) -> int:
         """Put a request's draft tokens after its known ones (the next diff overwrites them with what was

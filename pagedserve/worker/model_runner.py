@@ -81,6 +81,7 @@ class ModelRunner:
             else LoRAManager(self.model.lora_target(), config.lora, device, self.dtype, stage_layers)
         )
         self.sampler = Sampler()
+        self.samples = get_tp_rank() == 0  # NOTE: only rank 0 samples; the others compute the logits with it
         self.input_batch = InputBatch(
             self.block_size, device, config.model.vocab_size, self.kv_groups.num_groups, _mrope(config)
         )
@@ -319,10 +320,11 @@ class ModelRunner:
             else [batch.request_ids[row] for row in batch.sample_rows]
         )
         # NOTE: the indices are increasing, so as many as tokens means every token: no gather (decodes).
-        sampled = hidden if len(batch.logits_indices) == len(hidden) else hidden[batch.logits_indices]
+        sampled = hidden if batch.logits_indices.shape[0] == hidden.shape[0] else hidden[batch.logits_indices]
         logits, greedy_tokens = self.model.compute_logits_and_greedy(sampled)  # [positions, vocab]
-        logits = logits.float()
-        if get_tp_rank() != 0:  # NOTE: only rank 0 samples; computing logits above is a collective
+        if logits.dtype != torch.float32:
+            logits = logits.float()
+        if not self.samples:  # NOTE: computing the logits above is a collective (a vocabulary shard per rank)
             return output
         assert batch.sampling is not None, "built with the rows that sample"
         sample_step(
