@@ -60,8 +60,7 @@ class BlockTables:
 
     def gather_rows(self, rows: np.ndarray) -> np.ndarray:
         """The tables of `rows`, in that order: [groups, len(rows), their longest table]."""
-        width = int(self.num_blocks[rows].max()) if len(rows) else 0
-        return self.table[:, rows, :width]
+        return gather_rows(self.table, self.num_blocks, rows)
 
     def lengths(self, request_ids: list[str]) -> np.ndarray:
         """The number of blocks of each request's table (per group), in that order."""
@@ -75,3 +74,20 @@ class BlockTables:
         self.table = table
         self.num_blocks = np.concatenate([self.num_blocks, np.zeros(rows - old_rows, dtype=np.int64)])
         self._free_rows = list(range(rows - 1, old_rows - 1, -1)) + self._free_rows
+
+
+def gather_rows(table: np.ndarray, num_blocks: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The tables of `rows` in a BlockTables' `table` and `num_blocks`, in that order: [groups, len(rows),
+    their longest table]."""
+    width = int(num_blocks[rows].max()) if len(rows) else 0
+    return table[:, rows, :width]
+
+
+def slot_mapping(
+    table: np.ndarray, token_rows: np.ndarray, positions: np.ndarray, block_size: int
+) -> np.ndarray:
+    """Each token's KV slot in each group [groups, tokens]: token i is at positions[i] of the request in row
+    token_rows[i] of a BlockTables' `table`."""
+    blocks, offsets = np.divmod(positions, block_size)
+    slots: np.ndarray = table[:, token_rows, blocks] * block_size + offsets
+    return slots

@@ -12,7 +12,8 @@ import torch
 from pagedserve.attention.backends.base import CommonAttentionMetadata
 from pagedserve.core.sched_output import SchedulerOutput
 from pagedserve.layers.sampler import SamplingMetadata
-from pagedserve.worker.block_table import BlockTables
+from pagedserve.worker.block_table import BlockTables, slot_mapping
+from pagedserve.worker.decode_inputs import DecodeInputs
 from pagedserve.worker.mrope_positions import MRopePositions
 from pagedserve.worker.request_state import CachedRequestState
 from pagedserve.worker.sampling_inputs import SamplingRows, SamplingState, to_device
@@ -77,6 +78,7 @@ class InputBatch:
         vocab_size: int,
         num_groups: int = 1,
         mrope: MRopePositions | None = None,
+        decode: DecodeInputs | None = None,
     ) -> None:
         self.block_size = block_size
         self.mrope = mrope
@@ -91,11 +93,12 @@ class InputBatch:
         self.num_tokens = np.zeros(64, dtype=np.int64)
         self.num_computed = np.zeros(64, dtype=np.int64)
         self.staging = StepStaging(device)
+        self.decode = DecodeInputs() if decode is None else decode  # a steady decode step's arrays
         self._decode_layout: _DecodeLayout | None = None
         # Set when the last update gave each request it names one new token, its only one not computed
         # (and added none): their (positions, token ids), in the update's order. With the same requests in
-        # the same order, a decode layout holds (`_repeats`) and these are the step's inputs as they are.
-        self._next_tokens: tuple[np.ndarray, np.ndarray] | None = None
+        # the same order, a decode layout holds (`_repeats`) and these are the step's inputs.
+        self._next_tokens: tuple[list[int], list[int]] | None = None
 
     def update(self, out: SchedulerOutput) -> None:
         """Apply the scheduler's diff: forget finished/preempted requests, add new ones, extend cached ones
@@ -146,16 +149,15 @@ class InputBatch:
         if rows:
             # NOTE: the maxima of the lists: numpy's reductions cost more than Python's max up to many rows.
             self._fit(max(rows), max(starts) + 1)
-            row_array, start_array, token_array = np.array(rows), np.array(starts), np.array(tokens)
-            self.token_ids[row_array, start_array] = token_array
-            self.num_tokens[row_array] = start_array + 1
-            self.num_computed[row_array] = num_computed
+            self.decode.write_next_tokens(
+                self.token_ids, self.num_tokens, self.num_computed, rows, starts, tokens, num_computed
+            )
             if (
                 not out.scheduled_new_reqs
                 and len(rows) == len(out.scheduled_cached_reqs)
                 and num_computed == starts
             ):
-                self._next_tokens = (start_array, token_array)
+                self._next_tokens = (starts, tokens)
 
     def known_tokens(self, request_id: str) -> np.ndarray:
         """Every token of the request the worker knows (its prompt, then its outputs): a view of its row."""
@@ -259,12 +261,16 @@ class InputBatch:
         """The batch of a step that repeats the previous decode step's layout: one token per row, each its
         request's next, in the same order (the update's positions and token ids, as they are)."""
         assert self._next_tokens is not None, "checked by _repeats"
-        rows, (positions, input_ids) = layout.rows, self._next_tokens
-        arrays = self._token_arrays(rows, rows, positions, input_ids)
-        seq_lens = arrays["seq_lens"] = positions + 1
+        starts, tokens = self._next_tokens
+        table, num_blocks = self.block_tables.table, self.block_tables.num_blocks
+        input_ids, positions, seq_lens, tables, slots = self.decode.decode_inputs(
+            table, num_blocks, layout.rows, starts, tokens, self.block_size
+        )
+        arrays = self._named(layout.rows, input_ids, positions, tables, slots)
+        arrays["seq_lens"] = seq_lens
         tensors = self.staging.to_device(arrays)
         tensors["query_start_loc"] = layout.query_start_loc_tensor
-        attention = self._attention(tensors, seq_lens, layout.query_start_loc, len(rows))
+        attention = self._attention(tensors, seq_lens, layout.query_start_loc, len(tokens))
         return BatchInputs(
             tensors["input_ids"],
             tensors["positions"],
@@ -283,8 +289,18 @@ class InputBatch:
         mapping (host arrays to stage): token i is `input_ids[i]`, of the request in row `token_row_ids[i]`,
         at `positions[i]`."""
         tables = self.block_tables.gather_rows(rows)  # [groups, rows, width]
-        blocks, offsets = np.divmod(positions, self.block_size)
-        slots = self.block_tables.table[:, token_row_ids, blocks] * self.block_size + offsets
+        slots = slot_mapping(self.block_tables.table, token_row_ids, positions, self.block_size)
+        return self._named(token_row_ids, input_ids, positions, tables, slots)
+
+    def _named(
+        self,
+        token_row_ids: np.ndarray,
+        input_ids: np.ndarray,
+        positions: np.ndarray,
+        tables: np.ndarray,
+        slots: np.ndarray,
+    ) -> dict[str, np.ndarray]:
+        """The step's token arrays by their staged names (an M-RoPE family's 3-D positions from its rows)."""
         return {
             "input_ids": input_ids,
             "positions": positions if self.mrope is None else self.mrope.positions(token_row_ids, positions),

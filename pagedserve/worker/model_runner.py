@@ -23,6 +23,7 @@ from pagedserve.platforms import Platform
 from pagedserve.utils import format_bytes
 from pagedserve.worker.block_ops import KVBlockMover
 from pagedserve.worker.cuda_graph import CudaGraphRunner
+from pagedserve.worker.decode_inputs import decode_inputs_for
 from pagedserve.worker.draft_proposer import DraftModelProposer
 from pagedserve.worker.encoder_cache import EncoderCache, bidirectional_spans
 from pagedserve.worker.input_batch import BatchInputs, InputBatch
@@ -82,8 +83,9 @@ class ModelRunner:
         )
         self.sampler = Sampler()
         self.samples = get_tp_rank() == 0  # NOTE: only rank 0 samples; the others compute the logits with it
+        vocab_size, num_groups = config.model.vocab_size, self.kv_groups.num_groups
         self.input_batch = InputBatch(
-            self.block_size, device, config.model.vocab_size, self.kv_groups.num_groups, _mrope(config)
+            self.block_size, device, vocab_size, num_groups, _mrope(config), decode_inputs_for(device)
         )
         self.prompt_logprobs = PromptLogprobs(self.model.compute_logits)
         # An image model: its images' embeddings, by content hash (at most a step's tokens kept spare).

@@ -13,9 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagedserve.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+from pagedserve.kernels.cpu import load_cpu_kernels
 from pagedserve.layers.sampler import SamplingMetadata
 from pagedserve.sampling_params import SamplingParams
 from pagedserve.worker.block_table import BlockTables
+from pagedserve.worker.decode_inputs import DecodeInputs, decode_inputs_for
 from pagedserve.worker.input_batch import BatchInputs, InputBatch
 from pagedserve.worker.request_state import CachedRequestState
 from pagedserve.worker.sampling_inputs import SamplingState, build_sampling_metadata
@@ -66,27 +68,50 @@ def assert_same_metadata(got: SamplingMetadata | None, expected: SamplingMetadat
             assert a == b, field.name
 
 
+def decode_helpers(kind: str) -> DecodeInputs:
+    """The steady decode helpers of `kind`: "numpy", or "native" (the CPU kernels'; skipped without them)."""
+    if kind == "numpy":
+        return DecodeInputs()
+    if load_cpu_kernels().module is None:
+        pytest.skip(f"native CPU kernels unavailable: {load_cpu_kernels().error}")
+    helpers = decode_inputs_for(torch.device("cpu"))
+    assert not isinstance(helpers, DecodeInputs)
+    return helpers
+
+
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), steps=st.integers(1, 24), pack=st.booleans())
-def test_diff_updates_match_a_rebuild(seed: int, steps: int, pack: bool) -> None:
+@given(seed=st.integers(0, 2**32 - 1), steps=st.integers(1, 24), pack=st.booleans(), native=st.booleans())
+def test_diff_updates_match_a_rebuild(seed: int, steps: int, pack: bool, native: bool) -> None:
     """`pack`: through the one-copy staging buffer that CUDA uses, or the CPU's arrays as they are."""
-    run_steps(random.Random(seed), steps, pack)
+    run_steps(random.Random(seed), steps, pack, decode=decode_helpers("native" if native else "numpy"))
 
 
+@pytest.mark.parametrize("kind", ["numpy", "native"])
 @pytest.mark.parametrize("pack", [False, True])
-def test_repeated_decode_steps_reuse_the_layout(pack: bool) -> None:
+def test_repeated_decode_steps_reuse_the_layout(pack: bool, kind: str) -> None:
     """Runs of quiet steps (the same requests decode one token each) take the decode fast path, which
-    gives what a rebuild gives, also across block boundaries and after the set changes."""
-    reused = run_steps(random.Random(7), 60, pack=pack, quiet=0.8, per_token=False)
+    gives what a rebuild gives, also across block boundaries and after the set changes, with either
+    implementation of its helpers."""
+    reused = run_steps(
+        random.Random(7), 60, pack=pack, quiet=0.8, per_token=False, decode=decode_helpers(kind)
+    )
     assert reused > 10
 
 
-def run_steps(rng: random.Random, steps: int, pack: bool, quiet: float = 0.0, per_token: bool = True) -> int:
+def run_steps(
+    rng: random.Random,
+    steps: int,
+    pack: bool,
+    quiet: float = 0.0,
+    per_token: bool = True,
+    decode: DecodeInputs | None = None,
+) -> int:
     """Random steps (a `quiet` fraction of them: nothing finishes, arrives, is preempted or drafts, every
     request computes one token), each build checked; returns how many (with requests) reused the previous
-    layout. `per_token`: requests may have per-token sampling settings (`random_params`)."""
+    layout. `per_token`: requests may have per-token sampling settings (`random_params`); `decode`: the
+    steady decode helpers (numpy's by default)."""
     reused, previous = 0, None
-    batch = InputBatch(BLOCK, torch.device("cpu"), VOCAB)
+    batch = InputBatch(BLOCK, torch.device("cpu"), VOCAB, decode=decode)
     batch.staging = StepStaging(torch.device("cpu"), pack=pack)
     # Everything tiny, so that the steps grow every array.
     batch.block_tables, batch.sampling = BlockTables(1, rows=1, width=1), SamplingState(rows=1)

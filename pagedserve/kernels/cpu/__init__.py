@@ -49,6 +49,7 @@ _SOURCES = [
         "fused_ops.cpp",
         "lora_bgmv.cpp",
         "greedy_argmax.cpp",
+        "decode_inputs.cpp",
     )
 ]
 

@@ -25,6 +25,8 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include "decode_inputs.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -574,7 +576,9 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& key_cache, con
   return out;
 }
 
+// NOTE: the extension's one Python module: the other sources' pybind11 functions register here too.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  register_decode_inputs(m);
   m.def("paged_attention", &paged_attention,
         "Paged attention of every query token over its request's K/V up to its own position, read in place "
         "through block tables (fp8 bits widened as they are read).",

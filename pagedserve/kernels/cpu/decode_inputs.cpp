@@ -1,0 +1,116 @@
+// A steady decode step's host arrays, one native call each (worker/input_batch.py): the same work as the
+// input batch's numpy path, which every other step takes and which these calls must equal. Beside a CPU
+// forward each numpy call of a step costs several microseconds (its code and data come back from memory);
+// a decode step made a dozen of them to write one token per row and gather that row's inputs.
+//
+// Python ints and numpy int64 arrays in, numpy arrays out (pybind11: no torch tensors to wrap per call).
+// Every index is checked against the arrays it reads or writes: a bad row or position raises IndexError.
+#include "decode_inputs.h"
+
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+// int64, C order, as input_batch.py keeps its arrays. NOTE: the arguments are registered noconvert: numpy
+// would otherwise cast another integer dtype into a copy, and the writes would land in that copy.
+using Int64Array = py::array_t<int64_t, py::array::c_style>;
+
+void check_index(int64_t index, int64_t size, const char* what) {
+  if (index < 0 || index >= size) {
+    throw py::index_error(std::string(what) + " " + std::to_string(index) + " is outside [0, " +
+                          std::to_string(size) + ")");
+  }
+}
+
+void check_lengths(size_t n, size_t m, const char* what) {
+  if (n != m) {
+    throw py::value_error(std::string(what) + ": " + std::to_string(m) + " values for " + std::to_string(n) +
+                          " rows");
+  }
+}
+
+// Row rows[i] knows one more token, tokens[i], at position starts[i], and has computed[i] tokens computed:
+// token_ids[row, start] = token, num_tokens[row] = start + 1, num_computed[row] = computed.
+void write_next_tokens(Int64Array token_ids, Int64Array num_tokens, Int64Array num_computed,
+                       const std::vector<int64_t>& rows, const std::vector<int64_t>& starts,
+                       const std::vector<int64_t>& tokens, const std::vector<int64_t>& computed) {
+  check_lengths(rows.size(), starts.size(), "starts");
+  check_lengths(rows.size(), tokens.size(), "tokens");
+  check_lengths(rows.size(), computed.size(), "computed");
+  auto ids = token_ids.mutable_unchecked<2>();
+  auto known = num_tokens.mutable_unchecked<1>();
+  auto done = num_computed.mutable_unchecked<1>();
+  for (size_t i = 0; i < rows.size(); ++i) {  // NOTE: every index checked before anything is written
+    check_index(rows[i], std::min({ids.shape(0), known.shape(0), done.shape(0)}), "row");
+    check_index(starts[i], ids.shape(1), "position");
+  }
+  for (size_t i = 0; i < rows.size(); ++i) {
+    ids(rows[i], starts[i]) = tokens[i];
+    known(rows[i]) = starts[i] + 1;
+    done(rows[i]) = computed[i];
+  }
+}
+
+// One token per row of `rows`: its id tokens[i] at position starts[i]. Returns (input_ids [n],
+// positions [n], seq_lens [n], block_tables [groups, n, width], slot_mapping [groups, n]), width being the
+// longest table of the rows (table [groups, rows, max width], num_blocks [rows]).
+py::tuple decode_inputs(Int64Array table, Int64Array num_blocks, Int64Array rows,
+                        const std::vector<int64_t>& starts, const std::vector<int64_t>& tokens,
+                        int64_t block_size) {
+  const auto t = table.unchecked<3>();
+  const auto blocks = num_blocks.unchecked<1>();
+  const auto r = rows.unchecked<1>();
+  const int64_t n = r.shape(0), groups = t.shape(0);
+  check_lengths(n, starts.size(), "starts");
+  check_lengths(n, tokens.size(), "tokens");
+  if (block_size <= 0) throw py::value_error("block_size must be positive");
+  int64_t width = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    check_index(r(i), std::min(t.shape(1), blocks.shape(0)), "row");
+    width = std::max(width, blocks(r(i)));
+  }
+  check_index(width - 1, t.shape(2), "table width");  // width 0 (no rows) is allowed below
+  Int64Array input_ids(n), positions(n), seq_lens(n);
+  Int64Array tables({groups, n, width}), slots({groups, n});
+  auto ids = input_ids.mutable_unchecked<1>();
+  auto pos = positions.mutable_unchecked<1>();
+  auto lens = seq_lens.mutable_unchecked<1>();
+  auto tab = tables.mutable_unchecked<3>();
+  auto slot = slots.mutable_unchecked<2>();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t start = starts[i], block = start / block_size;
+    check_index(block, width, "block index");
+    ids(i) = tokens[i];
+    pos(i) = start;
+    lens(i) = start + 1;
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int64_t j = 0; j < width; ++j) tab(g, i, j) = t(g, r(i), j);
+      slot(g, i) = t(g, r(i), block) * block_size + start % block_size;
+    }
+  }
+  return py::make_tuple(input_ids, positions, seq_lens, tables, slots);
+}
+
+}  // namespace
+
+void register_decode_inputs(py::module_& m) {
+  m.def("write_next_tokens", &write_next_tokens,
+        "Each row's one new token at its position: token_ids[row, start] = token, num_tokens[row] = start + 1, "
+        "num_computed[row] = computed.",
+        py::arg("token_ids").noconvert(), py::arg("num_tokens").noconvert(), py::arg("num_computed").noconvert(),
+        py::arg("rows"),
+        py::arg("starts"), py::arg("tokens"), py::arg("computed"));
+  m.def("decode_inputs", &decode_inputs,
+        "A decode step's (input_ids, positions, seq_lens, block_tables, slot_mapping) for one token per row.",
+        py::arg("table").noconvert(), py::arg("num_blocks").noconvert(), py::arg("rows").noconvert(),
+        py::arg("starts"), py::arg("tokens"),
+        py::arg("block_size"));
+}
