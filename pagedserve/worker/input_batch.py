@@ -2,7 +2,8 @@
 settings), updated by each step's scheduler diff, and the step's flattened batch tensors built from it:
 numpy gathers over the held rows (no Python loop over the batch's requests), one host-to-device copy.
 A decode step of the same requests as the previous one reuses that step's layout (rows, order, sampling
-settings) and gathers only its tokens, positions, tables and slots."""
+settings) and gathers only its tokens, positions, tables and slots, in one call of the decode helpers
+(worker/decode_inputs.py: native on the CPU)."""
 
 from dataclasses import dataclass, field
 
@@ -259,7 +260,8 @@ class InputBatch:
 
     def _build_decode(self, layout: _DecodeLayout) -> BatchInputs:
         """The batch of a step that repeats the previous decode step's layout: one token per row, each its
-        request's next, in the same order (the update's positions and token ids, as they are)."""
+        request's next, in the same order: its arrays from the update's positions and token ids, in one
+        call of the decode helpers."""
         assert self._next_tokens is not None, "checked by _repeats"
         starts, tokens = self._next_tokens
         table, num_blocks = self.block_tables.table, self.block_tables.num_blocks
