@@ -62,6 +62,8 @@ class DraftModelProposer:
         tokens = torch.tensor(last_tokens, device=self.device)
         position = torch.tensor(positions, device=self.device)
         rows = torch.arange(n, device=self.device)
+        query_start_loc = list(range(n + 1))  # one token per request, every step
+        query_start_loc_tensor = torch.arange(n + 1, device=self.device)
         proposals = []
         for _ in range(self.k):
             slots = (
@@ -69,9 +71,9 @@ class DraftModelProposer:
             )
             seq_lens = position + 1
             common = CommonAttentionMetadata(
-                query_start_loc=list(range(n + 1)),
+                query_start_loc=query_start_loc,
                 seq_lens=seq_lens.tolist(),
-                query_start_loc_tensor=torch.arange(n + 1, device=self.device),
+                query_start_loc_tensor=query_start_loc_tensor,
                 seq_lens_tensor=seq_lens,
                 block_tables=block_tables,
                 slot_mapping=slots,

@@ -160,10 +160,13 @@ class InputBatch:
             ):
                 self._next_tokens = (starts, tokens)
 
+    def num_known(self, request_id: str) -> int:
+        """How many tokens of the request the worker knows (its prompt, then its outputs)."""
+        return int(self.num_tokens[self.block_tables.row_of[request_id]])
+
     def known_tokens(self, request_id: str) -> np.ndarray:
-        """Every token of the request the worker knows (its prompt, then its outputs): a view of its row."""
-        row = self.block_tables.row_of[request_id]
-        return self.token_ids[row, : self.num_tokens[row]]
+        """Every token of the request the worker knows: a view of its row."""
+        return self.token_ids[self.block_tables.row_of[request_id], : self.num_known(request_id)]
 
     def _write_tokens(self, row: int, start: int, token_ids: list[int], num_computed: int) -> None:
         """Tokens [start, start + len) of the request in `row`, which now knows that many and has

@@ -351,8 +351,8 @@ class ModelRunner:
             for r in requests
         ]
         assert self.drafter is not None
-        known = self.input_batch.known_tokens
-        positions = [len(known(r.request_id)) + len(tokens) - 1 for r, tokens in zip(requests, new_tokens)]
+        known = self.input_batch.num_known
+        positions = [known(r.request_id) + len(tokens) - 1 for r, tokens in zip(requests, new_tokens)]
         request_ids = [r.request_id for r in requests]
         tables = self.input_batch.block_tables
         proposals = self.drafter.propose(

@@ -43,7 +43,7 @@ from pagedserve import LLM, SamplingParams
 from pagedserve.errors import InvalidRequestError
 from pagedserve.lora.request import LoRARequest
 from pagedserve.outputs import RequestOutput
-from pagedserve.sampling_params import BeamSearchParams
+from pagedserve.sampling_params import BeamSearchParams, RequestOutputKind
 from pagedserve.structured_outputs_params import StructuredOutputsParams
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
@@ -377,6 +377,9 @@ def _cases(draw: st.DrawFn) -> Case:
         min_tokens=draw(st.integers(0, max_tokens)) if draw(st.booleans()) else 0,
         logprobs=draw(st.none() | st.integers(0, 3)),
         prompt_logprobs=draw(st.none() | st.integers(0, 2)),
+        # NOTE: final-only requests without stop strings or logprobs hear from the engine core only at their
+        # first token and their end (EngineCoreRequest.final_only).
+        output_kind=draw(st.sampled_from([RequestOutputKind.CUMULATIVE, RequestOutputKind.FINAL_ONLY])),
     )
     if sampled and draw(st.booleans()):
         kwargs["best_of"] = n + 1

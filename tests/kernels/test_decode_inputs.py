@@ -94,5 +94,9 @@ def test_bad_inputs_are_refused() -> None:
         helpers.decode_inputs(table, num_blocks, np.array([4]), [0], [5], 16)
     with pytest.raises(ValueError, match="block_size"):
         helpers.decode_inputs(table, num_blocks, np.array([0]), [0], [5], 0)
+    empty = [np.array([], np.int64), [], []]
+    native_empty = helpers.decode_inputs(table, num_blocks, *empty, 16)
+    for got, want in zip(native_empty, DecodeInputs().decode_inputs(table, num_blocks, *empty, 16)):
+        assert got.shape == want.shape and got.dtype == want.dtype == np.int64
     with pytest.raises(IndexError, match="table width"):  # a row claiming more blocks than the table holds
         helpers.decode_inputs(table, np.full(4, 3, np.int64), np.array([0]), [0], [5], 16)

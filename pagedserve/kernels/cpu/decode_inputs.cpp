@@ -77,7 +77,10 @@ py::tuple decode_inputs(Int64Array table, Int64Array num_blocks, Int64Array rows
     check_index(r(i), std::min(t.shape(1), blocks.shape(0)), "row");
     width = std::max(width, blocks(r(i)));
   }
-  check_index(width - 1, t.shape(2), "table width");  // width 0 (no rows) is allowed below
+  if (width > t.shape(2)) {
+    throw py::index_error("table width " + std::to_string(width) + " exceeds the table's " +
+                          std::to_string(t.shape(2)));
+  }
   Int64Array input_ids(n), positions(n), seq_lens(n);
   Int64Array tables({groups, n, width}), slots({groups, n});
   auto ids = input_ids.mutable_unchecked<1>();
