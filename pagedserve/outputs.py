@@ -2,8 +2,21 @@
 
 from dataclasses import dataclass, field
 
-# One dict per position: token id -> logprob (the sampled token plus the top-k).
-SampleLogprobs = list[dict[int, float]]
+
+@dataclass(slots=True)
+class Logprob:
+    """One token's logprob at a position (vLLM's `Logprob`): its rank in the vocabulary (1: the most
+    likely) and its text on its own."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# One dict per position: token id -> Logprob (the sampled token first, then the top-k).
+SampleLogprobs = list[dict[int, Logprob]]
+# Per prompt position, the same for the prompt's token there (the first position has none: None).
+PromptLogprobs = list[dict[int, Logprob] | None]
 
 
 @dataclass
@@ -29,7 +42,7 @@ class RequestOutput:
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
-    prompt_logprobs: list[dict[int, float] | None] | None
+    prompt_logprobs: PromptLogprobs | None
     outputs: list[CompletionOutput]
     finished: bool
     metrics: dict[str, float] = field(default_factory=dict)

@@ -132,14 +132,23 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     final_only: bool = False
 
 
+class PositionLogprobs(msgspec.Struct, array_like=True):
+    """The logprobs of one position: the chosen token's (sampled, or the prompt's next) first, then the
+    top-k, largest first; `rank`: the chosen token's rank in the vocabulary (1: the most likely; tokens
+    as likely count ahead of it, as vLLM counts). The frontend turns them into vLLM's `Logprob` dicts."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    rank: int
+
+
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     """New tokens of one request since its last output; `finish_reason` set on its last output."""
 
     request_id: str
     new_token_ids: list[int]
-    # Per new token: {token id: logprob}, the sampled token first, then the top-k.
-    new_logprobs: list[dict[int, float]] | None = None
-    prompt_logprobs: list[dict[int, float] | None] | None = None
+    new_logprobs: list[PositionLogprobs] | None = None  # per new token
+    prompt_logprobs: list[PositionLogprobs | None] | None = None  # per prompt position (the first: None)
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     cumulative_logprob: float | None = None  # set on the final outputs of a beam search

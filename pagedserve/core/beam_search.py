@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from pagedserve.core.request import Request
-from pagedserve.protocol import EngineCoreOutput, FinishReason, child_request_id
+from pagedserve.protocol import EngineCoreOutput, FinishReason, PositionLogprobs, child_request_id
 
 Fork = Callable[[Request, str], Request]  # (parent beam, new id) -> a running beam sharing its blocks
 
@@ -71,9 +71,10 @@ class BeamSearchGroup:
         self.hypotheses: list[Hypothesis] = []  # the best beam_width, best first
         self._num_beams = 1
 
-    def report(self, beam: Request, logprobs: dict[int, float]) -> bool:
+    def report(self, beam: Request, logprobs: PositionLogprobs) -> bool:
         """Record a beam's next-token logprobs; True once every live beam has reported."""
-        self.reports[beam.request_id] = logprobs
+        # NOTE: a dict: the sampled (greedy) token is also among the top-k, and is one candidate.
+        self.reports[beam.request_id] = dict(zip(logprobs.token_ids, logprobs.logprobs))
         return len(self.reports) == len(self.live)
 
     def advance(self, fork: Fork) -> tuple[list[Request], bool]:
@@ -187,7 +188,7 @@ class BeamSearchManager:
         self.groups[group.request_id] = group
         self._beam_to_group[request.request_id] = group
 
-    def report(self, beam: Request, logprobs: dict[int, float] | None) -> bool:
+    def report(self, beam: Request, logprobs: PositionLogprobs | None) -> bool:
         """Give a beam's sampled-step logprobs to its search; False if `beam` is no beam."""
         group = self._beam_to_group.get(beam.request_id)
         if group is None:

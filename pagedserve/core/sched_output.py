@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from pagedserve.protocol import ImageInput, LoRARequest, PoolingParams
+from pagedserve.protocol import ImageInput, LoRARequest, PoolingParams, PositionLogprobs
 from pagedserve.sampling_params import SamplingParams
 from pagedserve.structured_output.manager import GrammarBitmask
 
@@ -85,10 +85,10 @@ class ModelRunnerOutput:
     extra_token_ids: dict[str, list[int]] = field(default_factory=dict)
     # Speculative decoding with a draft model: request id -> the tokens it proposes for the next step.
     draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
-    # request id -> {token id: logprob}: the sampled token first, then the top-k.
-    logprobs: dict[str, dict[int, float]] = field(default_factory=dict)
+    # request id -> the sampled token's logprobs (it asked for logprobs).
+    logprobs: dict[str, PositionLogprobs] = field(default_factory=dict)
     # request id -> logprobs of the prompt positions computed this step (first position: None).
-    prompt_logprobs: dict[str, list[dict[int, float] | None]] = field(default_factory=dict)
+    prompt_logprobs: dict[str, list[PositionLogprobs | None]] = field(default_factory=dict)
     # --runner pooling: request id -> its pooled vector (embedding or scores).
     pooled: dict[str, list[float]] = field(default_factory=dict)
     # An image model: the encoder's cumulative (images encoded, seconds), for the metrics.

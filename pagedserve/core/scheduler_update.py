@@ -6,13 +6,13 @@ freed. The scheduling decisions are scheduler.py's."""
 from pagedserve.core.request import Request, RequestStatus
 from pagedserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagedserve.core.scheduler_diffs import SchedulerDiffs
-from pagedserve.protocol import EngineCoreOutput, FinishReason
+from pagedserve.protocol import EngineCoreOutput, FinishReason, PositionLogprobs
 
 
 def report(
     request: Request,
-    new_logprobs: list[dict[int, float]] | None = None,
-    prompt_logprobs: list[dict[int, float] | None] | None = None,
+    new_logprobs: list[PositionLogprobs] | None = None,
+    prompt_logprobs: list[PositionLogprobs | None] | None = None,
 ) -> EngineCoreOutput:
     """The request's output to the frontend: its tokens not reported yet, and its finish if it ended."""
     output = EngineCoreOutput(
@@ -111,9 +111,9 @@ class SchedulerUpdate(SchedulerDiffs):
     @staticmethod
     def _unreported_prompt_logprobs(
         request: Request,
-        entries: list[dict[int, float] | None] | None,
+        entries: list[PositionLogprobs | None] | None,
         scheduler_output: SchedulerOutput,
-    ) -> list[dict[int, float] | None] | None:
+    ) -> list[PositionLogprobs | None] | None:
         """The step's prompt logprobs less those of prompt tokens already reported before a recompute
         preemption; None when nothing is new. A step whose tokens start at position s > 0 reports prompt
         tokens s + 1, ... (position p predicts token p + 1); the first step reports token 0 (None) too."""

@@ -10,9 +10,10 @@ from dataclasses import dataclass, field, replace
 
 from pagedserve.engine.detokenizer import IncrementalDetokenizer
 from pagedserve.engine.input_processor import split_samples
+from pagedserve.engine.logprob_dicts import LogprobDicts
 from pagedserve.engine.tokenizer import AnyTokenizer
 from pagedserve.metrics.stats import FinishedRequestStats, IterationStats
-from pagedserve.outputs import CompletionOutput, RequestOutput
+from pagedserve.outputs import CompletionOutput, PromptLogprobs, RequestOutput, SampleLogprobs
 from pagedserve.protocol import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -30,7 +31,7 @@ class SampleState:
     index: int
     detokenizer: IncrementalDetokenizer
     token_ids: list[int] = field(default_factory=list)
-    logprobs: list[dict[int, float]] | None = None
+    logprobs: SampleLogprobs | None = None
     cumulative_logprob: float | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
@@ -65,7 +66,7 @@ class RequestState:
     output_kind: RequestOutputKind
     num_returned: int  # n: fewer than the samples when best_of > n
     max_tokens: int | None = None
-    prompt_logprobs: list[dict[int, float] | None] | None = None
+    prompt_logprobs: PromptLogprobs | None = None
     first_token_time: float | None = None
     scheduled_time: float | None = None
     num_outputs_sent: int = 0
@@ -134,6 +135,7 @@ class OutputProcessor:
         its first token and its end (`EngineCoreRequest.final_only`)."""
         self.tokenizer = tokenizer
         self.measures = measures
+        self.logprob_dicts = LogprobDicts(tokenizer)
         self._requests: dict[str, RequestState] = {}
         self._child_to_parent: dict[str, tuple[RequestState, SampleState]] = {}
 
@@ -244,7 +246,10 @@ class OutputProcessor:
                 continue
             state, sample = entry
             if output.prompt_logprobs is not None and sample.index == 0 and state.prompt_logprobs is not None:
-                state.prompt_logprobs.extend(output.prompt_logprobs)
+                state.prompt_logprobs += (
+                    None if entry is None else self.logprob_dicts.position(entry)
+                    for entry in output.prompt_logprobs
+                )
             if not output.new_token_ids and output.finish_reason is None:
                 continue  # a prompt chunk: nothing to show yet
             if output.pooled is not None:
@@ -278,8 +283,7 @@ class OutputProcessor:
         state.error = f"The engine could not run request {state.request_id}: {output.error}"
         return self._end_samples(state, str(FinishReason.ERROR), output.request_id)
 
-    @staticmethod
-    def _update_sample(sample: SampleState, output: EngineCoreOutput) -> bool:
+    def _update_sample(self, sample: SampleState, output: EngineCoreOutput) -> bool:
         """Append the output to the sample; True when a stop string ended it before the engine did."""
         new_token_ids, new_logprobs = output.new_token_ids, output.new_logprobs
         stop = sample.detokenizer.update(new_token_ids)
@@ -288,11 +292,11 @@ class OutputProcessor:
         else:
             sample.token_ids += new_token_ids[: stop[1]]
             new_logprobs = new_logprobs[: stop[1]] if new_logprobs else None
-        for logprobs in new_logprobs or ():
+        for entry in new_logprobs or ():
             if sample.logprobs is not None:
-                sample.logprobs.append(logprobs)
-            # The sampled token comes first in each dict.
-            sample.cumulative_logprob = (sample.cumulative_logprob or 0.0) + next(iter(logprobs.values()))
+                sample.logprobs.append(self.logprob_dicts.position(entry))
+            # The sampled token comes first.
+            sample.cumulative_logprob = (sample.cumulative_logprob or 0.0) + entry.logprobs[0]
         if output.cumulative_logprob is not None:  # a beam search's final beam
             sample.cumulative_logprob = output.cumulative_logprob
         if stop is not None:

@@ -48,6 +48,7 @@ class SamplerOutput:
     sampled_token_ids: torch.Tensor  # [R]
     logprob_token_ids: torch.Tensor | None  # [R, 1 + k]: sampled token, then the top-k
     logprobs: torch.Tensor | None  # [R, 1 + k]
+    ranks: torch.Tensor | None  # [R]: the sampled token's rank (gather_logprobs)
 
 
 class Sampler:
@@ -73,9 +74,8 @@ class Sampler:
         else:
             sampled = torch.where(meta.temperature > 0, self._sample(logits, meta), greedy_rows)
         if raw_logprobs is None or meta.max_num_logprobs is None:
-            return SamplerOutput(sampled, None, None)
-        token_ids, values = gather_logprobs(raw_logprobs, meta.max_num_logprobs, sampled)
-        return SamplerOutput(sampled, token_ids, values)
+            return SamplerOutput(sampled, None, None, None)
+        return SamplerOutput(sampled, *gather_logprobs(raw_logprobs, meta.max_num_logprobs, sampled))
 
     def apply_penalties_and_bias(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         """logit_bias (and min_tokens' -inf) first, then the penalties: the order of vLLM's sampler and of
@@ -164,13 +164,16 @@ def _apply_top_k_top_p(
 
 def gather_logprobs(
     logprobs: torch.Tensor, num_top: int, token_ids: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """logprobs [N, V], token_ids [N] -> ids and values [N, 1 + num_top]: the given token, then top-k."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """logprobs [N, V], token_ids [N] -> ids and values [N, 1 + num_top] (the given token, then the
+    top-k) and the given token's rank [N]: how many tokens are at least as likely, itself included (vLLM's
+    count: 1 for the most likely)."""
     chosen = logprobs.gather(1, token_ids[:, None])
+    ranks = (logprobs >= chosen).sum(dim=-1)
     if num_top == 0:
-        return token_ids[:, None], chosen
+        return token_ids[:, None], chosen, ranks
     top_values, top_ids = top_tokens(logprobs, num_top)
-    return torch.cat([token_ids[:, None], top_ids], dim=1), torch.cat([chosen, top_values], dim=1)
+    return torch.cat([token_ids[:, None], top_ids], dim=1), torch.cat([chosen, top_values], dim=1), ranks
 
 
 def top_tokens(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

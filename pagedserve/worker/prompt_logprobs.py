@@ -9,6 +9,7 @@ import torch
 
 from pagedserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagedserve.layers.sampler import gather_logprobs
+from pagedserve.protocol import PositionLogprobs
 from pagedserve.worker.input_batch import BatchInputs, InputBatch
 from pagedserve.worker.request_state import CachedRequestState
 
@@ -54,16 +55,16 @@ class PromptLogprobs:
 
     def _positions(
         self, state: CachedRequestState, tokens: np.ndarray, hidden: torch.Tensor, start: int, end: int
-    ) -> list[dict[int, float] | None]:
+    ) -> list[PositionLogprobs | None]:
         """Prompt positions [start, end) of `state`, whose known tokens are `tokens`, hidden[i] being
         position start + i."""
         num_top = state.sampling_params.prompt_logprobs
         assert num_top is not None, "only requests that asked are pending"
         last = min(end, state.num_prompt_tokens - 1)  # position p predicts prompt token p + 1
-        result: list[dict[int, float] | None] = [None] if start == 0 else []
+        result: list[PositionLogprobs | None] = [None] if start == 0 else []
         if last > start:
             logits = self.compute_logits(hidden[: last - start]).float()
             targets = torch.from_numpy(tokens[start + 1 : last + 1]).to(logits.device)
-            ids, values = gather_logprobs(torch.log_softmax(logits, dim=-1), num_top, targets)
-            result += [dict(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+            ids, values, ranks = gather_logprobs(torch.log_softmax(logits, dim=-1), num_top, targets)
+            result += map(PositionLogprobs, ids.tolist(), values.tolist(), ranks.tolist())
         return result

@@ -12,6 +12,7 @@ from pagedserve.core.sched_output import ModelRunnerOutput
 from pagedserve.layers.grammar_bitmask import apply_grammar_bitmask
 from pagedserve.layers.rejection_sampler import accept_drafts
 from pagedserve.layers.sampler import Sampler, SamplingMetadata
+from pagedserve.protocol import PositionLogprobs
 from pagedserve.structured_output.manager import GrammarBitmask
 from pagedserve.worker.request_state import CachedRequestState
 
@@ -42,13 +43,14 @@ def sample_step(
         output.extra_token_ids.update((r, t[1:]) for r, d, t in zip(request_ids, drafts, tokens) if d)
     else:
         output.sampled_token_ids.update(zip(request_ids, sampled.sampled_token_ids.tolist()))
-    if sampled.logprobs is None or sampled.logprob_token_ids is None:
+    if sampled.logprobs is None or sampled.logprob_token_ids is None or sampled.ranks is None:
         return
-    ids, values = sampled.logprob_token_ids.tolist(), sampled.logprobs.tolist()
+    ids, values, ranks = sampled.logprob_token_ids.tolist(), sampled.logprobs.tolist(), sampled.ranks.tolist()
     first_row = 0
     for request_id, draft in zip(request_ids, drafts):  # NOTE: only when some request asked for logprobs
         num = states[request_id].sampling_params.logprobs
         if num is not None:
-            row_ids, row_values = ids[first_row], values[first_row]
-            output.logprobs[request_id] = dict(zip(row_ids[: num + 1], row_values[: num + 1]))
+            output.logprobs[request_id] = PositionLogprobs(
+                ids[first_row][: num + 1], values[first_row][: num + 1], ranks[first_row]
+            )
         first_row += len(draft) + 1

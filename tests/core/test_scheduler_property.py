@@ -18,7 +18,7 @@ from pagedserve.core.kv_cache_manager import KVCacheManager
 from pagedserve.core.request import Request
 from pagedserve.core.sched_output import ModelRunnerOutput
 from pagedserve.core.scheduler import Scheduler
-from pagedserve.protocol import EngineCoreRequest, child_request_id
+from pagedserve.protocol import EngineCoreRequest, PositionLogprobs, child_request_id
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams
 
 BLOCK_SIZE, MAX_NUM_SEQS, MAX_MODEL_LEN, EOS = 4, 4, 32, 2
@@ -114,10 +114,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             if request.num_computed_tokens == request.num_tokens:
                 sampled[request_id] = 3 + (request.num_tokens + len(request_id)) % 3
                 # a beam ranks 2 * width candidates; EOS competes
-                logprobs[request_id] = {
-                    token: -0.1 * ((token * 7 + request.num_tokens) % 11) - 0.01 * token
-                    for token in (EOS, 3, 4, 5, 6, 7)
-                }
+                tokens = [EOS, 3, 4, 5, 6, 7]
+                values = [-0.1 * ((token * 7 + request.num_tokens) % 11) - 0.01 * token for token in tokens]
+                logprobs[request_id] = PositionLogprobs(tokens, values, rank=1)
         for output in scheduler.update_from_output(out, ModelRunnerOutput(sampled, logprobs=logprobs)):
             if output.finished:
                 for pending in self.expected.values():

@@ -10,7 +10,7 @@ from pagedserve.config import PreemptionMode
 from pagedserve.core.request import Request, RequestStatus
 from pagedserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagedserve.core.scheduler import Scheduler
-from pagedserve.protocol import EngineCoreRequest
+from pagedserve.protocol import EngineCoreRequest, PositionLogprobs
 from pagedserve.sampling_params import BeamSearchParams, SamplingParams
 
 
@@ -221,8 +221,7 @@ def test_max_num_seqs_counts_the_forks_of_every_beam_search() -> None:
         out = scheduler.schedule()
         most_running = max(most_running, len(scheduler.running))
         searches_at_once = max(searches_at_once, len({r.group_id for r in scheduler.running}))
-        logprobs = {
-            rid: {3: -1.0, 4: -1.5, 5: -2.0, 6: -2.5, 7: -3.0, 8: -3.5} for rid in out.num_scheduled_tokens
-        }
+        top = PositionLogprobs([3, 4, 5, 6, 7, 8], [-1.0, -1.5, -2.0, -2.5, -3.0, -3.5], rank=1)
+        logprobs = {rid: top for rid in out.num_scheduled_tokens}
         scheduler.update_from_output(out, ModelRunnerOutput({rid: 3 for rid in logprobs}, logprobs=logprobs))
     assert most_running == 3 and searches_at_once == 1

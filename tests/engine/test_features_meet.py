@@ -533,6 +533,22 @@ def assert_same(batched: RequestOutput, alone: RequestOutput, case: Case) -> Non
         assert alone.prompt_logprobs[0] is None and None not in alone.prompt_logprobs[1:]
 
 
+def assert_logprobs_well_formed(output: RequestOutput, tokenizer: Any) -> None:
+    """Every position's vLLM `Logprob`s: the chosen token (sampled, or the prompt's) first; ranks distinct,
+    from 1 when any top token is listed, and falling values as they rise; the chosen token's rank past
+    every listed token more likely than it; each token's text its own."""
+    positions = [(p, t) for p, t in zip(output.prompt_logprobs or [], output.prompt_token_ids) if p]
+    for sample in output.outputs:
+        positions += zip(sample.logprobs or [], sample.token_ids)
+    for entry, token in positions:
+        (chosen_id, chosen), *others = entry.items()
+        assert chosen_id == token and chosen.rank > sum(v.logprob > chosen.logprob for _, v in others)
+        ranked = sorted(entry.values(), key=lambda v: v.rank)
+        assert not others or ranked[0].rank == 1
+        assert all(a.rank < b.rank and a.logprob >= b.logprob for a, b in zip(ranked, ranked[1:]))
+        assert all(v.decoded_token == tokenizer.decode([t]) for t, v in entry.items())
+
+
 def compares_with_hf(case: Case, lora: bool) -> bool:
     """A greedy request that HF's plain greedy search defines: no processor, constraint, stop or adapter."""
     params = case.params
@@ -589,6 +605,7 @@ def check_batch(llm: LLM, drawn: list[Case], budgets: tuple[int | None, int | No
     for (case, alone), output in zip(accepted, batched):
         assert output.error is None and alone.error is None, output.error
         assert_same(output, alone, case)
+        assert_logprobs_well_formed(output, llm.get_tokenizer())
         if SETTINGS[setting].hf_reference and compares_with_hf(case, adapters and case.lora is not None):
             assert_hf_greedy(_MODELS[setting], case, output)
         if case.check is not None:

@@ -19,7 +19,7 @@ def run(llm: LLM, prompt: list[int]) -> tuple[list[int], list[float]]:
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
     completion = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0].outputs[0]
     return completion.token_ids, [
-        step[token] for step, token in zip(completion.logprobs, completion.token_ids)
+        step[token].logprob for step, token in zip(completion.logprobs, completion.token_ids)
     ]
 
 

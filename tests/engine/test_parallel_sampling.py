@@ -47,7 +47,9 @@ def test_each_sample_sees_only_its_own_tokens(tiny_llama: str, llm: LLM) -> None
             logits = hf(torch.tensor([PROMPT + sample.token_ids])).logits[0]
         reference = torch.log_softmax(logits.float(), dim=-1)
         for step, (token, logprobs) in enumerate(zip(sample.token_ids, sample.logprobs)):
-            assert logprobs[token] == pytest.approx(reference[len(PROMPT) - 1 + step, token].item(), abs=1e-4)
+            assert logprobs[token].logprob == pytest.approx(
+                reference[len(PROMPT) - 1 + step, token].item(), abs=1e-4
+            )
 
 
 def test_best_of_returns_the_n_best_by_cumulative_logprob(llm: LLM) -> None:

@@ -7,6 +7,7 @@ from pagedserve.protocol import (
     EngineCoreOutputs,
     EngineCoreRequest,
     FinishReason,
+    PositionLogprobs,
     SchedulerStats,
 )
 from pagedserve.sampling_params import RequestOutputKind, SamplingParams
@@ -33,7 +34,9 @@ def test_engine_core_request_roundtrip() -> None:
 
 
 def test_engine_core_outputs_roundtrip() -> None:
-    output = EngineCoreOutput("r1", [5], [{5: -0.1, 6: -2.0}], None, FinishReason.STOP, "x")
+    logprobs = [PositionLogprobs([5, 6], [-0.1, -2.0], 2)]
+    prompt_logprobs = [None, PositionLogprobs([3], [-1.5], 7)]
+    output = EngineCoreOutput("r1", [5], logprobs, prompt_logprobs, FinishReason.STOP, "x")
     outputs = EngineCoreOutputs([output], SchedulerStats(1, 2, 0.25, 3), 99.0, ["r1"])
     decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(outputs), type=EngineCoreOutputs)
     assert decoded == outputs and decoded.outputs[0].finish_reason is FinishReason.STOP

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from pagedserve import LLM, SamplingParams
+from pagedserve.outputs import Logprob
 
 
 @pytest.fixture(scope="module")
@@ -18,11 +19,23 @@ def hf_model(tiny_llama: str):
     return AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
 
 
+def _assert_logprob(entry: Logprob, token_id: int, row: torch.Tensor, tokenizer) -> None:
+    """vLLM's `Logprob` of `token_id` against the reference distribution `row`: its value, its rank (the
+    tokens at least as likely, itself included; a tie within the tolerance may count either way) and its
+    text on its own."""
+    value = row[token_id].item()
+    assert isinstance(entry, Logprob) and entry.logprob == pytest.approx(value, abs=1e-4)
+    assert int((row > value + 1e-4).sum()) < entry.rank <= int((row >= value - 1e-4).sum())
+    assert entry.decoded_token == tokenizer.decode([token_id])
+
+
 def test_logprobs_equal_hf_log_softmax(llm: LLM, hf_model) -> None:
+    """Sampled and prompt logprobs as vLLM gives them (token id -> Logprob: value, rank, text) equal HF's
+    log-softmax; the sampled (chosen) token comes first, its cumulative sum is the sample's."""
     prompt = [11, 500, 7, 9000, 42, 42, 3000]
     params = SamplingParams(temperature=0.0, max_tokens=6, logprobs=5, prompt_logprobs=3, ignore_eos=True)
     output = llm.generate([prompt], params, use_tqdm=False)[0]
-    completion = output.outputs[0]
+    completion, tokenizer = output.outputs[0], llm.get_tokenizer()
     ids = torch.tensor([prompt + completion.token_ids])
     with torch.no_grad():
         reference = torch.log_softmax(hf_model(ids).logits[0].float(), dim=-1)
@@ -31,18 +44,17 @@ def test_logprobs_equal_hf_log_softmax(llm: LLM, hf_model) -> None:
         assert next(iter(logprobs)) == token  # the sampled token comes first
         top = row.topk(5)
         assert set(top.indices.tolist()) <= set(logprobs)
-        for token_id, value in logprobs.items():
-            assert value == pytest.approx(row[token_id].item(), abs=1e-4)
+        for token_id, entry in logprobs.items():
+            _assert_logprob(entry, token_id, row, tokenizer)
     assert completion.cumulative_logprob == pytest.approx(
         sum(reference[len(prompt) - 1 + i, t].item() for i, t in enumerate(completion.token_ids)), abs=1e-3
     )
     assert output.prompt_logprobs[0] is None and len(output.prompt_logprobs) == len(prompt)
     for position in range(1, len(prompt)):
         entry = output.prompt_logprobs[position]
-        assert entry[prompt[position]] == pytest.approx(
-            reference[position - 1, prompt[position]].item(), abs=1e-4
-        )
-        assert len(entry) >= 3
+        assert next(iter(entry)) == prompt[position] and len(entry) >= 3
+        for token_id, logprob in entry.items():
+            _assert_logprob(logprob, token_id, reference[position - 1], tokenizer)
 
 
 def test_prompt_logprobs_across_chunks(tiny_llama: str, llm: LLM) -> None:
@@ -196,7 +208,9 @@ def test_prompt_logprobs_once_per_position_after_recompute_preemption(
         assert len(output.prompt_logprobs) == len(prompt)
         assert output.prompt_logprobs[0] is None and None not in output.prompt_logprobs[1:]
         for a, b in zip(output.prompt_logprobs[1:], reference.prompt_logprobs[1:]):
-            assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], abs=1e-4) for k in a)
+            assert a.keys() == b.keys() and all(
+                a[k].logprob == pytest.approx(b[k].logprob, abs=1e-4) for k in a
+            )
         assert output.outputs[0].token_ids == reference.outputs[0].token_ids
 
 

@@ -182,7 +182,7 @@ def test_echo_with_max_tokens_0_scores_the_prompt(client: openai.OpenAI, llm: LL
     (choice,) = scored.choices
     assert choice.text == PROMPTS[1] and scored.usage.completion_tokens == 0
     assert len(choice.logprobs.tokens) == len(ids) and choice.logprobs.token_logprobs[0] is None
-    expected = [entry[token] for entry, token in zip(offline[1:], ids[1:])]
+    expected = [entry[token].logprob for entry, token in zip(offline[1:], ids[1:])]
     assert choice.logprobs.token_logprobs[1:] == pytest.approx(expected, abs=1e-5)
     streamed = [c.choices[0] for c in client.completions.create(**common, stream=True) if c.choices]
     assert "".join(c.text for c in streamed) == PROMPTS[1]

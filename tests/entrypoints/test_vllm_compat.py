@@ -150,7 +150,13 @@ def test_logprob_fields(client: openai.OpenAI) -> None:
     assert all(top.token.startswith("token_id:") for t in tokens for top in t.top_logprobs)
     prompt_logprobs = chat.model_extra["prompt_logprobs"]
     assert prompt_logprobs[0] is None and len(prompt_logprobs) == chat.usage.prompt_tokens
-    assert all(entry and all("logprob" in v for v in entry.values()) for entry in prompt_logprobs[1:])
+    for entry in prompt_logprobs[1:]:  # the prompt's token first, then the top 1, each with its rank
+        (chosen, *top) = entry.values()
+        assert all(v["decoded_token"].startswith("token_id:") for v in entry.values())
+        if top:  # the prompt's token is not the most likely one: some token ranks ahead of it
+            assert top[0]["rank"] == 1 and chosen["rank"] > 1 and chosen["logprob"] <= top[0]["logprob"]
+        else:
+            assert chosen["rank"] == 1
     completion = client.completions.create(
         model=NAMES[0],
         prompt="Hello there",

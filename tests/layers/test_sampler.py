@@ -4,7 +4,7 @@ from typing import Any
 
 import torch
 
-from pagedserve.layers.sampler import Sampler, SamplingMetadata, top_tokens
+from pagedserve.layers.sampler import Sampler, SamplingMetadata, gather_logprobs, top_tokens
 
 VOCAB = 64
 
@@ -124,6 +124,25 @@ def test_top_tokens_break_ties_by_token_id_whatever_the_batch() -> None:
             assert ids[row].tolist() == expected and torch.equal(values[row], logprobs[row, expected])
             alone_values, alone_ids = top_tokens(logprobs[row : row + 1], k)
             assert torch.equal(alone_ids[0], ids[row]) and torch.equal(alone_values[0], values[row])
+
+
+def test_gather_logprobs_gives_the_chosen_tokens_rank_among_the_vocabulary() -> None:
+    """The chosen token's rank counts the tokens at least as likely, itself included (vLLM's count: 1
+    for the most likely), ties and -inf included; its value and the top-k follow it."""
+    generator = torch.Generator().manual_seed(2)
+    logprobs = torch.randint(-4, 4, (8, 300), generator=generator).float()
+    logprobs[logprobs < -3] = float("-inf")
+    chosen = torch.randint(0, 300, (8,), generator=generator)
+    chosen[0] = int(logprobs[0].argmax())
+    for k in (0, 3):
+        ids, values, ranks = gather_logprobs(logprobs, k, chosen)
+        for row in range(8):
+            value = logprobs[row, chosen[row]].item()
+            assert ranks[row].item() == sum(v >= value for v in logprobs[row].tolist())
+            assert ids[row, 0] == chosen[row] and values[row, 0].item() == value
+            top_ids = top_tokens(logprobs[row : row + 1], k)[1][0].tolist() if k else []
+            assert ids[row, 1:].tolist() == top_ids
+    assert ranks[0].item() == int((logprobs[0] == logprobs[0].max()).sum())
 
 
 def test_the_heads_argmax_is_taken_unless_a_processor_changes_the_logits() -> None:

@@ -42,7 +42,7 @@ PROMPTS = [
 def _values(output) -> tuple[list[int], list[dict[int, float]]]:
     """The generated tokens, and every prompt and decode logprob (top ones and the chosen token's)."""
     steps = output.prompt_logprobs[1:] + output.outputs[0].logprobs
-    values = [{token: getattr(value, "logprob", value) for token, value in step.items()} for step in steps]
+    values = [{token: value.logprob for token, value in step.items()} for step in steps]
     return list(output.outputs[0].token_ids), values
 
 

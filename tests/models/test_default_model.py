@@ -119,7 +119,7 @@ def _assert_the_16_bit_promise(steps: list, expected: torch.Tensor, prompt: str)
     NOTE: per value, 16-bit blocks next to SmolLM2's outlier channels measured 3e-4 to 1.6e-3 over the greedy
     paths these prompts have taken (exact float32 activations: ~1.5e-5)."""
     pairs = [
-        (getattr(value, "logprob", value), expected[position, token].item())
+        (value.logprob, expected[position, token].item())
         for position, logprobs in enumerate(steps)
         for token, value in logprobs.items()
     ]

@@ -65,7 +65,7 @@ def run(
         results.append(
             (
                 completion.token_ids,
-                [step[token] for step, token in zip(completion.logprobs, completion.token_ids)],
+                [step[token].logprob for step, token in zip(completion.logprobs, completion.token_ids)],
             )
         )
     return results, llm

@@ -133,7 +133,7 @@ def _prompt_logprobs(llm: LLM, sequences: list[list[int]]) -> torch.Tensor:
     outputs = llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
     return torch.tensor(
         [
-            entry[token]
+            entry[token].logprob
             for output, sequence in zip(outputs, sequences)
             for entry, token in zip(output.prompt_logprobs[1:], sequence[1:])
         ]
@@ -187,7 +187,7 @@ def test_a_rounding_cache_gives_the_same_output_however_the_prompt_was_computed(
 
     def run(llm: LLM) -> tuple[list[int], list[float]]:
         sample = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
-        return sample.token_ids, [lp[t] for lp, t in zip(sample.logprobs, sample.token_ids)]
+        return sample.token_ids, [lp[t].logprob for lp, t in zip(sample.logprobs, sample.token_ids)]
 
     cached = _engine(tiny_llama, kv_cache_dtype=kv_cache_dtype, enable_prefix_caching=True)
     fresh_tokens, fresh_logprobs = run(cached)

@@ -134,7 +134,10 @@ def _greedy(llm: LLM) -> list[tuple[list[int], list[float]]]:
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
     outputs = llm.generate([{"prompt_token_ids": p} for p in _prompts()], params, use_tqdm=False)
     return [
-        (o.outputs[0].token_ids, [step[t] for step, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)])
+        (
+            o.outputs[0].token_ids,
+            [step[t].logprob for step, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)],
+        )
         for o in outputs
     ]
 

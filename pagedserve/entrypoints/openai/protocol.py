@@ -157,9 +157,11 @@ class UsageInfo(OpenAIBaseModel):
 
 
 class PromptLogprob(OpenAIBaseModel):
-    """One entry of vLLM's `prompt_logprobs` (keyed by token id; no `rank`: pagedserve keeps none)."""
+    """One entry of vLLM's `prompt_logprobs` (keyed by token id): its rank in the vocabulary (1: the most
+    likely)."""
 
     logprob: float
+    rank: int | None
     decoded_token: str
 
 

@@ -326,11 +326,11 @@ class OpenAIServingChat(OpenAIServing):
         as_ids = request.return_tokens_as_token_ids
         content = []
         for token_id, entry in zip(sample.token_ids, sample.logprobs):
-            top = sorted(entry.items(), key=lambda item: item[1], reverse=True)[:num_top]
+            top = sorted(entry.items(), key=lambda item: item[1].logprob, reverse=True)[:num_top]
             content.append(
                 ChatTokenLogprob(
-                    **self._top(token_id, entry[token_id], as_ids),
-                    top_logprobs=[TopLogprob(**self._top(t, v, as_ids)) for t, v in top],
+                    **self._top(token_id, entry[token_id].logprob, as_ids),
+                    top_logprobs=[TopLogprob(**self._top(t, v.logprob, as_ids)) for t, v in top],
                 )
             )
         return ChatLogprobs(content=content)

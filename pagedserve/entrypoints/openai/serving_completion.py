@@ -20,11 +20,11 @@ from pagedserve.entrypoints.openai.served_models import ServedModels
 from pagedserve.entrypoints.openai.serving_engine import OpenAIServing, as_http, random_id, usage_info
 from pagedserve.entrypoints.utils import merge_async_iterators, started
 from pagedserve.errors import InvalidRequestError
-from pagedserve.outputs import CompletionOutput, RequestOutput
+from pagedserve.outputs import CompletionOutput, Logprob, RequestOutput
 from pagedserve.protocol import EngineCoreRequest
 from pagedserve.sampling_params import beam_search_defaults
 
-Logprobs = Sequence[dict[int, float] | None]
+Logprobs = Sequence[dict[int, Logprob] | None]
 
 
 @dataclass
@@ -58,7 +58,7 @@ class _TextOffsets:
 
     text: str = ""
     position: int = 0  # where the next token starts
-    pending: list[tuple[int, dict[int, float] | None]] = field(default_factory=list)
+    pending: list[tuple[int, dict[int, Logprob] | None]] = field(default_factory=list)
 
     def add(self, text: str, token_ids: Sequence[int], logprobs: Logprobs) -> None:
         self.text += text
@@ -257,8 +257,8 @@ class OpenAIServingCompletion(OpenAIServing):
                 result.token_logprobs.append(None)
                 result.top_logprobs.append(None)
                 continue
-            result.token_logprobs.append(entry.get(token_id))
-            result.top_logprobs.append({self.shown_token(t, as_ids): value for t, value in entry.items()})
+            result.token_logprobs.append(entry[token_id].logprob if token_id in entry else None)
+            result.top_logprobs.append({self.shown_token(t, as_ids): lp.logprob for t, lp in entry.items()})
         del offsets.pending[:released]
         return result
 

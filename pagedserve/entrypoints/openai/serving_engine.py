@@ -11,6 +11,7 @@ from pagedserve.engine.async_llm import AsyncLLM
 from pagedserve.entrypoints.openai.errors import stream_error_event
 from pagedserve.entrypoints.openai.protocol import PromptLogprob, PromptLogprobs, UsageInfo
 from pagedserve.entrypoints.openai.served_models import ServedModels
+from pagedserve.outputs import Logprob
 from pagedserve.protocol import EngineCoreRequest, LoRARequest
 
 
@@ -71,7 +72,7 @@ class OpenAIServing:
         self.tokenizer: Any = engine.get_tokenizer()
         self.max_model_len = engine.config.model.max_model_len
         self.sampling_defaults = engine.config.model.generation_defaults  # --generation-config
-        self._token_strings: dict[int, str] = {}
+        self._token_texts = engine.frontend.output_processor.logprob_dicts  # one cache of token texts
 
     def check_model(self, model: str | None) -> LoRARequest | None:
         """The LoRA adapter `model` names (None: the base model). Raises InvalidRequestError (404) for a
@@ -85,10 +86,7 @@ class OpenAIServing:
 
     def token_string(self, token_id: int) -> str:
         """The text of one token on its own, as logprobs show it."""
-        text = self._token_strings.get(token_id)
-        if text is None:
-            text = self._token_strings[token_id] = self.tokenizer.decode([token_id])
-        return text
+        return self._token_texts.text(token_id)
 
     def shown_token(self, token_id: int, as_ids: bool | None) -> str:
         """A token as logprobs show it: its text, or "token_id:N" (return_tokens_as_token_ids, as vLLM)."""
@@ -97,17 +95,21 @@ class OpenAIServing:
     def prompt_logprobs(
         self,
         token_ids: Sequence[int],
-        logprobs: Sequence[dict[int, float] | None] | None,
+        logprobs: Sequence[dict[int, Logprob] | None] | None,
         as_ids: bool | None,
     ) -> PromptLogprobs | None:
-        """vLLM's `prompt_logprobs`: per prompt token None (the first) or token id -> logprob and text."""
+        """vLLM's `prompt_logprobs`: per prompt token None (the first) or token id -> logprob, rank, text."""
         if logprobs is None:
             return None
         return [
             None
             if entry is None
             else {
-                str(t): PromptLogprob(logprob=max(v, MIN_LOGPROB), decoded_token=self.shown_token(t, as_ids))
+                str(t): PromptLogprob(
+                    logprob=max(v.logprob, MIN_LOGPROB),
+                    rank=v.rank,
+                    decoded_token=self.shown_token(t, as_ids),
+                )
                 for t, v in entry.items()
             }
             for entry in logprobs[: len(token_ids)]
