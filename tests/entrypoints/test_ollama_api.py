@@ -12,6 +12,7 @@ import json
 import httpx
 import ollama
 import pytest
+from gguf import GGUFReader, LlamaFileType
 from pydantic import BaseModel
 from server_utils import RemoteServer
 
@@ -173,14 +174,26 @@ def test_num_ctx_bounds_the_answer(client: ollama.Client, smol_server: RemoteSer
         assert refused.value.status_code == 400
 
 
-def test_list_show_ps_version_and_the_probes(client: ollama.Client, smol_server: RemoteServer) -> None:
+def test_list_show_ps_version_and_the_probes(
+    client: ollama.Client, smol_server: RemoteServer, default_model: str
+) -> None:
+    # The file read with gguf's own reader: Ollama's parameter_size is its tensors' elements in millions
+    # with two decimals (format.HumanNumber), its quantization_level the file type's name.
+    reader = GGUFReader(default_model)
+    parameters = sum(int(tensor.n_elements) for tensor in reader.tensors)
+    file_type = LlamaFileType(reader.fields["general.file_type"].contents())
+    assert (parameters, file_type) == (134_515_008, LlamaFileType.MOSTLY_Q4_1)
+    details = {"parameter_size": "134.52M", "quantization_level": "Q4_1"}
     (listed,) = client.list().models
     assert listed.model == "smol" and listed.size > 0 and listed.details.format == "gguf"
     shown = client.show("smol")
     assert shown.capabilities == ["completion", "tools"] and "<tool_call>" in shown.template
     assert shown.modelinfo["llama.context_length"] == 1024
+    assert shown.modelinfo["general.parameter_count"] == parameters
     (running,) = client.ps().models
     assert running.model == "smol" and running.size > 0 and running.context_length == 1024
+    for described in (listed.details, shown.details, running.details):
+        assert described is not None and described.model_dump(include=set(details)) == details
     assert httpx.get(smol_server.base_url + "/api/version", timeout=10).json() == {"version": __version__}
     for method in ("GET", "HEAD"):
         response = httpx.request(method, smol_server.base_url + "/", timeout=10)

@@ -127,7 +127,17 @@ def test_ollama_embed_and_embeddings(embedder: RemoteServer, sentence_transforme
     with pytest.raises(ollama.ResponseError, match="truncate") as too_long:
         client.embed(model="m", input="the cat " * 100, truncate=False)
     assert too_long.value.status_code == 400
-    assert client.show("m").capabilities == ["embedding"]
+    shown = client.show("m")
+    assert shown.capabilities == ["embedding"]
+    # Under a million parameters Ollama writes thousands without decimals (format.HumanNumber); the
+    # checkpoint is float32, whatever dtype it is served in.
+    parameters = sum(param.numel() for param in sentence_transformer.parameters())
+    assert shown.modelinfo["general.parameter_count"] == parameters < 10**6
+    assert shown.details.model_dump(include={"format", "parameter_size", "quantization_level"}) == {
+        "format": "safetensors",
+        "parameter_size": f"{round(parameters / 1000)}K",
+        "quantization_level": "F32",
+    }
 
 
 HOSTILE = [
