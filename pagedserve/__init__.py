@@ -10,7 +10,13 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "LLM": "pagedserve.entrypoints.llm",
+    "LLMEngine": "pagedserve.engine.llm_engine",
     "EngineArgs": "pagedserve.config",
+    "PromptType": "pagedserve.engine.input_processor",
+    "TextPrompt": "pagedserve.engine.input_processor",
+    "TokensPrompt": "pagedserve.engine.input_processor",
+    "PoolingParams": "pagedserve.protocol",
+    "PoolingRequestOutput": "pagedserve.outputs",
     "SamplingParams": "pagedserve.sampling_params",
     "BeamSearchParams": "pagedserve.sampling_params",
     "BeamSearchOutput": "pagedserve.outputs",

@@ -2,7 +2,7 @@
 
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Required, TypedDict
 
 import msgspec
 
@@ -24,8 +24,26 @@ from pagedserve.sampling_params import (
     wrap_int64,
 )
 
-# A prompt: text, token ids, or {"prompt": text} / {"prompt_token_ids": ids} (with, for an image model,
-# "multi_modal_data": {"image": one image or a list}: PIL images or data:, http(s):// or file:// URLs).
+
+class TextPrompt(TypedDict, total=False):
+    """vLLM's text prompt. `multi_modal_data`, for an image model: {"image": one image or a list} (PIL
+    images, or data:, http(s):// or file:// URLs); `cache_salt`: prefix-cache hits only within its salt."""
+
+    prompt: Required[str]
+    multi_modal_data: dict[str, Any]
+    cache_salt: str
+
+
+class TokensPrompt(TypedDict, total=False):
+    """vLLM's prompt of token ids (`prompt`: their text, if the caller has it)."""
+
+    prompt_token_ids: Required[list[int]]
+    prompt: str
+    multi_modal_data: dict[str, Any]
+    cache_salt: str
+
+
+# A prompt: text, token ids, or a dict of TextPrompt's or TokensPrompt's keys.
 PromptType = str | list[int] | dict[str, Any]
 
 
