@@ -86,8 +86,43 @@ def test_vllm_api_key_is_required_and_probes_stay_open(server: RemoteServer) -> 
     refused = httpx.post(server.base_url + "/v1/completions", json=body, timeout=60)
     assert refused.status_code == 401 and "VLLM_API_KEY" in refused.json()["error"]["message"]
     assert post(server, "/v1/completions", body).status_code == 200
-    for path in ("/health", "/ready", "/version", "/metrics"):
+    for path in ("/health", "/ping", "/ready", "/version", "/metrics"):
         assert httpx.get(server.base_url + path, timeout=10).status_code == 200, path
+    assert httpx.post(server.base_url + "/ping", timeout=10).status_code == 200  # SageMaker's probe
+
+
+def test_sagemaker_invocations_run_the_route_their_body_names(server: RemoteServer) -> None:
+    """POST /invocations (vLLM's SageMaker route) answers as the route its body is for would: chat by
+    `messages`, completions by `prompt` (streamed too), embeddings by `input` (a 400 on this generation
+    model, as /v1/embeddings gives); behind the key; hostile bodies get a 400 and the server serves on."""
+    chat = {"model": NAMES[0], "messages": ASK, "max_tokens": 4, "temperature": 0}
+    completion = {"model": NAMES[0], "prompt": "hi", "max_tokens": 4, "temperature": 0}
+    assert httpx.post(server.base_url + "/invocations", json=chat, timeout=60).status_code == 401
+    for body, path, field in (
+        (chat, "/v1/chat/completions", "choices"),
+        (completion, "/v1/completions", "choices"),
+    ):
+        direct, routed = post(server, path, body), post(server, "/invocations", body)
+        assert routed.status_code == direct.status_code == 200, routed.text
+        assert routed.json()["object"] == direct.json()["object"]
+        assert routed.json()[field][0] == direct.json()[field][0]
+    streamed = post(server, "/invocations", {**completion, "stream": True})
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    assert streamed.text.rstrip().endswith("data: [DONE]")
+    embeddings = {"model": NAMES[0], "input": "hi"}
+    assert (
+        post(server, "/invocations", embeddings).json() == post(server, "/v1/embeddings", embeddings).json()
+    )
+    assert_bad_request(post(server, "/invocations", {**chat, "messages": 5}), "messages", "valid list")
+    assert_bad_request(
+        post(server, "/invocations", {**chat, "max_tokens": 2**64}), "max_tokens", "max_tokens"
+    )
+    for raw in (b"", b"not json", b"[1, 2]", b"{}", b"[" * 100_000, b'{"x": NaN}', b"\xff\xfe"):
+        response = httpx.post(
+            server.base_url + "/invocations", content=raw, headers=server.headers(), timeout=60
+        )
+        assert_bad_request(response, "body", "'messages' (/v1/chat/completions)")
+    assert post(server, "/invocations", chat).status_code == 200
 
 
 def test_every_served_name_is_listed_and_accepted(client: openai.OpenAI) -> None:

@@ -37,6 +37,7 @@ from pagedserve.entrypoints.openai.auth import ApiKeyMiddleware
 from pagedserve.entrypoints.openai.cli_args import ServerArgs, args_from_namespace, make_arg_parser
 from pagedserve.entrypoints.openai.dashboard import add_dashboard_routes
 from pagedserve.entrypoints.openai.errors import ERROR_RESPONSES, register_error_handlers
+from pagedserve.entrypoints.openai.invocations import InvocationsMiddleware
 from pagedserve.entrypoints.openai.lifecycle import LifecycleServer, ServerLifecycle
 from pagedserve.entrypoints.openai.lora_routes import add_lora_routes
 from pagedserve.entrypoints.openai.messages_routes import add_messages_routes
@@ -91,6 +92,7 @@ def build_app(
     """The FastAPI application around a started engine (the probes are ServerLifecycle's)."""
     app = FastAPI(title="pagedserve", version=__version__, dependencies=[Depends(reject_lone_surrogates)])
     register_error_handlers(app)
+    app.add_middleware(InvocationsMiddleware)  # NOTE: first, so innermost: behind the key and body limit
     add_guards(app, server_args, bounds)
     models = serve_lora_modules(ServedModels(engine), server_args.lora_modules)
     chat = OpenAIServingChat(

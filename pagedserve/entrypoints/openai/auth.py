@@ -1,5 +1,5 @@
 """--api-key (else PAGEDSERVE_API_KEY, else VLLM_API_KEY): every route requires `Authorization: Bearer
-<key>` (or Anthropic's `x-api-key: <key>`) except the probes (/health, /ready, and Ollama's `/` and
+<key>` (or Anthropic's `x-api-key: <key>`) except the probes (/health, /ping, /ready, and Ollama's `/` and
 /api/version, which its clients ask before anything else), /version, and /metrics
 unless --metrics-require-api-key (vLLM leaves it open for scrapers). An allow-list, so a route added later
 is protected by default."""
@@ -12,7 +12,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pagedserve.entrypoints.openai.errors import error_response
 
-PROBE_PATHS = frozenset({"/health", "/ready", "/version", "/", "/api/version"})
+PROBE_PATHS = frozenset({"/health", "/ping", "/ready", "/version", "/", "/api/version"})
 METRICS_PATH = "/metrics"
 
 

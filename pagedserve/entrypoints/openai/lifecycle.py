@@ -1,15 +1,15 @@
 """The server's life: loading -> serving -> draining (SIGTERM) -> stopped, or dead (the engine died).
 
 `ServerLifecycle` is the outermost ASGI app. It answers the probes itself, in every phase:
-- `GET /health`, as in vLLM: 200 only once the engine can serve (draining included: the requests in
-  flight still are); 503 while the model loads and once the engine is dead or stalled (the server then
-  exits for a supervisor to restart it). What scripts poll before sending; a Kubernetes startupProbe
-  and livenessProbe.
+- `GET /health` (and `/ping`, GET or POST, SageMaker's, as vLLM answers it), as in vLLM: 200 only once
+  the engine can serve (draining included: the requests in flight still are); 503 while the model loads
+  and once the engine is dead or stalled (the server then exits for a supervisor to restart it). What
+  scripts poll before sending; a Kubernetes startupProbe and livenessProbe.
 - `GET /ready` (readiness): 200 only while serving; 503 while the model loads, while draining, and
   once the engine is dead. A Kubernetes readinessProbe (a draining replica leaves the Service).
 While loading, every other route answers 503 (Retry-After). While draining, new generation requests
-(POST /v1/...) get 503 and the requests in flight get up to --shutdown-timeout seconds to finish; the
-rest are aborted with an error, then the server exits 0.
+(POST /v1/... and /invocations) get 503 and the requests in flight get up to --shutdown-timeout seconds
+to finish; the rest are aborted with an error, then the server exits 0.
 """
 
 import asyncio
@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pagedserve.entrypoints.openai.errors import error_response
+from pagedserve.entrypoints.openai.invocations import INVOCATIONS_PATH
 from pagedserve.errors import CapacityError, EngineDeadError
 from pagedserve.logger import init_logger
 
@@ -77,8 +78,8 @@ class ServerLifecycle:
                 await self.app(scope, receive, send)
             return
         path = scope["path"]
-        if path in ("/health", "/ready"):
-            response = self._health() if path == "/health" else self._ready()
+        if path in ("/health", "/ping", "/ready"):
+            response = self._ready() if path == "/ready" else self._health()
         elif self.phase is Phase.LOADING or self.app is None:
             response = error_response(
                 "The server is starting: the model is still loading. Poll GET /health "
@@ -87,7 +88,7 @@ class ServerLifecycle:
                 headers={"Retry-After": str(_LOADING_RETRY_AFTER_S)},
                 path=path,
             )
-        elif self.phase is Phase.DRAINING and path.startswith("/v1/") and scope["method"] == "POST":
+        elif self.phase is Phase.DRAINING and _generates(path) and scope["method"] == "POST":
             response = error_response(
                 "The server is shutting down (SIGTERM) and takes no new requests; "
                 "send this one to another replica.",
@@ -172,3 +173,8 @@ class LifecycleServer(uvicorn.Server):
             self.force_exit = True
         else:
             self.should_exit = True
+
+
+def _generates(path: str) -> bool:
+    """A route that starts work on the engine: refused while draining."""
+    return path.startswith("/v1/") or path == INVOCATIONS_PATH
