@@ -11,6 +11,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "LLM": "pagedserve.entrypoints.llm",
     "LLMEngine": "pagedserve.engine.llm_engine",
+    "AsyncLLMEngine": "pagedserve.entrypoints.async_llm_engine",
+    "AsyncEngineArgs": "pagedserve.entrypoints.async_llm_engine",
     "EngineArgs": "pagedserve.config",
     "PromptType": "pagedserve.engine.input_processor",
     "TextPrompt": "pagedserve.engine.input_processor",

@@ -117,32 +117,38 @@ class AsyncLLM:
             if engine_process is not None:
                 engine_process.kill()
             raise
+        await engine.start()
+        return engine
+
+    async def start(self) -> None:
+        """Wait until the engine process (started by the constructor) is ready, then handle its outputs in
+        this event loop: every later call must come from it. Raises as `create()`; the process is gone then."""
+        config = self.config
         try:
-            engine.handshake = await engine.engine_core.wait_until_ready()
-            num_kv_blocks, block_size = engine.handshake.num_blocks - 1, engine.handshake.block_size
-            engine.input_processor.limits = EngineLimits(
+            self.handshake = await self.engine_core.wait_until_ready()
+            num_kv_blocks, block_size = self.handshake.num_blocks - 1, self.handshake.block_size
+            self.input_processor.limits = EngineLimits(
                 config.scheduler.max_num_seqs, num_kv_blocks, config.kv_layout
             )
             replicas = config.parallel.data_parallel_size
-            engine.admission.limits = with_queue_defaults(
-                engine.limits, config.scheduler.max_num_seqs * replicas, num_kv_blocks * replicas, block_size
+            self.admission.limits = with_queue_defaults(
+                self.limits, config.scheduler.max_num_seqs * replicas, num_kv_blocks * replicas, block_size
             )
             logger.info(
                 "Queue: at most %d requests and %d prompt tokens wait for the engine "
                 "(--max-num-queued-requests, --max-num-queued-tokens; -1: no limit).",
-                engine.limits.max_num_queued_requests,
-                engine.limits.max_num_queued_tokens,
+                self.limits.max_num_queued_requests,
+                self.limits.max_num_queued_tokens,
             )
         except BaseException:
-            engine.shutdown()
+            self.shutdown()
             raise
-        engine._tasks = [
-            asyncio.create_task(engine._run_output_handler()),
-            asyncio.create_task(engine.stats.run_logging()),
+        self._tasks = [
+            asyncio.create_task(self._run_output_handler()),
+            asyncio.create_task(self.stats.run_logging()),
         ]
-        if engine.limits.engine_stall_timeout > 0:
-            engine._tasks.append(asyncio.create_task(engine._run_stall_watchdog()))
-        return engine
+        if self.limits.engine_stall_timeout > 0:
+            self._tasks.append(asyncio.create_task(self._run_stall_watchdog()))
 
     @property
     def admission(self) -> AdmissionControl:

@@ -30,7 +30,7 @@ class TextPrompt(TypedDict, total=False):
     images, or data:, http(s):// or file:// URLs); `cache_salt`: prefix-cache hits only within its salt."""
 
     prompt: Required[str]
-    multi_modal_data: dict[str, Any]
+    multi_modal_data: dict[str, object]
     cache_salt: str
 
 
@@ -39,7 +39,7 @@ class TokensPrompt(TypedDict, total=False):
 
     prompt_token_ids: Required[list[int]]
     prompt: str
-    multi_modal_data: dict[str, Any]
+    multi_modal_data: dict[str, object]
     cache_salt: str
 
 

@@ -98,17 +98,22 @@ class RequestStream:
                     admission.retry_after_s(),
                 )
             if deadlines.expired():
-                return self._expire()
+                return self._aborted(
+                    f"its deadline of {deadlines.timeout_s:g} s ({deadlines.timeout_source}) passed"
+                )
 
-    def _expire(self) -> RequestOutput | Exception:
-        """Abort a request past its deadline; its final output carries what it generated."""
+    def abort(self) -> None:
+        """End the request now: its reader gets its final output next (finish_reason "abort")."""
+        if not self._ended:
+            self.queue.put_nowait(self._aborted(None))
+
+    def _aborted(self, reason: str | None) -> RequestOutput | Exception:
+        """Abort the request (`reason` logged); its final output carries what it generated."""
         state = self._engine.request_state(self.request_id)
         if state is None:
-            return EngineDeadError(f"Request {self.request_id} vanished before its deadline.")
-        num_generated = sum(len(sample.token_ids) for sample in state.samples)
-        self._engine.abort(
-            self.request_id,
-            f"its deadline of {self._deadlines.timeout_s:g} s ({self._deadlines.timeout_source}) "
-            f"passed after {num_generated} generated tokens",
-        )
+            return EngineDeadError(f"Request {self.request_id} vanished before it was aborted.")
+        if reason is not None:
+            num_generated = sum(len(sample.token_ids) for sample in state.samples)
+            reason = f"{reason} after {num_generated} generated tokens"
+        self._engine.abort(self.request_id, reason)
         return state.to_output(state.samples) or EngineDeadError(f"Request {self.request_id} has no output.")

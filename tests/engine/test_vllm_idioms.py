@@ -1,14 +1,21 @@
-"""vLLM's offline idioms run as written: its `LLMEngine` loop (names imported from the package's top
-level, prompts as `TextPrompt` / `TokensPrompt`) and its `Logprob` objects."""
+"""vLLM's offline idioms run as written: its `LLMEngine` loop and its `AsyncLLMEngine` script (names
+imported from the package's top level, prompts as `TextPrompt` / `TokensPrompt`), its `Logprob` objects."""
+
+import asyncio
+
+import pytest
 
 from pagedserve import (
     LLM,
+    AsyncEngineArgs,
+    AsyncLLMEngine,
     EngineArgs,
     LLMEngine,
     SamplingParams,
     TextPrompt,
     TokensPrompt,
 )
+from pagedserve.errors import ConfigError
 from pagedserve.outputs import Logprob, RequestOutput
 
 
@@ -44,3 +51,47 @@ def test_the_llm_engine_loop_of_vllms_example(tiny_llama: str) -> None:
             chosen = position[token]  # greedy: the most likely token, ranked first
             assert isinstance(chosen, Logprob) and chosen.rank == 1 and chosen.logprob <= 0.0
             assert chosen.decoded_token == engine.get_tokenizer().decode([token])
+
+
+def test_async_llm_engine_as_vllm_scripts_use_it(tiny_llama: str) -> None:
+    """vLLM's AsyncLLMEngine script: from_engine_args() outside any event loop, then concurrent
+    `async for` over generate() in asyncio.run. Each request's cumulative outputs end with LLM.generate's
+    tokens; leaving a loop early or abort() from another task ends the request (the engine holds none
+    after); bad settings raise at from_engine_args."""
+    settings = dict(model=tiny_llama, max_model_len=128, kv_cache_memory="8MiB", block_size=8)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    prompts = ["To be or not to be,", "What is LLM?", "Hello"]
+    engine = AsyncLLMEngine.from_engine_args(AsyncEngineArgs(**settings))
+
+    async def tokens(index: int) -> list[int]:
+        outputs = [out async for out in engine.generate(prompts[index], params, f"r{index}")]
+        assert outputs[-1].finished and not any(out.finished for out in outputs[:-1])
+        assert [len(out.outputs[0].token_ids) for out in outputs] == sorted(
+            {len(out.outputs[0].token_ids) for out in outputs}
+        )
+        return outputs[-1].outputs[0].token_ids
+
+    async def ended_early() -> tuple[str | None, int]:
+        long = SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True)
+        async for _ in engine.generate("Left early", long, "early"):
+            break  # the generator is closed: the request is aborted
+        aborted = engine.generate("Aborted", long, "aborted")
+        first = await anext(aborted)
+        await engine.abort("aborted")
+        last = [out async for out in aborted][-1] if not first.finished else first
+        await asyncio.sleep(0.2)
+        return last.outputs[0].finish_reason, engine.engine.num_requests_in_flight
+
+    async def script() -> tuple[list[list[int]], tuple[str | None, int]]:
+        results = await asyncio.gather(*(tokens(i) for i in range(len(prompts))))
+        return list(results), await ended_early()
+
+    try:
+        generated, (finish_reason, in_flight) = asyncio.run(script())
+    finally:
+        engine.shutdown()
+    expected = LLM(**settings).generate(prompts, params, use_tqdm=False)
+    assert generated == [out.outputs[0].token_ids for out in expected]
+    assert finish_reason == "abort" and in_flight == 0
+    with pytest.raises(ConfigError, match="block"):
+        AsyncLLMEngine.from_engine_args(AsyncEngineArgs(**{**settings, "block_size": 7}))
