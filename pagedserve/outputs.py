@@ -48,6 +48,7 @@ class RequestOutput:
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None  # why the engine could not run it (its samples' finish_reason: "error")
     pooled: list[float] | None = None  # --runner pooling: the prompt's embedding or scores
+    num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache (None: not known yet)
 
 
 @dataclass

@@ -152,6 +152,9 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     cumulative_logprob: float | None = None  # set on the final outputs of a beam search
+    # Prompt tokens found in the prefix cache when the request was first admitted: on its first output
+    # of generated tokens.
+    num_cached_tokens: int | None = None
     error: str | None = None  # with FinishReason.ERROR: what went wrong, for the request's caller
     pooled: list[float] | None = None  # --runner pooling: the request's embedding or scores
 

@@ -66,6 +66,7 @@ class BeamSearchGroup:
         )
         request.request_id, request.group_id = self._beam_id(0), self.request_id
         self.live: list[Request] = [request]
+        self.first_beam = request  # admitted first: its prefix-cache hit is the search's
         self.scores: dict[str, float] = {request.request_id: 0.0}  # cumulative logprob per live beam
         self.reports: dict[str, dict[int, float]] = {}
         self.hypotheses: list[Hypothesis] = []  # the best beam_width, best first
@@ -106,6 +107,7 @@ class BeamSearchGroup:
 
     def outputs(self) -> list[EngineCoreOutput]:
         """The final outputs: the best hypotheses, best first, one per output id."""
+        num_cached = self.first_beam.num_cached_tokens
         return [
             EngineCoreOutput(
                 output_id,
@@ -113,6 +115,7 @@ class BeamSearchGroup:
                 finish_reason=h.finish_reason,
                 stop_reason=h.stop_reason,
                 cumulative_logprob=h.cumulative_logprob,
+                num_cached_tokens=num_cached if num_cached >= 0 else None,
             )
             for output_id, h in zip(self.output_ids, self.hypotheses)
         ]

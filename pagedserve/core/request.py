@@ -39,6 +39,7 @@ class Request:
         "final_only",
         "num_tokens_sent",
         "num_computed_tokens",
+        "num_cached_tokens",
         "num_preemptions",
         "num_yields",
         "status",
@@ -75,6 +76,7 @@ class Request:
         # How many of its tokens the workers' copy holds (None: the workers do not hold it: new, preempted).
         self.num_tokens_sent: int | None = None
         self.num_computed_tokens = 0
+        self.num_cached_tokens = -1  # its prefix-cache hit when first admitted (-1: not admitted yet)
         self.num_preemptions = 0
         self.num_yields = 0  # preemptions for a more urgent waiting request (bounded: urgent_preemption.py)
         self.status = RequestStatus.WAITING

@@ -225,6 +225,8 @@ class Scheduler(SchedulerUpdate):
             if request.lora_key:
                 adapters.add(request.lora_key)
             request.num_computed_tokens = admission.num_cached
+            if request.num_cached_tokens < 0:  # NOTE: a resumed request keeps its first hit, as vLLM's
+                request.num_cached_tokens = admission.num_cached
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             self._record(step, request, num_new, allocation)

@@ -14,7 +14,9 @@ def report(
     new_logprobs: list[PositionLogprobs] | None = None,
     prompt_logprobs: list[PositionLogprobs | None] | None = None,
 ) -> EngineCoreOutput:
-    """The request's output to the frontend: its tokens not reported yet, and its finish if it ended."""
+    """The request's output to the frontend: its tokens not reported yet, and its finish if it ended; with
+    its first generated tokens, its prefix-cache hit."""
+    first = request.num_reported == request.num_prompt_tokens and request.num_cached_tokens >= 0
     output = EngineCoreOutput(
         request.request_id,
         request.all_token_ids[request.num_reported :],
@@ -22,6 +24,7 @@ def report(
         prompt_logprobs,
         request.finish_reason,
         request.stop_reason,
+        num_cached_tokens=request.num_cached_tokens if first else None,
     )
     request.num_reported = request.num_tokens
     return output

@@ -72,6 +72,7 @@ class RequestState:
     num_outputs_sent: int = 0
     error: str | None = None  # set when the engine could not take one of its samples
     pooled: list[float] | None = None  # --runner pooling: the prompt's embedding or scores
+    num_cached_tokens: int | None = None  # its first sample's prefix-cache hit, once reported
     child_ids: list[str] = field(default_factory=list)  # its samples' engine-core ids
 
     @property
@@ -110,6 +111,7 @@ class RequestState:
             metrics,
             self.error,
             self.pooled,
+            self.num_cached_tokens,
         )
 
     def finished_stats(self, now: float, reason: str | None = None) -> FinishedRequestStats:
@@ -250,6 +252,8 @@ class OutputProcessor:
                     None if entry is None else self.logprob_dicts.position(entry)
                     for entry in output.prompt_logprobs
                 )
+            if output.num_cached_tokens is not None and sample.index == 0:
+                state.num_cached_tokens = output.num_cached_tokens
             if not output.new_token_ids and output.finish_reason is None:
                 continue  # a prompt chunk: nothing to show yet
             if output.pooled is not None:

@@ -549,6 +549,13 @@ def assert_logprobs_well_formed(output: RequestOutput, tokenizer: Any) -> None:
         assert all(v.decoded_token == tokenizer.decode([t]) for t, v in entry.items())
 
 
+def assert_cached_whole_blocks(output: RequestOutput, block_size: int) -> None:
+    """The prefix-cache hit reported (vLLM's num_cached_tokens): whole blocks, short of the last prompt
+    token (always computed)."""
+    cached = output.num_cached_tokens
+    assert cached is not None and cached % block_size == 0 and 0 <= cached < len(output.prompt_token_ids)
+
+
 def compares_with_hf(case: Case, lora: bool) -> bool:
     """A greedy request that HF's plain greedy search defines: no processor, constraint, stop or adapter."""
     params = case.params
@@ -606,6 +613,7 @@ def check_batch(llm: LLM, drawn: list[Case], budgets: tuple[int | None, int | No
         assert output.error is None and alone.error is None, output.error
         assert_same(output, alone, case)
         assert_logprobs_well_formed(output, llm.get_tokenizer())
+        assert_cached_whole_blocks(output, llm.llm_engine.config.cache.block_size)
         if SETTINGS[setting].hf_reference and compares_with_hf(case, adapters and case.lora is not None):
             assert_hf_greedy(_MODELS[setting], case, output)
         if case.check is not None:

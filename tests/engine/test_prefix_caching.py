@@ -60,14 +60,17 @@ def llm(tiny_llama: str) -> LLM:
 
 
 def test_cache_salt_separates_tenants(llm: LLM) -> None:
+    """Hits only within a salt; each request's `num_cached_tokens` (vLLM's) is the hit the engine counted."""
     prompt = list(range(1000, 1033))
 
     def hits_of(salt: str | None) -> int:
         before = stats(llm).prefix_cache_hits
-        llm.generate(
+        (output,) = llm.generate(
             [{"prompt_token_ids": prompt, **({"cache_salt": salt} if salt else {})}], GREEDY, use_tqdm=False
         )
-        return stats(llm).prefix_cache_hits - before
+        hits = stats(llm).prefix_cache_hits - before
+        assert output.num_cached_tokens == hits
+        return hits
 
     assert hits_of("tenant-a") == 0
     assert hits_of("tenant-b") == 0 and hits_of(None) == 0
@@ -89,4 +92,4 @@ def test_prompt_logprobs_are_computed_whole_despite_a_cached_prefix(llm: LLM) ->
     again = llm.generate([prompt], params, use_tqdm=False)[0].prompt_logprobs
     assert len(first) == len(again) == len(prompt)
     for a, b in zip(first[1:], again[1:]):
-        assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], abs=1e-5) for k in a)
+        assert a.keys() == b.keys() and all(a[k].logprob == pytest.approx(b[k].logprob, abs=1e-5) for k in a)

@@ -44,6 +44,7 @@ def server(tiny_llama: str, tmp_path_factory: pytest.TempPathFactory):
         "--trust-remote-code",
         "--enable-chunked-prefill",
         "--enable-log-requests",
+        "--enable-prompt-tokens-details",
         "--max-chat-template-kwargs",
         "4",
         "--enable-auto-tool-choice",
@@ -123,6 +124,43 @@ def test_sagemaker_invocations_run_the_route_their_body_names(server: RemoteServ
         )
         assert_bad_request(response, "body", "'messages' (/v1/chat/completions)")
     assert post(server, "/invocations", chat).status_code == 200
+
+
+def test_cached_prompt_tokens_are_reported_by_every_api(client: openai.OpenAI) -> None:
+    """usage.prompt_tokens_details.cached_tokens (chat, completions, whole or streamed) and the Responses
+    API's input_tokens_details.cached_tokens: 0 for a prompt first seen, then every whole block of it
+    (16 tokens) but the one holding its last token, which is always computed."""
+    ask = [{"role": "user", "content": "Tell me about caches. " * 12}]
+    text = "A prompt long enough for several blocks. " * 6
+
+    def chat(stream: bool) -> tuple[int, int]:
+        kwargs = dict(model=NAMES[0], messages=ask, max_tokens=1)
+        if not stream:
+            usage = client.chat.completions.create(**kwargs).usage
+        else:
+            chunks = client.chat.completions.create(
+                **kwargs, stream=True, stream_options={"include_usage": True}
+            )
+            usage = [c.usage for c in chunks if c.usage][-1]
+        return usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens
+
+    def completion() -> tuple[int, int]:
+        usage = client.completions.create(model=NAMES[0], prompt=text, max_tokens=1).usage
+        return usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens
+
+    def response() -> tuple[int, int]:
+        usage = client.responses.create(model=NAMES[0], input=text, max_output_tokens=2).usage
+        return usage.input_tokens, usage.input_tokens_details.cached_tokens
+
+    for run, again in (
+        (lambda: chat(False), lambda: chat(True)),
+        (completion, completion),
+        (response, response),
+    ):
+        num_prompt, cached = run()
+        assert cached == 0 and num_prompt > 32
+        num_prompt, cached = again()
+        assert cached == (num_prompt - 1) // 16 * 16 > 0
 
 
 def test_every_served_name_is_listed_and_accepted(client: openai.OpenAI) -> None:

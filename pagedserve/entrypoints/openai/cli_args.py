@@ -56,6 +56,11 @@ class ServerArgs:
         "vLLM's flag: log each request (id, prompt length, sampling params) at INFO as it is added or "
         "aborted. That is the default here; --disable-log-requests turns it off.",
     )
+    enable_prompt_tokens_details: bool = config_field(
+        False,
+        "vLLM's flag: report usage.prompt_tokens_details.cached_tokens (the prompt tokens found in the "
+        "prefix cache). Always reported here, as OpenAI does.",
+    )
     allowed_origins: str | None = config_field(
         None,
         "CORS: the browser origins allowed to call the API, a JSON list as in vLLM ('[\"*\"]' for any, "

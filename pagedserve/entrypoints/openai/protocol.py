@@ -149,10 +149,15 @@ class CompletionTokensDetails(OpenAIBaseModel):
     reasoning_tokens: int = 0  # thinking tokens (--reasoning-parser), the tags excluded
 
 
+class PromptTokensDetails(OpenAIBaseModel):
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache
+
+
 class UsageInfo(OpenAIBaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None  # once the engine has started the request
     completion_tokens_details: CompletionTokensDetails | None = None  # with --reasoning-parser
 
 

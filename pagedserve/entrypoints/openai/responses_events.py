@@ -92,9 +92,10 @@ class ResponseBuilder:
 
     def _set_usage(self, usage: UsageInfo) -> None:
         details = getattr(usage, "completion_tokens_details", None)  # reasoning_tokens: --reasoning-parser
+        cached = usage.prompt_tokens_details  # the prefix cache's hit
         self.response["usage"] = {
             "input_tokens": usage.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": 0 if cached is None else cached.cached_tokens},
             "output_tokens": usage.completion_tokens,
             "output_tokens_details": {"reasoning_tokens": getattr(details, "reasoning_tokens", None) or 0},
             "total_tokens": usage.total_tokens,

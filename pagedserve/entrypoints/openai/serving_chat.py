@@ -172,7 +172,8 @@ class OpenAIServingChat(OpenAIServing):
         samples = final.outputs
         splits = [self.reasoning.sample(core.prompt_token_ids) for _ in samples]
         choices = [self._choice(request, tools, sample, split) for sample, split in zip(samples, splits)]
-        usage = self._usage(len(core.prompt_token_ids), sum(len(s.token_ids) for s in samples), splits)
+        num_generated = sum(len(s.token_ids) for s in samples)
+        usage = self._usage(len(core.prompt_token_ids), num_generated, splits, final.num_cached_tokens)
         return ChatCompletionResponse(
             id=request_id,
             model=self.response_model(core),
@@ -184,10 +185,14 @@ class OpenAIServingChat(OpenAIServing):
         )
 
     def _usage(
-        self, num_prompt_tokens: int, num_generated: int, splits: list[OutputSplit | None]
+        self,
+        num_prompt_tokens: int,
+        num_generated: int,
+        splits: list[OutputSplit | None],
+        num_cached_tokens: int | None,
     ) -> UsageInfo:
         """Usage, with the samples' reasoning tokens under a reasoning parser."""
-        usage = usage_info(num_prompt_tokens, num_generated)
+        usage = usage_info(num_prompt_tokens, num_generated, num_cached_tokens)
         if self.reasoning.reports_reasoning:
             num_reasoning = sum(split.num_reasoning_tokens for split in splits if split is not None)
             usage.completion_tokens_details = CompletionTokensDetails(reasoning_tokens=num_reasoning)
@@ -240,13 +245,17 @@ class OpenAIServingChat(OpenAIServing):
         last one. Closing it early closes `outputs` (the request is aborted)."""
         created = int(time.time())
         num_prompt_tokens = len(core.prompt_token_ids)
-        num_generated = 0
+        num_generated, num_cached_tokens = 0, None
         continuous_usage = request.usage_in_every_chunk()
 
         splits = [self.reasoning.sample(core.prompt_token_ids) for _ in range(request.n)]
 
         def chunk(choice: ChatStreamChoice) -> ChatCompletionChunk:
-            usage = self._usage(num_prompt_tokens, num_generated, splits) if continuous_usage else None
+            usage = (
+                self._usage(num_prompt_tokens, num_generated, splits, num_cached_tokens)
+                if continuous_usage
+                else None
+            )
             return ChatCompletionChunk(
                 id=request_id,
                 created=created,
@@ -260,6 +269,7 @@ class OpenAIServingChat(OpenAIServing):
             for index in range(request.n):
                 yield chunk(ChatStreamChoice(index=index, delta=DeltaMessage(role="assistant", content="")))
             async for output in outputs:
+                num_cached_tokens = output.num_cached_tokens
                 for sample in output.outputs:
                     num_generated += len(sample.token_ids)
                     logprobs = self._logprobs(request, sample)
@@ -283,7 +293,7 @@ class OpenAIServingChat(OpenAIServing):
                     created=created,
                     model=self.response_model(core),
                     choices=[],
-                    usage=self._usage(num_prompt_tokens, num_generated, splits),
+                    usage=self._usage(num_prompt_tokens, num_generated, splits, num_cached_tokens),
                 )
         finally:
             await outputs.aclose()

@@ -2,7 +2,7 @@
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from fastapi.responses import StreamingResponse
@@ -63,6 +63,12 @@ class _TextOffsets:
     def add(self, text: str, token_ids: Sequence[int], logprobs: Logprobs) -> None:
         self.text += text
         self.pending += zip(token_ids, logprobs)
+
+
+def _num_cached(outputs: Iterable[RequestOutput]) -> int | None:
+    """The prompts' prefix-cache hits together (None while none is known)."""
+    known = [output.num_cached_tokens for output in outputs if output.num_cached_tokens is not None]
+    return sum(known) if known else None
 
 
 def _split_prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[PromptType]:
@@ -148,7 +154,7 @@ class OpenAIServingCompletion(OpenAIServing):
             created=batch.created,
             model=self.response_model(batch.core_requests[0]),
             choices=choices,
-            usage=usage_info(batch.num_prompt_tokens, num_generated),
+            usage=usage_info(batch.num_prompt_tokens, num_generated, _num_cached(finals.values())),
         )
 
     async def _chunks(
@@ -160,9 +166,11 @@ class OpenAIServingCompletion(OpenAIServing):
         started = [False] * len(text_offsets)
         prompt_logprobs: dict[int, Logprobs | None] = {}
         num_generated = 0
+        latest: dict[int, RequestOutput] = {}  # each prompt's latest output: its prefix-cache hit
         continuous_usage = batch.request.usage_in_every_chunk()
         try:
             async for prompt_index, output in outputs:
+                latest[prompt_index] = output
                 prompt_logprobs.setdefault(prompt_index, output.prompt_logprobs)
                 for sample in map(batch.shown, output.outputs):
                     index = prompt_index * n + sample.index
@@ -181,12 +189,12 @@ class OpenAIServingCompletion(OpenAIServing):
                         created=batch.created,
                         model=self.response_model(batch.core_requests[0]),
                         choices=[choice],
-                        usage=usage_info(batch.num_prompt_tokens, num_generated)
+                        usage=usage_info(batch.num_prompt_tokens, num_generated, _num_cached(latest.values()))
                         if continuous_usage
                         else None,
                     )
             if batch.request.include_usage_in_stream():
-                usage = usage_info(batch.num_prompt_tokens, num_generated)
+                usage = usage_info(batch.num_prompt_tokens, num_generated, _num_cached(latest.values()))
                 yield CompletionResponse(
                     id=batch.request_id,
                     created=batch.created,

@@ -9,7 +9,12 @@ from pydantic import BaseModel
 
 from pagedserve.engine.async_llm import AsyncLLM
 from pagedserve.entrypoints.openai.errors import stream_error_event
-from pagedserve.entrypoints.openai.protocol import PromptLogprob, PromptLogprobs, UsageInfo
+from pagedserve.entrypoints.openai.protocol import (
+    PromptLogprob,
+    PromptLogprobs,
+    PromptTokensDetails,
+    UsageInfo,
+)
 from pagedserve.entrypoints.openai.served_models import ServedModels
 from pagedserve.outputs import Logprob
 from pagedserve.protocol import EngineCoreRequest, LoRARequest
@@ -54,11 +59,15 @@ async def sse_stream(chunks: AsyncGenerator[BaseModel, None]) -> AsyncGenerator[
 MIN_LOGPROB = -9999.0
 
 
-def usage_info(num_prompt_tokens: int, num_generated: int) -> UsageInfo:
+def usage_info(num_prompt_tokens: int, num_generated: int, num_cached_tokens: int | None = None) -> UsageInfo:
+    """`num_cached_tokens`: the prompt tokens found in the prefix cache (None: not known yet)."""
     return UsageInfo(
         prompt_tokens=num_prompt_tokens,
         completion_tokens=num_generated,
         total_tokens=num_prompt_tokens + num_generated,
+        prompt_tokens_details=None
+        if num_cached_tokens is None
+        else PromptTokensDetails(cached_tokens=num_cached_tokens),
     )
 
 
