@@ -2,7 +2,8 @@
 client and by the curl examples of Ollama's API documentation (JSON bodies sent without a JSON
 Content-Type, as curl -d does): greedy answers equal to chat completions' and completions', the stream
 equal to the whole answer with Ollama's counters in its last line, `format` with a pydantic schema, tool
-calls both ways, options.num_ctx as a context bound, list / show / ps / version and the probes, and bad
+calls both ways, options.num_ctx as a context bound, list / show / ps / pull / version and the probes (and
+a clear 501 from the model-management routes), and bad
 input as a 400 or 404 in Ollama's error shape naming the field while the server keeps serving. The
 thinking and embedding routes are tested on their servers (test_reasoning_server.py,
 test_pooling_server.py)."""
@@ -195,6 +196,17 @@ def test_list_show_ps_version_and_the_probes(
     for described in (listed.details, shown.details, running.details):
         assert described is not None and described.model_dump(include=set(details)) == details
     assert httpx.get(smol_server.base_url + "/api/version", timeout=10).json() == {"version": __version__}
+    # A served model is pulled already (whole, or streamed as one line); nothing else is managed here.
+    assert client.pull("smol").status == "success"
+    assert [p.status for p in client.pull("smol:latest", stream=True)] == ["success"]
+    for manage in (
+        lambda: client.copy("smol", "other"),
+        lambda: client.delete("smol"),
+        lambda: client.push("smol"),
+    ):
+        with pytest.raises(ollama.ResponseError) as refused:
+            manage()
+        assert refused.value.status_code == 501 and "--models-dir" in refused.value.error
     for method in ("GET", "HEAD"):
         response = httpx.request(method, smol_server.base_url + "/", timeout=10)
         assert response.status_code == 200 and response.text == (
@@ -258,6 +270,11 @@ BAD = [  # path, body fields, status, what the message names
     ("/api/generate", {"prompt": "Hi", "template": "{{ .Prompt }}"}, 400, "template"),
     ("/api/generate", {"prompt": "Hi", "images": ["aGk="]}, 400, "images"),
     ("/api/embed", {"input": "Hi"}, 400, "pooling"),
+    ("/api/pull", {"model": "nope"}, 404, "nope"),
+    ("/api/pull", {"model": None}, 400, "model"),
+    ("/api/pull", {"model": 5}, 400, "model"),
+    ("/api/pull", {"stream": "yes"}, 400, "stream"),
+    ("/api/create", {"from": "smol"}, 501, "does not create"),
 ]
 
 

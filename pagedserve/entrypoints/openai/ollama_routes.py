@@ -1,6 +1,11 @@
 """Ollama's API routes beside /v1: /api/chat, /api/generate, /api/embed, /api/embeddings, /api/tags,
-/api/show, /api/ps, /api/version, and `GET /` / `HEAD /` ("Ollama is running"). Errors come in Ollama's
-shape ({"error": "..."}: errors.py picks it by the path); the probes (/, /api/version) need no key."""
+/api/show, /api/ps, /api/pull (a served model is there already), /api/version, and `GET /` / `HEAD /`
+("Ollama is running"); /api/create, /api/copy, /api/delete and /api/push say why they do nothing here.
+Errors come in Ollama's shape ({"error": "..."}: errors.py picks it by the path); the probes (/,
+/api/version) need no key."""
+
+import json
+from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
@@ -14,6 +19,7 @@ from pagedserve.entrypoints.openai.protocol_ollama import (
     OllamaEmbeddingsRequest,
     OllamaEmbedRequest,
     OllamaGenerateRequest,
+    OllamaPullRequest,
     OllamaShowRequest,
 )
 from pagedserve.entrypoints.openai.serving_ollama import OllamaServing
@@ -85,11 +91,44 @@ def add_ollama_routes(app: FastAPI, serving: OllamaServing) -> None:
 
     @app.post("/api/show", responses=OLLAMA_ERROR_RESPONSES)
     async def show(request: OllamaShowRequest) -> dict[str, object]:
-        model = request.model or request.name
-        if not model:
-            raise InvalidRequestError("model: the name of the model to show is required.", param="model")
-        return models.show(model)
+        return models.show(_named(request.model or request.name, "show"))
 
     @app.get("/api/ps")
     async def ps() -> dict[str, object]:
         return models.ps()
+
+    @app.post("/api/pull", response_model=None, responses=OLLAMA_ERROR_RESPONSES)
+    async def pull(request: OllamaPullRequest) -> dict[str, str] | StreamingResponse:
+        """A served model is pulled already: success (one NDJSON line when streamed); any other name is
+        a 404 naming the served ones (nothing is downloaded)."""
+        models.name(_named(request.model or request.name, "pull"))
+        done = {"status": "success"}
+        return (
+            StreamingResponse(iter([json.dumps(done) + "\n"]), media_type=NDJSON) if request.stream else done
+        )
+
+    for operation, method in (("create", "POST"), ("copy", "POST"), ("delete", "DELETE"), ("push", "POST")):
+        app.add_api_route(
+            f"/api/{operation}", _not_managed(operation), methods=[method], responses=OLLAMA_ERROR_RESPONSES
+        )
+
+
+def _named(model: str | None, action: str) -> str:
+    """The model a request names (`model`, or older clients' `name`); 400 without one."""
+    if not model:
+        raise InvalidRequestError(f"model: the name of the model to {action} is required.", param="model")
+    return model
+
+
+def _not_managed(operation: str) -> Callable[[], Awaitable[None]]:
+    """A route of Ollama's model management: 501, saying how pagedserve gets its models."""
+
+    async def refuse() -> None:
+        raise InvalidRequestError(
+            f"/api/{operation}: pagedserve serves the models it was started with and does not {operation} "
+            "models. Start it with the model's file or folder (pagedserve serve PATH), or give it a folder "
+            "of models (--models-dir).",
+            status_code=501,
+        )
+
+    return refuse

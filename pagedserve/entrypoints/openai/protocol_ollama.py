@@ -122,6 +122,13 @@ class OllamaEmbeddingsRequest(OllamaRequest):
     prompt: StrictStr
 
 
+class OllamaPullRequest(OpenAIRequestModel):
+    model: StrictStr | None = None
+    name: StrictStr | None = None  # the older clients' name for `model`
+    insecure: StrictBool = False
+    stream: StrictBool = True
+
+
 class OllamaShowRequest(OpenAIRequestModel):
     model: StrictStr | None = None
     name: StrictStr | None = None  # the older clients' name for `model`
