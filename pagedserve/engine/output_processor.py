@@ -249,8 +249,8 @@ class OutputProcessor:
             state, sample = entry
             if output.prompt_logprobs is not None and sample.index == 0 and state.prompt_logprobs is not None:
                 state.prompt_logprobs += (
-                    None if entry is None else self.logprob_dicts.position(entry)
-                    for entry in output.prompt_logprobs
+                    None if position is None else self.logprob_dicts.position(position)
+                    for position in output.prompt_logprobs
                 )
             if output.num_cached_tokens is not None and sample.index == 0:
                 state.num_cached_tokens = output.num_cached_tokens

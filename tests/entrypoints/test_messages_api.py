@@ -46,9 +46,15 @@ def test_text_equals_chat_and_the_stream_equals_the_whole(
     (block,) = whole.content
     assert block.type == "text" and block.text == chat.choices[0].message.content
     assert (whole.stop_reason, whole.usage.output_tokens) == ("max_tokens", 4)
-    assert whole.usage.input_tokens == chat.usage.prompt_tokens
+    # Anthropic's usage: the prompt is the tokens read from the (prefix) cache and the others. Asked
+    # again, every whole block but the last token's is read from the cache.
+    prompt = chat.usage.prompt_tokens
+    assert whole.usage.input_tokens + whole.usage.cache_read_input_tokens == prompt
+    again = client.messages.create(model="smol", system="Be brief.", messages=ASK, max_tokens=1).usage
+    assert (again.cache_read_input_tokens, again.cache_creation_input_tokens) == ((prompt - 1) // 16 * 16, 0)
+    assert again.input_tokens + again.cache_read_input_tokens == prompt and again.cache_read_input_tokens > 0
     counted = client.messages.count_tokens(model="smol", system="Be brief.", messages=ASK)
-    assert counted.input_tokens == whole.usage.input_tokens
+    assert counted.input_tokens == chat.usage.prompt_tokens
 
     with client.messages.stream(
         model="smol",
@@ -63,6 +69,11 @@ def test_text_equals_chat_and_the_stream_equals_the_whole(
     assert set(types[2:-3]) == {"content_block_delta"}
     assert types[-3:] == ["content_block_stop", "message_delta", "message_stop"]
     assert final.content[0].text == block.text and final.usage.output_tokens == 4
+    # The stream's usage is the whole answer's, its cache reads included (message_delta carries them).
+    assert (final.usage.input_tokens, final.usage.cache_read_input_tokens) == (
+        again.input_tokens,
+        again.cache_read_input_tokens,
+    )
 
 
 def test_stop_sequences(client: anthropic.Anthropic) -> None:

@@ -202,7 +202,6 @@ class MessageBuilder:
             "usage": {"input_tokens": 0, "output_tokens": 0},
         }
         self.blocks: list[JsonObject] = []  # `message["content"]`, which holds the same blocks
-        self.output_tokens = 0
         self.started = False
         self.open: JsonValue = None  # the type of the block receiving deltas
         self.text = GrowingText({}, "text")  # the open text (or thinking) block's text
@@ -214,10 +213,14 @@ class MessageBuilder:
     def feed(self, chunk: ChatCompletionChunk) -> list[str]:
         events: list[str] = []
         if chunk.usage is not None:
-            self.output_tokens = chunk.usage.completion_tokens
+            details = chunk.usage.prompt_tokens_details
+            cached = 0 if details is None else details.cached_tokens
+            # NOTE: Anthropic's input_tokens leave out what was read from the cache: the prompt is their sum.
             self.message["usage"] = {
-                "input_tokens": chunk.usage.prompt_tokens,
-                "output_tokens": self.output_tokens,
+                "input_tokens": chunk.usage.prompt_tokens - cached,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": cached,
+                "output_tokens": chunk.usage.completion_tokens,
             }
         if not self.started:
             self.started = True
@@ -245,7 +248,9 @@ class MessageBuilder:
         for index, block in self.calls.items():
             block["input"] = json_object(self.arguments[index])
         delta: JsonObject = {"stop_reason": reason, "stop_sequence": stop_sequence}
-        usage: JsonObject = {"output_tokens": self.output_tokens}
+        # NOTE: the whole usage, as Anthropic's deltas carry it: message_start went out before the engine
+        # said what it found in the prefix cache.
+        usage = self.message["usage"]
         return [
             *events,
             named_event("message_delta", {"type": "message_delta", "delta": delta, "usage": usage}),
