@@ -208,3 +208,11 @@ def test_the_ollama_client_loads_and_unloads_models_by_name(server: RemoteServer
     assert answer.done and answer.eval_count == MAX_TOKENS
     server.wait_for(lambda: engines(server) == [], 30, "beta's engine to exit (keep_alive 0)")
     assert client.list().models  # still serving
+    # Pulling a pool's model or refusing to manage one loads nothing; an unknown name is a 404.
+    assert client.pull("beta").status == "success" and engines(server) == []
+    with pytest.raises(ollama.ResponseError) as unknown:
+        client.pull("nope")
+    assert unknown.value.status_code == 404 and "nope" in unknown.value.error
+    with pytest.raises(ollama.ResponseError) as refused:
+        client.delete("alpha")
+    assert refused.value.status_code == 501 and engines(server) == []

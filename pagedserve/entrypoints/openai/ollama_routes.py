@@ -97,11 +97,17 @@ def add_ollama_routes(app: FastAPI, serving: OllamaServing) -> None:
     async def ps() -> dict[str, object]:
         return models.ps()
 
+    add_model_management_routes(app, models.name)
+
+
+def add_model_management_routes(app: FastAPI, find: Callable[[str], object]) -> None:
+    """/api/pull: a served model (`find` raises a 404 for any other name) is pulled already, success at
+    once (one NDJSON line when streamed), nothing downloaded. /api/create, /api/copy, /api/delete and
+    /api/push: 501, saying how pagedserve gets its models."""
+
     @app.post("/api/pull", response_model=None, responses=OLLAMA_ERROR_RESPONSES)
     async def pull(request: OllamaPullRequest) -> dict[str, str] | StreamingResponse:
-        """A served model is pulled already: success (one NDJSON line when streamed); any other name is
-        a 404 naming the served ones (nothing is downloaded)."""
-        models.name(_named(request.model or request.name, "pull"))
+        find(_named(request.model or request.name, "pull"))
         done = {"status": "success"}
         return (
             StreamingResponse(iter([json.dumps(done) + "\n"]), media_type=NDJSON) if request.stream else done

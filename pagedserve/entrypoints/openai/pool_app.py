@@ -1,8 +1,8 @@
 """The API of a model pool (--models-dir, --model NAME=PATH): each request goes to the app of the model it
 names (its JSON body's `model`, else the `model` query parameter, as for GET /is_sleeping?model=NAME), loading it first
 if need be; its `keep_alive` (Ollama's durations) sets how long the model stays loaded afterwards. The
-routes about the pool itself (GET /v1/models, Ollama's GET /api/ps, /version) are answered without loading
-anything."""
+routes about the pool itself (GET /v1/models, Ollama's GET /api/ps, /api/pull and its model management,
+/version) are answered without loading anything."""
 
 import json
 from datetime import UTC, datetime
@@ -18,6 +18,7 @@ from pagedserve.entrypoints.openai.errors import ERROR_RESPONSES, exception_resp
 from pagedserve.entrypoints.openai.model_pool import LoadedModel, ModelPool, ResidentModel
 from pagedserve.entrypoints.openai.models_dir import ModelFile
 from pagedserve.entrypoints.openai.ollama_models import tag_entry
+from pagedserve.entrypoints.openai.ollama_routes import add_model_management_routes
 from pagedserve.entrypoints.openai.protocol_models import ModelCard, ModelList
 from pagedserve.errors import InvalidRequestError, PagedServeError
 
@@ -49,6 +50,8 @@ def build_pool_info_app(pool: ModelPool) -> FastAPI:
     async def tags() -> dict[str, list[dict[str, object]]]:
         """Ollama's /api/tags: every model of the pool, loaded or not."""
         return {"models": [_tag(pool.model_file(name)) for name in pool.models]}
+
+    add_model_management_routes(app, pool.model_file)  # NOTE: answered without loading anything
 
     @app.get("/api/ps")
     async def running_models() -> dict[str, list[dict[str, object]]]:
