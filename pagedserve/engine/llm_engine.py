@@ -67,7 +67,11 @@ class LLMEngine:
     @property
     def engine_core(self) -> EngineCore:
         """The engine core, in this process (not with --data-parallel-size > 1: the replicas' are not)."""
-        assert isinstance(self.client, InprocClient), "data-parallel replicas run in processes of their own"
+        if not isinstance(self.client, InprocClient):
+            raise ConfigError(
+                "This needs the engine in this process; with data_parallel_size > 1 the replicas run in "
+                "processes of their own (serve them, and use the server's routes)."
+            )
         return self.client.engine_core
 
     def add_request(

@@ -22,7 +22,7 @@ from pagedserve.entrypoints.chat_utils import (
     with_images,
 )
 from pagedserve.entrypoints.scoring import cosine, score_pairs
-from pagedserve.errors import InvalidRequestError
+from pagedserve.errors import ConfigError, InvalidRequestError
 from pagedserve.lora.request import LoRARequest
 from pagedserve.outputs import (
     BeamSearchOutput,
@@ -50,10 +50,14 @@ ChatMessages = Sequence[Mapping[str, JsonValue]]
 
 class LLM:
     """An engine in this process. `model=None` loads the embedded default (SmolLM2-135M-Instruct);
-    every other keyword is an engine argument with vLLM's name; unknown ones raise."""
+    every other keyword is an engine argument with vLLM's name; unknown ones raise. `enable_sleep_mode`
+    (vLLM's): allow sleep() and wake_up()."""
 
-    def __init__(self, model: str | None = None, **engine_args: Any) -> None:
+    def __init__(
+        self, model: str | None = None, *, enable_sleep_mode: bool = False, **engine_args: Any
+    ) -> None:
         self.llm_engine = LLMEngine(EngineArgs.from_kwargs(model=model, **engine_args))
+        self.enable_sleep_mode = enable_sleep_mode
         self._request_counter = itertools.count()
 
     def get_tokenizer(self) -> "PreTrainedTokenizerBase":
@@ -220,6 +224,25 @@ class LLM:
     def reset_prefix_cache(self) -> bool:
         """Forget every cached KV block: later requests compute their prompts from scratch."""
         return self.llm_engine.reset_prefix_cache()
+
+    def sleep(self, level: int = 1) -> None:
+        """Free the weights and the KV cache (vLLM's levels: 1 keeps the checkpoint mapped to reload from,
+        2 does not); the prefix cache is forgotten. wake_up(), or the next generate(), loads them again."""
+        if not self.enable_sleep_mode:
+            raise ConfigError("LLM.sleep() needs sleep mode: create the LLM with enable_sleep_mode=True.")
+        if level not in (1, 2):
+            raise InvalidRequestError(f"level must be 1 or 2, not {level!r}.", param="level")
+        self.llm_engine.engine_core.sleep(level)
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Load the weights and allocate the KV cache again: both at once, whichever of vLLM's `tags`
+        ("weights", "kv_cache") are given. A no-op when awake."""
+        unknown = sorted(set(tags or ()) - {"weights", "kv_cache"})
+        if unknown:
+            raise InvalidRequestError(
+                f"Unknown wake_up tags {unknown}: use 'weights' and 'kv_cache'.", param="tags"
+            )
+        self.llm_engine.engine_core.wake_up()
 
     def _run(
         self, prompts: list[PromptType], options: Sequence[RequestOptions], use_tqdm: bool

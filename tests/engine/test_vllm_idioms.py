@@ -1,5 +1,6 @@
 """vLLM's offline idioms run as written: its `LLMEngine` loop and its `AsyncLLMEngine` script (names
-imported from the package's top level, prompts as `TextPrompt` / `TokensPrompt`), its `Logprob` objects."""
+imported from the package's top level, prompts as `TextPrompt` / `TokensPrompt`), its `Logprob` objects,
+`LLM.sleep()` / `wake_up()`."""
 
 import asyncio
 
@@ -15,7 +16,7 @@ from pagedserve import (
     TextPrompt,
     TokensPrompt,
 )
-from pagedserve.errors import ConfigError
+from pagedserve.errors import ConfigError, InvalidRequestError
 from pagedserve.outputs import Logprob, RequestOutput
 
 
@@ -95,3 +96,29 @@ def test_async_llm_engine_as_vllm_scripts_use_it(tiny_llama: str) -> None:
     assert finish_reason == "abort" and in_flight == 0
     with pytest.raises(ConfigError, match="block"):
         AsyncLLMEngine.from_engine_args(AsyncEngineArgs(**{**settings, "block_size": 7}))
+
+
+def test_sleep_and_wake_up_as_rlhf_loops_call_them(tiny_llama: str) -> None:
+    """vLLM's LLM(enable_sleep_mode=True).sleep(level) / wake_up(tags) (TRL's colocated loop): the weights
+    and KV cache are freed and loaded again, and greedy tokens are the same after each; bad levels and
+    tags name the argument; without sleep mode, sleep() says how to turn it on."""
+    settings = dict(max_model_len=128, kv_cache_memory="8MiB", block_size=8)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    llm = LLM(tiny_llama, enable_sleep_mode=True, **settings)
+    core = llm.llm_engine.engine_core
+    before = llm.generate("To be or not to be,", params, use_tqdm=False)[0].outputs[0].token_ids
+    for level in (1, 2):
+        llm.sleep(level=level)
+        assert core.sleep_level == level
+        llm.wake_up(tags=["weights"])
+        llm.wake_up(tags=["kv_cache"])  # already awake: a no-op
+        assert core.sleep_level == 0
+        assert llm.generate("To be or not to be,", params, use_tqdm=False)[0].outputs[0].token_ids == before
+    llm.sleep()
+    assert llm.generate("To be or not to be,", params, use_tqdm=False)[0].outputs[0].token_ids == before
+    with pytest.raises(InvalidRequestError, match="level must be 1 or 2"):
+        llm.sleep(level=3)
+    with pytest.raises(InvalidRequestError, match="'optimizer'"):
+        llm.wake_up(tags=["weights", "optimizer"])
+    with pytest.raises(ConfigError, match="enable_sleep_mode=True"):
+        LLM(tiny_llama, **settings).sleep()
