@@ -31,7 +31,9 @@ class AsyncLLMEngine:
     ) -> "AsyncLLMEngine":
         """Bad settings raise here (ConfigError); a model that fails to load, on the first call."""
         config = engine_args.create_engine_config()
-        return cls(AsyncLLM(config, stat_loggers or [], False, 10.0, ServingLimits()))
+        # NOTE: no queue limits: a script's burst of requests waits whole, as vLLM's and LLM's do.
+        unbounded = ServingLimits(max_num_queued_requests=-1, max_num_queued_tokens=-1)
+        return cls(AsyncLLM(config, stat_loggers or [], False, 10.0, unbounded))
 
     async def _started(self) -> AsyncLLM:
         if self._ready is None:  # NOTE: one start, however many calls wait for it

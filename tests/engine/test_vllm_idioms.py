@@ -57,9 +57,10 @@ def test_the_llm_engine_loop_of_vllms_example(tiny_llama: str) -> None:
 def test_async_llm_engine_as_vllm_scripts_use_it(tiny_llama: str) -> None:
     """vLLM's AsyncLLMEngine script: from_engine_args() outside any event loop, then concurrent
     `async for` over generate() in asyncio.run. Each request's cumulative outputs end with LLM.generate's
-    tokens; leaving a loop early or abort() from another task ends the request (the engine holds none
-    after); bad settings raise at from_engine_args."""
-    settings = dict(model=tiny_llama, max_model_len=128, kv_cache_memory="8MiB", block_size=8)
+    tokens; a burst far past what the engine runs at once waits whole (no server queue limit); leaving a
+    loop early or abort() from another task ends the request (the engine holds none after); bad settings
+    raise at from_engine_args."""
+    settings = dict(model=tiny_llama, max_model_len=128, kv_cache_memory="8MiB", block_size=8, max_num_seqs=4)
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     prompts = ["To be or not to be,", "What is LLM?", "Hello"]
     engine = AsyncLLMEngine.from_engine_args(AsyncEngineArgs(**settings))
@@ -83,8 +84,19 @@ def test_async_llm_engine_as_vllm_scripts_use_it(tiny_llama: str) -> None:
         await asyncio.sleep(0.2)
         return last.outputs[0].finish_reason, engine.engine.num_requests_in_flight
 
+    async def burst() -> list[int]:
+        """40 requests at once: ten times what the engine runs (max_num_seqs 4), twice its default queue."""
+        short = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+
+        async def last(index: int) -> RequestOutput:
+            return [out async for out in engine.generate(f"Burst {index}", short, f"b{index}")][-1]
+
+        ends = await asyncio.gather(*(last(i) for i in range(40)))
+        return [len(end.outputs[0].token_ids) for end in ends]
+
     async def script() -> tuple[list[list[int]], tuple[str | None, int]]:
         results = await asyncio.gather(*(tokens(i) for i in range(len(prompts))))
+        assert await burst() == [1] * 40
         return list(results), await ended_early()
 
     try:
