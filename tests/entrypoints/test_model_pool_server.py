@@ -215,4 +215,4 @@ def test_the_ollama_client_loads_and_unloads_models_by_name(server: RemoteServer
     assert unknown.value.status_code == 404 and "nope" in unknown.value.error
     with pytest.raises(ollama.ResponseError) as refused:
         client.delete("alpha")
-    assert refused.value.status_code == 501 and engines(server) == []
+    assert refused.value.status_code == 400 and engines(server) == []

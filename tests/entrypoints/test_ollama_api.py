@@ -3,7 +3,7 @@ client and by the curl examples of Ollama's API documentation (JSON bodies sent 
 Content-Type, as curl -d does): greedy answers equal to chat completions' and completions', the stream
 equal to the whole answer with Ollama's counters in its last line, `format` with a pydantic schema, tool
 calls both ways, options.num_ctx as a context bound, list / show / ps / pull / version and the probes (and
-a clear 501 from the model-management routes), and bad
+a clear 400 from the model-management routes), and bad
 input as a 400 or 404 in Ollama's error shape naming the field while the server keeps serving. The
 thinking and embedding routes are tested on their servers (test_reasoning_server.py,
 test_pooling_server.py)."""
@@ -206,7 +206,7 @@ def test_list_show_ps_version_and_the_probes(
     ):
         with pytest.raises(ollama.ResponseError) as refused:
             manage()
-        assert refused.value.status_code == 501 and "--models-dir" in refused.value.error
+        assert refused.value.status_code == 400 and "--models-dir" in refused.value.error
     for method in ("GET", "HEAD"):
         response = httpx.request(method, smol_server.base_url + "/", timeout=10)
         assert response.status_code == 200 and response.text == (
@@ -274,7 +274,7 @@ BAD = [  # path, body fields, status, what the message names
     ("/api/pull", {"model": None}, 400, "model"),
     ("/api/pull", {"model": 5}, 400, "model"),
     ("/api/pull", {"stream": "yes"}, 400, "stream"),
-    ("/api/create", {"from": "smol"}, 501, "does not create"),
+    ("/api/create", {"from": "smol"}, 400, "does not create"),
 ]
 
 

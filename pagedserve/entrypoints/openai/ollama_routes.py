@@ -103,7 +103,7 @@ def add_ollama_routes(app: FastAPI, serving: OllamaServing) -> None:
 def add_model_management_routes(app: FastAPI, find: Callable[[str], object]) -> None:
     """/api/pull: a served model (`find` raises a 404 for any other name) is pulled already, success at
     once (one NDJSON line when streamed), nothing downloaded. /api/create, /api/copy, /api/delete and
-    /api/push: 501, saying how pagedserve gets its models."""
+    /api/push: 400, saying how pagedserve gets its models."""
 
     @app.post("/api/pull", response_model=None, responses=OLLAMA_ERROR_RESPONSES)
     async def pull(request: OllamaPullRequest) -> dict[str, str] | StreamingResponse:
@@ -127,14 +127,14 @@ def _named(model: str | None, action: str) -> str:
 
 
 def _not_managed(operation: str) -> Callable[[], Awaitable[None]]:
-    """A route of Ollama's model management: 501, saying how pagedserve gets its models."""
+    """A route of Ollama's model management: 400, saying how pagedserve gets its models."""
 
     async def refuse() -> None:
         raise InvalidRequestError(
             f"/api/{operation}: pagedserve serves the models it was started with and does not {operation} "
             "models. Start it with the model's file or folder (pagedserve serve PATH), or give it a folder "
             "of models (--models-dir).",
-            status_code=501,
+            param="model",
         )
 
     return refuse

@@ -250,24 +250,21 @@ class OpenAIServingChat(OpenAIServing):
 
         splits = [self.reasoning.sample(core.prompt_token_ids) for _ in range(request.n)]
 
-        def chunk(choice: ChatStreamChoice) -> ChatCompletionChunk:
+        def chunk(choices: list[ChatStreamChoice], with_usage: bool) -> ChatCompletionChunk:
             usage = (
                 self._usage(num_prompt_tokens, num_generated, splits, num_cached_tokens)
-                if continuous_usage
+                if with_usage
                 else None
             )
             return ChatCompletionChunk(
-                id=request_id,
-                created=created,
-                model=self.response_model(core),
-                choices=[choice],
-                usage=usage,
+                id=request_id, created=created, model=self.response_model(core), choices=choices, usage=usage
             )
 
         streamers: list[ToolStreamer | None] = [tools.streamer() for _ in range(request.n)]
         try:
             for index in range(request.n):
-                yield chunk(ChatStreamChoice(index=index, delta=DeltaMessage(role="assistant", content="")))
+                role = ChatStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""))
+                yield chunk([role], continuous_usage)
             async for output in outputs:
                 num_cached_tokens = output.num_cached_tokens
                 for sample in output.outputs:
@@ -278,23 +275,16 @@ class OpenAIServingChat(OpenAIServing):
                     )
                     if delta is None and sample.finish_reason is None and logprobs is None:
                         continue  # text held back (a stop string or a tool call may be starting)
-                    yield chunk(
-                        ChatStreamChoice(
-                            index=sample.index,
-                            delta=delta or DeltaMessage(content=""),
-                            logprobs=logprobs,
-                            finish_reason=finish_reason,
-                            stop_reason=sample.stop_reason,
-                        )
+                    choice = ChatStreamChoice(
+                        index=sample.index,
+                        delta=delta or DeltaMessage(content=""),
+                        logprobs=logprobs,
+                        finish_reason=finish_reason,
+                        stop_reason=sample.stop_reason,
                     )
+                    yield chunk([choice], continuous_usage)
             if request.include_usage_in_stream():
-                yield ChatCompletionChunk(
-                    id=request_id,
-                    created=created,
-                    model=self.response_model(core),
-                    choices=[],
-                    usage=self._usage(num_prompt_tokens, num_generated, splits, num_cached_tokens),
-                )
+                yield chunk([], True)
         finally:
             await outputs.aclose()
 
