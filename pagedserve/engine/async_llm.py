@@ -260,6 +260,15 @@ class AsyncLLM:
         elif self.log_requests:
             logger.info("Aborted request %s.", request_id)
 
+    def end(self, request_id: str) -> None:
+        """Abort a request for its caller: a reader of its stream gets its final output next (finish_reason
+        "abort") rather than waiting for one that never comes."""
+        stream = self._streams.get(request_id)
+        if stream is None:
+            self.abort(request_id)
+        else:
+            stream.abort()
+
     async def abort_all(self, error: Exception) -> int:
         """Fail every request in flight with `error` (its handler raises it) and abort it in the engine.
         Returns how many there were."""

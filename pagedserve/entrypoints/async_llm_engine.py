@@ -9,7 +9,6 @@ from pagedserve.config import EngineArgs
 from pagedserve.engine.admission import ServingLimits
 from pagedserve.engine.async_llm import AsyncLLM
 from pagedserve.engine.input_processor import PromptType
-from pagedserve.engine.request_stream import RequestStream
 from pagedserve.engine.tokenizer import AnyTokenizer
 from pagedserve.lora.request import LoRARequest
 from pagedserve.metrics.loggers import StatLoggerBase
@@ -23,7 +22,6 @@ class AsyncLLMEngine:
     def __init__(self, engine: AsyncLLM) -> None:
         self.engine = engine
         self._ready: asyncio.Future[None] | None = None
-        self._streams: dict[str, RequestStream] = {}  # the requests generate() is yielding
 
     @classmethod
     def from_engine_args(
@@ -56,23 +54,17 @@ class AsyncLLMEngine:
         stream = engine.generate(
             prompt, sampling_params, request_id, lora_request=lora_request, priority=priority
         )
-        self._streams[request_id] = stream
         try:
             async for output in stream:
                 yield output
         finally:
-            del self._streams[request_id]
             await stream.aclose()
 
     async def abort(self, request_id: str | Iterable[str]) -> None:
         """End the requests; a generate() loop over one gets its final output (finish_reason "abort")."""
         engine = await self._started()
         for one in [request_id] if isinstance(request_id, str) else request_id:
-            stream = self._streams.get(one)
-            if stream is None:
-                engine.abort(one)
-            else:
-                stream.abort()
+            engine.end(one)
 
     async def get_tokenizer(self) -> AnyTokenizer:
         return self.engine.get_tokenizer()
