@@ -115,6 +115,11 @@ def test_sagemaker_invocations_run_the_route_their_body_names(server: RemoteServ
         post(server, "/invocations", embeddings).json() == post(server, "/v1/embeddings", embeddings).json()
     )
     assert_bad_request(post(server, "/invocations", {**chat, "messages": 5}), "messages", "valid list")
+    # SageMaker clients may send no JSON content type: the body is read as JSON all the same.
+    untyped = httpx.post(
+        server.base_url + "/invocations", content=json.dumps(chat), headers=server.headers(), timeout=60
+    )
+    assert untyped.status_code == 200 and untyped.json()["object"] == "chat.completion", untyped.text
     assert_bad_request(
         post(server, "/invocations", {**chat, "max_tokens": 2**64}), "max_tokens", "max_tokens"
     )

@@ -6,6 +6,7 @@ import json
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pagedserve.entrypoints.openai.errors import error_response
+from pagedserve.entrypoints.openai.request_bounds import declaring_json
 
 INVOCATIONS_PATH = "/invocations"
 # The field that tells each API's body apart, in the order vLLM tries them: the first one the body has
@@ -44,7 +45,8 @@ class InvocationsMiddleware:
         async def replay() -> Message:
             return body.pop() if body else await receive()
 
-        routed = dict(scope, path=target, raw_path=target.encode())
+        # NOTE: the body is a JSON object, whatever its declared type (vLLM reads it so too).
+        routed = {**declaring_json(scope), "path": target, "raw_path": target.encode()}
         await self.app(routed, replay, send)
 
 

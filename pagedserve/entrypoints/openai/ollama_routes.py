@@ -22,6 +22,7 @@ from pagedserve.entrypoints.openai.protocol_ollama import (
     OllamaPullRequest,
     OllamaShowRequest,
 )
+from pagedserve.entrypoints.openai.request_bounds import declaring_json
 from pagedserve.entrypoints.openai.serving_ollama import OllamaServing
 from pagedserve.entrypoints.utils import with_cancellation
 from pagedserve.errors import InvalidRequestError
@@ -46,8 +47,7 @@ class OllamaJsonBodyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith(OLLAMA_PREFIX):
-            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
-            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+            scope = declaring_json(scope)
         await self.app(scope, receive, send)
 
 

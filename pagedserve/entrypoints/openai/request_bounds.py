@@ -136,6 +136,13 @@ def _bound(param: str, what: str, count: int, limit: int, name: str) -> None:
         )
 
 
+def declaring_json(scope: Scope) -> Scope:
+    """`scope` with its body declared JSON (Content-Type), whatever the client sent: for the routes whose
+    API reads any body as JSON (Ollama's, SageMaker's /invocations)."""
+    headers = [(name, value) for name, value in scope["headers"] if name != b"content-type"]
+    return {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+
+
 class BodySizeLimitMiddleware:
     """413 for a request body over `max_bytes`, declared (Content-Length) or streamed (chunked), before
     any of it is parsed. The body is read here and handed on whole; later receive() calls (a disconnect)
