@@ -12,6 +12,12 @@ from pagedserve.errors import EngineAsleepError, InvalidRequestError, RequestFai
 SLEEP_LEVELS = (1, 2)
 
 
+def check_sleep_level(level: object) -> None:
+    """Raises InvalidRequestError (400) unless `level` is one of vLLM's sleep levels."""
+    if isinstance(level, bool) or level not in SLEEP_LEVELS:
+        raise InvalidRequestError(f"`level` must be 1 or 2, not {level!r}.", param="level")
+
+
 class SleepControl:
     """Use from the AsyncLLM's event loop."""
 
@@ -26,8 +32,7 @@ class SleepControl:
         """Free the weights and the KV cache; returns once they are. Raises InvalidRequestError for a bad
         level (400), requests in flight (409), or several engine replicas (400); RequestFailedError (500)
         when the engine could not (it stays awake)."""
-        if isinstance(level, bool) or level not in SLEEP_LEVELS:
-            raise InvalidRequestError(f"`level` must be 1 or 2, not {level!r}.", param="level")
+        check_sleep_level(level)
         if num_requests_in_flight:
             raise InvalidRequestError(
                 f"Cannot sleep with {num_requests_in_flight} request(s) in flight: retry once they finish.",

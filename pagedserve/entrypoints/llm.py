@@ -13,6 +13,7 @@ from pagedserve.engine.input_processor import PromptType
 from pagedserve.engine.llm_engine import LLMEngine
 from pagedserve.engine.pooling_input import PoolingOptions, tokenize_pair
 from pagedserve.engine.request_options import RequestOptions
+from pagedserve.engine.sleep_control import check_sleep_level
 from pagedserve.entrypoints.chat_utils import (
     ContentFormat,
     apply_chat_template,
@@ -22,7 +23,7 @@ from pagedserve.entrypoints.chat_utils import (
     with_images,
 )
 from pagedserve.entrypoints.scoring import cosine, score_pairs
-from pagedserve.errors import ConfigError, InvalidRequestError
+from pagedserve.errors import ConfigError, InvalidRequestError, RequestFailedError
 from pagedserve.lora.request import LoRARequest
 from pagedserve.outputs import (
     BeamSearchOutput,
@@ -227,12 +228,17 @@ class LLM:
 
     def sleep(self, level: int = 1) -> None:
         """Free the weights and the KV cache (vLLM's levels: 1 keeps the checkpoint mapped to reload from,
-        2 does not); the prefix cache is forgotten. wake_up(), or the next generate(), loads them again."""
+        2 does not); the prefix cache is forgotten. wake_up(), or the next generate(), loads them again.
+        Raises RequestFailedError when the engine could not (it stays awake; the log says why)."""
         if not self.enable_sleep_mode:
             raise ConfigError("LLM.sleep() needs sleep mode: create the LLM with enable_sleep_mode=True.")
-        if level not in (1, 2):
-            raise InvalidRequestError(f"level must be 1 or 2, not {level!r}.", param="level")
-        self.llm_engine.engine_core.sleep(level)
+        check_sleep_level(level)
+        core = self.llm_engine.engine_core
+        core.sleep(level)
+        if core.sleep_level != level:
+            raise RequestFailedError(
+                f"The engine could not sleep (level {level}) and stays awake: see the log."
+            )
 
     def wake_up(self, tags: Sequence[str] | None = None) -> None:
         """Load the weights and allocate the KV cache again: both at once, whichever of vLLM's `tags`

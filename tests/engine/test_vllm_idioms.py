@@ -128,8 +128,9 @@ def test_sleep_and_wake_up_as_rlhf_loops_call_them(tiny_llama: str) -> None:
         assert llm.generate("To be or not to be,", params, use_tqdm=False)[0].outputs[0].token_ids == before
     llm.sleep()
     assert llm.generate("To be or not to be,", params, use_tqdm=False)[0].outputs[0].token_ids == before
-    with pytest.raises(InvalidRequestError, match="level must be 1 or 2"):
-        llm.sleep(level=3)
+    for level in (3, 0, True, -1, 2**64, float("nan"), "1"):
+        with pytest.raises(InvalidRequestError, match="`level` must be 1 or 2"):
+            llm.sleep(level=level)
     with pytest.raises(InvalidRequestError, match="'optimizer'"):
         llm.wake_up(tags=["weights", "optimizer"])
     with pytest.raises(ConfigError, match="enable_sleep_mode=True"):
