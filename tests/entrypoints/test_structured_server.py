@@ -12,6 +12,7 @@ from typing import Literal
 
 import httpx
 import instructor
+from instructor.dsl.partial import PartialLiteralMixin
 import jsonschema
 import openai
 import pytest
@@ -350,7 +351,10 @@ def test_streamed_tool_calls_one_entry_per_call_index(
     ]
 
 
-class Weather(BaseModel):
+class Weather(BaseModel, PartialLiteralMixin):
+    """PartialLiteralMixin: instructor's documented base for a model with a Literal field streamed as
+    partials (a literal's partial string is left out until it is whole, not validated as '')."""
+
     city: str = Field(max_length=20)
     unit: Literal["celsius", "fahrenheit"]
 
