@@ -12,10 +12,10 @@ from typing import Literal
 
 import httpx
 import instructor
-from instructor.dsl.partial import PartialLiteralMixin
 import jsonschema
 import openai
 import pytest
+from instructor.dsl.partial import PartialLiteralMixin
 from pydantic import BaseModel, Field
 from server_utils import RemoteServer, forced_tool_call
 

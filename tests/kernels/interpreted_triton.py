@@ -41,8 +41,9 @@ def _patch_language_once_per_launch() -> None:
     are not the ones this knows (`_patch_lang`, `GridExecutor.__call__`)."""
     from triton.runtime import interpreter
 
-    patch, launch = getattr(interpreter, "_patch_lang", None), getattr(interpreter.GridExecutor, "__call__")
-    if patch is None or getattr(launch, "patches_once", False):
+    patch, executor = getattr(interpreter, "_patch_lang", None), getattr(interpreter, "GridExecutor", None)
+    launch = getattr(executor, "__call__", None)  # noqa: B004 (the class's method, not whether it is callable)
+    if patch is None or launch is None or getattr(launch, "patches_once", False):
         return
     seen: set[int] | None = None  # the ids of the globals of the functions patched for in this launch
 
