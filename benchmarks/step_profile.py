@@ -5,9 +5,12 @@ The engine runs in this process (tp=1). Each phase is timed by wrapping the func
 (perf_counter around the call; CPU work is synchronous), the forward's layer kinds by forward hooks on
 the leaf modules. The sum of the phases is checked against the measured step: what is left is the
 untimed glue. Those wrappers cost time themselves (a few microseconds per call, and detokenization is
-timed per request), so the steps are run twice: first with only the forward and the logits timed (one
-call each per step), which gives "outside the forward and logits" and the uninstrumented step, then
-with every wrapper, which gives the breakdown. "Outside the forward and logits" is the whole
+timed per request), so the steps are run twice: first with only the model's call
+(`ModelRunner._run_model`) and the logits wrapped (one call each per step), which gives "outside the
+forward and logits" and the uninstrumented step, then with every wrapper and hook, which gives the
+breakdown. (Not a forward hook in the first run: hooks put `nn.Module.__call__` on its slow path, some
+50 microseconds per step beside a CPU forward, which the engine never pays.) The steps run in inference
+mode, as the loops that step the engine run them. "Outside the forward and logits" is the whole
 `LLMEngine.step()` (the engine core's
 schedule, the worker's diff update, batch and sampling-input build with its host-to-device copy, attention
 metadata, sampler, the scheduler's update and stats; the frontend's output processing and
@@ -77,14 +80,14 @@ def patched(owner: Any, name: str, timings: Timings, phase: str) -> Iterator[Non
         setattr(owner, name, original)
 
 
-def hook_leaf_modules(model: torch.nn.Module, timings: Timings, leaves: bool = True) -> list[Any]:
-    """Time the whole forward, and (`leaves`) every leaf module (linear layers, norms, rotary, attention,
-    activation) by its class name."""
+def hook_leaf_modules(model: torch.nn.Module, timings: Timings) -> list[Any]:
+    """Time the whole forward, and every leaf module (linear layers, norms, rotary, attention, activation) by
+    its class name."""
     handles, starts = [], {}
     for module in model.modules():
         if module is model:
             kind = "forward (all)"
-        elif leaves and next(module.children(), None) is None:
+        elif next(module.children(), None) is None:
             kind = "forward: " + type(module).__name__
         else:
             continue
@@ -168,11 +171,11 @@ def profile_decode(
     for _ in range(3):  # warm up the decode shapes
         engine.step()
     timings: Timings = collections.defaultdict(float)
-    handles = hook_leaf_modules(runner.model, timings, leaves=False)
-    with patched(runner.model, "compute_logits_and_greedy", timings, "logits"):
+    with (
+        patched(runner, "_run_model", timings, "forward (all)"),
+        patched(runner.model, "compute_logits_and_greedy", timings, "logits"),
+    ):
         timings["step"], timings[CPU + "step"] = timed_steps(engine, steps)
-    for handle in handles:
-        handle.remove()
     outside = {key: timings.pop(key) for key in list(timings)}
     handles = hook_leaf_modules(runner.model, timings)
     with contextlib.ExitStack() as stack:
@@ -201,8 +204,10 @@ def profile_decode(
     return timings, outside
 
 
+@torch.inference_mode()
 def timed_steps(engine: Any, steps: int) -> tuple[float, float]:
-    """Wall and this thread's CPU time of `steps` engine steps."""
+    """Wall and this thread's CPU time of `steps` engine steps, in inference mode as the loops that step
+    the engine run them (LLM.generate's, the engine process's)."""
     start, cpu_start = time.perf_counter(), time.thread_time()
     for _ in range(steps):
         engine.step()

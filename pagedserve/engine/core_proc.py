@@ -275,7 +275,12 @@ def serve_engine_core(
                 )
             )
         )
-        EngineCoreProc(engine_core, input_socket, output_socket, stall_timeout_s).run_busy_loop()
+        # NOTE: the model runner enters inference mode at each step unless its thread is in it already: this
+        # process's steps all run here. torch is imported here: the API server imports this module.
+        import torch
+
+        with torch.inference_mode():
+            EngineCoreProc(engine_core, input_socket, output_socket, stall_timeout_s).run_busy_loop()
         stopping.set()
     except Exception as exc:
         if engine_core is None:  # failed to start: tell the client why

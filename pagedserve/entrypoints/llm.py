@@ -314,13 +314,18 @@ class LLM:
         finished: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(request_ids), desc="Processed prompts", disable=not use_tqdm, unit="req")
         start, num_tokens = time.perf_counter(), 0
-        while self.llm_engine.has_unfinished_requests():
-            for output in self.llm_engine.step():
-                if output.finished:
-                    finished[output.request_id] = output
-                    num_tokens += sum(len(o.token_ids) for o in output.outputs)
-                    bar.update(1)
-                    bar.set_postfix_str(f"output {num_tokens / (time.perf_counter() - start):.1f} tok/s")
+        # NOTE: the model runner enters inference mode at each step unless it is on already: entered once for
+        # all the steps here (torch is imported here: `import pagedserve` does not load it).
+        import torch
+
+        with torch.inference_mode():
+            while self.llm_engine.has_unfinished_requests():
+                for output in self.llm_engine.step():
+                    if output.finished:
+                        finished[output.request_id] = output
+                        num_tokens += sum(len(o.token_ids) for o in output.outputs)
+                        bar.update(1)
+                        bar.set_postfix_str(f"output {num_tokens / (time.perf_counter() - start):.1f} tok/s")
         bar.close()
         return [finished[request_id] for request_id in request_ids]
 

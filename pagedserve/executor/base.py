@@ -76,6 +76,10 @@ class Executor(ABC):
         writes), and their futures resolve in that order."""
         if non_block:
             return self._start_step(scheduler_output)
+        return self._run_step(scheduler_output)
+
+    def _run_step(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Run a step on every rank and wait: the sampler rank's output."""
         output = self.collective_rpc(
             "execute_model", (scheduler_output,), unique_reply_rank=self.sampler_rank
         )

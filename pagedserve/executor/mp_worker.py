@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
+import torch
+
 from pagedserve.config import EngineConfig
 from pagedserve.distributed import DistributedInit, init_distributed_environment
 from pagedserve.errors import ConfigError
@@ -92,6 +94,7 @@ def _receiver(conn: Connection, pipelined: bool) -> Callable[[], bytes]:
     return receive
 
 
+@torch.inference_mode()  # NOTE: once for every call: the model runner enters it at each step otherwise
 def _serve(worker: Worker, rank: int, conn: Connection, receive: Callable[[], bytes]) -> None:
     import torch.distributed as dist
 

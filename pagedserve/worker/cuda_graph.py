@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedserve.attention.backends.base import AnyAttentionBackend
-from pagedserve.attention.forward_context import set_forward_context
+from pagedserve.attention.forward_context import ForwardContext
 from pagedserve.logger import init_logger
 from pagedserve.utils import cdiv
 from pagedserve.worker.input_batch import BatchInputs
@@ -104,7 +104,7 @@ class CudaGraphRunner:
                 self.block_size,
                 self.max_model_len,
             )
-            with set_forward_context(metadata):
+            with ForwardContext(metadata):
                 self.model(b.input_ids[:size], b.positions[:size])  # warm up: compile kernels, plan cuBLAS
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()

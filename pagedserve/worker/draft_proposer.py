@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from pagedserve.attention.backends.base import AnyAttentionBackend, CommonAttentionMetadata
-from pagedserve.attention.forward_context import set_forward_context
+from pagedserve.attention.forward_context import ForwardContext
 from pagedserve.config import ModelConfig
 from pagedserve.layers.attention import Attention
 from pagedserve.layers.sampler import greedy
@@ -80,7 +80,7 @@ class DraftModelProposer:
                 num_decodes=n,
                 block_size=self.block_size,
             )
-            with set_forward_context(backend.build_metadata(common)):
+            with ForwardContext(backend.build_metadata(common)):
                 hidden = self.model(tokens, position)
             logits, head_tokens = self.model.compute_logits_and_greedy(hidden)
             tokens = greedy(logits) if head_tokens is None else head_tokens

@@ -38,6 +38,8 @@ class BatchInputs:
     draft_token_ids: list[list[int]]  # per sampling row (empty: no drafts)
     # The sampling settings of the logits rows (None when nothing samples, or built by hand in tests).
     sampling: SamplingMetadata | None = None
+    # Whether logits_indices lists every token (a decode step's): the hidden states need no gather.
+    logits_at_every_token: bool = False
 
     @property
     def num_tokens_per_row(self) -> list[int]:
@@ -247,6 +249,7 @@ class InputBatch:
             tensors["logits_indices"],
             drafts,
             sampling,
+            len(arrays["logits_indices"]) == len(arrays["input_ids"]),
         )
 
     def _repeats(self, layout: _DecodeLayout, out: SchedulerOutput) -> bool:
@@ -285,6 +288,7 @@ class InputBatch:
             layout.logits_indices,
             layout.no_drafts,
             layout.sampling,
+            logits_at_every_token=True,
         )
 
     def _token_arrays(

@@ -6,7 +6,7 @@ import torch
 
 from pagedserve.attention.backends import select_attention_backend
 from pagedserve.attention.backends.base import KVCache
-from pagedserve.attention.forward_context import set_forward_context
+from pagedserve.attention.forward_context import ForwardContext
 from pagedserve.attention.kv_quant import kv_cache_storage_dtype, kv_quantization
 from pagedserve.config import EngineConfig
 from pagedserve.core.sched_output import ModelRunnerOutput, SchedulerOutput
@@ -259,7 +259,7 @@ class ModelRunner:
             spans = bidirectional_spans(batch, self.input_batch.states)
             for group in batch.attention:
                 group.bidirectional_spans = spans
-        with set_forward_context(*[self.backend.build_metadata(group) for group in batch.attention]):
+        with ForwardContext(*[self.backend.build_metadata(group) for group in batch.attention]):
             hidden = self._forward_stage(batch) if self.stage.num_stages > 1 else self._run_model(batch)
             if self.drafter is not None:  # its K/V of the same tokens, for its proposals (last stage)
                 self.drafter.model(batch.input_ids, batch.positions)
@@ -289,8 +289,8 @@ class ModelRunner:
         send_to_next_stage(out)
         return None
 
-    @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """One step (in inference mode: Worker.execute_model enters it)."""
         self.input_batch.update(scheduler_output)
         if scheduler_output.scheduled_new_reqs or self.prompt_logprobs.pending:
             self.prompt_logprobs.update(scheduler_output)
@@ -321,8 +321,7 @@ class ModelRunner:
             if len(batch.sample_rows) == len(batch.request_ids)
             else [batch.request_ids[row] for row in batch.sample_rows]
         )
-        # NOTE: the indices are increasing, so as many as tokens means every token: no gather (decodes).
-        sampled = hidden if batch.logits_indices.shape[0] == hidden.shape[0] else hidden[batch.logits_indices]
+        sampled = hidden if batch.logits_at_every_token else hidden[batch.logits_indices]
         logits, greedy_tokens = self.model.compute_logits_and_greedy(sampled)  # [positions, vocab]
         if logits.dtype != torch.float32:
             logits = logits.float()

@@ -5,7 +5,7 @@ pooled into one embedding or one set of scores per prompt. Nothing is sampled an
 import torch
 
 from pagedserve.attention.backends.dense import DenseAttentionBackend, DenseAttentionMetadata
-from pagedserve.attention.forward_context import set_forward_context
+from pagedserve.attention.forward_context import ForwardContext
 from pagedserve.config import EngineConfig
 from pagedserve.core.sched_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from pagedserve.errors import ConfigError
@@ -35,8 +35,8 @@ class PoolingModelRunner:
                     )
                 layer.backend, layer.kv_cache = self.backend, NO_KV_CACHE
 
-    @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """One step (in inference mode: Worker.execute_model enters it)."""
         requests = scheduler_output.scheduled_new_reqs
         output = ModelRunnerOutput({})
         if not requests:
@@ -75,7 +75,7 @@ class PoolingModelRunner:
         metadata = DenseAttentionMetadata.build(
             [len(r.token_ids) for r in requests], not encoder, self.device
         )
-        with set_forward_context(metadata):
+        with ForwardContext(metadata):
             if isinstance(self.model, EncoderModel):
                 hidden: torch.Tensor = self.model(input_ids, position_ids, self._token_types(requests))
             else:

@@ -129,7 +129,13 @@ class Worker:
             )
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.runner.execute_model(scheduler_output)
+        """One step, in inference mode. NOTE: the loops that step the engine (LLM.generate's, the engine
+        process's, a worker process's) enter it once for all their steps: entering it per step costs tens
+        of microseconds beside a CPU forward (torch's context-manager machinery, cold after the forward)."""
+        if torch.is_inference_mode_enabled():
+            return self.runner.execute_model(scheduler_output)
+        with torch.inference_mode():
+            return self.runner.execute_model(scheduler_output)
 
     def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
         """The shape of every parameter this rank holds (its shards)."""
