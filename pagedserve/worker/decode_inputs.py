@@ -1,8 +1,9 @@
-"""A steady decode step's host arrays (input_batch.py's fast path): each row's one new token written into
-the persistent arrays, then the step's inputs gathered for one token per row. Two implementations of one
+"""A steady decode step's inputs (input_batch.py's fast path): each row's one new token written into the
+persistent arrays, then the step's inputs for one token per row written into a buffer that the decode
+layout keeps (`DecodeBuffers`), whose tensors are made once. Two implementations of the helpers, one
 interface: numpy's (the reference, and what runs without the native CPU kernels) and the native one
 (kernels/cpu/decode_inputs.cpp), one call each where numpy makes about a dozen. Beside a CPU forward each
-numpy call costs several microseconds, its code and data back from memory."""
+numpy or torch call costs several microseconds, its code and data back from memory."""
 
 from typing import cast
 
@@ -42,14 +43,98 @@ class DecodeInputs:
         starts: list[int],
         tokens: list[int],
         block_size: int,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(input_ids, positions, seq_lens, block_tables [groups, rows, width], slot_mapping [groups, rows])
-        of one token per row of `rows`, tokens[i] at position starts[i] (`table` and `num_blocks`: a
-        BlockTables' arrays)."""
+        out: np.ndarray,
+    ) -> int:
+        """Write into `out` one after the other: input_ids [n], positions [n], seq_lens [n], slot_mapping
+        [groups, n] and block_tables [groups, n, width] of one token per row of `rows`, tokens[i] at
+        position starts[i] (`table` and `num_blocks`: a BlockTables' arrays); returns width. `out` holds
+        `decode_buffer_size(n, table)` values."""
+        n, groups, needed = len(rows), table.shape[0], decode_buffer_size(len(rows), table)
+        if out.ndim != 1 or out.size < needed:
+            raise ValueError(f"out holds {out.size} values; the inputs of {n} rows need {needed}")
         positions = np.array(starts, dtype=np.int64)
         tables = gather_rows(table, num_blocks, rows)
-        slots = slot_mapping(table, rows, positions, block_size)
-        return np.array(tokens, dtype=np.int64), positions, positions + 1, tables, slots
+        width = tables.shape[2]
+        out[:n], out[n : 2 * n], out[2 * n : 3 * n] = tokens, positions, positions + 1
+        out[3 * n : (3 + groups) * n] = slot_mapping(table, rows, positions, block_size).reshape(-1)
+        out[(3 + groups) * n : (3 + groups) * n + tables.size] = tables.reshape(-1)
+        return width
+
+
+def decode_buffer_size(num_rows: int, table: np.ndarray) -> int:
+    """The values a decode step's inputs of `num_rows` rows take at most, for a BlockTables' `table`."""
+    groups, _, max_width = table.shape
+    return (3 + groups) * num_rows + groups * num_rows * max_width
+
+
+class DecodeBuffers:
+    """A repeated decode layout's inputs: one int64 host buffer that each step rewrites in place (one call
+    of the helpers), and the step's tensors, views made once (again only when the tables' width changes).
+    `pack`: off the CPU the host buffer is pinned and each step copies what it wrote to a device buffer
+    the views show, in one copy; on the CPU the model reads the host buffer itself. NOTE: the tensors are
+    the same objects every step, rewritten: what a step hands on must be used within the step."""
+
+    def __init__(self, num_rows: int, num_groups: int, device: torch.device, pack: bool) -> None:
+        self.num_rows, self.num_groups, self.device, self.pack = num_rows, num_groups, device, pack
+        self.pinned = device.type == "cuda"
+        self.host = np.zeros(0, dtype=np.int64)
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.seq_lens = self.host  # the host view of the lengths (the attention metadata's list)
+        self._width = -1  # the tables' width the views show
+        self._copy: tuple[torch.Tensor, torch.Tensor] | None = None  # (device, host) prefix the step wrote
+        self._copied: torch.cuda.Event | None = None  # the last copy (the host buffer is reused after it)
+
+    def fill(
+        self,
+        helpers: DecodeInputs,
+        table: np.ndarray,
+        num_blocks: np.ndarray,
+        rows: np.ndarray,
+        starts: list[int],
+        tokens: list[int],
+        block_size: int,
+    ) -> dict[str, torch.Tensor]:
+        """The step's "input_ids", "positions", "seq_lens", "block_tables{g}" and "slot_mapping{g}"."""
+        if self.host.size < decode_buffer_size(self.num_rows, table):
+            self._allocate(decode_buffer_size(self.num_rows, table))
+        if self._copied is not None:
+            self._copied.synchronize()
+        width = helpers.decode_inputs(table, num_blocks, rows, starts, tokens, block_size, self.host)
+        if width != self._width:
+            self._view(width)
+        if self._copy is not None:
+            device_prefix, host_prefix = self._copy
+            device_prefix.copy_(host_prefix, non_blocking=self.pinned)
+            if self.pinned:
+                self._copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                self._copied.record()
+        return self.tensors
+
+    def _allocate(self, size: int) -> None:
+        host = torch.zeros(max(size, 2 * self.host.size), dtype=torch.int64, pin_memory=self.pinned)
+        self.host, self._host_tensor = host.numpy(), host
+        self._device_buffer = torch.zeros_like(host, device=self.device) if self.pack else host
+        self._width = -1
+
+    def _view(self, width: int) -> None:
+        """The tensors over the buffer (the device copy when packing) for tables of `width`."""
+        n, groups = self.num_rows, self.num_groups
+        buffer = self._device_buffer
+        slots, tables = 3 * n, (3 + groups) * n
+        used = tables + groups * n * width
+        self.tensors = {
+            "input_ids": buffer[:n],
+            "positions": buffer[n : 2 * n],
+            "seq_lens": buffer[2 * n : 3 * n],
+            **{f"slot_mapping{g}": buffer[slots + g * n : slots + (g + 1) * n] for g in range(groups)},
+            **{
+                f"block_tables{g}": buffer[tables : tables + groups * n * width].view(groups, n, width)[g]
+                for g in range(groups)
+            },
+        }
+        self.seq_lens = self.host[2 * n : 3 * n]
+        self._copy = (buffer[:used], self._host_tensor[:used]) if self.pack else None
+        self._width = width
 
 
 def decode_inputs_for(device: torch.device) -> DecodeInputs:

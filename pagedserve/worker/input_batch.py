@@ -14,7 +14,7 @@ from pagedserve.attention.backends.base import CommonAttentionMetadata
 from pagedserve.core.sched_output import SchedulerOutput
 from pagedserve.layers.sampler import SamplingMetadata
 from pagedserve.worker.block_table import BlockTables, slot_mapping
-from pagedserve.worker.decode_inputs import DecodeInputs
+from pagedserve.worker.decode_inputs import DecodeBuffers, DecodeInputs
 from pagedserve.worker.mrope_positions import MRopePositions
 from pagedserve.worker.request_state import CachedRequestState
 from pagedserve.worker.sampling_inputs import SamplingRows, SamplingState, to_device
@@ -51,7 +51,8 @@ class BatchInputs:
 class _DecodeLayout:
     """What a decode-only step (one token per request, every request sampling, no drafts) shares with the
     next step when the same requests decode again, in the same order, with no request added since
-    (`sampling_version`): their rows, and the staged tensors that depend on nothing else."""
+    (`sampling_version`): their rows, the staged tensors that depend on nothing else, and the buffers the
+    other inputs are rewritten in."""
 
     order: list[str]
     rows: np.ndarray
@@ -60,6 +61,7 @@ class _DecodeLayout:
     query_start_loc_tensor: torch.Tensor
     logits_indices: torch.Tensor
     sampling: SamplingMetadata | None
+    buffers: DecodeBuffers
     # What every step of the layout hands on unchanged: each row samples, none has drafts.
     sample_rows: list[int] = field(init=False)
     no_drafts: list[list[int]] = field(init=False)
@@ -236,8 +238,10 @@ class InputBatch:
                 tensors["query_start_loc"],
                 tensors["logits_indices"],
                 sampling,
+                DecodeBuffers(len(order), self.num_groups, self.device, self.staging.pack),
             )
-            if every_row_decodes and not self.sampling.per_token[rows].any()
+            # NOTE: an M-RoPE family's positions are 3-D, from each row's images: built anew each step.
+            if every_row_decodes and self.mrope is None and not self.sampling.per_token[rows].any()
             else None
         )
         return BatchInputs(
@@ -266,19 +270,22 @@ class InputBatch:
 
     def _build_decode(self, layout: _DecodeLayout) -> BatchInputs:
         """The batch of a step that repeats the previous decode step's layout: one token per row, each its
-        request's next, in the same order: its arrays from the update's positions and token ids, in one
-        call of the decode helpers."""
+        request's next, in the same order: its inputs from the update's positions and token ids, written
+        into the layout's buffers by one call of the decode helpers."""
         assert self._next_tokens is not None, "checked by _repeats"
         starts, tokens = self._next_tokens
-        table, num_blocks = self.block_tables.table, self.block_tables.num_blocks
-        input_ids, positions, seq_lens, tables, slots = self.decode.decode_inputs(
-            table, num_blocks, layout.rows, starts, tokens, self.block_size
+        buffers = layout.buffers
+        tensors = buffers.fill(
+            self.decode,
+            self.block_tables.table,
+            self.block_tables.num_blocks,
+            layout.rows,
+            starts,
+            tokens,
+            self.block_size,
         )
-        arrays = self._named(layout.rows, input_ids, positions, tables, slots)
-        arrays["seq_lens"] = seq_lens
-        tensors = self.staging.to_device(arrays)
         tensors["query_start_loc"] = layout.query_start_loc_tensor
-        attention = self._attention(tensors, seq_lens, layout.query_start_loc, len(tokens))
+        attention = self._attention(tensors, buffers.seq_lens, layout.query_start_loc, len(tokens))
         return BatchInputs(
             tensors["input_ids"],
             tensors["positions"],

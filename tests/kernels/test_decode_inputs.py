@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pagedserve.kernels.cpu import load_cpu_kernels
-from pagedserve.worker.decode_inputs import DecodeInputs, decode_inputs_for
+from pagedserve.worker.decode_inputs import DecodeInputs, decode_buffer_size, decode_inputs_for
 
 pytestmark = pytest.mark.skipif(
     load_cpu_kernels().module is None, reason=f"native CPU kernels unavailable: {load_cpu_kernels().error}"
@@ -53,11 +53,18 @@ def test_decode_inputs_equal_numpy(groups: int, seed: int) -> None:
     # Each row's next position lies in its last block, as a decode's does.
     starts = [int((num_blocks[r] - 1) * block_size + rng.integers(0, block_size)) for r in rows]
     tokens = rng.integers(0, 2**40, len(rows)).tolist()
-    got = native().decode_inputs(table, num_blocks, rows, starts, tokens, block_size)
-    want = DecodeInputs().decode_inputs(table, num_blocks, rows, starts, tokens, block_size)
-    for name, a, b in zip(["input_ids", "positions", "seq_lens", "tables", "slots"], got, want):
-        assert a.dtype == np.int64 and a.shape == b.shape, name
-        np.testing.assert_array_equal(a, b, err_msg=name)
+    # NOTE: buffers of leftover values: every value a step reads must be written
+    got, want = (np.full(decode_buffer_size(len(rows), table) + 3, -7, np.int64) for _ in range(2))
+    width = native().decode_inputs(table, num_blocks, rows, starts, tokens, block_size, got)
+    assert width == DecodeInputs().decode_inputs(table, num_blocks, rows, starts, tokens, block_size, want)
+    assert width == num_blocks[rows].max()
+    np.testing.assert_array_equal(got, want)
+    n = len(rows)
+    assert got[:n].tolist() == tokens and got[n : 2 * n].tolist() == starts
+    assert got[2 * n : 3 * n].tolist() == [s + 1 for s in starts]
+    tables = got[(3 + groups) * n : (3 + groups) * n + groups * n * width].reshape(groups, n, width)
+    np.testing.assert_array_equal(tables, table[:, rows, :width])
+    assert (got[(3 + groups) * n + groups * n * width :] == -7).all()
 
 
 def test_bad_inputs_are_refused() -> None:
@@ -80,23 +87,29 @@ def test_bad_inputs_are_refused() -> None:
     ):
         with pytest.raises(TypeError):  # never a converted copy, whose writes would be lost
             helpers.write_next_tokens(wrong, num_tokens, num_computed, [0], [0], [1], [0])
+    out = np.zeros(64, np.int64)
     with pytest.raises(TypeError):
         helpers.decode_inputs(
-            np.ones((1, 4, 2), np.int32), np.full(4, 2, np.int64), np.array([0]), [0], [5], 16
+            np.ones((1, 4, 2), np.int32), np.full(4, 2, np.int64), np.array([0]), [0], [5], 16, out
         )
+    for wrong_out in (out.astype(np.int32), np.zeros(128, np.int64)[::2]):
+        with pytest.raises(TypeError):  # never a converted copy, whose writes would be lost
+            helpers.decode_inputs(
+                np.ones((1, 4, 2), np.int64), np.full(4, 2, np.int64), np.array([0]), [0], [5], 16, wrong_out
+            )
     with pytest.raises(TypeError):  # 2**64 is no int64
         helpers.write_next_tokens(*arrays, [0], [0], [2**64], [0])
     assert not token_ids.any() and not num_tokens.any() and not num_computed.any()
     table, num_blocks = np.ones((1, 4, 2), np.int64), np.full(4, 2, np.int64)
     with pytest.raises(IndexError, match="block index"):  # position 32 lies past two blocks of 16
-        helpers.decode_inputs(table, num_blocks, np.array([0]), [32], [5], 16)
+        helpers.decode_inputs(table, num_blocks, np.array([0]), [32], [5], 16, out)
     with pytest.raises(IndexError, match="row"):
-        helpers.decode_inputs(table, num_blocks, np.array([4]), [0], [5], 16)
+        helpers.decode_inputs(table, num_blocks, np.array([4]), [0], [5], 16, out)
     with pytest.raises(ValueError, match="block_size"):
-        helpers.decode_inputs(table, num_blocks, np.array([0]), [0], [5], 0)
-    empty = [np.array([], np.int64), [], []]
-    native_empty = helpers.decode_inputs(table, num_blocks, *empty, 16)
-    for got, want in zip(native_empty, DecodeInputs().decode_inputs(table, num_blocks, *empty, 16)):
-        assert got.shape == want.shape and got.dtype == want.dtype == np.int64
+        helpers.decode_inputs(table, num_blocks, np.array([0]), [0], [5], 0, out)
+    for implementation in (helpers, DecodeInputs()):
+        with pytest.raises(ValueError, match="out holds 5 values"):  # 1 row: 4 + 2 values
+            implementation.decode_inputs(table, num_blocks, np.array([0]), [0], [5], 16, out[:5])
+        assert implementation.decode_inputs(table, num_blocks, np.array([], np.int64), [], [], 16, out) == 0
     with pytest.raises(IndexError, match="table width"):  # a row claiming more blocks than the table holds
-        helpers.decode_inputs(table, np.full(4, 3, np.int64), np.array([0]), [0], [5], 16)
+        helpers.decode_inputs(table, np.full(4, 3, np.int64), np.array([0]), [0], [5], 16, out)

@@ -91,11 +91,11 @@ def test_diff_updates_match_a_rebuild(seed: int, steps: int, pack: bool, native:
 def test_repeated_decode_steps_reuse_the_layout(pack: bool, kind: str) -> None:
     """Runs of quiet steps (the same requests decode one token each) take the decode fast path, which
     gives what a rebuild gives, also across block boundaries and after the set changes, with either
-    implementation of its helpers."""
-    reused = run_steps(
+    implementation of its helpers; once a layout's buffers exist, its steps rewrite the same tensors."""
+    reused, in_place = run_steps(
         random.Random(7), 60, pack=pack, quiet=0.8, per_token=False, decode=decode_helpers(kind)
     )
-    assert reused > 10
+    assert reused > 10 and in_place > 5
 
 
 def run_steps(
@@ -105,12 +105,13 @@ def run_steps(
     quiet: float = 0.0,
     per_token: bool = True,
     decode: DecodeInputs | None = None,
-) -> int:
+) -> tuple[int, int]:
     """Random steps (a `quiet` fraction of them: nothing finishes, arrives, is preempted or drafts, every
     request computes one token), each build checked; returns how many (with requests) reused the previous
-    layout. `per_token`: requests may have per-token sampling settings (`random_params`); `decode`: the
-    steady decode helpers (numpy's by default)."""
-    reused, previous = 0, None
+    layout, and how many of those rewrote the previous step's input tensors. `per_token`: requests may
+    have per-token sampling settings (`random_params`); `decode`: the steady decode helpers (numpy's by
+    default)."""
+    reused, in_place, previous = 0, 0, None
     batch = InputBatch(BLOCK, torch.device("cpu"), VOCAB, decode=decode)
     batch.staging = StepStaging(torch.device("cpu"), pack=pack)
     # Everything tiny, so that the steps grow every array.
@@ -172,11 +173,15 @@ def run_steps(
         got = batch.build(out)
         check_batch(got, held, scheduled, spec)
         assert all(batch.known_tokens(r).tolist() == plain.tokens for r, plain in held.items())
-        reused += bool(scheduled) and previous is not None and got.logits_indices is previous.logits_indices
+        layout_held = (
+            bool(scheduled) and previous is not None and got.logits_indices is previous.logits_indices
+        )
+        reused += layout_held
+        in_place += layout_held and previous is not None and got.input_ids is previous.input_ids
         previous = got
         for request_id, num in scheduled.items():
             held[request_id].computed += num - len(spec.get(request_id, []))
-    return reused
+    return reused, in_place
 
 
 def check_batch(

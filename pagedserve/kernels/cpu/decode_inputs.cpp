@@ -3,7 +3,8 @@
 // forward each numpy call of a step costs several microseconds (its code and data come back from memory);
 // a decode step made a dozen of them to write one token per row and gather that row's inputs.
 //
-// Python ints and numpy int64 arrays in, numpy arrays out (pybind11: no torch tensors to wrap per call).
+// Python ints and numpy int64 arrays in; the inputs are written into a buffer the caller keeps, whose
+// tensors it made once (pybind11: no torch tensors to wrap per call).
 // Every index is checked against the arrays it reads or writes: a bad row or position raises IndexError.
 #include "decode_inputs.h"
 
@@ -59,12 +60,12 @@ void write_next_tokens(Int64Array token_ids, Int64Array num_tokens, Int64Array n
   }
 }
 
-// One token per row of `rows`: its id tokens[i] at position starts[i]. Returns (input_ids [n],
-// positions [n], seq_lens [n], block_tables [groups, n, width], slot_mapping [groups, n]), width being the
-// longest table of the rows (table [groups, rows, max width], num_blocks [rows]).
-py::tuple decode_inputs(Int64Array table, Int64Array num_blocks, Int64Array rows,
-                        const std::vector<int64_t>& starts, const std::vector<int64_t>& tokens,
-                        int64_t block_size) {
+// One token per row of `rows`: its id tokens[i] at position starts[i]. Writes, in `out` (int64, 1-D):
+// input_ids [n], positions [n], seq_lens [n], slot_mapping [groups, n], then block_tables [groups, n, width],
+// width being the longest table of the rows (table [groups, rows, max width], num_blocks [rows]); returns
+// width. `out` must hold (3 + groups) * n + groups * n * (table's max width) values.
+int64_t decode_inputs(Int64Array table, Int64Array num_blocks, Int64Array rows, const std::vector<int64_t>& starts,
+                      const std::vector<int64_t>& tokens, int64_t block_size, Int64Array out) {
   const auto t = table.unchecked<3>();
   const auto blocks = num_blocks.unchecked<1>();
   const auto r = rows.unchecked<1>();
@@ -72,6 +73,11 @@ py::tuple decode_inputs(Int64Array table, Int64Array num_blocks, Int64Array rows
   check_lengths(n, starts.size(), "starts");
   check_lengths(n, tokens.size(), "tokens");
   if (block_size <= 0) throw py::value_error("block_size must be positive");
+  const int64_t capacity = (3 + groups) * n + groups * n * t.shape(2);
+  if (out.ndim() != 1 || out.shape(0) < capacity) {
+    throw py::value_error("out holds " + std::to_string(out.size()) + " values; the inputs of " +
+                          std::to_string(n) + " rows need " + std::to_string(capacity));
+  }
   int64_t width = 0;
   for (int64_t i = 0; i < n; ++i) {
     check_index(r(i), std::min(t.shape(1), blocks.shape(0)), "row");
@@ -81,25 +87,23 @@ py::tuple decode_inputs(Int64Array table, Int64Array num_blocks, Int64Array rows
     throw py::index_error("table width " + std::to_string(width) + " exceeds the table's " +
                           std::to_string(t.shape(2)));
   }
-  Int64Array input_ids(n), positions(n), seq_lens(n);
-  Int64Array tables({groups, n, width}), slots({groups, n});
-  auto ids = input_ids.mutable_unchecked<1>();
-  auto pos = positions.mutable_unchecked<1>();
-  auto lens = seq_lens.mutable_unchecked<1>();
-  auto tab = tables.mutable_unchecked<3>();
-  auto slot = slots.mutable_unchecked<2>();
+  int64_t* ids = out.mutable_data();
+  int64_t* pos = ids + n;
+  int64_t* lens = pos + n;
+  int64_t* slot = lens + n;            // [groups, n]
+  int64_t* tab = slot + groups * n;    // [groups, n, width]
   for (int64_t i = 0; i < n; ++i) {
     const int64_t start = starts[i], block = start / block_size;
     check_index(block, width, "block index");
-    ids(i) = tokens[i];
-    pos(i) = start;
-    lens(i) = start + 1;
+    ids[i] = tokens[i];
+    pos[i] = start;
+    lens[i] = start + 1;
     for (int64_t g = 0; g < groups; ++g) {
-      for (int64_t j = 0; j < width; ++j) tab(g, i, j) = t(g, r(i), j);
-      slot(g, i) = t(g, r(i), block) * block_size + start % block_size;
+      for (int64_t j = 0; j < width; ++j) tab[(g * n + i) * width + j] = t(g, r(i), j);
+      slot[g * n + i] = t(g, r(i), block) * block_size + start % block_size;
     }
   }
-  return py::make_tuple(input_ids, positions, seq_lens, tables, slots);
+  return width;
 }
 
 }  // namespace
@@ -112,8 +116,8 @@ void register_decode_inputs(py::module_& m) {
         py::arg("rows"),
         py::arg("starts"), py::arg("tokens"), py::arg("computed"));
   m.def("decode_inputs", &decode_inputs,
-        "A decode step's (input_ids, positions, seq_lens, block_tables, slot_mapping) for one token per row.",
+        "A decode step's input_ids, positions, seq_lens, slot_mapping and block_tables for one token per row, "
+        "written one after the other into out; returns the tables' width.",
         py::arg("table").noconvert(), py::arg("num_blocks").noconvert(), py::arg("rows").noconvert(),
-        py::arg("starts"), py::arg("tokens"),
-        py::arg("block_size"));
+        py::arg("starts"), py::arg("tokens"), py::arg("block_size"), py::arg("out").noconvert());
 }
