@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from pagedserve.kernels.cpu import load_cpu_kernels
-from pagedserve.worker.block_table import gather_rows, slot_mapping
+from pagedserve.worker.block_table import BlockTables, gather_rows, slot_mapping
 
 
 class DecodeInputs:
@@ -54,7 +54,7 @@ class DecodeInputs:
             raise ValueError(f"out holds {out.size} values; the inputs of {n} rows need {needed}")
         positions = np.array(starts, dtype=np.int64)
         tables = gather_rows(table, num_blocks, rows)
-        width = tables.shape[2]
+        width: int = tables.shape[2]
         out[:n], out[n : 2 * n], out[2 * n : 3 * n] = tokens, positions, positions + 1
         out[3 * n : (3 + groups) * n] = slot_mapping(table, rows, positions, block_size).reshape(-1)
         out[(3 + groups) * n : (3 + groups) * n + tables.size] = tables.reshape(-1)
@@ -64,7 +64,7 @@ class DecodeInputs:
 def decode_buffer_size(num_rows: int, table: np.ndarray) -> int:
     """The values a decode step's inputs of `num_rows` rows take at most, for a BlockTables' `table`."""
     groups, _, max_width = table.shape
-    return (3 + groups) * num_rows + groups * num_rows * max_width
+    return int((3 + groups) * num_rows + groups * num_rows * max_width)
 
 
 class DecodeBuffers:
@@ -74,8 +74,11 @@ class DecodeBuffers:
     the views show, in one copy; on the CPU the model reads the host buffer itself. NOTE: the tensors are
     the same objects every step, rewritten: what a step hands on must be used within the step."""
 
-    def __init__(self, num_rows: int, num_groups: int, device: torch.device, pack: bool) -> None:
-        self.num_rows, self.num_groups, self.device, self.pack = num_rows, num_groups, device, pack
+    def __init__(
+        self, num_rows: int, num_groups: int, block_size: int, device: torch.device, pack: bool
+    ) -> None:
+        self.num_rows, self.num_groups, self.block_size = num_rows, num_groups, block_size
+        self.device, self.pack = device, pack
         self.pinned = device.type == "cuda"
         self.host = np.zeros(0, dtype=np.int64)
         self.tensors: dict[str, torch.Tensor] = {}
@@ -87,19 +90,20 @@ class DecodeBuffers:
     def fill(
         self,
         helpers: DecodeInputs,
-        table: np.ndarray,
-        num_blocks: np.ndarray,
+        tables: BlockTables,
         rows: np.ndarray,
-        starts: list[int],
-        tokens: list[int],
-        block_size: int,
+        next_tokens: tuple[list[int], list[int]],
     ) -> dict[str, torch.Tensor]:
-        """The step's "input_ids", "positions", "seq_lens", "block_tables{g}" and "slot_mapping{g}"."""
-        if self.host.size < decode_buffer_size(self.num_rows, table):
-            self._allocate(decode_buffer_size(self.num_rows, table))
+        """The step's "input_ids", "positions", "seq_lens", "block_tables{g}" and "slot_mapping{g}": one
+        token per row of `rows`, `next_tokens` (positions, token ids), with `helpers`."""
+        if self.host.size < decode_buffer_size(self.num_rows, tables.table):
+            self._allocate(decode_buffer_size(self.num_rows, tables.table))
         if self._copied is not None:
             self._copied.synchronize()
-        width = helpers.decode_inputs(table, num_blocks, rows, starts, tokens, block_size, self.host)
+        starts, tokens = next_tokens
+        width = helpers.decode_inputs(
+            tables.table, tables.num_blocks, rows, starts, tokens, self.block_size, self.host
+        )
         if width != self._width:
             self._view(width)
         if self._copy is not None:

@@ -238,7 +238,7 @@ class InputBatch:
                 tensors["query_start_loc"],
                 tensors["logits_indices"],
                 sampling,
-                DecodeBuffers(len(order), self.num_groups, self.device, self.staging.pack),
+                DecodeBuffers(len(order), self.num_groups, self.block_size, self.device, self.staging.pack),
             )
             # NOTE: an M-RoPE family's positions are 3-D, from each row's images: built anew each step.
             if every_row_decodes and self.mrope is None and not self.sampling.per_token[rows].any()
@@ -273,19 +273,10 @@ class InputBatch:
         request's next, in the same order: its inputs from the update's positions and token ids, written
         into the layout's buffers by one call of the decode helpers."""
         assert self._next_tokens is not None, "checked by _repeats"
-        starts, tokens = self._next_tokens
         buffers = layout.buffers
-        tensors = buffers.fill(
-            self.decode,
-            self.block_tables.table,
-            self.block_tables.num_blocks,
-            layout.rows,
-            starts,
-            tokens,
-            self.block_size,
-        )
+        tensors = buffers.fill(self.decode, self.block_tables, layout.rows, self._next_tokens)
         tensors["query_start_loc"] = layout.query_start_loc_tensor
-        attention = self._attention(tensors, buffers.seq_lens, layout.query_start_loc, len(tokens))
+        attention = self._attention(tensors, buffers.seq_lens, layout.query_start_loc, len(layout.order))
         return BatchInputs(
             tensors["input_ids"],
             tensors["positions"],
