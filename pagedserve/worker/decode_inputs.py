@@ -69,21 +69,20 @@ def decode_buffer_size(num_rows: int, table: np.ndarray) -> int:
 
 class DecodeBuffers:
     """A repeated decode layout's inputs: one int64 host buffer that each step rewrites in place (one call
-    of the helpers), and the step's tensors, views made once (again only when the tables' width changes).
-    `pack`: off the CPU the host buffer is pinned and each step copies what it wrote to a device buffer
-    the views show, in one copy; on the CPU the model reads the host buffer itself. NOTE: the tensors are
-    the same objects every step, rewritten: what a step hands on must be used within the step."""
+    of the helpers), and the step's tensors, views made once (again only when the number of rows or the
+    tables' width changes). `pack`: off the CPU the host buffer is pinned and each step copies what it
+    wrote to a device buffer the views show, in one copy; on the CPU the model reads the host buffer
+    itself. NOTE: the tensors are the same objects every step, rewritten: what a step hands on must be
+    used within the step. The buffers grow, never shrink, and are never cleared: each step writes every
+    value it reads."""
 
-    def __init__(
-        self, num_rows: int, num_groups: int, block_size: int, device: torch.device, pack: bool
-    ) -> None:
-        self.num_rows, self.num_groups, self.block_size = num_rows, num_groups, block_size
-        self.device, self.pack = device, pack
+    def __init__(self, num_groups: int, block_size: int, device: torch.device, pack: bool) -> None:
+        self.num_groups, self.block_size, self.device, self.pack = num_groups, block_size, device, pack
         self.pinned = device.type == "cuda"
         self.host = np.zeros(0, dtype=np.int64)
         self.tensors: dict[str, torch.Tensor] = {}
         self.seq_lens = self.host  # the host view of the lengths (the attention metadata's list)
-        self._width = -1  # the tables' width the views show
+        self._shape = (-1, -1)  # the (rows, tables' width) the views show
         self._copy: tuple[torch.Tensor, torch.Tensor] | None = None  # (device, host) prefix the step wrote
         self._copied: torch.cuda.Event | None = None  # the last copy (the host buffer is reused after it)
 
@@ -96,16 +95,17 @@ class DecodeBuffers:
     ) -> dict[str, torch.Tensor]:
         """The step's "input_ids", "positions", "seq_lens", "block_tables{g}" and "slot_mapping{g}": one
         token per row of `rows`, `next_tokens` (positions, token ids), with `helpers`."""
-        if self.host.size < decode_buffer_size(self.num_rows, tables.table):
-            self._allocate(decode_buffer_size(self.num_rows, tables.table))
+        needed = decode_buffer_size(len(rows), tables.table)
+        if self.host.size < needed:
+            self._allocate(needed)
         if self._copied is not None:
             self._copied.synchronize()
         starts, tokens = next_tokens
         width = helpers.decode_inputs(
             tables.table, tables.num_blocks, rows, starts, tokens, self.block_size, self.host
         )
-        if width != self._width:
-            self._view(width)
+        if (len(rows), width) != self._shape:
+            self._view(len(rows), width)
         if self._copy is not None:
             device_prefix, host_prefix = self._copy
             device_prefix.copy_(host_prefix, non_blocking=self.pinned)
@@ -115,14 +115,14 @@ class DecodeBuffers:
         return self.tensors
 
     def _allocate(self, size: int) -> None:
-        host = torch.zeros(max(size, 2 * self.host.size), dtype=torch.int64, pin_memory=self.pinned)
+        host = torch.empty(max(size, 2 * self.host.size), dtype=torch.int64, pin_memory=self.pinned)
         self.host, self._host_tensor = host.numpy(), host
-        self._device_buffer = torch.zeros_like(host, device=self.device) if self.pack else host
-        self._width = -1
+        self._device_buffer = torch.empty_like(host, device=self.device) if self.pack else host
+        self._shape = (-1, -1)
 
-    def _view(self, width: int) -> None:
-        """The tensors over the buffer (the device copy when packing) for tables of `width`."""
-        n, groups = self.num_rows, self.num_groups
+    def _view(self, n: int, width: int) -> None:
+        """The tensors over the buffer (the device copy when packing) for `n` rows and tables of `width`."""
+        groups = self.num_groups
         buffer = self._device_buffer
         slots, tables = 3 * n, (3 + groups) * n
         used = tables + groups * n * width
@@ -138,7 +138,7 @@ class DecodeBuffers:
         }
         self.seq_lens = self.host[2 * n : 3 * n]
         self._copy = (buffer[:used], self._host_tensor[:used]) if self.pack else None
-        self._width = width
+        self._shape = (n, width)
 
 
 def decode_inputs_for(device: torch.device) -> DecodeInputs:

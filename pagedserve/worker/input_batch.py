@@ -51,8 +51,7 @@ class BatchInputs:
 class _DecodeLayout:
     """What a decode-only step (one token per request, every request sampling, no drafts) shares with the
     next step when the same requests decode again, in the same order, with no request added since
-    (`sampling_version`): their rows, the staged tensors that depend on nothing else, and the buffers the
-    other inputs are rewritten in."""
+    (`sampling_version`): their rows, and the staged tensors that depend on nothing else."""
 
     order: list[str]
     rows: np.ndarray
@@ -61,7 +60,6 @@ class _DecodeLayout:
     query_start_loc_tensor: torch.Tensor
     logits_indices: torch.Tensor
     sampling: SamplingMetadata | None
-    buffers: DecodeBuffers
     # What every step of the layout hands on unchanged: each row samples, none has drafts.
     sample_rows: list[int] = field(init=False)
     no_drafts: list[list[int]] = field(init=False)
@@ -74,7 +72,8 @@ class _DecodeLayout:
 class InputBatch:
     """Every request the worker holds (`states`), kept across steps. Each holds one row (its block-table
     row) of the persistent arrays: block tables, token ids, sampling settings. `mrope`: an M-RoPE
-    family's positions (None: a token's position is its index)."""
+    family's positions (None: a token's position is its index). `pack`: stage each step's arrays in one
+    buffer and copy it (default: off the CPU; worker/staging.py)."""
 
     def __init__(
         self,
@@ -84,6 +83,7 @@ class InputBatch:
         num_groups: int = 1,
         mrope: MRopePositions | None = None,
         decode: DecodeInputs | None = None,
+        pack: bool | None = None,
     ) -> None:
         self.block_size = block_size
         self.mrope = mrope
@@ -97,8 +97,9 @@ class InputBatch:
         self.token_ids = np.zeros((64, 256), dtype=np.int64)
         self.num_tokens = np.zeros(64, dtype=np.int64)
         self.num_computed = np.zeros(64, dtype=np.int64)
-        self.staging = StepStaging(device)
+        self.staging = StepStaging(device, pack)
         self.decode = DecodeInputs() if decode is None else decode  # a steady decode step's arrays
+        self.decode_buffers = DecodeBuffers(num_groups, block_size, device, self.staging.pack)
         self._decode_layout: _DecodeLayout | None = None
         # Set when the last update gave each request it names one new token, its only one not computed
         # (and added none): their (positions, token ids), in the update's order. With the same requests in
@@ -230,19 +231,7 @@ class InputBatch:
         query_starts = query_start_loc.tolist()
         every_row_decodes = num_decodes == len(order) == len(sample_rows) and not spec
         self._decode_layout = (
-            _DecodeLayout(
-                order,
-                rows,
-                self.sampling.version,
-                query_starts,
-                tensors["query_start_loc"],
-                tensors["logits_indices"],
-                sampling,
-                DecodeBuffers(len(order), self.num_groups, self.block_size, self.device, self.staging.pack),
-            )
-            # NOTE: an M-RoPE family's positions are 3-D, from each row's images: built anew each step.
-            if every_row_decodes and self.mrope is None and not self.sampling.per_token[rows].any()
-            else None
+            self._layout(order, rows, query_starts, tensors, sampling) if every_row_decodes else None
         )
         return BatchInputs(
             tensors["input_ids"],
@@ -255,6 +244,21 @@ class InputBatch:
             sampling,
             len(arrays["logits_indices"]) == len(arrays["input_ids"]),
         )
+
+    def _layout(
+        self,
+        order: list[str],
+        rows: np.ndarray,
+        query_starts: list[int],
+        tensors: dict[str, torch.Tensor],
+        sampling: SamplingMetadata | None,
+    ) -> _DecodeLayout | None:
+        """What the next step may repeat of a decode-only step's batch. None for rows with a per-token
+        setting, and for an M-RoPE family (its positions are 3-D, from each row's images: built anew)."""
+        if self.mrope is not None or self.sampling.per_token[rows].any():
+            return None
+        layout_tensors = tensors["query_start_loc"], tensors["logits_indices"]
+        return _DecodeLayout(order, rows, self.sampling.version, query_starts, *layout_tensors, sampling)
 
     def _repeats(self, layout: _DecodeLayout, out: SchedulerOutput) -> bool:
         """The step decodes one token of each request of the previous (decode-only) step, in the same order,
@@ -273,7 +277,7 @@ class InputBatch:
         request's next, in the same order: its inputs from the update's positions and token ids, written
         into the layout's buffers by one call of the decode helpers."""
         assert self._next_tokens is not None, "checked by _repeats"
-        buffers = layout.buffers
+        buffers = self.decode_buffers
         tensors = buffers.fill(self.decode, self.block_tables, layout.rows, self._next_tokens)
         tensors["query_start_loc"] = layout.query_start_loc_tensor
         attention = self._attention(tensors, buffers.seq_lens, layout.query_start_loc, len(layout.order))

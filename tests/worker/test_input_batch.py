@@ -21,7 +21,6 @@ from pagedserve.worker.decode_inputs import DecodeInputs, decode_inputs_for
 from pagedserve.worker.input_batch import BatchInputs, InputBatch
 from pagedserve.worker.request_state import CachedRequestState
 from pagedserve.worker.sampling_inputs import SamplingState, build_sampling_metadata
-from pagedserve.worker.staging import StepStaging
 
 BLOCK, VOCAB = 4, 40
 
@@ -112,8 +111,7 @@ def run_steps(
     have per-token sampling settings (`random_params`); `decode`: the steady decode helpers (numpy's by
     default)."""
     reused, in_place, previous = 0, 0, None
-    batch = InputBatch(BLOCK, torch.device("cpu"), VOCAB, decode=decode)
-    batch.staging = StepStaging(torch.device("cpu"), pack=pack)
+    batch = InputBatch(BLOCK, torch.device("cpu"), VOCAB, decode=decode, pack=pack)
     # Everything tiny, so that the steps grow every array.
     batch.block_tables, batch.sampling = BlockTables(1, rows=1, width=1), SamplingState(rows=1)
     batch.token_ids = np.zeros((1, 2), dtype=np.int64)
