@@ -7,6 +7,7 @@ from types import TracebackType
 from pagedserve.attention.backends.base import AttentionMetadata
 
 _METADATA: tuple[AttentionMetadata, ...] = ()
+_FORWARD_COUNT = 0  # forward passes entered so far: what a layer's per-pass cache is keyed on
 
 
 class ForwardContext:
@@ -20,14 +21,22 @@ class ForwardContext:
         self.group_metadata = group_metadata
 
     def __enter__(self) -> None:
-        global _METADATA
+        global _METADATA, _FORWARD_COUNT
         _METADATA = self.group_metadata
+        _FORWARD_COUNT += 1
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
     ) -> None:
         global _METADATA
         _METADATA = ()
+
+
+def forward_count() -> int:
+    """How many forward passes have begun: a layer's cache of one pass (the rotary angles of its
+    positions, shared by every layer) is keyed on it. NOTE: not on the inputs' identity alone: a steady
+    decode step's inputs are the same tensors every step, rewritten (worker/decode_inputs.py)."""
+    return _FORWARD_COUNT
 
 
 def get_attention_metadata(group: int = 0) -> AttentionMetadata:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Required, TypedDict, cast
 import torch
 from torch import nn
 
+from pagedserve.attention.forward_context import forward_count
 from pagedserve.kernels.cpu import fused_ops
 
 if TYPE_CHECKING:
@@ -203,7 +204,8 @@ class RotaryEmbedding(nn.Module):
         self.sin_cache: torch.Tensor
         self.register_buffer("cos_cache", cos, persistent=False)
         self.register_buffer("sin_cache", sin, persistent=False)
-        self._step: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # positions, cos, sin
+        # (positions, forward pass, cos, sin) of the last angles computed
+        self._step: tuple[torch.Tensor, int, torch.Tensor, torch.Tensor] | None = None
         self.mrope_section = params.get("mrope_section")
         if self.mrope_section is not None and sum(self.mrope_section) != self.rotary_dim // 2:
             raise ValueError(
@@ -228,7 +230,8 @@ class RotaryEmbedding(nn.Module):
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` in torch ops (the reference the kernel is tested against)."""
-        if self._step is None or self._step[0] is not positions:
+        forward = forward_count()
+        if self._step is None or self._step[0] is not positions or self._step[1] != forward:
             cos, sin = self._angles(positions, self.cos_cache), self._angles(positions, self.sin_cache)
             cos, sin = cos.to(q.dtype), sin.to(q.dtype)  # [T, rotary_dim // 2]
             # [T, 1, rotary_dim]: each angle twice, for both members of its pair
@@ -236,8 +239,8 @@ class RotaryEmbedding(nn.Module):
                 cos, sin = cos.repeat(1, 2), sin.repeat(1, 2)
             else:
                 cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
-            self._step = (positions, cos.unsqueeze(1), sin.unsqueeze(1))
-        _, cos, sin = self._step
+            self._step = (positions, forward, cos.unsqueeze(1), sin.unsqueeze(1))
+        _, _, cos, sin = self._step
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
     def _angles(self, positions: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:

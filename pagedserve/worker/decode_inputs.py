@@ -12,6 +12,7 @@ import torch
 
 from pagedserve.kernels.cpu import load_cpu_kernels
 from pagedserve.worker.block_table import BlockTables, gather_rows, slot_mapping
+from pagedserve.worker.mrope_positions import MRopePositions
 
 
 class DecodeInputs:
@@ -72,12 +73,21 @@ class DecodeBuffers:
     of the helpers), and the step's tensors, views made once (again only when the number of rows or the
     tables' width changes). `pack`: off the CPU the host buffer is pinned and each step copies what it
     wrote to a device buffer the views show, in one copy; on the CPU the model reads the host buffer
-    itself. NOTE: the tensors are the same objects every step, rewritten: what a step hands on must be
+    itself. `mrope`: an M-RoPE family's positions, [3, rows] after the tables, from the helpers'
+    positions. NOTE: the tensors are the same objects every step, rewritten: what a step hands on must be
     used within the step. The buffers grow, never shrink, and are never cleared: each step writes every
     value it reads."""
 
-    def __init__(self, num_groups: int, block_size: int, device: torch.device, pack: bool) -> None:
+    def __init__(
+        self,
+        num_groups: int,
+        block_size: int,
+        device: torch.device,
+        pack: bool,
+        mrope: MRopePositions | None = None,
+    ) -> None:
         self.num_groups, self.block_size, self.device, self.pack = num_groups, block_size, device, pack
+        self.mrope = mrope
         self.pinned = device.type == "cuda"
         self.host = np.zeros(0, dtype=np.int64)
         self.tensors: dict[str, torch.Tensor] = {}
@@ -95,7 +105,7 @@ class DecodeBuffers:
     ) -> dict[str, torch.Tensor]:
         """The step's "input_ids", "positions", "seq_lens", "block_tables{g}" and "slot_mapping{g}": one
         token per row of `rows`, `next_tokens` (positions, token ids), with `helpers`."""
-        needed = decode_buffer_size(len(rows), tables.table)
+        needed = decode_buffer_size(len(rows), tables.table) + (3 * len(rows) if self.mrope else 0)
         if self.host.size < needed:
             self._allocate(needed)
         if self._copied is not None:
@@ -106,6 +116,8 @@ class DecodeBuffers:
         )
         if (len(rows), width) != self._shape:
             self._view(len(rows), width)
+        if self.mrope is not None:
+            self._mrope_host[...] = self.mrope.positions(rows, self.host[len(rows) : 2 * len(rows)])
         if self._copy is not None:
             device_prefix, host_prefix = self._copy
             device_prefix.copy_(host_prefix, non_blocking=self.pinned)
@@ -126,9 +138,13 @@ class DecodeBuffers:
         buffer = self._device_buffer
         slots, tables = 3 * n, (3 + groups) * n
         used = tables + groups * n * width
+        positions = buffer[n : 2 * n]
+        if self.mrope is not None:
+            self._mrope_host = self.host[used : used + 3 * n].reshape(3, n)
+            positions, used = buffer[used : used + 3 * n].view(3, n), used + 3 * n
         self.tensors = {
             "input_ids": buffer[:n],
-            "positions": buffer[n : 2 * n],
+            "positions": positions,
             "seq_lens": buffer[2 * n : 3 * n],
             **{f"slot_mapping{g}": buffer[slots + g * n : slots + (g + 1) * n] for g in range(groups)},
             **{

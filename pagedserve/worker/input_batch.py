@@ -99,7 +99,7 @@ class InputBatch:
         self.num_computed = np.zeros(64, dtype=np.int64)
         self.staging = StepStaging(device, pack)
         self.decode = DecodeInputs() if decode is None else decode  # a steady decode step's arrays
-        self.decode_buffers = DecodeBuffers(num_groups, block_size, device, self.staging.pack)
+        self.decode_buffers = DecodeBuffers(num_groups, block_size, device, self.staging.pack, mrope)
         self._decode_layout: _DecodeLayout | None = None
         # Set when the last update gave each request it names one new token, its only one not computed
         # (and added none): their (positions, token ids), in the update's order. With the same requests in
@@ -253,9 +253,9 @@ class InputBatch:
         tensors: dict[str, torch.Tensor],
         sampling: SamplingMetadata | None,
     ) -> _DecodeLayout | None:
-        """What the next step may repeat of a decode-only step's batch. None for rows with a per-token
-        setting, and for an M-RoPE family (its positions are 3-D, from each row's images: built anew)."""
-        if self.mrope is not None or self.sampling.per_token[rows].any():
+        """What the next step may repeat of a decode-only step's batch (None for rows with a per-token
+        setting)."""
+        if self.sampling.per_token[rows].any():
             return None
         layout_tensors = tensors["query_start_loc"], tensors["logits_indices"]
         return _DecodeLayout(order, rows, self.sampling.version, query_starts, *layout_tensors, sampling)

@@ -109,6 +109,27 @@ def test_greedy_matches_hf(tiny_model_factory, name: str, block_size: int) -> No
     assert_matches(ours, reference(path, prompts))
 
 
+@pytest.mark.parametrize("name", ["llama", "gemma2"])
+def test_greedy_matches_hf_on_the_torch_layers(
+    tiny_model_factory, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """The layers' torch path (RMSNorm, rotary, activations), which every device but the CPU runs, over
+    steady decode steps: their inputs are the same tensors every step, rewritten, so nothing may cache
+    on a tensor's identity across steps (the rotary angles once did)."""
+    from pagedserve.kernels.cpu import fused_ops
+
+    monkeypatch.setenv("PAGEDSERVE_FUSED_CPU_OPS", "0")
+    fused_ops._ops.cache_clear()
+    try:
+        path = tiny_model_factory(name)
+        prompts = make_prompts(0, PROMPT_LENS)
+        ours, _ = run(path, prompts, block_size=8, kv_cache_memory="64MiB")
+        assert_matches(ours, reference(path, prompts))
+    finally:
+        monkeypatch.undo()
+        fused_ops._ops.cache_clear()
+
+
 @pytest.mark.sampled(by="name")
 @pytest.mark.parametrize(
     "name,block_size",
