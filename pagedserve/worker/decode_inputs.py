@@ -1,6 +1,6 @@
 """A steady decode step's inputs (input_batch.py's fast path): each row's one new token written into the
 persistent arrays, then the step's inputs for one token per row written into a buffer that the decode
-layout keeps (`DecodeBuffers`), whose tensors are made once. Two implementations of the helpers, one
+layout keeps (`DecodeInputBuffer`), whose tensors are made once. Two implementations of the helpers, one
 interface: numpy's (the reference, and what runs without the native CPU kernels) and the native one
 (kernels/cpu/decode_inputs.cpp), one call each where numpy makes about a dozen. Beside a CPU forward each
 numpy or torch call costs several microseconds, its code and data back from memory."""
@@ -68,7 +68,7 @@ def decode_buffer_size(num_rows: int, table: np.ndarray) -> int:
     return int((3 + groups) * num_rows + groups * num_rows * max_width)
 
 
-class DecodeBuffers:
+class DecodeInputBuffer:
     """A repeated decode layout's inputs: one int64 host buffer that each step rewrites in place (one call
     of the helpers), and the step's tensors, views made once (again only when the number of rows or the
     tables' width changes). `pack`: off the CPU the host buffer is pinned and each step copies what it

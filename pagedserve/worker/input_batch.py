@@ -14,7 +14,7 @@ from pagedserve.attention.backends.base import CommonAttentionMetadata
 from pagedserve.core.sched_output import SchedulerOutput
 from pagedserve.layers.sampler import SamplingMetadata
 from pagedserve.worker.block_table import BlockTables, slot_mapping
-from pagedserve.worker.decode_inputs import DecodeBuffers, DecodeInputs
+from pagedserve.worker.decode_inputs import DecodeInputBuffer, DecodeInputs
 from pagedserve.worker.mrope_positions import MRopePositions
 from pagedserve.worker.request_state import CachedRequestState
 from pagedserve.worker.sampling_inputs import SamplingRows, SamplingState, to_device
@@ -99,7 +99,7 @@ class InputBatch:
         self.num_computed = np.zeros(64, dtype=np.int64)
         self.staging = StepStaging(device, pack)
         self.decode = DecodeInputs() if decode is None else decode  # a steady decode step's arrays
-        self.decode_buffers = DecodeBuffers(num_groups, block_size, device, self.staging.pack, mrope)
+        self.decode_buffers = DecodeInputBuffer(num_groups, block_size, device, self.staging.pack, mrope)
         self._decode_layout: _DecodeLayout | None = None
         # Set when the last update gave each request it names one new token, its only one not computed
         # (and added none): their (positions, token ids), in the update's order. With the same requests in
