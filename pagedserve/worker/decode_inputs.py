@@ -90,9 +90,9 @@ class DecodeInputBuffer:
         self.mrope = mrope
         self.pinned = device.type == "cuda"
         self.host = np.zeros(0, dtype=np.int64)
+        self._allocate(0)  # the host buffer (and off the CPU its device copy), grown at the first step
         self.tensors: dict[str, torch.Tensor] = {}
         self.seq_lens = self.host  # the host view of the lengths (the attention metadata's list)
-        self._shape = (-1, -1)  # the (rows, tables' width) the views show
         self._copy: tuple[torch.Tensor, torch.Tensor] | None = None  # (device, host) prefix the step wrote
         self._copied: torch.cuda.Event | None = None  # the last copy (the host buffer is reused after it)
 
